@@ -1,0 +1,39 @@
+#include "server/common/log.h"
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace gpuexec::log {
+namespace {
+std::atomic<int> g_level{static_cast<int>(Level::kInfo)};
+}  // namespace
+
+void SetLevel(Level level) { g_level.store(static_cast<int>(level)); }
+Level GetLevel() { return static_cast<Level>(g_level.load(std::memory_order_relaxed)); }
+
+bool ParseLevel(absl::string_view text, Level* level) {
+  if (text == "debug") *level = Level::kDebug;
+  else if (text == "info") *level = Level::kInfo;
+  else if (text == "warning" || text == "warn") *level = Level::kWarning;
+  else if (text == "error") *level = Level::kError;
+  else return false;
+  return true;
+}
+
+void Write(Level level, absl::string_view message) {
+  static constexpr char kLetters[] = {'D', 'I', 'W', 'E'};
+  std::string line = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  line.push_back(' ');
+  line.push_back(kLetters[static_cast<int>(level)]);
+  line.push_back(' ');
+  line.append(message.data(), message.size());
+  line.push_back('\n');
+  // One fwrite per line keeps lines whole across threads.
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+}  // namespace gpuexec::log

@@ -1,0 +1,41 @@
+#ifndef GPUEXEC_SERVER_COMMON_LOG_H_
+#define GPUEXEC_SERVER_COMMON_LOG_H_
+
+// One line per event on stderr: "2026-11-30T04:36:24.123Z I device 0: ...".
+// Abseil 20220623 ships no logging library; this is the smallest thing that
+// gives levels and whole lines from several threads.
+
+#include "absl/strings/string_view.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace gpuexec::log {
+
+enum class Level { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+
+void SetLevel(Level level);
+Level GetLevel();
+// Parses "debug", "info", "warning", "error".
+bool ParseLevel(absl::string_view text, Level* level);
+void Write(Level level, absl::string_view message);
+
+template <typename... Args>
+void Debug(const Args&... args) {
+  if (GetLevel() <= Level::kDebug) Write(Level::kDebug, absl::StrCat(args...));
+}
+template <typename... Args>
+void Info(const Args&... args) {
+  if (GetLevel() <= Level::kInfo) Write(Level::kInfo, absl::StrCat(args...));
+}
+template <typename... Args>
+void Warning(const Args&... args) {
+  if (GetLevel() <= Level::kWarning) Write(Level::kWarning, absl::StrCat(args...));
+}
+template <typename... Args>
+void Error(const Args&... args) {
+  Write(Level::kError, absl::StrCat(args...));
+}
+
+}  // namespace gpuexec::log
+
+#endif  // GPUEXEC_SERVER_COMMON_LOG_H_

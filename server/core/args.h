@@ -1,0 +1,62 @@
+#ifndef GPUEXEC_SERVER_CORE_ARGS_H_
+#define GPUEXEC_SERVER_CORE_ARGS_H_
+
+// Kernel arguments: typed values from the client, checked against the
+// kernel's real parameter layout and packed at its offsets. Pure functions,
+// no driver and no gRPC.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/cuda/driver.h"
+
+namespace gpuexec::core {
+
+struct ArgValue {
+  enum class Kind {
+    kBuffer, kNull, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64,
+    kF16, kBF16, kF32, kF64, kRaw,
+  };
+  Kind kind = Kind::kNull;
+  uint64_t buffer = 0;   // kBuffer: handle
+  uint64_t offset = 0;   // kBuffer: byte offset
+  int64_t i = 0;         // signed kinds
+  uint64_t u = 0;        // unsigned kinds
+  double f = 0;          // floating kinds
+  std::string raw;       // kRaw
+
+  static ArgValue Buffer(uint64_t handle, uint64_t offset);
+  static ArgValue Signed(Kind kind, int64_t v);
+  static ArgValue Unsigned(Kind kind, uint64_t v);
+  static ArgValue Float(Kind kind, double v);
+  static ArgValue Raw(std::string bytes);
+  static ArgValue Null();
+};
+
+// "i32", "buffer", ... for messages.
+const char* KindName(ArgValue::Kind kind);
+// Bytes the kind occupies in a parameter block (raw: its length).
+uint64_t ArgSize(const ArgValue& arg);
+
+// IEEE binary16 and bfloat16 from a float, rounding to nearest even.
+uint16_t FloatToHalf(float f);
+uint16_t FloatToBFloat16(float f);
+
+// Resolves a buffer argument to a device address for parameter `index`;
+// returns NOT_FOUND / INVALID_ARGUMENT naming the parameter.
+using BufferResolver =
+    std::function<absl::StatusOr<cuda::DevicePtr>(size_t index, const ArgValue& arg)>;
+
+// Checks `args` against `params` (count, each size, integer ranges) and
+// returns the packed parameter block. `kernel` names the kernel in errors.
+absl::StatusOr<std::string> PackArgs(const std::string& kernel,
+                                     const std::vector<cuda::ParamInfo>& params,
+                                     uint64_t param_bytes, const std::vector<ArgValue>& args,
+                                     const BufferResolver& resolve);
+
+}  // namespace gpuexec::core
+
+#endif  // GPUEXEC_SERVER_CORE_ARGS_H_

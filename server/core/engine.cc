@@ -1,0 +1,879 @@
+#include "server/core/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+
+namespace gpuexec::core {
+namespace {
+
+std::string Short(const std::string& token) { return token.substr(0, 8); }
+
+// Calls `done` once all `n` parts have reported; the first error wins.
+class Join {
+ public:
+  Join(int n, Done done) : remaining_(n), done_(std::move(done)) {
+    if (n == 0) done_(absl::OkStatus());
+  }
+  void Report(const absl::Status& st) {
+    Done done;
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!st.ok() && status_.ok()) status_ = st;
+      if (--remaining_ != 0) return;
+      done = std::move(done_);
+      result = status_;
+    }
+    done(result);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int remaining_;
+  absl::Status status_;
+  Done done_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(const EngineOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  if (options.chunk_bytes == 0 || options.staging_buffers == 0) {
+    return absl::InvalidArgumentError("chunk size and staging buffers must be positive");
+  }
+  std::unique_ptr<Engine> engine(new Engine(options));
+  auto driver = cuda::Driver::Load(options.driver_library);
+  if (!driver.ok()) {
+    engine->driver_status_ = driver.status();
+    log::Warning("no CUDA driver: ", driver.status().message(),
+                 "; serving with no devices");
+  } else {
+    engine->driver_ = std::move(driver).value();
+    auto count = engine->driver_->DeviceCount();
+    if (!count.ok()) {
+      engine->driver_status_ = count.status();
+      log::Warning("CUDA driver '", options.driver_library, "' lists no devices: ",
+                   count.status().message());
+    } else {
+      log::Info("CUDA driver '", options.driver_library, "' version ",
+                engine->driver_->version(), ": ", *count, " device(s)");
+      device::DeviceOptions dopts;
+      dopts.staging_bytes = options.chunk_bytes;
+      dopts.staging_slots = static_cast<int>(options.staging_buffers);
+      for (int i = 0; i < *count; ++i) {
+        auto dev = device::Device::Open(engine->driver_.get(), i, dopts);
+        if (!dev.ok()) {
+          // A device that cannot start is left out; the others serve.
+          log::Error("device ", i, " cannot be used: ", dev.status().message());
+          continue;
+        }
+        const cuda::DeviceProperties& p = (*dev)->properties();
+        log::Info("device ", i, ": ", p.name, ", compute capability ", p.cc_major, ".",
+                  p.cc_minor, ", ", p.total_memory >> 20, " MiB, ", p.multiprocessors, " SMs");
+        engine->devices_.push_back(std::move(dev).value());
+      }
+      if (engine->devices_.empty()) {
+        engine->driver_status_ = absl::UnavailableError("no usable CUDA device");
+        log::Warning("no usable CUDA device; serving with no devices");
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&engine->sessions_mu_);
+    engine->sessions_per_device_.assign(engine->devices_.size(), 0);
+  }
+  engine->reaper_ = std::thread(&Engine::ReaperLoop, engine.get());
+  return engine;
+}
+
+Engine::~Engine() {
+  stop_reaper_.Notify();
+  if (reaper_.joinable()) reaper_.join();
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [token, s] : sessions_) all.push_back(s);
+  }
+  for (auto& s : all) {
+    absl::Notification closed;
+    Close(s, "the daemon is shutting down", [&closed](absl::Status) { closed.Notify(); });
+    closed.WaitForNotificationWithTimeout(absl::Seconds(10));
+  }
+  devices_.clear();  // each drains its executor and releases its context
+}
+
+bool Engine::AnyDeviceHealthy() const {
+  for (const auto& d : devices_) {
+    if (d->healthy()) return true;
+  }
+  return false;
+}
+
+size_t Engine::session_count() const {
+  absl::MutexLock lock(&sessions_mu_);
+  return sessions_.size();
+}
+
+void Engine::ReaperLoop() {
+  while (!stop_reaper_.WaitForNotificationWithTimeout(options_.reaper_interval)) {
+    std::vector<std::shared_ptr<Session>> expired;
+    const absl::Time now = absl::Now();
+    {
+      absl::MutexLock lock(&sessions_mu_);
+      for (auto& [token, s] : sessions_) {
+        absl::MutexLock slock(&s->mu);
+        if (s->deadline < now) expired.push_back(s);
+      }
+    }
+    for (auto& s : expired) {
+      Close(s, absl::StrCat("its lease of ", s->lease_ms(), " ms lapsed"), [](absl::Status) {});
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Engine::FindSession(const std::string& token) {
+  std::shared_ptr<Session> s;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    auto it = sessions_.find(token);
+    if (it != sessions_.end()) s = it->second;
+  }
+  if (s == nullptr) {
+    if (token.empty()) return absl::NotFoundError("the request names no session");
+    return absl::NotFoundError(absl::StrCat(
+        "session ", Short(token), " does not exist (never opened, closed, or its lease lapsed)"));
+  }
+  absl::MutexLock lock(&s->mu);
+  s->Touch();
+  return s;
+}
+
+absl::StatusOr<BufferEntry*> Engine::FindBuffer(Session& s, uint64_t handle) {
+  if (s.closed) return absl::NotFoundError(absl::StrCat(s.name(), " is closed"));
+  auto it = s.buffers.find(handle);
+  if (it == s.buffers.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("buffer ", HandleName(handle), " not found in ", s.name()));
+  }
+  return &it->second;
+}
+
+absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
+                                uint64_t size, absl::string_view op) {
+  if (offset > b.size || size > b.size - offset) {
+    return absl::OutOfRangeError(absl::StrCat(op, " of ", size, " bytes at offset ", offset,
+                                              " goes past the end of ", s.Describe(b)));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::ListDevices(Callback<std::vector<DeviceStatus>> done) {
+  auto result = std::make_shared<std::vector<DeviceStatus>>(devices_.size());
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      const device::Device& d = *devices_[i];
+      const cuda::DeviceProperties& p = d.properties();
+      DeviceStatus& st = (*result)[i];
+      st.index = static_cast<uint32_t>(p.ordinal);
+      st.name = p.name;
+      st.cc_major = p.cc_major;
+      st.cc_minor = p.cc_minor;
+      st.memory_total = p.total_memory;
+      st.healthy = d.healthy();
+      st.multiprocessors = p.multiprocessors;
+      st.modules_loaded = d.modules_loaded();
+      st.module_loads_total = d.module_loads_total();
+      st.sessions = sessions_per_device_[i];
+    }
+  }
+  auto join = std::make_shared<Join>(static_cast<int>(devices_.size()),
+                                     [result, done](absl::Status) { done(*result); });
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    devices_[i]->QueryMemory([result, join, i](absl::StatusOr<cuda::MemoryInfo> m) {
+      // A faulted device reports no free memory; it is marked unhealthy.
+      if (m.ok()) (*result)[i].memory_free = m->free;
+      join->Report(absl::OkStatus());
+    });
+  }
+}
+
+void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint64_t memory_limit,
+                         Callback<SessionInfo> done) {
+  if (devices_.empty()) {
+    return done(absl::UnavailableError(absl::StrCat(
+        "no GPU is available on this host: ", driver_status_.ok() ? "no devices" : driver_status_.message())));
+  }
+  int index = -1;
+  if (device.has_value()) {
+    if (*device >= devices_.size()) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "device ", *device, " does not exist; this host has ", devices_.size(), " device(s)")));
+    }
+    index = static_cast<int>(*device);
+    if (!devices_[index]->healthy()) {
+      return done(absl::UnavailableError(absl::StrCat(
+          "device ", index, " is unusable: ", devices_[index]->fault().message())));
+    }
+  } else {
+    absl::MutexLock lock(&sessions_mu_);
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      if (!devices_[i]->healthy()) continue;
+      if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index]) index = static_cast<int>(i);
+    }
+    if (index < 0) return done(absl::UnavailableError("no GPU of this host is usable"));
+  }
+  if (lease_ms == 0) lease_ms = options_.default_lease_ms;
+  lease_ms = std::min(lease_ms, options_.max_lease_ms);
+  uint64_t limit = options_.max_session_memory_bytes;
+  if (memory_limit == 0) memory_limit = options_.default_session_memory_bytes;
+  if (memory_limit != 0) limit = limit == 0 ? memory_limit : std::min(limit, memory_limit);
+  devices_[index]->CreateStream([this, index, lease_ms, limit, done](
+                                    absl::StatusOr<device::StreamId> stream) {
+    if (!stream.ok()) return done(stream.status());
+    auto session = std::make_shared<Session>(NewSessionToken(), index, *stream, lease_ms, limit);
+    {
+      absl::MutexLock lock(&session->mu);
+      session->Touch();
+    }
+    {
+      absl::MutexLock lock(&sessions_mu_);
+      sessions_.emplace(session->token(), session);
+      ++sessions_per_device_[index];
+    }
+    log::Info(session->name(), " opened on device ", index, " (lease ", lease_ms,
+              " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
+              ")");
+    done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit});
+  });
+}
+
+absl::StatusOr<uint64_t> Engine::KeepAlive(const std::string& token) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+  return s->lease_ms();
+}
+
+void Engine::CloseSession(const std::string& token, Done done) {
+  auto s = FindSession(token);
+  if (!s.ok()) return done(s.status());
+  Close(*s, "the client closed it", std::move(done));
+}
+
+void Engine::ReleaseMemory(Session& s, uint64_t bytes) {
+  s.memory_used -= bytes;
+  daemon_memory_used_.fetch_sub(bytes);
+}
+
+void Engine::Close(std::shared_ptr<Session> s, const std::string& why, Done done) {
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    auto it = sessions_.find(s->token());
+    if (it == sessions_.end() || it->second != s) {
+      // Someone else closed it first.
+      return done(absl::OkStatus());
+    }
+    sessions_.erase(it);
+    --sessions_per_device_[s->device()];
+  }
+  device::Device* dev = DeviceOf(*s);
+  uint64_t freed = 0;
+  size_t buffers = 0;
+  {
+    absl::MutexLock lock(&s->mu);
+    s->closed = true;
+    for (auto& [handle, b] : s->buffers) {
+      dev->Free(s->stream(), b.ptr, s->Describe(b), [](absl::Status) {});
+      freed += b.size;
+      ++buffers;
+    }
+    ReleaseMemory(*s, s->memory_used);
+    s->buffers.clear();
+    s->functions.clear();
+    s->modules.clear();
+  }
+  log::Info(s->name(), " closed: ", why, "; freed ", buffers, " buffer(s), ", freed, " bytes");
+  dev->DestroyStream(s->stream(), [done](absl::Status st) { done(absl::OkStatus()); });
+}
+
+// ---------------------------------------------------------------- modules
+
+absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(
+    const std::string& token, const std::string& sha256, uint64_t size, ModuleKind kind) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+  if (!IsSha256Hex(sha256)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module header: sha256 must be 64 lower-case hex digits, got '", sha256.substr(0, 80), "'"));
+  }
+  if (kind == ModuleKind::kUnspecified) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("module ", sha256.substr(0, 12), ": kind is unspecified (cubin, ptx or fatbin)"));
+  }
+  if (size > options_.max_module_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12), " is ", size,
+                                                   " bytes; the daemon accepts at most ",
+                                                   options_.max_module_bytes));
+  }
+  return std::unique_ptr<ModuleUpload>(new ModuleUpload(this, std::move(s), sha256, size, kind));
+}
+
+ModuleUpload::ModuleUpload(Engine* engine, std::shared_ptr<Session> session, std::string sha256,
+                           uint64_t size, ModuleKind kind)
+    : engine_(engine), session_(std::move(session)), sha256_(std::move(sha256)), size_(size),
+      kind_(kind) {}
+
+absl::Status ModuleUpload::AddChunk(absl::string_view chunk) {
+  if (bytes_.size() + chunk.size() > size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module ", sha256_.substr(0, 12), ": received more than the ", size_,
+        " bytes its header announced"));
+  }
+  if (bytes_.empty()) bytes_.reserve(size_);
+  bytes_.append(chunk.data(), chunk.size());
+  hasher_.Update(chunk.data(), chunk.size());
+  return absl::OkStatus();
+}
+
+void ModuleUpload::Finish(Callback<ModuleResult> done) {
+  const std::string name = absl::StrCat("module ", sha256_.substr(0, 12));
+  std::shared_ptr<const device::ModuleImage> image;
+  bool newly_stored = false;
+  const bool uploaded = !bytes_.empty();
+  if (!uploaded) {
+    absl::MutexLock lock(&engine_->modules_mu_);
+    auto it = engine_->module_store_.find(sha256_);
+    if (it == engine_->module_store_.end()) {
+      return done(absl::NotFoundError(absl::StrCat(
+          name, " (sha256 ", sha256_, ") is not held by the daemon; upload its bytes")));
+    }
+    image = it->second;
+  } else {
+    if (bytes_.size() != size_) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          name, ": upload ended after ", bytes_.size(), " of ", size_, " bytes")));
+    }
+    const std::string got = hasher_.HexDigest();
+    if (got != sha256_) {
+      return done(absl::DataLossError(absl::StrCat(name, ": the ", size_,
+                                                   " bytes received hash to sha256 ", got,
+                                                   ", not ", sha256_)));
+    }
+    auto img = std::make_shared<device::ModuleImage>();
+    img->sha256 = sha256_;
+    img->bytes = std::move(bytes_);
+    img->is_ptx = kind_ == ModuleKind::kPtx;
+    absl::MutexLock lock(&engine_->modules_mu_);
+    auto [it, inserted] = engine_->module_store_.emplace(sha256_, img);
+    image = it->second;
+    newly_stored = inserted;
+  }
+  engine_->FinishModule(session_, image, uploaded, newly_stored, std::move(done));
+}
+
+void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const device::ModuleImage> image,
+                          bool uploaded, bool newly_stored, Callback<ModuleResult> done) {
+  const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
+                                        image->bytes.size(), " bytes) of ", s->name());
+  DeviceOf(*s)->LoadModule(image, what, [this, s, image, uploaded, newly_stored, done](absl::Status st) {
+    if (!st.ok()) {
+      // An image the driver rejects is not kept.
+      if (newly_stored) {
+        absl::MutexLock lock(&modules_mu_);
+        module_store_.erase(image->sha256);
+      }
+      return done(st);
+    }
+    absl::MutexLock lock(&s->mu);
+    if (s->closed) return done(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+    ModuleResult r;
+    r.handle = s->NewHandle();
+    r.sha256 = image->sha256;
+    r.uploaded = uploaded;
+    s->modules.emplace(r.handle, image->sha256);
+    done(r);
+  });
+}
+
+void Engine::GetFunction(const std::string& token, uint64_t module, const std::string& name,
+                         Callback<FunctionResult> done) {
+  auto s = FindSession(token);
+  if (!s.ok()) return done(s.status());
+  std::shared_ptr<Session> session = *s;
+  std::string sha;
+  {
+    absl::MutexLock lock(&session->mu);
+    auto it = session->modules.find(module);
+    if (it == session->modules.end()) {
+      return done(absl::NotFoundError(
+          absl::StrCat("module ", HandleName(module), " not found in ", session->name())));
+    }
+    sha = it->second;
+  }
+  if (name.empty()) return done(absl::InvalidArgumentError("GetFunction: the kernel name is empty"));
+  std::shared_ptr<const device::ModuleImage> image;
+  {
+    absl::MutexLock lock(&modules_mu_);
+    auto it = module_store_.find(sha);
+    if (it != module_store_.end()) image = it->second;
+  }
+  if (image == nullptr) return done(absl::InternalError("module store lost an image"));
+  const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ", sha.substr(0, 12),
+                                        ") of ", session->name());
+  DeviceOf(*session)->GetKernel(image, name, what,
+                                [session, sha, name, done](absl::StatusOr<device::KernelInfo> k) {
+    if (!k.ok()) return done(k.status());
+    absl::MutexLock lock(&session->mu);
+    if (session->closed) return done(absl::NotFoundError(absl::StrCat(session->name(), " is closed")));
+    FunctionEntry f;
+    f.handle = session->NewHandle();
+    f.module_sha256 = sha;
+    f.name = name;
+    f.kernel = *k;
+    session->functions.emplace(f.handle, f);
+    done(FunctionResult{f.handle, *k});
+  });
+}
+
+// ---------------------------------------------------------------- memory
+
+void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferInfo> done) {
+  auto found = FindSession(token);
+  if (!found.ok()) return done(found.status());
+  std::shared_ptr<Session> s = *found;
+  if (size == 0) return done(absl::InvalidArgumentError("Allocate: size must be positive"));
+  {
+    absl::MutexLock lock(&s->mu);
+    if (s->memory_limit() != 0 && size > s->memory_limit() - s->memory_used) {
+      return done(absl::ResourceExhaustedError(absl::StrCat(
+          "session memory limit: ", s->name(), " holds ", s->memory_used, " of its ",
+          s->memory_limit(), " bytes; ", size, " more do not fit")));
+    }
+    if (options_.daemon_memory_bytes != 0) {
+      uint64_t used = daemon_memory_used_.load();
+      do {
+        if (size > options_.daemon_memory_bytes - std::min(used, options_.daemon_memory_bytes)) {
+          return done(absl::ResourceExhaustedError(absl::StrCat(
+              "daemon memory limit: sessions hold ", used, " of the daemon's ",
+              options_.daemon_memory_bytes, " bytes; ", size, " more for ", s->name(),
+              " do not fit")));
+        }
+      } while (!daemon_memory_used_.compare_exchange_weak(used, used + size));
+    } else {
+      daemon_memory_used_.fetch_add(size);
+    }
+    s->memory_used += size;  // reserved; given back if the device says no
+  }
+  const std::string what = absl::StrCat("a buffer of ", size, " bytes for ", s->name(),
+                                        " on device ", s->device());
+  device::Device* dev = DeviceOf(*s);
+  dev->Allocate(s->stream(), size, what, [this, s, size, dev, what, done](absl::StatusOr<device::DevicePtr> p) {
+    absl::MutexLock lock(&s->mu);
+    if (!p.ok()) {
+      ReleaseMemory(*s, size);
+      absl::Status st = p.status();
+      if (st.code() == absl::StatusCode::kResourceExhausted) {
+        st = absl::ResourceExhaustedError(absl::StrCat("device memory: ", st.message()));
+      }
+      return done(st);
+    }
+    if (s->closed) {
+      // Closed while the allocation was in flight (its memory was already
+      // given back by Close): free it again at once.
+      dev->Free(s->stream(), *p, what, [](absl::Status) {});
+      return done(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+    }
+    BufferEntry b;
+    b.handle = s->NewHandle();
+    b.ptr = *p;
+    b.size = size;
+    s->buffers.emplace(b.handle, b);
+    done(BufferInfo{b.handle, size});
+  });
+}
+
+void Engine::Free(const std::string& token, uint64_t buffer, Done done) {
+  auto found = FindSession(token);
+  if (!found.ok()) return done(found.status());
+  std::shared_ptr<Session> s = *found;
+  absl::MutexLock lock(&s->mu);
+  auto b = FindBuffer(*s, buffer);
+  if (!b.ok()) return done(b.status());
+  if ((*b)->streams_in_use > 0) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat(s->Describe(**b), " is in use by a Write or Read in progress")));
+  }
+  BufferEntry entry = **b;
+  s->buffers.erase(buffer);
+  ReleaseMemory(*s, entry.size);
+  DeviceOf(*s)->Free(s->stream(), entry.ptr, s->Describe(entry), std::move(done));
+}
+
+void Engine::Memset(const std::string& token, uint64_t buffer, uint64_t offset, uint64_t size,
+                    uint32_t value, Done done) {
+  auto found = FindSession(token);
+  if (!found.ok()) return done(found.status());
+  std::shared_ptr<Session> s = *found;
+  if (value > 255) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("Memset: value ", value, " is not a byte (0..255)")));
+  }
+  absl::MutexLock lock(&s->mu);
+  auto b = FindBuffer(*s, buffer);
+  if (!b.ok()) return done(b.status());
+  if (size == 0 && offset <= (*b)->size) size = (*b)->size - offset;
+  if (auto st = CheckRange(*s, **b, offset, size, "Memset"); !st.ok()) return done(st);
+  if (size == 0) return done(absl::OkStatus());
+  DeviceOf(*s)->Memset(s->stream(), (*b)->ptr + offset, static_cast<uint8_t>(value), size,
+                       absl::StrCat("Memset of ", s->Describe(**b)), std::move(done));
+}
+
+void Engine::CopyBuffer(const std::string& token, uint64_t dst, uint64_t dst_offset, uint64_t src,
+                        uint64_t src_offset, uint64_t size, Done done) {
+  auto found = FindSession(token);
+  if (!found.ok()) return done(found.status());
+  std::shared_ptr<Session> s = *found;
+  absl::MutexLock lock(&s->mu);
+  auto d = FindBuffer(*s, dst);
+  if (!d.ok()) return done(d.status());
+  auto from = FindBuffer(*s, src);
+  if (!from.ok()) return done(from.status());
+  if (auto st = CheckRange(*s, **d, dst_offset, size, "CopyBuffer destination"); !st.ok()) return done(st);
+  if (auto st = CheckRange(*s, **from, src_offset, size, "CopyBuffer source"); !st.ok()) return done(st);
+  if (size == 0) return done(absl::OkStatus());
+  DeviceOf(*s)->Copy(s->stream(), (*d)->ptr + dst_offset, (*from)->ptr + src_offset, size,
+                     absl::StrCat("CopyBuffer from ", s->Describe(**from), " to ", s->Describe(**d)),
+                     std::move(done));
+}
+
+// ---------------------------------------------------------------- Write
+
+absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string& token,
+                                                              uint64_t buffer, uint64_t offset) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+  absl::MutexLock lock(&s->mu);
+  GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
+  GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, 0, "Write"));
+  std::shared_ptr<WriteSink> sink(new WriteSink(this, s, buffer, offset));
+  sink->device_ = DeviceOf(*s);
+  sink->base_ = b->ptr;
+  sink->buffer_size_ = b->size;
+  sink->what_ = absl::StrCat("Write to ", s->Describe(*b));
+  ++b->streams_in_use;
+  return sink;
+}
+
+WriteSink::WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer,
+                     uint64_t offset)
+    : engine_(engine), session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
+
+WriteSink::~WriteSink() {
+  absl::MutexLock lock(&session_->mu);
+  auto it = session_->buffers.find(buffer_);
+  if (it != session_->buffers.end()) --it->second.streams_in_use;
+}
+
+void WriteSink::Push(absl::string_view data, Done more) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return more(error_);
+  }
+  if (data.size() > buffer_size_ - next_offset_) {
+    absl::MutexLock slock(&session_->mu);
+    auto it = session_->buffers.find(buffer_);
+    return more(absl::OutOfRangeError(absl::StrCat(
+        "Write of ", data.size(), " more bytes at offset ", next_offset_, " goes past the end of ",
+        it != session_->buffers.end() ? session_->Describe(it->second)
+                                      : absl::StrCat("buffer ", HandleName(buffer_)))));
+  }
+  PushFrom(data, std::move(more));
+}
+
+void WriteSink::PushFrom(absl::string_view data, Done more) {
+  if (data.empty()) {
+    absl::MutexLock lock(&mu_);
+    return more(error_);
+  }
+  auto self = shared_from_this();
+  device_->staging().Acquire([self, data, more](device::StagingSlot slot) {
+    const size_t n = std::min(data.size(), slot.capacity);
+    std::memcpy(slot.data, data.data(), n);
+    const uint64_t dst_offset = self->next_offset_;
+    self->next_offset_ += n;
+    {
+      absl::MutexLock lock(&self->mu_);
+      ++self->in_flight_;
+    }
+    {
+      // Under the session lock, so that the copy is queued before any free
+      // that a concurrent close queues.
+      absl::MutexLock slock(&self->session_->mu);
+      if (self->session_->closed) {
+        self->device_->staging().Release(slot);
+        self->OnCopyDone(absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
+      } else {
+        device::Device* dev = self->device_;
+        dev->CopyToDevice(self->session_->stream(), self->base_ + dst_offset, slot, n, self->what_,
+                          [self, slot, n](absl::Status st) {
+                            self->device_->staging().Release(slot);
+                            if (st.ok()) {
+                              absl::MutexLock lock(&self->mu_);
+                              self->written_ += n;
+                            }
+                            self->OnCopyDone(st);
+                          });
+      }
+    }
+    self->PushFrom(data.substr(n), more);
+  });
+}
+
+void WriteSink::OnCopyDone(absl::Status status) {
+  Callback<uint64_t> finish;
+  absl::StatusOr<uint64_t> result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() && error_.ok()) error_ = status;
+    if (--in_flight_ != 0 || !finish_) return;
+    finish = std::move(finish_);
+    finish_ = nullptr;
+    if (error_.ok()) result = written_; else result = error_;
+  }
+  finish(result);
+}
+
+void WriteSink::Finish(Callback<uint64_t> done) {
+  absl::StatusOr<uint64_t> result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (in_flight_ != 0) {
+      finish_ = std::move(done);
+      return;
+    }
+    if (error_.ok()) result = written_; else result = error_;
+  }
+  done(result);
+}
+
+// ---------------------------------------------------------------- Read
+
+absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string& token,
+                                                              uint64_t buffer, uint64_t offset,
+                                                              uint64_t size, uint32_t chunk) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+  absl::MutexLock lock(&s->mu);
+  GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
+  if (size == 0 && offset <= b->size) size = b->size - offset;
+  GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, size, "Read"));
+  device::Device* dev = DeviceOf(*s);
+  if (chunk == 0) chunk = options_.chunk_bytes;
+  chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, dev->staging().capacity()));
+  std::shared_ptr<ReadSource> src(new ReadSource(this, s, buffer, offset, size, chunk));
+  src->device_ = dev;
+  src->base_ = b->ptr;
+  src->what_ = absl::StrCat("Read of ", s->Describe(*b));
+  ++b->streams_in_use;
+  return src;
+}
+
+ReadSource::ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer,
+                       uint64_t offset, uint64_t size, uint32_t chunk)
+    : engine_(engine), session_(std::move(session)), buffer_(buffer), end_(offset + size),
+      chunk_(chunk), fetch_offset_(offset), deliver_offset_(offset) {}
+
+ReadSource::~ReadSource() {
+  absl::MutexLock lock(&session_->mu);
+  auto it = session_->buffers.find(buffer_);
+  if (it != session_->buffers.end()) --it->second.streams_in_use;
+}
+
+uint64_t ReadSource::remaining() const {
+  absl::MutexLock lock(&mu_);
+  return end_ - deliver_offset_;
+}
+
+void ReadSource::Next(std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    waiter_ = std::move(done);
+    FetchMore();
+  }
+  Deliver();
+}
+
+void ReadSource::FetchMore() {
+  // Two chunks ahead of the one being delivered keep the copy engine busy
+  // while the network drains the last one.
+  constexpr int kAhead = 3;
+  auto self = shared_from_this();
+  while (fetching_ < kAhead && fetch_offset_ < end_) {
+    const uint64_t offset = fetch_offset_;
+    const uint64_t n = std::min<uint64_t>(chunk_, end_ - offset);
+    fetch_offset_ += n;
+    ++fetching_;
+    device_->staging().Acquire([self, offset, n](device::StagingSlot slot) {
+      absl::MutexLock slock(&self->session_->mu);
+      if (self->session_->closed) {
+        self->device_->staging().Release(slot);
+        {
+          absl::MutexLock lock(&self->mu_);
+          self->ready_.emplace(offset, absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
+        }
+        self->Deliver();
+        return;
+      }
+      self->device_->CopyToHost(self->session_->stream(), slot, self->base_ + offset, n, self->what_,
+                                [self, slot, offset, n](absl::Status st) {
+                                  absl::StatusOr<std::string> bytes = st;
+                                  if (st.ok()) bytes = std::string(reinterpret_cast<char*>(slot.data), n);
+                                  self->device_->staging().Release(slot);
+                                  {
+                                    absl::MutexLock lock(&self->mu_);
+                                    self->ready_.emplace(offset, std::move(bytes));
+                                  }
+                                  self->Deliver();
+                                });
+    });
+  }
+}
+
+void ReadSource::Deliver() {
+  std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> waiter;
+  absl::StatusOr<std::pair<uint64_t, std::string>> result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!waiter_) return;
+    auto it = ready_.find(deliver_offset_);
+    if (it == ready_.end()) return;
+    if (it->second.ok()) {
+      const uint64_t offset = deliver_offset_;
+      deliver_offset_ += it->second->size();
+      result = std::make_pair(offset, std::move(it->second).value());
+    } else {
+      result = it->second.status();
+      deliver_offset_ = end_;  // nothing more after an error
+    }
+    ready_.erase(it);
+    --fetching_;
+    waiter = std::move(waiter_);
+    waiter_ = nullptr;
+  }
+  waiter(std::move(result));
+}
+
+// ---------------------------------------------------------------- launch
+
+void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
+  auto found = FindSession(spec.session);
+  if (!found.ok()) return gpu_ns(found.status());
+  std::shared_ptr<Session> s = *found;
+  device::Device* dev = DeviceOf(*s);
+  const cuda::DeviceProperties& p = dev->properties();
+  device::LaunchOp op;
+  {
+    absl::MutexLock lock(&s->mu);
+    auto fit = s->functions.find(spec.function);
+    if (fit == s->functions.end()) {
+      return gpu_ns(absl::NotFoundError(
+          absl::StrCat("function ", HandleName(spec.function), " not found in ", s->name())));
+    }
+    const FunctionEntry& f = fit->second;
+    const std::string kname = absl::StrCat("kernel '", f.name, "'");
+    auto bad = [&](auto&&... parts) {
+      return gpu_ns(absl::InvalidArgumentError(absl::StrCat("launch of ", kname, ": ", parts...)));
+    };
+    const uint32_t grid[3] = {spec.grid.x, spec.grid.y, spec.grid.z};
+    const uint32_t block[3] = {spec.block.x, spec.block.y, spec.block.z};
+    const uint32_t cluster[3] = {spec.cluster.x, spec.cluster.y, spec.cluster.z};
+    static constexpr const char* kAxis[] = {"x", "y", "z"};
+    for (int i = 0; i < 3; ++i) {
+      if (grid[i] == 0) return bad("grid.", kAxis[i], " is 0; every grid dimension must be at least 1");
+      if (block[i] == 0) return bad("block.", kAxis[i], " is 0; every block dimension must be at least 1");
+      if (grid[i] > static_cast<uint32_t>(p.max_grid[i]))
+        return bad("grid.", kAxis[i], " is ", grid[i], "; device ", p.ordinal, " allows at most ", p.max_grid[i]);
+      if (block[i] > static_cast<uint32_t>(p.max_block[i]))
+        return bad("block.", kAxis[i], " is ", block[i], "; device ", p.ordinal, " allows at most ", p.max_block[i]);
+    }
+    const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
+    const int max_threads = f.kernel.attributes.max_threads_per_block > 0
+                                ? std::min(f.kernel.attributes.max_threads_per_block, p.max_threads_per_block)
+                                : p.max_threads_per_block;
+    if (threads > static_cast<uint64_t>(max_threads)) {
+      return bad("block (", block[0], ", ", block[1], ", ", block[2], ") has ", threads,
+                 " threads; this kernel allows at most ", max_threads, " per block");
+    }
+    if (spec.shared_bytes > static_cast<uint64_t>(f.kernel.attributes.max_dynamic_shared_bytes)) {
+      return bad(spec.shared_bytes, " bytes of dynamic shared memory asked; at most ",
+                 f.kernel.attributes.max_dynamic_shared_bytes, " fit beside its ",
+                 f.kernel.attributes.static_shared_bytes, " bytes of static shared memory on device ",
+                 p.ordinal);
+    }
+    const bool clustered = cluster[0] != 0 || cluster[1] != 0 || cluster[2] != 0;
+    if (clustered) {
+      if (!p.cluster_launch) return bad("device ", p.ordinal, " does not support thread block clusters");
+      uint64_t size = 1;
+      for (int i = 0; i < 3; ++i) {
+        const uint32_t c = cluster[i] == 0 ? 1 : cluster[i];
+        if (grid[i] % c != 0)
+          return bad("grid.", kAxis[i], " (", grid[i], ") is not a multiple of cluster.", kAxis[i], " (", c, ")");
+        size *= c;
+      }
+      if (size > 8) return bad("a cluster of ", size, " blocks is over the portable maximum of 8");
+    }
+    auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<cuda::DevicePtr> {
+      auto it = s->buffers.find(a.buffer);
+      if (it == s->buffers.end()) {
+        return absl::NotFoundError(absl::StrCat("parameter ", index, " of ", kname, ": buffer ",
+                                                HandleName(a.buffer), " not found in ", s->name()));
+      }
+      if (a.offset >= it->second.size) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of ", kname, ": offset ",
+                                                       a.offset, " is past the end of ",
+                                                       s->Describe(it->second)));
+      }
+      return it->second.ptr + a.offset;
+    };
+    auto block_bytes = PackArgs(f.name, f.kernel.params, f.kernel.param_bytes, spec.args, resolve);
+    if (!block_bytes.ok()) return gpu_ns(block_bytes.status());
+    op.kernel = f.kernel.id;
+    op.param_block = std::move(block_bytes).value();
+    for (int i = 0; i < 3; ++i) {
+      op.geometry.grid[i] = grid[i];
+      op.geometry.block[i] = block[i];
+      op.geometry.cluster[i] = clustered ? (cluster[i] == 0 ? 1 : cluster[i]) : 0;
+    }
+    op.geometry.shared_bytes = spec.shared_bytes;
+    op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
+    if (!spec.synchronize) {
+      dev->Launch(s->stream(), std::move(op), [gpu_ns](absl::Status st) {
+        if (!st.ok()) return gpu_ns(st);
+        gpu_ns(uint64_t{0});
+      });
+      return;
+    }
+    // Synchronize once the launch is enqueued, so that an enqueue error is
+    // the one reported.
+    dev->Launch(s->stream(), std::move(op), [dev, s, gpu_ns](absl::Status st) {
+      if (!st.ok()) return gpu_ns(st);
+      absl::MutexLock lock(&s->mu);
+      if (s->closed) return gpu_ns(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+      dev->Synchronize(s->stream(), gpu_ns);
+    });
+  }
+}
+
+void Engine::Synchronize(const std::string& token, Callback<uint64_t> gpu_ns) {
+  auto found = FindSession(token);
+  if (!found.ok()) return gpu_ns(found.status());
+  std::shared_ptr<Session> s = *found;
+  absl::MutexLock lock(&s->mu);
+  DeviceOf(*s)->Synchronize(s->stream(), std::move(gpu_ns));
+}
+
+}  // namespace gpuexec::core

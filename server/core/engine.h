@@ -1,0 +1,282 @@
+#ifndef GPUEXEC_SERVER_CORE_ENGINE_H_
+#define GPUEXEC_SERVER_CORE_ENGINE_H_
+
+// The daemon's core, free of gRPC: devices, sessions and their handle
+// tables, leases, memory limits, the module store, argument checking and
+// packing, and the streamed copies. Every operation completes through a
+// callback; none blocks its caller on the GPU. The rpc layer translates
+// protos to these calls and statuses back.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gpuexec/sha256.h"
+#include "server/core/args.h"
+#include "server/core/session.h"
+#include "server/cuda/driver.h"
+#include "server/device/device.h"
+
+namespace gpuexec::core {
+
+template <typename T>
+using Callback = std::function<void(absl::StatusOr<T>)>;
+using Done = std::function<void(absl::Status)>;
+
+struct EngineOptions {
+  std::string driver_library = "libcuda.so.1";
+  uint64_t default_lease_ms = 60'000;
+  uint64_t max_lease_ms = 3'600'000;
+  uint64_t default_session_memory_bytes = 0;  // 0: the per-session maximum
+  uint64_t max_session_memory_bytes = 0;      // 0: no per-session limit
+  uint64_t daemon_memory_bytes = 0;           // 0: no daemon-wide limit
+  uint32_t chunk_bytes = 1 << 20;
+  uint32_t staging_buffers = 8;
+  uint64_t max_module_bytes = 512ull << 20;
+  absl::Duration reaper_interval = absl::Milliseconds(200);
+};
+
+struct DeviceStatus {
+  uint32_t index = 0;
+  std::string name;
+  uint32_t cc_major = 0;
+  uint32_t cc_minor = 0;
+  uint64_t memory_total = 0;
+  uint64_t memory_free = 0;
+  bool healthy = false;
+  uint32_t multiprocessors = 0;
+  uint32_t modules_loaded = 0;
+  uint64_t module_loads_total = 0;
+  uint32_t sessions = 0;
+};
+
+struct SessionInfo {
+  std::string token;
+  uint32_t device = 0;
+  uint64_t lease_ms = 0;
+  uint64_t memory_limit = 0;
+};
+
+struct BufferInfo {
+  uint64_t handle = 0;
+  uint64_t size = 0;
+};
+
+enum class ModuleKind { kUnspecified, kCubin, kPtx, kFatbin };
+
+struct ModuleResult {
+  uint64_t handle = 0;
+  std::string sha256;
+  bool uploaded = false;
+};
+
+struct FunctionResult {
+  uint64_t handle = 0;
+  device::KernelInfo kernel;
+};
+
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+struct LaunchSpec {
+  std::string session;
+  uint64_t function = 0;
+  Dim3 grid;
+  Dim3 block;
+  Dim3 cluster{0, 0, 0};  // all zero: no cluster
+  uint32_t shared_bytes = 0;
+  std::vector<ArgValue> args;
+  bool synchronize = false;
+};
+
+class Engine;
+
+// One LoadModule upload: chunks in, then Finish. Owned by the rpc call.
+class ModuleUpload {
+ public:
+  absl::Status AddChunk(absl::string_view chunk);
+  void Finish(Callback<ModuleResult> done);
+
+ private:
+  friend class Engine;
+  ModuleUpload(Engine* engine, std::shared_ptr<Session> session, std::string sha256,
+               uint64_t size, ModuleKind kind);
+  Engine* engine_;
+  std::shared_ptr<Session> session_;
+  std::string sha256_;
+  uint64_t size_;
+  ModuleKind kind_;
+  std::string bytes_;
+  Sha256 hasher_;
+};
+
+// One Write: host bytes streamed through pinned staging buffers to a buffer.
+// Shared by the rpc call and the copies in flight.
+class WriteSink : public std::enable_shared_from_this<WriteSink> {
+ public:
+  ~WriteSink();
+  // Copies `data` into staging buffers and enqueues their copies; calls
+  // `more` once `data` is no longer needed (the caller may then reuse it),
+  // with the first error seen so far.
+  void Push(absl::string_view data, Done more);
+  // Calls `done` when every copy enqueued has finished: the bytes written,
+  // or the first error.
+  void Finish(Callback<uint64_t> done);
+
+ private:
+  friend class Engine;
+  WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset);
+  void PushFrom(absl::string_view data, Done more);
+  void OnCopyDone(absl::Status status);
+
+  Engine* engine_;
+  std::shared_ptr<Session> session_;
+  device::Device* device_ = nullptr;
+  const uint64_t buffer_;
+  device::DevicePtr base_ = 0;
+  uint64_t buffer_size_ = 0;
+  std::string what_;
+  uint64_t next_offset_;  // where the next pushed byte lands
+  uint64_t written_ = 0;
+
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  Callback<uint64_t> finish_ ABSL_GUARDED_BY(mu_);
+};
+
+// One Read: device bytes streamed to the caller in chunks, in order, with a
+// few chunks fetched ahead.
+class ReadSource : public std::enable_shared_from_this<ReadSource> {
+ public:
+  ~ReadSource();
+  uint64_t remaining() const;
+  // Calls `done` with the next chunk (offset, bytes); at most one Next at a
+  // time. Call only while remaining() > 0.
+  void Next(std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> done);
+
+ private:
+  friend class Engine;
+  ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset,
+             uint64_t size, uint32_t chunk);
+  void FetchMore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Deliver();
+
+  Engine* engine_;
+  std::shared_ptr<Session> session_;
+  device::Device* device_ = nullptr;
+  const uint64_t buffer_;
+  device::DevicePtr base_ = 0;
+  std::string what_;
+  const uint64_t end_;
+  const uint32_t chunk_;
+
+  mutable absl::Mutex mu_;
+  uint64_t fetch_offset_ ABSL_GUARDED_BY(mu_);    // next offset to fetch
+  uint64_t deliver_offset_ ABSL_GUARDED_BY(mu_);  // next offset to hand out
+  int fetching_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, absl::StatusOr<std::string>> ready_ ABSL_GUARDED_BY(mu_);
+  std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> waiter_
+      ABSL_GUARDED_BY(mu_);
+};
+
+class Engine {
+ public:
+  // Loads the driver and opens every device. A driver that cannot be loaded
+  // or reports no devices is not an error: the engine then serves with no
+  // devices (driver_status() says why).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  // Closes every session and releases the devices.
+  ~Engine();
+
+  const EngineOptions& options() const { return options_; }
+  int device_count() const { return static_cast<int>(devices_.size()); }
+  bool AnyDeviceHealthy() const;
+  // OK when the driver loaded; otherwise why there are no devices.
+  const absl::Status& driver_status() const { return driver_status_; }
+  size_t session_count() const;
+
+  void ListDevices(Callback<std::vector<DeviceStatus>> done);
+
+  void OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint64_t memory_limit,
+                   Callback<SessionInfo> done);
+  absl::StatusOr<uint64_t> KeepAlive(const std::string& token);
+  void CloseSession(const std::string& token, Done done);
+
+  absl::StatusOr<std::unique_ptr<ModuleUpload>> BeginModuleUpload(const std::string& token,
+                                                                  const std::string& sha256,
+                                                                  uint64_t size, ModuleKind kind);
+  void GetFunction(const std::string& token, uint64_t module, const std::string& name,
+                   Callback<FunctionResult> done);
+
+  void Allocate(const std::string& token, uint64_t size, Callback<BufferInfo> done);
+  void Free(const std::string& token, uint64_t buffer, Done done);
+  void Memset(const std::string& token, uint64_t buffer, uint64_t offset, uint64_t size,
+              uint32_t value, Done done);
+  void CopyBuffer(const std::string& token, uint64_t dst, uint64_t dst_offset, uint64_t src,
+                  uint64_t src_offset, uint64_t size, Done done);
+  absl::StatusOr<std::shared_ptr<WriteSink>> BeginWrite(const std::string& token,
+                                                        uint64_t buffer, uint64_t offset);
+  absl::StatusOr<std::shared_ptr<ReadSource>> BeginRead(const std::string& token,
+                                                        uint64_t buffer, uint64_t offset,
+                                                        uint64_t size, uint32_t chunk);
+
+  void Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns);
+  void Synchronize(const std::string& token, Callback<uint64_t> gpu_ns);
+
+ private:
+  friend class ModuleUpload;
+  friend class WriteSink;
+  friend class ReadSource;
+
+  explicit Engine(const EngineOptions& options);
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& token);
+  device::Device* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
+  static absl::StatusOr<BufferEntry*> FindBuffer(Session& s, uint64_t handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  static absl::Status CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
+                                 uint64_t size, absl::string_view op);
+  void FinishModule(std::shared_ptr<Session> session, std::shared_ptr<const device::ModuleImage> image,
+                    bool uploaded, bool newly_stored, Callback<ModuleResult> done);
+  void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Removes the session and frees all it holds; `why` goes to the log.
+  void Close(std::shared_ptr<Session> session, const std::string& why, Done done);
+  void ReaperLoop();
+
+  const EngineOptions options_;
+  absl::Status driver_status_;
+  std::unique_ptr<cuda::Driver> driver_;
+  std::vector<std::unique_ptr<device::Device>> devices_;
+
+  mutable absl::Mutex sessions_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(sessions_mu_);
+  std::vector<uint32_t> sessions_per_device_ ABSL_GUARDED_BY(sessions_mu_);
+
+  // Daemon-wide device memory held by sessions.
+  std::atomic<uint64_t> daemon_memory_used_{0};
+
+  absl::Mutex modules_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const device::ModuleImage>> module_store_
+      ABSL_GUARDED_BY(modules_mu_);
+
+  absl::Notification stop_reaper_;
+  std::thread reaper_;
+};
+
+}  // namespace gpuexec::core
+
+#endif  // GPUEXEC_SERVER_CORE_ENGINE_H_

@@ -1,0 +1,42 @@
+#include "server/core/session.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace gpuexec::core {
+
+Session::Session(std::string token, int device, device::StreamId stream, uint64_t lease_ms,
+                 uint64_t memory_limit)
+    : token_(std::move(token)),
+      name_(absl::StrCat("session ", token_.substr(0, 8))),
+      device_(device),
+      stream_(stream),
+      lease_ms_(lease_ms),
+      memory_limit_(memory_limit) {}
+
+uint64_t Session::NewHandle() {
+  while (true) {
+    const uint64_t h = absl::Uniform<uint64_t>(bitgen_);
+    if (h != 0 && !buffers.contains(h) && !modules.contains(h) && !functions.contains(h)) return h;
+  }
+}
+
+void Session::Touch() { deadline = absl::Now() + absl::Milliseconds(lease_ms_); }
+
+std::string Session::Describe(const BufferEntry& b) const {
+  return absl::StrCat("buffer ", HandleName(b.handle), " of ", name_, " (", b.size,
+                      " bytes on device ", device_, ")");
+}
+
+std::string NewSessionToken() {
+  std::random_device rd;  // getrandom(2) on Linux
+  std::string token;
+  for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&token, "%08x", rd());
+  return token;
+}
+
+std::string HandleName(uint64_t handle) { return absl::StrFormat("%#x", handle); }
+
+}  // namespace gpuexec::core

@@ -1,0 +1,85 @@
+#ifndef GPUEXEC_SERVER_CORE_SESSION_H_
+#define GPUEXEC_SERVER_CORE_SESSION_H_
+
+// A session and the handle tables it owns. Everything a client creates lives
+// in exactly one session; handles are random 64-bit ids drawn per session,
+// so a handle of another session is simply not found.
+//
+// Locking: `mu` guards the tables and `closed`. Operations that enqueue
+// device work on the session's stream hold `mu` across the check and the
+// post, so that device work is ordered before the frees that closing the
+// session enqueues.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/device/device.h"
+
+namespace gpuexec::core {
+
+struct BufferEntry {
+  uint64_t handle = 0;
+  device::DevicePtr ptr = 0;
+  uint64_t size = 0;
+  // Streams in progress (Write, Read) that use the buffer; it cannot be
+  // freed while they run.
+  int streams_in_use = 0;
+};
+
+struct FunctionEntry {
+  uint64_t handle = 0;
+  std::string module_sha256;
+  std::string name;
+  device::KernelInfo kernel;
+};
+
+class Session {
+ public:
+  Session(std::string token, int device, device::StreamId stream, uint64_t lease_ms,
+          uint64_t memory_limit);
+
+  const std::string& token() const { return token_; }
+  // "session 3f2a91c0" (the token's first 8 characters) for messages.
+  const std::string& name() const { return name_; }
+  int device() const { return device_; }
+  device::StreamId stream() const { return stream_; }
+  uint64_t lease_ms() const { return lease_ms_; }
+  uint64_t memory_limit() const { return memory_limit_; }
+
+  absl::Mutex mu;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  absl::Time deadline ABSL_GUARDED_BY(mu);
+  uint64_t memory_used ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_map<uint64_t, BufferEntry> buffers ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, std::string> modules ABSL_GUARDED_BY(mu);  // -> sha256
+  absl::flat_hash_map<uint64_t, FunctionEntry> functions ABSL_GUARDED_BY(mu);
+
+  // A fresh nonzero handle not used in this session.
+  uint64_t NewHandle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void Touch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // "buffer 0x1f.. of session 3f2a91c0 (1048576 bytes on device 0)".
+  std::string Describe(const BufferEntry& b) const;
+
+ private:
+  const std::string token_;
+  const std::string name_;
+  const int device_;
+  const device::StreamId stream_;
+  const uint64_t lease_ms_;
+  const uint64_t memory_limit_;
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu);
+};
+
+// 128 random bits as 32 hex characters, from the OS's generator.
+std::string NewSessionToken();
+std::string HandleName(uint64_t handle);  // "0x1f2e..."
+
+}  // namespace gpuexec::core
+
+#endif  // GPUEXEC_SERVER_CORE_SESSION_H_

@@ -1,0 +1,451 @@
+#include "server/cuda/driver.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
+#include "server/cuda/driver_api_internal.h"
+
+namespace gpuexec::cuda {
+namespace {
+
+// The one table from CUresult to a canonical code. Sticky faults poison the
+// context until the process ends: ABORTED, so that clients know the device
+// must be reset.
+struct ResultEntry {
+  CUresult result;
+  const char* name;  // used when the driver cannot name its own code
+  absl::StatusCode code;
+  bool sticky;
+};
+
+constexpr ResultEntry kResults[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", absl::StatusCode::kOk, false},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", absl::StatusCode::kResourceExhausted, false},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "CUDA_ERROR_JIT_COMPILER_NOT_FOUND", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", absl::StatusCode::kNotFound, false},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", absl::StatusCode::kInternal, false},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", absl::StatusCode::kInternal, false},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_INVALID_CLUSTER_SIZE, "CUDA_ERROR_INVALID_CLUSTER_SIZE", absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_HARDWARE_STACK_ERROR, "CUDA_ERROR_HARDWARE_STACK_ERROR", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_INVALID_ADDRESS_SPACE, "CUDA_ERROR_INVALID_ADDRESS_SPACE", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_INVALID_PC, "CUDA_ERROR_INVALID_PC", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_ASSERT, "CUDA_ERROR_ASSERT", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", absl::StatusCode::kAborted, false},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", absl::StatusCode::kInternal, false},
+};
+
+const ResultEntry* FindResult(int result) {
+  for (const ResultEntry& e : kResults) {
+    if (static_cast<int>(e.result) == result) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool IsStickyResult(int result) {
+  const ResultEntry* e = FindResult(result);
+  return e != nullptr && e->sticky;
+}
+
+absl::StatusCode CodeForResult(int result) {
+  const ResultEntry* e = FindResult(result);
+  return e != nullptr ? e->code : absl::StatusCode::kInternal;
+}
+
+#define GPUEXEC_CU(call, args, what)                                  \
+  do {                                                                \
+    const CUresult gpuexec_result_ = api_->call args;                 \
+    if (gpuexec_result_ != CUDA_SUCCESS)                              \
+      return Error(gpuexec_result_, "cu" #call, what);                \
+  } while (0)
+
+absl::Status Driver::Error(int result, absl::string_view call, absl::string_view what) const {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (api_->GetErrorName != nullptr) api_->GetErrorName(static_cast<CUresult>(result), &name);
+  if (api_->GetErrorString != nullptr) api_->GetErrorString(static_cast<CUresult>(result), &text);
+  if (name == nullptr) {
+    const ResultEntry* e = FindResult(result);
+    name = e != nullptr ? e->name : "unknown CUresult";
+  }
+  std::string message = absl::StrCat(call, " failed for ", what, ": ", name, " (", result);
+  if (text != nullptr) absl::StrAppend(&message, ": ", text);
+  absl::StrAppend(&message, ")");
+  if (IsStickyResult(result)) {
+    absl::StrAppend(&message,
+                    "; this is a sticky fault: the device's context is unusable until it "
+                    "is reset");
+  }
+  return absl::Status(CodeForResult(result), message);
+}
+
+absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return absl::UnavailableError(absl::StrCat("cannot load the CUDA driver library '", library,
+                                               "': ", why != nullptr ? why : "unknown error"));
+  }
+  auto api = std::make_unique<DriverApi>();
+  std::string missing;
+#define GPUEXEC_RESOLVE_ENTRY(member, symbol, fn)                        \
+  api->member = reinterpret_cast<decltype(&::fn)>(dlsym(handle, symbol)); \
+  if (api->member == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", symbol);
+  GPUEXEC_DRIVER_ENTRY_POINTS(GPUEXEC_RESOLVE_ENTRY)
+#undef GPUEXEC_RESOLVE_ENTRY
+  if (!missing.empty()) {
+    dlclose(handle);
+    return absl::UnavailableError(absl::StrCat("the CUDA driver library '", library,
+                                               "' lacks entry points this daemon needs (",
+                                               missing, "); a driver for CUDA 12.4 or newer is "
+                                               "required"));
+  }
+  std::unique_ptr<Driver> driver(new Driver(library, handle, std::move(api)));
+  const CUresult init = driver->api_->Init(0);
+  if (init != CUDA_SUCCESS) {
+    absl::Status s = driver->Error(init, "cuInit", absl::StrCat("driver library '", library, "'"));
+    return absl::UnavailableError(s.message());
+  }
+  int version = 0;
+  if (driver->api_->DriverGetVersion(&version) == CUDA_SUCCESS) driver->version_ = version;
+  return driver;
+}
+
+Driver::Driver(std::string library, void* handle, std::unique_ptr<DriverApi> api)
+    : library_(std::move(library)), handle_(handle), api_(std::move(api)) {}
+
+Driver::~Driver() {
+  // The library stays mapped: driver threads may still run host functions
+  // that live in this process, and unloading libcuda is not supported anyway.
+  (void)handle_;
+}
+
+absl::StatusOr<int> Driver::DeviceCount() const {
+  int count = 0;
+  GPUEXEC_CU(DeviceGetCount, (&count), "the host");
+  return count;
+}
+
+absl::StatusOr<DeviceProperties> Driver::Properties(int ordinal) const {
+  const std::string what = absl::StrCat("device ", ordinal);
+  CUdevice dev;
+  GPUEXEC_CU(DeviceGet, (&dev, ordinal), what);
+  DeviceProperties p;
+  p.ordinal = ordinal;
+  char name[256] = {0};
+  GPUEXEC_CU(DeviceGetName, (name, sizeof(name) - 1, dev), what);
+  p.name = name;
+  size_t total = 0;
+  GPUEXEC_CU(DeviceTotalMem, (&total, dev), what);
+  p.total_memory = total;
+  auto attr = [&](CUdevice_attribute a, int* out) -> absl::Status {
+    GPUEXEC_CU(DeviceGetAttribute, (out, a, dev), what);
+    return absl::OkStatus();
+  };
+  int cluster = 0, pools = 0;
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &p.cc_major));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &p.cc_minor));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &p.multiprocessors));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &p.max_threads_per_block));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, &p.max_block[0]));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, &p.max_block[1]));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, &p.max_block[2]));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, &p.max_grid[0]));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, &p.max_grid[1]));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, &p.max_grid[2]));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, &p.max_shared_per_block));
+  GPUEXEC_RETURN_IF_ERROR(
+      attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &p.max_shared_per_block_optin));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, &cluster));
+  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, &pools));
+  p.cluster_launch = cluster != 0;
+  p.memory_pools = pools != 0;
+  if (p.max_shared_per_block_optin < p.max_shared_per_block) {
+    p.max_shared_per_block_optin = p.max_shared_per_block;
+  }
+  return p;
+}
+
+absl::StatusOr<PrimaryContext> Driver::RetainPrimaryContext(int ordinal) const {
+  const std::string what = absl::StrCat("device ", ordinal);
+  CUdevice dev;
+  GPUEXEC_CU(DeviceGet, (&dev, ordinal), what);
+  CUcontext ctx = nullptr;
+  GPUEXEC_CU(DevicePrimaryCtxRetain, (&ctx, dev), what);
+  return PrimaryContext(this, ordinal, ctx);
+}
+
+PrimaryContext& PrimaryContext::operator=(PrimaryContext&& o) noexcept {
+  if (this != &o) {
+    this->~PrimaryContext();
+    driver_ = o.driver_;
+    ordinal_ = o.ordinal_;
+    ctx_ = std::exchange(o.ctx_, nullptr);
+  }
+  return *this;
+}
+
+PrimaryContext::~PrimaryContext() {
+  if (ctx_ == nullptr) return;
+  CUdevice dev;
+  if (driver_->api().DeviceGet(&dev, ordinal_) == CUDA_SUCCESS) {
+    driver_->api().DevicePrimaryCtxRelease(dev);
+  }
+  ctx_ = nullptr;
+}
+
+absl::Status Driver::SetCurrent(CUctx_st* ctx, int ordinal) const {
+  GPUEXEC_CU(CtxSetCurrent, (ctx), absl::StrCat("the primary context of device ", ordinal));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MemoryInfo> Driver::MemInfo(int ordinal) const {
+  size_t free = 0, total = 0;
+  GPUEXEC_CU(MemGetInfo, (&free, &total), absl::StrCat("device ", ordinal));
+  return MemoryInfo{free, total};
+}
+
+absl::StatusOr<Module> Driver::LoadModule(absl::string_view image, bool is_ptx,
+                                          absl::string_view what) const {
+  // The driver wants PTX NUL-terminated; cubins and fatbins carry their size.
+  std::string ptx;
+  const void* data = image.data();
+  if (is_ptx) {
+    ptx.assign(image.data(), image.size());
+    ptx.push_back('\0');
+    data = ptx.data();
+  }
+  std::string error_log(16 * 1024, '\0');
+  std::string info_log(4 * 1024, '\0');
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                            CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size()),
+                    info_log.data(), reinterpret_cast<void*>(info_log.size())};
+  CUmodule module = nullptr;
+  const CUresult r = api_->ModuleLoadDataEx(&module, data, 4, options, values);
+  if (r != CUDA_SUCCESS) {
+    absl::Status s = Error(r, "cuModuleLoadDataEx", what);
+    error_log.resize(strnlen(error_log.data(), error_log.size()));
+    if (!error_log.empty()) {
+      return absl::Status(s.code(), absl::StrCat(s.message(), "; JIT log: ", error_log));
+    }
+    return s;
+  }
+  return Module(this, module);
+}
+
+absl::StatusOr<Function> Driver::GetFunction(const Module& module, const std::string& name,
+                                             absl::string_view what) const {
+  CUfunction f = nullptr;
+  const CUresult r = api_->ModuleGetFunction(&f, module.get(), name.c_str());
+  if (r == CUDA_ERROR_NOT_FOUND) {
+    return absl::NotFoundError(absl::StrCat("no kernel named '", name, "' in ", what,
+                                            " (cuModuleGetFunction: CUDA_ERROR_NOT_FOUND); "
+                                            "kernels need extern \"C\" or their mangled name"));
+  }
+  if (r != CUDA_SUCCESS) return Error(r, "cuModuleGetFunction", what);
+  return f;
+}
+
+absl::StatusOr<std::vector<ParamInfo>> Driver::ParamLayout(Function f,
+                                                            absl::string_view what) const {
+  std::vector<ParamInfo> params;
+  for (size_t i = 0;; ++i) {
+    size_t offset = 0, size = 0;
+    const CUresult r = api_->FuncGetParamInfo(f, i, &offset, &size);
+    if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
+    if (r != CUDA_SUCCESS) return Error(r, "cuFuncGetParamInfo", what);
+    params.push_back({offset, size});
+    if (params.size() > 4096) return absl::InternalError("implausible parameter count");
+  }
+  return params;
+}
+
+absl::StatusOr<FunctionAttributes> Driver::Attributes(Function f, absl::string_view what) const {
+  FunctionAttributes a;
+  auto get = [&](CUfunction_attribute attr, int* out) -> absl::Status {
+    GPUEXEC_CU(FuncGetAttribute, (out, attr, f), what);
+    return absl::OkStatus();
+  };
+  GPUEXEC_RETURN_IF_ERROR(get(CU_FUNC_ATTRIBUTE_NUM_REGS, &a.num_registers));
+  GPUEXEC_RETURN_IF_ERROR(get(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &a.static_shared_bytes));
+  GPUEXEC_RETURN_IF_ERROR(get(CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, &a.const_bytes));
+  GPUEXEC_RETURN_IF_ERROR(get(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, &a.local_bytes));
+  GPUEXEC_RETURN_IF_ERROR(get(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &a.max_threads_per_block));
+  GPUEXEC_RETURN_IF_ERROR(
+      get(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, &a.max_dynamic_shared_bytes));
+  GPUEXEC_RETURN_IF_ERROR(get(CU_FUNC_ATTRIBUTE_PTX_VERSION, &a.ptx_version));
+  GPUEXEC_RETURN_IF_ERROR(get(CU_FUNC_ATTRIBUTE_BINARY_VERSION, &a.binary_version));
+  return a;
+}
+
+absl::Status Driver::SetMaxDynamicShared(Function f, int bytes, absl::string_view what) const {
+  GPUEXEC_CU(FuncSetAttribute, (f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), what);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Stream> Driver::CreateStream(absl::string_view what) const {
+  CUstream s = nullptr;
+  GPUEXEC_CU(StreamCreate, (&s, CU_STREAM_NON_BLOCKING), what);
+  return Stream(this, s);
+}
+
+absl::StatusOr<Event> Driver::CreateEvent(bool timing, absl::string_view what) const {
+  CUevent e = nullptr;
+  GPUEXEC_CU(EventCreate, (&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING), what);
+  return Event(this, e);
+}
+
+absl::Status Driver::Record(const Event& event, CUstream_st* stream, absl::string_view what) const {
+  GPUEXEC_CU(EventRecord, (event.get(), stream), what);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Driver::EventDone(const Event& event, absl::string_view what) const {
+  const CUresult r = api_->EventQuery(event.get());
+  if (r == CUDA_SUCCESS) return true;
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  return Error(r, "cuEventQuery", what);
+}
+
+absl::StatusOr<float> Driver::ElapsedMs(const Event& start, const Event& end,
+                                        absl::string_view what) const {
+  float ms = 0;
+  GPUEXEC_CU(EventElapsedTime, (&ms, start.get(), end.get()), what);
+  return ms;
+}
+
+absl::Status Driver::LaunchHostFunc(CUstream_st* stream, HostCallback fn, void* data,
+                                    absl::string_view what) const {
+  GPUEXEC_CU(LaunchHostFunc, (stream, fn, data), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::ConfigureMemoryPool(int ordinal) const {
+  const std::string what = absl::StrCat("the default memory pool of device ", ordinal);
+  CUdevice dev;
+  GPUEXEC_CU(DeviceGet, (&dev, ordinal), what);
+  CUmemoryPool pool = nullptr;
+  GPUEXEC_CU(DeviceGetDefaultMemPool, (&pool, dev), what);
+  // Keep freed memory in the pool up to a modest size: allocation stays fast
+  // for steady workloads, and the rest goes back to the device at each
+  // synchronization so free memory reflects what sessions hold.
+  cuuint64_t threshold = 64ull << 20;
+  GPUEXEC_CU(MemPoolSetAttribute, (pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::TrimMemoryPool(int ordinal) const {
+  const std::string what = absl::StrCat("the default memory pool of device ", ordinal);
+  CUdevice dev;
+  GPUEXEC_CU(DeviceGet, (&dev, ordinal), what);
+  CUmemoryPool pool = nullptr;
+  GPUEXEC_CU(DeviceGetDefaultMemPool, (&pool, dev), what);
+  GPUEXEC_CU(MemPoolTrimTo, (pool, 0), what);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DevicePtr> Driver::AllocAsync(uint64_t size, CUstream_st* stream,
+                                             absl::string_view what) const {
+  CUdeviceptr p = 0;
+  GPUEXEC_CU(MemAllocAsync, (&p, size, stream), what);
+  return static_cast<DevicePtr>(p);
+}
+
+absl::Status Driver::FreeAsync(DevicePtr ptr, CUstream_st* stream, absl::string_view what) const {
+  GPUEXEC_CU(MemFreeAsync, (static_cast<CUdeviceptr>(ptr), stream), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::MemsetAsync(DevicePtr ptr, uint8_t value, uint64_t size,
+                                 CUstream_st* stream, absl::string_view what) const {
+  GPUEXEC_CU(MemsetD8Async, (static_cast<CUdeviceptr>(ptr), value, size, stream), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::CopyDtoDAsync(DevicePtr dst, DevicePtr src, uint64_t size,
+                                   CUstream_st* stream, absl::string_view what) const {
+  GPUEXEC_CU(MemcpyDtoDAsync, (dst, src, size, stream), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::CopyHtoDAsync(DevicePtr dst, const void* src, uint64_t size,
+                                   CUstream_st* stream, absl::string_view what) const {
+  GPUEXEC_CU(MemcpyHtoDAsync, (dst, src, size, stream), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::CopyDtoHAsync(void* dst, DevicePtr src, uint64_t size, CUstream_st* stream,
+                                   absl::string_view what) const {
+  GPUEXEC_CU(MemcpyDtoHAsync, (dst, src, size, stream), what);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PinnedMemory> Driver::AllocPinned(uint64_t size, absl::string_view what) const {
+  void* p = nullptr;
+  GPUEXEC_CU(MemHostAlloc, (&p, size, 0), what);
+  return PinnedMemory(this, p);
+}
+
+absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params,
+                            CUstream_st* stream, absl::string_view what) const {
+  CUlaunchConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.gridDimX = g.grid[0];
+  config.gridDimY = g.grid[1];
+  config.gridDimZ = g.grid[2];
+  config.blockDimX = g.block[0];
+  config.blockDimY = g.block[1];
+  config.blockDimZ = g.block[2];
+  config.sharedMemBytes = g.shared_bytes;
+  config.hStream = stream;
+  CUlaunchAttribute attr;
+  std::memset(&attr, 0, sizeof(attr));
+  if (g.cluster[0] != 0 || g.cluster[1] != 0 || g.cluster[2] != 0) {
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = g.cluster[0] == 0 ? 1 : g.cluster[0];
+    attr.value.clusterDim.y = g.cluster[1] == 0 ? 1 : g.cluster[1];
+    attr.value.clusterDim.z = g.cluster[2] == 0 ? 1 : g.cluster[2];
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  GPUEXEC_CU(LaunchKernelEx, (&config, f, params, nullptr), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::SynchronizeContext(absl::string_view what) const {
+  GPUEXEC_CU(CtxSynchronize, (), what);
+  return absl::OkStatus();
+}
+
+void ReleaseModule(const Driver* d, CUmod_st* m) { d->api().ModuleUnload(m); }
+void ReleaseStream(const Driver* d, CUstream_st* s) { d->api().StreamDestroy(s); }
+void ReleaseEvent(const Driver* d, CUevent_st* e) { d->api().EventDestroy(e); }
+void ReleasePinned(const Driver* d, void* p) { d->api().MemFreeHost(p); }
+
+}  // namespace gpuexec::cuda

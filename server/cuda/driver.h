@@ -1,0 +1,232 @@
+#ifndef GPUEXEC_SERVER_CUDA_DRIVER_H_
+#define GPUEXEC_SERVER_CUDA_DRIVER_H_
+
+// The CUDA Driver API, loaded at run time (dlopen, never linked), behind
+// absl::Status. This header does not include <cuda.h>: the driver's handle
+// types are forward-declared and wrapped in move-only owners that release
+// them in their destructors.
+//
+// Threading: a Driver may be shared; every call that needs a context must run
+// on the thread that made that context current (the device executor).
+// Owners must be destroyed on that thread too.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+// The driver's own opaque types (as in cuda.h), declared, not defined.
+struct CUctx_st;
+struct CUmod_st;
+struct CUfunc_st;
+struct CUstream_st;
+struct CUevent_st;
+struct CUmemPoolHandle_st;
+
+namespace gpuexec::cuda {
+
+struct DriverApi;  // the table of resolved entry points (driver_api_internal.h)
+
+using DevicePtr = uint64_t;
+
+struct DeviceProperties {
+  int ordinal = 0;
+  std::string name;
+  int cc_major = 0;
+  int cc_minor = 0;
+  uint64_t total_memory = 0;
+  int multiprocessors = 0;
+  int max_threads_per_block = 0;
+  int max_block[3] = {0, 0, 0};
+  int max_grid[3] = {0, 0, 0};
+  int max_shared_per_block = 0;        // without opt-in (48 KiB)
+  int max_shared_per_block_optin = 0;  // with opt-in
+  bool cluster_launch = false;
+  bool memory_pools = false;
+};
+
+struct MemoryInfo {
+  uint64_t free = 0;
+  uint64_t total = 0;
+};
+
+struct ParamInfo {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+struct FunctionAttributes {
+  int num_registers = 0;
+  int static_shared_bytes = 0;
+  int const_bytes = 0;
+  int local_bytes = 0;
+  int max_threads_per_block = 0;
+  int max_dynamic_shared_bytes = 0;
+  int ptx_version = 0;
+  int binary_version = 0;
+};
+
+struct LaunchGeometry {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned cluster[3] = {0, 0, 0};  // all zero: no cluster
+  unsigned shared_bytes = 0;
+};
+
+// A CUresult seen by a failed call, kept so that callers can tell sticky
+// faults from ordinary errors.
+bool IsStickyResult(int result);
+// The canonical code for a CUresult (the one table; see driver.cc).
+absl::StatusCode CodeForResult(int result);
+
+class Driver;
+
+// Owners. Each is move-only, holds the Driver that made it, and releases its
+// handle in the destructor (errors there are ignored: nothing can be done).
+template <typename Handle, void (*Release)(const Driver*, Handle)>
+class Owned {
+ public:
+  Owned() = default;
+  Owned(const Driver* driver, Handle handle) : driver_(driver), handle_(handle) {}
+  Owned(Owned&& other) noexcept
+      : driver_(other.driver_), handle_(std::exchange(other.handle_, Handle{})) {}
+  Owned& operator=(Owned&& other) noexcept {
+    if (this != &other) {
+      reset();
+      driver_ = other.driver_;
+      handle_ = std::exchange(other.handle_, Handle{});
+    }
+    return *this;
+  }
+  ~Owned() { reset(); }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+
+  Handle get() const { return handle_; }
+  explicit operator bool() const { return handle_ != Handle{}; }
+  void reset() {
+    if (handle_ != Handle{}) Release(driver_, handle_);
+    handle_ = Handle{};
+  }
+
+ private:
+  const Driver* driver_ = nullptr;
+  Handle handle_{};
+};
+
+void ReleaseModule(const Driver* d, CUmod_st* m);
+void ReleaseStream(const Driver* d, CUstream_st* s);
+void ReleaseEvent(const Driver* d, CUevent_st* e);
+void ReleasePinned(const Driver* d, void* p);
+
+using Module = Owned<CUmod_st*, &ReleaseModule>;
+using Stream = Owned<CUstream_st*, &ReleaseStream>;
+using Event = Owned<CUevent_st*, &ReleaseEvent>;
+using PinnedMemory = Owned<void*, &ReleasePinned>;
+using Function = CUfunc_st*;  // owned by its module
+
+// The primary context of one device, retained for the owner's lifetime.
+class PrimaryContext {
+ public:
+  PrimaryContext() = default;
+  PrimaryContext(const Driver* driver, int ordinal, CUctx_st* ctx)
+      : driver_(driver), ordinal_(ordinal), ctx_(ctx) {}
+  PrimaryContext(PrimaryContext&& o) noexcept
+      : driver_(o.driver_), ordinal_(o.ordinal_), ctx_(std::exchange(o.ctx_, nullptr)) {}
+  PrimaryContext& operator=(PrimaryContext&& o) noexcept;
+  ~PrimaryContext();
+  CUctx_st* get() const { return ctx_; }
+
+ private:
+  const Driver* driver_ = nullptr;
+  int ordinal_ = 0;
+  CUctx_st* ctx_ = nullptr;
+};
+
+using HostCallback = void (*)(void* user_data);
+
+class Driver {
+ public:
+  // Opens `library` (for example "libcuda.so.1" or a test double), resolves
+  // the entry points and calls cuInit. Fails with UNAVAILABLE naming the
+  // library and the reason when any step fails.
+  static absl::StatusOr<std::unique_ptr<Driver>> Load(const std::string& library);
+  ~Driver();
+
+  const std::string& library() const { return library_; }
+  int version() const { return version_; }
+
+  absl::StatusOr<int> DeviceCount() const;
+  absl::StatusOr<DeviceProperties> Properties(int ordinal) const;
+  absl::StatusOr<PrimaryContext> RetainPrimaryContext(int ordinal) const;
+  absl::Status SetCurrent(CUctx_st* ctx, int ordinal) const;
+
+  // The calls below need the context current on the calling thread.
+  absl::StatusOr<MemoryInfo> MemInfo(int ordinal) const;
+
+  // Loads an image. For PTX a JIT failure returns FAILED_PRECONDITION with
+  // the JIT log. `what` names the module in errors.
+  absl::StatusOr<Module> LoadModule(absl::string_view image, bool is_ptx,
+                                    absl::string_view what) const;
+  absl::StatusOr<Function> GetFunction(const Module& module, const std::string& name,
+                                       absl::string_view what) const;
+  // The kernel's parameter layout (cuFuncGetParamInfo until it says no more).
+  absl::StatusOr<std::vector<ParamInfo>> ParamLayout(Function f, absl::string_view what) const;
+  absl::StatusOr<FunctionAttributes> Attributes(Function f, absl::string_view what) const;
+  absl::Status SetMaxDynamicShared(Function f, int bytes, absl::string_view what) const;
+
+  absl::StatusOr<Stream> CreateStream(absl::string_view what) const;
+  absl::StatusOr<Event> CreateEvent(bool timing, absl::string_view what) const;
+  absl::Status Record(const Event& event, CUstream_st* stream, absl::string_view what) const;
+  // OK, or UNAVAILABLE-free "not ready" as false.
+  absl::StatusOr<bool> EventDone(const Event& event, absl::string_view what) const;
+  absl::StatusOr<float> ElapsedMs(const Event& start, const Event& end,
+                                  absl::string_view what) const;
+  absl::Status LaunchHostFunc(CUstream_st* stream, HostCallback fn, void* data,
+                              absl::string_view what) const;
+
+  absl::Status ConfigureMemoryPool(int ordinal) const;
+  absl::Status TrimMemoryPool(int ordinal) const;
+  absl::StatusOr<DevicePtr> AllocAsync(uint64_t size, CUstream_st* stream,
+                                       absl::string_view what) const;
+  absl::Status FreeAsync(DevicePtr ptr, CUstream_st* stream, absl::string_view what) const;
+  absl::Status MemsetAsync(DevicePtr ptr, uint8_t value, uint64_t size, CUstream_st* stream,
+                           absl::string_view what) const;
+  absl::Status CopyDtoDAsync(DevicePtr dst, DevicePtr src, uint64_t size, CUstream_st* stream,
+                             absl::string_view what) const;
+  absl::Status CopyHtoDAsync(DevicePtr dst, const void* src, uint64_t size,
+                             CUstream_st* stream, absl::string_view what) const;
+  absl::Status CopyDtoHAsync(void* dst, DevicePtr src, uint64_t size, CUstream_st* stream,
+                             absl::string_view what) const;
+  absl::StatusOr<PinnedMemory> AllocPinned(uint64_t size, absl::string_view what) const;
+
+  // Launches `f`; `params[i]` points at the bytes of parameter i.
+  absl::Status Launch(Function f, const LaunchGeometry& geometry, void** params,
+                      CUstream_st* stream, absl::string_view what) const;
+
+  absl::Status SynchronizeContext(absl::string_view what) const;
+
+  // The status for a failed call: the call, the CUresult name and text, and
+  // the object it concerned. Public for the device layer's own checks.
+  absl::Status Error(int result, absl::string_view call, absl::string_view what) const;
+
+  const DriverApi& api() const { return *api_; }
+
+ private:
+  Driver(std::string library, void* handle, std::unique_ptr<DriverApi> api);
+
+  std::string library_;
+  void* handle_ = nullptr;  // dlopen handle, closed in the destructor
+  std::unique_ptr<DriverApi> api_;
+  int version_ = 0;
+};
+
+}  // namespace gpuexec::cuda
+
+#endif  // GPUEXEC_SERVER_CUDA_DRIVER_H_

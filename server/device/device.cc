@@ -1,0 +1,478 @@
+#include "server/device/device.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+
+namespace gpuexec::device {
+
+struct Device::StreamState {
+  cuda::Stream stream;
+  // Recorded before the first work after the last Synchronize; null when
+  // no work was enqueued since.
+  std::shared_ptr<cuda::Event> timing_start;
+};
+
+struct Device::KernelEntry {
+  cuda::Function function = nullptr;
+  KernelInfo info;
+  // The dynamic shared memory the kernel is opted in to so far.
+  int dynamic_shared_limit = 0;
+};
+
+struct Device::LoadedModule {
+  cuda::Module module;
+  absl::flat_hash_map<std::string, std::unique_ptr<KernelEntry>> kernels;
+};
+
+// A completion handed to the driver with cuLaunchHostFunc. Owned by the
+// driver until the trampoline runs; if a fault fails it first, the
+// trampoline only frees it.
+struct Device::HostTask {
+  Device* device;
+  std::function<void(absl::Status)> fn;
+};
+
+namespace {
+constexpr absl::Duration kTick = absl::Milliseconds(100);
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> Device::Open(const cuda::Driver* driver, int ordinal,
+                                                     const DeviceOptions& options) {
+  GPUEXEC_ASSIGN_OR_RETURN(cuda::DeviceProperties props, driver->Properties(ordinal));
+  std::unique_ptr<Device> device(new Device(driver, std::move(props), options));
+  absl::Notification started;
+  device->started_ = &started;
+  Device* d = device.get();
+  d->executor_.Start([d] { d->OnStart(); }, [d] { d->OnTick(); }, [d] { d->OnStop(); }, kTick);
+  started.WaitForNotification();
+  d->started_ = nullptr;
+  if (!d->start_status_.ok()) return d->start_status_;
+  return device;
+}
+
+Device::Device(const cuda::Driver* driver, cuda::DeviceProperties props,
+               const DeviceOptions& options)
+    : driver_(driver),
+      props_(std::move(props)),
+      options_(options),
+      executor_(absl::StrCat("device-", props_.ordinal)) {}
+
+Device::~Device() { executor_.Stop(); }
+
+void Device::OnStart() {
+  absl::Status status = [&]() -> absl::Status {
+    GPUEXEC_ASSIGN_OR_RETURN(context_, driver_->RetainPrimaryContext(props_.ordinal));
+    GPUEXEC_RETURN_IF_ERROR(driver_->SetCurrent(context_.get(), props_.ordinal));
+    if (props_.memory_pools) {
+      GPUEXEC_RETURN_IF_ERROR(driver_->ConfigureMemoryPool(props_.ordinal));
+    }
+    std::vector<uint8_t*> buffers;
+    for (int i = 0; i < options_.staging_slots; ++i) {
+      GPUEXEC_ASSIGN_OR_RETURN(
+          cuda::PinnedMemory p,
+          driver_->AllocPinned(options_.staging_bytes,
+                               absl::StrCat("staging buffer ", i, " of device ", props_.ordinal)));
+      buffers.push_back(static_cast<uint8_t*>(p.get()));
+      pinned_.push_back(std::move(p));
+    }
+    staging_.Reset(std::move(buffers), options_.staging_bytes);
+    return absl::OkStatus();
+  }();
+  start_status_ = status;
+  started_->Notify();
+}
+
+void Device::OnTick() {
+  bool pending;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    pending = !pending_.empty();
+  }
+  if (!pending) return;
+  if (faulted_.load()) {
+    FailPending(fault());
+    return;
+  }
+  // Completions are waiting. A sticky fault may have stopped the driver from
+  // ever running them: any call reports such a fault, so ask a cheap one.
+  (void)Check(driver_->MemInfo(props_.ordinal).status());
+}
+
+void Device::OnStop() {
+  // Shutdown is the one place that waits for the GPU.
+  if (context_.get() != nullptr && healthy()) {
+    (void)driver_->SynchronizeContext(absl::StrCat("device ", props_.ordinal));
+  }
+  FailPending(absl::UnavailableError(
+      absl::StrCat("device ", props_.ordinal, " is shutting down")));
+  streams_.clear();
+  kernels_.clear();
+  modules_.clear();
+  pinned_.clear();
+  if (context_.get() != nullptr && props_.memory_pools && healthy()) {
+    (void)driver_->TrimMemoryPool(props_.ordinal);
+  }
+  context_ = cuda::PrimaryContext();
+}
+
+absl::Status Device::fault() const {
+  absl::MutexLock lock(&fault_mu_);
+  return fault_;
+}
+
+absl::Status Device::Check(absl::Status status) {
+  if (status.code() == absl::StatusCode::kAborted) {
+    bool first = false;
+    {
+      absl::MutexLock lock(&fault_mu_);
+      if (fault_.ok()) {
+        fault_ = status;
+        first = true;
+      }
+    }
+    faulted_.store(true);
+    if (first) {
+      log::Error("device ", props_.ordinal, " is unusable after a sticky fault: ",
+                 status.message());
+    }
+    FailPending(status);
+  }
+  return status;
+}
+
+absl::Status Device::Usable() const {
+  if (!faulted_.load()) return absl::OkStatus();
+  absl::Status f = fault();
+  return absl::AbortedError(absl::StrCat("device ", props_.ordinal,
+                                         " is unusable after a sticky fault (", f.message(),
+                                         "); its memory and work are lost until it is reset"));
+}
+
+void Device::FailPending(const absl::Status& status) {
+  std::vector<HostTask*> tasks;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    tasks.assign(pending_.begin(), pending_.end());
+    pending_.clear();
+  }
+  // The tasks stay allocated: the driver may still run their trampolines,
+  // which free them.
+  for (HostTask* t : tasks) t->fn(status);
+}
+
+void Device::HostTrampoline(void* data) {
+  auto* task = static_cast<HostTask*>(data);
+  bool mine;
+  {
+    absl::MutexLock lock(&task->device->pending_mu_);
+    mine = task->device->pending_.erase(task) == 1;
+  }
+  if (mine) task->fn(absl::OkStatus());
+  delete task;
+}
+
+absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
+                              const std::string& what) {
+  auto* task = new HostTask{this, std::move(fn)};
+  {
+    absl::MutexLock lock(&pending_mu_);
+    pending_.insert(task);
+  }
+  absl::Status st = driver_->LaunchHostFunc(s.stream.get(), &Device::HostTrampoline, task, what);
+  if (!st.ok()) {
+    {
+      absl::MutexLock lock(&pending_mu_);
+      pending_.erase(task);
+    }
+    delete task;
+    return Check(st);
+  }
+  return absl::OkStatus();
+}
+
+Device::StreamState* Device::FindStream(StreamId id, absl::Status* error) {
+  auto it = streams_.find(id);
+  if (it == streams_.end()) {
+    *error = absl::InternalError(
+        absl::StrCat("stream ", id, " does not exist on device ", props_.ordinal));
+    return nullptr;
+  }
+  return it->second.get();
+}
+
+absl::Status Device::MarkWork(StreamState& s) {
+  if (s.timing_start != nullptr) return absl::OkStatus();
+  const std::string what = absl::StrCat("a timing event on device ", props_.ordinal);
+  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, driver_->CreateEvent(true, what));
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), what)));
+  s.timing_start = std::make_shared<cuda::Event>(std::move(e));
+  return absl::OkStatus();
+}
+
+// Every public operation below runs its body on the executor.
+#define GPUEXEC_ON_EXECUTOR(...) executor_.Post([=, this]() mutable { __VA_ARGS__ })
+
+void Device::QueryMemory(Callback<cuda::MemoryInfo> done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    auto info = driver_->MemInfo(props_.ordinal);
+    if (!info.ok()) return done(Check(info.status()));
+    done(*info);
+  });
+}
+
+void Device::CreateStream(Callback<StreamId> done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    auto stream = driver_->CreateStream(absl::StrCat("a session stream on device ", props_.ordinal));
+    if (!stream.ok()) return done(Check(stream.status()));
+    auto state = std::make_unique<StreamState>();
+    state->stream = std::move(stream).value();
+    StreamId id = next_stream_++;
+    streams_.emplace(id, std::move(state));
+    done(id);
+  });
+}
+
+void Device::DestroyStream(StreamId stream, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status err;
+    StreamState* s = FindStream(stream, &err);
+    if (s == nullptr) return done(err);
+    auto erase = [this, stream, done](absl::Status st) {
+      executor_.Post([this, stream, done, st] {
+        streams_.erase(stream);
+        // Give the session's freed memory back to the device, so that free
+        // memory reads as it did before the session.
+        if (props_.memory_pools && healthy()) (void)driver_->TrimMemoryPool(props_.ordinal);
+        done(st);
+      });
+    };
+    if (faulted_.load()) return erase(Usable());
+    absl::Status st =
+        WhenDone(*s, erase, absl::StrCat("closing a session stream on device ", props_.ordinal));
+    if (!st.ok()) erase(st);
+  });
+}
+
+void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    StreamState* s = FindStream(stream, &u);
+    if (s == nullptr) return done(u);
+    auto ptr = driver_->AllocAsync(size, s->stream.get(), what);
+    if (!ptr.ok()) return done(Check(ptr.status()));
+    done(*ptr);
+  });
+}
+
+void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    // A session that closed while an allocation was in flight frees that
+    // allocation after its stream is gone: the legacy stream orders it then.
+    auto it = streams_.find(stream);
+    CUstream_st* s = it == streams_.end() ? nullptr : it->second->stream.get();
+    done(Check(driver_->FreeAsync(ptr, s, what)));
+  });
+}
+
+void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size,
+                    std::string what, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    StreamState* s = FindStream(stream, &u);
+    if (s == nullptr) return done(u);
+    absl::Status st = MarkWork(*s);
+    if (st.ok()) st = Check(driver_->MemsetAsync(ptr, value, size, s->stream.get(), what));
+    done(st);
+  });
+}
+
+void Device::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, std::string what,
+                  Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    StreamState* s = FindStream(stream, &u);
+    if (s == nullptr) return done(u);
+    absl::Status st = MarkWork(*s);
+    if (st.ok()) st = Check(driver_->CopyDtoDAsync(dst, src, size, s->stream.get(), what));
+    done(st);
+  });
+}
+
+void Device::CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint64_t size,
+                          std::string what, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    StreamState* s = FindStream(stream, &u);
+    if (s == nullptr) return done(u);
+    absl::Status st = MarkWork(*s);
+    if (st.ok()) st = Check(driver_->CopyHtoDAsync(dst, slot.data, size, s->stream.get(), what));
+    if (st.ok()) st = WhenDone(*s, done, what);
+    if (!st.ok()) done(st);
+  });
+}
+
+void Device::CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t size,
+                        std::string what, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    StreamState* s = FindStream(stream, &u);
+    if (s == nullptr) return done(u);
+    absl::Status st = MarkWork(*s);
+    if (st.ok()) st = Check(driver_->CopyDtoHAsync(slot.data, src, size, s->stream.get(), what));
+    if (st.ok()) st = WhenDone(*s, done, what);
+    if (!st.ok()) done(st);
+  });
+}
+
+absl::StatusOr<Device::LoadedModule*> Device::EnsureModule(
+    const std::shared_ptr<const ModuleImage>& image, const std::string& what) {
+  auto it = modules_.find(image->sha256);
+  if (it != modules_.end()) return it->second.get();
+  auto module = driver_->LoadModule(image->bytes, image->is_ptx, what);
+  if (!module.ok()) return Check(module.status());
+  auto loaded = std::make_unique<LoadedModule>();
+  loaded->module = std::move(module).value();
+  LoadedModule* raw = loaded.get();
+  modules_.emplace(image->sha256, std::move(loaded));
+  modules_loaded_.fetch_add(1);
+  module_loads_total_.fetch_add(1);
+  log::Debug("device ", props_.ordinal, ": loaded ", what);
+  return raw;
+}
+
+void Device::LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    done(EnsureModule(image, what).status());
+  });
+}
+
+void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string name,
+                       std::string what, Callback<KernelInfo> done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    auto module = EnsureModule(image, what);
+    if (!module.ok()) return done(module.status());
+    LoadedModule* m = *module;
+    auto it = m->kernels.find(name);
+    if (it != m->kernels.end()) return done(it->second->info);
+    const std::string fwhat = absl::StrCat("kernel '", name, "' of ", what);
+    auto fn = driver_->GetFunction(m->module, name, what);
+    if (!fn.ok()) return done(Check(fn.status()));
+    auto params = driver_->ParamLayout(*fn, fwhat);
+    if (!params.ok()) return done(Check(params.status()));
+    auto attrs = driver_->Attributes(*fn, fwhat);
+    if (!attrs.ok()) return done(Check(attrs.status()));
+    auto entry = std::make_unique<KernelEntry>();
+    entry->function = *fn;
+    entry->info.id = next_kernel_++;
+    entry->info.params = std::move(params).value();
+    entry->info.attributes = *attrs;
+    for (const cuda::ParamInfo& p : entry->info.params) {
+      entry->info.param_bytes = std::max(entry->info.param_bytes, p.offset + p.size);
+    }
+    entry->dynamic_shared_limit = attrs->max_dynamic_shared_bytes;
+    // What a launch may ask for once opted in: the device's opt-in maximum
+    // less the kernel's static shared memory.
+    entry->info.attributes.max_dynamic_shared_bytes =
+        std::max(0, props_.max_shared_per_block_optin - attrs->static_shared_bytes);
+    KernelInfo info = entry->info;
+    kernels_.emplace(info.id, entry.get());
+    m->kernels.emplace(name, std::move(entry));
+    done(info);
+  });
+}
+
+void Device::Launch(StreamId stream, LaunchOp op, Done done) {
+  executor_.Post([this, stream, op = std::move(op), done = std::move(done)]() mutable {
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    StreamState* s = FindStream(stream, &u);
+    if (s == nullptr) return done(u);
+    auto it = kernels_.find(op.kernel);
+    if (it == kernels_.end()) {
+      return done(absl::InternalError(absl::StrCat("kernel ", op.kernel, " is not loaded on device ",
+                                                   props_.ordinal)));
+    }
+    KernelEntry& k = *it->second;
+    const int shared = static_cast<int>(op.geometry.shared_bytes);
+    if (shared > k.dynamic_shared_limit) {
+      // Above the default (48 KiB less static) the kernel must be opted in.
+      absl::Status st = Check(driver_->SetMaxDynamicShared(k.function, shared, op.what));
+      if (!st.ok()) return done(st);
+      k.dynamic_shared_limit = shared;
+    }
+    std::vector<void*> params(k.info.params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i] = op.param_block.data() + k.info.params[i].offset;
+    }
+    absl::Status st = MarkWork(*s);
+    if (st.ok()) {
+      st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
+                                 s->stream.get(), op.what));
+    }
+    done(st);
+  });
+}
+
+void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return gpu_ns(u);
+    StreamState* s = FindStream(stream, &u);
+    if (s == nullptr) return gpu_ns(u);
+    const std::string what = absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
+    std::shared_ptr<cuda::Event> start = std::move(s->timing_start);
+    std::shared_ptr<cuda::Event> end;
+    if (start != nullptr) {
+      auto e = driver_->CreateEvent(true, what);
+      if (!e.ok()) return gpu_ns(Check(e.status()));
+      end = std::make_shared<cuda::Event>(std::move(e).value());
+      absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
+      if (!st.ok()) return gpu_ns(st);
+    }
+    absl::Status st = WhenDone(
+        *s,
+        [this, start, end, gpu_ns, what](absl::Status done) {
+          if (!done.ok()) return gpu_ns(done);
+          if (start == nullptr) return gpu_ns(uint64_t{0});
+          // Reading the events is a driver call: back to the executor.
+          executor_.Post([this, start, end, gpu_ns, what] {
+            auto ms = driver_->ElapsedMs(*start, *end, what);
+            if (!ms.ok()) return gpu_ns(Check(ms.status()));
+            gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
+          });
+        },
+        what);
+    if (!st.ok()) gpu_ns(st);
+  });
+}
+
+void Device::Drain() {
+  absl::Notification done;
+  executor_.Post([this, &done] {
+    if (healthy()) (void)driver_->SynchronizeContext(absl::StrCat("device ", props_.ordinal));
+    done.Notify();
+  });
+  done.WaitForNotification();
+}
+
+}  // namespace gpuexec::device

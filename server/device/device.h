@@ -1,0 +1,189 @@
+#ifndef GPUEXEC_SERVER_DEVICE_DEVICE_H_
+#define GPUEXEC_SERVER_DEVICE_DEVICE_H_
+
+// One GPU: its primary context, module cache, streams, staging buffers and
+// the ONE executor thread that makes every driver call of this device.
+//
+// The interface is operations in, completions out: each method posts an
+// operation to the executor and returns at once; the callback runs later on
+// the executor thread or on a driver callback thread, and must be cheap and
+// must not call back into the Device synchronously in a way that blocks. No
+// driver handle crosses this interface: streams and kernels are named by ids
+// that are only meaningful to this Device. This is the seam at which the
+// executor can move into a worker process.
+//
+// Faults: the first sticky driver error (an illegal address in a kernel,
+// say) marks the device unhealthy; from then on every operation fails with
+// ABORTED describing that fault, and completions still pending are failed
+// the same way.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "server/cuda/driver.h"
+#include "server/device/executor.h"
+#include "server/device/staging.h"
+
+namespace gpuexec::device {
+
+using StreamId = uint64_t;
+using KernelId = uint64_t;
+using DevicePtr = cuda::DevicePtr;
+
+template <typename T>
+using Callback = std::function<void(absl::StatusOr<T>)>;
+using Done = std::function<void(absl::Status)>;
+
+struct DeviceOptions {
+  size_t staging_bytes = 1 << 20;  // per slot
+  int staging_slots = 8;
+};
+
+// A module image as the device needs it: its id (SHA-256) and bytes.
+struct ModuleImage {
+  std::string sha256;
+  std::string bytes;
+  bool is_ptx = false;
+};
+
+struct KernelInfo {
+  KernelId id = 0;
+  std::vector<cuda::ParamInfo> params;
+  cuda::FunctionAttributes attributes;
+  // Bytes of the packed parameter block (end of the last parameter).
+  uint64_t param_bytes = 0;
+};
+
+struct LaunchOp {
+  KernelId kernel = 0;
+  cuda::LaunchGeometry geometry;
+  // The parameters packed at the offsets of KernelInfo::params.
+  std::string param_block;
+  std::string what;  // names the function and session in errors
+};
+
+class Device {
+ public:
+  static absl::StatusOr<std::unique_ptr<Device>> Open(const cuda::Driver* driver, int ordinal,
+                                                      const DeviceOptions& options);
+  // Drains the executor, destroys streams and modules and releases the
+  // primary context, all on the executor thread.
+  ~Device();
+
+  int ordinal() const { return props_.ordinal; }
+  const cuda::DeviceProperties& properties() const { return props_; }
+  bool healthy() const { return !faulted_.load(); }
+  // The sticky fault that made the device unusable; OK while healthy.
+  absl::Status fault() const;
+  uint32_t modules_loaded() const { return modules_loaded_.load(); }
+  uint64_t module_loads_total() const { return module_loads_total_.load(); }
+  StagingPool& staging() { return staging_; }
+
+  void QueryMemory(Callback<cuda::MemoryInfo> done);
+
+  void CreateStream(Callback<StreamId> done);
+  // Runs `done` once the stream's queued work has finished and the stream is
+  // gone.
+  void DestroyStream(StreamId stream, Done done);
+
+  void Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done);
+  // Enqueues the free; `done` reports the enqueue.
+  void Free(StreamId stream, DevicePtr ptr, std::string what, Done done);
+  void Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size, std::string what,
+              Done done);
+  void Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, std::string what,
+            Done done);
+
+  // Copies `size` bytes from a staging slot to the device; `done` runs when
+  // the copy has finished (the slot may be reused then).
+  void CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint64_t size,
+                    std::string what, Done done);
+  // Copies to a staging slot; `done` runs when the bytes are in the slot.
+  void CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t size,
+                  std::string what, Done done);
+
+  // Loads the image unless this device holds it already (one driver load
+  // per image per device, whoever asks).
+  void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Done done);
+  // Resolves a kernel of a module this device loaded (loading it if needed).
+  void GetKernel(std::shared_ptr<const ModuleImage> image, std::string name, std::string what,
+                 Callback<KernelInfo> done);
+  // Enqueues a launch; `done` reports the enqueue.
+  void Launch(StreamId stream, LaunchOp op, Done done);
+  // Completes when all work enqueued on `stream` so far has finished, with
+  // the GPU time since the previous Synchronize (0 if no work ran).
+  void Synchronize(StreamId stream, Callback<uint64_t> gpu_ns);
+
+  // Waits for everything (used at shutdown only).
+  void Drain();
+
+ private:
+  struct StreamState;
+  struct LoadedModule;
+  struct KernelEntry;
+  struct HostTask;
+
+  Device(const cuda::Driver* driver, cuda::DeviceProperties props, const DeviceOptions& options);
+
+  // Executor-thread helpers.
+  void OnStart();
+  void OnTick();
+  void OnStop();
+  absl::Status Check(absl::Status status);
+  absl::Status Usable() const;
+  StreamState* FindStream(StreamId id, absl::Status* error);
+  absl::Status MarkWork(StreamState& s);
+  absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
+                                             const std::string& what);
+  // Runs `fn` with the status of the stream's work once all that is queued
+  // on it now has finished.
+  absl::Status WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
+                        const std::string& what);
+  static void HostTrampoline(void* data);
+  void FailPending(const absl::Status& status);
+
+  const cuda::Driver* driver_;
+  const cuda::DeviceProperties props_;
+  const DeviceOptions options_;
+  Executor executor_;
+  absl::Status start_status_;  // set by OnStart
+  absl::Notification* started_ = nullptr;
+
+  // Executor-thread state.
+  cuda::PrimaryContext context_;
+  std::vector<cuda::PinnedMemory> pinned_;
+  absl::flat_hash_map<StreamId, std::unique_ptr<StreamState>> streams_;
+  absl::flat_hash_map<std::string, std::unique_ptr<LoadedModule>> modules_;
+  absl::flat_hash_map<KernelId, KernelEntry*> kernels_;
+  StreamId next_stream_ = 1;
+  KernelId next_kernel_ = 1;
+
+  StagingPool staging_;
+
+  std::atomic<bool> faulted_{false};
+  mutable absl::Mutex fault_mu_;
+  absl::Status fault_ ABSL_GUARDED_BY(fault_mu_);
+
+  // Host tasks handed to the driver and not yet run (touched by driver
+  // callback threads and the executor).
+  absl::Mutex pending_mu_;
+  absl::flat_hash_set<HostTask*> pending_ ABSL_GUARDED_BY(pending_mu_);
+
+  std::atomic<uint32_t> modules_loaded_{0};
+  std::atomic<uint64_t> module_loads_total_{0};
+};
+
+}  // namespace gpuexec::device
+
+#endif  // GPUEXEC_SERVER_DEVICE_DEVICE_H_

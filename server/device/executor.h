@@ -1,0 +1,52 @@
+#ifndef GPUEXEC_SERVER_DEVICE_EXECUTOR_H_
+#define GPUEXEC_SERVER_DEVICE_EXECUTOR_H_
+
+// One thread that runs operations in the order they were posted. A Device
+// owns one: its context is made current on that thread once, and every
+// driver call of that device runs there. Operations must not block; the
+// executor wakes at least every `tick` to run the idle hook (the device uses
+// it to look for faults that left completions pending).
+
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace gpuexec::device {
+
+class Executor {
+ public:
+  using Op = std::function<void()>;
+
+  explicit Executor(std::string name);
+  ~Executor();  // Stop()s if still running
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Starts the thread: `on_start` runs first, `on_tick` whenever the queue
+  // stayed empty for `tick`, `on_stop` last (after the queue drained).
+  void Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick);
+  // Queues `op`. After Stop() began, ops are dropped.
+  void Post(Op op);
+  // Runs what is queued, then `on_stop`, and joins the thread. Idempotent.
+  void Stop();
+  bool OnExecutorThread() const;
+
+ private:
+  void Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick);
+
+  const std::string name_;
+  absl::Mutex mu_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+  std::thread::id thread_id_;
+};
+
+}  // namespace gpuexec::device
+
+#endif  // GPUEXEC_SERVER_DEVICE_EXECUTOR_H_

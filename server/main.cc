@@ -1,0 +1,83 @@
+// gpuexecd: the gpuexec daemon. Flags in, Server up, signals end it.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "server/common/log.h"
+#include "server/rpc/server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "TCP address to serve on (host:port; port 0 picks one). Empty for none. "
+          "Loopback by default: expose it deliberately, e.g. 0.0.0.0:50051.");
+ABSL_FLAG(std::string, unix_socket, "", "Also serve on this Unix domain socket path.");
+ABSL_FLAG(std::string, driver, "",
+          "CUDA driver library to open at run time (default: $GPUEXEC_DRIVER, else "
+          "libcuda.so.1).");
+ABSL_FLAG(uint64_t, default_lease_ms, 60000,
+          "Lease of a session that asks for none; a session is closed when no call names it "
+          "for this long.");
+ABSL_FLAG(uint64_t, max_lease_ms, 3600000, "Longest lease a session may ask for.");
+ABSL_FLAG(uint64_t, session_memory_limit, 0,
+          "Device memory one session may hold, in bytes (0: no per-session limit).");
+ABSL_FLAG(uint64_t, daemon_memory_limit, 0,
+          "Device memory all sessions together may hold, in bytes (0: the devices' own).");
+ABSL_FLAG(uint32_t, chunk_bytes, 1 << 20,
+          "Size of a pinned staging buffer and of a Read response message.");
+ABSL_FLAG(uint32_t, staging_buffers, 8,
+          "Pinned staging buffers per device; copies stream through them, so the daemon's "
+          "memory for copies is chunk_bytes x staging_buffers per device.");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gpuexecd: serves the gpuexec.v1 gRPC API (run CUDA kernels on this host's GPUs).\n"
+      "Usage: gpuexecd [--listen=127.0.0.1:50051] [--unix_socket=PATH] [flags]");
+  absl::ParseCommandLine(argc, argv);
+
+  gpuexec::log::Level level;
+  if (!gpuexec::log::ParseLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    std::fprintf(stderr, "gpuexecd: --log_level must be debug, info, warning or error\n");
+    return 2;
+  }
+  gpuexec::log::SetLevel(level);
+
+  // Signals are taken by sigwait below, not by handlers: block them before
+  // any thread starts so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  gpuexec::ServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  options.driver_library = absl::GetFlag(FLAGS_driver);
+  if (options.driver_library.empty()) {
+    const char* env = std::getenv("GPUEXEC_DRIVER");
+    options.driver_library = env != nullptr && *env != '\0' ? env : "libcuda.so.1";
+  }
+  options.default_lease_ms = absl::GetFlag(FLAGS_default_lease_ms);
+  options.max_lease_ms = absl::GetFlag(FLAGS_max_lease_ms);
+  options.max_session_memory_bytes = absl::GetFlag(FLAGS_session_memory_limit);
+  options.daemon_memory_bytes = absl::GetFlag(FLAGS_daemon_memory_limit);
+  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);
+
+  auto server = gpuexec::Server::Start(options);
+  if (!server.ok()) {
+    gpuexec::log::Error("gpuexecd cannot start: ", server.status().ToString());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  gpuexec::log::Info("signal ", sig, ": shutting down");
+  (*server)->Shutdown(absl::Seconds(5));
+  return 0;
+}

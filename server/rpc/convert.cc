@@ -1,0 +1,100 @@
+#include "server/rpc/convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace gpuexec::rpc {
+
+void ToProto(const core::DeviceStatus& in, v1::Device* out) {
+  out->set_index(in.index);
+  out->set_name(in.name);
+  out->set_compute_capability_major(in.cc_major);
+  out->set_compute_capability_minor(in.cc_minor);
+  out->set_memory_total_bytes(in.memory_total);
+  out->set_memory_free_bytes(in.memory_free);
+  out->set_healthy(in.healthy);
+  out->set_multiprocessor_count(in.multiprocessors);
+  out->set_modules_loaded(in.modules_loaded);
+  out->set_module_loads_total(in.module_loads_total);
+  out->set_sessions(in.sessions);
+}
+
+void ToProto(const core::SessionInfo& in, v1::OpenSessionResponse* out) {
+  out->set_session(in.token);
+  out->set_device(in.device);
+  out->set_lease_ms(in.lease_ms);
+  out->set_memory_limit_bytes(in.memory_limit);
+}
+
+void ToProto(const core::FunctionResult& in, v1::GetFunctionResponse* out) {
+  out->set_function(in.handle);
+  for (const cuda::ParamInfo& p : in.kernel.params) {
+    v1::ParamInfo* q = out->add_params();
+    q->set_offset(p.offset);
+    q->set_size(p.size);
+  }
+  const cuda::FunctionAttributes& a = in.kernel.attributes;
+  v1::FunctionAttributes* attrs = out->mutable_attributes();
+  attrs->set_num_registers(a.num_registers);
+  attrs->set_static_shared_bytes(a.static_shared_bytes);
+  attrs->set_const_bytes(a.const_bytes);
+  attrs->set_local_bytes(a.local_bytes);
+  attrs->set_max_threads_per_block(a.max_threads_per_block);
+  attrs->set_max_dynamic_shared_bytes(a.max_dynamic_shared_bytes);
+  attrs->set_ptx_version(a.ptx_version);
+  attrs->set_binary_version(a.binary_version);
+}
+
+core::ModuleKind FromProto(v1::ModuleKind kind) {
+  switch (kind) {
+    case v1::MODULE_KIND_CUBIN: return core::ModuleKind::kCubin;
+    case v1::MODULE_KIND_PTX: return core::ModuleKind::kPtx;
+    case v1::MODULE_KIND_FATBIN: return core::ModuleKind::kFatbin;
+    default: return core::ModuleKind::kUnspecified;
+  }
+}
+
+absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index) {
+  using K = core::ArgValue::Kind;
+  switch (arg.value_case()) {
+    case v1::Arg::kBuffer: return core::ArgValue::Buffer(arg.buffer().buffer(), arg.buffer().offset());
+    case v1::Arg::kI8: return core::ArgValue::Signed(K::kI8, arg.i8());
+    case v1::Arg::kI16: return core::ArgValue::Signed(K::kI16, arg.i16());
+    case v1::Arg::kI32: return core::ArgValue::Signed(K::kI32, arg.i32());
+    case v1::Arg::kI64: return core::ArgValue::Signed(K::kI64, arg.i64());
+    case v1::Arg::kU8: return core::ArgValue::Unsigned(K::kU8, arg.u8());
+    case v1::Arg::kU16: return core::ArgValue::Unsigned(K::kU16, arg.u16());
+    case v1::Arg::kU32: return core::ArgValue::Unsigned(K::kU32, arg.u32());
+    case v1::Arg::kU64: return core::ArgValue::Unsigned(K::kU64, arg.u64());
+    case v1::Arg::kF16: return core::ArgValue::Float(K::kF16, arg.f16());
+    case v1::Arg::kBf16: return core::ArgValue::Float(K::kBF16, arg.bf16());
+    case v1::Arg::kF32: return core::ArgValue::Float(K::kF32, arg.f32());
+    case v1::Arg::kF64: return core::ArgValue::Float(K::kF64, arg.f64());
+    case v1::Arg::kRaw: return core::ArgValue::Raw(arg.raw());
+    case v1::Arg::kNullPointer: return core::ArgValue::Null();
+    case v1::Arg::VALUE_NOT_SET: break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("argument ", index, " carries no value"));
+}
+
+absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& r) {
+  core::LaunchSpec spec;
+  spec.session = r.session();
+  spec.function = r.function();
+  // y and z of 0 read as 1 (proto3 cannot tell unset from 0); x of 0 is an
+  // error the engine names.
+  auto one_if_zero = [](uint32_t v) { return v == 0 ? 1u : v; };
+  spec.grid = {r.grid().x(), one_if_zero(r.grid().y()), one_if_zero(r.grid().z())};
+  spec.block = {r.block().x(), one_if_zero(r.block().y()), one_if_zero(r.block().z())};
+  spec.cluster = {r.cluster().x(), r.cluster().y(), r.cluster().z()};
+  spec.shared_bytes = r.shared_memory_bytes();
+  spec.synchronize = r.synchronize();
+  spec.args.reserve(r.args_size());
+  for (int i = 0; i < r.args_size(); ++i) {
+    auto a = FromProto(r.args(i), static_cast<size_t>(i));
+    if (!a.ok()) return a.status();
+    spec.args.push_back(std::move(a).value());
+  }
+  return spec;
+}
+
+}  // namespace gpuexec::rpc

@@ -1,0 +1,23 @@
+#ifndef GPUEXEC_SERVER_RPC_CONVERT_H_
+#define GPUEXEC_SERVER_RPC_CONVERT_H_
+
+// Every conversion between the wire types (gpuexec.v1 protos) and the
+// core's plain types, in one place.
+
+#include "absl/status/statusor.h"
+#include "gpuexec/v1/gpuexec.pb.h"
+#include "server/core/engine.h"
+
+namespace gpuexec::rpc {
+
+void ToProto(const core::DeviceStatus& in, v1::Device* out);
+void ToProto(const core::SessionInfo& in, v1::OpenSessionResponse* out);
+void ToProto(const core::FunctionResult& in, v1::GetFunctionResponse* out);
+core::ModuleKind FromProto(v1::ModuleKind kind);
+// INVALID_ARGUMENT naming the argument when it carries no value.
+absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index);
+absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& request);
+
+}  // namespace gpuexec::rpc
+
+#endif  // GPUEXEC_SERVER_RPC_CONVERT_H_

@@ -1,0 +1,140 @@
+#include "server/rpc/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/common/log.h"
+#include "server/core/engine.h"
+#include "server/rpc/service.h"
+
+namespace gpuexec {
+
+class Server::Impl {
+ public:
+  std::unique_ptr<core::Engine> engine;
+  std::unique_ptr<rpc::GpuExecService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  absl::Notification stop_health;
+  std::thread health;
+  absl::Mutex shutdown_mu;
+  bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
+  absl::Notification done;
+
+  void SetHealth(bool serving) {
+    grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
+    if (h == nullptr) return;
+    h->SetServingStatus(serving);
+    h->SetServingStatus("gpuexec.v1.GpuExec", serving);
+  }
+
+  // Health follows the devices: serving while one is usable.
+  void HealthLoop() {
+    bool last = engine->AnyDeviceHealthy();
+    while (!stop_health.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+      const bool now = engine->AnyDeviceHealthy();
+      if (now != last) {
+        SetHealth(now);
+        log::Warning("health: ", now ? "SERVING" : "NOT_SERVING (no usable device)");
+        last = now;
+      }
+    }
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() { Shutdown(absl::Seconds(1)); }
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  if (options.listen_address.empty() && options.unix_socket.empty()) {
+    return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
+  }
+  auto impl = std::make_unique<Impl>();
+  core::EngineOptions eo;
+  eo.driver_library = options.driver_library;
+  eo.default_lease_ms = options.default_lease_ms;
+  eo.max_lease_ms = options.max_lease_ms;
+  eo.default_session_memory_bytes = options.default_session_memory_bytes;
+  eo.max_session_memory_bytes = options.max_session_memory_bytes;
+  eo.daemon_memory_bytes = options.daemon_memory_bytes;
+  eo.chunk_bytes = options.chunk_bytes;
+  eo.staging_buffers = options.staging_buffers;
+  eo.reaper_interval = options.reaper_interval;
+  auto engine = core::Engine::Create(eo);
+  if (!engine.ok()) return engine.status();
+  impl->engine = std::move(engine).value();
+  impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  if (!options.listen_address.empty()) {
+    builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+                             &impl->port);
+  }
+  if (!options.unix_socket.empty()) {
+    builder.AddListeningPort(absl::StrCat("unix:", options.unix_socket),
+                             grpc::InsecureServerCredentials());
+  }
+  // Chunks are 1 MiB by default; leave room for clients that send larger.
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || (!options.listen_address.empty() && impl->port == 0)) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ",
+        options.listen_address.empty() ? "" : absl::StrCat("'", options.listen_address, "'"),
+        options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
+        " (address in use or not valid?)"));
+  }
+  impl->SetHealth(impl->engine->AnyDeviceHealthy());
+  Impl* raw = impl.get();
+  impl->health = std::thread([raw] { raw->HealthLoop(); });
+  log::Info("gpuexecd serving gpuexec.v1 on ",
+            options.listen_address.empty() ? "" : absl::StrCat(options.listen_address.substr(
+                                                      0, options.listen_address.rfind(':')),
+                                                  ":", impl->port),
+            options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
+            " with ", impl->engine->device_count(), " device(s); health ",
+            impl->engine->AnyDeviceHealthy() ? "SERVING" : "NOT_SERVING");
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+int Server::port() const { return impl_->port; }
+
+int Server::device_count() const { return impl_->engine->device_count(); }
+
+std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return impl_->server->InProcessChannel(args);
+}
+
+void Server::Shutdown(absl::Duration deadline) {
+  {
+    absl::MutexLock lock(&impl_->shutdown_mu);
+    if (impl_->shut_down) return;
+    impl_->shut_down = true;
+  }
+  impl_->stop_health.Notify();
+  if (impl_->health.joinable()) impl_->health.join();
+  impl_->SetHealth(false);
+  impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+  impl_->server->Wait();
+  impl_->engine.reset();  // closes sessions, releases devices
+  log::Info("gpuexecd stopped");
+  impl_->done.Notify();
+}
+
+void Server::Wait() { impl_->done.WaitForNotification(); }
+
+}  // namespace gpuexec

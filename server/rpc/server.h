@@ -1,0 +1,75 @@
+#ifndef GPUEXEC_SERVER_RPC_SERVER_H_
+#define GPUEXEC_SERVER_RPC_SERVER_H_
+
+// The gpuexec daemon as an object: Start() loads the driver, brings up every
+// device and starts serving; tests run it in-process on port 0.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gpuexec {
+
+struct ServerOptions {
+  // host:port to listen on; port 0 picks a free port (see port()). Empty
+  // means no TCP listener.
+  std::string listen_address = "127.0.0.1:50051";
+  // Optional Unix domain socket path (served in addition to TCP).
+  std::string unix_socket;
+  // Driver library opened at run time.
+  std::string driver_library = "libcuda.so.1";
+  // Leases: what a session gets when it asks for none, and the most it may
+  // ask for.
+  uint64_t default_lease_ms = 60'000;
+  uint64_t max_lease_ms = 3'600'000;
+  // Device memory: per session (default and most) and for the whole daemon
+  // (0 = no limit beyond the devices' own memory).
+  uint64_t default_session_memory_bytes = 0;  // 0 = the session maximum
+  uint64_t max_session_memory_bytes = 0;      // 0 = no per-session limit
+  uint64_t daemon_memory_bytes = 0;
+  // Bytes per Read response message and per pinned staging buffer.
+  uint32_t chunk_bytes = 1 << 20;
+  // Pinned staging buffers per device (bounds the daemon's memory for
+  // copies: chunk_bytes * staging_buffers per device).
+  uint32_t staging_buffers = 8;
+  // How often leases are checked.
+  absl::Duration reaper_interval = absl::Milliseconds(200);
+};
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      const ServerOptions& options);
+  ~Server();
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The TCP port bound (useful with port 0); 0 when there is no listener.
+  int port() const;
+  // A channel to this server that does not leave the process.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+  // Number of usable devices.
+  int device_count() const;
+
+  // Stops accepting calls, lets calls in flight end within `deadline`,
+  // closes every session and releases the devices.
+  void Shutdown(absl::Duration deadline = absl::Seconds(5));
+  // Blocks until Shutdown() has finished.
+  void Wait();
+
+  class Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpuexec
+
+#endif  // GPUEXEC_SERVER_RPC_SERVER_H_

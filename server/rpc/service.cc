@@ -1,0 +1,297 @@
+#include "server/rpc/service.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gpuexec/grpc_status.h"
+#include "server/rpc/convert.h"
+
+namespace gpuexec::rpc {
+namespace {
+
+using grpc::CallbackServerContext;
+using grpc::ServerUnaryReactor;
+
+// The default reactor, finished with `status`.
+ServerUnaryReactor* FinishWith(CallbackServerContext* ctx, const absl::Status& status) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// A completion that fills the response with `fill` and finishes the call.
+template <typename T, typename Fill>
+std::function<void(absl::StatusOr<T>)> Reply(ServerUnaryReactor* reactor, Fill fill) {
+  return [reactor, fill = std::move(fill)](absl::StatusOr<T> result) {
+    if (result.ok()) fill(*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  };
+}
+
+std::function<void(absl::Status)> ReplyStatus(ServerUnaryReactor* reactor) {
+  return [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); };
+}
+
+// LoadModule: a header, then chunks, then the engine loads the module.
+class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleRequest> {
+ public:
+  LoadModuleReactor(core::Engine* engine, v1::LoadModuleResponse* response)
+      : engine_(engine), response_(response) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (upload_ == nullptr) {
+        return Finish(ToGrpcStatus(absl::InvalidArgumentError(
+            "LoadModule: the stream ended before its header")));
+      }
+      upload_->Finish([this](absl::StatusOr<core::ModuleResult> r) {
+        if (r.ok()) {
+          response_->set_module(r->handle);
+          response_->set_sha256(r->sha256);
+          response_->set_uploaded(r->uploaded);
+        }
+        Finish(ToGrpcStatus(r.status()));
+      });
+      return;
+    }
+    absl::Status st;
+    if (upload_ == nullptr) {
+      if (!request_.has_header()) {
+        st = absl::InvalidArgumentError("LoadModule: the first message must be a header");
+      } else {
+        const v1::ModuleHeader& h = request_.header();
+        auto upload = engine_->BeginModuleUpload(h.session(), h.sha256(), h.size(),
+                                                 FromProto(h.kind()));
+        if (upload.ok()) upload_ = std::move(upload).value();
+        st = upload.status();
+      }
+    } else if (request_.has_header()) {
+      st = absl::InvalidArgumentError("LoadModule: a second header arrived");
+    } else {
+      st = upload_->AddChunk(request_.chunk());
+    }
+    if (!st.ok()) return Finish(ToGrpcStatus(st));
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  core::Engine* engine_;
+  v1::LoadModuleResponse* response_;
+  v1::LoadModuleRequest request_;
+  std::unique_ptr<core::ModuleUpload> upload_;
+};
+
+// Write: each message's bytes go to pinned staging buffers; the next
+// message is read as soon as they were copied out of it.
+class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
+ public:
+  WriteReactor(core::Engine* engine, v1::WriteResponse* response)
+      : engine_(engine), response_(response) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (sink_ == nullptr) {
+        return Finish(ToGrpcStatus(
+            absl::InvalidArgumentError("Write: the stream ended before its first message")));
+      }
+      sink_->Finish([this](absl::StatusOr<uint64_t> n) {
+        if (n.ok()) response_->set_bytes_written(*n);
+        Finish(ToGrpcStatus(n.status()));
+      });
+      return;
+    }
+    if (sink_ == nullptr) {
+      auto sink = engine_->BeginWrite(request_.session(), request_.buffer(), request_.offset());
+      if (!sink.ok()) return Finish(ToGrpcStatus(sink.status()));
+      sink_ = std::move(sink).value();
+    }
+    sink_->Push(request_.data(), [this](absl::Status st) {
+      if (!st.ok()) {
+        // Copies already queued still finish (they own the sink); the call
+        // ends now with the error.
+        sink_.reset();
+        return Finish(ToGrpcStatus(st));
+      }
+      StartRead(&request_);
+    });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  core::Engine* engine_;
+  v1::WriteResponse* response_;
+  v1::WriteRequest request_;
+  std::shared_ptr<core::WriteSink> sink_;
+};
+
+// Read: chunks fetched ahead by the engine, written one at a time.
+class ReadReactor final : public grpc::ServerWriteReactor<v1::ReadResponse> {
+ public:
+  ReadReactor(core::Engine* engine, const v1::ReadRequest* r) {
+    auto source = engine->BeginRead(r->session(), r->buffer(), r->offset(), r->size(),
+                                    r->chunk_size());
+    if (!source.ok()) {
+      Finish(ToGrpcStatus(source.status()));
+      return;
+    }
+    source_ = std::move(source).value();
+    NextChunk();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    NextChunk();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void NextChunk() {
+    if (source_->remaining() == 0) return Finish(grpc::Status::OK);
+    source_->Next([this](absl::StatusOr<std::pair<uint64_t, std::string>> chunk) {
+      if (!chunk.ok()) return Finish(ToGrpcStatus(chunk.status()));
+      response_.set_offset(chunk->first);
+      *response_.mutable_data() = std::move(chunk->second);
+      StartWrite(&response_);
+    });
+  }
+
+  std::shared_ptr<core::ReadSource> source_;
+  v1::ReadResponse response_;
+};
+
+}  // namespace
+
+ServerUnaryReactor* GpuExecService::ListDevices(CallbackServerContext* ctx,
+                                                const v1::ListDevicesRequest*,
+                                                v1::ListDevicesResponse* response) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->ListDevices(Reply<std::vector<core::DeviceStatus>>(
+      reactor, [response](const std::vector<core::DeviceStatus>& devices) {
+        for (const auto& d : devices) ToProto(d, response->add_devices());
+      }));
+  return reactor;
+}
+
+ServerUnaryReactor* GpuExecService::OpenSession(CallbackServerContext* ctx,
+                                                const v1::OpenSessionRequest* request,
+                                                v1::OpenSessionResponse* response) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::optional<uint32_t> device;
+  if (request->has_device()) device = request->device();
+  engine_->OpenSession(device, request->lease_ms(), request->memory_limit_bytes(),
+                       Reply<core::SessionInfo>(reactor, [response](const core::SessionInfo& s) {
+                         ToProto(s, response);
+                       }));
+  return reactor;
+}
+
+ServerUnaryReactor* GpuExecService::KeepAlive(CallbackServerContext* ctx,
+                                              const v1::KeepAliveRequest* request,
+                                              v1::KeepAliveResponse* response) {
+  auto lease = engine_->KeepAlive(request->session());
+  if (lease.ok()) response->set_lease_ms(*lease);
+  return FinishWith(ctx, lease.status());
+}
+
+ServerUnaryReactor* GpuExecService::CloseSession(CallbackServerContext* ctx,
+                                                 const v1::CloseSessionRequest* request,
+                                                 v1::CloseSessionResponse*) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->CloseSession(request->session(), ReplyStatus(reactor));
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::LoadModuleRequest>* GpuExecService::LoadModule(
+    CallbackServerContext*, v1::LoadModuleResponse* response) {
+  return new LoadModuleReactor(engine_, response);
+}
+
+ServerUnaryReactor* GpuExecService::GetFunction(CallbackServerContext* ctx,
+                                                const v1::GetFunctionRequest* request,
+                                                v1::GetFunctionResponse* response) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->GetFunction(request->session(), request->module(), request->name(),
+                       Reply<core::FunctionResult>(reactor, [response](const core::FunctionResult& f) {
+                         ToProto(f, response);
+                       }));
+  return reactor;
+}
+
+ServerUnaryReactor* GpuExecService::Allocate(CallbackServerContext* ctx,
+                                             const v1::AllocateRequest* request,
+                                             v1::AllocateResponse* response) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->Allocate(request->session(), request->size(),
+                    Reply<core::BufferInfo>(reactor, [response](const core::BufferInfo& b) {
+                      response->set_buffer(b.handle);
+                      response->set_size(b.size);
+                    }));
+  return reactor;
+}
+
+ServerUnaryReactor* GpuExecService::Free(CallbackServerContext* ctx, const v1::FreeRequest* request,
+                                         v1::FreeResponse*) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->Free(request->session(), request->buffer(), ReplyStatus(reactor));
+  return reactor;
+}
+
+ServerUnaryReactor* GpuExecService::Memset(CallbackServerContext* ctx,
+                                           const v1::MemsetRequest* request, v1::MemsetResponse*) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->Memset(request->session(), request->buffer(), request->offset(), request->size(),
+                  request->value(), ReplyStatus(reactor));
+  return reactor;
+}
+
+ServerUnaryReactor* GpuExecService::CopyBuffer(CallbackServerContext* ctx,
+                                               const v1::CopyBufferRequest* r,
+                                               v1::CopyBufferResponse*) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->CopyBuffer(r->session(), r->dst(), r->dst_offset(), r->src(), r->src_offset(),
+                      r->size(), ReplyStatus(reactor));
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::WriteRequest>* GpuExecService::Write(CallbackServerContext*,
+                                                                 v1::WriteResponse* response) {
+  return new WriteReactor(engine_, response);
+}
+
+grpc::ServerWriteReactor<v1::ReadResponse>* GpuExecService::Read(CallbackServerContext*,
+                                                                 const v1::ReadRequest* request) {
+  return new ReadReactor(engine_, request);
+}
+
+ServerUnaryReactor* GpuExecService::Launch(CallbackServerContext* ctx,
+                                           const v1::LaunchRequest* request,
+                                           v1::LaunchResponse* response) {
+  auto spec = FromProto(*request);
+  if (!spec.ok()) return FinishWith(ctx, spec.status());
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->Launch(std::move(spec).value(), Reply<uint64_t>(reactor, [response](uint64_t ns) {
+                    response->set_gpu_time_ns(ns);
+                  }));
+  return reactor;
+}
+
+ServerUnaryReactor* GpuExecService::Synchronize(CallbackServerContext* ctx,
+                                                const v1::SynchronizeRequest* request,
+                                                v1::SynchronizeResponse* response) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  engine_->Synchronize(request->session(), Reply<uint64_t>(reactor, [response](uint64_t ns) {
+                         response->set_gpu_time_ns(ns);
+                       }));
+  return reactor;
+}
+
+}  // namespace gpuexec::rpc

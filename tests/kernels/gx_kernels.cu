@@ -1,0 +1,100 @@
+// Test kernels. The service test suite runs them on a real GPU (compiled by
+// nvcc to sm_90 cubin, PTX and fatbin) and on the libcuda test double, which
+// implements each of them on the host with the same parameter layout.
+// Any change here must be mirrored in tests/fake_cuda.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace cg = cooperative_groups;
+
+extern "C" {
+
+__global__ void gx_empty() {}
+
+// out[i] = value for i < n.
+__global__ void gx_fill_u32(uint32_t* out, uint32_t value, uint64_t n) {
+  uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+  uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  for (; i < n; i += stride) out[i] = value;
+}
+
+// y[i] = a * x[i] + y[i] for i < n.
+__global__ void gx_saxpy(float a, const float* x, float* y, uint64_t n) {
+  uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+  uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  for (; i < n; i += stride) y[i] = a * x[i] + y[i];
+}
+
+// Spins for `ns` nanoseconds of wall time (one thread is enough).
+__global__ void gx_spin(uint64_t ns) {
+  uint64_t start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  uint64_t now = start;
+  while (now - start < ns) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  }
+}
+
+// Writes through an address that is not mapped: CUDA_ERROR_ILLEGAL_ADDRESS.
+__global__ void gx_fault(uint64_t address) {
+  *reinterpret_cast<volatile uint32_t*>(address) = 1;
+}
+
+// Uses `n` 32-bit words of dynamic shared memory per block: block b writes
+// out[b] = sum over k < n of (k ^ b). Launch with shared_memory_bytes = 4*n.
+__global__ void gx_bigshared(uint32_t* out, uint32_t n) {
+  extern __shared__ uint32_t smem[];
+  for (uint32_t k = threadIdx.x; k < n; k += blockDim.x) smem[k] = k ^ blockIdx.x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t sum = 0;
+    for (uint32_t k = 0; k < n; ++k) sum += smem[k];
+    out[blockIdx.x] = sum;
+  }
+}
+
+struct gx_quad {
+  uint32_t a;
+  uint32_t b;
+  float c;
+  uint32_t d;
+};
+
+// A by-value struct argument (16 bytes): out = {a, b, bits(c), d}.
+__global__ void gx_struct(gx_quad q, uint32_t* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    out[0] = q.a;
+    out[1] = q.b;
+    out[2] = __float_as_uint(q.c);
+    out[3] = q.d;
+  }
+}
+
+// Every scalar kind; out[k] receives the raw bits of argument k,
+// zero-extended to 64 bits. Layout (offset:size): a 0:1, b 2:2, c 4:4, d 8:8,
+// e 16:2, f 18:2, g 20:4, h 24:8, out 32:8.
+__global__ void gx_types(int8_t a, int16_t b, uint32_t c, int64_t d, __half e,
+                         __nv_bfloat16 f, float g, double h, uint64_t* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    out[0] = (uint8_t)a;
+    out[1] = (uint16_t)b;
+    out[2] = c;
+    out[3] = (uint64_t)d;
+    out[4] = __half_as_ushort(e);
+    out[5] = __bfloat16_as_ushort(f);
+    out[6] = __float_as_uint(g);
+    out[7] = (uint64_t)__double_as_longlong(h);
+  }
+}
+
+// out[linear block id] = rank of the block in its cluster (0 without one).
+__global__ void gx_cluster_rank(uint32_t* out) {
+  if (threadIdx.x == 0) {
+    uint32_t b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    out[b] = cg::this_cluster().block_rank();
+  }
+}
+
+}  // extern "C"
