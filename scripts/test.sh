@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs every test. Tests labelled `gpu`
+# run against the real driver and report SKIPPED where there is no GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@"

@@ -1,0 +1,79 @@
+#include "server/device/executor.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "server/device/staging.h"
+
+namespace gpuexec::device {
+namespace {
+
+TEST(Executor, RunsOpsInOrderOnOneThread) {
+  Executor ex("test");
+  std::thread::id start_thread;
+  ex.Start([&] { start_thread = std::this_thread::get_id(); }, nullptr, nullptr,
+           absl::Milliseconds(50));
+  std::vector<int> order;
+  std::atomic<bool> same_thread{true};
+  absl::Notification done;
+  for (int i = 0; i < 1000; ++i) {
+    ex.Post([&, i] {
+      if (std::this_thread::get_id() != start_thread) same_thread = false;
+      order.push_back(i);
+      if (i == 999) done.Notify();
+    });
+  }
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(same_thread);
+  ASSERT_EQ(order.size(), 1000u);
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST(Executor, StopDrainsQueueThenRunsOnStop) {
+  Executor ex("test");
+  std::vector<int> seen;
+  ex.Start(nullptr, nullptr, [&] { seen.push_back(-1); }, absl::Milliseconds(50));
+  for (int i = 0; i < 10; ++i) ex.Post([&, i] { seen.push_back(i); });
+  ex.Stop();
+  ASSERT_EQ(seen.size(), 11u);
+  EXPECT_EQ(seen.back(), -1);
+  ex.Post([&] { seen.push_back(100); });  // dropped after Stop
+  EXPECT_EQ(seen.size(), 11u);
+}
+
+TEST(Executor, TicksWhenIdle) {
+  Executor ex("test");
+  absl::Notification ticked;
+  std::atomic<int> ticks{0};
+  ex.Start(nullptr, [&] { if (++ticks == 2) ticked.Notify(); }, nullptr, absl::Milliseconds(5));
+  EXPECT_TRUE(ticked.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+TEST(StagingPool, HandsOutSlotsFirstComeFirstServed) {
+  std::vector<uint8_t> a(16), b(16);
+  StagingPool pool;
+  pool.Reset({a.data(), b.data()}, 16);
+  std::vector<StagingSlot> got;
+  pool.Acquire([&](StagingSlot s) { got.push_back(s); });
+  pool.Acquire([&](StagingSlot s) { got.push_back(s); });
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(pool.free_slots(), 0u);
+  std::vector<int> waiters;
+  pool.Acquire([&](StagingSlot s) { waiters.push_back(1); got.push_back(s); });
+  pool.Acquire([&](StagingSlot s) { waiters.push_back(2); got.push_back(s); });
+  EXPECT_TRUE(waiters.empty());
+  pool.Release(got[0]);
+  ASSERT_EQ(waiters, std::vector<int>({1}));
+  EXPECT_EQ(got[2].data, got[0].data);
+  pool.Release(got[1]);
+  EXPECT_EQ(waiters, std::vector<int>({1, 2}));
+  pool.Release(got[2]);
+  pool.Release(got[3]);
+  EXPECT_EQ(pool.free_slots(), 2u);
+}
+
+}  // namespace
+}  // namespace gpuexec::device
