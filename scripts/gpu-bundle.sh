@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds a self-contained bundle for a GPU host that has the NVIDIA driver
+# but none of gRPC, Protobuf or Abseil: the daemon, the test and benchmark
+# programs, the sm_90 test kernels, and every shared library they need
+# except glibc's own and libcuda (which the host provides).
+#
+#   scripts/gpu-bundle.sh [OUT_DIR]      (default .bundle)
+#   then on the GPU host: OUT_DIR/run-gpu-tests.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-.bundle}"
+BUILD_DIR="${BUILD_DIR:-build}"
+./scripts/setup.sh >/dev/null
+
+rm -rf "$OUT"
+mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/kernels"
+programs=("$BUILD_DIR/server/gpuexecd")
+for t in service_test cuda_driver_test; do
+  f=$(find "$BUILD_DIR/tests" -name "$t" -type f -executable | head -1)
+  [[ -n "$f" ]] && programs+=("$f")
+done
+for b in $(find "$BUILD_DIR" -path '*/bench/*' -type f -executable -name '*bench*' 2>/dev/null); do
+  programs+=("$b")
+done
+for p in "${programs[@]}"; do
+  cp "$p" "$OUT/bin/"
+  strip --strip-debug "$OUT/bin/$(basename "$p")"
+done
+# Libraries: everything ldd resolves, except glibc's and the driver.
+for p in "${programs[@]}"; do ldd "$p"; done | awk '/=> \//{print $3}' | sort -u |
+  grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda)\.so' |
+  while read -r lib; do cp -L "$lib" "$OUT/lib/"; done
+strip --strip-unneeded "$OUT"/lib/*.so* 2>/dev/null || true
+cp -r "$BUILD_DIR/tests/kernels/sm_90" "$OUT/kernels/"
+cp scripts/run-gpu-tests.sh "$OUT/"
+du -sh "$OUT"

@@ -1,0 +1,1698 @@
+// A test double of the CUDA driver (libcuda) at its C ABI.
+//
+// The daemon opens this library with dlopen() exactly as it opens the real
+// "libcuda.so.1" and resolves the same entry points with dlsym(), so the
+// test suites exercise every production line except the driver itself.
+//
+// Model:
+//   * Devices are configured from the environment at the first successful
+//     cuInit: GXFAKE_DEVICE_COUNT (default 1), GXFAKE_MEMORY_BYTES per device
+//     (default 8 GiB), GXFAKE_FAIL_INIT=1 (cuInit fails with NO_DEVICE).
+//   * "Device memory" is host memory: a CUdeviceptr is the address of an
+//     aligned host block. Every allocation is tracked so that copies and
+//     kernels can be checked against live allocations of the right device.
+//   * Each CUstream owns a worker thread that runs its operations in order.
+//   * Kernels are host functions that mirror tests/kernels/gx_kernels.cu.
+//     A module image "GXFAKE1\n<kernel name>\n..." names the kernels it holds.
+//   * A kernel fault poisons the whole process: every later driver call
+//     returns CUDA_ERROR_ILLEGAL_ADDRESS, as on real hardware.
+//
+// Ownership: all driver state lives in one Driver object that is created on
+// first use and intentionally never destroyed (worker threads may still be
+// parked on it at exit). Handles given to callers are raw pointers to objects
+// owned by the Driver's tables; a handle is valid from its create call until
+// its destroy call (or the teardown of its primary context).
+//
+// Locking: Driver::mu guards every table and every event's state. It is never
+// held while waiting for a stream. Each stream has its own mutex for its
+// queue. Lock order: Driver::mu may be taken while no stream mutex is held;
+// a stream mutex is never held while taking Driver::mu.
+
+#include <cuda.h>
+
+// cuda.h maps cuEventElapsedTime to cuEventElapsedTime_v2; the double also
+// exports the version-1 name (same signature), so the macro must go.
+#undef cuEventElapsedTime
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#define GX_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+struct KernelDef;
+
+// One queued stream operation. `droppable` operations (copies, memsets,
+// kernels) are skipped once the process is poisoned; the others (host
+// functions, event records, stream-ordered frees) always run so that no
+// waiter hangs and no memory leaks.
+struct StreamOp {
+  std::function<void()> run;
+  bool droppable = true;
+};
+
+}  // namespace
+
+// The handle types below are the opaque structs that cuda.h declares; they
+// must live in the global namespace to match its typedefs.
+
+// A primary context. One per device, created at cuInit and never freed, so
+// the handle stays stable across release/retain cycles like the driver's.
+struct CUctx_st {
+  int device = 0;
+  int retain_count = 0;             // Guarded by Driver::mu.
+  std::atomic<bool> active{false};  // True while retain_count > 0.
+};
+
+// The default memory pool of a device. Owned by its Device; never freed.
+struct CUmemPoolHandle_st {
+  int device = 0;
+};
+
+// A kernel inside a loaded module. Owned by its CUmod_st; dies with it.
+struct CUfunc_st {
+  const KernelDef* kernel = nullptr;  // Static, never freed.
+  CUmod_st* module = nullptr;
+  // Settable attributes (guarded by Driver::mu).
+  int max_dynamic_shared = 49152;
+  int preferred_carveout = -1;
+  int non_portable_cluster_size_allowed = 0;
+  int cluster_scheduling_policy = 0;
+};
+
+// A loaded module. Owned by Driver::modules from cuModuleLoadDataEx until
+// cuModuleUnload (or the teardown of its context).
+struct CUmod_st {
+  CUctx_st* context = nullptr;
+  std::vector<std::unique_ptr<CUfunc_st>> functions;
+};
+
+// An event. Shared between Driver::events (until cuEventDestroy) and the
+// pending record operations that will complete it.
+struct CUevent_st {
+  CUctx_st* context = nullptr;
+  unsigned int flags = 0;
+  // Guarded by Driver::mu. `records` counts cuEventRecord calls; `reached`
+  // is the sequence number of the latest record the stream has executed.
+  uint64_t records = 0;
+  uint64_t reached = 0;
+  std::chrono::steady_clock::time_point time;
+};
+
+// A stream with its worker thread. Shared between Driver::streams (until
+// cuStreamDestroy) and callers that are waiting on it; the worker thread is
+// joined by whoever removes the stream from the table.
+struct CUstream_st {
+  CUctx_st* context = nullptr;
+  unsigned int flags = 0;
+  std::mutex mu;
+  std::condition_variable cv;  // Signals both new work and completed work.
+  std::deque<StreamOp> queue;  // Guarded by mu.
+  uint64_t enqueued = 0;       // Guarded by mu.
+  uint64_t completed = 0;      // Guarded by mu.
+  bool stopping = false;       // Guarded by mu.
+  std::thread worker;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kDriverVersion = 13000;
+constexpr uint64_t kDefaultMemoryBytes = 8ull << 30;
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxBlockDim[3] = {1024, 1024, 64};
+constexpr unsigned kMaxGridDim[3] = {2147483647u, 65535u, 65535u};
+constexpr int kMaxSharedPerBlock = 49152;
+constexpr int kMaxSharedPerBlockOptin = 232448;
+constexpr unsigned kMaxPortableClusterSize = 8;
+constexpr unsigned kMaxNonPortableClusterSize = 16;
+constexpr size_t kDeviceAlignment = 256;
+constexpr size_t kHostAlignment = 4096;
+constexpr char kModuleMagic[] = "GXFAKE1\n";
+constexpr char kPtxErrorLog[] =
+    "ptxas application ptx input, line 1; error   : fake driver rejects this "
+    "PTX";
+
+// ---------------------------------------------------------------------------
+// Process-wide state.
+// ---------------------------------------------------------------------------
+
+std::atomic<bool> g_initialized{false};
+std::atomic<bool> g_poisoned{false};
+std::atomic<uint64_t> g_module_loads{0};
+
+// The context made current on this thread by cuCtxSetCurrent (not owned).
+thread_local CUctx_st* t_current_context = nullptr;
+// True on stream worker threads and while a host function runs inline: the
+// driver must not be called from there (CUDA_ERROR_NOT_PERMITTED).
+thread_local bool t_in_driver_callback = false;
+
+struct Allocation {
+  size_t size = 0;
+  int device = 0;
+  // cuMemFreeAsync was enqueued: new work may not use the block, work that
+  // is already queued ahead of the free may.
+  bool free_pending = false;
+};
+
+struct Device {
+  std::string name;
+  uint64_t total_bytes = 0;
+  uint64_t allocated_bytes = 0;  // Guarded by Driver::mu.
+  CUctx_st context;
+  CUmemPoolHandle_st pool;
+};
+
+struct Driver {
+  std::mutex mu;
+  // Fixed by the first successful cuInit; never shrinks afterwards.
+  std::vector<std::unique_ptr<Device>> devices;
+  // Device allocations by base address; each block came from aligned_alloc.
+  std::map<uintptr_t, Allocation> allocations;
+  // cuMemHostAlloc blocks (base -> size) and cuMemHostRegister ranges.
+  std::unordered_map<void*, size_t> host_allocations;
+  std::map<uintptr_t, size_t> host_registrations;
+  std::unordered_map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;
+  std::unordered_map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
+  std::unordered_map<CUmod_st*, std::unique_ptr<CUmod_st>> modules;
+  std::unordered_set<CUfunc_st*> functions;
+};
+
+// Leaked on purpose: see the file comment.
+Driver& GetDriver() {
+  static Driver* const driver = new Driver();
+  return *driver;
+}
+
+#define GX_RETURN_IF_ERROR(expr)                       \
+  do {                                                 \
+    const CUresult gx_status_ = (expr);                \
+    if (gx_status_ != CUDA_SUCCESS) return gx_status_; \
+  } while (0)
+
+// The state every entry point checks first.
+CUresult InitStatus() {
+  if (!g_initialized.load(std::memory_order_acquire)) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  if (t_in_driver_callback) return CUDA_ERROR_NOT_PERMITTED;
+  return CUDA_SUCCESS;
+}
+
+// InitStatus plus the sticky fault.
+CUresult EntryStatus() {
+  GX_RETURN_IF_ERROR(InitStatus());
+  if (g_poisoned.load(std::memory_order_acquire)) {
+    return CUDA_ERROR_ILLEGAL_ADDRESS;
+  }
+  return CUDA_SUCCESS;
+}
+
+// What calls that release resources return: they do their work even after a
+// fault (so that tests leak nothing) but still report the sticky error.
+CUresult StickyStatus() {
+  return g_poisoned.load(std::memory_order_acquire) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
+void Poison(const char* what) {
+  if (!g_poisoned.exchange(true)) {
+    std::fprintf(stderr,
+                 "gxfake: %s: illegal memory access; every later driver call "
+                 "returns CUDA_ERROR_ILLEGAL_ADDRESS\n",
+                 what);
+  }
+}
+
+CUresult CurrentContext(CUctx_st** out) {
+  CUctx_st* ctx = t_current_context;
+  if (ctx == nullptr || !ctx->active.load(std::memory_order_acquire)) {
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  *out = ctx;
+  return CUDA_SUCCESS;
+}
+
+// Requires Driver::mu. Null when `ordinal` names no device.
+Device* DeviceLocked(Driver& d, CUdevice ordinal) {
+  if (ordinal < 0 || static_cast<size_t>(ordinal) >= d.devices.size()) {
+    return nullptr;
+  }
+  return d.devices[ordinal].get();
+}
+
+CUresult CheckDevice(CUdevice ordinal) {
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return DeviceLocked(d, ordinal) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+// ---------------------------------------------------------------------------
+// Device memory bookkeeping.
+// ---------------------------------------------------------------------------
+
+// Requires Driver::mu. The allocation of `device` that contains all of
+// [addr, addr + bytes), or null.
+const Allocation* FindRangeLocked(Driver& d, uintptr_t addr, size_t bytes, int device,
+                                  bool allow_free_pending) {
+  auto it = d.allocations.upper_bound(addr);
+  if (it == d.allocations.begin()) return nullptr;
+  --it;
+  const Allocation& a = it->second;
+  if (a.device != device) return nullptr;
+  if (a.free_pending && !allow_free_pending) return nullptr;
+  const uintptr_t offset = addr - it->first;
+  if (bytes > a.size || offset > a.size - bytes) return nullptr;
+  return &a;
+}
+
+bool RangeIsLive(uintptr_t addr, size_t bytes, int device, bool allow_free_pending) {
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return FindRangeLocked(d, addr, bytes, device, allow_free_pending) != nullptr;
+}
+
+// Requires Driver::mu. Frees the block at `base` if it is still tracked.
+void FreeAllocationLocked(Driver& d, uintptr_t base) {
+  auto it = d.allocations.find(base);
+  if (it == d.allocations.end()) return;
+  d.devices[it->second.device]->allocated_bytes -= it->second.size;
+  std::free(reinterpret_cast<void*>(base));
+  d.allocations.erase(it);
+}
+
+CUresult AllocateDevice(CUctx_st* ctx, size_t bytes, CUdeviceptr* out) {
+  if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Device& dev = *d.devices[ctx->device];
+  if (bytes > dev.total_bytes - dev.allocated_bytes) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const size_t rounded = (bytes + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment;
+  void* block = std::aligned_alloc(kDeviceAlignment, rounded);
+  if (block == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation a;
+  a.size = bytes;
+  a.device = ctx->device;
+  d.allocations.emplace(reinterpret_cast<uintptr_t>(block), a);
+  dev.allocated_bytes += bytes;
+  *out = reinterpret_cast<CUdeviceptr>(block);
+  return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------
+// Streams.
+// ---------------------------------------------------------------------------
+
+bool IsNullStream(CUstream h) {
+  return h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
+}
+
+void StreamWorkerMain(CUstream_st* s) {
+  t_in_driver_callback = true;
+  for (;;) {
+    StreamOp op;
+    {
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->cv.wait(lock, [s] { return !s->queue.empty() || s->stopping; });
+      if (s->queue.empty()) return;  // Stopping and drained.
+      op = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    if (!(op.droppable && g_poisoned.load(std::memory_order_acquire))) {
+      op.run();
+    }
+    op = StreamOp();  // Drop captures (e.g. event references) before counting.
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      ++s->completed;
+    }
+    s->cv.notify_all();
+  }
+}
+
+// Runs `op` on the calling thread (the NULL stream is synchronous here).
+void RunInline(StreamOp& op) {
+  if (op.droppable && g_poisoned.load(std::memory_order_acquire)) return;
+  const bool saved = t_in_driver_callback;
+  t_in_driver_callback = true;
+  op.run();
+  t_in_driver_callback = saved;
+}
+
+// Null `s` means the NULL stream. Fails only for a stream being destroyed.
+CUresult Enqueue(const std::shared_ptr<CUstream_st>& s, StreamOp op) {
+  if (!s) {
+    RunInline(op);
+    return CUDA_SUCCESS;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->stopping) return CUDA_ERROR_INVALID_HANDLE;
+    s->queue.push_back(std::move(op));
+    ++s->enqueued;
+  }
+  s->cv.notify_all();
+  return CUDA_SUCCESS;
+}
+
+// Waits until everything enqueued before the call has run. Must not be
+// called on the stream's own worker (entry points refuse that thread).
+void DrainStream(CUstream_st* s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  const uint64_t target = s->enqueued;
+  s->cv.wait(lock, [s, target] { return s->completed >= target; });
+}
+
+// Lets queued work finish, then joins the worker. Called once, by whoever
+// removed the stream from Driver::streams.
+void StopStream(CUstream_st* s) {
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->stopping = true;
+  }
+  s->cv.notify_all();
+  if (s->worker.joinable()) s->worker.join();
+}
+
+// Resolves a stream handle. The NULL stream resolves to an empty pointer.
+// `ctx` (when not null) must own the stream.
+CUresult ResolveStream(CUstream h, CUctx_st* ctx, std::shared_ptr<CUstream_st>* out) {
+  out->reset();
+  if (IsNullStream(h)) return CUDA_SUCCESS;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.streams.find(h);
+  if (it == d.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (ctx != nullptr && it->second->context != ctx) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  *out = it->second;
+  return CUDA_SUCCESS;
+}
+
+// Destroys everything a primary context owns when its last retain goes.
+void TearDownContext(CUctx_st* ctx) {
+  Driver& d = GetDriver();
+  std::vector<std::shared_ptr<CUstream_st>> streams;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (auto it = d.streams.begin(); it != d.streams.end();) {
+      if (it->second->context == ctx) {
+        streams.push_back(std::move(it->second));
+        it = d.streams.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = d.events.begin(); it != d.events.end();) {
+      it = it->second->context == ctx ? d.events.erase(it) : std::next(it);
+    }
+    for (auto it = d.modules.begin(); it != d.modules.end();) {
+      if (it->second->context == ctx) {
+        for (auto& f : it->second->functions) d.functions.erase(f.get());
+        it = d.modules.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& s : streams) StopStream(s.get());
+  std::lock_guard<std::mutex> lock(d.mu);
+  std::vector<uintptr_t> bases;
+  for (const auto& [base, a] : d.allocations) {
+    if (a.device == ctx->device) bases.push_back(base);
+  }
+  for (uintptr_t base : bases) FreeAllocationLocked(d, base);
+}
+
+// ---------------------------------------------------------------------------
+// Kernels: host implementations of tests/kernels/gx_kernels.cu.
+// ---------------------------------------------------------------------------
+
+struct ParamSlot {
+  size_t offset;
+  size_t size;
+};
+
+// Everything a kernel body sees: the geometry and a copy of the argument
+// bytes taken at launch time.
+struct KernelLaunch {
+  int device = 0;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared_bytes = 0;
+  unsigned cluster[3] = {1, 1, 1};
+  std::vector<uint8_t> args;
+
+  template <typename T>
+  T Arg(size_t offset) const {
+    T value;
+    std::memcpy(&value, args.data() + offset, sizeof(T));
+    return value;
+  }
+};
+
+// Returns false when the kernel faulted (illegal address).
+using KernelBody = bool (*)(const KernelLaunch&);
+
+struct KernelDef {
+  const char* name;
+  std::vector<ParamSlot> params;
+  KernelBody body;
+
+  size_t ArgBytes() const {
+    size_t end = 0;
+    for (const ParamSlot& p : params) end = std::max(end, p.offset + p.size);
+    return end;
+  }
+};
+
+// The device memory behind [addr, addr + count * sizeof(T)), or null when
+// the range is not inside one allocation of the launch's device.
+template <typename T>
+T* DeviceSpan(const KernelLaunch& launch, uint64_t addr, uint64_t count) {
+  if (count > SIZE_MAX / sizeof(T)) return nullptr;
+  if (!RangeIsLive(addr, count * sizeof(T), launch.device,
+                   /*allow_free_pending=*/true)) {
+    return nullptr;
+  }
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(addr));
+}
+
+bool RunEmpty(const KernelLaunch&) { return true; }
+
+bool RunFillU32(const KernelLaunch& l) {
+  const uint64_t n = l.Arg<uint64_t>(16);
+  if (n == 0) return true;
+  uint32_t* out = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(0), n);
+  if (out == nullptr) return false;
+  std::fill_n(out, n, l.Arg<uint32_t>(8));
+  return true;
+}
+
+bool RunSaxpy(const KernelLaunch& l) {
+  const float a = l.Arg<float>(0);
+  const uint64_t n = l.Arg<uint64_t>(24);
+  if (n == 0) return true;
+  const float* x = DeviceSpan<const float>(l, l.Arg<uint64_t>(8), n);
+  float* y = DeviceSpan<float>(l, l.Arg<uint64_t>(16), n);
+  if (x == nullptr || y == nullptr) return false;
+  // nvcc contracts a * x + y into one FFMA; so does the double.
+  for (uint64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+  return true;
+}
+
+bool RunSpin(const KernelLaunch& l) {
+  std::this_thread::sleep_for(std::chrono::nanoseconds(l.Arg<uint64_t>(0)));
+  return true;
+}
+
+// Like the CUDA kernel, a store through an address that is in fact mapped
+// succeeds; anything else faults.
+bool RunFault(const KernelLaunch& l) {
+  uint32_t* p = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(0), 1);
+  if (p == nullptr) return false;
+  *reinterpret_cast<volatile uint32_t*>(p) = 1;
+  return true;
+}
+
+bool RunBigShared(const KernelLaunch& l) {
+  const uint32_t n = l.Arg<uint32_t>(8);
+  // The kernel touches smem[0, n): less dynamic shared memory is a fault.
+  if (static_cast<uint64_t>(n) * 4 > l.shared_bytes) return false;
+  const unsigned blocks = l.grid[0];  // Blocks along y/z repeat out[x].
+  uint32_t* out = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(0), blocks);
+  if (out == nullptr) return false;
+  for (uint32_t b = 0; b < blocks; ++b) {
+    uint32_t sum = 0;
+    for (uint32_t k = 0; k < n; ++k) sum += k ^ b;
+    out[b] = sum;
+  }
+  return true;
+}
+
+bool RunStruct(const KernelLaunch& l) {
+  uint32_t* out = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(16), 4);
+  if (out == nullptr) return false;
+  std::memcpy(out, l.args.data(), 16);  // {a, b, bits(c), d}
+  return true;
+}
+
+bool RunTypes(const KernelLaunch& l);  // Needs the slot table; see below.
+
+bool RunClusterRank(const KernelLaunch& l) {
+  const uint64_t gx = l.grid[0], gy = l.grid[1], gz = l.grid[2];
+  uint32_t* out = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(0), gx * gy * gz);
+  if (out == nullptr) return false;
+  const unsigned cx = l.cluster[0], cy = l.cluster[1], cz = l.cluster[2];
+  for (uint64_t z = 0; z < gz; ++z) {
+    for (uint64_t y = 0; y < gy; ++y) {
+      for (uint64_t x = 0; x < gx; ++x) {
+        out[x + gx * (y + gy * z)] =
+            static_cast<uint32_t>((x % cx) + cx * ((y % cy) + cy * (z % cz)));
+      }
+    }
+  }
+  return true;
+}
+
+const std::vector<KernelDef>& Kernels() {
+  static const std::vector<KernelDef>* const kernels = new std::vector<KernelDef>{
+      {"gx_empty", {}, RunEmpty},
+      {"gx_fill_u32", {{0, 8}, {8, 4}, {16, 8}}, RunFillU32},
+      {"gx_saxpy", {{0, 4}, {8, 8}, {16, 8}, {24, 8}}, RunSaxpy},
+      {"gx_spin", {{0, 8}}, RunSpin},
+      {"gx_fault", {{0, 8}}, RunFault},
+      {"gx_bigshared", {{0, 8}, {8, 4}}, RunBigShared},
+      {"gx_struct", {{0, 16}, {16, 8}}, RunStruct},
+      {"gx_types",
+       {{0, 1}, {2, 2}, {4, 4}, {8, 8}, {16, 2}, {18, 2}, {20, 4}, {24, 8}, {32, 8}},
+       RunTypes},
+      {"gx_cluster_rank", {{0, 8}}, RunClusterRank},
+  };
+  return *kernels;
+}
+
+const KernelDef* FindKernel(const std::string& name) {
+  for (const KernelDef& k : Kernels()) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+// out[k] = raw bits of argument k, zero-extended to 64 bits.
+bool RunTypes(const KernelLaunch& l) {
+  uint64_t* out = DeviceSpan<uint64_t>(l, l.Arg<uint64_t>(32), 8);
+  if (out == nullptr) return false;
+  const std::vector<ParamSlot>& params = FindKernel("gx_types")->params;
+  for (size_t k = 0; k < 8; ++k) {
+    uint64_t bits = 0;  // Little-endian: copying the low bytes zero-extends.
+    std::memcpy(&bits, l.args.data() + params[k].offset, params[k].size);
+    out[k] = bits;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Modules.
+// ---------------------------------------------------------------------------
+
+// Writes `message` into the log buffer named by `buffer_option` (capped by
+// the size named by `size_option`, NUL included) and stores the length
+// written (without the NUL) back into the size option's value slot.
+void WriteJitLog(unsigned int num_options, const CUjit_option* options, void** values,
+                 CUjit_option buffer_option, CUjit_option size_option, const char* message) {
+  char* buffer = nullptr;
+  void** size_slot = nullptr;
+  for (unsigned int i = 0; i < num_options; ++i) {
+    if (options[i] == buffer_option) buffer = static_cast<char*>(values[i]);
+    if (options[i] == size_option) size_slot = &values[i];
+  }
+  if (buffer == nullptr || size_slot == nullptr) return;
+  const size_t capacity = reinterpret_cast<uintptr_t>(*size_slot);
+  if (capacity == 0) return;
+  const size_t length = std::min(std::strlen(message), capacity - 1);
+  std::memcpy(buffer, message, length);
+  buffer[length] = '\0';
+  *size_slot = reinterpret_cast<void*>(static_cast<uintptr_t>(length));
+}
+
+// Kernel names listed after the magic line, one per line.
+std::vector<std::string> ModuleKernelNames(const char* text) {
+  std::vector<std::string> names;
+  const char* p = text + std::strlen(kModuleMagic);
+  while (*p != '\0') {
+    const char* end = std::strchr(p, '\n');
+    if (end == nullptr) end = p + std::strlen(p);
+    std::string line(p, end);
+    const size_t first = line.find_first_not_of(" \t\r");
+    const size_t last = line.find_last_not_of(" \t\r");
+    if (first != std::string::npos) {
+      names.push_back(line.substr(first, last - first + 1));
+    }
+    p = *end == '\0' ? end : end + 1;
+  }
+  return names;
+}
+
+// ---------------------------------------------------------------------------
+// Launch.
+// ---------------------------------------------------------------------------
+
+struct LaunchRequest {
+  unsigned grid[3];
+  unsigned block[3];
+  unsigned shared_bytes;
+  CUstream stream;
+  unsigned cluster[3] = {1, 1, 1};
+};
+
+CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void** extra) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (extra != nullptr) return CUDA_ERROR_INVALID_VALUE;  // Not supported.
+
+  Driver& d = GetDriver();
+  const KernelDef* kernel = nullptr;
+  int max_dynamic_shared = 0;
+  int non_portable_cluster = 0;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (f == nullptr || d.functions.count(f) == 0) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (f->module->context != ctx) return CUDA_ERROR_INVALID_HANDLE;
+    kernel = f->kernel;
+    max_dynamic_shared = f->max_dynamic_shared;
+    non_portable_cluster = f->non_portable_cluster_size_allowed;
+  }
+
+  uint64_t threads = 1;
+  for (int i = 0; i < 3; ++i) {
+    if (r.grid[i] == 0 || r.grid[i] > kMaxGridDim[i]) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r.block[i] == 0 || r.block[i] > kMaxBlockDim[i]) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    threads *= r.block[i];
+  }
+  if (threads > static_cast<uint64_t>(kMaxThreadsPerBlock)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (r.shared_bytes > static_cast<unsigned>(kMaxSharedPerBlockOptin) ||
+      r.shared_bytes > static_cast<unsigned>(max_dynamic_shared)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  uint64_t cluster_size = 1;
+  for (int i = 0; i < 3; ++i) {
+    if (r.cluster[i] == 0) return CUDA_ERROR_INVALID_VALUE;
+    cluster_size *= r.cluster[i];
+  }
+  const unsigned max_cluster =
+      non_portable_cluster ? kMaxNonPortableClusterSize : kMaxPortableClusterSize;
+  if (cluster_size > max_cluster) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  for (int i = 0; i < 3; ++i) {
+    if (r.grid[i] % r.cluster[i] != 0) return CUDA_ERROR_INVALID_VALUE;
+  }
+
+  // Copy the argument values now, as the driver does.
+  auto launch = std::make_shared<KernelLaunch>();
+  launch->device = ctx->device;
+  for (int i = 0; i < 3; ++i) {
+    launch->grid[i] = r.grid[i];
+    launch->block[i] = r.block[i];
+    launch->cluster[i] = r.cluster[i];
+  }
+  launch->shared_bytes = r.shared_bytes;
+  launch->args.assign(kernel->ArgBytes(), 0);
+  if (!kernel->params.empty()) {
+    if (kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < kernel->params.size(); ++i) {
+      if (kernel_params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      std::memcpy(launch->args.data() + kernel->params[i].offset, kernel_params[i],
+                  kernel->params[i].size);
+    }
+  }
+
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(r.stream, ctx, &stream));
+  StreamOp op;
+  op.run = [kernel, launch] {
+    if (!kernel->body(*launch)) Poison(kernel->name);
+  };
+  return Enqueue(stream, std::move(op));
+}
+
+// ---------------------------------------------------------------------------
+// Events.
+// ---------------------------------------------------------------------------
+
+CUresult ElapsedTime(float* ms, CUevent start, CUevent end) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.events.count(start) == 0 || d.events.count(end) == 0) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  for (const CUevent_st* e : {start, end}) {
+    if ((e->flags & CU_EVENT_DISABLE_TIMING) != 0 || e->records == 0) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+  }
+  for (const CUevent_st* e : {start, end}) {
+    if (e->reached != e->records) return CUDA_ERROR_NOT_READY;
+  }
+  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------
+// Error names.
+// ---------------------------------------------------------------------------
+
+struct ErrorInfo {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+
+#define GX_ERROR(code, text) \
+  { code, #code, text }
+
+constexpr ErrorInfo kErrors[] = {
+    GX_ERROR(CUDA_SUCCESS, "no error"),
+    GX_ERROR(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
+    GX_ERROR(CUDA_ERROR_OUT_OF_MEMORY, "out of memory"),
+    GX_ERROR(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
+    GX_ERROR(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
+    GX_ERROR(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled while using external profiling tool"),
+    GX_ERROR(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library"),
+    GX_ERROR(CUDA_ERROR_DEVICE_UNAVAILABLE, "device unavailable"),
+    GX_ERROR(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"),
+    GX_ERROR(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),
+    GX_ERROR(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
+    GX_ERROR(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
+    GX_ERROR(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context is already current"),
+    GX_ERROR(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed"),
+    GX_ERROR(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed"),
+    GX_ERROR(CUDA_ERROR_NO_BINARY_FOR_GPU,
+             "no kernel image is available for execution on the device"),
+    GX_ERROR(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered"),
+    GX_ERROR(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
+    GX_ERROR(CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+             "the provided PTX was compiled with an unsupported toolchain."),
+    GX_ERROR(CUDA_ERROR_INVALID_SOURCE, "device kernel source is invalid"),
+    GX_ERROR(CUDA_ERROR_FILE_NOT_FOUND, "file not found"),
+    GX_ERROR(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS"),
+    GX_ERROR(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
+    GX_ERROR(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
+    GX_ERROR(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
+    GX_ERROR(CUDA_ERROR_NOT_READY, "device not ready"),
+    GX_ERROR(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
+    GX_ERROR(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch"),
+    GX_ERROR(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated"),
+    GX_ERROR(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled"),
+    GX_ERROR(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled"),
+    GX_ERROR(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE,
+             "the primary context for the device is already active"),
+    GX_ERROR(CUDA_ERROR_CONTEXT_IS_DESTROYED, "the context is no longer usable"),
+    GX_ERROR(CUDA_ERROR_ASSERT, "device-side assert triggered"),
+    GX_ERROR(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+             "part or all of the requested memory range is already mapped"),
+    GX_ERROR(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+             "pointer does not correspond to a registered memory region"),
+    GX_ERROR(CUDA_ERROR_HARDWARE_STACK_ERROR, "hardware stack error"),
+    GX_ERROR(CUDA_ERROR_ILLEGAL_INSTRUCTION, "an illegal instruction was encountered"),
+    GX_ERROR(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address"),
+    GX_ERROR(CUDA_ERROR_INVALID_ADDRESS_SPACE,
+             "operation not supported on global/shared address space"),
+    GX_ERROR(CUDA_ERROR_INVALID_PC, "invalid program counter"),
+    GX_ERROR(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure"),
+    GX_ERROR(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "too many blocks in cooperative launch"),
+    GX_ERROR(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
+    GX_ERROR(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
+    GX_ERROR(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized"),
+    GX_ERROR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+             "operation not permitted when stream is capturing"),
+    GX_ERROR(CUDA_ERROR_TIMEOUT, "the wait operation has timed out"),
+    GX_ERROR(CUDA_ERROR_INVALID_CLUSTER_SIZE, "invalid cluster size"),
+    GX_ERROR(CUDA_ERROR_UNKNOWN, "unknown error"),
+};
+
+#undef GX_ERROR
+
+const ErrorInfo* FindError(CUresult code) {
+  for (const ErrorInfo& e : kErrors) {
+    if (e.code == code) return &e;
+  }
+  return nullptr;
+}
+
+// Positive integer from the environment, or `fallback`.
+uint64_t EnvU64(const char* name, uint64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long parsed = std::strtoull(value, &end, 0);
+  if (end == value || *end != '\0') return fallback;
+  return parsed;
+}
+
+}  // namespace
+
+// ===========================================================================
+// Exported entry points. Signatures are those of cuda.h; versioned names are
+// spelled out (cuMemAlloc_v2, ...) because that is what the driver exports.
+// ===========================================================================
+
+// --- Initialization, version, errors ---
+
+GX_EXPORT CUresult cuInit(unsigned int Flags) {
+  if (t_in_driver_callback) return CUDA_ERROR_NOT_PERMITTED;
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (g_initialized.load(std::memory_order_acquire)) return StickyStatus();
+  if (EnvU64("GXFAKE_FAIL_INIT", 0) == 1) return CUDA_ERROR_NO_DEVICE;
+  const uint64_t count = EnvU64("GXFAKE_DEVICE_COUNT", 1);
+  if (count == 0 || count > 64) return CUDA_ERROR_NO_DEVICE;
+  const uint64_t memory = EnvU64("GXFAKE_MEMORY_BYTES", kDefaultMemoryBytes);
+  for (uint64_t i = 0; i < count; ++i) {
+    auto dev = std::make_unique<Device>();
+    dev->name = "gpuexec fake GPU " + std::to_string(i);
+    dev->total_bytes = memory;
+    dev->context.device = static_cast<int>(i);
+    dev->pool.device = static_cast<int>(i);
+    d.devices.push_back(std::move(dev));
+  }
+  g_initialized.store(true, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+// Like the driver, answers before cuInit.
+GX_EXPORT CUresult cuDriverGetVersion(int* driverVersion) {
+  if (t_in_driver_callback) return CUDA_ERROR_NOT_PERMITTED;
+  if (driverVersion == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GX_RETURN_IF_ERROR(StickyStatus());
+  *driverVersion = kDriverVersion;
+  return CUDA_SUCCESS;
+}
+
+// Never fails for a known code, even before cuInit or after a fault.
+GX_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
+  if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const ErrorInfo* e = FindError(error);
+  *pStr = e ? e->name : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+GX_EXPORT CUresult cuGetErrorString(CUresult error, const char** pStr) {
+  if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const ErrorInfo* e = FindError(error);
+  *pStr = e ? e->text : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// --- Devices ---
+
+GX_EXPORT CUresult cuDeviceGetCount(int* count) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *count = static_cast<int>(d.devices.size());
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GX_RETURN_IF_ERROR(CheckDevice(ordinal));
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const Device* device = DeviceLocked(d, dev);
+  if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  const size_t n = std::min(device->name.size(), static_cast<size_t>(len) - 1);
+  std::memcpy(name, device->name.data(), n);
+  name[n] = '\0';
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GX_RETURN_IF_ERROR(CheckDevice(dev));
+  // An H100-like sm_90 part. Unlisted attributes read as 0.
+  static const std::pair<CUdevice_attribute, int> kAttributes[] = {
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kMaxThreadsPerBlock},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, static_cast<int>(kMaxBlockDim[0])},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, static_cast<int>(kMaxBlockDim[1])},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, static_cast<int>(kMaxBlockDim[2])},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, static_cast<int>(kMaxGridDim[0])},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, static_cast<int>(kMaxGridDim[1])},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, static_cast<int>(kMaxGridDim[2])},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, kMaxSharedPerBlock},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, kMaxSharedPerBlockOptin},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 233472},
+      {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536},
+      {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
+      {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+      {CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 1},
+      {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+      {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+      {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1},
+  };
+  *pi = 0;
+  for (const auto& [attribute, value] : kAttributes) {
+    if (attribute == attrib) *pi = value;
+  }
+  if (attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) *pi = dev + 1;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const Device* device = DeviceLocked(d, dev);
+  if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = device->total_bytes;
+  return CUDA_SUCCESS;
+}
+
+// --- Primary contexts ---
+
+GX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Device* device = DeviceLocked(d, dev);
+  if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  ++device->context.retain_count;
+  device->context.active.store(true, std::memory_order_release);
+  *pctx = &device->context;
+  return CUDA_SUCCESS;
+}
+
+// The last release destroys everything the context owns: streams (after
+// their queued work), events, modules and device allocations.
+GX_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  Driver& d = GetDriver();
+  CUctx_st* to_tear_down = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    Device* device = DeviceLocked(d, dev);
+    if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    if (device->context.retain_count == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--device->context.retain_count == 0) {
+      device->context.active.store(false, std::memory_order_release);
+      to_tear_down = &device->context;
+    }
+  }
+  if (to_tear_down != nullptr) TearDownContext(to_tear_down);
+  return StickyStatus();
+}
+
+GX_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (ctx != nullptr) {
+    Driver& d = GetDriver();
+    std::lock_guard<std::mutex> lock(d.mu);
+    bool known = false;
+    for (const auto& device : d.devices) known |= (&device->context == ctx);
+    if (!known) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  t_current_context = ctx;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuCtxSynchronize(void) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::vector<std::shared_ptr<CUstream_st>> streams;
+  {
+    Driver& d = GetDriver();
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (const auto& [handle, s] : d.streams) {
+      if (s->context == ctx) streams.push_back(s);
+    }
+  }
+  for (const auto& s : streams) DrainStream(s.get());
+  return StickyStatus();
+}
+
+// --- Memory ---
+
+GX_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const Device& device = *d.devices[ctx->device];
+  *free = device.total_bytes - device.allocated_bytes;
+  *total = device.total_bytes;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  return AllocateDevice(ctx, bytesize, dptr);
+}
+
+// Frees at once; the pointer must be the base of a live allocation.
+GX_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (dptr == 0) return StickyStatus();
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.allocations.find(static_cast<uintptr_t>(dptr));
+  if (it == d.allocations.end() || it->second.free_pending) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  FreeAllocationLocked(d, it->first);
+  return StickyStatus();
+}
+
+// Allocates at once (allowed: the memory is usable earlier than promised).
+GX_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  return AllocateDevice(ctx, bytesize, dptr);
+}
+
+// Frees in stream order: the block stays mapped for work queued before it.
+GX_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  const uintptr_t base = static_cast<uintptr_t>(dptr);
+  Driver& d = GetDriver();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.allocations.find(base);
+    if (it == d.allocations.end() || it->second.free_pending || it->second.device != ctx->device) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    it->second.free_pending = true;
+  }
+  StreamOp op;
+  op.droppable = false;
+  op.run = [base] {
+    Driver& d = GetDriver();
+    std::lock_guard<std::mutex> lock(d.mu);
+    FreeAllocationLocked(d, base);
+  };
+  if (Enqueue(stream, std::move(op)) != CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> lock(d.mu);
+    FreeAllocationLocked(d, base);  // The stream is going away: free now.
+  }
+  return StickyStatus();
+}
+
+GX_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                   CUstream hStream) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  if (N == 0) return CUDA_SUCCESS;
+  const int device = ctx->device;
+  if (!RangeIsLive(dstDevice, N, device, false)) return CUDA_ERROR_INVALID_VALUE;
+  StreamOp op;
+  op.run = [dstDevice, uc, N, device] {
+    if (!RangeIsLive(dstDevice, N, device, true)) {
+      Poison("memset");
+      return;
+    }
+    std::memset(reinterpret_cast<void*>(dstDevice), uc, N);
+  };
+  return Enqueue(stream, std::move(op));
+}
+
+GX_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                        size_t ByteCount, CUstream hStream) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  if (ByteCount == 0) return CUDA_SUCCESS;
+  const int device = ctx->device;
+  if (srcHost == nullptr || !RangeIsLive(dstDevice, ByteCount, device, false)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  StreamOp op;
+  op.run = [dstDevice, srcHost, ByteCount, device] {
+    if (!RangeIsLive(dstDevice, ByteCount, device, true)) {
+      Poison("memcpy HtoD");
+      return;
+    }
+    std::memcpy(reinterpret_cast<void*>(dstDevice), srcHost, ByteCount);
+  };
+  return Enqueue(stream, std::move(op));
+}
+
+GX_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                        CUstream hStream) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  if (ByteCount == 0) return CUDA_SUCCESS;
+  const int device = ctx->device;
+  if (dstHost == nullptr || !RangeIsLive(srcDevice, ByteCount, device, false)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  StreamOp op;
+  op.run = [dstHost, srcDevice, ByteCount, device] {
+    if (!RangeIsLive(srcDevice, ByteCount, device, true)) {
+      Poison("memcpy DtoH");
+      return;
+    }
+    std::memcpy(dstHost, reinterpret_cast<const void*>(srcDevice), ByteCount);
+  };
+  return Enqueue(stream, std::move(op));
+}
+
+GX_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                        size_t ByteCount, CUstream hStream) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  if (ByteCount == 0) return CUDA_SUCCESS;
+  const int device = ctx->device;
+  if (!RangeIsLive(dstDevice, ByteCount, device, false) ||
+      !RangeIsLive(srcDevice, ByteCount, device, false)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  StreamOp op;
+  op.run = [dstDevice, srcDevice, ByteCount, device] {
+    if (!RangeIsLive(dstDevice, ByteCount, device, true) ||
+        !RangeIsLive(srcDevice, ByteCount, device, true)) {
+      Poison("memcpy DtoD");
+      return;
+    }
+    std::memmove(reinterpret_cast<void*>(dstDevice), reinterpret_cast<const void*>(srcDevice),
+                 ByteCount);
+  };
+  return Enqueue(stream, std::move(op));
+}
+
+// Page-locked host memory is plain aligned host memory here.
+GX_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  constexpr unsigned int kKnownFlags =
+      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  if (pp == nullptr || bytesize == 0 || (Flags & ~kKnownFlags) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (bytesize > SIZE_MAX - kHostAlignment) return CUDA_ERROR_OUT_OF_MEMORY;
+  const size_t rounded = (bytesize + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+  void* block = std::aligned_alloc(kHostAlignment, rounded);
+  if (block == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.host_allocations.emplace(block, bytesize);
+  *pp = block;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuMemFreeHost(void* p) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.host_allocations.find(p);
+  if (it == d.host_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(p);
+  d.host_allocations.erase(it);
+  return StickyStatus();
+}
+
+// Records the range and does nothing else: all host memory is "pinned" here.
+GX_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (p == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+  if (bytesize > UINTPTR_MAX - begin) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto next = d.host_registrations.lower_bound(begin);
+  if (next != d.host_registrations.end() && next->first < begin + bytesize) {
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
+  if (next != d.host_registrations.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second > begin) {
+      return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+  }
+  d.host_registrations.emplace(begin, bytesize);
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuMemHostUnregister(void* p) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.host_registrations.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  return StickyStatus();
+}
+
+GX_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool_out, CUdevice dev) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Device* device = DeviceLocked(d, dev);
+  if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  *pool_out = &device->pool;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+bool IsKnownPool(CUmemoryPool pool) {
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (const auto& device : d.devices) {
+    if (&device->pool == pool) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+GX_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (value == nullptr || !IsKnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (!IsKnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+// --- Modules and functions ---
+
+GX_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
+                                      CUjit_option* options, void** optionValues) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const char* text = static_cast<const char*>(image);
+  const size_t magic_len = std::strlen(kModuleMagic);
+  if (std::strncmp(text, kModuleMagic, magic_len) != 0) {
+    const char* p = text;
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') ++p;
+    const bool looks_like_ptx = (p[0] == '/' && p[1] == '/') || p[0] == '.';
+    WriteJitLog(numOptions, options, optionValues, CU_JIT_ERROR_LOG_BUFFER,
+                CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, looks_like_ptx ? kPtxErrorLog : "");
+    return looks_like_ptx ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
+  }
+
+  auto mod = std::make_unique<CUmod_st>();
+  mod->context = ctx;
+  for (const std::string& name : ModuleKernelNames(text)) {
+    const KernelDef* kernel = FindKernel(name);
+    if (kernel == nullptr) continue;  // Unknown names are ignored.
+    bool duplicate = false;
+    for (const auto& f : mod->functions) duplicate |= (f->kernel == kernel);
+    if (duplicate) continue;
+    auto f = std::make_unique<CUfunc_st>();
+    f->kernel = kernel;
+    f->module = mod.get();
+    mod->functions.push_back(std::move(f));
+  }
+  WriteJitLog(numOptions, options, optionValues, CU_JIT_ERROR_LOG_BUFFER,
+              CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, "");
+  WriteJitLog(numOptions, options, optionValues, CU_JIT_INFO_LOG_BUFFER,
+              CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, "");
+
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (const auto& f : mod->functions) d.functions.insert(f.get());
+  CUmod_st* handle = mod.get();
+  d.modules.emplace(handle, std::move(mod));
+  g_module_loads.fetch_add(1);
+  *module = handle;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.modules.find(hmod);
+  if (it == d.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+  for (const auto& f : it->second->functions) d.functions.erase(f.get());
+  d.modules.erase(it);
+  return StickyStatus();
+}
+
+GX_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.modules.find(hmod);
+  if (it == d.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+  for (const auto& f : it->second->functions) {
+    if (std::strcmp(f->kernel->name, name) == 0) {
+      *hfunc = f.get();
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+GX_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t* paramOffset,
+                                      size_t* paramSize) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.functions.count(func) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  const std::vector<ParamSlot>& params = func->kernel->params;
+  if (paramIndex >= params.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (paramOffset != nullptr) *paramOffset = params[paramIndex].offset;
+  if (paramSize != nullptr) *paramSize = params[paramIndex].size;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunction hfunc) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.functions.count(hfunc) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *pi = kMaxThreadsPerBlock;
+      break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS:
+      *pi = 16;
+      break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+      *pi = 90;
+      break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      *pi = hfunc->max_dynamic_shared;
+      break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      *pi = hfunc->preferred_carveout;
+      break;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+      *pi = hfunc->non_portable_cluster_size_allowed;
+      break;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      *pi = hfunc->cluster_scheduling_policy;
+      break;
+    default:  // SHARED/CONST/LOCAL_SIZE_BYTES, CACHE_MODE_CA, cluster dims...
+      *pi = 0;
+      break;
+  }
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.functions.count(hfunc) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      // Static shared memory is 0 for every fake kernel.
+      if (value < 0 || value > kMaxSharedPerBlockOptin) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      hfunc->max_dynamic_shared = value;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      if (value < -1 || value > 100) return CUDA_ERROR_INVALID_VALUE;
+      hfunc->preferred_carveout = value;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+      if (value != 0 && value != 1) return CUDA_ERROR_INVALID_VALUE;
+      hfunc->non_portable_cluster_size_allowed = value;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      hfunc->cluster_scheduling_policy = value;
+      return CUDA_SUCCESS;
+    default:  // Read-only attributes.
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// --- Streams ---
+
+GX_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (phStream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (Flags != CU_STREAM_DEFAULT && Flags != CU_STREAM_NON_BLOCKING) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto s = std::make_shared<CUstream_st>();
+  s->context = ctx;
+  s->flags = Flags;
+  s->worker = std::thread(StreamWorkerMain, s.get());
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *phStream = s.get();
+  d.streams.emplace(s.get(), std::move(s));
+  return CUDA_SUCCESS;
+}
+
+// Lets the queued work finish and joins the worker before returning (the
+// driver returns at once; joining is observably the same, only slower).
+GX_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  std::shared_ptr<CUstream_st> s;
+  {
+    Driver& d = GetDriver();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.streams.find(hStream);
+    if (it == d.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+    s = std::move(it->second);
+    d.streams.erase(it);
+  }
+  StopStream(s.get());
+  return StickyStatus();
+}
+
+GX_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  std::shared_ptr<CUstream_st> s;
+  if (IsNullStream(hStream)) {
+    CUctx_st* ctx = nullptr;
+    GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+    return CUDA_SUCCESS;  // NULL-stream work ran synchronously.
+  }
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, nullptr, &s));
+  DrainStream(s.get());
+  return StickyStatus();
+}
+
+// Runs fn(userData) on the stream's worker after prior work, even once the
+// process is poisoned, so that whoever waits on it is woken.
+GX_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  StreamOp op;
+  op.droppable = false;
+  op.run = [fn, userData] { fn(userData); };
+  return Enqueue(stream, std::move(op));
+}
+
+// --- Events ---
+
+GX_EXPORT CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  constexpr unsigned int kKnownFlags =
+      CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  if (phEvent == nullptr || (Flags & ~kKnownFlags) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto e = std::make_shared<CUevent_st>();
+  e->context = ctx;
+  e->flags = Flags;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *phEvent = e.get();
+  d.events.emplace(e.get(), std::move(e));
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
+  std::shared_ptr<CUevent_st> event;
+  uint64_t sequence = 0;
+  {
+    Driver& d = GetDriver();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.events.find(hEvent);
+    if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+    event = it->second;
+    sequence = ++event->records;
+  }
+  StreamOp op;
+  op.droppable = false;
+  op.run = [event, sequence] {
+    const Clock::time_point now = Clock::now();
+    Driver& d = GetDriver();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (sequence > event->reached) {
+      event->reached = sequence;
+      event->time = now;
+    }
+  };
+  const CUresult status = Enqueue(stream, std::move(op));
+  if (status != CUDA_SUCCESS) {
+    Driver& d = GetDriver();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (event->records == sequence) --event->records;  // Never enqueued.
+  }
+  return status;
+}
+
+GX_EXPORT CUresult cuEventQuery(CUevent hEvent) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.events.find(hEvent);
+  if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return it->second->reached == it->second->records ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+GX_EXPORT CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+  return ElapsedTime(pMilliseconds, hStart, hEnd);
+}
+
+// The version-1 name; the driver exports both with the same signature.
+GX_EXPORT CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+  return ElapsedTime(pMilliseconds, hStart, hEnd);
+}
+
+// Pending records still complete; the handle is invalid from now on.
+GX_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.events.erase(hEvent) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return StickyStatus();
+}
+
+// --- Launch ---
+
+GX_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                  unsigned int gridDimZ, unsigned int blockDimX,
+                                  unsigned int blockDimY, unsigned int blockDimZ,
+                                  unsigned int sharedMemBytes, CUstream hStream,
+                                  void** kernelParams, void** extra) {
+  LaunchRequest r{
+      {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, sharedMemBytes, hStream};
+  return Launch(f, r, kernelParams, extra);
+}
+
+// Honours CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; other attributes are
+// accepted and ignored.
+GX_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                                    void** extra) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (config->numAttrs > 0 && config->attrs == nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  LaunchRequest r{{config->gridDimX, config->gridDimY, config->gridDimZ},
+                  {config->blockDimX, config->blockDimY, config->blockDimZ},
+                  config->sharedMemBytes,
+                  config->hStream};
+  for (unsigned int i = 0; i < config->numAttrs; ++i) {
+    const CUlaunchAttribute& attr = config->attrs[i];
+    if (attr.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      r.cluster[0] = attr.value.clusterDim.x;
+      r.cluster[1] = attr.value.clusterDim.y;
+      r.cluster[2] = attr.value.clusterDim.z;
+    }
+  }
+  return Launch(f, r, kernelParams, extra);
+}
+
+// --- Test-only exports ---
+
+// Successful cuModuleLoadDataEx calls in this process.
+GX_EXPORT uint64_t gxfake_module_loads(void) { return g_module_loads.load(); }
+
+// Device bytes currently allocated, summed over all devices.
+GX_EXPORT uint64_t gxfake_bytes_allocated(void) {
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  uint64_t total = 0;
+  for (const auto& device : d.devices) total += device->allocated_bytes;
+  return total;
+}

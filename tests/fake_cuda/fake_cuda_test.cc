@@ -1,0 +1,852 @@
+// Unit test of the libcuda test double. It dlopen()s libgpuexec_fakecuda.so
+// the way the daemon opens libcuda.so.1 and drives it only through dlsym'd
+// entry points. Tests that poison the process (a kernel fault is sticky for
+// the whole process) or need a fresh, uninitialized driver run in a fork()ed
+// child.
+
+#include <cuda.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef GXFAKE_LIBRARY_PATH
+#error "GXFAKE_LIBRARY_PATH must name the built libgpuexec_fakecuda.so"
+#endif
+
+namespace {
+
+// Every driver entry point the daemon resolves, by exported name.
+// clang-format off
+#define GX_FOR_EACH_DRIVER_API(X)                                                       \
+  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                 \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)        \
+  X(cuDeviceTotalMem_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2)    \
+  X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuModuleLoadDataEx)       \
+  X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuFuncGetAttribute)  \
+  X(cuFuncSetAttribute) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)  \
+  X(cuLaunchHostFunc) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                 \
+  X(cuEventElapsedTime_v2) X(cuEventDestroy_v2) X(cuMemAllocAsync) X(cuMemFreeAsync)    \
+  X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemsetD8Async) X(cuMemcpyDtoDAsync_v2)           \
+  X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuMemHostAlloc) X(cuMemFreeHost)    \
+  X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuLaunchKernelEx) X(cuLaunchKernel)  \
+  X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo)
+// clang-format on
+
+// The entry points of one loaded copy of the library. The handle is never
+// closed: worker threads of the double may outlive any test.
+struct FakeCuda {
+  void* handle = nullptr;
+#define GX_DECLARE(name) decltype(&::name) name = nullptr;
+  GX_FOR_EACH_DRIVER_API(GX_DECLARE)
+#undef GX_DECLARE
+  // Same signature as cuEventElapsedTime_v2 (cuda.h does not declare it).
+  CUresult (*cuEventElapsedTime_v1)(float*, CUevent, CUevent) = nullptr;
+  uint64_t (*gxfake_module_loads)() = nullptr;
+  uint64_t (*gxfake_bytes_allocated)() = nullptr;
+
+  // Returns an empty string on success, else what went wrong.
+  std::string Load(const char* path) {
+    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) return std::string("dlopen: ") + dlerror();
+    std::string missing;
+#define GX_RESOLVE(name)                                         \
+  name = reinterpret_cast<decltype(name)>(dlsym(handle, #name)); \
+  if (name == nullptr) missing += " " #name;
+    GX_FOR_EACH_DRIVER_API(GX_RESOLVE)
+#undef GX_RESOLVE
+    cuEventElapsedTime_v1 =
+        reinterpret_cast<decltype(cuEventElapsedTime_v1)>(dlsym(handle, "cuEventElapsedTime"));
+    gxfake_module_loads =
+        reinterpret_cast<decltype(gxfake_module_loads)>(dlsym(handle, "gxfake_module_loads"));
+    gxfake_bytes_allocated =
+        reinterpret_cast<decltype(gxfake_bytes_allocated)>(dlsym(handle, "gxfake_bytes_allocated"));
+    if (cuEventElapsedTime_v1 == nullptr) missing += " cuEventElapsedTime";
+    if (gxfake_module_loads == nullptr) missing += " gxfake_module_loads";
+    if (gxfake_bytes_allocated == nullptr) missing += " gxfake_bytes_allocated";
+    return missing.empty() ? "" : "missing symbols:" + missing;
+  }
+};
+
+constexpr int kDeviceCount = 2;
+constexpr uint64_t kMemoryBytes = 1ull << 30;
+constexpr char kPtxLog[] =
+    "ptxas application ptx input, line 1; error   : fake driver rejects this "
+    "PTX";
+
+// The process-wide instance, configured and initialized by the environment.
+FakeCuda* g_cuda = nullptr;
+
+class FakeCudaEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (g_cuda != nullptr) return;  // --gtest_repeat: already loaded.
+    setenv("GXFAKE_DEVICE_COUNT", std::to_string(kDeviceCount).c_str(), 1);
+    setenv("GXFAKE_MEMORY_BYTES", std::to_string(kMemoryBytes).c_str(), 1);
+    unsetenv("GXFAKE_FAIL_INIT");
+    g_cuda = new FakeCuda();
+    const std::string error = g_cuda->Load(GXFAKE_LIBRARY_PATH);
+    ASSERT_EQ(error, "");
+    ASSERT_EQ(g_cuda->cuInit(0), CUDA_SUCCESS);
+  }
+};
+
+::testing::Environment* const kEnvironment =
+    ::testing::AddGlobalTestEnvironment(new FakeCudaEnvironment());
+
+#define ASSERT_CU(expr) ASSERT_EQ((expr), CUDA_SUCCESS)
+#define EXPECT_CU(expr) EXPECT_EQ((expr), CUDA_SUCCESS)
+
+void IncrementCounter(void* counter) { static_cast<std::atomic<int>*>(counter)->fetch_add(1); }
+
+void RecordThreadId(void* id) { *static_cast<std::thread::id*>(id) = std::this_thread::get_id(); }
+
+// Runs `body` in a fork()ed child with a watchdog; returns its exit code
+// (0 = every check passed), or 128 + signal.
+int RunInChild(const std::function<int()>& body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(30);
+    _exit(body());
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+#define CHILD_CHECK(cond)                                                           \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "child check failed at line %d: %s\n", __LINE__, #cond); \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)
+#define CHILD_CU(expr) CHILD_CHECK((expr) == CUDA_SUCCESS)
+
+// ---------------------------------------------------------------------------
+// No context needed.
+// ---------------------------------------------------------------------------
+
+TEST(FakeCudaTest, ExportsEveryEntryPoint) {
+  // Load() already failed the environment if one was missing; also check
+  // the handful of names where cuda.h's macros are easy to get wrong.
+  for (const char* name :
+       {"cuMemAlloc_v2", "cuStreamDestroy_v2", "cuEventElapsedTime", "cuEventElapsedTime_v2",
+        "cuDevicePrimaryCtxRelease_v2", "cuMemHostRegister_v2", "cuMemcpyHtoDAsync_v2"}) {
+    EXPECT_NE(dlsym(g_cuda->handle, name), nullptr) << name;
+  }
+  // Unversioned aliases the real driver also has are not part of the double.
+  EXPECT_EQ(dlsym(g_cuda->handle, "cuMemAlloc"), nullptr);
+}
+
+TEST(FakeCudaTest, DevicePropertiesAndVersion) {
+  const FakeCuda& cu = *g_cuda;
+  EXPECT_CU(cu.cuInit(0));  // Idempotent.
+  int version = 0;
+  ASSERT_CU(cu.cuDriverGetVersion(&version));
+  EXPECT_EQ(version, 13000);
+  int count = 0;
+  ASSERT_CU(cu.cuDeviceGetCount(&count));
+  EXPECT_EQ(count, kDeviceCount);
+
+  CUdevice dev = -1;
+  ASSERT_CU(cu.cuDeviceGet(&dev, 1));
+  EXPECT_EQ(dev, 1);
+  EXPECT_EQ(cu.cuDeviceGet(&dev, kDeviceCount), CUDA_ERROR_INVALID_DEVICE);
+
+  char name[64];
+  ASSERT_CU(cu.cuDeviceGetName(name, sizeof(name), 1));
+  EXPECT_STREQ(name, "gpuexec fake GPU 1");
+  ASSERT_CU(cu.cuDeviceGetName(name, 8, 0));
+  EXPECT_STREQ(name, "gpuexec");  // Truncated and NUL-terminated.
+  EXPECT_EQ(cu.cuDeviceGetName(name, sizeof(name), 7), CUDA_ERROR_INVALID_DEVICE);
+
+  size_t total = 0;
+  ASSERT_CU(cu.cuDeviceTotalMem_v2(&total, 0));
+  EXPECT_EQ(total, kMemoryBytes);
+
+  const std::vector<std::pair<CUdevice_attribute, int>> expected = {
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+      {CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 1},
+      {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+      {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 0},  // Anything else: 0.
+  };
+  for (const auto& [attribute, value] : expected) {
+    int got = -1;
+    ASSERT_CU(cu.cuDeviceGetAttribute(&got, attribute, 0));
+    EXPECT_EQ(got, value) << "attribute " << attribute;
+  }
+  int got = 0;
+  EXPECT_EQ(cu.cuDeviceGetAttribute(&got, CU_DEVICE_ATTRIBUTE_WARP_SIZE, -1),
+            CUDA_ERROR_INVALID_DEVICE);
+
+  CUmemoryPool pool0 = nullptr, pool1 = nullptr;
+  ASSERT_CU(cu.cuDeviceGetDefaultMemPool(&pool0, 0));
+  ASSERT_CU(cu.cuDeviceGetDefaultMemPool(&pool1, 1));
+  EXPECT_NE(pool0, pool1);
+  uint64_t threshold = UINT64_MAX;
+  EXPECT_CU(cu.cuMemPoolSetAttribute(pool0, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+  EXPECT_CU(cu.cuMemPoolTrimTo(pool0, 0));
+}
+
+TEST(FakeCudaTest, ErrorNamesAndStrings) {
+  const FakeCuda& cu = *g_cuda;
+  const char* str = nullptr;
+  ASSERT_CU(cu.cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &str));
+  EXPECT_STREQ(str, "CUDA_ERROR_OUT_OF_MEMORY");
+  ASSERT_CU(cu.cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &str));
+  EXPECT_STREQ(str, "out of memory");
+  ASSERT_CU(cu.cuGetErrorName(CUDA_ERROR_ILLEGAL_ADDRESS, &str));
+  EXPECT_STREQ(str, "CUDA_ERROR_ILLEGAL_ADDRESS");
+  ASSERT_CU(cu.cuGetErrorString(CUDA_ERROR_INVALID_PTX, &str));
+  EXPECT_STREQ(str, "a PTX JIT compilation failed");
+  for (CUresult code :
+       {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED,
+        CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE,
+        CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE,
+        CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+        CUDA_ERROR_LAUNCH_TIMEOUT, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_INVALID_SOURCE,
+        CUDA_ERROR_INVALID_CLUSTER_SIZE, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_UNKNOWN}) {
+    EXPECT_CU(cu.cuGetErrorName(code, &str)) << code;
+    EXPECT_CU(cu.cuGetErrorString(code, &str)) << code;
+  }
+  str = "not touched";
+  EXPECT_EQ(cu.cuGetErrorName(static_cast<CUresult>(12345), &str), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(str, nullptr);
+  str = "not touched";
+  EXPECT_EQ(cu.cuGetErrorString(static_cast<CUresult>(12345), &str), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(str, nullptr);
+}
+
+TEST(FakeCudaTest, CallsThatNeedAContextFailWithoutOne) {
+  const FakeCuda& cu = *g_cuda;
+  std::thread([&cu] {  // A fresh thread has no current context.
+    CUdeviceptr ptr = 0;
+    EXPECT_EQ(cu.cuMemAlloc_v2(&ptr, 16), CUDA_ERROR_INVALID_CONTEXT);
+    CUstream stream = nullptr;
+    EXPECT_EQ(cu.cuStreamCreate(&stream, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CUmodule mod = nullptr;
+    EXPECT_EQ(cu.cuModuleLoadDataEx(&mod, "GXFAKE1\n", 0, nullptr, nullptr),
+              CUDA_ERROR_INVALID_CONTEXT);
+    size_t free = 0, total = 0;
+    EXPECT_EQ(cu.cuMemGetInfo_v2(&free, &total), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT_EQ(cu.cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+  })
+      .join();
+}
+
+// ---------------------------------------------------------------------------
+// With the primary context of device 0 current and one stream.
+// ---------------------------------------------------------------------------
+
+class FakeCudaContextTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_CU(cu_.cuDevicePrimaryCtxRetain(&ctx_, 0));
+    ASSERT_CU(cu_.cuCtxSetCurrent(ctx_));
+    ASSERT_CU(cu_.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
+  }
+
+  void TearDown() override {
+    if (stream_ != nullptr) {
+      EXPECT_CU(cu_.cuStreamDestroy_v2(stream_));
+    }
+    EXPECT_CU(cu_.cuCtxSetCurrent(nullptr));
+    // The last release destroys whatever the test left behind.
+    EXPECT_CU(cu_.cuDevicePrimaryCtxRelease_v2(0));
+    EXPECT_EQ(cu_.gxfake_bytes_allocated(), 0u);
+  }
+
+  // Loads "GXFAKE1\n<kernel>\n" and returns the kernel's function.
+  CUfunction LoadKernel(const char* kernel) {
+    const std::string image = std::string("GXFAKE1\n") + kernel + "\n";
+    CUmodule mod = nullptr;
+    EXPECT_CU(cu_.cuModuleLoadDataEx(&mod, image.c_str(), 0, nullptr, nullptr));
+    CUfunction f = nullptr;
+    EXPECT_CU(cu_.cuModuleGetFunction(&f, mod, kernel));
+    return f;
+  }
+
+  CUdeviceptr Alloc(size_t bytes) {
+    CUdeviceptr ptr = 0;
+    EXPECT_CU(cu_.cuMemAlloc_v2(&ptr, bytes));
+    return ptr;
+  }
+
+  template <typename T>
+  std::vector<T> Download(CUdeviceptr src, size_t count) {
+    std::vector<T> out(count);
+    EXPECT_CU(cu_.cuMemcpyDtoHAsync_v2(out.data(), src, count * sizeof(T), stream_));
+    EXPECT_CU(cu_.cuStreamSynchronize(stream_));
+    return out;
+  }
+
+  const FakeCuda& cu_ = *g_cuda;
+  CUcontext ctx_ = nullptr;
+  CUstream stream_ = nullptr;
+};
+
+TEST_F(FakeCudaContextTest, AllocCopyFreeAccounting) {
+  size_t free = 0, total = 0;
+  ASSERT_CU(cu_.cuMemGetInfo_v2(&free, &total));
+  EXPECT_EQ(total, kMemoryBytes);
+  EXPECT_EQ(free, kMemoryBytes);
+
+  const CUdeviceptr a = Alloc(1000);
+  EXPECT_EQ(a % 256, 0u);
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 1000u);
+  ASSERT_CU(cu_.cuMemGetInfo_v2(&free, &total));
+  EXPECT_EQ(free, kMemoryBytes - 1000);
+
+  CUdeviceptr too_big = 0;
+  EXPECT_EQ(cu_.cuMemAlloc_v2(&too_big, kMemoryBytes), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(cu_.cuMemAlloc_v2(&too_big, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 1000u);
+
+  const CUdeviceptr b = Alloc(2000);
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 3000u);
+
+  std::vector<uint8_t> pattern(1000);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = uint8_t(i * 7 + 1);
+  ASSERT_CU(cu_.cuMemsetD8Async(b, 0xEE, 2000, stream_));
+  ASSERT_CU(cu_.cuMemcpyHtoDAsync_v2(a, pattern.data(), 1000, stream_));
+  ASSERT_CU(cu_.cuMemcpyDtoDAsync_v2(b + 500, a, 1000, stream_));
+  const std::vector<uint8_t> back = Download<uint8_t>(b, 2000);
+  for (size_t i = 0; i < 2000; ++i) {
+    const uint8_t want = (i >= 500 && i < 1500) ? pattern[i - 500] : 0xEE;
+    ASSERT_EQ(back[i], want) << i;
+  }
+
+  // Ranges must lie inside one live allocation.
+  EXPECT_EQ(cu_.cuMemcpyHtoDAsync_v2(a + 900, pattern.data(), 200, stream_),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.cuMemcpyDtoHAsync_v2(pattern.data(), 0x1000, 4, stream_), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.cuMemcpyDtoDAsync_v2(b + 1500, a, 1000, stream_), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.cuMemsetD8Async(a, 0, 1001, stream_), CUDA_ERROR_INVALID_VALUE);
+
+  EXPECT_CU(cu_.cuMemFree_v2(a));
+  EXPECT_EQ(cu_.cuMemFree_v2(a), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.cuMemFree_v2(b + 8), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 2000u);
+  EXPECT_EQ(cu_.cuMemcpyHtoDAsync_v2(a, pattern.data(), 4, stream_), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_CU(cu_.cuMemFree_v2(b));
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 0u);
+
+  // Host memory.
+  void* host = nullptr;
+  ASSERT_CU(cu_.cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_PORTABLE));
+  ASSERT_NE(host, nullptr);
+  EXPECT_CU(cu_.cuMemFreeHost(host));
+  std::vector<char> pageable(8192);
+  EXPECT_CU(cu_.cuMemHostRegister_v2(pageable.data(), pageable.size(), 0));
+  EXPECT_EQ(cu_.cuMemHostRegister_v2(pageable.data() + 100, 10, 0),
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_CU(cu_.cuMemHostUnregister(pageable.data()));
+  EXPECT_EQ(cu_.cuMemHostUnregister(pageable.data()), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+TEST_F(FakeCudaContextTest, MemFreeAsyncFreesInStreamOrder) {
+  const CUfunction spin = LoadKernel("gx_spin");
+  CUdeviceptr ptr = 0;
+  ASSERT_CU(cu_.cuMemAllocAsync(&ptr, 4096, stream_));
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 4096u);
+  uint64_t ns = 200'000'000;
+  void* params[] = {&ns};
+  ASSERT_CU(cu_.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream_, params, nullptr));
+  ASSERT_CU(cu_.cuMemFreeAsync(ptr, stream_));
+  // Still mapped until the stream reaches the free, but unusable for new work.
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 4096u);
+  EXPECT_EQ(cu_.cuMemsetD8Async(ptr, 0, 16, stream_), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.cuMemFreeAsync(ptr, stream_), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_CU(cu_.cuStreamSynchronize(stream_));
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 0u);
+}
+
+TEST_F(FakeCudaContextTest, SaxpyThroughModule) {
+  const uint64_t loads_before = cu_.gxfake_module_loads();
+  CUmodule mod = nullptr;
+  ASSERT_CU(cu_.cuModuleLoadDataEx(&mod, "GXFAKE1\ngx_saxpy\n", 0, nullptr, nullptr));
+  EXPECT_EQ(cu_.gxfake_module_loads(), loads_before + 1);
+  CUfunction saxpy = nullptr;
+  ASSERT_CU(cu_.cuModuleGetFunction(&saxpy, mod, "gx_saxpy"));
+  CUfunction other = nullptr;
+  EXPECT_EQ(cu_.cuModuleGetFunction(&other, mod, "gx_fill_u32"), CUDA_ERROR_NOT_FOUND);
+
+  constexpr uint64_t kN = 1000;
+  std::vector<float> x(kN), y(kN);
+  for (uint64_t i = 0; i < kN; ++i) {
+    x[i] = float(i);
+    y[i] = 0.5f * float(i);
+  }
+  CUdeviceptr dx = 0, dy = 0;
+  ASSERT_CU(cu_.cuMemAllocAsync(&dx, kN * sizeof(float), stream_));
+  ASSERT_CU(cu_.cuMemAllocAsync(&dy, kN * sizeof(float), stream_));
+  ASSERT_CU(cu_.cuMemcpyHtoDAsync_v2(dx, x.data(), kN * 4, stream_));
+  ASSERT_CU(cu_.cuMemcpyHtoDAsync_v2(dy, y.data(), kN * 4, stream_));
+  float a = 3.0f;
+  uint64_t n = kN;
+  void* params[] = {&a, &dx, &dy, &n};
+  ASSERT_CU(cu_.cuLaunchKernel(saxpy, 4, 1, 1, 256, 1, 1, 0, stream_, params, nullptr));
+  const std::vector<float> out = Download<float>(dy, kN);
+  for (uint64_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(out[i], 3.0f * x[i] + y[i]) << i;
+  }
+  ASSERT_CU(cu_.cuMemFreeAsync(dx, stream_));
+  ASSERT_CU(cu_.cuMemFreeAsync(dy, stream_));
+  ASSERT_CU(cu_.cuStreamSynchronize(stream_));
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 0u);
+  EXPECT_CU(cu_.cuModuleUnload(mod));
+  EXPECT_EQ(cu_.cuModuleGetFunction(&other, mod, "gx_saxpy"), CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_F(FakeCudaContextTest, ParamInfoAndBitsOfGxTypes) {
+  const CUfunction types = LoadKernel("gx_types");
+  const std::vector<std::pair<size_t, size_t>> layout = {{0, 1},  {2, 2},  {4, 4},  {8, 8}, {16, 2},
+                                                         {18, 2}, {20, 4}, {24, 8}, {32, 8}};
+  for (size_t i = 0; i < layout.size(); ++i) {
+    size_t offset = 99, size = 99;
+    ASSERT_CU(cu_.cuFuncGetParamInfo(types, i, &offset, &size));
+    EXPECT_EQ(offset, layout[i].first) << i;
+    EXPECT_EQ(size, layout[i].second) << i;
+  }
+  size_t offset = 0, size = 0;
+  EXPECT_EQ(cu_.cuFuncGetParamInfo(types, layout.size(), &offset, &size), CUDA_ERROR_INVALID_VALUE);
+
+  int8_t a = -5;
+  int16_t b = -2;
+  uint32_t c = 0xDEADBEEF;
+  int64_t d = -3;
+  uint16_t e = 0x3C00;  // half 1.0
+  uint16_t f = 0x3F80;  // bf16 1.0
+  float g = 1.5f;
+  double h = 2.5;
+  CUdeviceptr out = Alloc(64);
+  void* params[] = {&a, &b, &c, &d, &e, &f, &g, &h, &out};
+  ASSERT_CU(cu_.cuLaunchKernel(types, 1, 1, 1, 32, 1, 1, 0, stream_, params, nullptr));
+  const std::vector<uint64_t> bits = Download<uint64_t>(out, 8);
+  uint32_t g_bits = 0;
+  std::memcpy(&g_bits, &g, 4);
+  uint64_t h_bits = 0;
+  std::memcpy(&h_bits, &h, 8);
+  EXPECT_EQ(bits[0], 0xFBu);
+  EXPECT_EQ(bits[1], 0xFFFEu);
+  EXPECT_EQ(bits[2], 0xDEADBEEFu);
+  EXPECT_EQ(bits[3], 0xFFFFFFFFFFFFFFFDull);
+  EXPECT_EQ(bits[4], 0x3C00u);
+  EXPECT_EQ(bits[5], 0x3F80u);
+  EXPECT_EQ(bits[6], g_bits);
+  EXPECT_EQ(bits[7], h_bits);
+}
+
+TEST_F(FakeCudaContextTest, StructArgument) {
+  const CUfunction kernel = LoadKernel("gx_struct");
+  struct {
+    uint32_t a, b;
+    float c;
+    uint32_t d;
+  } q = {1, 2, 3.5f, 4};
+  CUdeviceptr out = Alloc(16);
+  void* params[] = {&q, &out};
+  ASSERT_CU(cu_.cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, stream_, params, nullptr));
+  const std::vector<uint32_t> words = Download<uint32_t>(out, 4);
+  uint32_t c_bits = 0;
+  std::memcpy(&c_bits, &q.c, 4);
+  EXPECT_EQ(words, (std::vector<uint32_t>{1, 2, c_bits, 4}));
+}
+
+TEST_F(FakeCudaContextTest, InvalidPtxWritesTheErrorLog) {
+  const uint64_t loads_before = cu_.gxfake_module_loads();
+  char log[256] = "untouched";
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log, reinterpret_cast<void*>(uintptr_t{sizeof(log)})};
+  CUmodule mod = nullptr;
+  EXPECT_EQ(cu_.cuModuleLoadDataEx(&mod, "//\n// Generated\n.version 8.0\n", 2, options, values),
+            CUDA_ERROR_INVALID_PTX);
+  EXPECT_STREQ(log, kPtxLog);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(values[1]), std::strlen(kPtxLog));
+
+  char small[10];
+  void* small_values[] = {small, reinterpret_cast<void*>(uintptr_t{10})};
+  EXPECT_EQ(cu_.cuModuleLoadDataEx(&mod, ".version 8.0\n", 2, options, small_values),
+            CUDA_ERROR_INVALID_PTX);
+  EXPECT_STREQ(small, "ptxas app");  // Truncated to the size, NUL included.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small_values[1]), 9u);
+
+  EXPECT_EQ(cu_.cuModuleLoadDataEx(&mod,
+                                   "\x7f"
+                                   "ELF garbage",
+                                   0, nullptr, nullptr),
+            CUDA_ERROR_INVALID_IMAGE);
+  EXPECT_EQ(cu_.gxfake_module_loads(), loads_before);
+
+  // Unknown kernel names in a GXFAKE1 image are ignored.
+  ASSERT_CU(cu_.cuModuleLoadDataEx(&mod, "GXFAKE1\nno_such_kernel\ngx_empty", 0, nullptr, nullptr));
+  CUfunction f = nullptr;
+  EXPECT_CU(cu_.cuModuleGetFunction(&f, mod, "gx_empty"));
+  EXPECT_EQ(cu_.cuModuleGetFunction(&f, mod, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
+  EXPECT_CU(cu_.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream_, nullptr, nullptr));
+  EXPECT_CU(cu_.cuStreamSynchronize(stream_));
+}
+
+TEST_F(FakeCudaContextTest, BigSharedNeedsTheAttribute) {
+  const CUfunction kernel = LoadKernel("gx_bigshared");
+  constexpr uint32_t kWords = 20000;  // 80000 bytes > 48 KiB.
+  constexpr unsigned kBlocks = 3;
+  CUdeviceptr out = Alloc(kBlocks * 4);
+  uint32_t n = kWords;
+  void* params[] = {&out, &n};
+
+  int value = 0;
+  ASSERT_CU(
+      cu_.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel));
+  EXPECT_EQ(value, 49152);
+  EXPECT_EQ(
+      cu_.cuLaunchKernel(kernel, kBlocks, 1, 1, 256, 1, 1, kWords * 4, stream_, params, nullptr),
+      CUDA_ERROR_INVALID_VALUE);
+
+  EXPECT_EQ(cu_.cuFuncSetAttribute(kernel, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 232449),
+            CUDA_ERROR_INVALID_VALUE);
+  ASSERT_CU(
+      cu_.cuFuncSetAttribute(kernel, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kWords * 4));
+  ASSERT_CU(
+      cu_.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel));
+  EXPECT_EQ(value, int(kWords * 4));
+  ASSERT_CU(
+      cu_.cuLaunchKernel(kernel, kBlocks, 1, 1, 256, 1, 1, kWords * 4, stream_, params, nullptr));
+  const std::vector<uint32_t> sums = Download<uint32_t>(out, kBlocks);
+  for (uint32_t block = 0; block < kBlocks; ++block) {
+    uint32_t want = 0;
+    for (uint32_t k = 0; k < kWords; ++k) want += k ^ block;
+    EXPECT_EQ(sums[block], want) << block;
+  }
+  EXPECT_EQ(cu_.cuLaunchKernel(kernel, kBlocks, 1, 1, 256, 1, 1, 232452, stream_, params, nullptr),
+            CUDA_ERROR_INVALID_VALUE);
+
+  int regs = 0;
+  ASSERT_CU(cu_.cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel));
+  EXPECT_EQ(regs, 16);
+  EXPECT_EQ(cu_.cuFuncSetAttribute(kernel, CU_FUNC_ATTRIBUTE_NUM_REGS, 8),
+            CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(FakeCudaContextTest, LaunchValidationAndArgumentCapture) {
+  CUmodule mod = nullptr;
+  ASSERT_CU(cu_.cuModuleLoadDataEx(&mod, "GXFAKE1\ngx_fill_u32\ngx_spin\n", 0, nullptr, nullptr));
+  CUfunction fill = nullptr, spin = nullptr;
+  ASSERT_CU(cu_.cuModuleGetFunction(&fill, mod, "gx_fill_u32"));
+  ASSERT_CU(cu_.cuModuleGetFunction(&spin, mod, "gx_spin"));
+  constexpr uint64_t kN = 100;
+  CUdeviceptr out = Alloc(kN * 4);
+  uint32_t value = 7;
+  uint64_t n = kN;
+  void* params[] = {&out, &value, &n};
+
+  const auto launch = [&](unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz, void** p, void** extra) {
+    return cu_.cuLaunchKernel(fill, gx, gy, gz, bx, by, bz, 0, stream_, p, extra);
+  };
+  EXPECT_EQ(launch(1, 1, 1, 1025, 1, 1, params, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch(1, 1, 1, 32, 32, 2, params, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch(1, 1, 1, 1, 1, 65, params, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch(0, 1, 1, 32, 1, 1, params, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch(1, 65536, 1, 32, 1, 1, params, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch(1, 1, 1, 32, 1, 1, nullptr, nullptr), CUDA_ERROR_INVALID_VALUE);
+  void* extra[] = {CU_LAUNCH_PARAM_END};
+  EXPECT_EQ(launch(1, 1, 1, 32, 1, 1, params, extra), CUDA_ERROR_INVALID_VALUE);
+
+  // Argument values are read at launch time, not when the kernel runs.
+  uint64_t ns = 100'000'000;
+  void* spin_params[] = {&ns};
+  ASSERT_CU(cu_.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream_, spin_params, nullptr));
+  ASSERT_CU(launch(2, 1, 1, 32, 1, 1, params, nullptr));
+  value = 9;
+  const std::vector<uint32_t> got = Download<uint32_t>(out, kN);
+  EXPECT_EQ(got, std::vector<uint32_t>(kN, 7));
+}
+
+TEST_F(FakeCudaContextTest, ClusterRanks) {
+  const CUfunction kernel = LoadKernel("gx_cluster_rank");
+  CUdeviceptr out = Alloc(8 * 4);
+  void* params[] = {&out};
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = 2;
+  attr.value.clusterDim.y = 2;
+  attr.value.clusterDim.z = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = 4;
+  config.gridDimY = 2;
+  config.gridDimZ = 1;
+  config.blockDimX = 32;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.hStream = stream_;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  ASSERT_CU(cu_.cuLaunchKernelEx(&config, kernel, params, nullptr));
+  std::vector<uint32_t> ranks = Download<uint32_t>(out, 8);
+  for (uint32_t y = 0; y < 2; ++y) {
+    for (uint32_t x = 0; x < 4; ++x) {
+      EXPECT_EQ(ranks[x + 4 * y], (x % 2) + 2 * (y % 2)) << x << "," << y;
+    }
+  }
+
+  config.gridDimX = 3;  // Not a multiple of the cluster width.
+  EXPECT_EQ(cu_.cuLaunchKernelEx(&config, kernel, params, nullptr), CUDA_ERROR_INVALID_VALUE);
+  config.gridDimX = 4;
+  config.gridDimY = 4;
+  attr.value.clusterDim.x = 4;
+  attr.value.clusterDim.y = 4;  // 16 blocks: over the portable limit of 8.
+  EXPECT_EQ(cu_.cuLaunchKernelEx(&config, kernel, params, nullptr),
+            CUDA_ERROR_INVALID_CLUSTER_SIZE);
+
+  // Without a cluster every block is rank 0.
+  ASSERT_CU(cu_.cuLaunchKernel(kernel, 4, 2, 1, 32, 1, 1, 0, stream_, params, nullptr));
+  ranks = Download<uint32_t>(out, 8);
+  EXPECT_EQ(ranks, std::vector<uint32_t>(8, 0));
+}
+
+TEST_F(FakeCudaContextTest, EventsHostFuncsAndStreamOrder) {
+  const CUfunction spin = LoadKernel("gx_spin");
+  CUevent start = nullptr, end = nullptr, untimed = nullptr;
+  ASSERT_CU(cu_.cuEventCreate(&start, CU_EVENT_DEFAULT));
+  ASSERT_CU(cu_.cuEventCreate(&end, CU_EVENT_DEFAULT));
+  ASSERT_CU(cu_.cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING));
+  float ms = -1;
+  EXPECT_CU(cu_.cuEventQuery(start));  // Never recorded: complete.
+  EXPECT_EQ(cu_.cuEventElapsedTime_v2(&ms, start, end), CUDA_ERROR_INVALID_HANDLE);
+
+  uint64_t ns = 200'000'000;
+  void* params[] = {&ns};
+  std::atomic<int> calls{0};
+  std::thread::id callback_thread;
+  ASSERT_CU(cu_.cuEventRecord(start, stream_));
+  ASSERT_CU(cu_.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream_, params, nullptr));
+  ASSERT_CU(cu_.cuEventRecord(end, stream_));
+  ASSERT_CU(cu_.cuEventRecord(untimed, stream_));
+  ASSERT_CU(cu_.cuLaunchHostFunc(stream_, IncrementCounter, &calls));
+  ASSERT_CU(cu_.cuLaunchHostFunc(stream_, RecordThreadId, &callback_thread));
+  EXPECT_EQ(cu_.cuEventQuery(end), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(cu_.cuEventElapsedTime_v2(&ms, start, end), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(calls.load(), 0);
+
+  ASSERT_CU(cu_.cuStreamSynchronize(stream_));
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_NE(callback_thread, std::this_thread::get_id());
+  EXPECT_CU(cu_.cuEventQuery(end));
+  ASSERT_CU(cu_.cuEventElapsedTime_v2(&ms, start, end));
+  EXPECT_GE(ms, 199.0f);
+  EXPECT_LT(ms, 10000.0f);
+  float ms_v1 = -1;
+  ASSERT_CU(cu_.cuEventElapsedTime_v1(&ms_v1, start, end));
+  EXPECT_EQ(ms_v1, ms);
+  EXPECT_EQ(cu_.cuEventElapsedTime_v2(&ms, start, untimed), CUDA_ERROR_INVALID_HANDLE);
+
+  EXPECT_CU(cu_.cuEventDestroy_v2(start));
+  EXPECT_EQ(cu_.cuEventQuery(start), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_CU(cu_.cuEventDestroy_v2(end));
+  EXPECT_CU(cu_.cuEventDestroy_v2(untimed));
+  EXPECT_CU(cu_.cuCtxSynchronize());
+}
+
+TEST_F(FakeCudaContextTest, ConcurrentStreamsOnManyThreads) {
+  const CUfunction fill = LoadKernel("gx_fill_u32");
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([this, fill, t, &failures] {
+      if (cu_.cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) return failures.fetch_add(1);
+      CUstream s = nullptr;
+      if (cu_.cuStreamCreate(&s, 0) != CUDA_SUCCESS) return failures.fetch_add(1);
+      for (uint32_t i = 0; i < 50; ++i) {
+        CUdeviceptr p = 0;
+        uint64_t n = 256 + i;
+        uint32_t value = t * 1000 + i;
+        void* params[] = {&p, &value, &n};
+        std::vector<uint32_t> host(n);
+        bool ok =
+            cu_.cuMemAllocAsync(&p, n * 4, s) == CUDA_SUCCESS &&
+            cu_.cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, s, params, nullptr) == CUDA_SUCCESS &&
+            cu_.cuMemcpyDtoHAsync_v2(host.data(), p, n * 4, s) == CUDA_SUCCESS &&
+            cu_.cuMemFreeAsync(p, s) == CUDA_SUCCESS &&
+            cu_.cuStreamSynchronize(s) == CUDA_SUCCESS && host == std::vector<uint32_t>(n, value);
+        if (!ok) failures.fetch_add(1);
+      }
+      if (cu_.cuStreamDestroy_v2(s) != CUDA_SUCCESS) failures.fetch_add(1);
+      return 0;
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Forked children.
+// ---------------------------------------------------------------------------
+
+// A kernel fault poisons the process: every later call fails, queued work is
+// dropped, host functions still run.
+TEST(FakeCudaForkTest, KernelFaultIsStickyForTheWholeProcess) {
+  const int rc = RunInChild([]() -> int {
+    const FakeCuda& cu = *g_cuda;
+    CUcontext ctx = nullptr;
+    CHILD_CU(cu.cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHILD_CU(cu.cuCtxSetCurrent(ctx));
+    CUstream stream = nullptr;
+    CHILD_CU(cu.cuStreamCreate(&stream, 0));
+    CUmodule mod = nullptr;
+    CHILD_CU(cu.cuModuleLoadDataEx(&mod, "GXFAKE1\ngx_spin\ngx_fault\ngx_fill_u32\n", 0, nullptr,
+                                   nullptr));
+    CUfunction spin = nullptr, fault = nullptr, fill = nullptr;
+    CHILD_CU(cu.cuModuleGetFunction(&spin, mod, "gx_spin"));
+    CHILD_CU(cu.cuModuleGetFunction(&fault, mod, "gx_fault"));
+    CHILD_CU(cu.cuModuleGetFunction(&fill, mod, "gx_fill_u32"));
+    CUdeviceptr buf = 0;
+    CHILD_CU(cu.cuMemAlloc_v2(&buf, 64));
+    CHILD_CU(cu.cuMemsetD8Async(buf, 0xAB, 64, stream));
+    CHILD_CU(cu.cuStreamSynchronize(stream));
+
+    uint64_t ns = 100'000'000;
+    void* spin_params[] = {&ns};
+    uint64_t bad_address = 0x10;
+    void* fault_params[] = {&bad_address};
+    uint32_t value = 7;
+    uint64_t n = 16;
+    void* fill_params[] = {&buf, &value, &n};
+    std::atomic<int> calls{0};
+    CHILD_CU(cu.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, spin_params, nullptr));
+    // The launch itself succeeds: the fault is found asynchronously.
+    CHILD_CU(cu.cuLaunchKernel(fault, 1, 1, 1, 1, 1, 1, 0, stream, fault_params, nullptr));
+    CHILD_CU(cu.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, stream, fill_params, nullptr));
+    CHILD_CU(cu.cuLaunchHostFunc(stream, IncrementCounter, &calls));
+    CHILD_CHECK(cu.cuStreamSynchronize(stream) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHILD_CHECK(calls.load() == 1);  // Host functions still run.
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(buf);
+    for (int i = 0; i < 64; ++i) CHILD_CHECK(bytes[i] == 0xAB);  // Dropped.
+
+    CUdeviceptr other = 0;
+    CHILD_CHECK(cu.cuMemAlloc_v2(&other, 16) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CUevent event = nullptr;
+    CHILD_CHECK(cu.cuEventCreate(&event, 0) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHILD_CHECK(cu.cuCtxSynchronize() == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CUresult other_thread = CUDA_SUCCESS;
+    std::thread([&] {
+      int count = 0;
+      other_thread = cu.cuDeviceGetCount(&count);
+    }).join();
+    CHILD_CHECK(other_thread == CUDA_ERROR_ILLEGAL_ADDRESS);
+    const char* name = nullptr;
+    CHILD_CU(cu.cuGetErrorName(CUDA_ERROR_ILLEGAL_ADDRESS, &name));
+    CHILD_CHECK(std::strcmp(name, "CUDA_ERROR_ILLEGAL_ADDRESS") == 0);
+    CHILD_CHECK(cu.gxfake_bytes_allocated() == 64);
+    // Release calls still release (and report the sticky error).
+    CHILD_CHECK(cu.cuStreamDestroy_v2(stream) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHILD_CHECK(cu.cuMemFree_v2(buf) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHILD_CHECK(cu.gxfake_bytes_allocated() == 0);
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+// Every pointer a kernel dereferences is checked over its whole range.
+TEST(FakeCudaForkTest, OutOfBoundsKernelWriteFaults) {
+  const int rc = RunInChild([]() -> int {
+    const FakeCuda& cu = *g_cuda;
+    CUcontext ctx = nullptr;
+    CHILD_CU(cu.cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHILD_CU(cu.cuCtxSetCurrent(ctx));
+    CUstream stream = nullptr;
+    CHILD_CU(cu.cuStreamCreate(&stream, 0));
+    CUmodule mod = nullptr;
+    CHILD_CU(cu.cuModuleLoadDataEx(&mod, "GXFAKE1\ngx_fill_u32\n", 0, nullptr, nullptr));
+    CUfunction fill = nullptr;
+    CHILD_CU(cu.cuModuleGetFunction(&fill, mod, "gx_fill_u32"));
+    CUdeviceptr buf = 0;
+    CHILD_CU(cu.cuMemAlloc_v2(&buf, 64));
+    uint32_t value = 1;
+    uint64_t n = 17;  // One word past the end.
+    void* params[] = {&buf, &value, &n};
+    CHILD_CU(cu.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr));
+    CHILD_CHECK(cu.cuStreamSynchronize(stream) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+// A second, fresh copy of the library: not initialized, then GXFAKE_FAIL_INIT
+// and the configuration variables.
+TEST(FakeCudaForkTest, FreshLibraryHonoursTheEnvironment) {
+  char dir_template[] = "/tmp/gxfake_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string copy = std::string(dir_template) + "/libcopy.so";
+  const std::string command = std::string("cp '") + GXFAKE_LIBRARY_PATH + "' '" + copy + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+
+  const int rc = RunInChild([&copy]() -> int {
+    FakeCuda cu;
+    const std::string error = cu.Load(copy.c_str());
+    if (!error.empty()) {
+      std::fprintf(stderr, "%s\n", error.c_str());
+      return 1;
+    }
+    CHILD_CHECK(cu.handle != g_cuda->handle);
+    int count = 0;
+    CHILD_CHECK(cu.cuDeviceGetCount(&count) == CUDA_ERROR_NOT_INITIALIZED);
+    CUdeviceptr ptr = 0;
+    CHILD_CHECK(cu.cuMemAlloc_v2(&ptr, 16) == CUDA_ERROR_NOT_INITIALIZED);
+    const char* name = nullptr;
+    CHILD_CU(cu.cuGetErrorName(CUDA_ERROR_NOT_INITIALIZED, &name));
+
+    setenv("GXFAKE_FAIL_INIT", "1", 1);
+    CHILD_CHECK(cu.cuInit(0) == CUDA_ERROR_NO_DEVICE);
+    CHILD_CHECK(cu.cuDeviceGetCount(&count) == CUDA_ERROR_NOT_INITIALIZED);
+
+    unsetenv("GXFAKE_FAIL_INIT");
+    setenv("GXFAKE_DEVICE_COUNT", "3", 1);
+    setenv("GXFAKE_MEMORY_BYTES", "4096", 1);
+    CHILD_CU(cu.cuInit(0));
+    CHILD_CU(cu.cuDeviceGetCount(&count));
+    CHILD_CHECK(count == 3);
+    CUcontext ctx = nullptr;
+    CHILD_CU(cu.cuDevicePrimaryCtxRetain(&ctx, 2));
+    CHILD_CU(cu.cuCtxSetCurrent(ctx));
+    CHILD_CHECK(cu.cuMemAlloc_v2(&ptr, 4097) == CUDA_ERROR_OUT_OF_MEMORY);
+    CHILD_CU(cu.cuMemAlloc_v2(&ptr, 4096));
+    CHILD_CHECK(cu.gxfake_bytes_allocated() == 4096);
+    CHILD_CHECK(g_cuda->gxfake_bytes_allocated() == 0);  // Separate state.
+    CHILD_CU(cu.cuDevicePrimaryCtxRelease_v2(2));
+    CHILD_CHECK(cu.gxfake_bytes_allocated() == 0);
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+  std::remove(copy.c_str());
+  rmdir(dir_template);
+}
+
+}  // namespace
