@@ -585,12 +585,14 @@ void WriteSink::Push(absl::string_view data, Done more) {
     if (!error_.ok()) return more(error_);
   }
   if (data.size() > buffer_size_ - next_offset_) {
-    absl::MutexLock slock(&session_->mu);
-    auto it = session_->buffers.find(buffer_);
-    return more(absl::OutOfRangeError(absl::StrCat(
-        "Write of ", data.size(), " more bytes at offset ", next_offset_, " goes past the end of ",
-        it != session_->buffers.end() ? session_->Describe(it->second)
-                                      : absl::StrCat("buffer ", HandleName(buffer_)))));
+    BufferEntry b;
+    b.handle = buffer_;
+    b.size = buffer_size_;
+    // `more` may drop the last reference to this sink: no lock held here.
+    return more(absl::OutOfRangeError(absl::StrCat("Write of ", data.size(),
+                                                   " more bytes at offset ", next_offset_,
+                                                   " goes past the end of ",
+                                                   session_->Describe(b))));
   }
   PushFrom(data, std::move(more));
 }
@@ -730,8 +732,10 @@ void ReadSource::FetchMore() {
       }
       self->device_->CopyToHost(self->session_->stream(), slot, self->base_ + offset, n, self->what_,
                                 [self, slot, offset, n](absl::Status st) {
-                                  absl::StatusOr<std::string> bytes = st;
-                                  if (st.ok()) bytes = std::string(reinterpret_cast<char*>(slot.data), n);
+                                  absl::StatusOr<std::string> bytes =
+                                      st.ok() ? absl::StatusOr<std::string>(std::string(
+                                                    reinterpret_cast<char*>(slot.data), n))
+                                              : absl::StatusOr<std::string>(st);
                                   self->device_->staging().Release(slot);
                                   {
                                     absl::MutexLock lock(&self->mu_);
