@@ -97,6 +97,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         " (address in use or not valid?)"));
   }
   impl->SetHealth(impl->engine->AnyDeviceHealthy());
+  // "liveness" says the process serves at all, GPUs or not (for probes
+  // that should restart a wedged daemon but not one on a GPU-less node).
+  impl->server->GetHealthCheckService()->SetServingStatus("liveness", true);
   Impl* raw = impl.get();
   impl->health = std::thread([raw] { raw->HealthLoop(); });
   log::Info("gpuexecd serving gpuexec.v1 on ",
@@ -128,6 +131,7 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->stop_health.Notify();
   if (impl_->health.joinable()) impl_->health.join();
   impl_->SetHealth(false);
+  impl_->server->GetHealthCheckService()->SetServingStatus("liveness", false);
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
   impl_->engine.reset();  // closes sessions, releases devices

@@ -1,0 +1,678 @@
+#include "gpuexec/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gpuexec/grpc_status.h"
+#include "gpuexec/sha256.h"
+#include "gpuexec/v1/gpuexec.grpc.pb.h"
+#include "internal/status_macros_internal.h"
+
+namespace gpuexec {
+namespace internal {
+
+// What every copy of a Client shares.
+struct ClientState {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::GpuExec::Stub> stub;
+  ClientOptions options;
+};
+
+// What a Session and everything made from it share; outlives the Session
+// object as long as a Buffer or Module refers to it.
+struct SessionState {
+  std::shared_ptr<ClientState> client;
+  std::string token;
+  uint32_t device = 0;
+  uint64_t memory_limit_bytes = 0;
+  std::atomic<uint64_t> lease_ms{0};
+  // Set once Close() ran (or was attempted): destructors of the session's
+  // objects then skip their cleanup calls.
+  std::atomic<bool> closed{false};
+
+  v1::GpuExec::Stub& stub() const { return *client->stub; }
+  const ClientOptions& options() const { return client->options; }
+};
+
+}  // namespace internal
+
+namespace {
+
+using internal::SessionState;
+
+enum class CallKind { kControl, kData, kCleanup };
+
+// Applies the per-call deadline of `kind` from the client options.
+void SetDeadline(grpc::ClientContext* context, const ClientOptions& options, CallKind kind) {
+  absl::Duration timeout = kind == CallKind::kControl ? options.control_timeout
+                           : kind == CallKind::kData  ? options.data_timeout
+                                                      : options.cleanup_timeout;
+  if (timeout == absl::InfiniteDuration()) return;
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+absl::Status Unusable(const char* what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "gpuexec client: ", what, " is empty (default-constructed or moved from); no call was made"));
+}
+
+v1::Dim3 ToProto(const Dim3& d) {
+  v1::Dim3 out;
+  out.set_x(d.x);
+  out.set_y(d.y);
+  out.set_z(d.z);
+  return out;
+}
+
+DeviceInfo FromProto(const v1::Device& d) {
+  DeviceInfo info;
+  info.index = d.index();
+  info.name = d.name();
+  info.compute_capability_major = d.compute_capability_major();
+  info.compute_capability_minor = d.compute_capability_minor();
+  info.memory_total_bytes = d.memory_total_bytes();
+  info.memory_free_bytes = d.memory_free_bytes();
+  info.healthy = d.healthy();
+  info.multiprocessor_count = d.multiprocessor_count();
+  info.modules_loaded = d.modules_loaded();
+  info.module_loads_total = d.module_loads_total();
+  info.sessions = d.sessions();
+  return info;
+}
+
+v1::ModuleKind ToProto(ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::kCubin:
+      return v1::MODULE_KIND_CUBIN;
+    case ModuleKind::kPtx:
+      return v1::MODULE_KIND_PTX;
+    case ModuleKind::kFatbin:
+      return v1::MODULE_KIND_FATBIN;
+  }
+  return v1::MODULE_KIND_UNSPECIFIED;
+}
+
+// One LoadModule call: the header, then `image` in chunks unless
+// `header_only`.
+absl::Status LoadModuleCall(const SessionState& session, const v1::LoadModuleRequest& header,
+                            std::string_view image, bool header_only,
+                            v1::LoadModuleResponse* response) {
+  grpc::ClientContext context;
+  SetDeadline(&context, session.options(), CallKind::kData);
+  auto writer = session.stub().LoadModule(&context, response);
+  bool open = writer->Write(header);
+  if (open && !header_only) {
+    const size_t chunk = std::max<size_t>(1, session.options().chunk_bytes);
+    v1::LoadModuleRequest request;
+    for (size_t at = 0; open && at < image.size(); at += chunk) {
+      request.set_chunk(image.data() + at, std::min(chunk, image.size() - at));
+      // False when the daemon has ended the call; Finish() says why.
+      open = writer->Write(request);
+    }
+  }
+  if (open) writer->WritesDone();
+  return FromGrpcStatus(writer->Finish());
+}
+
+// Streams Read chunks of [offset, offset + size) to `sink` (size 0: to the
+// end), checking that they arrive in order and without gaps.
+absl::Status ReadCall(const SessionState& session, uint64_t buffer, uint64_t offset, uint64_t size,
+                      const std::function<absl::Status(uint64_t at, std::string_view data)>& sink) {
+  grpc::ClientContext context;
+  SetDeadline(&context, session.options(), CallKind::kData);
+  v1::ReadRequest request;
+  request.set_session(session.token);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_chunk_size(session.options().chunk_bytes);
+  auto reader = session.stub().Read(&context, request);
+  v1::ReadResponse response;
+  uint64_t expected = offset;
+  absl::Status local;
+  while (local.ok() && reader->Read(&response)) {
+    if (response.offset() != expected) {
+      local = absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ", buffer,
+                                               " got a chunk at offset ", response.offset(),
+                                               " where ", expected, " was due"));
+      break;
+    }
+    local = sink(expected - offset, response.data());
+    expected += response.data().size();
+  }
+  if (!local.ok()) {
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    reader->Finish().ok();
+    return local;
+  }
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (size != 0 && expected - offset != size) {
+    return absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ", buffer, " returned ",
+                                            expected - offset, " of ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Arg
+
+Arg Arg::Ptr(const Buffer& buffer, uint64_t offset) {
+  Arg arg(Kind::kBuffer);
+  arg.uint_ = buffer.handle();
+  arg.offset_ = offset;
+  return arg;
+}
+
+Arg Arg::Null() { return Arg(Kind::kNull); }
+
+Arg Arg::Raw(std::string_view bytes) {
+  Arg arg(Kind::kRaw);
+  arg.raw_ = std::string(bytes);
+  return arg;
+}
+
+Arg Arg::Raw(absl::Span<const uint8_t> bytes) {
+  return Raw(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
+Arg Arg::Int(Kind kind, int64_t v) {
+  Arg arg(kind);
+  arg.int_ = v;
+  return arg;
+}
+
+Arg Arg::Uint(Kind kind, uint64_t v) {
+  Arg arg(kind);
+  arg.uint_ = v;
+  return arg;
+}
+
+Arg Arg::Float(Kind kind, double v) {
+  Arg arg(kind);
+  arg.float_ = v;
+  return arg;
+}
+
+void Arg::ToProto(v1::Arg* out) const {
+  switch (kind_) {
+    case Kind::kBuffer:
+      out->mutable_buffer()->set_buffer(uint_);
+      out->mutable_buffer()->set_offset(offset_);
+      break;
+    case Kind::kNull:
+      out->set_null_pointer(true);
+      break;
+    case Kind::kI8:
+      out->set_i8(static_cast<int32_t>(int_));
+      break;
+    case Kind::kI16:
+      out->set_i16(static_cast<int32_t>(int_));
+      break;
+    case Kind::kI32:
+      out->set_i32(static_cast<int32_t>(int_));
+      break;
+    case Kind::kI64:
+      out->set_i64(int_);
+      break;
+    case Kind::kU8:
+      out->set_u8(static_cast<uint32_t>(uint_));
+      break;
+    case Kind::kU16:
+      out->set_u16(static_cast<uint32_t>(uint_));
+      break;
+    case Kind::kU32:
+      out->set_u32(static_cast<uint32_t>(uint_));
+      break;
+    case Kind::kU64:
+      out->set_u64(uint_);
+      break;
+    case Kind::kF16:
+      out->set_f16(static_cast<float>(float_));
+      break;
+    case Kind::kBF16:
+      out->set_bf16(static_cast<float>(float_));
+      break;
+    case Kind::kF32:
+      out->set_f32(static_cast<float>(float_));
+      break;
+    case Kind::kF64:
+      out->set_f64(float_);
+      break;
+    case Kind::kRaw:
+      out->set_raw(raw_);
+      break;
+  }
+}
+
+// ---------------------------------------------------------------- Module
+
+absl::StatusOr<Function> Module::GetFunction(std::string_view name) const {
+  if (!session_) return Unusable("Module");
+  grpc::ClientContext context;
+  SetDeadline(&context, session_->options(), CallKind::kControl);
+  v1::GetFunctionRequest request;
+  request.set_session(session_->token);
+  request.set_module(handle_);
+  request.set_name(std::string(name));
+  v1::GetFunctionResponse response;
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      FromGrpcStatus(session_->stub().GetFunction(&context, request, &response)));
+  Function function;
+  function.handle_ = response.function();
+  function.name_ = std::string(name);
+  for (const v1::ParamInfo& p : response.params()) {
+    function.params_.push_back(ParamInfo{p.offset(), p.size()});
+  }
+  const v1::FunctionAttributes& a = response.attributes();
+  FunctionAttributes& attributes = function.attributes_;
+  attributes.num_registers = a.num_registers();
+  attributes.static_shared_bytes = a.static_shared_bytes();
+  attributes.const_bytes = a.const_bytes();
+  attributes.local_bytes = a.local_bytes();
+  attributes.max_threads_per_block = a.max_threads_per_block();
+  attributes.max_dynamic_shared_bytes = a.max_dynamic_shared_bytes();
+  attributes.ptx_version = a.ptx_version();
+  attributes.binary_version = a.binary_version();
+  return function;
+}
+
+// ---------------------------------------------------------------- Buffer
+
+Buffer::~Buffer() { FreeQuietly(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : session_(std::move(other.session_)),
+      handle_(other.handle_),
+      size_(other.size_),
+      owned_(std::exchange(other.owned_, false)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    FreeQuietly();
+    session_ = std::move(other.session_);
+    handle_ = other.handle_;
+    size_ = other.size_;
+    owned_ = std::exchange(other.owned_, false);
+  }
+  return *this;
+}
+
+void Buffer::FreeQuietly() {
+  if (!session_ || !owned_ || session_->closed.load()) return;
+  owned_ = false;
+  grpc::ClientContext context;
+  SetDeadline(&context, session_->options(), CallKind::kCleanup);
+  v1::FreeRequest request;
+  request.set_session(session_->token);
+  request.set_buffer(handle_);
+  v1::FreeResponse response;
+  session_->stub().Free(&context, request, &response).ok();
+}
+
+absl::Status Buffer::Free() {
+  if (!session_) return Unusable("Buffer");
+  owned_ = false;
+  grpc::ClientContext context;
+  SetDeadline(&context, session_->options(), CallKind::kControl);
+  v1::FreeRequest request;
+  request.set_session(session_->token);
+  request.set_buffer(handle_);
+  v1::FreeResponse response;
+  return FromGrpcStatus(session_->stub().Free(&context, request, &response));
+}
+
+uint64_t Buffer::Release() {
+  owned_ = false;
+  return handle_;
+}
+
+absl::Status Buffer::Write(uint64_t offset, absl::Span<const uint8_t> data) {
+  if (!session_) return Unusable("Buffer");
+  grpc::ClientContext context;
+  SetDeadline(&context, session_->options(), CallKind::kData);
+  v1::WriteResponse response;
+  auto writer = session_->stub().Write(&context, &response);
+  // The first message names the session, buffer and offset; every message
+  // carries up to chunk_bytes of data.
+  v1::WriteRequest request;
+  request.set_session(session_->token);
+  request.set_buffer(handle_);
+  request.set_offset(offset);
+  const size_t chunk = std::max<size_t>(1, session_->options().chunk_bytes);
+  size_t at = 0;
+  bool open = true;
+  do {
+    const size_t n = std::min(chunk, data.size() - at);
+    request.set_data(data.data() + at, n);
+    // False when the daemon has ended the call; Finish() says why.
+    open = writer->Write(request);
+    at += n;
+    if (at == n) request.Clear();
+  } while (open && at < data.size());
+  if (open) writer->WritesDone();
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  if (response.bytes_written() != data.size()) {
+    return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_, " wrote ",
+                                            response.bytes_written(), " of ", data.size(),
+                                            " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint8_t>> Buffer::Read(uint64_t offset, uint64_t size) const {
+  if (!session_) return Unusable("Buffer");
+  std::vector<uint8_t> out;
+  // Reserve only what the buffer can hold; the daemon judges the range.
+  const uint64_t expected = size != 0 ? size : size_ - std::min(offset, size_);
+  if (offset <= size_ && expected <= size_ - offset) out.reserve(expected);
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      ReadCall(*session_, handle_, offset, size, [&out](uint64_t, std::string_view data) {
+        out.insert(out.end(), data.begin(), data.end());
+        return absl::OkStatus();
+      }));
+  return out;
+}
+
+absl::Status Buffer::ReadInto(uint64_t offset, absl::Span<uint8_t> out) const {
+  if (!session_) return Unusable("Buffer");
+  // Size 0 would mean "to the end" on the wire.
+  if (out.empty()) return absl::OkStatus();
+  return ReadCall(*session_, handle_, offset, out.size(),
+                  [this, &out](uint64_t at, std::string_view data) {
+                    if (at + data.size() > out.size()) {
+                      return absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ",
+                                                              handle_, " returned more than the ",
+                                                              out.size(), " bytes asked for"));
+                    }
+                    std::memcpy(out.data() + at, data.data(), data.size());
+                    return absl::OkStatus();
+                  });
+}
+
+absl::Status Buffer::Memset(uint8_t value, uint64_t offset, uint64_t size) {
+  if (!session_) return Unusable("Buffer");
+  grpc::ClientContext context;
+  SetDeadline(&context, session_->options(), CallKind::kData);
+  v1::MemsetRequest request;
+  request.set_session(session_->token);
+  request.set_buffer(handle_);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_value(value);
+  v1::MemsetResponse response;
+  return FromGrpcStatus(session_->stub().Memset(&context, request, &response));
+}
+
+absl::Status Buffer::CopyFrom(const Buffer& src, uint64_t src_offset, uint64_t dst_offset,
+                              uint64_t size) {
+  if (!session_) return Unusable("Buffer");
+  grpc::ClientContext context;
+  SetDeadline(&context, session_->options(), CallKind::kData);
+  v1::CopyBufferRequest request;
+  request.set_session(session_->token);
+  request.set_dst(handle_);
+  request.set_dst_offset(dst_offset);
+  request.set_src(src.handle_);
+  request.set_src_offset(src_offset);
+  request.set_size(size);
+  v1::CopyBufferResponse response;
+  return FromGrpcStatus(session_->stub().CopyBuffer(&context, request, &response));
+}
+
+// ---------------------------------------------------------------- Session
+
+Session::~Session() { CloseQuietly(); }
+
+Session& Session::operator=(Session&& other) noexcept {
+  if (this != &other) {
+    CloseQuietly();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+const std::string& Session::token() const {
+  static const std::string* const kEmpty = new std::string();
+  return state_ ? state_->token : *kEmpty;
+}
+
+uint32_t Session::device() const { return state_ ? state_->device : 0; }
+
+absl::Duration Session::lease() const {
+  return state_ ? absl::Milliseconds(state_->lease_ms.load()) : absl::ZeroDuration();
+}
+
+uint64_t Session::memory_limit_bytes() const { return state_ ? state_->memory_limit_bytes : 0; }
+
+absl::Status Session::CheckUsable() const {
+  return state_ ? absl::OkStatus() : Unusable("Session");
+}
+
+void Session::CloseQuietly() {
+  if (!state_ || state_->closed.exchange(true)) return;
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options(), CallKind::kCleanup);
+  v1::CloseSessionRequest request;
+  request.set_session(state_->token);
+  v1::CloseSessionResponse response;
+  state_->stub().CloseSession(&context, request, &response).ok();
+}
+
+absl::Status Session::Close() {
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  // Whatever the outcome, the destructors stop cleaning up: on success the
+  // daemon freed everything; on failure retrying from a destructor would
+  // not do better.
+  state_->closed.store(true);
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options(), CallKind::kControl);
+  v1::CloseSessionRequest request;
+  request.set_session(state_->token);
+  v1::CloseSessionResponse response;
+  return FromGrpcStatus(state_->stub().CloseSession(&context, request, &response));
+}
+
+absl::StatusOr<absl::Duration> Session::KeepAlive() {
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options(), CallKind::kControl);
+  v1::KeepAliveRequest request;
+  request.set_session(state_->token);
+  v1::KeepAliveResponse response;
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      FromGrpcStatus(state_->stub().KeepAlive(&context, request, &response)));
+  state_->lease_ms.store(response.lease_ms());
+  return absl::Milliseconds(response.lease_ms());
+}
+
+absl::StatusOr<Buffer> Session::Allocate(uint64_t size) {
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options(), CallKind::kControl);
+  v1::AllocateRequest request;
+  request.set_session(state_->token);
+  request.set_size(size);
+  v1::AllocateResponse response;
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      FromGrpcStatus(state_->stub().Allocate(&context, request, &response)));
+  return Buffer(state_, response.buffer(), response.size());
+}
+
+absl::StatusOr<Module> Session::LoadModule(std::string_view image, ModuleKind kind) {
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  v1::LoadModuleRequest header;
+  v1::ModuleHeader* h = header.mutable_header();
+  h->set_session(state_->token);
+  h->set_sha256(Sha256Hex(image));
+  h->set_size(image.size());
+  h->set_kind(ToProto(kind));
+  // The cheap way first: NOT_FOUND means the daemon lacks the image.
+  v1::LoadModuleResponse response;
+  absl::Status status = LoadModuleCall(*state_, header, image,
+                                       /*header_only=*/true, &response);
+  if (absl::IsNotFound(status)) {
+    response.Clear();
+    status = LoadModuleCall(*state_, header, image, /*header_only=*/false, &response);
+  }
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(status);
+  Module module;
+  module.session_ = state_;
+  module.handle_ = response.module();
+  module.sha256_ = h->sha256();
+  module.uploaded_ = response.uploaded();
+  module.kind_ = kind;
+  if (!response.sha256().empty() && response.sha256() != module.sha256_) {
+    return absl::DataLossError(absl::StrCat("gpuexec client: the daemon loaded module ",
+                                            response.sha256(), " for image ", module.sha256_));
+  }
+  return module;
+}
+
+absl::StatusOr<Module> Session::LoadModuleFile(const std::string& path) {
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  ModuleKind kind;
+  if (absl::EndsWith(path, ".cubin")) {
+    kind = ModuleKind::kCubin;
+  } else if (absl::EndsWith(path, ".ptx")) {
+    kind = ModuleKind::kPtx;
+  } else if (absl::EndsWith(path, ".fatbin")) {
+    kind = ModuleKind::kFatbin;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpuexec client: cannot tell the module kind of ", path,
+                     " (expected .cubin, .ptx or .fatbin); use LoadModule()"));
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::NotFoundError(absl::StrCat("gpuexec client: cannot open module file ", path));
+  }
+  std::string image((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (file.bad()) {
+    return absl::DataLossError(absl::StrCat("gpuexec client: cannot read module file ", path));
+  }
+  return LoadModule(image, kind);
+}
+
+absl::StatusOr<uint64_t> Session::DoLaunch(const Function& function, const LaunchConfig& config,
+                                           absl::Span<const Arg> args, bool synchronize) {
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options(), CallKind::kData);
+  v1::LaunchRequest request;
+  request.set_session(state_->token);
+  request.set_function(function.handle());
+  *request.mutable_grid() = ToProto(config.grid);
+  *request.mutable_block() = ToProto(config.block);
+  request.set_shared_memory_bytes(config.shared_memory_bytes);
+  if (config.cluster) *request.mutable_cluster() = ToProto(*config.cluster);
+  for (const Arg& arg : args) arg.ToProto(request.add_args());
+  request.set_synchronize(synchronize);
+  v1::LaunchResponse response;
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      FromGrpcStatus(state_->stub().Launch(&context, request, &response)));
+  return response.gpu_time_ns();
+}
+
+absl::Status Session::Launch(const Function& function, const LaunchConfig& config,
+                             absl::Span<const Arg> args) {
+  return DoLaunch(function, config, args, /*synchronize=*/false).status();
+}
+
+absl::StatusOr<absl::Duration> Session::LaunchAndWait(const Function& function,
+                                                      const LaunchConfig& config,
+                                                      absl::Span<const Arg> args) {
+  GPUEXEC_CLIENT_ASSIGN_OR_RETURN(uint64_t ns,
+                                  DoLaunch(function, config, args, /*synchronize=*/true));
+  return absl::Nanoseconds(ns);
+}
+
+absl::StatusOr<absl::Duration> Session::Synchronize() {
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options(), CallKind::kData);
+  v1::SynchronizeRequest request;
+  request.set_session(state_->token);
+  v1::SynchronizeResponse response;
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      FromGrpcStatus(state_->stub().Synchronize(&context, request, &response)));
+  return absl::Nanoseconds(response.gpu_time_ns());
+}
+
+// ---------------------------------------------------------------- Client
+
+absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  // A connection of its own, not one shared with other channels to the
+  // same target.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("gpuexec client: cannot connect to the daemon at ",
+                                               target, " within ",
+                                               absl::FormatDuration(options.connect_timeout)));
+  }
+  return Client(std::move(channel), options);
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
+    : state_(std::make_shared<internal::ClientState>()) {
+  state_->stub = v1::GpuExec::NewStub(channel);
+  state_->channel = std::move(channel);
+  state_->options = options;
+}
+
+const std::shared_ptr<grpc::Channel>& Client::channel() const { return state_->channel; }
+
+const ClientOptions& Client::options() const { return state_->options; }
+
+absl::StatusOr<std::vector<DeviceInfo>> Client::ListDevices() const {
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options, CallKind::kControl);
+  v1::ListDevicesRequest request;
+  v1::ListDevicesResponse response;
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      FromGrpcStatus(state_->stub->ListDevices(&context, request, &response)));
+  std::vector<DeviceInfo> devices;
+  devices.reserve(response.devices_size());
+  for (const v1::Device& d : response.devices()) {
+    devices.push_back(FromProto(d));
+  }
+  return devices;
+}
+
+absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const {
+  grpc::ClientContext context;
+  SetDeadline(&context, state_->options, CallKind::kControl);
+  v1::OpenSessionRequest request;
+  if (options.device) request.set_device(*options.device);
+  request.set_lease_ms(
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(options.lease))));
+  request.set_memory_limit_bytes(options.memory_limit_bytes);
+  v1::OpenSessionResponse response;
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(
+      FromGrpcStatus(state_->stub->OpenSession(&context, request, &response)));
+  auto state = std::make_shared<internal::SessionState>();
+  state->client = state_;
+  state->token = response.session();
+  state->device = response.device();
+  state->memory_limit_bytes = response.memory_limit_bytes();
+  state->lease_ms.store(response.lease_ms());
+  return Session(std::move(state));
+}
+
+}  // namespace gpuexec

@@ -1,0 +1,411 @@
+#ifndef GPUEXEC_CLIENT_CPP_GPUEXEC_CLIENT_H_
+#define GPUEXEC_CLIENT_CPP_GPUEXEC_CLIENT_H_
+
+// C++ client of the gpuexec daemon (proto/gpuexec/v1/gpuexec.proto).
+//
+//   auto client = gpuexec::Client::Connect("gpuhost:50051");
+//   auto session = client->OpenSession();
+//   auto module = session->LoadModuleFile("kernels.cubin");
+//   auto saxpy = module->GetFunction("saxpy");
+//   auto x = session->Allocate(n * sizeof(float));  // and y likewise
+//   x->Write(host_x);                                  // a std::vector<float>
+//   gpuexec::LaunchConfig config;
+//   config.grid = {256};
+//   config.block = {256};
+//   session->LaunchAndWait(*saxpy, config, {gpuexec::Arg::F32(2.0f),
+//       gpuexec::Arg::Ptr(*x), gpuexec::Arg::Ptr(*y), gpuexec::Arg::U64(n)});
+//   auto y_host = y->ReadAs<float>(n);
+//
+// Ownership and lifetime:
+//  - Client is a cheap copyable handle on one channel; copies share it.
+//  - Session owns a daemon session: destroying it (or Close()) closes the
+//    session on the daemon, which frees everything the session holds. It is
+//    move-only; the Buffers, Modules and Functions it made share its state,
+//    so they stay usable when the Session object is moved. Once the session
+//    is closed they are dead handles: calls on them return the daemon's
+//    NOT_FOUND. (After Close() their destructors make no call; after a lease
+//    lapsed, the client cannot know, and a Buffer's best-effort Free gets a
+//    NOT_FOUND that is ignored.)
+//  - Buffer owns one daemon allocation and frees it when destroyed (unless
+//    Free() or Release() ran, or its session is closed). Move-only.
+//  - Module and Function are plain values naming daemon objects that live as
+//    long as their session; they are cheap to copy.
+//
+// Errors: every failure the daemon reports comes back unchanged (code and
+// message). Errors made here without a call say so in their message.
+//
+// Threads: Client is thread-safe. A Session, Buffer or Module may be used
+// from several threads at once, except that moving, assigning or destroying
+// one must not race with other calls on the same object.
+
+#include <grpcpp/channel.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace gpuexec {
+
+namespace v1 {
+class Arg;  // generated from gpuexec.proto
+}  // namespace v1
+
+namespace internal {
+struct ClientState;
+struct SessionState;
+}  // namespace internal
+
+class Buffer;
+class Function;
+class Module;
+class Session;
+
+struct ClientOptions {
+  // How long Connect() waits for the daemon to accept the connection.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Deadline of each control call: ListDevices, OpenSession, KeepAlive,
+  // CloseSession, Allocate, Free, GetFunction.
+  absl::Duration control_timeout = absl::Seconds(60);
+  // Deadline of each data call: LoadModule, Write, Read, Memset, CopyBuffer,
+  // Launch, Synchronize. None by default: they last as long as the data or
+  // the GPU work does.
+  absl::Duration data_timeout = absl::InfiniteDuration();
+  // Deadline of the best-effort Free/CloseSession calls that destructors make.
+  absl::Duration cleanup_timeout = absl::Seconds(5);
+  // Bytes per message of Write and module uploads, and asked for per Read
+  // message.
+  uint32_t chunk_bytes = 1 << 20;
+  // Largest gRPC message either way on channels made by Connect().
+  int max_message_bytes = 64 << 20;
+};
+
+// One device as the daemon sees it (the proto's Device).
+struct DeviceInfo {
+  uint32_t index = 0;
+  std::string name;
+  uint32_t compute_capability_major = 0;
+  uint32_t compute_capability_minor = 0;
+  uint64_t memory_total_bytes = 0;
+  uint64_t memory_free_bytes = 0;
+  bool healthy = false;
+  uint32_t multiprocessor_count = 0;
+  // Distinct module images loaded, and driver module loads in total.
+  uint32_t modules_loaded = 0;
+  uint64_t module_loads_total = 0;
+  // Sessions open on the device.
+  uint32_t sessions = 0;
+};
+
+struct SessionOptions {
+  // Unset: the daemon picks a device.
+  std::optional<uint32_t> device;
+  // Zero takes the daemon's default; capped by its maximum. Whole
+  // milliseconds.
+  absl::Duration lease = absl::ZeroDuration();
+  // Zero takes the daemon's default; capped by its per-session maximum.
+  uint64_t memory_limit_bytes = 0;
+};
+
+enum class ModuleKind { kCubin = 1, kPtx = 2, kFatbin = 3 };
+
+struct Dim3 {
+  uint32_t x = 1;
+  uint32_t y = 1;
+  uint32_t z = 1;
+};
+
+struct LaunchConfig {
+  Dim3 grid;
+  Dim3 block;
+  // Dynamic shared memory; the daemon opts in above 48 KiB.
+  uint32_t shared_memory_bytes = 0;
+  // Thread block cluster dimensions; unset means no cluster.
+  std::optional<Dim3> cluster;
+};
+
+// A kernel parameter as the driver lays it out.
+struct ParamInfo {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  friend bool operator==(const ParamInfo& a, const ParamInfo& b) {
+    return a.offset == b.offset && a.size == b.size;
+  }
+  friend bool operator!=(const ParamInfo& a, const ParamInfo& b) { return !(a == b); }
+};
+
+struct FunctionAttributes {
+  uint32_t num_registers = 0;
+  uint64_t static_shared_bytes = 0;
+  uint64_t const_bytes = 0;
+  uint64_t local_bytes = 0;
+  uint32_t max_threads_per_block = 0;
+  uint64_t max_dynamic_shared_bytes = 0;
+  uint32_t ptx_version = 0;
+  uint32_t binary_version = 0;
+};
+
+// One typed kernel argument. The daemon checks it against the parameter at
+// its position (size) and packs it at the parameter's offset.
+class Arg {
+ public:
+  // The device address of `buffer` plus `offset`. Records the handle only:
+  // the Buffer need not outlive the Arg, but must exist at launch.
+  static Arg Ptr(const Buffer& buffer, uint64_t offset = 0);
+  // A null device pointer (8 bytes of zero).
+  static Arg Null();
+  static Arg I8(int8_t v) { return Int(Kind::kI8, v); }
+  static Arg I16(int16_t v) { return Int(Kind::kI16, v); }
+  static Arg I32(int32_t v) { return Int(Kind::kI32, v); }
+  static Arg I64(int64_t v) { return Int(Kind::kI64, v); }
+  static Arg U8(uint8_t v) { return Uint(Kind::kU8, v); }
+  static Arg U16(uint16_t v) { return Uint(Kind::kU16, v); }
+  static Arg U32(uint32_t v) { return Uint(Kind::kU32, v); }
+  static Arg U64(uint64_t v) { return Uint(Kind::kU64, v); }
+  // The daemon rounds to IEEE half / bfloat16 (to nearest even).
+  static Arg F16(float v) { return Float(Kind::kF16, v); }
+  static Arg BF16(float v) { return Float(Kind::kBF16, v); }
+  static Arg F32(float v) { return Float(Kind::kF32, v); }
+  static Arg F64(double v) { return Float(Kind::kF64, v); }
+  // By-value bytes (a struct, a 128-byte CUtensorMap ...); copied.
+  static Arg Raw(std::string_view bytes);
+  static Arg Raw(absl::Span<const uint8_t> bytes);
+  // The bytes of `value`, padding included.
+  template <typename T>
+  static Arg Struct(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>, "Arg::Struct needs a trivially copyable type");
+    return Raw(std::string_view(reinterpret_cast<const char*>(&value), sizeof(T)));
+  }
+
+  // The wire form.
+  void ToProto(v1::Arg* out) const;
+
+ private:
+  enum class Kind {
+    kBuffer,
+    kNull,
+    kI8,
+    kI16,
+    kI32,
+    kI64,
+    kU8,
+    kU16,
+    kU32,
+    kU64,
+    kF16,
+    kBF16,
+    kF32,
+    kF64,
+    kRaw,
+  };
+  explicit Arg(Kind kind) : kind_(kind) {}
+  static Arg Int(Kind kind, int64_t v);
+  static Arg Uint(Kind kind, uint64_t v);
+  static Arg Float(Kind kind, double v);
+
+  Kind kind_;
+  int64_t int_ = 0;
+  uint64_t uint_ = 0;  // also the buffer handle
+  uint64_t offset_ = 0;
+  double float_ = 0;
+  std::string raw_;
+};
+
+// A kernel of a loaded module. A value: valid while its session is open.
+class Function {
+ public:
+  Function() = default;
+
+  uint64_t handle() const { return handle_; }
+  const std::string& name() const { return name_; }
+  // The kernel's parameters in order, as the driver reports them.
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const FunctionAttributes& attributes() const { return attributes_; }
+
+ private:
+  friend class Module;
+  uint64_t handle_ = 0;
+  std::string name_;
+  std::vector<ParamInfo> params_;
+  FunctionAttributes attributes_;
+};
+
+// A module image loaded for a session. A value: the daemon drops the
+// session's reference when the session closes (there is no unload call).
+class Module {
+ public:
+  Module() = default;
+
+  uint64_t handle() const { return handle_; }
+  // Lower-case hex SHA-256 of the image.
+  const std::string& sha256() const { return sha256_; }
+  // True when this load carried the image's bytes to the daemon; false when
+  // the daemon already held them.
+  bool uploaded() const { return uploaded_; }
+  ModuleKind kind() const { return kind_; }
+
+  absl::StatusOr<Function> GetFunction(std::string_view name) const;
+
+ private:
+  friend class Session;
+  std::shared_ptr<internal::SessionState> session_;
+  uint64_t handle_ = 0;
+  std::string sha256_;
+  bool uploaded_ = false;
+  ModuleKind kind_ = ModuleKind::kCubin;
+};
+
+// Device memory of a session. Owns the daemon allocation: the destructor
+// frees it (best effort, errors ignored) unless Free() or Release() ran or
+// the session is closed. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  uint64_t handle() const { return handle_; }
+  uint64_t size() const { return size_; }
+
+  // Host to device, streamed in ClientOptions::chunk_bytes messages.
+  absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
+  template <typename T>
+  absl::Status Write(const std::vector<T>& values, uint64_t offset = 0) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    return Write(offset, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(values.data()),
+                                                   values.size() * sizeof(T)));
+  }
+
+  // Device to host. `size` 0 reads to the end of the buffer.
+  absl::StatusOr<std::vector<uint8_t>> Read(uint64_t offset = 0, uint64_t size = 0) const;
+  // Reads out.size() bytes at `offset` into `out`.
+  absl::Status ReadInto(uint64_t offset, absl::Span<uint8_t> out) const;
+  template <typename T>
+  absl::StatusOr<std::vector<T>> ReadAs(size_t count, uint64_t offset = 0) const {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::vector<T> values(count);
+    absl::Status status = ReadInto(
+        offset, absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(values.data()), count * sizeof(T)));
+    if (!status.ok()) return status;
+    return values;
+  }
+
+  // Sets bytes [offset, offset + size) to `value`; size 0 means to the end.
+  absl::Status Memset(uint8_t value, uint64_t offset = 0, uint64_t size = 0);
+  // Device-to-device copy from `src` (a buffer of the same session).
+  absl::Status CopyFrom(const Buffer& src, uint64_t src_offset, uint64_t dst_offset, uint64_t size);
+
+  // Frees the allocation now. The object keeps its handle (later calls get
+  // the daemon's NOT_FOUND) and its destructor does nothing.
+  absl::Status Free();
+  // Gives up ownership without freeing: the allocation lives until its
+  // session closes. Returns the handle.
+  uint64_t Release();
+
+ private:
+  friend class Session;
+  Buffer(std::shared_ptr<internal::SessionState> session, uint64_t handle, uint64_t size)
+      : session_(std::move(session)), handle_(handle), size_(size), owned_(true) {}
+  void FreeQuietly();
+
+  std::shared_ptr<internal::SessionState> session_;
+  uint64_t handle_ = 0;
+  uint64_t size_ = 0;
+  bool owned_ = false;
+};
+
+// A daemon session on one device. Owns it: the destructor closes it (best
+// effort, errors ignored) unless Close() already ran. Move-only; moving
+// keeps the Buffers and Modules made from it valid.
+class Session {
+ public:
+  Session() = default;
+  ~Session();
+  Session(Session&& other) noexcept = default;
+  // Closes the session this object held before taking `other`'s.
+  Session& operator=(Session&& other) noexcept;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // The session token (a secret: it is the session's only credential).
+  const std::string& token() const;
+  uint32_t device() const;
+  // The lease the daemon granted (it may cap what was asked for).
+  absl::Duration lease() const;
+  uint64_t memory_limit_bytes() const;
+
+  // Renews the lease; returns the lease granted.
+  absl::StatusOr<absl::Duration> KeepAlive();
+  // Closes the session on the daemon, freeing all it holds. Later calls on
+  // it reach the daemon and get its NOT_FOUND; the destructor does nothing.
+  absl::Status Close();
+
+  absl::StatusOr<Buffer> Allocate(uint64_t size);
+
+  // Loads a module image. Sends only its SHA-256 first; uploads the bytes
+  // (in chunks) only when the daemon does not hold them yet.
+  absl::StatusOr<Module> LoadModule(std::string_view image, ModuleKind kind);
+  // Reads a .cubin, .ptx or .fatbin file and loads it.
+  absl::StatusOr<Module> LoadModuleFile(const std::string& path);
+
+  // Enqueues a kernel on the session's stream; returns once it is enqueued.
+  absl::Status Launch(const Function& function, const LaunchConfig& config,
+                      absl::Span<const Arg> args);
+  // Launches and waits for the session's work (this launch included);
+  // returns its GPU time as Synchronize() does.
+  absl::StatusOr<absl::Duration> LaunchAndWait(const Function& function, const LaunchConfig& config,
+                                               absl::Span<const Arg> args);
+  // Waits for the session's work so far; returns its GPU time since the
+  // previous Synchronize (zero when there was none).
+  absl::StatusOr<absl::Duration> Synchronize();
+
+ private:
+  friend class Client;
+  explicit Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
+  absl::Status CheckUsable() const;
+  absl::StatusOr<uint64_t> DoLaunch(const Function& function, const LaunchConfig& config,
+                                    absl::Span<const Arg> args, bool synchronize);
+  void CloseQuietly();
+
+  std::shared_ptr<internal::SessionState> state_;
+};
+
+// A connection to one daemon. Cheap to copy; copies share the channel.
+class Client {
+ public:
+  // An insecure channel to `target` ("host:port", "unix:/path"), with the
+  // message size limits raised to options.max_message_bytes. Waits up to
+  // options.connect_timeout for the connection; UNAVAILABLE naming the
+  // target if it is not made by then. Each Connect() makes its own
+  // connection.
+  static absl::StatusOr<Client> Connect(const std::string& target,
+                                        const ClientOptions& options = {});
+  // Uses a channel made by the caller (in-process, TLS, ...).
+  explicit Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options = {});
+
+  absl::StatusOr<std::vector<DeviceInfo>> ListDevices() const;
+  absl::StatusOr<Session> OpenSession(const SessionOptions& options = {}) const;
+
+  const std::shared_ptr<grpc::Channel>& channel() const;
+  const ClientOptions& options() const;
+
+ private:
+  std::shared_ptr<internal::ClientState> state_;
+};
+
+}  // namespace gpuexec
+
+#endif  // GPUEXEC_CLIENT_CPP_GPUEXEC_CLIENT_H_

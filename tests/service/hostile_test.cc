@@ -1,0 +1,605 @@
+// The service suite, hostile half: wrong handles, wrong argument layouts,
+// out-of-range sizes, cut-off streams, clients that vanish, quotas and
+// leases. Each gets the exact code and a message naming the object, and
+// nothing leaks (ServiceTest::TearDown checks the device's sessions and
+// memory after every test).
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gpuexec/grpc_status.h"
+#include "gpuexec/sha256.h"
+#include "service_test_fixture.h"
+
+namespace gpuexec::testing {
+namespace {
+
+using ::testing::_;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBogusHandle = 0x7E57DEADBEEF;
+constexpr uint64_t kMiB = 1 << 20;
+
+LaunchConfig Config(uint32_t grid, uint32_t block) {
+  LaunchConfig config;
+  config.grid.x = grid;
+  config.block.x = block;
+  return config;
+}
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+}
+
+absl::Status RawRead(v1::GpuExec::Stub& stub, const std::string& session, uint64_t buffer,
+                     uint64_t offset, uint64_t size) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::ReadRequest request;
+  request.set_session(session);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  auto reader = stub.Read(&context, request);
+  v1::ReadResponse response;
+  while (reader->Read(&response)) {
+  }
+  return FromGrpcStatus(reader->Finish());
+}
+
+absl::Status RawAllocate(v1::GpuExec::Stub& stub, const std::string& session, uint64_t size) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::AllocateRequest request;
+  request.set_session(session);
+  request.set_size(size);
+  v1::AllocateResponse response;
+  return FromGrpcStatus(stub.Allocate(&context, request, &response));
+}
+
+absl::Status RawGetFunction(v1::GpuExec::Stub& stub, const std::string& session, uint64_t module,
+                            const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::GetFunctionRequest request;
+  request.set_session(session);
+  request.set_module(module);
+  request.set_name(name);
+  v1::GetFunctionResponse response;
+  return FromGrpcStatus(stub.GetFunction(&context, request, &response));
+}
+
+// A launch of `function` with grid = block = 1 and `args`.
+absl::Status RawLaunch(v1::GpuExec::Stub& stub, const std::string& session, uint64_t function,
+                       std::vector<v1::Arg> args = {}) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::LaunchRequest request;
+  request.set_session(session);
+  request.set_function(function);
+  for (v1::Dim3* d : {request.mutable_grid(), request.mutable_block()}) {
+    d->set_x(1);
+    d->set_y(1);
+    d->set_z(1);
+  }
+  for (v1::Arg& arg : args) *request.add_args() = std::move(arg);
+  request.set_synchronize(true);
+  v1::LaunchResponse response;
+  return FromGrpcStatus(stub.Launch(&context, request, &response));
+}
+
+// One LoadModule stream: `messages` in order, then WritesDone.
+absl::Status RawLoadModule(v1::GpuExec::Stub& stub,
+                           const std::vector<v1::LoadModuleRequest>& messages,
+                           v1::LoadModuleResponse* response = nullptr) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::LoadModuleResponse ignored;
+  auto writer = stub.LoadModule(&context, response != nullptr ? response : &ignored);
+  for (const v1::LoadModuleRequest& message : messages) {
+    if (!writer->Write(message)) break;
+  }
+  writer->WritesDone();
+  return FromGrpcStatus(writer->Finish());
+}
+
+v1::LoadModuleRequest Header(const std::string& session, const std::string& sha256, uint64_t size,
+                             ModuleKind kind) {
+  v1::LoadModuleRequest request;
+  v1::ModuleHeader* header = request.mutable_header();
+  header->set_session(session);
+  header->set_sha256(sha256);
+  header->set_size(size);
+  header->set_kind(kind == ModuleKind::kPtx      ? v1::MODULE_KIND_PTX
+                   : kind == ModuleKind::kFatbin ? v1::MODULE_KIND_FATBIN
+                                                 : v1::MODULE_KIND_CUBIN);
+  return request;
+}
+
+v1::LoadModuleRequest Chunk(std::string_view bytes) {
+  v1::LoadModuleRequest request;
+  request.set_chunk(std::string(bytes));
+  return request;
+}
+
+// Header and the bytes in 4 KiB chunks.
+std::vector<v1::LoadModuleRequest> Upload(v1::LoadModuleRequest header, std::string_view bytes) {
+  std::vector<v1::LoadModuleRequest> messages = {std::move(header)};
+  for (size_t at = 0; at < bytes.size(); at += 4096) {
+    messages.push_back(Chunk(bytes.substr(at, 4096)));
+  }
+  return messages;
+}
+
+v1::Arg BufferArg(uint64_t buffer, uint64_t offset = 0) {
+  v1::Arg arg;
+  arg.mutable_buffer()->set_buffer(buffer);
+  arg.mutable_buffer()->set_offset(offset);
+  return arg;
+}
+
+// ------------------------------------------------------------ handles
+
+TEST_F(HostileTest, UnknownHandlesAreNotFound) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  auto stub = RawStub();
+  const std::string& token = session.token();
+
+  EXPECT_THAT(RawRead(*stub, token, kBogusHandle, 0, 16),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::FreeRequest request;
+    request.set_session(token);
+    request.set_buffer(kBogusHandle);
+    v1::FreeResponse response;
+    EXPECT_THAT(FromGrpcStatus(stub->Free(&context, request, &response)),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::MemsetRequest request;
+    request.set_session(token);
+    request.set_buffer(kBogusHandle);
+    v1::MemsetResponse response;
+    EXPECT_THAT(FromGrpcStatus(stub->Memset(&context, request, &response)),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::WriteResponse response;
+    auto writer = stub->Write(&context, &response);
+    v1::WriteRequest request;
+    request.set_session(token);
+    request.set_buffer(kBogusHandle);
+    request.set_data("abc");
+    writer->Write(request);
+    writer->WritesDone();
+    EXPECT_THAT(FromGrpcStatus(writer->Finish()),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  }
+  EXPECT_THAT(RawGetFunction(*stub, token, kBogusHandle, "gx_empty"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("module")));
+  EXPECT_THAT(RawLaunch(*stub, token, kBogusHandle),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("function")));
+
+  GX_ASSERT_OK_AND_ASSIGN(Module module, session.LoadModuleFile(KernelPath("cubin")));
+  EXPECT_THAT(module.GetFunction("no_such_kernel"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no_such_kernel")));
+  // An unknown buffer as a kernel argument.
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, module.GetFunction("gx_fill_u32"));
+  v1::Arg value, count;
+  value.set_u32(1);
+  count.set_u64(1);
+  EXPECT_THAT(RawLaunch(*stub, token, fill.handle(), {BufferArg(kBogusHandle), value, count}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+}
+
+TEST_F(HostileTest, AnotherSessionsHandlesAreNotFound) {
+  GX_ASSERT_OK_AND_ASSIGN(Session a, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Session b, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a_buffer, a.Allocate(4096));
+  GX_ASSERT_OK_AND_ASSIGN(Module a_module, a.LoadModuleFile(KernelPath("cubin")));
+  GX_ASSERT_OK_AND_ASSIGN(Function a_fill, a_module.GetFunction("gx_fill_u32"));
+  auto stub = RawStub();
+
+  // B holds nothing yet, so none of A's handles can mean anything to it.
+  EXPECT_THAT(RawRead(*stub, b.token(), a_buffer.handle(), 0, 16),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  EXPECT_THAT(RawGetFunction(*stub, b.token(), a_module.handle(), "gx_empty"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("module")));
+  EXPECT_THAT(b.Launch(a_fill, Config(1, 1), {Arg::Null(), Arg::U32(1), Arg::U64(0)}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("function")));
+
+  // A's buffer as an argument of B's own kernel (B still holds no buffer).
+  GX_ASSERT_OK_AND_ASSIGN(Function b_fill, Kernel(b, "gx_fill_u32"));
+  EXPECT_THAT(b.Launch(b_fill, Config(1, 1), {Arg::Ptr(a_buffer), Arg::U32(1), Arg::U64(1)}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b_buffer, b.Allocate(4096));
+  if (b_buffer.handle() != a_buffer.handle()) {
+    EXPECT_THAT(b_buffer.CopyFrom(a_buffer, 0, 0, 16),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  }
+  // A is untouched by all this.
+  GX_EXPECT_OK(a_buffer.Memset(1));
+}
+
+TEST_F(HostileTest, UnknownSessionIsNotFound) {
+  auto stub = RawStub();
+  EXPECT_THAT(RawAllocate(*stub, "garbage", 4096),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  EXPECT_THAT(RawAllocate(*stub, std::string(4096, 'z'), 4096),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  std::string near_miss = session.token();
+  ASSERT_FALSE(near_miss.empty());
+  near_miss.back() = near_miss.back() == 'a' ? 'b' : 'a';
+  EXPECT_THAT(RawAllocate(*stub, near_miss, 4096),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::KeepAliveRequest request;
+    request.set_session(near_miss);
+    v1::KeepAliveResponse response;
+    EXPECT_THAT(FromGrpcStatus(stub->KeepAlive(&context, request, &response)),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  }
+  EXPECT_THAT(
+      RawLoadModule(*stub, {Header(near_miss, Sha256Hex("x"), 1, ModuleKind::kCubin), Chunk("x")}),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+}
+
+TEST_F(HostileTest, ClosedSessionIsNotFound) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(4096));
+  GX_ASSERT_OK(session.Close());
+  EXPECT_THAT(session.Allocate(4096), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  EXPECT_THAT(buffer.Read(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  EXPECT_THAT(session.KeepAlive(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  EXPECT_THAT(session.Synchronize(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  EXPECT_THAT(session.Close(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+}
+
+// ------------------------------------------------------------ launches
+
+TEST_F(HostileTest, WrongArgumentsNameTheParameter) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function saxpy, Kernel(session, "gx_saxpy"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer x, session.Allocate(1024));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer y, session.Allocate(1024));
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  const auto count_message = AnyOf(HasSubstr("argument"), HasSubstr("parameter"));
+
+  EXPECT_THAT(session.Launch(saxpy, Config(1, 1), {Arg::F32(1), Arg::Ptr(x), Arg::Ptr(y)}),
+              StatusIs(kInvalid, count_message));
+  EXPECT_THAT(session.Launch(saxpy, Config(1, 1),
+                             {Arg::F32(1), Arg::Ptr(x), Arg::Ptr(y), Arg::U64(1), Arg::U64(1)}),
+              StatusIs(kInvalid, count_message));
+  EXPECT_THAT(session.Launch(saxpy, Config(1, 1), {}), StatusIs(kInvalid, count_message));
+  // An 8-byte f64 where a 4-byte float is.
+  EXPECT_THAT(
+      session.Launch(saxpy, Config(1, 1), {Arg::F64(1), Arg::Ptr(x), Arg::Ptr(y), Arg::U64(1)}),
+      StatusIs(kInvalid, HasSubstr("parameter 0")));
+  // A 4-byte float where a pointer is.
+  EXPECT_THAT(
+      session.Launch(saxpy, Config(1, 1), {Arg::F32(1), Arg::F32(2), Arg::Ptr(y), Arg::U64(1)}),
+      StatusIs(kInvalid, HasSubstr("parameter 1")));
+  // Three raw bytes where a u64 is.
+  EXPECT_THAT(
+      session.Launch(saxpy, Config(1, 1),
+                     {Arg::F32(1), Arg::Ptr(x), Arg::Ptr(y), Arg::Raw(std::string_view("abc"))}),
+      StatusIs(kInvalid, HasSubstr("parameter 3")));
+  // A buffer offset past the buffer's end.
+  EXPECT_THAT(session.Launch(saxpy, Config(1, 1),
+                             {Arg::F32(1), Arg::Ptr(x, x.size() + 8), Arg::Ptr(y), Arg::U64(1)}),
+              StatusIs(kInvalid, HasSubstr("parameter 1")));
+  EXPECT_THAT(session.Launch(saxpy, Config(1, 1),
+                             {Arg::F32(1), Arg::Ptr(x),
+                              Arg::Ptr(y, std::numeric_limits<uint64_t>::max()), Arg::U64(1)}),
+              StatusIs(kInvalid, HasSubstr("parameter 2")));
+
+  // Null pointers of the right size are fine (n = 0 touches nothing).
+  GX_EXPECT_OK(
+      session
+          .LaunchAndWait(saxpy, Config(1, 1), {Arg::F32(1), Arg::Null(), Arg::Null(), Arg::U64(0)})
+          .status());
+}
+
+TEST_F(HostileTest, BadLaunchGeometryIsInvalidArgument) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function empty, Kernel(session, "gx_empty"));
+  GX_ASSERT_OK_AND_ASSIGN(Function big, Kernel(session, "gx_bigshared"));
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+
+  EXPECT_THAT(session.Launch(empty, Config(0, 1), {}), StatusIs(kInvalid, HasSubstr("grid")));
+  // (y and z of 0 are proto3's "unset" and mean 1; only x must be set.)
+  EXPECT_THAT(session.Launch(empty, Config(1, 0), {}), StatusIs(kInvalid, HasSubstr("block")));
+  EXPECT_THAT(session.Launch(empty, Config(1, 2048), {}), StatusIs(kInvalid, HasSubstr("block")));
+  LaunchConfig cube = Config(1, 16);
+  cube.block.y = 16;
+  cube.block.z = 8;  // 2048 threads in three dimensions
+  EXPECT_THAT(session.Launch(empty, cube, {}), StatusIs(kInvalid, HasSubstr("block")));
+
+  GX_ASSERT_OK_AND_ASSIGN(Buffer out, session.Allocate(64));
+  LaunchConfig too_much_shared = Config(1, 32);
+  too_much_shared.shared_memory_bytes =
+      static_cast<uint32_t>(big.attributes().max_dynamic_shared_bytes + 4);
+  EXPECT_THAT(session.Launch(big, too_much_shared, {Arg::Ptr(out), Arg::U32(1)}),
+              StatusIs(kInvalid, HasSubstr("shared memory")));
+
+  LaunchConfig uneven_cluster = Config(8, 32);
+  uneven_cluster.cluster = Dim3{3, 1, 1};
+  EXPECT_THAT(session.Launch(empty, uneven_cluster, {}), StatusIs(kInvalid, HasSubstr("cluster")));
+
+  // None of it harmed the session.
+  GX_EXPECT_OK(session.LaunchAndWait(empty, Config(1, 1), {}).status());
+}
+
+// ------------------------------------------------------------ data ranges
+
+TEST_F(HostileTest, RangesPastTheBufferEndAreOutOfRange) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(4096));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer other, session.Allocate(4096));
+  const auto kOutOfRange = absl::StatusCode::kOutOfRange;
+  const std::vector<uint8_t> ten(10, 1);
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+  EXPECT_THAT(buffer.Write(4090, ten), StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.Write(4097, absl::MakeConstSpan(ten.data(), 1)),
+              StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.Write(kMax - 4, ten), StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.Read(4090, 10), StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.Read(5000, 0), StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.Read(kMax - 1, 10), StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.Memset(0, 4000, 100), StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.CopyFrom(other, 4000, 0, 200), StatusIs(kOutOfRange, HasSubstr("buffer")));
+  EXPECT_THAT(buffer.CopyFrom(other, 0, 4000, 200), StatusIs(kOutOfRange, HasSubstr("buffer")));
+
+  // The edges themselves are fine.
+  GX_EXPECT_OK(buffer.Write(4086, ten));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> tail, buffer.Read(4086, 10));
+  EXPECT_EQ(tail, ten);
+}
+
+// ------------------------------------------------------------ module uploads
+
+TEST_F(HostileTest, BrokenModuleUploadsAreRejected) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  const std::string& token = session.token();
+  auto stub = RawStub();
+  const auto [image, kind] = UniqueModuleImage();
+  const std::string sha = Sha256Hex(image);
+
+  // Header alone for a hash the daemon does not hold.
+  EXPECT_THAT(RawLoadModule(*stub, {Header(token, sha, image.size(), kind)}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("module")));
+  // Cut off: the real size announced, half the bytes sent.
+  EXPECT_THAT(RawLoadModule(*stub, Upload(Header(token, sha, image.size(), kind),
+                                          std::string_view(image).substr(0, image.size() / 2))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("module")));
+  // More bytes than announced.
+  EXPECT_THAT(RawLoadModule(
+                  *stub, Upload(Header(token, sha, image.size(), kind), image + "trailing bytes")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("module")));
+  // The right size, other bytes.
+  std::string forged = image;
+  forged.back() ^= 0x01;
+  EXPECT_THAT(RawLoadModule(*stub, Upload(Header(token, sha, image.size(), kind), forged)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("module")));
+  // Malformed streams.
+  EXPECT_THAT(RawLoadModule(*stub, {}), StatusIs(absl::StatusCode::kInvalidArgument, _));
+  EXPECT_THAT(RawLoadModule(*stub, {Chunk(image), Header(token, sha, image.size(), kind)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, _));
+  EXPECT_THAT(
+      RawLoadModule(*stub, Upload(Header(token, "not-a-sha256", image.size(), kind), image)),
+      StatusIs(absl::StatusCode::kInvalidArgument, _));
+
+  // None of that left anything behind: the real upload carries the bytes.
+  GX_ASSERT_OK_AND_ASSIGN(Module module, session.LoadModule(image, kind));
+  EXPECT_TRUE(module.uploaded());
+  EXPECT_EQ(module.sha256(), sha);
+  GX_EXPECT_OK(module.GetFunction("gx_fill_u32").status());
+  // Now the header alone is enough.
+  v1::LoadModuleResponse response;
+  GX_EXPECT_OK(RawLoadModule(*stub, {Header(token, sha, image.size(), kind)}, &response));
+  EXPECT_FALSE(response.uploaded());
+}
+
+// ------------------------------------------------------------ leases, quotas
+
+TEST_F(HostileTest, ExpiredLeaseClosesTheSessionAndFreesItsMemory) {
+  GX_ASSERT_OK_AND_ASSIGN(DeviceInfo before, Device());
+  SessionOptions options;
+  options.lease = absl::Milliseconds(300);
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open(options));
+  EXPECT_EQ(session.lease(), absl::Milliseconds(300));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(64 * kMiB));
+  GX_ASSERT_OK(buffer.Memset(0));
+  GX_ASSERT_OK_AND_ASSIGN(DeviceInfo holding, Device());
+  EXPECT_EQ(holding.sessions, before.sessions + 1);
+  EXPECT_LE(holding.memory_free_bytes + 64 * kMiB, before.memory_free_bytes + memory_slack());
+
+  // Nothing names the session from here on (ListDevices does not), so the
+  // lease lapses and the server closes it.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<DeviceInfo> d = Device();
+        return d.ok() && d->sessions == before.sessions;
+      },
+      absl::Seconds(10)))
+      << "the session outlived its lease";
+  EXPECT_THAT(session.Allocate(4096), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  EXPECT_THAT(buffer.Read(0, 16), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+
+  // Exact on the test double; a real driver's bookkeeping may move a little.
+  const uint64_t slack = TestBackend().fake ? 0 : 2 * kMiB;
+  uint64_t free_now = 0;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<DeviceInfo> d = Device();
+        if (!d.ok()) return false;
+        free_now = d->memory_free_bytes;
+        return (free_now > before.memory_free_bytes ? free_now - before.memory_free_bytes
+                                                    : before.memory_free_bytes - free_now) <= slack;
+      },
+      absl::Seconds(5)))
+      << "free memory " << free_now << ", " << before.memory_free_bytes
+      << " before the session allocated";
+}
+
+TEST_F(HostileTest, SessionMemoryLimit) {
+  SessionOptions options;
+  options.memory_limit_bytes = kMiB;
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open(options));
+  EXPECT_EQ(session.memory_limit_bytes(), kMiB);
+  EXPECT_THAT(session.Allocate(2 * kMiB),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("session")));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer first, session.Allocate(768 * 1024));
+  EXPECT_THAT(session.Allocate(512 * 1024),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("session")));
+  // Freeing gives the quota back.
+  GX_ASSERT_OK(first.Free());
+  GX_EXPECT_OK(session.Allocate(512 * 1024).status());
+  GX_EXPECT_OK(session.Allocate(512 * 1024).status());
+}
+
+TEST_F(HostileTest, DaemonMemoryLimit) {
+  ServerOptions options;
+  options.daemon_memory_bytes = 64 * kMiB;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> limited, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*limited)));
+  GX_ASSERT_OK_AND_ASSIGN(Session a, client.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session b, client.OpenSession({kDevice}));
+  EXPECT_THAT(a.Allocate(128 * kMiB),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("daemon")));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer held, a.Allocate(48 * kMiB));
+  EXPECT_THAT(b.Allocate(32 * kMiB),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("daemon")));
+  // The daemon's quota comes back when A's session closes.
+  GX_ASSERT_OK(a.Close());
+  GX_EXPECT_OK(b.Allocate(32 * kMiB).status());
+  GX_EXPECT_OK(b.Close());
+  limited->Shutdown(absl::Seconds(10));
+}
+
+TEST_F(HostileTest, HugeAllocationIsResourceExhausted) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  EXPECT_THAT(session.Allocate(uint64_t{1} << 50),
+              StatusIs(absl::StatusCode::kResourceExhausted, _));
+  EXPECT_THAT(session.Allocate(std::numeric_limits<uint64_t>::max()),
+              StatusIs(absl::StatusCode::kResourceExhausted, _));
+  // And the session still allocates normally.
+  GX_EXPECT_OK(session.Allocate(kMiB).status());
+}
+
+// ------------------------------------------------------------ vanishing clients
+
+TEST_F(HostileTest, ClientVanishingMidWrite) {
+  constexpr uint64_t kSize = 16 * kMiB;
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(kSize));
+  const std::vector<uint8_t> old_data = Pattern(11, kSize);
+  GX_ASSERT_OK(buffer.Write(0, old_data));
+
+  auto stub = RawStub();
+  {
+    grpc::ClientContext context;
+    v1::WriteResponse response;
+    auto writer = stub->Write(&context, &response);
+    const std::vector<uint8_t> new_data = Pattern(12, 4 * kMiB);
+    for (int i = 0; i < 4; ++i) {
+      v1::WriteRequest request;
+      if (i == 0) {
+        request.set_session(session.token());
+        request.set_buffer(buffer.handle());
+      }
+      request.set_data(new_data.data() + i * kMiB, kMiB);
+      if (!writer->Write(request)) break;
+    }
+    context.TryCancel();
+    EXPECT_THAT(FromGrpcStatus(writer->Finish()), StatusIs(absl::StatusCode::kCancelled, _));
+  }
+
+  // The daemon serves on; bytes past what the vanished client sent are
+  // untouched.
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Read());
+  ASSERT_EQ(back.size(), kSize);
+  EXPECT_TRUE(std::equal(back.begin() + 4 * kMiB, back.end(), old_data.begin() + 4 * kMiB));
+  GX_ASSERT_OK(buffer.Write(0, old_data));
+  GX_ASSERT_OK_AND_ASSIGN(back, buffer.Read());
+  EXPECT_TRUE(back == old_data);
+  GX_EXPECT_OK(client().ListDevices().status());
+}
+
+TEST_F(HostileTest, ClientVanishingMidRead) {
+  constexpr uint64_t kSize = 16 * kMiB;
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(kSize));
+  const std::vector<uint8_t> data = Pattern(13, kSize);
+  GX_ASSERT_OK(buffer.Write(0, data));
+
+  auto stub = RawStub();
+  {
+    grpc::ClientContext context;
+    v1::ReadRequest request;
+    request.set_session(session.token());
+    request.set_buffer(buffer.handle());
+    request.set_chunk_size(64 * 1024);
+    auto reader = stub->Read(&context, request);
+    v1::ReadResponse response;
+    EXPECT_TRUE(reader->Read(&response));
+    EXPECT_TRUE(reader->Read(&response));
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    EXPECT_THAT(FromGrpcStatus(reader->Finish()), StatusIs(absl::StatusCode::kCancelled, _));
+  }
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Read());
+  EXPECT_TRUE(back == data);
+}
+
+TEST_F(HostileTest, ClientVanishingMidModuleUpload) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  const auto [image, kind] = UniqueModuleImage();
+  auto stub = RawStub();
+  {
+    grpc::ClientContext context;
+    v1::LoadModuleResponse response;
+    auto writer = stub->LoadModule(&context, &response);
+    writer->Write(Header(session.token(), Sha256Hex(image), image.size(), kind));
+    writer->Write(Chunk(std::string_view(image).substr(0, image.size() / 2)));
+    context.TryCancel();
+    EXPECT_THAT(FromGrpcStatus(writer->Finish()), StatusIs(absl::StatusCode::kCancelled, _));
+  }
+  // Half an image is not kept: loading it now uploads it whole.
+  GX_ASSERT_OK_AND_ASSIGN(Module module, session.LoadModule(image, kind));
+  EXPECT_TRUE(module.uploaded());
+  GX_EXPECT_OK(module.GetFunction("gx_fill_u32").status());
+}
+
+TEST_F(HostileTest, DaemonServesAfterHostileClients) {
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client().ListDevices());
+  ASSERT_FALSE(devices.empty());
+  for (const DeviceInfo& d : devices) EXPECT_TRUE(d.healthy) << d.index;
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(session, "gx_fill_u32"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer out, session.Allocate(256 * 4));
+  GX_ASSERT_OK(
+      session.LaunchAndWait(fill, Config(1, 256), {Arg::Ptr(out), Arg::U32(77), Arg::U64(256)})
+          .status());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> got, out.ReadAs<uint32_t>(256));
+  EXPECT_EQ(got, std::vector<uint32_t>(256, 77));
+}
+
+}  // namespace
+}  // namespace gpuexec::testing
