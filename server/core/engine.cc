@@ -229,7 +229,13 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
       if (!devices_[i]->healthy()) continue;
       if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index]) index = static_cast<int>(i);
     }
-    if (index < 0) return done(absl::UnavailableError("no GPU of this host is usable"));
+    if (index < 0) {
+      std::string why;
+      for (const auto& d : devices_) {
+        absl::StrAppend(&why, why.empty() ? "" : "; ", d->fault().message());
+      }
+      return done(absl::UnavailableError(absl::StrCat("no device of this host is usable: ", why)));
+    }
   }
   if (lease_ms == 0) lease_ms = options_.default_lease_ms;
   lease_ms = std::min(lease_ms, options_.max_lease_ms);
@@ -573,34 +579,47 @@ WriteSink::WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t 
                      uint64_t offset)
     : engine_(engine), session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
 
-WriteSink::~WriteSink() {
+WriteSink::~WriteSink() { EndUse(); }
+
+void WriteSink::EndUse() {
+  if (ended_.exchange(true)) return;
   absl::MutexLock lock(&session_->mu);
   auto it = session_->buffers.find(buffer_);
   if (it != session_->buffers.end()) --it->second.streams_in_use;
 }
 
 void WriteSink::Push(absl::string_view data, Done more) {
+  absl::Status error;
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return more(error_);
+    error = error_;
   }
-  if (data.size() > buffer_size_ - next_offset_) {
+  if (error.ok() && data.size() > buffer_size_ - next_offset_) {
     BufferEntry b;
     b.handle = buffer_;
     b.size = buffer_size_;
-    // `more` may drop the last reference to this sink: no lock held here.
-    return more(absl::OutOfRangeError(absl::StrCat("Write of ", data.size(),
-                                                   " more bytes at offset ", next_offset_,
-                                                   " goes past the end of ",
-                                                   session_->Describe(b))));
+    error = absl::OutOfRangeError(absl::StrCat("Write of ", data.size(), " more bytes at offset ",
+                                               next_offset_, " goes past the end of ",
+                                               session_->Describe(b)));
+  }
+  if (!error.ok()) {
+    // The call ends here and enqueues no more copies; those already queued
+    // come before any Free in stream order, so the buffer can be freed now.
+    // `more` may drop the last reference to this sink: no lock held.
+    EndUse();
+    return more(error);
   }
   PushFrom(data, std::move(more));
 }
 
 void WriteSink::PushFrom(absl::string_view data, Done more) {
   if (data.empty()) {
-    absl::MutexLock lock(&mu_);
-    return more(error_);
+    absl::Status error;
+    {
+      absl::MutexLock lock(&mu_);
+      error = error_;
+    }
+    return more(error);
   }
   auto self = shared_from_this();
   device_->staging().Acquire([self, data, more](device::StagingSlot slot) {
@@ -612,25 +631,27 @@ void WriteSink::PushFrom(absl::string_view data, Done more) {
       absl::MutexLock lock(&self->mu_);
       ++self->in_flight_;
     }
+    bool closed;
     {
       // Under the session lock, so that the copy is queued before any free
       // that a concurrent close queues.
       absl::MutexLock slock(&self->session_->mu);
-      if (self->session_->closed) {
-        self->device_->staging().Release(slot);
-        self->OnCopyDone(absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
-      } else {
-        device::Device* dev = self->device_;
-        dev->CopyToDevice(self->session_->stream(), self->base_ + dst_offset, slot, n, self->what_,
-                          [self, slot, n](absl::Status st) {
-                            self->device_->staging().Release(slot);
-                            if (st.ok()) {
-                              absl::MutexLock lock(&self->mu_);
-                              self->written_ += n;
-                            }
-                            self->OnCopyDone(st);
-                          });
+      closed = self->session_->closed;
+      if (!closed) {
+        self->device_->CopyToDevice(self->session_->stream(), self->base_ + dst_offset, slot, n,
+                                    self->what_, [self, slot, n](absl::Status st) {
+                                      self->device_->staging().Release(slot);
+                                      if (st.ok()) {
+                                        absl::MutexLock lock(&self->mu_);
+                                        self->written_ += n;
+                                      }
+                                      self->OnCopyDone(st);
+                                    });
       }
+    }
+    if (closed) {
+      self->device_->staging().Release(slot);
+      self->OnCopyDone(absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
     }
     self->PushFrom(data.substr(n), more);
   });
@@ -647,6 +668,8 @@ void WriteSink::OnCopyDone(absl::Status status) {
     finish_ = nullptr;
     if (error_.ok()) result = written_; else result = error_;
   }
+  // The buffer is free for other calls before the caller hears back.
+  EndUse();
   finish(result);
 }
 
@@ -660,6 +683,7 @@ void WriteSink::Finish(Callback<uint64_t> done) {
     }
     if (error_.ok()) result = written_; else result = error_;
   }
+  EndUse();
   done(result);
 }
 
@@ -689,7 +713,10 @@ ReadSource::ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_
     : engine_(engine), session_(std::move(session)), buffer_(buffer), end_(offset + size),
       chunk_(chunk), fetch_offset_(offset), deliver_offset_(offset) {}
 
-ReadSource::~ReadSource() {
+ReadSource::~ReadSource() { EndUse(); }
+
+void ReadSource::EndUse() {
+  if (ended_.exchange(true)) return;
   absl::MutexLock lock(&session_->mu);
   auto it = session_->buffers.find(buffer_);
   if (it != session_->buffers.end()) --it->second.streams_in_use;
@@ -701,55 +728,65 @@ uint64_t ReadSource::remaining() const {
 }
 
 void ReadSource::Next(std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> done) {
+  // A few chunks ahead of the one being delivered keep the copy engine busy
+  // while the network drains the last one.
+  constexpr int kAhead = 3;
+  std::vector<std::pair<uint64_t, uint64_t>> fetches;
   {
     absl::MutexLock lock(&mu_);
     waiter_ = std::move(done);
-    FetchMore();
+    while (fetching_ < kAhead && fetch_offset_ < end_) {
+      const uint64_t n = std::min<uint64_t>(chunk_, end_ - fetch_offset_);
+      fetches.emplace_back(fetch_offset_, n);
+      fetch_offset_ += n;
+      ++fetching_;
+    }
   }
+  for (const auto& [offset, n] : fetches) Fetch(offset, n);
   Deliver();
 }
 
-void ReadSource::FetchMore() {
-  // Two chunks ahead of the one being delivered keep the copy engine busy
-  // while the network drains the last one.
-  constexpr int kAhead = 3;
+void ReadSource::Fetch(uint64_t offset, uint64_t n) {
   auto self = shared_from_this();
-  while (fetching_ < kAhead && fetch_offset_ < end_) {
-    const uint64_t offset = fetch_offset_;
-    const uint64_t n = std::min<uint64_t>(chunk_, end_ - offset);
-    fetch_offset_ += n;
-    ++fetching_;
-    device_->staging().Acquire([self, offset, n](device::StagingSlot slot) {
+  device_->staging().Acquire([self, offset, n](device::StagingSlot slot) {
+    bool closed;
+    {
+      // Under the session lock, so that the copy is queued before any free
+      // that a concurrent close queues.
       absl::MutexLock slock(&self->session_->mu);
-      if (self->session_->closed) {
-        self->device_->staging().Release(slot);
-        {
-          absl::MutexLock lock(&self->mu_);
-          self->ready_.emplace(offset, absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
-        }
-        self->Deliver();
-        return;
+      closed = self->session_->closed;
+      if (!closed) {
+        self->device_->CopyToHost(
+            self->session_->stream(), slot, self->base_ + offset, n, self->what_,
+            [self, slot, offset, n](absl::Status st) {
+              absl::StatusOr<std::string> bytes =
+                  st.ok() ? absl::StatusOr<std::string>(
+                                std::string(reinterpret_cast<char*>(slot.data), n))
+                          : absl::StatusOr<std::string>(st);
+              self->device_->staging().Release(slot);
+              self->Ready(offset, std::move(bytes));
+            });
       }
-      self->device_->CopyToHost(self->session_->stream(), slot, self->base_ + offset, n, self->what_,
-                                [self, slot, offset, n](absl::Status st) {
-                                  absl::StatusOr<std::string> bytes =
-                                      st.ok() ? absl::StatusOr<std::string>(std::string(
-                                                    reinterpret_cast<char*>(slot.data), n))
-                                              : absl::StatusOr<std::string>(st);
-                                  self->device_->staging().Release(slot);
-                                  {
-                                    absl::MutexLock lock(&self->mu_);
-                                    self->ready_.emplace(offset, std::move(bytes));
-                                  }
-                                  self->Deliver();
-                                });
-    });
+    }
+    if (closed) {
+      self->device_->staging().Release(slot);
+      self->Ready(offset, absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
+    }
+  });
+}
+
+void ReadSource::Ready(uint64_t offset, absl::StatusOr<std::string> bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    ready_.emplace(offset, std::move(bytes));
   }
+  Deliver();
 }
 
 void ReadSource::Deliver() {
   std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> waiter;
   absl::StatusOr<std::pair<uint64_t, std::string>> result;
+  bool last;
   {
     absl::MutexLock lock(&mu_);
     if (!waiter_) return;
@@ -767,7 +804,10 @@ void ReadSource::Deliver() {
     --fetching_;
     waiter = std::move(waiter_);
     waiter_ = nullptr;
+    last = deliver_offset_ == end_;
   }
+  // The buffer is free for other calls before the caller hears the end.
+  if (last) EndUse();
   waiter(std::move(result));
 }
 

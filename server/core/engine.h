@@ -141,6 +141,8 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset);
   void PushFrom(absl::string_view data, Done more);
   void OnCopyDone(absl::Status status);
+  // Gives the buffer back for Free (once).
+  void EndUse();
 
   Engine* engine_;
   std::shared_ptr<Session> session_;
@@ -151,6 +153,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   std::string what_;
   uint64_t next_offset_;  // where the next pushed byte lands
   uint64_t written_ = 0;
+  std::atomic<bool> ended_{false};
 
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -172,8 +175,11 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   friend class Engine;
   ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset,
              uint64_t size, uint32_t chunk);
-  void FetchMore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fetch(uint64_t offset, uint64_t n);
+  void Ready(uint64_t offset, absl::StatusOr<std::string> bytes);
   void Deliver();
+  // Gives the buffer back for Free (once).
+  void EndUse();
 
   Engine* engine_;
   std::shared_ptr<Session> session_;
@@ -183,6 +189,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   std::string what_;
   const uint64_t end_;
   const uint32_t chunk_;
+  std::atomic<bool> ended_{false};
 
   mutable absl::Mutex mu_;
   uint64_t fetch_offset_ ABSL_GUARDED_BY(mu_);    // next offset to fetch

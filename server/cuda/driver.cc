@@ -96,11 +96,6 @@ absl::Status Driver::Error(int result, absl::string_view call, absl::string_view
   std::string message = absl::StrCat(call, " failed for ", what, ": ", name, " (", result);
   if (text != nullptr) absl::StrAppend(&message, ": ", text);
   absl::StrAppend(&message, ")");
-  if (IsStickyResult(result)) {
-    absl::StrAppend(&message,
-                    "; this is a sticky fault: the device's context is unusable until it "
-                    "is reset");
-  }
   return absl::Status(CodeForResult(result), message);
 }
 

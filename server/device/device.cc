@@ -11,7 +11,12 @@
 namespace gpuexec::device {
 
 struct Device::StreamState {
+  StreamId id = 0;
   cuda::Stream stream;
+  // The last kernel launched on the stream since its last completed
+  // Synchronize, and when: what a fault report names.
+  std::string last_launch;
+  absl::Time last_launch_at;
   // Recorded before the first work after the last Synchronize; null when
   // no work was enqueued since.
   std::shared_ptr<cuda::Event> timing_start;
@@ -34,6 +39,7 @@ struct Device::LoadedModule {
 // trampoline only frees it.
 struct Device::HostTask {
   Device* device;
+  StreamId stream;
   std::function<void(absl::Status)> fn;
 };
 
@@ -126,31 +132,39 @@ absl::Status Device::fault() const {
 }
 
 absl::Status Device::Check(absl::Status status) {
-  if (status.code() == absl::StatusCode::kAborted) {
-    bool first = false;
-    {
-      absl::MutexLock lock(&fault_mu_);
-      if (fault_.ok()) {
-        fault_ = status;
-        first = true;
+  if (status.code() != absl::StatusCode::kAborted) return status;
+  bool first = false;
+  {
+    absl::MutexLock lock(&fault_mu_);
+    if (fault_.ok()) {
+      // Runs on the executor (every driver call does), so the streams can be
+      // read: name the kernels that were in flight.
+      std::string in_flight;
+      for (const auto& [id, s] : streams_) {
+        if (s->last_launch.empty()) continue;
+        absl::StrAppend(&in_flight, in_flight.empty() ? "" : "; ", s->last_launch,
+                        " (launched ",
+                        absl::FormatTime("%H:%M:%E3S", s->last_launch_at, absl::UTCTimeZone()),
+                        " UTC)");
       }
+      fault_ = absl::AbortedError(absl::StrCat(
+          "device ", props_.ordinal, " hit a sticky fault: ", status.message(),
+          in_flight.empty() ? ""
+                            : absl::StrCat("; kernels not yet synchronized then: ", in_flight),
+          "; the device's memory and queued work are lost until it is reset"));
+      first = true;
     }
-    faulted_.store(true);
-    if (first) {
-      log::Error("device ", props_.ordinal, " is unusable after a sticky fault: ",
-                 status.message());
-    }
-    FailPending(status);
+    status = fault_;
   }
+  faulted_.store(true);
+  if (first) log::Error(status.message());
+  FailPending(status);
   return status;
 }
 
 absl::Status Device::Usable() const {
   if (!faulted_.load()) return absl::OkStatus();
-  absl::Status f = fault();
-  return absl::AbortedError(absl::StrCat("device ", props_.ordinal,
-                                         " is unusable after a sticky fault (", f.message(),
-                                         "); its memory and work are lost until it is reset"));
+  return fault();
 }
 
 void Device::FailPending(const absl::Status& status) {
@@ -178,7 +192,7 @@ void Device::HostTrampoline(void* data) {
 
 absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
                               const std::string& what) {
-  auto* task = new HostTask{this, std::move(fn)};
+  auto* task = new HostTask{this, s.id, std::move(fn)};
   {
     absl::MutexLock lock(&pending_mu_);
     pending_.insert(task);
@@ -236,6 +250,7 @@ void Device::CreateStream(Callback<StreamId> done) {
     auto state = std::make_unique<StreamState>();
     state->stream = std::move(stream).value();
     StreamId id = next_stream_++;
+    state->id = id;
     streams_.emplace(id, std::move(state));
     done(id);
   });
@@ -426,6 +441,8 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
     }
     absl::Status st = MarkWork(*s);
     if (st.ok()) {
+      s->last_launch = op.what;
+      s->last_launch_at = absl::Now();
       st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
                                  s->stream.get(), op.what));
     }
@@ -449,15 +466,21 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
       absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
       if (!st.ok()) return gpu_ns(st);
     }
+    const absl::Time requested = absl::Now();
     absl::Status st = WhenDone(
         *s,
-        [this, start, end, gpu_ns, what](absl::Status done) {
+        [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
           if (!done.ok()) return gpu_ns(done);
           if (start == nullptr) return gpu_ns(uint64_t{0});
           // Reading the events is a driver call: back to the executor.
-          executor_.Post([this, start, end, gpu_ns, what] {
+          executor_.Post([this, stream, requested, start, end, gpu_ns, what] {
             auto ms = driver_->ElapsedMs(*start, *end, what);
             if (!ms.ok()) return gpu_ns(Check(ms.status()));
+            // Kernels launched before this Synchronize are known to be done.
+            auto it = streams_.find(stream);
+            if (it != streams_.end() && it->second->last_launch_at <= requested) {
+              it->second->last_launch.clear();
+            }
             gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
           });
         },

@@ -31,7 +31,8 @@ class Server::Impl {
   void SetHealth(bool serving) {
     grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
     if (h == nullptr) return;
-    h->SetServingStatus(serving);
+    // Only these two: the unnamed overload would set "liveness" too.
+    h->SetServingStatus("", serving);
     h->SetServingStatus("gpuexec.v1.GpuExec", serving);
   }
 
@@ -85,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                              grpc::InsecureServerCredentials());
   }
   // Chunks are 1 MiB by default; leave room for clients that send larger.
+  // A second daemon on the same port is a mistake to report, not a load
+  // balancer: no SO_REUSEPORT.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(impl->service.get());
