@@ -14,8 +14,8 @@ BUILD_DIR="${BUILD_DIR:-build}"
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/kernels"
-programs=("$BUILD_DIR/server/gpuexecd")
-for t in service_test cuda_driver_test; do
+programs=("$BUILD_DIR/server/gpuexecd" "$BUILD_DIR/client/cpp/gpuexec-saxpy")
+for t in service_test daemon_test fault_test; do
   f=$(find "$BUILD_DIR/tests" -name "$t" -type f -executable | head -1)
   [[ -n "$f" ]] && programs+=("$f")
 done
