@@ -571,22 +571,13 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string&
   sink->base_ = b->ptr;
   sink->buffer_size_ = b->size;
   sink->what_ = absl::StrCat("Write to ", s->Describe(*b));
-  ++b->streams_in_use;
+  sink->use_ = std::make_unique<BufferUse>(s.get(), b);
   return sink;
 }
 
 WriteSink::WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer,
                      uint64_t offset)
     : engine_(engine), session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
-
-WriteSink::~WriteSink() { EndUse(); }
-
-void WriteSink::EndUse() {
-  if (ended_.exchange(true)) return;
-  absl::MutexLock lock(&session_->mu);
-  auto it = session_->buffers.find(buffer_);
-  if (it != session_->buffers.end()) --it->second.streams_in_use;
-}
 
 void WriteSink::Push(absl::string_view data, Done more) {
   absl::Status error;
@@ -606,7 +597,7 @@ void WriteSink::Push(absl::string_view data, Done more) {
     // The call ends here and enqueues no more copies; those already queued
     // come before any Free in stream order, so the buffer can be freed now.
     // `more` may drop the last reference to this sink: no lock held.
-    EndUse();
+    use_->Release();
     return more(error);
   }
   PushFrom(data, std::move(more));
@@ -669,7 +660,7 @@ void WriteSink::OnCopyDone(absl::Status status) {
     if (error_.ok()) result = written_; else result = error_;
   }
   // The buffer is free for other calls before the caller hears back.
-  EndUse();
+  use_->Release();
   finish(result);
 }
 
@@ -683,7 +674,7 @@ void WriteSink::Finish(Callback<uint64_t> done) {
     }
     if (error_.ok()) result = written_; else result = error_;
   }
-  EndUse();
+  use_->Release();
   done(result);
 }
 
@@ -704,7 +695,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string&
   src->device_ = dev;
   src->base_ = b->ptr;
   src->what_ = absl::StrCat("Read of ", s->Describe(*b));
-  ++b->streams_in_use;
+  src->use_ = std::make_unique<BufferUse>(s.get(), b);
   return src;
 }
 
@@ -712,15 +703,6 @@ ReadSource::ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_
                        uint64_t offset, uint64_t size, uint32_t chunk)
     : engine_(engine), session_(std::move(session)), buffer_(buffer), end_(offset + size),
       chunk_(chunk), fetch_offset_(offset), deliver_offset_(offset) {}
-
-ReadSource::~ReadSource() { EndUse(); }
-
-void ReadSource::EndUse() {
-  if (ended_.exchange(true)) return;
-  absl::MutexLock lock(&session_->mu);
-  auto it = session_->buffers.find(buffer_);
-  if (it != session_->buffers.end()) --it->second.streams_in_use;
-}
 
 uint64_t ReadSource::remaining() const {
   absl::MutexLock lock(&mu_);
@@ -807,7 +789,7 @@ void ReadSource::Deliver() {
     last = deliver_offset_ == end_;
   }
   // The buffer is free for other calls before the caller hears the end.
-  if (last) EndUse();
+  if (last) use_->Release();
   waiter(std::move(result));
 }
 

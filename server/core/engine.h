@@ -127,7 +127,6 @@ class ModuleUpload {
 // Shared by the rpc call and the copies in flight.
 class WriteSink : public std::enable_shared_from_this<WriteSink> {
  public:
-  ~WriteSink();
   // Copies `data` into staging buffers and enqueues their copies; calls
   // `more` once `data` is no longer needed (the caller may then reuse it),
   // with the first error seen so far.
@@ -141,8 +140,6 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset);
   void PushFrom(absl::string_view data, Done more);
   void OnCopyDone(absl::Status status);
-  // Gives the buffer back for Free (once).
-  void EndUse();
 
   Engine* engine_;
   std::shared_ptr<Session> session_;
@@ -153,7 +150,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   std::string what_;
   uint64_t next_offset_;  // where the next pushed byte lands
   uint64_t written_ = 0;
-  std::atomic<bool> ended_{false};
+  std::unique_ptr<BufferUse> use_;
 
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -165,7 +162,6 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
 // few chunks fetched ahead.
 class ReadSource : public std::enable_shared_from_this<ReadSource> {
  public:
-  ~ReadSource();
   uint64_t remaining() const;
   // Calls `done` with the next chunk (offset, bytes); at most one Next at a
   // time. Call only while remaining() > 0.
@@ -178,8 +174,6 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   void Fetch(uint64_t offset, uint64_t n);
   void Ready(uint64_t offset, absl::StatusOr<std::string> bytes);
   void Deliver();
-  // Gives the buffer back for Free (once).
-  void EndUse();
 
   Engine* engine_;
   std::shared_ptr<Session> session_;
@@ -189,7 +183,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   std::string what_;
   const uint64_t end_;
   const uint32_t chunk_;
-  std::atomic<bool> ended_{false};
+  std::unique_ptr<BufferUse> use_;
 
   mutable absl::Mutex mu_;
   uint64_t fetch_offset_ ABSL_GUARDED_BY(mu_);    // next offset to fetch

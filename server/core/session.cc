@@ -30,6 +30,13 @@ std::string Session::Describe(const BufferEntry& b) const {
                       " bytes on device ", device_, ")");
 }
 
+void BufferUse::Release() {
+  if (released_.exchange(true)) return;
+  absl::MutexLock lock(&session_->mu);
+  auto it = session_->buffers.find(handle_);
+  if (it != session_->buffers.end()) --it->second.streams_in_use;
+}
+
 std::string NewSessionToken() {
   std::random_device rd;  // getrandom(2) on Linux
   std::string token;

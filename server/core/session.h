@@ -10,6 +10,7 @@
 // post, so that device work is ordered before the frees that closing the
 // session enqueues.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -74,6 +75,27 @@ class Session {
   const uint64_t lease_ms_;
   const uint64_t memory_limit_;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu);
+};
+
+// A buffer's use by a Write or Read in progress: Free refuses the buffer
+// until Release() (called at most once in effect; the destructor calls it).
+// Construct with the session's mu held.
+class BufferUse {
+ public:
+  BufferUse(Session* session, BufferEntry* buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(session->mu)
+      : session_(session), handle_(buffer->handle) {
+    ++buffer->streams_in_use;
+  }
+  ~BufferUse() { Release(); }
+  BufferUse(const BufferUse&) = delete;
+  BufferUse& operator=(const BufferUse&) = delete;
+  // Call without the session's mu held.
+  void Release();
+
+ private:
+  Session* session_;  // outlived: its owner holds the session
+  const uint64_t handle_;
+  std::atomic<bool> released_{false};
 };
 
 // 128 random bits as 32 hex characters, from the OS's generator.

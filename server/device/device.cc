@@ -209,12 +209,12 @@ absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> 
   return absl::OkStatus();
 }
 
-Device::StreamState* Device::FindStream(StreamId id, absl::Status* error) {
+absl::StatusOr<Device::StreamState*> Device::ReadyStream(StreamId id) {
+  GPUEXEC_RETURN_IF_ERROR(Usable());
   auto it = streams_.find(id);
   if (it == streams_.end()) {
-    *error = absl::InternalError(
+    return absl::InternalError(
         absl::StrCat("stream ", id, " does not exist on device ", props_.ordinal));
-    return nullptr;
   }
   return it->second.get();
 }
@@ -258,9 +258,9 @@ void Device::CreateStream(Callback<StreamId> done) {
 
 void Device::DestroyStream(StreamId stream, Done done) {
   GPUEXEC_ON_EXECUTOR({
-    absl::Status err;
-    StreamState* s = FindStream(stream, &err);
-    if (s == nullptr) return done(err);
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) return done(absl::OkStatus());  // already gone
+    StreamState* s = it->second.get();
     auto erase = [this, stream, done](absl::Status st) {
       executor_.Post([this, stream, done, st] {
         streams_.erase(stream);
@@ -279,10 +279,9 @@ void Device::DestroyStream(StreamId stream, Done done) {
 
 void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done) {
   GPUEXEC_ON_EXECUTOR({
-    absl::Status u = Usable();
-    if (!u.ok()) return done(u);
-    StreamState* s = FindStream(stream, &u);
-    if (s == nullptr) return done(u);
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status());
+    StreamState* s = *ready;
     auto ptr = driver_->AllocAsync(size, s->stream.get(), what);
     if (!ptr.ok()) return done(Check(ptr.status()));
     done(*ptr);
@@ -304,10 +303,9 @@ void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
 void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size,
                     std::string what, Done done) {
   GPUEXEC_ON_EXECUTOR({
-    absl::Status u = Usable();
-    if (!u.ok()) return done(u);
-    StreamState* s = FindStream(stream, &u);
-    if (s == nullptr) return done(u);
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status());
+    StreamState* s = *ready;
     absl::Status st = MarkWork(*s);
     if (st.ok()) st = Check(driver_->MemsetAsync(ptr, value, size, s->stream.get(), what));
     done(st);
@@ -317,10 +315,9 @@ void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size
 void Device::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, std::string what,
                   Done done) {
   GPUEXEC_ON_EXECUTOR({
-    absl::Status u = Usable();
-    if (!u.ok()) return done(u);
-    StreamState* s = FindStream(stream, &u);
-    if (s == nullptr) return done(u);
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status());
+    StreamState* s = *ready;
     absl::Status st = MarkWork(*s);
     if (st.ok()) st = Check(driver_->CopyDtoDAsync(dst, src, size, s->stream.get(), what));
     done(st);
@@ -330,10 +327,9 @@ void Device::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, 
 void Device::CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint64_t size,
                           std::string what, Done done) {
   GPUEXEC_ON_EXECUTOR({
-    absl::Status u = Usable();
-    if (!u.ok()) return done(u);
-    StreamState* s = FindStream(stream, &u);
-    if (s == nullptr) return done(u);
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status());
+    StreamState* s = *ready;
     absl::Status st = MarkWork(*s);
     if (st.ok()) st = Check(driver_->CopyHtoDAsync(dst, slot.data, size, s->stream.get(), what));
     if (st.ok()) st = WhenDone(*s, done, what);
@@ -344,10 +340,9 @@ void Device::CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint
 void Device::CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t size,
                         std::string what, Done done) {
   GPUEXEC_ON_EXECUTOR({
-    absl::Status u = Usable();
-    if (!u.ok()) return done(u);
-    StreamState* s = FindStream(stream, &u);
-    if (s == nullptr) return done(u);
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status());
+    StreamState* s = *ready;
     absl::Status st = MarkWork(*s);
     if (st.ok()) st = Check(driver_->CopyDtoHAsync(slot.data, src, size, s->stream.get(), what));
     if (st.ok()) st = WhenDone(*s, done, what);
@@ -418,10 +413,9 @@ void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string nam
 
 void Device::Launch(StreamId stream, LaunchOp op, Done done) {
   executor_.Post([this, stream, op = std::move(op), done = std::move(done)]() mutable {
-    absl::Status u = Usable();
-    if (!u.ok()) return done(u);
-    StreamState* s = FindStream(stream, &u);
-    if (s == nullptr) return done(u);
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status());
+    StreamState* s = *ready;
     auto it = kernels_.find(op.kernel);
     if (it == kernels_.end()) {
       return done(absl::InternalError(absl::StrCat("kernel ", op.kernel, " is not loaded on device ",
@@ -452,10 +446,9 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
 
 void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
   GPUEXEC_ON_EXECUTOR({
-    absl::Status u = Usable();
-    if (!u.ok()) return gpu_ns(u);
-    StreamState* s = FindStream(stream, &u);
-    if (s == nullptr) return gpu_ns(u);
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return gpu_ns(ready.status());
+    StreamState* s = *ready;
     const std::string what = absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
     std::shared_ptr<cuda::Event> start = std::move(s->timing_start);
     std::shared_ptr<cuda::Event> end;

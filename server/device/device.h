@@ -142,7 +142,8 @@ class Device {
   void OnStop();
   absl::Status Check(absl::Status status);
   absl::Status Usable() const;
-  StreamState* FindStream(StreamId id, absl::Status* error);
+  // The stream of an operation, or why the operation cannot run.
+  absl::StatusOr<StreamState*> ReadyStream(StreamId id);
   absl::Status MarkWork(StreamState& s);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);

@@ -11,31 +11,13 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "absl/strings/str_cat.h"
-#include "health.grpc.pb.h"
+#include "health_client.h"
 #include "service_test_fixture.h"
 
 namespace gpuexec::testing {
 namespace {
 
 using ::testing::HasSubstr;
-using HealthStatus = grpc::health::v1::HealthCheckResponse;
-
-HealthStatus::ServingStatus Health(std::shared_ptr<grpc::Channel> channel,
-                                   const std::string& service) {
-  auto stub = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  HealthStatus response;
-  grpc::Status st = stub->Check(&ctx, request, &response);
-  return st.ok() ? response.status() : HealthStatus::UNKNOWN;
-}
-
-std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
-  return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-}
-
 TEST(DaemonTest, WithoutADriverItServesNoDevicesAndIsNotServing) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
@@ -50,9 +32,9 @@ TEST(DaemonTest, WithoutADriverItServesNoDevicesAndIsNotServing) {
   EXPECT_TRUE(devices.empty());
   EXPECT_THAT(client.OpenSession({}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("libgpuexec-no-such-driver")));
-  EXPECT_EQ(Health(Channel(target), ""), HealthStatus::NOT_SERVING);
-  EXPECT_EQ(Health(Channel(target), "gpuexec.v1.GpuExec"), HealthStatus::NOT_SERVING);
-  EXPECT_EQ(Health(Channel(target), "liveness"), HealthStatus::SERVING);
+  EXPECT_EQ(Health(target, ""), HealthStatus::NOT_SERVING);
+  EXPECT_EQ(Health(target, "gpuexec.v1.GpuExec"), HealthStatus::NOT_SERVING);
+  EXPECT_EQ(Health(target, "liveness"), HealthStatus::SERVING);
   (*server)->Shutdown();
 }
 
@@ -63,15 +45,15 @@ class DaemonWithDeviceTest : public ServiceTest {
 };
 
 TEST_F(DaemonWithDeviceTest, HealthIsServing) {
-  EXPECT_EQ(Health(Channel(target()), ""), HealthStatus::SERVING);
-  EXPECT_EQ(Health(Channel(target()), "gpuexec.v1.GpuExec"), HealthStatus::SERVING);
+  EXPECT_EQ(Health(target(), ""), HealthStatus::SERVING);
+  EXPECT_EQ(Health(target(), "gpuexec.v1.GpuExec"), HealthStatus::SERVING);
 }
 
 // Server reflection lists the service. The request is encoded by hand
 // (ServerReflectionRequest{list_services: ""} is field 7, empty) so that the
 // test does not define the reflection messages a second time.
 TEST_F(DaemonWithDeviceTest, ReflectionListsTheService) {
-  grpc::GenericStub stub(Channel(target()));
+  grpc::GenericStub stub(grpc::CreateChannel(target(), grpc::InsecureChannelCredentials()));
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

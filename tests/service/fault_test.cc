@@ -5,7 +5,7 @@
 // Its own test program: after it, this process has no usable device.
 
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
-#include "health.grpc.pb.h"
+#include "health_client.h"
 #include "service_test_fixture.h"
 
 namespace gpuexec::testing {
@@ -20,22 +20,8 @@ class FaultTest : public ServiceTest {
   void TearDown() override {}
 };
 
-grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& target,
-                                                            const std::string& service) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  auto stub = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  grpc::health::v1::HealthCheckResponse response;
-  grpc::Status st = stub->Check(&ctx, request, &response);
-  return st.ok() ? response.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
-}
-
 TEST_F(FaultTest, IllegalAddressIsAbortedAndTheDaemonKeepsServing) {
-  using grpc::health::v1::HealthCheckResponse;
-  EXPECT_EQ(Health(target(), ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(target(), ""), HealthStatus::SERVING);
 
   GX_ASSERT_OK_AND_ASSIGN(Session victim, Open());
   GX_ASSERT_OK_AND_ASSIGN(Session bystander, Open());
@@ -69,9 +55,9 @@ TEST_F(FaultTest, IllegalAddressIsAbortedAndTheDaemonKeepsServing) {
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client().ListDevices());
   ASSERT_FALSE(devices.empty());
   EXPECT_FALSE(devices[0].healthy);
-  EXPECT_TRUE(WaitFor([&] { return Health(target(), "") == HealthCheckResponse::NOT_SERVING; },
+  EXPECT_TRUE(WaitFor([&] { return Health(target(), "") == HealthStatus::NOT_SERVING; },
                       absl::Seconds(5)));
-  EXPECT_EQ(Health(target(), "liveness"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(target(), "liveness"), HealthStatus::SERVING);
   EXPECT_THAT(client().OpenSession({}), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("device")));
 
   // Closing the sessions does not hang on the dead device.
