@@ -1,0 +1,215 @@
+// The device layer alone, on the libcuda test double: one executor per
+// device, operations in, completions out.
+#include "server/device/device.h"
+
+#include <cstring>
+#include <memory>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gpuexec::device {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Runs an asynchronous Device operation and waits (with a deadline) for its
+// completion.
+template <typename T>
+absl::StatusOr<T> Await(const std::function<void(Callback<T>)>& op) {
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<absl::StatusOr<T>>(absl::UnknownError("no completion"));
+  op([done, result](absl::StatusOr<T> r) {
+    *result = std::move(r);
+    done->Notify();
+  });
+  if (!done->WaitForNotificationWithTimeout(absl::Seconds(20))) {
+    return absl::DeadlineExceededError("the completion never came");
+  }
+  return *result;
+}
+
+absl::Status AwaitDone(const std::function<void(Done)>& op) {
+  return Await<bool>([&](Callback<bool> cb) {
+           op([cb](absl::Status st) {
+             if (st.ok()) cb(true); else cb(st);
+           });
+         }).status();
+}
+
+class DeviceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto d = cuda::Driver::Load(GXFAKE_LIBRARY_PATH);
+    ASSERT_TRUE(d.ok()) << d.status();
+    driver_ = d->release();
+  }
+
+  void SetUp() override {
+    DeviceOptions options;
+    options.staging_bytes = 4096;
+    options.staging_slots = 2;
+    auto dev = Device::Open(driver_, 0, options);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    device_ = std::move(dev).value();
+    auto stream = Await<StreamId>([&](Callback<StreamId> cb) { device_->CreateStream(cb); });
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    stream_ = *stream;
+  }
+
+  void TearDown() override {
+    if (device_ != nullptr) {
+      EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(stream_, d); }).ok());
+    }
+  }
+
+  std::shared_ptr<const ModuleImage> Image(const std::string& text) {
+    auto image = std::make_shared<ModuleImage>();
+    image->sha256 = std::string(64, 'a' + static_cast<char>(text.size() % 6));
+    image->bytes = text;
+    return image;
+  }
+
+  static const cuda::Driver* driver_;
+  std::unique_ptr<Device> device_;
+  StreamId stream_ = 0;
+};
+
+const cuda::Driver* DeviceTest::driver_ = nullptr;
+
+TEST_F(DeviceTest, CopiesStreamThroughStagingSlots) {
+  EXPECT_EQ(device_->staging().size(), 2u);
+  EXPECT_EQ(device_->staging().capacity(), 4096u);
+  auto ptr = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
+    device_->Allocate(stream_, 4096, "buffer A", cb);
+  });
+  ASSERT_TRUE(ptr.ok()) << ptr.status();
+
+  StagingSlot slot;
+  device_->staging().Acquire([&](StagingSlot s) { slot = s; });
+  ASSERT_NE(slot.data, nullptr);
+  for (int i = 0; i < 4096; ++i) slot.data[i] = static_cast<uint8_t>(i * 3);
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CopyToDevice(stream_, *ptr, slot, 4096, "A", d); }).ok());
+  std::memset(slot.data, 0, 4096);
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CopyToHost(stream_, slot, *ptr, 4096, "A", d); }).ok());
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(slot.data[i], static_cast<uint8_t>(i * 3)) << i;
+  device_->staging().Release(slot);
+  EXPECT_EQ(device_->staging().free_slots(), 2u);
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *ptr, "buffer A", d); }).ok());
+}
+
+TEST_F(DeviceTest, OneDriverLoadPerImage) {
+  auto image = Image("GXFAKE1\ngx_saxpy\n");
+  const uint64_t before = device_->module_loads_total();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(AwaitDone([&](Done d) { device_->LoadModule(image, "module m", d); }).ok());
+  }
+  EXPECT_EQ(device_->module_loads_total(), before + 1);
+  auto bad = AwaitDone([&](Done d) { device_->LoadModule(Image("not an image"), "module bad", d); });
+  EXPECT_EQ(bad.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("module bad"));
+  EXPECT_TRUE(device_->healthy());
+}
+
+TEST_F(DeviceTest, LaunchesWithPackedParamsAndReportsGpuTime) {
+  auto image = Image("GXFAKE1\ngx_saxpy\ngx_bigshared\n");
+  auto k = Await<KernelInfo>([&](Callback<KernelInfo> cb) {
+    device_->GetKernel(image, "gx_saxpy", "module m", cb);
+  });
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_EQ(k->params.size(), 4u);
+  EXPECT_EQ(k->param_bytes, 32u);
+
+  constexpr uint64_t n = 1000;
+  auto x = Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, n * 4, "x", cb); });
+  auto y = Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, n * 4, "y", cb); });
+  ASSERT_TRUE(x.ok() && y.ok());
+  // Byte fills: every x is the float with bits 0x40404040, every y is 0.
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->Memset(stream_, *x, 0x40, n * 4, "x", d); }).ok());
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->Memset(stream_, *y, 0x00, n * 4, "y", d); }).ok());
+  LaunchOp op;
+  op.kernel = k->id;
+  op.geometry.grid[0] = 4;
+  op.geometry.block[0] = 256;
+  op.param_block.assign(k->param_bytes, '\0');
+  const float a = 2.0f;
+  std::memcpy(op.param_block.data() + 0, &a, 4);
+  std::memcpy(op.param_block.data() + 8, &*x, 8);
+  std::memcpy(op.param_block.data() + 16, &*y, 8);
+  std::memcpy(op.param_block.data() + 24, &n, 8);
+  op.what = "kernel 'gx_saxpy'";
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->Launch(stream_, op, d); }).ok());
+  auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  EXPECT_GT(*ns, 0u);
+  // Nothing since: zero.
+  auto again = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 0u);
+
+  StagingSlot slot;
+  device_->staging().Acquire([&](StagingSlot s) { slot = s; });
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CopyToHost(stream_, slot, *y, 16, "y", d); }).ok());
+  float expected_x;
+  const uint32_t bits = 0x40404040;
+  std::memcpy(&expected_x, &bits, 4);
+  float got;
+  std::memcpy(&got, slot.data, 4);
+  EXPECT_FLOAT_EQ(got, a * expected_x);
+  device_->staging().Release(slot);
+
+  // Above 48 KiB of dynamic shared memory the kernel is opted in for us.
+  auto big = Await<KernelInfo>([&](Callback<KernelInfo> cb) {
+    device_->GetKernel(image, "gx_bigshared", "module m", cb);
+  });
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_GT(big->attributes.max_dynamic_shared_bytes, 48 * 1024);
+  LaunchOp bs;
+  bs.kernel = big->id;
+  bs.geometry.grid[0] = 1;
+  bs.geometry.block[0] = 128;
+  bs.geometry.shared_bytes = 40000 * 4;
+  bs.param_block.assign(big->param_bytes, '\0');
+  const uint32_t words = 40000;
+  std::memcpy(bs.param_block.data() + 0, &*x, 8);
+  std::memcpy(bs.param_block.data() + 8, &words, 4);
+  bs.what = "kernel 'gx_bigshared'";
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->Launch(stream_, bs, d); }).ok());
+  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
+
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *x, "x", d); }).ok());
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *y, "y", d); }).ok());
+}
+
+// The test double's fault is process-wide (as a real one is): run it in a
+// child process.
+TEST_F(DeviceTest, StickyFaultFailsEverythingAfterIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto image = Image("GXFAKE1\ngx_fault\n");
+        auto k = Await<KernelInfo>([&](Callback<KernelInfo> cb) {
+          device_->GetKernel(image, "gx_fault", "module m", cb);
+        });
+        if (!k.ok()) _exit(2);
+        LaunchOp op;
+        op.kernel = k->id;
+        op.param_block.assign(8, '\0');
+        const uint64_t address = 16;
+        std::memcpy(op.param_block.data(), &address, 8);
+        op.what = "kernel 'gx_fault' of session s";
+        if (!AwaitDone([&](Done d) { device_->Launch(stream_, op, d); }).ok()) _exit(3);
+        auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
+        if (ns.status().code() != absl::StatusCode::kAborted) _exit(4);
+        if (std::string(ns.status().message()).find("gx_fault") == std::string::npos) _exit(5);
+        if (device_->healthy()) _exit(6);
+        auto after = Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, 64, "z", cb); });
+        if (after.status().code() != absl::StatusCode::kAborted) _exit(7);
+        _exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace gpuexec::device
