@@ -49,6 +49,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (options.chunk_bytes == 0 || options.staging_buffers == 0) {
     return absl::InvalidArgumentError("chunk size and staging buffers must be positive");
   }
+  if (options.chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk size ", options.chunk_bytes,
+                                                   " is over the maximum of ", kMaxChunkBytes,
+                                                   " (a Read message must fit gRPC's limit)"));
+  }
   std::unique_ptr<Engine> engine(new Engine(options));
   auto driver = cuda::Driver::Load(options.driver_library);
   if (!driver.ok()) {
@@ -103,9 +108,10 @@ Engine::~Engine() {
     for (auto& [token, s] : sessions_) all.push_back(s);
   }
   for (auto& s : all) {
-    absl::Notification closed;
-    Close(s, "the daemon is shutting down", [&closed](absl::Status) { closed.Notify(); });
-    closed.WaitForNotificationWithTimeout(absl::Seconds(10));
+    // Shared: a close that outlasts the wait still has a live notification.
+    auto closed = std::make_shared<absl::Notification>();
+    Close(s, "the daemon is shutting down", [closed](absl::Status) { closed->Notify(); });
+    closed->WaitForNotificationWithTimeout(absl::Seconds(10));
   }
   devices_.clear();  // each drains its executor and releases its context
 }
@@ -130,7 +136,7 @@ void Engine::ReaperLoop() {
       absl::MutexLock lock(&sessions_mu_);
       for (auto& [token, s] : sessions_) {
         absl::MutexLock slock(&s->mu);
-        if (s->deadline < now) expired.push_back(s);
+        if (s->deadline < now && s->waiting == 0) expired.push_back(s);
       }
     }
     for (auto& s : expired) {
@@ -236,6 +242,10 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
       }
       return done(absl::UnavailableError(absl::StrCat("no device of this host is usable: ", why)));
     }
+  }
+  if (options_.max_sessions != 0 && session_count() >= options_.max_sessions) {
+    return done(absl::ResourceExhaustedError(absl::StrCat(
+        "daemon session limit: ", options_.max_sessions, " sessions are open")));
   }
   if (lease_ms == 0) lease_ms = options_.default_lease_ms;
   lease_ms = std::min(lease_ms, options_.max_lease_ms);
@@ -389,20 +399,28 @@ void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const devi
                                         image->bytes.size(), " bytes) of ", s->name());
   DeviceOf(*s)->LoadModule(image, what, [this, s, image, uploaded, newly_stored, done](absl::Status st) {
     if (!st.ok()) {
-      // An image the driver rejects is not kept.
-      if (newly_stored) {
+      // An image the driver rejects as such is not kept. (Other failures,
+      // out of memory or a faulted device, say nothing about the image.)
+      if (newly_stored && st.code() == absl::StatusCode::kFailedPrecondition) {
         absl::MutexLock lock(&modules_mu_);
-        module_store_.erase(image->sha256);
+        auto it = module_store_.find(image->sha256);
+        if (it != module_store_.end() && it->second == image) module_store_.erase(it);
       }
       return done(st);
     }
     absl::MutexLock lock(&s->mu);
     if (s->closed) return done(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
     ModuleResult r;
-    r.handle = s->NewHandle();
     r.sha256 = image->sha256;
     r.uploaded = uploaded;
-    s->modules.emplace(r.handle, image->sha256);
+    // One handle per image per session, however often it is loaded.
+    for (const auto& [handle, held] : s->modules) {
+      if (held->sha256 == image->sha256) r.handle = handle;
+    }
+    if (r.handle == 0) {
+      r.handle = s->NewHandle();
+      s->modules.emplace(r.handle, image);
+    }
     done(r);
   });
 }
@@ -412,7 +430,7 @@ void Engine::GetFunction(const std::string& token, uint64_t module, const std::s
   auto s = FindSession(token);
   if (!s.ok()) return done(s.status());
   std::shared_ptr<Session> session = *s;
-  std::string sha;
+  std::shared_ptr<const device::ModuleImage> image;
   {
     absl::MutexLock lock(&session->mu);
     auto it = session->modules.find(module);
@@ -420,16 +438,13 @@ void Engine::GetFunction(const std::string& token, uint64_t module, const std::s
       return done(absl::NotFoundError(
           absl::StrCat("module ", HandleName(module), " not found in ", session->name())));
     }
-    sha = it->second;
+    image = it->second;
   }
-  if (name.empty()) return done(absl::InvalidArgumentError("GetFunction: the kernel name is empty"));
-  std::shared_ptr<const device::ModuleImage> image;
-  {
-    absl::MutexLock lock(&modules_mu_);
-    auto it = module_store_.find(sha);
-    if (it != module_store_.end()) image = it->second;
+  if (name.empty()) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "GetFunction: the kernel name is empty (module ", HandleName(module), ")")));
   }
-  if (image == nullptr) return done(absl::InternalError("module store lost an image"));
+  const std::string sha = image->sha256;
   const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ", sha.substr(0, 12),
                                         ") of ", session->name());
   DeviceOf(*session)->GetKernel(image, name, what,
@@ -437,6 +452,10 @@ void Engine::GetFunction(const std::string& token, uint64_t module, const std::s
     if (!k.ok()) return done(k.status());
     absl::MutexLock lock(&session->mu);
     if (session->closed) return done(absl::NotFoundError(absl::StrCat(session->name(), " is closed")));
+    // One handle per kernel per session, however often it is asked for.
+    for (const auto& [handle, held] : session->functions) {
+      if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
+    }
     FunctionEntry f;
     f.handle = session->NewHandle();
     f.module_sha256 = sha;
@@ -454,8 +473,9 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
   if (size == 0) return done(absl::InvalidArgumentError("Allocate: size must be positive"));
+  absl::MutexLock lock(&s->mu);
+  if (s->closed) return done(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
   {
-    absl::MutexLock lock(&s->mu);
     if (s->memory_limit() != 0 && size > s->memory_limit() - s->memory_used) {
       return done(absl::ResourceExhaustedError(absl::StrCat(
           "session memory limit: ", s->name(), " holds ", s->memory_used, " of its ",
@@ -479,10 +499,13 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
   const std::string what = absl::StrCat("a buffer of ", size, " bytes for ", s->name(),
                                         " on device ", s->device());
   device::Device* dev = DeviceOf(*s);
+  // Posted under the session's lock, so that it is queued before the
+  // stream's destruction that a concurrent close queues.
   dev->Allocate(s->stream(), size, what, [this, s, size, dev, what, done](absl::StatusOr<device::DevicePtr> p) {
     absl::MutexLock lock(&s->mu);
     if (!p.ok()) {
-      ReleaseMemory(*s, size);
+      // A close in between already gave the whole session's memory back.
+      if (!s->closed) ReleaseMemory(*s, size);
       absl::Status st = p.status();
       if (st.code() == absl::StatusCode::kResourceExhausted) {
         st = absl::ResourceExhaustedError(absl::StrCat("device memory: ", st.message()));
@@ -572,6 +595,11 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string&
   sink->buffer_size_ = b->size;
   sink->what_ = absl::StrCat("Write to ", s->Describe(*b));
   sink->use_ = std::make_unique<BufferUse>(s.get(), b);
+  sink->max_in_flight_ = std::max<int>(2, static_cast<int>(sink->device_->staging().size() / 4));
+  // Staging buffers are taken only once the work queued before this Write
+  // is done: none waits behind a long kernel while other sessions need it.
+  sink->device_->AfterQueued(s->stream(), sink->what_,
+                             [sink](absl::Status st) { sink->OpenGate(st); });
   return sink;
 }
 
@@ -580,6 +608,10 @@ WriteSink::WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t 
     : engine_(engine), session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
 
 void WriteSink::Push(absl::string_view data, Done more) {
+  {
+    absl::MutexLock lock(&session_->mu);
+    session_->Touch();  // a long transfer keeps its session alive
+  }
   absl::Status error;
   {
     absl::MutexLock lock(&mu_);
@@ -603,14 +635,34 @@ void WriteSink::Push(absl::string_view data, Done more) {
   PushFrom(data, std::move(more));
 }
 
+void WriteSink::OpenGate(absl::Status status) {
+  absl::string_view data;
+  Done more;
+  {
+    absl::MutexLock lock(&mu_);
+    gate_open_ = true;
+    if (!status.ok() && error_.ok()) error_ = status;
+    std::swap(more, parked_more_);
+    data = parked_data_;
+  }
+  if (more) PushFrom(data, std::move(more));
+}
+
 void WriteSink::PushFrom(absl::string_view data, Done more) {
-  if (data.empty()) {
-    absl::Status error;
-    {
-      absl::MutexLock lock(&mu_);
-      error = error_;
+  {
+    absl::ReleasableMutexLock lock(&mu_);
+    if (data.empty() || !error_.ok()) {
+      absl::Status error = error_;
+      lock.Release();
+      return more(error);
     }
-    return more(error);
+    if (!gate_open_ || in_flight_ >= max_in_flight_) {
+      // Resumed by the gate or by the next copy that completes.
+      parked_data_ = data;
+      parked_more_ = std::move(more);
+      return;
+    }
+    ++in_flight_;
   }
   auto self = shared_from_this();
   device_->staging().Acquire([self, data, more](device::StagingSlot slot) {
@@ -618,10 +670,6 @@ void WriteSink::PushFrom(absl::string_view data, Done more) {
     std::memcpy(slot.data, data.data(), n);
     const uint64_t dst_offset = self->next_offset_;
     self->next_offset_ += n;
-    {
-      absl::MutexLock lock(&self->mu_);
-      ++self->in_flight_;
-    }
     bool closed;
     {
       // Under the session lock, so that the copy is queued before any free
@@ -652,9 +700,17 @@ void WriteSink::OnCopyDone(absl::Status status) {
   Callback<uint64_t> finish;
   absl::StatusOr<uint64_t> result;
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     if (!status.ok() && error_.ok()) error_ = status;
-    if (--in_flight_ != 0 || !finish_) return;
+    --in_flight_;
+    if (parked_more_) {
+      Done more = std::move(parked_more_);
+      parked_more_ = nullptr;
+      const absl::string_view data = parked_data_;
+      lock.Release();
+      return PushFrom(data, std::move(more));
+    }
+    if (in_flight_ != 0 || !finish_) return;
     finish = std::move(finish_);
     finish_ = nullptr;
     if (error_.ok()) result = written_; else result = error_;
@@ -696,6 +752,8 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string&
   src->base_ = b->ptr;
   src->what_ = absl::StrCat("Read of ", s->Describe(*b));
   src->use_ = std::make_unique<BufferUse>(s.get(), b);
+  // As for Write: no staging buffer waits behind work queued before.
+  dev->AfterQueued(s->stream(), src->what_, [src](absl::Status st) { src->OpenGate(st); });
   return src;
 }
 
@@ -710,13 +768,41 @@ uint64_t ReadSource::remaining() const {
 }
 
 void ReadSource::Next(std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> done) {
-  // A few chunks ahead of the one being delivered keep the copy engine busy
-  // while the network drains the last one.
-  constexpr int kAhead = 3;
-  std::vector<std::pair<uint64_t, uint64_t>> fetches;
+  {
+    absl::MutexLock lock(&session_->mu);
+    session_->Touch();  // a long transfer keeps its session alive
+  }
   {
     absl::MutexLock lock(&mu_);
     waiter_ = std::move(done);
+  }
+  FetchAhead();
+  Deliver();
+}
+
+void ReadSource::OpenGate(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    gate_open_ = true;
+    if (!status.ok()) {
+      // Everything queued before failed: so does this Read.
+      ready_.emplace(deliver_offset_, status);
+      fetch_offset_ = end_;
+      ++fetching_;
+    }
+  }
+  FetchAhead();
+  Deliver();
+}
+
+void ReadSource::FetchAhead() {
+  // Two chunks ahead of the one being delivered keep the copy engine busy
+  // while the network drains the last one.
+  constexpr int kAhead = 2;
+  std::vector<std::pair<uint64_t, uint64_t>> fetches;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!gate_open_) return;
     while (fetching_ < kAhead && fetch_offset_ < end_) {
       const uint64_t n = std::min<uint64_t>(chunk_, end_ - fetch_offset_);
       fetches.emplace_back(fetch_offset_, n);
@@ -725,7 +811,6 @@ void ReadSource::Next(std::function<void(absl::StatusOr<std::pair<uint64_t, std:
     }
   }
   for (const auto& [offset, n] : fetches) Fetch(offset, n);
-  Deliver();
 }
 
 void ReadSource::Fetch(uint64_t offset, uint64_t n) {
@@ -885,11 +970,9 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     }
     // Synchronize once the launch is enqueued, so that an enqueue error is
     // the one reported.
-    dev->Launch(s->stream(), std::move(op), [dev, s, gpu_ns](absl::Status st) {
+    dev->Launch(s->stream(), std::move(op), [this, s, gpu_ns](absl::Status st) {
       if (!st.ok()) return gpu_ns(st);
-      absl::MutexLock lock(&s->mu);
-      if (s->closed) return gpu_ns(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
-      dev->Synchronize(s->stream(), gpu_ns);
+      Synchronize(s, gpu_ns);
     });
   }
 }
@@ -897,9 +980,21 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
 void Engine::Synchronize(const std::string& token, Callback<uint64_t> gpu_ns) {
   auto found = FindSession(token);
   if (!found.ok()) return gpu_ns(found.status());
-  std::shared_ptr<Session> s = *found;
+  Synchronize(*found, std::move(gpu_ns));
+}
+
+void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) {
   absl::MutexLock lock(&s->mu);
-  DeviceOf(*s)->Synchronize(s->stream(), std::move(gpu_ns));
+  if (s->closed) return gpu_ns(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+  ++s->waiting;
+  DeviceOf(*s)->Synchronize(s->stream(), [s, gpu_ns](absl::StatusOr<uint64_t> ns) {
+    {
+      absl::MutexLock lock(&s->mu);
+      --s->waiting;
+      s->Touch();
+    }
+    gpu_ns(std::move(ns));
+  });
 }
 
 }  // namespace gpuexec::core

@@ -35,6 +35,9 @@ template <typename T>
 using Callback = std::function<void(absl::StatusOr<T>)>;
 using Done = std::function<void(absl::Status)>;
 
+// Read messages are chunk-sized and gRPC's message limit is 64 MiB.
+inline constexpr uint32_t kMaxChunkBytes = 16u << 20;
+
 struct EngineOptions {
   std::string driver_library = "libcuda.so.1";
   uint64_t default_lease_ms = 60'000;
@@ -45,6 +48,7 @@ struct EngineOptions {
   uint32_t chunk_bytes = 1 << 20;
   uint32_t staging_buffers = 8;
   uint64_t max_module_bytes = 512ull << 20;
+  uint32_t max_sessions = 4096;  // 0: no limit
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };
 
@@ -138,6 +142,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
  private:
   friend class Engine;
   WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset);
+  void OpenGate(absl::Status status);
   void PushFrom(absl::string_view data, Done more);
   void OnCopyDone(absl::Status status);
 
@@ -152,10 +157,16 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   uint64_t written_ = 0;
   std::unique_ptr<BufferUse> use_;
 
+  int max_in_flight_ = 2;  // staging buffers one Write may hold
+
   absl::Mutex mu_;
+  bool gate_open_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   Callback<uint64_t> finish_ ABSL_GUARDED_BY(mu_);
+  // A push waiting for the gate or for a staging buffer to come back.
+  absl::string_view parked_data_ ABSL_GUARDED_BY(mu_);
+  Done parked_more_ ABSL_GUARDED_BY(mu_);
 };
 
 // One Read: device bytes streamed to the caller in chunks, in order, with a
@@ -171,6 +182,8 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   friend class Engine;
   ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset,
              uint64_t size, uint32_t chunk);
+  void OpenGate(absl::Status status);
+  void FetchAhead();
   void Fetch(uint64_t offset, uint64_t n);
   void Ready(uint64_t offset, absl::StatusOr<std::string> bytes);
   void Deliver();
@@ -186,6 +199,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   std::unique_ptr<BufferUse> use_;
 
   mutable absl::Mutex mu_;
+  bool gate_open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t fetch_offset_ ABSL_GUARDED_BY(mu_);    // next offset to fetch
   uint64_t deliver_offset_ ABSL_GUARDED_BY(mu_);  // next offset to hand out
   int fetching_ ABSL_GUARDED_BY(mu_) = 0;
@@ -253,6 +267,7 @@ class Engine {
   void FinishModule(std::shared_ptr<Session> session, std::shared_ptr<const device::ModuleImage> image,
                     bool uploaded, bool newly_stored, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
   // Removes the session and frees all it holds; `why` goes to the log.
   void Close(std::shared_ptr<Session> session, const std::string& why, Done done);
   void ReaperLoop();

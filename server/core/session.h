@@ -57,7 +57,12 @@ class Session {
   absl::Time deadline ABSL_GUARDED_BY(mu);
   uint64_t memory_used ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, BufferEntry> buffers ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, std::string> modules ABSL_GUARDED_BY(mu);  // -> sha256
+  // Module handles hold their image, so they stay valid whatever happens
+  // to the daemon's store.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<const device::ModuleImage>> modules
+      ABSL_GUARDED_BY(mu);
+  // Synchronize calls waiting: the lease does not lapse under them.
+  int waiting ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, FunctionEntry> functions ABSL_GUARDED_BY(mu);
 
   // A fresh nonzero handle not used in this session.

@@ -263,7 +263,9 @@ absl::StatusOr<Function> Driver::GetFunction(const Module& module, const std::st
                                             " (cuModuleGetFunction: CUDA_ERROR_NOT_FOUND); "
                                             "kernels need extern \"C\" or their mangled name"));
   }
-  if (r != CUDA_SUCCESS) return Error(r, "cuModuleGetFunction", what);
+  if (r != CUDA_SUCCESS) {
+    return Error(r, "cuModuleGetFunction", absl::StrCat("kernel '", name, "' of ", what));
+  }
   return f;
 }
 
@@ -276,7 +278,9 @@ absl::StatusOr<std::vector<ParamInfo>> Driver::ParamLayout(Function f,
     if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
     if (r != CUDA_SUCCESS) return Error(r, "cuFuncGetParamInfo", what);
     params.push_back({offset, size});
-    if (params.size() > 4096) return absl::InternalError("implausible parameter count");
+    if (params.size() > 4096) {
+      return absl::InternalError(absl::StrCat(what, " reports more than 4096 parameters"));
+    }
   }
   return params;
 }

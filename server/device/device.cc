@@ -168,26 +168,31 @@ absl::Status Device::Usable() const {
 }
 
 void Device::FailPending(const absl::Status& status) {
-  std::vector<HostTask*> tasks;
+  // The completions are taken out of their tasks under the lock, so a
+  // trampoline that runs later finds an empty task and only frees it.
+  std::vector<std::function<void(absl::Status)>> fns;
   {
     absl::MutexLock lock(&pending_mu_);
-    tasks.assign(pending_.begin(), pending_.end());
+    for (HostTask* t : pending_) fns.push_back(std::move(t->fn));
     pending_.clear();
   }
-  // The tasks stay allocated: the driver may still run their trampolines,
-  // which free them.
-  for (HostTask* t : tasks) t->fn(status);
+  for (auto& fn : fns) fn(status);
 }
 
 void Device::HostTrampoline(void* data) {
   auto* task = static_cast<HostTask*>(data);
-  bool mine;
+  Device* device = task->device;
+  std::function<void(absl::Status)> fn;
   {
-    absl::MutexLock lock(&task->device->pending_mu_);
-    mine = task->device->pending_.erase(task) == 1;
+    absl::MutexLock lock(&device->pending_mu_);
+    if (device->pending_.erase(task) == 1) fn = std::move(task->fn);
   }
-  if (mine) task->fn(absl::OkStatus());
   delete task;
+  if (!fn) return;  // a fault failed it already
+  fn(absl::OkStatus());
+  // This is a driver callback thread, where no driver call may be made; the
+  // completion's captures (events, say) are released on the executor.
+  device->executor_.Post([fn = std::move(fn)] {});
 }
 
 absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
@@ -274,6 +279,15 @@ void Device::DestroyStream(StreamId stream, Done done) {
     absl::Status st =
         WhenDone(*s, erase, absl::StrCat("closing a session stream on device ", props_.ordinal));
     if (!st.ok()) erase(st);
+  });
+}
+
+void Device::AfterQueued(StreamId stream, std::string what, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status());
+    absl::Status st = WhenDone(**ready, done, what);
+    if (!st.ok()) done(st);
   });
 }
 
@@ -385,7 +399,7 @@ void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string nam
     auto it = m->kernels.find(name);
     if (it != m->kernels.end()) return done(it->second->info);
     const std::string fwhat = absl::StrCat("kernel '", name, "' of ", what);
-    auto fn = driver_->GetFunction(m->module, name, what);
+    auto fn = driver_->GetFunction(m->module, name, what);  // names the module
     if (!fn.ok()) return done(Check(fn.status()));
     auto params = driver_->ParamLayout(*fn, fwhat);
     if (!params.ok()) return done(Check(params.status()));
@@ -418,8 +432,8 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
     StreamState* s = *ready;
     auto it = kernels_.find(op.kernel);
     if (it == kernels_.end()) {
-      return done(absl::InternalError(absl::StrCat("kernel ", op.kernel, " is not loaded on device ",
-                                                   props_.ordinal)));
+      return done(absl::InternalError(absl::StrCat(op.what, ": its kernel (id ", op.kernel,
+                                                   ") is not loaded on device ", props_.ordinal)));
     }
     KernelEntry& k = *it->second;
     const int shared = static_cast<int>(op.geometry.shared_bytes);

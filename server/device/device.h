@@ -97,6 +97,11 @@ class Device {
   // gone.
   void DestroyStream(StreamId stream, Done done);
 
+  // Runs `done` (on a driver callback thread) once everything queued on
+  // `stream` so far has finished. Copies wait for this before they take a
+  // staging buffer, so that no buffer sits idle behind a session's kernel.
+  void AfterQueued(StreamId stream, std::string what, Done done);
+
   void Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done);
   // Enqueues the free; `done` reports the enqueue.
   void Free(StreamId stream, DevicePtr ptr, std::string what, Done done);

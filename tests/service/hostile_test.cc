@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpuexec/grpc_status.h"
@@ -489,6 +490,27 @@ TEST_F(HostileTest, DaemonMemoryLimit) {
   GX_ASSERT_OK(a.Close());
   GX_EXPECT_OK(b.Allocate(32 * kMiB).status());
   GX_EXPECT_OK(b.Close());
+  limited->Shutdown(absl::Seconds(10));
+}
+
+// An Allocate in flight when its session closes must not count its memory
+// twice (or never) against the daemon's limit.
+TEST_F(HostileTest, AllocateRacingCloseKeepsTheDaemonCount) {
+  ServerOptions options;
+  options.daemon_memory_bytes = 64 * kMiB;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> limited, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*limited)));
+  for (int i = 0; i < 20; ++i) {
+    GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({kDevice}));
+    std::thread allocate([&] { (void)s.Allocate(48 * kMiB); });
+    absl::SleepFor(absl::Microseconds(50 * (i % 5)));
+    (void)s.Close();
+    allocate.join();
+  }
+  // All of the daemon's quota is free again.
+  GX_ASSERT_OK_AND_ASSIGN(Session after, client.OpenSession({kDevice}));
+  GX_EXPECT_OK(after.Allocate(64 * kMiB).status());
+  GX_EXPECT_OK(after.Close());
   limited->Shutdown(absl::Seconds(10));
 }
 

@@ -479,6 +479,44 @@ TEST_F(ServiceTest, SlowKernelDoesNotDelayAnotherSession) {
   EXPECT_LT(a_gpu, absl::Seconds(30));
 }
 
+// A session whose copies queue behind its own long kernel holds no staging
+// buffer while it waits, so another session's copies go ahead.
+TEST_F(ServiceTest, CopiesBehindALongKernelDoNotBlockAnotherSession) {
+  constexpr uint64_t kSpinNs = 2'000'000'000;
+  constexpr uint64_t kBig = 16 << 20;
+  GX_ASSERT_OK_AND_ASSIGN(Client client_a, NewClient());
+  GX_ASSERT_OK_AND_ASSIGN(Client client_b, NewClient());
+  GX_ASSERT_OK_AND_ASSIGN(Session a, client_a.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session b, client_b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Function spin, Kernel(a, "gx_spin"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a_buffer, a.Allocate(kBig));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b_buffer, b.Allocate(1 << 20));
+  const std::vector<uint8_t> a_data = Pattern(8, kBig);
+  const std::vector<uint8_t> b_data = Pattern(9, 1 << 20);
+
+  const absl::Time start = absl::Now();
+  GX_ASSERT_OK(a.Launch(spin, Config(1, 1), {Arg::U64(kSpinNs)}));
+  absl::Status a_write;
+  absl::Time a_done;
+  std::thread writer([&] {
+    a_write = a_buffer.Write(0, a_data);
+    a_done = absl::Now();
+  });
+  // Let A's Write reach the daemon and queue behind the kernel.
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time b_start = absl::Now();
+  GX_ASSERT_OK(b_buffer.Write(0, b_data));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, b_buffer.Read());
+  const absl::Duration b_round_trip = absl::Now() - b_start;
+  writer.join();
+  EXPECT_TRUE(back == b_data);
+  EXPECT_LT(b_round_trip, absl::Seconds(1)) << "session B's copies waited for session A's kernel";
+  GX_EXPECT_OK(a_write);
+  EXPECT_GE(a_done - start, absl::Milliseconds(1900)) << "A's Write lands after A's kernel";
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> a_back, a_buffer.Read());
+  EXPECT_TRUE(a_back == a_data);
+}
+
 TEST_F(ServiceTest, SynchronizeReportsGpuTime) {
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   GX_ASSERT_OK_AND_ASSIGN(absl::Duration idle, session.Synchronize());
