@@ -9,6 +9,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "server/common/log.h"
 #include "server/rpc/server.h"
 
@@ -28,15 +30,24 @@ ABSL_FLAG(uint64_t, session_memory_limit, 0,
 ABSL_FLAG(uint64_t, daemon_memory_limit, 0,
           "Device memory all sessions together may hold, in bytes (0: the devices' own).");
 ABSL_FLAG(uint32_t, chunk_bytes, 1 << 20,
-          "Size of a pinned staging buffer and of a Read response message.");
+          "Size of a pinned staging buffer and of a Read response message (at most 16 MiB).");
 ABSL_FLAG(uint32_t, staging_buffers, 8,
           "Pinned staging buffers per device; copies stream through them, so the daemon's "
           "memory for copies is chunk_bytes x staging_buffers per device.");
+ABSL_FLAG(uint32_t, max_sessions, 4096, "Sessions open at once (0: no limit).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this file (absl matches by program name
+  // otherwise, and this file is not named after the program).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return file == "server/main.cc" || absl::EndsWith(file, "/server/main.cc");
+  };
+  usage.version_string = [] { return std::string("gpuexecd 0.1.0 (gpuexec.v1)\n"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "gpuexecd: serves the gpuexec.v1 gRPC API (run CUDA kernels on this host's GPUs).\n"
+      "serves the gpuexec.v1 gRPC API (run CUDA kernels on this host's GPUs).\n"
       "Usage: gpuexecd [--listen=127.0.0.1:50051] [--unix_socket=PATH] [flags]");
   absl::ParseCommandLine(argc, argv);
 
@@ -69,6 +80,7 @@ int main(int argc, char** argv) {
   options.daemon_memory_bytes = absl::GetFlag(FLAGS_daemon_memory_limit);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
 
   auto server = gpuexec::Server::Start(options);
   if (!server.ok()) {

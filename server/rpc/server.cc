@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.chunk_bytes = options.chunk_bytes;
   eo.staging_buffers = options.staging_buffers;
   eo.reaper_interval = options.reaper_interval;
+  eo.max_sessions = options.max_sessions;
   auto engine = core::Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();

@@ -37,6 +37,8 @@ struct ServerOptions {
   // Pinned staging buffers per device (bounds the daemon's memory for
   // copies: chunk_bytes * staging_buffers per device).
   uint32_t staging_buffers = 8;
+  // Sessions open at once (0 = no limit).
+  uint32_t max_sessions = 4096;
   // How often leases are checked.
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };

@@ -16,7 +16,9 @@ TEST(GrpcStatus, EveryCodeRoundTrips) {
     const absl::Status s = c == 0 ? absl::OkStatus() : absl::Status(code, "buffer 0x1 of session x");
     const grpc::Status gs = ToGrpcStatus(s);
     EXPECT_EQ(FromGrpcStatus(gs), s);
-    if (c != 0) EXPECT_EQ(gs.error_message(), "buffer 0x1 of session x");
+    if (c != 0) {
+      EXPECT_EQ(gs.error_message(), "buffer 0x1 of session x");
+    }
   }
 }
 
