@@ -15,7 +15,8 @@ namespace gpuexec::core {
 namespace {
 
 // Images are little-endian; fields are read with memcpy in host order.
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "image_check assumes a little-endian host");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "image_check assumes a little-endian host");
 // glibc's ELF structs have the on-disk layout (no padding); check it rather
 // than trust it.
 static_assert(sizeof(Elf64_Ehdr) == 64, "Elf64_Ehdr layout");
@@ -82,8 +83,8 @@ std::string Extent(uint64_t offset, uint64_t size) {
 
 absl::Status PastEnd(absl::string_view thing, uint64_t offset, uint64_t size, uint64_t limit,
                      absl::string_view container) {
-  return absl::InvalidArgumentError(absl::StrCat(thing, " ", Extent(offset, size), ", past the ",
-                                                 limit, "-byte ", container));
+  return absl::InvalidArgumentError(
+      absl::StrCat(thing, " ", Extent(offset, size), ", past the ", limit, "-byte ", container));
 }
 
 bool AllZero(absl::string_view bytes) {
@@ -116,24 +117,23 @@ absl::Status CheckElf(absl::string_view elf, absl::string_view container) {
   const uint64_t size = elf.size();
   if (!HasElfMagic(elf)) {
     absl::string_view format = SniffedFormat(elf);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "not an ELF image: a cubin starts with 0x7f 'E' 'L' 'F'",
-        format.empty() ? "" : absl::StrCat(", this looks like ", format)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("not an ELF image: a cubin starts with 0x7f 'E' 'L' 'F'",
+                     format.empty() ? "" : absl::StrCat(", this looks like ", format)));
   }
   if (size < EI_NIDENT) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the ELF identification needs ", EI_NIDENT, " bytes, the ", container,
-                     " has ", size));
+    return absl::InvalidArgumentError(absl::StrCat("the ELF identification needs ", EI_NIDENT,
+                                                   " bytes, the ", container, " has ", size));
   }
   if (elf[EI_CLASS] != ELFCLASS64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ELF class ", static_cast<int>(static_cast<unsigned char>(elf[EI_CLASS])), ", a cubin must be 64-bit (ELFCLASS64)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ELF class ", static_cast<int>(static_cast<unsigned char>(elf[EI_CLASS])),
+                     ", a cubin must be 64-bit (ELFCLASS64)"));
   }
   if (elf[EI_DATA] != ELFDATA2LSB) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ELF data encoding ",
-                     static_cast<int>(static_cast<unsigned char>(elf[EI_DATA])),
-                     ", a cubin must be little-endian (ELFDATA2LSB)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ELF data encoding ", static_cast<int>(static_cast<unsigned char>(elf[EI_DATA])),
+        ", a cubin must be little-endian (ELFDATA2LSB)"));
   }
   if (size < sizeof(Elf64_Ehdr)) {
     return absl::InvalidArgumentError(absl::StrCat("the ELF header needs ", sizeof(Elf64_Ehdr),
@@ -145,19 +145,19 @@ absl::Status CheckElf(absl::string_view elf, absl::string_view container) {
   // section 0; a cubin never has that many sections.
   const uint64_t shnum = ehdr.e_shnum;
   if (shnum == 0 && ehdr.e_shoff != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ELF e_shnum is 0 but e_shoff is ", ehdr.e_shoff,
-        " (extended section numbering), which a cubin does not use"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ELF e_shnum is 0 but e_shoff is ", ehdr.e_shoff,
+                     " (extended section numbering), which a cubin does not use"));
   }
   if (shnum > 0) {
     if (ehdr.e_shentsize != sizeof(Elf64_Shdr)) {
-      return absl::InvalidArgumentError(absl::StrCat("ELF e_shentsize is ", ehdr.e_shentsize,
-                                                     ", not ", sizeof(Elf64_Shdr)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ELF e_shentsize is ", ehdr.e_shentsize, ", not ", sizeof(Elf64_Shdr)));
     }
     // Both factors are 16-bit: the product cannot overflow.
     if (!Fits(ehdr.e_shoff, shnum * sizeof(Elf64_Shdr), size)) {
-      return PastEnd(absl::StrCat("ELF section header table (", shnum, " entries)"),
-                     ehdr.e_shoff, shnum * sizeof(Elf64_Shdr), size, container);
+      return PastEnd(absl::StrCat("ELF section header table (", shnum, " entries)"), ehdr.e_shoff,
+                     shnum * sizeof(Elf64_Shdr), size, container);
     }
   }
   if (ehdr.e_shstrndx != SHN_UNDEF && ehdr.e_shstrndx >= shnum) {
@@ -168,17 +168,17 @@ absl::Status CheckElf(absl::string_view elf, absl::string_view container) {
   // Program header table.
   const uint64_t phnum = ehdr.e_phnum;
   if (phnum == PN_XNUM) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ELF e_phnum is PN_XNUM (extended numbering), which a cubin does not use"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ELF e_phnum is PN_XNUM (extended numbering), which a cubin does not use"));
   }
   if (phnum > 0) {
     if (ehdr.e_phentsize != sizeof(Elf64_Phdr)) {
-      return absl::InvalidArgumentError(absl::StrCat("ELF e_phentsize is ", ehdr.e_phentsize,
-                                                     ", not ", sizeof(Elf64_Phdr)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ELF e_phentsize is ", ehdr.e_phentsize, ", not ", sizeof(Elf64_Phdr)));
     }
     if (!Fits(ehdr.e_phoff, phnum * sizeof(Elf64_Phdr), size)) {
-      return PastEnd(absl::StrCat("ELF program header table (", phnum, " entries)"),
-                     ehdr.e_phoff, phnum * sizeof(Elf64_Phdr), size, container);
+      return PastEnd(absl::StrCat("ELF program header table (", phnum, " entries)"), ehdr.e_phoff,
+                     phnum * sizeof(Elf64_Phdr), size, container);
     }
   }
   for (uint64_t i = 0; i < phnum; ++i) {
@@ -232,9 +232,9 @@ absl::Status CheckElf(absl::string_view elf, absl::string_view container) {
     for (uint64_t i = 0; i < shnum; ++i) {
       const uint32_t name = section(i).sh_name;
       if (name >= names_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ELF section ", i, " name starts at byte ", name, " of the ", names_size,
-                         "-byte section name table"));
+        return absl::InvalidArgumentError(absl::StrCat("ELF section ", i, " name starts at byte ",
+                                                       name, " of the ", names_size,
+                                                       "-byte section name table"));
       }
     }
   }
@@ -251,8 +251,7 @@ absl::Status CheckElf(absl::string_view elf, absl::string_view container) {
           "ELF section ", i, " (a symbol table) has entry size ", symtab.sh_entsize, " and size ",
           symtab.sh_size, ", not whole ", sizeof(Elf64_Sym), "-byte symbols"));
     }
-    if (absl::Status s =
-            string_table(symtab.sh_link, absl::StrCat("string table of section ", i));
+    if (absl::Status s = string_table(symtab.sh_link, absl::StrCat("string table of section ", i));
         !s.ok()) {
       return s;
     }
@@ -285,9 +284,9 @@ absl::Status CheckFatbinEntries(absl::string_view area, uint64_t base, int index
     const std::string name =
         absl::StrCat("fatbin ", index, " entry ", entry, " (at byte ", base + offset, ")");
     if (area.size() - offset < sizeof(FatbinEntryHeader)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " needs a ", sizeof(FatbinEntryHeader), "-byte header, but fatbin ",
-                       index, " ends at byte ", end));
+      return absl::InvalidArgumentError(absl::StrCat(name, " needs a ", sizeof(FatbinEntryHeader),
+                                                     "-byte header, but fatbin ", index,
+                                                     " ends at byte ", end));
     }
     const auto header = ReadAt<FatbinEntryHeader>(area, offset);
     if (header.header_size < sizeof(FatbinEntryHeader)) {
@@ -304,11 +303,10 @@ absl::Status CheckFatbinEntries(absl::string_view area, uint64_t base, int index
     }
     if (header.compressed_size > header.payload_size) {
       return absl::InvalidArgumentError(absl::StrCat(name, " declares ", header.compressed_size,
-                                                     " compressed bytes in a ",
-                                                     header.payload_size, "-byte payload"));
+                                                     " compressed bytes in a ", header.payload_size,
+                                                     "-byte payload"));
     }
-    const absl::string_view payload = area.substr(offset + header.header_size,
-                                                  header.payload_size);
+    const absl::string_view payload = area.substr(offset + header.header_size, header.payload_size);
     if (header.compressed_size == 0 && HasElfMagic(payload)) {
       if (absl::Status s = CheckElf(payload, "payload"); !s.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.message()));
@@ -323,19 +321,19 @@ absl::Status CheckFatbin(absl::string_view image) {
   const uint64_t size = image.size();
   if (size < sizeof(FatbinHeader) || !HasMagic32(image, kFatbinMagic)) {
     absl::string_view format = SniffedFormat(image);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "not a fatbin: a fatbin starts with a 16-byte header with magic 0xba55ed50",
-        format.empty() || HasMagic32(image, kFatbinMagic) ? ""
-                                                          : absl::StrCat(", this looks like ",
-                                                                         format)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a fatbin: a fatbin starts with a 16-byte header with magic 0xba55ed50",
+                     format.empty() || HasMagic32(image, kFatbinMagic)
+                         ? ""
+                         : absl::StrCat(", this looks like ", format)));
   }
   uint64_t offset = 0;
   for (int index = 0;; ++index) {
     const auto header = ReadAt<FatbinHeader>(image, offset);
     if (header.header_size < sizeof(FatbinHeader)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("fatbin ", index, " (at byte ", offset, ") declares a ",
-                       header.header_size, "-byte header, below ", sizeof(FatbinHeader)));
+      return absl::InvalidArgumentError(absl::StrCat("fatbin ", index, " (at byte ", offset,
+                                                     ") declares a ", header.header_size,
+                                                     "-byte header, below ", sizeof(FatbinHeader)));
     }
     if (!Fits(offset, header.header_size, size) ||
         !Fits(offset + header.header_size, header.fat_size, size)) {
@@ -362,9 +360,9 @@ absl::Status CheckFatbin(absl::string_view image) {
 
 absl::Status CheckPtx(absl::string_view image) {
   if (absl::string_view format = SniffedFormat(image); !format.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("declared PTX, but it starts like ", format, ", which the driver would parse "
-                     "as binary"));
+    return absl::InvalidArgumentError(absl::StrCat("declared PTX, but it starts like ", format,
+                                                   ", which the driver would parse "
+                                                   "as binary"));
   }
   const size_t nul = image.find('\0');
   if (nul != absl::string_view::npos && nul + 1 < image.size()) {
@@ -402,8 +400,7 @@ absl::Status CheckModuleImage(absl::string_view image, ImageKind kind, absl::str
       s = CheckPtx(image);
       break;
     default:
-      s = absl::InvalidArgumentError(
-          absl::StrCat("unknown image kind ", static_cast<int>(kind)));
+      s = absl::InvalidArgumentError(absl::StrCat("unknown image kind ", static_cast<int>(kind)));
   }
   if (s.ok()) return s;
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));

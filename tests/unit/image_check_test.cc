@@ -202,9 +202,9 @@ class ImageCheckTest : public ::testing::TestWithParam<Source> {
     }
     const std::string dir = GPUEXEC_KERNELS_DIR;
     if (dir.empty()) GTEST_SKIP() << "GPUEXEC_KERNELS_DIR is not defined";
-    for (auto [name, out] : {std::pair{"gx_kernels.cubin", &cubin_},
-                             std::pair{"gx_kernels.fatbin", &fatbin_},
-                             std::pair{"gx_kernels.ptx", &ptx_}}) {
+    for (auto [name, out] :
+         {std::pair{"gx_kernels.cubin", &cubin_}, std::pair{"gx_kernels.fatbin", &fatbin_},
+          std::pair{"gx_kernels.ptx", &ptx_}}) {
       if (!ReadFile(absl::StrCat(dir, "/", name), out)) {
         GTEST_SKIP() << "no " << name << " in " << dir << " (nvcc did not build the kernels)";
       }
@@ -277,25 +277,20 @@ TEST_P(ImageCheckTest, CubinHeaderFields) {
     return Check(elf, ImageKind::kCubin);
   };
   const uint64_t size = cubin_.size();
-  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shoff = size + 1; }),
-                "ELF section header table");
-  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shoff = size - 8; }),
-                "ELF section header table");
+  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shoff = size + 1; }), "ELF section header table");
+  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shoff = size - 8; }), "ELF section header table");
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shoff = kMax - 16; }),
                 absl::StrCat("starts at byte ", kMax - 16));
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shnum = 0xffff; }), "ELF section header table");
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shentsize = 40; }), "e_shentsize is 40");
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shnum = 0; }), "extended section numbering");
-  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_phoff = size - 1; }),
-                "ELF program header table");
+  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_phoff = size - 1; }), "ELF program header table");
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_phoff = kMax; }), "ELF program header table");
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_phentsize = 64; }), "e_phentsize is 64");
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_phnum = PN_XNUM; }), "PN_XNUM");
   ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_shstrndx = h.e_shnum; }), "e_shstrndx");
-  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_ident[EI_CLASS] = ELFCLASS32; }),
-                "must be 64-bit");
-  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_ident[EI_DATA] = ELFDATA2MSB; }),
-                "little-endian");
+  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_ident[EI_CLASS] = ELFCLASS32; }), "must be 64-bit");
+  ExpectInvalid(with([&](Elf64_Ehdr& h) { h.e_ident[EI_DATA] = ELFDATA2MSB; }), "little-endian");
   // No sections and no segments at all is consistent.
   EXPECT_TRUE(with([&](Elf64_Ehdr& h) {
                 h.e_shoff = 0;
@@ -323,13 +318,13 @@ TEST_P(ImageCheckTest, CubinSectionFields) {
   ExpectInvalid(with(last, [&](Elf64_Shdr& s) { s.sh_offset = size; }),
                 absl::StrCat("ELF section ", last, " ends at byte"));
   // sh_offset + sh_size wraps around to a small number.
-  ExpectInvalid(with(last,
-                     [&](Elf64_Shdr& s) {
-                       s.sh_offset = 64;
-                       s.sh_size = kMax - 32;
-                     }),
-                absl::StrCat("ELF section ", last, " starts at byte 64 and declares ", kMax - 32,
-                             " bytes"));
+  ExpectInvalid(
+      with(last,
+           [&](Elf64_Shdr& s) {
+             s.sh_offset = 64;
+             s.sh_size = kMax - 32;
+           }),
+      absl::StrCat("ELF section ", last, " starts at byte 64 and declares ", kMax - 32, " bytes"));
   // A NOBITS section's offset and size are not file bytes.
   EXPECT_TRUE(with(last, [&](Elf64_Shdr& s) {
                 s.sh_type = SHT_NOBITS;
@@ -404,7 +399,8 @@ TEST_P(ImageCheckTest, CubinSegments) {
 TEST_P(ImageCheckTest, FatbinHeaderFields) {
   std::string f = fatbin_;
   Put<uint64_t>(&f, 8, kMax - 4);
-  ExpectInvalid(Check(f, ImageKind::kFatbin), absl::StrCat("fatbin 0 (at byte 0) starts at byte 16 and declares ", kMax - 4));
+  ExpectInvalid(Check(f, ImageKind::kFatbin),
+                absl::StrCat("fatbin 0 (at byte 0) starts at byte 16 and declares ", kMax - 4));
   Put<uint64_t>(&f, 8, fatbin_.size() - 16 + 1);
   ExpectInvalid(Check(f, ImageKind::kFatbin),
                 absl::StrCat("fatbin 0 (at byte 0) ends at byte ", fatbin_.size() + 1,
@@ -441,10 +437,10 @@ TEST_P(ImageCheckTest, FatbinEntries) {
   ASSERT_LT(second, fat_end);
   f = fatbin_;
   Put<uint64_t>(&f, second + 8, Get<uint64_t>(f, second + 8) + 1);
-  ExpectInvalid(Check(f, ImageKind::kFatbin),
-                absl::StrCat("fatbin 0 entry 1 (at byte ", second, ") ends at byte ",
-                             fatbin_.size() + 1, ", past the end of fatbin 0 at byte ",
-                             fatbin_.size()));
+  ExpectInvalid(
+      Check(f, ImageKind::kFatbin),
+      absl::StrCat("fatbin 0 entry 1 (at byte ", second, ") ends at byte ", fatbin_.size() + 1,
+                   ", past the end of fatbin 0 at byte ", fatbin_.size()));
 
   // An entry header cut short by the end of the fatbin.
   f = fatbin_.substr(0, second) + std::string(40, '\x01');
@@ -532,8 +528,7 @@ TEST(CheckModuleImage, TestDoubleImagesOnlyWhenAccepted) {
   // Only the exact prefix counts.
   ExpectInvalid(Check("GXFAKE2\ngx_saxpy\n", ImageKind::kCubin, TestDoubleImages::kAccept),
                 "not an ELF image");
-  ExpectInvalid(Check(" GXFAKE1\n", ImageKind::kFatbin, TestDoubleImages::kAccept),
-                "not a fatbin");
+  ExpectInvalid(Check(" GXFAKE1\n", ImageKind::kFatbin, TestDoubleImages::kAccept), "not a fatbin");
 }
 
 TEST(CheckModuleImage, FatbinWrapperIsRefusedAsAnyKind) {
@@ -551,7 +546,10 @@ TEST(CheckModuleImage, FatbinWrapperIsRefusedAsAnyKind) {
 
 TEST(CheckModuleImage, TinyImages) {
   ExpectInvalid(Check("\x7f", ImageKind::kCubin), "not an ELF image");
-  ExpectInvalid(Check("\x7f" "ELF", ImageKind::kCubin), "ELF identification needs 16 bytes");
+  ExpectInvalid(Check("\x7f"
+                      "ELF",
+                      ImageKind::kCubin),
+                "ELF identification needs 16 bytes");
   std::string ident(16, '\0');
   std::memcpy(ident.data(), ELFMAG, SELFMAG);
   ident[EI_CLASS] = ELFCLASS64;
