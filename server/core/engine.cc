@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
+#include "server/core/image_check.h"
 
 namespace gpuexec::core {
 namespace {
@@ -380,6 +381,18 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
       return done(absl::DataLossError(absl::StrCat(name, ": the ", size_,
                                                    " bytes received hash to sha256 ", got,
                                                    ", not ", sha256_)));
+    }
+    // The driver's loader takes no length: make sure every offset the
+    // image's headers declare lies inside it before the driver sees it.
+    const ImageKind kind = kind_ == ModuleKind::kPtx      ? ImageKind::kPtx
+                           : kind_ == ModuleKind::kFatbin ? ImageKind::kFatbin
+                                                          : ImageKind::kCubin;
+    if (absl::Status st = CheckModuleImage(bytes_, kind, name,
+                                           engine_->driver_->is_test_double()
+                                               ? TestDoubleImages::kAccept
+                                               : TestDoubleImages::kReject);
+        !st.ok()) {
+      return done(st);
     }
     auto img = std::make_shared<device::ModuleImage>();
     img->sha256 = sha256_;

@@ -27,9 +27,9 @@
 //           (trailing zeros allowed). An entry's header is at least 64 bytes
 //           and its compressed size fits its payload. An uncompressed
 //           payload that is an ELF image is checked as a cubin on its own.
-//   PTX     Text: no NUL before the last byte, not starting with an ELF or
-//           fatbin magic (the driver would then parse it as binary), and
-//           containing ".version" and ".target".
+//   PTX     Text: no NUL before the last byte, not starting with an ELF,
+//           fatbin or fatbin-wrapper magic (the driver would then parse it
+//           as binary), and containing ".version" and ".target".
 //
 // The check bounds what the driver locates through headers; it does not
 // parse the contents of NVIDIA-private sections (.nv.info records, ...) nor

@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
                                                "required"));
   }
   std::unique_ptr<Driver> driver(new Driver(library, handle, std::move(api)));
+  driver->test_double_ = dlsym(handle, "gxfake_module_loads") != nullptr;
   const CUresult init = driver->api_->Init(0);
   if (init != CUDA_SUCCESS) {
     absl::Status s = driver->Error(init, "cuInit", absl::StrCat("driver library '", library, "'"));

@@ -160,6 +160,9 @@ class Driver {
   ~Driver();
 
   const std::string& library() const { return library_; }
+  // True when the library is gpuexec's own libcuda test double (it exports
+  // gxfake_module_loads); images in its format are accepted only then.
+  bool is_test_double() const { return test_double_; }
   int version() const { return version_; }
 
   absl::StatusOr<int> DeviceCount() const;
@@ -225,6 +228,7 @@ class Driver {
   void* handle_ = nullptr;  // dlopen handle, closed in the destructor
   std::unique_ptr<DriverApi> api_;
   int version_ = 0;
+  bool test_double_ = false;
 };
 
 }  // namespace gpuexec::cuda

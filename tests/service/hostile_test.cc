@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -491,6 +492,39 @@ TEST_F(HostileTest, DaemonMemoryLimit) {
   GX_EXPECT_OK(b.Allocate(32 * kMiB).status());
   GX_EXPECT_OK(b.Close());
   limited->Shutdown(absl::Seconds(10));
+}
+
+// The driver's loader takes no length; an image whose headers point past
+// its end is refused before the driver sees it.
+TEST_F(HostileTest, ForgedImageHeadersAreRefusedBeforeTheDriver) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  std::string elf(64, '\0');
+  elf[0] = 0x7f;
+  elf[1] = 'E';
+  elf[2] = 'L';
+  elf[3] = 'F';
+  elf[4] = 2;  // 64-bit
+  elf[5] = 1;  // little-endian
+  elf[6] = 1;
+  const uint64_t far_away = uint64_t{1} << 40;  // e_shoff
+  std::memcpy(elf.data() + 0x28, &far_away, 8);
+  const uint16_t shentsize = 64, shnum = 3;
+  std::memcpy(elf.data() + 0x3a, &shentsize, 2);
+  std::memcpy(elf.data() + 0x3c, &shnum, 2);
+  EXPECT_THAT(session.LoadModule(elf, ModuleKind::kCubin),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("module")));
+  std::string fatbin(16, '\0');
+  const uint32_t magic = 0xBA55ED50;
+  const uint16_t version = 1, header = 16;
+  const uint64_t fat_size = uint64_t{1} << 40;
+  std::memcpy(fatbin.data(), &magic, 4);
+  std::memcpy(fatbin.data() + 4, &version, 2);
+  std::memcpy(fatbin.data() + 6, &header, 2);
+  std::memcpy(fatbin.data() + 8, &fat_size, 8);
+  EXPECT_THAT(session.LoadModule(fatbin, ModuleKind::kFatbin),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("module")));
+  // The session and the daemon go on.
+  GX_EXPECT_OK(session.LoadModuleFile(KernelPath("cubin")).status());
 }
 
 // An Allocate in flight when its session closes must not count its memory
