@@ -314,53 +314,48 @@ void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
   });
 }
 
-void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size,
-                    std::string what, Done done) {
-  GPUEXEC_ON_EXECUTOR({
+void Device::EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
+                         std::function<absl::Status(CUstream_st*)> enqueue) {
+  executor_.Post([this, stream, what = std::move(what), wait, done = std::move(done),
+                  enqueue = std::move(enqueue)] {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status());
     StreamState* s = *ready;
     absl::Status st = MarkWork(*s);
-    if (st.ok()) st = Check(driver_->MemsetAsync(ptr, value, size, s->stream.get(), what));
+    if (st.ok()) st = Check(enqueue(s->stream.get()));
+    if (st.ok() && wait) {
+      st = WhenDone(*s, done, what);
+      if (st.ok()) return;  // `done` runs when the work has finished
+    }
     done(st);
+  });
+}
+
+void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size,
+                    std::string what, Done done) {
+  EnqueueWork(stream, what, false, std::move(done), [=](CUstream_st* s) {
+    return driver_->MemsetAsync(ptr, value, size, s, what);
   });
 }
 
 void Device::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, std::string what,
                   Done done) {
-  GPUEXEC_ON_EXECUTOR({
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status());
-    StreamState* s = *ready;
-    absl::Status st = MarkWork(*s);
-    if (st.ok()) st = Check(driver_->CopyDtoDAsync(dst, src, size, s->stream.get(), what));
-    done(st);
+  EnqueueWork(stream, what, false, std::move(done), [=](CUstream_st* s) {
+    return driver_->CopyDtoDAsync(dst, src, size, s, what);
   });
 }
 
 void Device::CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint64_t size,
                           std::string what, Done done) {
-  GPUEXEC_ON_EXECUTOR({
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status());
-    StreamState* s = *ready;
-    absl::Status st = MarkWork(*s);
-    if (st.ok()) st = Check(driver_->CopyHtoDAsync(dst, slot.data, size, s->stream.get(), what));
-    if (st.ok()) st = WhenDone(*s, done, what);
-    if (!st.ok()) done(st);
+  EnqueueWork(stream, what, true, std::move(done), [=](CUstream_st* s) {
+    return driver_->CopyHtoDAsync(dst, slot.data, size, s, what);
   });
 }
 
 void Device::CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t size,
                         std::string what, Done done) {
-  GPUEXEC_ON_EXECUTOR({
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status());
-    StreamState* s = *ready;
-    absl::Status st = MarkWork(*s);
-    if (st.ok()) st = Check(driver_->CopyDtoHAsync(slot.data, src, size, s->stream.get(), what));
-    if (st.ok()) st = WhenDone(*s, done, what);
-    if (!st.ok()) done(st);
+  EnqueueWork(stream, what, true, std::move(done), [=](CUstream_st* s) {
+    return driver_->CopyDtoHAsync(slot.data, src, size, s, what);
   });
 }
 

@@ -150,6 +150,10 @@ class Device {
   // The stream of an operation, or why the operation cannot run.
   absl::StatusOr<StreamState*> ReadyStream(StreamId id);
   absl::Status MarkWork(StreamState& s);
+  // Posts GPU work: `enqueue` queues it on the stream; `done` reports the
+  // enqueue or, with `wait`, the work's completion.
+  void EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
+                   std::function<absl::Status(CUstream_st*)> enqueue);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);
   // Runs `fn` with the status of the stream's work once all that is queued
