@@ -35,6 +35,9 @@ ABSL_FLAG(uint32_t, staging_buffers, 8,
           "Pinned staging buffers per device; copies stream through them, so the daemon's "
           "memory for copies is chunk_bytes x staging_buffers per device.");
 ABSL_FLAG(uint32_t, max_sessions, 4096, "Sessions open at once (0: no limit).");
+ABSL_FLAG(uint64_t, module_store_bytes, 1ull << 30,
+          "Bytes of module images the daemon keeps; images no open session holds are "
+          "evicted (and unloaded) to make room (0: no limit).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 
 int main(int argc, char** argv) {
@@ -81,6 +84,7 @@ int main(int argc, char** argv) {
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.module_store_bytes = absl::GetFlag(FLAGS_module_store_bytes);
 
   auto server = gpuexec::Server::Start(options);
   if (!server.ok()) {

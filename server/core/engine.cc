@@ -370,7 +370,8 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
       return done(absl::NotFoundError(absl::StrCat(
           name, " (sha256 ", sha256_, ") is not held by the daemon; upload its bytes")));
     }
-    image = it->second;
+    it->second.last_used = ++engine_->module_store_clock_;
+    image = it->second.image;
   } else {
     if (bytes_.size() != size_) {
       return done(absl::InvalidArgumentError(absl::StrCat(
@@ -399,11 +400,57 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     img->bytes = std::move(bytes_);
     img->is_ptx = kind_ == ModuleKind::kPtx;
     absl::MutexLock lock(&engine_->modules_mu_);
-    auto [it, inserted] = engine_->module_store_.emplace(sha256_, img);
-    image = it->second;
-    newly_stored = inserted;
+    auto it = engine_->module_store_.find(sha256_);
+    if (it == engine_->module_store_.end()) {
+      if (absl::Status st = engine_->MakeRoom(img->bytes.size(), name); !st.ok()) return done(st);
+      it = engine_->module_store_.emplace(sha256_, Engine::StoredModule{img, 0}).first;
+      engine_->module_store_used_ += img->bytes.size();
+      newly_stored = true;
+    }
+    it->second.last_used = ++engine_->module_store_clock_;
+    image = it->second.image;
   }
   engine_->FinishModule(session_, image, uploaded, newly_stored, std::move(done));
+}
+
+absl::Status Engine::MakeRoom(uint64_t bytes, absl::string_view what) {
+  const uint64_t budget = options_.module_store_bytes;
+  if (budget == 0) return absl::OkStatus();
+  if (bytes > budget) {
+    return absl::ResourceExhaustedError(absl::StrCat("module store: ", what, " is ", bytes,
+                                                     " bytes; the daemon keeps at most ", budget,
+                                                     " bytes of module images"));
+  }
+  while (module_store_used_ + bytes > budget) {
+    // The least recently used image that no session holds (the store's
+    // own reference is then the only one).
+    const std::string* victim = nullptr;
+    uint64_t oldest = UINT64_MAX;
+    for (const auto& [sha, stored] : module_store_) {
+      if (stored.image.use_count() == 1 && stored.last_used < oldest) {
+        oldest = stored.last_used;
+        victim = &sha;
+      }
+    }
+    if (victim == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "module store: ", what, " (", bytes, " bytes) does not fit: open sessions hold ",
+          module_store_used_, " of the ", budget, " bytes of module images the daemon keeps"));
+    }
+    log::Info("module ", victim->substr(0, 12), " evicted from the module store");
+    Unstore(*victim);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Unstore(const std::string& sha256) {
+  auto it = module_store_.find(sha256);
+  if (it == module_store_.end()) return;
+  module_store_used_ -= it->second.image->bytes.size();
+  // Posted under the store's lock: a later upload of the same image is
+  // queued on each device after this unload.
+  for (auto& d : devices_) d->UnloadModule(sha256);
+  module_store_.erase(it);
 }
 
 void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const device::ModuleImage> image,
@@ -417,7 +464,7 @@ void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const devi
       if (newly_stored && st.code() == absl::StatusCode::kFailedPrecondition) {
         absl::MutexLock lock(&modules_mu_);
         auto it = module_store_.find(image->sha256);
-        if (it != module_store_.end() && it->second == image) module_store_.erase(it);
+        if (it != module_store_.end() && it->second.image == image) Unstore(image->sha256);
       }
       return done(st);
     }

@@ -49,6 +49,9 @@ struct EngineOptions {
   uint32_t staging_buffers = 8;
   uint64_t max_module_bytes = 512ull << 20;
   uint32_t max_sessions = 4096;  // 0: no limit
+  // Bytes of module images the daemon keeps (0: no limit). Images no open
+  // session holds are evicted, least recently used first, to make room.
+  uint64_t module_store_bytes = 1ull << 30;
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };
 
@@ -285,9 +288,20 @@ class Engine {
   // Daemon-wide device memory held by sessions.
   std::atomic<uint64_t> daemon_memory_used_{0};
 
+  // The module store: images by SHA-256, with a use stamp for eviction.
+  struct StoredModule {
+    std::shared_ptr<const device::ModuleImage> image;
+    uint64_t last_used = 0;
+  };
+  // Evicts images no session holds until `bytes` more fit the budget; each
+  // eviction also unloads the image from every device.
+  absl::Status MakeRoom(uint64_t bytes, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(modules_mu_);
+  void Unstore(const std::string& sha256) ABSL_EXCLUSIVE_LOCKS_REQUIRED(modules_mu_);
   absl::Mutex modules_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const device::ModuleImage>> module_store_
-      ABSL_GUARDED_BY(modules_mu_);
+  absl::flat_hash_map<std::string, StoredModule> module_store_ ABSL_GUARDED_BY(modules_mu_);
+  uint64_t module_store_used_ ABSL_GUARDED_BY(modules_mu_) = 0;
+  uint64_t module_store_clock_ ABSL_GUARDED_BY(modules_mu_) = 0;
 
   absl::Notification stop_reaper_;
   std::thread reaper_;

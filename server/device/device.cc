@@ -383,6 +383,16 @@ void Device::LoadModule(std::shared_ptr<const ModuleImage> image, std::string wh
   });
 }
 
+void Device::UnloadModule(std::string sha256) {
+  executor_.Post([this, sha256 = std::move(sha256)] {
+    auto it = modules_.find(sha256);
+    if (it == modules_.end()) return;
+    for (const auto& [name, kernel] : it->second->kernels) kernels_.erase(kernel->info.id);
+    modules_.erase(it);  // cuModuleUnload
+    modules_loaded_.fetch_sub(1);
+  });
+}
+
 void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string name,
                        std::string what, Callback<KernelInfo> done) {
   GPUEXEC_ON_EXECUTOR({

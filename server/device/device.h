@@ -121,6 +121,8 @@ class Device {
   // Loads the image unless this device holds it already (one driver load
   // per image per device, whoever asks).
   void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Done done);
+  // Unloads an image (no session may hold it: its kernels go with it).
+  void UnloadModule(std::string sha256);
   // Resolves a kernel of a module this device loaded (loading it if needed).
   void GetKernel(std::shared_ptr<const ModuleImage> image, std::string name, std::string what,
                  Callback<KernelInfo> done);

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.staging_buffers = options.staging_buffers;
   eo.reaper_interval = options.reaper_interval;
   eo.max_sessions = options.max_sessions;
+  eo.module_store_bytes = options.module_store_bytes;
   auto engine = core::Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();

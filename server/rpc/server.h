@@ -39,6 +39,8 @@ struct ServerOptions {
   uint32_t staging_buffers = 8;
   // Sessions open at once (0 = no limit).
   uint32_t max_sessions = 4096;
+  // Bytes of module images kept; unheld ones are evicted (0 = no limit).
+  uint64_t module_store_bytes = 1ull << 30;
   // How often leases are checked.
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };

@@ -527,6 +527,46 @@ TEST_F(HostileTest, ForgedImageHeadersAreRefusedBeforeTheDriver) {
   GX_EXPECT_OK(session.LoadModuleFile(KernelPath("cubin")).status());
 }
 
+// The daemon keeps a bounded store of module images: images that open
+// sessions hold are never evicted, so a client cannot grow it without end.
+TEST_F(HostileTest, ModuleStoreKeepsToItsBudget) {
+  auto [first, kind] = UniqueModuleImage();
+  auto [second, kind2] = UniqueModuleImage();
+  auto [third, kind3] = UniqueModuleImage();
+  ServerOptions options;
+  // Two of these images fit, three do not.
+  options.module_store_bytes = first.size() + second.size() + third.size() / 2;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> limited, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*limited)));
+  {
+    GX_ASSERT_OK_AND_ASSIGN(Session holder, client.OpenSession({kDevice}));
+    GX_ASSERT_OK(holder.LoadModule(first, kind).status());
+    GX_ASSERT_OK(holder.LoadModule(second, kind2).status());
+    EXPECT_THAT(holder.LoadModule(third, kind3),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("module store")));
+    GX_ASSERT_OK(holder.Close());
+  }
+  // Once no session holds it, the least recently used image makes room.
+  GX_ASSERT_OK_AND_ASSIGN(Session next, client.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Module module, next.LoadModule(third, kind3));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, module.GetFunction("gx_fill_u32"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer out, next.Allocate(64));
+  LaunchConfig one;
+  GX_ASSERT_OK(next.LaunchAndWait(fill, one, {Arg::Ptr(out), Arg::U32(7), Arg::U64(16)}).status());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> values, out.ReadAs<uint32_t>(16));
+  EXPECT_EQ(values, std::vector<uint32_t>(16, 7));
+  // The oldest image made room and left the device too: two images are
+  // loaded there, not three.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto devices = client.ListDevices();
+        return devices.ok() && !devices->empty() && (*devices)[kDevice].modules_loaded == 2;
+      },
+      absl::Seconds(5)));
+  GX_EXPECT_OK(next.Close());
+  limited->Shutdown(absl::Seconds(10));
+}
+
 // An Allocate in flight when its session closes must not count its memory
 // twice (or never) against the daemon's limit.
 TEST_F(HostileTest, AllocateRacingCloseKeepsTheDaemonCount) {
