@@ -164,7 +164,7 @@ absl::StatusOr<std::shared_ptr<Session>> Engine::FindSession(const std::string& 
 }
 
 absl::StatusOr<BufferEntry*> Engine::FindBuffer(Session& s, uint64_t handle) {
-  if (s.closed) return absl::NotFoundError(absl::StrCat(s.name(), " is closed"));
+  if (s.closed) return s.ClosedError();
   auto it = s.buffers.find(handle);
   if (it == s.buffers.end()) {
     return absl::NotFoundError(
@@ -469,7 +469,7 @@ void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const devi
       return done(st);
     }
     absl::MutexLock lock(&s->mu);
-    if (s->closed) return done(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+    if (s->closed) return done(s->ClosedError());
     ModuleResult r;
     r.sha256 = image->sha256;
     r.uploaded = uploaded;
@@ -511,7 +511,7 @@ void Engine::GetFunction(const std::string& token, uint64_t module, const std::s
                                 [session, sha, name, done](absl::StatusOr<device::KernelInfo> k) {
     if (!k.ok()) return done(k.status());
     absl::MutexLock lock(&session->mu);
-    if (session->closed) return done(absl::NotFoundError(absl::StrCat(session->name(), " is closed")));
+    if (session->closed) return done(session->ClosedError());
     // One handle per kernel per session, however often it is asked for.
     for (const auto& [handle, held] : session->functions) {
       if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
@@ -534,7 +534,7 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
   std::shared_ptr<Session> s = *found;
   if (size == 0) return done(absl::InvalidArgumentError("Allocate: size must be positive"));
   absl::MutexLock lock(&s->mu);
-  if (s->closed) return done(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+  if (s->closed) return done(s->ClosedError());
   {
     if (s->memory_limit() != 0 && size > s->memory_limit() - s->memory_used) {
       return done(absl::ResourceExhaustedError(absl::StrCat(
@@ -576,7 +576,7 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
       // Closed while the allocation was in flight (its memory was already
       // given back by Close): free it again at once.
       dev->Free(s->stream(), *p, what, [](absl::Status) {});
-      return done(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+      return done(s->ClosedError());
     }
     BufferEntry b;
     b.handle = s->NewHandle();
@@ -649,7 +649,7 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string&
   absl::MutexLock lock(&s->mu);
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, 0, "Write"));
-  std::shared_ptr<WriteSink> sink(new WriteSink(this, s, buffer, offset));
+  std::shared_ptr<WriteSink> sink(new WriteSink(s, buffer, offset));
   sink->device_ = DeviceOf(*s);
   sink->base_ = b->ptr;
   sink->buffer_size_ = b->size;
@@ -663,9 +663,9 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string&
   return sink;
 }
 
-WriteSink::WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer,
+WriteSink::WriteSink(std::shared_ptr<Session> session, uint64_t buffer,
                      uint64_t offset)
-    : engine_(engine), session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
+    : session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
 
 void WriteSink::Push(absl::string_view data, Done more) {
   {
@@ -750,7 +750,7 @@ void WriteSink::PushFrom(absl::string_view data, Done more) {
     }
     if (closed) {
       self->device_->staging().Release(slot);
-      self->OnCopyDone(absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
+      self->OnCopyDone(self->session_->ClosedError());
     }
     self->PushFrom(data.substr(n), more);
   });
@@ -773,11 +773,16 @@ void WriteSink::OnCopyDone(absl::Status status) {
     if (in_flight_ != 0 || !finish_) return;
     finish = std::move(finish_);
     finish_ = nullptr;
-    if (error_.ok()) result = written_; else result = error_;
+    result = ResultLocked();
   }
   // The buffer is free for other calls before the caller hears back.
   use_->Release();
   finish(result);
+}
+
+absl::StatusOr<uint64_t> WriteSink::ResultLocked() const {
+  if (!error_.ok()) return error_;
+  return written_;
 }
 
 void WriteSink::Finish(Callback<uint64_t> done) {
@@ -788,7 +793,7 @@ void WriteSink::Finish(Callback<uint64_t> done) {
       finish_ = std::move(done);
       return;
     }
-    if (error_.ok()) result = written_; else result = error_;
+    result = ResultLocked();
   }
   use_->Release();
   done(result);
@@ -807,7 +812,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string&
   device::Device* dev = DeviceOf(*s);
   if (chunk == 0) chunk = options_.chunk_bytes;
   chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, dev->staging().capacity()));
-  std::shared_ptr<ReadSource> src(new ReadSource(this, s, buffer, offset, size, chunk));
+  std::shared_ptr<ReadSource> src(new ReadSource(s, buffer, offset, size, chunk));
   src->device_ = dev;
   src->base_ = b->ptr;
   src->what_ = absl::StrCat("Read of ", s->Describe(*b));
@@ -817,9 +822,9 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string&
   return src;
 }
 
-ReadSource::ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer,
+ReadSource::ReadSource(std::shared_ptr<Session> session, uint64_t buffer,
                        uint64_t offset, uint64_t size, uint32_t chunk)
-    : engine_(engine), session_(std::move(session)), buffer_(buffer), end_(offset + size),
+    : session_(std::move(session)), buffer_(buffer), end_(offset + size),
       chunk_(chunk), fetch_offset_(offset), deliver_offset_(offset) {}
 
 uint64_t ReadSource::remaining() const {
@@ -897,7 +902,7 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
     }
     if (closed) {
       self->device_->staging().Release(slot);
-      self->Ready(offset, absl::NotFoundError(absl::StrCat(self->session_->name(), " is closed")));
+      self->Ready(offset, self->session_->ClosedError());
     }
   });
 }
@@ -1045,7 +1050,7 @@ void Engine::Synchronize(const std::string& token, Callback<uint64_t> gpu_ns) {
 
 void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) {
   absl::MutexLock lock(&s->mu);
-  if (s->closed) return gpu_ns(absl::NotFoundError(absl::StrCat(s->name(), " is closed")));
+  if (s->closed) return gpu_ns(s->ClosedError());
   ++s->waiting;
   DeviceOf(*s)->Synchronize(s->stream(), [s, gpu_ns](absl::StatusOr<uint64_t> ns) {
     {

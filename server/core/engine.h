@@ -144,12 +144,13 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
 
  private:
   friend class Engine;
-  WriteSink(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset);
+  WriteSink(std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset);
   void OpenGate(absl::Status status);
   void PushFrom(absl::string_view data, Done more);
   void OnCopyDone(absl::Status status);
+  // The bytes written so far, or the first error.
+  absl::StatusOr<uint64_t> ResultLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  Engine* engine_;
   std::shared_ptr<Session> session_;
   device::Device* device_ = nullptr;
   const uint64_t buffer_;
@@ -183,7 +184,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
 
  private:
   friend class Engine;
-  ReadSource(Engine* engine, std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset,
+  ReadSource(std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset,
              uint64_t size, uint32_t chunk);
   void OpenGate(absl::Status status);
   void FetchAhead();
@@ -191,7 +192,6 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   void Ready(uint64_t offset, absl::StatusOr<std::string> bytes);
   void Deliver();
 
-  Engine* engine_;
   std::shared_ptr<Session> session_;
   device::Device* device_ = nullptr;
   const uint64_t buffer_;

@@ -25,6 +25,10 @@ uint64_t Session::NewHandle() {
 
 void Session::Touch() { deadline = absl::Now() + absl::Milliseconds(lease_ms_); }
 
+absl::Status Session::ClosedError() const {
+  return absl::NotFoundError(absl::StrCat(name_, " is closed"));
+}
+
 std::string Session::Describe(const BufferEntry& b) const {
   return absl::StrCat("buffer ", HandleName(b.handle), " of ", name_, " (", b.size,
                       " bytes on device ", device_, ")");

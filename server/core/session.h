@@ -69,6 +69,9 @@ class Session {
   uint64_t NewHandle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void Touch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // NOT_FOUND for calls that reach the session after it closed.
+  absl::Status ClosedError() const;
+
   // "buffer 0x1f.. of session 3f2a91c0 (1048576 bytes on device 0)".
   std::string Describe(const BufferEntry& b) const;
 

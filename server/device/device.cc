@@ -11,7 +11,6 @@
 namespace gpuexec::device {
 
 struct Device::StreamState {
-  StreamId id = 0;
   cuda::Stream stream;
   // The last kernel launched on the stream since its last completed
   // Synchronize, and when: what a fault report names.
@@ -39,7 +38,6 @@ struct Device::LoadedModule {
 // trampoline only frees it.
 struct Device::HostTask {
   Device* device;
-  StreamId stream;
   std::function<void(absl::Status)> fn;
 };
 
@@ -197,7 +195,7 @@ void Device::HostTrampoline(void* data) {
 
 absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
                               const std::string& what) {
-  auto* task = new HostTask{this, s.id, std::move(fn)};
+  auto* task = new HostTask{this, std::move(fn)};
   {
     absl::MutexLock lock(&pending_mu_);
     pending_.insert(task);
@@ -255,7 +253,6 @@ void Device::CreateStream(Callback<StreamId> done) {
     auto state = std::make_unique<StreamState>();
     state->stream = std::move(stream).value();
     StreamId id = next_stream_++;
-    state->id = id;
     streams_.emplace(id, std::move(state));
     done(id);
   });
