@@ -18,6 +18,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "TCP address to serve on (host:port; port 0 picks one). Empty for none. "
           "Loopback by default: expose it deliberately, e.g. 0.0.0.0:50051.");
 ABSL_FLAG(std::string, unix_socket, "", "Also serve on this Unix domain socket path.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port for Prometheus metrics over HTTP (GET /metrics); empty for none. "
+          "e.g. 127.0.0.1:9464, or 0.0.0.0:9464 for a scraper on another host.");
 ABSL_FLAG(std::string, driver, "",
           "CUDA driver library to open at run time (default: $GPUEXEC_DRIVER, else "
           "libcuda.so.1).");
@@ -72,6 +75,7 @@ int main(int argc, char** argv) {
   gpuexec::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
   options.driver_library = absl::GetFlag(FLAGS_driver);
   if (options.driver_library.empty()) {
     const char* env = std::getenv("GPUEXEC_DRIVER");

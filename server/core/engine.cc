@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     absl::MutexLock lock(&engine->sessions_mu_);
     engine->sessions_per_device_.assign(engine->devices_.size(), 0);
   }
+  engine->traffic_ = std::make_unique<TrafficCounters[]>(engine->devices_.size());
   engine->reaper_ = std::thread(&Engine::ReaperLoop, engine.get());
   return engine;
 }
@@ -111,7 +112,8 @@ Engine::~Engine() {
   for (auto& s : all) {
     // Shared: a close that outlasts the wait still has a live notification.
     auto closed = std::make_shared<absl::Notification>();
-    Close(s, "the daemon is shutting down", [closed](absl::Status) { closed->Notify(); });
+    Close(s, CloseReason::kShutdown, "the daemon is shutting down",
+          [closed](absl::Status) { closed->Notify(); });
     closed->WaitForNotificationWithTimeout(absl::Seconds(10));
   }
   devices_.clear();  // each drains its executor and releases its context
@@ -129,6 +131,40 @@ size_t Engine::session_count() const {
   return sessions_.size();
 }
 
+EngineStats Engine::Stats() const {
+  EngineStats st;
+  st.devices.resize(devices_.size());
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    all.reserve(sessions_.size());
+    for (const auto& [token, s] : sessions_) all.push_back(s);
+  }
+  st.sessions_open = static_cast<uint32_t>(all.size());
+  for (const auto& s : all) {
+    absl::MutexLock lock(&s->mu);
+    EngineStats::PerDevice& d = st.devices[s->device()];
+    d.buffers += static_cast<uint32_t>(s->buffers.size());
+    d.memory_held += s->memory_used;
+  }
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    st.devices[i].launches = traffic_[i].launches.load();
+    st.devices[i].bytes_written = traffic_[i].bytes_written.load();
+    st.devices[i].bytes_read = traffic_[i].bytes_read.load();
+  }
+  st.sessions_opened = sessions_opened_.load();
+  st.sessions_closed = sessions_closed_.load();
+  st.sessions_expired = sessions_expired_.load();
+  st.module_uploads = module_uploads_.load();
+  st.module_upload_bytes = module_upload_bytes_.load();
+  {
+    absl::MutexLock lock(&modules_mu_);
+    st.modules_stored = static_cast<uint32_t>(module_store_.size());
+    st.module_store_bytes = module_store_used_;
+  }
+  return st;
+}
+
 void Engine::ReaperLoop() {
   while (!stop_reaper_.WaitForNotificationWithTimeout(options_.reaper_interval)) {
     std::vector<std::shared_ptr<Session>> expired;
@@ -141,7 +177,8 @@ void Engine::ReaperLoop() {
       }
     }
     for (auto& s : expired) {
-      Close(s, absl::StrCat("its lease of ", s->lease_ms(), " ms lapsed"), [](absl::Status) {});
+      Close(s, CloseReason::kExpired, absl::StrCat("its lease of ", s->lease_ms(), " ms lapsed"),
+            [](absl::Status) {});
     }
   }
 }
@@ -266,6 +303,7 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
       sessions_.emplace(session->token(), session);
       ++sessions_per_device_[index];
     }
+    sessions_opened_.fetch_add(1);
     log::Info(session->name(), " opened on device ", index, " (lease ", lease_ms,
               " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
               ")");
@@ -281,7 +319,7 @@ absl::StatusOr<uint64_t> Engine::KeepAlive(const std::string& token) {
 void Engine::CloseSession(const std::string& token, Done done) {
   auto s = FindSession(token);
   if (!s.ok()) return done(s.status());
-  Close(*s, "the client closed it", std::move(done));
+  Close(*s, CloseReason::kClient, "the client closed it", std::move(done));
 }
 
 void Engine::ReleaseMemory(Session& s, uint64_t bytes) {
@@ -289,7 +327,8 @@ void Engine::ReleaseMemory(Session& s, uint64_t bytes) {
   daemon_memory_used_.fetch_sub(bytes);
 }
 
-void Engine::Close(std::shared_ptr<Session> s, const std::string& why, Done done) {
+void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::string& why,
+                   Done done) {
   {
     absl::MutexLock lock(&sessions_mu_);
     auto it = sessions_.find(s->token());
@@ -300,6 +339,8 @@ void Engine::Close(std::shared_ptr<Session> s, const std::string& why, Done done
     sessions_.erase(it);
     --sessions_per_device_[s->device()];
   }
+  if (reason == CloseReason::kClient) sessions_closed_.fetch_add(1);
+  if (reason == CloseReason::kExpired) sessions_expired_.fetch_add(1);
   device::Device* dev = DeviceOf(*s);
   uint64_t freed = 0;
   size_t buffers = 0;
@@ -395,6 +436,8 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
         !st.ok()) {
       return done(st);
     }
+    engine_->module_uploads_.fetch_add(1);
+    engine_->module_upload_bytes_.fetch_add(bytes_.size());
     auto img = std::make_shared<device::ModuleImage>();
     img->sha256 = sha256_;
     img->bytes = std::move(bytes_);
@@ -651,6 +694,7 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string&
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, 0, "Write"));
   std::shared_ptr<WriteSink> sink(new WriteSink(s, buffer, offset));
   sink->device_ = DeviceOf(*s);
+  sink->traffic_ = &traffic_[s->device()];
   sink->base_ = b->ptr;
   sink->buffer_size_ = b->size;
   sink->what_ = absl::StrCat("Write to ", s->Describe(*b));
@@ -741,6 +785,7 @@ void WriteSink::PushFrom(absl::string_view data, Done more) {
                                     self->what_, [self, slot, n](absl::Status st) {
                                       self->device_->staging().Release(slot);
                                       if (st.ok()) {
+                                        self->traffic_->bytes_written.fetch_add(n);
                                         absl::MutexLock lock(&self->mu_);
                                         self->written_ += n;
                                       }
@@ -814,6 +859,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string&
   chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, dev->staging().capacity()));
   std::shared_ptr<ReadSource> src(new ReadSource(s, buffer, offset, size, chunk));
   src->device_ = dev;
+  src->traffic_ = &traffic_[s->device()];
   src->base_ = b->ptr;
   src->what_ = absl::StrCat("Read of ", s->Describe(*b));
   src->use_ = std::make_unique<BufferUse>(s.get(), b);
@@ -908,6 +954,7 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
 }
 
 void ReadSource::Ready(uint64_t offset, absl::StatusOr<std::string> bytes) {
+  if (bytes.ok()) traffic_->bytes_read.fetch_add(bytes->size());
   {
     absl::MutexLock lock(&mu_);
     ready_.emplace(offset, std::move(bytes));
@@ -1026,17 +1073,20 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     }
     op.geometry.shared_bytes = spec.shared_bytes;
     op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
+    TrafficCounters* traffic = &traffic_[s->device()];
     if (!spec.synchronize) {
-      dev->Launch(s->stream(), std::move(op), [gpu_ns](absl::Status st) {
+      dev->Launch(s->stream(), std::move(op), [gpu_ns, traffic](absl::Status st) {
         if (!st.ok()) return gpu_ns(st);
+        traffic->launches.fetch_add(1);
         gpu_ns(uint64_t{0});
       });
       return;
     }
     // Synchronize once the launch is enqueued, so that an enqueue error is
     // the one reported.
-    dev->Launch(s->stream(), std::move(op), [this, s, gpu_ns](absl::Status st) {
+    dev->Launch(s->stream(), std::move(op), [this, s, gpu_ns, traffic](absl::Status st) {
       if (!st.ok()) return gpu_ns(st);
+      traffic->launches.fetch_add(1);
       Synchronize(s, gpu_ns);
     });
   }

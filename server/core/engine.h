@@ -69,6 +69,35 @@ struct DeviceStatus {
   uint32_t sessions = 0;
 };
 
+// Running totals of one device's traffic, kept by the engine (they survive
+// anything that happens to the device itself).
+struct TrafficCounters {
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> bytes_written{0};  // host to device, by Write
+  std::atomic<uint64_t> bytes_read{0};     // device to host, by Read
+};
+
+// A snapshot for metrics: what the engine holds and has done.
+struct EngineStats {
+  struct PerDevice {
+    uint32_t buffers = 0;
+    uint64_t memory_held = 0;  // bytes of the sessions' buffers
+    uint64_t launches = 0;
+    uint64_t bytes_written = 0;
+    uint64_t bytes_read = 0;
+  };
+  std::vector<PerDevice> devices;
+  uint32_t sessions_open = 0;
+  uint64_t sessions_opened = 0;
+  // Sessions ended by their client, by a lapsed lease, by shutdown.
+  uint64_t sessions_closed = 0;
+  uint64_t sessions_expired = 0;
+  uint32_t modules_stored = 0;
+  uint64_t module_store_bytes = 0;
+  uint64_t module_uploads = 0;       // images whose bytes came over the wire
+  uint64_t module_upload_bytes = 0;
+};
+
 struct SessionInfo {
   std::string token;
   uint32_t device = 0;
@@ -153,6 +182,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
 
   std::shared_ptr<Session> session_;
   device::Device* device_ = nullptr;
+  TrafficCounters* traffic_ = nullptr;
   const uint64_t buffer_;
   device::DevicePtr base_ = 0;
   uint64_t buffer_size_ = 0;
@@ -194,6 +224,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
 
   std::shared_ptr<Session> session_;
   device::Device* device_ = nullptr;
+  TrafficCounters* traffic_ = nullptr;
   const uint64_t buffer_;
   device::DevicePtr base_ = 0;
   std::string what_;
@@ -226,6 +257,8 @@ class Engine {
   // OK when the driver loaded; otherwise why there are no devices.
   const absl::Status& driver_status() const { return driver_status_; }
   size_t session_count() const;
+  // Counts for metrics; takes each session's lock in turn, briefly.
+  EngineStats Stats() const;
 
   void ListDevices(Callback<std::vector<DeviceStatus>> done);
 
@@ -271,8 +304,10 @@ class Engine {
                     bool uploaded, bool newly_stored, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
+  enum class CloseReason { kClient, kExpired, kShutdown };
   // Removes the session and frees all it holds; `why` goes to the log.
-  void Close(std::shared_ptr<Session> session, const std::string& why, Done done);
+  void Close(std::shared_ptr<Session> session, CloseReason reason, const std::string& why,
+             Done done);
   void ReaperLoop();
 
   const EngineOptions options_;
@@ -288,6 +323,14 @@ class Engine {
   // Daemon-wide device memory held by sessions.
   std::atomic<uint64_t> daemon_memory_used_{0};
 
+  // Totals for metrics: one TrafficCounters per device.
+  std::unique_ptr<TrafficCounters[]> traffic_;
+  std::atomic<uint64_t> sessions_opened_{0};
+  std::atomic<uint64_t> sessions_closed_{0};
+  std::atomic<uint64_t> sessions_expired_{0};
+  std::atomic<uint64_t> module_uploads_{0};
+  std::atomic<uint64_t> module_upload_bytes_{0};
+
   // The module store: images by SHA-256, with a use stamp for eviction.
   struct StoredModule {
     std::shared_ptr<const device::ModuleImage> image;
@@ -298,7 +341,7 @@ class Engine {
   absl::Status MakeRoom(uint64_t bytes, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(modules_mu_);
   void Unstore(const std::string& sha256) ABSL_EXCLUSIVE_LOCKS_REQUIRED(modules_mu_);
-  absl::Mutex modules_mu_;
+  mutable absl::Mutex modules_mu_;
   absl::flat_hash_map<std::string, StoredModule> module_store_ ABSL_GUARDED_BY(modules_mu_);
   uint64_t module_store_used_ ABSL_GUARDED_BY(modules_mu_) = 0;
   uint64_t module_store_clock_ ABSL_GUARDED_BY(modules_mu_) = 0;

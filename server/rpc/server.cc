@@ -12,13 +12,20 @@
 #include "absl/synchronization/notification.h"
 #include "server/common/log.h"
 #include "server/core/engine.h"
+#include "server/metrics/http_server.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/observability.h"
 #include "server/rpc/service.h"
 
 namespace gpuexec {
 
 class Server::Impl {
  public:
+  // Declared first: the interceptors and the metrics endpoint use it until
+  // the end.
+  metrics::Registry registry;
   std::unique_ptr<core::Engine> engine;
+  std::unique_ptr<metrics::HttpServer> metrics_http;
   std::unique_ptr<rpc::GpuExecService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -75,6 +82,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
   impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get());
+  rpc::AddEngineCollector(&impl->registry, impl->engine.get());
+  if (!options.metrics_address.empty()) {
+    auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry);
+    if (!http.ok()) return http.status();
+    impl->metrics_http = std::move(http).value();
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -94,6 +107,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(impl->service.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> observers;
+  observers.push_back(rpc::MakeRpcObserver(&impl->registry));
+  builder.experimental().SetInterceptorCreators(std::move(observers));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || (!options.listen_address.empty() && impl->port == 0)) {
     return absl::UnavailableError(absl::StrCat(
@@ -114,11 +130,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                   ":", impl->port),
             options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
             " with ", impl->engine->device_count(), " device(s); health ",
-            impl->engine->AnyDeviceHealthy() ? "SERVING" : "NOT_SERVING");
+            impl->engine->AnyDeviceHealthy() ? "SERVING" : "NOT_SERVING",
+            impl->metrics_http == nullptr
+                ? ""
+                : absl::StrCat("; metrics on ",
+                               options.metrics_address.substr(0, options.metrics_address.rfind(':')),
+                               ":", impl->metrics_http->port(), "/metrics"));
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
 int Server::port() const { return impl_->port; }
+
+int Server::metrics_port() const {
+  return impl_->metrics_http == nullptr ? 0 : impl_->metrics_http->port();
+}
+
+std::string Server::RenderMetrics() { return impl_->registry.Render(); }
 
 int Server::device_count() const { return impl_->engine->device_count(); }
 
@@ -140,6 +167,7 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->server->GetHealthCheckService()->SetServingStatus("liveness", false);
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
+  impl_->metrics_http.reset();  // its scrapes read the engine
   impl_->engine.reset();  // closes sessions, releases devices
   log::Info("gpuexecd stopped");
   impl_->done.Notify();

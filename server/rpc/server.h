@@ -21,6 +21,9 @@ struct ServerOptions {
   std::string listen_address = "127.0.0.1:50051";
   // Optional Unix domain socket path (served in addition to TCP).
   std::string unix_socket;
+  // host:port of the Prometheus metrics endpoint (GET /metrics); empty for
+  // none, port 0 picks one (see metrics_port()).
+  std::string metrics_address;
   // Driver library opened at run time.
   std::string driver_library = "libcuda.so.1";
   // Leases: what a session gets when it asks for none, and the most it may
@@ -56,6 +59,10 @@ class Server {
 
   // The TCP port bound (useful with port 0); 0 when there is no listener.
   int port() const;
+  // The metrics endpoint's port; 0 when there is none.
+  int metrics_port() const;
+  // The metrics exposition, as the endpoint would serve it.
+  std::string RenderMetrics();
   // A channel to this server that does not leave the process.
   std::shared_ptr<grpc::Channel> InProcessChannel();
   // Number of usable devices.

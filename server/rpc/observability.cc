@@ -1,0 +1,288 @@
+#include "server/rpc/observability.h"
+
+#include <grpcpp/server_context.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "server/common/log.h"
+
+namespace gpuexec::rpc {
+namespace {
+
+using grpc::experimental::InterceptionHookPoints;
+using grpc::experimental::Interceptor;
+using grpc::experimental::InterceptorBatchMethods;
+using grpc::experimental::ServerRpcInfo;
+
+constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
+
+const char* CodeName(int code) {
+  static constexpr const char* kNames[kCodes] = {"OK",
+                                                 "CANCELLED",
+                                                 "UNKNOWN",
+                                                 "INVALID_ARGUMENT",
+                                                 "DEADLINE_EXCEEDED",
+                                                 "NOT_FOUND",
+                                                 "ALREADY_EXISTS",
+                                                 "PERMISSION_DENIED",
+                                                 "RESOURCE_EXHAUSTED",
+                                                 "FAILED_PRECONDITION",
+                                                 "ABORTED",
+                                                 "OUT_OF_RANGE",
+                                                 "UNIMPLEMENTED",
+                                                 "INTERNAL",
+                                                 "UNAVAILABLE",
+                                                 "DATA_LOSS",
+                                                 "UNAUTHENTICATED"};
+  return code >= 0 && code < kCodes ? kNames[code] : "UNKNOWN";
+}
+
+const char* TypeName(ServerRpcInfo::Type type) {
+  switch (type) {
+    case ServerRpcInfo::Type::UNARY:
+      return "unary";
+    case ServerRpcInfo::Type::CLIENT_STREAMING:
+      return "client_stream";
+    case ServerRpcInfo::Type::SERVER_STREAMING:
+      return "server_stream";
+    case ServerRpcInfo::Type::BIDI_STREAMING:
+      return "bidi_stream";
+  }
+  return "unknown";
+}
+
+// Codes a client causes by what it sends; the others say something about
+// the daemon or its devices and are logged as warnings.
+bool CallerCaused(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::UNIMPLEMENTED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The metrics of one method; per-code children are made on first use.
+struct MethodMetrics {
+  std::string service, method, type;
+  metrics::Counter* started = nullptr;
+  absl::Mutex mu;
+  std::array<metrics::Counter*, kCodes> handled ABSL_GUARDED_BY(mu) = {};
+  std::array<metrics::Histogram*, kCodes> seconds ABSL_GUARDED_BY(mu) = {};
+};
+
+class RpcObserverFactory;
+
+class CallObserver final : public Interceptor {
+ public:
+  CallObserver(RpcObserverFactory* factory, MethodMetrics* m, ServerRpcInfo* info)
+      : factory_(factory), m_(m), info_(info), start_(absl::Now()) {}
+
+  void Intercept(InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      Finished(methods->GetSendStatus());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  void Finished(const grpc::Status& status);
+
+  RpcObserverFactory* factory_;
+  MethodMetrics* m_;
+  ServerRpcInfo* info_;
+  absl::Time start_;
+};
+
+class RpcObserverFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcObserverFactory(metrics::Registry* registry)
+      : started_(registry->AddCounter("grpc_server_started_total", "RPCs started on the server.",
+                                      {"grpc_service", "grpc_method", "grpc_type"})),
+        handled_(registry->AddCounter("grpc_server_handled_total",
+                                      "RPCs completed on the server, by status code.",
+                                      {"grpc_service", "grpc_method", "grpc_type", "grpc_code"})),
+        seconds_(registry->AddHistogram(
+            "grpc_server_handling_seconds",
+            "Time from the start of an RPC to its status, by status code.",
+            {"grpc_service", "grpc_method", "grpc_type", "grpc_code"}, metrics::LatencyBounds())) {}
+
+  Interceptor* CreateServerInterceptor(ServerRpcInfo* info) override {
+    MethodMetrics* m = Find(info->method(), info->type());
+    m->started->Add();
+    return new CallObserver(this, m, info);
+  }
+
+  // The counter and histogram of `m` for `code`.
+  std::pair<metrics::Counter*, metrics::Histogram*> ForCode(MethodMetrics* m, int code) {
+    if (code < 0 || code >= kCodes) code = static_cast<int>(grpc::StatusCode::UNKNOWN);
+    absl::MutexLock lock(&m->mu);
+    if (m->handled[code] == nullptr) {
+      const std::vector<std::string> labels = {m->service, m->method, m->type, CodeName(code)};
+      m->handled[code] = handled_->With(labels);
+      m->seconds[code] = seconds_->With(labels);
+    }
+    return {m->handled[code], m->seconds[code]};
+  }
+
+ private:
+  MethodMetrics* Find(const char* full_method, ServerRpcInfo::Type type) {
+    const std::string key = full_method == nullptr ? "" : full_method;
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<MethodMetrics>& m = methods_[key];
+    if (m == nullptr) {
+      m = std::make_unique<MethodMetrics>();
+      // "/package.Service/Method"
+      const size_t slash = key.rfind('/');
+      m->service = slash == std::string::npos || slash == 0 ? "unknown" : key.substr(1, slash - 1);
+      m->method = slash == std::string::npos ? key : key.substr(slash + 1);
+      m->type = TypeName(type);
+      m->started = started_->With({m->service, m->method, m->type});
+    }
+    return m.get();
+  }
+
+  metrics::Registry::CounterFamily* started_;
+  metrics::Registry::CounterFamily* handled_;
+  metrics::Registry::HistogramFamily* seconds_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<MethodMetrics>> methods_ ABSL_GUARDED_BY(mu_);
+};
+
+void CallObserver::Finished(const grpc::Status& status) {
+  const int code = static_cast<int>(status.error_code());
+  auto [handled, seconds] = factory_->ForCode(m_, code);
+  handled->Add();
+  seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+  if (status.ok()) return;
+  const std::string peer =
+      info_->server_context() != nullptr ? info_->server_context()->peer() : "";
+  if (m_->method == "LoadModule" && status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    // A header-only upload of an image the daemon lacks: the protocol's
+    // cache probe, answered as designed; the bytes follow.
+    log::Debug(m_->method, " from ", peer, ": ", status.error_message());
+  } else if (CallerCaused(status.error_code())) {
+    log::Info(m_->method, " from ", peer, " failed: ", CodeName(code), ": ",
+              status.error_message());
+  } else {
+    log::Warning(m_->method, " from ", peer, " failed: ", CodeName(code), ": ",
+                 status.error_message());
+  }
+}
+
+void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
+  // Device figures come from the executors (free memory is a driver call on
+  // the device's own thread); a scrape waits for them a short while.
+  struct Pending {
+    absl::Notification done;
+    std::vector<core::DeviceStatus> devices;
+  };
+  auto pending = std::make_shared<Pending>();
+  engine->ListDevices([pending](absl::StatusOr<std::vector<core::DeviceStatus>> d) {
+    if (d.ok()) pending->devices = std::move(d).value();
+    pending->done.Notify();
+  });
+  const bool answered = pending->done.WaitForNotificationWithTimeout(absl::Seconds(2));
+  const core::EngineStats st = engine->Stats();
+
+  auto gauge = [&sink](const char* name, const char* help) { sink.Declare(name, "gauge", help); };
+  auto counter = [&sink](const char* name, const char* help) {
+    sink.Declare(name, "counter", help);
+  };
+  gauge("gpuexec_devices", "Devices the daemon serves.");
+  sink.Sample("gpuexec_devices", {}, static_cast<double>(engine->device_count()));
+
+  if (answered) {
+    const std::vector<core::DeviceStatus>& devices = pending->devices;
+    auto each = [&](const char* name, auto value) {
+      for (const core::DeviceStatus& d : devices) {
+        sink.Sample(name, {{"device", absl::StrCat(d.index)}}, static_cast<double>(value(d)));
+      }
+    };
+    gauge("gpuexec_device_healthy", "1 while the device is usable, 0 after a sticky fault.");
+    for (const core::DeviceStatus& d : devices) {
+      sink.Sample("gpuexec_device_healthy", {{"device", absl::StrCat(d.index)}, {"name", d.name}},
+                  d.healthy ? 1 : 0);
+    }
+    gauge("gpuexec_device_memory_total_bytes", "Device memory in all.");
+    each("gpuexec_device_memory_total_bytes", [](const auto& d) { return d.memory_total; });
+    gauge("gpuexec_device_memory_free_bytes", "Device memory free, as the driver reports it.");
+    each("gpuexec_device_memory_free_bytes", [](const auto& d) { return d.memory_free; });
+    gauge("gpuexec_device_memory_used_bytes",
+          "Device memory in use by anyone (total minus free), the daemon's context included.");
+    each("gpuexec_device_memory_used_bytes",
+         [](const auto& d) { return d.memory_total - std::min(d.memory_free, d.memory_total); });
+    gauge("gpuexec_device_sessions", "Sessions open on the device.");
+    each("gpuexec_device_sessions", [](const auto& d) { return d.sessions; });
+    gauge("gpuexec_device_modules_loaded", "Module images loaded on the device.");
+    each("gpuexec_device_modules_loaded", [](const auto& d) { return d.modules_loaded; });
+    counter("gpuexec_device_module_loads_total", "Module images the device has loaded.");
+    each("gpuexec_device_module_loads_total", [](const auto& d) { return d.module_loads_total; });
+  }
+
+  auto per_device = [&](const char* name, auto value) {
+    for (size_t i = 0; i < st.devices.size(); ++i) {
+      sink.Sample(name, {{"device", absl::StrCat(i)}}, static_cast<double>(value(st.devices[i])));
+    }
+  };
+  gauge("gpuexec_device_buffers", "Buffers the sessions hold on the device.");
+  per_device("gpuexec_device_buffers", [](const auto& d) { return d.buffers; });
+  gauge("gpuexec_device_memory_held_bytes", "Bytes of the buffers the sessions hold.");
+  per_device("gpuexec_device_memory_held_bytes", [](const auto& d) { return d.memory_held; });
+  counter("gpuexec_kernel_launches_total", "Kernel launches enqueued.");
+  per_device("gpuexec_kernel_launches_total", [](const auto& d) { return d.launches; });
+  counter("gpuexec_write_bytes_total", "Bytes copied to the device by Write.");
+  per_device("gpuexec_write_bytes_total", [](const auto& d) { return d.bytes_written; });
+  counter("gpuexec_read_bytes_total", "Bytes copied from the device by Read.");
+  per_device("gpuexec_read_bytes_total", [](const auto& d) { return d.bytes_read; });
+
+  gauge("gpuexec_sessions", "Sessions open.");
+  sink.Sample("gpuexec_sessions", {}, st.sessions_open);
+  counter("gpuexec_sessions_opened_total", "Sessions opened.");
+  sink.Sample("gpuexec_sessions_opened_total", {}, static_cast<double>(st.sessions_opened));
+  counter("gpuexec_sessions_closed_total", "Sessions ended, by why.");
+  sink.Sample("gpuexec_sessions_closed_total", {{"reason", "client"}},
+              static_cast<double>(st.sessions_closed));
+  sink.Sample("gpuexec_sessions_closed_total", {{"reason", "lease_expired"}},
+              static_cast<double>(st.sessions_expired));
+  gauge("gpuexec_module_store_images", "Module images in the daemon's store.");
+  sink.Sample("gpuexec_module_store_images", {}, st.modules_stored);
+  gauge("gpuexec_module_store_bytes", "Bytes of the module images in the store.");
+  sink.Sample("gpuexec_module_store_bytes", {}, static_cast<double>(st.module_store_bytes));
+  counter("gpuexec_module_uploads_total", "Module images whose bytes were uploaded.");
+  sink.Sample("gpuexec_module_uploads_total", {}, static_cast<double>(st.module_uploads));
+  counter("gpuexec_module_upload_bytes_total", "Bytes of module images uploaded.");
+  sink.Sample("gpuexec_module_upload_bytes_total", {}, static_cast<double>(st.module_upload_bytes));
+}
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
+    metrics::Registry* registry) {
+  return std::make_unique<RpcObserverFactory>(registry);
+}
+
+void AddEngineCollector(metrics::Registry* registry, core::Engine* engine) {
+  registry->AddCollector([engine](metrics::Sink& sink) { CollectEngine(engine, sink); });
+}
+
+}  // namespace gpuexec::rpc

@@ -1,0 +1,30 @@
+#ifndef GPUEXEC_SERVER_RPC_OBSERVABILITY_H_
+#define GPUEXEC_SERVER_RPC_OBSERVABILITY_H_
+
+// What the daemon tells its operators: RPC counts and latencies (a gRPC
+// server interceptor, so that handlers stay thin), one log line per failed
+// call, and the engine's and devices' figures read at scrape time.
+
+#include <grpcpp/support/server_interceptor.h>
+
+#include <memory>
+
+#include "server/core/engine.h"
+#include "server/metrics/metrics.h"
+
+namespace gpuexec::rpc {
+
+// Counts every call by service, method and type, and on completion by
+// status code, with its latency; logs calls that fail. `registry` must
+// outlive the server the factory is installed in.
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
+    metrics::Registry* registry);
+
+// Adds the engine's gauges and counters (sessions, buffers, modules,
+// per-device memory, launches, bytes) to `registry`. `engine` must outlive
+// the registry's scrapes.
+void AddEngineCollector(metrics::Registry* registry, core::Engine* engine);
+
+}  // namespace gpuexec::rpc
+
+#endif  // GPUEXEC_SERVER_RPC_OBSERVABILITY_H_

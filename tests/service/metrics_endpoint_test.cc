@@ -1,0 +1,204 @@
+// The metrics endpoint of a real server: after known work, the exposition
+// holds exactly the counts of that work, and it conforms to the Prometheus
+// text format (checked by tests/service/check_exposition.py, which uses the
+// Prometheus project's own parser).
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "service_test_fixture.h"
+
+namespace gpuexec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// GET /metrics over loopback; the body.
+std::string Scrape(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  (void)!::write(fd, request.data(), request.size());
+  std::string response;
+  char buf[8192];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// "name{labels}" -> value, for every sample line.
+std::map<std::string, double> Samples(const std::string& text) {
+  std::map<std::string, double> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double v = 0;
+    if (space != absl::string_view::npos && absl::SimpleAtod(line.substr(space + 1), &v)) {
+      out[std::string(line.substr(0, space))] = v;
+    }
+  }
+  return out;
+}
+
+// The checker's verdict on `text`: its last output line, and whether it
+// passed.
+std::pair<bool, std::string> CheckFormat(const std::string& text) {
+  char path[] = "/tmp/gpuexec-metrics-XXXXXX";
+  const int fd = ::mkstemp(path);
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
+  const std::string command =
+      absl::StrCat("/usr/bin/python3 ", GPUEXEC_EXPOSITION_CHECKER, " < ", path, " 2>&1");
+  FILE* p = ::popen(command.c_str(), "r");
+  std::string output;
+  char buf[512];
+  while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) output += buf;
+  const int status = p == nullptr ? -1 : ::pclose(p);
+  ::unlink(path);
+  return {status == 0, output};
+}
+
+std::string Rpc(const std::string& method, const std::string& code) {
+  return absl::StrCat("{grpc_service=\"gpuexec.v1.GpuExec\",grpc_method=\"", method,
+                      "\",grpc_type=\"unary\",grpc_code=\"", code, "\"}");
+}
+
+TEST(MetricsEndpointTest, CountsTheWorkDoneAndConformsToTheFormat) {
+  ServerOptions options;
+  options.metrics_address = "127.0.0.1:0";
+  auto server = StartServer(options);
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  if ((*server)->device_count() == 0) GTEST_SKIP() << "no device";
+  const int port = (*server)->metrics_port();
+  ASSERT_GT(port, 0);
+
+  constexpr uint64_t kWords = 3 << 18;  // 3 MiB of u32: several chunks
+  {
+    GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(**server)));
+    GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({}));
+    GX_ASSERT_OK_AND_ASSIGN(
+        Module module, session.LoadModuleFile(TestBackend().kernels_dir + "/gx_kernels.cubin"));
+    GX_ASSERT_OK_AND_ASSIGN(Function fill, module.GetFunction("gx_fill_u32"));
+    GX_ASSERT_OK_AND_ASSIGN(Buffer out, session.Allocate(kWords * 4));
+    GX_ASSERT_OK(out.Write(std::vector<uint32_t>(kWords, 1)));
+    LaunchConfig config;
+    config.grid.x = 64;
+    config.block.x = 256;
+    GX_ASSERT_OK(session.Launch(fill, config, {Arg::Ptr(out), Arg::U32(7), Arg::U64(kWords)}));
+    GX_ASSERT_OK(session.LaunchAndWait(fill, config, {Arg::Ptr(out), Arg::U32(9), Arg::U64(kWords)})
+                     .status());
+    EXPECT_THAT(session.Launch(fill, config, {Arg::Ptr(out)}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gx_fill_u32")));
+
+    const std::map<std::string, double> during = Samples(Scrape(port));
+    EXPECT_EQ(during.at("gpuexec_sessions"), 1);
+    EXPECT_EQ(during.at("gpuexec_device_buffers{device=\"0\"}"), 1);
+    EXPECT_EQ(during.at("gpuexec_device_memory_held_bytes{device=\"0\"}"), kWords * 4);
+    EXPECT_EQ(during.at("gpuexec_device_sessions{device=\"0\"}"), 1);
+    bool healthy_seen = false;
+    for (const auto& [sample, value] : during) {
+      if (absl::StartsWith(sample, "gpuexec_device_healthy{device=\"0\",name=")) {
+        healthy_seen = true;
+        EXPECT_EQ(value, 1) << sample;
+      }
+    }
+    EXPECT_TRUE(healthy_seen);
+    EXPECT_GT(during.at("gpuexec_device_memory_total_bytes{device=\"0\"}"), 0);
+    EXPECT_EQ(during.at("gpuexec_device_memory_used_bytes{device=\"0\"}") +
+                  during.at("gpuexec_device_memory_free_bytes{device=\"0\"}"),
+              during.at("gpuexec_device_memory_total_bytes{device=\"0\"}"));
+    // The buffer is on the device: used memory covers it.
+    EXPECT_GE(during.at("gpuexec_device_memory_used_bytes{device=\"0\"}"), kWords * 4);
+
+    GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> back, out.ReadAs<uint32_t>(kWords));
+    EXPECT_EQ(back.front(), 9u);
+    EXPECT_EQ(back.back(), 9u);
+    GX_ASSERT_OK(out.Free());
+    GX_ASSERT_OK(session.Close());
+  }
+
+  const std::string text = Scrape(port);
+  // The format does not depend on the driver: checked where the checker's
+  // Python and prometheus_client are installed (CI), not on GPU hosts.
+  if (TestBackend().fake) {
+    const auto [conforms, verdict] = CheckFormat(text);
+    EXPECT_TRUE(conforms) << verdict << "\n" << text;
+  }
+
+  const std::map<std::string, double> m = Samples(text);
+  EXPECT_EQ(m.at("gpuexec_devices"), (*server)->device_count());
+  EXPECT_EQ(m.at("gpuexec_sessions"), 0);
+  EXPECT_EQ(m.at("gpuexec_sessions_opened_total"), 1);
+  EXPECT_EQ(m.at("gpuexec_sessions_closed_total{reason=\"client\"}"), 1);
+  EXPECT_EQ(m.at("gpuexec_sessions_closed_total{reason=\"lease_expired\"}"), 0);
+  EXPECT_EQ(m.at("gpuexec_device_buffers{device=\"0\"}"), 0);
+  EXPECT_EQ(m.at("gpuexec_device_memory_held_bytes{device=\"0\"}"), 0);
+  EXPECT_EQ(m.at("gpuexec_kernel_launches_total{device=\"0\"}"), 2);
+  EXPECT_EQ(m.at("gpuexec_write_bytes_total{device=\"0\"}"), kWords * 4);
+  EXPECT_EQ(m.at("gpuexec_read_bytes_total{device=\"0\"}"), kWords * 4);
+  EXPECT_EQ(m.at("gpuexec_module_store_images"), 1);
+  EXPECT_EQ(m.at("gpuexec_module_uploads_total"), 1);
+  EXPECT_EQ(m.at("gpuexec_module_upload_bytes_total"), m.at("gpuexec_module_store_bytes"));
+  EXPECT_EQ(m.at("gpuexec_device_modules_loaded{device=\"0\"}"), 1);
+
+  // RPCs by method and status, with their latencies.
+  EXPECT_EQ(m.at("grpc_server_handled_total" + Rpc("Launch", "OK")), 2);
+  EXPECT_EQ(m.at("grpc_server_handled_total" + Rpc("Launch", "INVALID_ARGUMENT")), 1);
+  EXPECT_EQ(m.at("grpc_server_handled_total" + Rpc("OpenSession", "OK")), 1);
+  EXPECT_EQ(m.at("grpc_server_started_total{grpc_service=\"gpuexec.v1.GpuExec\","
+                 "grpc_method=\"Launch\",grpc_type=\"unary\"}"),
+            3);
+  EXPECT_EQ(m.at("grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\","
+                 "grpc_method=\"Write\",grpc_type=\"client_stream\",grpc_code=\"OK\"}"),
+            1);
+  EXPECT_EQ(m.at("grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\","
+                 "grpc_method=\"Read\",grpc_type=\"server_stream\",grpc_code=\"OK\"}"),
+            1);
+  EXPECT_EQ(m.at("grpc_server_handling_seconds_count" + Rpc("Launch", "OK")), 2);
+  const std::string inf =
+      "grpc_server_handling_seconds_bucket{grpc_service=\"gpuexec.v1.GpuExec\","
+      "grpc_method=\"Launch\",grpc_type=\"unary\",grpc_code=\"OK\",le=\"+Inf\"}";
+  EXPECT_EQ(m.at(inf), 2);
+  EXPECT_GT(m.at("grpc_server_handling_seconds_sum" + Rpc("Launch", "OK")), 0);
+
+  // The same text through the Server object.
+  EXPECT_THAT((*server)->RenderMetrics(), HasSubstr("gpuexec_sessions_opened_total 1\n"));
+  (*server)->Shutdown();
+}
+
+TEST(MetricsEndpointTest, ABusyMetricsAddressFailsTheStart) {
+  ServerOptions options;
+  options.metrics_address = "127.0.0.1:0";
+  auto first = StartServer(options);
+  if (!first.ok()) GTEST_SKIP() << "backend cannot serve: " << first.status();
+  options.metrics_address = absl::StrCat("127.0.0.1:", (*first)->metrics_port());
+  EXPECT_THAT(StartServer(options), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("metrics")));
+}
+
+TEST(MetricsEndpointTest, NoEndpointUnlessAsked) {
+  auto server = StartServer({});
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  EXPECT_EQ((*server)->metrics_port(), 0);
+}
+
+}  // namespace
+}  // namespace gpuexec::testing

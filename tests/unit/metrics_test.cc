@@ -1,0 +1,206 @@
+// The metrics layer alone: the text exposition, byte for byte, and the HTTP
+// endpoint over a real loopback socket.
+
+#include "server/metrics/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/metrics/http_server.h"
+
+namespace gpuexec::metrics {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+TEST(MetricsTest, CountersRenderWithLabelsInOrder) {
+  Registry r;
+  auto* calls = r.AddCounter("calls_total", "Calls made.", {"method", "code"});
+  calls->With({"Launch", "OK"})->Add(3);
+  calls->With({"Alloc", "NOT_FOUND"})->Add();
+  EXPECT_EQ(r.Render(),
+            "# HELP calls_total Calls made.\n"
+            "# TYPE calls_total counter\n"
+            "calls_total{method=\"Alloc\",code=\"NOT_FOUND\"} 1\n"
+            "calls_total{method=\"Launch\",code=\"OK\"} 3\n");
+}
+
+TEST(MetricsTest, TheSameLabelsGiveTheSameChild) {
+  Registry r;
+  auto* f = r.AddCounter("x_total", "x", {"a"});
+  EXPECT_EQ(f->With({"1"}), f->With({"1"}));
+  EXPECT_NE(f->With({"1"}), f->With({"2"}));
+}
+
+TEST(MetricsTest, HistogramBucketsAreCumulativeAndEndInInf) {
+  Registry r;
+  auto* h = r.AddHistogram("lat_seconds", "Latency.", {"m"}, {0.001, 0.01, 0.1});
+  Histogram* c = h->With({"Launch"});
+  c->Observe(0.0005);  // first bucket
+  c->Observe(0.001);   // bounds are inclusive: first bucket
+  c->Observe(0.05);    // third
+  c->Observe(7);       // +Inf only
+  EXPECT_EQ(r.Render(),
+            "# HELP lat_seconds Latency.\n"
+            "# TYPE lat_seconds histogram\n"
+            "lat_seconds_bucket{m=\"Launch\",le=\"0.001\"} 2\n"
+            "lat_seconds_bucket{m=\"Launch\",le=\"0.01\"} 2\n"
+            "lat_seconds_bucket{m=\"Launch\",le=\"0.1\"} 3\n"
+            "lat_seconds_bucket{m=\"Launch\",le=\"+Inf\"} 4\n"
+            "lat_seconds_sum{m=\"Launch\"} 7.0515\n"
+            "lat_seconds_count{m=\"Launch\"} 4\n");
+}
+
+TEST(MetricsTest, HistogramWithoutLabels) {
+  Registry r;
+  r.AddHistogram("h", "h", {}, {1})->With({})->Observe(2);
+  EXPECT_THAT(r.Render(), HasSubstr("h_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 1\n"
+                                    "h_sum 2\nh_count 1\n"));
+}
+
+TEST(MetricsTest, CollectorsRunAtEveryScrape) {
+  Registry r;
+  int scrapes = 0;
+  r.AddCollector([&scrapes](Sink& sink) {
+    ++scrapes;
+    sink.Declare("sessions", "gauge", "Sessions open.");
+    sink.Sample("sessions", {}, scrapes);
+    sink.Declare("free_bytes", "gauge", "Free.");
+    sink.Sample("free_bytes", {{"device", "0"}}, 8589934592.0);
+  });
+  EXPECT_EQ(r.Render(),
+            "# HELP sessions Sessions open.\n# TYPE sessions gauge\nsessions 1\n"
+            "# HELP free_bytes Free.\n# TYPE free_bytes gauge\n"
+            "free_bytes{device=\"0\"} 8589934592\n");
+  EXPECT_THAT(r.Render(), HasSubstr("sessions 2\n"));
+}
+
+TEST(MetricsTest, LabelValuesAndHelpAreEscaped) {
+  EXPECT_EQ(EscapeLabelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  Registry r;
+  r.AddCounter("e_total", "line one\nback\\slash", {"name"})->With({"say \"hi\""})->Add();
+  EXPECT_EQ(r.Render(),
+            "# HELP e_total line one\\nback\\\\slash\n"
+            "# TYPE e_total counter\n"
+            "e_total{name=\"say \\\"hi\\\"\"} 1\n");
+}
+
+TEST(MetricsTest, ValuesFormatAsPrometheusFloats) {
+  EXPECT_EQ(FormatValue(0), "0");
+  EXPECT_EQ(FormatValue(141733920768.0), "141733920768");
+  EXPECT_EQ(FormatValue(0.25), "0.25");
+  EXPECT_EQ(FormatValue(0.00005), "5e-05");
+  EXPECT_EQ(FormatValue(1.0 / 0.0), "+Inf");
+  EXPECT_EQ(FormatValue(-1.0 / 0.0), "-Inf");
+  EXPECT_EQ(FormatValue(0.0 / 0.0), "NaN");
+}
+
+TEST(MetricsTest, CountsFromManyThreadsAddUp) {
+  Registry r;
+  Counter* c = r.AddCounter("n_total", "n", {})->With({});
+  Histogram* h = r.AddHistogram("d", "d", {}, {0.5})->With({});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([c, h] {
+      for (int i = 0; i < 10000; ++i) {
+        c->Add();
+        h->Observe(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(c->value(), 40000u);
+  const Histogram::Snapshot s = h->Read();
+  EXPECT_EQ(s.count, 40000u);
+  EXPECT_EQ(s.sum, 40000.0);
+}
+
+TEST(MetricsDeathTest, ANameRegisteredTwiceAborts) {
+  EXPECT_DEATH(
+      {
+        Registry r;
+        r.AddCounter("dup_total", "x", {});
+        r.AddHistogram("dup_total", "x", {}, {1});
+      },
+      "registered twice");
+}
+
+// One HTTP exchange over loopback: the whole response as text.
+std::string Fetch(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "connect failed";
+  }
+  (void)!::write(fd, request.data(), request.size());
+  std::string response;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return response;
+}
+
+TEST(HttpServerTest, ServesTheExpositionAtSlashMetrics) {
+  Registry r;
+  r.AddCounter("up_total", "Up.", {})->With({})->Add(7);
+  auto server = HttpServer::Start("127.0.0.1:0", &r);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+
+  const std::string ok = Fetch((*server)->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_THAT(ok, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(ok, HasSubstr("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+  const std::string body = "# HELP up_total Up.\n# TYPE up_total counter\nup_total 7\n";
+  EXPECT_THAT(ok, HasSubstr("Content-Length: " + std::to_string(body.size()) + "\r\n"));
+  EXPECT_THAT(ok, ::testing::EndsWith("\r\n\r\n" + body));
+
+  // A query string is ignored; HEAD has headers only.
+  EXPECT_THAT(Fetch((*server)->port(), "GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
+              HasSubstr("up_total 7"));
+  const std::string head = Fetch((*server)->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(head, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(head, ::testing::EndsWith("\r\n\r\n"));
+}
+
+TEST(HttpServerTest, AnswersOtherRequestsWithErrors) {
+  Registry r;
+  auto server = HttpServer::Start("127.0.0.1:0", &r);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  EXPECT_THAT(Fetch(port, "GET /nope HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 404 "));
+  EXPECT_THAT(Fetch(port, "POST /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 405 "));
+  EXPECT_THAT(Fetch(port, "garbage\r\n\r\n"), StartsWith("HTTP/1.1 400 "));
+  EXPECT_THAT(Fetch(port, "GET / HTTP/1.1\r\n\r\n"), HasSubstr("/metrics"));
+  EXPECT_THAT(Fetch(port, "GET /" + std::string(20000, 'a')), StartsWith("HTTP/1.1 431 "));
+  // Still serving after all of that.
+  EXPECT_THAT(Fetch(port, "GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK"));
+}
+
+TEST(HttpServerTest, ABadOrBusyAddressIsAnError) {
+  Registry r;
+  EXPECT_EQ(HttpServer::Start("no-port", &r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HttpServer::Start("127.0.0.1:99999", &r).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto first = HttpServer::Start("127.0.0.1:0", &r);
+  ASSERT_TRUE(first.ok());
+  auto second = HttpServer::Start("127.0.0.1:" + std::to_string((*first)->port()), &r);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("cannot listen"));
+}
+
+}  // namespace
+}  // namespace gpuexec::metrics
