@@ -577,6 +577,27 @@ bool RunClusterRank(const KernelLaunch& l) {
   return true;
 }
 
+// Word b (linear block id) of each non-null scratch buffer = b + 1.
+bool RunAddScratch(const KernelLaunch& l) {
+  const int32_t n = l.Arg<int32_t>(24);
+  if (n > 0) {
+    const float* x = DeviceSpan<const float>(l, l.Arg<uint64_t>(0), n);
+    const float* y = DeviceSpan<const float>(l, l.Arg<uint64_t>(8), n);
+    float* out = DeviceSpan<float>(l, l.Arg<uint64_t>(16), n);
+    if (x == nullptr || y == nullptr || out == nullptr) return false;
+    for (int32_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+  }
+  const uint64_t blocks = uint64_t{l.grid[0]} * l.grid[1] * l.grid[2];
+  for (size_t offset : {size_t{32}, size_t{40}}) {
+    const uint64_t addr = l.Arg<uint64_t>(offset);
+    if (addr == 0) continue;
+    uint32_t* words = DeviceSpan<uint32_t>(l, addr, blocks);
+    if (words == nullptr) return false;
+    for (uint64_t b = 0; b < blocks; ++b) words[b] = static_cast<uint32_t>(b + 1);
+  }
+  return true;
+}
+
 const std::vector<KernelDef>& Kernels() {
   static const std::vector<KernelDef>* const kernels = new std::vector<KernelDef>{
       {"gx_empty", {}, RunEmpty},
@@ -590,6 +611,7 @@ const std::vector<KernelDef>& Kernels() {
        {{0, 1}, {2, 2}, {4, 4}, {8, 8}, {16, 2}, {18, 2}, {20, 4}, {24, 8}, {32, 8}},
        RunTypes},
       {"gx_cluster_rank", {{0, 8}}, RunClusterRank},
+      {"gx_add_scratch", {{0, 8}, {8, 8}, {16, 8}, {24, 4}, {32, 8}, {40, 8}}, RunAddScratch},
   };
   return *kernels;
 }

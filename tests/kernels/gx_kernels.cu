@@ -97,4 +97,21 @@ __global__ void gx_cluster_rank(uint32_t* out) {
   }
 }
 
+// Shaped like a Triton 3.x kernel: the user's parameters, then the two
+// pointers Triton appends (global scratch, profile scratch). out[i] = x[i] +
+// y[i] for i < n. When a scratch pointer is not null, the first thread of
+// block b (linear block id) writes b + 1 to its 32-bit word b.
+__global__ void gx_add_scratch(const float* x, const float* y, float* out, int n,
+                               void* global_scratch, void* profile_scratch) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    out[i] = x[i] + y[i];
+  }
+  if (threadIdx.x == 0) {
+    uint32_t b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (global_scratch != nullptr) static_cast<uint32_t*>(global_scratch)[b] = b + 1;
+    if (profile_scratch != nullptr) static_cast<uint32_t*>(profile_scratch)[b] = b + 1;
+  }
+}
+
 }  // extern "C"

@@ -1,0 +1,27 @@
+"""Python client of gpuexec: run CUDA kernels on a remote daemon's GPUs.
+
+    import gpuexec, numpy as np
+    with gpuexec.connect("127.0.0.1:50051") as client, client.session() as s:
+        x = s.upload(np.arange(n, dtype=np.float32))
+        y = s.upload(np.ones(n, dtype=np.float32))
+        saxpy = s.load_module("saxpy.cubin").function("saxpy")
+        saxpy.launch((n + 255) // 256, 256, gpuexec.f32(2.0), x, y, gpuexec.u64(n))
+        print(y.read_array())              # waits for the kernel (same stream)
+
+Every failure raises gpuexec.Error (.code: grpc.StatusCode, .message: the
+daemon's message). numpy is optional: without it data is bytes.
+"""
+
+from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw, u8, u16, u32,
+                    u64)
+from ._client import (Buffer, Client, Device, Function, FunctionAttributes, Module, Param,
+                      Session, connect)
+from ._errors import Error
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Arg", "Buffer", "Client", "Device", "Error", "Function", "FunctionAttributes", "Module",
+    "Param", "Session", "bf16", "connect", "f16", "f32", "f64", "i8", "i16", "i32", "i64",
+    "null", "ptr", "raw", "u8", "u16", "u32", "u64",
+]

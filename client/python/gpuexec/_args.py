@@ -1,0 +1,187 @@
+"""Typed kernel arguments.
+
+The daemon packs each argument at its parameter's offset after checking its
+size against the kernel's real layout. Besides the ``Arg`` values made by the
+functions here, ``Function.launch`` accepts: a ``Buffer`` (its address), None
+(a null pointer), bytes-like objects (by-value bytes), numpy scalars (their
+own type) and plain ``int``/``float`` (typed by the parameter's size: an int
+becomes the signed or unsigned integer of that size, a float becomes f32 or
+f64; a 2-byte float parameter needs an explicit ``f16``/``bf16``).
+"""
+
+from ._errors import client_error
+from .v1 import gpuexec_pb2 as pb
+
+_INT_RANGES = {
+    "i8": (-(1 << 7), (1 << 7) - 1),
+    "i16": (-(1 << 15), (1 << 15) - 1),
+    "i32": (-(1 << 31), (1 << 31) - 1),
+    "i64": (-(1 << 63), (1 << 63) - 1),
+    "u8": (0, (1 << 8) - 1),
+    "u16": (0, (1 << 16) - 1),
+    "u32": (0, (1 << 32) - 1),
+    "u64": (0, (1 << 64) - 1),
+}
+_FLOAT_KINDS = ("f16", "bf16", "f32", "f64")
+_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 2, "i32": 4, "u32": 4,
+          "f32": 4, "i64": 8, "u64": 8, "f64": 8, "buffer": 8, "null_pointer": 8}
+
+
+class Arg:
+    """One typed kernel argument; make it with i32(), f32(), ptr(), raw() ..."""
+
+    __slots__ = ("kind", "value", "offset")
+
+    def __init__(self, kind, value=None, offset=0):
+        self.kind = kind
+        self.value = value
+        self.offset = offset
+
+    @property
+    def size(self):
+        """Bytes the argument occupies in the kernel's parameter block."""
+        return len(self.value) if self.kind == "raw" else _SIZES[self.kind]
+
+    def to_proto(self):
+        """The wire form (gpuexec.v1.Arg)."""
+        if self.kind == "buffer":
+            return pb.Arg(buffer=pb.BufferArg(buffer=self.value, offset=self.offset))
+        if self.kind == "null_pointer":
+            return pb.Arg(null_pointer=True)
+        return pb.Arg(**{self.kind: self.value})
+
+    def __repr__(self):
+        if self.kind == "buffer":
+            return f"ptr(buffer 0x{self.value:x} + {self.offset})"
+        if self.kind == "null_pointer":
+            return "null()"
+        return f"{self.kind}({self.value!r})"
+
+    def __eq__(self, other):
+        return (isinstance(other, Arg) and self.kind == other.kind and self.value == other.value
+                and self.offset == other.offset)
+
+    def __hash__(self):
+        return hash((self.kind, self.value, self.offset))
+
+
+def _int(kind, value):
+    if isinstance(value, float) or not hasattr(value, "__index__"):
+        raise client_error(f"{kind} needs an integer, got {type(value).__name__} {value!r}")
+    value = value.__index__()
+    lo, hi = _INT_RANGES[kind]
+    if not lo <= value <= hi:
+        raise client_error(f"{kind} value {value} is out of range [{lo}, {hi}]")
+    return Arg(kind, value)
+
+
+def _float(kind, value):
+    try:
+        return Arg(kind, float(value))
+    except (TypeError, ValueError):
+        raise client_error(f"{kind} needs a number, got {type(value).__name__} {value!r}") from None
+
+
+def i8(value): return _int("i8", value)
+def i16(value): return _int("i16", value)
+def i32(value): return _int("i32", value)
+def i64(value): return _int("i64", value)
+def u8(value): return _int("u8", value)
+def u16(value): return _int("u16", value)
+def u32(value): return _int("u32", value)
+def u64(value): return _int("u64", value)
+
+
+def f16(value):
+    """IEEE half; the daemon rounds to nearest even."""
+    return _float("f16", value)
+
+
+def bf16(value):
+    """bfloat16; the daemon rounds to nearest even."""
+    return _float("bf16", value)
+
+
+def f32(value): return _float("f32", value)
+def f64(value): return _float("f64", value)
+
+
+def raw(data):
+    """By-value bytes: a struct, a 128-byte CUtensorMap ..."""
+    return Arg("raw", bytes(data))
+
+
+def null():
+    """A null device pointer (8 bytes of zero)."""
+    return Arg("null_pointer", True)
+
+
+def ptr(buffer, offset=0):
+    """The device address of ``buffer`` plus ``offset`` bytes."""
+    return buffer.ptr(offset)
+
+
+def _from_numpy(value):
+    dt = value.dtype
+    if dt.kind == "f" and dt.itemsize in (2, 4, 8):
+        return Arg({2: "f16", 4: "f32", 8: "f64"}[dt.itemsize], float(value))
+    if dt.kind in "iu" and dt.itemsize in (1, 2, 4, 8):
+        return _int(f"{dt.kind}{dt.itemsize * 8}", int(value))
+    if dt.kind == "b":
+        return Arg("u8", int(bool(value)))
+    if dt.kind == "V":  # a structured scalar: its bytes
+        return Arg("raw", value.tobytes())
+    raise client_error(f"no kernel argument type for numpy {dt}")
+
+
+def _describe(index, param):
+    where = f"argument {index}"
+    if param is not None:
+        where += f" (parameter of {param[1]} bytes at offset {param[0]})"
+    return where
+
+
+def to_arg(value, index, param):
+    """The Arg for launch argument ``index``; ``param`` is (offset, size) or None."""
+    if isinstance(value, Arg):
+        return value
+    as_arg = getattr(value, "_as_kernel_arg", None)
+    if as_arg is not None:
+        return as_arg()
+    if value is None:
+        return null()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return Arg("raw", bytes(value))
+    if type(value).__module__ == "numpy":
+        if getattr(value, "ndim", 0) == 0 and hasattr(value, "dtype"):
+            return _from_numpy(value)
+        raise client_error(f"{_describe(index, param)}: a numpy array is not a kernel "
+                           "argument; upload it (session.upload) and pass the Buffer")
+    size = None if param is None else param[1]
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, int):
+        if size not in (1, 2, 4, 8):
+            raise client_error(f"{_describe(index, param)}: cannot pass the int {value} "
+                               "without a type; use i32(), u64() ...")
+        bits = size * 8
+        kind = f"i{bits}" if -(1 << (bits - 1)) <= value < (1 << (bits - 1)) else f"u{bits}"
+        try:
+            return _int(kind, value)
+        except Exception:
+            raise client_error(f"{_describe(index, param)}: {value} does not fit in "
+                               f"{size} bytes") from None
+    if isinstance(value, float):
+        if size == 4:
+            return Arg("f32", value)
+        if size == 8:
+            return Arg("f64", value)
+        hint = "; use f16() or bf16()" if size == 2 else ""
+        raise client_error(f"{_describe(index, param)}: cannot pass the float {value} "
+                           f"without a type{hint}")
+    raise client_error(f"{_describe(index, param)}: {type(value).__name__} is not a kernel "
+                       "argument (use a Buffer, None, bytes, or i32(), f32() ...)")
+
+
+__all__ = ["Arg", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32",
+           "f64", "raw", "null", "ptr", "to_arg"]

@@ -1,0 +1,535 @@
+"""Client, Session, Buffer, Module and Function: the daemon's objects in Python.
+
+Ownership follows the daemon: a Session owns everything made in it, and
+closing it (``with`` or ``close()``) frees all of it on the daemon. A Buffer
+is freed by ``free()`` or at the end of its ``with`` block; otherwise it
+lives until its session closes. Calls on objects of a closed session reach
+the daemon and raise its error (NOT_FOUND).
+"""
+
+import hashlib
+import os
+from collections import namedtuple
+from dataclasses import dataclass
+
+import grpc
+
+from ._args import Arg, to_arg
+from ._errors import Error, client_error, from_rpc_error
+from .v1 import gpuexec_pb2 as pb
+from .v1 import gpuexec_pb2_grpc as pb_grpc
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 64 << 20
+
+_KINDS = {"cubin": pb.MODULE_KIND_CUBIN, "ptx": pb.MODULE_KIND_PTX, "fatbin": pb.MODULE_KIND_FATBIN}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+_FATBIN_MAGIC = bytes.fromhex("50ed55ba")
+
+Param = namedtuple("Param", ["offset", "size"])
+Param.__doc__ = "A kernel parameter as the driver lays it out (bytes)."
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError:
+        raise client_error("numpy is not installed; use bytes instead",
+                           grpc.StatusCode.FAILED_PRECONDITION) from None
+    return numpy
+
+
+def _is_numpy_array(obj):
+    return type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and hasattr(obj, "shape")
+
+
+def _byte_view(data):
+    """A flat, contiguous memoryview of unsigned bytes over ``data``."""
+    if _is_numpy_array(data):
+        np = _numpy()
+        arr = np.ascontiguousarray(data)
+        return memoryview(arr.reshape(-1).view(np.uint8))
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise client_error(f"cannot write a {type(data).__name__}: expected bytes-like data "
+                           "or a numpy array") from None
+    if not view.c_contiguous:
+        raise client_error("data is not contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _dim3(value, what):
+    dims = (value,) if isinstance(value, int) else tuple(value)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and d >= 0 for d in dims):
+        raise client_error(f"{what} must be an int or 1 to 3 non-negative ints, got {value!r}")
+    dims = dims + (1,) * (3 - len(dims))
+    return pb.Dim3(x=dims[0], y=dims[1], z=dims[2])
+
+
+def _seconds_to_ms(seconds, what):
+    if seconds is None:
+        return 0
+    ms = round(float(seconds) * 1000)
+    if ms < 0:
+        raise client_error(f"{what} must not be negative")
+    return ms
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device as the daemon sees it."""
+    index: int
+    name: str
+    compute_capability: tuple
+    memory_total_bytes: int
+    memory_free_bytes: int
+    healthy: bool
+    multiprocessor_count: int
+    modules_loaded: int
+    module_loads_total: int
+    sessions: int
+
+
+@dataclass(frozen=True)
+class FunctionAttributes:
+    """What the driver reports about a kernel."""
+    num_registers: int
+    static_shared_bytes: int
+    const_bytes: int
+    local_bytes: int
+    max_threads_per_block: int
+    max_dynamic_shared_bytes: int
+    ptx_version: int
+    binary_version: int
+
+
+def connect(target="127.0.0.1:50051", *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
+            control_timeout=60.0, channel_options=()):
+    """Connects to a daemon and waits up to ``timeout`` seconds for it.
+
+    ``target`` is "host:port" or "unix:/path". Raises Error (UNAVAILABLE) if
+    no connection is made in time.
+    """
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)] + list(channel_options)
+    channel = grpc.insecure_channel(target, options=options)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise Error(grpc.StatusCode.UNAVAILABLE,
+                    f"gpuexec client: no connection to {target} within {timeout} s") from None
+    return Client(channel, chunk_bytes=chunk_bytes, control_timeout=control_timeout)
+
+
+class Client:
+    """A connection to one daemon. Thread-safe; ``with`` closes the channel."""
+
+    def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0):
+        if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES // 2:
+            raise client_error(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES // 2}]")
+        self.channel = channel
+        self.stub = pb_grpc.GpuExecStub(channel)
+        self.chunk_bytes = chunk_bytes
+        # Deadline of control calls (sessions, Allocate, Free, GetFunction);
+        # data calls (copies, module loads, launches) have none.
+        self.control_timeout = control_timeout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Closes the channel (sessions stay open until their lease lapses)."""
+        self.channel.close()
+
+    def _call(self, method, request, timeout):
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def devices(self):
+        """The host's devices: a list of Device."""
+        response = self._call(self.stub.ListDevices, pb.ListDevicesRequest(), self.control_timeout)
+        return [Device(index=d.index, name=d.name,
+                       compute_capability=(d.compute_capability_major,
+                                           d.compute_capability_minor),
+                       memory_total_bytes=d.memory_total_bytes,
+                       memory_free_bytes=d.memory_free_bytes, healthy=d.healthy,
+                       multiprocessor_count=d.multiprocessor_count,
+                       modules_loaded=d.modules_loaded,
+                       module_loads_total=d.module_loads_total, sessions=d.sessions)
+                for d in response.devices]
+
+    def session(self, device=None, *, lease=None, memory_limit=0):
+        """Opens a session; ``with`` closes it.
+
+        device: index, or None for the daemon's choice. lease: seconds, None
+        for the daemon's default (capped by its maximum). memory_limit: device
+        bytes the session may hold, 0 for the daemon's default.
+        """
+        request = pb.OpenSessionRequest(lease_ms=_seconds_to_ms(lease, "lease"),
+                                        memory_limit_bytes=memory_limit)
+        if device is not None:
+            request.device = device
+        response = self._call(self.stub.OpenSession, request, self.control_timeout)
+        return Session(self, response)
+
+
+class Session:
+    """A daemon session on one device: owns its buffers, modules and stream."""
+
+    def __init__(self, client, response):
+        self.client = client
+        self.token = response.session  # the session's only credential
+        self.device = response.device
+        self.lease = response.lease_ms / 1000.0
+        self.memory_limit = response.memory_limit_bytes
+        self._closed = False
+
+    def __repr__(self):
+        return f"<gpuexec.Session {self.token[:8]} on device {self.device}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def closed(self):
+        """True once close() ran here."""
+        return self._closed
+
+    def _control(self, method, request):
+        return self.client._call(method, request, self.client.control_timeout)
+
+    def _data(self, method, request):
+        return self.client._call(method, request, None)
+
+    def close(self):
+        """Closes the session on the daemon, freeing all it holds. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._control(self.client.stub.CloseSession, pb.CloseSessionRequest(session=self.token))
+
+    def keep_alive(self):
+        """Renews the lease; returns the lease granted in seconds."""
+        response = self._control(self.client.stub.KeepAlive,
+                                 pb.KeepAliveRequest(session=self.token))
+        self.lease = response.lease_ms / 1000.0
+        return self.lease
+
+    def alloc(self, nbytes, *, dtype=None, shape=None):
+        """Allocates ``nbytes`` of device memory (contents undefined).
+
+        dtype and shape, if given, are what read_array() returns by default.
+        """
+        response = self._control(self.client.stub.Allocate,
+                                 pb.AllocateRequest(session=self.token, size=int(nbytes)))
+        return Buffer(self, response.buffer, response.size, dtype, shape)
+
+    def empty(self, shape, dtype="float32"):
+        """A buffer for a numpy array of this shape and dtype (needs numpy)."""
+        np = _numpy()
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = 1
+        for d in shape:
+            count *= d
+        return self.alloc(count * dtype.itemsize, dtype=dtype, shape=shape)
+
+    def upload(self, data):
+        """A new buffer holding ``data`` (bytes-like or a numpy array)."""
+        dtype = shape = None
+        if _is_numpy_array(data):
+            dtype, shape = data.dtype, tuple(data.shape)
+        view = _byte_view(data)
+        buffer = self.alloc(len(view), dtype=dtype, shape=shape)
+        if len(view):
+            buffer.write(view)
+        return buffer
+
+    def load_module(self, source, kind=None):
+        """Loads a module image: a path (.cubin, .ptx, .fatbin) or its bytes.
+
+        Sends the image's SHA-256 alone first and uploads the bytes only when
+        the daemon does not hold them yet. ``kind`` ("cubin", "ptx",
+        "fatbin") is taken from the file name or the image when not given.
+        """
+        path = None
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            with open(path, "rb") as f:
+                image = f.read()
+        else:
+            image = bytes(source)
+        kind = _module_kind(image, path, kind)
+        digest = hashlib.sha256(image).hexdigest()
+        header = pb.ModuleHeader(session=self.token, sha256=digest, size=len(image), kind=kind)
+        chunk = self.client.chunk_bytes
+
+        def requests(with_image):
+            yield pb.LoadModuleRequest(header=header)
+            if with_image:
+                for i in range(0, len(image), chunk):
+                    yield pb.LoadModuleRequest(chunk=image[i:i + chunk])
+
+        try:
+            response = self.client.stub.LoadModule(requests(False))
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise from_rpc_error(e) from None
+            try:
+                response = self.client.stub.LoadModule(requests(True))
+            except grpc.RpcError as e2:
+                raise from_rpc_error(e2) from None
+        return Module(self, response.module, response.sha256, response.uploaded, kind)
+
+    def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False):
+        """Enqueues ``function`` on the session's stream (see Function.launch)."""
+        params = function.params
+        proto_args = []
+        for i, value in enumerate(args):
+            arg = to_arg(value, i, params[i] if i < len(params) else None)
+            proto_args.append(arg.to_proto())
+        request = pb.LaunchRequest(session=self.token, function=function.handle,
+                                   grid=_dim3(grid, "grid"), block=_dim3(block, "block"),
+                                   shared_memory_bytes=int(shared), args=proto_args,
+                                   synchronize=bool(sync))
+        if cluster is not None:
+            request.cluster.CopyFrom(_dim3(cluster, "cluster"))
+        response = self._data(self.client.stub.Launch, request)
+        return response.gpu_time_ns / 1e9 if sync else None
+
+    def synchronize(self):
+        """Waits for the session's work; returns its GPU time in seconds since
+        the previous synchronize (0.0 when there was none)."""
+        response = self._data(self.client.stub.Synchronize,
+                              pb.SynchronizeRequest(session=self.token))
+        return response.gpu_time_ns / 1e9
+
+
+def _module_kind(image, path, kind):
+    if kind is not None:
+        if isinstance(kind, str):
+            if kind.lower() not in _KINDS:
+                raise client_error(f"unknown module kind {kind!r} (cubin, ptx or fatbin)")
+            return _KINDS[kind.lower()]
+        return int(kind)
+    if path is not None:
+        ext = os.path.splitext(path)[1].lower().lstrip(".")
+        if ext in _KINDS:
+            return _KINDS[ext]
+    if image[:4] == b"\x7fELF":
+        return pb.MODULE_KIND_CUBIN
+    if image[:4] == _FATBIN_MAGIC:
+        return pb.MODULE_KIND_FATBIN
+    head = image[:4096]
+    if b".version" in head and b".target" in head:
+        return pb.MODULE_KIND_PTX
+    name = path if path is not None else "the image"
+    raise client_error(f"cannot tell the module kind of {name}; pass kind='cubin', 'ptx' "
+                       "or 'fatbin'")
+
+
+class Buffer:
+    """Device memory of a session; ``with`` frees it at the end of the block."""
+
+    def __init__(self, session, handle, size, dtype=None, shape=None):
+        self.session = session
+        self.handle = handle
+        self.size = size
+        self.dtype = dtype
+        self.shape = shape
+        self._freed = False
+
+    def __repr__(self):
+        return f"<gpuexec.Buffer 0x{self.handle:x}, {self.size} bytes>"
+
+    def __len__(self):
+        return self.size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if self._freed or self.session.closed:
+            return
+        try:
+            self.free()
+        except Error:
+            if exc_type is None:
+                raise
+
+    def ptr(self, offset=0):
+        """A kernel argument: this buffer's device address plus ``offset``."""
+        return Arg("buffer", self.handle, int(offset))
+
+    def _as_kernel_arg(self):
+        return self.ptr(0)
+
+    def free(self):
+        """Frees the allocation now (stream-ordered after enqueued work)."""
+        self._freed = True
+        self.session._control(self.session.client.stub.Free,
+                              pb.FreeRequest(session=self.session.token, buffer=self.handle))
+
+    def write(self, data, offset=0):
+        """Copies bytes-like data or a numpy array to the buffer at ``offset``."""
+        view = _byte_view(data)
+        chunk = self.session.client.chunk_bytes
+        session, handle = self.session.token, self.handle
+
+        def requests():
+            first = pb.WriteRequest(session=session, buffer=handle, offset=int(offset))
+            if len(view) == 0:
+                yield first
+                return
+            for i in range(0, len(view), chunk):
+                request = first if i == 0 else pb.WriteRequest()
+                request.data = bytes(view[i:i + chunk])
+                yield request
+
+        response = self.session._data(self.session.client.stub.Write, requests())
+        return response.bytes_written
+
+    def _read(self, offset, size):
+        if size is None:
+            size = max(self.size - offset, 0)
+            if size == 0 and offset <= self.size:
+                return bytearray()
+        elif size == 0:  # on the wire, 0 means "to the end"
+            return bytearray()
+        request = pb.ReadRequest(session=self.session.token, buffer=self.handle,
+                                 offset=int(offset), size=int(size),
+                                 chunk_size=self.session.client.chunk_bytes)
+        out = bytearray()
+        try:
+            for response in self.session.client.stub.Read(request):
+                if response.offset != offset + len(out):
+                    raise client_error(f"read of {self!r}: chunk at offset {response.offset}, "
+                                       f"expected {offset + len(out)}",
+                                       grpc.StatusCode.DATA_LOSS)
+                out += response.data
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        if len(out) != size:
+            raise client_error(f"read of {self!r}: got {len(out)} of {size} bytes",
+                               grpc.StatusCode.DATA_LOSS)
+        return out
+
+    def read(self, dtype=None, *, offset=0, size=None):
+        """Copies the buffer (from ``offset``, ``size`` bytes or to the end)
+        to the host: bytes, or a flat numpy array of ``dtype`` when given."""
+        data = self._read(offset, size)
+        if dtype is None:
+            return bytes(data)
+        np = _numpy()
+        dtype = np.dtype(dtype)
+        if len(data) % dtype.itemsize:
+            raise client_error(f"{len(data)} bytes are not a whole number of {dtype}")
+        return np.frombuffer(data, dtype=dtype)
+
+    def read_array(self, dtype=None, shape=None, *, offset=0):
+        """A numpy array of ``dtype`` and ``shape`` (default: those it was
+        uploaded or made with; else a flat array of the whole buffer)."""
+        np = _numpy()
+        dtype = np.dtype(dtype if dtype is not None else
+                         (self.dtype if self.dtype is not None else np.uint8))
+        if shape is None and self.shape is not None and dtype == self.dtype and offset == 0:
+            shape = self.shape
+        if shape is None:
+            return self.read(dtype, offset=offset)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = 1
+        for d in shape:
+            count *= d
+        return self.read(dtype, offset=offset, size=count * dtype.itemsize).reshape(shape)
+
+    def memset(self, value, offset=0, size=None):
+        """Sets ``size`` bytes (None: to the end) from ``offset`` to ``value``."""
+        if size == 0:  # on the wire, 0 means "to the end"
+            return
+        request = pb.MemsetRequest(session=self.session.token, buffer=self.handle,
+                                   offset=int(offset), size=int(size or 0), value=int(value))
+        self.session._data(self.session.client.stub.Memset, request)
+
+    def copy_from(self, src, size=None, *, src_offset=0, dst_offset=0):
+        """Device-to-device copy from ``src`` (a buffer of the same session);
+        ``size`` None copies what fits from ``src_offset`` to the end of src."""
+        if size is None:
+            size = min(src.size - src_offset, self.size - dst_offset)
+        request = pb.CopyBufferRequest(session=self.session.token, dst=self.handle,
+                                       dst_offset=int(dst_offset), src=src.handle,
+                                       src_offset=int(src_offset), size=int(size))
+        self.session._data(self.session.client.stub.CopyBuffer, request)
+
+    def copy_to(self, dst, size=None, *, src_offset=0, dst_offset=0):
+        """Device-to-device copy into ``dst``; see copy_from."""
+        dst.copy_from(self, size, src_offset=src_offset, dst_offset=dst_offset)
+
+
+class Module:
+    """A module image loaded for a session (dropped when the session closes)."""
+
+    def __init__(self, session, handle, sha256, uploaded, kind):
+        self.session = session
+        self.handle = handle
+        self.sha256 = sha256
+        # True when this load carried the bytes; False when the daemon had them.
+        self.uploaded = uploaded
+        self.kind = _KIND_NAMES.get(kind, kind)
+        self._functions = {}
+
+    def __repr__(self):
+        return f"<gpuexec.Module {self.sha256[:12]} ({self.kind})>"
+
+    def function(self, name):
+        """The kernel ``name`` of this module, with its parameter layout."""
+        function = self._functions.get(name)
+        if function is None:
+            response = self.session._control(
+                self.session.client.stub.GetFunction,
+                pb.GetFunctionRequest(session=self.session.token, module=self.handle, name=name))
+            function = Function(self, name, response)
+            self._functions[name] = function
+        return function
+
+
+class Function:
+    """A kernel of a loaded module."""
+
+    def __init__(self, module, name, response):
+        self.module = module
+        self.session = module.session
+        self.name = name
+        self.handle = response.function
+        self.params = [Param(p.offset, p.size) for p in response.params]
+        a = response.attributes
+        self.attributes = FunctionAttributes(
+            num_registers=a.num_registers, static_shared_bytes=a.static_shared_bytes,
+            const_bytes=a.const_bytes, local_bytes=a.local_bytes,
+            max_threads_per_block=a.max_threads_per_block,
+            max_dynamic_shared_bytes=a.max_dynamic_shared_bytes, ptx_version=a.ptx_version,
+            binary_version=a.binary_version)
+
+    def __repr__(self):
+        return f"<gpuexec.Function {self.name}, {len(self.params)} params>"
+
+    def launch(self, grid, block, *args, shared=0, cluster=None, sync=False):
+        """Enqueues the kernel on its session's stream.
+
+        grid, block, cluster: an int or up to 3 ints. args: one per parameter
+        (Buffer, None, Arg from i32()/f32()/..., numpy scalar, bytes, int or
+        float). shared: dynamic shared memory bytes (above 48 KiB is opted in
+        by the daemon). With ``sync`` waits for the session's work and returns
+        its GPU time in seconds; else returns None once enqueued.
+        """
+        return self.session.launch(self, grid, block, *args, shared=shared, cluster=cluster,
+                                   sync=sync)
