@@ -1,0 +1,79 @@
+#ifndef GPUEXEC_CLIENT_CPP_CLI_ARGS_H_
+#define GPUEXEC_CLIENT_CPP_CLI_ARGS_H_
+
+// The command line's typed kernel arguments, sizes and dimensions: parsing
+// only (no files are read here, no daemon is called).
+//
+//   f32:2.5  i32:-1  u64:0x10  f16:1.0  bf16:0.5     scalars
+//   bytes:00ff10ab  bytes:@struct.bin                 by-value bytes
+//   null                                              a null pointer
+//   in:x.bin  zeros:4M  fill:f32:1.0:1M               buffers
+//   out:4M:y.bin  inout:y.bin[:y2.bin]                buffers saved after the run
+//   BUFFER,offset=256  BUFFER,save=FILE               modifiers of any buffer
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "gpuexec/client.h"
+
+namespace gpuexec::cli {
+
+// "4096", "0x1000", "4K" / "4KiB", "16M" / "16MiB", "1G" / "1GiB" (powers of
+// 1024; a trailing "B" is allowed: "4KB", "512B").
+absl::StatusOr<uint64_t> ParseSize(absl::string_view text);
+
+// "X", "X,Y" or "X,Y,Z"; missing dimensions are 1. Each at least 1.
+absl::StatusOr<Dim3> ParseDim3(absl::string_view text);
+
+enum class ScalarType { kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kF16, kBF16, kF32, kF64 };
+
+// "i8" ... "f64"; false if `name` is none of them.
+bool ParseScalarType(absl::string_view name, ScalarType* type);
+uint64_t ScalarSize(ScalarType type);
+
+// A scalar value parsed as `type`: its little-endian bytes as the kernel
+// sees them (f16 and bf16 rounded to nearest even) and the client Arg.
+struct Scalar {
+  ScalarType type = ScalarType::kI32;
+  std::string bytes;
+  Arg arg = Arg::Null();
+};
+// Integers in decimal or 0x hex, range-checked for the type; floats as
+// strtod reads them ("1e-3", "inf", "nan").
+absl::StatusOr<Scalar> ParseScalar(ScalarType type, absl::string_view value);
+
+// One kernel argument as given on the command line.
+struct ArgSpec {
+  enum class Kind { kScalar, kBytes, kNull, kBuffer };
+  // How a buffer's contents start.
+  enum class Init { kZeros, kFile, kFill };
+
+  std::string text;  // as given
+  Kind kind = Kind::kNull;
+
+  // kScalar.
+  Scalar scalar;
+  // kBytes: the bytes, or the file to read them from.
+  std::string bytes;
+  std::string bytes_file;
+
+  // kBuffer.
+  Init init = Init::kZeros;
+  uint64_t buffer_bytes = 0;  // kZeros, kFill (kFile: the file's size)
+  std::string in_file;        // kFile
+  std::string fill_element;   // kFill: one element's bytes
+  uint64_t offset = 0;        // the kernel gets the buffer's address + offset
+  std::string save_file;      // written with the buffer's bytes after the run
+
+  // Bytes of the parameter this argument fills, once known (bytes from a
+  // file: after reading it).
+  uint64_t param_bytes() const;
+};
+
+absl::StatusOr<ArgSpec> ParseArg(absl::string_view text);
+
+}  // namespace gpuexec::cli
+
+#endif  // GPUEXEC_CLIENT_CPP_CLI_ARGS_H_

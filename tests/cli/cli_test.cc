@@ -1,0 +1,663 @@
+// The gpuexec tool end to end: a gpuexecd process, and the gpuexec binary
+// run as a process against it, its stdout, stderr, exit status and files
+// checked. The environment picks the pieces:
+//   GPUEXEC_CLI           the gpuexec binary
+//   GPUEXEC_TEST_DAEMON   the gpuexecd binary
+//   GPUEXEC_TEST_DRIVER   the driver library the daemon opens (the libcuda
+//                         test double, or libcuda.so.1)
+//   GPUEXEC_TEST_KERNELS  the directory with gx_kernels.{cubin,ptx,fatbin}
+// On the test double everything must work; on a real driver the tests are
+// SKIPPED when the driver does not load, there is no device or the kernels
+// were not built.
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gpuexec/sha256.h"
+#include "gtest/gtest.h"
+
+namespace gpuexec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return std::nullopt;
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(file.good()) << "cannot write " << path;
+}
+
+template <typename T>
+std::string BytesOf(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+template <typename T>
+std::vector<T> ValuesOf(const std::string& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
+// Polls `done` until it is true or `timeout` has passed; its last answer.
+template <typename F>
+bool WaitFor(F done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return done();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// A child process with stdout and stderr in files; killed if still running
+// when destroyed.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const std::string& out_path,
+          const std::string& err_path, const std::vector<std::string>& env = {}) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out < 0 || err < 0) _exit(126);
+      dup2(out, STDOUT_FILENO);
+      dup2(err, STDERR_FILENO);
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Process() { Kill(); }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return true;
+    status_ = status;
+    pid_ = -1;
+    return false;
+  }
+  // The exit status, or -1 if it has not exited by `timeout` (then killed).
+  int Wait(absl::Duration timeout) {
+    if (!WaitFor([&] { return !running(); }, timeout)) {
+      Kill();
+      return -1;
+    }
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  }
+  void Kill() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status_, 0);
+      pid_ = -1;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = 0;
+};
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::ostream& operator<<(std::ostream& os, const Result& r) {
+  return os << "exit " << r.exit_code << "\n--- stdout\n" << r.out << "--- stderr\n" << r.err;
+}
+
+// The suite's daemon, started once.
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(absl::StrCat(::testing::TempDir(), "gpuexec-cli-test-", getpid()));
+    mkdir(dir_->c_str(), 0755);
+    skip_ = new std::string;
+    failure_ = new std::string;
+    const std::string driver = Env("GPUEXEC_TEST_DRIVER");
+    kernels_ = new std::string(Env("GPUEXEC_TEST_KERNELS"));
+    if (Env("GPUEXEC_CLI").empty() || Env("GPUEXEC_TEST_DAEMON").empty() || driver.empty()) {
+      *failure_ = "set GPUEXEC_CLI, GPUEXEC_TEST_DAEMON, GPUEXEC_TEST_DRIVER, GPUEXEC_TEST_KERNELS";
+      return;
+    }
+    // The test double exports its counters; a real driver does not.
+    void* handle = dlopen(driver.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* error = dlerror();
+      *skip_ = absl::StrCat("driver library ", driver,
+                            " cannot be loaded: ", error != nullptr ? error : "?");
+      return;
+    }
+    fake_ = dlsym(handle, "gxfake_module_loads") != nullptr;
+    dlclose(handle);
+    std::string& cannot = fake_ ? *failure_ : *skip_;
+    if (!ReadFile(KernelPath())) {
+      cannot = absl::StrCat("kernel image ", KernelPath(), " is missing");
+      return;
+    }
+    socket_ = new std::string(absl::StrCat(*dir_, "/d.sock"));
+    daemon_log_ = new std::string(absl::StrCat(*dir_, "/gpuexecd.log"));
+    daemon_ = new Process(
+        {Env("GPUEXEC_TEST_DAEMON"), "--listen=", absl::StrCat("--unix_socket=", *socket_),
+         absl::StrCat("--driver=", driver)},
+        absl::StrCat(*dir_, "/gpuexecd.out"), *daemon_log_);
+    // Ready once it says so on stderr.
+    const bool ready = WaitFor(
+        [] {
+          return !daemon_->running() ||
+                 absl::StrContains(ReadFile(*daemon_log_).value_or(""), "gpuexecd serving");
+        },
+        absl::Seconds(60));
+    if (!ready || !daemon_->running()) {
+      *failure_ = absl::StrCat("gpuexecd did not start:\n", ReadFile(*daemon_log_).value_or(""));
+      return;
+    }
+    // A daemon without a device serves, with no devices.
+    Result devices = RunCli({"devices"});
+    if (devices.exit_code == 0 && absl::StartsWith(devices.out, "no devices")) {
+      cannot = absl::StrCat("driver ", driver, " has no usable device");
+    }
+  }
+
+  static void TearDownTestSuite() {
+    delete daemon_;  // kills it
+    daemon_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (!failure_->empty()) FAIL() << *failure_;
+    if (!skip_->empty()) GTEST_SKIP() << *skip_;
+  }
+
+  static std::string KernelPath() { return absl::StrCat(*kernels_, "/gx_kernels.cubin"); }
+  static std::string Target() { return absl::StrCat("unix:", *socket_); }
+  static std::string Path(absl::string_view name) { return absl::StrCat(*dir_, "/", name); }
+
+  // gpuexec --target=<the suite's daemon> ARGS...
+  static Result RunCli(const std::vector<std::string>& args) {
+    std::vector<std::string> all = {absl::StrCat("--target=", Target())};
+    all.insert(all.end(), args.begin(), args.end());
+    return RunRaw(all);
+  }
+
+  // gpuexec ARGS... as given.
+  static Result RunRaw(const std::vector<std::string>& args,
+                       const std::vector<std::string>& env = {}) {
+    static int counter = 0;
+    const std::string out = Path(absl::StrCat("cli-", counter, ".out"));
+    const std::string err = Path(absl::StrCat("cli-", counter++, ".err"));
+    std::vector<std::string> argv = {Env("GPUEXEC_CLI")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Result r;
+    {
+      Process p(argv, out, err, env);
+      r.exit_code = p.Wait(absl::Seconds(120));
+    }
+    r.out = ReadFile(out).value_or("");
+    r.err = ReadFile(err).value_or("");
+    return r;
+  }
+
+  static bool fake() { return fake_; }
+
+ private:
+  static inline std::string* dir_ = nullptr;
+  static inline std::string* kernels_ = nullptr;
+  static inline std::string* socket_ = nullptr;
+  static inline std::string* daemon_log_ = nullptr;
+  static inline std::string* skip_ = nullptr;
+  static inline std::string* failure_ = nullptr;
+  static inline Process* daemon_ = nullptr;
+  static inline bool fake_ = false;
+};
+
+// A failure is one line on stderr, "gpuexec: ...", and nothing on stdout
+// after the failing step.
+void ExpectOneErrorLine(const Result& r) {
+  EXPECT_THAT(r.err, StartsWith("gpuexec: ")) << r;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r;
+}
+
+// ------------------------------------------------------------ help and usage
+
+TEST_F(CliTest, HelpExplainsTheCommandsAndArguments) {
+  Result r = RunRaw({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("Usage: gpuexec"));
+  EXPECT_THAT(r.out, HasSubstr("gpuexec run saxpy.cubin saxpy --grid=4096 --block=256"));
+  EXPECT_EQ(r.err, "");
+
+  r = RunRaw({"help", "run"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  for (const char* s : {"in:FILE", "zeros:SIZE", "fill:TYPE:VALUE:COUNT", "out:SIZE:FILE",
+                        "inout:FILE", "bytes:HEX", "null", "--triton=META.json", "f32:2.5"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+  Result same = RunRaw({"run", "--help"});
+  EXPECT_EQ(same.exit_code, 0) << same;
+  EXPECT_EQ(same.out, r.out);
+}
+
+TEST_F(CliTest, UsageErrorsExitTwoWithOneLine) {
+  const std::string k = KernelPath();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"frobnicate"}, "unknown command 'frobnicate'"},
+      {{"devices", "--bogus=1"}, "unknown flag '--bogus=1'"},
+      {{"devices", "extra"}, "devices takes no arguments"},
+      {{"devices", "--grid=1"}, "--grid applies to 'run' only"},
+      {{"load"}, "load takes one FILE"},
+      {{"info", k}, "info takes FILE KERNEL"},
+      {{"help", "nothing"}, "no command 'nothing'"},
+      {{"run", k, "gx_saxpy", "--block=256"}, "--grid is required"},
+      {{"run", k, "gx_saxpy", "--grid=1"}, "--block is required"},
+      {{"run", k, "gx_saxpy", "--grid=0", "--block=1"}, "--grid"},
+      {{"run", k, "gx_saxpy", "--grid=1", "--block=1", "f32:two"}, "argument 0 'f32:two'"},
+      {{"run", k, "gx_saxpy", "--grid=1", "--block=1", "f32:2", "x.bin"}, "argument 1 'x.bin'"},
+      {{"run", k, "gx_saxpy", "--grid=1", "--block=1", "--shared=lots"}, "--shared"},
+      {{"run", "--triton=m.json", k, "--grid=1", "--block=32"}, "--block comes from the Triton"},
+      {{"--timeout=soon", "devices"}, "--timeout"},
+      {{"--device=first", "load", k}, "--device"},
+  };
+  for (const auto& [args, message] : cases) {
+    Result r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(args, " ") << "\n" << r;
+    EXPECT_THAT(r.err, HasSubstr(message)) << absl::StrJoin(args, " ");
+    ExpectOneErrorLine(r);
+  }
+  Result r = RunRaw({});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("Usage: gpuexec"));
+}
+
+TEST_F(CliTest, AnUnreachableDaemonIsOneLineAndExitOne) {
+  Result r =
+      RunRaw({absl::StrCat("--target=unix:", Path("nobody-here.sock")), "--timeout=2s", "devices"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("connect to unix:"));
+  EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE"));
+  ExpectOneErrorLine(r);
+}
+
+// ------------------------------------------------------------ devices, load, info
+
+TEST_F(CliTest, DevicesListsTheDaemonsDevices) {
+  Result r = RunCli({"devices"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 2u) << r;
+  EXPECT_THAT(lines[0], StartsWith("DEVICE NAME"));
+  std::vector<std::string> first = absl::StrSplit(lines[1], ' ', absl::SkipEmpty());
+  EXPECT_EQ(first[0], "0") << lines[1];
+  EXPECT_THAT(lines[1], HasSubstr("healthy"));
+  EXPECT_THAT(lines[1], HasSubstr("GiB"));
+  if (fake()) {
+    EXPECT_THAT(lines[1], HasSubstr("9.0"));
+  }
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(CliTest, TheTargetComesFromTheEnvironmentToo) {
+  Result r = RunRaw({"devices"}, {absl::StrCat("GPUEXEC_TARGET=", Target())});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("DEVICE NAME"));
+}
+
+TEST_F(CliTest, LoadTwiceUploadsOnceThenItIsCached) {
+  // An image no one has loaded: the kernel file plus a unique tail (the
+  // double ignores names it does not know; PTX takes a comment).
+  std::string image = ReadFile(KernelPath()).value_or("");
+  std::string path;
+  if (fake()) {
+    absl::StrAppend(&image, "gx_cli_test_image_", getpid(), "_", absl::ToUnixNanos(absl::Now()),
+                    "\n");
+    path = Path("unique.cubin");
+  } else {
+    image =
+        ReadFile(absl::StrCat(KernelPath().substr(0, KernelPath().size() - 5), "ptx")).value_or("");
+    absl::StrAppend(&image, "\n// gpuexec cli test ", getpid(), " ", absl::ToUnixNanos(absl::Now()),
+                    "\n");
+    path = Path("unique.ptx");
+  }
+  WriteFile(path, image);
+  const std::string sha = Sha256Hex(image);
+
+  Result first = RunCli({"load", path});
+  ASSERT_EQ(first.exit_code, 0) << first;
+  EXPECT_EQ(first.out, absl::StrCat(sha, "  ", path, "  uploaded\n"));
+  Result second = RunCli({"load", path});
+  ASSERT_EQ(second.exit_code, 0) << second;
+  EXPECT_EQ(second.out, absl::StrCat(sha, "  ", path, "  cached\n"));
+}
+
+TEST_F(CliTest, LoadOfAMissingFileFails) {
+  Result r = RunCli({"load", Path("missing.cubin")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("missing.cubin"));
+  ExpectOneErrorLine(r);
+}
+
+TEST_F(CliTest, InfoShowsTheParameterLayout) {
+  Result r = RunCli({"info", KernelPath(), "gx_saxpy"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  auto header = std::find(lines.begin(), lines.end(), "PARAM  OFFSET  SIZE");
+  ASSERT_NE(header, lines.end()) << r;
+  std::vector<std::vector<uint64_t>> rows;
+  for (auto it = header + 1; it != lines.end(); ++it) {
+    std::vector<std::string> fields = absl::StrSplit(*it, ' ', absl::SkipEmpty());
+    ASSERT_EQ(fields.size(), 3u) << *it;
+    std::vector<uint64_t> row(3);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(absl::SimpleAtoi(fields[i], &row[i])) << *it;
+    rows.push_back(row);
+  }
+  const std::vector<std::vector<uint64_t>> expected = {
+      {0, 0, 4}, {1, 8, 8}, {2, 16, 8}, {3, 24, 8}};
+  EXPECT_EQ(rows, expected) << r;
+  EXPECT_THAT(r.out, HasSubstr("parameters                   4 (32 bytes)"));
+  EXPECT_THAT(r.out, HasSubstr("max threads per block"));
+  EXPECT_THAT(r.out, HasSubstr("registers per thread"));
+  EXPECT_THAT(r.out, HasSubstr("static shared memory"));
+}
+
+TEST_F(CliTest, InfoOfAnUnknownKernelIsTheDaemonsNotFound) {
+  Result r = RunCli({"info", KernelPath(), "gx_no_such_kernel"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("gx_no_such_kernel"));
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+  ExpectOneErrorLine(r);
+}
+
+// ------------------------------------------------------------ run
+
+TEST_F(CliTest, RunSaxpyWritesTheOutputFile) {
+  constexpr uint64_t n = 5000;  // not a multiple of the block
+  const float a = 2.5f;
+  std::vector<float> x(n), y(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i) * 0.5f;
+    y[i] = 1.0f - static_cast<float>(i);
+  }
+  WriteFile(Path("x.bin"), BytesOf(x));
+  WriteFile(Path("y.bin"), BytesOf(y));
+  std::remove(Path("y_out.bin").c_str());
+
+  Result r = RunCli({"run", KernelPath(), "gx_saxpy", "--grid", "8", "--block", "256", "f32:2.5",
+                     absl::StrCat("in:", Path("x.bin")),
+                     absl::StrCat("inout:", Path("y.bin"), ":", Path("y_out.bin")),
+                     absl::StrCat("u64:", n)});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("gx_saxpy: grid (8,1,1) block (256,1,1) shared 0: GPU time "));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("saved ", n * 4, " bytes of argument 2 to ",
+                                            Path("y_out.bin"))));
+  EXPECT_EQ(r.err, "");
+
+  std::optional<std::string> out = ReadFile(Path("y_out.bin"));
+  ASSERT_TRUE(out.has_value());
+  ASSERT_EQ(out->size(), n * sizeof(float));
+  std::vector<float> result = ValuesOf<float>(*out);
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    // The GPU may fuse a*x+y into one rounding.
+    if (result[i] != a * x[i] + y[i] && result[i] != std::fma(a, x[i], y[i])) ++wrong;
+  }
+  EXPECT_EQ(wrong, 0u) << "y[1] = " << result[1] << ", expected " << a * x[1] + y[1];
+  EXPECT_EQ(ReadFile(Path("y.bin")), BytesOf(y)) << "the input file must be left alone";
+}
+
+TEST_F(CliTest, RunFillIntoAnOutFile) {
+  constexpr uint64_t n = 1000;
+  Result r = RunCli({"run", KernelPath(), "gx_fill_u32", "--grid=2", "--block=128",
+                     absl::StrCat("out:4K:", Path("fill.bin")), "u32:0xdeadbeef",
+                     absl::StrCat("u64:", n)});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::optional<std::string> out = ReadFile(Path("fill.bin"));
+  ASSERT_TRUE(out.has_value());
+  ASSERT_EQ(out->size(), 4096u);
+  std::vector<uint32_t> values = ValuesOf<uint32_t>(*out);
+  for (uint64_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(values[i], i < n ? 0xdeadbeefu : 0u) << "element " << i;
+  }
+}
+
+TEST_F(CliTest, RunWithAFilledBufferAnOffsetAndSave) {
+  // 64 elements of 7; the kernel writes 16 elements from element 8 on.
+  Result r = RunCli({"run", KernelPath(), "gx_fill_u32", "--grid=1", "--block=32",
+                     absl::StrCat("fill:u32:7:64,offset=32,save=", Path("offset.bin")), "u32:9",
+                     "u64:16"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::vector<uint32_t> values = ValuesOf<uint32_t>(ReadFile(Path("offset.bin")).value_or(""));
+  ASSERT_EQ(values.size(), 64u);
+  for (uint64_t i = 0; i < 64; ++i) {
+    ASSERT_EQ(values[i], (i >= 8 && i < 24) ? 9u : 7u) << "element " << i;
+  }
+}
+
+TEST_F(CliTest, RunPassesEveryScalarTypeBitExact) {
+  Result r = RunCli({"run", KernelPath(), "gx_types", "--grid=1", "--block=1", "i8:-1", "i16:-2",
+                     "u32:3", "i64:-4", "f16:1.5", "bf16:-2", "f32:0.25", "f64:-0.5",
+                     absl::StrCat("out:64:", Path("types.bin"))});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::vector<uint64_t> bits = ValuesOf<uint64_t>(ReadFile(Path("types.bin")).value_or(""));
+  const std::vector<uint64_t> expected = {
+      0xff,   0xfffe, 3,          static_cast<uint64_t>(int64_t{-4}),
+      0x3e00, 0xc000, 0x3e800000, 0xbfe0000000000000ull};
+  EXPECT_EQ(bits, expected);
+}
+
+TEST_F(CliTest, RunPassesRawBytesForAStruct) {
+  const std::string q("\x01\x00\x00\x00\x02\x00\x00\x00\x00\x00\xc0\x3f\x04\x00\x00\x00", 16);
+  WriteFile(Path("quad.bin"), q);
+  Result r = RunCli({"run", KernelPath(), "gx_struct", "--grid=1", "--block=1",
+                     "bytes:01000000_02000000_0000c03f_04000000",
+                     absl::StrCat("out:16:", Path("struct1.bin"))});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ReadFile(Path("struct1.bin")), q);
+  r = RunCli({"run", KernelPath(), "gx_struct", "--grid=1", "--block=1",
+              absl::StrCat("bytes:@", Path("quad.bin")),
+              absl::StrCat("out:16:", Path("struct2.bin"))});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ReadFile(Path("struct2.bin")), q);
+}
+
+TEST_F(CliTest, RunWithDynamicSharedMemory) {
+  Result r = RunCli({"run", KernelPath(), "gx_bigshared", "--grid=3", "--block=128", "--shared=64K",
+                     absl::StrCat("out:12:", Path("shared.bin")), "u32:16384"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("shared 65536"));
+  std::vector<uint32_t> sums = ValuesOf<uint32_t>(ReadFile(Path("shared.bin")).value_or(""));
+  ASSERT_EQ(sums.size(), 3u);
+  for (uint32_t b = 0; b < 3; ++b) {
+    uint32_t sum = 0;
+    for (uint32_t k = 0; k < 16384; ++k) sum += k ^ b;
+    EXPECT_EQ(sums[b], sum) << "block " << b;
+  }
+}
+
+TEST_F(CliTest, WrongArgumentCountNamesTheParameter) {
+  Result few = RunCli(
+      {"run", KernelPath(), "gx_saxpy", "--grid=1", "--block=32", "f32:1", "zeros:64", "zeros:64"});
+  EXPECT_EQ(few.exit_code, 1) << few;
+  EXPECT_THAT(few.err, HasSubstr("parameter 3 (offset 24, 8 bytes) has no argument"));
+  ExpectOneErrorLine(few);
+
+  Result many = RunCli({"run", KernelPath(), "gx_saxpy", "--grid=1", "--block=32", "f32:1",
+                        "zeros:64", "zeros:64", "u64:16", "u64:1"});
+  EXPECT_EQ(many.exit_code, 1) << many;
+  EXPECT_THAT(many.err, HasSubstr("argument 4 (u64:1) has no parameter"));
+  ExpectOneErrorLine(many);
+
+  Result size = RunCli({"run", KernelPath(), "gx_saxpy", "--grid=1", "--block=32", "f32:1", "f32:2",
+                        "zeros:64", "u64:16"});
+  EXPECT_EQ(size.exit_code, 1) << size;
+  EXPECT_THAT(size.err, HasSubstr("parameter 1 (offset 8) is 8 bytes; argument 1 (f32:2) is 4"));
+  ExpectOneErrorLine(size);
+}
+
+TEST_F(CliTest, RunErrorsFromTheDaemonAreOneLine) {
+  Result unknown = RunCli({"run", KernelPath(), "gx_nope", "--grid=1", "--block=1"});
+  EXPECT_EQ(unknown.exit_code, 1) << unknown;
+  EXPECT_THAT(unknown.err, HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(unknown.err, HasSubstr("gx_nope"));
+  ExpectOneErrorLine(unknown);
+
+  Result block = RunCli({"run", KernelPath(), "gx_fill_u32", "--grid=1", "--block=4096", "zeros:64",
+                         "u32:1", "u64:16"});
+  EXPECT_EQ(block.exit_code, 1) << block;
+  EXPECT_THAT(block.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(block.err, HasSubstr("gx_fill_u32"));
+  ExpectOneErrorLine(block);
+
+  Result missing = RunCli({"run", KernelPath(), "gx_fill_u32", "--grid=1", "--block=1",
+                           absl::StrCat("in:", Path("no-such-input.bin")), "u32:1", "u64:1"});
+  EXPECT_EQ(missing.exit_code, 1) << missing;
+  EXPECT_THAT(missing.err, HasSubstr("no-such-input.bin"));
+  ExpectOneErrorLine(missing);
+}
+
+// ------------------------------------------------------------ Triton metadata
+// There is no Triton-compiled kernel among the test kernels; these drive the
+// --triton path with gx_* kernels whose shapes fit: the launch geometry,
+// shared memory and the appended scratch parameter all reach the kernel.
+
+TEST_F(CliTest, TritonClustersOfNumCtas) {
+  // Each program is 2 CTAs in a cluster: gx_cluster_rank writes each
+  // block's rank in its cluster.
+  WriteFile(Path("rank.json"), R"({"name": "gx_cluster_rank", "num_warps": 1, "num_ctas": 2,
+                                   "shared": 0})");
+  Result r = RunCli({"run", absl::StrCat("--triton=", Path("rank.json")), KernelPath(), "--grid=4",
+                     absl::StrCat("out:32:", Path("rank.bin"))});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out,
+              StartsWith("gx_cluster_rank: grid (8,1,1) block (32,1,1) shared 0 cluster (2,1,1)"));
+  EXPECT_EQ(ValuesOf<uint32_t>(ReadFile(Path("rank.bin")).value_or("")),
+            (std::vector<uint32_t>{0, 1, 0, 1, 0, 1, 0, 1}));
+}
+
+TEST_F(CliTest, TritonSharedMemoryComesFromTheMetadata) {
+  WriteFile(Path("shared.json"), R"({"name": "gx_bigshared", "num_warps": 4, "shared": 8192})");
+  Result r = RunCli({"run", absl::StrCat("--triton=", Path("shared.json")), KernelPath(),
+                     "--grid=2", absl::StrCat("out:8:", Path("tshared.bin")), "u32:2048"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("gx_bigshared: grid (2,1,1) block (128,1,1) shared 8192:"));
+  std::vector<uint32_t> sums = ValuesOf<uint32_t>(ReadFile(Path("tshared.bin")).value_or(""));
+  ASSERT_EQ(sums.size(), 2u);
+  for (uint32_t b = 0; b < 2; ++b) {
+    uint32_t sum = 0;
+    for (uint32_t k = 0; k < 2048; ++k) sum += k ^ b;
+    EXPECT_EQ(sums[b], sum);
+  }
+}
+
+TEST_F(CliTest, TritonScratchOfSizeZeroIsANullPointerAppended) {
+  // gx_fill_u32(out, value, n): the appended global scratch pointer lands in
+  // n; null makes n = 0, so nothing is written.
+  WriteFile(Path("scratch.json"), R"({"name": "gx_fill_u32", "num_warps": 4,
+                                      "global_scratch_size": 0, "global_scratch_align": 1})");
+  Result r =
+      RunCli({"run", absl::StrCat("--triton=", Path("scratch.json")), KernelPath(), "--grid=1",
+              absl::StrCat("fill:u32:5:16,save=", Path("scratch.bin")), "u32:9"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ValuesOf<uint32_t>(ReadFile(Path("scratch.bin")).value_or("")),
+            std::vector<uint32_t>(16, 5u));
+
+  // The kernel's own arguments only: the scratch pointer is not the user's.
+  Result extra = RunCli({"run", absl::StrCat("--triton=", Path("scratch.json")), KernelPath(),
+                         "--grid=1", "zeros:64", "u32:9", "u64:16"});
+  EXPECT_EQ(extra.exit_code, 1) << extra;
+  EXPECT_THAT(extra.err, HasSubstr("argument 2 (u64:16) has no parameter"));
+  EXPECT_THAT(extra.err, HasSubstr("Triton scratch pointer"));
+  ExpectOneErrorLine(extra);
+}
+
+// gx_add_scratch is shaped like a Triton 3.x kernel: (x, y, out, n, global
+// scratch, profile scratch); it writes out = x + y, and through each scratch
+// pointer that is not null, one 32-bit word per CTA (the double faults if
+// the buffer is smaller).
+TEST_F(CliTest, TritonScratchBuffersAreAppendedAndSizedPerCta) {
+  constexpr int n = 1000;
+  std::vector<float> x(n), y(n);
+  for (int i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i);
+    y[i] = 0.5f * static_cast<float>(i) + 3.0f;
+  }
+  WriteFile(Path("tx.bin"), BytesOf(x));
+  WriteFile(Path("ty.bin"), BytesOf(y));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // Each program is 2 CTAs: 8 CTAs, 4 bytes each, in both buffers.
+      {"scratch4.json", R"({"name": "gx_add_scratch", "num_warps": 4, "num_ctas": 2,
+                            "shared": 0, "global_scratch_size": 4, "global_scratch_align": 4,
+                            "profile_scratch_size": 4, "profile_scratch_align": 4})"},
+      // Sizes 0: two null pointers.
+      {"scratch0.json", R"({"name": "gx_add_scratch", "num_warps": 4, "num_ctas": 1,
+                            "shared": 0, "global_scratch_size": 0, "global_scratch_align": 1,
+                            "profile_scratch_size": 0, "profile_scratch_align": 1})"},
+  };
+  for (const auto& [name, json] : cases) {
+    WriteFile(Path(name), json);
+    const std::string out = Path(absl::StrCat(name, ".out"));
+    Result r = RunCli({"run", absl::StrCat("--triton=", Path(name)), KernelPath(), "--grid=4",
+                       absl::StrCat("in:", Path("tx.bin")), absl::StrCat("in:", Path("ty.bin")),
+                       absl::StrCat("out:", n * 4, ":", out), absl::StrCat("i32:", n)});
+    ASSERT_EQ(r.exit_code, 0) << name << "\n" << r;
+    std::vector<float> sum = ValuesOf<float>(ReadFile(out).value_or(""));
+    ASSERT_EQ(sum.size(), static_cast<size_t>(n)) << name;
+    for (int i = 0; i < n; ++i) ASSERT_EQ(sum[i], x[i] + y[i]) << name << " element " << i;
+  }
+}
+
+TEST_F(CliTest, TritonMetadataErrorsAreOneLine) {
+  WriteFile(Path("bad.json"), R"({"num_warps": 4})");
+  Result r = RunCli({"run", absl::StrCat("--triton=", Path("bad.json")), KernelPath(), "--grid=1"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("'name' is missing"));
+  ExpectOneErrorLine(r);
+}
+
+}  // namespace
+}  // namespace gpuexec::testing
