@@ -1,12 +1,14 @@
 # gpuexec: build on Debian 12, run on slim Debian 12.
 #
-# The build stage runs the same scripts/setup.sh that the README and CI run.
-# The CUDA toolkit (for cuda.h and nvcc; Debian 12 packages none new enough)
-# comes from NVIDIA's image. The runtime image has no CUDA at all: the NVIDIA
+# The build stage runs scripts/setup.sh, the same step the README's commands
+# and CI run (CI runs it on every change, so the build stage is proven
+# there; tests/deploy/check_dockerfile.sh checks the rest of this file). The
+# CUDA toolkit (cuda.h and nvcc; Debian 12 packages none new enough) comes
+# from NVIDIA's image. The runtime image has no CUDA at all: the NVIDIA
 # container runtime injects libcuda.so.1 into the container at run time.
 #
 #   docker build -t gpuexec .
-#   docker run --gpus all -p 50051:50051 gpuexec
+#   docker run --gpus all -p 50051:50051 -p 9464:9464 gpuexec
 
 ARG CUDA_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
 
@@ -17,19 +19,23 @@ COPY --from=cuda /usr/local/cuda /usr/local/cuda
 WORKDIR /src
 COPY . .
 RUN ./scripts/setup.sh && ctest --test-dir build -L unit --output-on-failure \
-    && strip build/server/gpuexecd
+    && strip build/server/gpuexecd build/client/cpp/cli/gpuexec
 
 FROM debian:12-slim
+# Only the runtime libraries of gRPC and Protobuf (they bring Abseil, c-ares,
+# RE2, OpenSSL and zlib); no compilers, no -dev packages, no CUDA.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgrpc++1.51 libprotobuf32 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home gpuexec
 COPY --from=build /src/build/server/gpuexecd /usr/local/bin/gpuexecd
+COPY --from=build /src/build/client/cpp/cli/gpuexec /usr/local/bin/gpuexec
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER gpuexec
-EXPOSE 50051
+EXPOSE 50051 9464
+HEALTHCHECK --interval=10s --timeout=5s CMD ["/usr/local/bin/gpuexec", "devices"]
 # Inside the container's own network namespace, listen on all its interfaces;
-# who can reach the port is decided by how the container is published.
+# who can reach the ports is decided by how the container is published.
 ENTRYPOINT ["/usr/local/bin/gpuexecd"]
-CMD ["--listen=0.0.0.0:50051"]
+CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
