@@ -14,8 +14,9 @@ BUILD_DIR="${BUILD_DIR:-build}"
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/kernels"
-programs=("$BUILD_DIR/server/gpuexecd" "$BUILD_DIR/client/cpp/gpuexec-saxpy")
-for t in service_test daemon_test fault_test; do
+programs=("$BUILD_DIR/server/gpuexecd" "$BUILD_DIR/client/cpp/cli/gpuexec"
+  "$BUILD_DIR/client/cpp/gpuexec-saxpy")
+for t in service_test daemon_test fault_test metrics_endpoint_test cli_test; do
   f=$(find "$BUILD_DIR/tests" -name "$t" -type f -executable | head -1)
   [[ -n "$f" ]] && programs+=("$f")
 done
@@ -32,5 +33,14 @@ for p in "${programs[@]}"; do ldd "$p"; done | awk '/=> \//{print $3}' | sort -u
   while read -r lib; do cp -L "$lib" "$OUT/lib/"; done
 strip --strip-unneeded "$OUT"/lib/*.so* 2>/dev/null || true
 cp -r "$BUILD_DIR/tests/kernels/sm_90" "$OUT/kernels/"
+# The README's walk-through kernel, and the Python package with its tests
+# and examples (the GPU host's own python3 has grpcio, numpy and Triton).
+"${CUDA_ROOT:-/usr/local/cuda}/bin/nvcc" -cubin -arch=sm_90 -o "$OUT/kernels/saxpy.cubin" \
+  client/cpp/examples/saxpy.cu
+mkdir -p "$OUT/python"
+cp -r "$BUILD_DIR/client/python/gpuexec" "$OUT/python/"
+cp -r client/python/tests "$OUT/python-tests"
+cp client/python/examples/saxpy.py client/python/examples/triton/run_triton_kernels.py "$OUT/"
+find "$OUT" -name __pycache__ -prune -exec rm -rf {} +
 cp scripts/run-gpu-tests.sh "$OUT/"
 du -sh "$OUT"

@@ -21,15 +21,39 @@ run() {  # run NAME CMD...: tee to a log, remember failures
 }
 run service_test "$HERE/bin/service_test"
 run daemon_test "$HERE/bin/daemon_test"
+run metrics_endpoint_test "$HERE/bin/metrics_endpoint_test"
+GPUEXEC_CLI="$HERE/bin/gpuexec" run cli_test "$HERE/bin/cli_test"
+export PYTHONPATH="$HERE/python" PYTHONDONTWRITEBYTECODE=1 GPUEXEC_DAEMON="$HERE/bin/gpuexecd"
+run python_client python3 -m pytest -q -rs -p no:cacheprovider "$HERE/python-tests"
 
-# The README's walk-through against a daemon process.
-sock="/tmp/gpuexec-walkthrough-$$.sock"
+# The README's walk-through against a daemon process: the CLI, Python, C++,
+# then Triton kernels compiled here by Triton and run by the Python package
+# and the CLI.
+work=$(mktemp -d)
+sock="$work/gpuexecd.sock"
 "$HERE/bin/gpuexecd" --listen= --unix_socket="$sock" --log_level=warning &
 daemon=$!
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
-run saxpy_example "$HERE/bin/gpuexec-saxpy" --target="unix:$sock" \
-  --cubin="$GPUEXEC_TEST_KERNELS/gx_kernels.cubin" --kernel=gx_saxpy
+export GPUEXEC_TARGET="unix:$sock"
+walkthrough() {
+  cd "$work" && cp "$HERE/kernels/saxpy.cubin" . && set -x &&
+  "$HERE/bin/gpuexec" devices &&
+  "$HERE/bin/gpuexec" info saxpy.cubin saxpy &&
+  "$HERE/bin/gpuexec" run saxpy.cubin saxpy --grid=4096 --block=256 \
+    f32:2.0 fill:f32:1.5:1048576 fill:f32:1:1048576,save=y.bin u64:1048576 &&
+  od -A d -t f4 -N 16 y.bin &&
+  python3 "$HERE/saxpy.py" --target="$GPUEXEC_TARGET" &&
+  "$HERE/bin/gpuexec-saxpy" --target="$GPUEXEC_TARGET" --cubin=saxpy.cubin --kernel=saxpy &&
+  python3 "$HERE/run_triton_kernels.py" --target="$GPUEXEC_TARGET" --out="$work" &&
+  "$HERE/bin/gpuexec" run --triton=add_kernel.json add_kernel.cubin --grid=1024 \
+    fill:f32:1.5:1048576 fill:f32:2.5:1048576 out:4MiB:sum.bin i32:1048576 &&
+  od -A d -t f4 -N 16 sum.bin
+}
+run walkthrough walkthrough
 kill -TERM $daemon; wait $daemon || { echo "== gpuexecd exit status $?"; status=1; }
+cp "$work"/*.json "$LOG_DIR/" 2>/dev/null
+rm -rf "$work"
+unset GPUEXEC_TARGET
 
 for b in "$HERE"/bin/*bench*; do
   [[ -x "$b" ]] && run "$(basename "$b")" "$b"

@@ -19,6 +19,7 @@ from ._errors import Error, client_error, from_rpc_error
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
 
+DEFAULT_TARGET = "127.0.0.1:50051"
 DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -104,13 +105,15 @@ class FunctionAttributes:
     binary_version: int
 
 
-def connect(target="127.0.0.1:50051", *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
+def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
             control_timeout=60.0, channel_options=()):
     """Connects to a daemon and waits up to ``timeout`` seconds for it.
 
-    ``target`` is "host:port" or "unix:/path". Raises Error (UNAVAILABLE) if
-    no connection is made in time.
+    ``target`` is "host:port" or "unix:/path"; by default $GPUEXEC_TARGET,
+    else 127.0.0.1:50051. Raises Error (UNAVAILABLE) if no connection is made
+    in time.
     """
+    target = target or os.environ.get("GPUEXEC_TARGET") or DEFAULT_TARGET
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)] + list(channel_options)
     channel = grpc.insecure_channel(target, options=options)

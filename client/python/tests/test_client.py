@@ -304,3 +304,14 @@ print("ok")
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_connect_takes_the_target_from_the_environment(daemon, monkeypatch):
+    monkeypatch.setenv("GPUEXEC_TARGET", daemon.target)
+    with gpuexec.connect() as c:
+        assert c.devices()[0].index == 0
+    monkeypatch.setenv("GPUEXEC_TARGET", "unix:/nonexistent/gpuexecd.sock")
+    with pytest.raises(gpuexec.Error) as e:
+        gpuexec.connect(timeout=0.2)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "/nonexistent/gpuexecd.sock" in e.value.message
