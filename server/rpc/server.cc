@@ -7,8 +7,10 @@
 #include <grpcpp/server_builder.h>
 
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "server/common/log.h"
 #include "server/core/engine.h"
@@ -124,18 +126,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->server->GetHealthCheckService()->SetServingStatus("liveness", true);
   Impl* raw = impl.get();
   impl->health = std::thread([raw] { raw->HealthLoop(); });
-  log::Info("gpuexecd serving gpuexec.v1 on ",
-            options.listen_address.empty() ? "" : absl::StrCat(options.listen_address.substr(
-                                                      0, options.listen_address.rfind(':')),
-                                                  ":", impl->port),
-            options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
-            " with ", impl->engine->device_count(), " device(s); health ",
-            impl->engine->AnyDeviceHealthy() ? "SERVING" : "NOT_SERVING",
-            impl->metrics_http == nullptr
-                ? ""
-                : absl::StrCat("; metrics on ",
-                               options.metrics_address.substr(0, options.metrics_address.rfind(':')),
-                               ":", impl->metrics_http->port(), "/metrics"));
+  std::vector<std::string> addresses;
+  if (!options.listen_address.empty()) {
+    addresses.push_back(absl::StrCat(
+        options.listen_address.substr(0, options.listen_address.rfind(':')), ":", impl->port));
+  }
+  if (!options.unix_socket.empty()) addresses.push_back(absl::StrCat("unix:", options.unix_socket));
+  log::Info(
+      "gpuexecd serving gpuexec.v1 on ", absl::StrJoin(addresses, " and "), " with ",
+      impl->engine->device_count(), " device(s); health ",
+      impl->engine->AnyDeviceHealthy() ? "SERVING" : "NOT_SERVING",
+      impl->metrics_http == nullptr
+          ? ""
+          : absl::StrCat("; metrics on ",
+                         options.metrics_address.substr(0, options.metrics_address.rfind(':')), ":",
+                         impl->metrics_http->port(), "/metrics"));
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -168,7 +173,7 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
   impl_->metrics_http.reset();  // its scrapes read the engine
-  impl_->engine.reset();  // closes sessions, releases devices
+  impl_->engine.reset();        // closes sessions, releases devices
   log::Info("gpuexecd stopped");
   impl_->done.Notify();
 }

@@ -1,16 +1,18 @@
 // The daemon as a whole: starting without a driver, health, reflection,
 // and the other ways in (Unix socket, in-process channel).
 
+#include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
-#include <grpcpp/generic/generic_stub.h>
-
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "health_client.h"
 #include "service_test_fixture.h"
 
@@ -57,8 +59,8 @@ TEST_F(DaemonWithDeviceTest, ReflectionListsTheService) {
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                               &cq);
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag;
   bool ok;
   auto next = [&](intptr_t want) {
@@ -112,7 +114,8 @@ TEST(DaemonTest, NothingToListenOnIsRefused) {
   ServerOptions options;
   options.listen_address = "";
   options.driver_library = "libgpuexec-no-such-driver.so.1";
-  EXPECT_THAT(Server::Start(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("listen")));
+  EXPECT_THAT(Server::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("listen")));
 }
 
 TEST(DaemonTest, AnAddressInUseIsRefused) {
@@ -122,7 +125,8 @@ TEST(DaemonTest, AnAddressInUseIsRefused) {
   auto first = Server::Start(options);
   ASSERT_TRUE(first.ok()) << first.status();
   options.listen_address = absl::StrCat("127.0.0.1:", (*first)->port());
-  EXPECT_THAT(Server::Start(options), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen")));
+  EXPECT_THAT(Server::Start(options),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen")));
   (*first)->Shutdown();
 }
 
@@ -151,13 +155,19 @@ uint64_t PeakRss(pid_t pid) {
 
 class DaemonProcess {
  public:
-  explicit DaemonProcess(std::vector<std::string> args) {
+  // `args` come after the defaults and override them; with `log_path`, the
+  // daemon's stderr goes to that file.
+  explicit DaemonProcess(std::vector<std::string> args, const std::string& log_path = "") {
     socket_ = absl::StrCat(::testing::TempDir(), "gpuexecd-", getpid(), "-", counter_++, ".sock");
-    args.insert(args.begin(), {DaemonPath(), "--listen=", absl::StrCat("--unix_socket=", socket_),
-                               absl::StrCat("--driver=", TestBackend().driver),
-                               "--log_level=warning"});
+    args.insert(args.begin(),
+                {DaemonPath(), "--listen=", absl::StrCat("--unix_socket=", socket_),
+                 absl::StrCat("--driver=", TestBackend().driver), "--log_level=warning"});
     pid_ = fork();
     if (pid_ == 0) {
+      if (!log_path.empty()) {
+        const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 2);
+      }
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -178,8 +188,8 @@ class DaemonProcess {
   int Stop() {
     kill(pid_, SIGTERM);
     int status = 0;
-    const bool exited = WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; },
-                                absl::Seconds(10));
+    const bool exited =
+        WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, absl::Seconds(10));
     if (!exited) return -1;
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -199,6 +209,64 @@ TEST(DaemonProcessTest, ServesAndStopsCleanlyOnSigterm) {
   GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
   EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// One line per event that matters, each with a time and a level letter;
+// --log_level drops the lower levels.
+TEST(DaemonProcessTest, LogsOneLinePerEvent) {
+  const std::string log_path = absl::StrCat(::testing::TempDir(), "gpuexecd-log-", getpid());
+  {
+    DaemonProcess daemon({"--log_level=info", "--default_lease_ms=300"}, log_path);
+    ClientOptions options;
+    options.connect_timeout = absl::Seconds(20);
+    GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
+    GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
+    if (devices.empty()) GTEST_SKIP() << "driver " << TestBackend().driver << " has no device";
+    {
+      GX_ASSERT_OK_AND_ASSIGN(Session closed_by_client, client.OpenSession({}));
+      GX_ASSERT_OK(closed_by_client.Close());
+    }
+    GX_ASSERT_OK_AND_ASSIGN(Session lapses, client.OpenSession({}));
+    GX_ASSERT_OK_AND_ASSIGN(Buffer b, lapses.Allocate(4096));
+    ASSERT_TRUE(WaitFor([&] { return ReadFile(log_path)->find("lapsed") != std::string::npos; },
+                        absl::Seconds(10)));
+    EXPECT_THAT(b.Free(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("does not exist")));
+    EXPECT_EQ(daemon.Stop(), 0);
+  }
+  const std::string log = *ReadFile(log_path);
+  std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
+  for (const std::string& line : lines) {
+    // 2026-11-30T06:59:50.921Z I ...
+    EXPECT_THAT(line, ::testing::MatchesRegex("[0-9-]+T[0-9:.]+Z [DIWE] .+")) << line;
+  }
+  auto has = [&](const std::string& what) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(what) != std::string::npos; });
+  };
+  EXPECT_TRUE(has("I CUDA driver")) << log;
+  EXPECT_TRUE(has("I device 0: ")) << log;
+  EXPECT_TRUE(has("I gpuexecd serving gpuexec.v1 on unix:")) << log;
+  EXPECT_TRUE(has(" opened on device 0 (lease 300 ms")) << log;
+  EXPECT_TRUE(has(" closed: the client closed it; freed 0 buffer(s)")) << log;
+  EXPECT_TRUE(has(" closed: its lease of 300 ms lapsed; freed 1 buffer(s), 4096 bytes")) << log;
+  EXPECT_TRUE(has("I Free from ")) << log;
+  EXPECT_TRUE(has("failed: NOT_FOUND: session ")) << log;
+  EXPECT_TRUE(has("I signal 15: shutting down")) << log;
+  EXPECT_TRUE(has("I gpuexecd stopped")) << log;
+
+  // At --log_level=warning none of those informational lines appear.
+  {
+    DaemonProcess quiet({"--log_level=warning"}, log_path);
+    ClientOptions options;
+    options.connect_timeout = absl::Seconds(20);
+    GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(quiet.target(), options));
+    GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+    GX_ASSERT_OK(s.Close());
+    EXPECT_EQ(quiet.Stop(), 0);
+  }
+  const std::string quiet_log = *ReadFile(log_path);
+  EXPECT_EQ(quiet_log.find(" I "), std::string::npos) << quiet_log;
+  unlink(log_path.c_str());
 }
 
 TEST(DaemonProcessTest, BadFlagsExitNonZero) {
