@@ -443,6 +443,32 @@ absl::Status Driver::SynchronizeContext(absl::string_view what) const {
   return absl::OkStatus();
 }
 
+absl::Status Driver::SynchronizeStream(CUstream_st* stream, absl::string_view what) const {
+  GPUEXEC_CU(StreamSynchronize, (stream), what);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DevicePtr> Driver::Alloc(uint64_t size, absl::string_view what) const {
+  CUdeviceptr p = 0;
+  GPUEXEC_CU(MemAlloc, (&p, size), what);
+  return static_cast<DevicePtr>(p);
+}
+
+absl::Status Driver::Free(DevicePtr ptr, absl::string_view what) const {
+  GPUEXEC_CU(MemFree, (static_cast<CUdeviceptr>(ptr)), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::HostRegister(void* ptr, uint64_t size, absl::string_view what) const {
+  GPUEXEC_CU(MemHostRegister, (ptr, size, 0), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::HostUnregister(void* ptr, absl::string_view what) const {
+  GPUEXEC_CU(MemHostUnregister, (ptr), what);
+  return absl::OkStatus();
+}
+
 void ReleaseModule(const Driver* d, CUmod_st* m) { d->api().ModuleUnload(m); }
 void ReleaseStream(const Driver* d, CUstream_st* s) { d->api().StreamDestroy(s); }
 void ReleaseEvent(const Driver* d, CUevent_st* e) { d->api().EventDestroy(e); }

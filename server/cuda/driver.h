@@ -214,6 +214,15 @@ class Driver {
                       CUstream_st* stream, absl::string_view what) const;
 
   absl::Status SynchronizeContext(absl::string_view what) const;
+  // Blocks the calling thread until `stream`'s work has finished.
+  absl::Status SynchronizeStream(CUstream_st* stream, absl::string_view what) const;
+  // Synchronous allocation outside the memory pool (cuMemAlloc / cuMemFree).
+  absl::StatusOr<DevicePtr> Alloc(uint64_t size, absl::string_view what) const;
+  absl::Status Free(DevicePtr ptr, absl::string_view what) const;
+  // Page-locks host memory the caller owns (cuMemHostRegister), so that
+  // copies from and to it run at DMA speed; Unregister before freeing it.
+  absl::Status HostRegister(void* ptr, uint64_t size, absl::string_view what) const;
+  absl::Status HostUnregister(void* ptr, absl::string_view what) const;
 
   // The status for a failed call: the call, the CUresult name and text, and
   // the object it concerned. Public for the device layer's own checks.

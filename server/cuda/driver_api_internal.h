@@ -27,6 +27,11 @@ namespace gpuexec::cuda {
     cuDevicePrimaryCtxRelease)                                             \
   X(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent)                     \
   X(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize)                  \
+  X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)         \
+  X(MemAlloc, "cuMemAlloc_v2", cuMemAlloc)                                 \
+  X(MemFree, "cuMemFree_v2", cuMemFree)                                    \
+  X(MemHostRegister, "cuMemHostRegister_v2", cuMemHostRegister)            \
+  X(MemHostUnregister, "cuMemHostUnregister", cuMemHostUnregister)         \
   X(MemGetInfo, "cuMemGetInfo_v2", cuMemGetInfo)                           \
   X(ModuleLoadDataEx, "cuModuleLoadDataEx", cuModuleLoadDataEx)            \
   X(ModuleUnload, "cuModuleUnload", cuModuleUnload)                        \

@@ -1,0 +1,739 @@
+// gpuexec_bench: gpuexec beside its baselines, measured in one run.
+//
+//   native     the CUDA driver called directly from this process (through
+//              gpuexec's own driver wrapper: the same entry points)
+//   transport  an echo service on the same gRPC in this process: the
+//              ceiling any gRPC service has on this machine
+//   gpuexec    a gpuexecd process started by this program, driven by the C++
+//              client library over loopback TCP and over a Unix socket
+//
+// It prints one table: each figure, the baseline it is compared with, the
+// ratio, and the target where there is one. docs/performance.md has the
+// results and the command that reproduces them.
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "echo.grpc.pb.h"
+#include "gpuexec/client.h"
+#include "server/cuda/driver.h"
+
+ABSL_FLAG(std::string, daemon, "", "gpuexecd to start (default: gpuexecd beside this program)");
+ABSL_FLAG(std::string, driver, "libcuda.so.1",
+          "CUDA driver library, for the native baselines "
+          "and the daemon");
+ABSL_FLAG(std::string, kernels, "",
+          "directory with gx_kernels.cubin (default: ../kernels/sm_90 beside this program)");
+ABSL_FLAG(bool, quick, false, "small sizes and few iterations: a smoke test, not a measurement");
+ABSL_FLAG(int, clients, 16, "concurrent clients for the aggregate figures");
+
+namespace gpuexec::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void Die(const std::string& what) {
+  std::fprintf(stderr, "gpuexec_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T Must(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
+  return std::move(v).value();
+}
+void Must(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
+
+// Sizes and counts for this run.
+struct Plan {
+  int latency_iters;   // launch+sync, echo round trips
+  int async_launches;  // launches per rate measurement
+  int alloc_iters;
+  uint64_t copy_bytes;  // the "1 GiB" transfers
+  uint64_t rss_bytes;   // the "4 GiB" Write
+  int session_trials;
+  uint32_t chunk_bytes = 1 << 20;
+};
+
+Plan MakePlan(bool quick) {
+  if (quick) return Plan{50, 500, 20, 32ull << 20, 64ull << 20, 3};
+  return Plan{3000, 20000, 1000, 1ull << 30, 4ull << 30, 30};
+}
+
+struct Latency {
+  double p50 = 0, p99 = 0;  // microseconds
+};
+
+Latency Percentiles(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  auto at = [&](double q) {
+    return us[std::min(us.size() - 1, static_cast<size_t>(q * us.size()))];
+  };
+  return {at(0.50), at(0.99)};
+}
+
+// Runs `op` `n` times (after n/10 warm-up runs) and returns the latency
+// percentiles in microseconds.
+Latency Measure(int n, const std::function<void()>& op) {
+  for (int i = 0; i < std::max(1, n / 10); ++i) op();
+  std::vector<double> us;
+  us.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const auto t0 = Clock::now();
+    op();
+    us.push_back(Seconds(t0, Clock::now()) * 1e6);
+  }
+  return Percentiles(std::move(us));
+}
+
+std::string ReadFileOrDie(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) Die(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+// Touches every page so that first-touch faults are not timed.
+std::vector<uint8_t> HostData(uint64_t size) {
+  std::vector<uint8_t> v(size);
+  for (uint64_t i = 0; i < size; i += 4096) v[i] = static_cast<uint8_t>(i >> 12);
+  return v;
+}
+
+// ------------------------------------------------------------------ results
+
+struct Row {
+  std::string what;
+  std::string tcp, uds;  // gpuexec figures (or the only figure)
+  std::string baseline;  // what it is compared with, and its value
+  std::string ratio;     // figure / baseline (TCP)
+  std::string target;
+  std::string met;  // "yes", "NO", or empty
+};
+std::vector<Row> g_rows;
+
+std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
+std::string Gbs(double bytes, double s) { return absl::StrFormat("%.2f GB/s", bytes / s / 1e9); }
+std::string Rate(double per_s) { return absl::StrFormat("%.0fk/s", per_s / 1e3); }
+std::string Ratio(double r) { return absl::StrFormat("%.2fx", r); }
+std::string Met(bool ok) { return ok ? "yes" : "NO"; }
+
+void Section(const std::string& title) {
+  std::printf("\n== %s\n", title.c_str());
+  std::fflush(stdout);
+}
+void Note(const std::string& line) {
+  std::printf("   %s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// ------------------------------------------------------------------ native
+
+struct NativeFigures {
+  Latency launch_sync;
+  double async_launch_us = 0;
+  double alloc_async_us = 0, alloc_sync_us = 0;
+  double h2d_pageable = 0, d2h_pageable = 0, h2d_pinned = 0, d2h_pinned = 0;  // GB/s
+};
+
+NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const std::string& cubin) {
+  Section("native CUDA (this process)");
+  NativeFigures out;
+  auto driver = Must(cuda::Driver::Load(driver_lib), "load the driver");
+  constexpr int kDev = 0;
+  const auto t_ctx = Clock::now();
+  auto ctx = Must(driver->RetainPrimaryContext(kDev), "retain the primary context");
+  Must(driver->SetCurrent(ctx.get(), kDev), "set the context");
+  Note(absl::StrFormat("primary context: %.0f ms", Seconds(t_ctx, Clock::now()) * 1e3));
+  const std::string image = ReadFileOrDie(cubin);
+  const auto t_mod = Clock::now();
+  auto module = Must(driver->LoadModule(image, false, "gx_kernels"), "load the module");
+  Note(absl::StrFormat("cuModuleLoadData, %zu bytes: %.0f us", image.size(),
+                       Seconds(t_mod, Clock::now()) * 1e6));
+  cuda::Function empty = Must(driver->GetFunction(module, "gx_empty", "gx_empty"), "gx_empty");
+  auto stream = Must(driver->CreateStream("bench"), "create a stream");
+  cuda::LaunchGeometry one;
+
+  out.launch_sync = Measure(plan.latency_iters, [&] {
+    Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
+    Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
+  });
+  Note(absl::StrFormat("launch + cuStreamSynchronize: p50 %.1f us, p99 %.1f us",
+                       out.launch_sync.p50, out.launch_sync.p99));
+
+  {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < plan.async_launches; ++i) {
+      Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
+    }
+    Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
+    out.async_launch_us = Seconds(t0, Clock::now()) * 1e6 / plan.async_launches;
+    Note(absl::StrFormat("%d async launches: %.2f us per launch (%.0fk/s)", plan.async_launches,
+                         out.async_launch_us, 1e3 / out.async_launch_us));
+  }
+
+  Must(driver->ConfigureMemoryPool(kDev), "memory pool");
+  out.alloc_async_us = Measure(plan.alloc_iters, [&] {
+                         auto p = Must(driver->AllocAsync(1 << 20, stream.get(), "a"), "alloc");
+                         Must(driver->FreeAsync(p, stream.get(), "a"), "free");
+                         Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
+                       }).p50;
+  out.alloc_sync_us = Measure(plan.alloc_iters, [&] {
+                        auto p = Must(driver->Alloc(1 << 20, "a"), "alloc");
+                        Must(driver->Free(p, "a"), "free");
+                      }).p50;
+  Note(absl::StrFormat(
+      "1 MiB cuMemAllocAsync+FreeAsync+sync p50 %.1f us; cuMemAlloc+Free p50 %.1f us",
+      out.alloc_async_us, out.alloc_sync_us));
+
+  const uint64_t n = plan.copy_bytes;
+  auto dev = Must(driver->Alloc(n, "copy target"), "alloc");
+  auto copy = [&](void* host, bool to_device) {
+    const auto t0 = Clock::now();
+    if (to_device) {
+      Must(driver->CopyHtoDAsync(dev, host, n, stream.get(), "h2d"), "h2d");
+    } else {
+      Must(driver->CopyDtoHAsync(host, dev, n, stream.get(), "d2h"), "d2h");
+    }
+    Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
+    return n / Seconds(t0, Clock::now()) / 1e9;
+  };
+  {
+    std::vector<uint8_t> pageable = HostData(n);
+    copy(pageable.data(), true);  // warm-up
+    out.h2d_pageable = copy(pageable.data(), true);
+    out.d2h_pageable = copy(pageable.data(), false);
+  }
+  {
+    auto pinned = Must(driver->AllocPinned(n, "pinned"), "pinned");
+    std::memset(pinned.get(), 1, n);
+    copy(pinned.get(), true);
+    out.h2d_pinned = copy(pinned.get(), true);
+    out.d2h_pinned = copy(pinned.get(), false);
+  }
+  Must(driver->Free(dev, "copy target"), "free");
+  Note(absl::StrFormat("%llu MiB H2D / D2H: pageable %.1f / %.1f GB/s, pinned %.1f / %.1f GB/s",
+                       static_cast<unsigned long long>(n >> 20), out.h2d_pageable, out.d2h_pageable,
+                       out.h2d_pinned, out.d2h_pinned));
+  return out;
+}
+
+// ------------------------------------------------------------------ transport
+
+class EchoService final : public Echo::CallbackService {
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Blob* in,
+                                  Blob* out) override {
+    out->set_data(in->data());
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+
+  grpc::ServerBidiReactor<Blob, Blob>* Bidi(grpc::CallbackServerContext*) override {
+    class R : public grpc::ServerBidiReactor<Blob, Blob> {
+     public:
+      R() { StartRead(&msg_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) return Finish(grpc::Status::OK);
+        StartWrite(&msg_);
+      }
+      void OnWriteDone(bool ok) override {
+        if (!ok) return Finish(grpc::Status::CANCELLED);
+        StartRead(&msg_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      Blob msg_;
+    };
+    return new R;
+  }
+
+  grpc::ServerReadReactor<Blob>* Upload(grpc::CallbackServerContext*, UploadReply* reply) override {
+    class R : public grpc::ServerReadReactor<Blob> {
+     public:
+      explicit R(UploadReply* reply) : reply_(reply) { StartRead(&msg_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) {
+          reply_->set_bytes(bytes_);
+          return Finish(grpc::Status::OK);
+        }
+        bytes_ += msg_.data().size();
+        StartRead(&msg_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      UploadReply* reply_;
+      Blob msg_;
+      uint64_t bytes_ = 0;
+    };
+    return new R(reply);
+  }
+
+  grpc::ServerWriteReactor<Blob>* Download(grpc::CallbackServerContext*,
+                                           const DownloadRequest* req) override {
+    class R : public grpc::ServerWriteReactor<Blob> {
+     public:
+      explicit R(const DownloadRequest* req) : left_(req->total_bytes()) {
+        msg_.mutable_data()->assign(std::max<uint32_t>(1, req->chunk_bytes()), 'x');
+        Next();
+      }
+      void OnWriteDone(bool ok) override {
+        if (!ok) return Finish(grpc::Status::CANCELLED);
+        Next();
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      void Next() {
+        if (left_ == 0) return Finish(grpc::Status::OK);
+        const uint64_t n = std::min<uint64_t>(left_, msg_.data().size());
+        if (n < msg_.data().size()) msg_.mutable_data()->resize(n);
+        left_ -= n;
+        StartWrite(&msg_);
+      }
+      uint64_t left_;
+      Blob msg_;
+    };
+    return new R(req);
+  }
+};
+
+struct TransportFigures {
+  Latency unary, bidi;
+  double upload = 0, download = 0;  // GB/s
+};
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  auto ch = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!ch->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    Die(absl::StrCat("no connection to ", target));
+  }
+  return ch;
+}
+
+TransportFigures RunTransport(const Plan& plan, const std::string& target) {
+  TransportFigures out;
+  auto stub = Echo::NewStub(Channel(target));
+  Blob empty;
+  out.unary = Measure(plan.latency_iters, [&] {
+    grpc::ClientContext ctx;
+    Blob reply;
+    if (!stub->Unary(&ctx, empty, &reply).ok()) Die("echo unary failed");
+  });
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub->Bidi(&ctx);
+    Blob msg, reply;
+    msg.set_data(std::string(16, 'x'));  // about a launch message's size
+    out.bidi = Measure(plan.latency_iters, [&] {
+      if (!stream->Write(msg) || !stream->Read(&reply)) Die("echo bidi failed");
+    });
+    stream->WritesDone();
+    stream->Finish();
+  }
+  {
+    Blob chunk;
+    chunk.mutable_data()->assign(plan.chunk_bytes, 'x');
+    grpc::ClientContext ctx;
+    UploadReply reply;
+    const auto t0 = Clock::now();
+    auto writer = stub->Upload(&ctx, &reply);
+    for (uint64_t sent = 0; sent < plan.copy_bytes; sent += plan.chunk_bytes) writer->Write(chunk);
+    writer->WritesDone();
+    if (!writer->Finish().ok() || reply.bytes() != plan.copy_bytes) Die("echo upload failed");
+    out.upload = plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+  }
+  {
+    grpc::ClientContext ctx;
+    DownloadRequest req;
+    req.set_total_bytes(plan.copy_bytes);
+    req.set_chunk_bytes(plan.chunk_bytes);
+    const auto t0 = Clock::now();
+    auto reader = stub->Download(&ctx, req);
+    Blob chunk;
+    uint64_t got = 0;
+    while (reader->Read(&chunk)) got += chunk.data().size();
+    if (!reader->Finish().ok() || got != plan.copy_bytes) Die("echo download failed");
+    out.download = plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+  }
+  Note(
+      absl::StrFormat("%s: unary p50 %.1f us p99 %.1f us; stream round trip p50 %.1f us p99 "
+                      "%.1f us; %llu MiB in %u KiB messages: client stream %.2f GB/s, server "
+                      "stream %.2f GB/s",
+                      target, out.unary.p50, out.unary.p99, out.bidi.p50, out.bidi.p99,
+                      static_cast<unsigned long long>(plan.copy_bytes >> 20),
+                      plan.chunk_bytes >> 10, out.upload, out.download));
+  return out;
+}
+
+// ------------------------------------------------------------------ gpuexec
+
+// A gpuexecd process with its log in a file; stops it on destruction.
+class Daemon {
+ public:
+  Daemon(const std::string& path, const std::string& driver, const std::string& tag) {
+    dir_ = absl::StrCat("/tmp/gpuexec-bench-", getpid(), "-", tag);
+    std::string mk = absl::StrCat("mkdir -p ", dir_);
+    if (std::system(mk.c_str()) != 0) Die("mkdir");
+    socket_ = dir_ + "/gpuexecd.sock";
+    log_ = dir_ + "/gpuexecd.log";
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 2);
+      std::vector<std::string> args = {path, "--listen=127.0.0.1:0", "--unix_socket=" + socket_,
+                                       "--driver=" + driver};
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    // The port is in the "serving" line.
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline) {
+      std::ifstream f(log_);
+      std::string line;
+      while (std::getline(f, line)) {
+        const size_t at = line.find("serving gpuexec.v1 on 127.0.0.1:");
+        if (at != std::string::npos) {
+          port_ = std::atoi(line.c_str() + at + std::strlen("serving gpuexec.v1 on 127.0.0.1:"));
+          return;
+        }
+      }
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        Die(absl::StrCat("gpuexecd exited:\n", ReadFileOrDie(log_)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    Die("gpuexecd did not start within 60 s");
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::string rm = absl::StrCat("rm -rf ", dir_);
+    (void)!std::system(rm.c_str());
+  }
+  std::string tcp() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string uds() const { return "unix:" + socket_; }
+  // Peak resident memory so far (VmHWM), bytes.
+  uint64_t PeakRss() const {
+    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    }
+    return 0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string dir_, socket_, log_;
+};
+
+struct GpuexecFigures {
+  Latency launch_sync;
+  double async_rate = 0;  // launches/s
+  double alloc_free_us = 0;
+  double write = 0, read = 0;  // GB/s
+  double new_session_ms = 0;
+  double agg_rate = 0, agg_write = 0;
+};
+
+LaunchConfig One() {
+  LaunchConfig c;
+  c.grid.x = 1;
+  c.block.x = 1;
+  return c;
+}
+
+GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std::string& cubin,
+                          int clients) {
+  GpuexecFigures out;
+  const std::string image = ReadFileOrDie(cubin);
+  Client client = Must(Client::Connect(target), "connect");
+  Session session = Must(client.OpenSession({}), "open a session");
+  Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
+
+  out.launch_sync = Measure(plan.latency_iters, [&] {
+    Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
+  });
+  {
+    Must(session.Synchronize(), "sync");
+    const auto t0 = Clock::now();
+    for (int i = 0; i < plan.async_launches; ++i) Must(session.Launch(empty, One(), {}), "launch");
+    Must(session.Synchronize(), "sync");
+    out.async_rate = plan.async_launches / Seconds(t0, Clock::now());
+  }
+  out.alloc_free_us = Measure(plan.alloc_iters, [&] {
+                        Buffer b = Must(session.Allocate(1 << 20), "allocate");
+                        Must(b.Free(), "free");
+                      }).p50;
+  {
+    std::vector<uint8_t> data = HostData(plan.copy_bytes);
+    Buffer b = Must(session.Allocate(plan.copy_bytes), "allocate");
+    auto t0 = Clock::now();
+    Must(b.Write(0, data), "write");
+    out.write = plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+    t0 = Clock::now();
+    Must(b.ReadInto(0, absl::MakeSpan(data)), "read");
+    out.read = plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+  }
+  {
+    // A new session on an open connection: the module is cached.
+    std::vector<double> us;
+    for (int i = 0; i < plan.session_trials; ++i) {
+      const auto t0 = Clock::now();
+      Session s = Must(client.OpenSession({}), "open a session");
+      Module m = Must(s.LoadModule(image, ModuleKind::kCubin), "load the module");
+      Function f = Must(m.GetFunction("gx_empty"), "gx_empty");
+      Must(s.LaunchAndWait(f, One(), {}), "first launch");
+      us.push_back(Seconds(t0, Clock::now()) * 1e6);
+      Must(s.Close(), "close");
+    }
+    out.new_session_ms = Percentiles(us).p50 / 1e3;
+  }
+  {
+    // Each client: its own connection and session.
+    std::vector<std::thread> threads;
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    const int per_client = std::max(1, plan.async_launches / clients);
+    const uint64_t per_client_bytes = plan.copy_bytes / clients;
+    std::vector<double> launch_s(clients), write_s(clients);
+    for (int c = 0; c < clients; ++c) {
+      threads.emplace_back([&, c] {
+        Client cl = Must(Client::Connect(target), "connect");
+        Session s = Must(cl.OpenSession({}), "open a session");
+        Module m = Must(s.LoadModule(image, ModuleKind::kCubin), "load");
+        Function f = Must(m.GetFunction("gx_empty"), "gx_empty");
+        Buffer b = Must(s.Allocate(per_client_bytes), "allocate");
+        std::vector<uint8_t> data = HostData(per_client_bytes);
+        ++ready;
+        while (!go.load()) std::this_thread::yield();
+        auto t0 = Clock::now();
+        for (int i = 0; i < per_client; ++i) Must(s.Launch(f, One(), {}), "launch");
+        Must(s.Synchronize(), "sync");
+        launch_s[c] = Seconds(t0, Clock::now());
+        ++ready;
+        while (ready.load() < 2 * clients) std::this_thread::yield();
+        t0 = Clock::now();
+        Must(b.Write(0, data), "write");
+        write_s[c] = Seconds(t0, Clock::now());
+      });
+    }
+    while (ready.load() < clients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    go = true;
+    for (auto& t : threads) t.join();
+    // Aggregate: all the work over the span of the slowest client.
+    out.agg_rate = static_cast<double>(per_client) * clients /
+                   *std::max_element(launch_s.begin(), launch_s.end());
+    out.agg_write = static_cast<double>(per_client_bytes) * clients /
+                    *std::max_element(write_s.begin(), write_s.end()) / 1e9;
+  }
+  Note(absl::StrFormat(
+      "%s: launch+sync p50 %.1f us p99 %.1f us; %.0fk async launches/s; "
+      "Allocate+Free p50 %.1f us; Write %.2f GB/s, Read %.2f GB/s; new session "
+      "+ cached module + first launch %.2f ms; %d clients: %.0fk launches/s, "
+      "Write %.2f GB/s",
+      target, out.launch_sync.p50, out.launch_sync.p99, out.async_rate / 1e3, out.alloc_free_us,
+      out.write, out.read, out.new_session_ms, clients, out.agg_rate / 1e3, out.agg_write));
+  return out;
+}
+
+// A fresh daemon, one big Write, its peak RSS.
+std::pair<uint64_t, uint64_t> RunRss(const Plan& plan, const std::string& daemon_path,
+                                     const std::string& driver) {
+  Daemon d(daemon_path, driver, "rss");
+  Client client = Must(Client::Connect(d.uds()), "connect");
+  Session s = Must(client.OpenSession({}), "open a session");
+  Buffer b = Must(s.Allocate(plan.rss_bytes), "allocate");
+  std::vector<uint8_t> data = HostData(plan.rss_bytes);
+  const uint64_t before = d.PeakRss();
+  Must(b.Write(0, data), "write");
+  return {before, d.PeakRss()};
+}
+
+int Main() {
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  const Plan plan = MakePlan(quick);
+  const std::string self = SelfDir();
+  std::string daemon = absl::GetFlag(FLAGS_daemon);
+  if (daemon.empty()) daemon = self + "/gpuexecd";
+  std::string kernels = absl::GetFlag(FLAGS_kernels);
+  if (kernels.empty()) kernels = self + "/../kernels/sm_90";
+  const std::string cubin = kernels + "/gx_kernels.cubin";
+  const std::string driver = absl::GetFlag(FLAGS_driver);
+  const int clients = absl::GetFlag(FLAGS_clients);
+
+  std::printf("gpuexec_bench%s: driver %s, daemon %s\n", quick ? " (quick: not a measurement)" : "",
+              driver.c_str(), daemon.c_str());
+  const NativeFigures native = RunNative(plan, driver, cubin);
+
+  Section("transport: an echo service on the same gRPC (this process)");
+  const std::string echo_socket = absl::StrCat("/tmp/gpuexec-bench-echo-", getpid(), ".sock");
+  EchoService echo;
+  grpc::ServerBuilder builder;
+  int echo_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &echo_port);
+  builder.AddListeningPort("unix:" + echo_socket, grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(&echo);
+  auto echo_server = builder.BuildAndStart();
+  if (echo_server == nullptr) Die("the echo server did not start");
+  const TransportFigures t_tcp = RunTransport(plan, absl::StrCat("127.0.0.1:", echo_port));
+  const TransportFigures t_uds = RunTransport(plan, "unix:" + echo_socket);
+  echo_server->Shutdown();
+  unlink(echo_socket.c_str());
+
+  Section("gpuexec: a gpuexecd process");
+  GpuexecFigures g_tcp, g_uds;
+  {
+    Daemon d(daemon, driver, "main");
+    g_tcp = RunGpuexec(plan, d.tcp(), cubin, clients);
+    g_uds = RunGpuexec(plan, d.uds(), cubin, clients);
+  }
+  Section(absl::StrFormat("daemon peak RSS during a %llu MiB Write (a fresh daemon)",
+                          static_cast<unsigned long long>(plan.rss_bytes >> 20)));
+  const auto [rss_before, rss_peak] = RunRss(plan, daemon, driver);
+  Note(absl::StrFormat("VmHWM %.0f MiB before the Write, %.0f MiB after", rss_before / 1048576.0,
+                       rss_peak / 1048576.0));
+
+  // ---------------------------------------------------------------- table
+  const double gib = static_cast<double>(plan.copy_bytes);
+  (void)gib;
+  g_rows.push_back(
+      {"launch + synchronize, p50", Us(g_tcp.launch_sync.p50), Us(g_uds.launch_sync.p50),
+       "bare stream round trip " + Us(t_tcp.bidi.p50) + " / " + Us(t_uds.bidi.p50),
+       Ratio(g_tcp.launch_sync.p50 / t_tcp.bidi.p50) + " / " +
+           Ratio(g_uds.launch_sync.p50 / t_uds.bidi.p50),
+       "<= 30 us TCP; <= 1.2x",
+       Met(g_tcp.launch_sync.p50 <= 30 && g_tcp.launch_sync.p50 <= 1.2 * t_tcp.bidi.p50 &&
+           g_uds.launch_sync.p50 <= 1.2 * t_uds.bidi.p50)});
+  g_rows.push_back({"launch + synchronize, p99", Us(g_tcp.launch_sync.p99),
+                    Us(g_uds.launch_sync.p99), "native " + Us(native.launch_sync.p99),
+                    Ratio(g_tcp.launch_sync.p99 / native.launch_sync.p99), "", ""});
+  g_rows.push_back({"launch + synchronize vs native, p50", Us(g_tcp.launch_sync.p50),
+                    Us(g_uds.launch_sync.p50), "native " + Us(native.launch_sync.p50),
+                    Ratio(g_tcp.launch_sync.p50 / native.launch_sync.p50), "", ""});
+  g_rows.push_back({"async launches, one client", Rate(g_tcp.async_rate), Rate(g_uds.async_rate),
+                    "native " + Rate(1e6 / native.async_launch_us),
+                    Ratio(g_tcp.async_rate / (1e6 / native.async_launch_us)), ">= 150k/s",
+                    Met(g_tcp.async_rate >= 150e3)});
+  g_rows.push_back({absl::StrFormat("async launches, %d clients", clients), Rate(g_tcp.agg_rate),
+                    Rate(g_uds.agg_rate), "one client " + Rate(g_tcp.async_rate),
+                    Ratio(g_tcp.agg_rate / g_tcp.async_rate), ">= 6x one client",
+                    Met(g_tcp.agg_rate >= 6 * g_tcp.async_rate)});
+  g_rows.push_back({"Allocate + Free 1 MiB, p50", Us(g_tcp.alloc_free_us), Us(g_uds.alloc_free_us),
+                    "native cuMemAllocAsync " + Us(native.alloc_async_us) + ", cuMemAlloc " +
+                        Us(native.alloc_sync_us),
+                    Ratio(g_tcp.alloc_free_us / native.alloc_async_us), "", ""});
+  const std::string size =
+      absl::StrFormat("%llu MiB", static_cast<unsigned long long>(plan.copy_bytes >> 20));
+  g_rows.push_back({"Write " + size, absl::StrFormat("%.2f GB/s", g_tcp.write),
+                    absl::StrFormat("%.2f GB/s", g_uds.write),
+                    absl::StrFormat("bare client stream %.2f / %.2f GB/s; native pageable H2D %.1f",
+                                    t_tcp.upload, t_uds.upload, native.h2d_pageable),
+                    Ratio(g_tcp.write / t_tcp.upload) + " / " + Ratio(g_uds.write / t_uds.upload),
+                    ">= 3 GB/s; >= 0.8x",
+                    Met(g_tcp.write >= 3 && g_tcp.write >= 0.8 * t_tcp.upload &&
+                        g_uds.write >= 0.8 * t_uds.upload)});
+  g_rows.push_back({"Read " + size, absl::StrFormat("%.2f GB/s", g_tcp.read),
+                    absl::StrFormat("%.2f GB/s", g_uds.read),
+                    absl::StrFormat("bare server stream %.2f / %.2f GB/s; native pageable D2H %.1f",
+                                    t_tcp.download, t_uds.download, native.d2h_pageable),
+                    Ratio(g_tcp.read / t_tcp.download) + " / " + Ratio(g_uds.read / t_uds.download),
+                    ">= 3 GB/s; >= 0.8x",
+                    Met(g_tcp.read >= 3 && g_tcp.read >= 0.8 * t_tcp.download &&
+                        g_uds.read >= 0.8 * t_uds.download)});
+  g_rows.push_back({absl::StrFormat("Write, %d clients at once", clients),
+                    absl::StrFormat("%.2f GB/s", g_tcp.agg_write),
+                    absl::StrFormat("%.2f GB/s", g_uds.agg_write),
+                    "one client " + absl::StrFormat("%.2f GB/s", g_tcp.write),
+                    Ratio(g_tcp.agg_write / g_tcp.write), "", ""});
+  g_rows.push_back({"new session + cached module + first launch, p50",
+                    absl::StrFormat("%.2f ms", g_tcp.new_session_ms),
+                    absl::StrFormat("%.2f ms", g_uds.new_session_ms), "", "", "<= 5 ms",
+                    Met(g_tcp.new_session_ms <= 5)});
+  g_rows.push_back({absl::StrFormat("daemon peak RSS, %llu MiB Write",
+                                    static_cast<unsigned long long>(plan.rss_bytes >> 20)),
+                    absl::StrFormat("%.0f MiB", rss_peak / 1048576.0), "",
+                    absl::StrFormat("%.0f MiB before it", rss_before / 1048576.0), "", "<= 256 MiB",
+                    Met(rss_peak <= (256ull << 20))});
+
+  Section("results (TCP / Unix socket)");
+  std::printf("| measurement | TCP | Unix socket | compared with | ratio | target | met |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Row& r : g_rows) {
+    std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", r.what.c_str(), r.tcp.c_str(),
+                r.uds.c_str(), r.baseline.c_str(), r.ratio.c_str(), r.target.c_str(),
+                r.met.c_str());
+  }
+  std::printf("\nnative: H2D/D2H %s pageable %.1f/%.1f GB/s, pinned %.1f/%.1f GB/s\n", size.c_str(),
+              native.h2d_pageable, native.d2h_pageable, native.h2d_pinned, native.d2h_pinned);
+  std::printf("transport: unary echo p50 %.1f us TCP, %.1f us Unix socket\n", t_tcp.unary.p50,
+              t_uds.unary.p50);
+  std::printf(
+      "peer (remotes the driver API over HTTP/2, measured on this machine kind on 2026-11-30, "
+      "not in this run): launch+sync p50/p99 60/88 us; 126k async launches/s; 256 MiB "
+      "pageable H2D/D2H 2.3/2.0 GB/s\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace gpuexec::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return gpuexec::bench::Main();
+}
