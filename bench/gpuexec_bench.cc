@@ -50,6 +50,9 @@ ABSL_FLAG(std::string, kernels, "",
           "directory with gx_kernels.cubin (default: ../kernels/sm_90 beside this program)");
 ABSL_FLAG(bool, quick, false, "small sizes and few iterations: a smoke test, not a measurement");
 ABSL_FLAG(int, clients, 16, "concurrent clients for the aggregate figures");
+ABSL_FLAG(bool, transport_variants, false,
+          "only measure the bare transport under several channel and server settings "
+          "(how the daemon's and the client's settings were chosen)");
 
 namespace gpuexec::bench {
 namespace {
@@ -344,8 +347,12 @@ struct TransportFigures {
   double upload = 0, download = 0;  // GB/s
 };
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+// Channel and server arguments applied alike to both ends.
+using GrpcArgs = std::vector<std::pair<std::string, int>>;
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& target, const GrpcArgs& extra = {}) {
   grpc::ChannelArguments args;
+  for (const auto& [k, v] : extra) args.SetInt(k, v);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   auto ch = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
@@ -355,9 +362,10 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
   return ch;
 }
 
-TransportFigures RunTransport(const Plan& plan, const std::string& target) {
+TransportFigures RunTransport(const Plan& plan, const std::string& target,
+                              const GrpcArgs& extra = {}) {
   TransportFigures out;
-  auto stub = Echo::NewStub(Channel(target));
+  auto stub = Echo::NewStub(Channel(target, extra));
   Blob empty;
   out.unary = Measure(plan.latency_iters, [&] {
     grpc::ClientContext ctx;
@@ -510,7 +518,9 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   {
     Must(session.Synchronize(), "sync");
     const auto t0 = Clock::now();
-    for (int i = 0; i < plan.async_launches; ++i) Must(session.Launch(empty, One(), {}), "launch");
+    for (int i = 0; i < plan.async_launches; ++i) {
+      Must(session.LaunchAsync(empty, One(), {}), "launch");
+    }
     Must(session.Synchronize(), "sync");
     out.async_rate = plan.async_launches / Seconds(t0, Clock::now());
   }
@@ -561,7 +571,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
         ++ready;
         while (!go.load()) std::this_thread::yield();
         auto t0 = Clock::now();
-        for (int i = 0; i < per_client; ++i) Must(s.Launch(f, One(), {}), "launch");
+        for (int i = 0; i < per_client; ++i) Must(s.LaunchAsync(f, One(), {}), "launch");
         Must(s.Synchronize(), "sync");
         launch_s[c] = Seconds(t0, Clock::now());
         ++ready;
@@ -603,9 +613,62 @@ std::pair<uint64_t, uint64_t> RunRss(const Plan& plan, const std::string& daemon
   return {before, d.PeakRss()};
 }
 
+// The echo service under several settings, TCP and Unix socket.
+int RunTransportVariants(Plan plan) {
+  struct Variant {
+    std::string name;
+    GrpcArgs args;
+    uint32_t chunk;
+  };
+  const GrpcArgs big_windows = {{GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20},
+                                {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20},
+                                {GRPC_ARG_HTTP2_BDP_PROBE, 0}};
+  GrpcArgs big_reads = big_windows;
+  big_reads.push_back({GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 1 << 20});
+  big_reads.push_back({GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20});
+  GrpcArgs write_buffer = big_reads;
+  write_buffer.push_back({GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 16 << 20});
+  const GrpcArgs minimal = {{GRPC_ARG_MINIMAL_STACK, 1}, {GRPC_ARG_ENABLE_RETRIES, 0}};
+  GrpcArgs all = write_buffer;
+  all.insert(all.end(), minimal.begin(), minimal.end());
+  const std::vector<Variant> variants = {
+      {"defaults, 1 MiB messages", {}, 1 << 20},
+      {"defaults, 4 MiB messages", {}, 4 << 20},
+      {"16 MiB frames, 64 MiB window, no BDP probe", big_windows, 1 << 20},
+      {"+ TCP reads of 1..16 MiB", big_reads, 1 << 20},
+      {"+ 16 MiB write buffer", write_buffer, 1 << 20},
+      {"+ write buffer, 4 MiB messages", write_buffer, 4 << 20},
+      {"minimal stack, no retries", minimal, 1 << 20},
+      {"all of the above, 1 MiB", all, 1 << 20},
+      {"all of the above, 4 MiB", all, 4 << 20},
+  };
+  for (const Variant& v : variants) {
+    Section(v.name);
+    plan.chunk_bytes = v.chunk;
+    const std::string socket = absl::StrCat("/tmp/gpuexec-bench-echo-", getpid(), ".sock");
+    EchoService echo;
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+    builder.SetMaxReceiveMessageSize(64 << 20);
+    builder.SetMaxSendMessageSize(64 << 20);
+    for (const auto& [k, val] : v.args) builder.AddChannelArgument(k, val);
+    builder.RegisterService(&echo);
+    auto server = builder.BuildAndStart();
+    if (server == nullptr) Die("the echo server did not start");
+    RunTransport(plan, absl::StrCat("127.0.0.1:", port), v.args);
+    RunTransport(plan, "unix:" + socket, v.args);
+    server->Shutdown();
+    unlink(socket.c_str());
+  }
+  return 0;
+}
+
 int Main() {
   const bool quick = absl::GetFlag(FLAGS_quick);
   const Plan plan = MakePlan(quick);
+  if (absl::GetFlag(FLAGS_transport_variants)) return RunTransportVariants(plan);
   const std::string self = SelfDir();
   std::string daemon = absl::GetFlag(FLAGS_daemon);
   if (daemon.empty()) daemon = self + "/gpuexecd";

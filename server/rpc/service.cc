@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gpuexec/grpc_status.h"
 #include "server/rpc/convert.h"
 
@@ -44,8 +45,8 @@ class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleReq
   void OnReadDone(bool ok) override {
     if (!ok) {
       if (upload_ == nullptr) {
-        return Finish(ToGrpcStatus(absl::InvalidArgumentError(
-            "LoadModule: the stream ended before its header")));
+        return Finish(ToGrpcStatus(
+            absl::InvalidArgumentError("LoadModule: the stream ended before its header")));
       }
       upload_->Finish([this](absl::StatusOr<core::ModuleResult> r) {
         if (r.ok()) {
@@ -63,8 +64,8 @@ class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleReq
         st = absl::InvalidArgumentError("LoadModule: the first message must be a header");
       } else {
         const v1::ModuleHeader& h = request_.header();
-        auto upload = engine_->BeginModuleUpload(h.session(), h.sha256(), h.size(),
-                                                 FromProto(h.kind()));
+        auto upload =
+            engine_->BeginModuleUpload(h.session(), h.sha256(), h.size(), FromProto(h.kind()));
         if (upload.ok()) upload_ = std::move(upload).value();
         st = upload.status();
       }
@@ -136,8 +137,8 @@ class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
 class ReadReactor final : public grpc::ServerWriteReactor<v1::ReadResponse> {
  public:
   ReadReactor(core::Engine* engine, const v1::ReadRequest* r) {
-    auto source = engine->BeginRead(r->session(), r->buffer(), r->offset(), r->size(),
-                                    r->chunk_size());
+    auto source =
+        engine->BeginRead(r->session(), r->buffer(), r->offset(), r->size(), r->chunk_size());
     if (!source.ok()) {
       Finish(ToGrpcStatus(source.status()));
       return;
@@ -168,7 +169,188 @@ class ReadReactor final : public grpc::ServerWriteReactor<v1::ReadResponse> {
   v1::ReadResponse response_;
 };
 
+// Execute: a session's commands, dispatched to the engine in the order they
+// arrive; results are sent as they complete, several to a message when they
+// come faster than they can be written. The reactor ends only when the
+// client has half-closed, no engine callback is outstanding and nothing is
+// left to write, so no callback can outlive it.
+class ExecuteReactor final
+    : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse> {
+ public:
+  explicit ExecuteReactor(core::Engine* engine) : engine_(engine) { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (session_.empty()) {
+      absl::Status st;
+      if (request_.session().empty()) {
+        st = absl::InvalidArgumentError("Execute: the first message must name the session");
+      } else {
+        st = engine_->KeepAlive(request_.session()).status();
+      }
+      if (!st.ok()) {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+        finished_ = true;
+        Finish(ToGrpcStatus(st));
+        return;
+      }
+      session_ = request_.session();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_ += request_.commands_size();
+    }
+    for (const v1::Command& c : request_.commands()) Dispatch(c);
+    absl::MutexLock lock(&mu_);
+    ResumeOrParkLocked(/*after_read=*/true);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) broken_ = true;  // the client is gone; keep draining callbacks
+    WriteLocked();
+    ResumeOrParkLocked(/*after_read=*/false);
+    MaybeFinishLocked();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Commands started and not yet answered, or results not yet written,
+  // beyond which the reactor stops reading until they drain.
+  static constexpr int kMaxOutstanding = 8192;
+
+  void Dispatch(const v1::Command& c) {
+    const uint64_t id = c.id();
+    const bool reply = c.reply();
+    switch (c.op_case()) {
+      case v1::Command::kLaunch: {
+        auto spec = FromProto(c.launch());
+        if (!spec.ok()) return Complete(id, spec.status(), true, {});
+        spec->session = session_;
+        const bool sync = spec->synchronize;
+        engine_->Launch(std::move(spec).value(),
+                        [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
+                          v1::CommandResult r;
+                          if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
+                          Complete(id, ns.status(), reply || sync, std::move(r));
+                        });
+        return;
+      }
+      case v1::Command::kSynchronize:
+        engine_->Synchronize(session_, [this, id](absl::StatusOr<uint64_t> ns) {
+          v1::CommandResult r;
+          if (ns.ok()) r.set_gpu_time_ns(*ns);
+          Complete(id, ns.status(), true, std::move(r));
+        });
+        return;
+      case v1::Command::kAllocate:
+        engine_->Allocate(session_, c.allocate().size(),
+                          [this, id](absl::StatusOr<core::BufferInfo> b) {
+                            v1::CommandResult r;
+                            if (b.ok()) {
+                              r.mutable_allocate()->set_buffer(b->handle);
+                              r.mutable_allocate()->set_size(b->size);
+                            }
+                            Complete(id, b.status(), true, std::move(r));
+                          });
+        return;
+      case v1::Command::kFree:
+        engine_->Free(session_, c.free().buffer(),
+                      [this, id, reply](absl::Status st) { Complete(id, st, reply, {}); });
+        return;
+      case v1::Command::kMemset: {
+        const v1::MemsetRequest& m = c.memset();
+        engine_->Memset(session_, m.buffer(), m.offset(), m.size(), m.value(),
+                        [this, id, reply](absl::Status st) { Complete(id, st, reply, {}); });
+        return;
+      }
+      case v1::Command::kCopyBuffer: {
+        const v1::CopyBufferRequest& r = c.copy_buffer();
+        engine_->CopyBuffer(session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
+                            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}); });
+        return;
+      }
+      case v1::Command::OP_NOT_SET:
+        // A barrier: every earlier command has been started by now.
+        return Complete(id, absl::OkStatus(), true, {});
+    }
+  }
+
+  void Complete(uint64_t id, const absl::Status& status, bool answer, v1::CommandResult r) {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    if (!status.ok() || answer) {
+      r.set_id(id);
+      r.set_code(static_cast<int>(status.code()));
+      if (!status.ok()) r.set_message(std::string(status.message()));
+      if (!broken_) *pending_.add_results() = std::move(r);
+    }
+    WriteLocked();
+    ResumeOrParkLocked(/*after_read=*/false);
+    MaybeFinishLocked();
+  }
+
+  void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || broken_ || pending_.results_size() == 0) return;
+    response_.Clear();
+    response_.Swap(&pending_);
+    writing_ = true;
+    StartWrite(&response_);
+  }
+
+  // Reads the next message unless too much is outstanding; a parked read
+  // resumes when enough has drained.
+  void ResumeOrParkLocked(bool after_read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reads_done_) return;
+    const bool full = in_flight_ + pending_.results_size() >= kMaxOutstanding;
+    if (after_read) {
+      if (full) {
+        parked_ = true;
+      } else {
+        StartRead(&request_);
+      }
+    } else if (parked_ && !full) {
+      parked_ = false;
+      StartRead(&request_);
+    }
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !reads_done_ || in_flight_ != 0 || writing_) return;
+    if (!broken_ && pending_.results_size() != 0) return;
+    finished_ = true;
+    Finish(grpc::Status::OK);
+  }
+
+  core::Engine* engine_;
+  std::string session_;  // set by the first message; read-only after
+  v1::ExecuteRequest request_;
+
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  v1::ExecuteResponse pending_ ABSL_GUARDED_BY(mu_);   // results not yet written
+  v1::ExecuteResponse response_ ABSL_GUARDED_BY(mu_);  // the one being written
+};
+
 }  // namespace
+
+grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>* GpuExecService::Execute(
+    CallbackServerContext*) {
+  return new ExecuteReactor(engine_);
+}
 
 ServerUnaryReactor* GpuExecService::ListDevices(CallbackServerContext* ctx,
                                                 const v1::ListDevicesRequest*,
@@ -219,10 +401,10 @@ ServerUnaryReactor* GpuExecService::GetFunction(CallbackServerContext* ctx,
                                                 const v1::GetFunctionRequest* request,
                                                 v1::GetFunctionResponse* response) {
   ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->GetFunction(request->session(), request->module(), request->name(),
-                       Reply<core::FunctionResult>(reactor, [response](const core::FunctionResult& f) {
-                         ToProto(f, response);
-                       }));
+  engine_->GetFunction(
+      request->session(), request->module(), request->name(),
+      Reply<core::FunctionResult>(
+          reactor, [response](const core::FunctionResult& f) { ToProto(f, response); }));
   return reactor;
 }
 
@@ -257,8 +439,8 @@ ServerUnaryReactor* GpuExecService::CopyBuffer(CallbackServerContext* ctx,
                                                const v1::CopyBufferRequest* r,
                                                v1::CopyBufferResponse*) {
   ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->CopyBuffer(r->session(), r->dst(), r->dst_offset(), r->src(), r->src_offset(),
-                      r->size(), ReplyStatus(reactor));
+  engine_->CopyBuffer(r->session(), r->dst(), r->dst_offset(), r->src(), r->src_offset(), r->size(),
+                      ReplyStatus(reactor));
   return reactor;
 }
 

@@ -52,6 +52,8 @@ class GpuExecService final : public v1::GpuExec::CallbackService {
   grpc::ServerUnaryReactor* Synchronize(grpc::CallbackServerContext* ctx,
                                         const v1::SynchronizeRequest* request,
                                         v1::SynchronizeResponse* response) override;
+  grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>* Execute(
+      grpc::CallbackServerContext* ctx) override;
 
  private:
   core::Engine* engine_;  // not owned; outlives the service

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
-#include <string>
 #include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -258,6 +260,103 @@ TEST_F(HostileTest, UnknownSessionIsNotFound) {
   EXPECT_THAT(
       RawLoadModule(*stub, {Header(near_miss, Sha256Hex("x"), 1, ModuleKind::kCubin), Chunk("x")}),
       StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+}
+
+// The command stream: a first message without a session, an unknown
+// session, a command with nothing valid in it, and a client that goes away
+// with commands in flight.
+TEST_F(HostileTest, CommandStreamRefusesWhatItCannotRun) {
+  auto stub = RawStub();
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    auto rw = stub->Execute(&context);
+    v1::ExecuteRequest request;
+    request.add_commands()->mutable_synchronize();
+    rw->Write(request);
+    rw->WritesDone();
+    v1::ExecuteResponse response;
+    while (rw->Read(&response)) {
+    }
+    EXPECT_THAT(FromGrpcStatus(rw->Finish()),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("session")));
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    auto rw = stub->Execute(&context);
+    v1::ExecuteRequest request;
+    request.set_session("no-such-session");
+    request.add_commands()->mutable_synchronize();
+    rw->Write(request);
+    rw->WritesDone();
+    v1::ExecuteResponse response;
+    while (rw->Read(&response)) {
+    }
+    EXPECT_THAT(FromGrpcStatus(rw->Finish()),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+  }
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(session, "gx_fill_u32"));
+  {
+    // Bad commands each get their own answer; the stream goes on.
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    auto rw = stub->Execute(&context);
+    v1::ExecuteRequest request;
+    request.set_session(session.token());
+    v1::Command* bad_launch = request.add_commands();
+    bad_launch->set_id(1);
+    bad_launch->mutable_launch()->set_function(0x7e57deadbeef);
+    v1::Command* bad_free = request.add_commands();
+    bad_free->set_id(2);
+    bad_free->mutable_free()->set_buffer(0x7e57deadbeef);
+    v1::Command* huge = request.add_commands();
+    huge->set_id(3);
+    huge->mutable_allocate()->set_size(std::numeric_limits<uint64_t>::max());
+    v1::Command* sync = request.add_commands();
+    sync->set_id(4);
+    sync->mutable_synchronize();
+    ASSERT_TRUE(rw->Write(request));
+    rw->WritesDone();
+    std::map<uint64_t, v1::CommandResult> results;
+    v1::ExecuteResponse response;
+    while (rw->Read(&response)) {
+      for (const auto& r : response.results()) results[r.id()] = r;
+    }
+    GX_EXPECT_OK(FromGrpcStatus(rw->Finish()));
+    ASSERT_EQ(results.size(), 4u);
+    EXPECT_EQ(results[1].code(), static_cast<int>(absl::StatusCode::kNotFound));
+    EXPECT_THAT(results[1].message(), HasSubstr("function"));
+    EXPECT_EQ(results[2].code(), static_cast<int>(absl::StatusCode::kNotFound));
+    EXPECT_THAT(results[2].message(), HasSubstr("buffer"));
+    EXPECT_EQ(results[3].code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+    EXPECT_EQ(results[4].code(), 0);
+  }
+  {
+    // Thousands of launches in flight, then the client vanishes.
+    GX_ASSERT_OK_AND_ASSIGN(Buffer out, session.Allocate(1 << 20));
+    auto context = std::make_unique<grpc::ClientContext>();
+    auto rw = stub->Execute(context.get());
+    v1::ExecuteRequest request;
+    request.set_session(session.token());
+    for (int i = 0; i < 5000; ++i) {
+      v1::Command* c = request.add_commands();
+      c->set_id(i);
+      v1::LaunchRequest* l = c->mutable_launch();
+      l->set_function(fill.handle());
+      l->mutable_grid()->set_x(64);
+      l->mutable_block()->set_x(256);
+      Arg::Ptr(out).ToProto(l->add_args());
+      Arg::U32(i).ToProto(l->add_args());
+      Arg::U64(1 << 18).ToProto(l->add_args());
+    }
+    ASSERT_TRUE(rw->Write(request));
+    context->TryCancel();
+    rw->Finish();
+  }
+  // The session still works, and its work drains.
+  GX_EXPECT_OK(session.Synchronize().status());
 }
 
 TEST_F(HostileTest, ClosedSessionIsNotFound) {

@@ -160,25 +160,25 @@ TEST(MetricsEndpointTest, CountsTheWorkDoneAndConformsToTheFormat) {
   EXPECT_EQ(m.at("gpuexec_module_upload_bytes_total"), m.at("gpuexec_module_store_bytes"));
   EXPECT_EQ(m.at("gpuexec_device_modules_loaded{device=\"0\"}"), 1);
 
-  // RPCs by method and status, with their latencies.
-  EXPECT_EQ(m.at("grpc_server_handled_total" + Rpc("Launch", "OK")), 2);
-  EXPECT_EQ(m.at("grpc_server_handled_total" + Rpc("Launch", "INVALID_ARGUMENT")), 1);
+  // RPCs by method and status, with their latencies. Launches travel on the
+  // session's command stream (Execute), one call for all of them.
   EXPECT_EQ(m.at("grpc_server_handled_total" + Rpc("OpenSession", "OK")), 1);
+  EXPECT_EQ(m.at("grpc_server_handled_total" + Rpc("CloseSession", "OK")), 1);
   EXPECT_EQ(m.at("grpc_server_started_total{grpc_service=\"gpuexec.v1.GpuExec\","
-                 "grpc_method=\"Launch\",grpc_type=\"unary\"}"),
-            3);
+                 "grpc_method=\"Execute\",grpc_type=\"bidi_stream\"}"),
+            1);
   EXPECT_EQ(m.at("grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\","
                  "grpc_method=\"Write\",grpc_type=\"client_stream\",grpc_code=\"OK\"}"),
             1);
   EXPECT_EQ(m.at("grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\","
                  "grpc_method=\"Read\",grpc_type=\"server_stream\",grpc_code=\"OK\"}"),
             1);
-  EXPECT_EQ(m.at("grpc_server_handling_seconds_count" + Rpc("Launch", "OK")), 2);
+  EXPECT_EQ(m.at("grpc_server_handling_seconds_count" + Rpc("OpenSession", "OK")), 1);
   const std::string inf =
       "grpc_server_handling_seconds_bucket{grpc_service=\"gpuexec.v1.GpuExec\","
-      "grpc_method=\"Launch\",grpc_type=\"unary\",grpc_code=\"OK\",le=\"+Inf\"}";
-  EXPECT_EQ(m.at(inf), 2);
-  EXPECT_GT(m.at("grpc_server_handling_seconds_sum" + Rpc("Launch", "OK")), 0);
+      "grpc_method=\"OpenSession\",grpc_type=\"unary\",grpc_code=\"OK\",le=\"+Inf\"}";
+  EXPECT_EQ(m.at(inf), 1);
+  EXPECT_GT(m.at("grpc_server_handling_seconds_sum" + Rpc("OpenSession", "OK")), 0);
 
   // The same text through the Server object.
   EXPECT_THAT((*server)->RenderMetrics(), HasSubstr("gpuexec_sessions_opened_total 1\n"));

@@ -586,6 +586,74 @@ TEST_F(ServiceTest, DestructorsReleaseWhatTheyOwn) {
   kept.Release();
 }
 
+// LaunchAsync: many launches in flight on the command stream; a read after
+// them sees their effect without a Synchronize; a failure the daemon finds
+// comes back from the next waiting call, once.
+TEST_F(ServiceTest, AsyncLaunchesRunInOrderAndReportFailuresAtTheNextWait) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(session, "gx_fill_u32"));
+  constexpr uint64_t kWords = 4096;
+  GX_ASSERT_OK_AND_ASSIGN(Buffer out, session.Allocate(kWords * 4));
+  for (uint32_t i = 1; i <= 2000; ++i) {
+    GX_ASSERT_OK(
+        session.LaunchAsync(fill, Config(16, 256), {Arg::Ptr(out), Arg::U32(i), Arg::U64(kWords)}));
+  }
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> words, out.ReadAs<uint32_t>(kWords));
+  EXPECT_EQ(words.front(), 2000u);
+  EXPECT_EQ(words.back(), 2000u);
+
+  // What the client can check fails at once.
+  EXPECT_THAT(session.LaunchAsync(fill, Config(1, 1), {Arg::Ptr(out)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("takes 3 parameters")));
+  EXPECT_THAT(session.LaunchAsync(fill, Config(1, 1), {Arg::Ptr(out), Arg::U64(1), Arg::U64(1)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parameter 1")));
+
+  // What only the daemon knows comes back from the next wait, once.
+  GX_ASSERT_OK_AND_ASSIGN(Buffer gone, session.Allocate(4096));
+  GX_ASSERT_OK(gone.Free());
+  GX_ASSERT_OK(
+      session.LaunchAsync(fill, Config(1, 32), {Arg::Ptr(gone), Arg::U32(1), Arg::U64(1)}));
+  EXPECT_THAT(session.Synchronize(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("parameter 0")));
+  GX_EXPECT_OK(session.Synchronize().status());
+  // Launch (not async) still answers for itself.
+  EXPECT_THAT(session.Launch(fill, Config(1, 32), {Arg::Ptr(gone), Arg::U32(1), Arg::U64(1)}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("parameter 0")));
+}
+
+// One session used from several threads at once: every caller gets its own
+// answers.
+TEST_F(ServiceTest, ASessionServesSeveralThreadsAtOnce) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(session, "gx_fill_u32"));
+  constexpr int kThreads = 6;
+  std::vector<Buffer> buffers;
+  for (int t = 0; t < kThreads; ++t) {
+    GX_ASSERT_OK_AND_ASSIGN(Buffer b, session.Allocate(1024 * 4));
+    buffers.push_back(std::move(b));
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t i = 0; i < 300 && results[t].ok(); ++i) {
+        const std::vector<Arg> args = {Arg::Ptr(buffers[t]), Arg::U32(t * 1000 + i),
+                                       Arg::U64(1024)};
+        results[t] = i % 3 == 0   ? session.Launch(fill, Config(4, 256), args)
+                     : i % 3 == 1 ? session.LaunchAsync(fill, Config(4, 256), args)
+                                  : session.LaunchAndWait(fill, Config(4, 256), args).status();
+      }
+      if (results[t].ok()) results[t] = session.Synchronize().status();
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    GX_EXPECT_OK(results[t]);
+    GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> w, buffers[t].ReadAs<uint32_t>(1024));
+    EXPECT_EQ(w[0], static_cast<uint32_t>(t * 1000 + 299)) << "thread " << t;
+  }
+}
+
 TEST_F(ServiceTest, DataCallsHonourTheirDeadline) {
   ClientOptions options;
   options.data_timeout = absl::Milliseconds(200);

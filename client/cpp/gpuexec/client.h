@@ -64,6 +64,7 @@ class Arg;  // generated from gpuexec.proto
 namespace internal {
 struct ClientState;
 struct SessionState;
+class CommandStream;
 }  // namespace internal
 
 class Buffer;
@@ -189,6 +190,8 @@ class Arg {
 
   // The wire form.
   void ToProto(v1::Arg* out) const;
+  // Bytes it fills in the kernel's parameter block (8 for a pointer).
+  uint64_t size_bytes() const;
 
  private:
   enum class Kind {
@@ -361,9 +364,20 @@ class Session {
   // Reads a .cubin, .ptx or .fatbin file and loads it.
   absl::StatusOr<Module> LoadModuleFile(const std::string& path);
 
-  // Enqueues a kernel on the session's stream; returns once it is enqueued.
+  // Enqueues a kernel on the session's stream; returns once the daemon has
+  // enqueued it (or said why not).
   absl::Status Launch(const Function& function, const LaunchConfig& config,
                       absl::Span<const Arg> args);
+  // Queues a kernel launch and returns at once, without a round trip to the
+  // daemon: many launches can be in flight, and launches queued while one
+  // message is on the wire go out together in the next. The argument count
+  // and sizes are checked here against the function's layout; a failure the
+  // daemon finds (a freed buffer, a device fault, ...) is returned by the
+  // session's next call that waits for the daemon (Launch, LaunchAndWait,
+  // Synchronize, Memset, CopyFrom), as CUDA reports asynchronous errors.
+  // Reads, writes and frees made afterwards see the launch's effects.
+  absl::Status LaunchAsync(const Function& function, const LaunchConfig& config,
+                           absl::Span<const Arg> args);
   // Launches and waits for the session's work (this launch included);
   // returns its GPU time as Synchronize() does.
   absl::StatusOr<absl::Duration> LaunchAndWait(const Function& function, const LaunchConfig& config,
@@ -376,8 +390,9 @@ class Session {
   friend class Client;
   explicit Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
   absl::Status CheckUsable() const;
+  enum class LaunchMode { kQueue, kEnqueued, kWait };
   absl::StatusOr<uint64_t> DoLaunch(const Function& function, const LaunchConfig& config,
-                                    absl::Span<const Arg> args, bool synchronize);
+                                    absl::Span<const Arg> args, LaunchMode mode);
   void CloseQuietly();
 
   std::shared_ptr<internal::SessionState> state_;
