@@ -352,6 +352,10 @@ using GrpcArgs = std::vector<std::pair<std::string, int>>;
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& target, const GrpcArgs& extra = {}) {
   grpc::ChannelArguments args;
+  // As gpuexec's client library sets up its channels, so that the baseline
+  // is the same transport.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   for (const auto& [k, v] : extra) args.SetInt(k, v);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);

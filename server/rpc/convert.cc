@@ -46,32 +46,52 @@ void ToProto(const core::FunctionResult& in, v1::GetFunctionResponse* out) {
 
 core::ModuleKind FromProto(v1::ModuleKind kind) {
   switch (kind) {
-    case v1::MODULE_KIND_CUBIN: return core::ModuleKind::kCubin;
-    case v1::MODULE_KIND_PTX: return core::ModuleKind::kPtx;
-    case v1::MODULE_KIND_FATBIN: return core::ModuleKind::kFatbin;
-    default: return core::ModuleKind::kUnspecified;
+    case v1::MODULE_KIND_CUBIN:
+      return core::ModuleKind::kCubin;
+    case v1::MODULE_KIND_PTX:
+      return core::ModuleKind::kPtx;
+    case v1::MODULE_KIND_FATBIN:
+      return core::ModuleKind::kFatbin;
+    default:
+      return core::ModuleKind::kUnspecified;
   }
 }
 
 absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index) {
   using K = core::ArgValue::Kind;
   switch (arg.value_case()) {
-    case v1::Arg::kBuffer: return core::ArgValue::Buffer(arg.buffer().buffer(), arg.buffer().offset());
-    case v1::Arg::kI8: return core::ArgValue::Signed(K::kI8, arg.i8());
-    case v1::Arg::kI16: return core::ArgValue::Signed(K::kI16, arg.i16());
-    case v1::Arg::kI32: return core::ArgValue::Signed(K::kI32, arg.i32());
-    case v1::Arg::kI64: return core::ArgValue::Signed(K::kI64, arg.i64());
-    case v1::Arg::kU8: return core::ArgValue::Unsigned(K::kU8, arg.u8());
-    case v1::Arg::kU16: return core::ArgValue::Unsigned(K::kU16, arg.u16());
-    case v1::Arg::kU32: return core::ArgValue::Unsigned(K::kU32, arg.u32());
-    case v1::Arg::kU64: return core::ArgValue::Unsigned(K::kU64, arg.u64());
-    case v1::Arg::kF16: return core::ArgValue::Float(K::kF16, arg.f16());
-    case v1::Arg::kBf16: return core::ArgValue::Float(K::kBF16, arg.bf16());
-    case v1::Arg::kF32: return core::ArgValue::Float(K::kF32, arg.f32());
-    case v1::Arg::kF64: return core::ArgValue::Float(K::kF64, arg.f64());
-    case v1::Arg::kRaw: return core::ArgValue::Raw(arg.raw());
-    case v1::Arg::kNullPointer: return core::ArgValue::Null();
-    case v1::Arg::VALUE_NOT_SET: break;
+    case v1::Arg::kBuffer:
+      return core::ArgValue::Buffer(arg.buffer().buffer(), arg.buffer().offset());
+    case v1::Arg::kI8:
+      return core::ArgValue::Signed(K::kI8, arg.i8());
+    case v1::Arg::kI16:
+      return core::ArgValue::Signed(K::kI16, arg.i16());
+    case v1::Arg::kI32:
+      return core::ArgValue::Signed(K::kI32, arg.i32());
+    case v1::Arg::kI64:
+      return core::ArgValue::Signed(K::kI64, arg.i64());
+    case v1::Arg::kU8:
+      return core::ArgValue::Unsigned(K::kU8, arg.u8());
+    case v1::Arg::kU16:
+      return core::ArgValue::Unsigned(K::kU16, arg.u16());
+    case v1::Arg::kU32:
+      return core::ArgValue::Unsigned(K::kU32, arg.u32());
+    case v1::Arg::kU64:
+      return core::ArgValue::Unsigned(K::kU64, arg.u64());
+    case v1::Arg::kF16:
+      return core::ArgValue::Float(K::kF16, arg.f16());
+    case v1::Arg::kBf16:
+      return core::ArgValue::Float(K::kBF16, arg.bf16());
+    case v1::Arg::kF32:
+      return core::ArgValue::Float(K::kF32, arg.f32());
+    case v1::Arg::kF64:
+      return core::ArgValue::Float(K::kF64, arg.f64());
+    case v1::Arg::kRaw:
+      return core::ArgValue::Raw(arg.raw());
+    case v1::Arg::kNullPointer:
+      return core::ArgValue::Null();
+    case v1::Arg::VALUE_NOT_SET:
+      break;
   }
   return absl::InvalidArgumentError(absl::StrCat("argument ", index, " carries no value"));
 }

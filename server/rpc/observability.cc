@@ -180,13 +180,10 @@ void CallObserver::Finished(const grpc::Status& status) {
     // A header-only upload of an image the daemon lacks: the protocol's
     // cache probe, answered as designed; the bytes follow.
     log::Debug(m_->method, " from ", peer, ": ", status.error_message());
-  } else if (CallerCaused(status.error_code())) {
-    log::Info(m_->method, " from ", peer, " failed: ", CodeName(code), ": ",
-              status.error_message());
-  } else {
-    log::Warning(m_->method, " from ", peer, " failed: ", CodeName(code), ": ",
-                 status.error_message());
+    return;
   }
+  LogFailure(m_->method, peer,
+             absl::Status(static_cast<absl::StatusCode>(code), status.error_message()));
 }
 
 void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
@@ -275,6 +272,15 @@ void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
 }
 
 }  // namespace
+
+void LogFailure(absl::string_view method, absl::string_view peer, const absl::Status& status) {
+  const int code = static_cast<int>(status.code());
+  if (CallerCaused(static_cast<grpc::StatusCode>(code))) {
+    log::Info(method, " from ", peer, " failed: ", CodeName(code), ": ", status.message());
+  } else {
+    log::Warning(method, " from ", peer, " failed: ", CodeName(code), ": ", status.message());
+  }
+}
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
     metrics::Registry* registry) {

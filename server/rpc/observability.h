@@ -9,6 +9,8 @@
 
 #include <memory>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "server/core/engine.h"
 #include "server/metrics/metrics.h"
 
@@ -19,6 +21,11 @@ namespace gpuexec::rpc {
 // outlive the server the factory is installed in.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
     metrics::Registry* registry);
+
+// One log line for a failed call or command: "Launch from ipv4:... failed:
+// INVALID_ARGUMENT: ...", at info level when the caller caused it (bad
+// arguments, unknown handles, limits), else at warning.
+void LogFailure(absl::string_view method, absl::string_view peer, const absl::Status& status);
 
 // Adds the engine's gauges and counters (sessions, buffers, modules,
 // per-device memory, launches, bytes) to `registry`. `engine` must outlive

@@ -4,11 +4,11 @@
 // The gpuexec daemon as an object: Start() loads the driver, brings up every
 // device and starts serving; tests run it in-process on port 0.
 
+#include <grpcpp/channel.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <grpcpp/channel.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -50,8 +50,7 @@ struct ServerOptions {
 
 class Server {
  public:
-  static absl::StatusOr<std::unique_ptr<Server>> Start(
-      const ServerOptions& options);
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();
 
   Server(const Server&) = delete;

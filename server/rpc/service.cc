@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/grpc_status.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/observability.h"
 
 namespace gpuexec::rpc {
 namespace {
@@ -177,7 +178,9 @@ class ReadReactor final : public grpc::ServerWriteReactor<v1::ReadResponse> {
 class ExecuteReactor final
     : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse> {
  public:
-  explicit ExecuteReactor(core::Engine* engine) : engine_(engine) { StartRead(&request_); }
+  ExecuteReactor(core::Engine* engine, std::string peer) : engine_(engine), peer_(std::move(peer)) {
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -233,14 +236,14 @@ class ExecuteReactor final
     switch (c.op_case()) {
       case v1::Command::kLaunch: {
         auto spec = FromProto(c.launch());
-        if (!spec.ok()) return Complete(id, spec.status(), true, {});
+        if (!spec.ok()) return Complete(id, spec.status(), true, {}, "Launch");
         spec->session = session_;
         const bool sync = spec->synchronize;
         engine_->Launch(std::move(spec).value(),
                         [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
                           v1::CommandResult r;
                           if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
-                          Complete(id, ns.status(), reply || sync, std::move(r));
+                          Complete(id, ns.status(), reply || sync, std::move(r), "Launch");
                         });
         return;
       }
@@ -248,7 +251,7 @@ class ExecuteReactor final
         engine_->Synchronize(session_, [this, id](absl::StatusOr<uint64_t> ns) {
           v1::CommandResult r;
           if (ns.ok()) r.set_gpu_time_ns(*ns);
-          Complete(id, ns.status(), true, std::move(r));
+          Complete(id, ns.status(), true, std::move(r), "Synchronize");
         });
         return;
       case v1::Command::kAllocate:
@@ -259,32 +262,36 @@ class ExecuteReactor final
                               r.mutable_allocate()->set_buffer(b->handle);
                               r.mutable_allocate()->set_size(b->size);
                             }
-                            Complete(id, b.status(), true, std::move(r));
+                            Complete(id, b.status(), true, std::move(r), "Allocate");
                           });
         return;
       case v1::Command::kFree:
         engine_->Free(session_, c.free().buffer(),
-                      [this, id, reply](absl::Status st) { Complete(id, st, reply, {}); });
+                      [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Free"); });
         return;
       case v1::Command::kMemset: {
         const v1::MemsetRequest& m = c.memset();
-        engine_->Memset(session_, m.buffer(), m.offset(), m.size(), m.value(),
-                        [this, id, reply](absl::Status st) { Complete(id, st, reply, {}); });
+        engine_->Memset(
+            session_, m.buffer(), m.offset(), m.size(), m.value(),
+            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Memset"); });
         return;
       }
       case v1::Command::kCopyBuffer: {
         const v1::CopyBufferRequest& r = c.copy_buffer();
-        engine_->CopyBuffer(session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
-                            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}); });
+        engine_->CopyBuffer(
+            session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
+            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "CopyBuffer"); });
         return;
       }
       case v1::Command::OP_NOT_SET:
         // A barrier: every earlier command has been started by now.
-        return Complete(id, absl::OkStatus(), true, {});
+        return Complete(id, absl::OkStatus(), true, {}, "barrier");
     }
   }
 
-  void Complete(uint64_t id, const absl::Status& status, bool answer, v1::CommandResult r) {
+  void Complete(uint64_t id, const absl::Status& status, bool answer, v1::CommandResult r,
+                const char* op) {
+    if (!status.ok()) LogFailure(op, peer_, status);
     absl::MutexLock lock(&mu_);
     --in_flight_;
     if (!status.ok() || answer) {
@@ -331,6 +338,7 @@ class ExecuteReactor final
   }
 
   core::Engine* engine_;
+  const std::string peer_;
   std::string session_;  // set by the first message; read-only after
   v1::ExecuteRequest request_;
 
@@ -348,8 +356,8 @@ class ExecuteReactor final
 }  // namespace
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>* GpuExecService::Execute(
-    CallbackServerContext*) {
-  return new ExecuteReactor(engine_);
+    CallbackServerContext* ctx) {
+  return new ExecuteReactor(engine_, ctx->peer());
 }
 
 ServerUnaryReactor* GpuExecService::ListDevices(CallbackServerContext* ctx,

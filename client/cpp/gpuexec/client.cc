@@ -564,7 +564,14 @@ void Buffer::FreeQuietly() {
 absl::Status Buffer::Free() {
   if (!session_) return Unusable("Buffer");
   owned_ = false;
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
+  if (!session_->closed.load()) {
+    // In stream order after the session's launches, like cuMemFreeAsync.
+    v1::Command command;
+    command.mutable_free()->set_buffer(handle_);
+    return session_->commands
+        ->Submit(std::move(command), /*wait=*/true, session_->options().control_timeout)
+        .status();
+  }
   grpc::ClientContext context;
   SetDeadline(&context, session_->options(), CallKind::kControl);
   v1::FreeRequest request;
@@ -815,6 +822,14 @@ absl::StatusOr<absl::Duration> Session::KeepAlive() {
 
 absl::StatusOr<Buffer> Session::Allocate(uint64_t size) {
   GPUEXEC_CLIENT_RETURN_IF_ERROR(CheckUsable());
+  if (!state_->closed.load()) {
+    v1::Command command;
+    command.mutable_allocate()->set_size(size);
+    GPUEXEC_CLIENT_ASSIGN_OR_RETURN(v1::CommandResult result,
+                                    state_->commands->Submit(std::move(command), /*wait=*/true,
+                                                             state_->options().control_timeout));
+    return Buffer(state_, result.allocate().buffer(), result.allocate().size());
+  }
   grpc::ClientContext context;
   SetDeadline(&context, state_->options(), CallKind::kControl);
   v1::AllocateRequest request;
