@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const cuda::Driver* driver,
   absl::Notification started;
   device->started_ = &started;
   Device* d = device.get();
-  d->executor_.Start([d] { d->OnStart(); }, [d] { d->OnTick(); }, [d] { d->OnStop(); }, kTick);
+  d->executor_.Start([d] { d->OnStart(); }, [d] { d->OnTick(); }, [d] { d->OnStop(); }, kTick,
+                     [d] { return d->PollEvents(); });
   started.WaitForNotification();
   d->started_ = nullptr;
   if (!d->start_status_.ok()) return d->start_status_;
@@ -112,8 +113,12 @@ void Device::OnStop() {
   if (context_.get() != nullptr && healthy()) {
     (void)driver_->SynchronizeContext(absl::StrCat("device ", props_.ordinal));
   }
-  FailPending(absl::UnavailableError(
-      absl::StrCat("device ", props_.ordinal, " is shutting down")));
+  FailPending(absl::UnavailableError(absl::StrCat("device ", props_.ordinal, " is shutting down")));
+  std::vector<EventWait> waits;
+  waits.swap(event_waits_);
+  for (EventWait& w : waits) {
+    w.fn(absl::UnavailableError(absl::StrCat("device ", props_.ordinal, " is shutting down")));
+  }
   streams_.clear();
   kernels_.clear();
   modules_.clear();
@@ -122,6 +127,24 @@ void Device::OnStop() {
     (void)driver_->TrimMemoryPool(props_.ordinal);
   }
   context_ = cuda::PrimaryContext();
+}
+
+bool Device::PollEvents() {
+  if (event_waits_.empty()) return false;
+  // Completions may add waits (a new Synchronize): take the list first.
+  std::vector<EventWait> waits;
+  waits.swap(event_waits_);
+  std::vector<EventWait> still;
+  for (EventWait& w : waits) {
+    absl::StatusOr<bool> done = driver_->EventDone(*w.event, w.what);
+    if (done.ok() && !*done) {
+      still.push_back(std::move(w));
+      continue;
+    }
+    w.fn(done.ok() ? absl::OkStatus() : Check(done.status()));
+  }
+  for (EventWait& w : still) event_waits_.push_back(std::move(w));
+  return !event_waits_.empty();
 }
 
 absl::Status Device::fault() const {
@@ -140,15 +163,13 @@ absl::Status Device::Check(absl::Status status) {
       std::string in_flight;
       for (const auto& [id, s] : streams_) {
         if (s->last_launch.empty()) continue;
-        absl::StrAppend(&in_flight, in_flight.empty() ? "" : "; ", s->last_launch,
-                        " (launched ",
+        absl::StrAppend(&in_flight, in_flight.empty() ? "" : "; ", s->last_launch, " (launched ",
                         absl::FormatTime("%H:%M:%E3S", s->last_launch_at, absl::UTCTimeZone()),
                         " UTC)");
       }
       fault_ = absl::AbortedError(absl::StrCat(
           "device ", props_.ordinal, " hit a sticky fault: ", status.message(),
-          in_flight.empty() ? ""
-                            : absl::StrCat("; kernels not yet synchronized then: ", in_flight),
+          in_flight.empty() ? "" : absl::StrCat("; kernels not yet synchronized then: ", in_flight),
           "; the device's memory and queued work are lost until it is reset"));
       first = true;
     }
@@ -248,7 +269,8 @@ void Device::CreateStream(Callback<StreamId> done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
-    auto stream = driver_->CreateStream(absl::StrCat("a session stream on device ", props_.ordinal));
+    auto stream =
+        driver_->CreateStream(absl::StrCat("a session stream on device ", props_.ordinal));
     if (!stream.ok()) return done(Check(stream.status()));
     auto state = std::make_unique<StreamState>();
     state->stream = std::move(stream).value();
@@ -328,18 +350,16 @@ void Device::EnqueueWork(StreamId stream, std::string what, bool wait, Done done
   });
 }
 
-void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size,
-                    std::string what, Done done) {
-  EnqueueWork(stream, what, false, std::move(done), [=](CUstream_st* s) {
-    return driver_->MemsetAsync(ptr, value, size, s, what);
-  });
+void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size, std::string what,
+                    Done done) {
+  EnqueueWork(stream, what, false, std::move(done),
+              [=](CUstream_st* s) { return driver_->MemsetAsync(ptr, value, size, s, what); });
 }
 
 void Device::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, std::string what,
                   Done done) {
-  EnqueueWork(stream, what, false, std::move(done), [=](CUstream_st* s) {
-    return driver_->CopyDtoDAsync(dst, src, size, s, what);
-  });
+  EnqueueWork(stream, what, false, std::move(done),
+              [=](CUstream_st* s) { return driver_->CopyDtoDAsync(dst, src, size, s, what); });
 }
 
 void Device::CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint64_t size,
@@ -390,8 +410,8 @@ void Device::UnloadModule(std::string sha256) {
   });
 }
 
-void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string name,
-                       std::string what, Callback<KernelInfo> done) {
+void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string name, std::string what,
+                       Callback<KernelInfo> done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
@@ -465,7 +485,8 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return gpu_ns(ready.status());
     StreamState* s = *ready;
-    const std::string what = absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
+    const std::string what =
+        absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
     std::shared_ptr<cuda::Event> start = std::move(s->timing_start);
     std::shared_ptr<cuda::Event> end;
     if (start != nullptr) {
@@ -476,25 +497,30 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
       if (!st.ok()) return gpu_ns(st);
     }
     const absl::Time requested = absl::Now();
-    absl::Status st = WhenDone(
-        *s,
-        [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
-          if (!done.ok()) return gpu_ns(done);
-          if (start == nullptr) return gpu_ns(uint64_t{0});
-          // Reading the events is a driver call: back to the executor.
-          executor_.Post([this, stream, requested, start, end, gpu_ns, what] {
-            auto ms = driver_->ElapsedMs(*start, *end, what);
-            if (!ms.ok()) return gpu_ns(Check(ms.status()));
-            // Kernels launched before this Synchronize are known to be done.
-            auto it = streams_.find(stream);
-            if (it != streams_.end() && it->second->last_launch_at <= requested) {
-              it->second->last_launch.clear();
-            }
-            gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
-          });
-        },
-        what);
-    if (!st.ok()) gpu_ns(st);
+    if (end == nullptr) {
+      // Nothing was enqueued since the last Synchronize; still wait for the
+      // stream, in case that one's wait was abandoned.
+      auto e = driver_->CreateEvent(false, what);
+      if (!e.ok()) return gpu_ns(Check(e.status()));
+      end = std::make_shared<cuda::Event>(std::move(e).value());
+      absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
+      if (!st.ok()) return gpu_ns(st);
+    }
+    event_waits_.push_back(
+        EventWait{end,
+                  [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
+                    if (!done.ok()) return gpu_ns(done);
+                    if (start == nullptr) return gpu_ns(uint64_t{0});
+                    auto ms = driver_->ElapsedMs(*start, *end, what);
+                    if (!ms.ok()) return gpu_ns(Check(ms.status()));
+                    // Kernels launched before this Synchronize are known to be done.
+                    auto it = streams_.find(stream);
+                    if (it != streams_.end() && it->second->last_launch_at <= requested) {
+                      it->second->last_launch.clear();
+                    }
+                    gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
+                  },
+                  what});
   });
 }
 

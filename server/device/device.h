@@ -115,8 +115,8 @@ class Device {
   void CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint64_t size,
                     std::string what, Done done);
   // Copies to a staging slot; `done` runs when the bytes are in the slot.
-  void CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t size,
-                  std::string what, Done done);
+  void CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t size, std::string what,
+                  Done done);
 
   // Loads the image unless this device holds it already (one driver load
   // per image per device, whoever asks).
@@ -146,6 +146,9 @@ class Device {
   // Executor-thread helpers.
   void OnStart();
   void OnTick();
+  // Completes the event waits whose events the GPU has reached; true while
+  // some remain.
+  bool PollEvents();
   void OnStop();
   absl::Status Check(absl::Status status);
   absl::Status Usable() const;
@@ -178,6 +181,15 @@ class Device {
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamState>> streams_;
   absl::flat_hash_map<std::string, std::unique_ptr<LoadedModule>> modules_;
   absl::flat_hash_map<KernelId, KernelEntry*> kernels_;
+  // Synchronizes waiting for their events, polled by the executor: a GPU
+  // event is seen within microseconds this way, where a host function
+  // (cuLaunchHostFunc) takes tens of them to run.
+  struct EventWait {
+    std::shared_ptr<cuda::Event> event;
+    std::function<void(absl::Status)> fn;
+    std::string what;
+  };
+  std::vector<EventWait> event_waits_;
   StreamId next_stream_ = 1;
   KernelId next_kernel_ = 1;
 

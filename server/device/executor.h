@@ -27,9 +27,15 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
+  // Runs after each batch of ops; true while it waits for something that
+  // only polling can see (GPU events), which makes the loop poll again soon
+  // instead of sleeping: at once for the first 200 us, then after a pause
+  // of a twentieth of the time polled so far, at most 1 ms.
+  using Poll = std::function<bool()>;
+
   // Starts the thread: `on_start` runs first, `on_tick` whenever the queue
   // stayed empty for `tick`, `on_stop` last (after the queue drained).
-  void Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick);
+  void Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll = nullptr);
   // Queues `op`. After Stop() began, ops are dropped.
   void Post(Op op);
   // Runs what is queued, then `on_stop`, and joins the thread. Idempotent.
@@ -37,7 +43,7 @@ class Executor {
   bool OnExecutorThread() const;
 
  private:
-  void Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick);
+  void Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll);
 
   const std::string name_;
   absl::Mutex mu_;
