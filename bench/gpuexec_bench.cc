@@ -36,6 +36,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "echo.grpc.pb.h"
@@ -50,6 +51,8 @@ ABSL_FLAG(std::string, kernels, "",
           "directory with gx_kernels.cubin (default: ../kernels/sm_90 beside this program)");
 ABSL_FLAG(bool, quick, false, "small sizes and few iterations: a smoke test, not a measurement");
 ABSL_FLAG(int, clients, 16, "concurrent clients for the aggregate figures");
+ABSL_FLAG(std::vector<std::string>, daemon_args, {},
+          "extra gpuexecd flags, comma-separated (e.g. --staging_buffers=16)");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
@@ -439,6 +442,7 @@ class Daemon {
       dup2(fd, 2);
       std::vector<std::string> args = {path, "--listen=127.0.0.1:0", "--unix_socket=" + socket_,
                                        "--driver=" + driver};
+      for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) args.push_back(a);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -682,8 +686,9 @@ int Main() {
   const std::string driver = absl::GetFlag(FLAGS_driver);
   const int clients = absl::GetFlag(FLAGS_clients);
 
-  std::printf("gpuexec_bench%s: driver %s, daemon %s\n", quick ? " (quick: not a measurement)" : "",
-              driver.c_str(), daemon.c_str());
+  std::printf("gpuexec_bench%s: driver %s, daemon %s %s\n",
+              quick ? " (quick: not a measurement)" : "", driver.c_str(), daemon.c_str(),
+              absl::StrJoin(absl::GetFlag(FLAGS_daemon_args), " ").c_str());
   const NativeFigures native = RunNative(plan, driver, cubin);
 
   Section("transport: an echo service on the same gRPC (this process)");

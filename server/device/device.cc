@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/common/log.h"
@@ -465,7 +466,7 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
       if (!st.ok()) return done(st);
       k.dynamic_shared_limit = shared;
     }
-    std::vector<void*> params(k.info.params.size());
+    absl::InlinedVector<void*, 16> params(k.info.params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       params[i] = op.param_block.data() + k.info.params[i].offset;
     }

@@ -45,6 +45,7 @@ class CommandStream {
   ~CommandStream() {
     Shutdown();
     if (watchdog_.joinable()) watchdog_.join();
+    if (sender_.joinable()) sender_.join();
   }
 
   // Queues `command` and sends it. With `wait`, returns its result once it
@@ -68,8 +69,26 @@ class CommandStream {
       unordered_ = true;
     }
     *pending_.add_commands() = std::move(command);
+    if (!wait) {
+      // The sender thread writes it, so that this caller can queue the
+      // next launch while a message is on the wire; what queues up in the
+      // meantime goes out in one message.
+      if (!sender_.joinable()) {
+        sender_ = std::thread([this] {
+          absl::MutexLock lock(&mu_);
+          while (!shut_down_) {
+            if (!writing_ && broken_.ok() && pending_.commands_size() > 0) {
+              FlushLocked();
+            } else {
+              send_cv_.Wait(&mu_);
+            }
+          }
+        });
+      }
+      if (!writing_) send_cv_.Signal();
+      return v1::CommandResult();
+    }
     FlushLocked();
-    if (!wait) return v1::CommandResult();
     const uint64_t generation = generation_;
     if (timeout != absl::InfiniteDuration()) WatchLocked(absl::Now() + timeout);
     absl::StatusOr<v1::CommandResult> result = AwaitLocked(id);
@@ -99,6 +118,7 @@ class CommandStream {
     if (shut_down_) return;
     shut_down_ = true;
     watch_cv_.SignalAll();
+    send_cv_.SignalAll();
     if (broken_.ok())
       broken_ = absl::FailedPreconditionError("gpuexec client: the session is closed");
     if (rw_ == nullptr) return;
@@ -258,6 +278,9 @@ class CommandStream {
   std::vector<std::pair<absl::Time, uint64_t>> watches_ ABSL_GUARDED_BY(mu_);
   absl::CondVar watch_cv_;
   std::thread watchdog_;
+  // Writes what LaunchAsync queues (started by the first one).
+  absl::CondVar send_cv_;
+  std::thread sender_;
 };
 
 // What a Session and everything made from it share; outlives the Session
