@@ -11,18 +11,25 @@
 namespace gpuexec::metrics {
 namespace {
 
-std::string EscapeHelp(absl::string_view help) {
+// HELP text escapes backslash and newline; label values also the quote.
+std::string Escape(absl::string_view text, bool quotes) {
   std::string out;
-  for (char c : help) {
-    if (c == '\\')
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\') {
       out += "\\\\";
-    else if (c == '\n')
+    } else if (c == '\n') {
       out += "\\n";
-    else
+    } else if (c == '"' && quotes) {
+      out += "\\\"";
+    } else {
       out.push_back(c);
+    }
   }
   return out;
 }
+
+std::string EscapeHelp(absl::string_view help) { return Escape(help, /*quotes=*/false); }
 
 void AppendLabels(std::string* out, const Labels& labels, absl::string_view extra_name = {},
                   absl::string_view extra_value = {}) {
@@ -81,21 +88,7 @@ uint64_t DoubleToBits(double d) {
 
 }  // namespace
 
-std::string EscapeLabelValue(absl::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '"')
-      out += "\\\"";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out.push_back(c);
-  }
-  return out;
-}
+std::string EscapeLabelValue(absl::string_view value) { return Escape(value, /*quotes=*/true); }
 
 std::string FormatValue(double value) {
   if (std::isnan(value)) return "NaN";

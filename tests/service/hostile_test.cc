@@ -265,37 +265,29 @@ TEST_F(HostileTest, UnknownSessionIsNotFound) {
 // The command stream: a first message without a session, an unknown
 // session, a command with nothing valid in it, and a client that goes away
 // with commands in flight.
+// One Execute call with one message of `session` and a synchronize; its
+// final status.
+absl::Status ExecuteOnce(v1::GpuExec::Stub& stub, const std::string& session) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  auto rw = stub.Execute(&context);
+  v1::ExecuteRequest request;
+  request.set_session(session);
+  request.add_commands()->mutable_synchronize();
+  rw->Write(request);
+  rw->WritesDone();
+  v1::ExecuteResponse response;
+  while (rw->Read(&response)) {
+  }
+  return FromGrpcStatus(rw->Finish());
+}
+
 TEST_F(HostileTest, CommandStreamRefusesWhatItCannotRun) {
   auto stub = RawStub();
-  {
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    auto rw = stub->Execute(&context);
-    v1::ExecuteRequest request;
-    request.add_commands()->mutable_synchronize();
-    rw->Write(request);
-    rw->WritesDone();
-    v1::ExecuteResponse response;
-    while (rw->Read(&response)) {
-    }
-    EXPECT_THAT(FromGrpcStatus(rw->Finish()),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("session")));
-  }
-  {
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    auto rw = stub->Execute(&context);
-    v1::ExecuteRequest request;
-    request.set_session("no-such-session");
-    request.add_commands()->mutable_synchronize();
-    rw->Write(request);
-    rw->WritesDone();
-    v1::ExecuteResponse response;
-    while (rw->Read(&response)) {
-    }
-    EXPECT_THAT(FromGrpcStatus(rw->Finish()),
-                StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
-  }
+  EXPECT_THAT(ExecuteOnce(*stub, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("session")));
+  EXPECT_THAT(ExecuteOnce(*stub, "no-such-session"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(session, "gx_fill_u32"));
   {
