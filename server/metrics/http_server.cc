@@ -14,6 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace gpuexec::metrics {
 namespace {
@@ -139,11 +141,17 @@ void HttpServer::Serve(int fd) {
   timeval timeout{2, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-  // Read up to the end of the headers; the body of a GET is empty.
+  // Read up to the end of the headers; the body of a GET is empty. The whole
+  // request must come within the timeout, not just each piece of it, so a
+  // peer that trickles bytes cannot hold the endpoint.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
   std::string request;
   char buf[1024];
   while (request.find("\r\n\r\n") == std::string::npos &&
          request.find("\n\n") == std::string::npos) {
+    if (absl::Now() > deadline) {
+      return Respond(fd, "408 Request Timeout", "text/plain", "too slow\n", false);
+    }
     if (request.size() > kMaxRequestBytes) {
       return Respond(fd, "431 Request Header Fields Too Large", "text/plain", "too large\n", false);
     }

@@ -654,6 +654,37 @@ TEST_F(ServiceTest, ASessionServesSeveralThreadsAtOnce) {
   }
 }
 
+// A command's deadline ends only its own wait: a fast call with a short
+// deadline leaves no timer behind for a later, longer wait.
+TEST_F(ServiceTest, AnEarlierShortDeadlineDoesNotCutALaterWait) {
+  ClientOptions options;
+  options.control_timeout = absl::Milliseconds(300);
+  GX_ASSERT_OK_AND_ASSIGN(Client client, NewClient(options));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Function spin, Kernel(session, "gx_spin"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b, session.Allocate(4096));  // a 300 ms wait, answered at once
+  // About 0.6 s of GPU time (data calls have no deadline).
+  GX_EXPECT_OK(session.LaunchAndWait(spin, Config(1, 1), {Arg::U64(600'000'000)}).status());
+  GX_EXPECT_OK(b.Free());
+}
+
+// A failure of a queued launch is reported by the next launch or
+// synchronize, not in place of another call's own result.
+TEST_F(ServiceTest, AQueuedLaunchFailureDoesNotReplaceAnAllocation) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(session, "gx_fill_u32"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer gone, session.Allocate(4096));
+  GX_ASSERT_OK(gone.Free());
+  GX_ASSERT_OK(
+      session.LaunchAsync(fill, Config(1, 32), {Arg::Ptr(gone), Arg::U32(1), Arg::U64(1)}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer fresh, session.Allocate(4096));
+  GX_EXPECT_OK(fresh.Memset(0));
+  EXPECT_THAT(session.Synchronize(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("parameter 0")));
+  GX_EXPECT_OK(session.Synchronize().status());
+  GX_EXPECT_OK(fresh.Free());
+}
+
 TEST_F(ServiceTest, DataCallsHonourTheirDeadline) {
   ClientOptions options;
   options.data_timeout = absl::Milliseconds(200);

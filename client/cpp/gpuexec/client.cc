@@ -33,11 +33,12 @@ struct ClientState {
 };
 
 // The session's command stream (the Execute RPC), opened on first use.
-// Commands are queued under the mutex; whichever caller finds no write in
-// progress writes everything queued in one message, so commands that arrive
-// while a write is on the wire go out together in the next one. A caller
-// that needs an answer reads the stream itself when no one else is reading
-// and hands other callers their answers; no thread of its own.
+// A caller that waits for an answer writes its command itself when the
+// stream is idle, then reads the stream itself when no one else is reading
+// and hands other callers their answers. Commands queued without waiting
+// (LaunchAsync) go to a sender thread, started by the first of them, so
+// that everything queued while a message is on the wire goes out together
+// in the next one.
 class CommandStream {
  public:
   CommandStream(v1::GpuExec::Stub* stub, std::string token)
@@ -49,67 +50,65 @@ class CommandStream {
   }
 
   // Queues `command` and sends it. With `wait`, returns its result once it
-  // comes; without, returns as soon as it is queued (a failure comes back
-  // from a later waiting call). A waiting call reports first any failure of
-  // a command sent without waiting, since the last report.
-  // A wait longer than `timeout` ends the stream (a gRPC stream cannot time
-  // out one read) with DEADLINE_EXCEEDED; work the daemon already has goes
-  // on, and the next command opens a new stream.
-  absl::StatusOr<v1::CommandResult> Submit(v1::Command command, bool wait,
-                                           absl::Duration timeout = absl::InfiniteDuration()) {
+  // comes, or DEADLINE_EXCEEDED after `timeout`: a gRPC stream cannot time
+  // out one read, so the stream is reset then (work the daemon had received
+  // goes on; the next command opens a new stream). Without `wait`, returns
+  // once queued; its failure is reported later, by a waiting call made with
+  // `report_deferred` (launches and synchronizes, as CUDA reports
+  // asynchronous errors).
+  absl::StatusOr<v1::CommandResult> Submit(v1::Command command, bool wait, absl::Duration timeout,
+                                           bool report_deferred) {
     absl::MutexLock lock(&mu_);
+    if (!wait) {
+      // A bounded queue: a caller that outruns the wire waits for it.
+      mu_.Await(absl::Condition(
+          +[](CommandStream* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return c->pending_.commands_size() < kMaxQueued || !c->broken_.ok() || c->shut_down_;
+          },
+          this));
+    }
     GPUEXEC_CLIENT_RETURN_IF_ERROR(OpenLocked());
     if (!broken_.ok()) return broken_;
     const uint64_t id = next_id_++;
     command.set_id(id);
-    if (wait) {
-      command.set_reply(true);
-      awaited_.insert(id);
-    } else {
-      unordered_ = true;
-    }
-    *pending_.add_commands() = std::move(command);
     if (!wait) {
-      // The sender thread writes it, so that this caller can queue the
-      // next launch while a message is on the wire; what queues up in the
-      // meantime goes out in one message.
-      if (!sender_.joinable()) {
-        sender_ = std::thread([this] {
-          absl::MutexLock lock(&mu_);
-          while (!shut_down_) {
-            if (!writing_ && broken_.ok() && pending_.commands_size() > 0) {
-              FlushLocked();
-            } else {
-              send_cv_.Wait(&mu_);
-            }
-          }
-        });
-      }
+      last_unwaited_ = id;
+      *pending_.add_commands() = std::move(command);
+      StartSenderLocked();
       if (!writing_) send_cv_.Signal();
       return v1::CommandResult();
     }
-    FlushLocked();
-    const uint64_t generation = generation_;
-    if (timeout != absl::InfiniteDuration()) WatchLocked(absl::Now() + timeout);
-    absl::StatusOr<v1::CommandResult> result = AwaitLocked(id);
-    if (!result.ok() && timed_out_generation_ == generation) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("gpuexec client: no answer from the daemon within ",
-                       absl::FormatDuration(timeout), "; the work already sent goes on"));
+    command.set_reply(true);
+    awaited_.insert(id);
+    *pending_.add_commands() = std::move(command);
+    if (timeout != absl::InfiniteDuration()) WatchLocked(absl::Now() + timeout, id);
+    if (last_unwaited_ > ordered_through_ && sender_.joinable()) {
+      // The daemon may have stopped reading until the answers to earlier
+      // commands are read: let the sender write while this caller reads.
+      if (!writing_) send_cv_.Signal();
+    } else {
+      FlushLocked();
     }
-    unordered_ = false;  // everything sent before it has started
-    if (!deferred_.ok()) return std::exchange(deferred_, absl::OkStatus());
+    absl::StatusOr<v1::CommandResult> result = AwaitLocked(id);
+    UnwatchLocked(id);
+    if (timed_out_.erase(id) != 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "gpuexec client: no answer from the daemon within ", absl::FormatDuration(timeout),
+          "; the session's command stream was reset (work the daemon had received goes on)"));
+    }
+    if (report_deferred && !deferred_.ok()) return std::exchange(deferred_, absl::OkStatus());
     return result;
   }
 
   // Makes calls outside the stream (Write, Read, ...) run after the commands
-  // sent so far: a barrier round trip when some were sent without waiting.
-  absl::Status Order() {
+  // queued so far: a barrier round trip when some were queued without
+  // waiting and are not known to have started.
+  absl::Status Order(absl::Duration timeout) {
     {
       absl::MutexLock lock(&mu_);
-      if (rw_ == nullptr || !unordered_) return absl::OkStatus();
+      if (rw_ == nullptr || last_unwaited_ <= ordered_through_) return absl::OkStatus();
     }
-    return Submit(v1::Command(), /*wait=*/true).status();
+    return Submit(v1::Command(), /*wait=*/true, timeout, /*report_deferred=*/false).status();
   }
 
   // Ends the stream; commands still queued are dropped.
@@ -127,28 +126,34 @@ class CommandStream {
         +[](CommandStream* s)
              ABSL_NO_THREAD_SAFETY_ANALYSIS { return !s->writing_ && !s->reading_; },
         this));
-    rw_->Finish().ok();
+    if (!finished_) rw_->Finish().ok();
     rw_.reset();
   }
 
  private:
+  // Commands queued without waiting, at most (also bounds a message: a
+  // launch's parameters are at most 32 KiB).
+  static constexpr int kMaxQueued = 1024;
+
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shut_down_) return broken_;
     if (rw_ != nullptr && !broken_.ok() && !writing_ && !reading_ && awaited_.empty()) {
-      // A broken stream is replaced once no one uses it any more.
-      rw_->Finish().ok();
+      // A broken stream is replaced once no one uses it any more. What it
+      // still held is dropped; BreakLocked recorded the loss.
+      if (!finished_) rw_->Finish().ok();
       rw_.reset();
       results_.clear();
       pending_.Clear();
-      unordered_ = false;
+      last_unwaited_ = ordered_through_ = 0;
       broken_ = absl::OkStatus();
-      ++generation_;
     }
     if (rw_ != nullptr) return absl::OkStatus();
     context_ = std::make_unique<grpc::ClientContext>();
+    finished_ = false;
     rw_ = stub_->Execute(context_.get());
-    if (rw_ == nullptr)
+    if (rw_ == nullptr) {
       return absl::UnavailableError("gpuexec client: cannot open the command stream");
+    }
     pending_.set_session(token_);
     return absl::OkStatus();
   }
@@ -162,8 +167,26 @@ class CommandStream {
       const bool ok = rw_->Write(message);
       mu_.Lock();
       writing_ = false;
-      if (!ok) BreakLocked();
+      if (!ok) {
+        BreakLocked(
+            absl::UnavailableError("gpuexec client: the session's command stream ended (the daemon "
+                                   "went away or ended it)"));
+      }
     }
+  }
+
+  void StartSenderLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (sender_.joinable()) return;
+    sender_ = std::thread([this] {
+      absl::MutexLock lock(&mu_);
+      while (!shut_down_) {
+        if (!writing_ && broken_.ok() && pending_.commands_size() > 0) {
+          FlushLocked();
+        } else {
+          send_cv_.Wait(&mu_);
+        }
+      }
+    });
   }
 
   absl::StatusOr<v1::CommandResult> AwaitLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -173,6 +196,8 @@ class CommandStream {
         v1::CommandResult r = std::move(it->second);
         results_.erase(it);
         awaited_.erase(id);
+        // The daemon runs commands in order: all before this one started.
+        ordered_through_ = std::max(ordered_through_, id);
         if (r.code() != 0) {
           return absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
         }
@@ -202,7 +227,17 @@ class CommandStream {
       mu_.Lock();
       reading_ = false;
       if (!ok) {
-        BreakLocked();
+        // The daemon ended the stream; its status says why (an unknown or
+        // expired session, say) once no write is under way.
+        absl::Status why = absl::UnavailableError(
+            "gpuexec client: the session's command stream ended (the daemon went away or ended "
+            "it)");
+        if (!writing_ && !finished_) {
+          finished_ = true;
+          absl::Status st = FromGrpcStatus(rw_->Finish());
+          if (!st.ok()) why = st;
+        }
+        BreakLocked(why);
         continue;
       }
       for (v1::CommandResult& r : *response.mutable_results()) {
@@ -216,10 +251,19 @@ class CommandStream {
     }
   }
 
-  // Cancels the stream at `deadline` unless the generation has moved on by
+  void BreakLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!broken_.ok()) return;
+    broken_ = why;
+    if (last_unwaited_ > ordered_through_ && deferred_.ok()) {
+      deferred_ = absl::AbortedError(absl::StrCat(
+          "gpuexec client: launches queued without waiting may not have run: ", why.message()));
+    }
+  }
+
+  // Cancels the stream at `deadline` if command `id` is still unanswered
   // then (one watchdog thread per stream, started by the first timed wait).
-  void WatchLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    watches_.push_back({deadline, generation_});
+  void WatchLocked(absl::Time deadline, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    watches_.push_back({deadline, id});
     watch_cv_.SignalAll();
     if (watchdog_.joinable()) return;
     watchdog_ = std::thread([this] {
@@ -234,25 +278,20 @@ class CommandStream {
           watch_cv_.WaitWithDeadline(&mu_, first->first);
           continue;
         }
-        const uint64_t generation = first->second;
+        const uint64_t id = first->second;
         watches_.erase(first);
-        // Still the same stream and someone still waiting: end it.
-        if (generation == generation_ && !awaited_.empty() && rw_ != nullptr) {
-          timed_out_generation_ = generation;
+        if (awaited_.contains(id) && rw_ != nullptr && !finished_) {
+          timed_out_.insert(id);
           context_->TryCancel();
         }
       }
     });
   }
 
-  void BreakLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!broken_.ok()) return;
-    // The stream's own status says why (the daemon went away, the session
-    // is unknown, ...); Finish would block while another call reads, so
-    // the reason is told generically unless the stream is already done.
-    broken_ = absl::UnavailableError(
-        "gpuexec client: the session's command stream ended (the daemon went away or the session "
-        "was closed)");
+  void UnwatchLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
+                                  [id](const auto& w) { return w.second == id; }),
+                   watches_.end());
   }
 
   v1::GpuExec::Stub* const stub_;
@@ -261,24 +300,25 @@ class CommandStream {
   std::unique_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteResponse>> rw_
       ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // rw_->Finish() was called
   v1::ExecuteRequest pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  // Commands were sent without waiting since the last answer.
-  bool unordered_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // The last command queued without waiting, and the last command the
+  // daemon is known to have started every command up to.
+  uint64_t last_unwaited_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ordered_through_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<uint64_t> awaited_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, v1::CommandResult> results_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  // The first failure of a command queued without waiting, not yet reported.
   absl::Status deferred_ ABSL_GUARDED_BY(mu_);
-  // Each replaced stream is a new generation.
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t timed_out_generation_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
   std::vector<std::pair<absl::Time, uint64_t>> watches_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> timed_out_ ABSL_GUARDED_BY(mu_);
   absl::CondVar watch_cv_;
   std::thread watchdog_;
-  // Writes what LaunchAsync queues (started by the first one).
   absl::CondVar send_cv_;
   std::thread sender_;
 };
@@ -299,7 +339,7 @@ struct SessionState {
 
   // Calls outside the command stream that touch the GPU (copies, frees)
   // first make sure the commands sent before them have started.
-  absl::Status Order() const { return commands->Order(); }
+  absl::Status Order() const { return commands->Order(client->options.control_timeout); }
 
   v1::GpuExec::Stub& stub() const { return *client->stub; }
   const ClientOptions& options() const { return client->options; }
@@ -574,7 +614,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 void Buffer::FreeQuietly() {
   if (!session_ || !owned_ || session_->closed.load()) return;
   owned_ = false;
-  session_->Order().ok();
+  session_->commands->Order(session_->options().cleanup_timeout).ok();
   grpc::ClientContext context;
   SetDeadline(&context, session_->options(), CallKind::kCleanup);
   v1::FreeRequest request;
@@ -592,7 +632,8 @@ absl::Status Buffer::Free() {
     v1::Command command;
     command.mutable_free()->set_buffer(handle_);
     return session_->commands
-        ->Submit(std::move(command), /*wait=*/true, session_->options().control_timeout)
+        ->Submit(std::move(command), /*wait=*/true, session_->options().control_timeout,
+                 /*report_deferred=*/false)
         .status();
   }
   grpc::ClientContext context;
@@ -685,7 +726,8 @@ absl::Status Buffer::Memset(uint8_t value, uint64_t offset, uint64_t size) {
     m->set_size(size);
     m->set_value(value);
     return session_->commands
-        ->Submit(std::move(command), /*wait=*/true, session_->options().data_timeout)
+        ->Submit(std::move(command), /*wait=*/true, session_->options().data_timeout,
+                 /*report_deferred=*/false)
         .status();
   }
   grpc::ClientContext context;
@@ -712,7 +754,8 @@ absl::Status Buffer::CopyFrom(const Buffer& src, uint64_t src_offset, uint64_t d
     c->set_src_offset(src_offset);
     c->set_size(size);
     return session_->commands
-        ->Submit(std::move(command), /*wait=*/true, session_->options().data_timeout)
+        ->Submit(std::move(command), /*wait=*/true, session_->options().data_timeout,
+                 /*report_deferred=*/false)
         .status();
   }
   grpc::ClientContext context;
@@ -820,7 +863,7 @@ absl::Status Session::Close() {
   // not do better.
   state_->closed.store(true);
   // Commands queued before Close() start before the session goes.
-  state_->commands->Order().ok();
+  state_->commands->Order(state_->options().control_timeout).ok();
   state_->commands->Shutdown();
   grpc::ClientContext context;
   SetDeadline(&context, state_->options(), CallKind::kControl);
@@ -850,7 +893,8 @@ absl::StatusOr<Buffer> Session::Allocate(uint64_t size) {
     command.mutable_allocate()->set_size(size);
     GPUEXEC_CLIENT_ASSIGN_OR_RETURN(v1::CommandResult result,
                                     state_->commands->Submit(std::move(command), /*wait=*/true,
-                                                             state_->options().control_timeout));
+                                                             state_->options().control_timeout,
+                                                             /*report_deferred=*/false));
     return Buffer(state_, result.allocate().buffer(), result.allocate().size());
   }
   grpc::ClientContext context;
@@ -940,7 +984,8 @@ absl::StatusOr<uint64_t> Session::DoLaunch(const Function& function, const Launc
     GPUEXEC_CLIENT_ASSIGN_OR_RETURN(
         v1::CommandResult result,
         state_->commands->Submit(std::move(command), /*wait=*/mode != LaunchMode::kQueue,
-                                 state_->options().data_timeout));
+                                 state_->options().data_timeout,
+                                 /*report_deferred=*/true));
     return result.gpu_time_ns();
   }
   // After Close(): the daemon's own answer (the session is gone).
@@ -975,9 +1020,10 @@ absl::StatusOr<absl::Duration> Session::Synchronize() {
   if (!state_->closed.load()) {
     v1::Command command;
     command.mutable_synchronize();
-    GPUEXEC_CLIENT_ASSIGN_OR_RETURN(v1::CommandResult result,
-                                    state_->commands->Submit(std::move(command), /*wait=*/true,
-                                                             state_->options().data_timeout));
+    GPUEXEC_CLIENT_ASSIGN_OR_RETURN(
+        v1::CommandResult result,
+        state_->commands->Submit(std::move(command), /*wait=*/true, state_->options().data_timeout,
+                                 /*report_deferred=*/true));
     return absl::Nanoseconds(result.gpu_time_ns());
   }
   grpc::ClientContext context;
