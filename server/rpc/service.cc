@@ -1,5 +1,7 @@
 #include "server/rpc/service.h"
 
+#include <algorithm>
+#include <deque>
 #include <memory>
 #include <utility>
 
@@ -88,50 +90,118 @@ class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleReq
   std::unique_ptr<core::ModuleUpload> upload_;
 };
 
-// Write: each message's bytes go to pinned staging buffers; the next
-// message is read as soon as they were copied out of it.
+// Write: each message's bytes go to pinned staging buffers. Two request
+// messages alternate, so that gRPC receives the next one while this one's
+// bytes are copied out: at most one read and one push are under way, and a
+// message is read into only once its bytes are no longer needed.
 class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
  public:
   WriteReactor(core::Engine* engine, v1::WriteResponse* response)
       : engine_(engine), response_(response) {
-    StartRead(&request_);
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = 0;
+    }
+    StartRead(&requests_[0]);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      if (sink_ == nullptr) {
-        return Finish(ToGrpcStatus(
-            absl::InvalidArgumentError("Write: the stream ended before its first message")));
+    {
+      absl::ReleasableMutexLock lock(&mu_);
+      const int got = reading_;
+      reading_ = -1;
+      if (done_) return;  // the call already ended with an error
+      if (!ok) {
+        eof_ = true;
+      } else {
+        if (sink_ == nullptr) {
+          const v1::WriteRequest& first = requests_[got];
+          auto sink = engine_->BeginWrite(first.session(), first.buffer(), first.offset());
+          if (!sink.ok()) {
+            done_ = true;
+            lock.Release();
+            return Finish(ToGrpcStatus(sink.status()));
+          }
+          sink_ = std::move(sink).value();
+        }
+        ready_.push_back(got);
       }
-      sink_->Finish([this](absl::StatusOr<uint64_t> n) {
-        if (n.ok()) response_->set_bytes_written(*n);
-        Finish(ToGrpcStatus(n.status()));
-      });
-      return;
     }
-    if (sink_ == nullptr) {
-      auto sink = engine_->BeginWrite(request_.session(), request_.buffer(), request_.offset());
-      if (!sink.ok()) return Finish(ToGrpcStatus(sink.status()));
-      sink_ = std::move(sink).value();
-    }
-    sink_->Push(request_.data(), [this](absl::Status st) {
-      if (!st.ok()) {
-        // Copies already queued still finish (they own the sink); the call
-        // ends now with the error.
-        sink_.reset();
-        return Finish(ToGrpcStatus(st));
-      }
-      StartRead(&request_);
-    });
+    Pump();
   }
 
   void OnDone() override { delete this; }
 
  private:
+  // Starts what can start: a read into a free message, a push of a message
+  // read; finishes once the stream ended and everything was pushed.
+  void Pump() {
+    int read_into = -1, push = -1;
+    bool finish = false;
+    std::shared_ptr<core::WriteSink> sink;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return;
+      if (reading_ < 0 && !eof_) {
+        for (int i = 0; i < 2; ++i) {
+          const bool queued = std::find(ready_.begin(), ready_.end(), i) != ready_.end();
+          if (i != pushing_ && !queued) {
+            read_into = reading_ = i;
+            break;
+          }
+        }
+      }
+      if (pushing_ < 0 && !ready_.empty()) {
+        push = pushing_ = ready_.front();
+        ready_.pop_front();
+      }
+      if (eof_ && pushing_ < 0 && ready_.empty()) {
+        finish = true;
+        done_ = true;
+      }
+      sink = sink_;
+    }
+    if (read_into >= 0) StartRead(&requests_[read_into]);
+    if (push >= 0) {
+      sink->Push(requests_[push].data(), [this](absl::Status st) { Pushed(st); });
+    }
+    if (!finish) return;
+    if (sink == nullptr) {
+      return Finish(ToGrpcStatus(
+          absl::InvalidArgumentError("Write: the stream ended before its first message")));
+    }
+    sink->Finish([this](absl::StatusOr<uint64_t> n) {
+      if (n.ok()) response_->set_bytes_written(*n);
+      Finish(ToGrpcStatus(n.status()));
+    });
+  }
+
+  void Pushed(absl::Status st) {
+    {
+      absl::MutexLock lock(&mu_);
+      pushing_ = -1;
+      if (st.ok() || done_) {
+        st = absl::OkStatus();
+      } else {
+        // Copies already queued still finish (they own the sink); the call
+        // ends now with the error.
+        done_ = true;
+      }
+    }
+    if (!st.ok()) return Finish(ToGrpcStatus(st));
+    Pump();
+  }
+
   core::Engine* engine_;
   v1::WriteResponse* response_;
-  v1::WriteRequest request_;
-  std::shared_ptr<core::WriteSink> sink_;
+  v1::WriteRequest requests_[2];
+  absl::Mutex mu_;
+  std::shared_ptr<core::WriteSink> sink_ ABSL_GUARDED_BY(mu_);
+  int reading_ ABSL_GUARDED_BY(mu_) = -1;       // the message a read fills
+  int pushing_ ABSL_GUARDED_BY(mu_) = -1;       // the message being pushed
+  std::deque<int> ready_ ABSL_GUARDED_BY(mu_);  // read, not yet pushed
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // Finish is called or about to be
 };
 
 // Read: chunks fetched ahead by the engine, written one at a time.
