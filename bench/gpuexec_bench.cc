@@ -733,8 +733,6 @@ int Main() {
                        rss_peak / 1048576.0));
 
   // ---------------------------------------------------------------- table
-  const double gib = static_cast<double>(plan.copy_bytes);
-  (void)gib;
   g_rows.push_back(
       {"launch + synchronize, p50", Us(g_tcp.launch_sync.p50), Us(g_uds.launch_sync.p50),
        "bare stream round trip " + Us(t_tcp.bidi.p50) + " / " + Us(t_uds.bidi.p50),

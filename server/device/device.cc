@@ -489,24 +489,15 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
     const std::string what =
         absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
     std::shared_ptr<cuda::Event> start = std::move(s->timing_start);
-    std::shared_ptr<cuda::Event> end;
-    if (start != nullptr) {
-      auto e = driver_->CreateEvent(true, what);
-      if (!e.ok()) return gpu_ns(Check(e.status()));
-      end = std::make_shared<cuda::Event>(std::move(e).value());
-      absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
-      if (!st.ok()) return gpu_ns(st);
-    }
+    // The end event, timed only when there is a start to time from. With no
+    // work since the last Synchronize it still waits for the stream, in case
+    // that one's wait was abandoned.
+    auto e = driver_->CreateEvent(/*timing=*/start != nullptr, what);
+    if (!e.ok()) return gpu_ns(Check(e.status()));
+    auto end = std::make_shared<cuda::Event>(std::move(e).value());
+    absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
+    if (!st.ok()) return gpu_ns(st);
     const absl::Time requested = absl::Now();
-    if (end == nullptr) {
-      // Nothing was enqueued since the last Synchronize; still wait for the
-      // stream, in case that one's wait was abandoned.
-      auto e = driver_->CreateEvent(false, what);
-      if (!e.ok()) return gpu_ns(Check(e.status()));
-      end = std::make_shared<cuda::Event>(std::move(e).value());
-      absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
-      if (!st.ok()) return gpu_ns(st);
-    }
     event_waits_.push_back(
         EventWait{end,
                   [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
