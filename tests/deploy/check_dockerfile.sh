@@ -48,7 +48,7 @@ done
 grep -q 'COPY --from=build .*gpuexecd' <<<"$runtime" || fail "the runtime stage does not copy gpuexecd"
 grep -q 'COPY --from=build .*cli/gpuexec ' <<<"$runtime" || fail "the runtime stage does not copy the gpuexec tool"
 
-flags=$( ("$daemon" --help 2>&1 || true) | grep -oE '^ +--[a-z_]+' | tr -d ' ' | sort -u)
+flags=$("$(dirname "$0")/gpuexecd_flags.sh" "$daemon")
 for f in $(grep -E '^(CMD|ENTRYPOINT)' "$dockerfile" | grep -oE -- '--[a-z_]+' | sort -u); do
   grep -qx -- "$f" <<<"$flags" || fail "the Dockerfile passes $f, which gpuexecd does not know"
 done

@@ -5,8 +5,7 @@
 #   check_flags_documented.sh README GPUEXECD
 set -euo pipefail
 readme=$1 daemon=$2
-flags=$( ("$daemon" --help 2>&1 || true) | grep -oE '^ +--[a-z_]+' | tr -d ' ' | sort -u)
-[[ -n $flags ]] || { echo "FAIL: gpuexecd --help lists no flags" >&2; exit 1; }
+flags=$("$(dirname "$0")/gpuexecd_flags.sh" "$daemon")
 table=$(sed -n '/^## Configuration/,/^## /p' "$readme" | grep -oE '`--[a-z_]+`' | tr -d '`' | sort -u)
 status=0
 for f in $flags; do

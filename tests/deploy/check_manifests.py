@@ -33,11 +33,12 @@ def problem(where, what):
 
 
 def daemon_flags(gpuexecd):
-    out = subprocess.run([gpuexecd, "--help"], capture_output=True, text=True)
-    flags = set(re.findall(r"^ +--([a-z_]+)", out.stdout + out.stderr, re.M))
-    if not flags:
-        sys.exit(f"{gpuexecd} --help lists no flags")
-    return flags
+    """The flag names `gpuexecd --help` lists (gpuexecd_flags.sh), without --."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpuexecd_flags.sh")
+    out = subprocess.run(["bash", script, gpuexecd], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(out.stderr.strip())
+    return {f[2:] for f in out.stdout.split()}
 
 
 def parse_args(args):

@@ -3,9 +3,6 @@
 // text format (checked by tests/service/check_exposition.py, which uses the
 // Prometheus project's own parser).
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "service_test_fixture.h"
+#include "tests/support/http_exchange.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -25,22 +23,8 @@ using ::testing::HasSubstr;
 
 // GET /metrics over loopback; the body.
 std::string Scrape(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
-  (void)!::write(fd, request.data(), request.size());
-  std::string response;
-  char buf[8192];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<size_t>(n));
-  ::close(fd);
+  const std::string response =
+      HttpExchange(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").value_or("");
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }

@@ -3,11 +3,6 @@
 
 #include "server/metrics/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/metrics/http_server.h"
+#include "tests/support/http_exchange.h"
 
 namespace gpuexec::metrics {
 namespace {
@@ -136,22 +132,7 @@ TEST(MetricsDeathTest, ANameRegisteredTwiceAborts) {
 
 // One HTTP exchange over loopback: the whole response as text.
 std::string Fetch(int port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "connect failed";
-  }
-  (void)!::write(fd, request.data(), request.size());
-  std::string response;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return response;
+  return testing::HttpExchange(port, request).value_or("connect failed");
 }
 
 TEST(HttpServerTest, ServesTheExpositionAtSlashMetrics) {
