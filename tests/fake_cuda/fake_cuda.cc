@@ -1186,50 +1186,45 @@ GX_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
   return Enqueue(stream, std::move(op));
 }
 
-GX_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
-                                        size_t ByteCount, CUstream hStream) {
+// A copy between host memory and the device, in stream order: the device
+// range must be live when enqueued and still live when the copy runs.
+static CUresult EnqueueHostCopy(CUdeviceptr device_ptr, void* host, size_t bytes, bool to_device,
+                                CUstream hStream) {
   GX_RETURN_IF_ERROR(EntryStatus());
   CUctx_st* ctx = nullptr;
   GX_RETURN_IF_ERROR(CurrentContext(&ctx));
   std::shared_ptr<CUstream_st> stream;
   GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
-  if (ByteCount == 0) return CUDA_SUCCESS;
+  if (bytes == 0) return CUDA_SUCCESS;
   const int device = ctx->device;
-  if (srcHost == nullptr || !RangeIsLive(dstDevice, ByteCount, device, false)) {
+  if (host == nullptr || !RangeIsLive(device_ptr, bytes, device, false)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   StreamOp op;
-  op.run = [dstDevice, srcHost, ByteCount, device] {
-    if (!RangeIsLive(dstDevice, ByteCount, device, true)) {
-      Poison("memcpy HtoD");
+  op.run = [device_ptr, host, bytes, device, to_device] {
+    if (!RangeIsLive(device_ptr, bytes, device, true)) {
+      Poison(to_device ? "memcpy HtoD" : "memcpy DtoH");
       return;
     }
-    std::memcpy(reinterpret_cast<void*>(dstDevice), srcHost, ByteCount);
+    void* dev = reinterpret_cast<void*>(device_ptr);
+    if (to_device) {
+      std::memcpy(dev, host, bytes);
+    } else {
+      std::memcpy(host, dev, bytes);
+    }
   };
   return Enqueue(stream, std::move(op));
 }
 
+GX_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                        size_t ByteCount, CUstream hStream) {
+  return EnqueueHostCopy(dstDevice, const_cast<void*>(srcHost), ByteCount, /*to_device=*/true,
+                         hStream);
+}
+
 GX_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                         CUstream hStream) {
-  GX_RETURN_IF_ERROR(EntryStatus());
-  CUctx_st* ctx = nullptr;
-  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
-  std::shared_ptr<CUstream_st> stream;
-  GX_RETURN_IF_ERROR(ResolveStream(hStream, ctx, &stream));
-  if (ByteCount == 0) return CUDA_SUCCESS;
-  const int device = ctx->device;
-  if (dstHost == nullptr || !RangeIsLive(srcDevice, ByteCount, device, false)) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  StreamOp op;
-  op.run = [dstHost, srcDevice, ByteCount, device] {
-    if (!RangeIsLive(srcDevice, ByteCount, device, true)) {
-      Poison("memcpy DtoH");
-      return;
-    }
-    std::memcpy(dstHost, reinterpret_cast<const void*>(srcDevice), ByteCount);
-  };
-  return Enqueue(stream, std::move(op));
+  return EnqueueHostCopy(srcDevice, dstHost, ByteCount, /*to_device=*/false, hStream);
 }
 
 GX_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
