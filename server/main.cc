@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -12,6 +13,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "server/common/log.h"
+#include "server/worker/worker_main.h"
 #include "server/rpc/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -41,9 +43,18 @@ ABSL_FLAG(uint32_t, max_sessions, 4096, "Sessions open at once (0: no limit).");
 ABSL_FLAG(uint64_t, module_store_bytes, 1ull << 30,
           "Bytes of module images the daemon keeps; images no open session holds are "
           "evicted (and unloaded) to make room (0: no limit).");
+ABSL_FLAG(uint64_t, kernel_time_limit_ms, 60000,
+          "A launch still running after this many milliseconds counts as hung: its device's "
+          "worker process is ended and restarted, and the launch's session gets ABORTED. "
+          "Sessions may ask for less (0: no limit).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 
 int main(int argc, char** argv) {
+  // Each device is served by a worker process: this same program, started
+  // by the daemon with a first argument of its own.
+  if (argc > 1 && std::strcmp(argv[1], gpuexec::worker::kWorkerArg) == 0) {
+    return gpuexec::worker::RunWorker(argc, argv);
+  }
   // --help lists the flags of this file (absl matches by program name
   // otherwise, and this file is not named after the program).
   absl::FlagsUsageConfig usage;
@@ -89,6 +100,8 @@ int main(int argc, char** argv) {
   options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.module_store_bytes = absl::GetFlag(FLAGS_module_store_bytes);
+  options.kernel_time_limit_ms = absl::GetFlag(FLAGS_kernel_time_limit_ms);
+  options.worker_log_level = absl::GetFlag(FLAGS_log_level);
 
   auto server = gpuexec::Server::Start(options);
   if (!server.ok()) {

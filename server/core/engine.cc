@@ -1,5 +1,7 @@
 #include "server/core/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -56,41 +58,86 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                                    " (a Read message must fit gRPC's limit)"));
   }
   std::unique_ptr<Engine> engine(new Engine(options));
-  auto driver = cuda::Driver::Load(options.driver_library);
-  if (!driver.ok()) {
-    engine->driver_status_ = driver.status();
-    log::Warning("no CUDA driver: ", driver.status().message(),
+  // The devices are served by worker processes; this one never loads the
+  // driver. The first worker says how many devices there are.
+  worker::WorkerOptions wo;
+  wo.program = options.worker_program;
+  if (wo.program.empty()) {
+    char path[4096];
+    const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+    if (n <= 0) return absl::InternalError("cannot find this program's path (/proc/self/exe)");
+    wo.program.assign(path, static_cast<size_t>(n));
+  }
+  wo.driver_library = options.driver_library;
+  wo.staging_bytes = options.chunk_bytes;
+  wo.staging_slots = static_cast<int>(options.staging_buffers);
+  wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
+  wo.log_level = options.log_level;
+  worker::DriverInfo info;
+  wo.ordinal = 0;
+  auto first = worker::RemoteDevice::Start(wo, &info);
+  std::vector<std::unique_ptr<worker::RemoteDevice>> opened(1);
+  if (info.device_count == 0) {
+    // The driver did not load, or lists no device.
+    engine->driver_status_ = first.ok() ? absl::UnavailableError("no CUDA device") : first.status();
+    log::Warning("no CUDA driver or device: ", engine->driver_status_.message(),
                  "; serving with no devices");
   } else {
-    engine->driver_ = std::move(driver).value();
-    auto count = engine->driver_->DeviceCount();
-    if (!count.ok()) {
-      engine->driver_status_ = count.status();
-      log::Warning("CUDA driver '", options.driver_library, "' lists no devices: ",
-                   count.status().message());
+    log::Info("CUDA driver '", options.driver_library, "' version ", info.driver_version, ": ",
+              info.device_count, " device(s), each served by a worker process");
+    engine->test_double_ = info.test_double;
+    opened.resize(info.device_count);
+    std::vector<absl::Status> failures(info.device_count);
+    if (first.ok()) {
+      opened[0] = std::move(first).value();
     } else {
-      log::Info("CUDA driver '", options.driver_library, "' version ",
-                engine->driver_->version(), ": ", *count, " device(s)");
-      device::DeviceOptions dopts;
-      dopts.staging_bytes = options.chunk_bytes;
-      dopts.staging_slots = static_cast<int>(options.staging_buffers);
-      for (int i = 0; i < *count; ++i) {
-        auto dev = device::Device::Open(engine->driver_.get(), i, dopts);
-        if (!dev.ok()) {
-          // A device that cannot start is left out; the others serve.
-          log::Error("device ", i, " cannot be used: ", dev.status().message());
-          continue;
-        }
-        const cuda::DeviceProperties& p = (*dev)->properties();
-        log::Info("device ", i, ": ", p.name, ", compute capability ", p.cc_major, ".",
-                  p.cc_minor, ", ", p.total_memory >> 20, " MiB, ", p.multiprocessors, " SMs");
-        engine->devices_.push_back(std::move(dev).value());
-      }
-      if (engine->devices_.empty()) {
-        engine->driver_status_ = absl::UnavailableError("no usable CUDA device");
-        log::Warning("no usable CUDA device; serving with no devices");
-      }
+      failures[0] = first.status();
     }
+    // The other devices start side by side.
+    std::vector<std::thread> starters;
+    for (int i = 1; i < info.device_count; ++i) {
+      starters.emplace_back([&, i] {
+        worker::WorkerOptions o = wo;
+        o.ordinal = i;
+        worker::DriverInfo ignored;
+        auto dev = worker::RemoteDevice::Start(o, &ignored);
+        if (dev.ok()) {
+          opened[i] = std::move(dev).value();
+        } else {
+          failures[i] = dev.status();
+        }
+      });
+    }
+    for (auto& t : starters) t.join();
+    for (int i = 0; i < info.device_count; ++i) {
+      if (opened[i] == nullptr) {
+        // A device that cannot start is left out; the others serve.
+        log::Error("device ", i, " cannot be used: ", failures[i].message());
+        continue;
+      }
+      const cuda::DeviceProperties& p = opened[i]->properties();
+      log::Info("device ", i, ": ", p.name, ", compute capability ", p.cc_major, ".", p.cc_minor,
+                ", ", p.total_memory >> 20, " MiB, ", p.multiprocessors, " SMs");
+      engine->devices_.push_back(std::move(opened[i]));
+    }
+    if (engine->devices_.empty()) {
+      engine->driver_status_ = absl::UnavailableError("no usable CUDA device");
+      log::Warning("no usable CUDA device; serving with no devices");
+    }
+  }
+  for (size_t i = 0; i < engine->devices_.size(); ++i) {
+    Engine* e = engine.get();
+    const int index = static_cast<int>(i);
+    engine->devices_[i]->SetListeners(
+        [e, index](const worker::ResetInfo& r) { e->OnDeviceReset(index, r); },
+        [e] {
+          std::function<void()> fn;
+          {
+            absl::MutexLock lock(&e->health_mu_);
+            fn = e->health_listener_;
+          }
+          if (fn) fn();
+        });
   }
   {
     absl::MutexLock lock(&engine->sessions_mu_);
@@ -116,7 +163,7 @@ Engine::~Engine() {
           [closed](absl::Status) { closed->Notify(); });
     closed->WaitForNotificationWithTimeout(absl::Seconds(10));
   }
-  devices_.clear();  // each drains its executor and releases its context
+  devices_.clear();  // each worker drains, releases its context and exits
 }
 
 bool Engine::AnyDeviceHealthy() const {
@@ -124,6 +171,11 @@ bool Engine::AnyDeviceHealthy() const {
     if (d->healthy()) return true;
   }
   return false;
+}
+
+void Engine::SetHealthListener(std::function<void()> listener) {
+  absl::MutexLock lock(&health_mu_);
+  health_listener_ = std::move(listener);
 }
 
 size_t Engine::session_count() const {
@@ -148,6 +200,8 @@ EngineStats Engine::Stats() const {
     d.memory_held += s->memory_used;
   }
   for (size_t i = 0; i < devices_.size(); ++i) {
+    st.devices[i].resets = devices_[i]->resets();
+    st.devices[i].healthy = devices_[i]->healthy();
     st.devices[i].launches = traffic_[i].launches.load();
     st.devices[i].bytes_written = traffic_[i].bytes_written.load();
     st.devices[i].bytes_read = traffic_[i].bytes_read.load();
@@ -207,7 +261,42 @@ absl::StatusOr<BufferEntry*> Engine::FindBuffer(Session& s, uint64_t handle) {
     return absl::NotFoundError(
         absl::StrCat("buffer ", HandleName(handle), " not found in ", s.name()));
   }
+  if (absl::Status st = CheckAlive(s, it->second); !st.ok()) return st;
   return &it->second;
+}
+
+absl::Status Engine::CheckAlive(Session& s, BufferEntry& b) {
+  worker::RemoteDevice* dev = DeviceOf(s);
+  if (!b.lost && b.epoch == dev->epoch()) return absl::OkStatus();
+  if (!b.lost) {
+    b.lost = true;
+    ReleaseMemory(s, b.size);
+  }
+  return dev->LostError(b.epoch, absl::StrCat(s.Describe(b))) ;
+}
+
+void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
+  std::vector<std::shared_ptr<Session>> affected;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [token, s] : sessions_) {
+      if (s->device() == index) affected.push_back(s);
+    }
+  }
+  size_t buffers = 0;
+  uint64_t bytes = 0;
+  for (auto& s : affected) {
+    absl::MutexLock lock(&s->mu);
+    for (auto& [handle, b] : s->buffers) {
+      if (b.lost || b.epoch >= info.epoch) continue;
+      b.lost = true;
+      ReleaseMemory(*s, b.size);
+      ++buffers;
+      bytes += b.size;
+    }
+  }
+  log::Debug("device ", index, " reset: ", buffers, " buffer(s) of ", affected.size(),
+            " session(s), ", bytes, " bytes, lost; their next calls on them say so");
 }
 
 absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
@@ -224,7 +313,7 @@ void Engine::ListDevices(Callback<std::vector<DeviceStatus>> done) {
   {
     absl::MutexLock lock(&sessions_mu_);
     for (size_t i = 0; i < devices_.size(); ++i) {
-      const device::Device& d = *devices_[i];
+      const worker::RemoteDevice& d = *devices_[i];
       const cuda::DeviceProperties& p = d.properties();
       DeviceStatus& st = (*result)[i];
       st.index = static_cast<uint32_t>(p.ordinal);
@@ -237,6 +326,13 @@ void Engine::ListDevices(Callback<std::vector<DeviceStatus>> done) {
       st.modules_loaded = d.modules_loaded();
       st.module_loads_total = d.module_loads_total();
       st.sessions = sessions_per_device_[i];
+      st.resets = d.resets();
+      st.epoch = d.epoch();
+      if (auto r = d.last_reset(); r.has_value()) {
+        st.last_reset = absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at,
+                                                      absl::UTCTimeZone()),
+                                     ": ", r->why);
+      }
     }
   }
   auto join = std::make_shared<Join>(static_cast<int>(devices_.size()),
@@ -251,7 +347,7 @@ void Engine::ListDevices(Callback<std::vector<DeviceStatus>> done) {
 }
 
 void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint64_t memory_limit,
-                         Callback<SessionInfo> done) {
+                         uint64_t kernel_time_limit_ms, Callback<SessionInfo> done) {
   if (devices_.empty()) {
     return done(absl::UnavailableError(absl::StrCat(
         "no GPU is available on this host: ", driver_status_.ok() ? "no devices" : driver_status_.message())));
@@ -290,25 +386,28 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
   uint64_t limit = options_.max_session_memory_bytes;
   if (memory_limit == 0) memory_limit = options_.default_session_memory_bytes;
   if (memory_limit != 0) limit = limit == 0 ? memory_limit : std::min(limit, memory_limit);
-  devices_[index]->CreateStream([this, index, lease_ms, limit, done](
-                                    absl::StatusOr<device::StreamId> stream) {
-    if (!stream.ok()) return done(stream.status());
-    auto session = std::make_shared<Session>(NewSessionToken(), index, *stream, lease_ms, limit);
-    {
-      absl::MutexLock lock(&session->mu);
-      session->Touch();
-    }
-    {
-      absl::MutexLock lock(&sessions_mu_);
-      sessions_.emplace(session->token(), session);
-      ++sessions_per_device_[index];
-    }
-    sessions_opened_.fetch_add(1);
-    log::Info(session->name(), " opened on device ", index, " (lease ", lease_ms,
-              " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
-              ")");
-    done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit});
-  });
+  uint64_t time_limit = options_.kernel_time_limit_ms;
+  if (kernel_time_limit_ms != 0) {
+    time_limit = time_limit == 0 ? kernel_time_limit_ms : std::min(time_limit, kernel_time_limit_ms);
+  }
+  // The stream comes to be in the worker with the session's first work.
+  const device::StreamId stream = devices_[index]->CreateStream(absl::Milliseconds(time_limit));
+  auto session = std::make_shared<Session>(NewSessionToken(), index, stream, lease_ms, limit);
+  {
+    absl::MutexLock lock(&session->mu);
+    session->Touch();
+  }
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    sessions_.emplace(session->token(), session);
+    ++sessions_per_device_[index];
+  }
+  sessions_opened_.fetch_add(1);
+  log::Info(session->name(), " opened on device ", index, " (lease ", lease_ms,
+            " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
+            ", kernel time limit ", time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"),
+            ")");
+  done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, time_limit});
 }
 
 absl::StatusOr<uint64_t> Engine::KeepAlive(const std::string& token) {
@@ -341,14 +440,15 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
   }
   if (reason == CloseReason::kClient) sessions_closed_.fetch_add(1);
   if (reason == CloseReason::kExpired) sessions_expired_.fetch_add(1);
-  device::Device* dev = DeviceOf(*s);
+  worker::RemoteDevice* dev = DeviceOf(*s);
   uint64_t freed = 0;
   size_t buffers = 0;
   {
     absl::MutexLock lock(&s->mu);
     s->closed = true;
     for (auto& [handle, b] : s->buffers) {
-      dev->Free(s->stream(), b.ptr, s->Describe(b), [](absl::Status) {});
+      if (b.lost) continue;  // went with its device's worker
+      dev->Free(s->stream(), b.ptr, b.epoch, s->Describe(b), [](absl::Status) {});
       freed += b.size;
       ++buffers;
     }
@@ -430,7 +530,7 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
                            : kind_ == ModuleKind::kFatbin ? ImageKind::kFatbin
                                                           : ImageKind::kCubin;
     if (absl::Status st = CheckModuleImage(bytes_, kind, name,
-                                           engine_->driver_->is_test_double()
+                                           engine_->test_double_
                                                ? TestDoubleImages::kAccept
                                                : TestDoubleImages::kReject);
         !st.ok()) {
@@ -601,10 +701,11 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
   }
   const std::string what = absl::StrCat("a buffer of ", size, " bytes for ", s->name(),
                                         " on device ", s->device());
-  device::Device* dev = DeviceOf(*s);
+  worker::RemoteDevice* dev = DeviceOf(*s);
   // Posted under the session's lock, so that it is queued before the
   // stream's destruction that a concurrent close queues.
-  dev->Allocate(s->stream(), size, what, [this, s, size, dev, what, done](absl::StatusOr<device::DevicePtr> p) {
+  dev->Allocate(s->stream(), size, what, [this, s, size, dev, what, done](
+                                             absl::StatusOr<worker::RemoteDevice::Allocation> p) {
     absl::MutexLock lock(&s->mu);
     if (!p.ok()) {
       // A close in between already gave the whole session's memory back.
@@ -618,12 +719,13 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
     if (s->closed) {
       // Closed while the allocation was in flight (its memory was already
       // given back by Close): free it again at once.
-      dev->Free(s->stream(), *p, what, [](absl::Status) {});
+      dev->Free(s->stream(), p->ptr, p->epoch, what, [](absl::Status) {});
       return done(s->ClosedError());
     }
     BufferEntry b;
     b.handle = s->NewHandle();
-    b.ptr = *p;
+    b.ptr = p->ptr;
+    b.epoch = p->epoch;
     b.size = size;
     s->buffers.emplace(b.handle, b);
     done(BufferInfo{b.handle, size});
@@ -635,6 +737,14 @@ void Engine::Free(const std::string& token, uint64_t buffer, Done done) {
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
   absl::MutexLock lock(&s->mu);
+  if (s->closed) return done(s->ClosedError());
+  if (auto it = s->buffers.find(buffer); it != s->buffers.end()) {
+    // Freeing a buffer lost with its device's memory just forgets it.
+    if (!CheckAlive(*s, it->second).ok()) {
+      s->buffers.erase(it);
+      return done(absl::OkStatus());
+    }
+  }
   auto b = FindBuffer(*s, buffer);
   if (!b.ok()) return done(b.status());
   if ((*b)->streams_in_use > 0) {
@@ -644,7 +754,7 @@ void Engine::Free(const std::string& token, uint64_t buffer, Done done) {
   BufferEntry entry = **b;
   s->buffers.erase(buffer);
   ReleaseMemory(*s, entry.size);
-  DeviceOf(*s)->Free(s->stream(), entry.ptr, s->Describe(entry), std::move(done));
+  DeviceOf(*s)->Free(s->stream(), entry.ptr, entry.epoch, s->Describe(entry), std::move(done));
 }
 
 void Engine::Memset(const std::string& token, uint64_t buffer, uint64_t offset, uint64_t size,
@@ -662,7 +772,7 @@ void Engine::Memset(const std::string& token, uint64_t buffer, uint64_t offset, 
   if (size == 0 && offset <= (*b)->size) size = (*b)->size - offset;
   if (auto st = CheckRange(*s, **b, offset, size, "Memset"); !st.ok()) return done(st);
   if (size == 0) return done(absl::OkStatus());
-  DeviceOf(*s)->Memset(s->stream(), (*b)->ptr + offset, static_cast<uint8_t>(value), size,
+  DeviceOf(*s)->Memset(s->stream(), (*b)->ptr + offset, (*b)->epoch, static_cast<uint8_t>(value), size,
                        absl::StrCat("Memset of ", s->Describe(**b)), std::move(done));
 }
 
@@ -679,7 +789,7 @@ void Engine::CopyBuffer(const std::string& token, uint64_t dst, uint64_t dst_off
   if (auto st = CheckRange(*s, **d, dst_offset, size, "CopyBuffer destination"); !st.ok()) return done(st);
   if (auto st = CheckRange(*s, **from, src_offset, size, "CopyBuffer source"); !st.ok()) return done(st);
   if (size == 0) return done(absl::OkStatus());
-  DeviceOf(*s)->Copy(s->stream(), (*d)->ptr + dst_offset, (*from)->ptr + src_offset, size,
+  DeviceOf(*s)->Copy(s->stream(), (*d)->ptr + dst_offset, (*from)->ptr + src_offset, (*d)->epoch, size,
                      absl::StrCat("CopyBuffer from ", s->Describe(**from), " to ", s->Describe(**d)),
                      std::move(done));
 }
@@ -696,6 +806,7 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string&
   sink->device_ = DeviceOf(*s);
   sink->traffic_ = &traffic_[s->device()];
   sink->base_ = b->ptr;
+  sink->epoch_ = b->epoch;
   sink->buffer_size_ = b->size;
   sink->what_ = absl::StrCat("Write to ", s->Describe(*b));
   sink->use_ = std::make_unique<BufferUse>(s.get(), b);
@@ -781,7 +892,7 @@ void WriteSink::PushFrom(absl::string_view data, Done more) {
       absl::MutexLock slock(&self->session_->mu);
       closed = self->session_->closed;
       if (!closed) {
-        self->device_->CopyToDevice(self->session_->stream(), self->base_ + dst_offset, slot, n,
+        self->device_->CopyToDevice(self->session_->stream(), self->base_ + dst_offset, self->epoch_, slot, n,
                                     self->what_, [self, slot, n](absl::Status st) {
                                       self->device_->staging().Release(slot);
                                       if (st.ok()) {
@@ -854,13 +965,14 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string&
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   if (size == 0 && offset <= b->size) size = b->size - offset;
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, size, "Read"));
-  device::Device* dev = DeviceOf(*s);
+  worker::RemoteDevice* dev = DeviceOf(*s);
   if (chunk == 0) chunk = options_.chunk_bytes;
   chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, dev->staging().capacity()));
   std::shared_ptr<ReadSource> src(new ReadSource(s, buffer, offset, size, chunk));
   src->device_ = dev;
   src->traffic_ = &traffic_[s->device()];
   src->base_ = b->ptr;
+  src->epoch_ = b->epoch;
   src->what_ = absl::StrCat("Read of ", s->Describe(*b));
   src->use_ = std::make_unique<BufferUse>(s.get(), b);
   // As for Write: no staging buffer waits behind work queued before.
@@ -935,7 +1047,7 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
       closed = self->session_->closed;
       if (!closed) {
         self->device_->CopyToHost(
-            self->session_->stream(), slot, self->base_ + offset, n, self->what_,
+            self->session_->stream(), slot, self->base_ + offset, self->epoch_, n, self->what_,
             [self, slot, offset, n](absl::Status st) {
               absl::StatusOr<std::string> bytes =
                   st.ok() ? absl::StatusOr<std::string>(
@@ -996,9 +1108,10 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
   auto found = FindSession(spec.session);
   if (!found.ok()) return gpu_ns(found.status());
   std::shared_ptr<Session> s = *found;
-  device::Device* dev = DeviceOf(*s);
+  worker::RemoteDevice* dev = DeviceOf(*s);
   const cuda::DeviceProperties& p = dev->properties();
   device::LaunchOp op;
+  uint64_t epoch = 0;  // of the buffers passed
   {
     absl::MutexLock lock(&s->mu);
     auto fit = s->functions.find(spec.function);
@@ -1055,6 +1168,11 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
         return absl::NotFoundError(absl::StrCat("parameter ", index, " of ", kname, ": buffer ",
                                                 HandleName(a.buffer), " not found in ", s->name()));
       }
+      if (absl::Status st = CheckAlive(*s, it->second); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("parameter ", index, " of ", kname, ": ",
+                                                    st.message()));
+      }
+      epoch = it->second.epoch;
       if (a.offset >= it->second.size) {
         return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of ", kname, ": offset ",
                                                        a.offset, " is past the end of ",
@@ -1075,7 +1193,7 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
     TrafficCounters* traffic = &traffic_[s->device()];
     if (!spec.synchronize) {
-      dev->Launch(s->stream(), std::move(op), [gpu_ns, traffic](absl::Status st) {
+      dev->Launch(s->stream(), std::move(op), epoch, [gpu_ns, traffic](absl::Status st) {
         if (!st.ok()) return gpu_ns(st);
         traffic->launches.fetch_add(1);
         gpu_ns(uint64_t{0});
@@ -1084,7 +1202,7 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     }
     // Synchronize once the launch is enqueued, so that an enqueue error is
     // the one reported.
-    dev->Launch(s->stream(), std::move(op), [this, s, gpu_ns, traffic](absl::Status st) {
+    dev->Launch(s->stream(), std::move(op), epoch, [this, s, gpu_ns, traffic](absl::Status st) {
       if (!st.ok()) return gpu_ns(st);
       traffic->launches.fetch_add(1);
       Synchronize(s, gpu_ns);

@@ -26,8 +26,8 @@
 #include "gpuexec/sha256.h"
 #include "server/core/args.h"
 #include "server/core/session.h"
-#include "server/cuda/driver.h"
 #include "server/device/device.h"
+#include "server/worker/remote_device.h"
 
 namespace gpuexec::core {
 
@@ -40,6 +40,13 @@ inline constexpr uint32_t kMaxChunkBytes = 16u << 20;
 
 struct EngineOptions {
   std::string driver_library = "libcuda.so.1";
+  // The program started as each device's worker process: gpuexecd (empty:
+  // this process's own executable).
+  std::string worker_program;
+  // A launch still running after this long is hung: its device's worker is
+  // ended and the device restarts. Sessions may ask for less.
+  uint64_t kernel_time_limit_ms = 60'000;
+  std::string log_level = "info";  // for the workers
   uint64_t default_lease_ms = 60'000;
   uint64_t max_lease_ms = 3'600'000;
   uint64_t default_session_memory_bytes = 0;  // 0: the per-session maximum
@@ -67,6 +74,11 @@ struct DeviceStatus {
   uint32_t modules_loaded = 0;
   uint64_t module_loads_total = 0;
   uint32_t sessions = 0;
+  // Restarts of the device's worker, the current epoch (1 + restarts), and
+  // the last restart: when and why (empty if none).
+  uint64_t resets = 0;
+  uint64_t epoch = 0;
+  std::string last_reset;
 };
 
 // Running totals of one device's traffic, kept by the engine (they survive
@@ -85,6 +97,8 @@ struct EngineStats {
     uint64_t launches = 0;
     uint64_t bytes_written = 0;
     uint64_t bytes_read = 0;
+    uint64_t resets = 0;
+    bool healthy = false;
   };
   std::vector<PerDevice> devices;
   uint32_t sessions_open = 0;
@@ -103,6 +117,7 @@ struct SessionInfo {
   uint32_t device = 0;
   uint64_t lease_ms = 0;
   uint64_t memory_limit = 0;
+  uint64_t kernel_time_limit_ms = 0;
 };
 
 struct BufferInfo {
@@ -181,10 +196,11 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   absl::StatusOr<uint64_t> ResultLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::shared_ptr<Session> session_;
-  device::Device* device_ = nullptr;
+  worker::RemoteDevice* device_ = nullptr;
   TrafficCounters* traffic_ = nullptr;
   const uint64_t buffer_;
   device::DevicePtr base_ = 0;
+  uint64_t epoch_ = 0;  // of the buffer's memory
   uint64_t buffer_size_ = 0;
   std::string what_;
   uint64_t next_offset_;  // where the next pushed byte lands
@@ -223,10 +239,11 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   void Deliver();
 
   std::shared_ptr<Session> session_;
-  device::Device* device_ = nullptr;
+  worker::RemoteDevice* device_ = nullptr;
   TrafficCounters* traffic_ = nullptr;
   const uint64_t buffer_;
   device::DevicePtr base_ = 0;
+  uint64_t epoch_ = 0;  // of the buffer's memory
   std::string what_;
   const uint64_t end_;
   const uint32_t chunk_;
@@ -254,6 +271,12 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   int device_count() const { return static_cast<int>(devices_.size()); }
   bool AnyDeviceHealthy() const;
+  // Whether device `index` serves now (false while its worker restarts).
+  bool DeviceHealthy(int index) const { return devices_[index]->healthy(); }
+  // Called whenever a device starts or stops serving.
+  void SetHealthListener(std::function<void()> listener);
+  // The process id of a device's worker (0 while it restarts); for tests.
+  int WorkerPid(int index) const { return devices_[index]->worker_pid(); }
   // OK when the driver loaded; otherwise why there are no devices.
   const absl::Status& driver_status() const { return driver_status_; }
   size_t session_count() const;
@@ -262,8 +285,10 @@ class Engine {
 
   void ListDevices(Callback<std::vector<DeviceStatus>> done);
 
+  // `kernel_time_limit_ms`: 0 or more than the daemon's limit takes the
+  // daemon's.
   void OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint64_t memory_limit,
-                   Callback<SessionInfo> done);
+                   uint64_t kernel_time_limit_ms, Callback<SessionInfo> done);
   absl::StatusOr<uint64_t> KeepAlive(const std::string& token);
   void CloseSession(const std::string& token, Done done);
 
@@ -295,9 +320,16 @@ class Engine {
 
   explicit Engine(const EngineOptions& options);
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& token);
-  device::Device* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
-  static absl::StatusOr<BufferEntry*> FindBuffer(Session& s, uint64_t handle)
+  worker::RemoteDevice* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
+  // The buffer, or why not: not found, or lost with its device's memory
+  // (then it is marked lost and its memory given back to the limits).
+  absl::StatusOr<BufferEntry*> FindBuffer(Session& s, uint64_t handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Whether `b`'s memory is still on its device; if not, marks it lost and
+  // returns why.
+  absl::Status CheckAlive(Session& s, BufferEntry& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // A device's worker was replaced: every buffer of its sessions is lost.
+  void OnDeviceReset(int index, const worker::ResetInfo& info);
   static absl::Status CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
                                  uint64_t size, absl::string_view op);
   void FinishModule(std::shared_ptr<Session> session, std::shared_ptr<const device::ModuleImage> image,
@@ -312,8 +344,8 @@ class Engine {
 
   const EngineOptions options_;
   absl::Status driver_status_;
-  std::unique_ptr<cuda::Driver> driver_;
-  std::vector<std::unique_ptr<device::Device>> devices_;
+  bool test_double_ = false;  // the driver is the test double
+  std::vector<std::unique_ptr<worker::RemoteDevice>> devices_;
 
   mutable absl::Mutex sessions_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
@@ -345,6 +377,9 @@ class Engine {
   absl::flat_hash_map<std::string, StoredModule> module_store_ ABSL_GUARDED_BY(modules_mu_);
   uint64_t module_store_used_ ABSL_GUARDED_BY(modules_mu_) = 0;
   uint64_t module_store_clock_ ABSL_GUARDED_BY(modules_mu_) = 0;
+
+  absl::Mutex health_mu_;
+  std::function<void()> health_listener_ ABSL_GUARDED_BY(health_mu_);
 
   absl::Notification stop_reaper_;
   std::thread reaper_;

@@ -27,6 +27,10 @@ struct BufferEntry {
   uint64_t handle = 0;
   device::DevicePtr ptr = 0;
   uint64_t size = 0;
+  // The device epoch the memory belongs to; once the device was reset the
+  // buffer is lost: its handle stays, to say so, until freed.
+  uint64_t epoch = 0;
+  bool lost = false;
   // Streams in progress (Write, Read) that use the buffer; it cannot be
   // freed while they run.
   int streams_in_use = 0;

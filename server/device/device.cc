@@ -1,6 +1,7 @@
 #include "server/device/device.h"
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -20,6 +21,17 @@ struct Device::StreamState {
   // Recorded before the first work after the last Synchronize; null when
   // no work was enqueued since.
   std::shared_ptr<cuda::Event> timing_start;
+  // The kernel time limit (zero: none) and the launches watched for it, in
+  // stream order: each with an event recorded after it. The first one's
+  // clock starts when the launch before it is seen done.
+  absl::Duration time_limit;
+  struct Watch {
+    cuda::Event done;
+    std::string what;
+  };
+  std::deque<Watch> watches;
+  absl::Time head_since;
+  absl::Time last_hung_report = absl::InfinitePast();
 };
 
 struct Device::KernelEntry {
@@ -78,7 +90,17 @@ void Device::OnStart() {
       GPUEXEC_RETURN_IF_ERROR(driver_->ConfigureMemoryPool(props_.ordinal));
     }
     std::vector<uint8_t*> buffers;
-    for (int i = 0; i < options_.staging_slots; ++i) {
+    if (options_.staging_memory != nullptr) {
+      const uint64_t bytes = options_.staging_bytes * options_.staging_slots;
+      GPUEXEC_RETURN_IF_ERROR(driver_->HostRegister(
+          options_.staging_memory, bytes,
+          absl::StrCat("the shared staging memory of device ", props_.ordinal)));
+      registered_ = true;
+      for (int i = 0; i < options_.staging_slots; ++i) {
+        buffers.push_back(options_.staging_memory + i * options_.staging_bytes);
+      }
+    }
+    for (int i = 0; options_.staging_memory == nullptr && i < options_.staging_slots; ++i) {
       GPUEXEC_ASSIGN_OR_RETURN(
           cuda::PinnedMemory p,
           driver_->AllocPinned(options_.staging_bytes,
@@ -124,6 +146,11 @@ void Device::OnStop() {
   kernels_.clear();
   modules_.clear();
   pinned_.clear();
+  spare_events_.clear();
+  if (registered_ && healthy()) {
+    (void)driver_->HostUnregister(options_.staging_memory, "the shared staging memory");
+  }
+  registered_ = false;
   if (context_.get() != nullptr && props_.memory_pools && healthy()) {
     (void)driver_->TrimMemoryPool(props_.ordinal);
   }
@@ -131,7 +158,8 @@ void Device::OnStop() {
 }
 
 bool Device::PollEvents() {
-  if (event_waits_.empty()) return false;
+  const bool watching = PollWatches();
+  if (event_waits_.empty()) return watching;
   // Completions may add waits (a new Synchronize): take the list first.
   std::vector<EventWait> waits;
   waits.swap(event_waits_);
@@ -145,7 +173,46 @@ bool Device::PollEvents() {
     w.fn(done.ok() ? absl::OkStatus() : Check(done.status()));
   }
   for (EventWait& w : still) event_waits_.push_back(std::move(w));
-  return !event_waits_.empty();
+  return watching || !event_waits_.empty();
+}
+
+bool Device::PollWatches() {
+  if (watched_.empty() || faulted_.load()) return false;
+  const absl::Time now = absl::Now();
+  for (auto it = watched_.begin(); it != watched_.end();) {
+    auto sit = streams_.find(*it);
+    if (sit == streams_.end()) {
+      watched_.erase(it++);
+      continue;
+    }
+    StreamState& s = *sit->second;
+    while (!s.watches.empty()) {
+      absl::StatusOr<bool> done = driver_->EventDone(s.watches.front().done, s.watches.front().what);
+      if (!done.ok()) {
+        (void)Check(done.status());
+        return false;
+      }
+      if (!*done) break;
+      spare_events_.push_back(std::move(s.watches.front().done));
+      s.watches.pop_front();
+      s.head_since = now;  // the next launch could start only now
+    }
+    if (s.watches.empty()) {
+      watched_.erase(it++);
+      continue;
+    }
+    const absl::Duration running = now - s.head_since;
+    if (running > s.time_limit && now - s.last_hung_report >= absl::Seconds(1)) {
+      s.last_hung_report = now;
+      const std::string message = absl::StrCat(
+          s.watches.front().what, " has run for ", absl::ToInt64Milliseconds(running),
+          " ms, past its kernel time limit of ", absl::ToInt64Milliseconds(s.time_limit), " ms");
+      log::Error(message);
+      if (options_.on_hung) options_.on_hung(*it, message);
+    }
+    ++it;
+  }
+  return !watched_.empty();
 }
 
 absl::Status Device::fault() const {
@@ -177,7 +244,10 @@ absl::Status Device::Check(absl::Status status) {
     status = fault_;
   }
   faulted_.store(true);
-  if (first) log::Error(status.message());
+  if (first) {
+    log::Error(status.message());
+    if (options_.on_fault) options_.on_fault(status);
+  }
   FailPending(status);
   return status;
 }
@@ -266,18 +336,22 @@ void Device::QueryMemory(Callback<cuda::MemoryInfo> done) {
   });
 }
 
-void Device::CreateStream(Callback<StreamId> done) {
+void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
+    if (streams_.contains(id)) {
+      return done(absl::InternalError(
+          absl::StrCat("stream ", id, " already exists on device ", props_.ordinal)));
+    }
     auto stream =
         driver_->CreateStream(absl::StrCat("a session stream on device ", props_.ordinal));
     if (!stream.ok()) return done(Check(stream.status()));
     auto state = std::make_unique<StreamState>();
     state->stream = std::move(stream).value();
-    StreamId id = next_stream_++;
+    state->time_limit = kernel_time_limit;
     streams_.emplace(id, std::move(state));
-    done(id);
+    done(absl::OkStatus());
   });
 }
 
@@ -288,7 +362,11 @@ void Device::DestroyStream(StreamId stream, Done done) {
     StreamState* s = it->second.get();
     auto erase = [this, stream, done](absl::Status st) {
       executor_.Post([this, stream, done, st] {
-        streams_.erase(stream);
+        auto it = streams_.find(stream);
+        if (it != streams_.end()) {
+          for (auto& w : it->second->watches) spare_events_.push_back(std::move(w.done));
+          streams_.erase(it);
+        }
         // Give the session's freed memory back to the device, so that free
         // memory reads as it did before the session.
         if (props_.memory_pools && healthy()) (void)driver_->TrimMemoryPool(props_.ordinal);
@@ -405,22 +483,55 @@ void Device::UnloadModule(std::string sha256) {
   executor_.Post([this, sha256 = std::move(sha256)] {
     auto it = modules_.find(sha256);
     if (it == modules_.end()) return;
-    for (const auto& [name, kernel] : it->second->kernels) kernels_.erase(kernel->info.id);
+    for (auto k = kernels_.begin(); k != kernels_.end();) {
+      bool ours = false;
+      for (const auto& [name, kernel] : it->second->kernels) ours |= k->second == kernel.get();
+      if (ours) {
+        kernels_.erase(k++);
+      } else {
+        ++k;
+      }
+    }
     modules_.erase(it);  // cuModuleUnload
     modules_loaded_.fetch_sub(1);
   });
 }
 
-void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string name, std::string what,
-                       Callback<KernelInfo> done) {
+void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string name, KernelId id,
+                       std::string what, Callback<KernelInfo> done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
     auto module = EnsureModule(image, what);
     if (!module.ok()) return done(module.status());
-    LoadedModule* m = *module;
+    ResolveKernel(*module, name, id, what, done);
+  });
+}
+
+void Device::GetLoadedKernel(std::string sha256, std::string name, KernelId id, std::string what,
+                             Callback<KernelInfo> done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    auto it = modules_.find(sha256);
+    if (it == modules_.end()) {
+      return done(absl::InternalError(
+          absl::StrCat(what, " is not loaded on device ", props_.ordinal)));
+    }
+    ResolveKernel(it->second.get(), name, id, what, done);
+  });
+}
+
+void Device::ResolveKernel(LoadedModule* m, const std::string& name, KernelId id,
+                           const std::string& what, const Callback<KernelInfo>& done) {
+  {
     auto it = m->kernels.find(name);
-    if (it != m->kernels.end()) return done(it->second->info);
+    if (it != m->kernels.end()) {
+      kernels_[id] = it->second.get();
+      KernelInfo info = it->second->info;
+      info.id = id;
+      return done(info);
+    }
     const std::string fwhat = absl::StrCat("kernel '", name, "' of ", what);
     auto fn = driver_->GetFunction(m->module, name, what);  // names the module
     if (!fn.ok()) return done(Check(fn.status()));
@@ -430,7 +541,7 @@ void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string nam
     if (!attrs.ok()) return done(Check(attrs.status()));
     auto entry = std::make_unique<KernelEntry>();
     entry->function = *fn;
-    entry->info.id = next_kernel_++;
+    entry->info.id = id;
     entry->info.params = std::move(params).value();
     entry->info.attributes = *attrs;
     for (const cuda::ParamInfo& p : entry->info.params) {
@@ -442,10 +553,10 @@ void Device::GetKernel(std::shared_ptr<const ModuleImage> image, std::string nam
     entry->info.attributes.max_dynamic_shared_bytes =
         std::max(0, props_.max_shared_per_block_optin - attrs->static_shared_bytes);
     KernelInfo info = entry->info;
-    kernels_.emplace(info.id, entry.get());
+    kernels_[id] = entry.get();
     m->kernels.emplace(name, std::move(entry));
     done(info);
-  });
+  }
 }
 
 void Device::Launch(StreamId stream, LaunchOp op, Done done) {
@@ -477,6 +588,7 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
       st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
                                  s->stream.get(), op.what));
     }
+    if (st.ok() && s->time_limit > absl::ZeroDuration()) st = Watch(stream, *s, op.what);
     done(st);
   });
 }
@@ -515,6 +627,23 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
                   what});
   });
 }
+
+absl::Status Device::Watch(StreamId id, StreamState& s, const std::string& what) {
+  cuda::Event e;
+  if (!spare_events_.empty()) {
+    e = std::move(spare_events_.back());
+    spare_events_.pop_back();
+  } else {
+    GPUEXEC_ASSIGN_OR_RETURN(e, driver_->CreateEvent(false, what));
+  }
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), what)));
+  if (s.watches.empty()) s.head_since = absl::Now();
+  s.watches.push_back(StreamState::Watch{std::move(e), what});
+  watched_.insert(id);
+  return absl::OkStatus();
+}
+
+void Device::Post(std::function<void()> fn) { executor_.Post(std::move(fn)); }
 
 void Device::Drain() {
   absl::Notification done;

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "server/cuda/driver.h"
 #include "server/device/executor.h"
 #include "server/device/staging.h"
@@ -48,6 +49,15 @@ using Done = std::function<void(absl::Status)>;
 struct DeviceOptions {
   size_t staging_bytes = 1 << 20;  // per slot
   int staging_slots = 8;
+  // Staging memory the caller owns (staging_bytes * staging_slots bytes,
+  // shared with the daemon's front process): the device page-locks it with
+  // cuMemHostRegister instead of allocating pinned memory of its own.
+  uint8_t* staging_memory = nullptr;
+  // Called once, on the executor, when the first sticky fault is seen.
+  std::function<void(const absl::Status&)> on_fault;
+  // Called on the executor when a launch has run past its stream's kernel
+  // time limit (again at most once a second while it keeps running).
+  std::function<void(StreamId, const std::string&)> on_hung;
 };
 
 // A module image as the device needs it: its id (SHA-256) and bytes.
@@ -92,7 +102,10 @@ class Device {
 
   void QueryMemory(Callback<cuda::MemoryInfo> done);
 
-  void CreateStream(Callback<StreamId> done);
+  // Creates the stream `id` (chosen by the caller, unique on this device).
+  // A nonzero `kernel_time_limit` makes each launch on it watched: one still
+  // running after that long is reported to DeviceOptions::on_hung.
+  void CreateStream(StreamId id, absl::Duration kernel_time_limit, Done done);
   // Runs `done` once the stream's queued work has finished and the stream is
   // gone.
   void DestroyStream(StreamId stream, Done done);
@@ -123,9 +136,14 @@ class Device {
   void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Done done);
   // Unloads an image (no session may hold it: its kernels go with it).
   void UnloadModule(std::string sha256);
-  // Resolves a kernel of a module this device loaded (loading it if needed).
-  void GetKernel(std::shared_ptr<const ModuleImage> image, std::string name, std::string what,
-                 Callback<KernelInfo> done);
+  // Resolves a kernel of a module this device loaded (loading it if
+  // needed) and names it `id` (chosen by the caller) for Launch; one kernel
+  // may have several ids.
+  void GetKernel(std::shared_ptr<const ModuleImage> image, std::string name, KernelId id,
+                 std::string what, Callback<KernelInfo> done);
+  // GetKernel of a module already loaded, by its SHA-256.
+  void GetLoadedKernel(std::string sha256, std::string name, KernelId id, std::string what,
+                       Callback<KernelInfo> done);
   // Enqueues a launch; `done` reports the enqueue.
   void Launch(StreamId stream, LaunchOp op, Done done);
   // Completes when all work enqueued on `stream` so far has finished, with
@@ -134,6 +152,8 @@ class Device {
 
   // Waits for everything (used at shutdown only).
   void Drain();
+  // Runs `fn` on the executor after everything posted so far.
+  void Post(std::function<void()> fn);
 
  private:
   struct StreamState;
@@ -159,6 +179,13 @@ class Device {
   // enqueue or, with `wait`, the work's completion.
   void EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
                    std::function<absl::Status(CUstream_st*)> enqueue);
+  void ResolveKernel(LoadedModule* m, const std::string& name, KernelId id,
+                     const std::string& what, const Callback<KernelInfo>& done);
+  // Checks the launches watched for the kernel time limit; true while some
+  // are still running.
+  bool PollWatches();
+  // Records an event after the launch just enqueued on `s` and watches it.
+  absl::Status Watch(StreamId id, StreamState& s, const std::string& what);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);
   // Runs `fn` with the status of the stream's work once all that is queued
@@ -178,6 +205,7 @@ class Device {
   // Executor-thread state.
   cuda::PrimaryContext context_;
   std::vector<cuda::PinnedMemory> pinned_;
+  bool registered_ = false;  // options_.staging_memory is page-locked
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamState>> streams_;
   absl::flat_hash_map<std::string, std::unique_ptr<LoadedModule>> modules_;
   absl::flat_hash_map<KernelId, KernelEntry*> kernels_;
@@ -190,8 +218,9 @@ class Device {
     std::string what;
   };
   std::vector<EventWait> event_waits_;
-  StreamId next_stream_ = 1;
-  KernelId next_kernel_ = 1;
+  // Streams with launches watched for the kernel time limit.
+  absl::flat_hash_set<StreamId> watched_;
+  std::vector<cuda::Event> spare_events_;
 
   StagingPool staging_;
 

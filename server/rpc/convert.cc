@@ -16,6 +16,9 @@ void ToProto(const core::DeviceStatus& in, v1::Device* out) {
   out->set_modules_loaded(in.modules_loaded);
   out->set_module_loads_total(in.module_loads_total);
   out->set_sessions(in.sessions);
+  out->set_resets(in.resets);
+  out->set_epoch(in.epoch);
+  out->set_last_reset(in.last_reset);
 }
 
 void ToProto(const core::SessionInfo& in, v1::OpenSessionResponse* out) {
@@ -23,6 +26,7 @@ void ToProto(const core::SessionInfo& in, v1::OpenSessionResponse* out) {
   out->set_device(in.device);
   out->set_lease_ms(in.lease_ms);
   out->set_memory_limit_bytes(in.memory_limit);
+  out->set_kernel_time_limit_ms(in.kernel_time_limit_ms);
 }
 
 void ToProto(const core::FunctionResult& in, v1::GetFunctionResponse* out) {

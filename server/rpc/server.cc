@@ -31,8 +31,9 @@ class Server::Impl {
   std::unique_ptr<rpc::GpuExecService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  absl::Notification stop_health;
-  std::thread health;
+  absl::Mutex health_mu;
+  bool last_serving ABSL_GUARDED_BY(health_mu) = false;
+  bool health_stopped ABSL_GUARDED_BY(health_mu) = false;
   absl::Mutex shutdown_mu;
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
   absl::Notification done;
@@ -45,16 +46,21 @@ class Server::Impl {
     h->SetServingStatus("gpuexec.v1.GpuExec", serving);
   }
 
-  // Health follows the devices: serving while one is usable.
-  void HealthLoop() {
-    bool last = engine->AnyDeviceHealthy();
-    while (!stop_health.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
-      const bool now = engine->AnyDeviceHealthy();
-      if (now != last) {
-        SetHealth(now);
-        log::Warning("health: ", now ? "SERVING" : "NOT_SERVING (no usable device)");
-        last = now;
-      }
+  // Health follows the devices: "" and the service serve while one device
+  // does; "device/N" follows device N (not serving while its worker
+  // restarts). Called whenever a device changes.
+  void UpdateHealth() {
+    absl::MutexLock lock(&health_mu);
+    if (health_stopped) return;
+    grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
+    for (int i = 0; i < engine->device_count(); ++i) {
+      h->SetServingStatus(absl::StrCat("device/", i), engine->DeviceHealthy(i));
+    }
+    const bool now = engine->AnyDeviceHealthy();
+    SetHealth(now);
+    if (now != last_serving) {
+      log::Warning("health: ", now ? "SERVING" : "NOT_SERVING (no device serving)");
+      last_serving = now;
     }
   }
 };
@@ -80,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.reaper_interval = options.reaper_interval;
   eo.max_sessions = options.max_sessions;
   eo.module_store_bytes = options.module_store_bytes;
+  eo.worker_program = options.worker_program;
+  eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
+  eo.log_level = options.worker_log_level;
   auto engine = core::Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
@@ -120,12 +129,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
         " (address in use or not valid?)"));
   }
-  impl->SetHealth(impl->engine->AnyDeviceHealthy());
+  {
+    absl::MutexLock lock(&impl->health_mu);
+    impl->last_serving = impl->engine->AnyDeviceHealthy();
+  }
+  impl->UpdateHealth();
   // "liveness" says the process serves at all, GPUs or not (for probes
   // that should restart a wedged daemon but not one on a GPU-less node).
   impl->server->GetHealthCheckService()->SetServingStatus("liveness", true);
   Impl* raw = impl.get();
-  impl->health = std::thread([raw] { raw->HealthLoop(); });
+  impl->engine->SetHealthListener([raw] { raw->UpdateHealth(); });
   std::vector<std::string> addresses;
   if (!options.listen_address.empty()) {
     addresses.push_back(absl::StrCat(
@@ -166,8 +179,11 @@ void Server::Shutdown(absl::Duration deadline) {
     if (impl_->shut_down) return;
     impl_->shut_down = true;
   }
-  impl_->stop_health.Notify();
-  if (impl_->health.joinable()) impl_->health.join();
+  impl_->engine->SetHealthListener(nullptr);
+  {
+    absl::MutexLock lock(&impl_->health_mu);
+    impl_->health_stopped = true;
+  }
   impl_->SetHealth(false);
   impl_->server->GetHealthCheckService()->SetServingStatus("liveness", false);
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));

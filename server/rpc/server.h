@@ -44,6 +44,14 @@ struct ServerOptions {
   uint32_t max_sessions = 4096;
   // Bytes of module images kept; unheld ones are evicted (0 = no limit).
   uint64_t module_store_bytes = 1ull << 30;
+  // A launch still running after this long counts as hung: the device's
+  // worker is ended and the device restarts (0: no limit). Sessions may
+  // ask for less.
+  uint64_t kernel_time_limit_ms = 60'000;
+  // The program started as each device's worker: gpuexecd (empty: this
+  // process's own executable, which must then be gpuexecd).
+  std::string worker_program;
+  std::string worker_log_level = "info";
   // How often leases are checked.
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };

@@ -448,6 +448,7 @@ ServerUnaryReactor* GpuExecService::OpenSession(CallbackServerContext* ctx,
   std::optional<uint32_t> device;
   if (request->has_device()) device = request->device();
   engine_->OpenSession(device, request->lease_ms(), request->memory_limit_bytes(),
+                       request->kernel_time_limit_ms(),
                        Reply<core::SessionInfo>(reactor, [response](const core::SessionInfo& s) {
                          ToProto(s, response);
                        }));

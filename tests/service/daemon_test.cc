@@ -24,6 +24,7 @@ TEST(DaemonTest, WithoutADriverItServesNoDevicesAndIsNotServing) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.driver_library = "libgpuexec-no-such-driver.so.1";
+  options.worker_program = DaemonProgram();
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ((*server)->device_count(), 0);
@@ -98,6 +99,7 @@ TEST(DaemonTest, ServesOnAUnixSocketAndInProcess) {
   options.listen_address = "";
   options.unix_socket = path;
   options.driver_library = TestBackend().driver;
+  options.worker_program = DaemonProgram();
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   GX_ASSERT_OK_AND_ASSIGN(Client over_socket, Client::Connect(absl::StrCat("unix:", path)));
@@ -114,6 +116,7 @@ TEST(DaemonTest, NothingToListenOnIsRefused) {
   ServerOptions options;
   options.listen_address = "";
   options.driver_library = "libgpuexec-no-such-driver.so.1";
+  options.worker_program = DaemonProgram();
   EXPECT_THAT(Server::Start(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("listen")));
 }
@@ -122,6 +125,7 @@ TEST(DaemonTest, AnAddressInUseIsRefused) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.driver_library = "libgpuexec-no-such-driver.so.1";
+  options.worker_program = DaemonProgram();
   auto first = Server::Start(options);
   ASSERT_TRUE(first.ok()) << first.status();
   options.listen_address = absl::StrCat("127.0.0.1:", (*first)->port());
@@ -138,11 +142,7 @@ TEST(DaemonTest, AnAddressInUseIsRefused) {
 namespace gpuexec::testing {
 namespace {
 
-// The daemon binary: GPUEXEC_TEST_DAEMON, else the one built with the tests.
-std::string DaemonPath() {
-  const char* env = std::getenv("GPUEXEC_TEST_DAEMON");
-  return env != nullptr && *env != '\0' ? env : GPUEXEC_TEST_DEFAULT_DAEMON;
-}
+std::string DaemonPath() { return DaemonProgram(); }
 
 // Peak resident memory of a process (VmHWM), in bytes; 0 if unknown.
 uint64_t PeakRss(pid_t pid) {

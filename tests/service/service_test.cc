@@ -363,7 +363,6 @@ TEST_F(ServiceTest, EightSessionsLoadOneImageOnce) {
     sessions.push_back(std::move(s));
   }
   GX_ASSERT_OK_AND_ASSIGN(DeviceInfo before, Device());
-  const std::optional<uint64_t> fake_before = FakeModuleLoads();
 
   GX_ASSERT_OK_AND_ASSIGN(Module first, sessions[0].LoadModule(image, kind));
   EXPECT_TRUE(first.uploaded());
@@ -410,11 +409,8 @@ TEST_F(ServiceTest, EightSessionsLoadOneImageOnce) {
     EXPECT_THAT(ran[i], IsOk());
   }
   GX_ASSERT_OK_AND_ASSIGN(DeviceInfo after, Device());
+  // Counted by the device's worker as the driver loads it.
   EXPECT_EQ(after.module_loads_total - before.module_loads_total, 1u);
-  if (fake_before) {
-    EXPECT_EQ(*FakeModuleLoads() - *fake_before, 1u)
-        << "driver module loads seen by the test double";
-  }
 }
 
 TEST_F(ServiceTest, PtxAndFatbinModulesLoadAndRun) {

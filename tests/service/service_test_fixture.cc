@@ -116,10 +116,9 @@ const Backend& TestBackend() {
   return *backend;
 }
 
-std::optional<uint64_t> FakeModuleLoads() {
-  SuiteEnvironment* env = SuiteEnvironment::Get();
-  if (env == nullptr || env->module_loads() == nullptr) return std::nullopt;
-  return env->module_loads()();
+std::string DaemonProgram() {
+  const char* env = std::getenv("GPUEXEC_TEST_DAEMON");
+  return env != nullptr && *env != '\0' ? env : GPUEXEC_TEST_DEFAULT_DAEMON;
 }
 
 void FillPattern(uint64_t seed, uint8_t* data, size_t size) {
@@ -162,6 +161,7 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
 absl::StatusOr<std::unique_ptr<Server>> StartServer(ServerOptions options) {
   options.listen_address = "127.0.0.1:0";
   options.driver_library = TestBackend().driver;
+  options.worker_program = DaemonProgram();
   return Server::Start(options);
 }
 

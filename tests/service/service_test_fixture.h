@@ -84,8 +84,9 @@ struct Backend {
 // The backend chosen by the environment (see the top of this file).
 const Backend& TestBackend();
 
-// Driver module loads counted by the test double; nullopt on a real driver.
-std::optional<uint64_t> FakeModuleLoads();
+// The gpuexecd binary (GPUEXEC_TEST_DAEMON, else the one built with the
+// tests): servers started here run their device workers from it.
+std::string DaemonProgram();
 
 // Deterministic bytes (xorshift64*) for patterns.
 void FillPattern(uint64_t seed, uint8_t* data, size_t size);

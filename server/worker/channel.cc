@@ -1,0 +1,115 @@
+#include "server/worker/channel.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpuexec::worker {
+namespace {
+
+void AppendFrame(const google::protobuf::MessageLite& m, std::string* out) {
+  const size_t size = m.ByteSizeLong();
+  const uint32_t n = static_cast<uint32_t>(size);
+  const char header[4] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
+                          static_cast<char>((n >> 16) & 0xff), static_cast<char>(n >> 24)};
+  out->append(header, 4);
+  const size_t at = out->size();
+  out->resize(at + size);
+  m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&(*out)[at]));
+}
+
+}  // namespace
+
+Channel::Channel(int fd) : fd_(fd) {}
+
+Channel::~Channel() { ::close(fd_); }
+
+absl::Status Channel::Send(const google::protobuf::MessageLite& message) {
+  return Send(std::vector<const google::protobuf::MessageLite*>{&message});
+}
+
+absl::Status Channel::Send(const std::vector<const google::protobuf::MessageLite*>& messages) {
+  if (!Enqueue(messages)) {
+    absl::MutexLock lock(&mu_);
+    if (broken_) return absl::UnavailableError("the worker's socket is closed");
+    return absl::OkStatus();  // the writer takes these along
+  }
+  return Flush();
+}
+
+bool Channel::Enqueue(const std::vector<const google::protobuf::MessageLite*>& messages) {
+  absl::MutexLock lock(&mu_);
+  if (broken_) return false;
+  for (const auto* m : messages) AppendFrame(*m, &outbox_);
+  if (writing_) return false;
+  writing_ = true;
+  return true;
+}
+
+absl::Status Channel::Flush() {
+  mu_.Lock();
+  std::string batch;
+  while (!outbox_.empty() && !broken_) {
+    batch.clear();
+    batch.swap(outbox_);
+    mu_.Unlock();
+    size_t done = 0;
+    bool failed = false;
+    while (done < batch.size()) {
+      const ssize_t n = ::send(fd_, batch.data() + done, batch.size() - done, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        failed = true;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    mu_.Lock();
+    if (failed) broken_ = true;
+  }
+  writing_ = false;
+  const bool broken = broken_;
+  if (broken) outbox_.clear();
+  mu_.Unlock();
+  if (broken) return absl::UnavailableError("the worker's socket is closed");
+  return absl::OkStatus();
+}
+
+bool Channel::Receive(std::string* message) {
+  for (;;) {
+    const size_t have = inbox_.size() - inbox_pos_;
+    if (have >= 4) {
+      const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
+      const uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
+      if (n > kMaxMessageBytes) return false;
+      if (have >= 4 + size_t{n}) {
+        message->assign(inbox_.data() + inbox_pos_ + 4, n);
+        inbox_pos_ += 4 + n;
+        return true;
+      }
+    }
+    if (inbox_pos_ > 0) {
+      inbox_.erase(0, inbox_pos_);
+      inbox_pos_ = 0;
+    }
+    const size_t at = inbox_.size();
+    inbox_.resize(at + (256 << 10));
+    ssize_t n;
+    do {
+      n = ::recv(fd_, &inbox_[at], 256 << 10, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+      inbox_.resize(at);
+      return false;
+    }
+    inbox_.resize(at + static_cast<size_t>(n));
+  }
+}
+
+void Channel::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+
+}  // namespace gpuexec::worker

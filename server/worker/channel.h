@@ -1,0 +1,67 @@
+#ifndef GPUEXEC_SERVER_WORKER_CHANNEL_H_
+#define GPUEXEC_SERVER_WORKER_CHANNEL_H_
+
+// Framed messages over a connected Unix stream socket: a 4-byte
+// little-endian length, then the message. Any thread may send; a sender
+// that finds the socket idle writes, and keeps writing what other senders
+// append meanwhile, so a burst of small messages leaves in few system calls
+// and only one thread ever waits on a full socket. One thread receives.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "google/protobuf/message_lite.h"
+
+namespace gpuexec::worker {
+
+class Channel {
+ public:
+  // Takes ownership of `fd`.
+  explicit Channel(int fd);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Sends the messages in order, with nothing of another sender between
+  // them. Fails once the peer is gone.
+  absl::Status Send(const google::protobuf::MessageLite& message);
+  absl::Status Send(const std::vector<const google::protobuf::MessageLite*>& messages);
+
+  // Two halves of Send, so that a caller can fix the order of its messages
+  // under a lock of its own and write after releasing it: Enqueue appends
+  // and returns true when the caller must now call Flush (no one else is
+  // writing).
+  bool Enqueue(const std::vector<const google::protobuf::MessageLite*>& messages);
+  absl::Status Flush();
+
+  // Blocks for the next message; false at the end of the stream (the peer
+  // closed it, or Shutdown()).
+  bool Receive(std::string* message);
+
+  // Ends both directions: a blocked Receive returns false.
+  void Shutdown();
+
+ private:
+  const int fd_;
+  absl::Mutex mu_;
+  std::string outbox_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Receiver state (one thread).
+  std::string inbox_;
+  size_t inbox_pos_ = 0;
+};
+
+// Largest message either side accepts (a module image of the daemon's
+// largest size, with room to spare).
+inline constexpr uint32_t kMaxMessageBytes = 1u << 30;
+
+}  // namespace gpuexec::worker
+
+#endif  // GPUEXEC_SERVER_WORKER_CHANNEL_H_

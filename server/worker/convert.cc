@@ -1,0 +1,103 @@
+#include "server/worker/convert.h"
+
+namespace gpuexec::worker {
+
+void ToProto(const absl::Status& st, Status* out) {
+  out->set_code(static_cast<int32_t>(st.code()));
+  out->set_message(std::string(st.message()));
+}
+
+absl::Status FromProto(const Status& st) {
+  return absl::Status(static_cast<absl::StatusCode>(st.code()), st.message());
+}
+
+void ToProto(const device::KernelInfo& k, KernelInfo* out) {
+  for (const cuda::ParamInfo& p : k.params) {
+    ParamInfo* q = out->add_params();
+    q->set_offset(p.offset);
+    q->set_size(p.size);
+  }
+  out->set_param_bytes(k.param_bytes);
+  const cuda::FunctionAttributes& a = k.attributes;
+  out->set_num_registers(a.num_registers);
+  out->set_static_shared_bytes(a.static_shared_bytes);
+  out->set_const_bytes(a.const_bytes);
+  out->set_local_bytes(a.local_bytes);
+  out->set_max_threads_per_block(a.max_threads_per_block);
+  out->set_max_dynamic_shared_bytes(a.max_dynamic_shared_bytes);
+  out->set_ptx_version(a.ptx_version);
+  out->set_binary_version(a.binary_version);
+}
+
+device::KernelInfo FromProto(const KernelInfo& k, uint64_t id) {
+  device::KernelInfo out;
+  out.id = id;
+  for (const ParamInfo& p : k.params()) out.params.push_back(cuda::ParamInfo{p.offset(), p.size()});
+  out.param_bytes = k.param_bytes();
+  cuda::FunctionAttributes& a = out.attributes;
+  a.num_registers = k.num_registers();
+  a.static_shared_bytes = k.static_shared_bytes();
+  a.const_bytes = k.const_bytes();
+  a.local_bytes = k.local_bytes();
+  a.max_threads_per_block = k.max_threads_per_block();
+  a.max_dynamic_shared_bytes = k.max_dynamic_shared_bytes();
+  a.ptx_version = k.ptx_version();
+  a.binary_version = k.binary_version();
+  return out;
+}
+
+void ToProto(const cuda::DeviceProperties& p, DeviceProperties* out) {
+  out->set_ordinal(p.ordinal);
+  out->set_name(p.name);
+  out->set_cc_major(p.cc_major);
+  out->set_cc_minor(p.cc_minor);
+  out->set_total_memory(p.total_memory);
+  out->set_multiprocessors(p.multiprocessors);
+  out->set_max_threads_per_block(p.max_threads_per_block);
+  for (int i = 0; i < 3; ++i) {
+    out->add_max_block(p.max_block[i]);
+    out->add_max_grid(p.max_grid[i]);
+  }
+  out->set_max_shared_per_block(p.max_shared_per_block);
+  out->set_max_shared_per_block_optin(p.max_shared_per_block_optin);
+  out->set_cluster_launch(p.cluster_launch);
+  out->set_memory_pools(p.memory_pools);
+}
+
+cuda::DeviceProperties FromProto(const DeviceProperties& p) {
+  cuda::DeviceProperties out;
+  out.ordinal = p.ordinal();
+  out.name = p.name();
+  out.cc_major = p.cc_major();
+  out.cc_minor = p.cc_minor();
+  out.total_memory = p.total_memory();
+  out.multiprocessors = p.multiprocessors();
+  out.max_threads_per_block = p.max_threads_per_block();
+  for (int i = 0; i < 3 && i < p.max_block_size(); ++i) out.max_block[i] = p.max_block(i);
+  for (int i = 0; i < 3 && i < p.max_grid_size(); ++i) out.max_grid[i] = p.max_grid(i);
+  out.max_shared_per_block = p.max_shared_per_block();
+  out.max_shared_per_block_optin = p.max_shared_per_block_optin();
+  out.cluster_launch = p.cluster_launch();
+  out.memory_pools = p.memory_pools();
+  return out;
+}
+
+void ToProto(const cuda::LaunchGeometry& g, Geometry* out) {
+  for (int i = 0; i < 3; ++i) {
+    out->add_grid(g.grid[i]);
+    out->add_block(g.block[i]);
+    out->add_cluster(g.cluster[i]);
+  }
+  out->set_shared_bytes(g.shared_bytes);
+}
+
+void FromProto(const Geometry& g, cuda::LaunchGeometry* out) {
+  for (int i = 0; i < 3; ++i) {
+    if (i < g.grid_size()) out->grid[i] = g.grid(i);
+    if (i < g.block_size()) out->block[i] = g.block(i);
+    if (i < g.cluster_size()) out->cluster[i] = g.cluster(i);
+  }
+  out->shared_bytes = g.shared_bytes();
+}
+
+}  // namespace gpuexec::worker

@@ -1,0 +1,831 @@
+#include "server/worker/remote_device.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/log.h"
+#include "server/worker/channel.h"
+#include "server/worker/convert.h"
+#include "server/worker/worker_main.h"
+#include "worker.pb.h"
+
+extern char** environ;
+
+namespace gpuexec::worker {
+namespace {
+
+// Moves `fd` above the descriptors a child gets (3 and 4), close-on-exec.
+int HighFd(int fd) {
+  if (fd < 0 || fd >= 10) return fd;
+  const int high = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  close(fd);
+  return high;
+}
+
+std::string Clock(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", t, absl::UTCTimeZone());
+}
+
+std::string ExitText(int status) {
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
+                        ")");
+  }
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  return "ended";
+}
+
+
+}  // namespace
+
+struct RemoteDevice::Connection {
+  std::unique_ptr<Channel> channel;
+  pid_t pid = 0;
+  uint64_t epoch = 0;
+  absl::Time started;
+  std::thread reader;
+  std::atomic<bool> exited{false};
+  int exit_status = 0;
+};
+
+RemoteDevice::RemoteDevice(const WorkerOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<RemoteDevice>> RemoteDevice::Start(const WorkerOptions& options,
+                                                                  DriverInfo* info) {
+  std::unique_ptr<RemoteDevice> dev(new RemoteDevice(options));
+  absl::Status st = dev->Init();
+  if (!st.ok()) return st;
+  dev->monitor_ = std::thread([d = dev.get()] { d->Monitor(); });
+  struct Started {
+    RemoteDevice* d;
+    static bool Check(Started* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->d->mu_) {
+      return s->d->first_ready_ || !s->d->start_status_.ok();
+    }
+  } started{dev.get()};
+  {
+    absl::MutexLock lock(&dev->mu_);
+    if (!dev->mu_.AwaitWithTimeout(absl::Condition(&Started::Check, &started),
+                                   options.start_timeout)) {
+      dev->start_status_ = absl::DeadlineExceededError(
+          absl::StrCat("device ", options.ordinal, ": its worker did not start within ",
+                       absl::FormatDuration(options.start_timeout)));
+    }
+    *info = dev->driver_info_;
+    if (!dev->first_ready_) return dev->start_status_;
+  }
+  return dev;
+}
+
+absl::Status RemoteDevice::Init() {
+  const std::string name = absl::StrCat("gpuexec-staging-", options_.ordinal);
+  const uint64_t size = options_.staging_bytes * static_cast<uint64_t>(options_.staging_slots);
+  staging_fd_ = HighFd(memfd_create(name.c_str(), MFD_CLOEXEC));
+  if (staging_fd_ < 0 || ftruncate(staging_fd_, static_cast<off_t>(size)) != 0) {
+    return absl::InternalError(absl::StrCat("device ", options_.ordinal,
+                                            ": cannot create the shared staging memory (",
+                                            size, " bytes): ", strerror(errno)));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, staging_fd_, 0);
+  if (p == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("device ", options_.ordinal,
+                                            ": cannot map the shared staging memory: ",
+                                            strerror(errno)));
+  }
+  staging_memory_ = static_cast<uint8_t*>(p);
+  std::vector<uint8_t*> slots;
+  for (int i = 0; i < options_.staging_slots; ++i) {
+    slots.push_back(staging_memory_ + i * options_.staging_bytes);
+  }
+  staging_.Reset(std::move(slots), options_.staging_bytes);
+  return absl::OkStatus();
+}
+
+RemoteDevice::~RemoteDevice() {
+  std::shared_ptr<Connection> conn;
+  std::vector<ReplyFn> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    state_ = State::kStopping;
+    conn = std::move(conn_);
+    conn_ = nullptr;
+    for (auto& [id, fn] : pending_) failed.push_back(std::move(fn));
+    pending_.clear();
+  }
+  Reply gone;
+  ToProto(absl::UnavailableError(absl::StrCat("device ", options_.ordinal, " is shutting down")),
+          gone.mutable_status());
+  for (auto& fn : failed) fn(gone, 0);
+  if (monitor_.joinable()) monitor_.join();
+  std::vector<std::shared_ptr<Connection>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    all = std::move(retired_);
+  }
+  if (conn != nullptr) {
+    // The worker sees the end of its socket, drains and exits.
+    conn->channel->Shutdown();
+    all.push_back(conn);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (auto& c : all) {
+    while (!c->exited.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    if (!c->exited.load()) {
+      log::Warning("device ", options_.ordinal, ": worker pid ", c->pid,
+                   " did not exit within 10 s of shutdown; killing it");
+      kill(c->pid, SIGKILL);
+    }
+    if (c->reader.joinable()) c->reader.join();
+  }
+  if (staging_memory_ != nullptr) {
+    munmap(staging_memory_, options_.staging_bytes * static_cast<uint64_t>(options_.staging_slots));
+  }
+  if (staging_fd_ >= 0) close(staging_fd_);
+}
+
+// ------------------------------------------------------------ lifecycle
+
+void RemoteDevice::Spawn() {
+  int sv[2];
+  absl::Status error;
+  pid_t pid = 0;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    error = absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+  } else {
+    sv[0] = HighFd(sv[0]);
+    sv[1] = HighFd(sv[1]);
+    const int buf = 4 << 20;
+    for (int fd : sv) {
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    }
+    std::vector<std::string> args = {
+        options_.program,
+        kWorkerArg,
+        absl::StrCat("--device=", options_.ordinal),
+        absl::StrCat("--driver=", options_.driver_library),
+        absl::StrCat("--staging_bytes=", options_.staging_bytes),
+        absl::StrCat("--staging_slots=", options_.staging_slots),
+        absl::StrCat("--log_level=", options_.log_level)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], kSocketFd);
+    posix_spawn_file_actions_adddup2(&fa, staging_fd_, kStagingFd);
+    const int rc = posix_spawn(&pid, options_.program.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(sv[1]);
+    if (rc != 0) {
+      close(sv[0]);
+      error = absl::InternalError(absl::StrCat("cannot start the worker program '",
+                                               options_.program, "': ", strerror(rc)));
+    }
+  }
+  if (!error.ok()) {
+    absl::MutexLock lock(&mu_);
+    const std::string why = absl::StrCat("device ", options_.ordinal, ": ", error.message());
+    if (!first_ready_) {
+      start_status_ = absl::Status(error.code(), why);
+      return;
+    }
+    ++quick_failures_;
+    const absl::Duration delay =
+        std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 1, 7)),
+                 absl::Seconds(30));
+    next_spawn_ = absl::Now() + delay;
+    down_ = absl::UnavailableError(why);
+    log::Error(why, "; trying again in ", absl::ToInt64Milliseconds(delay), " ms");
+    return;
+  }
+  auto conn = std::make_shared<Connection>();
+  conn->channel = std::make_unique<Channel>(sv[0]);
+  conn->pid = pid;
+  conn->started = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    conn->epoch = epoch_;
+    if (stop_) {
+      conn->channel->Shutdown();
+      retired_.push_back(conn);
+    } else {
+      conn_ = conn;
+      state_ = State::kStarting;
+      next_spawn_ = absl::InfiniteFuture();
+    }
+  }
+  conn->reader = std::thread([this, conn] { ReadLoop(conn); });
+  log::Debug("device ", options_.ordinal, ": worker pid ", pid, " started (epoch ", conn->epoch,
+             ")");
+}
+
+void RemoteDevice::Monitor() {
+  Spawn();
+  absl::Time last_ping = absl::Now();
+  for (;;) {
+    std::shared_ptr<Connection> hung;
+    absl::Duration silent;
+    bool spawn = false;
+    bool ping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&RemoteDevice::MonitorDue, this),
+                           absl::Milliseconds(100));
+      if (stop_) break;
+      const absl::Time now = absl::Now();
+      if (state_ == State::kBackingOff && conn_ == nullptr && now >= next_spawn_) spawn = true;
+      if (state_ == State::kServing && conn_ != nullptr) {
+        if (ping_out_ && now - ping_sent_ > options_.kernel_time_limit + absl::Seconds(30)) {
+          hung = conn_;
+          silent = now - ping_sent_;
+        } else if (!ping_out_ && now - last_ping >= absl::Seconds(1)) {
+          ping = true;
+          ping_out_ = true;
+          ping_sent_ = now;
+          last_ping = now;
+        }
+      }
+      // Reap the readers of workers that are gone.
+      for (auto it = retired_.begin(); it != retired_.end();) {
+        if ((*it)->exited.load()) {
+          if ((*it)->reader.joinable()) (*it)->reader.join();
+          it = retired_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (spawn) Spawn();
+    if (hung != nullptr) {
+      Reset(hung,
+            absl::StrCat("its worker answered no ping for ", absl::ToInt64Seconds(silent),
+                         " s (a driver call that never returns)"),
+            /*kill=*/true);
+    }
+    if (ping) {
+      Request r;
+      r.mutable_ping();
+      Call(r, 0, 0, 0, [this](const Reply&, uint64_t) {
+        absl::MutexLock lock(&mu_);
+        ping_out_ = false;
+      });
+    }
+  }
+}
+
+void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
+  std::string frame;
+  while (conn->channel->Receive(&frame)) OnMessage(conn, frame);
+  bool current;
+  {
+    absl::MutexLock lock(&mu_);
+    current = conn_ == conn;
+  }
+  int status = 0;
+  if (current) {
+    // The worker closed its end by itself: it is dying. Give it a moment to
+    // finish, then make sure.
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    pid_t r;
+    while ((r = waitpid(conn->pid, &status, WNOHANG)) == 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    if (r == 0) {
+      kill(conn->pid, SIGKILL);
+      waitpid(conn->pid, &status, 0);
+    }
+    conn->exit_status = status;
+    conn->exited.store(true);
+    Reset(conn, absl::StrCat("its worker (pid ", conn->pid, ") ", ExitText(status)),
+          /*kill=*/false);
+    return;
+  }
+  while (waitpid(conn->pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  conn->exit_status = status;
+  conn->exited.store(true);
+}
+
+void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame) {
+  FromWorker m;
+  if (!m.ParseFromString(frame)) {
+    Reset(conn, "its worker sent an unreadable message", /*kill=*/true);
+    return;
+  }
+  if (m.has_reply()) {
+    ReplyFn fn;
+    {
+      absl::MutexLock lock(&mu_);
+      if (conn_ != conn) return;  // a worker already replaced
+      auto it = pending_.find(m.reply().id());
+      if (it == pending_.end()) return;
+      fn = std::move(it->second);
+      pending_.erase(it);
+    }
+    fn(m.reply(), conn->epoch);
+    return;
+  }
+  const Event& e = m.event();
+  switch (e.event_case()) {
+    case Event::kReady: {
+      const absl::Status st = FromProto(e.ready().status());
+      absl::ReleasableMutexLock lock(&mu_);
+      if (conn_ != conn) return;
+      if (!first_ready_) {
+        driver_info_.driver_version = e.ready().driver_version();
+        driver_info_.device_count = e.ready().device_count();
+        driver_info_.test_double = e.ready().test_double();
+        if (!st.ok()) {
+          start_status_ = st;
+          return;
+        }
+        props_ = FromProto(e.ready().properties());
+        first_ready_ = true;
+      }
+      if (!st.ok()) {
+        lock.Release();
+        Reset(conn, absl::StrCat("its new worker could not start: ", st.message()),
+              /*kill=*/true);
+        return;
+      }
+      state_ = State::kServing;
+      down_ = absl::OkStatus();
+      ready_at_ = absl::Now();
+      const uint64_t epoch = epoch_;
+      const absl::Duration since = ready_at_ - reset_at_;
+      const bool restarted = resets_ > 0;
+      std::function<void()> on_state = state_listener_;
+      lock.Release();
+      if (on_state) on_state();
+      if (restarted) {
+        log::Info("device ", options_.ordinal, ": worker pid ", conn->pid, " serving (epoch ",
+                  epoch, "), ", absl::ToInt64Milliseconds(since), " ms after the reset");
+      } else {
+        log::Debug("device ", options_.ordinal, ": worker pid ", conn->pid, " serving");
+      }
+      return;
+    }
+    case Event::kFault:
+      Reset(conn, e.fault().message(), /*kill=*/true);
+      return;
+    case Event::kHung:
+      Reset(conn, e.hung().message(), /*kill=*/true);
+      return;
+    case Event::EVENT_NOT_SET:
+      return;
+  }
+}
+
+void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::string& why,
+                         bool kill_worker) {
+  std::vector<ReplyFn> failed;
+  std::function<void(const ResetInfo&)> listener;
+  std::function<void()> on_state;
+  ResetInfo info;
+  absl::Duration delay;
+  {
+    absl::MutexLock lock(&mu_);
+    if (conn_ != conn || stop_) return;
+    conn_ = nullptr;
+    retired_.push_back(conn);
+    const absl::Time now = absl::Now();
+    // A worker that ends soon after it came up (or never came up) counts
+    // as a quick failure; from the third in a row on, the next start waits,
+    // longer each time (250 ms doubling up to 30 s).
+    if (state_ != State::kServing || now - ready_at_ < absl::Seconds(10)) {
+      ++quick_failures_;
+    } else {
+      quick_failures_ = 0;
+    }
+    delay = quick_failures_ <= 2
+                ? absl::ZeroDuration()
+                : std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 3, 7)),
+                           absl::Seconds(30));
+    ++epoch_;
+    ++resets_;
+    reset_at_ = now;
+    info = ResetInfo{options_.ordinal, epoch_, now, why};
+    last_reset_ = info;
+    history_.push_back(info);
+    if (history_.size() > 64) history_.erase(history_.begin());
+    down_ = absl::UnavailableError(
+        absl::StrCat("device ", options_.ordinal, " is restarting: ", why));
+    for (auto& [id, fn] : pending_) failed.push_back(std::move(fn));
+    pending_.clear();
+    live_streams_.clear();
+    live_modules_.clear();
+    live_kernels_.clear();
+    ping_out_ = false;
+    state_ = State::kBackingOff;
+    next_spawn_ = now + delay;
+    listener = listener_;
+    on_state = state_listener_;
+  }
+  if (kill_worker) kill(conn->pid, SIGKILL);
+  conn->channel->Shutdown();
+  log::Error("device ", options_.ordinal, " reset (epoch ", info.epoch, "): ", why,
+             "; worker pid ", conn->pid, kill_worker ? " killed" : " gone",
+             ", its buffers are lost; restarting",
+             delay > absl::ZeroDuration()
+                 ? absl::StrCat(" in ", absl::ToInt64Milliseconds(delay), " ms")
+                 : std::string(""));
+  if (listener) listener(info);
+  if (on_state) on_state();
+  Reply r;
+  ToProto(absl::AbortedError(absl::StrCat("device ", options_.ordinal, " was reset at ",
+                                          Clock(info.at), ": ", why)),
+          r.mutable_status());
+  for (auto& fn : failed) fn(r, 0);
+}
+
+// ------------------------------------------------------------ state
+
+bool RemoteDevice::healthy() const {
+  absl::MutexLock lock(&mu_);
+  return state_ == State::kServing;
+}
+
+absl::Status RemoteDevice::fault() const {
+  absl::MutexLock lock(&mu_);
+  if (state_ == State::kServing) return absl::OkStatus();
+  if (!down_.ok()) return down_;
+  return absl::UnavailableError(absl::StrCat("device ", options_.ordinal, " is starting"));
+}
+
+uint64_t RemoteDevice::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+uint64_t RemoteDevice::resets() const {
+  absl::MutexLock lock(&mu_);
+  return resets_;
+}
+
+std::optional<ResetInfo> RemoteDevice::last_reset() const {
+  absl::MutexLock lock(&mu_);
+  return last_reset_;
+}
+
+pid_t RemoteDevice::worker_pid() const {
+  absl::MutexLock lock(&mu_);
+  return conn_ == nullptr ? 0 : conn_->pid;
+}
+
+uint32_t RemoteDevice::modules_loaded() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(live_modules_.size());
+}
+
+void RemoteDevice::SetListeners(std::function<void(const ResetInfo&)> on_reset,
+                                std::function<void()> on_state) {
+  absl::MutexLock lock(&mu_);
+  listener_ = std::move(on_reset);
+  state_listener_ = std::move(on_state);
+}
+
+absl::Status RemoteDevice::LostError(uint64_t epoch, const std::string& what) const {
+  absl::MutexLock lock(&mu_);
+  for (const ResetInfo& r : history_) {
+    if (r.epoch == epoch + 1) {
+      return absl::AbortedError(absl::StrCat(what, " was lost: device ", options_.ordinal,
+                                             " was reset at ", Clock(r.at), " because ", r.why));
+    }
+  }
+  return absl::AbortedError(
+      absl::StrCat(what, " was lost: device ", options_.ordinal, " was reset since"));
+}
+
+absl::Status RemoteDevice::NotServingLocked() const {
+  if (!down_.ok()) return down_;
+  return absl::UnavailableError(absl::StrCat("device ", options_.ordinal, " is not serving"));
+}
+
+absl::Status RemoteDevice::StatusOf(const Reply& reply) {
+  return reply.has_status() ? FromProto(reply.status()) : absl::OkStatus();
+}
+
+// ------------------------------------------------------------ requests
+
+void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
+                                 std::vector<Request>* prefix) {
+  if (stream != 0 && !live_streams_.contains(stream)) {
+    auto it = streams_.find(stream);
+    const absl::Duration limit = it == streams_.end() ? absl::ZeroDuration() : it->second;
+    Request r;
+    r.set_id(next_id_++);
+    r.mutable_create_stream()->set_stream(stream);
+    r.mutable_create_stream()->set_kernel_time_limit_ms(
+        static_cast<uint64_t>(absl::ToInt64Milliseconds(limit)));
+    prefix->push_back(std::move(r));
+    live_streams_.insert(stream);
+  }
+  if (kernel != 0 && !live_kernels_.contains(kernel)) {
+    auto it = kernels_.find(kernel);
+    if (it == kernels_.end()) return;  // the launch reports it
+    KernelRecord& k = it->second;
+    if (!live_modules_.contains(k.sha256)) {
+      std::shared_ptr<const device::ModuleImage> image = k.image.lock();
+      if (image == nullptr) return;
+      Request r;
+      r.set_id(next_id_++);
+      auto* lm = r.mutable_load_module();
+      lm->set_sha256(image->sha256);
+      lm->set_image(image->bytes);
+      lm->set_is_ptx(image->is_ptx);
+      lm->set_what(absl::StrCat("module ", image->sha256.substr(0, 12), " (reloaded after a reset)"));
+      prefix->push_back(std::move(r));
+      live_modules_.insert(k.sha256);
+    }
+    live_kernels_.insert(kernel);
+    if (!resolve) return;  // the request itself resolves it
+    Request r;
+    r.set_id(next_id_++);
+    auto* g = r.mutable_get_kernel();
+    g->set_kernel(kernel);
+    g->set_sha256(k.sha256);
+    g->set_name(k.name);
+    g->set_what(absl::StrCat("module ", k.sha256.substr(0, 12)));
+    prefix->push_back(std::move(r));
+  }
+}
+
+void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch,
+                        ReplyFn fn) {
+  // A GetKernel request resolves its kernel itself; anything else that
+  // names a kernel has it resolved ahead.
+  const bool resolve = !request.has_get_kernel();
+  std::vector<Request> prefix;
+  std::shared_ptr<Connection> conn;
+  absl::Status error;
+  bool flush = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (epoch != 0 && epoch != epoch_) {
+      error = absl::AbortedError(
+          absl::StrCat("device memory of device ", options_.ordinal, " named by this call was lost"));
+    } else if (conn_ == nullptr) {
+      error = NotServingLocked();
+    } else {
+      conn = conn_;
+      PrepareLocked(stream, kernel, resolve, &prefix);
+      const uint64_t id = next_id_++;
+      request.set_id(id);
+      pending_.emplace(id, std::move(fn));
+      std::vector<const google::protobuf::MessageLite*> messages;
+      messages.reserve(prefix.size() + 1);
+      for (const Request& p : prefix) messages.push_back(&p);
+      messages.push_back(&request);
+      // The order of requests is fixed here, under the lock; the writing
+      // happens outside it.
+      flush = conn->channel->Enqueue(messages);
+    }
+  }
+  if (!error.ok()) {
+    if (epoch != 0 && epoch != this->epoch()) error = LostError(epoch, "device memory named by this call");
+    Reply r;
+    ToProto(error, r.mutable_status());
+    fn(r, 0);
+    return;
+  }
+  // A failed write means the worker is gone: its reader fails the call.
+  if (flush) (void)conn->channel->Flush();
+}
+
+void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
+  Request r;
+  r.mutable_query_memory();
+  Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) {
+    absl::Status st = StatusOf(reply);
+    if (!st.ok()) return done(st);
+    done(cuda::MemoryInfo{reply.memory().free(), reply.memory().total()});
+  });
+}
+
+device::StreamId RemoteDevice::CreateStream(absl::Duration kernel_time_limit) {
+  absl::MutexLock lock(&mu_);
+  const StreamId id = next_stream_++;
+  streams_.emplace(id, kernel_time_limit);
+  return id;
+}
+
+void RemoteDevice::DestroyStream(StreamId stream, Done done) {
+  bool live;
+  {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(stream);
+    live = live_streams_.erase(stream) > 0;
+  }
+  if (!live) return done(absl::OkStatus());  // never created in this worker
+  Request r;
+  r.mutable_destroy_stream()->set_stream(stream);
+  Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::AfterQueued(StreamId stream, std::string what, Done done) {
+  Request r;
+  r.mutable_after_queued()->set_stream(stream);
+  r.mutable_after_queued()->set_what(std::move(what));
+  Call(r, stream, 0, 0, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::Allocate(StreamId stream, uint64_t size, std::string what,
+                            Callback<Allocation> done) {
+  Request r;
+  r.mutable_allocate()->set_stream(stream);
+  r.mutable_allocate()->set_size(size);
+  r.mutable_allocate()->set_what(std::move(what));
+  Call(r, stream, 0, 0, [done](const Reply& reply, uint64_t epoch) {
+    absl::Status st = StatusOf(reply);
+    if (!st.ok()) return done(st);
+    done(Allocation{reply.value(), epoch});
+  });
+}
+
+void RemoteDevice::Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::string what,
+                        Done done) {
+  // Memory of an earlier worker went with it.
+  if (epoch != this->epoch()) return done(absl::OkStatus());
+  Request r;
+  r.mutable_free()->set_stream(stream);
+  r.mutable_free()->set_ptr(ptr);
+  r.mutable_free()->set_what(std::move(what));
+  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_t value,
+                          uint64_t size, std::string what, Done done) {
+  Request r;
+  auto* m = r.mutable_memset();
+  m->set_stream(stream);
+  m->set_ptr(ptr);
+  m->set_value(value);
+  m->set_size(size);
+  m->set_what(std::move(what));
+  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t epoch,
+                        uint64_t size, std::string what, Done done) {
+  Request r;
+  auto* c = r.mutable_copy();
+  c->set_stream(stream);
+  c->set_dst(dst);
+  c->set_src(src);
+  c->set_size(size);
+  c->set_what(std::move(what));
+  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch,
+                                device::StagingSlot slot, uint64_t size, std::string what,
+                                Done done) {
+  Request r;
+  auto* c = r.mutable_copy_to_device();
+  c->set_stream(stream);
+  c->set_dst(dst);
+  c->set_slot(static_cast<uint32_t>(slot.index));
+  c->set_size(size);
+  c->set_what(std::move(what));
+  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::CopyToHost(StreamId stream, device::StagingSlot slot, DevicePtr src,
+                              uint64_t epoch, uint64_t size, std::string what, Done done) {
+  Request r;
+  auto* c = r.mutable_copy_to_host();
+  c->set_stream(stream);
+  c->set_slot(static_cast<uint32_t>(slot.index));
+  c->set_src(src);
+  c->set_size(size);
+  c->set_what(std::move(what));
+  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::LoadModule(std::shared_ptr<const device::ModuleImage> image, std::string what,
+                              Done done) {
+  bool loaded;
+  {
+    absl::MutexLock lock(&mu_);
+    loaded = live_modules_.contains(image->sha256) && conn_ != nullptr;
+  }
+  if (loaded) return done(absl::OkStatus());
+  Request r;
+  auto* lm = r.mutable_load_module();
+  lm->set_sha256(image->sha256);
+  lm->set_image(image->bytes);
+  lm->set_is_ptx(image->is_ptx);
+  lm->set_what(std::move(what));
+  Call(r, 0, 0, 0, [this, done, sha = image->sha256](const Reply& reply, uint64_t epoch) {
+    absl::Status st = StatusOf(reply);
+    if (st.ok()) {
+      module_loads_total_.fetch_add(reply.value());
+      absl::MutexLock lock(&mu_);
+      if (epoch == epoch_) live_modules_.insert(sha);
+    }
+    done(st);
+  });
+}
+
+void RemoteDevice::UnloadModule(const std::string& sha256) {
+  bool live;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = kernels_.begin(); it != kernels_.end();) {
+      if (it->second.sha256 == sha256) {
+        kernel_ids_.erase(absl::StrCat(sha256, "/", it->second.name));
+        live_kernels_.erase(it->first);
+        kernels_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    live = live_modules_.erase(sha256) > 0;
+  }
+  if (!live) return;
+  Request r;
+  r.mutable_unload_module()->set_sha256(sha256);
+  Call(r, 0, 0, 0, [](const Reply&, uint64_t) {});
+}
+
+void RemoteDevice::GetKernel(std::shared_ptr<const device::ModuleImage> image, std::string name,
+                             std::string what, Callback<device::KernelInfo> done) {
+  uint64_t id;
+  std::optional<device::KernelInfo> known;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string key = absl::StrCat(image->sha256, "/", name);
+    auto it = kernel_ids_.find(key);
+    if (it == kernel_ids_.end()) {
+      id = next_kernel_++;
+      kernel_ids_.emplace(key, id);
+      kernels_.emplace(id, KernelRecord{image->sha256, name, image, std::nullopt});
+    } else {
+      id = it->second;
+    }
+    KernelRecord& k = kernels_[id];
+    k.image = image;
+    if (k.info.has_value() && live_kernels_.contains(id) && conn_ != nullptr) known = k.info;
+  }
+  if (known.has_value()) return done(*known);
+  Request r;
+  auto* g = r.mutable_get_kernel();
+  g->set_kernel(id);
+  g->set_sha256(image->sha256);
+  g->set_name(name);
+  g->set_what(std::move(what));
+  Call(r, 0, id, 0, [this, id, done](const Reply& reply, uint64_t epoch) {
+    absl::Status st = StatusOf(reply);
+    if (!st.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (epoch == epoch_) live_kernels_.erase(id);
+      }
+      return done(st);
+    }
+    device::KernelInfo info = FromProto(reply.kernel(), id);
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = kernels_.find(id);
+      if (it != kernels_.end()) it->second.info = info;
+      if (epoch == epoch_) live_kernels_.insert(id);
+    }
+    done(info);
+  });
+}
+
+void RemoteDevice::Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, Done done) {
+  Request r;
+  auto* l = r.mutable_launch();
+  l->set_stream(stream);
+  l->set_kernel(op.kernel);
+  ToProto(op.geometry, l->mutable_geometry());
+  l->set_params(std::move(op.param_block));
+  l->set_what(std::move(op.what));
+  Call(r, stream, op.kernel, epoch,
+       [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+}
+
+void RemoteDevice::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
+  Request r;
+  r.mutable_synchronize()->set_stream(stream);
+  Call(r, stream, 0, 0, [gpu_ns](const Reply& reply, uint64_t) {
+    absl::Status st = StatusOf(reply);
+    if (!st.ok()) return gpu_ns(st);
+    gpu_ns(reply.value());
+  });
+}
+
+}  // namespace gpuexec::worker

@@ -1,0 +1,241 @@
+#ifndef GPUEXEC_SERVER_WORKER_REMOTE_DEVICE_H_
+#define GPUEXEC_SERVER_WORKER_REMOTE_DEVICE_H_
+
+// One GPU as the daemon's front process sees it: a worker process that
+// owns the device (see worker_main.h), started, watched and restarted from
+// here. The front process never loads the driver.
+//
+// The interface is device::Device's (operations in, completions out), with
+// two differences that make a restart safe:
+//   * Stream and kernel ids are chosen here and outlive a worker: a new
+//     worker gets its streams created, and its modules loaded again from the
+//     images the sessions hold, lazily before the first operation that needs
+//     them.
+//   * Device memory does not outlive a worker. Each restart raises the
+//     device's epoch; an allocation answers with the epoch it belongs to,
+//     and every operation that names device memory carries the epoch its
+//     caller checked, so that no stale pointer ever reaches a new worker.
+//
+// A restart happens when the worker reports a sticky fault, when a launch
+// runs past its stream's kernel time limit, when the worker stops
+// answering, or when it dies. Operations in flight fail with ABORTED naming
+// the device, the time and the reason; the reset listener hears of it (the
+// core then marks that device's buffers lost). Quick successive restarts
+// back off, up to 30 s.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/device/device.h"
+#include "server/device/staging.h"
+
+namespace gpuexec::worker {
+
+class Channel;
+class Request;
+class Reply;
+
+struct WorkerOptions {
+  // The program to start as the worker (gpuexecd itself).
+  std::string program;
+  std::string driver_library = "libcuda.so.1";
+  int ordinal = 0;
+  uint64_t staging_bytes = 1 << 20;
+  int staging_slots = 8;
+  // The daemon's kernel time limit: the worker is also ended when it has
+  // not answered a ping for this long plus 30 s.
+  absl::Duration kernel_time_limit = absl::Seconds(60);
+  std::string log_level = "info";
+  // How long the first start may take.
+  absl::Duration start_timeout = absl::Seconds(120);
+};
+
+// What the first worker of a device reported.
+struct DriverInfo {
+  int driver_version = 0;
+  int device_count = 0;
+  bool test_double = false;
+};
+
+struct ResetInfo {
+  int device = 0;
+  uint64_t epoch = 0;  // the new epoch
+  absl::Time at;
+  std::string why;
+};
+
+class RemoteDevice {
+ public:
+  // Starts the device's worker and waits until it serves. Fails with the
+  // worker's reason (no driver, no such device, ...); `info` is filled
+  // whenever the driver loaded, even if the device did not open.
+  static absl::StatusOr<std::unique_ptr<RemoteDevice>> Start(const WorkerOptions& options,
+                                                             DriverInfo* info);
+  // Ends the worker: closes its socket (it drains and exits), and kills it
+  // if it has not exited within 10 s.
+  ~RemoteDevice();
+
+  int ordinal() const { return options_.ordinal; }
+  const cuda::DeviceProperties& properties() const { return props_; }
+  // Serving: the worker is up. False while it restarts.
+  bool healthy() const;
+  // Why the device is not serving (OK when it is).
+  absl::Status fault() const;
+  uint64_t epoch() const;
+  uint64_t resets() const;
+  std::optional<ResetInfo> last_reset() const;
+  // The process id of the current worker (0 while there is none).
+  pid_t worker_pid() const;
+  uint32_t modules_loaded() const;
+  uint64_t module_loads_total() const { return module_loads_total_.load(); }
+  device::StagingPool& staging() { return staging_; }
+
+  // Called (on no particular thread, no lock held): `on_reset` after each
+  // reset, `on_state` whenever the device starts or stops serving.
+  void SetListeners(std::function<void(const ResetInfo&)> on_reset, std::function<void()> on_state);
+
+  // The error for device memory of `epoch` once the device was reset.
+  absl::Status LostError(uint64_t epoch, const std::string& what) const;
+
+  template <typename T>
+  using Callback = device::Callback<T>;
+  using Done = device::Done;
+  using StreamId = device::StreamId;
+  using DevicePtr = device::DevicePtr;
+
+  struct Allocation {
+    DevicePtr ptr = 0;
+    uint64_t epoch = 0;
+  };
+
+  void QueryMemory(Callback<cuda::MemoryInfo> done);
+  // Streams are created in the worker when first used; this only names one.
+  StreamId CreateStream(absl::Duration kernel_time_limit);
+  void DestroyStream(StreamId stream, Done done);
+  void AfterQueued(StreamId stream, std::string what, Done done);
+  void Allocate(StreamId stream, uint64_t size, std::string what, Callback<Allocation> done);
+  // Operations on device memory of `epoch`.
+  void Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::string what, Done done);
+  void Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_t value, uint64_t size,
+              std::string what, Done done);
+  void Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t epoch, uint64_t size,
+            std::string what, Done done);
+  void CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch, device::StagingSlot slot,
+                    uint64_t size, std::string what, Done done);
+  void CopyToHost(StreamId stream, device::StagingSlot slot, DevicePtr src, uint64_t epoch,
+                  uint64_t size, std::string what, Done done);
+  void LoadModule(std::shared_ptr<const device::ModuleImage> image, std::string what, Done done);
+  void UnloadModule(const std::string& sha256);
+  // The kernel's id is the same for every caller and every worker.
+  void GetKernel(std::shared_ptr<const device::ModuleImage> image, std::string name,
+                 std::string what, Callback<device::KernelInfo> done);
+  // `epoch`: the epoch of the buffers in the parameters (0 when none).
+  void Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, Done done);
+  void Synchronize(StreamId stream, Callback<uint64_t> gpu_ns);
+
+ private:
+  struct Connection;
+  struct KernelRecord {
+    std::string sha256;
+    std::string name;
+    std::weak_ptr<const device::ModuleImage> image;
+    std::optional<device::KernelInfo> info;
+  };
+  enum class State { kStarting, kServing, kBackingOff, kStopping };
+  // Called with the reply and the epoch of the worker that sent it (0 when
+  // the call failed before reaching one).
+  using ReplyFn = std::function<void(const Reply&, uint64_t epoch)>;
+
+  explicit RemoteDevice(const WorkerOptions& options);
+  absl::Status Init();
+  // Starts a worker process (on the monitor thread).
+  void Spawn();
+  void Monitor();
+  // The monitor has work now: stop, or a worker to start.
+  static bool MonitorDue(RemoteDevice* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+    return d->stop_ ||
+           (d->conn_ == nullptr && d->state_ == State::kBackingOff && d->next_spawn_ <= absl::Now());
+  }
+  void ReadLoop(std::shared_ptr<Connection> conn);
+  void OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame);
+  // Ends `conn`'s worker (if it is still the current one) and starts over.
+  void Reset(const std::shared_ptr<Connection>& conn, const std::string& why, bool kill);
+
+  // Sends `request` (prefixed by whatever the stream needs in this worker)
+  // and calls `fn` with the reply, or with a failure if the request cannot
+  // be sent or its worker ends first. `epoch` nonzero: the request names
+  // device memory of that epoch.
+  void Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch, ReplyFn fn);
+  // The requests that must go ahead of one on `stream` naming `kernel` in
+  // the current worker: the stream's creation, the module's image and (when
+  // `resolve`) the kernel's resolution.
+  void PrepareLocked(StreamId stream, uint64_t kernel, bool resolve, std::vector<Request>* prefix)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NotServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status StatusOf(const Reply& reply);
+
+  const WorkerOptions options_;
+  cuda::DeviceProperties props_;
+  DriverInfo driver_info_;
+  int staging_fd_ = -1;
+  uint8_t* staging_memory_ = nullptr;
+  device::StagingPool staging_;
+
+  mutable absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kStarting;
+  std::shared_ptr<Connection> conn_ ABSL_GUARDED_BY(mu_);
+  absl::Status start_status_ ABSL_GUARDED_BY(mu_);  // of the first start
+  bool first_ready_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status down_ ABSL_GUARDED_BY(mu_);  // why not serving
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<ResetInfo> last_reset_ ABSL_GUARDED_BY(mu_);
+  std::vector<ResetInfo> history_ ABSL_GUARDED_BY(mu_);  // the last 64
+  absl::Time reset_at_ ABSL_GUARDED_BY(mu_);
+  absl::Time ready_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int quick_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time next_spawn_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, ReplyFn> pending_ ABSL_GUARDED_BY(mu_);
+  // Per worker: the streams created, the modules loaded, the kernels
+  // resolved in it.
+  absl::flat_hash_set<StreamId> live_streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> live_modules_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> live_kernels_ ABSL_GUARDED_BY(mu_);
+  // For all workers: streams and their time limits, kernels and their ids.
+  absl::flat_hash_map<StreamId, absl::Duration> streams_ ABSL_GUARDED_BY(mu_);
+  StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, KernelRecord> kernels_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> kernel_ids_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_kernel_ ABSL_GUARDED_BY(mu_) = 1;
+  // Heartbeat: when the oldest unanswered ping was sent.
+  absl::Time ping_sent_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool ping_out_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(const ResetInfo&)> listener_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> state_listener_ ABSL_GUARDED_BY(mu_);
+  // Workers ended and not yet reaped (their reader threads).
+  std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<uint64_t> module_loads_total_{0};
+  std::thread monitor_;
+};
+
+}  // namespace gpuexec::worker
+
+#endif  // GPUEXEC_SERVER_WORKER_REMOTE_DEVICE_H_

@@ -1,0 +1,332 @@
+#include "server/worker/worker_main.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "server/common/log.h"
+#include "server/cuda/driver.h"
+#include "server/device/device.h"
+#include "server/worker/channel.h"
+#include "server/worker/convert.h"
+#include "worker.pb.h"
+
+namespace gpuexec::worker {
+namespace {
+
+struct Args {
+  int device = 0;
+  std::string driver = "libcuda.so.1";
+  uint64_t staging_bytes = 1 << 20;
+  int staging_slots = 8;
+  std::string log_level = "info";
+};
+
+bool ParseArgs(int argc, char** argv, Args* args) {
+  for (int i = 2; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    auto value = [&](absl::string_view flag, absl::string_view* out) {
+      if (!absl::StartsWith(a, flag)) return false;
+      *out = a.substr(flag.size());
+      return true;
+    };
+    absl::string_view v;
+    if (value("--device=", &v)) {
+      if (!absl::SimpleAtoi(v, &args->device)) return false;
+    } else if (value("--driver=", &v)) {
+      args->driver = std::string(v);
+    } else if (value("--staging_bytes=", &v)) {
+      if (!absl::SimpleAtoi(v, &args->staging_bytes)) return false;
+    } else if (value("--staging_slots=", &v)) {
+      if (!absl::SimpleAtoi(v, &args->staging_slots)) return false;
+    } else if (value("--log_level=", &v)) {
+      args->log_level = std::string(v);
+    } else {
+      return false;
+    }
+  }
+  return args->staging_bytes > 0 && args->staging_slots > 0;
+}
+
+// Serves the front process's requests on one device.
+class Worker {
+ public:
+  Worker(Channel* channel, device::Device* dev, uint8_t* staging, uint64_t slot_bytes)
+      : channel_(channel), dev_(dev), staging_(staging), slot_bytes_(slot_bytes) {}
+
+  void Handle(Request& r);
+
+ private:
+  void Reply(uint64_t id, const absl::Status& st) {
+    FromWorker m;
+    worker::Reply* reply = m.mutable_reply();
+    reply->set_id(id);
+    ToProto(st, reply->mutable_status());
+    (void)channel_->Send(m);
+  }
+  void ReplyValue(uint64_t id, absl::StatusOr<uint64_t> v) {
+    if (!v.ok()) return Reply(id, v.status());
+    FromWorker m;
+    m.mutable_reply()->set_id(id);
+    m.mutable_reply()->set_value(*v);
+    (void)channel_->Send(m);
+  }
+  device::Done Done(uint64_t id) {
+    return [this, id](absl::Status st) { Reply(id, st); };
+  }
+  device::StagingSlot Slot(uint32_t index) const {
+    return device::StagingSlot{static_cast<int>(index), staging_ + index * slot_bytes_,
+                               slot_bytes_};
+  }
+  // The error that left a kernel or module unresolved, if any.
+  absl::Status Explain(absl::Status st, uint64_t kernel, const std::string& sha) {
+    if (st.code() != absl::StatusCode::kInternal) return st;
+    absl::MutexLock lock(&mu_);
+    if (kernel != 0) {
+      auto it = kernel_errors_.find(kernel);
+      if (it != kernel_errors_.end()) return it->second;
+    }
+    if (!sha.empty()) {
+      auto it = module_errors_.find(sha);
+      if (it != module_errors_.end()) return it->second;
+    }
+    return st;
+  }
+
+  Channel* channel_;
+  device::Device* dev_;
+  uint8_t* staging_;
+  uint64_t slot_bytes_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, absl::Status> kernel_errors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> module_errors_ ABSL_GUARDED_BY(mu_);
+};
+
+void Worker::Handle(Request& r) {
+  const uint64_t id = r.id();
+  switch (r.op_case()) {
+    case Request::kPing:
+      dev_->Post([this, id] { Reply(id, absl::OkStatus()); });
+      return;
+    case Request::kQueryMemory:
+      dev_->QueryMemory([this, id](absl::StatusOr<cuda::MemoryInfo> m) {
+        if (!m.ok()) return Reply(id, m.status());
+        FromWorker out;
+        out.mutable_reply()->set_id(id);
+        out.mutable_reply()->mutable_memory()->set_free(m->free);
+        out.mutable_reply()->mutable_memory()->set_total(m->total);
+        (void)channel_->Send(out);
+      });
+      return;
+    case Request::kCreateStream:
+      dev_->CreateStream(r.create_stream().stream(),
+                         absl::Milliseconds(r.create_stream().kernel_time_limit_ms()), Done(id));
+      return;
+    case Request::kDestroyStream:
+      dev_->DestroyStream(r.destroy_stream().stream(), Done(id));
+      return;
+    case Request::kAfterQueued:
+      dev_->AfterQueued(r.after_queued().stream(), r.after_queued().what(), Done(id));
+      return;
+    case Request::kAllocate: {
+      const auto& a = r.allocate();
+      dev_->Allocate(a.stream(), a.size(), a.what(),
+                     [this, id](absl::StatusOr<device::DevicePtr> p) { ReplyValue(id, p); });
+      return;
+    }
+    case Request::kFree:
+      dev_->Free(r.free().stream(), r.free().ptr(), r.free().what(), Done(id));
+      return;
+    case Request::kMemset: {
+      const auto& m = r.memset();
+      dev_->Memset(m.stream(), m.ptr(), static_cast<uint8_t>(m.value()), m.size(), m.what(),
+                   Done(id));
+      return;
+    }
+    case Request::kCopy: {
+      const auto& c = r.copy();
+      dev_->Copy(c.stream(), c.dst(), c.src(), c.size(), c.what(), Done(id));
+      return;
+    }
+    case Request::kCopyToDevice: {
+      const auto& c = r.copy_to_device();
+      dev_->CopyToDevice(c.stream(), c.dst(), Slot(c.slot()), c.size(), c.what(), Done(id));
+      return;
+    }
+    case Request::kCopyToHost: {
+      const auto& c = r.copy_to_host();
+      dev_->CopyToHost(c.stream(), Slot(c.slot()), c.src(), c.size(), c.what(), Done(id));
+      return;
+    }
+    case Request::kLoadModule: {
+      auto* lm = r.mutable_load_module();
+      auto image = std::make_shared<device::ModuleImage>();
+      image->sha256 = lm->sha256();
+      image->bytes = std::move(*lm->mutable_image());
+      image->is_ptx = lm->is_ptx();
+      const uint64_t before = dev_->module_loads_total();
+      dev_->LoadModule(image, lm->what(), [this, id, sha = image->sha256, before](absl::Status st) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (st.ok()) {
+            module_errors_.erase(sha);
+          } else {
+            module_errors_[sha] = st;
+          }
+        }
+        if (!st.ok()) return Reply(id, st);
+        // 1 when the driver loaded it now, 0 when it was loaded already.
+        ReplyValue(id, dev_->module_loads_total() - before);
+      });
+      return;
+    }
+    case Request::kUnloadModule:
+      dev_->UnloadModule(r.unload_module().sha256());
+      Reply(id, absl::OkStatus());
+      return;
+    case Request::kGetKernel: {
+      const auto& g = r.get_kernel();
+      const uint64_t kernel = g.kernel();
+      dev_->GetLoadedKernel(
+          g.sha256(), g.name(), kernel, g.what(),
+          [this, id, kernel, sha = g.sha256()](absl::StatusOr<device::KernelInfo> k) {
+            if (!k.ok()) {
+              absl::Status st = Explain(k.status(), 0, sha);
+              {
+                absl::MutexLock lock(&mu_);
+                kernel_errors_[kernel] = st;
+              }
+              return Reply(id, st);
+            }
+            {
+              absl::MutexLock lock(&mu_);
+              kernel_errors_.erase(kernel);
+            }
+            FromWorker out;
+            out.mutable_reply()->set_id(id);
+            ToProto(*k, out.mutable_reply()->mutable_kernel());
+            (void)channel_->Send(out);
+          });
+      return;
+    }
+    case Request::kLaunch: {
+      auto* l = r.mutable_launch();
+      device::LaunchOp op;
+      op.kernel = l->kernel();
+      FromProto(l->geometry(), &op.geometry);
+      op.param_block = std::move(*l->mutable_params());
+      op.what = std::move(*l->mutable_what());
+      const uint64_t kernel = op.kernel;
+      dev_->Launch(l->stream(), std::move(op), [this, id, kernel](absl::Status st) {
+        Reply(id, st.ok() ? st : Explain(st, kernel, ""));
+      });
+      return;
+    }
+    case Request::kSynchronize:
+      dev_->Synchronize(r.synchronize().stream(),
+                        [this, id](absl::StatusOr<uint64_t> ns) { ReplyValue(id, ns); });
+      return;
+    case Request::OP_NOT_SET:
+      Reply(id, absl::InternalError("empty request"));
+      return;
+  }
+}
+
+void SendEvent(Channel* channel, const Event& e) {
+  FromWorker m;
+  *m.mutable_event() = e;
+  (void)channel->Send(m);
+}
+
+}  // namespace
+
+int RunWorker(int argc, char** argv) {
+  // The front process decides when workers end: it closes their sockets at
+  // shutdown, and a terminal's Ctrl-C must not take a device away first.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN);
+  Args args;
+  if (!ParseArgs(argc, argv, &args)) {
+    log::Error("gpuexecd __worker: bad arguments (this mode is started by gpuexecd itself)");
+    return 2;
+  }
+  log::Level level;
+  if (log::ParseLevel(args.log_level, &level)) log::SetLevel(level);
+  Channel channel(kSocketFd);
+  const uint64_t staging_size = args.staging_bytes * static_cast<uint64_t>(args.staging_slots);
+  void* mapped = mmap(nullptr, staging_size, PROT_READ | PROT_WRITE, MAP_SHARED, kStagingFd, 0);
+  close(kStagingFd);
+
+  Event ready_event;
+  Ready* ready = ready_event.mutable_ready();
+  auto fail = [&](const absl::Status& st) {
+    ToProto(st, ready->mutable_status());
+    SendEvent(&channel, ready_event);
+    return 1;
+  };
+  if (mapped == MAP_FAILED) {
+    return fail(absl::InternalError(
+        absl::StrCat("device ", args.device, ": cannot map the shared staging memory")));
+  }
+  auto driver = cuda::Driver::Load(args.driver);
+  if (!driver.ok()) return fail(driver.status());
+  ready->set_driver_version((*driver)->version());
+  ready->set_test_double((*driver)->is_test_double());
+  auto count = (*driver)->DeviceCount();
+  if (!count.ok()) return fail(count.status());
+  ready->set_device_count(*count);
+
+  device::DeviceOptions options;
+  options.staging_bytes = args.staging_bytes;
+  options.staging_slots = args.staging_slots;
+  options.staging_memory = static_cast<uint8_t*>(mapped);
+  options.on_fault = [&channel](const absl::Status& st) {
+    Event e;
+    e.mutable_fault()->set_message(std::string(st.message()));
+    SendEvent(&channel, e);
+  };
+  options.on_hung = [&channel](device::StreamId stream, const std::string& message) {
+    Event e;
+    e.mutable_hung()->set_stream(stream);
+    e.mutable_hung()->set_message(message);
+    SendEvent(&channel, e);
+  };
+  auto dev = device::Device::Open(driver->get(), args.device, options);
+  if (!dev.ok()) return fail(dev.status());
+  ToProto((*dev)->properties(), ready->mutable_properties());
+  SendEvent(&channel, ready_event);
+
+  {
+    Worker worker(&channel, dev->get(), static_cast<uint8_t*>(mapped), args.staging_bytes);
+    std::string frame;
+    Request request;
+    while (channel.Receive(&frame)) {
+      if (!request.ParseFromString(frame)) {
+        log::Error("device ", args.device, " worker: unreadable request; ending");
+        break;
+      }
+      worker.Handle(request);
+    }
+    // The front process closed the socket: shut down. A kernel that never
+    // ends would hold the drain forever; the process ends regardless.
+    std::thread([] {
+      sleep(10);
+      _exit(0);
+    }).detach();
+    dev->reset();
+  }
+  return 0;
+}
+
+}  // namespace gpuexec::worker

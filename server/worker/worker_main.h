@@ -1,0 +1,22 @@
+#ifndef GPUEXEC_SERVER_WORKER_WORKER_MAIN_H_
+#define GPUEXEC_SERVER_WORKER_WORKER_MAIN_H_
+
+// The device worker: the process that owns one GPU. gpuexecd starts it as
+// `gpuexecd __worker --device=N --driver=LIB --staging_bytes=B
+// --staging_slots=S --log_level=L`, with its end of a socket pair on fd 3
+// and the shared staging memory (a memfd) on fd 4. It loads the driver,
+// opens the device, reports Ready, and then runs the requests of
+// worker.proto until the front process closes the socket.
+
+namespace gpuexec::worker {
+
+inline constexpr char kWorkerArg[] = "__worker";
+inline constexpr int kSocketFd = 3;
+inline constexpr int kStagingFd = 4;
+
+// The worker's main(); returns the exit code.
+int RunWorker(int argc, char** argv);
+
+}  // namespace gpuexec::worker
+
+#endif  // GPUEXEC_SERVER_WORKER_WORKER_MAIN_H_
