@@ -167,6 +167,8 @@ std::string Server::RenderMetrics() { return impl_->registry.Render(); }
 
 int Server::device_count() const { return impl_->engine->device_count(); }
 
+int Server::worker_pid(int index) const { return impl_->engine->WorkerPid(index); }
+
 std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);

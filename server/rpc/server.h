@@ -74,6 +74,8 @@ class Server {
   std::shared_ptr<grpc::Channel> InProcessChannel();
   // Number of usable devices.
   int device_count() const;
+  // The process id of device `index`'s worker (0 while it restarts).
+  int worker_pid(int index) const;
 
   // Stops accepting calls, lets calls in flight end within `deadline`,
   // closes every session and releases the devices.

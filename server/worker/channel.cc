@@ -24,21 +24,31 @@ void AppendFrame(const google::protobuf::MessageLite& m, std::string* out) {
 
 }  // namespace
 
-Channel::Channel(int fd) : fd_(fd) {}
+Channel::Channel(int fd, bool never_block) : fd_(fd), never_block_(never_block) {
+  if (never_block_) writer_ = std::thread([this] { WriterLoop(); });
+}
 
-Channel::~Channel() { ::close(fd_); }
+Channel::~Channel() {
+  if (writer_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    ::shutdown(fd_, SHUT_RDWR);
+    writer_.join();
+  }
+  ::close(fd_);
+}
 
 absl::Status Channel::Send(const google::protobuf::MessageLite& message) {
   return Send(std::vector<const google::protobuf::MessageLite*>{&message});
 }
 
 absl::Status Channel::Send(const std::vector<const google::protobuf::MessageLite*>& messages) {
-  if (!Enqueue(messages)) {
-    absl::MutexLock lock(&mu_);
-    if (broken_) return absl::UnavailableError("the worker's socket is closed");
-    return absl::OkStatus();  // the writer takes these along
-  }
-  return Flush();
+  if (Enqueue(messages)) return Flush();
+  absl::MutexLock lock(&mu_);
+  if (broken_) return absl::UnavailableError("the worker's socket is closed");
+  return absl::OkStatus();  // the writer takes these along
 }
 
 bool Channel::Enqueue(const std::vector<const google::protobuf::MessageLite*>& messages) {
@@ -51,6 +61,13 @@ bool Channel::Enqueue(const std::vector<const google::protobuf::MessageLite*>& m
 }
 
 absl::Status Channel::Flush() {
+  Drain(/*dont_wait=*/never_block_);
+  absl::MutexLock lock(&mu_);
+  if (broken_) return absl::UnavailableError("the worker's socket is closed");
+  return absl::OkStatus();
+}
+
+void Channel::Drain(bool dont_wait) {
   mu_.Lock();
   std::string batch;
   while (!outbox_.empty() && !broken_) {
@@ -59,9 +76,15 @@ absl::Status Channel::Flush() {
     mu_.Unlock();
     size_t done = 0;
     bool failed = false;
+    bool full = false;
     while (done < batch.size()) {
-      const ssize_t n = ::send(fd_, batch.data() + done, batch.size() - done, MSG_NOSIGNAL);
+      const ssize_t n = ::send(fd_, batch.data() + done, batch.size() - done,
+                               MSG_NOSIGNAL | (dont_wait ? MSG_DONTWAIT : 0));
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        full = true;
+        break;
+      }
       if (n <= 0) {
         failed = true;
         break;
@@ -70,13 +93,35 @@ absl::Status Channel::Flush() {
     }
     mu_.Lock();
     if (failed) broken_ = true;
+    if (full) {
+      // The rest goes ahead of what was appended meanwhile, by the writer
+      // thread, which keeps writing_ set until the outbox is empty.
+      outbox_.insert(0, batch, done, std::string::npos);
+      handoff_ = true;
+      mu_.Unlock();
+      return;
+    }
   }
   writing_ = false;
-  const bool broken = broken_;
-  if (broken) outbox_.clear();
+  if (broken_) outbox_.clear();
   mu_.Unlock();
-  if (broken) return absl::UnavailableError("the worker's socket is closed");
-  return absl::OkStatus();
+}
+
+void Channel::WriterLoop() {
+  struct Due {
+    static bool Check(Channel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+      return c->handoff_ || c->closing_;
+    }
+  };
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&Due::Check, this));
+      if (closing_) return;
+      handoff_ = false;
+    }
+    Drain(/*dont_wait=*/false);
+  }
 }
 
 bool Channel::Receive(std::string* message) {

@@ -6,9 +6,15 @@
 // that finds the socket idle writes, and keeps writing what other senders
 // append meanwhile, so a burst of small messages leaves in few system calls
 // and only one thread ever waits on a full socket. One thread receives.
+//
+// With `never_block`, no sender ever waits on a full socket either: what
+// does not fit now is left to a writer thread of the channel's own (the
+// daemon's front process sends with session locks held, and the worker's
+// replies must never wait for those).
 
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -22,7 +28,7 @@ namespace gpuexec::worker {
 class Channel {
  public:
   // Takes ownership of `fd`.
-  explicit Channel(int fd);
+  explicit Channel(int fd, bool never_block = false);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -52,6 +58,16 @@ class Channel {
   std::string outbox_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+
+  void WriterLoop();
+  // Writes what the outbox holds; returns when it is empty, the socket is
+  // full (with `dont_wait`) or broken. Called with writing_ set.
+  void Drain(bool dont_wait);
+
+  const bool never_block_;
+  bool handoff_ ABSL_GUARDED_BY(mu_) = false;  // the writer thread owns the outbox
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
 
   // Receiver state (one thread).
   std::string inbox_;

@@ -211,7 +211,7 @@ void RemoteDevice::Spawn() {
     return;
   }
   auto conn = std::make_shared<Connection>();
-  conn->channel = std::make_unique<Channel>(sv[0]);
+  conn->channel = std::make_unique<Channel>(sv[0], /*never_block=*/true);
   conn->pid = pid;
   conn->started = absl::Now();
   {
@@ -239,6 +239,7 @@ void RemoteDevice::Monitor() {
     absl::Duration silent;
     bool spawn = false;
     bool ping = false;
+    std::vector<std::shared_ptr<Connection>> reaped;
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&RemoteDevice::MonitorDue, this),
@@ -257,15 +258,19 @@ void RemoteDevice::Monitor() {
           last_ping = now;
         }
       }
-      // Reap the readers of workers that are gone.
+      // The readers of workers that are gone; joined below, unlocked (a
+      // reader may still be finishing a reset).
       for (auto it = retired_.begin(); it != retired_.end();) {
         if ((*it)->exited.load()) {
-          if ((*it)->reader.joinable()) (*it)->reader.join();
+          reaped.push_back(std::move(*it));
           it = retired_.erase(it);
         } else {
           ++it;
         }
       }
+    }
+    for (auto& c : reaped) {
+      if (c->reader.joinable()) c->reader.join();
     }
     if (spawn) Spawn();
     if (hung != nullptr) {
@@ -378,10 +383,10 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       return;
     }
     case Event::kFault:
-      Reset(conn, e.fault().message(), /*kill=*/true);
+      Reset(conn, e.fault().message(), /*kill=*/true, /*kernel_caused=*/true);
       return;
     case Event::kHung:
-      Reset(conn, e.hung().message(), /*kill=*/true);
+      Reset(conn, e.hung().message(), /*kill=*/true, /*kernel_caused=*/true);
       return;
     case Event::EVENT_NOT_SET:
       return;
@@ -389,7 +394,7 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
 }
 
 void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::string& why,
-                         bool kill_worker) {
+                         bool kill_worker, bool kernel_caused) {
   std::vector<ReplyFn> failed;
   std::function<void(const ResetInfo&)> listener;
   std::function<void()> on_state;
@@ -401,17 +406,20 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
     conn_ = nullptr;
     retired_.push_back(conn);
     const absl::Time now = absl::Now();
-    // A worker that ends soon after it came up (or never came up) counts
-    // as a quick failure; from the third in a row on, the next start waits,
-    // longer each time (250 ms doubling up to 30 s).
-    if (state_ != State::kServing || now - ready_at_ < absl::Seconds(10)) {
+    // A kernel's fault or hang says nothing about the worker: it restarts
+    // at once. A worker that fails by itself soon after it came up (or
+    // never came up) is a quick failure; from the second in a row on, the
+    // next start waits, longer each time (250 ms doubling up to 30 s).
+    if (kernel_caused) {
+      quick_failures_ = 0;
+    } else if (state_ != State::kServing || now - ready_at_ < absl::Seconds(10)) {
       ++quick_failures_;
     } else {
-      quick_failures_ = 0;
+      quick_failures_ = 1;
     }
-    delay = quick_failures_ <= 2
+    delay = quick_failures_ <= 1
                 ? absl::ZeroDuration()
-                : std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 3, 7)),
+                : std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 2, 7)),
                            absl::Seconds(30));
     ++epoch_;
     ++resets_;
@@ -605,6 +613,8 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
 }
 
 void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
+  // Asked by listings: they should not wait for a worker to start.
+  if (absl::Status st = fault(); !st.ok()) return done(st);
   Request r;
   r.mutable_query_memory();
   Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) {

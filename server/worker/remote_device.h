@@ -174,7 +174,9 @@ class RemoteDevice {
   void ReadLoop(std::shared_ptr<Connection> conn);
   void OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame);
   // Ends `conn`'s worker (if it is still the current one) and starts over.
-  void Reset(const std::shared_ptr<Connection>& conn, const std::string& why, bool kill);
+  // `kernel_caused`: a kernel's fault or hang (not the worker's failure).
+  void Reset(const std::shared_ptr<Connection>& conn, const std::string& why, bool kill,
+             bool kernel_caused = false);
 
   // Sends `request` (prefixed by whatever the stream needs in this worker)
   // and calls `fn` with the reply, or with a failure if the request cannot

@@ -7,7 +7,8 @@
 // Model:
 //   * Devices are configured from the environment at the first successful
 //     cuInit: GXFAKE_DEVICE_COUNT (default 1), GXFAKE_MEMORY_BYTES per device
-//     (default 8 GiB), GXFAKE_FAIL_INIT=1 (cuInit fails with NO_DEVICE).
+//     (default 8 GiB), GXFAKE_FAIL_INIT=1 (cuInit fails with NO_DEVICE),
+//     GXFAKE_INIT_DELAY_MS (cuInit takes that long).
 //   * "Device memory" is host memory: a CUdeviceptr is the address of an
 //     aligned host block. Every allocation is tracked so that copies and
 //     kernels can be checked against live allocations of the right device.
@@ -900,6 +901,8 @@ GX_EXPORT CUresult cuInit(unsigned int Flags) {
   std::lock_guard<std::mutex> lock(d.mu);
   if (g_initialized.load(std::memory_order_acquire)) return StickyStatus();
   if (EnvU64("GXFAKE_FAIL_INIT", 0) == 1) return CUDA_ERROR_NO_DEVICE;
+  // A slow driver start, as a real one takes a few hundred milliseconds.
+  std::this_thread::sleep_for(std::chrono::milliseconds(EnvU64("GXFAKE_INIT_DELAY_MS", 0)));
   const uint64_t count = EnvU64("GXFAKE_DEVICE_COUNT", 1);
   if (count == 0 || count > 64) return CUDA_ERROR_NO_DEVICE;
   const uint64_t memory = EnvU64("GXFAKE_MEMORY_BYTES", kDefaultMemoryBytes);

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "health_client.h"
@@ -209,6 +211,49 @@ TEST(DaemonProcessTest, ServesAndStopsCleanlyOnSigterm) {
   GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
   EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// The front process (gRPC, sessions, module store) never loads the driver:
+// each device has a worker process, gpuexecd again, that does. The workers
+// end with the daemon.
+TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
+  DaemonProcess daemon({});
+  ClientOptions options;
+  options.connect_timeout = absl::Seconds(20);
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
+  if (devices.empty()) GTEST_SKIP() << "driver " << TestBackend().driver << " has no device";
+  std::string driver = TestBackend().driver;
+  driver = driver.substr(driver.rfind('/') + 1);
+  driver = driver.substr(0, driver.find(".so") + 3);  // libcuda.so, libgpuexec_fakecuda.so
+  auto maps_driver = [&](pid_t pid) {
+    auto maps = ReadFile(absl::StrCat("/proc/", pid, "/maps"));
+    return maps.has_value() && maps->find(driver) != std::string::npos;
+  };
+  EXPECT_FALSE(maps_driver(daemon.pid())) << "the front process mapped " << driver;
+
+  std::vector<pid_t> workers;
+  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", daemon.pid(), "/task"))) {
+    auto children = ReadFile((task.path() / "children").string());
+    if (!children) continue;
+    for (absl::string_view c : absl::StrSplit(*children, ' ', absl::SkipEmpty())) {
+      pid_t pid = 0;
+      if (absl::SimpleAtoi(c, &pid)) workers.push_back(pid);
+    }
+  }
+  ASSERT_EQ(workers.size(), devices.size()) << "one worker per device";
+  for (pid_t w : workers) {
+    auto cmdline = ReadFile(absl::StrCat("/proc/", w, "/cmdline"));
+    ASSERT_TRUE(cmdline.has_value());
+    EXPECT_NE(cmdline->find("__worker"), std::string::npos);
+    EXPECT_TRUE(maps_driver(w)) << "worker " << w << " has not mapped " << driver;
+  }
+  EXPECT_EQ(daemon.Stop(), 0);
+  for (pid_t w : workers) {
+    // Reaped by the daemon before it exited: gone, or a zombie of init's.
+    auto stat = ReadFile(absl::StrCat("/proc/", w, "/stat"));
+    EXPECT_TRUE(!stat.has_value() || stat->find(") Z") != std::string::npos) << "worker " << w << " outlived the daemon";
+  }
 }
 
 // One line per event that matters, each with a time and a level letter;

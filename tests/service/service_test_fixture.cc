@@ -266,7 +266,35 @@ uint64_t ServiceTest::memory_slack() const { return TestBackend().fake ? 0 : uin
 
 }  // namespace gpuexec::testing
 
+namespace {
+
+// A client that vanishes: started as a process of its own by a test (with
+// GX_VANISHING_CLIENT=target), it opens a session with a short lease,
+// allocates and writes a buffer, and is killed without closing anything.
+int RunVanishingClient(const std::string& target) {
+  using namespace gpuexec;
+  auto client = Client::Connect(target);
+  if (!client.ok()) return 3;
+  SessionOptions options;
+  options.device = 0;
+  options.lease = absl::Seconds(1);
+  auto session = client->OpenSession(options);
+  if (!session.ok()) return 4;
+  auto buffer = session->Allocate(uint64_t{64} << 20);
+  if (!buffer.ok()) return 5;
+  if (!buffer->Write(0, std::vector<uint8_t>(1 << 20, 0x5a)).ok()) return 6;
+  std::printf("vanishing client: session %s holds 64 MiB\n", session->token().substr(0, 8).c_str());
+  std::fflush(stdout);
+  raise(SIGKILL);
+  return 7;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (const char* target = std::getenv("GX_VANISHING_CLIENT"); target != nullptr) {
+    return RunVanishingClient(target);
+  }
   ::testing::InitGoogleMock(&argc, argv);
   ::testing::AddGlobalTestEnvironment(new gpuexec::testing::SuiteEnvironment);
   return RUN_ALL_TESTS();

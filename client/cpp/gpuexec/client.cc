@@ -330,6 +330,7 @@ struct SessionState {
   std::string token;
   uint32_t device = 0;
   uint64_t memory_limit_bytes = 0;
+  uint64_t kernel_time_limit_ms = 0;
   std::atomic<uint64_t> lease_ms{0};
   // Set once Close() ran (or was attempted): destructors of the session's
   // objects then skip their cleanup calls.
@@ -388,6 +389,9 @@ DeviceInfo FromProto(const v1::Device& d) {
   info.modules_loaded = d.modules_loaded();
   info.module_loads_total = d.module_loads_total();
   info.sessions = d.sessions();
+  info.resets = d.resets();
+  info.epoch = d.epoch();
+  info.last_reset = d.last_reset();
   return info;
 }
 
@@ -841,6 +845,10 @@ absl::Duration Session::lease() const {
 
 uint64_t Session::memory_limit_bytes() const { return state_ ? state_->memory_limit_bytes : 0; }
 
+absl::Duration Session::kernel_time_limit() const {
+  return state_ ? absl::Milliseconds(state_->kernel_time_limit_ms) : absl::ZeroDuration();
+}
+
 absl::Status Session::CheckUsable() const {
   return state_ ? absl::OkStatus() : Unusable("Session");
 }
@@ -1093,6 +1101,8 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   request.set_lease_ms(
       static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(options.lease))));
   request.set_memory_limit_bytes(options.memory_limit_bytes);
+  request.set_kernel_time_limit_ms(static_cast<uint64_t>(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(options.kernel_time_limit))));
   v1::OpenSessionResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
       FromGrpcStatus(state_->stub->OpenSession(&context, request, &response)));
@@ -1101,6 +1111,7 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   state->token = response.session();
   state->device = response.device();
   state->memory_limit_bytes = response.memory_limit_bytes();
+  state->kernel_time_limit_ms = response.kernel_time_limit_ms();
   state->lease_ms.store(response.lease_ms());
   state->commands = std::make_unique<internal::CommandStream>(state_->stub.get(), state->token);
   return Session(std::move(state));

@@ -106,6 +106,12 @@ struct DeviceInfo {
   uint64_t module_loads_total = 0;
   // Sessions open on the device.
   uint32_t sessions = 0;
+  // Restarts of the device's worker process (after a fault, a hung kernel
+  // or a crash), the epoch (1 + resets; buffers of an older one are lost),
+  // and when and why the last restart happened ("" if never).
+  uint64_t resets = 0;
+  uint64_t epoch = 0;
+  std::string last_reset;
 };
 
 struct SessionOptions {
@@ -116,6 +122,10 @@ struct SessionOptions {
   absl::Duration lease = absl::ZeroDuration();
   // Zero takes the daemon's default; capped by its per-session maximum.
   uint64_t memory_limit_bytes = 0;
+  // A launch still running after this long counts as hung: the device's
+  // worker is ended, and the launch's session gets ABORTED. Zero takes the
+  // daemon's limit; a session may lower it, not raise it. Whole ms.
+  absl::Duration kernel_time_limit = absl::ZeroDuration();
 };
 
 enum class ModuleKind { kCubin = 1, kPtx = 2, kFatbin = 3 };
@@ -349,6 +359,8 @@ class Session {
   // The lease the daemon granted (it may cap what was asked for).
   absl::Duration lease() const;
   uint64_t memory_limit_bytes() const;
+  // The kernel time limit in force (zero: none).
+  absl::Duration kernel_time_limit() const;
 
   // Renews the lease; returns the lease granted.
   absl::StatusOr<absl::Duration> KeepAlive();
