@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU tier from a bundle made by gpu-bundle.sh, on a host with an
 # NVIDIA GPU and driver: the service suite, the daemon tests, the example,
-# any benchmarks, and last the fault test (it leaves its process without a
-# usable device). Logs go to stdout and, when $OUT is set, to files there.
+# any benchmarks, and the fault test (faulting and hanging kernels; each
+# device's worker restarts). Logs go to stdout and, when $OUT is set, to
+# files there.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$HERE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
