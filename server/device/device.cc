@@ -65,8 +65,10 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const cuda::Driver* driver,
   absl::Notification started;
   device->started_ = &started;
   Device* d = device.get();
+  Executor::Input input;
+  if (options.input_fd >= 0) input = Executor::Input{options.input_fd, options.on_input};
   d->executor_.Start([d] { d->OnStart(); }, [d] { d->OnTick(); }, [d] { d->OnStop(); }, kTick,
-                     [d] { return d->PollEvents(); });
+                     [d] { return d->PollEvents(); }, std::move(input));
   started.WaitForNotification();
   d->started_ = nullptr;
   if (!d->start_status_.ok()) return d->start_status_;

@@ -58,6 +58,9 @@ struct DeviceOptions {
   // Called on the executor when a launch has run past its stream's kernel
   // time limit (again at most once a second while it keeps running).
   std::function<void(StreamId, const std::string&)> on_hung;
+  // A socket the executor reads requests from itself (see Executor::Input).
+  int input_fd = -1;
+  std::function<void()> on_input;
 };
 
 // A module image as the device needs it: its id (SHA-256) and bytes.

@@ -1,38 +1,84 @@
 #include "server/device/executor.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 namespace gpuexec::device {
 
 Executor::Executor(std::string name) : name_(std::move(name)) {}
 
-Executor::~Executor() { Stop(); }
+Executor::~Executor() {
+  Stop();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
 
-void Executor::Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll) {
+void Executor::Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll,
+                     Input input) {
+  if (input.fd >= 0) wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   thread_ = std::thread(&Executor::Loop, this, std::move(on_start), std::move(on_tick),
-                        std::move(on_stop), tick, std::move(poll));
+                        std::move(on_stop), tick, std::move(poll), std::move(input));
   thread_id_ = thread_.get_id();
 }
 
 void Executor::Post(Op op) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return;
-  queue_.push_back(std::move(op));
+  bool wake;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    queue_.push_back(std::move(op));
+    wake = sleeping_;
+    sleeping_ = false;
+  }
+  if (wake) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+}
+
+void Executor::WaitIdle(absl::Duration wait, const Input& input) {
+  if (input.fd < 0 || wake_fd_ < 0) {
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+    return;
+  }
+  if (!queue_.empty() || stopping_) return;
+  sleeping_ = true;
+  mu_.Unlock();
+  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {input.fd, POLLIN, 0}};
+  const int64_t ms = std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1))), 1000);
+  (void)poll(fds, 2, static_cast<int>(ms));
+  if (fds[0].revents != 0) {
+    uint64_t n;
+    (void)!read(wake_fd_, &n, sizeof(n));
+  }
+  mu_.Lock();
+  sleeping_ = false;
 }
 
 bool Executor::OnExecutorThread() const { return std::this_thread::get_id() == thread_id_; }
 
 void Executor::Stop() {
+  bool wake;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
+    wake = sleeping_;
+  }
+  if (wake) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
   }
   if (thread_.joinable() && !OnExecutorThread()) thread_.join();
 }
 
-void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll) {
+void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll,
+                    Input input) {
   if (on_start) on_start();
   std::deque<Op> batch;
   bool polling = false;
@@ -46,19 +92,17 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
                                              : std::min(spent / 20, absl::Milliseconds(1));
     }
     bool stop = false;
+    if (input.on_readable) {
+      // Reads what has arrived; its requests are queued for this loop.
+      input.on_readable();
+    }
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
-      const bool woke = wait == absl::ZeroDuration()
-                            ? ready()
-                            : mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
-      if (woke) {
-        if (!queue_.empty()) {
-          batch.swap(queue_);  // everything queued, under one lock
-        } else {
-          stop = true;  // stopping and drained
-        }
+      if (wait != absl::ZeroDuration() && queue_.empty() && !stopping_) WaitIdle(wait, input);
+      if (!queue_.empty()) {
+        batch.swap(queue_);  // everything queued, under one lock
+      } else if (stopping_) {
+        stop = true;  // stopping and drained
       }
     }
     if (stop) break;

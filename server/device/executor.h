@@ -18,9 +18,20 @@
 
 namespace gpuexec::device {
 
+// A file descriptor an Executor's loop also waits on, and what to do when
+// it is readable: `on_readable` runs on the executor, must not block, and
+// is also called now and then while the loop is busy. With it, a process
+// whose work arrives on a socket (a device worker) reads it on the executor
+// itself instead of handing it over from another thread.
+struct ExecutorInput {
+  int fd = -1;
+  std::function<void()> on_readable;
+};
+
 class Executor {
  public:
   using Op = std::function<void()>;
+  using Input = ExecutorInput;
 
   explicit Executor(std::string name);
   ~Executor();  // Stop()s if still running
@@ -35,7 +46,8 @@ class Executor {
 
   // Starts the thread: `on_start` runs first, `on_tick` whenever the queue
   // stayed empty for `tick`, `on_stop` last (after the queue drained).
-  void Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll = nullptr);
+  void Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll = nullptr,
+             Input input = {});
   // Queues `op`. After Stop() began, ops are dropped.
   void Post(Op op);
   // Runs what is queued, then `on_stop`, and joins the thread. Idempotent.
@@ -43,12 +55,18 @@ class Executor {
   bool OnExecutorThread() const;
 
  private:
-  void Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll);
+  void Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll, Input input);
+  // Waits (mu_ held on entry and exit) until work is queued, `input` is
+  // readable or `wait` has passed.
+  void WaitIdle(absl::Duration wait, const Input& input) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   absl::Mutex mu_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // With an Input: an eventfd that Post() signals while the loop sleeps.
+  int wake_fd_ = -1;
+  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::thread::id thread_id_;
 };

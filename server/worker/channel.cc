@@ -126,15 +126,30 @@ void Channel::WriterLoop() {
 
 bool Channel::Receive(std::string* message) {
   for (;;) {
+    switch (Next(message, /*wait=*/true)) {
+      case Poll::kMessage:
+        return true;
+      case Poll::kEnd:
+        return false;
+      case Poll::kNothing:
+        break;
+    }
+  }
+}
+
+Channel::Poll Channel::TryReceive(std::string* message) { return Next(message, /*wait=*/false); }
+
+Channel::Poll Channel::Next(std::string* message, bool wait) {
+  for (;;) {
     const size_t have = inbox_.size() - inbox_pos_;
     if (have >= 4) {
       const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
       const uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
-      if (n > kMaxMessageBytes) return false;
+      if (n > kMaxMessageBytes) return Poll::kEnd;
       if (have >= 4 + size_t{n}) {
         message->assign(inbox_.data() + inbox_pos_ + 4, n);
         inbox_pos_ += 4 + n;
-        return true;
+        return Poll::kMessage;
       }
     }
     if (inbox_pos_ > 0) {
@@ -145,11 +160,15 @@ bool Channel::Receive(std::string* message) {
     inbox_.resize(at + (256 << 10));
     ssize_t n;
     do {
-      n = ::recv(fd_, &inbox_[at], 256 << 10, 0);
+      n = ::recv(fd_, &inbox_[at], 256 << 10, wait ? 0 : MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
+    if (n < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      inbox_.resize(at);
+      return Poll::kNothing;
+    }
     if (n <= 0) {
       inbox_.resize(at);
-      return false;
+      return Poll::kEnd;
     }
     inbox_.resize(at + static_cast<size_t>(n));
   }

@@ -49,6 +49,11 @@ class Channel {
   // closed it, or Shutdown()).
   bool Receive(std::string* message);
 
+  // Receive without waiting: a message, nothing yet, or the end.
+  enum class Poll { kMessage, kNothing, kEnd };
+  Poll TryReceive(std::string* message);
+  int fd() const { return fd_; }
+
   // Ends both directions: a blocked Receive returns false.
   void Shutdown();
 
@@ -68,6 +73,8 @@ class Channel {
   bool handoff_ ABSL_GUARDED_BY(mu_) = false;  // the writer thread owns the outbox
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
+
+  Poll Next(std::string* message, bool wait);
 
   // Receiver state (one thread).
   std::string inbox_;

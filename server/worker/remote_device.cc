@@ -129,10 +129,13 @@ RemoteDevice::~RemoteDevice() {
   for (auto& fn : failed) fn(gone, 0);
   if (monitor_.joinable()) monitor_.join();
   std::vector<std::shared_ptr<Connection>> all;
+  std::vector<std::function<void()>> deferred;
   {
     absl::MutexLock lock(&mu_);
     all = std::move(retired_);
+    deferred.swap(deferred_);
   }
+  for (auto& fn : deferred) fn();
   if (conn != nullptr) {
     // The worker sees the end of its socket, drains and exits.
     conn->channel->Shutdown();
@@ -240,11 +243,14 @@ void RemoteDevice::Monitor() {
     bool spawn = false;
     bool ping = false;
     std::vector<std::shared_ptr<Connection>> reaped;
+    std::vector<std::function<void()>> deferred;
+    bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&RemoteDevice::MonitorDue, this),
                            absl::Milliseconds(100));
-      if (stop_) break;
+      deferred.swap(deferred_);
+      stopping = stop_;
       const absl::Time now = absl::Now();
       if (state_ == State::kBackingOff && conn_ == nullptr && now >= next_spawn_) spawn = true;
       if (state_ == State::kServing && conn_ != nullptr) {
@@ -269,9 +275,11 @@ void RemoteDevice::Monitor() {
         }
       }
     }
+    for (auto& fn : deferred) fn();
     for (auto& c : reaped) {
       if (c->reader.joinable()) c->reader.join();
     }
+    if (stopping) break;
     if (spawn) Spawn();
     if (hung != nullptr) {
       Reset(hung,
@@ -292,7 +300,20 @@ void RemoteDevice::Monitor() {
 
 void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
   std::string frame;
-  while (conn->channel->Receive(&frame)) OnMessage(conn, frame);
+  // Replies come in bursts (a launch's, then its synchronize's a few
+  // microseconds later): after each, look again for a while before
+  // sleeping, which saves the wake-up on the path of the next one.
+  absl::Time last = absl::InfinitePast();
+  for (;;) {
+    const Channel::Poll got = conn->channel->TryReceive(&frame);
+    if (got == Channel::Poll::kEnd) break;
+    if (got == Channel::Poll::kNothing) {
+      if (absl::Now() - last < absl::Microseconds(50)) continue;
+      if (!conn->channel->Receive(&frame)) break;
+    }
+    OnMessage(conn, frame);
+    last = absl::Now();
+  }
   bool current;
   {
     absl::MutexLock lock(&mu_);
@@ -527,6 +548,11 @@ absl::Status RemoteDevice::StatusOf(const Reply& reply) {
 
 // ------------------------------------------------------------ requests
 
+void RemoteDevice::Defer(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  deferred_.push_back(std::move(fn));
+}
+
 void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
                                  std::vector<Request>* prefix) {
   if (stream != 0 && !live_streams_.contains(stream)) {
@@ -605,7 +631,7 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
     if (epoch != 0 && epoch != this->epoch()) error = LostError(epoch, "device memory named by this call");
     Reply r;
     ToProto(error, r.mutable_status());
-    fn(r, 0);
+    Defer([fn = std::move(fn), r] { fn(r, 0); });
     return;
   }
   // A failed write means the worker is gone: its reader fails the call.
@@ -644,11 +670,11 @@ void RemoteDevice::DestroyStream(StreamId stream, Done done) {
   Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
 }
 
-void RemoteDevice::AfterQueued(StreamId stream, std::string what, Done done) {
+void RemoteDevice::AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done) {
   Request r;
   r.mutable_after_queued()->set_stream(stream);
   r.mutable_after_queued()->set_what(std::move(what));
-  Call(r, stream, 0, 0, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
 }
 
 void RemoteDevice::Allocate(StreamId stream, uint64_t size, std::string what,
@@ -667,7 +693,7 @@ void RemoteDevice::Allocate(StreamId stream, uint64_t size, std::string what,
 void RemoteDevice::Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::string what,
                         Done done) {
   // Memory of an earlier worker went with it.
-  if (epoch != this->epoch()) return done(absl::OkStatus());
+  if (epoch != this->epoch()) return Defer([done] { done(absl::OkStatus()); });
   Request r;
   r.mutable_free()->set_stream(stream);
   r.mutable_free()->set_ptr(ptr);

@@ -127,7 +127,8 @@ class RemoteDevice {
   // Streams are created in the worker when first used; this only names one.
   StreamId CreateStream(absl::Duration kernel_time_limit);
   void DestroyStream(StreamId stream, Done done);
-  void AfterQueued(StreamId stream, std::string what, Done done);
+  // `epoch`: of the buffer the caller will copy (0: none).
+  void AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done);
   void Allocate(StreamId stream, uint64_t size, std::string what, Callback<Allocation> done);
   // Operations on device memory of `epoch`.
   void Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::string what, Done done);
@@ -168,7 +169,7 @@ class RemoteDevice {
   void Monitor();
   // The monitor has work now: stop, or a worker to start.
   static bool MonitorDue(RemoteDevice* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
-    return d->stop_ ||
+    return d->stop_ || !d->deferred_.empty() ||
            (d->conn_ == nullptr && d->state_ == State::kBackingOff && d->next_spawn_ <= absl::Now());
   }
   void ReadLoop(std::shared_ptr<Connection> conn);
@@ -233,6 +234,11 @@ class RemoteDevice {
   // Workers ended and not yet reaped (their reader threads).
   std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Completions of calls that failed before reaching a worker. Callers may
+  // hold locks their completions take (a session's), so these never run on
+  // the caller's thread: the monitor thread runs them.
+  std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
+  void Defer(std::function<void()> fn);
 
   std::atomic<uint64_t> module_loads_total_{0};
   std::thread monitor_;

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "server/common/log.h"
 #include "server/cuda/driver.h"
 #include "server/device/device.h"
@@ -302,24 +304,42 @@ int RunWorker(int argc, char** argv) {
     e.mutable_hung()->set_message(message);
     SendEvent(&channel, e);
   };
+  // Requests are read by the device's executor itself, between its
+  // operations: no thread hands them over.
+  std::atomic<Worker*> serving{nullptr};
+  absl::Notification ended;
+  bool reading = true;  // executor thread only
+  options.input_fd = kSocketFd;
+  options.on_input = [&] {
+    Worker* worker = serving.load();
+    if (worker == nullptr || !reading) return;
+    std::string frame;
+    Request request;
+    for (int i = 0; i < 256; ++i) {
+      const Channel::Poll got = channel.TryReceive(&frame);
+      if (got == Channel::Poll::kNothing) return;
+      if (got == Channel::Poll::kEnd || !request.ParseFromString(frame)) {
+        if (got != Channel::Poll::kEnd) {
+          log::Error("device ", args.device, " worker: unreadable request; ending");
+        }
+        reading = false;
+        ended.Notify();
+        return;
+      }
+      worker->Handle(request);
+    }
+  };
   auto dev = device::Device::Open(driver->get(), args.device, options);
   if (!dev.ok()) return fail(dev.status());
   ToProto((*dev)->properties(), ready->mutable_properties());
-  SendEvent(&channel, ready_event);
-
   {
     Worker worker(&channel, dev->get(), static_cast<uint8_t*>(mapped), args.staging_bytes);
-    std::string frame;
-    Request request;
-    while (channel.Receive(&frame)) {
-      if (!request.ParseFromString(frame)) {
-        log::Error("device ", args.device, " worker: unreadable request; ending");
-        break;
-      }
-      worker.Handle(request);
-    }
-    // The front process closed the socket: shut down. A kernel that never
-    // ends would hold the drain forever; the process ends regardless.
+    serving.store(&worker);
+    SendEvent(&channel, ready_event);
+    // Until the front process closes the socket; then shut down. A kernel
+    // that never ends would hold the drain forever: the process ends
+    // regardless after 10 s.
+    ended.WaitForNotification();
     std::thread([] {
       sleep(10);
       _exit(0);
