@@ -50,8 +50,8 @@ void Executor::WaitIdle(absl::Duration wait, const Input& input) {
   sleeping_ = true;
   mu_.Unlock();
   pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {input.fd, POLLIN, 0}};
-  const int64_t ms = std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1))), 1000);
-  (void)poll(fds, 2, static_cast<int>(ms));
+  const timespec timeout = absl::ToTimespec(std::min(wait, absl::Seconds(1)));
+  (void)ppoll(fds, 2, &timeout, nullptr);
   if (fds[0].revents != 0) {
     uint64_t n;
     (void)!read(wake_fd_, &n, sizeof(n));

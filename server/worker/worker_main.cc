@@ -68,20 +68,40 @@ class Worker {
 
   void Handle(Request& r);
 
+  // Called by the executor between its batches (before it would sleep):
+  // sends the replies its operations queued.
+  void FlushReplies() {
+    executor_ = std::this_thread::get_id();
+    if (flush_) {
+      flush_ = false;
+      (void)channel_->Flush();
+    }
+  }
+
  private:
+  // Replies made on the executor are queued and leave together at the end
+  // of its batch (one system call for many launches); others go at once.
+  void Out(const FromWorker& m) {
+    if (std::this_thread::get_id() == executor_) {
+      if (channel_->Enqueue({&m})) flush_ = true;
+      return;
+    }
+    (void)channel_->Send(m);
+  }
+
   void Reply(uint64_t id, const absl::Status& st) {
     FromWorker m;
     worker::Reply* reply = m.mutable_reply();
     reply->set_id(id);
     ToProto(st, reply->mutable_status());
-    (void)channel_->Send(m);
+    Out(m);
   }
   void ReplyValue(uint64_t id, absl::StatusOr<uint64_t> v) {
     if (!v.ok()) return Reply(id, v.status());
     FromWorker m;
     m.mutable_reply()->set_id(id);
     m.mutable_reply()->set_value(*v);
-    (void)channel_->Send(m);
+    Out(m);
   }
   device::Done Done(uint64_t id) {
     return [this, id](absl::Status st) { Reply(id, st); };
@@ -106,6 +126,8 @@ class Worker {
   }
 
   Channel* channel_;
+  std::thread::id executor_;
+  bool flush_ = false;  // executor only
   device::Device* dev_;
   uint8_t* staging_;
   uint64_t slot_bytes_;
@@ -127,7 +149,7 @@ void Worker::Handle(Request& r) {
         out.mutable_reply()->set_id(id);
         out.mutable_reply()->mutable_memory()->set_free(m->free);
         out.mutable_reply()->mutable_memory()->set_total(m->total);
-        (void)channel_->Send(out);
+        Out(out);
       });
       return;
     case Request::kCreateStream:
@@ -217,7 +239,7 @@ void Worker::Handle(Request& r) {
             FromWorker out;
             out.mutable_reply()->set_id(id);
             ToProto(*k, out.mutable_reply()->mutable_kernel());
-            (void)channel_->Send(out);
+            Out(out);
           });
       return;
     }
@@ -312,7 +334,9 @@ int RunWorker(int argc, char** argv) {
   options.input_fd = kSocketFd;
   options.on_input = [&] {
     Worker* worker = serving.load();
-    if (worker == nullptr || !reading) return;
+    if (worker == nullptr) return;
+    worker->FlushReplies();
+    if (!reading) return;
     std::string frame;
     Request request;
     for (int i = 0; i < 256; ++i) {
