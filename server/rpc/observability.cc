@@ -215,7 +215,7 @@ void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
         sink.Sample(name, {{"device", absl::StrCat(d.index)}}, static_cast<double>(value(d)));
       }
     };
-    gauge("gpuexec_device_healthy", "1 while the device is usable, 0 after a sticky fault.");
+    gauge("gpuexec_device_healthy", "1 while the device serves, 0 while its worker restarts.");
     for (const core::DeviceStatus& d : devices) {
       sink.Sample("gpuexec_device_healthy", {{"device", absl::StrCat(d.index)}, {"name", d.name}},
                   d.healthy ? 1 : 0);
@@ -245,6 +245,9 @@ void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
   per_device("gpuexec_device_buffers", [](const auto& d) { return d.buffers; });
   gauge("gpuexec_device_memory_held_bytes", "Bytes of the buffers the sessions hold.");
   per_device("gpuexec_device_memory_held_bytes", [](const auto& d) { return d.memory_held; });
+  counter("gpuexec_device_resets_total",
+          "Restarts of the device's worker process (a sticky fault, a hung kernel, a crash).");
+  per_device("gpuexec_device_resets_total", [](const auto& d) { return d.resets; });
   counter("gpuexec_kernel_launches_total", "Kernel launches enqueued.");
   per_device("gpuexec_kernel_launches_total", [](const auto& d) { return d.launches; });
   counter("gpuexec_write_bytes_total", "Bytes copied to the device by Write.");

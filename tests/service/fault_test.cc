@@ -152,6 +152,8 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
   EXPECT_EQ(after.resets, before.resets + 1);
   EXPECT_EQ(after.epoch, before.epoch + 1);
   EXPECT_THAT(after.last_reset, AllOf(HasSubstr("gx_fault"), HasSubstr("UTC")));
+  EXPECT_THAT(server().RenderMetrics(),
+              HasSubstr(absl::StrCat("gpuexec_device_resets_total{device=\"0\"} ", after.resets, "\n")));
   EXPECT_NE(server().worker_pid(kDevice), worker);
   EXPECT_EQ(kill(worker, 0), -1) << "the faulted worker is gone";
   EXPECT_EQ(Health(target(), ""), HealthStatus::SERVING);

@@ -137,6 +137,7 @@ TEST(MetricsEndpointTest, CountsTheWorkDoneAndConformsToTheFormat) {
   EXPECT_EQ(m.at("gpuexec_device_buffers{device=\"0\"}"), 0);
   EXPECT_EQ(m.at("gpuexec_device_memory_held_bytes{device=\"0\"}"), 0);
   EXPECT_EQ(m.at("gpuexec_kernel_launches_total{device=\"0\"}"), 2);
+  EXPECT_EQ(m.at("gpuexec_device_resets_total{device=\"0\"}"), 0);
   EXPECT_EQ(m.at("gpuexec_write_bytes_total{device=\"0\"}"), kWords * 4);
   EXPECT_EQ(m.at("gpuexec_read_bytes_total{device=\"0\"}"), kWords * 4);
   EXPECT_EQ(m.at("gpuexec_module_store_images"), 1);

@@ -345,14 +345,18 @@ std::optional<Failure> Devices(const CommandLine& cl) {
     std::printf("no devices (the daemon at %s found no usable GPU)\n", c.target.c_str());
     return std::nullopt;
   }
-  std::printf("%-6s %-28s %-4s %12s %12s %-9s %4s %8s\n", "DEVICE", "NAME", "CC", "MEMORY", "FREE",
-              "HEALTH", "SMS", "SESSIONS");
+  std::printf("%-6s %-28s %-4s %12s %12s %-10s %4s %8s %6s\n", "DEVICE", "NAME", "CC", "MEMORY",
+              "FREE", "HEALTH", "SMS", "SESSIONS", "RESETS");
   for (const DeviceInfo& d : *devices) {
     const std::string cc =
         absl::StrCat(d.compute_capability_major, ".", d.compute_capability_minor);
-    std::printf("%-6u %-28s %-4s %12s %12s %-9s %4u %8u\n", d.index, d.name.c_str(), cc.c_str(),
-                Bytes(d.memory_total_bytes).c_str(), Bytes(d.memory_free_bytes).c_str(),
-                d.healthy ? "healthy" : "FAULTED", d.multiprocessor_count, d.sessions);
+    std::printf("%-6u %-28s %-4s %12s %12s %-10s %4u %8u %6llu\n", d.index, d.name.c_str(),
+                cc.c_str(), Bytes(d.memory_total_bytes).c_str(), Bytes(d.memory_free_bytes).c_str(),
+                d.healthy ? "healthy" : "restarting", d.multiprocessor_count, d.sessions,
+                static_cast<unsigned long long>(d.resets));
+  }
+  for (const DeviceInfo& d : *devices) {
+    if (!d.last_reset.empty()) std::printf("device %u last reset %s\n", d.index, d.last_reset.c_str());
   }
   return std::nullopt;
 }

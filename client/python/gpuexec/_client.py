@@ -90,6 +90,12 @@ class Device:
     modules_loaded: int
     module_loads_total: int
     sessions: int
+    # Restarts of the device's worker (after a fault, a hung kernel or a
+    # crash), the epoch (buffers of an older one are lost), and when and why
+    # the last restart happened ("" if never).
+    resets: int = 0
+    epoch: int = 0
+    last_reset: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,18 +171,23 @@ class Client:
                        memory_free_bytes=d.memory_free_bytes, healthy=d.healthy,
                        multiprocessor_count=d.multiprocessor_count,
                        modules_loaded=d.modules_loaded,
-                       module_loads_total=d.module_loads_total, sessions=d.sessions)
+                       module_loads_total=d.module_loads_total, sessions=d.sessions,
+                       resets=d.resets, epoch=d.epoch, last_reset=d.last_reset)
                 for d in response.devices]
 
-    def session(self, device=None, *, lease=None, memory_limit=0):
+    def session(self, device=None, *, lease=None, memory_limit=0, kernel_time_limit=None):
         """Opens a session; ``with`` closes it.
 
         device: index, or None for the daemon's choice. lease: seconds, None
         for the daemon's default (capped by its maximum). memory_limit: device
         bytes the session may hold, 0 for the daemon's default.
+        kernel_time_limit: seconds a launch may run before it counts as hung
+        (the device's worker is then restarted and the launch fails with
+        ABORTED); None for the daemon's limit, which a session may only lower.
         """
-        request = pb.OpenSessionRequest(lease_ms=_seconds_to_ms(lease, "lease"),
-                                        memory_limit_bytes=memory_limit)
+        request = pb.OpenSessionRequest(
+            lease_ms=_seconds_to_ms(lease, "lease"), memory_limit_bytes=memory_limit,
+            kernel_time_limit_ms=_seconds_to_ms(kernel_time_limit, "kernel_time_limit"))
         if device is not None:
             request.device = device
         response = self._call(self.stub.OpenSession, request, self.control_timeout)
@@ -192,6 +203,8 @@ class Session:
         self.device = response.device
         self.lease = response.lease_ms / 1000.0
         self.memory_limit = response.memory_limit_bytes
+        # Seconds; 0 means no limit.
+        self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0
         self._closed = False
 
     def __repr__(self):

@@ -5,6 +5,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import uuid
 
 import grpc
@@ -287,6 +288,7 @@ def test_without_numpy(daemon):
     # A fresh interpreter where numpy cannot be imported: bytes in and out.
     script = f"""
 import sys
+import time
 sys.modules["numpy"] = None
 import gpuexec
 with gpuexec.connect({daemon.target!r}) as c, c.session() as s:
@@ -315,3 +317,32 @@ def test_connect_takes_the_target_from_the_environment(daemon, monkeypatch):
         gpuexec.connect(timeout=0.2)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
     assert "/nonexistent/gpuexecd.sock" in e.value.message
+
+
+def test_hung_kernel_past_the_session_time_limit_is_aborted(client, daemon):
+    """The device's worker is ended and restarted; the session goes on."""
+    with client.session(device=0, kernel_time_limit=0.5) as s:
+        assert s.kernel_time_limit == pytest.approx(0.5)
+        spin = s.load_module(daemon.cubin).function("gx_spin")
+        resets = client.devices()[0].resets
+        with pytest.raises(gpuexec.Error) as e:
+            spin.launch(1, 1, 1 << 50)  # eleven days: forever, for this test
+            s.synchronize()
+        assert e.value.code == grpc.StatusCode.ABORTED
+        assert "gx_spin" in e.value.message and "time limit of 500 ms" in e.value.message
+        # The module handle still works once the worker is back.
+        fill = s.load_module(daemon.cubin).function("gx_fill_u32")
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                with s.alloc(64) as buf:
+                    fill.launch(1, 16, buf, 3, 16)
+                    assert buf.read(np.uint32).tolist() == [3] * 16
+                break
+            except gpuexec.Error as err:
+                if err.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        d = client.devices()[0]
+        assert d.resets == resets + 1
+        assert "gx_spin" in d.last_reset
