@@ -209,8 +209,11 @@ bool Device::PollWatches() {
       const std::string message = absl::StrCat(
           s.watches.front().what, " has run for ", absl::ToInt64Milliseconds(running),
           " ms, past its kernel time limit of ", absl::ToInt64Milliseconds(s.time_limit), " ms");
-      log::Error(message);
-      if (options_.on_hung) options_.on_hung(*it, message);
+      if (options_.on_hung) {
+        options_.on_hung(*it, message);
+      } else {
+        log::Error(message);
+      }
     }
     ++it;
   }
@@ -247,8 +250,12 @@ absl::Status Device::Check(absl::Status status) {
   }
   faulted_.store(true);
   if (first) {
-    log::Error(status.message());
-    if (options_.on_fault) options_.on_fault(status);
+    // With a hook, its owner reports the event (one line for it).
+    if (options_.on_fault) {
+      options_.on_fault(status);
+    } else {
+      log::Error(status.message());
+    }
   }
   FailPending(status);
   return status;

@@ -57,6 +57,26 @@ struct RemoteDevice::Connection {
   std::thread reader;
   std::atomic<bool> exited{false};
   int exit_status = 0;
+  // Requests still pending when the worker was ended. They are failed only
+  // once its process is gone: until then the GPU may still copy into or out
+  // of the staging slots they hold, which must not be handed out again.
+  absl::Mutex mu;
+  bool reaped ABSL_GUARDED_BY(mu) = false;
+  std::vector<ReplyFn> orphans ABSL_GUARDED_BY(mu);
+  Reply orphan_reply ABSL_GUARDED_BY(mu);
+
+  // Marks the process gone and fails what waited for that.
+  void Reaped() {
+    std::vector<ReplyFn> fns;
+    Reply r;
+    {
+      absl::MutexLock lock(&mu);
+      reaped = true;
+      fns.swap(orphans);
+      r = orphan_reply;
+    }
+    for (auto& fn : fns) fn(r, 0);
+  }
 };
 
 RemoteDevice::RemoteDevice(const WorkerOptions& options) : options_(options) {}
@@ -333,6 +353,7 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
       waitpid(conn->pid, &status, 0);
     }
     conn->exit_status = status;
+    conn->Reaped();
     conn->exited.store(true);
     Reset(conn, absl::StrCat("its worker (pid ", conn->pid, ") ", ExitText(status)),
           /*kill=*/false);
@@ -341,6 +362,7 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
   while (waitpid(conn->pid, &status, 0) < 0 && errno == EINTR) {
   }
   conn->exit_status = status;
+  conn->Reaped();
   conn->exited.store(true);
 }
 
@@ -476,6 +498,15 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
   ToProto(absl::AbortedError(absl::StrCat("device ", options_.ordinal, " was reset at ",
                                           Clock(info.at), ": ", why)),
           r.mutable_status());
+  {
+    absl::MutexLock lock(&conn->mu);
+    if (!conn->reaped) {
+      // Failed by the connection's reader once the process has exited.
+      conn->orphans = std::move(failed);
+      conn->orphan_reply = r;
+      failed.clear();
+    }
+  }
   for (auto& fn : failed) fn(r, 0);
 }
 
