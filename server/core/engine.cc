@@ -62,12 +62,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // driver. The first worker says how many devices there are.
   worker::WorkerOptions wo;
   wo.program = options.worker_program;
-  if (wo.program.empty()) {
-    char path[4096];
-    const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-    if (n <= 0) return absl::InternalError("cannot find this program's path (/proc/self/exe)");
-    wo.program.assign(path, static_cast<size_t>(n));
-  }
+  // This very program, even if its file was replaced since (an upgrade):
+  // front and workers speak the same private protocol.
+  if (wo.program.empty()) wo.program = "/proc/self/exe";
   wo.driver_library = options.driver_library;
   wo.staging_bytes = options.chunk_bytes;
   wo.staging_slots = static_cast<int>(options.staging_buffers);
@@ -156,13 +153,18 @@ Engine::~Engine() {
     absl::MutexLock lock(&sessions_mu_);
     for (auto& [token, s] : sessions_) all.push_back(s);
   }
+  // All closes start at once and share one deadline (a stuck device must
+  // not cost each of its sessions the whole wait).
+  std::vector<std::shared_ptr<absl::Notification>> closes;
   for (auto& s : all) {
     // Shared: a close that outlasts the wait still has a live notification.
     auto closed = std::make_shared<absl::Notification>();
     Close(s, CloseReason::kShutdown, "the daemon is shutting down",
           [closed](absl::Status) { closed->Notify(); });
-    closed->WaitForNotificationWithTimeout(absl::Seconds(10));
+    closes.push_back(std::move(closed));
   }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (auto& closed : closes) closed->WaitForNotificationWithDeadline(deadline);
   devices_.clear();  // each worker drains, releases its context and exits
 }
 
@@ -273,6 +275,11 @@ absl::Status Engine::CheckAlive(Session& s, BufferEntry& b) {
     ReleaseMemory(s, b.size);
   }
   return dev->LostError(b.epoch, absl::StrCat(s.Describe(b))) ;
+}
+
+void Engine::NoteWork(Session& s) {
+  // The oldest epoch is kept: work of an earlier worker is still unreported.
+  if (s.work_epoch == 0) s.work_epoch = DeviceOf(s)->epoch();
 }
 
 void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
@@ -386,6 +393,13 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
   uint64_t limit = options_.max_session_memory_bytes;
   if (memory_limit == 0) memory_limit = options_.default_session_memory_bytes;
   if (memory_limit != 0) limit = limit == 0 ? memory_limit : std::min(limit, memory_limit);
+  if (kernel_time_limit_ms != 0 && kernel_time_limit_ms < kMinKernelTimeLimitMs) {
+    // A hung kernel restarts the device for all its sessions: a limit
+    // ordinary kernels could reach by accident is refused.
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "kernel_time_limit_ms ", kernel_time_limit_ms, " is below the minimum of ",
+        kMinKernelTimeLimitMs, " ms (a launch past it restarts the device for every session)")));
+  }
   uint64_t time_limit = options_.kernel_time_limit_ms;
   if (kernel_time_limit_ms != 0) {
     time_limit = time_limit == 0 ? kernel_time_limit_ms : std::min(time_limit, kernel_time_limit_ms);
@@ -772,6 +786,7 @@ void Engine::Memset(const std::string& token, uint64_t buffer, uint64_t offset, 
   if (size == 0 && offset <= (*b)->size) size = (*b)->size - offset;
   if (auto st = CheckRange(*s, **b, offset, size, "Memset"); !st.ok()) return done(st);
   if (size == 0) return done(absl::OkStatus());
+  NoteWork(*s);
   DeviceOf(*s)->Memset(s->stream(), (*b)->ptr + offset, (*b)->epoch, static_cast<uint8_t>(value), size,
                        absl::StrCat("Memset of ", s->Describe(**b)), std::move(done));
 }
@@ -789,6 +804,7 @@ void Engine::CopyBuffer(const std::string& token, uint64_t dst, uint64_t dst_off
   if (auto st = CheckRange(*s, **d, dst_offset, size, "CopyBuffer destination"); !st.ok()) return done(st);
   if (auto st = CheckRange(*s, **from, src_offset, size, "CopyBuffer source"); !st.ok()) return done(st);
   if (size == 0) return done(absl::OkStatus());
+  NoteWork(*s);
   DeviceOf(*s)->Copy(s->stream(), (*d)->ptr + dst_offset, (*from)->ptr + src_offset, (*d)->epoch, size,
                      absl::StrCat("CopyBuffer from ", s->Describe(**from), " to ", s->Describe(**d)),
                      std::move(done));
@@ -810,6 +826,7 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string&
   sink->buffer_size_ = b->size;
   sink->what_ = absl::StrCat("Write to ", s->Describe(*b));
   sink->use_ = std::make_unique<BufferUse>(s.get(), b);
+  NoteWork(*s);
   sink->max_in_flight_ = std::max<int>(2, static_cast<int>(sink->device_->staging().size() / 4));
   // Staging buffers are taken only once the work queued before this Write
   // is done: none waits behind a long kernel while other sessions need it.
@@ -1193,6 +1210,7 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     op.geometry.shared_bytes = spec.shared_bytes;
     op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
     TrafficCounters* traffic = &traffic_[s->device()];
+    NoteWork(*s);
     if (!spec.synchronize) {
       dev->Launch(s->stream(), std::move(op), epoch, [gpu_ns, traffic](absl::Status st) {
         if (!st.ok()) return gpu_ns(st);
@@ -1205,19 +1223,33 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     // worker saved); the worker answers them in order, so the launch's
     // answer is known when the synchronize's comes, and an enqueue error is
     // the one reported.
-    auto launched = std::make_shared<absl::Status>();
+    // The two answers may come on different threads when the device is
+    // reset between them.
+    struct Launched {
+      absl::Mutex mu;
+      absl::Status status ABSL_GUARDED_BY(mu);
+    };
+    auto launched = std::make_shared<Launched>();
     dev->Launch(s->stream(), std::move(op), epoch, [launched, traffic](absl::Status st) {
       if (st.ok()) traffic->launches.fetch_add(1);
-      *launched = st;
+      absl::MutexLock lock(&launched->mu);
+      launched->status = st;
     });
     ++s->waiting;
-    dev->Synchronize(s->stream(), [s, launched, gpu_ns](absl::StatusOr<uint64_t> ns) {
+    const uint64_t work_epoch = s->work_epoch;
+    s->work_epoch = 0;
+    dev->Synchronize(s->stream(), work_epoch, [s, launched, gpu_ns](absl::StatusOr<uint64_t> ns) {
       {
         absl::MutexLock lock(&s->mu);
         --s->waiting;
         s->Touch();
       }
-      if (!launched->ok()) return gpu_ns(*launched);
+      absl::Status enqueued;
+      {
+        absl::MutexLock lock(&launched->mu);
+        enqueued = launched->status;
+      }
+      if (!enqueued.ok()) return gpu_ns(enqueued);
       gpu_ns(std::move(ns));
     });
   }
@@ -1233,7 +1265,9 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   absl::MutexLock lock(&s->mu);
   if (s->closed) return gpu_ns(s->ClosedError());
   ++s->waiting;
-  DeviceOf(*s)->Synchronize(s->stream(), [s, gpu_ns](absl::StatusOr<uint64_t> ns) {
+  const uint64_t work_epoch = s->work_epoch;
+  s->work_epoch = 0;
+  DeviceOf(*s)->Synchronize(s->stream(), work_epoch, [s, gpu_ns](absl::StatusOr<uint64_t> ns) {
     {
       absl::MutexLock lock(&s->mu);
       --s->waiting;

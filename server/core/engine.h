@@ -35,6 +35,9 @@ template <typename T>
 using Callback = std::function<void(absl::StatusOr<T>)>;
 using Done = std::function<void(absl::Status)>;
 
+// The smallest kernel time limit a session may ask for.
+inline constexpr uint64_t kMinKernelTimeLimitMs = 100;
+
 // Read messages are chunk-sized and gRPC's message limit is 64 MiB.
 inline constexpr uint32_t kMaxChunkBytes = 16u << 20;
 
@@ -328,6 +331,8 @@ class Engine {
   // Whether `b`'s memory is still on its device; if not, marks it lost and
   // returns why.
   absl::Status CheckAlive(Session& s, BufferEntry& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Work is being queued on the session's stream (see Session::work_epoch).
+  void NoteWork(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // A device's worker was replaced: every buffer of its sessions is lost.
   void OnDeviceReset(int index, const worker::ResetInfo& info);
   static absl::Status CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,

@@ -67,6 +67,9 @@ class Session {
       ABSL_GUARDED_BY(mu);
   // Synchronize calls waiting: the lease does not lapse under them.
   int waiting ABSL_GUARDED_BY(mu) = 0;
+  // The device epoch of the oldest work queued since the last Synchronize
+  // (0: none): a Synchronize after a reset says that work was lost.
+  uint64_t work_epoch ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, FunctionEntry> functions ABSL_GUARDED_BY(mu);
 
   // A fresh nonzero handle not used in this session.

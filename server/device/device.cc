@@ -28,6 +28,10 @@ struct Device::StreamState {
   struct Watch {
     cuda::Event done;
     std::string what;
+    // For a launch with nothing watched ahead of it: recorded just before
+    // it, so that its clock starts when it can start (not while copies or
+    // unwatched work ahead of it run).
+    std::optional<cuda::Event> start;
   };
   std::deque<Watch> watches;
   absl::Time head_since;
@@ -188,6 +192,22 @@ bool Device::PollWatches() {
       continue;
     }
     StreamState& s = *sit->second;
+    if (!s.watches.empty() && s.watches.front().start.has_value()) {
+      // The head launch's clock starts once the work ahead of it is done.
+      StreamState::Watch& head = s.watches.front();
+      absl::StatusOr<bool> started = driver_->EventDone(*head.start, head.what);
+      if (!started.ok()) {
+        (void)Check(started.status());
+        return false;
+      }
+      if (!*started) {
+        ++it;
+        continue;
+      }
+      spare_events_.push_back(std::move(*head.start));
+      head.start.reset();
+      s.head_since = now;
+    }
     while (!s.watches.empty()) {
       absl::StatusOr<bool> done = driver_->EventDone(s.watches.front().done, s.watches.front().what);
       if (!done.ok()) {
@@ -198,6 +218,10 @@ bool Device::PollWatches() {
       spare_events_.push_back(std::move(s.watches.front().done));
       s.watches.pop_front();
       s.head_since = now;  // the next launch could start only now
+      if (!s.watches.empty() && s.watches.front().start.has_value()) {
+        spare_events_.push_back(std::move(*s.watches.front().start));
+        s.watches.front().start.reset();
+      }
     }
     if (s.watches.empty()) {
       watched_.erase(it++);
@@ -591,13 +615,23 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
       params[i] = op.param_block.data() + k.info.params[i].offset;
     }
     absl::Status st = MarkWork(*s);
+    std::optional<cuda::Event> start;
+    if (st.ok() && s->time_limit > absl::ZeroDuration() && s->watches.empty()) {
+      auto e = WatchEvent(op.what);
+      st = e.ok() ? Check(driver_->Record(*e, s->stream.get(), op.what)) : e.status();
+      if (e.ok()) start = std::move(e).value();
+    }
     if (st.ok()) {
       s->last_launch = op.what;
       s->last_launch_at = absl::Now();
       st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
                                  s->stream.get(), op.what));
     }
-    if (st.ok() && s->time_limit > absl::ZeroDuration()) st = Watch(stream, *s, op.what);
+    if (st.ok() && s->time_limit > absl::ZeroDuration()) {
+      st = Watch(stream, *s, op.what, std::move(start));
+    } else if (start.has_value()) {
+      spare_events_.push_back(std::move(*start));
+    }
     done(st);
   });
 }
@@ -637,17 +671,19 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
   });
 }
 
-absl::Status Device::Watch(StreamId id, StreamState& s, const std::string& what) {
-  cuda::Event e;
-  if (!spare_events_.empty()) {
-    e = std::move(spare_events_.back());
-    spare_events_.pop_back();
-  } else {
-    GPUEXEC_ASSIGN_OR_RETURN(e, driver_->CreateEvent(false, what));
-  }
+absl::StatusOr<cuda::Event> Device::WatchEvent(const std::string& what) {
+  if (spare_events_.empty()) return driver_->CreateEvent(false, what);
+  cuda::Event e = std::move(spare_events_.back());
+  spare_events_.pop_back();
+  return e;
+}
+
+absl::Status Device::Watch(StreamId id, StreamState& s, const std::string& what,
+                           std::optional<cuda::Event> start) {
+  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, WatchEvent(what));
   GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), what)));
   if (s.watches.empty()) s.head_since = absl::Now();
-  s.watches.push_back(StreamState::Watch{std::move(e), what});
+  s.watches.push_back(StreamState::Watch{std::move(e), what, std::move(start)});
   watched_.insert(id);
   return absl::OkStatus();
 }

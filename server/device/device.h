@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,8 +188,12 @@ class Device {
   // Checks the launches watched for the kernel time limit; true while some
   // are still running.
   bool PollWatches();
-  // Records an event after the launch just enqueued on `s` and watches it.
-  absl::Status Watch(StreamId id, StreamState& s, const std::string& what);
+  // Records an event after the launch just enqueued on `s` and watches it;
+  // `start`, if any, was recorded just before the launch.
+  absl::Status Watch(StreamId id, StreamState& s, const std::string& what,
+                     std::optional<cuda::Event> start);
+  // An event for watching launches (a spare one when there is one).
+  absl::StatusOr<cuda::Event> WatchEvent(const std::string& what);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);
   // Runs `fn` with the status of the stream's work once all that is queued

@@ -33,6 +33,26 @@ int HighFd(int fd) {
   return high;
 }
 
+// The `what` of a request (what it is about, for messages); "" if none.
+std::string WhatOf(const Request& r) {
+  switch (r.op_case()) {
+    case Request::kAfterQueued: return r.after_queued().what();
+    case Request::kAllocate: return r.allocate().what();
+    case Request::kFree: return r.free().what();
+    case Request::kMemset: return r.memset().what();
+    case Request::kCopy: return r.copy().what();
+    case Request::kCopyToDevice: return r.copy_to_device().what();
+    case Request::kCopyToHost: return r.copy_to_host().what();
+    case Request::kLoadModule: return r.load_module().what();
+    case Request::kGetKernel: return r.get_kernel().what();
+    case Request::kLaunch: return r.launch().what();
+    default: return "";
+  }
+}
+
+// How long a restarted worker may take to become ready.
+constexpr absl::Duration kRestartTimeout = absl::Seconds(30);
+
 std::string Clock(absl::Time t) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", t, absl::UTCTimeZone());
 }
@@ -57,6 +77,8 @@ struct RemoteDevice::Connection {
   std::thread reader;
   std::atomic<bool> exited{false};
   int exit_status = 0;
+  absl::Time ended_at = absl::InfiniteFuture();  // when it was reset (under the device's mu_)
+  std::atomic<bool> abandon{false};  // shutdown gave up waiting for the process
   // Requests still pending when the worker was ended. They are failed only
   // once its process is gone: until then the GPU may still copy into or out
   // of the staging slots they hold, which must not be handed out again.
@@ -65,8 +87,9 @@ struct RemoteDevice::Connection {
   std::vector<ReplyFn> orphans ABSL_GUARDED_BY(mu);
   Reply orphan_reply ABSL_GUARDED_BY(mu);
 
-  // Marks the process gone and fails what waited for that.
-  void Reaped() {
+  // Fails what waited for the process to be gone (it is, or it is taking
+  // too long).
+  void FailOrphans() {
     std::vector<ReplyFn> fns;
     Reply r;
     {
@@ -77,6 +100,37 @@ struct RemoteDevice::Connection {
     }
     for (auto& fn : fns) fn(r, 0);
   }
+
+  // Sends SIGKILL unless the process was already waited for (so that the
+  // pid cannot have been reused).
+  void Kill() {
+    absl::MutexLock lock(&mu);
+    if (!waited) kill(pid, SIGKILL);
+  }
+
+  // Waits for the process to exit (polling, so that shutdown can give up
+  // on one stuck in the kernel), then reaps it. Returns its status.
+  int Wait(bool give_up_on_abandon) {
+    siginfo_t info;
+    for (;;) {
+      info.si_pid = 0;
+      const int rc = waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT);
+      if (rc == 0 && info.si_pid == pid) break;
+      if (rc != 0 && errno != EINTR) break;  // not our child any more
+      if (give_up_on_abandon && abandon.load()) return -1;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    int status = 0;
+    {
+      absl::MutexLock lock(&mu);
+      waited = true;
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    exit_status = status;
+    return status;
+  }
+  bool waited ABSL_GUARDED_BY(mu) = false;
 };
 
 RemoteDevice::RemoteDevice(const WorkerOptions& options) : options_(options) {}
@@ -149,13 +203,10 @@ RemoteDevice::~RemoteDevice() {
   for (auto& fn : failed) fn(gone, 0);
   if (monitor_.joinable()) monitor_.join();
   std::vector<std::shared_ptr<Connection>> all;
-  std::vector<std::function<void()>> deferred;
   {
     absl::MutexLock lock(&mu_);
     all = std::move(retired_);
-    deferred.swap(deferred_);
   }
-  for (auto& fn : deferred) fn();
   if (conn != nullptr) {
     // The worker sees the end of its socket, drains and exits.
     conn->channel->Shutdown();
@@ -167,9 +218,26 @@ RemoteDevice::~RemoteDevice() {
     if (!c->exited.load()) {
       log::Warning("device ", options_.ordinal, ": worker pid ", c->pid,
                    " did not exit within 10 s of shutdown; killing it");
-      kill(c->pid, SIGKILL);
+      c->Kill();
+      const absl::Time killed = absl::Now();
+      while (!c->exited.load() && absl::Now() - killed < absl::Seconds(2)) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      // A process stuck in the kernel: stop waiting for it.
+      c->abandon.store(true);
     }
     if (c->reader.joinable()) c->reader.join();
+    c->FailOrphans();
+  }
+  // Completions that others deferred meanwhile.
+  for (;;) {
+    std::vector<std::function<void()>> deferred;
+    {
+      absl::MutexLock lock(&mu_);
+      deferred.swap(deferred_);
+    }
+    if (deferred.empty()) break;
+    for (auto& fn : deferred) fn();
   }
   if (staging_memory_ != nullptr) {
     munmap(staging_memory_, options_.staging_bytes * static_cast<uint64_t>(options_.staging_slots));
@@ -193,8 +261,16 @@ void RemoteDevice::Spawn() {
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
       setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
     }
+    // argv[0] names the program as `ps` should show it, even when it is
+    // started through /proc/self/exe.
+    std::string name = options_.program;
+    if (name == "/proc/self/exe") {
+      char path[4096];
+      const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+      if (n > 0) name.assign(path, static_cast<size_t>(n));
+    }
     std::vector<std::string> args = {
-        options_.program,
+        name,
         kWorkerArg,
         absl::StrCat("--device=", options_.ordinal),
         absl::StrCat("--driver=", options_.driver_library),
@@ -259,7 +335,10 @@ void RemoteDevice::Monitor() {
   absl::Time last_ping = absl::Now();
   for (;;) {
     std::shared_ptr<Connection> hung;
+    std::shared_ptr<Connection> slow_start;
+    std::vector<std::shared_ptr<Connection>> overdue;
     absl::Duration silent;
+    uint64_t ping_epoch = 0;
     bool spawn = false;
     bool ping = false;
     std::vector<std::shared_ptr<Connection>> reaped;
@@ -273,12 +352,18 @@ void RemoteDevice::Monitor() {
       stopping = stop_;
       const absl::Time now = absl::Now();
       if (state_ == State::kBackingOff && conn_ == nullptr && now >= next_spawn_) spawn = true;
+      // A new worker that does not come up is ended like a stuck one.
+      if (state_ == State::kStarting && first_ready_ && conn_ != nullptr &&
+          now - conn_->started > kRestartTimeout) {
+        slow_start = conn_;
+      }
       if (state_ == State::kServing && conn_ != nullptr) {
         if (ping_out_ && now - ping_sent_ > options_.kernel_time_limit + absl::Seconds(30)) {
           hung = conn_;
           silent = now - ping_sent_;
         } else if (!ping_out_ && now - last_ping >= absl::Seconds(1)) {
           ping = true;
+          ping_epoch = epoch_;
           ping_out_ = true;
           ping_sent_ = now;
           last_ping = now;
@@ -291,6 +376,9 @@ void RemoteDevice::Monitor() {
           reaped.push_back(std::move(*it));
           it = retired_.erase(it);
         } else {
+          // Requests of a worker whose process lingers are failed after
+          // 10 s all the same.
+          if (now - (*it)->ended_at > absl::Seconds(10)) overdue.push_back(*it);
           ++it;
         }
       }
@@ -300,6 +388,13 @@ void RemoteDevice::Monitor() {
       if (c->reader.joinable()) c->reader.join();
     }
     if (stopping) break;
+    for (auto& c : overdue) c->FailOrphans();
+    if (slow_start != nullptr) {
+      Reset(slow_start,
+            absl::StrCat("its new worker did not become ready within ",
+                         absl::ToInt64Seconds(kRestartTimeout), " s"),
+            /*kill=*/true);
+    }
     if (spawn) Spawn();
     if (hung != nullptr) {
       Reset(hung,
@@ -310,9 +405,9 @@ void RemoteDevice::Monitor() {
     if (ping) {
       Request r;
       r.mutable_ping();
-      Call(r, 0, 0, 0, [this](const Reply&, uint64_t) {
+      Call(r, 0, 0, 0, [this, ping_epoch](const Reply&, uint64_t) {
         absl::MutexLock lock(&mu_);
-        ping_out_ = false;
+        if (epoch_ == ping_epoch) ping_out_ = false;  // not a stale worker's
       });
     }
   }
@@ -339,30 +434,29 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
     absl::MutexLock lock(&mu_);
     current = conn_ == conn;
   }
-  int status = 0;
   if (current) {
     // The worker closed its end by itself: it is dying. Give it a moment to
     // finish, then make sure.
     const absl::Time deadline = absl::Now() + absl::Seconds(2);
-    pid_t r;
-    while ((r = waitpid(conn->pid, &status, WNOHANG)) == 0 && absl::Now() < deadline) {
+    siginfo_t info;
+    for (;;) {
+      info.si_pid = 0;
+      if (waitid(P_PID, conn->pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+          info.si_pid == conn->pid || absl::Now() >= deadline) {
+        break;
+      }
       absl::SleepFor(absl::Milliseconds(2));
     }
-    if (r == 0) {
-      kill(conn->pid, SIGKILL);
-      waitpid(conn->pid, &status, 0);
-    }
-    conn->exit_status = status;
-    conn->Reaped();
+    if (info.si_pid != conn->pid) conn->Kill();
+    const int status = conn->Wait(/*give_up_on_abandon=*/false);
+    conn->FailOrphans();
     conn->exited.store(true);
     Reset(conn, absl::StrCat("its worker (pid ", conn->pid, ") ", ExitText(status)),
           /*kill=*/false);
     return;
   }
-  while (waitpid(conn->pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  conn->exit_status = status;
-  conn->Reaped();
+  conn->Wait(/*give_up_on_abandon=*/true);
+  conn->FailOrphans();
   conn->exited.store(true);
 }
 
@@ -443,49 +537,66 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
   std::function<void()> on_state;
   ResetInfo info;
   absl::Duration delay;
+  absl::Status first_failure;
   {
     absl::MutexLock lock(&mu_);
     if (conn_ != conn || stop_) return;
     conn_ = nullptr;
     retired_.push_back(conn);
     const absl::Time now = absl::Now();
-    // A kernel's fault or hang says nothing about the worker: it restarts
-    // at once. A worker that fails by itself soon after it came up (or
-    // never came up) is a quick failure; from the second in a row on, the
-    // next start waits, longer each time (250 ms doubling up to 30 s).
-    if (kernel_caused) {
-      quick_failures_ = 0;
-    } else if (state_ != State::kServing || now - ready_at_ < absl::Seconds(10)) {
-      ++quick_failures_;
-    } else {
-      quick_failures_ = 1;
-    }
-    delay = quick_failures_ <= 1
-                ? absl::ZeroDuration()
-                : std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 2, 7)),
-                           absl::Seconds(30));
-    ++epoch_;
-    ++resets_;
-    reset_at_ = now;
-    info = ResetInfo{options_.ordinal, epoch_, now, why};
-    last_reset_ = info;
-    history_.push_back(info);
-    if (history_.size() > 64) history_.erase(history_.begin());
-    down_ = absl::UnavailableError(
-        absl::StrCat("device ", options_.ordinal, " is restarting: ", why));
+    conn->ended_at = now;
     for (auto& [id, fn] : pending_) failed.push_back(std::move(fn));
     pending_.clear();
-    live_streams_.clear();
-    live_modules_.clear();
-    live_kernels_.clear();
-    ping_out_ = false;
-    state_ = State::kBackingOff;
-    next_spawn_ = now + delay;
-    listener = listener_;
-    on_state = state_listener_;
+    if (!first_ready_) {
+      // The first start failed: Start() reports why; nothing restarts.
+      start_status_ = absl::UnavailableError(
+          absl::StrCat("device ", options_.ordinal, ": ", why, " before it was ready"));
+      first_failure = start_status_;
+      state_ = State::kStopping;
+      next_spawn_ = absl::InfiniteFuture();
+    } else {
+      // A kernel's fault or hang says nothing about the worker: it restarts
+      // at once. A worker that fails by itself soon after it came up (or
+      // never came up) is a quick failure; from the second in a row on, the
+      // next start waits, longer each time (250 ms doubling up to 30 s).
+      if (kernel_caused) {
+        quick_failures_ = 0;
+      } else if (state_ != State::kServing || now - ready_at_ < absl::Seconds(10)) {
+        ++quick_failures_;
+      } else {
+        quick_failures_ = 1;
+      }
+      delay = quick_failures_ <= 1
+                  ? absl::ZeroDuration()
+                  : std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 2, 7)),
+                             absl::Seconds(30));
+      ++epoch_;
+      ++resets_;
+      reset_at_ = now;
+      info = ResetInfo{options_.ordinal, epoch_, now, why};
+      last_reset_ = info;
+      history_.push_back(info);
+      if (history_.size() > 64) history_.erase(history_.begin());
+      down_ = absl::UnavailableError(
+          absl::StrCat("device ", options_.ordinal, " is restarting: ", why));
+      live_streams_.clear();
+      live_modules_.clear();
+      live_kernels_.clear();
+      ping_out_ = false;
+      state_ = State::kBackingOff;
+      next_spawn_ = now + delay;
+      listener = listener_;
+      on_state = state_listener_;
+    }
   }
-  if (kill_worker) kill(conn->pid, SIGKILL);
+  if (kill_worker) conn->Kill();
   conn->channel->Shutdown();
+  Reply r;
+  if (!first_failure.ok()) {
+    ToProto(first_failure, r.mutable_status());
+    for (auto& fn : failed) fn(r, 0);
+    return;
+  }
   log::Error("device ", options_.ordinal, " reset (epoch ", info.epoch, "): ", why,
              "; worker pid ", conn->pid, kill_worker ? " killed" : " gone",
              ", its buffers are lost; restarting",
@@ -494,14 +605,14 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
                  : std::string(""));
   if (listener) listener(info);
   if (on_state) on_state();
-  Reply r;
   ToProto(absl::AbortedError(absl::StrCat("device ", options_.ordinal, " was reset at ",
                                           Clock(info.at), ": ", why)),
           r.mutable_status());
   {
     absl::MutexLock lock(&conn->mu);
     if (!conn->reaped) {
-      // Failed by the connection's reader once the process has exited.
+      // Failed by the connection's reader once the process has exited (or
+      // by the monitor, if that takes more than 10 s).
       conn->orphans = std::move(failed);
       conn->orphan_reply = r;
       failed.clear();
@@ -586,9 +697,11 @@ void RemoteDevice::Defer(std::function<void()> fn) {
 
 void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
                                  std::vector<Request>* prefix) {
-  if (stream != 0 && !live_streams_.contains(stream)) {
-    auto it = streams_.find(stream);
-    const absl::Duration limit = it == streams_.end() ? absl::ZeroDuration() : it->second;
+  // A stream already destroyed (a late Free after its session closed) is
+  // not created again: the worker runs such a request on no stream.
+  auto it = streams_.find(stream);
+  if (stream != 0 && !live_streams_.contains(stream) && it != streams_.end()) {
+    const absl::Duration limit = it->second;
     Request r;
     r.set_id(next_id_++);
     r.mutable_create_stream()->set_stream(stream);
@@ -659,7 +772,16 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
     }
   }
   if (!error.ok()) {
-    if (epoch != 0 && epoch != this->epoch()) error = LostError(epoch, "device memory named by this call");
+    // Name what the call was about, as the worker's errors do.
+    const std::string what = WhatOf(request);
+    if (epoch != 0 && epoch != this->epoch() && request.has_synchronize()) {
+      error = LostError(epoch, "work queued on the session's stream");
+    } else if (epoch != 0 && epoch != this->epoch()) {
+      error = LostError(epoch, "its device memory");
+      if (!what.empty()) error = absl::AbortedError(absl::StrCat(what, ": ", error.message()));
+    } else if (!what.empty()) {
+      error = absl::Status(error.code(), absl::StrCat(what, ": ", error.message()));
+    }
     Reply r;
     ToProto(error, r.mutable_status());
     Defer([fn = std::move(fn), r] { fn(r, 0); });
@@ -671,7 +793,7 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
 
 void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
   // Asked by listings: they should not wait for a worker to start.
-  if (absl::Status st = fault(); !st.ok()) return done(st);
+  if (absl::Status st = fault(); !st.ok()) return Defer([done, st] { done(st); });
   Request r;
   r.mutable_query_memory();
   Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) {
@@ -695,7 +817,7 @@ void RemoteDevice::DestroyStream(StreamId stream, Done done) {
     streams_.erase(stream);
     live = live_streams_.erase(stream) > 0;
   }
-  if (!live) return done(absl::OkStatus());  // never created in this worker
+  if (!live) return Defer([done] { done(absl::OkStatus()); });  // never created in this worker
   Request r;
   r.mutable_destroy_stream()->set_stream(stream);
   Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
@@ -788,7 +910,7 @@ void RemoteDevice::LoadModule(std::shared_ptr<const device::ModuleImage> image, 
     absl::MutexLock lock(&mu_);
     loaded = live_modules_.contains(image->sha256) && conn_ != nullptr;
   }
-  if (loaded) return done(absl::OkStatus());
+  if (loaded) return Defer([done] { done(absl::OkStatus()); });
   Request r;
   auto* lm = r.mutable_load_module();
   lm->set_sha256(image->sha256);
@@ -846,7 +968,7 @@ void RemoteDevice::GetKernel(std::shared_ptr<const device::ModuleImage> image, s
     k.image = image;
     if (k.info.has_value() && live_kernels_.contains(id) && conn_ != nullptr) known = k.info;
   }
-  if (known.has_value()) return done(*known);
+  if (known.has_value()) return Defer([done, info = *known] { done(info); });
   Request r;
   auto* g = r.mutable_get_kernel();
   g->set_kernel(id);
@@ -885,10 +1007,10 @@ void RemoteDevice::Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, 
        [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
 }
 
-void RemoteDevice::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
+void RemoteDevice::Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) {
   Request r;
   r.mutable_synchronize()->set_stream(stream);
-  Call(r, stream, 0, 0, [gpu_ns](const Reply& reply, uint64_t) {
+  Call(r, stream, 0, work_epoch, [gpu_ns](const Reply& reply, uint64_t) {
     absl::Status st = StatusOf(reply);
     if (!st.ok()) return gpu_ns(st);
     gpu_ns(reply.value());

@@ -147,7 +147,10 @@ class RemoteDevice {
                  std::string what, Callback<device::KernelInfo> done);
   // `epoch`: the epoch of the buffers in the parameters (0 when none).
   void Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, Done done);
-  void Synchronize(StreamId stream, Callback<uint64_t> gpu_ns);
+  // `work_epoch`: the epoch of the oldest work queued on the stream since
+  // its last Synchronize (0: none); if the device was reset since, the
+  // answer is ABORTED with the reset's reason (that work was lost).
+  void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns);
 
  private:
   struct Connection;

@@ -174,8 +174,16 @@ TEST_F(FaultTest, HungKernelPastTheSessionTimeLimitEndsTheWorker) {
   GX_ASSERT_OK_AND_ASSIGN(Session other, Open(greedy));
   EXPECT_EQ(other.kernel_time_limit(), absl::Seconds(60));
   GX_EXPECT_OK(other.Close());
+  SessionOptions tiny;
+  tiny.kernel_time_limit = absl::Milliseconds(5);
+  EXPECT_THAT(Open(tiny), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("below the minimum of 100 ms")));
 
   GX_ASSERT_OK_AND_ASSIGN(Function spin, Kernel(s, "gx_spin"));
+  // Work queued ahead of a launch does not count against its limit: a
+  // 300 ms kernel, then a 300 ms one, each within 500 ms.
+  GX_EXPECT_OK(s.Launch(spin, Config(1, 1), {Arg::U64(300'000'000)}));
+  GX_EXPECT_OK(s.LaunchAndWait(spin, Config(1, 1), {Arg::U64(300'000'000)}).status());
   const absl::Time start = absl::Now();
   // About eleven days: forever, as far as this test goes.
   auto hung = s.LaunchAndWait(spin, Config(1, 1), {Arg::U64(uint64_t{1} << 50)});
@@ -211,7 +219,16 @@ TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
     written = buffer.Write(0, data);
   });
   while (!started) absl::SleepFor(absl::Milliseconds(1));
-  absl::SleepFor(absl::Milliseconds(30));
+  // Kill once the daemon has copied some of the Write to the device.
+  auto written_so_far = [&] {
+    const std::string m = server().RenderMetrics();
+    const std::string key = "gpuexec_write_bytes_total{device=\"0\"} ";
+    const size_t at = m.find(key);
+    return at == std::string::npos ? uint64_t{0}
+                                   : std::strtoull(m.c_str() + at + key.size(), nullptr, 10);
+  };
+  const uint64_t before_write = written_so_far();
+  ASSERT_TRUE(WaitFor([&] { return written_so_far() > before_write; }, absl::Seconds(20)));
   ASSERT_EQ(kill(worker, SIGKILL), 0);
   const absl::Time killed = absl::Now();
   writer.join();
@@ -219,6 +236,10 @@ TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
                                 AllOf(HasSubstr("device 0 was reset"), HasSubstr("signal 9"))));
   EXPECT_THAT(buffer.Read(0, 16),
               StatusIs(absl::StatusCode::kAborted, AllOf(HasSubstr("was lost"), HasSubstr("signal 9"))));
+  // The session's next Synchronize says its queued work was lost, once.
+  EXPECT_THAT(s.Synchronize(), StatusIs(absl::StatusCode::kAborted,
+                                        AllOf(HasSubstr("work queued on the session's stream was lost"),
+                                              HasSubstr("signal 9"))));
 
   GX_EXPECT_OK(ServesNewWork(kDevice, 3, killed + absl::Seconds(2)));
   Record("worker killed mid-Write, to new work served", absl::Now() - killed);
@@ -229,6 +250,7 @@ TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
   auto back = fresh.Read();
   GX_ASSERT_OK(back.status());
   EXPECT_TRUE(*back == pattern);
+  GX_EXPECT_OK(s.Synchronize().status());
   EXPECT_EQ(DeviceAt(kDevice).resets, before.resets + 1);
   GX_EXPECT_OK(s.Close());
 }
