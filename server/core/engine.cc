@@ -270,11 +270,15 @@ absl::StatusOr<BufferEntry*> Engine::FindBuffer(Session& s, uint64_t handle) {
 absl::Status Engine::CheckAlive(Session& s, BufferEntry& b) {
   worker::RemoteDevice* dev = DeviceOf(s);
   if (!b.lost && b.epoch == dev->epoch()) return absl::OkStatus();
-  if (!b.lost) {
-    b.lost = true;
-    ReleaseMemory(s, b.size);
-  }
-  return dev->LostError(b.epoch, absl::StrCat(s.Describe(b))) ;
+  MarkLost(s, b);
+  return dev->LostError(b.epoch, s.Describe(b));
+}
+
+bool Engine::MarkLost(Session& s, BufferEntry& b) {
+  if (b.lost) return false;
+  b.lost = true;
+  ReleaseMemory(s, b.size);
+  return true;
 }
 
 void Engine::NoteWork(Session& s) {
@@ -295,9 +299,7 @@ void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
   for (auto& s : affected) {
     absl::MutexLock lock(&s->mu);
     for (auto& [handle, b] : s->buffers) {
-      if (b.lost || b.epoch >= info.epoch) continue;
-      b.lost = true;
-      ReleaseMemory(*s, b.size);
+      if (b.epoch >= info.epoch || !MarkLost(*s, b)) continue;
       ++buffers;
       bytes += b.size;
     }

@@ -331,6 +331,9 @@ class Engine {
   // Whether `b`'s memory is still on its device; if not, marks it lost and
   // returns why.
   absl::Status CheckAlive(Session& s, BufferEntry& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Marks `b` lost and gives its bytes back to the limits; false if it was
+  // already.
+  bool MarkLost(Session& s, BufferEntry& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Work is being queued on the session's stream (see Session::work_epoch).
   void NoteWork(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // A device's worker was replaced: every buffer of its sessions is lost.

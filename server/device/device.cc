@@ -217,11 +217,9 @@ bool Device::PollWatches() {
       if (!*done) break;
       spare_events_.push_back(std::move(s.watches.front().done));
       s.watches.pop_front();
-      s.head_since = now;  // the next launch could start only now
-      if (!s.watches.empty() && s.watches.front().start.has_value()) {
-        spare_events_.push_back(std::move(*s.watches.front().start));
-        s.watches.front().start.reset();
-      }
+      // The next launch could start only now. (Only a launch watched
+      // when nothing else was has a start event: never one behind another.)
+      s.head_since = now;
     }
     if (s.watches.empty()) {
       watched_.erase(it++);

@@ -53,6 +53,14 @@ std::string WhatOf(const Request& r) {
 // How long a restarted worker may take to become ready.
 constexpr absl::Duration kRestartTimeout = absl::Seconds(30);
 
+// How long the next start waits after `quick_failures` quick failures in a
+// row: not at all for the first, then 250 ms doubling up to 30 s.
+absl::Duration Backoff(int quick_failures) {
+  if (quick_failures <= 1) return absl::ZeroDuration();
+  return std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures - 2, 7)),
+                  absl::Seconds(30));
+}
+
 std::string Clock(absl::Time t) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", t, absl::UTCTimeZone());
 }
@@ -76,7 +84,6 @@ struct RemoteDevice::Connection {
   absl::Time started;
   std::thread reader;
   std::atomic<bool> exited{false};
-  int exit_status = 0;
   absl::Time ended_at = absl::InfiniteFuture();  // when it was reset (under the device's mu_)
   std::atomic<bool> abandon{false};  // shutdown gave up waiting for the process
   // Requests still pending when the worker was ended. They are failed only
@@ -109,25 +116,28 @@ struct RemoteDevice::Connection {
   }
 
   // Waits for the process to exit (polling, so that shutdown can give up
-  // on one stuck in the kernel), then reaps it. Returns its status.
-  int Wait(bool give_up_on_abandon) {
+  // on one stuck in the kernel, with `give_up_on_abandon`), killing it if
+  // it is still there at `kill_at`; then reaps it. Returns its status.
+  int Wait(absl::Time kill_at, bool give_up_on_abandon) {
     siginfo_t info;
+    bool killed = false;
     for (;;) {
       info.si_pid = 0;
       const int rc = waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT);
       if (rc == 0 && info.si_pid == pid) break;
       if (rc != 0 && errno != EINTR) break;  // not our child any more
       if (give_up_on_abandon && abandon.load()) return -1;
+      if (!killed && absl::Now() >= kill_at) {
+        Kill();
+        killed = true;
+      }
       absl::SleepFor(absl::Milliseconds(2));
     }
     int status = 0;
-    {
-      absl::MutexLock lock(&mu);
-      waited = true;
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
+    absl::MutexLock lock(&mu);
+    waited = true;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    exit_status = status;
     return status;
   }
   bool waited ABSL_GUARDED_BY(mu) = false;
@@ -301,9 +311,8 @@ void RemoteDevice::Spawn() {
       return;
     }
     ++quick_failures_;
-    const absl::Duration delay =
-        std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 1, 7)),
-                 absl::Seconds(30));
+    // A start that fails outright waits even the first time.
+    const absl::Duration delay = Backoff(quick_failures_ + 1);
     next_spawn_ = absl::Now() + delay;
     down_ = absl::UnavailableError(why);
     log::Error(why, "; trying again in ", absl::ToInt64Milliseconds(delay), " ms");
@@ -437,25 +446,15 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
   if (current) {
     // The worker closed its end by itself: it is dying. Give it a moment to
     // finish, then make sure.
-    const absl::Time deadline = absl::Now() + absl::Seconds(2);
-    siginfo_t info;
-    for (;;) {
-      info.si_pid = 0;
-      if (waitid(P_PID, conn->pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-          info.si_pid == conn->pid || absl::Now() >= deadline) {
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    if (info.si_pid != conn->pid) conn->Kill();
-    const int status = conn->Wait(/*give_up_on_abandon=*/false);
+    const int status =
+        conn->Wait(absl::Now() + absl::Seconds(2), /*give_up_on_abandon=*/false);
     conn->FailOrphans();
     conn->exited.store(true);
     Reset(conn, absl::StrCat("its worker (pid ", conn->pid, ") ", ExitText(status)),
           /*kill=*/false);
     return;
   }
-  conn->Wait(/*give_up_on_abandon=*/true);
+  conn->Wait(absl::InfiniteFuture(), /*give_up_on_abandon=*/true);
   conn->FailOrphans();
   conn->exited.store(true);
 }
@@ -566,10 +565,7 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
       } else {
         quick_failures_ = 1;
       }
-      delay = quick_failures_ <= 1
-                  ? absl::ZeroDuration()
-                  : std::min(absl::Milliseconds(250) * (1 << std::min(quick_failures_ - 2, 7)),
-                             absl::Seconds(30));
+      delay = Backoff(quick_failures_);
       ++epoch_;
       ++resets_;
       reset_at_ = now;
@@ -686,6 +682,10 @@ absl::Status RemoteDevice::NotServingLocked() const {
 
 absl::Status RemoteDevice::StatusOf(const Reply& reply) {
   return reply.has_status() ? FromProto(reply.status()) : absl::OkStatus();
+}
+
+RemoteDevice::ReplyFn RemoteDevice::StatusTo(Done done) {
+  return [done = std::move(done)](const Reply& reply, uint64_t) { done(StatusOf(reply)); };
 }
 
 // ------------------------------------------------------------ requests
@@ -820,14 +820,14 @@ void RemoteDevice::DestroyStream(StreamId stream, Done done) {
   if (!live) return Defer([done] { done(absl::OkStatus()); });  // never created in this worker
   Request r;
   r.mutable_destroy_stream()->set_stream(stream);
-  Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, 0, 0, 0, StatusTo(done));
 }
 
 void RemoteDevice::AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done) {
   Request r;
   r.mutable_after_queued()->set_stream(stream);
   r.mutable_after_queued()->set_what(std::move(what));
-  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, 0, epoch, StatusTo(done));
 }
 
 void RemoteDevice::Allocate(StreamId stream, uint64_t size, std::string what,
@@ -851,7 +851,7 @@ void RemoteDevice::Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::str
   r.mutable_free()->set_stream(stream);
   r.mutable_free()->set_ptr(ptr);
   r.mutable_free()->set_what(std::move(what));
-  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, 0, epoch, StatusTo(done));
 }
 
 void RemoteDevice::Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_t value,
@@ -863,7 +863,7 @@ void RemoteDevice::Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_
   m->set_value(value);
   m->set_size(size);
   m->set_what(std::move(what));
-  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, 0, epoch, StatusTo(done));
 }
 
 void RemoteDevice::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t epoch,
@@ -875,7 +875,7 @@ void RemoteDevice::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t 
   c->set_src(src);
   c->set_size(size);
   c->set_what(std::move(what));
-  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, 0, epoch, StatusTo(done));
 }
 
 void RemoteDevice::CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch,
@@ -888,7 +888,7 @@ void RemoteDevice::CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch,
   c->set_slot(static_cast<uint32_t>(slot.index));
   c->set_size(size);
   c->set_what(std::move(what));
-  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, 0, epoch, StatusTo(done));
 }
 
 void RemoteDevice::CopyToHost(StreamId stream, device::StagingSlot slot, DevicePtr src,
@@ -900,7 +900,7 @@ void RemoteDevice::CopyToHost(StreamId stream, device::StagingSlot slot, DeviceP
   c->set_src(src);
   c->set_size(size);
   c->set_what(std::move(what));
-  Call(r, stream, 0, epoch, [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, 0, epoch, StatusTo(done));
 }
 
 void RemoteDevice::LoadModule(std::shared_ptr<const device::ModuleImage> image, std::string what,
@@ -1003,8 +1003,7 @@ void RemoteDevice::Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, 
   ToProto(op.geometry, l->mutable_geometry());
   l->set_params(std::move(op.param_block));
   l->set_what(std::move(op.what));
-  Call(r, stream, op.kernel, epoch,
-       [done](const Reply& reply, uint64_t) { done(StatusOf(reply)); });
+  Call(r, stream, op.kernel, epoch, StatusTo(done));
 }
 
 void RemoteDevice::Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) {

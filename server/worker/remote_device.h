@@ -194,6 +194,8 @@ class RemoteDevice {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status StatusOf(const Reply& reply);
+  // A reply handler that passes the reply's status to `done`.
+  static ReplyFn StatusTo(Done done);
 
   const WorkerOptions options_;
   cuda::DeviceProperties props_;

@@ -93,7 +93,7 @@ class Worker {
     FromWorker m;
     worker::Reply* reply = m.mutable_reply();
     reply->set_id(id);
-    ToProto(st, reply->mutable_status());
+    if (!st.ok()) ToProto(st, reply->mutable_status());  // none means OK
     Out(m);
   }
   void ReplyValue(uint64_t id, absl::StatusOr<uint64_t> v) {
