@@ -1,11 +1,11 @@
 #include "server/rpc/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -16,6 +16,7 @@
 #include "server/core/engine.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/health.h"
 #include "server/rpc/observability.h"
 #include "server/rpc/service.h"
 
@@ -29,6 +30,11 @@ class Server::Impl {
   std::unique_ptr<core::Engine> engine;
   std::unique_ptr<metrics::HttpServer> metrics_http;
   std::unique_ptr<rpc::GpuExecService> service;
+  rpc::HealthService health;
+  // The completion queues the services' calls run on, one thread each
+  // (joined by Shutdown); declared before the server, which goes first.
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
+  std::vector<std::thread> pollers;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   absl::Mutex health_mu;
@@ -39,11 +45,8 @@ class Server::Impl {
   absl::Notification done;
 
   void SetHealth(bool serving) {
-    grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
-    if (h == nullptr) return;
-    // Only these two: the unnamed overload would set "liveness" too.
-    h->SetServingStatus("", serving);
-    h->SetServingStatus("gpuexec.v1.GpuExec", serving);
+    health.SetServingStatus("", serving);
+    health.SetServingStatus("gpuexec.v1.GpuExec", serving);
   }
 
   // Health follows the devices: "" and the service serve while one device
@@ -52,9 +55,8 @@ class Server::Impl {
   void UpdateHealth() {
     absl::MutexLock lock(&health_mu);
     if (health_stopped) return;
-    grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
     for (int i = 0; i < engine->device_count(); ++i) {
-      h->SetServingStatus(absl::StrCat("device/", i), engine->DeviceHealthy(i));
+      health.SetServingStatus(absl::StrCat("device/", i), engine->DeviceHealthy(i));
     }
     const bool now = engine->AnyDeviceHealthy();
     SetHealth(now);
@@ -100,7 +102,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->metrics_http = std::move(http).value();
   }
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   if (!options.listen_address.empty()) {
@@ -117,7 +118,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterService(impl->service.get());
+  builder.RegisterService(impl->service->service());
+  builder.RegisterService(impl->health.service());
+  const int threads =
+      options.rpc_threads > 0
+          ? static_cast<int>(options.rpc_threads)
+          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 8);
+  for (int i = 0; i < threads; ++i) impl->queues.push_back(builder.AddCompletionQueue());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> observers;
   observers.push_back(rpc::MakeRpcObserver(&impl->registry));
   builder.experimental().SetInterceptorCreators(std::move(observers));
@@ -129,6 +136,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
         " (address in use or not valid?)"));
   }
+  for (auto& cq : impl->queues) {
+    impl->service->Listen(cq.get());
+    impl->health.Listen(cq.get());
+    impl->pollers.emplace_back(rpc::Poll, cq.get());
+  }
   {
     absl::MutexLock lock(&impl->health_mu);
     impl->last_serving = impl->engine->AnyDeviceHealthy();
@@ -136,7 +148,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->UpdateHealth();
   // "liveness" says the process serves at all, GPUs or not (for probes
   // that should restart a wedged daemon but not one on a GPU-less node).
-  impl->server->GetHealthCheckService()->SetServingStatus("liveness", true);
+  impl->health.SetServingStatus("liveness", true);
   Impl* raw = impl.get();
   impl->engine->SetHealthListener([raw] { raw->UpdateHealth(); });
   std::vector<std::string> addresses;
@@ -186,10 +198,15 @@ void Server::Shutdown(absl::Duration deadline) {
     absl::MutexLock lock(&impl_->health_mu);
     impl_->health_stopped = true;
   }
-  impl_->SetHealth(false);
-  impl_->server->GetHealthCheckService()->SetServingStatus("liveness", false);
+  impl_->health.Shutdown();  // every name NOT_SERVING; watches end
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
+  // Calls may still wait for the engine; their queues serve them until the
+  // last one ends.
+  impl_->service->WaitForCalls();
+  impl_->health.WaitForCalls();
+  for (auto& cq : impl_->queues) cq->Shutdown();
+  for (std::thread& t : impl_->pollers) t.join();
   impl_->metrics_http.reset();  // its scrapes read the engine
   impl_->engine.reset();        // closes sessions, releases devices
   log::Info("gpuexecd stopped");

@@ -52,6 +52,9 @@ struct ServerOptions {
   // process's own executable, which must then be gpuexecd).
   std::string worker_program;
   std::string worker_log_level = "info";
+  // Threads serving calls, each polling a completion queue of its own
+  // (0: one per core, from 2 to 8).
+  uint32_t rpc_threads = 0;
   // How often leases are checked.
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };

@@ -14,36 +14,72 @@
 namespace gpuexec::rpc {
 namespace {
 
-using grpc::CallbackServerContext;
-using grpc::ServerUnaryReactor;
+using Env = GpuExecService::Env;
+using AsyncService = v1::GpuExec::AsyncService;
 
-// The default reactor, finished with `status`.
-ServerUnaryReactor* FinishWith(CallbackServerContext* ctx, const absl::Status& status) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+// A unary method: `handler` runs when a call arrives; it fills the response
+// and calls Finish, at once or from an engine completion.
+template <class Req, class Resp>
+class Unary final : public UnaryCall<Req, Resp> {
+ public:
+  using RequestFn = void (AsyncService::*)(grpc::ServerContext*, Req*,
+                                           grpc::ServerAsyncResponseWriter<Resp>*,
+                                           grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
+                                           void*);
+  using Handler = void (*)(core::Engine*, Unary*);
+
+  Unary(const Env* env, RequestFn request, Handler handler)
+      : UnaryCall<Req, Resp>(env->calls), env_(env), request_fn_(request), handler_(handler) {}
+
+  const Req& request() const { return this->request_; }
+  Resp* response() { return &this->response_; }
+  void Finish(const absl::Status& status) { UnaryCall<Req, Resp>::Finish(ToGrpcStatus(status)); }
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    (env_->service->*request_fn_)(&this->ctx_, &this->request_, &this->writer_, cq, cq, tag);
+  }
+  AsyncCall* Next() override { return new Unary(env_, request_fn_, handler_); }
+  void OnStart() override { handler_(env_->engine, this); }
+
+  const Env* env_;
+  RequestFn request_fn_;
+  Handler handler_;
+};
+
+template <class Req, class Resp>
+void ListenUnary(const Env* env, grpc::ServerCompletionQueue* cq,
+                 typename Unary<Req, Resp>::RequestFn request,
+                 typename Unary<Req, Resp>::Handler handler) {
+  (new Unary<Req, Resp>(env, request, handler))->Listen(cq);
 }
 
-// A completion that fills the response with `fill` and finishes the call.
-template <typename T, typename Fill>
-std::function<void(absl::StatusOr<T>)> Reply(ServerUnaryReactor* reactor, Fill fill) {
-  return [reactor, fill = std::move(fill)](absl::StatusOr<T> result) {
-    if (result.ok()) fill(*result);
-    reactor->Finish(ToGrpcStatus(result.status()));
+// A completion that fills the call's response with `fill` and finishes it.
+template <class T, class Call, class Fill>
+std::function<void(absl::StatusOr<T>)> Reply(Call* call, Fill fill) {
+  return [call, fill = std::move(fill)](absl::StatusOr<T> result) {
+    if (result.ok()) fill(*result, call->response());
+    call->Finish(result.status());
   };
 }
 
-std::function<void(absl::Status)> ReplyStatus(ServerUnaryReactor* reactor) {
-  return [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); };
+template <class Call>
+std::function<void(absl::Status)> ReplyStatus(Call* call) {
+  return [call](absl::Status st) { call->Finish(st); };
 }
 
 // LoadModule: a header, then chunks, then the engine loads the module.
-class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleRequest> {
+class LoadModuleCall final
+    : public ServerReadCall<v1::LoadModuleRequest, v1::LoadModuleResponse> {
  public:
-  LoadModuleReactor(core::Engine* engine, v1::LoadModuleResponse* response)
-      : engine_(engine), response_(response) {
-    StartRead(&request_);
+  explicit LoadModuleCall(const Env* env) : ServerReadCall(env->calls), env_(env) {}
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    env_->service->RequestLoadModule(&ctx_, &reader_, cq, cq, tag);
   }
+  AsyncCall* Next() override { return new LoadModuleCall(env_); }
+  void OnStart() override { StartRead(&request_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -53,9 +89,9 @@ class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleReq
       }
       upload_->Finish([this](absl::StatusOr<core::ModuleResult> r) {
         if (r.ok()) {
-          response_->set_module(r->handle);
-          response_->set_sha256(r->sha256);
-          response_->set_uploaded(r->uploaded);
+          response_.set_module(r->handle);
+          response_.set_sha256(r->sha256);
+          response_.set_uploaded(r->uploaded);
         }
         Finish(ToGrpcStatus(r.status()));
       });
@@ -68,7 +104,7 @@ class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleReq
       } else {
         const v1::ModuleHeader& h = request_.header();
         auto upload =
-            engine_->BeginModuleUpload(h.session(), h.sha256(), h.size(), FromProto(h.kind()));
+            env_->engine->BeginModuleUpload(h.session(), h.sha256(), h.size(), FromProto(h.kind()));
         if (upload.ok()) upload_ = std::move(upload).value();
         st = upload.status();
       }
@@ -81,11 +117,7 @@ class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleReq
     StartRead(&request_);
   }
 
-  void OnDone() override { delete this; }
-
- private:
-  core::Engine* engine_;
-  v1::LoadModuleResponse* response_;
+  const Env* env_;
   v1::LoadModuleRequest request_;
   std::unique_ptr<core::ModuleUpload> upload_;
 };
@@ -94,10 +126,16 @@ class LoadModuleReactor final : public grpc::ServerReadReactor<v1::LoadModuleReq
 // messages alternate, so that gRPC receives the next one while this one's
 // bytes are copied out: at most one read and one push are under way, and a
 // message is read into only once its bytes are no longer needed.
-class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
+class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteResponse> {
  public:
-  WriteReactor(core::Engine* engine, v1::WriteResponse* response)
-      : engine_(engine), response_(response) {
+  explicit WriteCall(const Env* env) : ServerReadCall(env->calls), env_(env) {}
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    env_->service->RequestWrite(&ctx_, &reader_, cq, cq, tag);
+  }
+  AsyncCall* Next() override { return new WriteCall(env_); }
+  void OnStart() override {
     {
       absl::MutexLock lock(&mu_);
       reading_ = 0;
@@ -116,7 +154,7 @@ class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
       } else {
         if (sink_ == nullptr) {
           const v1::WriteRequest& first = requests_[got];
-          auto sink = engine_->BeginWrite(first.session(), first.buffer(), first.offset());
+          auto sink = env_->engine->BeginWrite(first.session(), first.buffer(), first.offset());
           if (!sink.ok()) {
             done_ = true;
             lock.Release();
@@ -130,9 +168,6 @@ class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
     Pump();
   }
 
-  void OnDone() override { delete this; }
-
- private:
   // Starts what can start: a read into a free message, a push of a message
   // read; finishes once the stream ended and everything was pushed.
   void Pump() {
@@ -171,7 +206,7 @@ class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
           absl::InvalidArgumentError("Write: the stream ended before its first message")));
     }
     sink->Finish([this](absl::StatusOr<uint64_t> n) {
-      if (n.ok()) response_->set_bytes_written(*n);
+      if (n.ok()) response_.set_bytes_written(*n);
       Finish(ToGrpcStatus(n.status()));
     });
   }
@@ -192,8 +227,7 @@ class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
     Pump();
   }
 
-  core::Engine* engine_;
-  v1::WriteResponse* response_;
+  const Env* env_;
   v1::WriteRequest requests_[2];
   absl::Mutex mu_;
   std::shared_ptr<core::WriteSink> sink_ ABSL_GUARDED_BY(mu_);
@@ -205,11 +239,19 @@ class WriteReactor final : public grpc::ServerReadReactor<v1::WriteRequest> {
 };
 
 // Read: chunks fetched ahead by the engine, written one at a time.
-class ReadReactor final : public grpc::ServerWriteReactor<v1::ReadResponse> {
+class ReadCall final : public ServerWriteCall<v1::ReadRequest, v1::ReadResponse> {
  public:
-  ReadReactor(core::Engine* engine, const v1::ReadRequest* r) {
-    auto source =
-        engine->BeginRead(r->session(), r->buffer(), r->offset(), r->size(), r->chunk_size());
+  explicit ReadCall(const Env* env) : ServerWriteCall(env->calls), env_(env) {}
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    env_->service->RequestRead(&ctx_, &request_, &writer_, cq, cq, tag);
+  }
+  AsyncCall* Next() override { return new ReadCall(env_); }
+  void OnStart() override {
+    const v1::ReadRequest* r = &request_;
+    auto source = env_->engine->BeginRead(r->session(), r->buffer(), r->offset(), r->size(),
+                                          r->chunk_size());
     if (!source.ok()) {
       Finish(ToGrpcStatus(source.status()));
       return;
@@ -223,9 +265,6 @@ class ReadReactor final : public grpc::ServerWriteReactor<v1::ReadResponse> {
     NextChunk();
   }
 
-  void OnDone() override { delete this; }
-
- private:
   void NextChunk() {
     if (source_->remaining() == 0) return Finish(grpc::Status::OK);
     source_->Next([this](absl::StatusOr<std::pair<uint64_t, std::string>> chunk) {
@@ -236,19 +275,28 @@ class ReadReactor final : public grpc::ServerWriteReactor<v1::ReadResponse> {
     });
   }
 
+  const Env* env_;
   std::shared_ptr<core::ReadSource> source_;
   v1::ReadResponse response_;
 };
 
 // Execute: a session's commands, dispatched to the engine in the order they
 // arrive; results are sent as they complete, several to a message when they
-// come faster than they can be written. The reactor ends only when the
+// come faster than they can be written. The call ends only when the
 // client has half-closed, no engine callback is outstanding and nothing is
 // left to write, so no callback can outlive it.
-class ExecuteReactor final
-    : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse> {
+class ExecuteCall final : public ServerBidiCall<v1::ExecuteRequest, v1::ExecuteResponse> {
  public:
-  ExecuteReactor(core::Engine* engine, std::string peer) : engine_(engine), peer_(std::move(peer)) {
+  explicit ExecuteCall(const Env* env)
+      : ServerBidiCall(env->calls), env_(env), engine_(env->engine) {}
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    env_->service->RequestExecute(&ctx_, &stream_, cq, cq, tag);
+  }
+  AsyncCall* Next() override { return new ExecuteCall(env_); }
+  void OnStart() override {
+    peer_ = ctx_.peer();
     StartRead(&request_);
   }
 
@@ -293,11 +341,8 @@ class ExecuteReactor final
     MaybeFinishLocked();
   }
 
-  void OnDone() override { delete this; }
-
- private:
   // Commands started and not yet answered, or results not yet written,
-  // beyond which the reactor stops reading until they drain.
+  // beyond which the call stops reading until they drain.
   static constexpr int kMaxOutstanding = 8192;
 
   void Dispatch(const v1::Command& c) {
@@ -407,8 +452,9 @@ class ExecuteReactor final
     Finish(grpc::Status::OK);
   }
 
+  const Env* env_;
   core::Engine* engine_;
-  const std::string peer_;
+  std::string peer_;
   std::string session_;  // set by the first message; read-only after
   v1::ExecuteRequest request_;
 
@@ -425,134 +471,113 @@ class ExecuteReactor final
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>* GpuExecService::Execute(
-    CallbackServerContext* ctx) {
-  return new ExecuteReactor(engine_, ctx->peer());
-}
 
-ServerUnaryReactor* GpuExecService::ListDevices(CallbackServerContext* ctx,
-                                                const v1::ListDevicesRequest*,
-                                                v1::ListDevicesResponse* response) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->ListDevices(Reply<std::vector<core::DeviceStatus>>(
-      reactor, [response](const std::vector<core::DeviceStatus>& devices) {
-        for (const auto& d : devices) ToProto(d, response->add_devices());
-      }));
-  return reactor;
-}
+void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
+  const Env* env = &env_;
+  using S = AsyncService;
+  (new ExecuteCall(env))->Listen(cq);
+  (new WriteCall(env))->Listen(cq);
+  (new ReadCall(env))->Listen(cq);
+  (new LoadModuleCall(env))->Listen(cq);
 
-ServerUnaryReactor* GpuExecService::OpenSession(CallbackServerContext* ctx,
-                                                const v1::OpenSessionRequest* request,
-                                                v1::OpenSessionResponse* response) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  std::optional<uint32_t> device;
-  if (request->has_device()) device = request->device();
-  engine_->OpenSession(device, request->lease_ms(), request->memory_limit_bytes(),
-                       request->kernel_time_limit_ms(),
-                       Reply<core::SessionInfo>(reactor, [response](const core::SessionInfo& s) {
-                         ToProto(s, response);
+  using ListDevices = Unary<v1::ListDevicesRequest, v1::ListDevicesResponse>;
+  ListenUnary<v1::ListDevicesRequest, v1::ListDevicesResponse>(
+      env, cq, &S::RequestListDevices, [](core::Engine* engine, ListDevices* call) {
+        engine->ListDevices(Reply<std::vector<core::DeviceStatus>>(
+            call, [](const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
+              for (const auto& d : devices) ToProto(d, r->add_devices());
+            }));
+      });
+
+  using OpenSession = Unary<v1::OpenSessionRequest, v1::OpenSessionResponse>;
+  ListenUnary<v1::OpenSessionRequest, v1::OpenSessionResponse>(
+      env, cq, &S::RequestOpenSession, [](core::Engine* engine, OpenSession* call) {
+        const v1::OpenSessionRequest& request = call->request();
+        std::optional<uint32_t> device;
+        if (request.has_device()) device = request.device();
+        engine->OpenSession(
+            device, request.lease_ms(), request.memory_limit_bytes(),
+            request.kernel_time_limit_ms(),
+            Reply<core::SessionInfo>(call, [](const core::SessionInfo& s,
+                                              v1::OpenSessionResponse* r) { ToProto(s, r); }));
+      });
+
+  using KeepAlive = Unary<v1::KeepAliveRequest, v1::KeepAliveResponse>;
+  ListenUnary<v1::KeepAliveRequest, v1::KeepAliveResponse>(
+      env, cq, &S::RequestKeepAlive, [](core::Engine* engine, KeepAlive* call) {
+        auto lease = engine->KeepAlive(call->request().session());
+        if (lease.ok()) call->response()->set_lease_ms(*lease);
+        call->Finish(lease.status());
+      });
+
+  using CloseSession = Unary<v1::CloseSessionRequest, v1::CloseSessionResponse>;
+  ListenUnary<v1::CloseSessionRequest, v1::CloseSessionResponse>(
+      env, cq, &S::RequestCloseSession, [](core::Engine* engine, CloseSession* call) {
+        engine->CloseSession(call->request().session(), ReplyStatus(call));
+      });
+
+  using GetFunction = Unary<v1::GetFunctionRequest, v1::GetFunctionResponse>;
+  ListenUnary<v1::GetFunctionRequest, v1::GetFunctionResponse>(
+      env, cq, &S::RequestGetFunction, [](core::Engine* engine, GetFunction* call) {
+        const v1::GetFunctionRequest& request = call->request();
+        engine->GetFunction(
+            request.session(), request.module(), request.name(),
+            Reply<core::FunctionResult>(call, [](const core::FunctionResult& f,
+                                                 v1::GetFunctionResponse* r) { ToProto(f, r); }));
+      });
+
+  using Allocate = Unary<v1::AllocateRequest, v1::AllocateResponse>;
+  ListenUnary<v1::AllocateRequest, v1::AllocateResponse>(
+      env, cq, &S::RequestAllocate, [](core::Engine* engine, Allocate* call) {
+        engine->Allocate(call->request().session(), call->request().size(),
+                         Reply<core::BufferInfo>(
+                             call, [](const core::BufferInfo& b, v1::AllocateResponse* r) {
+                               r->set_buffer(b.handle);
+                               r->set_size(b.size);
+                             }));
+      });
+
+  using Free = Unary<v1::FreeRequest, v1::FreeResponse>;
+  ListenUnary<v1::FreeRequest, v1::FreeResponse>(
+      env, cq, &S::RequestFree, [](core::Engine* engine, Free* call) {
+        engine->Free(call->request().session(), call->request().buffer(), ReplyStatus(call));
+      });
+
+  using Memset = Unary<v1::MemsetRequest, v1::MemsetResponse>;
+  ListenUnary<v1::MemsetRequest, v1::MemsetResponse>(
+      env, cq, &S::RequestMemset, [](core::Engine* engine, Memset* call) {
+        const v1::MemsetRequest& r = call->request();
+        engine->Memset(r.session(), r.buffer(), r.offset(), r.size(), r.value(),
+                       ReplyStatus(call));
+      });
+
+  using CopyBuffer = Unary<v1::CopyBufferRequest, v1::CopyBufferResponse>;
+  ListenUnary<v1::CopyBufferRequest, v1::CopyBufferResponse>(
+      env, cq, &S::RequestCopyBuffer, [](core::Engine* engine, CopyBuffer* call) {
+        const v1::CopyBufferRequest& r = call->request();
+        engine->CopyBuffer(r.session(), r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
+                           ReplyStatus(call));
+      });
+
+  using Launch = Unary<v1::LaunchRequest, v1::LaunchResponse>;
+  ListenUnary<v1::LaunchRequest, v1::LaunchResponse>(
+      env, cq, &S::RequestLaunch, [](core::Engine* engine, Launch* call) {
+        auto spec = FromProto(call->request());
+        if (!spec.ok()) return call->Finish(spec.status());
+        engine->Launch(std::move(spec).value(),
+                       Reply<uint64_t>(call, [](uint64_t ns, v1::LaunchResponse* r) {
+                         r->set_gpu_time_ns(ns);
                        }));
-  return reactor;
-}
+      });
 
-ServerUnaryReactor* GpuExecService::KeepAlive(CallbackServerContext* ctx,
-                                              const v1::KeepAliveRequest* request,
-                                              v1::KeepAliveResponse* response) {
-  auto lease = engine_->KeepAlive(request->session());
-  if (lease.ok()) response->set_lease_ms(*lease);
-  return FinishWith(ctx, lease.status());
-}
-
-ServerUnaryReactor* GpuExecService::CloseSession(CallbackServerContext* ctx,
-                                                 const v1::CloseSessionRequest* request,
-                                                 v1::CloseSessionResponse*) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->CloseSession(request->session(), ReplyStatus(reactor));
-  return reactor;
-}
-
-grpc::ServerReadReactor<v1::LoadModuleRequest>* GpuExecService::LoadModule(
-    CallbackServerContext*, v1::LoadModuleResponse* response) {
-  return new LoadModuleReactor(engine_, response);
-}
-
-ServerUnaryReactor* GpuExecService::GetFunction(CallbackServerContext* ctx,
-                                                const v1::GetFunctionRequest* request,
-                                                v1::GetFunctionResponse* response) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->GetFunction(
-      request->session(), request->module(), request->name(),
-      Reply<core::FunctionResult>(
-          reactor, [response](const core::FunctionResult& f) { ToProto(f, response); }));
-  return reactor;
-}
-
-ServerUnaryReactor* GpuExecService::Allocate(CallbackServerContext* ctx,
-                                             const v1::AllocateRequest* request,
-                                             v1::AllocateResponse* response) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->Allocate(request->session(), request->size(),
-                    Reply<core::BufferInfo>(reactor, [response](const core::BufferInfo& b) {
-                      response->set_buffer(b.handle);
-                      response->set_size(b.size);
-                    }));
-  return reactor;
-}
-
-ServerUnaryReactor* GpuExecService::Free(CallbackServerContext* ctx, const v1::FreeRequest* request,
-                                         v1::FreeResponse*) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->Free(request->session(), request->buffer(), ReplyStatus(reactor));
-  return reactor;
-}
-
-ServerUnaryReactor* GpuExecService::Memset(CallbackServerContext* ctx,
-                                           const v1::MemsetRequest* request, v1::MemsetResponse*) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->Memset(request->session(), request->buffer(), request->offset(), request->size(),
-                  request->value(), ReplyStatus(reactor));
-  return reactor;
-}
-
-ServerUnaryReactor* GpuExecService::CopyBuffer(CallbackServerContext* ctx,
-                                               const v1::CopyBufferRequest* r,
-                                               v1::CopyBufferResponse*) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->CopyBuffer(r->session(), r->dst(), r->dst_offset(), r->src(), r->src_offset(), r->size(),
-                      ReplyStatus(reactor));
-  return reactor;
-}
-
-grpc::ServerReadReactor<v1::WriteRequest>* GpuExecService::Write(CallbackServerContext*,
-                                                                 v1::WriteResponse* response) {
-  return new WriteReactor(engine_, response);
-}
-
-grpc::ServerWriteReactor<v1::ReadResponse>* GpuExecService::Read(CallbackServerContext*,
-                                                                 const v1::ReadRequest* request) {
-  return new ReadReactor(engine_, request);
-}
-
-ServerUnaryReactor* GpuExecService::Launch(CallbackServerContext* ctx,
-                                           const v1::LaunchRequest* request,
-                                           v1::LaunchResponse* response) {
-  auto spec = FromProto(*request);
-  if (!spec.ok()) return FinishWith(ctx, spec.status());
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->Launch(std::move(spec).value(), Reply<uint64_t>(reactor, [response](uint64_t ns) {
-                    response->set_gpu_time_ns(ns);
-                  }));
-  return reactor;
-}
-
-ServerUnaryReactor* GpuExecService::Synchronize(CallbackServerContext* ctx,
-                                                const v1::SynchronizeRequest* request,
-                                                v1::SynchronizeResponse* response) {
-  ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->Synchronize(request->session(), Reply<uint64_t>(reactor, [response](uint64_t ns) {
-                         response->set_gpu_time_ns(ns);
-                       }));
-  return reactor;
+  using Synchronize = Unary<v1::SynchronizeRequest, v1::SynchronizeResponse>;
+  ListenUnary<v1::SynchronizeRequest, v1::SynchronizeResponse>(
+      env, cq, &S::RequestSynchronize, [](core::Engine* engine, Synchronize* call) {
+        engine->Synchronize(call->request().session(),
+                            Reply<uint64_t>(call, [](uint64_t ns, v1::SynchronizeResponse* r) {
+                              r->set_gpu_time_ns(ns);
+                            }));
+      });
 }
 
 }  // namespace gpuexec::rpc

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 
@@ -41,6 +42,49 @@ TEST(DaemonTest, WithoutADriverItServesNoDevicesAndIsNotServing) {
   EXPECT_EQ(Health(target, "gpuexec.v1.GpuExec"), HealthStatus::NOT_SERVING);
   EXPECT_EQ(Health(target, "liveness"), HealthStatus::SERVING);
   (*server)->Shutdown();
+}
+
+// Watch reports the status now and each change after; at shutdown every name
+// turns NOT_SERVING and the stream ends. An unknown name is NOT_FOUND to
+// Check and SERVICE_UNKNOWN to Watch.
+TEST(DaemonTest, HealthWatchFollowsTheStatusUntilShutdown) {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.driver_library = "libgpuexec-no-such-driver.so.1";
+  options.worker_program = DaemonProgram();
+  auto server = Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string target = TargetOf(**server);
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+
+  grpc::ClientContext check_ctx;
+  grpc::health::v1::HealthCheckRequest unknown;
+  unknown.set_service("no-such-service");
+  HealthStatus response;
+  const grpc::Status check = stub->Check(&check_ctx, unknown, &response);
+  EXPECT_EQ(check.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(check.error_message(), HasSubstr("no-such-service"));
+
+  grpc::ClientContext unknown_ctx;
+  auto unknown_watch = stub->Watch(&unknown_ctx, unknown);
+  ASSERT_TRUE(unknown_watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthStatus::SERVICE_UNKNOWN);
+  unknown_ctx.TryCancel();
+  unknown_watch->Finish();
+
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest liveness;
+  liveness.set_service("liveness");
+  auto watch = stub->Watch(&ctx, liveness);
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthStatus::SERVING);
+  std::thread stopper([&] { (*server)->Shutdown(); });
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthStatus::NOT_SERVING);
+  EXPECT_FALSE(watch->Read(&response));
+  EXPECT_TRUE(watch->Finish().ok());
+  stopper.join();
 }
 
 class DaemonWithDeviceTest : public ServiceTest {

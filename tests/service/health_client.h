@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "health.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace gpuexec::testing {
 

@@ -1,0 +1,152 @@
+#include "server/rpc/health.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpuexec::rpc {
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+class Check final : public UnaryCall<HealthCheckRequest, HealthCheckResponse> {
+ public:
+  Check(grpc::health::v1::Health::AsyncService* service, CallCounter* calls,
+        std::function<bool(const std::string&, HealthCheckResponse*)> lookup)
+      : UnaryCall(calls), service_(service), lookup_(std::move(lookup)) {}
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    service_->RequestCheck(&ctx_, &request_, &writer_, cq, cq, tag);
+  }
+  AsyncCall* Next() override { return new Check(service_, counter_, lookup_); }
+  void OnStart() override {
+    if (lookup_(request_.service(), &response_)) return Finish(grpc::Status::OK);
+    Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("health: no service named '", request_.service(), "'")));
+  }
+
+  grpc::health::v1::Health::AsyncService* service_;
+  std::function<bool(const std::string&, HealthCheckResponse*)> lookup_;
+};
+
+}  // namespace
+
+// A Watch call: the status now, then each change. A client that goes away
+// is noticed at the next write (a change, or shutdown).
+class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, HealthCheckResponse> {
+ public:
+  explicit Watch(HealthService* health) : ServerWriteCall(&health->calls_), health_(health) {}
+
+  // `status` for this watch's name; called with the service's mutex held.
+  void Update(ServingStatus status) {
+    absl::MutexLock lock(&mu_);
+    if (status == last_ && !pending_) return;
+    next_ = status;
+    pending_ = true;
+    WriteLocked();
+  }
+  // Ends the call once nothing is being written.
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    ending_ = true;
+    WriteLocked();
+  }
+  const std::string& name() const { return request_.service(); }
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    health_->async_.RequestWatch(&ctx_, &request_, &writer_, cq, cq, tag);
+  }
+  AsyncCall* Next() override { return new Watch(health_); }
+  void OnStart() override {
+    absl::MutexLock lock(&health_->mu_);
+    if (health_->shut_down_ || health_->watches_.size() >= kMaxWatches) {
+      absl::MutexLock own(&mu_);
+      finished_ = true;
+      return Finish(health_->shut_down_
+                        ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "health: shutting down")
+                        : grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                       absl::StrCat("health: ", kMaxWatches,
+                                                    " watches are open already")));
+    }
+    health_->watches_.push_back(this);
+    auto it = health_->status_.find(name());
+    Update(it == health_->status_.end() ? HealthCheckResponse::SERVICE_UNKNOWN : it->second);
+  }
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) ending_ = true;
+    WriteLocked();
+  }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&health_->mu_);
+      auto& w = health_->watches_;
+      w.erase(std::remove(w.begin(), w.end(), this), w.end());
+    }
+    delete this;
+  }
+
+  void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || finished_) return;
+    if (pending_ && !ending_) {
+      pending_ = false;
+      last_ = next_;
+      response_.set_status(next_);
+      writing_ = true;
+      return StartWrite(&response_);
+    }
+    if (ending_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  HealthService* health_;
+  absl::Mutex mu_;
+  HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
+  ServingStatus last_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
+  ServingStatus next_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void HealthService::Listen(grpc::ServerCompletionQueue* cq) {
+  (new Check(&async_, &calls_, [this](const std::string& name, HealthCheckResponse* r) {
+     absl::MutexLock lock(&mu_);
+     auto it = status_.find(name);
+     if (it == status_.end()) return false;
+     r->set_status(it->second);
+     return true;
+   }))->Listen(cq);
+  (new Watch(this))->Listen(cq);
+}
+
+void HealthService::SetServingStatus(const std::string& name, bool serving) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return;
+  const ServingStatus s = serving ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
+  status_[name] = s;
+  for (Watch* w : watches_) {
+    if (w->name() == name) w->Update(s);
+  }
+}
+
+void HealthService::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return;
+  for (auto& [name, s] : status_) s = HealthCheckResponse::NOT_SERVING;
+  for (Watch* w : watches_) {
+    w->Update(HealthCheckResponse::NOT_SERVING);
+    w->Close();
+  }
+  shut_down_ = true;
+}
+
+}  // namespace gpuexec::rpc
