@@ -47,6 +47,13 @@ ABSL_FLAG(uint64_t, kernel_time_limit_ms, 60000,
           "A launch still running after this many milliseconds counts as hung: its device's "
           "worker process is ended and restarted, and the launch's session gets ABORTED. "
           "Sessions may ask for less (0: no limit).");
+ABSL_FLAG(uint32_t, busy_poll_us, 100,
+          "How long each device's worker, and the daemon's reader of its replies, keep looking "
+          "for the next message before they sleep: saves a thread wake-up per message for "
+          "clients that wait for each answer, at the price of a core while it lasts (0: off).");
+ABSL_FLAG(uint32_t, rpc_threads, 0,
+          "Threads serving gRPC calls, each polling a completion queue of its own (0: one per "
+          "core, from 2 to 8).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 
 int main(int argc, char** argv) {
@@ -101,6 +108,8 @@ int main(int argc, char** argv) {
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.module_store_bytes = absl::GetFlag(FLAGS_module_store_bytes);
   options.kernel_time_limit_ms = absl::GetFlag(FLAGS_kernel_time_limit_ms);
+  options.rpc_threads = absl::GetFlag(FLAGS_rpc_threads);
+  options.busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   options.worker_log_level = absl::GetFlag(FLAGS_log_level);
 
   auto server = gpuexec::Server::Start(options);

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   wo.staging_slots = static_cast<int>(options.staging_buffers);
   wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
   wo.log_level = options.log_level;
+  wo.busy_poll = options.busy_poll;
   worker::DriverInfo info;
   wo.ordinal = 0;
   auto first = worker::RemoteDevice::Start(wo, &info);

@@ -70,7 +70,9 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const cuda::Driver* driver,
   device->started_ = &started;
   Device* d = device.get();
   Executor::Input input;
-  if (options.input_fd >= 0) input = Executor::Input{options.input_fd, options.on_input};
+  if (options.input_fd >= 0) {
+    input = Executor::Input{options.input_fd, options.on_input, options.busy_poll};
+  }
   d->executor_.Start([d] { d->OnStart(); }, [d] { d->OnTick(); }, [d] { d->OnStop(); }, kTick,
                      [d] { return d->PollEvents(); }, std::move(input));
   started.WaitForNotification();

@@ -62,6 +62,8 @@ struct DeviceOptions {
   // A socket the executor reads requests from itself (see Executor::Input).
   int input_fd = -1;
   std::function<void()> on_input;
+  // See ExecutorInput::busy_poll.
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 // A module image as the device needs it: its id (SHA-256) and bytes.

@@ -84,8 +84,12 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
   bool polling = false;
   absl::Time polling_since;
   absl::Time last_tick = absl::Now();
+  absl::Time last_work = absl::InfinitePast();
   while (true) {
     absl::Duration wait = tick;
+    const bool busy_polling =
+        input.busy_poll > absl::ZeroDuration() && absl::Now() - last_work < input.busy_poll;
+    if (busy_polling) wait = absl::ZeroDuration();
     if (polling) {
       const absl::Duration spent = absl::Now() - polling_since;
       wait = spent < absl::Microseconds(200) ? absl::ZeroDuration()
@@ -106,6 +110,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
       }
     }
     if (stop) break;
+    if (!batch.empty()) last_work = absl::Now();
     for (Op& op : batch) op();
     batch.clear();
     if (poll) {
@@ -116,7 +121,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
     if (!polling && on_tick && absl::Now() - last_tick >= tick) {
       last_tick = absl::Now();
       on_tick();
-    } else if (polling && wait == absl::ZeroDuration()) {
+    } else if ((polling || busy_polling) && wait == absl::ZeroDuration()) {
       std::this_thread::yield();
     }
   }

@@ -26,6 +26,11 @@ namespace gpuexec::device {
 struct ExecutorInput {
   int fd = -1;
   std::function<void()> on_readable;
+  // After running work, keep reading the input without sleeping for this
+  // long: the next request of a client that waits for each answer arrives
+  // within it, and is then seen without a thread wake-up (tens of
+  // microseconds on some hosts). Costs a core while it lasts.
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 class Executor {

@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.worker_program = options.worker_program;
   eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
   eo.log_level = options.worker_log_level;
+  eo.busy_poll = absl::Microseconds(options.busy_poll_us);
   auto engine = core::Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();

@@ -52,6 +52,9 @@ struct ServerOptions {
   // process's own executable, which must then be gpuexecd).
   std::string worker_program;
   std::string worker_log_level = "info";
+  // How long each device's worker, and the daemon's reader of its replies,
+  // keep looking for the next message before sleeping (0: not at all).
+  uint32_t busy_poll_us = 100;
   // Threads serving calls, each polling a completion queue of its own
   // (0: one per core, from 2 to 8).
   uint32_t rpc_threads = 0;

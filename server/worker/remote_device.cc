@@ -286,7 +286,8 @@ void RemoteDevice::Spawn() {
         absl::StrCat("--driver=", options_.driver_library),
         absl::StrCat("--staging_bytes=", options_.staging_bytes),
         absl::StrCat("--staging_slots=", options_.staging_slots),
-        absl::StrCat("--log_level=", options_.log_level)};
+        absl::StrCat("--log_level=", options_.log_level),
+        absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(options_.busy_poll))};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -425,14 +426,15 @@ void RemoteDevice::Monitor() {
 void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
   std::string frame;
   // Replies come in bursts (a launch's, then its synchronize's a few
-  // microseconds later): after each, look again for a while before
-  // sleeping, which saves the wake-up on the path of the next one.
+  // microseconds later), and a client that waits for each answer sends its
+  // next request soon after: after each reply, look again for a while
+  // before sleeping, which saves the wake-up on the path of the next one.
   absl::Time last = absl::InfinitePast();
   for (;;) {
     const Channel::Poll got = conn->channel->TryReceive(&frame);
     if (got == Channel::Poll::kEnd) break;
     if (got == Channel::Poll::kNothing) {
-      if (absl::Now() - last < absl::Microseconds(50)) continue;
+      if (absl::Now() - last < options_.busy_poll) continue;
       if (!conn->channel->Receive(&frame)) break;
     }
     OnMessage(conn, frame);

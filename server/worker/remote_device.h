@@ -61,6 +61,10 @@ struct WorkerOptions {
   // not answered a ping for this long plus 30 s.
   absl::Duration kernel_time_limit = absl::Seconds(60);
   std::string log_level = "info";
+  // How long the worker's executor, and the front's reader of its replies,
+  // keep looking for the next message before they sleep (0: they sleep at
+  // once).
+  absl::Duration busy_poll = absl::Microseconds(100);
   // How long the first start may take.
   absl::Duration start_timeout = absl::Seconds(120);
 };

@@ -32,6 +32,7 @@ struct Args {
   uint64_t staging_bytes = 1 << 20;
   int staging_slots = 8;
   std::string log_level = "info";
+  int64_t busy_poll_us = 0;
 };
 
 bool ParseArgs(int argc, char** argv, Args* args) {
@@ -51,6 +52,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!absl::SimpleAtoi(v, &args->staging_bytes)) return false;
     } else if (value("--staging_slots=", &v)) {
       if (!absl::SimpleAtoi(v, &args->staging_slots)) return false;
+    } else if (value("--busy_poll_us=", &v)) {
+      if (!absl::SimpleAtoi(v, &args->busy_poll_us)) return false;
     } else if (value("--log_level=", &v)) {
       args->log_level = std::string(v);
     } else {
@@ -314,6 +317,7 @@ int RunWorker(int argc, char** argv) {
   device::DeviceOptions options;
   options.staging_bytes = args.staging_bytes;
   options.staging_slots = args.staging_slots;
+  options.busy_poll = absl::Microseconds(args.busy_poll_us);
   options.staging_memory = static_cast<uint8_t*>(mapped);
   options.on_fault = [&channel](const absl::Status& st) {
     Event e;
