@@ -2,8 +2,9 @@
 //
 //   native     the CUDA driver called directly from this process (through
 //              gpuexec's own driver wrapper: the same entry points)
-//   transport  an echo service on the same gRPC in this process: the
-//              ceiling any gRPC service has on this machine
+//   transport  an echo service on the same gRPC, in a process of its own
+//              and served the way gpuexecd serves (completion queues, one
+//              thread each): the ceiling any gRPC service has here
 //   gpuexec    a gpuexecd process started by this program, driven by the C++
 //              client library over loopback TCP and over a Unix socket
 //
@@ -42,6 +43,7 @@
 #include "echo.grpc.pb.h"
 #include "gpuexec/client.h"
 #include "server/cuda/driver.h"
+#include "server/rpc/async_call.h"
 
 ABSL_FLAG(std::string, daemon, "", "gpuexecd to start (default: gpuexecd beside this program)");
 ABSL_FLAG(std::string, driver, "libcuda.so.1",
@@ -53,6 +55,11 @@ ABSL_FLAG(bool, quick, false, "small sizes and few iterations: a smoke test, not
 ABSL_FLAG(int, clients, 16, "concurrent clients for the aggregate figures");
 ABSL_FLAG(std::vector<std::string>, daemon_args, {},
           "extra gpuexecd flags, comma-separated (e.g. --staging_buffers=16)");
+ABSL_FLAG(int, rpc_threads, 1,
+          "gRPC threads of the echo server and of gpuexecd (passed on as --rpc_threads)");
+ABSL_FLAG(std::string, serve_echo, "",
+          "internal: serve the echo service, writing its TCP port to DIR/port and listening "
+          "on DIR/echo.sock, until killed");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
@@ -345,6 +352,190 @@ class EchoService final : public Echo::CallbackService {
   }
 };
 
+// The echo service served as gpuexecd serves gpuexec.v1: on completion
+// queues, one thread each, with the call code run by the thread that polled
+// it (server/rpc/async_call.h).
+class AsyncEcho {
+ public:
+  grpc::Service* service() { return &service_; }
+  void Listen(grpc::ServerCompletionQueue* cq) {
+    (new UnaryEcho(this))->Listen(cq);
+    (new BidiEcho(this))->Listen(cq);
+    (new UploadCount(this))->Listen(cq);
+    (new DownloadChunks(this))->Listen(cq);
+  }
+
+ private:
+  using AsyncCall = rpc::AsyncCall;
+  using Tag = rpc::Tag;
+
+  class UnaryEcho final : public rpc::UnaryCall<Blob, Blob> {
+   public:
+    explicit UnaryEcho(AsyncEcho* e) : UnaryCall(&e->calls_), e_(e) {}
+
+   private:
+    void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+      e_->service_.RequestUnary(&ctx_, &request_, &writer_, cq, cq, tag);
+    }
+    AsyncCall* Next() override { return new UnaryEcho(e_); }
+    void OnStart() override {
+      response_.set_data(request_.data());
+      Finish(grpc::Status::OK);
+    }
+    AsyncEcho* e_;
+  };
+
+  class BidiEcho final : public rpc::ServerBidiCall<Blob, Blob> {
+   public:
+    explicit BidiEcho(AsyncEcho* e) : ServerBidiCall(&e->calls_), e_(e) {}
+
+   private:
+    void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+      e_->service_.RequestBidi(&ctx_, &stream_, cq, cq, tag);
+    }
+    AsyncCall* Next() override { return new BidiEcho(e_); }
+    void OnStart() override { StartRead(&msg_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) return Finish(grpc::Status::OK);
+      StartWrite(&msg_);
+    }
+    void OnWriteDone(bool ok) override {
+      if (!ok) return Finish(grpc::Status::CANCELLED);
+      StartRead(&msg_);
+    }
+    AsyncEcho* e_;
+    Blob msg_;
+  };
+
+  class UploadCount final : public rpc::ServerReadCall<Blob, UploadReply> {
+   public:
+    explicit UploadCount(AsyncEcho* e) : ServerReadCall(&e->calls_), e_(e) {}
+
+   private:
+    void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+      e_->service_.RequestUpload(&ctx_, &reader_, cq, cq, tag);
+    }
+    AsyncCall* Next() override { return new UploadCount(e_); }
+    void OnStart() override { StartRead(&msg_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        response_.set_bytes(bytes_);
+        return Finish(grpc::Status::OK);
+      }
+      bytes_ += msg_.data().size();
+      StartRead(&msg_);
+    }
+    AsyncEcho* e_;
+    Blob msg_;
+    uint64_t bytes_ = 0;
+  };
+
+  class DownloadChunks final : public rpc::ServerWriteCall<DownloadRequest, Blob> {
+   public:
+    explicit DownloadChunks(AsyncEcho* e) : ServerWriteCall(&e->calls_), e_(e) {}
+
+   private:
+    void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+      e_->service_.RequestDownload(&ctx_, &request_, &writer_, cq, cq, tag);
+    }
+    AsyncCall* Next() override { return new DownloadChunks(e_); }
+    void OnStart() override {
+      left_ = request_.total_bytes();
+      msg_.mutable_data()->assign(std::max<uint32_t>(1, request_.chunk_bytes()), 'x');
+      Next1();
+    }
+    void OnWriteDone(bool ok) override {
+      if (!ok) return Finish(grpc::Status::CANCELLED);
+      Next1();
+    }
+    void Next1() {
+      if (left_ == 0) return Finish(grpc::Status::OK);
+      const uint64_t n = std::min<uint64_t>(left_, msg_.data().size());
+      if (n < msg_.data().size()) msg_.mutable_data()->resize(n);
+      left_ -= n;
+      StartWrite(&msg_);
+    }
+    AsyncEcho* e_;
+    Blob msg_;
+    uint64_t left_ = 0;
+  };
+
+  Echo::AsyncService service_;
+  rpc::CallCounter calls_;
+};
+
+// --serve_echo: the echo server process. Runs until killed.
+int ServeEcho(const std::string& dir) {
+  AsyncEcho echo;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("unix:" + dir + "/echo.sock", grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(echo.service());
+  // One queue and as many threads as gpuexecd is given (--rpc_threads).
+  auto queue = builder.AddCompletionQueue();
+  auto server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) Die("the echo server did not start");
+  echo.Listen(queue.get());
+  std::vector<std::thread> pollers;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_rpc_threads)); ++i) {
+    pollers.emplace_back(rpc::Poll, queue.get());
+  }
+  {
+    std::ofstream f(dir + "/port.tmp");
+    f << port << "\n";
+  }
+  std::rename((dir + "/port.tmp").c_str(), (dir + "/port").c_str());
+  for (;;) pause();
+}
+
+// The echo server process (this program with --serve_echo); killed on
+// destruction.
+class EchoProcess {
+ public:
+  EchoProcess() {
+    dir_ = absl::StrCat("/tmp/gpuexec-bench-", getpid(), "-echo");
+    std::string mk = absl::StrCat("rm -rf ", dir_, " && mkdir -p ", dir_);
+    if (std::system(mk.c_str()) != 0) Die("mkdir");
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::string self = "/proc/self/exe", flag = "--serve_echo=" + dir_,
+                  threads = absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads));
+      char* argv[] = {self.data(), flag.data(), threads.data(), nullptr};
+      execv(argv[0], argv);
+      _exit(127);
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < deadline) {
+      std::ifstream f(dir_ + "/port");
+      if (f >> port_) return;
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        Die("the echo server process exited");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    Die("the echo server process did not start within 30 s");
+  }
+  ~EchoProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::string rm = absl::StrCat("rm -rf ", dir_);
+    (void)!std::system(rm.c_str());
+  }
+  std::string tcp() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string uds() const { return "unix:" + dir_ + "/echo.sock"; }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
 struct TransportFigures {
   Latency unary, bidi;
   double upload = 0, download = 0;  // GB/s
@@ -442,6 +633,7 @@ class Daemon {
       dup2(fd, 2);
       std::vector<std::string> args = {path, "--listen=127.0.0.1:0", "--unix_socket=" + socket_,
                                        "--driver=" + driver};
+      args.push_back(absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads)));
       for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) args.push_back(a);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
@@ -685,6 +877,7 @@ int RunTransportVariants(Plan plan) {
 }
 
 int Main() {
+  if (!absl::GetFlag(FLAGS_serve_echo).empty()) return ServeEcho(absl::GetFlag(FLAGS_serve_echo));
   const bool quick = absl::GetFlag(FLAGS_quick);
   const Plan plan = MakePlan(quick);
   if (absl::GetFlag(FLAGS_transport_variants)) return RunTransportVariants(plan);
@@ -702,22 +895,13 @@ int Main() {
               absl::StrJoin(absl::GetFlag(FLAGS_daemon_args), " ").c_str());
   const NativeFigures native = RunNative(plan, driver, cubin);
 
-  Section("transport: an echo service on the same gRPC (this process)");
-  const std::string echo_socket = absl::StrCat("/tmp/gpuexec-bench-echo-", getpid(), ".sock");
-  EchoService echo;
-  grpc::ServerBuilder builder;
-  int echo_port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &echo_port);
-  builder.AddListeningPort("unix:" + echo_socket, grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterService(&echo);
-  auto echo_server = builder.BuildAndStart();
-  if (echo_server == nullptr) Die("the echo server did not start");
-  const TransportFigures t_tcp = RunTransport(plan, absl::StrCat("127.0.0.1:", echo_port));
-  const TransportFigures t_uds = RunTransport(plan, "unix:" + echo_socket);
-  echo_server->Shutdown();
-  unlink(echo_socket.c_str());
+  Section("transport: an echo service on the same gRPC (a process of its own)");
+  TransportFigures t_tcp, t_uds;
+  {
+    EchoProcess echo;
+    t_tcp = RunTransport(plan, echo.tcp());
+    t_uds = RunTransport(plan, echo.uds());
+  }
 
   Section("gpuexec: a gpuexecd process");
   GpuexecFigures g_tcp, g_uds;

@@ -51,7 +51,7 @@ struct EngineOptions {
   uint64_t kernel_time_limit_ms = 60'000;
   std::string log_level = "info";  // for the workers
   // See worker::WorkerOptions::busy_poll.
-  absl::Duration busy_poll = absl::Microseconds(100);
+  absl::Duration busy_poll = absl::ZeroDuration();
   uint64_t default_lease_ms = 60'000;
   uint64_t max_lease_ms = 3'600'000;
   uint64_t default_session_memory_bytes = 0;  // 0: the per-session maximum

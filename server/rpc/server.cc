@@ -31,9 +31,10 @@ class Server::Impl {
   std::unique_ptr<metrics::HttpServer> metrics_http;
   std::unique_ptr<rpc::GpuExecService> service;
   rpc::HealthService health;
-  // The completion queues the services' calls run on, one thread each
-  // (joined by Shutdown); declared before the server, which goes first.
-  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
+  // The completion queue the services' calls run on, and the threads that
+  // poll it (joined by Shutdown); declared before the server, which goes
+  // first.
+  std::unique_ptr<grpc::ServerCompletionQueue> queue;
   std::vector<std::thread> pollers;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -121,11 +122,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(impl->service->service());
   builder.RegisterService(impl->health.service());
-  const int threads =
-      options.rpc_threads > 0
-          ? static_cast<int>(options.rpc_threads)
-          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 8);
-  for (int i = 0; i < threads; ++i) impl->queues.push_back(builder.AddCompletionQueue());
+  // One queue: with gRPC's epoll poller, whichever thread polls reads
+  // every connection's bytes, and a call bound to another thread's queue
+  // then costs a hand-off (and a wake-up) per message.
+  impl->queue = builder.AddCompletionQueue();
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> observers;
   observers.push_back(rpc::MakeRpcObserver(&impl->registry));
   builder.experimental().SetInterceptorCreators(std::move(observers));
@@ -137,10 +137,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
         " (address in use or not valid?)"));
   }
-  for (auto& cq : impl->queues) {
-    impl->service->Listen(cq.get());
-    impl->health.Listen(cq.get());
-    impl->pollers.emplace_back(rpc::Poll, cq.get());
+  impl->service->Listen(impl->queue.get());
+  impl->health.Listen(impl->queue.get());
+  for (uint32_t i = 0; i < std::max<uint32_t>(1, options.rpc_threads); ++i) {
+    impl->pollers.emplace_back(rpc::Poll, impl->queue.get());
   }
   {
     absl::MutexLock lock(&impl->health_mu);
@@ -206,7 +206,7 @@ void Server::Shutdown(absl::Duration deadline) {
   // last one ends.
   impl_->service->WaitForCalls();
   impl_->health.WaitForCalls();
-  for (auto& cq : impl_->queues) cq->Shutdown();
+  impl_->queue->Shutdown();
   for (std::thread& t : impl_->pollers) t.join();
   impl_->metrics_http.reset();  // its scrapes read the engine
   impl_->engine.reset();        // closes sessions, releases devices

@@ -54,10 +54,11 @@ struct ServerOptions {
   std::string worker_log_level = "info";
   // How long each device's worker, and the daemon's reader of its replies,
   // keep looking for the next message before sleeping (0: not at all).
-  uint32_t busy_poll_us = 100;
-  // Threads serving calls, each polling a completion queue of its own
-  // (0: one per core, from 2 to 8).
-  uint32_t rpc_threads = 0;
+  uint32_t busy_poll_us = 0;
+  // Threads serving calls, all polling one completion queue. Each more
+  // than one adds latency (they take turns reading the connections); more
+  // help many clients that stream bulk data at once.
+  uint32_t rpc_threads = 1;
   // How often leases are checked.
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };

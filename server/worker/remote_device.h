@@ -64,7 +64,7 @@ struct WorkerOptions {
   // How long the worker's executor, and the front's reader of its replies,
   // keep looking for the next message before they sleep (0: they sleep at
   // once).
-  absl::Duration busy_poll = absl::Microseconds(100);
+  absl::Duration busy_poll = absl::ZeroDuration();
   // How long the first start may take.
   absl::Duration start_timeout = absl::Seconds(120);
 };
