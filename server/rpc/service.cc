@@ -15,7 +15,7 @@ namespace gpuexec::rpc {
 namespace {
 
 using Env = GpuExecService::Env;
-using AsyncService = v1::GpuExec::AsyncService;
+using AsyncService = GpuExecService::AsyncService;
 
 // A unary method: `handler` runs when a call arrives; it fills the response
 // and calls Finish, at once or from an engine completion.
@@ -198,7 +198,11 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
     }
     if (read_into >= 0) StartRead(&requests_[read_into]);
     if (push >= 0) {
-      sink->Push(requests_[push].data(), [this](absl::Status st) { Pushed(st); });
+      // The copy into staging runs on the copy pool: this thread goes on
+      // receiving the next message meanwhile.
+      env_->copies->Post([this, sink, push] {
+        sink->Push(requests_[push].data(), [this](absl::Status st) { Pushed(st); });
+      });
     }
     if (!finish) return;
     if (sink == nullptr) {
@@ -238,8 +242,11 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // Finish is called or about to be
 };
 
-// Read: chunks fetched ahead by the engine, written one at a time.
-class ReadCall final : public ServerWriteCall<v1::ReadRequest, v1::ReadResponse> {
+// Read: chunks fetched ahead by the engine. Each is serialized on the copy
+// pool while the one before it is on the wire (two in hand at most), so the
+// thread polling gRPC only sends. The method is served raw (grpc::ByteBuffer)
+// for that: a typed Write would serialize on the calling thread.
+class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit ReadCall(const Env* env) : ServerWriteCall(env->calls), env_(env) {}
 
@@ -249,35 +256,102 @@ class ReadCall final : public ServerWriteCall<v1::ReadRequest, v1::ReadResponse>
   }
   AsyncCall* Next() override { return new ReadCall(env_); }
   void OnStart() override {
-    const v1::ReadRequest* r = &request_;
-    auto source = env_->engine->BeginRead(r->session(), r->buffer(), r->offset(), r->size(),
-                                          r->chunk_size());
-    if (!source.ok()) {
-      Finish(ToGrpcStatus(source.status()));
-      return;
+    v1::ReadRequest r;
+    if (!grpc::SerializationTraits<v1::ReadRequest>::Deserialize(&request_, &r).ok()) {
+      return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "Read: the request is not a gpuexec.v1.ReadRequest"));
     }
+    auto source =
+        env_->engine->BeginRead(r.session(), r.buffer(), r.offset(), r.size(), r.chunk_size());
+    if (!source.ok()) return Finish(ToGrpcStatus(source.status()));
     source_ = std::move(source).value();
-    NextChunk();
+    Pump();
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
-    NextChunk();
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = -1;
+      if (!ok && error_.ok()) error_ = absl::CancelledError("the client went away");
+    }
+    Pump();
   }
 
-  void NextChunk() {
-    if (source_->remaining() == 0) return Finish(grpc::Status::OK);
-    source_->Next([this](absl::StatusOr<std::pair<uint64_t, std::string>> chunk) {
-      if (!chunk.ok()) return Finish(ToGrpcStatus(chunk.status()));
-      response_.set_offset(chunk->first);
-      *response_.mutable_data() = std::move(chunk->second);
-      StartWrite(&response_);
-    });
+  // Starts what can start: a fetch into a free message, the write of a
+  // ready one; finishes once everything was sent or an error stopped it.
+  void Pump() {
+    int fetch = -1, write = -1;
+    bool finish = false;
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      const bool failed = !error_.ok();
+      // Only while no Next is under way may remaining() be read.
+      if (!fetching_ && !failed && source_->remaining() > 0) {
+        for (int i = 0; i < 2; ++i) {
+          const bool queued = std::find(ready_.begin(), ready_.end(), i) != ready_.end();
+          if (i != writing_ && !queued) {
+            fetch = i;
+            fetching_ = true;
+            break;
+          }
+        }
+      }
+      if (writing_ < 0 && !ready_.empty() && !failed) {
+        write = writing_ = ready_.front();
+        ready_.pop_front();
+      }
+      if (writing_ < 0 && !fetching_ &&
+          (failed || (ready_.empty() && source_->remaining() == 0))) {
+        finished_ = true;
+        finish = true;
+        status = error_;
+      }
+    }
+    if (write >= 0) StartWrite(&out_[write]);
+    if (fetch >= 0) {
+      source_->Next([this, fetch](absl::StatusOr<std::pair<uint64_t, std::string>> chunk) {
+        if (!chunk.ok()) return Fetched(fetch, chunk.status());
+        auto bytes = std::make_shared<std::pair<uint64_t, std::string>>(std::move(chunk).value());
+        env_->copies->Post([this, fetch, bytes] {
+          v1::ReadResponse response;
+          response.set_offset(bytes->first);
+          *response.mutable_data() = std::move(bytes->second);
+          bool own = false;
+          out_[fetch].Clear();  // sent: the serializer wants it empty
+          const grpc::Status st = grpc::SerializationTraits<v1::ReadResponse>::Serialize(
+              response, &out_[fetch], &own);
+          Fetched(fetch, st.ok() ? absl::OkStatus()
+                                 : absl::InternalError("Read: cannot serialize a chunk"));
+        });
+      });
+    }
+    if (finish) Finish(ToGrpcStatus(status));
+  }
+
+  void Fetched(int slot, const absl::Status& st) {
+    {
+      absl::MutexLock lock(&mu_);
+      fetching_ = false;
+      if (st.ok()) {
+        ready_.push_back(slot);
+      } else if (error_.ok()) {
+        error_ = st;
+      }
+    }
+    Pump();
   }
 
   const Env* env_;
-  std::shared_ptr<core::ReadSource> source_;
-  v1::ReadResponse response_;
+  std::shared_ptr<core::ReadSource> source_;  // set before the first Pump
+  grpc::ByteBuffer out_[2];                   // serialized chunks
+  absl::Mutex mu_;
+  int writing_ ABSL_GUARDED_BY(mu_) = -1;       // the message on the wire
+  bool fetching_ ABSL_GUARDED_BY(mu_) = false;  // a Next under way
+  std::deque<int> ready_ ABSL_GUARDED_BY(mu_);  // serialized, not yet sent
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Execute: a session's commands, dispatched to the engine in the order they

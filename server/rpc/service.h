@@ -11,6 +11,7 @@
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "server/core/engine.h"
 #include "server/rpc/async_call.h"
+#include "server/rpc/copy_pool.h"
 
 namespace gpuexec::rpc {
 
@@ -27,17 +28,22 @@ class GpuExecService {
   void WaitForCalls() { calls_.WaitForZero(); }
 
   // What every call of the service shares.
+  // Read is served raw (see ReadCall in service.cc).
+  using AsyncService = v1::GpuExec::WithRawMethod_Read<v1::GpuExec::AsyncService>;
+
   struct Env {
-    v1::GpuExec::AsyncService* service;
+    AsyncService* service;
     core::Engine* engine;
     CallCounter* calls;
+    CopyPool* copies;
   };
 
  private:
   core::Engine* engine_;  // not owned; outlives the service
-  v1::GpuExec::AsyncService async_;
+  AsyncService async_;
   CallCounter calls_;
-  Env env_{&async_, engine_, &calls_};
+  CopyPool copies_{2};
+  Env env_{&async_, engine_, &calls_, &copies_};
 };
 
 }  // namespace gpuexec::rpc
