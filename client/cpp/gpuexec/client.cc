@@ -263,8 +263,14 @@ class CommandStream {
   // Cancels the stream at `deadline` if command `id` is still unanswered
   // then (one watchdog thread per stream, started by the first timed wait).
   void WatchLocked(absl::Time deadline, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // The watchdog sleeps until the earliest deadline: wake it only for an
+    // earlier one (with one timeout for all calls, almost never), which
+    // keeps its wake-up and its turn at the lock off each call's path.
+    const bool earliest =
+        std::none_of(watches_.begin(), watches_.end(),
+                     [deadline](const auto& w) { return w.first <= deadline; });
     watches_.push_back({deadline, id});
-    watch_cv_.SignalAll();
+    if (earliest) watch_cv_.SignalAll();
     if (watchdog_.joinable()) return;
     watchdog_ = std::thread([this] {
       absl::MutexLock lock(&mu_);
