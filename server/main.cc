@@ -47,11 +47,12 @@ ABSL_FLAG(uint64_t, kernel_time_limit_ms, 60000,
           "A launch still running after this many milliseconds counts as hung: its device's "
           "worker process is ended and restarted, and the launch's session gets ABORTED. "
           "Sessions may ask for less (0: no limit).");
-ABSL_FLAG(uint32_t, busy_poll_us, 0,
+ABSL_FLAG(int32_t, busy_poll_us, -1,
           "How long each device's worker, and the daemon's reader of its replies, keep looking "
-          "for the next message before they sleep (0: off). 300 takes 10-15% off a launch "
-          "that waits for its answer, costs a core per busy device while clients keep coming "
-          "back within it, and lowers the rate of queued launches.");
+          "for the next message before they sleep, in microseconds: a client that waits for "
+          "each answer then costs no thread wake-up there, at the price of a core per busy "
+          "device while its clients keep coming back within it. -1: 300 on hosts with 8 or "
+          "more cores, else 0 (off).");
 ABSL_FLAG(uint32_t, rpc_threads, 1,
           "Threads serving gRPC calls. One answers soonest; more help many clients streaming "
           "bulk data at once.");

@@ -92,7 +92,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.worker_program = options.worker_program;
   eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
   eo.log_level = options.worker_log_level;
-  eo.busy_poll = absl::Microseconds(options.busy_poll_us);
+  eo.busy_poll = absl::Microseconds(
+      options.busy_poll_us >= 0 ? options.busy_poll_us
+                                : (std::thread::hardware_concurrency() >= 8 ? 300 : 0));
   auto engine = core::Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();

@@ -53,8 +53,10 @@ struct ServerOptions {
   std::string worker_program;
   std::string worker_log_level = "info";
   // How long each device's worker, and the daemon's reader of its replies,
-  // keep looking for the next message before sleeping (0: not at all).
-  uint32_t busy_poll_us = 0;
+  // keep looking for the next message before sleeping (0: not at all; -1:
+  // 300 on hosts with 8 or more cores, where a spinning thread does not
+  // take the core the client or gRPC need, else 0).
+  int32_t busy_poll_us = -1;
   // Threads serving calls, all polling one completion queue. Each more
   // than one adds latency (they take turns reading the connections); more
   // help many clients that stream bulk data at once.
