@@ -92,9 +92,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.worker_program = options.worker_program;
   eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
   eo.log_level = options.worker_log_level;
-  eo.busy_poll = absl::Microseconds(
-      options.busy_poll_us >= 0 ? options.busy_poll_us
-                                : (std::thread::hardware_concurrency() >= 8 ? 300 : 0));
+  const int busy_poll_us = options.busy_poll_us >= 0
+                               ? options.busy_poll_us
+                               : (std::thread::hardware_concurrency() >= 8 ? 300 : 0);
+  eo.busy_poll = absl::Microseconds(busy_poll_us);
   auto engine = core::Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
@@ -160,6 +161,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.listen_address.substr(0, options.listen_address.rfind(':')), ":", impl->port));
   }
   if (!options.unix_socket.empty()) addresses.push_back(absl::StrCat("unix:", options.unix_socket));
+  const uint32_t rpc_threads = std::max<uint32_t>(1, options.rpc_threads);
+  log::Info("gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s",
+            "; busy polling ",
+            busy_poll_us == 0 ? std::string("off")
+                              : absl::StrCat(busy_poll_us, " us after each message"));
   log::Info(
       "gpuexecd serving gpuexec.v1 on ", absl::StrJoin(addresses, " and "), " with ",
       impl->engine->device_count(), " device(s); health ",
