@@ -150,11 +150,14 @@ void Device::OnStop() {
   for (EventWait& w : waits) {
     w.fn(absl::UnavailableError(absl::StrCat("device ", props_.ordinal, " is shutting down")));
   }
+  waits.clear();  // their events go back to the spares, cleared below
   streams_.clear();
   kernels_.clear();
   modules_.clear();
   pinned_.clear();
   spare_events_.clear();
+  spare_timing_events_.clear();
+  spare_plain_events_.clear();
   if (registered_ && healthy()) {
     (void)driver_->HostUnregister(options_.staging_memory, "the shared staging memory");
   }
@@ -347,12 +350,32 @@ absl::StatusOr<Device::StreamState*> Device::ReadyStream(StreamId id) {
   return it->second.get();
 }
 
+absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
+                                                                  const std::string& what) {
+  std::vector<cuda::Event>* spares = timing ? &spare_timing_events_ : &spare_plain_events_;
+  cuda::Event e;
+  if (spares->empty()) {
+    auto created = driver_->CreateEvent(timing, what);
+    if (!created.ok()) return Check(created.status());
+    e = std::move(created).value();
+  } else {
+    e = std::move(spares->back());
+    spares->pop_back();
+  }
+  // Released on the executor (holders live in its state and its
+  // operations); the spares outlive every holder.
+  return std::shared_ptr<cuda::Event>(new cuda::Event(std::move(e)), [spares](cuda::Event* p) {
+    spares->push_back(std::move(*p));
+    delete p;
+  });
+}
+
 absl::Status Device::MarkWork(StreamState& s) {
   if (s.timing_start != nullptr) return absl::OkStatus();
   const std::string what = absl::StrCat("a timing event on device ", props_.ordinal);
-  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, driver_->CreateEvent(true, what));
-  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), what)));
-  s.timing_start = std::make_shared<cuda::Event>(std::move(e));
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, what));
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), what)));
+  s.timing_start = std::move(e);
   return absl::OkStatus();
 }
 
@@ -647,9 +670,9 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
     // The end event, timed only when there is a start to time from. With no
     // work since the last Synchronize it still waits for the stream, in case
     // that one's wait was abandoned.
-    auto e = driver_->CreateEvent(/*timing=*/start != nullptr, what);
-    if (!e.ok()) return gpu_ns(Check(e.status()));
-    auto end = std::make_shared<cuda::Event>(std::move(e).value());
+    auto e = SharedEvent(/*timing=*/start != nullptr, what);
+    if (!e.ok()) return gpu_ns(e.status());
+    std::shared_ptr<cuda::Event> end = std::move(e).value();
     absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
     if (!st.ok()) return gpu_ns(st);
     const absl::Time requested = absl::Now();

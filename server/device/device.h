@@ -202,6 +202,9 @@ class Device {
   // on it now has finished.
   absl::Status WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
                         const std::string& what);
+  // An event from the spares (or a new one), handed back to them when its
+  // last holder lets go. Executor thread only.
+  absl::StatusOr<std::shared_ptr<cuda::Event>> SharedEvent(bool timing, const std::string& what);
   static void HostTrampoline(void* data);
   void FailPending(const absl::Status& status);
 
@@ -214,6 +217,12 @@ class Device {
 
   // Executor-thread state.
   cuda::PrimaryContext context_;
+  // Events used and given back, to record again instead of creating and
+  // destroying two per launch + synchronize: timing ones (a stream's start
+  // of work, a Synchronize's end) and plain ones. Declared before anything
+  // that holds a shared event, whose last release returns it here.
+  std::vector<cuda::Event> spare_timing_events_;
+  std::vector<cuda::Event> spare_plain_events_;
   std::vector<cuda::PinnedMemory> pinned_;
   bool registered_ = false;  // options_.staging_memory is page-locked
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamState>> streams_;
