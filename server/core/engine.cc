@@ -1233,6 +1233,7 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
       absl::Status status ABSL_GUARDED_BY(mu);
     };
     auto launched = std::make_shared<Launched>();
+    worker::RemoteDevice::Batch together(dev);
     dev->Launch(s->stream(), std::move(op), epoch, [launched, traffic](absl::Status st) {
       if (st.ok()) traffic->launches.fetch_add(1);
       absl::MutexLock lock(&launched->mu);

@@ -742,6 +742,9 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
   }
 }
 
+// The innermost Batch alive on this thread.
+thread_local RemoteDevice::Batch* t_batch = nullptr;
+
 void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch,
                         ReplyFn fn) {
   // A GetKernel request resolves its kernel itself; anything else that
@@ -790,7 +793,21 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
     return;
   }
   // A failed write means the worker is gone: its reader fails the call.
-  if (flush) (void)conn->channel->Flush();
+  if (!flush) return;
+  if (t_batch != nullptr && t_batch->device_ == this) {
+    t_batch->flush_ = std::move(conn);  // written when the batch ends
+    return;
+  }
+  (void)conn->channel->Flush();
+}
+
+RemoteDevice::Batch::Batch(RemoteDevice* device) : device_(device), outer_(t_batch) {
+  t_batch = this;
+}
+
+RemoteDevice::Batch::~Batch() {
+  t_batch = outer_;
+  if (flush_ != nullptr) (void)flush_->channel->Flush();
 }
 
 void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {

@@ -158,6 +158,26 @@ class RemoteDevice {
 
  private:
   struct Connection;
+
+ public:
+  // While one is alive, the requests this thread makes of the device are
+  // queued and leave together, in one write, when it ends (a launch and
+  // the synchronize right behind it).
+  class Batch {
+   public:
+    explicit Batch(RemoteDevice* device);
+    ~Batch();
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
+   private:
+    friend class RemoteDevice;
+    RemoteDevice* const device_;
+    Batch* const outer_;
+    std::shared_ptr<Connection> flush_;  // a write this batch owes
+  };
+
+ private:
   struct KernelRecord {
     std::string sha256;
     std::string name;
