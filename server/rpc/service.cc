@@ -122,10 +122,11 @@ class LoadModuleCall final
   std::unique_ptr<core::ModuleUpload> upload_;
 };
 
-// Write: each message's bytes go to pinned staging buffers. Two request
-// messages alternate, so that gRPC receives the next one while this one's
-// bytes are copied out: at most one read and one push are under way, and a
-// message is read into only once its bytes are no longer needed.
+// Write: each message's bytes go to pinned staging buffers. Request
+// messages rotate through kMessages, so that gRPC goes on receiving while
+// earlier ones wait for their copy or are copied out (on the copy pool): at
+// most one read and one push are under way, and a message is read into only
+// once its bytes are no longer needed.
 class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteResponse> {
  public:
   explicit WriteCall(const Env* env) : ServerReadCall(env->calls), env_(env) {}
@@ -178,7 +179,7 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
       absl::MutexLock lock(&mu_);
       if (done_) return;
       if (reading_ < 0 && !eof_) {
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < kMessages; ++i) {
           const bool queued = std::find(ready_.begin(), ready_.end(), i) != ready_.end();
           if (i != pushing_ && !queued) {
             read_into = reading_ = i;
@@ -232,7 +233,10 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
   }
 
   const Env* env_;
-  v1::WriteRequest requests_[2];
+  // With two, receiving stopped whenever the message behind the one being
+  // copied had arrived.
+  static constexpr int kMessages = 4;
+  v1::WriteRequest requests_[kMessages];
   absl::Mutex mu_;
   std::shared_ptr<core::WriteSink> sink_ ABSL_GUARDED_BY(mu_);
   int reading_ ABSL_GUARDED_BY(mu_) = -1;       // the message a read fills
@@ -243,9 +247,10 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
 };
 
 // Read: chunks fetched ahead by the engine. Each is serialized on the copy
-// pool while the one before it is on the wire (two in hand at most), so the
-// thread polling gRPC only sends. The method is served raw (grpc::ByteBuffer)
-// for that: a typed Write would serialize on the calling thread.
+// pool while earlier ones are on the wire or wait for it (kChunks in hand
+// at most), so the thread polling gRPC only sends. The method is served raw
+// (grpc::ByteBuffer) for that: a typed Write would serialize on the calling
+// thread.
 class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit ReadCall(const Env* env) : ServerWriteCall(env->calls), env_(env) {}
@@ -289,7 +294,7 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
       const bool failed = !error_.ok();
       // Only while no Next is under way may remaining() be read.
       if (!fetching_ && !failed && source_->remaining() > 0) {
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < kChunks; ++i) {
           const bool queued = std::find(ready_.begin(), ready_.end(), i) != ready_.end();
           if (i != writing_ && !queued) {
             fetch = i;
@@ -345,7 +350,8 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
 
   const Env* env_;
   std::shared_ptr<core::ReadSource> source_;  // set before the first Pump
-  grpc::ByteBuffer out_[2];                   // serialized chunks
+  static constexpr int kChunks = 3;
+  grpc::ByteBuffer out_[kChunks];  // serialized chunks
   absl::Mutex mu_;
   int writing_ ABSL_GUARDED_BY(mu_) = -1;       // the message on the wire
   bool fetching_ ABSL_GUARDED_BY(mu_) = false;  // a Next under way
