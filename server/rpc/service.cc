@@ -127,7 +127,9 @@ class LoadModuleCall final
 // earlier ones wait for their copy or are copied out (on the copy pool): at
 // most one read and one push are under way, and a message is read into only
 // once its bytes are no longer needed.
-class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteResponse> {
+// Served raw and parsed here, as Execute is (a message that does not parse
+// must not look like the end of the data).
+class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit WriteCall(const Env* env) : ServerReadCall(env->calls), env_(env) {}
 
@@ -141,7 +143,7 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
       absl::MutexLock lock(&mu_);
       reading_ = 0;
     }
-    StartRead(&requests_[0]);
+    StartRead(&in_[0]);
   }
 
   void OnReadDone(bool ok) override {
@@ -150,7 +152,15 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
       const int got = reading_;
       reading_ = -1;
       if (done_) return;  // the call already ended with an error
-      if (!ok) {
+      if (ok &&
+          !grpc::SerializationTraits<v1::WriteRequest>::Deserialize(&in_[got], &requests_[got])
+               .ok()) {
+        // What was read before it is still written; then the call fails.
+        bad_ = absl::InvalidArgumentError(
+            "Write: a message is not a gpuexec.v1.WriteRequest; the bytes before it were "
+            "written");
+        eof_ = true;
+      } else if (!ok) {
         eof_ = true;
       } else {
         if (sink_ == nullptr) {
@@ -174,6 +184,7 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
   void Pump() {
     int read_into = -1, push = -1;
     bool finish = false;
+    absl::Status bad;
     std::shared_ptr<core::WriteSink> sink;
     {
       absl::MutexLock lock(&mu_);
@@ -194,10 +205,11 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
       if (eof_ && pushing_ < 0 && ready_.empty()) {
         finish = true;
         done_ = true;
+        bad = bad_;
       }
       sink = sink_;
     }
-    if (read_into >= 0) StartRead(&requests_[read_into]);
+    if (read_into >= 0) StartRead(&in_[read_into]);
     if (push >= 0) {
       // The copy into staging runs on the copy pool: this thread goes on
       // receiving the next message meanwhile.
@@ -206,12 +218,18 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
       });
     }
     if (!finish) return;
+    if (!bad.ok()) return Finish(ToGrpcStatus(bad));
     if (sink == nullptr) {
       return Finish(ToGrpcStatus(
           absl::InvalidArgumentError("Write: the stream ended before its first message")));
     }
     sink->Finish([this](absl::StatusOr<uint64_t> n) {
-      if (n.ok()) response_.set_bytes_written(*n);
+      if (n.ok()) {
+        v1::WriteResponse r;
+        r.set_bytes_written(*n);
+        bool own = false;
+        (void)grpc::SerializationTraits<v1::WriteResponse>::Serialize(r, &response_, &own);
+      }
       Finish(ToGrpcStatus(n.status()));
     });
   }
@@ -236,8 +254,10 @@ class WriteCall final : public ServerReadCall<v1::WriteRequest, v1::WriteRespons
   // With two, receiving stopped whenever the message behind the one being
   // copied had arrived.
   static constexpr int kMessages = 4;
-  v1::WriteRequest requests_[kMessages];
+  grpc::ByteBuffer in_[kMessages];          // as read
+  v1::WriteRequest requests_[kMessages];    // parsed from them
   absl::Mutex mu_;
+  absl::Status bad_ ABSL_GUARDED_BY(mu_);  // a message did not parse
   std::shared_ptr<core::WriteSink> sink_ ABSL_GUARDED_BY(mu_);
   int reading_ ABSL_GUARDED_BY(mu_) = -1;       // the message a read fills
   int pushing_ ABSL_GUARDED_BY(mu_) = -1;       // the message being pushed
@@ -365,7 +385,11 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
 // come faster than they can be written. The call ends only when the
 // client has half-closed, no engine callback is outstanding and nothing is
 // left to write, so no callback can outlive it.
-class ExecuteCall final : public ServerBidiCall<v1::ExecuteRequest, v1::ExecuteResponse> {
+//
+// Served raw, parsed here: with the typed API a message that does not parse
+// looks like the end of the stream, and the call would end OK with the
+// client's commands silently dropped.
+class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit ExecuteCall(const Env* env)
       : ServerBidiCall(env->calls), env_(env), engine_(env->engine) {}
@@ -377,10 +401,21 @@ class ExecuteCall final : public ServerBidiCall<v1::ExecuteRequest, v1::ExecuteR
   AsyncCall* Next() override { return new ExecuteCall(env_); }
   void OnStart() override {
     peer_ = ctx_.peer();
-    StartRead(&request_);
+    StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
+    if (ok && !grpc::SerializationTraits<v1::ExecuteRequest>::Deserialize(&in_, &request_).ok()) {
+      // Commands already started still finish; then the call ends with this.
+      LogFailure("Execute", peer_, absl::InvalidArgumentError("unparsable message"));
+      absl::MutexLock lock(&mu_);
+      end_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "Execute: a message is not a gpuexec.v1.ExecuteRequest; the stream "
+                          "ends after the commands before it");
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
     if (!ok) {
       absl::MutexLock lock(&mu_);
       reads_done_ = true;
@@ -505,7 +540,14 @@ class ExecuteCall final : public ServerBidiCall<v1::ExecuteRequest, v1::ExecuteR
     response_.Clear();
     response_.Swap(&pending_);
     writing_ = true;
-    StartWrite(&response_);
+    out_.Clear();  // written: the serializer wants it empty
+    bool own = false;
+    if (!grpc::SerializationTraits<v1::ExecuteResponse>::Serialize(response_, &out_, &own).ok()) {
+      writing_ = false;
+      broken_ = true;  // cannot happen for a message this process built
+      return;
+    }
+    StartWrite(&out_);
   }
 
   // Reads the next message unless too much is outstanding; a parked read
@@ -517,11 +559,11 @@ class ExecuteCall final : public ServerBidiCall<v1::ExecuteRequest, v1::ExecuteR
       if (full) {
         parked_ = true;
       } else {
-        StartRead(&request_);
+        StartRead(&in_);
       }
     } else if (parked_ && !full) {
       parked_ = false;
-      StartRead(&request_);
+      StartRead(&in_);
     }
   }
 
@@ -529,14 +571,15 @@ class ExecuteCall final : public ServerBidiCall<v1::ExecuteRequest, v1::ExecuteR
     if (finished_ || !reads_done_ || in_flight_ != 0 || writing_) return;
     if (!broken_ && pending_.results_size() != 0) return;
     finished_ = true;
-    Finish(grpc::Status::OK);
+    Finish(end_);
   }
 
   const Env* env_;
   core::Engine* engine_;
   std::string peer_;
   std::string session_;  // set by the first message; read-only after
-  v1::ExecuteRequest request_;
+  grpc::ByteBuffer in_;         // the message read
+  v1::ExecuteRequest request_;  // parsed from it
 
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -547,6 +590,8 @@ class ExecuteCall final : public ServerBidiCall<v1::ExecuteRequest, v1::ExecuteR
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::ExecuteResponse pending_ ABSL_GUARDED_BY(mu_);   // results not yet written
   v1::ExecuteResponse response_ ABSL_GUARDED_BY(mu_);  // the one being written
+  grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);          // ... serialized
+  grpc::Status end_ ABSL_GUARDED_BY(mu_);              // the status the call ends with
 };
 
 }  // namespace

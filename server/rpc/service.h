@@ -28,8 +28,9 @@ class GpuExecService {
   void WaitForCalls() { calls_.WaitForZero(); }
 
   // What every call of the service shares.
-  // Read is served raw (see ReadCall in service.cc).
-  using AsyncService = v1::GpuExec::WithRawMethod_Read<v1::GpuExec::AsyncService>;
+  // Write, Read and Execute are served raw (see service.cc).
+  using AsyncService = v1::GpuExec::WithRawMethod_Write<v1::GpuExec::WithRawMethod_Execute<
+      v1::GpuExec::WithRawMethod_Read<v1::GpuExec::AsyncService>>>;
 
   struct Env {
     AsyncService* service;

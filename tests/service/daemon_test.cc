@@ -139,6 +139,50 @@ TEST_F(DaemonWithDeviceTest, ReflectionListsTheService) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
+// A request that is not the method's message is refused with a status that
+// says so, and the daemon goes on serving: on the streams the daemon parses
+// itself (served raw), and on a method gRPC parses.
+TEST_F(DaemonWithDeviceTest, UnparsableRequestsAreRefused) {
+  grpc::GenericStub stub(grpc::CreateChannel(target(), grpc::InsecureChannelCredentials()));
+  const char junk[] = {'\xff', '\xff', '\xff', '\x01'};
+  auto call_with_junk = [&](const std::string& method) {
+    grpc::CompletionQueue cq;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto call = stub.PrepareCall(&ctx, method, &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    cq.Next(&tag, &ok);
+    grpc::Slice slice(junk, sizeof(junk));
+    grpc::ByteBuffer request(&slice, 1);
+    call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    grpc::ByteBuffer response;
+    call->Read(&response, reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+    EXPECT_FALSE(ok) << method << " answered junk with a message";
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(4));
+    cq.Next(&tag, &ok);
+    return status;
+  };
+  const grpc::Status read = call_with_junk("/gpuexec.v1.GpuExec/Read");
+  EXPECT_EQ(read.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(read.error_message(), HasSubstr("gpuexec.v1.ReadRequest"));
+  const grpc::Status execute = call_with_junk("/gpuexec.v1.GpuExec/Execute");
+  EXPECT_EQ(execute.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(execute.error_message(), HasSubstr("gpuexec.v1.ExecuteRequest"));
+  const grpc::Status write = call_with_junk("/gpuexec.v1.GpuExec/Write");
+  EXPECT_EQ(write.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(write.error_message(), HasSubstr("gpuexec.v1.WriteRequest"));
+  EXPECT_FALSE(call_with_junk("/gpuexec.v1.GpuExec/Allocate").ok());
+
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(target()));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
+  EXPECT_FALSE(devices.empty());
+}
+
 TEST(DaemonTest, ServesOnAUnixSocketAndInProcess) {
   const std::string path = absl::StrCat(::testing::TempDir(), "gpuexec-test-", getpid(), ".sock");
   ServerOptions options;
