@@ -79,7 +79,7 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     writing_ = false;
-    if (!ok) ending_ = true;
+    if (!ok) ending_ = failed_ = true;
     WriteLocked();
   }
   void OnDone() override {
@@ -93,7 +93,9 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
 
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_) return;
-    if (pending_ && !ending_) {
+    // A change still goes out before the end (the NOT_SERVING of shutdown),
+    // unless the client is gone.
+    if (pending_ && !failed_) {
       pending_ = false;
       last_ = next_;
       response_.set_status(next_);
@@ -114,6 +116,7 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
   bool pending_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;  // a write failed: the client is gone
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 

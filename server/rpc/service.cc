@@ -450,7 +450,13 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     writing_ = false;
-    if (!ok) broken_ = true;  // the client is gone; keep draining callbacks
+    if (!ok) {
+      // The client is gone; keep draining callbacks. What was not written
+      // never will be: dropping it un-parks a read held back by it, which
+      // then fails and ends the call once the callbacks have drained.
+      broken_ = true;
+      pending_.Clear();
+    }
     WriteLocked();
     ResumeOrParkLocked(/*after_read=*/false);
     MaybeFinishLocked();
@@ -522,17 +528,24 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   void Complete(uint64_t id, const absl::Status& status, bool answer, v1::CommandResult r,
                 const char* op) {
     if (!status.ok()) LogFailure(op, peer_, status);
-    absl::MutexLock lock(&mu_);
-    --in_flight_;
-    if (!status.ok() || answer) {
-      r.set_id(id);
-      r.set_code(static_cast<int>(status.code()));
-      if (!status.ok()) r.set_message(std::string(status.message()));
-      if (!broken_) *pending_.add_results() = std::move(r);
+    // Runs on engine threads, outside any operation of the call: without a
+    // hold of its own, the Finish below could complete and delete the call
+    // before this thread has let go of mu_.
+    Begin();
+    {
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+      if (!status.ok() || answer) {
+        r.set_id(id);
+        r.set_code(static_cast<int>(status.code()));
+        if (!status.ok()) r.set_message(std::string(status.message()));
+        if (!broken_) *pending_.add_results() = std::move(r);
+      }
+      WriteLocked();
+      ResumeOrParkLocked(/*after_read=*/false);
+      MaybeFinishLocked();
     }
-    WriteLocked();
-    ResumeOrParkLocked(/*after_read=*/false);
-    MaybeFinishLocked();
+    End();
   }
 
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -16,6 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "health_client.h"
 #include "service_test_fixture.h"
 
@@ -181,6 +183,53 @@ TEST_F(DaemonWithDeviceTest, UnparsableRequestsAreRefused) {
   GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(target()));
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
   EXPECT_FALSE(devices.empty());
+}
+
+// A client that queues tens of thousands of commands wanting answers, never
+// reads them, and goes away: its stream still ends, and the daemon shuts
+// down promptly (the answers it could not write no longer hold back the
+// stream's end).
+TEST(DaemonTest, AClientThatNeverReadsItsAnswersDoesNotHoldUpShutdown) {
+  auto server = StartServer(ServerOptions());
+  ASSERT_TRUE(server.ok()) << server.status();
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(**server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({}));
+  auto stub = v1::GpuExec::NewStub(
+      grpc::CreateChannel(TargetOf(**server), grpc::InsecureChannelCredentials()));
+  {
+    // Far more answers than the stream's flow-control window holds: the
+    // daemon's write stalls, its unwritten answers pile up to its limit,
+    // and it stops reading (so this writer stalls too, until the cancel).
+    grpc::ClientContext context;
+    auto rw = stub->Execute(&context);
+    std::thread writer([&] {
+      uint64_t id = 1;
+      for (int m = 0; m < 1000; ++m) {
+        v1::ExecuteRequest request;
+        if (m == 0) request.set_session(session.token());
+        for (int i = 0; i < 4000; ++i) {
+          v1::Command* barrier = request.add_commands();  // answered at once
+          barrier->set_id(id++);
+          barrier->set_reply(true);
+        }
+        if (!rw->Write(request)) return;
+      }
+    });
+    absl::SleepFor(absl::Seconds(2));
+    context.TryCancel();
+    writer.join();
+    rw->Finish();
+  }
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    (*server)->Shutdown(absl::Seconds(2));
+    stopped.Notify();
+  });
+  if (!stopped.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+    std::fprintf(stderr, "the daemon did not shut down within 30 s\n");
+    std::_Exit(1);  // the stopper is stuck; nothing else can end this process
+  }
+  stopper.join();
 }
 
 TEST(DaemonTest, ServesOnAUnixSocketAndInProcess) {
