@@ -6,33 +6,42 @@
 #include "absl/strings/str_cat.h"
 
 namespace gpuexec::rpc {
-namespace {
 
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
-class Check final : public UnaryCall<HealthCheckRequest, HealthCheckResponse> {
+HealthService::ServingStatus HealthService::StatusLocked(const std::string& name) const {
+  auto it = status_.find(name);
+  return it == status_.end() ? HealthCheckResponse::SERVICE_UNKNOWN : it->second;
+}
+
+// A Check call: the status now; NOT_FOUND for a name never set.
+class HealthService::Check final : public UnaryCall<HealthCheckRequest, HealthCheckResponse> {
  public:
-  Check(grpc::health::v1::Health::AsyncService* service, CallCounter* calls,
-        std::function<bool(const std::string&, HealthCheckResponse*)> lookup)
-      : UnaryCall(calls), service_(service), lookup_(std::move(lookup)) {}
+  explicit Check(HealthService* health) : UnaryCall(&health->calls_), health_(health) {}
 
  private:
   void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
-    service_->RequestCheck(&ctx_, &request_, &writer_, cq, cq, tag);
+    health_->async_.RequestCheck(&ctx_, &request_, &writer_, cq, cq, tag);
   }
-  AsyncCall* Next() override { return new Check(service_, counter_, lookup_); }
+  AsyncCall* Next() override { return new Check(health_); }
   void OnStart() override {
-    if (lookup_(request_.service(), &response_)) return Finish(grpc::Status::OK);
-    Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("health: no service named '", request_.service(), "'")));
+    ServingStatus status;
+    {
+      absl::MutexLock lock(&health_->mu_);
+      status = health_->StatusLocked(request_.service());
+    }
+    if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
+      return Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                 absl::StrCat("health: no service named '", request_.service(),
+                                              "'")));
+    }
+    response_.set_status(status);
+    Finish(grpc::Status::OK);
   }
 
-  grpc::health::v1::Health::AsyncService* service_;
-  std::function<bool(const std::string&, HealthCheckResponse*)> lookup_;
+  HealthService* health_;
 };
-
-}  // namespace
 
 // A Watch call: the status now, then each change. A client that goes away
 // is noticed at the next write (a change, or shutdown).
@@ -73,8 +82,7 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
                                                     " watches are open already")));
     }
     health_->watches_.push_back(this);
-    auto it = health_->status_.find(name());
-    Update(it == health_->status_.end() ? HealthCheckResponse::SERVICE_UNKNOWN : it->second);
+    Update(health_->StatusLocked(name()));
   }
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
@@ -121,13 +129,7 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
 };
 
 void HealthService::Listen(grpc::ServerCompletionQueue* cq) {
-  (new Check(&async_, &calls_, [this](const std::string& name, HealthCheckResponse* r) {
-     absl::MutexLock lock(&mu_);
-     auto it = status_.find(name);
-     if (it == status_.end()) return false;
-     r->set_status(it->second);
-     return true;
-   }))->Listen(cq);
+  (new Check(this))->Listen(cq);
   (new Watch(this))->Listen(cq);
 }
 

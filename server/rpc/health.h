@@ -35,10 +35,14 @@ class HealthService {
   // Blocks until every call has ended (see GpuExecService::WaitForCalls).
   void WaitForCalls() { calls_.WaitForZero(); }
 
+  class Check;
   class Watch;
 
  private:
+  friend class Check;
   friend class Watch;
+  // The status of `name`; SERVICE_UNKNOWN when it was never set.
+  ServingStatus StatusLocked(const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Watches open at once, at most (each costs a little memory until its
   // client goes and a status change or shutdown finds it gone).
   static constexpr int kMaxWatches = 1024;

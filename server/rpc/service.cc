@@ -47,11 +47,10 @@ class Unary final : public UnaryCall<Req, Resp> {
   Handler handler_;
 };
 
-template <class Req, class Resp>
-void ListenUnary(const Env* env, grpc::ServerCompletionQueue* cq,
-                 typename Unary<Req, Resp>::RequestFn request,
-                 typename Unary<Req, Resp>::Handler handler) {
-  (new Unary<Req, Resp>(env, request, handler))->Listen(cq);
+template <class Call>
+void ListenUnary(const Env* env, grpc::ServerCompletionQueue* cq, typename Call::RequestFn request,
+                 typename Call::Handler handler) {
+  (new Call(env, request, handler))->Listen(cq);
 }
 
 // A completion that fills the call's response with `fill` and finishes it.
@@ -66,6 +65,31 @@ std::function<void(absl::StatusOr<T>)> Reply(Call* call, Fill fill) {
 template <class Call>
 std::function<void(absl::Status)> ReplyStatus(Call* call) {
   return [call](absl::Status st) { call->Finish(st); };
+}
+
+// The messages of the methods served raw (Write, Read, Execute), parsed and
+// serialized here: with the typed API a stream message that does not parse
+// reads as the end of the stream.
+template <class Message>
+bool Parse(grpc::ByteBuffer* in, Message* message) {
+  return grpc::SerializationTraits<Message>::Deserialize(in, message).ok();
+}
+
+// Replaces `out` (a buffer already sent, or new) with `message`.
+template <class Message>
+bool Serialize(const Message& message, grpc::ByteBuffer* out) {
+  out->Clear();  // the serializer wants it empty
+  bool own = false;
+  return grpc::SerializationTraits<Message>::Serialize(message, out, &own).ok();
+}
+
+// The first of `n` message slots that is neither `busy` (on the wire or
+// being copied) nor waiting in `queued`; -1 when all are taken.
+int FreeSlot(int n, int busy, const std::deque<int>& queued) {
+  for (int i = 0; i < n; ++i) {
+    if (i != busy && std::find(queued.begin(), queued.end(), i) == queued.end()) return i;
+  }
+  return -1;
 }
 
 // LoadModule: a header, then chunks, then the engine loads the module.
@@ -152,9 +176,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       const int got = reading_;
       reading_ = -1;
       if (done_) return;  // the call already ended with an error
-      if (ok &&
-          !grpc::SerializationTraits<v1::WriteRequest>::Deserialize(&in_[got], &requests_[got])
-               .ok()) {
+      if (ok && !Parse(&in_[got], &requests_[got])) {
         // What was read before it is still written; then the call fails.
         bad_ = absl::InvalidArgumentError(
             "Write: a message is not a gpuexec.v1.WriteRequest; the bytes before it were "
@@ -190,13 +212,8 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       absl::MutexLock lock(&mu_);
       if (done_) return;
       if (reading_ < 0 && !eof_) {
-        for (int i = 0; i < kMessages; ++i) {
-          const bool queued = std::find(ready_.begin(), ready_.end(), i) != ready_.end();
-          if (i != pushing_ && !queued) {
-            read_into = reading_ = i;
-            break;
-          }
-        }
+        read_into = FreeSlot(kMessages, pushing_, ready_);
+        reading_ = read_into;
       }
       if (pushing_ < 0 && !ready_.empty()) {
         push = pushing_ = ready_.front();
@@ -227,8 +244,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       if (n.ok()) {
         v1::WriteResponse r;
         r.set_bytes_written(*n);
-        bool own = false;
-        (void)grpc::SerializationTraits<v1::WriteResponse>::Serialize(r, &response_, &own);
+        (void)Serialize(r, &response_);
       }
       Finish(ToGrpcStatus(n.status()));
     });
@@ -282,7 +298,7 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
   AsyncCall* Next() override { return new ReadCall(env_); }
   void OnStart() override {
     v1::ReadRequest r;
-    if (!grpc::SerializationTraits<v1::ReadRequest>::Deserialize(&request_, &r).ok()) {
+    if (!Parse(&request_, &r)) {
       return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "Read: the request is not a gpuexec.v1.ReadRequest"));
     }
@@ -314,14 +330,8 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
       const bool failed = !error_.ok();
       // Only while no Next is under way may remaining() be read.
       if (!fetching_ && !failed && source_->remaining() > 0) {
-        for (int i = 0; i < kChunks; ++i) {
-          const bool queued = std::find(ready_.begin(), ready_.end(), i) != ready_.end();
-          if (i != writing_ && !queued) {
-            fetch = i;
-            fetching_ = true;
-            break;
-          }
-        }
+        fetch = FreeSlot(kChunks, writing_, ready_);
+        fetching_ = fetch >= 0;
       }
       if (writing_ < 0 && !ready_.empty() && !failed) {
         write = writing_ = ready_.front();
@@ -343,12 +353,9 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
           v1::ReadResponse response;
           response.set_offset(bytes->first);
           *response.mutable_data() = std::move(bytes->second);
-          bool own = false;
-          out_[fetch].Clear();  // sent: the serializer wants it empty
-          const grpc::Status st = grpc::SerializationTraits<v1::ReadResponse>::Serialize(
-              response, &out_[fetch], &own);
-          Fetched(fetch, st.ok() ? absl::OkStatus()
-                                 : absl::InternalError("Read: cannot serialize a chunk"));
+          Fetched(fetch, Serialize(response, &out_[fetch])
+                             ? absl::OkStatus()
+                             : absl::InternalError("Read: cannot serialize a chunk"));
         });
       });
     }
@@ -392,7 +399,7 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
 class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit ExecuteCall(const Env* env)
-      : ServerBidiCall(env->calls), env_(env), engine_(env->engine) {}
+      : ServerBidiCall(env->calls), env_(env) {}
 
  private:
   void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
@@ -405,7 +412,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   }
 
   void OnReadDone(bool ok) override {
-    if (ok && !grpc::SerializationTraits<v1::ExecuteRequest>::Deserialize(&in_, &request_).ok()) {
+    if (ok && !Parse(&in_, &request_)) {
       // Commands already started still finish; then the call ends with this.
       LogFailure("Execute", peer_, absl::InvalidArgumentError("unparsable message"));
       absl::MutexLock lock(&mu_);
@@ -427,7 +434,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
       if (request_.session().empty()) {
         st = absl::InvalidArgumentError("Execute: the first message must name the session");
       } else {
-        st = engine_->KeepAlive(request_.session()).status();
+        st = env_->engine->KeepAlive(request_.session()).status();
       }
       if (!st.ok()) {
         absl::MutexLock lock(&mu_);
@@ -475,7 +482,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
         if (!spec.ok()) return Complete(id, spec.status(), true, {}, "Launch");
         spec->session = session_;
         const bool sync = spec->synchronize;
-        engine_->Launch(std::move(spec).value(),
+        env_->engine->Launch(std::move(spec).value(),
                         [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
                           v1::CommandResult r;
                           if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
@@ -484,14 +491,14 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
         return;
       }
       case v1::Command::kSynchronize:
-        engine_->Synchronize(session_, [this, id](absl::StatusOr<uint64_t> ns) {
+        env_->engine->Synchronize(session_, [this, id](absl::StatusOr<uint64_t> ns) {
           v1::CommandResult r;
           if (ns.ok()) r.set_gpu_time_ns(*ns);
           Complete(id, ns.status(), true, std::move(r), "Synchronize");
         });
         return;
       case v1::Command::kAllocate:
-        engine_->Allocate(session_, c.allocate().size(),
+        env_->engine->Allocate(session_, c.allocate().size(),
                           [this, id](absl::StatusOr<core::BufferInfo> b) {
                             v1::CommandResult r;
                             if (b.ok()) {
@@ -502,19 +509,19 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
                           });
         return;
       case v1::Command::kFree:
-        engine_->Free(session_, c.free().buffer(),
+        env_->engine->Free(session_, c.free().buffer(),
                       [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Free"); });
         return;
       case v1::Command::kMemset: {
         const v1::MemsetRequest& m = c.memset();
-        engine_->Memset(
+        env_->engine->Memset(
             session_, m.buffer(), m.offset(), m.size(), m.value(),
             [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Memset"); });
         return;
       }
       case v1::Command::kCopyBuffer: {
         const v1::CopyBufferRequest& r = c.copy_buffer();
-        engine_->CopyBuffer(
+        env_->engine->CopyBuffer(
             session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
             [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "CopyBuffer"); });
         return;
@@ -553,9 +560,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
     response_.Clear();
     response_.Swap(&pending_);
     writing_ = true;
-    out_.Clear();  // written: the serializer wants it empty
-    bool own = false;
-    if (!grpc::SerializationTraits<v1::ExecuteResponse>::Serialize(response_, &out_, &own).ok()) {
+    if (!Serialize(response_, &out_)) {
       writing_ = false;
       broken_ = true;  // cannot happen for a message this process built
       return;
@@ -588,7 +593,6 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   }
 
   const Env* env_;
-  core::Engine* engine_;
   std::string peer_;
   std::string session_;  // set by the first message; read-only after
   grpc::ByteBuffer in_;         // the message read
@@ -619,7 +623,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   (new LoadModuleCall(env))->Listen(cq);
 
   using ListDevices = Unary<v1::ListDevicesRequest, v1::ListDevicesResponse>;
-  ListenUnary<v1::ListDevicesRequest, v1::ListDevicesResponse>(
+  ListenUnary<ListDevices>(
       env, cq, &S::RequestListDevices, [](core::Engine* engine, ListDevices* call) {
         engine->ListDevices(Reply<std::vector<core::DeviceStatus>>(
             call, [](const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
@@ -628,7 +632,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using OpenSession = Unary<v1::OpenSessionRequest, v1::OpenSessionResponse>;
-  ListenUnary<v1::OpenSessionRequest, v1::OpenSessionResponse>(
+  ListenUnary<OpenSession>(
       env, cq, &S::RequestOpenSession, [](core::Engine* engine, OpenSession* call) {
         const v1::OpenSessionRequest& request = call->request();
         std::optional<uint32_t> device;
@@ -641,7 +645,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using KeepAlive = Unary<v1::KeepAliveRequest, v1::KeepAliveResponse>;
-  ListenUnary<v1::KeepAliveRequest, v1::KeepAliveResponse>(
+  ListenUnary<KeepAlive>(
       env, cq, &S::RequestKeepAlive, [](core::Engine* engine, KeepAlive* call) {
         auto lease = engine->KeepAlive(call->request().session());
         if (lease.ok()) call->response()->set_lease_ms(*lease);
@@ -649,13 +653,13 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using CloseSession = Unary<v1::CloseSessionRequest, v1::CloseSessionResponse>;
-  ListenUnary<v1::CloseSessionRequest, v1::CloseSessionResponse>(
+  ListenUnary<CloseSession>(
       env, cq, &S::RequestCloseSession, [](core::Engine* engine, CloseSession* call) {
         engine->CloseSession(call->request().session(), ReplyStatus(call));
       });
 
   using GetFunction = Unary<v1::GetFunctionRequest, v1::GetFunctionResponse>;
-  ListenUnary<v1::GetFunctionRequest, v1::GetFunctionResponse>(
+  ListenUnary<GetFunction>(
       env, cq, &S::RequestGetFunction, [](core::Engine* engine, GetFunction* call) {
         const v1::GetFunctionRequest& request = call->request();
         engine->GetFunction(
@@ -665,7 +669,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using Allocate = Unary<v1::AllocateRequest, v1::AllocateResponse>;
-  ListenUnary<v1::AllocateRequest, v1::AllocateResponse>(
+  ListenUnary<Allocate>(
       env, cq, &S::RequestAllocate, [](core::Engine* engine, Allocate* call) {
         engine->Allocate(call->request().session(), call->request().size(),
                          Reply<core::BufferInfo>(
@@ -676,13 +680,13 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using Free = Unary<v1::FreeRequest, v1::FreeResponse>;
-  ListenUnary<v1::FreeRequest, v1::FreeResponse>(
+  ListenUnary<Free>(
       env, cq, &S::RequestFree, [](core::Engine* engine, Free* call) {
         engine->Free(call->request().session(), call->request().buffer(), ReplyStatus(call));
       });
 
   using Memset = Unary<v1::MemsetRequest, v1::MemsetResponse>;
-  ListenUnary<v1::MemsetRequest, v1::MemsetResponse>(
+  ListenUnary<Memset>(
       env, cq, &S::RequestMemset, [](core::Engine* engine, Memset* call) {
         const v1::MemsetRequest& r = call->request();
         engine->Memset(r.session(), r.buffer(), r.offset(), r.size(), r.value(),
@@ -690,7 +694,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using CopyBuffer = Unary<v1::CopyBufferRequest, v1::CopyBufferResponse>;
-  ListenUnary<v1::CopyBufferRequest, v1::CopyBufferResponse>(
+  ListenUnary<CopyBuffer>(
       env, cq, &S::RequestCopyBuffer, [](core::Engine* engine, CopyBuffer* call) {
         const v1::CopyBufferRequest& r = call->request();
         engine->CopyBuffer(r.session(), r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
@@ -698,7 +702,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using Launch = Unary<v1::LaunchRequest, v1::LaunchResponse>;
-  ListenUnary<v1::LaunchRequest, v1::LaunchResponse>(
+  ListenUnary<Launch>(
       env, cq, &S::RequestLaunch, [](core::Engine* engine, Launch* call) {
         auto spec = FromProto(call->request());
         if (!spec.ok()) return call->Finish(spec.status());
@@ -709,7 +713,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using Synchronize = Unary<v1::SynchronizeRequest, v1::SynchronizeResponse>;
-  ListenUnary<v1::SynchronizeRequest, v1::SynchronizeResponse>(
+  ListenUnary<Synchronize>(
       env, cq, &S::RequestSynchronize, [](core::Engine* engine, Synchronize* call) {
         engine->Synchronize(call->request().session(),
                             Reply<uint64_t>(call, [](uint64_t ns, v1::SynchronizeResponse* r) {
