@@ -464,13 +464,13 @@ class AsyncEcho {
   rpc::CallCounter calls_;
 };
 
-// --serve_echo: the echo server process. Runs until killed.
+// --serve_echo: the echo server process (see EchoServer). Runs until killed.
 int ServeEcho(const std::string& dir) {
   AsyncEcho echo;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.AddListeningPort("unix:" + dir + "/echo.sock", grpc::InsecureServerCredentials());
+  builder.AddListeningPort("unix:" + dir + "/server.sock", grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(echo.service());
@@ -483,57 +483,95 @@ int ServeEcho(const std::string& dir) {
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_rpc_threads)); ++i) {
     pollers.emplace_back(rpc::Poll, queue.get());
   }
-  {
-    std::ofstream f(dir + "/port.tmp");
-    f << port << "\n";
-  }
-  std::rename((dir + "/port.tmp").c_str(), (dir + "/port").c_str());
+  std::fprintf(stderr, "gpuexec_bench echo serving on 127.0.0.1:%d\n", port);
   for (;;) pause();
 }
 
-// The echo server process (this program with --serve_echo); killed on
-// destruction.
-class EchoProcess {
+// A server this program starts in a process of its own, with its stderr in
+// DIR/server.log, ready once that log has a line with `ready` followed by
+// its TCP port; it may also serve on the Unix socket DIR/server.sock.
+// Stopped with SIGTERM on destruction.
+class ServerProcess {
  public:
-  EchoProcess() {
-    dir_ = absl::StrCat("/tmp/gpuexec-bench-", getpid(), "-echo");
+  // `args(dir)`: the command line; argv[0] is the program's path.
+  ServerProcess(const std::string& tag,
+                const std::function<std::vector<std::string>(const std::string&)>& args,
+                const std::string& ready, int timeout_s) {
+    dir_ = absl::StrCat("/tmp/gpuexec-bench-", getpid(), "-", tag);
     std::string mk = absl::StrCat("rm -rf ", dir_, " && mkdir -p ", dir_);
     if (std::system(mk.c_str()) != 0) Die("mkdir");
+    const std::string log = dir_ + "/server.log";
+    std::vector<std::string> argv_strings = args(dir_);
     pid_ = fork();
     if (pid_ == 0) {
-      std::string self = "/proc/self/exe", flag = "--serve_echo=" + dir_,
-                  threads = absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads));
-      char* argv[] = {self.data(), flag.data(), threads.data(), nullptr};
-      execv(argv[0], argv);
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : argv_strings) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
       _exit(127);
     }
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
     while (Clock::now() < deadline) {
-      std::ifstream f(dir_ + "/port");
-      if (f >> port_) return;
+      std::ifstream f(log);
+      std::string line;
+      while (std::getline(f, line)) {
+        const size_t at = line.find(ready);
+        if (at != std::string::npos) {
+          port_ = std::atoi(line.c_str() + at + ready.size());
+          return;
+        }
+      }
       if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
         pid_ = -1;
-        Die("the echo server process exited");
+        Die(absl::StrCat(argv_strings[0], " exited:\n", ReadFileOrDie(log)));
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    Die("the echo server process did not start within 30 s");
+    Die(absl::StrCat(argv_strings[0], " did not start within ", timeout_s, " s"));
   }
-  ~EchoProcess() {
+  ~ServerProcess() {
     if (pid_ > 0) {
-      kill(pid_, SIGKILL);
+      kill(pid_, SIGTERM);
       waitpid(pid_, nullptr, 0);
     }
     std::string rm = absl::StrCat("rm -rf ", dir_);
     (void)!std::system(rm.c_str());
   }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
   std::string tcp() const { return absl::StrCat("127.0.0.1:", port_); }
-  std::string uds() const { return "unix:" + dir_ + "/echo.sock"; }
+  std::string uds() const { return "unix:" + dir_ + "/server.sock"; }
+  // Peak resident memory so far (VmHWM), bytes.
+  uint64_t PeakRss() const {
+    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    }
+    return 0;
+  }
 
  private:
   std::string dir_;
   pid_t pid_ = -1;
   int port_ = 0;
+};
+
+// The echo server: this program again, with --serve_echo.
+class EchoServer : public ServerProcess {
+ public:
+  EchoServer()
+      : ServerProcess(
+            "echo",
+            [](const std::string& dir) {
+              return std::vector<std::string>{
+                  "/proc/self/exe", "--serve_echo=" + dir,
+                  absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads))};
+            },
+            "echo serving on 127.0.0.1:", 30) {}
 };
 
 struct TransportFigures {
@@ -618,73 +656,21 @@ TransportFigures RunTransport(const Plan& plan, const std::string& target,
 
 // ------------------------------------------------------------------ gpuexec
 
-// A gpuexecd process with its log in a file; stops it on destruction.
-class Daemon {
+// A gpuexecd process.
+class Daemon : public ServerProcess {
  public:
-  Daemon(const std::string& path, const std::string& driver, const std::string& tag) {
-    dir_ = absl::StrCat("/tmp/gpuexec-bench-", getpid(), "-", tag);
-    std::string mk = absl::StrCat("mkdir -p ", dir_);
-    if (std::system(mk.c_str()) != 0) Die("mkdir");
-    socket_ = dir_ + "/gpuexecd.sock";
-    log_ = dir_ + "/gpuexecd.log";
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 2);
-      std::vector<std::string> args = {path, "--listen=127.0.0.1:0", "--unix_socket=" + socket_,
-                                       "--driver=" + driver};
-      args.push_back(absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads)));
-      for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) args.push_back(a);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    // The port is in the "serving" line.
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (Clock::now() < deadline) {
-      std::ifstream f(log_);
-      std::string line;
-      while (std::getline(f, line)) {
-        const size_t at = line.find("serving gpuexec.v1 on 127.0.0.1:");
-        if (at != std::string::npos) {
-          port_ = std::atoi(line.c_str() + at + std::strlen("serving gpuexec.v1 on 127.0.0.1:"));
-          return;
-        }
-      }
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        Die(absl::StrCat("gpuexecd exited:\n", ReadFileOrDie(log_)));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    Die("gpuexecd did not start within 60 s");
-  }
-  ~Daemon() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-    std::string rm = absl::StrCat("rm -rf ", dir_);
-    (void)!std::system(rm.c_str());
-  }
-  std::string tcp() const { return absl::StrCat("127.0.0.1:", port_); }
-  std::string uds() const { return "unix:" + socket_; }
-  // Peak resident memory so far (VmHWM), bytes.
-  uint64_t PeakRss() const {
-    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
-    std::string line;
-    while (std::getline(f, line)) {
-      if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
-    }
-    return 0;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  std::string dir_, socket_, log_;
+  Daemon(const std::string& path, const std::string& driver, const std::string& tag)
+      : ServerProcess(
+            tag,
+            [&](const std::string& dir) {
+              std::vector<std::string> args = {
+                  path, "--listen=127.0.0.1:0", "--unix_socket=" + dir + "/server.sock",
+                  "--driver=" + driver,
+                  absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads))};
+              for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) args.push_back(a);
+              return args;
+            },
+            "serving gpuexec.v1 on 127.0.0.1:", 60) {}
 };
 
 struct GpuexecFigures {
@@ -898,7 +884,7 @@ int Main() {
   Section("transport: an echo service on the same gRPC (a process of its own)");
   TransportFigures t_tcp, t_uds;
   {
-    EchoProcess echo;
+    EchoServer echo;
     t_tcp = RunTransport(plan, echo.tcp());
     t_uds = RunTransport(plan, echo.uds());
   }
