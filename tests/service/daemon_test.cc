@@ -25,12 +25,18 @@ namespace gpuexec::testing {
 namespace {
 
 using ::testing::HasSubstr;
-TEST(DaemonTest, WithoutADriverItServesNoDevicesAndIsNotServing) {
+
+// A daemon whose driver library does not exist: it serves, with no devices.
+absl::StatusOr<std::unique_ptr<Server>> StartWithoutADriver() {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.driver_library = "libgpuexec-no-such-driver.so.1";
   options.worker_program = DaemonProgram();
-  auto server = Server::Start(options);
+  return Server::Start(options);
+}
+
+TEST(DaemonTest, WithoutADriverItServesNoDevicesAndIsNotServing) {
+  auto server = StartWithoutADriver();
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ((*server)->device_count(), 0);
   const std::string target = TargetOf(**server);
@@ -50,11 +56,7 @@ TEST(DaemonTest, WithoutADriverItServesNoDevicesAndIsNotServing) {
 // turns NOT_SERVING and the stream ends. An unknown name is NOT_FOUND to
 // Check and SERVICE_UNKNOWN to Watch.
 TEST(DaemonTest, HealthWatchFollowsTheStatusUntilShutdown) {
-  ServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.driver_library = "libgpuexec-no-such-driver.so.1";
-  options.worker_program = DaemonProgram();
-  auto server = Server::Start(options);
+  auto server = StartWithoutADriver();
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string target = TargetOf(**server);
   auto stub = grpc::health::v1::Health::NewStub(
