@@ -272,85 +272,8 @@ NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const s
 
 // ------------------------------------------------------------------ transport
 
-class EchoService final : public Echo::CallbackService {
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Blob* in,
-                                  Blob* out) override {
-    out->set_data(in->data());
-    auto* r = ctx->DefaultReactor();
-    r->Finish(grpc::Status::OK);
-    return r;
-  }
-
-  grpc::ServerBidiReactor<Blob, Blob>* Bidi(grpc::CallbackServerContext*) override {
-    class R : public grpc::ServerBidiReactor<Blob, Blob> {
-     public:
-      R() { StartRead(&msg_); }
-      void OnReadDone(bool ok) override {
-        if (!ok) return Finish(grpc::Status::OK);
-        StartWrite(&msg_);
-      }
-      void OnWriteDone(bool ok) override {
-        if (!ok) return Finish(grpc::Status::CANCELLED);
-        StartRead(&msg_);
-      }
-      void OnDone() override { delete this; }
-
-     private:
-      Blob msg_;
-    };
-    return new R;
-  }
-
-  grpc::ServerReadReactor<Blob>* Upload(grpc::CallbackServerContext*, UploadReply* reply) override {
-    class R : public grpc::ServerReadReactor<Blob> {
-     public:
-      explicit R(UploadReply* reply) : reply_(reply) { StartRead(&msg_); }
-      void OnReadDone(bool ok) override {
-        if (!ok) {
-          reply_->set_bytes(bytes_);
-          return Finish(grpc::Status::OK);
-        }
-        bytes_ += msg_.data().size();
-        StartRead(&msg_);
-      }
-      void OnDone() override { delete this; }
-
-     private:
-      UploadReply* reply_;
-      Blob msg_;
-      uint64_t bytes_ = 0;
-    };
-    return new R(reply);
-  }
-
-  grpc::ServerWriteReactor<Blob>* Download(grpc::CallbackServerContext*,
-                                           const DownloadRequest* req) override {
-    class R : public grpc::ServerWriteReactor<Blob> {
-     public:
-      explicit R(const DownloadRequest* req) : left_(req->total_bytes()) {
-        msg_.mutable_data()->assign(std::max<uint32_t>(1, req->chunk_bytes()), 'x');
-        Next();
-      }
-      void OnWriteDone(bool ok) override {
-        if (!ok) return Finish(grpc::Status::CANCELLED);
-        Next();
-      }
-      void OnDone() override { delete this; }
-
-     private:
-      void Next() {
-        if (left_ == 0) return Finish(grpc::Status::OK);
-        const uint64_t n = std::min<uint64_t>(left_, msg_.data().size());
-        if (n < msg_.data().size()) msg_.mutable_data()->resize(n);
-        left_ -= n;
-        StartWrite(&msg_);
-      }
-      uint64_t left_;
-      Blob msg_;
-    };
-    return new R(req);
-  }
-};
+// Channel and server arguments applied alike to both ends.
+using GrpcArgs = std::vector<std::pair<std::string, int>>;
 
 // The echo service served as gpuexecd serves gpuexec.v1: on completion
 // queues, one thread each, with the call code run by the thread that polled
@@ -462,28 +385,52 @@ class AsyncEcho {
 
   Echo::AsyncService service_;
   rpc::CallCounter calls_;
+
+ public:
+  void WaitForCalls() { calls_.WaitForZero(); }
+};
+
+// The echo service on 127.0.0.1 (port 0) and on the Unix socket `socket`,
+// served from this process until destroyed: one completion queue and
+// --rpc_threads threads, as gpuexecd serves.
+class EchoServing {
+ public:
+  EchoServing(const std::string& socket, const GrpcArgs& args = {}) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+    builder.SetMaxReceiveMessageSize(64 << 20);
+    builder.SetMaxSendMessageSize(64 << 20);
+    for (const auto& [k, v] : args) builder.AddChannelArgument(k, v);
+    builder.RegisterService(echo_.service());
+    queue_ = builder.AddCompletionQueue();
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) Die("the echo server did not start");
+    echo_.Listen(queue_.get());
+    for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_rpc_threads)); ++i) {
+      pollers_.emplace_back(rpc::Poll, queue_.get());
+    }
+  }
+  ~EchoServing() {
+    server_->Shutdown();
+    echo_.WaitForCalls();
+    queue_->Shutdown();
+    for (std::thread& t : pollers_) t.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  AsyncEcho echo_;
+  int port_ = 0;
+  std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  std::vector<std::thread> pollers_;
+  std::unique_ptr<grpc::Server> server_;
 };
 
 // --serve_echo: the echo server process (see EchoServer). Runs until killed.
 int ServeEcho(const std::string& dir) {
-  AsyncEcho echo;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.AddListeningPort("unix:" + dir + "/server.sock", grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterService(echo.service());
-  // One queue and as many threads as gpuexecd is given (--rpc_threads).
-  auto queue = builder.AddCompletionQueue();
-  auto server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) Die("the echo server did not start");
-  echo.Listen(queue.get());
-  std::vector<std::thread> pollers;
-  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_rpc_threads)); ++i) {
-    pollers.emplace_back(rpc::Poll, queue.get());
-  }
-  std::fprintf(stderr, "gpuexec_bench echo serving on 127.0.0.1:%d\n", port);
+  EchoServing echo(dir + "/server.sock");
+  std::fprintf(stderr, "gpuexec_bench echo serving on 127.0.0.1:%d\n", echo.port());
   for (;;) pause();
 }
 
@@ -578,9 +525,6 @@ struct TransportFigures {
   Latency unary, bidi;
   double upload = 0, download = 0;  // GB/s
 };
-
-// Channel and server arguments applied alike to both ends.
-using GrpcArgs = std::vector<std::pair<std::string, int>>;
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& target, const GrpcArgs& extra = {}) {
   grpc::ChannelArguments args;
@@ -843,20 +787,11 @@ int RunTransportVariants(Plan plan) {
     Section(v.name);
     plan.chunk_bytes = v.chunk;
     const std::string socket = absl::StrCat("/tmp/gpuexec-bench-echo-", getpid(), ".sock");
-    EchoService echo;
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
-    builder.SetMaxReceiveMessageSize(64 << 20);
-    builder.SetMaxSendMessageSize(64 << 20);
-    for (const auto& [k, val] : v.args) builder.AddChannelArgument(k, val);
-    builder.RegisterService(&echo);
-    auto server = builder.BuildAndStart();
-    if (server == nullptr) Die("the echo server did not start");
-    RunTransport(plan, absl::StrCat("127.0.0.1:", port), v.args);
-    RunTransport(plan, "unix:" + socket, v.args);
-    server->Shutdown();
+    {
+      EchoServing echo(socket, v.args);
+      RunTransport(plan, absl::StrCat("127.0.0.1:", echo.port()), v.args);
+      RunTransport(plan, "unix:" + socket, v.args);
+    }
     unlink(socket.c_str());
   }
   return 0;
