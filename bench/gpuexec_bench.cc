@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "echo.grpc.pb.h"
@@ -60,6 +61,13 @@ ABSL_FLAG(int, rpc_threads, 1,
 ABSL_FLAG(std::string, serve_echo, "",
           "internal: serve the echo service, writing its TCP port to DIR/port and listening "
           "on DIR/echo.sock, until killed");
+ABSL_FLAG(std::string, target, "",
+          "measure only gpuexec, against this running daemon (host:port or unix:PATH): no "
+          "baselines, no table");
+ABSL_FLAG(std::vector<std::string>, figures, {},
+          "with --target: the gpuexec figures to measure, of launch, async, alloc, copy, session, "
+          "clients (default all)");
+ABSL_FLAG(int, repeat, 1, "with --target: measure the figures this many times");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
@@ -165,7 +173,6 @@ struct Row {
 std::vector<Row> g_rows;
 
 std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
-std::string Gbs(double bytes, double s) { return absl::StrFormat("%.2f GB/s", bytes / s / 1e9); }
 std::string Rate(double per_s) { return absl::StrFormat("%.0fk/s", per_s / 1e3); }
 std::string Ratio(double r) { return absl::StrFormat("%.2fx", r); }
 std::string Met(bool ok) { return ok ? "yes" : "NO"; }
@@ -635,6 +642,12 @@ LaunchConfig One() {
   return c;
 }
 
+// Whether --figures selects `name` (all when it is empty).
+bool Selected(const std::string& name) {
+  const std::vector<std::string> figures = absl::GetFlag(FLAGS_figures);
+  return figures.empty() || std::find(figures.begin(), figures.end(), name) != figures.end();
+}
+
 GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std::string& cubin,
                           int clients) {
   GpuexecFigures out;
@@ -644,10 +657,12 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
   Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
 
-  out.launch_sync = Measure(plan.latency_iters, [&] {
-    Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
-  });
-  {
+  if (Selected("launch")) {
+    out.launch_sync = Measure(plan.latency_iters, [&] {
+      Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
+    });
+  }
+  if (Selected("async")) {
     Must(session.Synchronize(), "sync");
     const auto t0 = Clock::now();
     for (int i = 0; i < plan.async_launches; ++i) {
@@ -656,17 +671,19 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     Must(session.Synchronize(), "sync");
     out.async_rate = plan.async_launches / Seconds(t0, Clock::now());
   }
-  {
+  if (Selected("async")) {
     const auto t0 = Clock::now();
     for (int i = 0; i < plan.latency_iters; ++i) Must(session.Launch(empty, One(), {}), "launch");
     out.acked_rate = plan.latency_iters / Seconds(t0, Clock::now());
     Must(session.Synchronize(), "sync");
   }
-  out.alloc_free_us = Measure(plan.alloc_iters, [&] {
-                        Buffer b = Must(session.Allocate(1 << 20), "allocate");
-                        Must(b.Free(), "free");
-                      }).p50;
-  {
+  if (Selected("alloc")) {
+    out.alloc_free_us = Measure(plan.alloc_iters, [&] {
+                          Buffer b = Must(session.Allocate(1 << 20), "allocate");
+                          Must(b.Free(), "free");
+                        }).p50;
+  }
+  if (Selected("copy")) {
     std::vector<uint8_t> data = HostData(plan.copy_bytes);
     Buffer b = Must(session.Allocate(plan.copy_bytes), "allocate");
     auto t0 = Clock::now();
@@ -676,7 +693,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     Must(b.ReadInto(0, absl::MakeSpan(data)), "read");
     out.read = plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
   }
-  {
+  if (Selected("session")) {
     // A new session on an open connection: the module is cached.
     std::vector<double> us;
     for (int i = 0; i < plan.session_trials; ++i) {
@@ -690,7 +707,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     }
     out.new_session_ms = Percentiles(us).p50 / 1e3;
   }
-  {
+  if (Selected("clients")) {
     // Each client: its own connection and session.
     std::vector<std::thread> threads;
     std::atomic<int> ready{0};
@@ -736,13 +753,29 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     out.agg_write = static_cast<double>(per_client_bytes) * clients /
                     *std::max_element(write_s.begin(), write_s.end()) / 1e9;
   }
-  Note(absl::StrFormat(
-      "%s: launch+sync p50 %.1f us p99 %.1f us; %.0fk async launches/s; "
-      "Allocate+Free p50 %.1f us; Write %.2f GB/s, Read %.2f GB/s; new session "
-      "+ cached module + first launch %.2f ms; %d clients: %.0fk launches/s, "
-      "Write %.2f GB/s",
-      target, out.launch_sync.p50, out.launch_sync.p99, out.async_rate / 1e3, out.alloc_free_us,
-      out.write, out.read, out.new_session_ms, clients, out.agg_rate / 1e3, out.agg_write));
+  std::vector<std::string> parts;
+  if (Selected("launch")) {
+    parts.push_back(absl::StrFormat("launch+sync p50 %.1f us p99 %.1f us", out.launch_sync.p50,
+                                    out.launch_sync.p99));
+  }
+  if (Selected("async")) {
+    parts.push_back(absl::StrFormat("%.0fk async launches/s, %.0fk answered launches/s",
+                                    out.async_rate / 1e3, out.acked_rate / 1e3));
+  }
+  if (Selected("alloc"))
+    parts.push_back(absl::StrFormat("Allocate+Free p50 %.1f us", out.alloc_free_us));
+  if (Selected("copy")) {
+    parts.push_back(absl::StrFormat("Write %.2f GB/s, Read %.2f GB/s", out.write, out.read));
+  }
+  if (Selected("session")) {
+    parts.push_back(
+        absl::StrFormat("new session + cached module + first launch %.2f ms", out.new_session_ms));
+  }
+  if (Selected("clients")) {
+    parts.push_back(absl::StrFormat("%d clients: %.0fk launches/s, Write %.2f GB/s", clients,
+                                    out.agg_rate / 1e3, out.agg_write));
+  }
+  Note(absl::StrCat(target, ": ", absl::StrJoin(parts, "; ")));
   return out;
 }
 
@@ -810,6 +843,13 @@ int Main() {
   const std::string cubin = kernels + "/gx_kernels.cubin";
   const std::string driver = absl::GetFlag(FLAGS_driver);
   const int clients = absl::GetFlag(FLAGS_clients);
+  if (const std::string target = absl::GetFlag(FLAGS_target); !target.empty()) {
+    // A daemon already running (under a profiler, say, or deployed).
+    std::printf("gpuexec_bench%s: gpuexecd at %s\n", quick ? " (quick: not a measurement)" : "",
+                target.c_str());
+    for (int i = 0; i < absl::GetFlag(FLAGS_repeat); ++i) RunGpuexec(plan, target, cubin, clients);
+    return 0;
+  }
 
   std::printf("gpuexec_bench%s: driver %s, daemon %s %s\n",
               quick ? " (quick: not a measurement)" : "", driver.c_str(), daemon.c_str(),
@@ -928,5 +968,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As gpuexecd does (server/main.cc): no lock-order check on each Mutex
+  // acquisition, in gRPC's own locks too, here and in the echo server.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return gpuexec::bench::Main();
 }
