@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -140,8 +141,10 @@ bool Channel::Receive(std::string* message) {
 Channel::Poll Channel::TryReceive(std::string* message) { return Next(message, /*wait=*/false); }
 
 Channel::Poll Channel::Next(std::string* message, bool wait) {
+  constexpr size_t kRead = 256 << 10;  // asked of each recv, at least
   for (;;) {
-    const size_t have = inbox_.size() - inbox_pos_;
+    const size_t have = inbox_end_ - inbox_pos_;
+    size_t need = kRead;  // room wanted after the data held
     if (have >= 4) {
       const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
       const uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
@@ -149,28 +152,31 @@ Channel::Poll Channel::Next(std::string* message, bool wait) {
       if (have >= 4 + size_t{n}) {
         message->assign(inbox_.data() + inbox_pos_ + 4, n);
         inbox_pos_ += 4 + n;
+        if (inbox_pos_ == inbox_end_) {
+          inbox_pos_ = inbox_end_ = 0;
+          // Room a large message (a module image) needed is given back.
+          if (inbox_.size() > (8u << 20)) std::string().swap(inbox_);
+        }
         return Poll::kMessage;
       }
+      need = std::max(need, 4 + size_t{n} - have);
     }
-    if (inbox_pos_ > 0) {
-      inbox_.erase(0, inbox_pos_);
+    // The inbox is storage that is only ever grown: zero-filling room for
+    // each recv (a resize) would cost more than the recv on a busy poll.
+    if (inbox_.size() - inbox_end_ < need && inbox_pos_ > 0) {
+      std::memmove(inbox_.data(), inbox_.data() + inbox_pos_, have);
       inbox_pos_ = 0;
+      inbox_end_ = have;
     }
-    const size_t at = inbox_.size();
-    inbox_.resize(at + (256 << 10));
+    if (inbox_.size() - inbox_end_ < need) inbox_.resize(inbox_end_ + need);
     ssize_t n;
     do {
-      n = ::recv(fd_, &inbox_[at], 256 << 10, wait ? 0 : MSG_DONTWAIT);
+      n = ::recv(fd_, inbox_.data() + inbox_end_, inbox_.size() - inbox_end_,
+                 wait ? 0 : MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
-    if (n < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      inbox_.resize(at);
-      return Poll::kNothing;
-    }
-    if (n <= 0) {
-      inbox_.resize(at);
-      return Poll::kEnd;
-    }
-    inbox_.resize(at + static_cast<size_t>(n));
+    if (n < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK)) return Poll::kNothing;
+    if (n <= 0) return Poll::kEnd;
+    inbox_end_ += static_cast<size_t>(n);
   }
 }
 

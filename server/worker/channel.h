@@ -76,9 +76,11 @@ class Channel {
 
   Poll Next(std::string* message, bool wait);
 
-  // Receiver state (one thread).
+  // Receiver state (one thread): bytes [inbox_pos_, inbox_end_) of inbox_
+  // are received and not yet returned.
   std::string inbox_;
   size_t inbox_pos_ = 0;
+  size_t inbox_end_ = 0;
 };
 
 // Largest message either side accepts (a module image of the daemon's
