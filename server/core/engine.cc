@@ -842,7 +842,7 @@ WriteSink::WriteSink(std::shared_ptr<Session> session, uint64_t buffer,
                      uint64_t offset)
     : session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
 
-void WriteSink::Push(absl::string_view data, Done more) {
+void WriteSink::Push(ByteSpans data, Done more) {
   {
     absl::MutexLock lock(&session_->mu);
     session_->Touch();  // a long transfer keeps its session alive
@@ -867,23 +867,24 @@ void WriteSink::Push(absl::string_view data, Done more) {
     use_->Release();
     return more(error);
   }
-  PushFrom(data, std::move(more));
+  PushFrom(std::move(data), std::move(more));
 }
 
 void WriteSink::OpenGate(absl::Status status) {
-  absl::string_view data;
+  ByteSpans data;
   Done more;
   {
     absl::MutexLock lock(&mu_);
     gate_open_ = true;
     if (!status.ok() && error_.ok()) error_ = status;
     std::swap(more, parked_more_);
-    data = parked_data_;
+    data = std::move(parked_data_);
+    parked_data_.Clear();
   }
-  if (more) PushFrom(data, std::move(more));
+  if (more) PushFrom(std::move(data), std::move(more));
 }
 
-void WriteSink::PushFrom(absl::string_view data, Done more) {
+void WriteSink::PushFrom(ByteSpans data, Done more) {
   {
     absl::ReleasableMutexLock lock(&mu_);
     if (data.empty() || !error_.ok()) {
@@ -893,16 +894,16 @@ void WriteSink::PushFrom(absl::string_view data, Done more) {
     }
     if (!gate_open_ || in_flight_ >= max_in_flight_) {
       // Resumed by the gate or by the next copy that completes.
-      parked_data_ = data;
+      parked_data_ = std::move(data);
       parked_more_ = std::move(more);
       return;
     }
     ++in_flight_;
   }
   auto self = shared_from_this();
-  device_->staging().Acquire([self, data, more](device::StagingSlot slot) {
-    const size_t n = std::min(data.size(), slot.capacity);
-    std::memcpy(slot.data, data.data(), n);
+  device_->staging().Acquire([self, data = std::move(data), more](device::StagingSlot slot) {
+    const size_t n = std::min<uint64_t>(data.size(), slot.capacity);
+    data.CopyPrefix(slot.data, n);
     const uint64_t dst_offset = self->next_offset_;
     self->next_offset_ += n;
     bool closed;
@@ -928,7 +929,7 @@ void WriteSink::PushFrom(absl::string_view data, Done more) {
       self->device_->staging().Release(slot);
       self->OnCopyDone(self->session_->ClosedError());
     }
-    self->PushFrom(data.substr(n), more);
+    self->PushFrom(data.Suffix(n), more);
   });
 }
 
@@ -942,9 +943,10 @@ void WriteSink::OnCopyDone(absl::Status status) {
     if (parked_more_) {
       Done more = std::move(parked_more_);
       parked_more_ = nullptr;
-      const absl::string_view data = parked_data_;
+      ByteSpans data = std::move(parked_data_);
+      parked_data_.Clear();
       lock.Release();
-      return PushFrom(data, std::move(more));
+      return PushFrom(std::move(data), std::move(more));
     }
     if (in_flight_ != 0 || !finish_) return;
     finish = std::move(finish_);

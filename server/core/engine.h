@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "gpuexec/sha256.h"
 #include "server/core/args.h"
+#include "server/core/byte_spans.h"
 #include "server/core/session.h"
 #include "server/device/device.h"
 #include "server/worker/remote_device.h"
@@ -186,7 +187,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   // Copies `data` into staging buffers and enqueues their copies; calls
   // `more` once `data` is no longer needed (the caller may then reuse it),
   // with the first error seen so far.
-  void Push(absl::string_view data, Done more);
+  void Push(ByteSpans data, Done more);
   // Calls `done` when every copy enqueued has finished: the bytes written,
   // or the first error.
   void Finish(Callback<uint64_t> done);
@@ -195,7 +196,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   friend class Engine;
   WriteSink(std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset);
   void OpenGate(absl::Status status);
-  void PushFrom(absl::string_view data, Done more);
+  void PushFrom(ByteSpans data, Done more);
   void OnCopyDone(absl::Status status);
   // The bytes written so far, or the first error.
   absl::StatusOr<uint64_t> ResultLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,7 +221,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   Callback<uint64_t> finish_ ABSL_GUARDED_BY(mu_);
   // A push waiting for the gate or for a staging buffer to come back.
-  absl::string_view parked_data_ ABSL_GUARDED_BY(mu_);
+  ByteSpans parked_data_ ABSL_GUARDED_BY(mu_);
   Done parked_more_ ABSL_GUARDED_BY(mu_);
 };
 

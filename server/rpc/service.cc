@@ -4,12 +4,14 @@
 #include <deque>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/grpc_status.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/observability.h"
+#include "server/rpc/wire.h"
 
 namespace gpuexec::rpc {
 namespace {
@@ -176,7 +178,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       const int got = reading_;
       reading_ = -1;
       if (done_) return;  // the call already ended with an error
-      if (ok && !Parse(&in_[got], &requests_[got])) {
+      if (ok && !ParseSlices(got)) {
         // What was read before it is still written; then the call fails.
         bad_ = absl::InvalidArgumentError(
             "Write: a message is not a gpuexec.v1.WriteRequest; the bytes before it were "
@@ -186,8 +188,8 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
         eof_ = true;
       } else {
         if (sink_ == nullptr) {
-          const v1::WriteRequest& first = requests_[got];
-          auto sink = env_->engine->BeginWrite(first.session(), first.buffer(), first.offset());
+          const WriteMessage& first = messages_[got];
+          auto sink = env_->engine->BeginWrite(first.session, first.buffer, first.offset);
           if (!sink.ok()) {
             done_ = true;
             lock.Release();
@@ -231,7 +233,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       // The copy into staging runs on the copy pool: this thread goes on
       // receiving the next message meanwhile.
       env_->copies->Post([this, sink, push] {
-        sink->Push(requests_[push].data(), [this](absl::Status st) { Pushed(st); });
+        sink->Push(messages_[push].data, [this](absl::Status st) { Pushed(st); });
       });
     }
     if (!finish) return;
@@ -250,9 +252,22 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
     });
   }
 
+  // Parses message `i` where it lies: its data stays in gRPC's slices,
+  // which slices_[i] holds until the message is pushed.
+  bool ParseSlices(int i) {
+    slices_[i].clear();
+    if (!in_[i].Dump(&slices_[i]).ok()) return false;
+    in_[i].Clear();
+    return ParseWriteRequest(slices_[i], &messages_[i]);
+  }
+
   void Pushed(absl::Status st) {
     {
       absl::MutexLock lock(&mu_);
+      if (pushing_ >= 0) {
+        slices_[pushing_].clear();
+        messages_[pushing_].data.Clear();
+      }
       pushing_ = -1;
       if (st.ok() || done_) {
         st = absl::OkStatus();
@@ -270,8 +285,9 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   // With two, receiving stopped whenever the message behind the one being
   // copied had arrived.
   static constexpr int kMessages = 4;
-  grpc::ByteBuffer in_[kMessages];          // as read
-  v1::WriteRequest requests_[kMessages];    // parsed from them
+  grpc::ByteBuffer in_[kMessages];              // as read
+  std::vector<grpc::Slice> slices_[kMessages];  // their bytes (ParseSlices)
+  WriteMessage messages_[kMessages];            // parsed, pointing into slices_
   absl::Mutex mu_;
   absl::Status bad_ ABSL_GUARDED_BY(mu_);  // a message did not parse
   std::shared_ptr<core::WriteSink> sink_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,35 @@
+#ifndef GPUEXEC_SERVER_RPC_WIRE_H_
+#define GPUEXEC_SERVER_RPC_WIRE_H_
+
+// A Write message read straight from the slices gRPC received it in: its
+// data is not copied out of them (the typed API, and protobuf's parser,
+// would copy each message's bytes into a string first, on the thread that
+// polls gRPC, before they are copied again into staging).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "grpcpp/support/slice.h"
+#include "server/core/byte_spans.h"
+
+namespace gpuexec::rpc {
+
+// The fields of a gpuexec.v1.WriteRequest; `data` points into the slices it
+// was parsed from.
+struct WriteMessage {
+  std::string session;
+  uint64_t buffer = 0;
+  uint64_t offset = 0;
+  core::ByteSpans data;
+};
+
+// Parses a serialized WriteRequest held in `slices` as protobuf would (any
+// field order, the last of a repeated field wins, unknown fields skipped);
+// false if it is not one. Unlike protobuf, a session that is not UTF-8 is
+// not refused here: it names no session, which the caller reports.
+bool ParseWriteRequest(const std::vector<grpc::Slice>& slices, WriteMessage* out);
+
+}  // namespace gpuexec::rpc
+
+#endif  // GPUEXEC_SERVER_RPC_WIRE_H_
