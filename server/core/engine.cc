@@ -1013,7 +1013,7 @@ uint64_t ReadSource::remaining() const {
   return end_ - deliver_offset_;
 }
 
-void ReadSource::Next(std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> done) {
+void ReadSource::Next(std::function<void(absl::StatusOr<ReadChunk>)> done) {
   {
     absl::MutexLock lock(&session_->mu);
     session_->Touch();  // a long transfer keeps its session alive
@@ -1072,12 +1072,25 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
         self->device_->CopyToHost(
             self->session_->stream(), slot, self->base_ + offset, self->epoch_, n, self->what_,
             [self, slot, offset, n](absl::Status st) {
-              absl::StatusOr<std::string> bytes =
-                  st.ok() ? absl::StatusOr<std::string>(
-                                std::string(reinterpret_cast<char*>(slot.data), n))
-                          : absl::StatusOr<std::string>(st);
-              self->device_->staging().Release(slot);
-              self->Ready(offset, std::move(bytes));
+              if (!st.ok()) {
+                self->device_->staging().Release(slot);
+                return self->Ready(offset, st);
+              }
+              // The bytes stay in staging until the caller has copied them
+              // out (onto the wire, once): not copied here, on the thread
+              // that reads every answer of the device's worker.
+              struct Hold {
+                Hold(worker::RemoteDevice* d, device::StagingSlot s) : device(d), slot(s) {}
+                Hold(const Hold&) = delete;
+                ~Hold() { device->staging().Release(slot); }
+                worker::RemoteDevice* device;
+                device::StagingSlot slot;
+              };
+              ReadChunk chunk;
+              chunk.offset = offset;
+              chunk.bytes = absl::string_view(reinterpret_cast<const char*>(slot.data), n);
+              chunk.hold = std::make_shared<const Hold>(self->device_, slot);
+              self->Ready(offset, std::move(chunk));
             });
       }
     }
@@ -1088,18 +1101,18 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
   });
 }
 
-void ReadSource::Ready(uint64_t offset, absl::StatusOr<std::string> bytes) {
-  if (bytes.ok()) traffic_->bytes_read.fetch_add(bytes->size());
+void ReadSource::Ready(uint64_t offset, absl::StatusOr<ReadChunk> chunk) {
+  if (chunk.ok()) traffic_->bytes_read.fetch_add(chunk->bytes.size());
   {
     absl::MutexLock lock(&mu_);
-    ready_.emplace(offset, std::move(bytes));
+    ready_.emplace(offset, std::move(chunk));
   }
   Deliver();
 }
 
 void ReadSource::Deliver() {
-  std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> waiter;
-  absl::StatusOr<std::pair<uint64_t, std::string>> result;
+  std::function<void(absl::StatusOr<ReadChunk>)> waiter;
+  absl::StatusOr<ReadChunk> result;
   bool last;
   {
     absl::MutexLock lock(&mu_);
@@ -1107,9 +1120,8 @@ void ReadSource::Deliver() {
     auto it = ready_.find(deliver_offset_);
     if (it == ready_.end()) return;
     if (it->second.ok()) {
-      const uint64_t offset = deliver_offset_;
-      deliver_offset_ += it->second->size();
-      result = std::make_pair(offset, std::move(it->second).value());
+      deliver_offset_ += it->second->bytes.size();
+      result = std::move(it->second);
     } else {
       result = it->second.status();
       deliver_offset_ = end_;  // nothing more after an error

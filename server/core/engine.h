@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -225,14 +226,22 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   Done parked_more_ ABSL_GUARDED_BY(mu_);
 };
 
+// A chunk of a Read: `bytes` lie in a staging buffer, which is handed back
+// when the last copy of `hold` is dropped (once the bytes are copied out).
+struct ReadChunk {
+  uint64_t offset = 0;
+  absl::string_view bytes;
+  std::shared_ptr<const void> hold;
+};
+
 // One Read: device bytes streamed to the caller in chunks, in order, with a
 // few chunks fetched ahead.
 class ReadSource : public std::enable_shared_from_this<ReadSource> {
  public:
   uint64_t remaining() const;
-  // Calls `done` with the next chunk (offset, bytes); at most one Next at a
-  // time. Call only while remaining() > 0.
-  void Next(std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> done);
+  // Calls `done` with the next chunk; at most one Next at a time. Call only
+  // while remaining() > 0.
+  void Next(std::function<void(absl::StatusOr<ReadChunk>)> done);
 
  private:
   friend class Engine;
@@ -241,7 +250,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   void OpenGate(absl::Status status);
   void FetchAhead();
   void Fetch(uint64_t offset, uint64_t n);
-  void Ready(uint64_t offset, absl::StatusOr<std::string> bytes);
+  void Ready(uint64_t offset, absl::StatusOr<ReadChunk> chunk);
   void Deliver();
 
   std::shared_ptr<Session> session_;
@@ -260,9 +269,9 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   uint64_t fetch_offset_ ABSL_GUARDED_BY(mu_);    // next offset to fetch
   uint64_t deliver_offset_ ABSL_GUARDED_BY(mu_);  // next offset to hand out
   int fetching_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint64_t, absl::StatusOr<std::string>> ready_ ABSL_GUARDED_BY(mu_);
-  std::function<void(absl::StatusOr<std::pair<uint64_t, std::string>>)> waiter_
-      ABSL_GUARDED_BY(mu_);
+  // A few chunks at most, by offset.
+  std::map<uint64_t, absl::StatusOr<ReadChunk>> ready_ ABSL_GUARDED_BY(mu_);
+  std::function<void(absl::StatusOr<ReadChunk>)> waiter_ ABSL_GUARDED_BY(mu_);
 };
 
 class Engine {

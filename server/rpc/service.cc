@@ -362,16 +362,14 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
     }
     if (write >= 0) StartWrite(&out_[write]);
     if (fetch >= 0) {
-      source_->Next([this, fetch](absl::StatusOr<std::pair<uint64_t, std::string>> chunk) {
+      source_->Next([this, fetch](absl::StatusOr<core::ReadChunk> chunk) {
         if (!chunk.ok()) return Fetched(fetch, chunk.status());
-        auto bytes = std::make_shared<std::pair<uint64_t, std::string>>(std::move(chunk).value());
-        env_->copies->Post([this, fetch, bytes] {
-          v1::ReadResponse response;
-          response.set_offset(bytes->first);
-          *response.mutable_data() = std::move(bytes->second);
-          Fetched(fetch, Serialize(response, &out_[fetch])
-                             ? absl::OkStatus()
-                             : absl::InternalError("Read: cannot serialize a chunk"));
+        env_->copies->Post([this, fetch, chunk = std::move(chunk).value()]() mutable {
+          // From staging to the message, the chunk's one copy; then the
+          // staging buffer goes back.
+          out_[fetch] = SerializeReadResponse(chunk.offset, chunk.bytes);
+          chunk.hold.reset();
+          Fetched(fetch, absl::OkStatus());
         });
       });
     }

@@ -1,6 +1,9 @@
 #include "server/rpc/wire.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "grpc/slice.h"
 
 namespace gpuexec::rpc {
 namespace {
@@ -119,6 +122,32 @@ bool ParseWriteRequest(const std::vector<grpc::Slice>& slices, WriteMessage* out
     }
   }
   return true;
+}
+
+grpc::ByteBuffer SerializeReadResponse(uint64_t offset, absl::string_view data) {
+  uint8_t header[1 + 10 + 1 + 10];
+  size_t h = 0;
+  auto varint = [&](uint64_t v) {
+    while (v >= 0x80) {
+      header[h++] = static_cast<uint8_t>(v | 0x80);
+      v >>= 7;
+    }
+    header[h++] = static_cast<uint8_t>(v);
+  };
+  // Fields at their default (0, empty) are left out, as protobuf does.
+  if (offset != 0) {
+    header[h++] = 1 << 3 | 0;  // offset, varint
+    varint(offset);
+  }
+  if (!data.empty()) {
+    header[h++] = 2 << 3 | 2;  // data, length-delimited
+    varint(data.size());
+  }
+  grpc_slice s = grpc_slice_malloc(h + data.size());
+  std::memcpy(GRPC_SLICE_START_PTR(s), header, h);
+  if (!data.empty()) std::memcpy(GRPC_SLICE_START_PTR(s) + h, data.data(), data.size());
+  grpc::Slice slice(s, grpc::Slice::STEAL_REF);
+  return grpc::ByteBuffer(&slice, 1);
 }
 
 }  // namespace gpuexec::rpc

@@ -1,15 +1,19 @@
 #ifndef GPUEXEC_SERVER_RPC_WIRE_H_
 #define GPUEXEC_SERVER_RPC_WIRE_H_
 
-// A Write message read straight from the slices gRPC received it in: its
-// data is not copied out of them (the typed API, and protobuf's parser,
-// would copy each message's bytes into a string first, on the thread that
-// polls gRPC, before they are copied again into staging).
+// Write and Read messages in protobuf's wire format, without the copies of
+// their data that the typed API makes. A Write message is read straight
+// from the slices gRPC received it in (protobuf's parser would copy its
+// bytes into a string first, on the thread that polls gRPC, before they are
+// copied again into staging); a Read message is written straight from
+// staging into the one slice it is sent from.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "server/core/byte_spans.h"
 
@@ -29,6 +33,10 @@ struct WriteMessage {
 // false if it is not one. Unlike protobuf, a session that is not UTF-8 is
 // not refused here: it names no session, which the caller reports.
 bool ParseWriteRequest(const std::vector<grpc::Slice>& slices, WriteMessage* out);
+
+// A serialized gpuexec.v1.ReadResponse, as protobuf would write it, in one
+// slice: the data is copied once.
+grpc::ByteBuffer SerializeReadResponse(uint64_t offset, absl::string_view data);
 
 }  // namespace gpuexec::rpc
 

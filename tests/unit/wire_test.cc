@@ -116,5 +116,25 @@ TEST(ParseWriteRequest, RefusesWhatIsNotAWriteRequest) {
   }
 }
 
+TEST(SerializeReadResponse, WritesWhatProtobufWould) {
+  std::string data(300000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
+  for (uint64_t offset : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40}) {
+    for (absl::string_view bytes : {absl::string_view(data), absl::string_view()}) {
+      v1::ReadResponse expected;
+      expected.set_offset(offset);
+      expected.set_data(std::string(bytes));
+      grpc::ByteBuffer buffer = SerializeReadResponse(offset, bytes);
+      std::vector<grpc::Slice> slices;
+      ASSERT_TRUE(buffer.Dump(&slices).ok());
+      std::string wire;
+      for (const grpc::Slice& s : slices) {
+        wire.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+      EXPECT_TRUE(wire == expected.SerializeAsString()) << "offset " << offset;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gpuexec::rpc
