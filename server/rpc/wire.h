@@ -1,12 +1,11 @@
 #ifndef GPUEXEC_SERVER_RPC_WIRE_H_
 #define GPUEXEC_SERVER_RPC_WIRE_H_
 
-// Write and Read messages in protobuf's wire format, without the copies of
-// their data that the typed API makes. A Write message is read straight
-// from the slices gRPC received it in (protobuf's parser would copy its
-// bytes into a string first, on the thread that polls gRPC, before they are
-// copied again into staging); a Read message is written straight from
-// staging into the one slice it is sent from.
+// The Write and Read messages the daemon serves raw (gpuexec/wire.h): a
+// Write message's data is read where gRPC received it (protobuf's parser
+// would copy it into a string first, on the thread that polls gRPC, before
+// it is copied again into staging); a Read message is written straight
+// from staging into the one slice it is sent from.
 
 #include <cstdint>
 #include <string>
