@@ -1,5 +1,6 @@
 #include "gpuexec/client.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "gpuexec/grpc_status.h"
 #include "gpuexec/sha256.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
+#include "gpuexec/wire.h"
 #include "internal/status_macros_internal.h"
 
 namespace gpuexec {
@@ -454,6 +456,65 @@ absl::Status LoadModuleCall(const SessionState& session, const v1::LoadModuleReq
 
 // Streams Read chunks of [offset, offset + size) to `sink` (size 0: to the
 // end), checking that they arrive in order and without gaps.
+// One call of gRPC's generic stub, driven to its end on a queue of its own,
+// one operation at a time, as the typed synchronous API would. Write and
+// Read go this way to send and receive grpc::ByteBuffers that the client
+// writes and parses itself (gpuexec/wire.h): their data is copied once,
+// where the typed API would also copy it into or out of a protobuf message.
+// Finish() must be called before the call goes.
+class RawCall {
+ public:
+  RawCall(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,
+          const std::string& method)
+      : stub_(channel) {
+    call_ = stub_.PrepareCall(context, method, &cq_);
+    call_->StartCall(this);
+    started_ = Wait();
+  }
+  ~RawCall() {
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+  RawCall(const RawCall&) = delete;
+  RawCall& operator=(const RawCall&) = delete;
+
+  // False once the call has ended (Finish says why).
+  bool started() const { return started_; }
+  bool Write(const grpc::ByteBuffer& message) {
+    call_->Write(message, this);
+    return Wait();
+  }
+  bool WritesDone() {
+    call_->WritesDone(this);
+    return Wait();
+  }
+  bool Read(grpc::ByteBuffer* message) {
+    call_->Read(message, this);
+    return Wait();
+  }
+  grpc::Status Finish() {
+    grpc::Status status;
+    call_->Finish(&status, this);
+    Wait();
+    return status;
+  }
+
+ private:
+  bool Wait() {
+    void* tag;
+    bool ok = false;
+    return cq_.Next(&tag, &ok) && ok;
+  }
+
+  grpc::GenericStub stub_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+  bool started_ = false;
+};
+
 absl::Status ReadCall(const SessionState& session, uint64_t buffer, uint64_t offset, uint64_t size,
                       const std::function<absl::Status(uint64_t at, std::string_view data)>& sink) {
   grpc::ClientContext context;
@@ -464,28 +525,50 @@ absl::Status ReadCall(const SessionState& session, uint64_t buffer, uint64_t off
   request.set_offset(offset);
   request.set_size(size);
   request.set_chunk_size(session.options().chunk_bytes);
-  auto reader = session.stub().Read(&context, request);
-  v1::ReadResponse response;
+  grpc::ByteBuffer message;
+  bool own;
+  if (!grpc::SerializationTraits<v1::ReadRequest>::Serialize(request, &message, &own).ok()) {
+    return absl::InternalError("gpuexec client: cannot serialize a ReadRequest");
+  }
+  RawCall call(session.client->channel, &context, "/gpuexec.v1.GpuExec/Read");
+  bool open = call.started() && call.Write(message) && call.WritesDone();
   uint64_t expected = offset;
   absl::Status local;
-  while (local.ok() && reader->Read(&response)) {
-    if (response.offset() != expected) {
+  std::vector<grpc::Slice> slices;
+  while (local.ok() && open && call.Read(&message)) {
+    // Each ReadResponse's data goes to the sink from the slices it came in.
+    uint64_t at = 0;
+    absl::InlinedVector<absl::string_view, 8> data;
+    const bool parsed =
+        wire::Slices(&message, &slices) && wire::Parse(slices, [&](const wire::Field& f) {
+          if (f.varint && f.number == 1) at = f.value;
+          if (!f.varint && f.number == 2) data = f.pieces;
+        });
+    if (!parsed) {
       local = absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ", buffer,
-                                               " got a chunk at offset ", response.offset(),
-                                               " where ", expected, " was due"));
+                                               " got a message that is not a ReadResponse"));
       break;
     }
-    local = sink(expected - offset, response.data());
-    expected += response.data().size();
+    if (at != expected) {
+      local = absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ", buffer,
+                                               " got a chunk at offset ", at, " where ", expected,
+                                               " was due"));
+      break;
+    }
+    for (absl::string_view piece : data) {
+      local = sink(expected - offset, std::string_view(piece.data(), piece.size()));
+      if (!local.ok()) break;
+      expected += piece.size();
+    }
   }
   if (!local.ok()) {
     context.TryCancel();
-    while (reader->Read(&response)) {
+    while (call.Read(&message)) {
     }
-    reader->Finish().ok();
+    call.Finish().ok();
     return local;
   }
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
   if (size != 0 && expected - offset != size) {
     return absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ", buffer, " returned ",
                                             expected - offset, " of ", size, " bytes"));
@@ -682,27 +765,34 @@ absl::Status Buffer::Write(uint64_t offset, absl::Span<const uint8_t> data) {
   GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
   grpc::ClientContext context;
   SetDeadline(&context, session_->options(), CallKind::kData);
-  v1::WriteResponse response;
-  auto writer = session_->stub().Write(&context, &response);
-  // The first message names the session, buffer and offset; every message
-  // carries up to chunk_bytes of data.
-  v1::WriteRequest request;
-  request.set_session(session_->token);
-  request.set_buffer(handle_);
-  request.set_offset(offset);
+  RawCall call(session_->client->channel, &context, "/gpuexec.v1.GpuExec/Write");
+  // WriteRequests: the first names the session, buffer and offset; every
+  // one carries up to chunk_bytes of data, copied once, into its message.
   const size_t chunk = std::max<size_t>(1, session_->options().chunk_bytes);
   size_t at = 0;
-  bool open = true;
+  // False when the daemon has ended the call; Finish() says why.
+  bool open = call.started();
   do {
     const size_t n = std::min(chunk, data.size() - at);
-    request.set_data(data.data() + at, n);
-    // False when the daemon has ended the call; Finish() says why.
-    open = writer->Write(request);
+    wire::Writer request;
+    if (at == 0) {
+      request.String(1, session_->token);
+      request.Varint(2, handle_);
+      request.Varint(3, offset);
+    }
+    open = open && call.Write(request.Finish(
+                       4, absl::string_view(reinterpret_cast<const char*>(data.data()) + at, n)));
     at += n;
-    if (at == n) request.Clear();
   } while (open && at < data.size());
-  if (open) writer->WritesDone();
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  grpc::ByteBuffer answer;
+  const bool answered = open && call.WritesDone() && call.Read(&answer);
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
+  v1::WriteResponse response;
+  if (!answered ||
+      !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {
+    return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_,
+                                            " ended without the daemon's answer"));
+  }
   if (response.bytes_written() != data.size()) {
     return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_, " wrote ",
                                             response.bytes_written(), " of ", data.size(),
