@@ -16,7 +16,8 @@ struct Device::StreamState {
   cuda::Stream stream;
   // The last kernel launched on the stream since its last completed
   // Synchronize, and when: what a fault report names.
-  std::string last_launch;
+  // (Shared with the launch's watch: one copy of the name per launch.)
+  std::shared_ptr<const std::string> last_launch;
   absl::Time last_launch_at;
   // Recorded before the first work after the last Synchronize; null when
   // no work was enqueued since.
@@ -27,7 +28,7 @@ struct Device::StreamState {
   absl::Duration time_limit;
   struct Watch {
     cuda::Event done;
-    std::string what;
+    std::shared_ptr<const std::string> what;
     // For a launch with nothing watched ahead of it: recorded just before
     // it, so that its clock starts when it can start (not while copies or
     // unwatched work ahead of it run).
@@ -200,7 +201,7 @@ bool Device::PollWatches() {
     if (!s.watches.empty() && s.watches.front().start.has_value()) {
       // The head launch's clock starts once the work ahead of it is done.
       StreamState::Watch& head = s.watches.front();
-      absl::StatusOr<bool> started = driver_->EventDone(*head.start, head.what);
+      absl::StatusOr<bool> started = driver_->EventDone(*head.start, *head.what);
       if (!started.ok()) {
         (void)Check(started.status());
         return false;
@@ -213,8 +214,24 @@ bool Device::PollWatches() {
       head.start.reset();
       s.head_since = now;
     }
+    if (s.watches.size() > 1) {
+      // In stream order: once the newest is done, every one is. Under a
+      // stream of short launches this is one query per poll, not one per
+      // launch.
+      absl::StatusOr<bool> done = driver_->EventDone(s.watches.back().done, *s.watches.back().what);
+      if (!done.ok()) {
+        (void)Check(done.status());
+        return false;
+      }
+      if (*done) {
+        for (StreamState::Watch& w : s.watches) spare_events_.push_back(std::move(w.done));
+        s.watches.clear();
+        s.head_since = now;
+      }
+    }
     while (!s.watches.empty()) {
-      absl::StatusOr<bool> done = driver_->EventDone(s.watches.front().done, s.watches.front().what);
+      absl::StatusOr<bool> done =
+          driver_->EventDone(s.watches.front().done, *s.watches.front().what);
       if (!done.ok()) {
         (void)Check(done.status());
         return false;
@@ -234,7 +251,7 @@ bool Device::PollWatches() {
     if (running > s.time_limit && now - s.last_hung_report >= absl::Seconds(1)) {
       s.last_hung_report = now;
       const std::string message = absl::StrCat(
-          s.watches.front().what, " has run for ", absl::ToInt64Milliseconds(running),
+          *s.watches.front().what, " has run for ", absl::ToInt64Milliseconds(running),
           " ms, past its kernel time limit of ", absl::ToInt64Milliseconds(s.time_limit), " ms");
       if (options_.on_hung) {
         options_.on_hung(*it, message);
@@ -262,8 +279,8 @@ absl::Status Device::Check(absl::Status status) {
       // read: name the kernels that were in flight.
       std::string in_flight;
       for (const auto& [id, s] : streams_) {
-        if (s->last_launch.empty()) continue;
-        absl::StrAppend(&in_flight, in_flight.empty() ? "" : "; ", s->last_launch, " (launched ",
+        if (s->last_launch == nullptr) continue;
+        absl::StrAppend(&in_flight, in_flight.empty() ? "" : "; ", *s->last_launch, " (launched ",
                         absl::FormatTime("%H:%M:%E3S", s->last_launch_at, absl::UTCTimeZone()),
                         " UTC)");
       }
@@ -645,13 +662,13 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
       if (e.ok()) start = std::move(e).value();
     }
     if (st.ok()) {
-      s->last_launch = op.what;
+      s->last_launch = std::make_shared<const std::string>(std::move(op.what));
       s->last_launch_at = absl::Now();
       st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
-                                 s->stream.get(), op.what));
+                                 s->stream.get(), *s->last_launch));
     }
     if (st.ok() && s->time_limit > absl::ZeroDuration()) {
-      st = Watch(stream, *s, op.what, std::move(start));
+      st = Watch(stream, *s, s->last_launch, std::move(start));
     } else if (start.has_value()) {
       spare_events_.push_back(std::move(*start));
     }
@@ -686,7 +703,7 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
                     // Kernels launched before this Synchronize are known to be done.
                     auto it = streams_.find(stream);
                     if (it != streams_.end() && it->second->last_launch_at <= requested) {
-                      it->second->last_launch.clear();
+                      it->second->last_launch.reset();
                     }
                     gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
                   },
@@ -701,12 +718,12 @@ absl::StatusOr<cuda::Event> Device::WatchEvent(const std::string& what) {
   return e;
 }
 
-absl::Status Device::Watch(StreamId id, StreamState& s, const std::string& what,
+absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
                            std::optional<cuda::Event> start) {
-  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, WatchEvent(what));
-  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), what)));
+  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, WatchEvent(*what));
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), *what)));
   if (s.watches.empty()) s.head_since = absl::Now();
-  s.watches.push_back(StreamState::Watch{std::move(e), what, std::move(start)});
+  s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start)});
   watched_.insert(id);
   return absl::OkStatus();
 }

@@ -192,7 +192,7 @@ class Device {
   bool PollWatches();
   // Records an event after the launch just enqueued on `s` and watches it;
   // `start`, if any, was recorded just before the launch.
-  absl::Status Watch(StreamId id, StreamState& s, const std::string& what,
+  absl::Status Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
                      std::optional<cuda::Event> start);
   // An event for watching launches (a spare one when there is one).
   absl::StatusOr<cuda::Event> WatchEvent(const std::string& what);
