@@ -1076,20 +1076,17 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
                 self->device_->staging().Release(slot);
                 return self->Ready(offset, st);
               }
-              // The bytes stay in staging until the caller has copied them
-              // out (onto the wire, once): not copied here, on the thread
-              // that reads every answer of the device's worker.
-              struct Hold {
-                Hold(worker::RemoteDevice* d, device::StagingSlot s) : device(d), slot(s) {}
-                Hold(const Hold&) = delete;
-                ~Hold() { device->staging().Release(slot); }
-                worker::RemoteDevice* device;
-                device::StagingSlot slot;
-              };
+              // Copied out at once, so that the staging buffer goes back
+              // now: a chunk waits here for the caller for as long as its
+              // client takes to read, and a stalled Read must not hold
+              // buffers every session of the device copies through.
+              auto bytes = std::make_shared<const std::string>(
+                  reinterpret_cast<const char*>(slot.data), n);
+              self->device_->staging().Release(slot);
               ReadChunk chunk;
               chunk.offset = offset;
-              chunk.bytes = absl::string_view(reinterpret_cast<const char*>(slot.data), n);
-              chunk.hold = std::make_shared<const Hold>(self->device_, slot);
+              chunk.bytes = *bytes;
+              chunk.hold = std::move(bytes);
               self->Ready(offset, std::move(chunk));
             });
       }

@@ -226,8 +226,7 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   Done parked_more_ ABSL_GUARDED_BY(mu_);
 };
 
-// A chunk of a Read: `bytes` lie in a staging buffer, which is handed back
-// when the last copy of `hold` is dropped (once the bytes are copied out).
+// A chunk of a Read: `bytes` stay valid while a copy of `hold` is kept.
 struct ReadChunk {
   uint64_t offset = 0;
   absl::string_view bytes;

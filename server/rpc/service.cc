@@ -365,8 +365,8 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
       source_->Next([this, fetch](absl::StatusOr<core::ReadChunk> chunk) {
         if (!chunk.ok()) return Fetched(fetch, chunk.status());
         env_->copies->Post([this, fetch, chunk = std::move(chunk).value()]() mutable {
-          // From staging to the message, the chunk's one copy; then the
-          // staging buffer goes back.
+          // Into the one slice of its message, without a ReadResponse
+          // in between.
           out_[fetch] = SerializeReadResponse(chunk.offset, chunk.bytes);
           chunk.hold.reset();
           Fetched(fetch, absl::OkStatus());

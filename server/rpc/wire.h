@@ -4,8 +4,8 @@
 // The Write and Read messages the daemon serves raw (gpuexec/wire.h): a
 // Write message's data is read where gRPC received it (protobuf's parser
 // would copy it into a string first, on the thread that polls gRPC, before
-// it is copied again into staging); a Read message is written straight
-// from staging into the one slice it is sent from.
+// it is copied again into staging); a Read message is written with its
+// data copied once, into the one slice it is sent from.
 
 #include <cstdint>
 #include <string>

@@ -513,6 +513,56 @@ TEST_F(ServiceTest, CopiesBehindALongKernelDoNotBlockAnotherSession) {
   EXPECT_TRUE(a_back == a_data);
 }
 
+// A Read whose client does not read its answers keeps its chunks out of
+// the staging buffers every session of the device copies through: reads
+// left hanging, more than the buffers could serve, leave another session's
+// Write and Read going.
+TEST_F(ServiceTest, ReadsTheirClientsDoNotConsumeHoldNoStagingBuffer) {
+  constexpr uint64_t kBig = 64 << 20;
+  constexpr int kStalled = 8;  // as many as the daemon has staging buffers
+  GX_ASSERT_OK_AND_ASSIGN(Session a, Open({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a_buffer, a.Allocate(kBig));
+  GX_ASSERT_OK(a_buffer.Memset(7));
+  struct Stalled {
+    std::unique_ptr<v1::GpuExec::Stub> stub;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::ReadResponse>> reader;
+  };
+  std::vector<std::unique_ptr<Stalled>> stalled;
+  for (int i = 0; i < kStalled; ++i) {
+    auto s = std::make_unique<Stalled>();
+    s->stub = RawStub();
+    v1::ReadRequest request;
+    request.set_session(a.token());
+    request.set_buffer(a_buffer.handle());
+    s->reader = s->stub->Read(&s->context, request);  // never read
+    stalled.push_back(std::move(s));
+  }
+  // Let their chunks reach the daemon's side of each stream and wait there.
+  absl::SleepFor(absl::Milliseconds(500));
+
+  ClientOptions options;
+  options.data_timeout = absl::Seconds(20);
+  GX_ASSERT_OK_AND_ASSIGN(Client client_b, NewClient(options));
+  GX_ASSERT_OK_AND_ASSIGN(Session b, client_b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b_buffer, b.Allocate(4 << 20));
+  const std::vector<uint8_t> data = Pattern(11, 4 << 20);
+  const absl::Time start = absl::Now();
+  GX_ASSERT_OK(b_buffer.Write(0, data));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, b_buffer.Read());
+  EXPECT_TRUE(back == data);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5))
+      << "session B's copies waited behind Reads nobody consumed";
+
+  for (auto& s : stalled) s->context.TryCancel();
+  for (auto& s : stalled) {
+    v1::ReadResponse drop;
+    while (s->reader->Read(&drop)) {
+    }
+    EXPECT_EQ(s->reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+}
+
 TEST_F(ServiceTest, SynchronizeReportsGpuTime) {
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   GX_ASSERT_OK_AND_ASSIGN(absl::Duration idle, session.Synchronize());
