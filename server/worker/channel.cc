@@ -142,6 +142,7 @@ Channel::Poll Channel::TryReceive(std::string* message) { return Next(message, /
 
 Channel::Poll Channel::Next(std::string* message, bool wait) {
   constexpr size_t kRead = 256 << 10;  // asked of each recv, at least
+  constexpr size_t kKeep = 8 << 20;    // the most kept once a message is out
   for (;;) {
     const size_t have = inbox_end_ - inbox_pos_;
     size_t need = kRead;  // room wanted after the data held
@@ -152,14 +153,21 @@ Channel::Poll Channel::Next(std::string* message, bool wait) {
       if (have >= 4 + size_t{n}) {
         message->assign(inbox_.data() + inbox_pos_ + 4, n);
         inbox_pos_ += 4 + n;
-        if (inbox_pos_ == inbox_end_) {
+        if (inbox_.size() > kKeep) {
+          // Room a large message (a module image) needed is given back;
+          // what arrived behind it moves to a buffer of its own size.
+          std::string rest(inbox_.data() + inbox_pos_, inbox_end_ - inbox_pos_);
+          inbox_.swap(rest);
+          inbox_pos_ = 0;
+          inbox_end_ = inbox_.size();
+        } else if (inbox_pos_ == inbox_end_) {
           inbox_pos_ = inbox_end_ = 0;
-          // Room a large message (a module image) needed is given back.
-          if (inbox_.size() > (8u << 20)) std::string().swap(inbox_);
         }
         return Poll::kMessage;
       }
-      need = std::max(need, 4 + size_t{n} - have);
+      // Room for the rest of the frame grows with what has arrived of it
+      // (doubling), not at once from a length nothing has vouched for yet.
+      need = std::max(need, std::min(4 + size_t{n} - have, std::max(have, kRead)));
     }
     // The inbox is storage that is only ever grown: zero-filling room for
     // each recv (a resize) would cost more than the recv on a busy poll.

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -99,6 +100,52 @@ TEST(Channel, MessagesQueuedBeforeThePeerClosesAreStillDelivered) {
   ExpectRequest(frame, 2, 300000);
   send.join();
   EXPECT_FALSE(receiver.Receive(&frame));
+}
+
+// What the process holds resident, in bytes (Linux).
+uint64_t ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long long pages = 0, resident = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%llu %llu", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+TEST(Channel, ALengthAloneDoesNotMakeTheReceiverTakeThatMuchMemory) {
+  Pair p;
+  Channel receiver(p.fds[1]);
+  const uint32_t n = 512u << 20;  // announced, never sent
+  const unsigned char header[4] = {
+      static_cast<unsigned char>(n), static_cast<unsigned char>(n >> 8),
+      static_cast<unsigned char>(n >> 16), static_cast<unsigned char>(n >> 24)};
+  const uint64_t before = ResidentBytes();
+  ASSERT_EQ(write(p.fds[0], header, 4), 4);
+  ASSERT_EQ(write(p.fds[0], "0123456789", 10), 10);
+  std::string frame;
+  EXPECT_EQ(receiver.TryReceive(&frame), Channel::Poll::kNothing);
+  EXPECT_EQ(receiver.TryReceive(&frame), Channel::Poll::kNothing);
+  EXPECT_LT(ResidentBytes(), before + (64u << 20));
+  close(p.fds[0]);
+  EXPECT_EQ(receiver.TryReceive(&frame), Channel::Poll::kEnd);
+}
+
+TEST(Channel, WhatArrivesBehindALargeMessageSurvivesItsRoomBeingGivenBack) {
+  Pair p;
+  Channel sender(p.fds[0]);
+  Channel receiver(p.fds[1]);
+  const Request big = WithParams(1, 9u << 20), small = WithParams(2, 100),
+                last = WithParams(3, 300000);
+  std::thread send([&] { EXPECT_TRUE(sender.Send({&big, &small, &last}).ok()); });
+  std::string frame;
+  ASSERT_TRUE(receiver.Receive(&frame));
+  ExpectRequest(frame, 1, 9u << 20);
+  ASSERT_TRUE(receiver.Receive(&frame));
+  ExpectRequest(frame, 2, 100);
+  ASSERT_TRUE(receiver.Receive(&frame));
+  ExpectRequest(frame, 3, 300000);
+  send.join();
 }
 
 TEST(Channel, AnOversizedLengthEndsTheStream) {
