@@ -15,19 +15,21 @@ class Reader {
 
   bool done() const { return slice_ == slices_.size(); }
 
-  bool ReadVarint(uint64_t* value) {
+  // A varint of at most `max_bytes` bytes; bits past 64 are dropped, as
+  // protobuf drops them.
+  bool ReadVarint(uint64_t* value, int max_bytes = 10) {
     uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int i = 0; i < max_bytes; ++i) {
       if (done()) return false;
       const uint8_t b = slices_[slice_].begin()[pos_];
       Advance(1);
-      v |= uint64_t{b & 0x7fu} << shift;
+      v |= uint64_t{b & 0x7fu} << (7 * i);
       if ((b & 0x80) == 0) {
         *value = v;
         return true;
       }
     }
-    return false;  // more than 10 bytes
+    return false;  // longer than allowed
   }
 
   // Moves past `n` bytes, adding their pieces to `pieces` (if given).
@@ -63,13 +65,19 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// As protobuf reads them: a tag is at most 5 bytes, of which the low 32
+// bits count; a length at most 5 bytes, below 2 GiB.
 bool ReadTag(Reader& r, uint32_t* field, uint32_t* type) {
-  uint64_t tag;
-  if (!r.ReadVarint(&tag) || tag > 0xffffffffu || (tag >> 3) == 0) return false;
-  *field = static_cast<uint32_t>(tag >> 3);
-  *type = static_cast<uint32_t>(tag & 7);
+  uint64_t v;
+  if (!r.ReadVarint(&v, 5)) return false;
+  const uint32_t tag = static_cast<uint32_t>(v);
+  if ((tag >> 3) == 0) return false;
+  *field = tag >> 3;
+  *type = tag & 7;
   return true;
 }
+
+bool ReadLength(Reader& r, uint64_t* n) { return r.ReadVarint(n, 5) && *n <= 0x7fffffffu; }
 
 // Skips a fixed-size value or a group (to its end, nested groups with it).
 bool Skip(Reader& r, uint32_t field, uint32_t type, int depth) {
@@ -80,7 +88,7 @@ bool Skip(Reader& r, uint32_t field, uint32_t type, int depth) {
     case 1:
       return r.Take(8, nullptr);
     case 2:
-      return r.ReadVarint(&v) && v <= 0x7fffffffu && r.Take(v, nullptr);
+      return ReadLength(r, &v) && r.Take(v, nullptr);
     case 3:
       if (depth > 100) return false;
       for (;;) {
@@ -111,7 +119,7 @@ bool Parse(const std::vector<grpc::Slice>& slices, absl::FunctionRef<void(const 
       f.varint = true;
       on_field(f);
     } else if (type == 2) {
-      if (!r.ReadVarint(&f.size) || f.size > 0x7fffffffu || !r.Take(f.size, &f.pieces)) {
+      if (!ReadLength(r, &f.size) || !r.Take(f.size, &f.pieces)) {
         return false;
       }
       f.varint = false;

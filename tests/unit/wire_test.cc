@@ -86,6 +86,33 @@ TEST(ParseWriteRequest, AnyOrderLastOccurrenceWinsUnknownFieldsSkipped) {
   EXPECT_EQ(r.data(), Flat(m.data));
 }
 
+TEST(ParseWriteRequest, TagsAndLengthsAreReadAsProtobufReadsThem) {
+  struct Case {
+    std::string wire;
+    bool ok;
+  };
+  const std::vector<Case> cases = {
+      // A tag in five bytes, bits past 32 set: they do not count.
+      {std::string("\x90\x80\x80\x80\x70", 5) + Varint(5), true},
+      // A tag padded to six bytes.
+      {std::string("\x90\x80\x80\x80\x80\x00", 6) + Varint(5), false},
+      // A length in five bytes, and padded to six.
+      {Tag(4, 2) + std::string("\x83\x80\x80\x80\x00", 5) + "abc", true},
+      {Tag(4, 2) + std::string("\x83\x80\x80\x80\x80\x00", 6) + "abc", false},
+      // A value padded to ten bytes is still a value.
+      {Tag(2, 0) + std::string("\x85\x80\x80\x80\x80\x80\x80\x80\x80\x00", 10), true},
+  };
+  for (const Case& c : cases) {
+    WriteMessage m;
+    v1::WriteRequest r;
+    EXPECT_EQ(r.ParseFromString(c.wire), c.ok) << testing::PrintToString(c.wire);
+    ASSERT_EQ(ParseWriteRequest(Cut(c.wire, {1}), &m), c.ok) << testing::PrintToString(c.wire);
+    if (!c.ok) continue;
+    EXPECT_EQ(m.buffer, r.buffer());
+    EXPECT_EQ(Flat(m.data), r.data());
+  }
+}
+
 TEST(ParseWriteRequest, AnEmptyMessageIsAllDefaults) {
   WriteMessage m;
   m.buffer = 9;
