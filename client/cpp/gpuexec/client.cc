@@ -198,6 +198,15 @@ class CommandStream {
       while (!shut_down_) {
         if (!writing_ && broken_.ok() && pending_.commands_size() > 0) {
           FlushLocked();
+        } else if (spent_dirty_) {
+          // Commands sent and left for a caller to clear: after a burst
+          // with nothing queued since, they are freed here instead of
+          // being kept (up to kMaxQueued launches with their parameters).
+          if (send_cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50)) && spent_dirty_ &&
+              pending_.commands_size() == 0) {
+            v1::ExecuteRequest().Swap(&spent_);
+            spent_dirty_ = false;
+          }
         } else {
           send_cv_.Wait(&mu_);
         }
