@@ -845,6 +845,17 @@ int Main() {
   const std::string cubin = kernels + "/gx_kernels.cubin";
   const std::string driver = absl::GetFlag(FLAGS_driver);
   const int clients = absl::GetFlag(FLAGS_clients);
+  static const char* const kFigures[] = {"launch", "async",   "answered", "alloc",
+                                         "copy",   "session", "clients"};
+  for (const std::string& f : absl::GetFlag(FLAGS_figures)) {
+    if (std::find(std::begin(kFigures), std::end(kFigures), f) == std::end(kFigures)) {
+      Die(absl::StrCat("--figures: no figure named '", f, "' (", absl::StrJoin(kFigures, ", "),
+                       ")"));
+    }
+  }
+  if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {
+    Die("--figures goes with --target: the full run measures every figure for its table");
+  }
   if (const std::string target = absl::GetFlag(FLAGS_target); !target.empty()) {
     // A daemon already running (under a profiler, say, or deployed).
     std::printf("gpuexec_bench%s: gpuexecd at %s\n", quick ? " (quick: not a measurement)" : "",
