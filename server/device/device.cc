@@ -156,7 +156,6 @@ void Device::OnStop() {
   kernels_.clear();
   modules_.clear();
   pinned_.clear();
-  spare_events_.clear();
   spare_timing_events_.clear();
   spare_plain_events_.clear();
   if (registered_ && healthy()) {
@@ -210,7 +209,7 @@ bool Device::PollWatches() {
         ++it;
         continue;
       }
-      spare_events_.push_back(std::move(*head.start));
+      spare_plain_events_.push_back(std::move(*head.start));
       head.start.reset();
       s.head_since = now;
     }
@@ -224,7 +223,7 @@ bool Device::PollWatches() {
         return false;
       }
       if (*done) {
-        for (StreamState::Watch& w : s.watches) spare_events_.push_back(std::move(w.done));
+        for (StreamState::Watch& w : s.watches) spare_plain_events_.push_back(std::move(w.done));
         s.watches.clear();
         s.head_since = now;
       }
@@ -237,7 +236,7 @@ bool Device::PollWatches() {
         return false;
       }
       if (!*done) break;
-      spare_events_.push_back(std::move(s.watches.front().done));
+      spare_plain_events_.push_back(std::move(s.watches.front().done));
       s.watches.pop_front();
       // The next launch could start only now. (Only a launch watched
       // when nothing else was has a start event: never one behind another.)
@@ -367,24 +366,26 @@ absl::StatusOr<Device::StreamState*> Device::ReadyStream(StreamId id) {
   return it->second.get();
 }
 
+absl::StatusOr<cuda::Event> Device::SpareEvent(bool timing, const std::string& what) {
+  std::vector<cuda::Event>& spares = timing ? spare_timing_events_ : spare_plain_events_;
+  if (spares.empty()) return driver_->CreateEvent(timing, what);
+  cuda::Event e = std::move(spares.back());
+  spares.pop_back();
+  return e;
+}
+
 absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
                                                                   const std::string& what) {
+  absl::StatusOr<cuda::Event> e = SpareEvent(timing, what);
+  if (!e.ok()) return Check(e.status());
   std::vector<cuda::Event>* spares = timing ? &spare_timing_events_ : &spare_plain_events_;
-  cuda::Event e;
-  if (spares->empty()) {
-    auto created = driver_->CreateEvent(timing, what);
-    if (!created.ok()) return Check(created.status());
-    e = std::move(created).value();
-  } else {
-    e = std::move(spares->back());
-    spares->pop_back();
-  }
   // Released on the executor (holders live in its state and its
   // operations); the spares outlive every holder.
-  return std::shared_ptr<cuda::Event>(new cuda::Event(std::move(e)), [spares](cuda::Event* p) {
-    spares->push_back(std::move(*p));
-    delete p;
-  });
+  return std::shared_ptr<cuda::Event>(new cuda::Event(std::move(e).value()),
+                                      [spares](cuda::Event* p) {
+                                        spares->push_back(std::move(*p));
+                                        delete p;
+                                      });
 }
 
 absl::Status Device::MarkWork(StreamState& s) {
@@ -437,7 +438,7 @@ void Device::DestroyStream(StreamId stream, Done done) {
       executor_.Post([this, stream, done, st] {
         auto it = streams_.find(stream);
         if (it != streams_.end()) {
-          for (auto& w : it->second->watches) spare_events_.push_back(std::move(w.done));
+          for (auto& w : it->second->watches) spare_plain_events_.push_back(std::move(w.done));
           streams_.erase(it);
         }
         // Give the session's freed memory back to the device, so that free
@@ -657,7 +658,7 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
     absl::Status st = MarkWork(*s);
     std::optional<cuda::Event> start;
     if (st.ok() && s->time_limit > absl::ZeroDuration() && s->watches.empty()) {
-      auto e = WatchEvent(op.what);
+      auto e = SpareEvent(/*timing=*/false, op.what);
       st = e.ok() ? Check(driver_->Record(*e, s->stream.get(), op.what)) : e.status();
       if (e.ok()) start = std::move(e).value();
     }
@@ -670,7 +671,7 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
     if (st.ok() && s->time_limit > absl::ZeroDuration()) {
       st = Watch(stream, *s, s->last_launch, std::move(start));
     } else if (start.has_value()) {
-      spare_events_.push_back(std::move(*start));
+      spare_plain_events_.push_back(std::move(*start));
     }
     done(st);
   });
@@ -711,16 +712,9 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
   });
 }
 
-absl::StatusOr<cuda::Event> Device::WatchEvent(const std::string& what) {
-  if (spare_events_.empty()) return driver_->CreateEvent(false, what);
-  cuda::Event e = std::move(spare_events_.back());
-  spare_events_.pop_back();
-  return e;
-}
-
 absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
                            std::optional<cuda::Event> start) {
-  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, WatchEvent(*what));
+  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, SpareEvent(/*timing=*/false, *what));
   GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), *what)));
   if (s.watches.empty()) s.head_since = absl::Now();
   s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start)});

@@ -194,16 +194,17 @@ class Device {
   // `start`, if any, was recorded just before the launch.
   absl::Status Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
                      std::optional<cuda::Event> start);
-  // An event for watching launches (a spare one when there is one).
-  absl::StatusOr<cuda::Event> WatchEvent(const std::string& what);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);
   // Runs `fn` with the status of the stream's work once all that is queued
   // on it now has finished.
   absl::Status WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
                         const std::string& what);
-  // An event from the spares (or a new one), handed back to them when its
-  // last holder lets go. Executor thread only.
+  // An event from the spares of its kind (or a new one). Executor thread
+  // only, as are the two below.
+  absl::StatusOr<cuda::Event> SpareEvent(bool timing, const std::string& what);
+  // A spare event shared, handed back to the spares when its last holder
+  // lets go.
   absl::StatusOr<std::shared_ptr<cuda::Event>> SharedEvent(bool timing, const std::string& what);
   static void HostTrampoline(void* data);
   void FailPending(const absl::Status& status);
@@ -218,9 +219,10 @@ class Device {
   // Executor-thread state.
   cuda::PrimaryContext context_;
   // Events used and given back, to record again instead of creating and
-  // destroying two per launch + synchronize: timing ones (a stream's start
-  // of work, a Synchronize's end) and plain ones. Declared before anything
-  // that holds a shared event, whose last release returns it here.
+  // destroying them per launch: timing ones (a stream's start of work, a
+  // Synchronize's end) and plain ones (the same, untimed, and the watches
+  // of launches under a time limit). Declared before anything that holds a
+  // shared event, whose last release returns it here.
   std::vector<cuda::Event> spare_timing_events_;
   std::vector<cuda::Event> spare_plain_events_;
   std::vector<cuda::PinnedMemory> pinned_;
@@ -239,7 +241,6 @@ class Device {
   std::vector<EventWait> event_waits_;
   // Streams with launches watched for the kernel time limit.
   absl::flat_hash_set<StreamId> watched_;
-  std::vector<cuda::Event> spare_events_;
 
   StagingPool staging_;
 
