@@ -142,7 +142,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   impl->service->Listen(impl->queue.get());
   impl->health.Listen(impl->queue.get());
-  for (uint32_t i = 0; i < std::max<uint32_t>(1, options.rpc_threads); ++i) {
+  const uint32_t rpc_threads = std::max<uint32_t>(1, options.rpc_threads);
+  for (uint32_t i = 0; i < rpc_threads; ++i) {
     impl->pollers.emplace_back(rpc::Poll, impl->queue.get());
   }
   {
@@ -161,7 +162,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.listen_address.substr(0, options.listen_address.rfind(':')), ":", impl->port));
   }
   if (!options.unix_socket.empty()) addresses.push_back(absl::StrCat("unix:", options.unix_socket));
-  const uint32_t rpc_threads = std::max<uint32_t>(1, options.rpc_threads);
   log::Info("gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s",
             "; busy polling ",
             busy_poll_us == 0 ? std::string("off")

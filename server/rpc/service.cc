@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/grpc_status.h"
+#include "gpuexec/wire.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/observability.h"
 #include "server/rpc/wire.h"
@@ -255,8 +256,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   // Parses message `i` where it lies: its data stays in gRPC's slices,
   // which slices_[i] holds until the message is pushed.
   bool ParseSlices(int i) {
-    slices_[i].clear();
-    if (!in_[i].Dump(&slices_[i]).ok()) return false;
+    if (!wire::Slices(&in_[i], &slices_[i])) return false;
     in_[i].Clear();
     return ParseWriteRequest(slices_[i], &messages_[i]);
   }

@@ -463,8 +463,6 @@ absl::Status LoadModuleCall(const SessionState& session, const v1::LoadModuleReq
   return FromGrpcStatus(writer->Finish());
 }
 
-// Streams Read chunks of [offset, offset + size) to `sink` (size 0: to the
-// end), checking that they arrive in order and without gaps.
 // One call of gRPC's generic stub, driven to its end on a queue of its own,
 // one operation at a time, as the typed synchronous API would. Write and
 // Read go this way to send and receive grpc::ByteBuffers that the client
@@ -524,6 +522,8 @@ class RawCall {
   bool started_ = false;
 };
 
+// Streams Read chunks of [offset, offset + size) to `sink` (size 0: to the
+// end), checking that they arrive in order and without gaps.
 absl::Status ReadCall(const SessionState& session, uint64_t buffer, uint64_t offset, uint64_t size,
                       const std::function<absl::Status(uint64_t at, std::string_view data)>& sink) {
   grpc::ClientContext context;
