@@ -1233,40 +1233,21 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
       });
       return;
     }
-    // The synchronize goes right behind the launch (a round trip to the
-    // worker saved); the worker answers them in order, so the launch's
-    // answer is known when the synchronize's comes, and an enqueue error is
-    // the one reported.
-    // The two answers may come on different threads when the device is
-    // reset between them.
-    struct Launched {
-      absl::Mutex mu;
-      absl::Status status ABSL_GUARDED_BY(mu);
-    };
-    auto launched = std::make_shared<Launched>();
-    worker::RemoteDevice::Batch together(dev);
-    dev->Launch(s->stream(), std::move(op), epoch, [launched, traffic](absl::Status st) {
-      if (st.ok()) traffic->launches.fetch_add(1);
-      absl::MutexLock lock(&launched->mu);
-      launched->status = st;
-    });
+    // The synchronize goes with the launch, in one request and one answer.
     ++s->waiting;
     const uint64_t work_epoch = s->work_epoch;
     s->work_epoch = 0;
-    dev->Synchronize(s->stream(), work_epoch, [s, launched, gpu_ns](absl::StatusOr<uint64_t> ns) {
-      {
-        absl::MutexLock lock(&s->mu);
-        --s->waiting;
-        s->Touch();
-      }
-      absl::Status enqueued;
-      {
-        absl::MutexLock lock(&launched->mu);
-        enqueued = launched->status;
-      }
-      if (!enqueued.ok()) return gpu_ns(enqueued);
-      gpu_ns(std::move(ns));
-    });
+    dev->LaunchAndSynchronize(
+        s->stream(), std::move(op), epoch, work_epoch,
+        [s, traffic, gpu_ns](absl::StatusOr<uint64_t> ns, bool launched) {
+          if (launched) traffic->launches.fetch_add(1);
+          {
+            absl::MutexLock lock(&s->mu);
+            --s->waiting;
+            s->Touch();
+          }
+          gpu_ns(std::move(ns));
+        });
   }
 }
 

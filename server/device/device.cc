@@ -31,8 +31,9 @@ struct Device::StreamState {
     std::shared_ptr<const std::string> what;
     // For a launch with nothing watched ahead of it: recorded just before
     // it, so that its clock starts when it can start (not while copies or
-    // unwatched work ahead of it run).
-    std::optional<cuda::Event> start;
+    // unwatched work ahead of it run). The stream's timing start when that
+    // was recorded right before it.
+    std::shared_ptr<cuda::Event> start;
   };
   std::deque<Watch> watches;
   absl::Time head_since;
@@ -197,7 +198,7 @@ bool Device::PollWatches() {
       continue;
     }
     StreamState& s = *sit->second;
-    if (!s.watches.empty() && s.watches.front().start.has_value()) {
+    if (!s.watches.empty() && s.watches.front().start != nullptr) {
       // The head launch's clock starts once the work ahead of it is done.
       StreamState::Watch& head = s.watches.front();
       absl::StatusOr<bool> started = driver_->EventDone(*head.start, *head.what);
@@ -209,7 +210,6 @@ bool Device::PollWatches() {
         ++it;
         continue;
       }
-      spare_plain_events_.push_back(std::move(*head.start));
       head.start.reset();
       s.head_since = now;
     }
@@ -636,84 +636,102 @@ void Device::ResolveKernel(LoadedModule* m, const std::string& name, KernelId id
 void Device::Launch(StreamId stream, LaunchOp op, Done done) {
   executor_.Post([this, stream, op = std::move(op), done = std::move(done)]() mutable {
     auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status());
-    StreamState* s = *ready;
-    auto it = kernels_.find(op.kernel);
-    if (it == kernels_.end()) {
-      return done(absl::InternalError(absl::StrCat(op.what, ": its kernel (id ", op.kernel,
-                                                   ") is not loaded on device ", props_.ordinal)));
-    }
-    KernelEntry& k = *it->second;
-    const int shared = static_cast<int>(op.geometry.shared_bytes);
-    if (shared > k.dynamic_shared_limit) {
-      // Above the default (48 KiB less static) the kernel must be opted in.
-      absl::Status st = Check(driver_->SetMaxDynamicShared(k.function, shared, op.what));
-      if (!st.ok()) return done(st);
-      k.dynamic_shared_limit = shared;
-    }
-    absl::InlinedVector<void*, 16> params(k.info.params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i] = op.param_block.data() + k.info.params[i].offset;
-    }
-    absl::Status st = MarkWork(*s);
-    std::optional<cuda::Event> start;
-    if (st.ok() && s->time_limit > absl::ZeroDuration() && s->watches.empty()) {
-      auto e = SpareEvent(/*timing=*/false, op.what);
-      st = e.ok() ? Check(driver_->Record(*e, s->stream.get(), op.what)) : e.status();
+    done(ready.ok() ? LaunchOn(stream, **ready, op) : ready.status());
+  });
+}
+
+void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done) {
+  executor_.Post([this, stream, op = std::move(op), done = std::move(done)]() mutable {
+    auto ready = ReadyStream(stream);
+    if (!ready.ok()) return done(ready.status(), false);
+    absl::Status st = LaunchOn(stream, **ready, op);
+    if (!st.ok()) return done(st, false);
+    SynchronizeOn(stream, **ready,
+                  [done = std::move(done)](absl::StatusOr<uint64_t> ns) { done(std::move(ns), true); });
+  });
+}
+
+absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
+  auto it = kernels_.find(op.kernel);
+  if (it == kernels_.end()) {
+    return absl::InternalError(absl::StrCat(op.what, ": its kernel (id ", op.kernel,
+                                            ") is not loaded on device ", props_.ordinal));
+  }
+  KernelEntry& k = *it->second;
+  const int shared = static_cast<int>(op.geometry.shared_bytes);
+  if (shared > k.dynamic_shared_limit) {
+    // Above the default (48 KiB less static) the kernel must be opted in.
+    GPUEXEC_RETURN_IF_ERROR(Check(driver_->SetMaxDynamicShared(k.function, shared, op.what)));
+    k.dynamic_shared_limit = shared;
+  }
+  absl::InlinedVector<void*, 16> params(k.info.params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i] = op.param_block.data() + k.info.params[i].offset;
+  }
+  const bool first_work = s.timing_start == nullptr;
+  absl::Status st = MarkWork(s);
+  std::shared_ptr<cuda::Event> start;
+  if (st.ok() && s.time_limit > absl::ZeroDuration() && s.watches.empty()) {
+    if (first_work) {
+      start = s.timing_start;  // recorded just now, right before this launch
+    } else {
+      auto e = SharedEvent(/*timing=*/false, op.what);
+      st = e.ok() ? Check(driver_->Record(**e, s.stream.get(), op.what)) : e.status();
       if (e.ok()) start = std::move(e).value();
     }
-    if (st.ok()) {
-      s->last_launch = std::make_shared<const std::string>(std::move(op.what));
-      s->last_launch_at = absl::Now();
-      st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
-                                 s->stream.get(), *s->last_launch));
-    }
-    if (st.ok() && s->time_limit > absl::ZeroDuration()) {
-      st = Watch(stream, *s, s->last_launch, std::move(start));
-    } else if (start.has_value()) {
-      spare_plain_events_.push_back(std::move(*start));
-    }
-    done(st);
-  });
+  }
+  if (st.ok()) {
+    s.last_launch = std::make_shared<const std::string>(std::move(op.what));
+    s.last_launch_at = absl::Now();
+    st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
+                               s.stream.get(), *s.last_launch));
+  }
+  if (st.ok() && s.time_limit > absl::ZeroDuration()) {
+    st = Watch(stream, s, s.last_launch, std::move(start));
+  }
+  return st;
 }
 
 void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
-  GPUEXEC_ON_EXECUTOR({
+  executor_.Post([this, stream, gpu_ns = std::move(gpu_ns)]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return gpu_ns(ready.status());
-    StreamState* s = *ready;
-    const std::string what =
-        absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
-    std::shared_ptr<cuda::Event> start = std::move(s->timing_start);
-    // The end event, timed only when there is a start to time from. With no
-    // work since the last Synchronize it still waits for the stream, in case
-    // that one's wait was abandoned.
-    auto e = SharedEvent(/*timing=*/start != nullptr, what);
-    if (!e.ok()) return gpu_ns(e.status());
-    std::shared_ptr<cuda::Event> end = std::move(e).value();
-    absl::Status st = Check(driver_->Record(*end, s->stream.get(), what));
-    if (!st.ok()) return gpu_ns(st);
-    const absl::Time requested = absl::Now();
-    event_waits_.push_back(
-        EventWait{end,
-                  [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
-                    if (!done.ok()) return gpu_ns(done);
-                    if (start == nullptr) return gpu_ns(uint64_t{0});
-                    auto ms = driver_->ElapsedMs(*start, *end, what);
-                    if (!ms.ok()) return gpu_ns(Check(ms.status()));
-                    // Kernels launched before this Synchronize are known to be done.
-                    auto it = streams_.find(stream);
-                    if (it != streams_.end() && it->second->last_launch_at <= requested) {
-                      it->second->last_launch.reset();
-                    }
-                    gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
-                  },
-                  what});
+    SynchronizeOn(stream, **ready, std::move(gpu_ns));
   });
 }
 
+void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns) {
+  const std::string what =
+      absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
+  std::shared_ptr<cuda::Event> start = std::move(s.timing_start);
+  // The end event, timed only when there is a start to time from. With no
+  // work since the last Synchronize it still waits for the stream, in case
+  // that one's wait was abandoned.
+  auto e = SharedEvent(/*timing=*/start != nullptr, what);
+  if (!e.ok()) return gpu_ns(e.status());
+  std::shared_ptr<cuda::Event> end = std::move(e).value();
+  absl::Status st = Check(driver_->Record(*end, s.stream.get(), what));
+  if (!st.ok()) return gpu_ns(st);
+  const absl::Time requested = absl::Now();
+  event_waits_.push_back(
+      EventWait{end,
+                [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
+                  if (!done.ok()) return gpu_ns(done);
+                  if (start == nullptr) return gpu_ns(uint64_t{0});
+                  auto ms = driver_->ElapsedMs(*start, *end, what);
+                  if (!ms.ok()) return gpu_ns(Check(ms.status()));
+                  // Kernels launched before this Synchronize are known to be done.
+                  auto it = streams_.find(stream);
+                  if (it != streams_.end() && it->second->last_launch_at <= requested) {
+                    it->second->last_launch.reset();
+                  }
+                  gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
+                },
+                what});
+}
+
 absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
-                           std::optional<cuda::Event> start) {
+                           std::shared_ptr<cuda::Event> start) {
   GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, SpareEvent(/*timing=*/false, *what));
   GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), *what)));
   if (s.watches.empty()) s.head_since = absl::Now();

@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -155,6 +154,11 @@ class Device {
   // Completes when all work enqueued on `stream` so far has finished, with
   // the GPU time since the previous Synchronize (0 if no work ran).
   void Synchronize(StreamId stream, Callback<uint64_t> gpu_ns);
+  // A Launch and a Synchronize of its stream in one operation: `done` gets
+  // the launch's failure, or what the Synchronize gives, and whether the
+  // launch was enqueued.
+  using LaunchedAndSynchronized = std::function<void(absl::StatusOr<uint64_t>, bool launched)>;
+  void LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done);
 
   // Waits for everything (used at shutdown only).
   void Drain();
@@ -181,6 +185,9 @@ class Device {
   // The stream of an operation, or why the operation cannot run.
   absl::StatusOr<StreamState*> ReadyStream(StreamId id);
   absl::Status MarkWork(StreamState& s);
+  // The bodies of Launch and Synchronize, on the executor.
+  absl::Status LaunchOn(StreamId stream, StreamState& s, LaunchOp& op);
+  void SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns);
   // Posts GPU work: `enqueue` queues it on the stream; `done` reports the
   // enqueue or, with `wait`, the work's completion.
   void EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
@@ -193,7 +200,7 @@ class Device {
   // Records an event after the launch just enqueued on `s` and watches it;
   // `start`, if any, was recorded just before the launch.
   absl::Status Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
-                     std::optional<cuda::Event> start);
+                     std::shared_ptr<cuda::Event> start);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);
   // Runs `fn` with the status of the stream's work once all that is queued

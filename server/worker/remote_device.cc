@@ -690,6 +690,14 @@ RemoteDevice::ReplyFn RemoteDevice::StatusTo(Done done) {
   return [done = std::move(done)](const Reply& reply, uint64_t) { done(StatusOf(reply)); };
 }
 
+RemoteDevice::ReplyFn RemoteDevice::ValueTo(Callback<uint64_t> done) {
+  return [done = std::move(done)](const Reply& reply, uint64_t) {
+    absl::Status st = StatusOf(reply);
+    if (!st.ok()) return done(st);
+    done(reply.value());
+  };
+}
+
 // ------------------------------------------------------------ requests
 
 void RemoteDevice::Defer(std::function<void()> fn) {
@@ -742,11 +750,8 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
   }
 }
 
-// The innermost Batch alive on this thread.
-thread_local RemoteDevice::Batch* t_batch = nullptr;
-
 void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch,
-                        ReplyFn fn) {
+                        ReplyFn fn, uint64_t work_epoch) {
   // A GetKernel request resolves its kernel itself; anything else that
   // names a kernel has it resolved ahead.
   const bool resolve = !request.has_get_kernel();
@@ -756,9 +761,9 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
   bool flush = false;
   {
     absl::MutexLock lock(&mu_);
-    if (epoch != 0 && epoch != epoch_) {
+    if ((epoch != 0 && epoch != epoch_) || (work_epoch != 0 && work_epoch != epoch_)) {
       error = absl::AbortedError(
-          absl::StrCat("device memory of device ", options_.ordinal, " named by this call was lost"));
+          absl::StrCat("device ", options_.ordinal, " was reset since this call's work began"));
     } else if (conn_ == nullptr) {
       error = NotServingLocked();
     } else {
@@ -779,11 +784,12 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
   if (!error.ok()) {
     // Name what the call was about, as the worker's errors do.
     const std::string what = WhatOf(request);
-    if (epoch != 0 && epoch != this->epoch() && request.has_synchronize()) {
-      error = LostError(epoch, "work queued on the session's stream");
-    } else if (epoch != 0 && epoch != this->epoch()) {
+    const uint64_t now = this->epoch();
+    if (epoch != 0 && epoch != now) {
       error = LostError(epoch, "its device memory");
       if (!what.empty()) error = absl::AbortedError(absl::StrCat(what, ": ", error.message()));
+    } else if (work_epoch != 0 && work_epoch != now) {
+      error = LostError(work_epoch, "work queued on the session's stream");
     } else if (!what.empty()) {
       error = absl::Status(error.code(), absl::StrCat(what, ": ", error.message()));
     }
@@ -793,21 +799,7 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
     return;
   }
   // A failed write means the worker is gone: its reader fails the call.
-  if (!flush) return;
-  if (t_batch != nullptr && t_batch->device_ == this) {
-    t_batch->flush_ = std::move(conn);  // written when the batch ends
-    return;
-  }
-  (void)conn->channel->Flush();
-}
-
-RemoteDevice::Batch::Batch(RemoteDevice* device) : device_(device), outer_(t_batch) {
-  t_batch = this;
-}
-
-RemoteDevice::Batch::~Batch() {
-  t_batch = outer_;
-  if (flush_ != nullptr) (void)flush_->channel->Flush();
+  if (flush) (void)conn->channel->Flush();
 }
 
 void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
@@ -1014,7 +1006,9 @@ void RemoteDevice::GetKernel(std::shared_ptr<const device::ModuleImage> image, s
   });
 }
 
-void RemoteDevice::Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, Done done) {
+namespace {
+
+Request LaunchRequest(device::StreamId stream, device::LaunchOp& op) {
   Request r;
   auto* l = r.mutable_launch();
   l->set_stream(stream);
@@ -1022,17 +1016,35 @@ void RemoteDevice::Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, 
   ToProto(op.geometry, l->mutable_geometry());
   l->set_params(std::move(op.param_block));
   l->set_what(std::move(op.what));
+  return r;
+}
+
+}  // namespace
+
+void RemoteDevice::Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, Done done) {
+  Request r = LaunchRequest(stream, op);
   Call(r, stream, op.kernel, epoch, StatusTo(done));
+}
+
+void RemoteDevice::LaunchAndSynchronize(StreamId stream, device::LaunchOp op, uint64_t epoch,
+                                        uint64_t work_epoch,
+                                        device::Device::LaunchedAndSynchronized done) {
+  Request r = LaunchRequest(stream, op);
+  r.mutable_launch()->set_synchronize(true);
+  Call(
+      r, stream, op.kernel, epoch,
+      [done = std::move(done)](const Reply& reply, uint64_t) {
+        absl::Status st = StatusOf(reply);
+        if (!st.ok()) return done(st, reply.launched());
+        done(reply.value(), true);
+      },
+      work_epoch);
 }
 
 void RemoteDevice::Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) {
   Request r;
   r.mutable_synchronize()->set_stream(stream);
-  Call(r, stream, 0, work_epoch, [gpu_ns](const Reply& reply, uint64_t) {
-    absl::Status st = StatusOf(reply);
-    if (!st.ok()) return gpu_ns(st);
-    gpu_ns(reply.value());
-  });
+  Call(r, stream, 0, 0, ValueTo(std::move(gpu_ns)), work_epoch);
 }
 
 }  // namespace gpuexec::worker

@@ -155,29 +155,14 @@ class RemoteDevice {
   // its last Synchronize (0: none); if the device was reset since, the
   // answer is ABORTED with the reset's reason (that work was lost).
   void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns);
+  // A Launch and a Synchronize of its stream right behind it, in one
+  // request and one answer (the launch's failure, or the Synchronize's).
+  void LaunchAndSynchronize(StreamId stream, device::LaunchOp op, uint64_t epoch,
+                            uint64_t work_epoch, device::Device::LaunchedAndSynchronized done);
 
  private:
   struct Connection;
 
- public:
-  // While one is alive, the requests this thread makes of the device are
-  // queued and leave together, in one write, when it ends (a launch and
-  // the synchronize right behind it).
-  class Batch {
-   public:
-    explicit Batch(RemoteDevice* device);
-    ~Batch();
-    Batch(const Batch&) = delete;
-    Batch& operator=(const Batch&) = delete;
-
-   private:
-    friend class RemoteDevice;
-    RemoteDevice* const device_;
-    Batch* const outer_;
-    std::shared_ptr<Connection> flush_;  // a write this batch owes
-  };
-
- private:
   struct KernelRecord {
     std::string sha256;
     std::string name;
@@ -209,8 +194,10 @@ class RemoteDevice {
   // Sends `request` (prefixed by whatever the stream needs in this worker)
   // and calls `fn` with the reply, or with a failure if the request cannot
   // be sent or its worker ends first. `epoch` nonzero: the request names
-  // device memory of that epoch.
-  void Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch, ReplyFn fn);
+  // device memory of that epoch; `work_epoch` nonzero: it needs the work
+  // queued on its stream since that epoch (a Synchronize).
+  void Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch, ReplyFn fn,
+            uint64_t work_epoch = 0);
   // The requests that must go ahead of one on `stream` naming `kernel` in
   // the current worker: the stream's creation, the module's image and (when
   // `resolve`) the kernel's resolution.
@@ -220,6 +207,8 @@ class RemoteDevice {
   static absl::Status StatusOf(const Reply& reply);
   // A reply handler that passes the reply's status to `done`.
   static ReplyFn StatusTo(Done done);
+  // One that passes the reply's value, or its failure.
+  static ReplyFn ValueTo(Callback<uint64_t> done);
 
   const WorkerOptions options_;
   cuda::DeviceProperties props_;

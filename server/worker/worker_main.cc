@@ -92,18 +92,20 @@ class Worker {
     (void)channel_->Send(m);
   }
 
-  void Reply(uint64_t id, const absl::Status& st) {
+  void Reply(uint64_t id, const absl::Status& st, bool launched = false) {
     FromWorker m;
     worker::Reply* reply = m.mutable_reply();
     reply->set_id(id);
     if (!st.ok()) ToProto(st, reply->mutable_status());  // none means OK
+    reply->set_launched(launched);
     Out(m);
   }
-  void ReplyValue(uint64_t id, absl::StatusOr<uint64_t> v) {
-    if (!v.ok()) return Reply(id, v.status());
+  void ReplyValue(uint64_t id, absl::StatusOr<uint64_t> v, bool launched = false) {
+    if (!v.ok()) return Reply(id, v.status(), launched);
     FromWorker m;
     m.mutable_reply()->set_id(id);
     m.mutable_reply()->set_value(*v);
+    m.mutable_reply()->set_launched(launched);
     Out(m);
   }
   device::Done Done(uint64_t id) {
@@ -254,6 +256,13 @@ void Worker::Handle(Request& r) {
       op.param_block = std::move(*l->mutable_params());
       op.what = std::move(*l->mutable_what());
       const uint64_t kernel = op.kernel;
+      if (l->synchronize()) {
+        dev_->LaunchAndSynchronize(
+            l->stream(), std::move(op), [this, id, kernel](absl::StatusOr<uint64_t> ns, bool launched) {
+              ReplyValue(id, launched ? ns : Explain(ns.status(), kernel, ""), launched);
+            });
+        return;
+      }
       dev_->Launch(l->stream(), std::move(op), [this, id, kernel](absl::Status st) {
         Reply(id, st.ok() ? st : Explain(st, kernel, ""));
       });
