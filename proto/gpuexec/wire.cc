@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "grpc/slice.h"
 
@@ -170,6 +171,20 @@ grpc::ByteBuffer Writer::Finish(uint32_t field, absl::string_view data) {
   head_.clear();
   grpc::Slice slice(s, grpc::Slice::STEAL_REF);
   return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer Writer::Finish(uint32_t field, absl::string_view data,
+                                std::shared_ptr<const void> hold) {
+  if (data.empty()) return Finish(field, data);
+  PutVarint(uint64_t{field} << 3 | 2);
+  PutVarint(data.size());
+  grpc::Slice slices[2] = {
+      grpc::Slice(head_),
+      grpc::Slice(const_cast<char*>(data.data()), data.size(),
+                  [](void* held) { delete static_cast<std::shared_ptr<const void>*>(held); },
+                  new std::shared_ptr<const void>(std::move(hold)))};
+  head_.clear();
+  return grpc::ByteBuffer(slices, 2);
 }
 
 }  // namespace gpuexec::wire

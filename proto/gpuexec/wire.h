@@ -8,6 +8,7 @@
 // Used by the daemon and the C++ client alike.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@ class Writer {
   void String(uint32_t field, absl::string_view value);
   // The message in one slice: the fields so far, then `data` as `field`.
   grpc::ByteBuffer Finish(uint32_t field, absl::string_view data);
+  // The same in two slices, the second `data` itself (not copied): `hold`
+  // keeps it valid until gRPC has let go of the message, on whatever
+  // thread that happens.
+  grpc::ByteBuffer Finish(uint32_t field, absl::string_view data, std::shared_ptr<const void> hold);
 
  private:
   void PutVarint(uint64_t v);

@@ -46,7 +46,8 @@ class Join {
 
 // ---------------------------------------------------------------- Engine
 
-Engine::Engine(const EngineOptions& options) : options_(options) {}
+Engine::Engine(const EngineOptions& options)
+    : options_(options), read_chunks_(ChunkPool::Create(options.chunk_bytes, 16)) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.chunk_bytes == 0 || options.staging_buffers == 0) {
@@ -993,6 +994,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string&
   std::shared_ptr<ReadSource> src(new ReadSource(s, buffer, offset, size, chunk));
   src->device_ = dev;
   src->traffic_ = &traffic_[s->device()];
+  src->chunks_ = read_chunks_;
   src->base_ = b->ptr;
   src->epoch_ = b->epoch;
   src->what_ = absl::StrCat("Read of ", s->Describe(*b));
@@ -1080,12 +1082,12 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
               // now: a chunk waits here for the caller for as long as its
               // client takes to read, and a stalled Read must not hold
               // buffers every session of the device copies through.
-              auto bytes = std::make_shared<const std::string>(
-                  reinterpret_cast<const char*>(slot.data), n);
+              std::shared_ptr<char> bytes = self->chunks_->Take(n);
+              std::memcpy(bytes.get(), slot.data, n);
               self->device_->staging().Release(slot);
               ReadChunk chunk;
               chunk.offset = offset;
-              chunk.bytes = *bytes;
+              chunk.bytes = absl::string_view(bytes.get(), n);
               chunk.hold = std::move(bytes);
               self->Ready(offset, std::move(chunk));
             });

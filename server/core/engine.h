@@ -27,6 +27,7 @@
 #include "gpuexec/sha256.h"
 #include "server/core/args.h"
 #include "server/core/byte_spans.h"
+#include "server/core/chunk_pool.h"
 #include "server/core/session.h"
 #include "server/device/device.h"
 #include "server/worker/remote_device.h"
@@ -261,6 +262,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   std::string what_;
   const uint64_t end_;
   const uint32_t chunk_;
+  std::shared_ptr<ChunkPool> chunks_;  // what chunks are copied into
   std::unique_ptr<BufferUse> use_;
 
   mutable absl::Mutex mu_;
@@ -373,6 +375,9 @@ class Engine {
 
   // Daemon-wide device memory held by sessions.
   std::atomic<uint64_t> daemon_memory_used_{0};
+
+  // Read chunks' host copies, reused (the daemon keeps up to 16 idle).
+  const std::shared_ptr<ChunkPool> read_chunks_;
 
   // Totals for metrics: one TrafficCounters per device.
   std::unique_ptr<TrafficCounters[]> traffic_;

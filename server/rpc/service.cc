@@ -365,10 +365,9 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
       source_->Next([this, fetch](absl::StatusOr<core::ReadChunk> chunk) {
         if (!chunk.ok()) return Fetched(fetch, chunk.status());
         env_->copies->Post([this, fetch, chunk = std::move(chunk).value()]() mutable {
-          // Into the one slice of its message, without a ReadResponse
-          // in between.
-          out_[fetch] = SerializeReadResponse(chunk.offset, chunk.bytes);
-          chunk.hold.reset();
+          // The message is sent from the chunk's buffer itself, which
+          // the message then holds.
+          out_[fetch] = SerializeReadResponse(chunk.offset, chunk.bytes, std::move(chunk.hold));
           Fetched(fetch, absl::OkStatus());
         });
       });

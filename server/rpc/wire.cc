@@ -1,5 +1,7 @@
 #include "server/rpc/wire.h"
 
+#include <utility>
+
 #include "gpuexec/wire.h"
 
 namespace gpuexec::rpc {
@@ -20,10 +22,11 @@ bool ParseWriteRequest(const std::vector<grpc::Slice>& slices, WriteMessage* out
   });
 }
 
-grpc::ByteBuffer SerializeReadResponse(uint64_t offset, absl::string_view data) {
+grpc::ByteBuffer SerializeReadResponse(uint64_t offset, absl::string_view data,
+                                       std::shared_ptr<const void> hold) {
   wire::Writer w;
   w.Varint(1, offset);
-  return w.Finish(2, data);
+  return w.Finish(2, data, std::move(hold));
 }
 
 }  // namespace gpuexec::rpc

@@ -4,10 +4,11 @@
 // The Write and Read messages the daemon serves raw (gpuexec/wire.h): a
 // Write message's data is read where gRPC received it (protobuf's parser
 // would copy it into a string first, on the thread that polls gRPC, before
-// it is copied again into staging); a Read message is written with its
-// data copied once, into the one slice it is sent from.
+// it is copied again into staging); a Read message is sent from the
+// chunk's own host copy, without another.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,9 +34,11 @@ struct WriteMessage {
 // not refused here: it names no session, which the caller reports.
 bool ParseWriteRequest(const std::vector<grpc::Slice>& slices, WriteMessage* out);
 
-// A serialized gpuexec.v1.ReadResponse, as protobuf would write it, in one
-// slice: the data is copied once.
-grpc::ByteBuffer SerializeReadResponse(uint64_t offset, absl::string_view data);
+// A serialized gpuexec.v1.ReadResponse, as protobuf would write it: its
+// fields in one slice, then `data` itself, which `hold` keeps valid until
+// gRPC lets go of the message.
+grpc::ByteBuffer SerializeReadResponse(uint64_t offset, absl::string_view data,
+                                       std::shared_ptr<const void> hold);
 
 }  // namespace gpuexec::rpc
 

@@ -1,5 +1,6 @@
 #include "server/rpc/wire.h"
 
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -143,15 +144,17 @@ TEST(ParseWriteRequest, RefusesWhatIsNotAWriteRequest) {
   }
 }
 
-TEST(SerializeReadResponse, WritesWhatProtobufWould) {
-  std::string data(300000, '\0');
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
+TEST(SerializeReadResponse, WritesWhatProtobufWouldAndHoldsTheDataUntilReleased) {
+  auto data = std::make_shared<std::string>(300000, '\0');
+  for (size_t i = 0; i < data->size(); ++i) (*data)[i] = static_cast<char>(i * 7);
   for (uint64_t offset : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40}) {
-    for (absl::string_view bytes : {absl::string_view(data), absl::string_view()}) {
+    for (absl::string_view bytes : {absl::string_view(*data), absl::string_view()}) {
       v1::ReadResponse expected;
       expected.set_offset(offset);
       expected.set_data(std::string(bytes));
-      grpc::ByteBuffer buffer = SerializeReadResponse(offset, bytes);
+      grpc::ByteBuffer buffer = SerializeReadResponse(offset, bytes, data);
+      // The message refers to the data, not to a copy, and keeps it.
+      EXPECT_EQ(data.use_count(), bytes.empty() ? 1 : 2);
       std::vector<grpc::Slice> slices;
       ASSERT_TRUE(buffer.Dump(&slices).ok());
       std::string wire;
@@ -159,6 +162,12 @@ TEST(SerializeReadResponse, WritesWhatProtobufWould) {
         wire.append(reinterpret_cast<const char*>(s.begin()), s.size());
       }
       EXPECT_TRUE(wire == expected.SerializeAsString()) << "offset " << offset;
+      if (!bytes.empty()) {
+        EXPECT_EQ(reinterpret_cast<const char*>(slices.back().begin()), data->data());
+      }
+      slices.clear();
+      buffer.Clear();
+      EXPECT_EQ(data.use_count(), 1) << "the message let go of its data";
     }
   }
 }
