@@ -747,6 +747,36 @@ TEST_F(ServiceTest, DataCallsHonourTheirDeadline) {
   EXPECT_TRUE(WaitFor([&] { return session.Synchronize().ok(); }, absl::Seconds(10)));
 }
 
+TEST_F(ServiceTest, AWriteCutShortByItsDeadlineLetsGoOfTheCallersMemory) {
+  // The client sends a Write from the caller's memory itself: a Write that
+  // ends before gRPC has sent it all must still return, and only once gRPC
+  // holds none of it.
+  ClientOptions options;
+  options.data_timeout = absl::Milliseconds(200);
+  GX_ASSERT_OK_AND_ASSIGN(Client impatient, NewClient(options));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, impatient.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Function spin, Kernel(session, "gx_spin"));
+  constexpr size_t kBytes = 64 << 20;
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(kBytes));
+  // The Write waits behind the kernel, so its data stays unsent.
+  GX_ASSERT_OK(session.Launch(spin, Config(1, 1), {Arg::U64(1'000'000'000)}));
+  auto data = std::make_unique<std::vector<uint8_t>>(kBytes, 0x5a);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(buffer.Write(0, *data), StatusIs(absl::StatusCode::kDeadlineExceeded, _));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  data.reset();  // nothing may read it any more
+  ASSERT_TRUE(WaitFor([&] { return session.Synchronize().ok(); }, absl::Seconds(10)));
+  std::vector<uint8_t> again(kBytes);
+  for (size_t i = 0; i < again.size(); ++i) again[i] = static_cast<uint8_t>(i * 13);
+  options.data_timeout = absl::Seconds(60);
+  GX_ASSERT_OK_AND_ASSIGN(Client patient, NewClient(options));
+  GX_ASSERT_OK_AND_ASSIGN(Session second, patient.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer copy, second.Allocate(kBytes));
+  GX_ASSERT_OK(copy.Write(0, again));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, copy.ReadAs<uint8_t>(kBytes));
+  EXPECT_TRUE(back == again);
+}
+
 TEST_F(ServiceTest, ConnectNamesAnUnreachableTarget) {
   ClientOptions options;
   options.connect_timeout = absl::Milliseconds(200);

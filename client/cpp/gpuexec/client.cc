@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gpuexec/grpc_status.h"
 #include "gpuexec/sha256.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
@@ -772,42 +773,52 @@ uint64_t Buffer::Release() {
 absl::Status Buffer::Write(uint64_t offset, absl::Span<const uint8_t> data) {
   if (!session_) return Unusable("Buffer");
   GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
-  grpc::ClientContext context;
-  SetDeadline(&context, session_->options(), CallKind::kData);
-  RawCall call(session_->client->channel, &context, "/gpuexec.v1.GpuExec/Write");
-  // WriteRequests: the first names the session, buffer and offset; every
-  // one carries up to chunk_bytes of data, copied once, into its message.
-  const size_t chunk = std::max<size_t>(1, session_->options().chunk_bytes);
-  size_t at = 0;
-  // False when the daemon has ended the call; Finish() says why.
-  bool open = call.started();
-  do {
-    const size_t n = std::min(chunk, data.size() - at);
-    wire::Writer request;
-    if (at == 0) {
-      request.String(1, session_->token);
-      request.Varint(2, handle_);
-      request.Varint(3, offset);
+  // The messages carry the caller's bytes themselves, not a copy: gRPC
+  // sends them from `data`, and Write returns only once gRPC has let go of
+  // every message (a moment after the call has ended, at most).
+  absl::Notification let_go;
+  absl::Status status = [&]() -> absl::Status {
+    grpc::ClientContext context;
+    SetDeadline(&context, session_->options(), CallKind::kData);
+    RawCall call(session_->client->channel, &context, "/gpuexec.v1.GpuExec/Write");
+    std::shared_ptr<const void> lent(nullptr, [&let_go](const void*) { let_go.Notify(); });
+    // WriteRequests: the first names the session, buffer and offset; every
+    // one carries up to chunk_bytes of data.
+    const size_t chunk = std::max<size_t>(1, session_->options().chunk_bytes);
+    size_t at = 0;
+    // False when the daemon has ended the call; Finish() says why.
+    bool open = call.started();
+    do {
+      const size_t n = std::min(chunk, data.size() - at);
+      wire::Writer request;
+      if (at == 0) {
+        request.String(1, session_->token);
+        request.Varint(2, handle_);
+        request.Varint(3, offset);
+      }
+      open = open &&
+             call.Write(request.Finish(
+                 4, absl::string_view(reinterpret_cast<const char*>(data.data()) + at, n), lent));
+      at += n;
+    } while (open && at < data.size());
+    grpc::ByteBuffer answer;
+    const bool answered = open && call.WritesDone() && call.Read(&answer);
+    GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
+    v1::WriteResponse response;
+    if (!answered ||
+        !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {
+      return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_,
+                                              " ended without the daemon's answer"));
     }
-    open = open && call.Write(request.Finish(
-                       4, absl::string_view(reinterpret_cast<const char*>(data.data()) + at, n)));
-    at += n;
-  } while (open && at < data.size());
-  grpc::ByteBuffer answer;
-  const bool answered = open && call.WritesDone() && call.Read(&answer);
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
-  v1::WriteResponse response;
-  if (!answered ||
-      !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {
-    return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_,
-                                            " ended without the daemon's answer"));
-  }
-  if (response.bytes_written() != data.size()) {
-    return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_, " wrote ",
-                                            response.bytes_written(), " of ", data.size(),
-                                            " bytes"));
-  }
-  return absl::OkStatus();
+    if (response.bytes_written() != data.size()) {
+      return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_,
+                                              " wrote ", response.bytes_written(), " of ",
+                                              data.size(), " bytes"));
+    }
+    return absl::OkStatus();
+  }();
+  let_go.WaitForNotification();
+  return status;
 }
 
 absl::StatusOr<std::vector<uint8_t>> Buffer::Read(uint64_t offset, uint64_t size) const {
