@@ -940,10 +940,11 @@ int Main() {
                     "native cuMemAllocAsync " + Us(native.alloc_async_us) + ", cuMemAlloc " +
                         Us(native.alloc_sync_us),
                     Ratio(g_tcp.alloc_free_us / native.alloc_async_us), "", ""});
-  std::string size =
+  const std::string size =
       absl::StrFormat("%llu MiB", static_cast<unsigned long long>(plan.copy_bytes >> 20));
-  if (plan.copy_trials > 1) absl::StrAppend(&size, ", median of ", plan.copy_trials);
-  g_rows.push_back({"Write " + size, absl::StrFormat("%.2f GB/s", g_tcp.write),
+  const std::string trials =
+      plan.copy_trials > 1 ? absl::StrCat(", median of ", plan.copy_trials) : "";
+  g_rows.push_back({"Write " + size + trials, absl::StrFormat("%.2f GB/s", g_tcp.write),
                     absl::StrFormat("%.2f GB/s", g_uds.write),
                     absl::StrFormat("bare client stream %.2f / %.2f GB/s; native pageable H2D %.1f",
                                     t_tcp.upload, t_uds.upload, native.h2d_pageable),
@@ -951,7 +952,7 @@ int Main() {
                     ">= 3 GB/s; >= 0.8x",
                     Met(g_tcp.write >= 3 && g_tcp.write >= 0.8 * t_tcp.upload &&
                         g_uds.write >= 0.8 * t_uds.upload)});
-  g_rows.push_back({"Read " + size, absl::StrFormat("%.2f GB/s", g_tcp.read),
+  g_rows.push_back({"Read " + size + trials, absl::StrFormat("%.2f GB/s", g_tcp.read),
                     absl::StrFormat("%.2f GB/s", g_uds.read),
                     absl::StrFormat("bare server stream %.2f / %.2f GB/s; native pageable D2H %.1f",
                                     t_tcp.download, t_uds.download, native.d2h_pageable),
