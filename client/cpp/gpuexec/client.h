@@ -293,7 +293,8 @@ class Buffer {
   uint64_t handle() const { return handle_; }
   uint64_t size() const { return size_; }
 
-  // Host to device, streamed in ClientOptions::chunk_bytes messages.
+  // Host to device, streamed in ClientOptions::chunk_bytes messages sent
+  // from `data` itself (not copied); returns once gRPC holds none of it.
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   template <typename T>
   absl::Status Write(const std::vector<T>& values, uint64_t offset = 0) {
