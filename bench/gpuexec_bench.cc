@@ -65,8 +65,8 @@ ABSL_FLAG(std::string, target, "",
           "measure only gpuexec, against this running daemon (host:port or unix:PATH): no "
           "baselines, no table");
 ABSL_FLAG(std::vector<std::string>, figures, {},
-          "with --target: the gpuexec figures to measure, of launch, async, answered, alloc, copy, "
-          "session, clients (default all)");
+          "with --target: the gpuexec figures to measure, of launch, async, answered, alloc, copy "
+          "(write and read), write, read, session, clients (default all)");
 ABSL_FLAG(int, repeat, 1, "with --target: measure the figures this many times");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
@@ -542,7 +542,10 @@ class EchoServer : public ServerProcess {
 
 struct TransportFigures {
   Latency unary, bidi;
-  double upload = 0, download = 0;  // GB/s
+  double upload = 0, download = 0;  // GB/s, one cached message resent
+  // GB/s, each message's data copied from (into) its place in a host array
+  // of the transfer's size, as a client moving its own data must.
+  double upload_array = 0, download_array = 0;
 };
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& target, const GrpcArgs& extra = {}) {
@@ -582,19 +585,26 @@ TransportFigures RunTransport(const Plan& plan, const std::string& target,
     stream->WritesDone();
     stream->Finish();
   }
-  out.upload = MedianRate(plan.copy_trials, [&] {
+  // `array` null: one cached message resent, and received messages dropped.
+  auto upload = [&](const uint8_t* array) {
     Blob chunk;
     chunk.mutable_data()->assign(plan.chunk_bytes, 'x');
     grpc::ClientContext ctx;
     UploadReply reply;
     const auto t0 = Clock::now();
     auto writer = stub->Upload(&ctx, &reply);
-    for (uint64_t sent = 0; sent < plan.copy_bytes; sent += plan.chunk_bytes) writer->Write(chunk);
+    for (uint64_t sent = 0; sent < plan.copy_bytes; sent += plan.chunk_bytes) {
+      if (array != nullptr) {
+        chunk.mutable_data()->assign(reinterpret_cast<const char*>(array) + sent,
+                                     std::min<uint64_t>(plan.chunk_bytes, plan.copy_bytes - sent));
+      }
+      writer->Write(chunk);
+    }
     writer->WritesDone();
     if (!writer->Finish().ok() || reply.bytes() != plan.copy_bytes) Die("echo upload failed");
     return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
-  });
-  out.download = MedianRate(plan.copy_trials, [&] {
+  };
+  auto download = [&](uint8_t* array) {
     grpc::ClientContext ctx;
     DownloadRequest req;
     req.set_total_bytes(plan.copy_bytes);
@@ -603,17 +613,27 @@ TransportFigures RunTransport(const Plan& plan, const std::string& target,
     auto reader = stub->Download(&ctx, req);
     Blob chunk;
     uint64_t got = 0;
-    while (reader->Read(&chunk)) got += chunk.data().size();
+    while (reader->Read(&chunk)) {
+      const uint64_t n = std::min<uint64_t>(chunk.data().size(), plan.copy_bytes - got);
+      if (array != nullptr) std::memcpy(array + got, chunk.data().data(), n);
+      got += chunk.data().size();
+    }
     if (!reader->Finish().ok() || got != plan.copy_bytes) Die("echo download failed");
     return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
-  });
+  };
+  out.upload = MedianRate(plan.copy_trials, [&] { return upload(nullptr); });
+  out.download = MedianRate(plan.copy_trials, [&] { return download(nullptr); });
+  std::vector<uint8_t> array = HostData(plan.copy_bytes);
+  out.upload_array = MedianRate(plan.copy_trials, [&] { return upload(array.data()); });
+  out.download_array = MedianRate(plan.copy_trials, [&] { return download(array.data()); });
   Note(
       absl::StrFormat("%s: unary p50 %.1f us p99 %.1f us; stream round trip p50 %.1f us p99 "
                       "%.1f us; %llu MiB in %u KiB messages: client stream %.2f GB/s, server "
-                      "stream %.2f GB/s",
+                      "stream %.2f GB/s; from / into a host array %.2f / %.2f GB/s",
                       target, out.unary.p50, out.unary.p99, out.bidi.p50, out.bidi.p99,
                       static_cast<unsigned long long>(plan.copy_bytes >> 20),
-                      plan.chunk_bytes >> 10, out.upload, out.download));
+                      plan.chunk_bytes >> 10, out.upload, out.download, out.upload_array,
+                      out.download_array));
   return out;
 }
 
@@ -695,19 +715,25 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
                           Must(b.Free(), "free");
                         }).p50;
   }
-  if (Selected("copy")) {
+  const bool write = Selected("copy") || Selected("write");
+  const bool read = Selected("copy") || Selected("read");
+  if (write || read) {
     std::vector<uint8_t> data = HostData(plan.copy_bytes);
     Buffer b = Must(session.Allocate(plan.copy_bytes), "allocate");
-    out.write = MedianRate(plan.copy_trials, [&] {
-      const auto t0 = Clock::now();
-      Must(b.Write(0, data), "write");
-      return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
-    });
-    out.read = MedianRate(plan.copy_trials, [&] {
-      const auto t0 = Clock::now();
-      Must(b.ReadInto(0, absl::MakeSpan(data)), "read");
-      return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
-    });
+    if (write) {
+      out.write = MedianRate(plan.copy_trials, [&] {
+        const auto t0 = Clock::now();
+        Must(b.Write(0, data), "write");
+        return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+      });
+    }
+    if (read) {
+      out.read = MedianRate(plan.copy_trials, [&] {
+        const auto t0 = Clock::now();
+        Must(b.ReadInto(0, absl::MakeSpan(data)), "read");
+        return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+      });
+    }
   }
   if (Selected("session")) {
     // A new session on an open connection: the module is cached.
@@ -782,9 +808,8 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   }
   if (Selected("alloc"))
     parts.push_back(absl::StrFormat("Allocate+Free p50 %.1f us", out.alloc_free_us));
-  if (Selected("copy")) {
-    parts.push_back(absl::StrFormat("Write %.2f GB/s, Read %.2f GB/s", out.write, out.read));
-  }
+  if (write) parts.push_back(absl::StrFormat("Write %.2f GB/s", out.write));
+  if (read) parts.push_back(absl::StrFormat("Read %.2f GB/s", out.read));
   if (Selected("session")) {
     parts.push_back(
         absl::StrFormat("new session + cached module + first launch %.2f ms", out.new_session_ms));
@@ -861,8 +886,8 @@ int Main() {
   const std::string cubin = kernels + "/gx_kernels.cubin";
   const std::string driver = absl::GetFlag(FLAGS_driver);
   const int clients = absl::GetFlag(FLAGS_clients);
-  static const char* const kFigures[] = {"launch", "async",   "answered", "alloc",
-                                         "copy",   "session", "clients"};
+  static const char* const kFigures[] = {"launch", "async", "answered", "alloc",  "copy",
+                                         "write",  "read",  "session",  "clients"};
   for (const std::string& f : absl::GetFlag(FLAGS_figures)) {
     if (std::find(std::begin(kFigures), std::end(kFigures), f) == std::end(kFigures)) {
       Die(absl::StrCat("--figures: no figure named '", f, "' (", absl::StrJoin(kFigures, ", "),
@@ -946,16 +971,20 @@ int Main() {
       plan.copy_trials > 1 ? absl::StrCat(", median of ", plan.copy_trials) : "";
   g_rows.push_back({"Write " + size + trials, absl::StrFormat("%.2f GB/s", g_tcp.write),
                     absl::StrFormat("%.2f GB/s", g_uds.write),
-                    absl::StrFormat("bare client stream %.2f / %.2f GB/s; native pageable H2D %.1f",
-                                    t_tcp.upload, t_uds.upload, native.h2d_pageable),
+                    absl::StrFormat("bare client stream %.2f / %.2f GB/s (from a host array "
+                                    "%.2f / %.2f); native pageable H2D %.1f",
+                                    t_tcp.upload, t_uds.upload, t_tcp.upload_array,
+                                    t_uds.upload_array, native.h2d_pageable),
                     Ratio(g_tcp.write / t_tcp.upload) + " / " + Ratio(g_uds.write / t_uds.upload),
                     ">= 3 GB/s; >= 0.8x",
                     Met(g_tcp.write >= 3 && g_tcp.write >= 0.8 * t_tcp.upload &&
                         g_uds.write >= 0.8 * t_uds.upload)});
   g_rows.push_back({"Read " + size + trials, absl::StrFormat("%.2f GB/s", g_tcp.read),
                     absl::StrFormat("%.2f GB/s", g_uds.read),
-                    absl::StrFormat("bare server stream %.2f / %.2f GB/s; native pageable D2H %.1f",
-                                    t_tcp.download, t_uds.download, native.d2h_pageable),
+                    absl::StrFormat("bare server stream %.2f / %.2f GB/s (into a host array "
+                                    "%.2f / %.2f); native pageable D2H %.1f",
+                                    t_tcp.download, t_uds.download, t_tcp.download_array,
+                                    t_uds.download_array, native.d2h_pageable),
                     Ratio(g_tcp.read / t_tcp.download) + " / " + Ratio(g_uds.read / t_uds.download),
                     ">= 3 GB/s; >= 0.8x",
                     Met(g_tcp.read >= 3 && g_tcp.read >= 0.8 * t_tcp.download &&
