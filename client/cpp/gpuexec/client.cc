@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -35,6 +36,109 @@ struct ClientState {
   ClientOptions options;
 };
 
+// A bidirectional stream with the blocking Write, Read and Finish of
+// gRPC's synchronous API, over its asynchronous one, so that a waiting
+// thread can poll the stream's completion queue without sleeping for a
+// while (ClientOptions::spin_wait) before it sleeps in it: an answer that
+// comes within that time then costs no thread wake-up. Threads may wait at
+// once for different operations (one of each kind under way at a time):
+// one of them polls and hands the others their completions.
+template <typename W, typename R>
+class BlockingStream {
+ public:
+  using Prepare = std::function<std::unique_ptr<grpc::ClientAsyncReaderWriter<W, R>>(
+      grpc::ClientContext*, grpc::CompletionQueue*)>;
+  // Null if the stream could not be started (Finish of another one says
+  // nothing then: the call never began).
+  static std::unique_ptr<BlockingStream> Open(const Prepare& prepare, grpc::ClientContext* context,
+                                              absl::Duration spin) {
+    std::unique_ptr<BlockingStream> s(new BlockingStream(spin));
+    s->stream_ = prepare(context, &s->cq_);
+    if (s->stream_ == nullptr) return nullptr;
+    s->stream_->StartCall(s->Tag(kStart));
+    s->started_ = s->Wait(kStart);
+    return s;
+  }
+  ~BlockingStream() {
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+  BlockingStream(const BlockingStream&) = delete;
+  BlockingStream& operator=(const BlockingStream&) = delete;
+
+  bool Write(const W& message) {
+    if (!started_) return false;
+    stream_->Write(message, Tag(kWrite));
+    return Wait(kWrite);
+  }
+  bool Read(R* message) {
+    if (!started_) return false;
+    stream_->Read(message, Tag(kRead));
+    return Wait(kRead);
+  }
+  grpc::Status Finish() {
+    grpc::Status status;
+    stream_->Finish(&status, Tag(kFinish));
+    Wait(kFinish);
+    return status;
+  }
+
+ private:
+  enum Kind { kStart, kWrite, kRead, kFinish, kKinds };
+  explicit BlockingStream(absl::Duration spin) : spin_(spin) {}
+  void* Tag(Kind k) { return &tags_[k]; }
+
+  bool Wait(Kind kind) {
+    mu_.Lock();
+    for (;;) {
+      if (done_[kind].has_value()) {
+        const bool ok = *done_[kind];
+        done_[kind].reset();
+        mu_.Unlock();
+        return ok;
+      }
+      if (polling_) {
+        cv_.Wait(&mu_);
+        continue;
+      }
+      polling_ = true;
+      mu_.Unlock();
+      void* tag = nullptr;
+      bool ok = false;
+      const absl::Time spin_until = absl::Now() + spin_;
+      grpc::CompletionQueue::NextStatus got;
+      do {
+        const bool spinning = spin_ > absl::ZeroDuration() && absl::Now() < spin_until;
+        got = cq_.AsyncNext(&tag, &ok,
+                            spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC)
+                                     : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+      } while (got == grpc::CompletionQueue::TIMEOUT);
+      mu_.Lock();
+      polling_ = false;
+      if (got == grpc::CompletionQueue::GOT_EVENT) {
+        done_[static_cast<char*>(tag) - tags_] = ok;
+      } else {
+        // Shut down: cannot happen while an operation is under way.
+        for (auto& d : done_) d = false;
+      }
+      cv_.SignalAll();
+    }
+  }
+
+  const absl::Duration spin_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<W, R>> stream_;
+  bool started_ = false;
+  char tags_[kKinds] = {};
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool polling_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<bool> done_[kKinds] ABSL_GUARDED_BY(mu_);  // completed, not yet collected
+};
+
 // The session's command stream (the Execute RPC), opened on first use.
 // A caller that waits for an answer writes its command itself when the
 // stream is idle, then reads the stream itself when no one else is reading
@@ -44,8 +148,8 @@ struct ClientState {
 // in the next one.
 class CommandStream {
  public:
-  CommandStream(v1::GpuExec::Stub* stub, std::string token)
-      : stub_(stub), token_(std::move(token)) {}
+  CommandStream(v1::GpuExec::Stub* stub, std::string token, absl::Duration spin_wait)
+      : stub_(stub), token_(std::move(token)), spin_wait_(spin_wait) {}
   ~CommandStream() {
     Shutdown();
     if (watchdog_.joinable()) watchdog_.join();
@@ -161,7 +265,11 @@ class CommandStream {
     if (rw_ != nullptr) return absl::OkStatus();
     context_ = std::make_unique<grpc::ClientContext>();
     finished_ = false;
-    rw_ = stub_->Execute(context_.get());
+    rw_ = Stream::Open(
+        [this](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncExecute(context, cq);
+        },
+        context_.get(), spin_wait_);
     if (rw_ == nullptr) {
       return absl::UnavailableError("gpuexec client: cannot open the command stream");
     }
@@ -325,12 +433,13 @@ class CommandStream {
                    watches_.end());
   }
 
+  using Stream = BlockingStream<v1::ExecuteRequest, v1::ExecuteResponse>;
   v1::GpuExec::Stub* const stub_;
   const std::string token_;
+  const absl::Duration spin_wait_;
   absl::Mutex mu_;
   std::unique_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteResponse>> rw_
-      ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Stream> rw_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // rw_->Finish() was called
   v1::ExecuteRequest pending_ ABSL_GUARDED_BY(mu_);
   // Commands sent, handed back for Submit to clear (spent_dirty_), then
@@ -1246,7 +1355,8 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   state->memory_limit_bytes = response.memory_limit_bytes();
   state->kernel_time_limit_ms = response.kernel_time_limit_ms();
   state->lease_ms.store(response.lease_ms());
-  state->commands = std::make_unique<internal::CommandStream>(state_->stub.get(), state->token);
+  state->commands = std::make_unique<internal::CommandStream>(state_->stub.get(), state->token,
+                                                              state_->options.spin_wait);
   return Session(std::move(state));
 }
 

@@ -46,6 +46,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -89,6 +90,15 @@ struct ClientOptions {
   uint32_t chunk_bytes = 1 << 20;
   // Largest gRPC message either way on channels made by Connect().
   int max_message_bytes = 64 << 20;
+  // How long a call that waits for the daemon's answer on the session's
+  // command stream (LaunchAndWait, Synchronize, Launch, Allocate, ...)
+  // polls for it without sleeping before it sleeps: an answer within that
+  // time costs no thread wake-up, at the price of a busy core meanwhile.
+  // 0: sleep at once. By default 200 us on hosts with 8 or more cores (the
+  // daemon and its workers want the cores of a smaller one), else 0.
+  absl::Duration spin_wait = std::thread::hardware_concurrency() >= 8
+                                 ? absl::Microseconds(200)
+                                 : absl::ZeroDuration();
 };
 
 // One device as the daemon sees it (the proto's Device).
