@@ -69,9 +69,15 @@ class BlockingStream {
   BlockingStream(const BlockingStream&) = delete;
   BlockingStream& operator=(const BlockingStream&) = delete;
 
+  bool started() const { return started_; }
   bool Write(const W& message) {
     if (!started_) return false;
     stream_->Write(message, Tag(kWrite));
+    return Wait(kWrite);
+  }
+  bool WritesDone() {
+    if (!started_) return false;
+    stream_->WritesDone(Tag(kWrite));
     return Wait(kWrite);
   }
   bool Read(R* message) {
@@ -573,63 +579,37 @@ absl::Status LoadModuleCall(const SessionState& session, const v1::LoadModuleReq
   return FromGrpcStatus(writer->Finish());
 }
 
-// One call of gRPC's generic stub, driven to its end on a queue of its own,
-// one operation at a time, as the typed synchronous API would. Write and
-// Read go this way to send and receive grpc::ByteBuffers that the client
-// writes and parses itself (gpuexec/wire.h): their data is copied once,
-// where the typed API would also copy it into or out of a protobuf message.
-// Finish() must be called before the call goes.
+// One call of gRPC's generic stub, driven to its end one operation at a
+// time, as the typed synchronous API would (with no spinning: a bulk
+// transfer's waits are for flow control). Write and Read go this way to
+// send and receive grpc::ByteBuffers that the client writes and parses
+// itself (gpuexec/wire.h): the typed API would copy their data into or out
+// of a protobuf message. Finish() must be called before the call goes.
 class RawCall {
  public:
   RawCall(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,
           const std::string& method)
-      : stub_(channel) {
-    call_ = stub_.PrepareCall(context, method, &cq_);
-    call_->StartCall(this);
-    started_ = Wait();
-  }
-  ~RawCall() {
-    cq_.Shutdown();
-    void* tag;
-    bool ok;
-    while (cq_.Next(&tag, &ok)) {
-    }
-  }
-  RawCall(const RawCall&) = delete;
-  RawCall& operator=(const RawCall&) = delete;
+      : stub_(channel),
+        stream_(Stream::Open(
+            [&](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+              return stub_.PrepareCall(c, method, cq);
+            },
+            context, absl::ZeroDuration())) {}
 
   // False once the call has ended (Finish says why).
-  bool started() const { return started_; }
-  bool Write(const grpc::ByteBuffer& message) {
-    call_->Write(message, this);
-    return Wait();
-  }
-  bool WritesDone() {
-    call_->WritesDone(this);
-    return Wait();
-  }
-  bool Read(grpc::ByteBuffer* message) {
-    call_->Read(message, this);
-    return Wait();
-  }
+  bool started() const { return stream_ != nullptr && stream_->started(); }
+  bool Write(const grpc::ByteBuffer& message) { return started() && stream_->Write(message); }
+  bool WritesDone() { return started() && stream_->WritesDone(); }
+  bool Read(grpc::ByteBuffer* message) { return started() && stream_->Read(message); }
   grpc::Status Finish() {
-    grpc::Status status;
-    call_->Finish(&status, this);
-    Wait();
-    return status;
+    if (stream_ == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no call");
+    return stream_->Finish();
   }
 
  private:
-  bool Wait() {
-    void* tag;
-    bool ok = false;
-    return cq_.Next(&tag, &ok) && ok;
-  }
-
+  using Stream = internal::BlockingStream<grpc::ByteBuffer, grpc::ByteBuffer>;
   grpc::GenericStub stub_;
-  grpc::CompletionQueue cq_;
-  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
-  bool started_ = false;
+  std::unique_ptr<Stream> stream_;
 };
 
 // Streams Read chunks of [offset, offset + size) to `sink` (size 0: to the
