@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "service_test_fixture.h"
 
@@ -712,6 +713,62 @@ TEST_F(ServiceTest, AnEarlierShortDeadlineDoesNotCutALaterWait) {
   // About 0.6 s of GPU time (data calls have no deadline).
   GX_EXPECT_OK(session.LaunchAndWait(spin, Config(1, 1), {Arg::U64(600'000'000)}).status());
   GX_EXPECT_OK(b.Free());
+}
+
+// Waiting calls that spin for their answer (ClientOptions::spin_wait, on
+// by default only on larger hosts): several sessions at once, each with
+// threads waiting on the same command stream for different answers while
+// queued launches go out, and every answer lands with its own caller.
+TEST_F(ServiceTest, SpinningWaitersEachGetTheirOwnAnswer) {
+  ClientOptions options;
+  options.spin_wait = absl::Microseconds(500);
+  GX_ASSERT_OK_AND_ASSIGN(Client client, NewClient(options));
+  constexpr int kSessions = 3;
+  constexpr uint64_t kWords = 256;
+  std::vector<std::thread> threads;
+  absl::Mutex mu;
+  std::vector<std::string> failures;
+  auto fail = [&](std::string what) {
+    absl::MutexLock lock(&mu);
+    failures.push_back(std::move(what));
+  };
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      auto session = client.OpenSession({kDevice});
+      if (!session.ok()) return fail(session.status().ToString());
+      auto fill = Kernel(*session, "gx_fill_u32");
+      if (!fill.ok()) return fail(fill.status().ToString());
+      auto a = session->Allocate(kWords * 4);
+      auto b = session->Allocate(kWords * 4);
+      if (!a.ok() || !b.ok()) return fail("allocate");
+      // One thread queues launches into `a` and synchronizes; this one
+      // waits for each of its own launches into `b`, on the same stream.
+      std::thread queuer([&] {
+        for (uint32_t v = 1; v <= 200; ++v) {
+          if (!session
+                   ->LaunchAsync(*fill, Config(1, kWords),
+                                 {Arg::Ptr(*a), Arg::U32(v), Arg::U64(kWords)})
+                   .ok()) {
+            return fail("queued launch");
+          }
+        }
+        if (!session->Synchronize().ok()) fail("synchronize");
+      });
+      for (uint32_t v = 1; v <= 100; ++v) {
+        auto done = session->LaunchAndWait(*fill, Config(1, kWords),
+                                           {Arg::Ptr(*b), Arg::U32(v), Arg::U64(kWords)});
+        if (!done.ok()) fail(done.status().ToString());
+      }
+      queuer.join();
+      auto back_a = a->ReadAs<uint32_t>(kWords);
+      auto back_b = b->ReadAs<uint32_t>(kWords);
+      if (!back_a.ok() || !back_b.ok()) return fail("read");
+      if (back_a->front() != 200 || back_a->back() != 200) fail("queued launches: last value lost");
+      if (back_b->front() != 100 || back_b->back() != 100) fail("waited launches: last value lost");
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "; ");
 }
 
 // A failure of a queued launch is reported by the next launch or

@@ -36,6 +36,15 @@ struct ClientState {
   ClientOptions options;
 };
 
+// Threads of this process spinning in BlockingStream::Wait now, and how
+// many may: one per eight cores (at least one). The rest sleep at once, so
+// that a process with many waiting threads does not take the cores the
+// daemon answering them needs.
+namespace {
+std::atomic<int> g_spinning{0};
+const int kMaxSpinning = static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / 8));
+}  // namespace
+
 // A bidirectional stream with the blocking Write, Read and Finish of
 // gRPC's synchronous API, over its asynchronous one, so that a waiting
 // thread can poll the stream's completion queue without sleeping for a
@@ -114,14 +123,23 @@ class BlockingStream {
       mu_.Unlock();
       void* tag = nullptr;
       bool ok = false;
+      bool spin = spin_ > absl::ZeroDuration();
+      if (spin && g_spinning.fetch_add(1) >= kMaxSpinning) {
+        g_spinning.fetch_sub(1);
+        spin = false;
+      }
       const absl::Time spin_until = absl::Now() + spin_;
       grpc::CompletionQueue::NextStatus got;
       do {
-        const bool spinning = spin_ > absl::ZeroDuration() && absl::Now() < spin_until;
+        if (spin && absl::Now() >= spin_until) {
+          spin = false;
+          g_spinning.fetch_sub(1);
+        }
         got = cq_.AsyncNext(&tag, &ok,
-                            spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC)
-                                     : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+                            spin ? gpr_time_0(GPR_CLOCK_MONOTONIC)
+                                 : gpr_inf_future(GPR_CLOCK_MONOTONIC));
       } while (got == grpc::CompletionQueue::TIMEOUT);
+      if (spin) g_spinning.fetch_sub(1);
       mu_.Lock();
       polling_ = false;
       if (got == grpc::CompletionQueue::GOT_EVENT) {

@@ -95,7 +95,9 @@ struct ClientOptions {
   // polls for it without sleeping before it sleeps: an answer within that
   // time costs no thread wake-up, at the price of a busy core meanwhile.
   // 0: sleep at once. By default 200 us on hosts with 8 or more cores (the
-  // daemon and its workers want the cores of a smaller one), else 0.
+  // daemon and its workers want the cores of a smaller one), else 0. At
+  // most one thread of the process per eight cores spins at a time; other
+  // waiting threads sleep at once.
   absl::Duration spin_wait = std::thread::hardware_concurrency() >= 8
                                  ? absl::Microseconds(200)
                                  : absl::ZeroDuration();
