@@ -864,8 +864,9 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
         absl::StrFormat("new session + cached module + first launch %.2f ms", out.new_session_ms));
   }
   if (Selected("clients")) {
-    parts.push_back(absl::StrFormat("%d clients: %.0fk launches/s, Write %.2f GB/s", clients,
-                                    out.agg_rate / 1e3, out.agg_write));
+    parts.push_back(
+        absl::StrFormat("%d clients: %.0fk launches/s, %.0fk answered launches/s, Write %.2f GB/s",
+                        clients, out.agg_rate / 1e3, out.agg_acked_rate / 1e3, out.agg_write));
   }
   Note(absl::StrCat(target, ": ", absl::StrJoin(parts, "; ")));
   return out;
