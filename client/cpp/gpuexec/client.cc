@@ -57,8 +57,8 @@ class BlockingStream {
  public:
   using Prepare = std::function<std::unique_ptr<grpc::ClientAsyncReaderWriter<W, R>>(
       grpc::ClientContext*, grpc::CompletionQueue*)>;
-  // Null if the stream could not be started (Finish of another one says
-  // nothing then: the call never began).
+  // Null if gRPC gives no call; started() is false if the call could not
+  // begin (Finish says why).
   static std::unique_ptr<BlockingStream> Open(const Prepare& prepare, grpc::ClientContext* context,
                                               absl::Duration spin) {
     std::unique_ptr<BlockingStream> s(new BlockingStream(spin));
