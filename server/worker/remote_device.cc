@@ -549,9 +549,13 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
     for (auto& [id, fn] : pending_) failed.push_back(std::move(fn));
     pending_.clear();
     if (!first_ready_) {
-      // The first start failed: Start() reports why; nothing restarts.
-      start_status_ = absl::UnavailableError(
-          absl::StrCat("device ", options_.ordinal, ": ", why, " before it was ready"));
+      // The first start failed: Start() reports why; nothing restarts. A
+      // worker that said why (its driver did not load, say) and then ended
+      // keeps its own reason: the end is only its consequence.
+      if (start_status_.ok()) {
+        start_status_ = absl::UnavailableError(
+            absl::StrCat("device ", options_.ordinal, ": ", why, " before it was ready"));
+      }
       first_failure = start_status_;
       state_ = State::kStopping;
       next_spawn_ = absl::InfiniteFuture();
