@@ -669,8 +669,9 @@ TransportFigures RunTransport(const Plan& plan, const std::string& target,
   out.download_array = MedianRate(plan.copy_trials, [&] { return download(array.data()); });
   Note(
       absl::StrFormat("%s: unary p50 %.1f us p99 %.1f us; stream round trip p50 %.1f us p99 "
-                      "%.1f us (client spinning: p50 %.1f us); %llu MiB in %u KiB messages: client stream %.2f GB/s, server "
-                      "stream %.2f GB/s; from / into a host array %.2f / %.2f GB/s",
+                      "%.1f us (client spinning: p50 %.1f us); %llu MiB in %u KiB messages: "
+                      "client stream %.2f GB/s, server stream %.2f GB/s; from / into a host "
+                      "array %.2f / %.2f GB/s",
                       target, out.unary.p50, out.unary.p99, out.bidi.p50, out.bidi.p99,
                       out.bidi_spinning.p50, static_cast<unsigned long long>(plan.copy_bytes >> 20),
                       plan.chunk_bytes >> 10, out.upload, out.download, out.upload_array,
