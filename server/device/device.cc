@@ -366,8 +366,12 @@ absl::StatusOr<Device::StreamState*> Device::ReadyStream(StreamId id) {
   return it->second.get();
 }
 
+std::vector<cuda::Event>& Device::Spares(bool timing) {
+  return timing ? spare_timing_events_ : spare_plain_events_;
+}
+
 absl::StatusOr<cuda::Event> Device::SpareEvent(bool timing, const std::string& what) {
-  std::vector<cuda::Event>& spares = timing ? spare_timing_events_ : spare_plain_events_;
+  std::vector<cuda::Event>& spares = Spares(timing);
   if (spares.empty()) return driver_->CreateEvent(timing, what);
   cuda::Event e = std::move(spares.back());
   spares.pop_back();
@@ -378,7 +382,7 @@ absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
                                                                   const std::string& what) {
   absl::StatusOr<cuda::Event> e = SpareEvent(timing, what);
   if (!e.ok()) return Check(e.status());
-  std::vector<cuda::Event>* spares = timing ? &spare_timing_events_ : &spare_plain_events_;
+  std::vector<cuda::Event>* spares = &Spares(timing);
   // Released on the executor (holders live in its state and its
   // operations); the spares outlive every holder.
   return std::shared_ptr<cuda::Event>(new cuda::Event(std::move(e).value()),
@@ -646,8 +650,9 @@ void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynch
     if (!ready.ok()) return done(ready.status(), false);
     absl::Status st = LaunchOn(stream, **ready, op);
     if (!st.ok()) return done(st, false);
-    SynchronizeOn(stream, **ready,
-                  [done = std::move(done)](absl::StatusOr<uint64_t> ns) { done(std::move(ns), true); });
+    SynchronizeOn(stream, **ready, [done = std::move(done)](absl::StatusOr<uint64_t> ns) {
+      done(std::move(ns), true);
+    });
   });
 }
 

@@ -207,8 +207,9 @@ class Device {
   // on it now has finished.
   absl::Status WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
                         const std::string& what);
-  // An event from the spares of its kind (or a new one). Executor thread
-  // only, as are the two below.
+  // The spare events of a kind. Executor thread only, as are the two below.
+  std::vector<cuda::Event>& Spares(bool timing);
+  // An event from the spares of its kind (or a new one).
   absl::StatusOr<cuda::Event> SpareEvent(bool timing, const std::string& what);
   // A spare event shared, handed back to the spares when its last holder
   // lets go.

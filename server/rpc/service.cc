@@ -364,6 +364,9 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
     if (fetch >= 0) {
       source_->Next([this, fetch](absl::StatusOr<core::ReadChunk> chunk) {
         if (!chunk.ok()) return Fetched(fetch, chunk.status());
+        // Not here: the chunk comes on the device's reply reader (or on this
+        // call's own Pump), and Fetched may start the message's write,
+        // which gRPC carries out on the calling thread.
         env_->copies->Post([this, fetch, chunk = std::move(chunk).value()]() mutable {
           // The message is sent from the chunk's buffer itself, which
           // the message then holds.

@@ -258,7 +258,8 @@ void Worker::Handle(Request& r) {
       const uint64_t kernel = op.kernel;
       if (l->synchronize()) {
         dev_->LaunchAndSynchronize(
-            l->stream(), std::move(op), [this, id, kernel](absl::StatusOr<uint64_t> ns, bool launched) {
+            l->stream(), std::move(op),
+            [this, id, kernel](absl::StatusOr<uint64_t> ns, bool launched) {
               ReplyValue(id, launched ? ns : Explain(ns.status(), kernel, ""), launched);
             });
         return;
