@@ -70,6 +70,9 @@ ABSL_FLAG(std::vector<std::string>, figures, {},
 ABSL_FLAG(int, repeat, 1, "with --target: measure the figures this many times");
 ABSL_FLAG(int, spin_wait_us, -1,
           "the gpuexec client's ClientOptions::spin_wait, in microseconds (-1: its default)");
+ABSL_FLAG(int, transfer_streams, -1,
+          "the gpuexec client's ClientOptions::transfer_streams (-1: its default); the "
+          "one-stream Write and Read are measured besides in any case");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
@@ -702,7 +705,9 @@ struct GpuexecFigures {
   Latency launch_sync;
   double async_rate = 0;  // launches/s
   double alloc_free_us = 0;
-  double write = 0, read = 0;  // GB/s
+  double write = 0, read = 0;          // GB/s, as the client sends by default
+  double write_one = 0, read_one = 0;  // GB/s, on one stream
+  uint32_t transfer_streams = 1;       // the client's default
   double new_session_ms = 0;
   double agg_rate = 0, agg_write = 0;
   // Launch (each waits for the daemon's enqueue): one client, and all.
@@ -720,6 +725,9 @@ ClientOptions BenchClientOptions() {
   ClientOptions options;
   if (absl::GetFlag(FLAGS_spin_wait_us) >= 0) {
     options.spin_wait = absl::Microseconds(absl::GetFlag(FLAGS_spin_wait_us));
+  }
+  if (absl::GetFlag(FLAGS_transfer_streams) >= 0) {
+    options.transfer_streams = static_cast<uint32_t>(absl::GetFlag(FLAGS_transfer_streams));
   }
   return options;
 }
@@ -769,20 +777,30 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   const bool read = Selected("copy") || Selected("read");
   if (write || read) {
     std::vector<uint8_t> data = HostData(plan.copy_bytes);
-    Buffer b = Must(session.Allocate(plan.copy_bytes), "allocate");
-    if (write) {
-      out.write = MedianRate(plan.copy_trials, [&] {
-        const auto t0 = Clock::now();
-        Must(b.Write(0, data), "write");
-        return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
-      });
-    }
-    if (read) {
-      out.read = MedianRate(plan.copy_trials, [&] {
-        const auto t0 = Clock::now();
-        Must(b.ReadInto(0, absl::MakeSpan(data)), "read");
-        return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
-      });
+    // The client's default (in parts where the host has the cores), then
+    // one stream, from a client of its own.
+    ClientOptions one_stream = BenchClientOptions();
+    out.transfer_streams = one_stream.transfer_streams;
+    one_stream.transfer_streams = 1;
+    Client single = Must(Client::Connect(target, one_stream), "connect");
+    Session single_session = Must(single.OpenSession({}), "open a session");
+    for (Session* s : {&session, &single_session}) {
+      const bool parts = s == &session;
+      Buffer b = Must(s->Allocate(plan.copy_bytes), "allocate");
+      if (write) {
+        (parts ? out.write : out.write_one) = MedianRate(plan.copy_trials, [&] {
+          const auto t0 = Clock::now();
+          Must(b.Write(0, data), "write");
+          return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+        });
+      }
+      if (read) {
+        (parts ? out.read : out.read_one) = MedianRate(plan.copy_trials, [&] {
+          const auto t0 = Clock::now();
+          Must(b.ReadInto(0, absl::MakeSpan(data)), "read");
+          return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+        });
+      }
     }
   }
   if (Selected("session")) {
@@ -858,8 +876,12 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   }
   if (Selected("alloc"))
     parts.push_back(absl::StrFormat("Allocate+Free p50 %.1f us", out.alloc_free_us));
-  if (write) parts.push_back(absl::StrFormat("Write %.2f GB/s", out.write));
-  if (read) parts.push_back(absl::StrFormat("Read %.2f GB/s", out.read));
+  if (write) {
+    parts.push_back(absl::StrFormat("Write %.2f GB/s (one stream %.2f)", out.write, out.write_one));
+  }
+  if (read) {
+    parts.push_back(absl::StrFormat("Read %.2f GB/s (one stream %.2f)", out.read, out.read_one));
+  }
   if (Selected("session")) {
     parts.push_back(
         absl::StrFormat("new session + cached module + first launch %.2f ms", out.new_session_ms));
@@ -999,6 +1021,19 @@ int Main() {
        Met(g_tcp.launch_sync.p50 <= 30 &&
            g_tcp.launch_sync.p50 <= 1.2 * std::min(t_tcp.bidi.p50, t_tcp.bidi_spinning.p50) &&
            g_uds.launch_sync.p50 <= 1.2 * std::min(t_uds.bidi.p50, t_uds.bidi_spinning.p50))});
+  // No launch + synchronize over gRPC can take less than a round trip on
+  // an open stream with a spinning client plus the driver's own launch +
+  // synchronize: the floor any daemon has on this host and transport.
+  const double floor_tcp = t_tcp.bidi_spinning.p50 + native.launch_sync.p50;
+  const double floor_uds = t_uds.bidi_spinning.p50 + native.launch_sync.p50;
+  g_rows.push_back(
+      {"floor of launch + synchronize: spinning round trip + native, p50", Us(floor_tcp),
+       Us(floor_uds),
+       absl::StrFormat("gpuexec %.1f / %.1f us above it", g_tcp.launch_sync.p50 - floor_tcp,
+                       g_uds.launch_sync.p50 - floor_uds),
+       Ratio(floor_tcp / t_tcp.bidi_spinning.p50) + " / " +
+           Ratio(floor_uds / t_uds.bidi_spinning.p50) + " of the spinning round trip",
+       "", ""});
   g_rows.push_back({"launch + synchronize, p99", Us(g_tcp.launch_sync.p99),
                     Us(g_uds.launch_sync.p99), "native " + Us(native.launch_sync.p99),
                     Ratio(g_tcp.launch_sync.p99 / native.launch_sync.p99), "", ""});
@@ -1010,7 +1045,10 @@ int Main() {
                     Ratio(g_tcp.async_rate / (1e6 / native.async_launch_us)), ">= 150k/s",
                     Met(g_tcp.async_rate >= 150e3)});
   g_rows.push_back({absl::StrFormat("async launches, %d clients", clients), Rate(g_tcp.agg_rate),
-                    Rate(g_uds.agg_rate), "one client " + Rate(g_tcp.async_rate),
+                    Rate(g_uds.agg_rate),
+                    // One device: the driver's own rate is the ceiling.
+                    "one client " + Rate(g_tcp.async_rate) + "; the device's ceiling (native) " +
+                        Ratio(1e6 / native.async_launch_us / g_tcp.async_rate) + " one client",
                     Ratio(g_tcp.agg_rate / g_tcp.async_rate), ">= 6x one client",
                     Met(g_tcp.agg_rate >= 6 * g_tcp.async_rate)});
   g_rows.push_back({"Launch (each answered), one client", Rate(g_tcp.acked_rate),
@@ -1028,7 +1066,11 @@ int Main() {
       absl::StrFormat("%llu MiB", static_cast<unsigned long long>(plan.copy_bytes >> 20));
   const std::string trials =
       plan.copy_trials > 1 ? absl::StrCat(", median of ", plan.copy_trials) : "";
-  g_rows.push_back({"Write " + size + trials, absl::StrFormat("%.2f GB/s", g_tcp.write),
+  const std::string in_parts =
+      g_tcp.transfer_streams > 1
+          ? absl::StrFormat(", in up to %u parts at once", g_tcp.transfer_streams)
+          : "";
+  g_rows.push_back({"Write " + size + trials + in_parts, absl::StrFormat("%.2f GB/s", g_tcp.write),
                     absl::StrFormat("%.2f GB/s", g_uds.write),
                     absl::StrFormat("bare client stream %.2f / %.2f GB/s (from a host array "
                                     "%.2f / %.2f); native pageable H2D %.1f",
@@ -1038,7 +1080,14 @@ int Main() {
                     ">= 3 GB/s; >= 0.8x",
                     Met(g_tcp.write >= 3 && g_tcp.write >= 0.8 * t_tcp.upload &&
                         g_uds.write >= 0.8 * t_uds.upload)});
-  g_rows.push_back({"Read " + size + trials, absl::StrFormat("%.2f GB/s", g_tcp.read),
+  if (g_tcp.transfer_streams > 1) {
+    g_rows.push_back(
+        {"Write " + size + trials + ", one stream", absl::StrFormat("%.2f GB/s", g_tcp.write_one),
+         absl::StrFormat("%.2f GB/s", g_uds.write_one), "as above",
+         Ratio(g_tcp.write_one / t_tcp.upload) + " / " + Ratio(g_uds.write_one / t_uds.upload), "",
+         ""});
+  }
+  g_rows.push_back({"Read " + size + trials + in_parts, absl::StrFormat("%.2f GB/s", g_tcp.read),
                     absl::StrFormat("%.2f GB/s", g_uds.read),
                     absl::StrFormat("bare server stream %.2f / %.2f GB/s (into a host array "
                                     "%.2f / %.2f); native pageable D2H %.1f",
@@ -1048,6 +1097,13 @@ int Main() {
                     ">= 3 GB/s; >= 0.8x",
                     Met(g_tcp.read >= 3 && g_tcp.read >= 0.8 * t_tcp.download &&
                         g_uds.read >= 0.8 * t_uds.download)});
+  if (g_tcp.transfer_streams > 1) {
+    g_rows.push_back(
+        {"Read " + size + trials + ", one stream", absl::StrFormat("%.2f GB/s", g_tcp.read_one),
+         absl::StrFormat("%.2f GB/s", g_uds.read_one), "as above",
+         Ratio(g_tcp.read_one / t_tcp.download) + " / " + Ratio(g_uds.read_one / t_uds.download),
+         "", ""});
+  }
   g_rows.push_back({absl::StrFormat("Write, %d clients at once", clients),
                     absl::StrFormat("%.2f GB/s", g_tcp.agg_write),
                     absl::StrFormat("%.2f GB/s", g_uds.agg_write),

@@ -8,7 +8,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "service_test_fixture.h"
 
@@ -807,9 +810,11 @@ TEST_F(ServiceTest, DataCallsHonourTheirDeadline) {
 TEST_F(ServiceTest, AWriteCutShortByItsDeadlineLetsGoOfTheCallersMemory) {
   // The client sends a Write from the caller's memory itself: a Write that
   // ends before gRPC has sent it all must still return, and only once gRPC
-  // holds none of it.
+  // holds none of it: here a Write in four parts at once, all cut short.
   ClientOptions options;
   options.data_timeout = absl::Milliseconds(200);
+  options.transfer_streams = 4;
+  options.transfer_part_bytes = 1 << 20;
   GX_ASSERT_OK_AND_ASSIGN(Client impatient, NewClient(options));
   GX_ASSERT_OK_AND_ASSIGN(Session session, impatient.OpenSession({kDevice}));
   GX_ASSERT_OK_AND_ASSIGN(Function spin, Kernel(session, "gx_spin"));
@@ -832,6 +837,85 @@ TEST_F(ServiceTest, AWriteCutShortByItsDeadlineLetsGoOfTheCallersMemory) {
   GX_ASSERT_OK(copy.Write(0, again));
   GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, copy.ReadAs<uint8_t>(kBytes));
   EXPECT_TRUE(back == again);
+}
+
+// Calls of `method` the suite's daemon has answered with `code` so far.
+double Answered(Server& server, const std::string& method, const std::string& type,
+                const std::string& code = "OK") {
+  const std::string key =
+      absl::StrCat("grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\",grpc_method=\"",
+                   method, "\",grpc_type=\"", type, "\",grpc_code=\"", code, "\"} ");
+  for (absl::string_view line : absl::StrSplit(server.RenderMetrics(), '\n')) {
+    double value = 0;
+    if (absl::ConsumePrefix(&line, key) && absl::SimpleAtod(line, &value)) return value;
+  }
+  return 0;
+}
+
+TEST_F(ServiceTest, ALargeTransferGoesInPartsAtOnceAndArrivesWhole) {
+  ClientOptions options;
+  options.chunk_bytes = 64 << 10;
+  options.transfer_streams = 3;
+  options.transfer_part_bytes = 1 << 20;
+  GX_ASSERT_OK_AND_ASSIGN(Client parallel, NewClient(options));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, parallel.OpenSession({kDevice}));
+  // Neither the offset nor the size is a whole number of chunks.
+  constexpr uint64_t kOffset = 777;
+  constexpr size_t kBytes = (5 << 20) + 4321;
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(kOffset + kBytes));
+  std::vector<uint8_t> data(kBytes);
+  FillPattern(61, data.data(), data.size());
+
+  const double writes = Answered(server(), "Write", "client_stream");
+  GX_ASSERT_OK(buffer.Write(kOffset, data));
+  EXPECT_EQ(Answered(server(), "Write", "client_stream") - writes, 3);
+
+  const double reads = Answered(server(), "Read", "server_stream");
+  std::vector<uint8_t> back(kBytes);
+  GX_ASSERT_OK(buffer.ReadInto(kOffset, absl::MakeSpan(back)));
+  EXPECT_EQ(Answered(server(), "Read", "server_stream") - reads, 3);
+  EXPECT_TRUE(back == data);
+  // Read into a vector of its own goes whole, and agrees.
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> whole, buffer.Read(kOffset, kBytes));
+  EXPECT_TRUE(whole == data);
+  // The byte before the range was not touched (Allocate's memory is zeroed).
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> before, buffer.Read(kOffset - 1, 1));
+  EXPECT_THAT(before, ElementsAre(0));
+}
+
+TEST_F(ServiceTest, ATransferThatDoesNotFitGoesWholeForTheDaemonToRefuse) {
+  ClientOptions options;
+  options.chunk_bytes = 64 << 10;
+  options.transfer_streams = 4;
+  options.transfer_part_bytes = 1 << 20;
+  GX_ASSERT_OK_AND_ASSIGN(Client parallel, NewClient(options));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, parallel.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(8 << 20));
+  const std::vector<uint8_t> data(8 << 20, 7);
+  // One byte too many: one call, which the daemon refuses, naming the
+  // buffer (a Write once its data reaches the end, a Read at once).
+  const double refused_writes = Answered(server(), "Write", "client_stream", "OUT_OF_RANGE");
+  EXPECT_THAT(buffer.Write(1, data),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("goes past the end of buffer")));
+  EXPECT_EQ(Answered(server(), "Write", "client_stream", "OUT_OF_RANGE") - refused_writes, 1);
+  const double refused_reads = Answered(server(), "Read", "server_stream", "OUT_OF_RANGE");
+  std::vector<uint8_t> out(8 << 20);
+  EXPECT_THAT(buffer.ReadInto(1, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("8388608 bytes at offset 1")));
+  EXPECT_EQ(Answered(server(), "Read", "server_stream", "OUT_OF_RANGE") - refused_reads, 1);
+  // A client made from a channel has no further connections to open: its
+  // transfers go whole.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  Client from_channel(grpc::CreateCustomChannel(target(), grpc::InsecureChannelCredentials(), args),
+                      options);
+  GX_ASSERT_OK_AND_ASSIGN(Session second, from_channel.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer other, second.Allocate(8 << 20));
+  const double writes = Answered(server(), "Write", "client_stream");
+  GX_ASSERT_OK(other.Write(0, data));
+  EXPECT_EQ(Answered(server(), "Write", "client_stream") - writes, 1);
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, other.ReadAs<uint8_t>(8 << 20));
+  EXPECT_TRUE(back == data);
 }
 
 TEST_F(ServiceTest, ConnectNamesAnUnreachableTarget) {

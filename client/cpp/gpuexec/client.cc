@@ -34,6 +34,28 @@ struct ClientState {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::GpuExec::Stub> stub;
   ClientOptions options;
+  // Set by Connect(): what the further connections of a transfer in parts
+  // dial, and with which arguments. Empty: transfers go whole.
+  std::string target;
+  grpc::ChannelArguments args;
+
+  // The channels of a transfer in `parts` parts: `channel`, then parts - 1
+  // connections of their own, opened the first time they are wanted and
+  // kept for the client's life.
+  std::vector<std::shared_ptr<grpc::Channel>> TransferChannels(size_t parts) {
+    absl::MutexLock lock(&mu);
+    while (transfer_channels.size() + 1 < parts) {
+      transfer_channels.push_back(
+          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    }
+    std::vector<std::shared_ptr<grpc::Channel>> out = {channel};
+    out.insert(out.end(), transfer_channels.begin(), transfer_channels.begin() + (parts - 1));
+    return out;
+  }
+
+ private:
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels ABSL_GUARDED_BY(mu);
 };
 
 // Threads of this process spinning in BlockingStream::Wait now, and how
@@ -630,12 +652,77 @@ class RawCall {
   std::unique_ptr<Stream> stream_;
 };
 
-// Streams Read chunks of [offset, offset + size) to `sink` (size 0: to the
-// end), checking that they arrive in order and without gaps.
-absl::Status ReadCall(const SessionState& session, uint64_t buffer, uint64_t offset, uint64_t size,
-                      const std::function<absl::Status(uint64_t at, std::string_view data)>& sink) {
-  grpc::ClientContext context;
-  SetDeadline(&context, session.options(), CallKind::kData);
+// The calls of one transfer in parts (see InParts). A part that fails
+// cancels the others; the transfer then reports that failure, not the
+// cancellations it caused.
+class PartGroup {
+ public:
+  // A part's call joins with its context before it starts, and leaves with
+  // its outcome before the context goes.
+  void Join(grpc::ClientContext* context) {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) context->TryCancel();
+    contexts_.insert(context);
+  }
+  void Leave(grpc::ClientContext* context, const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    contexts_.erase(context);
+    if (status.ok() || !error_.ok()) return;
+    error_ = status;
+    for (grpc::ClientContext* c : contexts_) c->TryCancel();
+  }
+  absl::Status error() const {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+// Runs a transfer of `size` bytes at `offset` of a buffer of `buffer_size`
+// bytes as calls of `part(channel, at, n, group)`, each for bytes
+// [at, at + n) of the transfer: one call on the client's channel, or up to
+// ClientOptions::transfer_streams calls at once, on connections of their
+// own, in parts of whole chunks. `group` is null for a single call.
+using TransferPart = std::function<absl::Status(const std::shared_ptr<grpc::Channel>& channel,
+                                                uint64_t at, uint64_t n, PartGroup* group)>;
+absl::Status InParts(const SessionState& session, uint64_t buffer_size, uint64_t offset,
+                     uint64_t size, const TransferPart& part) {
+  const ClientOptions& options = session.options();
+  const uint64_t chunk = std::max<uint64_t>(1, options.chunk_bytes);
+  const uint64_t smallest = std::max<uint64_t>(chunk, options.transfer_part_bytes);
+  uint64_t parts = std::min<uint64_t>(options.transfer_streams, size / smallest);
+  // A range outside the buffer goes whole: the daemon's error then names
+  // the range the caller gave.
+  const bool in_range = offset <= buffer_size && size <= buffer_size - offset;
+  if (session.client->target.empty() || !in_range) parts = 1;
+  if (parts <= 1) return part(session.client->channel, 0, size, nullptr);
+  const uint64_t per = (size / parts + chunk - 1) / chunk * chunk;
+  parts = (size + per - 1) / per;  // whole chunks may leave one fewer
+  const std::vector<std::shared_ptr<grpc::Channel>> channels =
+      session.client->TransferChannels(parts);
+  PartGroup group;
+  std::vector<std::thread> threads;
+  for (uint64_t i = 1; i < parts; ++i) {
+    threads.emplace_back([&, i] {
+      const uint64_t at = i * per;
+      (void)part(channels[i], at, std::min(per, size - at), &group);
+    });
+  }
+  (void)part(channels[0], 0, per, &group);
+  for (std::thread& t : threads) t.join();
+  return group.error();
+}
+
+using ReadSink = std::function<absl::Status(uint64_t at, std::string_view data)>;
+
+// ReadCall's call, under `context`.
+absl::Status ReadWithin(grpc::ClientContext& context, const SessionState& session,
+                        const std::shared_ptr<grpc::Channel>& channel, uint64_t buffer,
+                        uint64_t offset, uint64_t size, const ReadSink& sink) {
   v1::ReadRequest request;
   request.set_session(session.token);
   request.set_buffer(buffer);
@@ -647,7 +734,7 @@ absl::Status ReadCall(const SessionState& session, uint64_t buffer, uint64_t off
   if (!grpc::SerializationTraits<v1::ReadRequest>::Serialize(request, &message, &own).ok()) {
     return absl::InternalError("gpuexec client: cannot serialize a ReadRequest");
   }
-  RawCall call(session.client->channel, &context, "/gpuexec.v1.GpuExec/Read");
+  RawCall call(channel, &context, "/gpuexec.v1.GpuExec/Read");
   bool open = call.started() && call.Write(message) && call.WritesDone();
   uint64_t expected = offset;
   absl::Status local;
@@ -691,6 +778,76 @@ absl::Status ReadCall(const SessionState& session, uint64_t buffer, uint64_t off
                                             expected - offset, " of ", size, " bytes"));
   }
   return absl::OkStatus();
+}
+
+// Streams Read chunks of [offset, offset + size) to `sink` (size 0: to the
+// end), checking that they arrive in order and without gaps.
+absl::Status ReadCall(const SessionState& session, const std::shared_ptr<grpc::Channel>& channel,
+                      uint64_t buffer, uint64_t offset, uint64_t size, PartGroup* group,
+                      const ReadSink& sink) {
+  grpc::ClientContext context;
+  SetDeadline(&context, session.options(), CallKind::kData);
+  if (group != nullptr) group->Join(&context);
+  const absl::Status status = ReadWithin(context, session, channel, buffer, offset, size, sink);
+  if (group != nullptr) group->Leave(&context, status);
+  return status;
+}
+
+// One Write call: `data` to [offset, offset + data.size()) of `buffer`.
+absl::Status WriteCall(const SessionState& session, const std::shared_ptr<grpc::Channel>& channel,
+                       uint64_t buffer, uint64_t offset, absl::Span<const uint8_t> data,
+                       PartGroup* group) {
+  // The messages carry the caller's bytes themselves, not a copy: gRPC
+  // sends them from `data`, and the call returns only once gRPC has let go
+  // of every message (a moment after the call has ended, at most).
+  absl::Notification let_go;
+  absl::Status status;
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context, session.options(), CallKind::kData);
+    if (group != nullptr) group->Join(&context);
+    status = [&]() -> absl::Status {
+      RawCall call(channel, &context, "/gpuexec.v1.GpuExec/Write");
+      std::shared_ptr<const void> lent(nullptr, [&let_go](const void*) { let_go.Notify(); });
+      // WriteRequests: the first names the session, buffer and offset;
+      // every one carries up to chunk_bytes of data.
+      const size_t chunk = std::max<size_t>(1, session.options().chunk_bytes);
+      size_t at = 0;
+      // False when the daemon has ended the call; Finish() says why.
+      bool open = call.started();
+      do {
+        const size_t n = std::min(chunk, data.size() - at);
+        wire::Writer request;
+        if (at == 0) {
+          request.String(1, session.token);
+          request.Varint(2, buffer);
+          request.Varint(3, offset);
+        }
+        open = open &&
+               call.Write(request.Finish(
+                   4, absl::string_view(reinterpret_cast<const char*>(data.data()) + at, n), lent));
+        at += n;
+      } while (open && at < data.size());
+      grpc::ByteBuffer answer;
+      const bool answered = open && call.WritesDone() && call.Read(&answer);
+      GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
+      v1::WriteResponse response;
+      if (!answered ||
+          !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {
+        return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", buffer,
+                                                " ended without the daemon's answer"));
+      }
+      if (response.bytes_written() != data.size()) {
+        return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", buffer,
+                                                " wrote ", response.bytes_written(), " of ",
+                                                data.size(), " bytes"));
+      }
+      return absl::OkStatus();
+    }();
+    if (group != nullptr) group->Leave(&context, status);
+  }
+  let_go.WaitForNotification();
+  return status;
 }
 
 }  // namespace
@@ -880,52 +1037,12 @@ uint64_t Buffer::Release() {
 absl::Status Buffer::Write(uint64_t offset, absl::Span<const uint8_t> data) {
   if (!session_) return Unusable("Buffer");
   GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
-  // The messages carry the caller's bytes themselves, not a copy: gRPC
-  // sends them from `data`, and Write returns only once gRPC has let go of
-  // every message (a moment after the call has ended, at most).
-  absl::Notification let_go;
-  absl::Status status = [&]() -> absl::Status {
-    grpc::ClientContext context;
-    SetDeadline(&context, session_->options(), CallKind::kData);
-    RawCall call(session_->client->channel, &context, "/gpuexec.v1.GpuExec/Write");
-    std::shared_ptr<const void> lent(nullptr, [&let_go](const void*) { let_go.Notify(); });
-    // WriteRequests: the first names the session, buffer and offset; every
-    // one carries up to chunk_bytes of data.
-    const size_t chunk = std::max<size_t>(1, session_->options().chunk_bytes);
-    size_t at = 0;
-    // False when the daemon has ended the call; Finish() says why.
-    bool open = call.started();
-    do {
-      const size_t n = std::min(chunk, data.size() - at);
-      wire::Writer request;
-      if (at == 0) {
-        request.String(1, session_->token);
-        request.Varint(2, handle_);
-        request.Varint(3, offset);
-      }
-      open = open &&
-             call.Write(request.Finish(
-                 4, absl::string_view(reinterpret_cast<const char*>(data.data()) + at, n), lent));
-      at += n;
-    } while (open && at < data.size());
-    grpc::ByteBuffer answer;
-    const bool answered = open && call.WritesDone() && call.Read(&answer);
-    GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
-    v1::WriteResponse response;
-    if (!answered ||
-        !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {
-      return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_,
-                                              " ended without the daemon's answer"));
-    }
-    if (response.bytes_written() != data.size()) {
-      return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", handle_,
-                                              " wrote ", response.bytes_written(), " of ",
-                                              data.size(), " bytes"));
-    }
-    return absl::OkStatus();
-  }();
-  let_go.WaitForNotification();
-  return status;
+  return InParts(*session_, size_, offset, data.size(),
+                 [&](const std::shared_ptr<grpc::Channel>& channel, uint64_t at, uint64_t n,
+                     PartGroup* group) {
+                   return WriteCall(*session_, channel, handle_, offset + at, data.subspan(at, n),
+                                    group);
+                 });
 }
 
 absl::StatusOr<std::vector<uint8_t>> Buffer::Read(uint64_t offset, uint64_t size) const {
@@ -935,11 +1052,12 @@ absl::StatusOr<std::vector<uint8_t>> Buffer::Read(uint64_t offset, uint64_t size
   // Reserve only what the buffer can hold; the daemon judges the range.
   const uint64_t expected = size != 0 ? size : size_ - std::min(offset, size_);
   if (offset <= size_ && expected <= size_ - offset) out.reserve(expected);
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      ReadCall(*session_, handle_, offset, size, [&out](uint64_t, std::string_view data) {
-        out.insert(out.end(), data.begin(), data.end());
-        return absl::OkStatus();
-      }));
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(ReadCall(*session_, session_->client->channel, handle_, offset,
+                                          size, /*group=*/nullptr,
+                                          [&out](uint64_t, std::string_view data) {
+                                            out.insert(out.end(), data.begin(), data.end());
+                                            return absl::OkStatus();
+                                          }));
   return out;
 }
 
@@ -948,16 +1066,21 @@ absl::Status Buffer::ReadInto(uint64_t offset, absl::Span<uint8_t> out) const {
   GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
   // Size 0 would mean "to the end" on the wire.
   if (out.empty()) return absl::OkStatus();
-  return ReadCall(*session_, handle_, offset, out.size(),
-                  [this, &out](uint64_t at, std::string_view data) {
-                    if (at + data.size() > out.size()) {
-                      return absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ",
-                                                              handle_, " returned more than the ",
-                                                              out.size(), " bytes asked for"));
-                    }
-                    std::memcpy(out.data() + at, data.data(), data.size());
-                    return absl::OkStatus();
-                  });
+  return InParts(*session_, size_, offset, out.size(),
+                 [&](const std::shared_ptr<grpc::Channel>& channel, uint64_t at, uint64_t n,
+                     PartGroup* group) {
+                   return ReadCall(
+                       *session_, channel, handle_, offset + at, n, group,
+                       [&, at, n](uint64_t got, std::string_view data) {
+                         if (got + data.size() > n) {
+                           return absl::DataLossError(absl::StrCat(
+                               "gpuexec client: Read of buffer ", handle_,
+                               " returned more than the ", out.size(), " bytes asked for"));
+                         }
+                         std::memcpy(out.data() + at + got, data.data(), data.size());
+                         return absl::OkStatus();
+                       });
+                 });
 }
 
 absl::Status Buffer::Memset(uint8_t value, uint64_t offset, uint64_t size) {
@@ -1304,7 +1427,10 @@ absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOp
                                                target, " within ",
                                                absl::FormatDuration(options.connect_timeout)));
   }
-  return Client(std::move(channel), options);
+  Client client(std::move(channel), options);
+  client.state_->target = target;
+  client.state_->args = args;
+  return client;
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
