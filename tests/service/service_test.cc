@@ -852,12 +852,18 @@ double Answered(Server& server, const std::string& method, const std::string& ty
   return 0;
 }
 
-TEST_F(ServiceTest, ALargeTransferGoesInPartsAtOnceAndArrivesWhole) {
+// Client options that send a transfer of 2 MiB or more in up to `streams`
+// parts, in chunks of 64 KiB.
+ClientOptions InParts(uint32_t streams) {
   ClientOptions options;
   options.chunk_bytes = 64 << 10;
-  options.transfer_streams = 3;
+  options.transfer_streams = streams;
   options.transfer_part_bytes = 1 << 20;
-  GX_ASSERT_OK_AND_ASSIGN(Client parallel, NewClient(options));
+  return options;
+}
+
+TEST_F(ServiceTest, ALargeTransferGoesInPartsAtOnceAndArrivesWhole) {
+  GX_ASSERT_OK_AND_ASSIGN(Client parallel, NewClient(InParts(3)));
   GX_ASSERT_OK_AND_ASSIGN(Session session, parallel.OpenSession({kDevice}));
   // Neither the offset nor the size is a whole number of chunks.
   constexpr uint64_t kOffset = 777;
@@ -884,10 +890,7 @@ TEST_F(ServiceTest, ALargeTransferGoesInPartsAtOnceAndArrivesWhole) {
 }
 
 TEST_F(ServiceTest, ATransferThatDoesNotFitGoesWholeForTheDaemonToRefuse) {
-  ClientOptions options;
-  options.chunk_bytes = 64 << 10;
-  options.transfer_streams = 4;
-  options.transfer_part_bytes = 1 << 20;
+  const ClientOptions options = InParts(4);
   GX_ASSERT_OK_AND_ASSIGN(Client parallel, NewClient(options));
   GX_ASSERT_OK_AND_ASSIGN(Session session, parallel.OpenSession({kDevice}));
   GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(8 << 20));
