@@ -44,6 +44,69 @@ def _is_numpy_array(obj):
     return type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and hasattr(obj, "shape")
 
 
+def _varint(value):
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(view, at):
+    value = shift = 0
+    while True:
+        if at >= len(view) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = view[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _parse_read_response(raw):
+    """The offset and data (a view into ``raw``) of a ReadResponse's bytes."""
+    view = memoryview(raw)
+    at, offset, data = 0, 0, view[0:0]
+    while at < len(view):
+        key, at = _read_varint(view, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _read_varint(view, at)
+            if number == 1:
+                offset = value
+        elif wire == 2:
+            n, at = _read_varint(view, at)
+            if at + n > len(view):
+                raise ValueError("truncated field")
+            if number == 2:
+                data = view[at:at + n]
+            at += n
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire}")
+    return offset, data
+
+
+def _writable_byte_view(out):
+    """A flat, contiguous, writable memoryview of unsigned bytes over ``out``."""
+    if _is_numpy_array(out):
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise client_error("read_into needs a contiguous, writable array")
+        return memoryview(out.reshape(-1).view(_numpy().uint8))
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise client_error(f"cannot read into a {type(out).__name__}: expected a writable "
+                           "bytes-like object or a numpy array") from None
+    if view.readonly or not view.c_contiguous:
+        raise client_error("read_into needs a contiguous, writable buffer")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
 def _byte_view(data):
     """A flat, contiguous memoryview of unsigned bytes over ``data``."""
     if _is_numpy_array(data):
@@ -140,6 +203,14 @@ class Client:
             raise client_error(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES // 2}]")
         self.channel = channel
         self.stub = pb_grpc.GpuExecStub(channel)
+        # Write and Read as the wire's bytes: a protobuf message would copy
+        # each chunk's data once more each way (into and out of the message).
+        self._write_call = channel.stream_unary(
+            "/gpuexec.v1.GpuExec/Write", request_serializer=None,
+            response_deserializer=pb.WriteResponse.FromString)
+        self._read_call = channel.unary_stream(
+            "/gpuexec.v1.GpuExec/Read", request_serializer=pb.ReadRequest.SerializeToString,
+            response_deserializer=None)
         self.chunk_bytes = chunk_bytes
         # Deadline of control calls (sessions, Allocate, Free, GetFunction);
         # data calls (copies, module loads, launches) have none.
@@ -403,16 +474,18 @@ class Buffer:
         session, handle = self.session.token, self.handle
 
         def requests():
-            first = pb.WriteRequest(session=session, buffer=handle, offset=int(offset))
+            # WriteRequests as bytes: the first names the session, buffer and
+            # offset; each carries a chunk as field 4, copied once, here.
+            first = pb.WriteRequest(session=session, buffer=handle,
+                                    offset=int(offset)).SerializeToString()
             if len(view) == 0:
                 yield first
                 return
             for i in range(0, len(view), chunk):
-                request = first if i == 0 else pb.WriteRequest()
-                request.data = bytes(view[i:i + chunk])
-                yield request
+                data = view[i:i + chunk]
+                yield b"".join((first if i == 0 else b"", b"\x22", _varint(len(data)), data))
 
-        response = self.session._data(self.session.client.stub.Write, requests())
+        response = self.session._data(self.session.client._write_call, requests())
         return response.bytes_written
 
     def _read(self, offset, size):
@@ -422,23 +495,37 @@ class Buffer:
                 return bytearray()
         elif size == 0:  # on the wire, 0 means "to the end"
             return bytearray()
+        out = bytearray(size)
+        self._read_into(memoryview(out), offset)
+        return out
+
+    def _read_into(self, view, offset):
+        """Reads len(view) bytes at ``offset`` into ``view`` (unsigned bytes)."""
+        size = len(view)
         request = pb.ReadRequest(session=self.session.token, buffer=self.handle,
-                                 offset=int(offset), size=int(size),
+                                 offset=int(offset), size=size,
                                  chunk_size=self.session.client.chunk_bytes)
-        out = bytearray()
+        got = 0
         try:
-            for response in self.session.client.stub.Read(request):
-                if response.offset != offset + len(out):
-                    raise client_error(f"read of {self!r}: chunk at offset {response.offset}, "
-                                       f"expected {offset + len(out)}",
+            for raw in self.session.client._read_call(request):
+                try:
+                    at, data = _parse_read_response(raw)
+                except ValueError as e:
+                    raise client_error(f"read of {self!r}: a message is not a ReadResponse "
+                                       f"({e})", grpc.StatusCode.DATA_LOSS) from None
+                if at != offset + got:
+                    raise client_error(f"read of {self!r}: chunk at offset {at}, "
+                                       f"expected {offset + got}", grpc.StatusCode.DATA_LOSS)
+                if got + len(data) > size:
+                    raise client_error(f"read of {self!r}: more than the {size} bytes asked for",
                                        grpc.StatusCode.DATA_LOSS)
-                out += response.data
+                view[got:got + len(data)] = data
+                got += len(data)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        if len(out) != size:
-            raise client_error(f"read of {self!r}: got {len(out)} of {size} bytes",
+        if got != size:
+            raise client_error(f"read of {self!r}: got {got} of {size} bytes",
                                grpc.StatusCode.DATA_LOSS)
-        return out
 
     def read(self, dtype=None, *, offset=0, size=None):
         """Copies the buffer (from ``offset``, ``size`` bytes or to the end)
@@ -451,6 +538,15 @@ class Buffer:
         if len(data) % dtype.itemsize:
             raise client_error(f"{len(data)} bytes are not a whole number of {dtype}")
         return np.frombuffer(data, dtype=dtype)
+
+    def read_into(self, out, offset=0):
+        """Reads len(out) bytes at ``offset`` into ``out`` (a writable
+        bytes-like object or a contiguous numpy array) without a copy of its
+        own; returns ``out``."""
+        view = _writable_byte_view(out)
+        if len(view):  # on the wire, size 0 means "to the end"
+            self._read_into(view, offset)
+        return out
 
     def read_array(self, dtype=None, shape=None, *, offset=0):
         """A numpy array of ``dtype`` and ``shape`` (default: those it was

@@ -66,6 +66,27 @@ def test_bytes_round_trip_crosses_chunks(session):
     assert buf.read(size=0) == b""
 
 
+def test_read_into_fills_what_it_is_given(session):
+    data = os.urandom(2 * MiB + 99)  # chunks are 1 MiB
+    buf = session.upload(data)
+    out = bytearray(len(data) - 10)
+    assert buf.read_into(out, offset=10) is out
+    assert out == data[10:]
+    words = np.zeros(256, dtype=np.uint32)
+    buf.read_into(words, offset=4)
+    assert words.tobytes() == data[4:4 + 1024]
+    assert buf.read_into(bytearray()) == bytearray()
+    assert buf.write(b"", offset=3) == 0
+    with pytest.raises(gpuexec.Error) as e:
+        buf.read_into(bytearray(len(data)), offset=1)
+    assert e.value.code == grpc.StatusCode.OUT_OF_RANGE
+    assert "past the end" in e.value.message
+    for unfit in (b"immutable", np.zeros((4, 4), dtype=np.uint8)[:, 1], 7):
+        with pytest.raises(gpuexec.Error) as e:
+            buf.read_into(unfit)
+        assert e.value.message.startswith("gpuexec client:")
+
+
 def test_numpy_round_trip(session):
     rng = np.random.default_rng(1)
     a = rng.standard_normal((1024, 1500), dtype=np.float32)  # 6 MiB
