@@ -881,6 +881,14 @@ TEST_F(ServiceTest, ALargeTransferGoesInPartsAtOnceAndArrivesWhole) {
   GX_ASSERT_OK(buffer.ReadInto(kOffset, absl::MakeSpan(back)));
   EXPECT_EQ(Answered(server(), "Read", "server_stream") - reads, 3);
   EXPECT_TRUE(back == data);
+  // Two streams for a size just over two parts: still two parts, not a
+  // third for the remainder.
+  GX_ASSERT_OK_AND_ASSIGN(Client two, NewClient(InParts(2)));
+  GX_ASSERT_OK_AND_ASSIGN(Session second, two.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer odd, second.Allocate((2 << 20) + 1));
+  const double odd_writes = Answered(server(), "Write", "client_stream");
+  GX_ASSERT_OK(odd.Write(0, absl::MakeConstSpan(data.data(), (2 << 20) + 1)));
+  EXPECT_EQ(Answered(server(), "Write", "client_stream") - odd_writes, 2);
   // Read into a vector of its own goes whole, and agrees.
   GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> whole, buffer.Read(kOffset, kBytes));
   EXPECT_TRUE(whole == data);

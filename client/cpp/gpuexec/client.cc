@@ -700,8 +700,9 @@ absl::Status InParts(const SessionState& session, uint64_t buffer_size, uint64_t
   const bool in_range = offset <= buffer_size && size <= buffer_size - offset;
   if (session.client->target.empty() || !in_range) parts = 1;
   if (parts <= 1) return part(session.client->channel, 0, size, nullptr);
-  const uint64_t per = (size / parts + chunk - 1) / chunk * chunk;
-  parts = (size + per - 1) / per;  // whole chunks may leave one fewer
+  // Whole chunks per part, rounded up: never more parts than asked for.
+  const uint64_t per = ((size + parts - 1) / parts + chunk - 1) / chunk * chunk;
+  parts = (size + per - 1) / per;
   const std::vector<std::shared_ptr<grpc::Channel>> channels =
       session.client->TransferChannels(parts);
   PartGroup group;
