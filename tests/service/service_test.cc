@@ -1,6 +1,8 @@
 // The service suite, functional half: what a well-behaved client sees. Each
 // result is compared with the same computation done on the host.
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -927,6 +929,33 @@ TEST_F(ServiceTest, ATransferThatDoesNotFitGoesWholeForTheDaemonToRefuse) {
   EXPECT_EQ(Answered(server(), "Write", "client_stream") - writes, 1);
   GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, other.ReadAs<uint8_t>(8 << 20));
   EXPECT_TRUE(back == data);
+}
+
+TEST_F(ServiceTest, ATransferGoesWholeWhenNoFurtherConnectionCanBeOpened) {
+  // A daemon of its own on a Unix socket: once the socket's name is gone,
+  // the connection made stays up and no further one can be made.
+  const std::string path = absl::StrCat(::testing::TempDir(), "gx-parts-", getpid(), ".sock");
+  ServerOptions options;
+  options.unix_socket = path;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> own, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client parallel, Client::Connect("unix:" + path, InParts(4)));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, parallel.OpenSession({kDevice}));
+  constexpr size_t kBytes = (4 << 20) + 5;
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(kBytes));
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  std::vector<uint8_t> data(kBytes);
+  FillPattern(62, data.data(), data.size());
+  const absl::Time start = absl::Now();
+  GX_ASSERT_OK(buffer.Write(0, data));
+  GX_ASSERT_OK(buffer.Write(0, data));  // no second wait for a connection
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(Answered(*own, "Write", "client_stream"), 2);
+  std::vector<uint8_t> back(kBytes);
+  GX_ASSERT_OK(buffer.ReadInto(0, absl::MakeSpan(back)));
+  EXPECT_EQ(Answered(*own, "Read", "server_stream"), 1);
+  EXPECT_TRUE(back == data);
+  GX_ASSERT_OK(session.Close());
+  own->Shutdown(absl::Seconds(5));
 }
 
 TEST_F(ServiceTest, ConnectNamesAnUnreachableTarget) {

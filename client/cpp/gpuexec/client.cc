@@ -39,23 +39,33 @@ struct ClientState {
   std::string target;
   grpc::ChannelArguments args;
 
-  // The channels of a transfer in `parts` parts: `channel`, then parts - 1
+  // The channels of a transfer in up to `parts` parts: `channel`, then
   // connections of their own, opened the first time they are wanted and
-  // kept for the client's life.
+  // kept for the client's life. A connection that is not up within a
+  // second (a proxy that takes one connection per client, say) ends the
+  // opening of more for good: the client's transfers then go in as many
+  // parts as it has connections, or whole.
   std::vector<std::shared_ptr<grpc::Channel>> TransferChannels(size_t parts) {
     absl::MutexLock lock(&mu);
-    while (transfer_channels.size() + 1 < parts) {
-      transfer_channels.push_back(
-          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    while (transfer_channels.size() + 1 < parts && !cannot_open_more) {
+      auto extra = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+      const absl::Duration wait = std::min(options.connect_timeout, absl::Seconds(1));
+      if (!extra->WaitForConnected(absl::ToChronoTime(absl::Now() + wait))) {
+        cannot_open_more = true;
+        break;
+      }
+      transfer_channels.push_back(std::move(extra));
     }
     std::vector<std::shared_ptr<grpc::Channel>> out = {channel};
-    out.insert(out.end(), transfer_channels.begin(), transfer_channels.begin() + (parts - 1));
+    const size_t extras = std::min(parts - 1, transfer_channels.size());
+    out.insert(out.end(), transfer_channels.begin(), transfer_channels.begin() + extras);
     return out;
   }
 
  private:
   absl::Mutex mu;
   std::vector<std::shared_ptr<grpc::Channel>> transfer_channels ABSL_GUARDED_BY(mu);
+  bool cannot_open_more ABSL_GUARDED_BY(mu) = false;
 };
 
 // Threads of this process spinning in BlockingStream::Wait now, and how
@@ -700,20 +710,21 @@ absl::Status InParts(const SessionState& session, uint64_t buffer_size, uint64_t
   const bool in_range = offset <= buffer_size && size <= buffer_size - offset;
   if (session.client->target.empty() || !in_range) parts = 1;
   if (parts <= 1) return part(session.client->channel, 0, size, nullptr);
-  // Whole chunks per part, rounded up: never more parts than asked for.
-  const uint64_t per = ((size + parts - 1) / parts + chunk - 1) / chunk * chunk;
-  parts = (size + per - 1) / per;
   const std::vector<std::shared_ptr<grpc::Channel>> channels =
       session.client->TransferChannels(parts);
+  parts = channels.size();
+  if (parts <= 1) return part(session.client->channel, 0, size, nullptr);
+  // The chunks dealt out evenly: parts differ by one chunk at most, and
+  // only the last may end with a partial chunk.
+  const uint64_t chunks = (size + chunk - 1) / chunk;
+  auto start = [&](uint64_t i) { return std::min(size, chunks * i / parts * chunk); };
   PartGroup group;
   std::vector<std::thread> threads;
   for (uint64_t i = 1; i < parts; ++i) {
-    threads.emplace_back([&, i] {
-      const uint64_t at = i * per;
-      (void)part(channels[i], at, std::min(per, size - at), &group);
-    });
+    threads.emplace_back(
+        [&, i] { (void)part(channels[i], start(i), start(i + 1) - start(i), &group); });
   }
-  (void)part(channels[0], 0, per, &group);
+  (void)part(channels[0], 0, start(1), &group);
   for (std::thread& t : threads) t.join();
   return group.error();
 }
@@ -1075,8 +1086,8 @@ absl::Status Buffer::ReadInto(uint64_t offset, absl::Span<uint8_t> out) const {
                        [&, at, n](uint64_t got, std::string_view data) {
                          if (got + data.size() > n) {
                            return absl::DataLossError(absl::StrCat(
-                               "gpuexec client: Read of buffer ", handle_,
-                               " returned more than the ", out.size(), " bytes asked for"));
+                               "gpuexec client: Read of buffer ", handle_, " at offset ",
+                               offset + at, " returned more than the ", n, " bytes asked for"));
                          }
                          std::memcpy(out.data() + at + got, data.data(), data.size());
                          return absl::OkStatus();

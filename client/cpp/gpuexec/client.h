@@ -108,10 +108,11 @@ struct ClientOptions {
   // Connect() opens more connections; one made from a channel sends every
   // transfer whole. By default 4 on hosts with 8 or more cores, else 1.
   uint32_t transfer_streams = std::thread::hardware_concurrency() >= 8 ? 4 : 1;
-  // The smallest part of a transfer split that way. Smaller parts lose:
-  // each new connection reads in small pieces at first, and with parts of
-  // 16 MiB, 16 clients writing 64 MiB each at once wrote 2.3 GB/s in all
-  // against 3.6 whole (gpuexec_bench, H200 host).
+  // The smallest part of a transfer split that way (parts are whole chunks,
+  // dealt out evenly; the last may be short by less than a chunk). Smaller
+  // parts lose: each new connection reads in small pieces at first, and
+  // with parts of 16 MiB, 16 clients writing 64 MiB each at once wrote 2.3
+  // GB/s in all against 3.6 whole (gpuexec_bench, H200 host).
   uint64_t transfer_part_bytes = 64 << 20;
 };
 
@@ -320,8 +321,8 @@ class Buffer {
   // Host to device, streamed in ClientOptions::chunk_bytes messages sent
   // from `data` itself (not copied); returns once gRPC holds none of it.
   // A large Write goes in parts at once (ClientOptions::transfer_streams);
-  // when one part fails, the others are cancelled, and what they wrote
-  // before stays written, as with a Write cut short.
+  // when one part fails, the others are cancelled, and what each wrote
+  // before stays written (not only a prefix of the range, then).
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   template <typename T>
   absl::Status Write(const std::vector<T>& values, uint64_t offset = 0) {
