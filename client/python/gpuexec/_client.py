@@ -86,25 +86,29 @@ def _parse_read_response(raw):
             at += n
         elif wire in (1, 5):
             at += 8 if wire == 1 else 4
+            if at > len(view):
+                raise ValueError("truncated field")
         else:
             raise ValueError(f"wire type {wire}")
     return offset, data
 
 
 def _writable_byte_view(out):
-    """A flat, contiguous, writable memoryview of unsigned bytes over ``out``."""
-    if _is_numpy_array(out):
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise client_error("read_into needs a contiguous, writable array")
-        return memoryview(out.reshape(-1).view(_numpy().uint8))
+    """A flat, writable memoryview of unsigned bytes over all of ``out``."""
+    unfit = client_error(f"cannot read into a {type(out).__name__}: expected a contiguous, "
+                         "writable bytes-like object or numpy array")
     try:
+        if _is_numpy_array(out) and out.dtype.hasobject:
+            raise unfit
         view = memoryview(out)
     except TypeError:
-        raise client_error(f"cannot read into a {type(out).__name__}: expected a writable "
-                           "bytes-like object or a numpy array") from None
+        raise unfit from None
     if view.readonly or not view.c_contiguous:
-        raise client_error("read_into needs a contiguous, writable buffer")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        raise unfit
+    try:
+        return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    except (TypeError, ValueError):
+        raise unfit from None
 
 
 def _byte_view(data):
@@ -495,13 +499,19 @@ class Buffer:
                 return bytearray()
         elif size == 0:  # on the wire, 0 means "to the end"
             return bytearray()
+        size = int(size)
+        if offset + size > self.size:
+            # Nothing to make room for: the daemon refuses the range.
+            self._read_into(memoryview(bytearray()), offset, size)
+            return bytearray()
         out = bytearray(size)
         self._read_into(memoryview(out), offset)
         return out
 
-    def _read_into(self, view, offset):
-        """Reads len(view) bytes at ``offset`` into ``view`` (unsigned bytes)."""
-        size = len(view)
+    def _read_into(self, view, offset, size=None):
+        """Reads ``size`` bytes (default len(view)) at ``offset`` into ``view``
+        (unsigned bytes); more than len(view) is a DATA_LOSS error."""
+        size = len(view) if size is None else size
         request = pb.ReadRequest(session=self.session.token, buffer=self.handle,
                                  offset=int(offset), size=size,
                                  chunk_size=self.session.client.chunk_bytes)
@@ -516,7 +526,7 @@ class Buffer:
                 if at != offset + got:
                     raise client_error(f"read of {self!r}: chunk at offset {at}, "
                                        f"expected {offset + got}", grpc.StatusCode.DATA_LOSS)
-                if got + len(data) > size:
+                if got + len(data) > len(view):
                     raise client_error(f"read of {self!r}: more than the {size} bytes asked for",
                                        grpc.StatusCode.DATA_LOSS)
                 view[got:got + len(data)] = data
@@ -540,9 +550,9 @@ class Buffer:
         return np.frombuffer(data, dtype=dtype)
 
     def read_into(self, out, offset=0):
-        """Reads len(out) bytes at ``offset`` into ``out`` (a writable
-        bytes-like object or a contiguous numpy array) without a copy of its
-        own; returns ``out``."""
+        """Fills ``out`` (a contiguous, writable bytes-like object or numpy
+        array: all its bytes) with the buffer's bytes at ``offset``, without
+        a copy of its own; returns ``out``."""
         view = _writable_byte_view(out)
         if len(view):  # on the wire, size 0 means "to the end"
             self._read_into(view, offset)

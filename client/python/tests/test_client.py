@@ -1,5 +1,6 @@
 """The Python client against a real gpuexecd (see conftest.py)."""
 
+import array
 import hashlib
 import os
 import struct
@@ -81,10 +82,32 @@ def test_read_into_fills_what_it_is_given(session):
         buf.read_into(bytearray(len(data)), offset=1)
     assert e.value.code == grpc.StatusCode.OUT_OF_RANGE
     assert "past the end" in e.value.message
-    for unfit in (b"immutable", np.zeros((4, 4), dtype=np.uint8)[:, 1], 7):
+    # All of out's bytes, whatever its shape or item type.
+    matrix = np.zeros((2, 4), dtype=np.float32)
+    buf.read_into(matrix)
+    assert matrix.tobytes() == data[:32]
+    doubles = array.array("d", [0.0, 0.0])
+    buf.read_into(doubles, offset=8)
+    assert doubles.tobytes() == data[8:24]
+    for unfit in (b"immutable", np.zeros((4, 4), dtype=np.uint8)[:, 1], 7,
+                  np.zeros(4, dtype=object)):
         with pytest.raises(gpuexec.Error) as e:
             buf.read_into(unfit)
         assert e.value.message.startswith("gpuexec client:")
+    # A range past the end is the daemon's to refuse, with nothing allocated
+    # for it first.
+    with pytest.raises(gpuexec.Error) as e:
+        buf.read(size=1 << 40)
+    assert e.value.code == grpc.StatusCode.OUT_OF_RANGE
+
+
+def test_read_responses_are_parsed_whole():
+    parse = gpuexec._client._parse_read_response
+    offset, data = parse(b"\x08\x05\x12\x03abc\x19" + bytes(8))  # and an unknown 64-bit field
+    assert offset == 5 and bytes(data) == b"abc"
+    for truncated in (b"\x08\x05\x19\x01", b"\x12\x05ab", b"\x08\x80"):
+        with pytest.raises(ValueError):
+            parse(truncated)
 
 
 def test_numpy_round_trip(session):
