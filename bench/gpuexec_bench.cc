@@ -1082,40 +1082,34 @@ int Main() {
       g_tcp.transfer_streams > 1
           ? absl::StrFormat(", in up to %u parts at once", g_tcp.transfer_streams)
           : "";
-  g_rows.push_back({"Write " + size + trials + in_parts, absl::StrFormat("%.2f GB/s", g_tcp.write),
-                    absl::StrFormat("%.2f GB/s", g_uds.write),
-                    absl::StrFormat("bare client stream %.2f / %.2f GB/s (from a host array "
-                                    "%.2f / %.2f); native pageable H2D %.1f",
-                                    t_tcp.upload, t_uds.upload, t_tcp.upload_array,
-                                    t_uds.upload_array, native.h2d_pageable),
-                    Ratio(g_tcp.write / t_tcp.upload) + " / " + Ratio(g_uds.write / t_uds.upload),
-                    ">= 3 GB/s; >= 0.8x",
-                    TransferMet(g_tcp.write, g_uds.write, g_tcp.write_one, g_uds.write_one,
-                                t_tcp.upload, t_uds.upload, g_tcp.transfer_streams)});
-  if (g_tcp.transfer_streams > 1) {
+  // A transfer's row with the client's defaults and, where those went in
+  // parts, its row on one stream.
+  auto transfer_rows = [&](const std::string& op, double tcp, double uds, double tcp_one,
+                           double uds_one, double bare_tcp, double bare_uds,
+                           const std::string& baseline) {
     g_rows.push_back(
-        {"Write " + size + trials + ", one stream", absl::StrFormat("%.2f GB/s", g_tcp.write_one),
-         absl::StrFormat("%.2f GB/s", g_uds.write_one), "as above",
-         Ratio(g_tcp.write_one / t_tcp.upload) + " / " + Ratio(g_uds.write_one / t_uds.upload), "",
-         ""});
-  }
-  g_rows.push_back({"Read " + size + trials + in_parts, absl::StrFormat("%.2f GB/s", g_tcp.read),
-                    absl::StrFormat("%.2f GB/s", g_uds.read),
-                    absl::StrFormat("bare server stream %.2f / %.2f GB/s (into a host array "
-                                    "%.2f / %.2f); native pageable D2H %.1f",
-                                    t_tcp.download, t_uds.download, t_tcp.download_array,
-                                    t_uds.download_array, native.d2h_pageable),
-                    Ratio(g_tcp.read / t_tcp.download) + " / " + Ratio(g_uds.read / t_uds.download),
-                    ">= 3 GB/s; >= 0.8x",
-                    TransferMet(g_tcp.read, g_uds.read, g_tcp.read_one, g_uds.read_one,
-                                t_tcp.download, t_uds.download, g_tcp.transfer_streams)});
-  if (g_tcp.transfer_streams > 1) {
-    g_rows.push_back(
-        {"Read " + size + trials + ", one stream", absl::StrFormat("%.2f GB/s", g_tcp.read_one),
-         absl::StrFormat("%.2f GB/s", g_uds.read_one), "as above",
-         Ratio(g_tcp.read_one / t_tcp.download) + " / " + Ratio(g_uds.read_one / t_uds.download),
-         "", ""});
-  }
+        {op + " " + size + trials + in_parts, absl::StrFormat("%.2f GB/s", tcp),
+         absl::StrFormat("%.2f GB/s", uds), baseline,
+         Ratio(tcp / bare_tcp) + " / " + Ratio(uds / bare_uds), ">= 3 GB/s; >= 0.8x",
+         TransferMet(tcp, uds, tcp_one, uds_one, bare_tcp, bare_uds, g_tcp.transfer_streams)});
+    if (g_tcp.transfer_streams <= 1) return;
+    g_rows.push_back({op + " " + size + trials + ", one stream",
+                      absl::StrFormat("%.2f GB/s", tcp_one), absl::StrFormat("%.2f GB/s", uds_one),
+                      "as above", Ratio(tcp_one / bare_tcp) + " / " + Ratio(uds_one / bare_uds), "",
+                      ""});
+  };
+  transfer_rows("Write", g_tcp.write, g_uds.write, g_tcp.write_one, g_uds.write_one, t_tcp.upload,
+                t_uds.upload,
+                absl::StrFormat("bare client stream %.2f / %.2f GB/s (from a host array "
+                                "%.2f / %.2f); native pageable H2D %.1f",
+                                t_tcp.upload, t_uds.upload, t_tcp.upload_array, t_uds.upload_array,
+                                native.h2d_pageable));
+  transfer_rows("Read", g_tcp.read, g_uds.read, g_tcp.read_one, g_uds.read_one, t_tcp.download,
+                t_uds.download,
+                absl::StrFormat("bare server stream %.2f / %.2f GB/s (into a host array "
+                                "%.2f / %.2f); native pageable D2H %.1f",
+                                t_tcp.download, t_uds.download, t_tcp.download_array,
+                                t_uds.download_array, native.d2h_pageable));
   g_rows.push_back({absl::StrFormat("Write, %d clients at once", clients),
                     absl::StrFormat("%.2f GB/s", g_tcp.agg_write),
                     absl::StrFormat("%.2f GB/s", g_uds.agg_write),
