@@ -709,11 +709,11 @@ absl::Status InParts(const SessionState& session, uint64_t buffer_size, uint64_t
   // the range the caller gave.
   const bool in_range = offset <= buffer_size && size <= buffer_size - offset;
   if (session.client->target.empty() || !in_range) parts = 1;
-  if (parts <= 1) return part(session.client->channel, 0, size, nullptr);
   const std::vector<std::shared_ptr<grpc::Channel>> channels =
-      session.client->TransferChannels(parts);
+      parts > 1 ? session.client->TransferChannels(parts)
+                : std::vector<std::shared_ptr<grpc::Channel>>{session.client->channel};
   parts = channels.size();
-  if (parts <= 1) return part(session.client->channel, 0, size, nullptr);
+  if (parts == 1) return part(channels[0], 0, size, nullptr);
   // The chunks dealt out evenly: parts differ by one chunk at most, and
   // only the last may end with a partial chunk.
   const uint64_t chunks = (size + chunk - 1) / chunk;
@@ -727,6 +727,18 @@ absl::Status InParts(const SessionState& session, uint64_t buffer_size, uint64_t
   (void)part(channels[0], 0, start(1), &group);
   for (std::thread& t : threads) t.join();
   return group.error();
+}
+
+// Runs `call` under a data call's context, which is a member of `group`
+// (if any) while the call runs.
+absl::Status InGroup(const SessionState& session, PartGroup* group,
+                     const std::function<absl::Status(grpc::ClientContext&)>& call) {
+  grpc::ClientContext context;
+  SetDeadline(&context, session.options(), CallKind::kData);
+  if (group != nullptr) group->Join(&context);
+  const absl::Status status = call(context);
+  if (group != nullptr) group->Leave(&context, status);
+  return status;
 }
 
 using ReadSink = std::function<absl::Status(uint64_t at, std::string_view data)>;
@@ -797,12 +809,9 @@ absl::Status ReadWithin(grpc::ClientContext& context, const SessionState& sessio
 absl::Status ReadCall(const SessionState& session, const std::shared_ptr<grpc::Channel>& channel,
                       uint64_t buffer, uint64_t offset, uint64_t size, PartGroup* group,
                       const ReadSink& sink) {
-  grpc::ClientContext context;
-  SetDeadline(&context, session.options(), CallKind::kData);
-  if (group != nullptr) group->Join(&context);
-  const absl::Status status = ReadWithin(context, session, channel, buffer, offset, size, sink);
-  if (group != nullptr) group->Leave(&context, status);
-  return status;
+  return InGroup(session, group, [&](grpc::ClientContext& context) {
+    return ReadWithin(context, session, channel, buffer, offset, size, sink);
+  });
 }
 
 // One Write call: `data` to [offset, offset + data.size()) of `buffer`.
@@ -813,51 +822,46 @@ absl::Status WriteCall(const SessionState& session, const std::shared_ptr<grpc::
   // sends them from `data`, and the call returns only once gRPC has let go
   // of every message (a moment after the call has ended, at most).
   absl::Notification let_go;
-  absl::Status status;
-  {
-    grpc::ClientContext context;
-    SetDeadline(&context, session.options(), CallKind::kData);
-    if (group != nullptr) group->Join(&context);
-    status = [&]() -> absl::Status {
-      RawCall call(channel, &context, "/gpuexec.v1.GpuExec/Write");
-      std::shared_ptr<const void> lent(nullptr, [&let_go](const void*) { let_go.Notify(); });
-      // WriteRequests: the first names the session, buffer and offset;
-      // every one carries up to chunk_bytes of data.
-      const size_t chunk = std::max<size_t>(1, session.options().chunk_bytes);
-      size_t at = 0;
-      // False when the daemon has ended the call; Finish() says why.
-      bool open = call.started();
-      do {
-        const size_t n = std::min(chunk, data.size() - at);
-        wire::Writer request;
-        if (at == 0) {
-          request.String(1, session.token);
-          request.Varint(2, buffer);
-          request.Varint(3, offset);
+  const absl::Status status =
+      InGroup(session, group, [&](grpc::ClientContext& context) -> absl::Status {
+        RawCall call(channel, &context, "/gpuexec.v1.GpuExec/Write");
+        std::shared_ptr<const void> lent(nullptr, [&let_go](const void*) { let_go.Notify(); });
+        // WriteRequests: the first names the session, buffer and offset;
+        // every one carries up to chunk_bytes of data.
+        const size_t chunk = std::max<size_t>(1, session.options().chunk_bytes);
+        size_t at = 0;
+        // False when the daemon has ended the call; Finish() says why.
+        bool open = call.started();
+        do {
+          const size_t n = std::min(chunk, data.size() - at);
+          wire::Writer request;
+          if (at == 0) {
+            request.String(1, session.token);
+            request.Varint(2, buffer);
+            request.Varint(3, offset);
+          }
+          open =
+              open &&
+              call.Write(request.Finish(
+                  4, absl::string_view(reinterpret_cast<const char*>(data.data()) + at, n), lent));
+          at += n;
+        } while (open && at < data.size());
+        grpc::ByteBuffer answer;
+        const bool answered = open && call.WritesDone() && call.Read(&answer);
+        GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
+        v1::WriteResponse response;
+        if (!answered ||
+            !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {
+          return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", buffer,
+                                                  " ended without the daemon's answer"));
         }
-        open = open &&
-               call.Write(request.Finish(
-                   4, absl::string_view(reinterpret_cast<const char*>(data.data()) + at, n), lent));
-        at += n;
-      } while (open && at < data.size());
-      grpc::ByteBuffer answer;
-      const bool answered = open && call.WritesDone() && call.Read(&answer);
-      GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
-      v1::WriteResponse response;
-      if (!answered ||
-          !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {
-        return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", buffer,
-                                                " ended without the daemon's answer"));
-      }
-      if (response.bytes_written() != data.size()) {
-        return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", buffer,
-                                                " wrote ", response.bytes_written(), " of ",
-                                                data.size(), " bytes"));
-      }
-      return absl::OkStatus();
-    }();
-    if (group != nullptr) group->Leave(&context, status);
-  }
+        if (response.bytes_written() != data.size()) {
+          return absl::DataLossError(absl::StrCat("gpuexec client: Write to buffer ", buffer,
+                                                  " wrote ", response.bytes_written(), " of ",
+                                                  data.size(), " bytes"));
+        }
+        return absl::OkStatus();
+      });
   let_go.WaitForNotification();
   return status;
 }
