@@ -71,8 +71,8 @@ ABSL_FLAG(int, repeat, 1, "with --target: measure the figures this many times");
 ABSL_FLAG(int, spin_wait_us, -1,
           "the gpuexec client's ClientOptions::spin_wait, in microseconds (-1: its default)");
 ABSL_FLAG(int, transfer_streams, -1,
-          "the gpuexec client's ClientOptions::transfer_streams (-1: its default); the "
-          "one-stream Write and Read are measured besides in any case");
+          "the gpuexec client's ClientOptions::transfer_streams (-1: its default); where it "
+          "is more than 1, Write and Read are measured on one stream too");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
@@ -789,14 +789,21 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   const bool read = Selected("copy") || Selected("read");
   if (write || read) {
     std::vector<uint8_t> data = HostData(plan.copy_bytes);
-    // The client's default (in parts where the host has the cores), then
-    // one stream, from a client of its own.
+    // The client's default (in parts where the host has the cores), then,
+    // where that is more than one stream, one stream, from a client of its
+    // own.
     ClientOptions one_stream = BenchClientOptions();
     out.transfer_streams = one_stream.transfer_streams;
     one_stream.transfer_streams = 1;
-    Client single = Must(Client::Connect(target, one_stream), "connect");
-    Session single_session = Must(single.OpenSession({}), "open a session");
-    for (Session* s : {&session, &single_session}) {
+    std::optional<Client> single;
+    std::optional<Session> single_session;
+    std::vector<Session*> sessions = {&session};
+    if (out.transfer_streams > 1) {
+      single.emplace(Must(Client::Connect(target, one_stream), "connect"));
+      single_session.emplace(Must(single->OpenSession({}), "open a session"));
+      sessions.push_back(&*single_session);
+    }
+    for (Session* s : sessions) {
       const bool parts = s == &session;
       Buffer b = Must(s->Allocate(plan.copy_bytes), "allocate");
       if (write) {
@@ -813,6 +820,10 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
           return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
         });
       }
+    }
+    if (out.transfer_streams <= 1) {
+      out.write_one = out.write;  // the default was one stream
+      out.read_one = out.read;
     }
   }
   if (Selected("session")) {
