@@ -7,8 +7,25 @@
 # from NVIDIA's image. The runtime image has no CUDA at all: the NVIDIA
 # container runtime injects libcuda.so.1 into the container at run time.
 #
+# The daemon serves TLS and names every client's tenant (a gpuexecd on a
+# non-loopback address without them refuses to start), so it expects, under
+# /etc/gpuexec (deploy/kubernetes/README.md shows how to make them):
+#   tls/tls.crt, tls/tls.key   the server certificate and key; replace them
+#                              by rename and the daemon reloads them
+#   tenants/tenants.textproto  the tenants; reread on SIGHUP
+# Mount directories, not single files: a file mounted alone keeps its old
+# contents when it is replaced by rename.
+#
 #   docker build -t gpuexec .
-#   docker run --gpus all -p 50051:50051 -p 9464:9464 gpuexec
+#   docker run --gpus all -p 50051:50051 -p 9464:9464 \
+#       -v /etc/gpuexec/tls:/etc/gpuexec/tls:ro \
+#       -v /etc/gpuexec/tenants:/etc/gpuexec/tenants:ro gpuexec
+#
+# The HEALTHCHECK runs the gpuexec tool over the daemon's Unix socket,
+# /run/gpuexec/gpuexec.sock (the ENTRYPOINT serves it, whatever CMD says), as
+# the image's user, uid 10001; the tenants file must name that uid:
+#   tenant { name: "probe" uid: 10001 }
+# Metrics on 9464 are plain HTTP.
 
 ARG CUDA_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
 
@@ -27,15 +44,23 @@ FROM debian:12-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgrpc++1.51 libprotobuf32 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --no-create-home gpuexec
+    && groupadd --system --gid 10001 gpuexec \
+    && useradd --system --uid 10001 --gid gpuexec --no-create-home gpuexec \
+    && install -d -o gpuexec -g gpuexec -m 0755 /run/gpuexec \
+    && install -d -m 0755 /etc/gpuexec /etc/gpuexec/tls /etc/gpuexec/tenants
 COPY --from=build /src/build/server/gpuexecd /usr/local/bin/gpuexecd
 COPY --from=build /src/build/client/cpp/cli/gpuexec /usr/local/bin/gpuexec
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER gpuexec
 EXPOSE 50051 9464
-HEALTHCHECK --interval=10s --timeout=5s CMD ["/usr/local/bin/gpuexec", "devices"]
+HEALTHCHECK --interval=10s --timeout=5s \
+    CMD ["/usr/local/bin/gpuexec", "--target=unix:/run/gpuexec/gpuexec.sock", "--timeout=4s", "devices"]
+ENTRYPOINT ["/usr/local/bin/gpuexecd", "--unix_socket=/run/gpuexec/gpuexec.sock"]
 # Inside the container's own network namespace, listen on all its interfaces;
-# who can reach the ports is decided by how the container is published.
-ENTRYPOINT ["/usr/local/bin/gpuexecd"]
-CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
+# who can reach the ports is decided by how the container is published, and
+# who may use them by the certificate and the tenants.
+CMD ["--listen=0.0.0.0:50051", \
+     "--tls_cert=/etc/gpuexec/tls/tls.crt", "--tls_key=/etc/gpuexec/tls/tls.key", \
+     "--tenants=/etc/gpuexec/tenants/tenants.textproto", \
+     "--metrics_listen=0.0.0.0:9464"]
