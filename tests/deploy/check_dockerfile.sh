@@ -5,7 +5,12 @@
 #     packages it installs (with their dependencies) provide every shared
 #     library the daemon and the CLI load here, except libcuda, which the
 #     NVIDIA container runtime injects;
-#   * every flag its CMD passes is one gpuexecd knows.
+#   * every flag its CMD passes is one gpuexecd knows;
+#   * a CMD that listens beyond loopback passes TLS and tenants files (and
+#     never --allow_unauthenticated), in directories the image makes;
+#   * the HEALTHCHECK runs the gpuexec tool over the Unix socket that the
+#     ENTRYPOINT serves (so a CMD of one's own keeps it), in a directory the
+#     image's user owns; a TCP listener needs TLS and a token by now.
 #
 #   check_dockerfile.sh DOCKERFILE GPUEXECD GPUEXEC
 set -euo pipefail
@@ -48,9 +53,45 @@ done
 grep -q 'COPY --from=build .*gpuexecd' <<<"$runtime" || fail "the runtime stage does not copy gpuexecd"
 grep -q 'COPY --from=build .*cli/gpuexec ' <<<"$runtime" || fail "the runtime stage does not copy the gpuexec tool"
 
+# The runtime stage's instructions, continued lines joined.
+joined=$(sed -e ':a' -e '/\\$/N; s/\\\n//; ta' <<<"$runtime")
+entrypoint=$(grep -E '^ENTRYPOINT' <<<"$joined" | tail -1)
+cmd=$(grep -E '^CMD' <<<"$joined" | tail -1)
+healthcheck=$(grep -E '^HEALTHCHECK' <<<"$joined" | tail -1)
+# The quoted words of an exec-form instruction, one per line.
+words() { grep -oE '"[^"]*"' <<<"$1" | tr -d '"'; }
+# The value of --NAME=... among the words on stdin (the last one wins, as in
+# gpuexecd).
+value() { { grep -E "^--$1=" || true; } | tail -1 | cut -d= -f2-; }
+
 flags=$("$(dirname "$0")/gpuexecd_flags.sh" "$daemon")
-for f in $(grep -E '^(CMD|ENTRYPOINT)' "$dockerfile" | grep -oE -- '--[a-z_]+' | sort -u); do
+for f in $(printf '%s\n' "$entrypoint" "$cmd" | grep -oE -- '--[a-z_]+' | sort -u); do
   grep -qx -- "$f" <<<"$flags" || fail "the Dockerfile passes $f, which gpuexecd does not know"
 done
+
+args=$( (words "$entrypoint" | tail -n +2; words "$cmd") )
+! grep -q -- '^--allow_unauthenticated' <<<"$args" || fail "the image passes --allow_unauthenticated"
+listen=127.0.0.1:50051   # gpuexecd's default; --listen= is none
+grep -q -- '^--listen=' <<<"$args" && listen=$(value listen <<<"$args")
+case $listen in
+  ""|127.*|localhost:*|"[::1]:"*) ;;
+  *)
+    for f in tls_cert tls_key tenants; do
+      file=$(value $f <<<"$args")
+      [[ -n $file ]] || fail "the image listens on $listen without --$f"
+      grep -qE "(^|[ =])$(dirname "$file")( |\$)" <<<"$joined" ||
+        fail "--$f=$file: the runtime stage does not make $(dirname "$file")"
+    done ;;
+esac
+
+sock=$(words "$entrypoint" | value unix_socket)
+[[ -n $sock ]] || fail "the ENTRYPOINT serves no --unix_socket for the HEALTHCHECK"
+check=$(words "$healthcheck")
+[[ $(head -1 <<<"$check") == */gpuexec ]] || fail "the HEALTHCHECK does not run the gpuexec tool: $healthcheck"
+grep -qx -- "--target=unix:$sock" <<<"$check" ||
+  fail "the HEALTHCHECK does not use the ENTRYPOINT's socket $sock: $healthcheck"
+grep -qE "install -d -o $user .*$(dirname "$sock")( |\$)" <<<"$joined" ||
+  fail "the runtime stage does not make $(dirname "$sock") for user $user"
 echo "Dockerfile: build stage runs setup.sh; runtime $last_from as $user;" \
+  "listens on $listen, healthcheck over unix:$sock;" \
   "packages ($(echo $packages)) provide all $(ldd "$daemon" "$cli" | awk '/=> \//{print $3}' | sort -u | wc -l) libraries"

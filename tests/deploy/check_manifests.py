@@ -7,21 +7,42 @@ Kubernetes manifests (deploy/kubernetes/*.yaml): they parse; every object
 has apiVersion, kind and metadata.name; workloads select their own pod
 labels; every gpuexecd container asks for nvidia.com/gpu, passes only flags
 that `gpuexecd --help` lists, probes grpc.health.v1 on a port it listens on
-(or runs the gpuexec tool over its socket), and has its Prometheus
-annotations point at the port --metrics_listen opens; Services select a
-workload and target a named port of it; the sidecar example shares the
-daemon's socket directory with the application. Then `kubectl kustomize`
-(when kubectl is installed) builds the kustomization without a cluster.
+(or runs the gpuexec tool over its socket, directly or in `sh -c`), and has
+its Prometheus annotations point at the port --metrics_listen opens;
+Services select a workload and target a named port of it; the sidecar
+example shares the daemon's socket directory with the application.
 
-The systemd unit: `systemd-analyze verify` (when installed) and the flags
-of its ExecStart.
+Identity: no daemon passes --allow_unauthenticated; one that listens beyond
+loopback passes --tls_cert, --tls_key and --tenants; its TLS files (and its
+tenants file, which holds token digests) come from Secret volumes, and every
+such file from a volume mounted whole (a subPath mount never sees the
+Secret change, so a certificate rotation would need a restart); a
+NetworkPolicy selects its pods and admits its gRPC port only from labelled
+pods and its metrics port only from selected ones, and is in the
+kustomization with them. A sidecar's daemon listens on its Unix socket only,
+with --tenants and --unix_socket_group; the application's uid is a tenant
+and its groups hold the socket's group (the Dockerfile's gid); the uid the
+probes run as is a tenant. Tenants files the manifests hold are valid
+(`gpuexecd --check_tenants`; before the daemon has it, protoc parses them
+as gpuexec.config.v1.TenantsConfig). Then
+`kubectl kustomize` (when kubectl is installed) builds the kustomization
+without a cluster.
+
+The systemd unit: `systemd-analyze verify` (when installed), the flags of
+its ExecStart (--tenants among them, and TLS beyond loopback), ExecReload
+sending SIGHUP, its hardening (NoNewPrivileges, ProtectSystem=strict,
+ProtectHome, PrivateTmp, RestrictAddressFamilies, MemoryMax), the
+RuntimeDirectory of its socket, and a device policy that leaves
+/dev/nvidia* open.
 """
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -55,6 +76,136 @@ def port_of(address):
     return int(address.rsplit(":", 1)[1]) if address and ":" in address else None
 
 
+DEFAULT_LISTEN = "127.0.0.1:50051"
+
+
+def beyond_loopback(parsed):
+    """Whether gpuexecd's TCP listener (--listen; "" is none) takes connections
+    from other hosts."""
+    listen = parsed.get("listen", DEFAULT_LISTEN)
+    if not listen:
+        return False
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return not (host.startswith("127.") or host in ("localhost", "::1"))
+
+
+def check_identity(where, parsed):
+    """A daemon others can reach knows who calls it, over TLS."""
+    if "allow_unauthenticated" in parsed:
+        problem(where, "passes --allow_unauthenticated")
+    if bool(parsed.get("tls_cert")) != bool(parsed.get("tls_key")):
+        problem(where, "passes one of --tls_cert and --tls_key without the other")
+    if beyond_loopback(parsed):
+        for flag in ("tls_cert", "tls_key", "tenants"):
+            if not parsed.get(flag):
+                problem(where, f"listens on {parsed.get('listen', DEFAULT_LISTEN)} "
+                        f"without --{flag}")
+
+
+REPO = None  # the checkout deploy/ is in (set by main)
+GPUEXECD = None  # the daemon, and the flags its --help lists (set by main)
+FLAGS = set()
+
+
+def tenants_problems(text):
+    """Why TEXT is not a tenants file (a list; empty when it is one). The
+    daemon judges it where it has --check_tenants; else protoc parses it as a
+    gpuexec.config.v1.TenantsConfig (nothing is checked without protoc or the
+    .proto)."""
+    if "check_tenants" in FLAGS:
+        with tempfile.NamedTemporaryFile("w", suffix=".textproto") as f:
+            f.write(text)
+            f.flush()
+            out = subprocess.run([GPUEXECD, f"--check_tenants={f.name}"],
+                                 capture_output=True, text=True)
+        return [] if out.returncode == 0 else [out.stderr.strip() or out.stdout.strip()]
+    proto = os.path.join(REPO, "proto", "gpuexec", "config", "v1", "tenants.proto")
+    protoc = shutil.which("protoc")
+    if not protoc or not os.path.exists(proto):
+        return []
+    out = subprocess.run([protoc, f"--proto_path={os.path.join(REPO, 'proto')}",
+                          "--encode=gpuexec.config.v1.TenantsConfig", proto],
+                         input=text.encode(), capture_output=True)
+    return [] if out.returncode == 0 else [out.stderr.decode().strip()]
+
+
+def tenant_uids(text):
+    """The uids a tenants file names."""
+    text = re.sub(r"#.*", "", text)
+    return {int(u) for u in re.findall(r"\buid\s*:\s*(\d+)", text)}
+
+
+def dockerfile_group():
+    """(name, gid) of the group the Dockerfile's runtime stage adds, or None."""
+    path = os.path.join(REPO, "Dockerfile")
+    if not os.path.exists(path):
+        return None
+    m = re.search(r"groupadd\b[^&\n]*--gid[ =](\d+)\s+([a-z_][a-z0-9_-]*)", open(path).read())
+    return (m.group(2), int(m.group(1))) if m else None
+
+
+def gpuexec_invocation(cmd):
+    """The words of the gpuexec tool's command line in an exec probe: the
+    command itself, or the gpuexec part of an `sh -c` pipeline."""
+    if len(cmd) == 3 and os.path.basename(cmd[0]) in ("sh", "bash") and cmd[1] == "-c":
+        lexer = shlex.shlex(cmd[2], posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True  # words split at blanks and at | ; &
+        words = list(lexer)
+        start = next((i for i, w in enumerate(words) if w.endswith("/gpuexec")), None)
+        if start is None:
+            return []
+        end = next((i for i in range(start, len(words)) if words[i] in ("|", "||", "&&", ";")),
+                   len(words))
+        return words[start:end]
+    return cmd if cmd and cmd[0].endswith("/gpuexec") else []
+
+
+def file_source(where, c, spec, path):
+    """Where the file PATH of container C comes from: (volume kind, object
+    name, key), or None. A subPath mount is a problem."""
+    mounts = [m for m in c.get("volumeMounts", [])
+              if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not mounts:
+        problem(where, f"{path} is in no volume")
+        return None
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    if "subPath" in mount or "subPathExpr" in mount:
+        problem(where, f"{path}: volume {mount['name']} is mounted with subPath, "
+                "which never sees the object change")
+    volume = next((v for v in spec.get("volumes", []) if v["name"] == mount["name"]), None)
+    if volume is None:
+        problem(where, f"volume {mount['name']} is not in the pod's volumes")
+        return None
+    rel = mount.get("subPath") or os.path.relpath(path, mount["mountPath"])
+    for kind, name_field in (("secret", "secretName"), ("configMap", "name")):
+        if kind not in volume:
+            continue
+        items = volume[kind].get("items")
+        if items:
+            key = next((i["key"] for i in items if i["path"] == rel), None)
+            if key is None:
+                problem(where, f"{path}: volume {mount['name']} has no item {rel}")
+        else:
+            key = rel
+            if "/" in rel:
+                problem(where, f"{path}: volume {mount['name']} has no directory "
+                        f"{os.path.dirname(rel)}")
+        return kind, volume[kind].get(name_field), key
+    return next(iter(k for k in volume if k != "name"), "?"), None, rel
+
+
+def pod_uid(c, spec):
+    return c.get("securityContext", {}).get("runAsUser",
+                                            spec.get("securityContext", {}).get("runAsUser"))
+
+
+def pod_groups(c, spec):
+    psc, csc = spec.get("securityContext", {}), c.get("securityContext", {})
+    groups = {csc.get("runAsGroup", psc.get("runAsGroup")), psc.get("fsGroup")}
+    groups |= set(psc.get("supplementalGroups", []))
+    return groups - {None}
+
+
 def check_gpuexecd(where, c, pod, flags):
     args = c.get("args", []) + c.get("command", [])[1:]
     parsed = parse_args(args)
@@ -80,9 +231,10 @@ def check_gpuexecd(where, c, pod, flags):
                 problem(where, f"{kind} asks for health service {probe['grpc']['service']!r}")
         elif "exec" in probe:
             cmd = probe["exec"]["command"]
-            target = next((a.split("=", 1)[1] for a in cmd if a.startswith("--target=")), "")
+            tool = gpuexec_invocation(cmd)
+            target = next((a.split("=", 1)[1] for a in tool if a.startswith("--target=")), "")
             sock = parsed.get("unix_socket")
-            if not cmd[0].endswith("/gpuexec") or target != f"unix:{sock}":
+            if not tool or target != f"unix:{sock}":
                 problem(where, f"{kind} runs {cmd}, not the gpuexec tool on --unix_socket {sock}")
         else:
             problem(where, f"{kind} is neither a grpc nor an exec probe")
@@ -105,7 +257,103 @@ def check_gpuexecd(where, c, pod, flags):
     sc = {**pod["spec"].get("securityContext", {}), **c.get("securityContext", {})}
     if not sc.get("runAsNonRoot"):
         problem(where, "not runAsNonRoot")
+    check_identity(where, parsed)
     return parsed
+
+
+def check_daemon_files(where, c, spec, parsed, configmaps):
+    """The TLS and tenants files: from Secrets (a tenants file with no TCP
+    listener, hence no tokens, may be a ConfigMap), mounted whole. Returns the
+    tenants file's text when the manifests hold it."""
+    for flag in ("tls_cert", "tls_key", "tls_client_ca"):
+        if parsed.get(flag):
+            source = file_source(where, c, spec, parsed[flag])
+            if source and source[0] != "secret":
+                problem(where, f"--{flag} comes from a {source[0]} volume, not a Secret")
+    if not parsed.get("tenants"):
+        return None
+    source = file_source(where, c, spec, parsed["tenants"])
+    if not source:
+        return None
+    kind, name, key = source
+    tcp = bool(parsed.get("listen", DEFAULT_LISTEN))
+    if kind not in ("secret", "configMap") or (kind == "configMap" and tcp):
+        problem(where, f"--tenants comes from a {kind} volume; with a TCP listener "
+                "(bearer tokens) it belongs in a Secret")
+    if kind != "configMap":
+        return None
+    cm = configmaps.get(name)
+    if cm is None:
+        return None  # made elsewhere
+    text = cm.get("data", {}).get(key)
+    if text is None:
+        problem(where, f"ConfigMap {name} has no key {key} for --tenants")
+        return None
+    for p in tenants_problems(text):
+        problem(f"ConfigMap {name} {key}", f"not a TenantsConfig: {p}")
+    if "token_sha256" in re.sub(r"#.*", "", text):
+        problem(f"ConfigMap {name} {key}", "holds token digests: they belong in a Secret")
+    return text
+
+
+def selects(selector, labels):
+    """Whether a NetworkPolicy's podSelector selects pods labelled LABELS (only
+    matchLabels; matchExpressions count as not selecting)."""
+    match = selector.get("matchLabels", {})
+    return (bool(match) and not selector.get("matchExpressions")
+            and all(labels.get(k) == v for k, v in match.items()))
+
+
+def covers(rule, port, names):
+    """Whether an ingress rule admits traffic to PORT, whose containerPort
+    names are NAMES (a rule without ports: all of them)."""
+    ports = rule.get("ports")
+    return not ports or any(p.get("port") in (port, None) or p.get("port") in names
+                            for p in ports)
+
+
+def check_network_policies(kdir, objects, exposed):
+    """Each daemon others can reach has a NetworkPolicy: gRPC only from
+    labelled pods, metrics only from selected ones, and in the kustomization
+    with the daemon's workload."""
+    resources = None
+    kust = os.path.join(kdir, "kustomization.yaml")
+    if os.path.exists(kust):
+        resources = yaml.safe_load(open(kust)).get("resources", [])
+    policies = [(name, d) for name, d in objects if d.get("kind") == "NetworkPolicy"]
+    for file, where, labels, grpc, metrics, port_names in exposed:
+        mine = [(name, d) for name, d in policies
+                if selects(d["spec"].get("podSelector", {}), labels)
+                and "Ingress" in d["spec"].get("policyTypes", ["Ingress"])]
+        if not mine:
+            problem(where, f"listens on {grpc} and no NetworkPolicy selects its pods {labels}")
+            continue
+        for name, d in mine:
+            pwhere = f"{name} NetworkPolicy/{d['metadata']['name']}"
+            if resources is not None and file in resources and name not in resources:
+                problem("kustomization.yaml", f"has {file} but not {name}, its NetworkPolicy")
+            rules = d["spec"].get("ingress", [])
+            for port, what in ((grpc, "gRPC"), (metrics, "metrics")):
+                if port is None:
+                    continue
+                admitting = [r for r in rules if covers(r, port, port_names.get(port, set()))]
+                if not admitting:
+                    problem(pwhere, f"admits nothing to the {what} port {port}")
+                for r in admitting:
+                    peers = r.get("from")
+                    if not peers:
+                        problem(pwhere, f"admits every source to the {what} port {port}")
+                        continue
+                    for peer in peers:
+                        pods = peer.get("podSelector", {})
+                        namespaces = peer.get("namespaceSelector", {})
+                        if "ipBlock" in peer:
+                            problem(pwhere, f"admits an ipBlock to the {what} port {port}")
+                        elif what == "gRPC" and not pods.get("matchLabels"):
+                            problem(pwhere, f"admits unlabelled pods to the gRPC port {port}: "
+                                    f"{peer}")
+                        elif not pods.get("matchLabels") and not namespaces.get("matchLabels"):
+                            problem(pwhere, f"admits any pod to the {what} port {port}: {peer}")
 
 
 def check_kubernetes(kdir, flags):
@@ -126,7 +374,10 @@ def check_kubernetes(kdir, flags):
                 problem(name, f"a {d.get('kind')} without metadata.name")
             objects.append((name, d))
 
+    configmaps = {d["metadata"]["name"]: d for _, d in objects
+                  if d.get("kind") == "ConfigMap" and d.get("metadata", {}).get("name")}
     workloads = {}
+    exposed = []  # (file, where, pod labels, grpc port, metrics port, port names) beyond loopback
     for name, d in objects:
         if d.get("kind") not in ("DaemonSet", "Deployment", "StatefulSet"):
             continue
@@ -148,10 +399,47 @@ def check_kubernetes(kdir, flags):
             if "name" not in c or "image" not in c:
                 problem(where, "a container without name or image")
         for c in daemons:
-            parsed = check_gpuexecd(f"{where} container {c['name']}", c, pod, flags)
+            cwhere = f"{where} container {c['name']}"
+            parsed = check_gpuexecd(cwhere, c, pod, flags)
+            tenants = check_daemon_files(cwhere, c, spec, parsed, configmaps)
+            if beyond_loopback(parsed):
+                port_names = {}
+                for cp in c.get("ports", []):
+                    port_names.setdefault(cp["containerPort"], set()).add(cp.get("name"))
+                exposed.append((name, cwhere, labels, port_of(parsed["listen"]),
+                                port_of(parsed.get("metrics_listen", "")), port_names))
             if c in spec.get("initContainers", []) and c.get("restartPolicy") != "Always":
                 problem(where, f"init container {c['name']} is not a sidecar (restartPolicy: Always)")
             sock = parsed.get("unix_socket")
+            apps = [a for a in spec.get("containers", []) if a is not c]
+            # Probes over the socket run as the daemon's own uid: a tenant.
+            probes_on_socket = any(
+                f"--target=unix:{sock}" in gpuexec_invocation(c[k]["exec"]["command"])
+                for k in ("startupProbe", "readinessProbe", "livenessProbe")
+                if sock and "exec" in c.get(k, {}))
+            uid = pod_uid(c, spec)
+            if probes_on_socket and tenants is not None and uid not in tenant_uids(tenants):
+                problem(cwhere, f"its probes run as uid {uid}, which no tenant names")
+            if c in spec.get("initContainers", []) or apps:
+                # A sidecar: the application reaches it over the socket only.
+                if parsed.get("listen", DEFAULT_LISTEN) != "":
+                    problem(cwhere, "a sidecar listens on TCP (--listen= should be empty)")
+                for flag in ("unix_socket", "tenants", "unix_socket_group"):
+                    if not parsed.get(flag):
+                        problem(cwhere, f"a sidecar without --{flag}")
+                group = dockerfile_group()
+                for app in apps:
+                    uid = pod_uid(app, spec)
+                    if tenants is not None and uid not in tenant_uids(tenants):
+                        problem(where, f"container {app['name']} runs as uid {uid}, "
+                                "which no tenant names")
+                    if group and parsed.get("unix_socket_group") == group[0]:
+                        if group[1] not in pod_groups(app, spec):
+                            problem(where, f"container {app['name']} is not in group {group[0]} "
+                                    f"({group[1]}), the socket's group")
+                    elif group and parsed.get("unix_socket_group"):
+                        problem(cwhere, f"--unix_socket_group={parsed['unix_socket_group']}: the "
+                                f"image has group {group[0]}")
             if sock:
                 sock_dir = os.path.dirname(sock)
                 mounts = {m["name"] for m in c.get("volumeMounts", []) if m["mountPath"] == sock_dir}
@@ -183,6 +471,8 @@ def check_kubernetes(kdir, flags):
             if isinstance(target, str) and not any(target in workloads[w][1] for w in matches):
                 problem(where, f"targetPort {target!r} is no named port of {matches}")
 
+    check_network_policies(kdir, objects, exposed)
+
     kubectl = shutil.which("kubectl")
     if kubectl and os.path.exists(os.path.join(kdir, "kustomization.yaml")):
         out = subprocess.run([kubectl, "kustomize", kdir], capture_output=True, text=True,
@@ -197,17 +487,72 @@ def check_kubernetes(kdir, flags):
     return len(objects)
 
 
+def unit_settings(text):
+    """KEY -> [values] of a unit file's [Service] section, in order."""
+    settings, section = {}, None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line:
+            key, value = line.split("=", 1)
+            settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+TRUE = ("yes", "true", "on", "1")
+
+
 def check_systemd(unit, flags):
     text = open(unit).read()
+    where = os.path.basename(unit)
     exec_start = re.search(r"^ExecStart=(.*)$", text, re.M)
     if not exec_start:
         problem(unit, "no ExecStart")
         return
-    for name in parse_args(exec_start.group(1).split()[1:]):
+    parsed = parse_args(exec_start.group(1).split()[1:])
+    for name in parsed:
         if name not in flags:
-            problem(os.path.basename(unit), f"--{name} is not a gpuexecd flag")
+            problem(where, f"--{name} is not a gpuexecd flag")
     if not re.search(r"^User=(?!root)\S+", text, re.M):
-        problem(os.path.basename(unit), "runs as root")
+        problem(where, "runs as root")
+    check_identity(where, parsed)
+    if not parsed.get("tenants"):
+        problem(where, "ExecStart passes no --tenants")
+
+    settings = unit_settings(text)
+    last = {k: v[-1] for k, v in settings.items()}
+    reload = last.get("ExecReload", "")
+    if not re.search(r"\bkill\b.*(-HUP|-s\s*HUP|-SIGHUP|-s\s*SIGHUP)\b.*\$MAINPID", reload):
+        problem(where, f"ExecReload={reload!r} does not send SIGHUP to $MAINPID "
+                "(which rereads the tenants)")
+    for key, want in (("NoNewPrivileges", TRUE), ("ProtectSystem", ("strict",)),
+                      ("ProtectHome", TRUE), ("PrivateTmp", TRUE)):
+        if last.get(key, "").lower() not in want:
+            problem(where, f"{key}={last.get(key, '')!r}, not {want[0]}")
+    families = " ".join(settings.get("RestrictAddressFamilies", [])).split()
+    if not families or families[0].startswith("~"):
+        problem(where, "RestrictAddressFamilies= does not list the allowed families")
+    elif not {"AF_UNIX", "AF_INET", "AF_INET6"} <= set(families):
+        problem(where, f"RestrictAddressFamilies={' '.join(families)} lacks one of "
+                "AF_UNIX AF_INET AF_INET6")
+    if last.get("MemoryMax", "infinity") in ("", "infinity"):
+        problem(where, "no MemoryMax")
+    sock = parsed.get("unix_socket")
+    if sock and (not sock.startswith("/run/")
+                 or os.path.dirname(sock)[len("/run/"):] not in
+                 " ".join(settings.get("RuntimeDirectory", [])).split()):
+        problem(where, f"--unix_socket={sock}: its directory is not a RuntimeDirectory=")
+    # The workers open /dev/nvidia*: no private /dev, and no device policy
+    # that leaves them out (ProtectClock= implies a DeviceAllow=).
+    if last.get("PrivateDevices", "").lower() in TRUE:
+        problem(where, "PrivateDevices= hides /dev/nvidia*")
+    restricted = (last.get("DevicePolicy", "auto") in ("closed", "strict")
+                  or "DeviceAllow" in settings or last.get("ProtectClock", "").lower() in TRUE)
+    if restricted and not any("nvidia" in v for v in settings.get("DeviceAllow", [])):
+        problem(where, "the device policy is closed and allows no /dev/nvidia*")
     analyze = shutil.which("systemd-analyze")
     if analyze:
         # The unit names a binary under /usr/local and a user that this build
@@ -226,8 +571,11 @@ def check_systemd(unit, flags):
 
 
 def main():
+    global REPO, GPUEXECD, FLAGS
     deploy, gpuexecd = sys.argv[1], sys.argv[2]
+    REPO = os.path.dirname(os.path.abspath(deploy))
     flags = daemon_flags(gpuexecd)
+    GPUEXECD, FLAGS = gpuexecd, flags
     n = check_kubernetes(os.path.join(deploy, "kubernetes"), flags)
     check_systemd(os.path.join(deploy, "systemd", "gpuexecd.service"), flags)
     for p in problems:
