@@ -474,6 +474,14 @@ void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback
     StreamState* s = *ready;
     auto ptr = driver_->AllocAsync(size, s->stream.get(), what);
     if (!ptr.ok()) return done(Check(ptr.status()));
+    // The pool hands on memory another stream freed: clear it in stream
+    // order before the session can see it, so a fresh buffer never holds
+    // another session's bytes. Not timed as the session's work.
+    if (absl::Status st = Check(driver_->MemsetAsync(*ptr, 0, size, s->stream.get(), what));
+        !st.ok()) {
+      (void)driver_->FreeAsync(*ptr, s->stream.get(), what);
+      return done(st);
+    }
     done(*ptr);
   });
 }

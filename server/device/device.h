@@ -120,6 +120,8 @@ class Device {
   // staging buffer, so that no buffer sits idle behind a session's kernel.
   void AfterQueued(StreamId stream, std::string what, Done done);
 
+  // Allocates on `stream` and clears the memory to zeros in stream order:
+  // work queued after it sees a zero-filled buffer.
   void Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done);
   // Enqueues the free; `done` reports the enqueue.
   void Free(StreamId stream, DevicePtr ptr, std::string what, Done done);

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -336,6 +337,74 @@ TEST_F(ServiceTest, WriteAndReadAtOddOffsetsAndSizes) {
   std::vector<uint8_t> window(54321);
   GX_ASSERT_OK(small_buffer.ReadInto(3, absl::MakeSpan(window)));
   EXPECT_TRUE(std::equal(window.begin(), window.end(), small_mirror.begin() + 3));
+}
+
+// ------------------------------------------------------------ nothing left behind
+
+// Every fresh buffer reads as zeros, though the device's pool hands on the
+// memory another session just wrote and freed (the other session still
+// open, its own buffer still live), at sizes served from the pool's small
+// and large blocks alike.
+TEST_F(ServiceTest, AFreshBufferReadsAsZerosAfterAnotherSessionsDataWasFreed) {
+  GX_ASSERT_OK_AND_ASSIGN(Session a, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Client other, NewClient());
+  GX_ASSERT_OK_AND_ASSIGN(Session b, other.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer kept, a.Allocate(4096));
+  GX_ASSERT_OK(kept.Memset(0xA5));
+  for (const uint64_t size : {uint64_t{1} << 10, uint64_t{1} << 20, uint64_t{64} << 20}) {
+    SCOPED_TRACE(size);
+    for (int round = 0; round < 4; ++round) {
+      {
+        GX_ASSERT_OK_AND_ASSIGN(Buffer secret, a.Allocate(size));
+        GX_ASSERT_OK(secret.Write(0, Pattern(size + round, size)));
+        GX_ASSERT_OK(a.Synchronize().status());
+        GX_ASSERT_OK(secret.Free());
+      }
+      GX_ASSERT_OK_AND_ASSIGN(Buffer fresh, b.Allocate(size));
+      GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, fresh.Read());
+      ASSERT_EQ(got.size(), size);
+      const size_t nonzero = size - std::count(got.begin(), got.end(), uint8_t{0});
+      EXPECT_EQ(nonzero, 0u) << "bytes of a fresh buffer that are not zero, round " << round;
+      // And within one session: a buffer freed and allocated again.
+      GX_ASSERT_OK(fresh.Write(0, Pattern(size * 3 + round, size)));
+      GX_ASSERT_OK(fresh.Free());
+      GX_ASSERT_OK_AND_ASSIGN(Buffer again, b.Allocate(size));
+      GX_ASSERT_OK_AND_ASSIGN(got, again.Read());
+      EXPECT_EQ(std::count(got.begin(), got.end(), uint8_t{0}), static_cast<ptrdiff_t>(size));
+    }
+  }
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> still, kept.Read());
+  EXPECT_EQ(std::count(still.begin(), still.end(), uint8_t{0xA5}), 4096);
+}
+
+// Staging buffers are shared by the device's sessions: a Read gets exactly
+// the bytes it asked for, never the rest of a slot another session's Write
+// or Read filled just before, whatever the chunk, offset and size.
+TEST_F(ServiceTest, AReadNeverCarriesBytesAnotherSessionLeftInStaging) {
+  constexpr uint64_t kMiB = 1 << 20;
+  GX_ASSERT_OK_AND_ASSIGN(Session a, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Buffer big, a.Allocate(8 * kMiB));
+  ClientOptions small;
+  small.chunk_bytes = 4093;
+  GX_ASSERT_OK_AND_ASSIGN(Client other, NewClient(small));
+  GX_ASSERT_OK_AND_ASSIGN(Session b, other.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer mine, b.Allocate(3 * kMiB + 7));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    // Every staging slot full of a's bytes, both ways.
+    GX_ASSERT_OK(big.Write(0, std::vector<uint8_t>(8 * kMiB, 0xEE)));
+    GX_ASSERT_OK(big.Read().status());
+    for (const auto& [offset, size] : std::vector<std::pair<uint64_t, uint64_t>>{
+             {0, 1}, {5, 4093}, {kMiB - 3, 9}, {17, 2 * kMiB + 1}, {3 * kMiB, 7}}) {
+      std::vector<uint8_t> got(size, 0x77);
+      GX_ASSERT_OK(mine.ReadInto(offset, absl::MakeSpan(got)));
+      EXPECT_EQ(std::count(got.begin(), got.end(), uint8_t{0}), static_cast<ptrdiff_t>(size))
+          << "at offset " << offset;
+      GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> read, mine.Read(offset, size));
+      EXPECT_EQ(read.size(), size);
+      EXPECT_EQ(std::count(read.begin(), read.end(), uint8_t{0}), static_cast<ptrdiff_t>(size));
+    }
+  }
 }
 
 // ------------------------------------------------------------ modules
