@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,13 @@ Global flags (anywhere on the line; --flag=VALUE or --flag VALUE):
   --device=N          use device N (default: the daemon picks the least loaded)
   --timeout=DURATION  deadline of each call to the daemon, connecting included:
                       30s, 500ms, 2m (default: 10s to connect, no limit after)
+  --token_file=FILE   the bearer token for a daemon with tenants, read from FILE
+                      (default: $GPUEXEC_TOKEN); never sent in clear text to a
+                      host other than this one: give --tls_ca for TCP
+  --tls_ca=FILE       TLS: the PEM CA of the daemon's certificate
+                      (default: $GPUEXEC_TLS_CA)
+  --tls_cert=FILE --tls_key=FILE
+                      mutual TLS: this client's certificate and key (PEM)
 
 Example (saxpy.cubin from the README: y = a*x + y on n floats):
   gpuexec devices
@@ -172,8 +180,9 @@ struct FlagDef {
   bool global;
 };
 constexpr FlagDef kFlags[] = {
-    {"target", true}, {"device", true},  {"timeout", true},  {"grid", false},
-    {"block", false}, {"shared", false}, {"cluster", false}, {"triton", false},
+    {"target", true},     {"device", true},   {"timeout", true},  {"token_file", true},
+    {"tls_ca", true},     {"tls_cert", true}, {"tls_key", true},  {"grid", false},
+    {"block", false},     {"shared", false},  {"cluster", false}, {"triton", false},
 };
 
 struct CommandLine {
@@ -258,6 +267,23 @@ std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connect
     options.control_timeout = timeout;
     options.data_timeout = timeout;
   }
+  auto flag_or_env = [&cl](const char* flag, const char* env) -> std::string {
+    if (auto it = cl.flags.find(flag); it != cl.flags.end()) return it->second;
+    const char* value = std::getenv(env);
+    return value != nullptr ? value : "";
+  };
+  if (auto it = cl.flags.find("token_file"); it != cl.flags.end()) {
+    std::ifstream in(it->second);
+    if (!in || !std::getline(in, options.token)) {
+      return FailedLocally(absl::StrCat("--token_file: cannot read ", it->second));
+    }
+    options.token = std::string(absl::StripAsciiWhitespace(options.token));
+  } else if (const char* env = std::getenv("GPUEXEC_TOKEN"); env != nullptr) {
+    options.token = std::string(absl::StripAsciiWhitespace(env));
+  }
+  options.tls_root_ca_file = flag_or_env("tls_ca", "GPUEXEC_TLS_CA");
+  options.tls_cert_file = flag_or_env("tls_cert", "GPUEXEC_TLS_CERT");
+  options.tls_key_file = flag_or_env("tls_key", "GPUEXEC_TLS_KEY");
   SessionOptions session_options;
   if (auto it = cl.flags.find("device"); it != cl.flags.end()) {
     uint32_t device = 0;

@@ -24,6 +24,7 @@
 #include "gpuexec/sha256.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "gpuexec/wire.h"
+#include "internal/channel_internal.h"
 #include "internal/status_macros_internal.h"
 
 namespace gpuexec {
@@ -38,6 +39,7 @@ struct ClientState {
   // dial, and with which arguments. Empty: transfers go whole.
   std::string target;
   grpc::ChannelArguments args;
+  ChannelRecipe recipe;
 
   // The channels of a transfer in up to `parts` parts: `channel`, then
   // connections of their own, opened the first time they are wanted and
@@ -48,7 +50,7 @@ struct ClientState {
   std::vector<std::shared_ptr<grpc::Channel>> TransferChannels(size_t parts) {
     absl::MutexLock lock(&mu);
     while (transfer_channels.size() + 1 < parts && !cannot_open_more) {
-      auto extra = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+      auto extra = MakeChannel(target, recipe, args);
       const absl::Duration wait = std::min(options.connect_timeout, absl::Seconds(1));
       if (!extra->WaitForConnected(absl::ToChronoTime(absl::Now() + wait))) {
         cannot_open_more = true;
@@ -1436,8 +1438,9 @@ absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOp
   // the retry machinery keeps a copy of each message sent (gpuexec_bench:
   // streams of 1 MiB messages were up to 1.5x faster without it).
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  auto recipe = internal::MakeChannelRecipe(target, options);
+  if (!recipe.ok()) return recipe.status();
+  std::shared_ptr<grpc::Channel> channel = internal::MakeChannel(target, *recipe, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("gpuexec client: cannot connect to the daemon at ",
                                                target, " within ",
@@ -1446,6 +1449,7 @@ absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOp
   Client client(std::move(channel), options);
   client.state_->target = target;
   client.state_->args = args;
+  client.state_->recipe = *std::move(recipe);
   return client;
 }
 

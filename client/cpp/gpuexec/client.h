@@ -114,6 +114,24 @@ struct ClientOptions {
   // with parts of 16 MiB, 16 clients writing 64 MiB each at once wrote 2.3
   // GB/s in all against 3.6 whole (gpuexec_bench, H200 host).
   uint64_t transfer_part_bytes = 64 << 20;
+
+  // Who the client is, for a daemon with tenants (see its README's
+  // Security section). Connect() reads the files and fails with
+  // INVALID_ARGUMENT naming one it cannot read.
+  //
+  // A bearer token, sent as `authorization: Bearer <token>` with every call.
+  std::string token;
+  // TLS: the PEM file of the CA that signed the daemon's certificate. Empty
+  // with `tls` set: the system's roots.
+  bool tls = false;
+  std::string tls_root_ca_file;
+  // Mutual TLS: the client's certificate chain and key (PEM files).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Send `token` over plain TCP to an address that is not loopback (anyone
+  // on the path can read it). Off: Connect() refuses with
+  // FAILED_PRECONDITION.
+  bool allow_token_over_plain_tcp = false;
 };
 
 // One device as the daemon sees it (the proto's Device).
