@@ -15,12 +15,34 @@
 #include "absl/synchronization/mutex.h"
 #include "server/common/log.h"
 #include "server/rpc/server.h"
+#include "server/tenants/tenants.h"
 #include "server/worker/worker_main.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "TCP address to serve on (host:port; port 0 picks one). Empty for none. "
-          "Loopback by default: expose it deliberately, e.g. 0.0.0.0:50051.");
-ABSL_FLAG(std::string, unix_socket, "", "Also serve on this Unix domain socket path.");
+          "Loopback by default; an address that is not loopback needs --tls_cert/--tls_key and "
+          "--tenants or --tls_client_ca (or --allow_unauthenticated).");
+ABSL_FLAG(std::string, unix_socket, "",
+          "Also serve on this Unix domain socket path (created with mode 0660); the peer's uid "
+          "or gid can name a tenant.");
+ABSL_FLAG(std::string, unix_socket_group, "",
+          "Group of the Unix socket file (its members may connect); empty: the daemon's.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the TCP listener (TLS). Watched: replace it atomically "
+          "(rename) and it is picked up without a restart.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert; watched likewise.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS); the "
+          "certificate's SAN (DNS or URI), else its CN, can name a tenant. Watched likewise.");
+ABSL_FLAG(uint32_t, tls_reload_s, 60, "How often the TLS files are checked for a new version.");
+ABSL_FLAG(std::string, tenants, "",
+          "Tenants file (protobuf text format, gpuexec.config.v1.TenantsConfig): who each tenant "
+          "is and what it may use. Reloaded on SIGHUP. Empty: one implicit tenant.");
+ABSL_FLAG(std::string, check_tenants, "",
+          "Check this tenants file, print what it defines or the first error, and exit.");
+ABSL_FLAG(bool, allow_unauthenticated, false,
+          "Serve a non-loopback --listen address without TLS and an identity: anyone who "
+          "reaches it can use the GPUs.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port for Prometheus metrics over HTTP (GET /metrics); empty for none. "
           "e.g. 127.0.0.1:9464, or 0.0.0.0:9464 for a scraper on another host.");
@@ -90,17 +112,35 @@ int main(int argc, char** argv) {
   }
   gpuexec::log::SetLevel(level);
 
+  if (const std::string file = absl::GetFlag(FLAGS_check_tenants); !file.empty()) {
+    auto dir = gpuexec::tenants::Directory::Load(file);
+    if (!dir.ok()) {
+      std::fprintf(stderr, "gpuexecd: %s\n", std::string(dir.status().message()).c_str());
+      return 1;
+    }
+    std::printf("%s: %zu tenant(s), valid\n", file.c_str(), (*dir)->size());
+    return 0;
+  }
+
   // Signals are taken by sigwait below, not by handlers: block them before
   // any thread starts so that every thread inherits the mask.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   gpuexec::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  options.unix_socket_group = absl::GetFlag(FLAGS_unix_socket_group);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls_reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_s));
+  options.tenants_file = absl::GetFlag(FLAGS_tenants);
+  options.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
   options.driver_library = absl::GetFlag(FLAGS_driver);
   if (options.driver_library.empty()) {
@@ -126,7 +166,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    // A bad file is logged by the server and leaves the old one in force.
+    if (absl::Status st = (*server)->ReloadTenants(); !st.ok() && options.tenants_file.empty()) {
+      gpuexec::log::Info("SIGHUP: ", st.message());
+    }
+  }
   gpuexec::log::Info("signal ", sig, ": shutting down");
   (*server)->Shutdown(absl::Seconds(5));
   return 0;

@@ -6,7 +6,10 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/core/image_check.h"
@@ -14,7 +17,19 @@
 namespace gpuexec::core {
 namespace {
 
-std::string Short(const std::string& token) { return token.substr(0, 8); }
+// A token as messages quote it: at most its first 8 characters, and only
+// when they are hex (a token is the client's input).
+std::string ShortToken(const std::string& token) {
+  std::string out = token.substr(0, 8);
+  for (char& c : out) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) c = '?';
+  }
+  return out;
+}
+
+std::string TenantLimitError(const Caller& caller, absl::string_view what) {
+  return absl::StrCat("tenant '", caller.tenant_name(), "' ", what);
+}
 
 // Calls `done` once all `n` parts have reported; the first error wins.
 class Join {
@@ -141,6 +156,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   {
     absl::MutexLock lock(&engine->sessions_mu_);
     engine->sessions_per_device_.assign(engine->devices_.size(), 0);
+    engine->reset_culprit_.assign(engine->devices_.size(), "");
   }
   engine->traffic_ = std::make_unique<TrafficCounters[]>(engine->devices_.size());
   engine->reaper_ = std::thread(&Engine::ReaperLoop, engine.get());
@@ -210,6 +226,27 @@ EngineStats Engine::Stats() const {
     st.devices[i].bytes_written = traffic_[i].bytes_written.load();
     st.devices[i].bytes_read = traffic_[i].bytes_read.load();
   }
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (const auto& [name, u] : tenants_) {
+      EngineStats::PerTenant t;
+      t.name = name;
+      t.sessions = u->sessions.load();
+      t.memory_held = u->memory.load();
+      t.sessions_opened = u->sessions_opened.load();
+      t.launches = u->traffic.launches.load();
+      t.bytes_written = u->traffic.bytes_written.load();
+      t.bytes_read = u->traffic.bytes_read.load();
+      t.gpu_ns = u->traffic.gpu_ns.load();
+      {
+        absl::MutexLock ulock(&u->mu);
+        t.module_bytes = u->module_bytes;
+      }
+      st.tenants.push_back(std::move(t));
+    }
+  }
+  std::sort(st.tenants.begin(), st.tenants.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
   st.sessions_opened = sessions_opened_.load();
   st.sessions_closed = sessions_closed_.load();
   st.sessions_expired = sessions_expired_.load();
@@ -241,21 +278,63 @@ void Engine::ReaperLoop() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<Session>> Engine::FindSession(const std::string& token) {
+absl::StatusOr<std::shared_ptr<Session>> Engine::FindSession(const Caller& caller,
+                                                             const std::string& token) {
   std::shared_ptr<Session> s;
   {
     absl::MutexLock lock(&sessions_mu_);
     auto it = sessions_.find(token);
-    if (it != sessions_.end()) s = it->second;
+    // Another tenant's session is answered as one never opened, and does
+    // not have its lease renewed.
+    if (it != sessions_.end() && it->second->tenant() == caller.tenant_name()) s = it->second;
   }
   if (s == nullptr) {
     if (token.empty()) return absl::NotFoundError("the request names no session");
     return absl::NotFoundError(absl::StrCat(
-        "session ", Short(token), " does not exist (never opened, closed, or its lease lapsed)"));
+        "session ", ShortToken(token),
+        " does not exist (never opened, closed, or its lease lapsed)"));
   }
   absl::MutexLock lock(&s->mu);
   s->Touch();
   return s;
+}
+
+std::shared_ptr<TenantUsage> Engine::UsageOf(const std::string& name) {
+  std::shared_ptr<TenantUsage>& u = tenants_[name];
+  if (u == nullptr) u = std::make_shared<TenantUsage>(name);
+  return u;
+}
+
+absl::Status Engine::HoldModule(Session& s, const device::ModuleImage& image,
+                                const TenantLimits& limits) {
+  TenantUsage& u = s.usage();
+  absl::MutexLock lock(&u.mu);
+  auto it = u.modules.find(image.sha256);
+  if (it != u.modules.end()) {
+    ++it->second.second;
+    return absl::OkStatus();
+  }
+  const uint64_t size = image.bytes.size();
+  if (limits.module_bytes != 0 && size > limits.module_bytes - std::min(u.module_bytes, limits.module_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant '", u.name, "' module limit: its sessions hold ", u.module_bytes, " of its ",
+        limits.module_bytes, " bytes of module images; module ", image.sha256.substr(0, 12),
+        " (", size, " bytes) does not fit"));
+  }
+  u.modules.emplace(image.sha256, std::make_pair(size, 1u));
+  u.module_bytes += size;
+  return absl::OkStatus();
+}
+
+void Engine::ReleaseModule(Session& s, const std::string& sha256) {
+  TenantUsage& u = s.usage();
+  absl::MutexLock lock(&u.mu);
+  auto it = u.modules.find(sha256);
+  if (it == u.modules.end()) return;
+  if (--it->second.second == 0) {
+    u.module_bytes -= it->second.first;
+    u.modules.erase(it);
+  }
 }
 
 absl::StatusOr<BufferEntry*> Engine::FindBuffer(Session& s, uint64_t handle) {
@@ -292,9 +371,16 @@ void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
   std::vector<std::shared_ptr<Session>> affected;
   {
     absl::MutexLock lock(&sessions_mu_);
+    std::string culprit;
     for (auto& [token, s] : sessions_) {
-      if (s->device() == index) affected.push_back(s);
+      if (s->device() != index) continue;
+      affected.push_back(s);
+      // The reason names the session whose kernel faulted or hung, if any.
+      if (absl::StrContains(info.why, s->name())) culprit = s->tenant();
     }
+    // A session named but gone: no tenant reads the reason.
+    if (culprit.empty() && absl::StrContains(info.why, "session ")) culprit = "?";
+    reset_culprit_[index] = culprit;
   }
   size_t buffers = 0;
   uint64_t bytes = 0;
@@ -319,10 +405,15 @@ absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t
   return absl::OkStatus();
 }
 
-void Engine::ListDevices(Callback<std::vector<DeviceStatus>> done) {
+void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus>> done) {
   auto result = std::make_shared<std::vector<DeviceStatus>>(devices_.size());
   {
     absl::MutexLock lock(&sessions_mu_);
+    // The caller's own sessions per device; others' are not its business.
+    std::vector<uint32_t> own(devices_.size(), 0);
+    for (const auto& [token, s] : sessions_) {
+      if (caller.sees_all || s->tenant() == caller.tenant_name()) ++own[s->device()];
+    }
     for (size_t i = 0; i < devices_.size(); ++i) {
       const worker::RemoteDevice& d = *devices_[i];
       const cuda::DeviceProperties& p = d.properties();
@@ -336,13 +427,18 @@ void Engine::ListDevices(Callback<std::vector<DeviceStatus>> done) {
       st.multiprocessors = p.multiprocessors;
       st.modules_loaded = d.modules_loaded();
       st.module_loads_total = d.module_loads_total();
-      st.sessions = sessions_per_device_[i];
+      st.sessions = own[i];
       st.resets = d.resets();
       st.epoch = d.epoch();
       if (auto r = d.last_reset(); r.has_value()) {
-        st.last_reset = absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at,
-                                                      absl::UTCTimeZone()),
-                                     ": ", r->why);
+        // The reason names a kernel and a session: only their tenant
+        // reads it.
+        const std::string& culprit = reset_culprit_[i];
+        st.last_reset = absl::StrCat(
+            absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()), ": ",
+            caller.sees_all || culprit.empty() || culprit == caller.tenant_name()
+                ? r->why
+                : std::string("a kernel of another tenant faulted or ran past its time limit"));
       }
     }
   }
@@ -357,17 +453,29 @@ void Engine::ListDevices(Callback<std::vector<DeviceStatus>> done) {
   }
 }
 
-void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint64_t memory_limit,
-                         uint64_t kernel_time_limit_ms, Callback<SessionInfo> done) {
+void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, uint64_t lease_ms,
+                         uint64_t memory_limit, uint64_t kernel_time_limit_ms,
+                         Callback<SessionInfo> done) {
   if (devices_.empty()) {
     return done(absl::UnavailableError(absl::StrCat(
         "no GPU is available on this host: ", driver_status_.ok() ? "no devices" : driver_status_.message())));
   }
+  const TenantLimits& limits =
+      caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
+  auto allowed = [&limits](size_t i) {
+    return limits.devices.empty() ||
+           std::find(limits.devices.begin(), limits.devices.end(), i) != limits.devices.end();
+  };
   int index = -1;
   if (device.has_value()) {
     if (*device >= devices_.size()) {
       return done(absl::InvalidArgumentError(absl::StrCat(
           "device ", *device, " does not exist; this host has ", devices_.size(), " device(s)")));
+    }
+    if (!allowed(*device)) {
+      return done(absl::PermissionDeniedError(
+          TenantLimitError(caller, absl::StrCat("may not use device ", *device, "; its devices: ",
+                                                absl::StrJoin(limits.devices, ", ")))));
     }
     index = static_cast<int>(*device);
     if (!devices_[index]->healthy()) {
@@ -377,13 +485,13 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
   } else {
     absl::MutexLock lock(&sessions_mu_);
     for (size_t i = 0; i < devices_.size(); ++i) {
-      if (!devices_[i]->healthy()) continue;
+      if (!devices_[i]->healthy() || !allowed(i)) continue;
       if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index]) index = static_cast<int>(i);
     }
     if (index < 0) {
       std::string why;
-      for (const auto& d : devices_) {
-        absl::StrAppend(&why, why.empty() ? "" : "; ", d->fault().message());
+      for (size_t i = 0; i < devices_.size(); ++i) {
+        if (allowed(i)) absl::StrAppend(&why, why.empty() ? "" : "; ", devices_[i]->fault().message());
       }
       return done(absl::UnavailableError(absl::StrCat("no device of this host is usable: ", why)));
     }
@@ -394,6 +502,7 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
   }
   if (lease_ms == 0) lease_ms = options_.default_lease_ms;
   lease_ms = std::min(lease_ms, options_.max_lease_ms);
+  if (limits.max_lease_ms != 0) lease_ms = std::min(lease_ms, limits.max_lease_ms);
   uint64_t limit = options_.max_session_memory_bytes;
   if (memory_limit == 0) memory_limit = options_.default_session_memory_bytes;
   if (memory_limit != 0) limit = limit == 0 ? memory_limit : std::min(limit, memory_limit);
@@ -405,12 +514,29 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
         kMinKernelTimeLimitMs, " ms (a launch past it restarts the device for every session)")));
   }
   uint64_t time_limit = options_.kernel_time_limit_ms;
+  if (limits.kernel_time_limit_ms != 0) {
+    time_limit = time_limit == 0 ? limits.kernel_time_limit_ms
+                                 : std::min(time_limit, limits.kernel_time_limit_ms);
+  }
   if (kernel_time_limit_ms != 0) {
     time_limit = time_limit == 0 ? kernel_time_limit_ms : std::min(time_limit, kernel_time_limit_ms);
   }
+  std::shared_ptr<TenantUsage> usage;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    usage = UsageOf(caller.tenant_name());
+    if (limits.max_sessions != 0 && usage->sessions.load() >= limits.max_sessions) {
+      return done(absl::ResourceExhaustedError(TenantLimitError(
+          caller, absl::StrCat("session limit: ", usage->sessions.load(), " of its ",
+                               limits.max_sessions, " sessions are open"))));
+    }
+    // Counted now, so that concurrent opens cannot pass the limit together.
+    usage->sessions.fetch_add(1);
+  }
   // The stream comes to be in the worker with the session's first work.
   const device::StreamId stream = devices_[index]->CreateStream(absl::Milliseconds(time_limit));
-  auto session = std::make_shared<Session>(NewSessionToken(), index, stream, lease_ms, limit);
+  auto session =
+      std::make_shared<Session>(NewSessionToken(), usage, index, stream, lease_ms, limit);
   {
     absl::MutexLock lock(&session->mu);
     session->Touch();
@@ -421,26 +547,30 @@ void Engine::OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint
     ++sessions_per_device_[index];
   }
   sessions_opened_.fetch_add(1);
-  log::Info(session->name(), " opened on device ", index, " (lease ", lease_ms,
+  usage->sessions_opened.fetch_add(1);
+  log::Info(session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
+            " opened on device ", index, " (lease ", lease_ms,
             " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
             ", kernel time limit ", time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"),
             ")");
   done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, time_limit});
 }
 
-absl::StatusOr<uint64_t> Engine::KeepAlive(const std::string& token) {
-  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+absl::StatusOr<uint64_t> Engine::KeepAlive(const Caller& caller, const std::string& token) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   return s->lease_ms();
 }
 
-void Engine::CloseSession(const std::string& token, Done done) {
-  auto s = FindSession(token);
+void Engine::CloseSession(const Caller& caller, const std::string& token, Done done) {
+  auto s = FindSession(caller, token);
   if (!s.ok()) return done(s.status());
-  Close(*s, CloseReason::kClient, "the client closed it", std::move(done));
+  Close(*s, CloseReason::kClient, absl::StrCat("its client (", caller.peer, ") closed it"),
+        std::move(done));
 }
 
 void Engine::ReleaseMemory(Session& s, uint64_t bytes) {
   s.memory_used -= bytes;
+  s.usage().memory.fetch_sub(bytes);
   daemon_memory_used_.fetch_sub(bytes);
 }
 
@@ -455,6 +585,7 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     }
     sessions_.erase(it);
     --sessions_per_device_[s->device()];
+    s->usage().sessions.fetch_sub(1);
   }
   if (reason == CloseReason::kClient) sessions_closed_.fetch_add(1);
   if (reason == CloseReason::kExpired) sessions_expired_.fetch_add(1);
@@ -473,20 +604,23 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     ReleaseMemory(*s, s->memory_used);
     s->buffers.clear();
     s->functions.clear();
+    for (const auto& [handle, image] : s->modules) ReleaseModule(*s, image->sha256);
     s->modules.clear();
   }
-  log::Info(s->name(), " closed: ", why, "; freed ", buffers, " buffer(s), ", freed, " bytes");
+  log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers, " buffer(s), ", freed, " bytes");
   dev->DestroyStream(s->stream(), [done](absl::Status st) { done(absl::OkStatus()); });
 }
 
 // ---------------------------------------------------------------- modules
 
 absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(
-    const std::string& token, const std::string& sha256, uint64_t size, ModuleKind kind) {
-  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+    const Caller& caller, const std::string& token, const std::string& sha256, uint64_t size,
+    ModuleKind kind) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   if (!IsSha256Hex(sha256)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "module header: sha256 must be 64 lower-case hex digits, got '", sha256.substr(0, 80), "'"));
+        "module header: sha256 must be 64 lower-case hex digits (",
+        std::min<size_t>(sha256.size(), 10000), " characters were sent)"));
   }
   if (kind == ModuleKind::kUnspecified) {
     return absl::InvalidArgumentError(
@@ -497,13 +631,22 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(
                                                    " bytes; the daemon accepts at most ",
                                                    options_.max_module_bytes));
   }
-  return std::unique_ptr<ModuleUpload>(new ModuleUpload(this, std::move(s), sha256, size, kind));
+  const TenantLimits& limits =
+      caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
+  if (limits.module_bytes != 0 && size > limits.module_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        TenantLimitError(caller, "module limit: module "), sha256.substr(0, 12), " is ", size,
+        " bytes; the tenant's sessions may hold at most ", limits.module_bytes,
+        " bytes of module images"));
+  }
+  return std::unique_ptr<ModuleUpload>(
+      new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
 }
 
-ModuleUpload::ModuleUpload(Engine* engine, std::shared_ptr<Session> session, std::string sha256,
-                           uint64_t size, ModuleKind kind)
-    : engine_(engine), session_(std::move(session)), sha256_(std::move(sha256)), size_(size),
-      kind_(kind) {}
+ModuleUpload::ModuleUpload(Engine* engine, std::shared_ptr<Session> session, TenantLimits limits,
+                           std::string sha256, uint64_t size, ModuleKind kind)
+    : engine_(engine), session_(std::move(session)), limits_(std::move(limits)),
+      sha256_(std::move(sha256)), size_(size), kind_(kind) {}
 
 absl::Status ModuleUpload::AddChunk(absl::string_view chunk) {
   if (bytes_.size() + chunk.size() > size_) {
@@ -571,7 +714,7 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     it->second.last_used = ++engine_->module_store_clock_;
     image = it->second.image;
   }
-  engine_->FinishModule(session_, image, uploaded, newly_stored, std::move(done));
+  engine_->FinishModule(session_, limits_, image, uploaded, newly_stored, std::move(done));
 }
 
 absl::Status Engine::MakeRoom(uint64_t bytes, absl::string_view what) {
@@ -614,11 +757,13 @@ void Engine::Unstore(const std::string& sha256) {
   module_store_.erase(it);
 }
 
-void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const device::ModuleImage> image,
-                          bool uploaded, bool newly_stored, Callback<ModuleResult> done) {
+void Engine::FinishModule(std::shared_ptr<Session> s, TenantLimits limits,
+                          std::shared_ptr<const device::ModuleImage> image, bool uploaded,
+                          bool newly_stored, Callback<ModuleResult> done) {
   const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
                                         image->bytes.size(), " bytes) of ", s->name());
-  DeviceOf(*s)->LoadModule(image, what, [this, s, image, uploaded, newly_stored, done](absl::Status st) {
+  DeviceOf(*s)->LoadModule(image, what, [this, s, limits, image, uploaded, newly_stored,
+                                         done](absl::Status st) {
     if (!st.ok()) {
       // An image the driver rejects as such is not kept. (Other failures,
       // out of memory or a faulted device, say nothing about the image.)
@@ -639,6 +784,7 @@ void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const devi
       if (held->sha256 == image->sha256) r.handle = handle;
     }
     if (r.handle == 0) {
+      if (absl::Status held = HoldModule(*s, *image, limits); !held.ok()) return done(held);
       r.handle = s->NewHandle();
       s->modules.emplace(r.handle, image);
     }
@@ -646,9 +792,9 @@ void Engine::FinishModule(std::shared_ptr<Session> s, std::shared_ptr<const devi
   });
 }
 
-void Engine::GetFunction(const std::string& token, uint64_t module, const std::string& name,
-                         Callback<FunctionResult> done) {
-  auto s = FindSession(token);
+void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_t module,
+                         const std::string& name, Callback<FunctionResult> done) {
+  auto s = FindSession(caller, token);
   if (!s.ok()) return done(s.status());
   std::shared_ptr<Session> session = *s;
   std::shared_ptr<const device::ModuleImage> image;
@@ -689,8 +835,9 @@ void Engine::GetFunction(const std::string& token, uint64_t module, const std::s
 
 // ---------------------------------------------------------------- memory
 
-void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferInfo> done) {
-  auto found = FindSession(token);
+void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t size,
+                      Callback<BufferInfo> done) {
+  auto found = FindSession(caller, token);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
   if (size == 0) return done(absl::InvalidArgumentError("Allocate: size must be positive"));
@@ -702,10 +849,28 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
           "session memory limit: ", s->name(), " holds ", s->memory_used, " of its ",
           s->memory_limit(), " bytes; ", size, " more do not fit")));
     }
+    // The tenant's limit, reserved as the daemon's is (its sessions
+    // allocate concurrently).
+    const uint64_t tenant_limit = caller.tenant != nullptr ? caller.tenant->limits.memory_bytes : 0;
+    std::atomic<uint64_t>& tenant_used = s->usage().memory;
+    if (tenant_limit != 0) {
+      uint64_t used = tenant_used.load();
+      do {
+        if (size > tenant_limit - std::min(used, tenant_limit)) {
+          return done(absl::ResourceExhaustedError(TenantLimitError(
+              caller, absl::StrCat("memory limit: its sessions hold ", used, " of its ",
+                                   tenant_limit, " bytes; ", size, " more for ", s->name(),
+                                   " do not fit"))));
+        }
+      } while (!tenant_used.compare_exchange_weak(used, used + size));
+    } else {
+      tenant_used.fetch_add(size);
+    }
     if (options_.daemon_memory_bytes != 0) {
       uint64_t used = daemon_memory_used_.load();
       do {
         if (size > options_.daemon_memory_bytes - std::min(used, options_.daemon_memory_bytes)) {
+          tenant_used.fetch_sub(size);
           return done(absl::ResourceExhaustedError(absl::StrCat(
               "daemon memory limit: sessions hold ", used, " of the daemon's ",
               options_.daemon_memory_bytes, " bytes; ", size, " more for ", s->name(),
@@ -750,8 +915,8 @@ void Engine::Allocate(const std::string& token, uint64_t size, Callback<BufferIn
   });
 }
 
-void Engine::Free(const std::string& token, uint64_t buffer, Done done) {
-  auto found = FindSession(token);
+void Engine::Free(const Caller& caller, const std::string& token, uint64_t buffer, Done done) {
+  auto found = FindSession(caller, token);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
   absl::MutexLock lock(&s->mu);
@@ -775,9 +940,10 @@ void Engine::Free(const std::string& token, uint64_t buffer, Done done) {
   DeviceOf(*s)->Free(s->stream(), entry.ptr, entry.epoch, s->Describe(entry), std::move(done));
 }
 
-void Engine::Memset(const std::string& token, uint64_t buffer, uint64_t offset, uint64_t size,
+void Engine::Memset(const Caller& caller, const std::string& token, uint64_t buffer,
+                    uint64_t offset, uint64_t size,
                     uint32_t value, Done done) {
-  auto found = FindSession(token);
+  auto found = FindSession(caller, token);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
   if (value > 255) {
@@ -795,9 +961,10 @@ void Engine::Memset(const std::string& token, uint64_t buffer, uint64_t offset, 
                        absl::StrCat("Memset of ", s->Describe(**b)), std::move(done));
 }
 
-void Engine::CopyBuffer(const std::string& token, uint64_t dst, uint64_t dst_offset, uint64_t src,
+void Engine::CopyBuffer(const Caller& caller, const std::string& token, uint64_t dst,
+                        uint64_t dst_offset, uint64_t src,
                         uint64_t src_offset, uint64_t size, Done done) {
-  auto found = FindSession(token);
+  auto found = FindSession(caller, token);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
   absl::MutexLock lock(&s->mu);
@@ -816,9 +983,10 @@ void Engine::CopyBuffer(const std::string& token, uint64_t dst, uint64_t dst_off
 
 // ---------------------------------------------------------------- Write
 
-absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const std::string& token,
+absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const Caller& caller,
+                                                              const std::string& token,
                                                               uint64_t buffer, uint64_t offset) {
-  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   absl::MutexLock lock(&s->mu);
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, 0, "Write"));
@@ -919,6 +1087,7 @@ void WriteSink::PushFrom(ByteSpans data, Done more) {
                                       self->device_->staging().Release(slot);
                                       if (st.ok()) {
                                         self->traffic_->bytes_written.fetch_add(n);
+                                        self->session_->usage().traffic.bytes_written.fetch_add(n);
                                         absl::MutexLock lock(&self->mu_);
                                         self->written_ += n;
                                       }
@@ -980,10 +1149,11 @@ void WriteSink::Finish(Callback<uint64_t> done) {
 
 // ---------------------------------------------------------------- Read
 
-absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const std::string& token,
+absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const Caller& caller,
+                                                              const std::string& token,
                                                               uint64_t buffer, uint64_t offset,
                                                               uint64_t size, uint32_t chunk) {
-  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(token));
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   absl::MutexLock lock(&s->mu);
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   if (size == 0 && offset <= b->size) size = b->size - offset;
@@ -1101,7 +1271,10 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
 }
 
 void ReadSource::Ready(uint64_t offset, absl::StatusOr<ReadChunk> chunk) {
-  if (chunk.ok()) traffic_->bytes_read.fetch_add(chunk->bytes.size());
+  if (chunk.ok()) {
+    traffic_->bytes_read.fetch_add(chunk->bytes.size());
+    session_->usage().traffic.bytes_read.fetch_add(chunk->bytes.size());
+  }
   {
     absl::MutexLock lock(&mu_);
     ready_.emplace(offset, std::move(chunk));
@@ -1138,8 +1311,8 @@ void ReadSource::Deliver() {
 
 // ---------------------------------------------------------------- launch
 
-void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
-  auto found = FindSession(spec.session);
+void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns) {
+  auto found = FindSession(caller, spec.session);
   if (!found.ok()) return gpu_ns(found.status());
   std::shared_ptr<Session> s = *found;
   worker::RemoteDevice* dev = DeviceOf(*s);
@@ -1226,13 +1399,16 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     op.geometry.shared_bytes = spec.shared_bytes;
     op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
     TrafficCounters* traffic = &traffic_[s->device()];
+    TrafficCounters* tenant_traffic = &s->usage().traffic;
     NoteWork(*s);
     if (!spec.synchronize) {
-      dev->Launch(s->stream(), std::move(op), epoch, [gpu_ns, traffic](absl::Status st) {
-        if (!st.ok()) return gpu_ns(st);
-        traffic->launches.fetch_add(1);
-        gpu_ns(uint64_t{0});
-      });
+      dev->Launch(s->stream(), std::move(op), epoch,
+                  [gpu_ns, traffic, tenant_traffic](absl::Status st) {
+                    if (!st.ok()) return gpu_ns(st);
+                    traffic->launches.fetch_add(1);
+                    tenant_traffic->launches.fetch_add(1);
+                    gpu_ns(uint64_t{0});
+                  });
       return;
     }
     // The synchronize goes with the launch, in one request and one answer.
@@ -1242,7 +1418,11 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
     dev->LaunchAndSynchronize(
         s->stream(), std::move(op), epoch, work_epoch,
         [s, traffic, gpu_ns](absl::StatusOr<uint64_t> ns, bool launched) {
-          if (launched) traffic->launches.fetch_add(1);
+          if (launched) {
+            traffic->launches.fetch_add(1);
+            s->usage().traffic.launches.fetch_add(1);
+          }
+          if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
           {
             absl::MutexLock lock(&s->mu);
             --s->waiting;
@@ -1253,8 +1433,9 @@ void Engine::Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns) {
   }
 }
 
-void Engine::Synchronize(const std::string& token, Callback<uint64_t> gpu_ns) {
-  auto found = FindSession(token);
+void Engine::Synchronize(const Caller& caller, const std::string& token,
+                         Callback<uint64_t> gpu_ns) {
+  auto found = FindSession(caller, token);
   if (!found.ok()) return gpu_ns(found.status());
   Synchronize(*found, std::move(gpu_ns));
 }
@@ -1266,6 +1447,7 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   const uint64_t work_epoch = s->work_epoch;
   s->work_epoch = 0;
   DeviceOf(*s)->Synchronize(s->stream(), work_epoch, [s, gpu_ns](absl::StatusOr<uint64_t> ns) {
+    if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
     {
       absl::MutexLock lock(&s->mu);
       --s->waiting;

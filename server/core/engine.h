@@ -89,14 +89,6 @@ struct DeviceStatus {
   std::string last_reset;
 };
 
-// Running totals of one device's traffic, kept by the engine (they survive
-// anything that happens to the device itself).
-struct TrafficCounters {
-  std::atomic<uint64_t> launches{0};
-  std::atomic<uint64_t> bytes_written{0};  // host to device, by Write
-  std::atomic<uint64_t> bytes_read{0};     // device to host, by Read
-};
-
 // A snapshot for metrics: what the engine holds and has done.
 struct EngineStats {
   struct PerDevice {
@@ -109,6 +101,19 @@ struct EngineStats {
     bool healthy = false;
   };
   std::vector<PerDevice> devices;
+  struct PerTenant {
+    std::string name;
+    uint32_t sessions = 0;
+    uint64_t memory_held = 0;
+    uint64_t module_bytes = 0;
+    uint64_t sessions_opened = 0;
+    uint64_t launches = 0;
+    uint64_t bytes_written = 0;
+    uint64_t bytes_read = 0;
+    uint64_t gpu_ns = 0;
+  };
+  // Every tenant that has opened a session since the daemon started.
+  std::vector<PerTenant> tenants;
   uint32_t sessions_open = 0;
   uint64_t sessions_opened = 0;
   // Sessions ended by their client, by a lapsed lease, by shutdown.
@@ -171,10 +176,11 @@ class ModuleUpload {
 
  private:
   friend class Engine;
-  ModuleUpload(Engine* engine, std::shared_ptr<Session> session, std::string sha256,
-               uint64_t size, ModuleKind kind);
+  ModuleUpload(Engine* engine, std::shared_ptr<Session> session, TenantLimits limits,
+               std::string sha256, uint64_t size, ModuleKind kind);
   Engine* engine_;
   std::shared_ptr<Session> session_;
+  TenantLimits limits_;  // of the caller that began it
   std::string sha256_;
   uint64_t size_;
   ModuleKind kind_;
@@ -299,35 +305,45 @@ class Engine {
   // Counts for metrics; takes each session's lock in turn, briefly.
   EngineStats Stats() const;
 
-  void ListDevices(Callback<std::vector<DeviceStatus>> done);
+  // Every call names its caller. A session belongs to the tenant that
+  // opened it: for any other tenant its token is NOT_FOUND, exactly as a
+  // token never issued. ListDevices gives the caller the device figures and
+  // the details of its own sessions only.
+  void ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus>> done);
 
-  // `kernel_time_limit_ms`: 0 or more than the daemon's limit takes the
-  // daemon's.
-  void OpenSession(std::optional<uint32_t> device, uint64_t lease_ms, uint64_t memory_limit,
-                   uint64_t kernel_time_limit_ms, Callback<SessionInfo> done);
-  absl::StatusOr<uint64_t> KeepAlive(const std::string& token);
-  void CloseSession(const std::string& token, Done done);
+  // `kernel_time_limit_ms`: 0 or more than the daemon's (or the tenant's)
+  // limit takes that limit.
+  void OpenSession(const Caller& caller, std::optional<uint32_t> device, uint64_t lease_ms,
+                   uint64_t memory_limit, uint64_t kernel_time_limit_ms,
+                   Callback<SessionInfo> done);
+  absl::StatusOr<uint64_t> KeepAlive(const Caller& caller, const std::string& token);
+  void CloseSession(const Caller& caller, const std::string& token, Done done);
 
-  absl::StatusOr<std::unique_ptr<ModuleUpload>> BeginModuleUpload(const std::string& token,
+  absl::StatusOr<std::unique_ptr<ModuleUpload>> BeginModuleUpload(const Caller& caller,
+                                                                  const std::string& token,
                                                                   const std::string& sha256,
                                                                   uint64_t size, ModuleKind kind);
-  void GetFunction(const std::string& token, uint64_t module, const std::string& name,
-                   Callback<FunctionResult> done);
+  void GetFunction(const Caller& caller, const std::string& token, uint64_t module,
+                   const std::string& name, Callback<FunctionResult> done);
 
-  void Allocate(const std::string& token, uint64_t size, Callback<BufferInfo> done);
-  void Free(const std::string& token, uint64_t buffer, Done done);
-  void Memset(const std::string& token, uint64_t buffer, uint64_t offset, uint64_t size,
-              uint32_t value, Done done);
-  void CopyBuffer(const std::string& token, uint64_t dst, uint64_t dst_offset, uint64_t src,
-                  uint64_t src_offset, uint64_t size, Done done);
-  absl::StatusOr<std::shared_ptr<WriteSink>> BeginWrite(const std::string& token,
+  void Allocate(const Caller& caller, const std::string& token, uint64_t size,
+                Callback<BufferInfo> done);
+  void Free(const Caller& caller, const std::string& token, uint64_t buffer, Done done);
+  void Memset(const Caller& caller, const std::string& token, uint64_t buffer, uint64_t offset,
+              uint64_t size, uint32_t value, Done done);
+  void CopyBuffer(const Caller& caller, const std::string& token, uint64_t dst,
+                  uint64_t dst_offset, uint64_t src, uint64_t src_offset, uint64_t size,
+                  Done done);
+  absl::StatusOr<std::shared_ptr<WriteSink>> BeginWrite(const Caller& caller,
+                                                        const std::string& token,
                                                         uint64_t buffer, uint64_t offset);
-  absl::StatusOr<std::shared_ptr<ReadSource>> BeginRead(const std::string& token,
+  absl::StatusOr<std::shared_ptr<ReadSource>> BeginRead(const Caller& caller,
+                                                        const std::string& token,
                                                         uint64_t buffer, uint64_t offset,
                                                         uint64_t size, uint32_t chunk);
 
-  void Launch(LaunchSpec spec, Callback<uint64_t> gpu_ns);
-  void Synchronize(const std::string& token, Callback<uint64_t> gpu_ns);
+  void Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns);
+  void Synchronize(const Caller& caller, const std::string& token, Callback<uint64_t> gpu_ns);
 
  private:
   friend class ModuleUpload;
@@ -335,7 +351,19 @@ class Engine {
   friend class ReadSource;
 
   explicit Engine(const EngineOptions& options);
-  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& token);
+  // The caller's session named by `token`; NOT_FOUND when there is none or
+  // it is another tenant's.
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const Caller& caller,
+                                                       const std::string& token);
+  // The usage record of tenant `name`, made on first use.
+  std::shared_ptr<TenantUsage> UsageOf(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sessions_mu_);
+  // Charges the session's tenant for holding `image` (once per tenant, however
+  // many of its sessions hold it); RESOURCE_EXHAUSTED past `limits`.
+  absl::Status HoldModule(Session& s, const device::ModuleImage& image,
+                          const TenantLimits& limits);
+  // The session no longer holds `sha256`.
+  void ReleaseModule(Session& s, const std::string& sha256);
   worker::RemoteDevice* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
   // The buffer, or why not: not found, or lost with its device's memory
   // (then it is marked lost and its memory given back to the limits).
@@ -353,8 +381,9 @@ class Engine {
   void OnDeviceReset(int index, const worker::ResetInfo& info);
   static absl::Status CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
                                  uint64_t size, absl::string_view op);
-  void FinishModule(std::shared_ptr<Session> session, std::shared_ptr<const device::ModuleImage> image,
-                    bool uploaded, bool newly_stored, Callback<ModuleResult> done);
+  void FinishModule(std::shared_ptr<Session> session, TenantLimits limits,
+                    std::shared_ptr<const device::ModuleImage> image, bool uploaded,
+                    bool newly_stored, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
   enum class CloseReason { kClient, kExpired, kShutdown };
@@ -372,6 +401,11 @@ class Engine {
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(sessions_mu_);
   std::vector<uint32_t> sessions_per_device_ ABSL_GUARDED_BY(sessions_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
+      ABSL_GUARDED_BY(sessions_mu_);
+  // Per device: the tenant whose session the last reset's reason names
+  // (empty: none), so that only it sees that reason in ListDevices.
+  std::vector<std::string> reset_culprit_ ABSL_GUARDED_BY(sessions_mu_);
 
   // Daemon-wide device memory held by sessions.
   std::atomic<uint64_t> daemon_memory_used_{0};

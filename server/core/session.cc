@@ -7,9 +7,10 @@
 
 namespace gpuexec::core {
 
-Session::Session(std::string token, int device, device::StreamId stream, uint64_t lease_ms,
-                 uint64_t memory_limit)
+Session::Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
+                 device::StreamId stream, uint64_t lease_ms, uint64_t memory_limit)
     : token_(std::move(token)),
+      tenant_(std::move(tenant)),
       name_(absl::StrCat("session ", token_.substr(0, 8))),
       device_(device),
       stream_(stream),

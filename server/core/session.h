@@ -19,9 +19,36 @@
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/core/tenant.h"
 #include "server/device/device.h"
 
 namespace gpuexec::core {
+
+// Running totals of traffic (on one device, or of one tenant).
+struct TrafficCounters {
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> bytes_written{0};  // host to device, by Write
+  std::atomic<uint64_t> bytes_read{0};     // device to host, by Read
+  std::atomic<uint64_t> gpu_ns{0};         // reported by Synchronize
+};
+
+// What all sessions of one tenant hold and have done. Made by the engine
+// the first time the tenant opens a session and kept for the daemon's life
+// (its totals are metrics); shared by the tenant's sessions.
+struct TenantUsage {
+  explicit TenantUsage(std::string n) : name(std::move(n)) {}
+  const std::string name;
+  std::atomic<uint32_t> sessions{0};  // changed under the engine's sessions lock
+  std::atomic<uint64_t> memory{0};    // device bytes of its sessions' buffers
+  std::atomic<uint64_t> sessions_opened{0};
+  TrafficCounters traffic;
+
+  // Distinct module images its sessions hold: bytes and how many sessions
+  // hold each.
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, std::pair<uint64_t, uint32_t>> modules ABSL_GUARDED_BY(mu);
+  uint64_t module_bytes ABSL_GUARDED_BY(mu) = 0;
+};
 
 struct BufferEntry {
   uint64_t handle = 0;
@@ -45,10 +72,13 @@ struct FunctionEntry {
 
 class Session {
  public:
-  Session(std::string token, int device, device::StreamId stream, uint64_t lease_ms,
-          uint64_t memory_limit);
+  Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
+          device::StreamId stream, uint64_t lease_ms, uint64_t memory_limit);
 
   const std::string& token() const { return token_; }
+  // The tenant that opened it: the only one that can name it.
+  const std::string& tenant() const { return tenant_->name; }
+  TenantUsage& usage() const { return *tenant_; }
   // "session 3f2a91c0" (the token's first 8 characters) for messages.
   const std::string& name() const { return name_; }
   int device() const { return device_; }
@@ -84,6 +114,7 @@ class Session {
 
  private:
   const std::string token_;
+  const std::shared_ptr<TenantUsage> tenant_;
   const std::string name_;
   const int device_;
   const device::StreamId stream_;

@@ -115,8 +115,9 @@ class CallObserver final : public Interceptor {
 
 class RpcObserverFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit RpcObserverFactory(metrics::Registry* registry)
-      : started_(registry->AddCounter("grpc_server_started_total", "RPCs started on the server.",
+  RpcObserverFactory(metrics::Registry* registry, Identity* identity)
+      : identity_(identity),
+        started_(registry->AddCounter("grpc_server_started_total", "RPCs started on the server.",
                                       {"grpc_service", "grpc_method", "grpc_type"})),
         handled_(registry->AddCounter("grpc_server_handled_total",
                                       "RPCs completed on the server, by status code.",
@@ -133,6 +134,8 @@ class RpcObserverFactory final : public grpc::experimental::ServerInterceptorFac
   }
 
   // The counter and histogram of `m` for `code`.
+  Identity* identity() const { return identity_; }
+
   std::pair<metrics::Counter*, metrics::Histogram*> ForCode(MethodMetrics* m, int code) {
     if (code < 0 || code >= kCodes) code = static_cast<int>(grpc::StatusCode::UNKNOWN);
     absl::MutexLock lock(&m->mu);
@@ -161,6 +164,7 @@ class RpcObserverFactory final : public grpc::experimental::ServerInterceptorFac
     return m.get();
   }
 
+  Identity* const identity_;
   metrics::Registry::CounterFamily* started_;
   metrics::Registry::CounterFamily* handled_;
   metrics::Registry::HistogramFamily* seconds_;
@@ -174,8 +178,15 @@ void CallObserver::Finished(const grpc::Status& status) {
   handled->Add();
   seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
   if (status.ok()) return;
-  const std::string peer =
-      info_->server_context() != nullptr ? info_->server_context()->peer() : "";
+  std::string peer;
+  if (grpc::ServerContextBase* ctx = info_->server_context(); ctx != nullptr) {
+    // Who, for the log: identified again (failures only), without counting
+    // a refusal twice.
+    auto caller = factory_->identity()->Identify(*ctx,
+                                                /*count_refusals=*/false);
+    peer = caller.ok() ? absl::StrCat(caller->peer, " (tenant '", caller->tenant_name(), "')")
+                       : absl::StrCat(ctx->peer(), " (unauthenticated)");
+  }
   if (m_->method == "LoadModule" && status.error_code() == grpc::StatusCode::NOT_FOUND) {
     // A header-only upload of an image the daemon lacks: the protocol's
     // cache probe, answered as designed; the bytes follow.
@@ -186,7 +197,7 @@ void CallObserver::Finished(const grpc::Status& status) {
              absl::Status(static_cast<absl::StatusCode>(code), status.error_message()));
 }
 
-void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
+void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink) {
   // Device figures come from the executors (free memory is a driver call on
   // the device's own thread); a scrape waits for them a short while.
   struct Pending {
@@ -194,7 +205,7 @@ void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
     std::vector<core::DeviceStatus> devices;
   };
   auto pending = std::make_shared<Pending>();
-  engine->ListDevices([pending](absl::StatusOr<std::vector<core::DeviceStatus>> d) {
+  engine->ListDevices(core::OperatorCaller(), [pending](absl::StatusOr<std::vector<core::DeviceStatus>> d) {
     if (d.ok()) pending->devices = std::move(d).value();
     pending->done.Notify();
   });
@@ -272,6 +283,37 @@ void CollectEngine(core::Engine* engine, metrics::Sink& sink) {
   sink.Sample("gpuexec_module_uploads_total", {}, static_cast<double>(st.module_uploads));
   counter("gpuexec_module_upload_bytes_total", "Bytes of module images uploaded.");
   sink.Sample("gpuexec_module_upload_bytes_total", {}, static_cast<double>(st.module_upload_bytes));
+
+  // By tenant: one series per tenant that has opened a session (tenants are
+  // named by the tenants file or a verified certificate, never by a value
+  // a caller made up).
+  auto per_tenant = [&](const char* name, auto value) {
+    for (const auto& t : st.tenants) {
+      sink.Sample(name, {{"tenant", t.name}}, static_cast<double>(value(t)));
+    }
+  };
+  gauge("gpuexec_tenant_sessions", "Sessions the tenant has open.");
+  per_tenant("gpuexec_tenant_sessions", [](const auto& t) { return t.sessions; });
+  counter("gpuexec_tenant_sessions_opened_total", "Sessions the tenant opened.");
+  per_tenant("gpuexec_tenant_sessions_opened_total", [](const auto& t) { return t.sessions_opened; });
+  gauge("gpuexec_tenant_memory_held_bytes", "Device memory of the tenant's buffers.");
+  per_tenant("gpuexec_tenant_memory_held_bytes", [](const auto& t) { return t.memory_held; });
+  gauge("gpuexec_tenant_module_bytes", "Bytes of the distinct module images the tenant holds.");
+  per_tenant("gpuexec_tenant_module_bytes", [](const auto& t) { return t.module_bytes; });
+  counter("gpuexec_tenant_launches_total", "Kernel launches the tenant enqueued.");
+  per_tenant("gpuexec_tenant_launches_total", [](const auto& t) { return t.launches; });
+  counter("gpuexec_tenant_gpu_seconds_total", "GPU time of the tenant's work, as Synchronize reports it.");
+  per_tenant("gpuexec_tenant_gpu_seconds_total", [](const auto& t) { return t.gpu_ns / 1e9; });
+  counter("gpuexec_tenant_write_bytes_total", "Bytes the tenant copied to devices by Write.");
+  per_tenant("gpuexec_tenant_write_bytes_total", [](const auto& t) { return t.bytes_written; });
+  counter("gpuexec_tenant_read_bytes_total", "Bytes the tenant copied from devices by Read.");
+  per_tenant("gpuexec_tenant_read_bytes_total", [](const auto& t) { return t.bytes_read; });
+
+  counter("gpuexec_auth_refused_total", "Calls refused for their credentials, by reason.");
+  for (tenants::Refusal r : tenants::kAllRefusals) {
+    sink.Sample("gpuexec_auth_refused_total", {{"reason", tenants::RefusalLabel(r)}},
+                static_cast<double>(identity->refused(r)));
+  }
 }
 
 }  // namespace
@@ -286,12 +328,13 @@ void LogFailure(absl::string_view method, absl::string_view peer, const absl::St
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
-    metrics::Registry* registry) {
-  return std::make_unique<RpcObserverFactory>(registry);
+    metrics::Registry* registry, Identity* identity) {
+  return std::make_unique<RpcObserverFactory>(registry, identity);
 }
 
-void AddEngineCollector(metrics::Registry* registry, core::Engine* engine) {
-  registry->AddCollector([engine](metrics::Sink& sink) { CollectEngine(engine, sink); });
+void AddEngineCollector(metrics::Registry* registry, core::Engine* engine, Identity* identity) {
+  registry->AddCollector(
+      [engine, identity](metrics::Sink& sink) { CollectEngine(engine, identity, sink); });
 }
 
 }  // namespace gpuexec::rpc

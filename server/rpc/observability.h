@@ -13,14 +13,16 @@
 #include "absl/strings/string_view.h"
 #include "server/core/engine.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/identity.h"
 
 namespace gpuexec::rpc {
 
 // Counts every call by service, method and type, and on completion by
 // status code, with its latency; logs calls that fail. `registry` must
 // outlive the server the factory is installed in.
+// `identity` names the tenant of a failed call in its log line.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
-    metrics::Registry* registry);
+    metrics::Registry* registry, Identity* identity);
 
 // One log line for a failed call or command: "Launch from ipv4:... failed:
 // INVALID_ARGUMENT: ...", at info level when the caller caused it (bad
@@ -30,7 +32,8 @@ void LogFailure(absl::string_view method, absl::string_view peer, const absl::St
 // Adds the engine's gauges and counters (sessions, buffers, modules,
 // per-device memory, launches, bytes) to `registry`. `engine` must outlive
 // the registry's scrapes.
-void AddEngineCollector(metrics::Registry* registry, core::Engine* engine);
+// With each tenant's figures and the refused authentications (`identity`).
+void AddEngineCollector(metrics::Registry* registry, core::Engine* engine, Identity* identity);
 
 }  // namespace gpuexec::rpc
 

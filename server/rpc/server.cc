@@ -2,31 +2,120 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
+#include <fstream>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "server/common/log.h"
+#include "server/common/status_macros.h"
 #include "server/core/engine.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/health.h"
 #include "server/rpc/observability.h"
+#include "server/rpc/identity.h"
 #include "server/rpc/service.h"
+#include "server/rpc/unix_listener.h"
+#include "server/tenants/tenants.h"
 
 namespace gpuexec {
+namespace {
+
+// Whether `address` (host:port) is reachable only from this host.
+bool IsLoopback(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? address : address.substr(0, colon);
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+// A PEM file the TLS listener needs: it must be there and readable at start
+// (the watcher then picks up its replacements).
+absl::Status CheckPemFile(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path);
+  std::string first;
+  if (!in || !std::getline(in, first)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+  }
+  if (first.rfind("-----BEGIN ", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a PEM file"));
+  }
+  return absl::OkStatus();
+}
+
+// What the daemon needs to know before it serves anyone: the TLS files, the
+// tenants file, and whether the listen address may be served as configured.
+absl::Status CheckSecurity(const ServerOptions& o) {
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  const bool tls = !o.tls_cert.empty();
+  if (!o.tls_client_ca.empty() && !tls) {
+    return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+  }
+  if (tls && o.listen_address.empty()) {
+    return absl::InvalidArgumentError("--tls_cert: there is no TCP listener (--listen is empty)");
+  }
+  if (tls) {
+    GPUEXEC_RETURN_IF_ERROR(CheckPemFile(o.tls_cert, "--tls_cert"));
+    GPUEXEC_RETURN_IF_ERROR(CheckPemFile(o.tls_key, "--tls_key"));
+    if (!o.tls_client_ca.empty()) {
+      GPUEXEC_RETURN_IF_ERROR(CheckPemFile(o.tls_client_ca, "--tls_client_ca"));
+    }
+  }
+  if (o.listen_address.empty() || IsLoopback(o.listen_address) || o.allow_unauthenticated) {
+    return absl::OkStatus();
+  }
+  const bool identity = !o.tenants_file.empty() || !o.tls_client_ca.empty();
+  if (tls && identity) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--listen=", o.listen_address, " is not a loopback address, and ",
+      tls ? "no identity is configured: give --tenants (bearer tokens) or --tls_client_ca "
+            "(client certificates)"
+          : "it has no TLS: give --tls_cert and --tls_key, and --tenants or --tls_client_ca",
+      "; or --allow_unauthenticated to let anyone who reaches it use the GPUs"));
+}
+
+std::shared_ptr<grpc::ServerCredentials> TlsCredentials(const ServerOptions& o,
+                                                        rpc::Identity* identity) {
+  const unsigned interval =
+      static_cast<unsigned>(std::max<int64_t>(1, absl::ToInt64Seconds(o.tls_reload_interval)));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      o.tls_key, o.tls_cert, o.tls_client_ca.empty() ? std::string() : o.tls_client_ca,
+      interval);
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (!o.tls_client_ca.empty()) {
+    tls.watch_root_certs();
+    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::experimental::TlsServerCredentials(tls);
+  creds->SetAuthMetadataProcessor(identity->MakeProcessor());
+  return creds;
+}
+
+}  // namespace
 
 class Server::Impl {
  public:
   // Declared first: the interceptors and the metrics endpoint use it until
   // the end.
   metrics::Registry registry;
+  std::string tenants_file;
+  std::unique_ptr<rpc::Identity> identity;
   std::unique_ptr<core::Engine> engine;
   std::unique_ptr<metrics::HttpServer> metrics_http;
   std::unique_ptr<rpc::GpuExecService> service;
@@ -37,6 +126,8 @@ class Server::Impl {
   std::unique_ptr<grpc::ServerCompletionQueue> queue;
   std::vector<std::thread> pollers;
   std::unique_ptr<grpc::Server> server;
+  // Hands its connections to `server`: goes before it.
+  std::unique_ptr<rpc::UnixListener> unix_listener;
   int port = 0;
   absl::Mutex health_mu;
   bool last_serving ABSL_GUARDED_BY(health_mu) = false;
@@ -76,7 +167,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.listen_address.empty() && options.unix_socket.empty()) {
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
   }
+  GPUEXEC_RETURN_IF_ERROR(CheckSecurity(options));
   auto impl = std::make_unique<Impl>();
+  impl->identity = std::make_unique<rpc::Identity>(!options.tls_client_ca.empty());
+  impl->tenants_file = options.tenants_file;
+  if (!options.tenants_file.empty()) {
+    auto dir = tenants::Directory::Load(options.tenants_file);
+    if (!dir.ok()) return dir.status();
+    log::Info("tenants: ", (*dir)->size(), " tenant(s) from ", options.tenants_file);
+    impl->identity->SetDirectory(*std::move(dir));
+  }
   core::EngineOptions eo;
   eo.driver_library = options.driver_library;
   eo.default_lease_ms = options.default_lease_ms;
@@ -99,8 +199,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto engine = core::Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
-  impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get());
-  rpc::AddEngineCollector(&impl->registry, impl->engine.get());
+  impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get(), impl->identity.get());
+  rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
     auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry);
     if (!http.ok()) return http.status();
@@ -110,12 +210,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   if (!options.listen_address.empty()) {
-    builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+    builder.AddListeningPort(options.listen_address,
+                             options.tls_cert.empty()
+                                 ? grpc::InsecureServerCredentials()
+                                 : TlsCredentials(options, impl->identity.get()),
                              &impl->port);
-  }
-  if (!options.unix_socket.empty()) {
-    builder.AddListeningPort(absl::StrCat("unix:", options.unix_socket),
-                             grpc::InsecureServerCredentials());
   }
   // Chunks are 1 MiB by default; leave room for clients that send larger.
   // A second daemon on the same port is a mistake to report, not a load
@@ -130,7 +229,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // then costs a hand-off (and a wake-up) per message.
   impl->queue = builder.AddCompletionQueue();
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> observers;
-  observers.push_back(rpc::MakeRpcObserver(&impl->registry));
+  observers.push_back(rpc::MakeRpcObserver(&impl->registry, impl->identity.get()));
   builder.experimental().SetInterceptorCreators(std::move(observers));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || (!options.listen_address.empty() && impl->port == 0)) {
@@ -139,6 +238,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.listen_address.empty() ? "" : absl::StrCat("'", options.listen_address, "'"),
         options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
         " (address in use or not valid?)"));
+  }
+  if (!options.unix_socket.empty()) {
+    auto listener = rpc::UnixListener::Start(options.unix_socket, options.unix_socket_group,
+                                             impl->server.get(), impl->identity.get());
+    if (!listener.ok()) {
+      impl->server->Shutdown();
+      return listener.status();
+    }
+    impl->unix_listener = *std::move(listener);
   }
   impl->service->Listen(impl->queue.get());
   impl->health.Listen(impl->queue.get());
@@ -162,6 +270,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.listen_address.substr(0, options.listen_address.rfind(':')), ":", impl->port));
   }
   if (!options.unix_socket.empty()) addresses.push_back(absl::StrCat("unix:", options.unix_socket));
+  log::Info("gpuexecd: ", options.tls_cert.empty() ? "plain TCP" : "TLS",
+            options.tls_client_ca.empty() ? "" : " with client certificates", "; ",
+            options.tenants_file.empty() ? std::string("no tenants file (one tenant)")
+                                         : absl::StrCat("tenants from ", options.tenants_file),
+            options.allow_unauthenticated ? "; --allow_unauthenticated" : "");
   log::Info("gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s",
             "; busy polling ",
             busy_poll_us == 0 ? std::string("off")
@@ -186,6 +299,24 @@ int Server::metrics_port() const {
 
 std::string Server::RenderMetrics() { return impl_->registry.Render(); }
 
+absl::Status Server::ReloadTenants() {
+  if (impl_->tenants_file.empty()) {
+    return absl::FailedPreconditionError("the daemon has no tenants file (--tenants) to reload");
+  }
+  const size_t before =
+      impl_->identity->directory() == nullptr ? 0 : impl_->identity->directory()->size();
+  auto dir = tenants::Directory::Load(impl_->tenants_file);
+  if (!dir.ok()) {
+    log::Error("tenants: not reloaded, the ", before, " tenant(s) in force stay: ",
+               dir.status().message());
+    return dir.status();
+  }
+  log::Info("tenants: reloaded ", impl_->tenants_file, ": ", (*dir)->size(),
+            " tenant(s), in force for new calls");
+  impl_->identity->SetDirectory(*std::move(dir));
+  return absl::OkStatus();
+}
+
 int Server::device_count() const { return impl_->engine->device_count(); }
 
 int Server::worker_pid(int index) const { return impl_->engine->WorkerPid(index); }
@@ -208,6 +339,7 @@ void Server::Shutdown(absl::Duration deadline) {
     impl_->health_stopped = true;
   }
   impl_->health.Shutdown();  // every name NOT_SERVING; watches end
+  impl_->unix_listener.reset();  // no new connections
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
   // Calls may still wait for the engine; their queues serve them until the

@@ -19,8 +19,25 @@ struct ServerOptions {
   // host:port to listen on; port 0 picks a free port (see port()). Empty
   // means no TCP listener.
   std::string listen_address = "127.0.0.1:50051";
-  // Optional Unix domain socket path (served in addition to TCP).
+  // Optional Unix domain socket path (served in addition to TCP). The file
+  // is made with mode 0660 and, if given, group `unix_socket_group`; each
+  // connection's peer uid and gid can name a tenant.
   std::string unix_socket;
+  std::string unix_socket_group;
+  // TLS on the TCP listener: PEM files, watched and reloaded (replace them
+  // atomically, by rename) every `tls_reload_interval`. With
+  // `tls_client_ca`, clients must present a certificate it signed (mutual
+  // TLS), and its names can name a tenant.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  absl::Duration tls_reload_interval = absl::Seconds(60);
+  // The tenants file (protobuf text format, gpuexec.config.v1.TenantsConfig);
+  // empty: every caller is one implicit tenant. Reloaded by ReloadTenants().
+  std::string tenants_file;
+  // Serve a TCP address that is not loopback without TLS and an identity
+  // (tenants or client certificates): anyone who reaches it is a user.
+  bool allow_unauthenticated = false;
   // host:port of the Prometheus metrics endpoint (GET /metrics); empty for
   // none, port 0 picks one (see metrics_port()).
   std::string metrics_address;
@@ -79,6 +96,10 @@ class Server {
   int metrics_port() const;
   // The metrics exposition, as the endpoint would serve it.
   std::string RenderMetrics();
+  // Reads the tenants file again: a good file takes effect for new calls;
+  // a bad one is refused (the status says the line and field) and the one
+  // in force stays. FAILED_PRECONDITION when the daemon has no tenants file.
+  absl::Status ReloadTenants();
   // A channel to this server that does not leave the process.
   std::shared_ptr<grpc::Channel> InProcessChannel();
   // Number of usable devices.

@@ -35,6 +35,7 @@ class Unary final : public UnaryCall<Req, Resp> {
       : UnaryCall<Req, Resp>(env->calls), env_(env), request_fn_(request), handler_(handler) {}
 
   const Req& request() const { return this->request_; }
+  const core::Caller& caller() const { return caller_; }
   Resp* response() { return &this->response_; }
   void Finish(const absl::Status& status) { UnaryCall<Req, Resp>::Finish(ToGrpcStatus(status)); }
 
@@ -43,11 +44,17 @@ class Unary final : public UnaryCall<Req, Resp> {
     (env_->service->*request_fn_)(&this->ctx_, &this->request_, &this->writer_, cq, cq, tag);
   }
   AsyncCall* Next() override { return new Unary(env_, request_fn_, handler_); }
-  void OnStart() override { handler_(env_->engine, this); }
+  void OnStart() override {
+    auto caller = env_->identity->Identify(this->ctx_);
+    if (!caller.ok()) return Finish(caller.status());
+    caller_ = *std::move(caller);
+    handler_(env_->engine, this);
+  }
 
   const Env* env_;
   RequestFn request_fn_;
   Handler handler_;
+  core::Caller caller_;
 };
 
 template <class Call>
@@ -106,7 +113,12 @@ class LoadModuleCall final
     env_->service->RequestLoadModule(&ctx_, &reader_, cq, cq, tag);
   }
   AsyncCall* Next() override { return new LoadModuleCall(env_); }
-  void OnStart() override { StartRead(&request_); }
+  void OnStart() override {
+    auto caller = env_->identity->Identify(ctx_);
+    if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
+    caller_ = *std::move(caller);
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -131,7 +143,8 @@ class LoadModuleCall final
       } else {
         const v1::ModuleHeader& h = request_.header();
         auto upload =
-            env_->engine->BeginModuleUpload(h.session(), h.sha256(), h.size(), FromProto(h.kind()));
+            env_->engine->BeginModuleUpload(caller_, h.session(), h.sha256(), h.size(),
+                                            FromProto(h.kind()));
         if (upload.ok()) upload_ = std::move(upload).value();
         st = upload.status();
       }
@@ -145,6 +158,7 @@ class LoadModuleCall final
   }
 
   const Env* env_;
+  core::Caller caller_;
   v1::LoadModuleRequest request_;
   std::unique_ptr<core::ModuleUpload> upload_;
 };
@@ -166,6 +180,15 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   }
   AsyncCall* Next() override { return new WriteCall(env_); }
   void OnStart() override {
+    auto caller = env_->identity->Identify(ctx_);
+    if (!caller.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        done_ = true;
+      }
+      return Finish(ToGrpcStatus(caller.status()));
+    }
+    caller_ = *std::move(caller);
     {
       absl::MutexLock lock(&mu_);
       reading_ = 0;
@@ -190,7 +213,8 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       } else {
         if (sink_ == nullptr) {
           const WriteMessage& first = messages_[got];
-          auto sink = env_->engine->BeginWrite(first.session, first.buffer, first.offset);
+          auto sink =
+              env_->engine->BeginWrite(caller_, first.session, first.buffer, first.offset);
           if (!sink.ok()) {
             done_ = true;
             lock.Release();
@@ -282,6 +306,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   }
 
   const Env* env_;
+  core::Caller caller_;
   // With two, receiving stopped whenever the message behind the one being
   // copied had arrived.
   static constexpr int kMessages = 4;
@@ -313,13 +338,16 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
   }
   AsyncCall* Next() override { return new ReadCall(env_); }
   void OnStart() override {
+    auto caller = env_->identity->Identify(ctx_);
+    if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
     v1::ReadRequest r;
     if (!Parse(&request_, &r)) {
       return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "Read: the request is not a gpuexec.v1.ReadRequest"));
     }
     auto source =
-        env_->engine->BeginRead(r.session(), r.buffer(), r.offset(), r.size(), r.chunk_size());
+        env_->engine->BeginRead(*caller, r.session(), r.buffer(), r.offset(), r.size(),
+                                r.chunk_size());
     if (!source.ok()) return Finish(ToGrpcStatus(source.status()));
     source_ = std::move(source).value();
     Pump();
@@ -423,7 +451,16 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   }
   AsyncCall* Next() override { return new ExecuteCall(env_); }
   void OnStart() override {
-    peer_ = ctx_.peer();
+    auto caller = env_->identity->Identify(ctx_);
+    if (!caller.ok()) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      finished_ = true;
+      Finish(ToGrpcStatus(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
+    peer_ = caller_.peer;
     StartRead(&in_);
   }
 
@@ -450,7 +487,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
       if (request_.session().empty()) {
         st = absl::InvalidArgumentError("Execute: the first message must name the session");
       } else {
-        st = env_->engine->KeepAlive(request_.session()).status();
+        st = env_->engine->KeepAlive(caller_, request_.session()).status();
       }
       if (!st.ok()) {
         absl::MutexLock lock(&mu_);
@@ -498,7 +535,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
         if (!spec.ok()) return Complete(id, spec.status(), true, {}, "Launch");
         spec->session = session_;
         const bool sync = spec->synchronize;
-        env_->engine->Launch(std::move(spec).value(),
+        env_->engine->Launch(caller_, std::move(spec).value(),
                         [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
                           v1::CommandResult r;
                           if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
@@ -507,14 +544,14 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
         return;
       }
       case v1::Command::kSynchronize:
-        env_->engine->Synchronize(session_, [this, id](absl::StatusOr<uint64_t> ns) {
+        env_->engine->Synchronize(caller_, session_, [this, id](absl::StatusOr<uint64_t> ns) {
           v1::CommandResult r;
           if (ns.ok()) r.set_gpu_time_ns(*ns);
           Complete(id, ns.status(), true, std::move(r), "Synchronize");
         });
         return;
       case v1::Command::kAllocate:
-        env_->engine->Allocate(session_, c.allocate().size(),
+        env_->engine->Allocate(caller_, session_, c.allocate().size(),
                           [this, id](absl::StatusOr<core::BufferInfo> b) {
                             v1::CommandResult r;
                             if (b.ok()) {
@@ -525,20 +562,20 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
                           });
         return;
       case v1::Command::kFree:
-        env_->engine->Free(session_, c.free().buffer(),
+        env_->engine->Free(caller_, session_, c.free().buffer(),
                       [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Free"); });
         return;
       case v1::Command::kMemset: {
         const v1::MemsetRequest& m = c.memset();
         env_->engine->Memset(
-            session_, m.buffer(), m.offset(), m.size(), m.value(),
+            caller_, session_, m.buffer(), m.offset(), m.size(), m.value(),
             [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Memset"); });
         return;
       }
       case v1::Command::kCopyBuffer: {
         const v1::CopyBufferRequest& r = c.copy_buffer();
         env_->engine->CopyBuffer(
-            session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
+            caller_, session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
             [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "CopyBuffer"); });
         return;
       }
@@ -609,6 +646,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   }
 
   const Env* env_;
+  core::Caller caller_;  // set at the start; read-only after
   std::string peer_;
   std::string session_;  // set by the first message; read-only after
   grpc::ByteBuffer in_;         // the message read
@@ -641,7 +679,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using ListDevices = Unary<v1::ListDevicesRequest, v1::ListDevicesResponse>;
   ListenUnary<ListDevices>(
       env, cq, &S::RequestListDevices, [](core::Engine* engine, ListDevices* call) {
-        engine->ListDevices(Reply<std::vector<core::DeviceStatus>>(
+        engine->ListDevices(call->caller(), Reply<std::vector<core::DeviceStatus>>(
             call, [](const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
               for (const auto& d : devices) ToProto(d, r->add_devices());
             }));
@@ -654,7 +692,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
         std::optional<uint32_t> device;
         if (request.has_device()) device = request.device();
         engine->OpenSession(
-            device, request.lease_ms(), request.memory_limit_bytes(),
+            call->caller(), device, request.lease_ms(), request.memory_limit_bytes(),
             request.kernel_time_limit_ms(),
             Reply<core::SessionInfo>(call, [](const core::SessionInfo& s,
                                               v1::OpenSessionResponse* r) { ToProto(s, r); }));
@@ -663,7 +701,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using KeepAlive = Unary<v1::KeepAliveRequest, v1::KeepAliveResponse>;
   ListenUnary<KeepAlive>(
       env, cq, &S::RequestKeepAlive, [](core::Engine* engine, KeepAlive* call) {
-        auto lease = engine->KeepAlive(call->request().session());
+        auto lease = engine->KeepAlive(call->caller(), call->request().session());
         if (lease.ok()) call->response()->set_lease_ms(*lease);
         call->Finish(lease.status());
       });
@@ -671,7 +709,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using CloseSession = Unary<v1::CloseSessionRequest, v1::CloseSessionResponse>;
   ListenUnary<CloseSession>(
       env, cq, &S::RequestCloseSession, [](core::Engine* engine, CloseSession* call) {
-        engine->CloseSession(call->request().session(), ReplyStatus(call));
+        engine->CloseSession(call->caller(), call->request().session(), ReplyStatus(call));
       });
 
   using GetFunction = Unary<v1::GetFunctionRequest, v1::GetFunctionResponse>;
@@ -679,7 +717,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       env, cq, &S::RequestGetFunction, [](core::Engine* engine, GetFunction* call) {
         const v1::GetFunctionRequest& request = call->request();
         engine->GetFunction(
-            request.session(), request.module(), request.name(),
+            call->caller(), request.session(), request.module(), request.name(),
             Reply<core::FunctionResult>(call, [](const core::FunctionResult& f,
                                                  v1::GetFunctionResponse* r) { ToProto(f, r); }));
       });
@@ -687,7 +725,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using Allocate = Unary<v1::AllocateRequest, v1::AllocateResponse>;
   ListenUnary<Allocate>(
       env, cq, &S::RequestAllocate, [](core::Engine* engine, Allocate* call) {
-        engine->Allocate(call->request().session(), call->request().size(),
+        engine->Allocate(call->caller(), call->request().session(), call->request().size(),
                          Reply<core::BufferInfo>(
                              call, [](const core::BufferInfo& b, v1::AllocateResponse* r) {
                                r->set_buffer(b.handle);
@@ -698,14 +736,14 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using Free = Unary<v1::FreeRequest, v1::FreeResponse>;
   ListenUnary<Free>(
       env, cq, &S::RequestFree, [](core::Engine* engine, Free* call) {
-        engine->Free(call->request().session(), call->request().buffer(), ReplyStatus(call));
+        engine->Free(call->caller(), call->request().session(), call->request().buffer(), ReplyStatus(call));
       });
 
   using Memset = Unary<v1::MemsetRequest, v1::MemsetResponse>;
   ListenUnary<Memset>(
       env, cq, &S::RequestMemset, [](core::Engine* engine, Memset* call) {
         const v1::MemsetRequest& r = call->request();
-        engine->Memset(r.session(), r.buffer(), r.offset(), r.size(), r.value(),
+        engine->Memset(call->caller(), r.session(), r.buffer(), r.offset(), r.size(), r.value(),
                        ReplyStatus(call));
       });
 
@@ -713,7 +751,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   ListenUnary<CopyBuffer>(
       env, cq, &S::RequestCopyBuffer, [](core::Engine* engine, CopyBuffer* call) {
         const v1::CopyBufferRequest& r = call->request();
-        engine->CopyBuffer(r.session(), r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
+        engine->CopyBuffer(call->caller(), r.session(), r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
                            ReplyStatus(call));
       });
 
@@ -722,7 +760,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       env, cq, &S::RequestLaunch, [](core::Engine* engine, Launch* call) {
         auto spec = FromProto(call->request());
         if (!spec.ok()) return call->Finish(spec.status());
-        engine->Launch(std::move(spec).value(),
+        engine->Launch(call->caller(), std::move(spec).value(),
                        Reply<uint64_t>(call, [](uint64_t ns, v1::LaunchResponse* r) {
                          r->set_gpu_time_ns(ns);
                        }));
@@ -731,7 +769,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using Synchronize = Unary<v1::SynchronizeRequest, v1::SynchronizeResponse>;
   ListenUnary<Synchronize>(
       env, cq, &S::RequestSynchronize, [](core::Engine* engine, Synchronize* call) {
-        engine->Synchronize(call->request().session(),
+        engine->Synchronize(call->caller(), call->request().session(),
                             Reply<uint64_t>(call, [](uint64_t ns, v1::SynchronizeResponse* r) {
                               r->set_gpu_time_ns(ns);
                             }));

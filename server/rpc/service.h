@@ -12,12 +12,15 @@
 #include "server/core/engine.h"
 #include "server/rpc/async_call.h"
 #include "server/rpc/copy_pool.h"
+#include "server/rpc/identity.h"
 
 namespace gpuexec::rpc {
 
 class GpuExecService {
  public:
-  explicit GpuExecService(core::Engine* engine) : engine_(engine) {}
+  // Every call is identified by `identity` before it reaches the engine.
+  GpuExecService(core::Engine* engine, Identity* identity)
+      : engine_(engine), env_{&async_, engine, identity, &calls_, &copies_} {}
 
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
@@ -35,6 +38,7 @@ class GpuExecService {
   struct Env {
     AsyncService* service;
     core::Engine* engine;
+    Identity* identity;
     CallCounter* calls;
     CopyPool* copies;
   };
@@ -44,7 +48,7 @@ class GpuExecService {
   AsyncService async_;
   CallCounter calls_;
   CopyPool copies_{2};
-  Env env_{&async_, engine_, &calls_, &copies_};
+  Env env_;
 };
 
 }  // namespace gpuexec::rpc

@@ -430,8 +430,11 @@ TEST(DaemonProcessTest, LogsOneLinePerEvent) {
   EXPECT_TRUE(has("I CUDA driver")) << log;
   EXPECT_TRUE(has("I device 0: ")) << log;
   EXPECT_TRUE(has("I gpuexecd serving gpuexec.v1 on unix:")) << log;
+  // The audit trail: tenant and peer of each session opened and closed.
+  EXPECT_TRUE(has(" of tenant 'default' from unix:uid=")) << log;
   EXPECT_TRUE(has(" opened on device 0 (lease 300 ms")) << log;
-  EXPECT_TRUE(has(" closed: the client closed it; freed 0 buffer(s)")) << log;
+  EXPECT_TRUE(has(" of tenant 'default' closed: its client (unix:uid=")) << log;
+  EXPECT_TRUE(has(") closed it; freed 0 buffer(s)")) << log;
   EXPECT_TRUE(has(" closed: its lease of 300 ms lapsed; freed 1 buffer(s), 4096 bytes")) << log;
   EXPECT_TRUE(has("I Free from ")) << log;
   EXPECT_TRUE(has("failed: NOT_FOUND: session ")) << log;

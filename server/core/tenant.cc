@@ -1,0 +1,22 @@
+#include "server/core/tenant.h"
+
+#include <utility>
+
+namespace gpuexec::core {
+
+const std::string& Caller::tenant_name() const {
+  static const std::string* const kNone = new std::string(kDefaultTenant);
+  return tenant == nullptr ? *kNone : tenant->name;
+}
+
+std::shared_ptr<const Tenant> DefaultTenant() {
+  static const std::shared_ptr<const Tenant>* const kTenant =
+      new std::shared_ptr<const Tenant>(std::make_shared<Tenant>(Tenant{kDefaultTenant, {}}));
+  return *kTenant;
+}
+
+Caller DefaultCaller(std::string peer) { return Caller{DefaultTenant(), std::move(peer)}; }
+
+Caller OperatorCaller() { return Caller{nullptr, "the daemon", true}; }
+
+}  // namespace gpuexec::core

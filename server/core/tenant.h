@@ -1,0 +1,57 @@
+#ifndef GPUEXEC_SERVER_CORE_TENANT_H_
+#define GPUEXEC_SERVER_CORE_TENANT_H_
+
+// Who is calling, as the engine sees it: a tenant (named by the transport's
+// credentials, see server/tenants) and what it may use. The engine keeps
+// each tenant's sessions apart from every other tenant's and holds the
+// tenant to its limits; it never sees a credential.
+//
+// A Tenant is immutable: reloading the tenants file makes new ones, and a
+// call keeps the one it started with.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gpuexec::core {
+
+struct TenantLimits {
+  std::vector<uint32_t> devices;  // empty: every device
+  uint64_t memory_bytes = 0;      // device memory of all its sessions; 0: none
+  uint32_t max_sessions = 0;      // 0: none
+  uint64_t max_lease_ms = 0;      // 0: the daemon's
+  uint64_t kernel_time_limit_ms = 0;  // 0: the daemon's
+  uint64_t module_bytes = 0;      // distinct module images held; 0: none
+};
+
+struct Tenant {
+  std::string name;
+  TenantLimits limits;
+};
+
+// The tenant of a daemon that has none configured: everyone who may reach
+// it (loopback and the Unix socket, by default) is this one tenant.
+inline constexpr char kDefaultTenant[] = "default";
+
+// One call's caller. `peer` is the transport's address, for the log only.
+struct Caller {
+  std::shared_ptr<const Tenant> tenant;
+  std::string peer;
+  // The daemon's own view (metrics): every tenant's figures. Never set for
+  // a remote caller.
+  bool sees_all = false;
+
+  const std::string& tenant_name() const;
+};
+
+// The implicit tenant, without limits of its own.
+std::shared_ptr<const Tenant> DefaultTenant();
+// A caller of the implicit tenant (tests and in-process callers).
+Caller DefaultCaller(std::string peer = "in-process");
+// The daemon itself, for its metrics.
+Caller OperatorCaller();
+
+}  // namespace gpuexec::core
+
+#endif  // GPUEXEC_SERVER_CORE_TENANT_H_

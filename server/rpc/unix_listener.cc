@@ -1,0 +1,145 @@
+#include "server/rpc/unix_listener.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <grpcpp/server_posix.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/log.h"
+
+namespace gpuexec::rpc {
+namespace {
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat("Unix socket ", path, ": ", what, ": ", std::strerror(errno)));
+}
+
+absl::StatusOr<gid_t> GroupId(const std::string& group) {
+  std::vector<char> buffer(16384);
+  struct group entry;
+  struct group* found = nullptr;
+  if (getgrnam_r(group.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 ||
+      found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--unix_socket_group: no group '", group, "'"));
+  }
+  return found->gr_gid;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::string& path,
+                                                                  const std::string& group,
+                                                                  grpc::Server* server,
+                                                                  Identity* identity) {
+  const std::string temp = absl::StrCat(path, ".", getpid(), ".new");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (temp.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("Unix socket path ", path, " is too long (",
+                                                   sizeof(addr.sun_path) - 12,
+                                                   " characters at most)"));
+  }
+  gid_t gid = static_cast<gid_t>(-1);
+  if (!group.empty()) {
+    auto g = GroupId(group);
+    if (!g.ok()) return g.status();
+    gid = *g;
+  }
+  std::memcpy(addr.sun_path, temp.c_str(), temp.size() + 1);
+  // A socket left by an earlier daemon is replaced; any other file is not.
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Unix socket path ", path, " exists and is not a socket"));
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket", path);
+  unlink(temp.c_str());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    absl::Status s = Errno("bind", temp);
+    close(fd);
+    return s;
+  }
+  // Who may connect is decided by the file's mode and group, set before
+  // the socket appears under its name.
+  if (chmod(temp.c_str(), 0660) != 0 || (gid != static_cast<gid_t>(-1) &&
+                                         chown(temp.c_str(), static_cast<uid_t>(-1), gid) != 0)) {
+    absl::Status s = Errno("chmod/chown", temp);
+    unlink(temp.c_str());
+    close(fd);
+    return s;
+  }
+  if (listen(fd, 128) != 0 || rename(temp.c_str(), path.c_str()) != 0) {
+    absl::Status s = Errno("listen/rename", path);
+    unlink(temp.c_str());
+    close(fd);
+    return s;
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  if (wake < 0) {
+    absl::Status s = Errno("eventfd", path);
+    unlink(path.c_str());
+    close(fd);
+    return s;
+  }
+  return std::unique_ptr<UnixListener>(new UnixListener(path, fd, wake, server, identity));
+}
+
+UnixListener::UnixListener(std::string path, int fd, int wake_fd, grpc::Server* server,
+                           Identity* identity)
+    : path_(std::move(path)), fd_(fd), wake_fd_(wake_fd), server_(server), identity_(identity) {
+  thread_ = std::thread(&UnixListener::AcceptLoop, this);
+}
+
+UnixListener::~UnixListener() {
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  thread_.join();
+  unlink(path_.c_str());
+  close(fd_);
+  close(wake_fd_);
+}
+
+void UnixListener::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      log::Error("Unix socket ", path_, ": poll: ", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        log::Warning("Unix socket ", path_, ": accept: ", std::strerror(errno));
+        // Out of file descriptors, say: do not spin.
+        poll(nullptr, 0, 100);
+      }
+      continue;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      log::Warning("Unix socket ", path_, ": SO_PEERCRED: ", std::strerror(errno));
+      close(conn);
+      continue;
+    }
+    // Recorded before gRPC can read a byte of the connection.
+    identity_->SetUnixPeer(conn, tenants::PeerCredentials{cred.uid, cred.gid, cred.pid});
+    grpc::AddInsecureChannelFromFd(server_, conn);
+  }
+}
+
+}  // namespace gpuexec::rpc

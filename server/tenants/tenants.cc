@@ -1,0 +1,295 @@
+#include "server/tenants/tenants.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "gpuexec/config/v1/tenants.pb.h"
+#include "gpuexec/sha256.h"
+
+namespace gpuexec::tenants {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::TextFormat;
+
+// The smallest kernel time limit a session may have (as the engine's).
+constexpr uint64_t kMinKernelTimeLimitMs = 100;
+constexpr size_t kMaxNameBytes = 64;
+constexpr size_t kMaxCertificateNameBytes = 256;
+
+class FirstError final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (!message_.empty()) return;
+    line_ = line + 1;
+    column_ = column + 1;
+    message_ = message;
+  }
+  bool seen() const { return !message_.empty(); }
+  std::string Describe(absl::string_view file) const {
+    return absl::StrCat(file, ":", line_, ":", column_, ": ", message_);
+  }
+
+ private:
+  int line_ = 0;
+  int column_ = 0;
+  std::string message_;
+};
+
+bool ValidName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxNameBytes) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+std::array<uint8_t, 32> DigestBytes(absl::string_view hex) {
+  std::array<uint8_t, 32> out{};
+  const std::string raw = absl::HexStringToBytes(hex);
+  std::copy_n(raw.begin(), std::min<size_t>(raw.size(), out.size()), out.begin());
+  return out;
+}
+
+absl::Status Unauthenticated(Refusal reason, Refusal* why, absl::string_view message) {
+  if (why != nullptr) *why = reason;
+  return absl::UnauthenticatedError(message);
+}
+
+}  // namespace
+
+const char* RefusalLabel(Refusal r) {
+  switch (r) {
+    case Refusal::kNoCredentials:
+      return "no_credentials";
+    case Refusal::kMalformedAuthorization:
+      return "malformed_authorization";
+    case Refusal::kUnknownToken:
+      return "unknown_token";
+    case Refusal::kUnknownCertificate:
+      return "unknown_certificate";
+    case Refusal::kUnknownPeer:
+      return "unknown_peer";
+    case Refusal::kConflictingCredentials:
+      return "conflicting_credentials";
+  }
+  return "unknown";
+}
+
+std::string Quote(absl::string_view text, size_t max) {
+  const bool cut = text.size() > max;
+  std::string out = absl::CHexEscape(text.substr(0, max));
+  if (cut) out += "...";
+  return out;
+}
+
+std::string BearerToken(absl::string_view authorization) {
+  constexpr absl::string_view kScheme = "bearer ";
+  if (authorization.size() <= kScheme.size() ||
+      !absl::EqualsIgnoreCase(authorization.substr(0, kScheme.size()), kScheme)) {
+    return "";
+  }
+  return std::string(absl::StripAsciiWhitespace(authorization.substr(kScheme.size())));
+}
+
+absl::StatusOr<std::shared_ptr<const Directory>> Directory::Load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("tenants file ", path, " cannot be read"));
+  std::string text;
+  text.resize(kMaxFileBytes + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenants file ", path, " is over ", kMaxFileBytes, " bytes"));
+  }
+  return Parse(text, path);
+}
+
+absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_view text,
+                                                                 absl::string_view file) {
+  config::v1::TenantsConfig config;
+  TextFormat::Parser parser;
+  FirstError errors;
+  TextFormat::ParseInfoTree tree;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(&tree);
+  if (!parser.ParseFromString(std::string(text), &config) || errors.seen()) {
+    return absl::InvalidArgumentError(errors.Describe(file));
+  }
+  const auto* tenant_field = config::v1::TenantsConfig::descriptor()->FindFieldByName("tenant");
+  const auto* desc = config::v1::Tenant::descriptor();
+  std::shared_ptr<Directory> dir(new Directory);
+  absl::flat_hash_map<std::string, size_t> names;
+  absl::flat_hash_map<std::string, size_t> digests;
+
+  for (int i = 0; i < config.tenant_size(); ++i) {
+    const config::v1::Tenant& t = config.tenant(i);
+    const TextFormat::ParseInfoTree* nested = tree.GetTreeForNested(tenant_field, i);
+    // "file:LINE: tenant 'a' FIELD: why", LINE of the field's value (of the
+    // tenant when the field is absent).
+    auto error = [&](absl::string_view field, int index, absl::string_view why) {
+      int line = tree.GetLocation(tenant_field, i).line;
+      const FieldDescriptor* f = desc->FindFieldByName(std::string(field));
+      if (nested != nullptr && f != nullptr) {
+        const int at = nested->GetLocation(f, f->is_repeated() ? index : -1).line;
+        if (at >= 0) line = at;
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ":", line + 1, ": tenant ",
+          t.name().empty() ? absl::StrCat("#", i + 1) : absl::StrCat("'", Quote(t.name()), "'"),
+          " ", field, ": ", why));
+    };
+    if (!ValidName(t.name())) {
+      return error("name", -1,
+                   absl::StrCat("must be 1-", kMaxNameBytes, " characters of A-Z a-z 0-9 . _ -"));
+    }
+    if (!names.emplace(t.name(), i).second) {
+      return error("name", -1, "is used by an earlier tenant too");
+    }
+    if (t.token_sha256_size() == 0 && t.certificate_name_size() == 0 && t.uid_size() == 0 &&
+        t.gid_size() == 0) {
+      return error("name", -1,
+                   "has no token_sha256, certificate_name, uid or gid: no caller could be it");
+    }
+    for (int k = 0; k < t.token_sha256_size(); ++k) {
+      const std::string& d = t.token_sha256(k);
+      if (!IsSha256Hex(d)) {
+        return error("token_sha256", k,
+                     "must be 64 lower-case hex digits, the SHA-256 of the token "
+                     "(printf %s \"$TOKEN\" | sha256sum)");
+      }
+      if (!digests.emplace(d, i).second) {
+        return error("token_sha256", k, "is listed twice (a token names one tenant)");
+      }
+      dir->tokens_.emplace_back(DigestBytes(d), static_cast<size_t>(i));
+    }
+    for (int k = 0; k < t.certificate_name_size(); ++k) {
+      const std::string& n = t.certificate_name(k);
+      if (n.empty() || n.size() > kMaxCertificateNameBytes) {
+        return error("certificate_name", k,
+                     absl::StrCat("must be 1-", kMaxCertificateNameBytes, " characters"));
+      }
+      if (!dir->certificate_names_.emplace(n, i).second) {
+        return error("certificate_name", k, "is listed twice (a name names one tenant)");
+      }
+    }
+    for (int k = 0; k < t.uid_size(); ++k) {
+      if (!dir->uids_.emplace(t.uid(k), i).second) {
+        return error("uid", k, absl::StrCat(t.uid(k), " is listed twice"));
+      }
+    }
+    for (int k = 0; k < t.gid_size(); ++k) {
+      if (!dir->gids_.emplace(t.gid(k), i).second) {
+        return error("gid", k, absl::StrCat(t.gid(k), " is listed twice"));
+      }
+    }
+    if (t.kernel_time_limit_ms() != 0 && t.kernel_time_limit_ms() < kMinKernelTimeLimitMs) {
+      return error("kernel_time_limit_ms", -1,
+                   absl::StrCat(t.kernel_time_limit_ms(), " is below the minimum of ",
+                                kMinKernelTimeLimitMs, " ms"));
+    }
+    auto tenant = std::make_shared<core::Tenant>();
+    tenant->name = t.name();
+    tenant->limits.devices.assign(t.devices().begin(), t.devices().end());
+    tenant->limits.memory_bytes = t.memory_limit_bytes();
+    tenant->limits.max_sessions = t.max_sessions();
+    tenant->limits.max_lease_ms = t.max_lease_ms();
+    tenant->limits.kernel_time_limit_ms = t.kernel_time_limit_ms();
+    tenant->limits.module_bytes = t.module_bytes();
+    dir->tenants_.push_back(std::move(tenant));
+  }
+  return std::shared_ptr<const Directory>(std::move(dir));
+}
+
+std::shared_ptr<const core::Tenant> Directory::Find(absl::string_view name) const {
+  for (const auto& t : tenants_) {
+    if (t->name == name) return t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<const core::Tenant>> Directory::Identify(const Credentials& c,
+                                                                        Refusal* why) const {
+  constexpr size_t kNone = SIZE_MAX;
+  size_t by_token = kNone, by_certificate = kNone, by_peer = kNone;
+  if (c.authorization.has_value()) {
+    const std::string token = BearerToken(*c.authorization);
+    if (token.empty()) {
+      return Unauthenticated(Refusal::kMalformedAuthorization, why,
+                             "the authorization metadata is not 'Bearer <token>'");
+    }
+    const std::array<uint8_t, 32> digest = DigestBytes(Sha256Hex(token));
+    // Every digest is compared in full: the time taken says nothing about
+    // which one, if any, matched.
+    for (const auto& [known, index] : tokens_) {
+      uint8_t diff = 0;
+      for (size_t i = 0; i < known.size(); ++i) diff |= known[i] ^ digest[i];
+      by_token = diff == 0 ? index : by_token;
+    }
+    if (by_token == kNone) {
+      return Unauthenticated(Refusal::kUnknownToken, why, "unknown or revoked bearer token");
+    }
+  }
+  if (!c.certificate_names.empty()) {
+    for (const std::string& n : c.certificate_names) {
+      auto it = certificate_names_.find(n);
+      if (it == certificate_names_.end()) continue;
+      if (by_certificate != kNone && by_certificate != it->second) {
+        return Unauthenticated(Refusal::kConflictingCredentials, why,
+                               "the client certificate's names name more than one tenant");
+      }
+      by_certificate = it->second;
+    }
+    // A certificate signed by the daemon's CA that names no tenant is only
+    // refused when nothing else names one.
+  }
+  if (c.unix_peer.has_value()) {
+    if (auto it = uids_.find(c.unix_peer->uid); it != uids_.end()) {
+      by_peer = it->second;
+    } else if (auto git = gids_.find(c.unix_peer->gid); git != gids_.end()) {
+      by_peer = git->second;
+    }
+  }
+  size_t chosen = kNone;
+  for (size_t named : {by_token, by_certificate, by_peer}) {
+    if (named == kNone) continue;
+    if (chosen != kNone && chosen != named) {
+      return Unauthenticated(Refusal::kConflictingCredentials, why,
+                             "the call's credentials name different tenants");
+    }
+    chosen = named;
+  }
+  if (chosen != kNone) return tenants_[chosen];
+  if (!c.certificate_names.empty()) {
+    return Unauthenticated(Refusal::kUnknownCertificate, why,
+                           "the client certificate names no tenant of this daemon");
+  }
+  if (c.unix_peer.has_value()) {
+    return Unauthenticated(Refusal::kUnknownPeer, why,
+                           absl::StrCat("uid ", c.unix_peer->uid, " (gid ", c.unix_peer->gid,
+                                        ") names no tenant of this daemon"));
+  }
+  return Unauthenticated(Refusal::kNoCredentials, why,
+                         "no credentials: send 'authorization: Bearer <token>' metadata, "
+                         "present a client certificate, or connect over the daemon's Unix socket");
+}
+
+absl::StatusOr<std::shared_ptr<const core::Tenant>> IdentifyWithoutFile(const Credentials& c) {
+  if (c.certificate_names.empty()) return core::DefaultTenant();
+  auto t = std::make_shared<core::Tenant>();
+  t->name = Quote(c.certificate_names.front(), kMaxCertificateNameBytes);
+  return std::shared_ptr<const core::Tenant>(std::move(t));
+}
+
+}  // namespace gpuexec::tenants
