@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "echo.grpc.pb.h"
 #include "gpuexec/client.h"
+#include "gpuexec/sha256.h"
 #include "server/cuda/driver.h"
 #include "server/rpc/async_call.h"
 
@@ -193,6 +194,7 @@ std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
 std::string Rate(double per_s) { return absl::StrFormat("%.0fk/s", per_s / 1e3); }
 std::string Ratio(double r) { return absl::StrFormat("%.2fx", r); }
 std::string Met(bool ok) { return ok ? "yes" : "NO"; }
+std::string Gbps(double gbps) { return absl::StrFormat("%.2f GB/s", gbps); }
 
 // Write's or Read's targets (3 GB/s over TCP, 0.8x the bare stream on both
 // transports), for the client's default and, where that went in parts
@@ -221,6 +223,9 @@ struct NativeFigures {
   Latency launch_sync;
   double async_launch_us = 0;
   double alloc_async_us = 0, alloc_sync_us = 0;
+  // cuMemAllocAsync + cuMemsetD8Async (the clearing every Allocate does) +
+  // cuMemFreeAsync, 1 MiB and 64 MiB.
+  double alloc_clear_us = 0, alloc_clear_64_us = 0, alloc_64_us = 0;
   double h2d_pageable = 0, d2h_pageable = 0, h2d_pinned = 0, d2h_pinned = 0;  // GB/s
 };
 
@@ -266,6 +271,21 @@ NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const s
                          Must(driver->FreeAsync(p, stream.get(), "a"), "free");
                          Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
                        }).p50;
+  auto alloc_clear = [&](uint64_t bytes, bool clear) {
+    return Measure(plan.alloc_iters, [&] {
+             auto p = Must(driver->AllocAsync(bytes, stream.get(), "a"), "alloc");
+             if (clear) Must(driver->MemsetAsync(p, 0, bytes, stream.get(), "a"), "memset");
+             Must(driver->FreeAsync(p, stream.get(), "a"), "free");
+             Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
+           }).p50;
+  };
+  out.alloc_clear_us = alloc_clear(1 << 20, true);
+  out.alloc_64_us = alloc_clear(64 << 20, false);
+  out.alloc_clear_64_us = alloc_clear(64 << 20, true);
+  Note(absl::StrFormat(
+      "cuMemAllocAsync+MemsetD8Async+FreeAsync+sync p50: 1 MiB %.1f us; 64 MiB %.1f us (%.1f "
+      "without the memset)",
+      out.alloc_clear_us, out.alloc_clear_64_us, out.alloc_64_us));
   out.alloc_sync_us = Measure(plan.alloc_iters, [&] {
                         auto p = Must(driver->Alloc(1 << 20, "a"), "alloc");
                         Must(driver->Free(p, "a"), "free");
@@ -699,7 +719,8 @@ TransportFigures RunTransport(const Plan& plan, const std::string& target,
 // A gpuexecd process.
 class Daemon : public ServerProcess {
  public:
-  Daemon(const std::string& path, const std::string& driver, const std::string& tag)
+  Daemon(const std::string& path, const std::string& driver, const std::string& tag,
+         const std::vector<std::string>& extra = {})
       : ServerProcess(
             tag,
             [&](const std::string& dir) {
@@ -708,6 +729,7 @@ class Daemon : public ServerProcess {
                   "--driver=" + driver,
                   absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads))};
               for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) args.push_back(a);
+              for (const std::string& a : extra) args.push_back(a);
               return args;
             },
             "serving gpuexec.v1 on 127.0.0.1:", 60) {}
@@ -733,8 +755,14 @@ LaunchConfig One() {
   return c;
 }
 
+// The credentials of the daemon measured (its TLS run: a token and a root
+// CA); none for the plain one.
+ClientOptions g_credentials;
+
 ClientOptions BenchClientOptions() {
   ClientOptions options;
+  options.token = g_credentials.token;
+  options.tls_root_ca_file = g_credentials.tls_root_ca_file;
   if (absl::GetFlag(FLAGS_spin_wait_us) >= 0) {
     options.spin_wait = absl::Microseconds(absl::GetFlag(FLAGS_spin_wait_us));
   }
@@ -750,21 +778,27 @@ bool Selected(const std::string& name) {
   return figures.empty() || std::find(figures.begin(), figures.end(), name) != figures.end();
 }
 
+// `tls_figures_only`: launch + synchronize and the default Write and Read
+// only (the rows the TLS daemon adds).
 GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std::string& cubin,
-                          int clients) {
+                          int clients, bool tls_figures_only = false) {
   GpuexecFigures out;
+  auto want = [tls_figures_only](const std::string& name) {
+    if (tls_figures_only) return name == "launch" || name == "copy";
+    return Selected(name);
+  };
   const std::string image = ReadFileOrDie(cubin);
   Client client = Must(Client::Connect(target, BenchClientOptions()), "connect");
   Session session = Must(client.OpenSession({}), "open a session");
   Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
   Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
 
-  if (Selected("launch")) {
+  if (want("launch")) {
     out.launch_sync = Measure(plan.latency_iters, [&] {
       Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
     });
   }
-  if (Selected("async")) {
+  if (want("async")) {
     Must(session.Synchronize(), "sync");
     const auto t0 = Clock::now();
     for (int i = 0; i < plan.async_launches; ++i) {
@@ -773,20 +807,20 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     Must(session.Synchronize(), "sync");
     out.async_rate = plan.async_launches / Seconds(t0, Clock::now());
   }
-  if (Selected("answered")) {
+  if (want("answered")) {
     const auto t0 = Clock::now();
     for (int i = 0; i < plan.latency_iters; ++i) Must(session.Launch(empty, One(), {}), "launch");
     out.acked_rate = plan.latency_iters / Seconds(t0, Clock::now());
     Must(session.Synchronize(), "sync");
   }
-  if (Selected("alloc")) {
+  if (want("alloc")) {
     out.alloc_free_us = Measure(plan.alloc_iters, [&] {
                           Buffer b = Must(session.Allocate(1 << 20), "allocate");
                           Must(b.Free(), "free");
                         }).p50;
   }
-  const bool write = Selected("copy") || Selected("write");
-  const bool read = Selected("copy") || Selected("read");
+  const bool write = want("copy") || want("write");
+  const bool read = want("copy") || want("read");
   if (write || read) {
     std::vector<uint8_t> data = HostData(plan.copy_bytes);
     // The client's default (in parts where the host has the cores), then,
@@ -798,7 +832,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     std::optional<Client> single;
     std::optional<Session> single_session;
     std::vector<Session*> sessions = {&session};
-    if (out.transfer_streams > 1) {
+    if (out.transfer_streams > 1 && !tls_figures_only) {
       single.emplace(Must(Client::Connect(target, one_stream), "connect"));
       single_session.emplace(Must(single->OpenSession({}), "open a session"));
       sessions.push_back(&*single_session);
@@ -826,7 +860,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
       out.read_one = out.read;
     }
   }
-  if (Selected("session")) {
+  if (want("session")) {
     // A new session on an open connection: the module is cached.
     std::vector<double> us;
     for (int i = 0; i < plan.session_trials; ++i) {
@@ -840,7 +874,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     }
     out.new_session_ms = Percentiles(us).p50 / 1e3;
   }
-  if (Selected("clients")) {
+  if (want("clients")) {
     // Each client: its own connection and session.
     std::vector<std::thread> threads;
     std::atomic<int> ready{0};
@@ -887,17 +921,17 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
                     *std::max_element(write_s.begin(), write_s.end()) / 1e9;
   }
   std::vector<std::string> parts;
-  if (Selected("launch")) {
+  if (want("launch")) {
     parts.push_back(absl::StrFormat("launch+sync p50 %.1f us p99 %.1f us", out.launch_sync.p50,
                                     out.launch_sync.p99));
   }
-  if (Selected("async")) {
+  if (want("async")) {
     parts.push_back(absl::StrFormat("%.0fk async launches/s", out.async_rate / 1e3));
   }
-  if (Selected("answered")) {
+  if (want("answered")) {
     parts.push_back(absl::StrFormat("%.0fk answered launches/s", out.acked_rate / 1e3));
   }
-  if (Selected("alloc"))
+  if (want("alloc"))
     parts.push_back(absl::StrFormat("Allocate+Free p50 %.1f us", out.alloc_free_us));
   if (write) {
     parts.push_back(absl::StrFormat("Write %.2f GB/s (one stream %.2f)", out.write, out.write_one));
@@ -905,11 +939,11 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   if (read) {
     parts.push_back(absl::StrFormat("Read %.2f GB/s (one stream %.2f)", out.read, out.read_one));
   }
-  if (Selected("session")) {
+  if (want("session")) {
     parts.push_back(
         absl::StrFormat("new session + cached module + first launch %.2f ms", out.new_session_ms));
   }
-  if (Selected("clients")) {
+  if (want("clients")) {
     parts.push_back(
         absl::StrFormat("%d clients: %.0fk launches/s, %.0fk answered launches/s, Write %.2f GB/s",
                         clients, out.agg_rate / 1e3, out.agg_acked_rate / 1e3, out.agg_write));
@@ -969,6 +1003,33 @@ int RunTransportVariants(Plan plan) {
   return 0;
 }
 
+// The TLS daemon's files, made with the openssl command in a directory of
+// their own: a CA, a server certificate for 127.0.0.1, and a tenants file
+// naming kBenchToken. Empty when openssl is missing or fails.
+constexpr char kBenchToken[] = "gpuexec-bench-token-0123456789abcdef";
+
+std::string MakeTlsFiles() {
+  char templ[] = "/tmp/gpuexec-bench-tls-XXXXXX";
+  const char* made = mkdtemp(templ);
+  if (made == nullptr) return "";
+  const std::string dir = made;
+  {
+    std::ofstream ext(dir + "/server.ext");
+    ext << "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n";
+    std::ofstream tenants(dir + "/tenants.textproto");
+    tenants << "tenant { name: \"bench\" token_sha256: \"" << gpuexec::Sha256Hex(kBenchToken)
+            << "\" }\n";
+  }
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+  const std::string cmd = absl::StrCat(
+      "cd '", dir, "' && openssl req -x509 ", ec, " -days 1 -subj /CN=bench-ca -keyout ca.key",
+      " -out ca.crt && openssl req ", ec, " -subj /CN=bench -keyout server.key -out server.csr",
+      " && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1",
+      " -extfile server.ext -out server.crt");
+  if (std::system((cmd + " >/dev/null 2>&1").c_str()) != 0) return "";
+  return dir;
+}
+
 int Main() {
   if (!absl::GetFlag(FLAGS_serve_echo).empty()) return ServeEcho(absl::GetFlag(FLAGS_serve_echo));
   const bool quick = absl::GetFlag(FLAGS_quick);
@@ -1021,6 +1082,23 @@ int Main() {
     g_tcp = RunGpuexec(plan, d.tcp(), cubin, clients);
     g_uds = RunGpuexec(plan, d.uds(), cubin, clients);
   }
+  // The same daemon over TLS with a tenant's token: what identity and
+  // encryption cost, beside the plain figures of the same run.
+  Section("gpuexec over TLS with a bearer token (a second gpuexecd)");
+  GpuexecFigures g_tls;
+  bool tls_measured = false;
+  if (const std::string dir = MakeTlsFiles(); dir.empty()) {
+    Note("no TLS figures: the openssl command is missing or failed");
+  } else {
+    Daemon d(daemon, driver, "tls",
+             {"--tls_cert=" + dir + "/server.crt", "--tls_key=" + dir + "/server.key",
+              "--tenants=" + dir + "/tenants.textproto"});
+    g_credentials.token = kBenchToken;
+    g_credentials.tls_root_ca_file = dir + "/ca.crt";
+    g_tls = RunGpuexec(plan, d.tcp(), cubin, 0, /*tls_figures_only=*/true);
+    g_credentials = ClientOptions();
+    tls_measured = true;
+  }
   Section(absl::StrFormat("daemon peak RSS during a %llu MiB Write (a fresh daemon)",
                           static_cast<unsigned long long>(plan.rss_bytes >> 20)));
   const auto [rss_before, rss_peak] = RunRss(plan, daemon, driver);
@@ -1057,6 +1135,12 @@ int Main() {
        Ratio(floor_tcp / t_tcp.bidi_spinning.p50) + " / " +
            Ratio(floor_uds / t_uds.bidi_spinning.p50) + " of the spinning round trip",
        "", ""});
+  if (tls_measured) {
+    g_rows.push_back({"launch + synchronize over TLS + token, p50", Us(g_tls.launch_sync.p50), "",
+                      "plain TCP " + Us(g_tcp.launch_sync.p50) + " (same run)",
+                      Ratio(g_tls.launch_sync.p50 / g_tcp.launch_sync.p50) + " of plain TCP", "",
+                      ""});
+  }
   g_rows.push_back({"launch + synchronize, p99", Us(g_tcp.launch_sync.p99),
                     Us(g_uds.launch_sync.p99), "native " + Us(native.launch_sync.p99),
                     Ratio(g_tcp.launch_sync.p99 / native.launch_sync.p99), "", ""});
@@ -1082,8 +1166,10 @@ int Main() {
                     Ratio(g_tcp.agg_acked_rate / g_tcp.acked_rate), ">= 6x one client",
                     Met(g_tcp.agg_acked_rate >= 6 * g_tcp.acked_rate)});
   g_rows.push_back({"Allocate + Free 1 MiB, p50", Us(g_tcp.alloc_free_us), Us(g_uds.alloc_free_us),
-                    "native cuMemAllocAsync " + Us(native.alloc_async_us) + ", cuMemAlloc " +
-                        Us(native.alloc_sync_us),
+                    "native cuMemAllocAsync " + Us(native.alloc_async_us) + " (" +
+                        Us(native.alloc_clear_us) + " with the clearing every Allocate does; " +
+                        "64 MiB " + Us(native.alloc_64_us) + ", cleared " +
+                        Us(native.alloc_clear_64_us) + "), cuMemAlloc " + Us(native.alloc_sync_us),
                     Ratio(g_tcp.alloc_free_us / native.alloc_async_us), "", ""});
   const std::string size =
       absl::StrFormat("%llu MiB", static_cast<unsigned long long>(plan.copy_bytes >> 20));
@@ -1121,6 +1207,14 @@ int Main() {
                                 "%.2f / %.2f); native pageable D2H %.1f",
                                 t_tcp.download, t_uds.download, t_tcp.download_array,
                                 t_uds.download_array, native.d2h_pageable));
+  if (tls_measured) {
+    g_rows.push_back({absl::StrCat("Write ", size, " over TLS + token", trials), Gbps(g_tls.write),
+                      "", "plain TCP " + Gbps(g_tcp.write) + " (same run)",
+                      Ratio(g_tls.write / g_tcp.write) + " of plain TCP", "", ""});
+    g_rows.push_back({absl::StrCat("Read ", size, " over TLS + token", trials), Gbps(g_tls.read),
+                      "", "plain TCP " + Gbps(g_tcp.read) + " (same run)",
+                      Ratio(g_tls.read / g_tcp.read) + " of plain TCP", "", ""});
+  }
   g_rows.push_back({absl::StrFormat("Write, %d clients at once", clients),
                     absl::StrFormat("%.2f GB/s", g_tcp.agg_write),
                     absl::StrFormat("%.2f GB/s", g_uds.agg_write),
