@@ -23,6 +23,7 @@ run() {  # run NAME CMD...: tee to a log, remember failures
 run service_test "$HERE/bin/service_test"
 run daemon_test "$HERE/bin/daemon_test"
 run metrics_endpoint_test "$HERE/bin/metrics_endpoint_test"
+run tenants_test "$HERE/bin/tenants_test"
 GPUEXEC_CLI="$HERE/bin/gpuexec" run cli_test "$HERE/bin/cli_test"
 export PYTHONPATH="$HERE/python" PYTHONDONTWRITEBYTECODE=1 GPUEXEC_DAEMON="$HERE/bin/gpuexecd"
 run python_client python3 -m pytest -q -rs -p no:cacheprovider "$HERE/python-tests"
