@@ -1,0 +1,171 @@
+// The tenants file and which tenant credentials name, alone: no server.
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gpuexec/sha256.h"
+#include "gtest/gtest.h"
+#include "server/tenants/tenants.h"
+
+namespace gpuexec::tenants {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kFile[] = R"(
+# two tenants and a peer
+tenant {
+  name: "team-a"
+  token_sha256: "%A1%"
+  token_sha256: "%A2%"
+  certificate_name: "spiffe://example/team-a"
+  certificate_name: "team-a.clients"
+  memory_limit_bytes: 1024
+  devices: 1
+}
+tenant {
+  name: "team-b"
+  token_sha256: "%B%"
+  uid: 1000
+  gid: 2000
+}
+)";
+
+std::string File() {
+  std::string text = kFile;
+  auto put = [&text](const std::string& key, const std::string& token) {
+    text.replace(text.find(key), key.size(), Sha256Hex(token));
+  };
+  put("%A1%", "alpha-1");
+  put("%A2%", "alpha-2");
+  put("%B%", "bravo");
+  return text;
+}
+
+class DirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto dir = Directory::Parse(File(), "tenants.textproto");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *dir;
+  }
+  absl::StatusOr<std::string> Who(const Credentials& c, Refusal* why = nullptr) {
+    Refusal ignored;
+    auto t = dir_->Identify(c, why != nullptr ? why : &ignored);
+    if (!t.ok()) return t.status();
+    return (*t)->name;
+  }
+  std::shared_ptr<const Directory> dir_;
+};
+
+Credentials Token(const std::string& authorization) {
+  Credentials c;
+  c.authorization = authorization;
+  return c;
+}
+
+TEST_F(DirectoryTest, ParsesTenantsAndTheirLimits) {
+  EXPECT_EQ(dir_->size(), 2u);
+  auto a = dir_->Find("team-a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->limits.memory_bytes, 1024u);
+  EXPECT_EQ(a->limits.devices, std::vector<uint32_t>{1});
+  EXPECT_EQ(dir_->Find("team-c"), nullptr);
+}
+
+TEST_F(DirectoryTest, EveryTokenOfATenantNamesIt) {
+  EXPECT_EQ(Who(Token("Bearer alpha-1")).value(), "team-a");
+  EXPECT_EQ(Who(Token("Bearer alpha-2")).value(), "team-a");
+  EXPECT_EQ(Who(Token("bearer bravo")).value(), "team-b");  // the scheme in any case
+  EXPECT_EQ(Who(Token("BEARER   bravo ")).value(), "team-b");
+}
+
+TEST_F(DirectoryTest, RefusalsSayWhatWasWrongNotWhoExists) {
+  Refusal why;
+  auto unknown = Who(Token("Bearer alpha-3"), &why);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(why, Refusal::kUnknownToken);
+  EXPECT_THAT(unknown.status().message(), Not(HasSubstr("team")));
+  for (const char* bad : {"alpha-1", "Basic YWxhZGRpbg==", "Bearer", "Bearer ", ""}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EQ(Who(Token(bad), &why).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(why, Refusal::kMalformedAuthorization);
+  }
+  EXPECT_EQ(Who(Credentials{}, &why).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(why, Refusal::kNoCredentials);
+}
+
+TEST_F(DirectoryTest, CertificateNamesAndPeersNameTenants) {
+  Credentials cert;
+  cert.certificate_names = {"unrelated.example", "spiffe://example/team-a"};
+  EXPECT_EQ(Who(cert).value(), "team-a");
+  Credentials stranger;
+  stranger.certificate_names = {"nobody"};
+  Refusal why;
+  EXPECT_EQ(Who(stranger, &why).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(why, Refusal::kUnknownCertificate);
+
+  Credentials by_uid;
+  by_uid.unix_peer = PeerCredentials{1000, 5, 42};
+  EXPECT_EQ(Who(by_uid).value(), "team-b");
+  Credentials by_gid;
+  by_gid.unix_peer = PeerCredentials{7, 2000, 42};
+  EXPECT_EQ(Who(by_gid).value(), "team-b");
+  Credentials nobody;
+  nobody.unix_peer = PeerCredentials{7, 8, 42};
+  auto refused = Who(nobody, &why);
+  EXPECT_EQ(why, Refusal::kUnknownPeer);
+  EXPECT_THAT(refused.status().message(), HasSubstr("uid 7 (gid 8)"));
+}
+
+TEST_F(DirectoryTest, CredentialsThatNameTwoTenantsAreRefused) {
+  Credentials both = Token("Bearer bravo");
+  both.certificate_names = {"team-a.clients"};
+  Refusal why;
+  EXPECT_EQ(Who(both, &why).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(why, Refusal::kConflictingCredentials);
+  // A token and a certificate of the same tenant agree.
+  Credentials agree = Token("Bearer alpha-2");
+  agree.certificate_names = {"team-a.clients"};
+  EXPECT_EQ(Who(agree).value(), "team-a");
+  // A CA-signed certificate that names no tenant does not spoil a token.
+  Credentials token_and_stranger = Token("Bearer bravo");
+  token_and_stranger.certificate_names = {"nobody"};
+  EXPECT_EQ(Who(token_and_stranger).value(), "team-b");
+}
+
+TEST(DirectoryParseTest, MistakesNameTheLineAndTheField) {
+  auto error = [](const std::string& text) {
+    return std::string(Directory::Parse(text, "t.textproto").status().message());
+  };
+  EXPECT_THAT(error("tenant {\n name: \"a\"\n uid: 1\n devices: x\n}"), HasSubstr("t.textproto:4:"));
+  EXPECT_THAT(error("tenant {\n name: \"a\"\n token_sha256: \"ABC\"\n}"),
+              HasSubstr("t.textproto:3: tenant 'a' token_sha256"));
+  EXPECT_THAT(error(absl::StrCat("tenant { name: \"a\" token_sha256: \"", Sha256Hex("x"),
+                                 "\" }\ntenant { name: \"b\"\n token_sha256: \"", Sha256Hex("x"),
+                                 "\" }")),
+              HasSubstr("t.textproto:3: tenant 'b' token_sha256: is listed twice"));
+  EXPECT_THAT(error("tenant {\n uid: 3\n}"), HasSubstr("tenant #1 name"));
+  // A name is quoted escaped and cut short in messages.
+  EXPECT_THAT(error(absl::StrCat("tenant { name: \"", std::string(300, 'x'), "\\n\" uid: 1 }")),
+              HasSubstr("..."));
+  EXPECT_TRUE(Directory::Parse("", "empty").ok());
+}
+
+TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
+  Credentials none;
+  EXPECT_EQ(IdentifyWithoutFile(none).value()->name, core::kDefaultTenant);
+  Credentials cert;
+  cert.certificate_names = {"svc-1.example"};
+  EXPECT_EQ(IdentifyWithoutFile(cert).value()->name, "svc-1.example");
+}
+
+TEST(QuoteTest, EscapesAndCuts) {
+  EXPECT_EQ(Quote("plain"), "plain");
+  EXPECT_EQ(Quote("a\nb"), "a\\nb");
+  EXPECT_EQ(Quote(std::string(100, 'z'), 8), "zzzzzzzz...");
+}
+
+}  // namespace
+}  // namespace gpuexec::tenants
