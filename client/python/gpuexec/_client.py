@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from ._args import Arg, to_arg
+from ._channel import Recipe
 from ._errors import Error, client_error, from_rpc_error
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
@@ -179,28 +180,61 @@ class FunctionAttributes:
 
 
 def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
-            control_timeout=60.0, channel_options=()):
+            control_timeout=60.0, channel_options=(), token=None, root_ca=None, cert=None,
+            key=None, tls=None, allow_token_over_plain_tcp=False):
     """Connects to a daemon and waits up to ``timeout`` seconds for it.
 
     ``target`` is "host:port" or "unix:/path"; by default $GPUEXEC_TARGET,
     else 127.0.0.1:50051. Raises Error (UNAVAILABLE) if no connection is made
     in time.
+
+    For a daemon with tenants:
+
+    - ``token``: a bearer token, sent as ``authorization: Bearer <token>``
+      with every call (streams included); by default $GPUEXEC_TOKEN. "" sends
+      none.
+    - ``root_ca``: the CA of the daemon's certificate, for TLS; by default
+      $GPUEXEC_TLS_CA. ``cert`` and ``key``: this client's certificate chain
+      and key, for mutual TLS; by default $GPUEXEC_TLS_CERT and
+      $GPUEXEC_TLS_KEY. Each is a path (str or os.PathLike) or the PEM itself
+      as bytes. The environment's files are not used for unix: targets (the
+      daemon's socket is never TLS) or with ``tls=False``.
+    - ``tls``: None: TLS when there is a root CA or a client certificate;
+      True: TLS, with the system's roots when there is no root CA; False:
+      plain.
+    - A token goes over plain TCP only to this host (loopback, unix:); to
+      another, connect raises Error (FAILED_PRECONDITION) unless
+      ``allow_token_over_plain_tcp``.
+
+    A file that cannot be read, or a certificate without its key, is an
+    Error (INVALID_ARGUMENT) before any connection is tried.
     """
     target = target or os.environ.get("GPUEXEC_TARGET") or DEFAULT_TARGET
+    recipe = Recipe(target, token=token, root_ca=root_ca, cert=cert, key=key, tls=tls,
+                    allow_token_over_plain_tcp=allow_token_over_plain_tcp)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)] + list(channel_options)
-    channel = grpc.insecure_channel(target, options=options)
+    channel = recipe.channel(options)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
         channel.close()
+        hint = (" (TLS: is the daemon serving TLS there, signed by the root CA given, and"
+                " does it take this client's certificate?)" if recipe.tls else "")
         raise Error(grpc.StatusCode.UNAVAILABLE,
-                    f"gpuexec client: no connection to {target} within {timeout} s") from None
-    return Client(channel, chunk_bytes=chunk_bytes, control_timeout=control_timeout)
+                    f"gpuexec client: no connection to {target} within {timeout} s"
+                    f"{hint}") from None
+    return Client(recipe.intercept(channel), chunk_bytes=chunk_bytes,
+                  control_timeout=control_timeout)
 
 
 class Client:
-    """A connection to one daemon. Thread-safe; ``with`` closes the channel."""
+    """A connection to one daemon. Thread-safe; ``with`` closes the channel.
+
+    ``channel`` carries the token, if any, on every call (connect() adds it):
+    calls made through ``client.channel`` or ``client.stub`` are
+    authenticated like the client's own.
+    """
 
     def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES // 2:

@@ -1,0 +1,157 @@
+"""How connect() makes its channel: plain or TLS (with a client certificate
+for mutual TLS), and the bearer token added to every call.
+
+The token goes as ``authorization: Bearer <token>`` metadata by an
+interceptor, not as gRPC call credentials: gRPC sends those only over TLS,
+and a daemon on loopback or a Unix socket reads the metadata there too.
+"""
+
+import collections
+import ipaddress
+import os
+
+import grpc
+
+from ._errors import client_error
+
+ENV_TOKEN = "GPUEXEC_TOKEN"
+ENV_ROOT_CA = "GPUEXEC_TLS_CA"
+ENV_CERT = "GPUEXEC_TLS_CERT"
+ENV_KEY = "GPUEXEC_TLS_KEY"
+
+
+def is_local_target(target):
+    """Whether ``target`` reaches only this host: a unix: target, or a
+    loopback address (127.x, localhost, ::1)."""
+    t = target
+    if t.startswith(("unix:", "unix-abstract:")):
+        return True
+    for prefix in ("dns:///", "ipv4:", "ipv6:"):
+        if t.startswith(prefix):
+            t = t[len(prefix):]
+            break
+    if t.startswith("["):  # [v6]:port or [v6]
+        host = t[1:t.find("]")] if "]" in t else t[1:]
+    elif t.count(":") == 1:  # host:port
+        host = t.rsplit(":", 1)[0]
+    else:  # a bare host, or a bare IPv6 address
+        host = t
+    if host == "localhost":
+        return True
+    # An address, not a name: "127.example.com" may be anywhere.
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _pem(source, what):
+    """The PEM bytes of ``source``: a path (str or os.PathLike) to read, or
+    the PEM itself as bytes."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        if b"-----BEGIN " not in data:
+            raise client_error(f"the {what} given as bytes is not PEM (a path is a str)")
+        return data
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise client_error(f"cannot read the {what} {path}: {e.strerror}") from None
+    raise client_error(f"the {what} must be a path or PEM bytes, not a {type(source).__name__}")
+
+
+def _from_env(value, name):
+    if value is not None:
+        return value
+    return os.environ.get(name) or None
+
+
+class Recipe:
+    """What a channel to ``target`` needs, read and checked before any call."""
+
+    def __init__(self, target, *, token=None, root_ca=None, cert=None, key=None, tls=None,
+                 allow_token_over_plain_tcp=False):
+        self.target = target
+        if token is None:
+            token = os.environ.get(ENV_TOKEN, "")
+        if not isinstance(token, str):
+            raise client_error(f"the token must be a str, not a {type(token).__name__}")
+        # Read from a file, a token may end with a line break.
+        self.token = token.strip() or None
+        if self.token is not None and any(c in self.token for c in "\r\n\0"):
+            raise client_error("the token holds a line break or NUL")
+        # A daemon's Unix socket never serves TLS: the environment's TLS
+        # files are for TCP targets.
+        if tls is not False and not target.startswith(("unix:", "unix-abstract:")):
+            root_ca = _from_env(root_ca, ENV_ROOT_CA)
+            cert = _from_env(cert, ENV_CERT)
+            key = _from_env(key, ENV_KEY)
+        if (cert is None) != (key is None):
+            raise client_error("a client certificate needs both cert and key")
+        if tls is False and (root_ca is not None or cert is not None):
+            raise client_error("tls=False with root_ca or cert: TLS is what they are for")
+        self.tls = bool(tls) or root_ca is not None or cert is not None
+        if not self.tls:
+            if (self.token is not None and not allow_token_over_plain_tcp
+                    and not is_local_target(target)):
+                raise client_error(
+                    f"refusing to send the token over plain TCP to {target}, where anyone on "
+                    "the path could read it: use TLS (root_ca=..., or tls=True for the "
+                    "system's roots), or pass allow_token_over_plain_tcp=True",
+                    grpc.StatusCode.FAILED_PRECONDITION)
+            self.credentials = None
+            return
+        self.credentials = grpc.ssl_channel_credentials(
+            root_certificates=_pem(root_ca, "root CA") if root_ca is not None else None,
+            private_key=_pem(key, "client key") if key is not None else None,
+            certificate_chain=_pem(cert, "client certificate") if cert is not None else None)
+
+    def channel(self, options):
+        """A new channel, plain or TLS (without the token: see intercept)."""
+        if self.credentials is None:
+            return grpc.insecure_channel(self.target, options=options)
+        return grpc.secure_channel(self.target, self.credentials, options=options)
+
+    def intercept(self, channel):
+        """``channel`` with the token added to every call's metadata."""
+        if self.token is None:
+            return channel
+        return grpc.intercept_channel(channel, _TokenInterceptor(self.token))
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                         "compression")), grpc.ClientCallDetails):
+    pass
+
+
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                        grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call."""
+
+    def __init__(self, token):
+        self._entry = ("authorization", "Bearer " + token)
+
+    def __repr__(self):
+        return "<gpuexec token interceptor>"  # never the token
+
+    def _details(self, d):
+        metadata = list(d.metadata or ())
+        metadata.append(self._entry)
+        return _CallDetails(d.method, d.timeout, metadata, d.credentials,
+                            getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
