@@ -9,11 +9,11 @@ every test is skipped with a reason that starts "gpuexec-tests-skipped".
 """
 
 import os
+import re
 import subprocess
 import tempfile
 import time
 
-import grpc
 import pytest
 
 import gpuexec
@@ -25,11 +25,14 @@ READY_TIMEOUT_S = 30
 
 
 class Daemon:
-    def __init__(self, target, kernels, process, log_path):
+    def __init__(self, target, kernels, process, log_path, binary, driver):
         self.target = target
         self.kernels = kernels
         self.process = process
         self.log_path = log_path
+        # What started it, for tests that start daemons of their own.
+        self.binary = binary
+        self.driver = driver
 
     def log(self):
         with open(self.log_path, errors="replace") as f:
@@ -45,6 +48,40 @@ class Daemon:
             return f.read(7) == b"GXFAKE1"
 
 
+# The line gpuexecd logs once all its listeners accept connections.
+SERVING = re.compile(r"gpuexecd serving gpuexec\.v1 on (.+?) with ")
+
+
+def start_daemon(binary, args, log_path):
+    """Runs gpuexecd with ``args``, its output in ``log_path``; returns the
+    process and the addresses it serves on once it logs them (a TCP port 0
+    is the port it got). Fails the test if it exits or takes too long."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([binary] + list(args), stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+        m = SERVING.search(text)
+        if m:
+            return process, m.group(1).split(" and ")
+        if process.poll() is not None:
+            pytest.fail(f"gpuexecd exited with {process.returncode}:\n{text}")
+        if time.monotonic() > deadline:
+            stop_daemon(process)
+            pytest.fail(f"gpuexecd not serving after {READY_TIMEOUT_S} s:\n{text}")
+        time.sleep(0.05)
+
+
+def stop_daemon(process):
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @pytest.fixture(scope="session")
 def daemon():
     env = {k: os.environ.get(k) for k in
@@ -58,42 +95,27 @@ def daemon():
     tmp = tempfile.TemporaryDirectory(prefix="gpuexec-pytest-")
     socket = os.path.join(tmp.name, "d.sock")
     log_path = os.path.join(tmp.name, "gpuexecd.log")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [env["GPUEXEC_DAEMON"], f"--driver={env['GPUEXEC_TEST_DRIVER']}", "--listen=",
-             f"--unix_socket={socket}", f"--daemon_memory_limit={DAEMON_MEMORY_LIMIT}"],
-            stdout=log, stderr=subprocess.STDOUT)
-    d = Daemon(f"unix:{socket}", kernels, process, log_path)
+    process, _ = start_daemon(
+        env["GPUEXEC_DAEMON"],
+        [f"--driver={env['GPUEXEC_TEST_DRIVER']}", "--listen=", f"--unix_socket={socket}",
+         f"--daemon_memory_limit={DAEMON_MEMORY_LIMIT}"], log_path)
+    d = Daemon(f"unix:{socket}", kernels, process, log_path, env["GPUEXEC_DAEMON"],
+               env["GPUEXEC_TEST_DRIVER"])
     try:
-        # Wait for the socket to accept a connection, with a deadline; stop
-        # early if the daemon exits.
-        channel = grpc.insecure_channel(d.target, options=[
-            ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 250)])
-        ready = grpc.channel_ready_future(channel)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                ready.result(timeout=0.25)
-                break
-            except grpc.FutureTimeoutError:
-                if process.poll() is not None:
-                    pytest.fail(f"gpuexecd exited with {process.returncode}:\n{d.log()}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"gpuexecd not serving after {READY_TIMEOUT_S} s:\n{d.log()}")
-        channel.close()
         with gpuexec.connect(d.target) as client:
             if not [dev for dev in client.devices() if dev.healthy]:
                 pytest.skip(f"{SKIP}: no usable device on driver {env['GPUEXEC_TEST_DRIVER']}")
         yield d
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_daemon(process)
         tmp.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def no_credentials_from_the_environment(monkeypatch):
+    """Tests name their credentials: none come from the caller's environment."""
+    for name in ("GPUEXEC_TOKEN", "GPUEXEC_TLS_CA", "GPUEXEC_TLS_CERT", "GPUEXEC_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
