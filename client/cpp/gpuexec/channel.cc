@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "gpuexec/address.h"
 
 namespace gpuexec::internal {
 namespace {
@@ -55,17 +56,6 @@ class TokenInterceptorFactory final
 
 }  // namespace
 
-bool IsLocalTarget(const std::string& target) {
-  absl::string_view t = target;
-  if (absl::StartsWith(t, "unix:") || absl::StartsWith(t, "unix-abstract:")) return true;
-  absl::ConsumePrefix(&t, "dns:///");
-  absl::ConsumePrefix(&t, "ipv4:");
-  absl::ConsumePrefix(&t, "ipv6:");
-  const size_t colon = t.rfind(':');
-  absl::string_view host = colon == absl::string_view::npos ? t : t.substr(0, colon);
-  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
 
 absl::StatusOr<ChannelRecipe> MakeChannelRecipe(const std::string& target,
                                                 const ClientOptions& o) {
@@ -77,7 +67,7 @@ absl::StatusOr<ChannelRecipe> MakeChannelRecipe(const std::string& target,
         "gpuexec client: a client certificate needs both its file and its key's");
   }
   if (!tls) {
-    if (!o.token.empty() && !o.allow_token_over_plain_tcp && !IsLocalTarget(target)) {
+    if (!o.token.empty() && !o.allow_token_over_plain_tcp && !IsLoopbackAddress(target)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "gpuexec client: refusing to send the token over plain TCP to ", target,
           ", where anyone on the path could read it: use TLS (a root CA), or allow it "

@@ -28,10 +28,6 @@ absl::StatusOr<ChannelRecipe> MakeChannelRecipe(const std::string& target,
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ChannelRecipe& recipe,
                                            const grpc::ChannelArguments& args);
 
-// Whether `target` reaches only this host: unix: targets and loopback
-// addresses.
-bool IsLocalTarget(const std::string& target);
-
 }  // namespace gpuexec::internal
 
 #endif  // GPUEXEC_CLIENT_CPP_INTERNAL_CHANNEL_INTERNAL_H_
