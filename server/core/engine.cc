@@ -305,25 +305,31 @@ std::shared_ptr<TenantUsage> Engine::UsageOf(const std::string& name) {
   return u;
 }
 
-absl::Status Engine::HoldModule(Session& s, const device::ModuleImage& image,
-                                const TenantLimits& limits) {
+absl::StatusOr<bool> Engine::ReserveModule(Session& s, const std::string& sha256, uint64_t size,
+                                           const TenantLimits& limits) {
+  {
+    absl::MutexLock lock(&s.mu);
+    for (const auto& [handle, held] : s.modules) {
+      if (held->sha256 == sha256) return false;  // counted when it got it
+    }
+  }
   TenantUsage& u = s.usage();
   absl::MutexLock lock(&u.mu);
-  auto it = u.modules.find(image.sha256);
+  auto it = u.modules.find(sha256);
   if (it != u.modules.end()) {
     ++it->second.second;
-    return absl::OkStatus();
+    return true;
   }
-  const uint64_t size = image.bytes.size();
-  if (limits.module_bytes != 0 && size > limits.module_bytes - std::min(u.module_bytes, limits.module_bytes)) {
+  if (limits.module_bytes != 0 &&
+      size > limits.module_bytes - std::min(u.module_bytes, limits.module_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant '", u.name, "' module limit: its sessions hold ", u.module_bytes, " of its ",
-        limits.module_bytes, " bytes of module images; module ", image.sha256.substr(0, 12),
-        " (", size, " bytes) does not fit"));
+        limits.module_bytes, " bytes of module images; module ", sha256.substr(0, 12), " (",
+        size, " bytes) does not fit"));
   }
-  u.modules.emplace(image.sha256, std::make_pair(size, 1u));
+  u.modules.emplace(sha256, std::make_pair(size, 1u));
   u.module_bytes += size;
-  return absl::OkStatus();
+  return true;
 }
 
 void Engine::ReleaseModule(Session& s, const std::string& sha256) {
@@ -496,10 +502,6 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
       return done(absl::UnavailableError(absl::StrCat("no device of this host is usable: ", why)));
     }
   }
-  if (options_.max_sessions != 0 && session_count() >= options_.max_sessions) {
-    return done(absl::ResourceExhaustedError(absl::StrCat(
-        "daemon session limit: ", options_.max_sessions, " sessions are open")));
-  }
   if (lease_ms == 0) lease_ms = options_.default_lease_ms;
   lease_ms = std::min(lease_ms, options_.max_lease_ms);
   if (limits.max_lease_ms != 0) lease_ms = std::min(lease_ms, limits.max_lease_ms);
@@ -524,14 +526,19 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
   std::shared_ptr<TenantUsage> usage;
   {
     absl::MutexLock lock(&sessions_mu_);
+    if (options_.max_sessions != 0 && sessions_.size() + opening_ >= options_.max_sessions) {
+      return done(absl::ResourceExhaustedError(absl::StrCat(
+          "daemon session limit: ", options_.max_sessions, " sessions are open")));
+    }
     usage = UsageOf(caller.tenant_name());
     if (limits.max_sessions != 0 && usage->sessions.load() >= limits.max_sessions) {
       return done(absl::ResourceExhaustedError(TenantLimitError(
           caller, absl::StrCat("session limit: ", usage->sessions.load(), " of its ",
                                limits.max_sessions, " sessions are open"))));
     }
-    // Counted now, so that concurrent opens cannot pass the limit together.
+    // Counted now, so that concurrent opens cannot pass the limits together.
     usage->sessions.fetch_add(1);
+    ++opening_;
   }
   // The stream comes to be in the worker with the session's first work.
   const device::StreamId stream = devices_[index]->CreateStream(absl::Milliseconds(time_limit));
@@ -544,6 +551,7 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
   {
     absl::MutexLock lock(&sessions_mu_);
     sessions_.emplace(session->token(), session);
+    --opening_;
     ++sessions_per_device_[index];
   }
   sessions_opened_.fetch_add(1);
@@ -566,6 +574,18 @@ void Engine::CloseSession(const Caller& caller, const std::string& token, Done d
   if (!s.ok()) return done(s.status());
   Close(*s, CloseReason::kClient, absl::StrCat("its client (", caller.peer, ") closed it"),
         std::move(done));
+}
+
+size_t Engine::CloseTenant(const std::string& tenant, const std::string& why) {
+  std::vector<std::shared_ptr<Session>> theirs;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [token, s] : sessions_) {
+      if (s->tenant() == tenant) theirs.push_back(s);
+    }
+  }
+  for (auto& s : theirs) Close(s, CloseReason::kRevoked, why, [](absl::Status) {});
+  return theirs.size();
 }
 
 void Engine::ReleaseMemory(Session& s, uint64_t bytes) {
@@ -665,13 +685,21 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
   std::shared_ptr<const device::ModuleImage> image;
   bool newly_stored = false;
   const bool uploaded = !bytes_.empty();
+  const std::string& tenant = session_->tenant();
+  bool reserved = false;
   if (!uploaded) {
     absl::MutexLock lock(&engine_->modules_mu_);
     auto it = engine_->module_store_.find(sha256_);
-    if (it == engine_->module_store_.end()) {
+    // An image another tenant uploaded is answered as one never uploaded:
+    // a tenant proves it has the bytes once, and cannot learn what others
+    // run by asking for hashes.
+    if (it == engine_->module_store_.end() || !it->second.tenants.contains(tenant)) {
       return done(absl::NotFoundError(absl::StrCat(
           name, " (sha256 ", sha256_, ") is not held by the daemon; upload its bytes")));
     }
+    auto r = engine_->ReserveModule(*session_, sha256_, it->second.image->bytes.size(), limits_);
+    if (!r.ok()) return done(r.status());
+    reserved = *r;
     it->second.last_used = ++engine_->module_store_clock_;
     image = it->second.image;
   } else {
@@ -697,6 +725,11 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
         !st.ok()) {
       return done(st);
     }
+    // Counted against the tenant before the image takes room in the store
+    // or on the device.
+    auto r = engine_->ReserveModule(*session_, sha256_, bytes_.size(), limits_);
+    if (!r.ok()) return done(r.status());
+    reserved = *r;
     engine_->module_uploads_.fetch_add(1);
     engine_->module_upload_bytes_.fetch_add(bytes_.size());
     auto img = std::make_shared<device::ModuleImage>();
@@ -706,15 +739,19 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     absl::MutexLock lock(&engine_->modules_mu_);
     auto it = engine_->module_store_.find(sha256_);
     if (it == engine_->module_store_.end()) {
-      if (absl::Status st = engine_->MakeRoom(img->bytes.size(), name); !st.ok()) return done(st);
-      it = engine_->module_store_.emplace(sha256_, Engine::StoredModule{img, 0}).first;
+      if (absl::Status st = engine_->MakeRoom(img->bytes.size(), name); !st.ok()) {
+        if (reserved) engine_->ReleaseModule(*session_, sha256_);
+        return done(st);
+      }
+      it = engine_->module_store_.emplace(sha256_, Engine::StoredModule{img, 0, {}}).first;
       engine_->module_store_used_ += img->bytes.size();
       newly_stored = true;
     }
+    it->second.tenants.insert(tenant);
     it->second.last_used = ++engine_->module_store_clock_;
     image = it->second.image;
   }
-  engine_->FinishModule(session_, limits_, image, uploaded, newly_stored, std::move(done));
+  engine_->FinishModule(session_, image, uploaded, newly_stored, reserved, std::move(done));
 }
 
 absl::Status Engine::MakeRoom(uint64_t bytes, absl::string_view what) {
@@ -757,14 +794,15 @@ void Engine::Unstore(const std::string& sha256) {
   module_store_.erase(it);
 }
 
-void Engine::FinishModule(std::shared_ptr<Session> s, TenantLimits limits,
+void Engine::FinishModule(std::shared_ptr<Session> s,
                           std::shared_ptr<const device::ModuleImage> image, bool uploaded,
-                          bool newly_stored, Callback<ModuleResult> done) {
+                          bool newly_stored, bool reserved, Callback<ModuleResult> done) {
   const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
                                         image->bytes.size(), " bytes) of ", s->name());
-  DeviceOf(*s)->LoadModule(image, what, [this, s, limits, image, uploaded, newly_stored,
+  DeviceOf(*s)->LoadModule(image, what, [this, s, image, uploaded, newly_stored, reserved,
                                          done](absl::Status st) {
     if (!st.ok()) {
+      if (reserved) ReleaseModule(*s, image->sha256);
       // An image the driver rejects as such is not kept. (Other failures,
       // out of memory or a faulted device, say nothing about the image.)
       if (newly_stored && st.code() == absl::StatusCode::kFailedPrecondition) {
@@ -775,7 +813,11 @@ void Engine::FinishModule(std::shared_ptr<Session> s, TenantLimits limits,
       return done(st);
     }
     absl::MutexLock lock(&s->mu);
-    if (s->closed) return done(s->ClosedError());
+    if (s->closed) {
+      // Close gave back what the session's handles held, not this.
+      if (reserved) ReleaseModule(*s, image->sha256);
+      return done(s->ClosedError());
+    }
     ModuleResult r;
     r.sha256 = image->sha256;
     r.uploaded = uploaded;
@@ -784,9 +826,11 @@ void Engine::FinishModule(std::shared_ptr<Session> s, TenantLimits limits,
       if (held->sha256 == image->sha256) r.handle = handle;
     }
     if (r.handle == 0) {
-      if (absl::Status held = HoldModule(*s, *image, limits); !held.ok()) return done(held);
       r.handle = s->NewHandle();
       s->modules.emplace(r.handle, image);
+      // A session that loaded the image meanwhile holds it already.
+    } else if (reserved) {
+      ReleaseModule(*s, image->sha256);
     }
     done(r);
   });

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -318,6 +319,9 @@ class Engine {
                    Callback<SessionInfo> done);
   absl::StatusOr<uint64_t> KeepAlive(const Caller& caller, const std::string& token);
   void CloseSession(const Caller& caller, const std::string& token, Done done);
+  // Closes every session of `tenant` (removed from the tenants file), with
+  // `why` in the log; returns how many.
+  size_t CloseTenant(const std::string& tenant, const std::string& why);
 
   absl::StatusOr<std::unique_ptr<ModuleUpload>> BeginModuleUpload(const Caller& caller,
                                                                   const std::string& token,
@@ -358,11 +362,15 @@ class Engine {
   // The usage record of tenant `name`, made on first use.
   std::shared_ptr<TenantUsage> UsageOf(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sessions_mu_);
-  // Charges the session's tenant for holding `image` (once per tenant, however
-  // many of its sessions hold it); RESOURCE_EXHAUSTED past `limits`.
-  absl::Status HoldModule(Session& s, const device::ModuleImage& image,
-                          const TenantLimits& limits);
-  // The session no longer holds `sha256`.
+  // Counts `sha256` (`size` bytes) against the session's tenant before the
+  // session is given a handle to it (each distinct image once per tenant,
+  // however many of its sessions hold it; RESOURCE_EXHAUSTED past `limits`).
+  // False when the session holds the image already (nothing was counted);
+  // true: the caller gives it back with ReleaseModule unless the session
+  // ends up with a new handle.
+  absl::StatusOr<bool> ReserveModule(Session& s, const std::string& sha256, uint64_t size,
+                                     const TenantLimits& limits);
+  // One holder of `sha256` fewer for the session's tenant.
   void ReleaseModule(Session& s, const std::string& sha256);
   worker::RemoteDevice* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
   // The buffer, or why not: not found, or lost with its device's memory
@@ -381,12 +389,13 @@ class Engine {
   void OnDeviceReset(int index, const worker::ResetInfo& info);
   static absl::Status CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
                                  uint64_t size, absl::string_view op);
-  void FinishModule(std::shared_ptr<Session> session, TenantLimits limits,
+  // `reserved`: ReserveModule counted the image for this session.
+  void FinishModule(std::shared_ptr<Session> session,
                     std::shared_ptr<const device::ModuleImage> image, bool uploaded,
-                    bool newly_stored, Callback<ModuleResult> done);
+                    bool newly_stored, bool reserved, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
-  enum class CloseReason { kClient, kExpired, kShutdown };
+  enum class CloseReason { kClient, kExpired, kShutdown, kRevoked };
   // Removes the session and frees all it holds; `why` goes to the log.
   void Close(std::shared_ptr<Session> session, CloseReason reason, const std::string& why,
              Done done);
@@ -401,6 +410,8 @@ class Engine {
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(sessions_mu_);
   std::vector<uint32_t> sessions_per_device_ ABSL_GUARDED_BY(sessions_mu_);
+  // Sessions counted against the limits and not yet in sessions_.
+  size_t opening_ ABSL_GUARDED_BY(sessions_mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
       ABSL_GUARDED_BY(sessions_mu_);
   // Per device: the tenant whose session the last reset's reason names
@@ -425,6 +436,8 @@ class Engine {
   struct StoredModule {
     std::shared_ptr<const device::ModuleImage> image;
     uint64_t last_used = 0;
+    // Tenants that uploaded its bytes: only they may load it by hash.
+    absl::flat_hash_set<std::string> tenants;
   };
   // Evicts images no session holds until `bytes` more fit the budget; each
   // eviction also unloads the image from every device.

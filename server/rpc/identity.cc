@@ -1,38 +1,58 @@
 #include "server/rpc/identity.h"
 
+#include <sys/stat.h>
+
+#include <map>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/log.h"
+#include <grpc/grpc_security_constants.h>
 
 namespace gpuexec::rpc {
 namespace {
 
 constexpr char kAuthorization[] = "authorization";
 
-// A verified client certificate's names: its subject alternative names, or
-// its common name when it has none (RFC 6125 deprecates the CN for
-// identity; SPIFFE ids, for one, are URI SANs).
+// A verified client certificate's names: its DNS and URI subject
+// alternative names, or its common name when it has no SAN at all (RFC 6125
+// deprecates the CN for identity; SPIFFE ids, for one, are URI SANs). IP
+// and e-mail SANs name no tenant.
 std::vector<std::string> CertificateNames(const grpc::AuthContext& auth) {
   std::vector<std::string> names;
   if (!auth.IsPeerAuthenticated()) return names;
-  for (const auto& v : auth.FindPropertyValues("x509_subject_alternative_name")) {
-    names.emplace_back(v.data(), v.size());
+  for (const char* property : {GRPC_PEER_DNS_PROPERTY_NAME, GRPC_PEER_URI_PROPERTY_NAME}) {
+    for (const auto& v : auth.FindPropertyValues(property)) names.emplace_back(v.data(), v.size());
   }
-  if (names.empty()) {
-    for (const auto& v : auth.FindPropertyValues("x509_common_name")) {
+  if (names.empty() && auth.FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME).empty()) {
+    for (const auto& v : auth.FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
       names.emplace_back(v.data(), v.size());
     }
   }
   return names;
 }
 
+// What a call's transport says about its caller.
+tenants::Credentials CredentialsOf(const grpc::AuthContext* auth,
+                                   const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                                   bool client_certificates) {
+  tenants::Credentials c;
+  if (auto it = metadata.find(kAuthorization); it != metadata.end()) {
+    c.authorization = std::string(it->second.data(), it->second.size());
+  }
+  if (auth != nullptr && client_certificates) c.certificate_names = CertificateNames(*auth);
+  return c;
+}
+
 }  // namespace
 
 // Runs in gRPC's auth filter for every call on the TLS listener, before
-// any handler sees it.
+// any handler sees it, and refuses bad credentials there. It records
+// nothing: the auth context it is given is the connection's, shared by all
+// of the connection's calls, so each call is identified again, from its own
+// metadata, by its handler.
 class Identity::Processor final : public grpc::AuthMetadataProcessor {
  public:
   explicit Processor(Identity* identity) : identity_(identity) {}
@@ -40,15 +60,11 @@ class Identity::Processor final : public grpc::AuthMetadataProcessor {
 
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
                        OutputMetadata* consumed, OutputMetadata* response) override {
-    tenants::Credentials credentials;
-    if (auto it = metadata.find(kAuthorization); it != metadata.end()) {
-      credentials.authorization = std::string(it->second.data(), it->second.size());
-      consumed->emplace(kAuthorization, credentials.authorization.value());
-    }
-    if (identity_->client_certificates_) credentials.certificate_names = CertificateNames(*context);
+    const tenants::Credentials credentials =
+        CredentialsOf(context, metadata, identity_->client_certificates_);
     if (!credentials.authorization.has_value() && credentials.certificate_names.empty()) {
       // Health and reflection serve anyone; gpuexec.v1's handlers refuse
-      // a call with no tenant.
+      // a call with no credentials.
       return grpc::Status::OK;
     }
     auto tenant = identity_->Resolve(credentials, /*count_refusals=*/true);
@@ -57,7 +73,6 @@ class Identity::Processor final : public grpc::AuthMetadataProcessor {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           std::string(tenant.status().message()));
     }
-    context->AddProperty(kTenantProperty, (*tenant)->name);
     return grpc::Status::OK;
   }
 
@@ -68,6 +83,7 @@ class Identity::Processor final : public grpc::AuthMetadataProcessor {
 void Identity::SetDirectory(std::shared_ptr<const tenants::Directory> directory) {
   absl::MutexLock lock(&mu_);
   directory_ = std::move(directory);
+  generation_.fetch_add(1, std::memory_order_release);
 }
 
 std::shared_ptr<const tenants::Directory> Identity::directory() const {
@@ -80,8 +96,10 @@ std::shared_ptr<grpc::AuthMetadataProcessor> Identity::MakeProcessor() {
 }
 
 void Identity::SetUnixPeer(int fd, const tenants::PeerCredentials& peer) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return;
   absl::MutexLock lock(&mu_);
-  unix_peers_[fd] = peer;
+  unix_peers_[fd] = UnixPeer{peer, st.st_dev, st.st_ino};
 }
 
 void Identity::CountRefusal(tenants::Refusal reason) {
@@ -103,44 +121,22 @@ absl::StatusOr<core::Caller> Identity::Identify(const grpc::ServerContextBase& c
   core::Caller caller;
   caller.peer = ctx.peer();
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth != nullptr) {
-    // Set by the TLS listener's processor, which has checked the
-    // credentials already.
-    const auto named = auth->FindPropertyValues(kTenantProperty);
-    if (!named.empty()) {
-      const std::string name(named.front().data(), named.front().size());
-      std::shared_ptr<const tenants::Directory> dir = directory();
-      if (dir == nullptr) {
-        tenants::Credentials c;
-        c.certificate_names = CertificateNames(*auth);
-        auto tenant = tenants::IdentifyWithoutFile(c);
-        if (!tenant.ok()) return tenant.status();
-        caller.tenant = *std::move(tenant);
-        return caller;
-      }
-      caller.tenant = dir->Find(name);
-      // Gone with a reload since the processor ran.
-      if (caller.tenant == nullptr) {
-        return absl::UnauthenticatedError("unknown or revoked credentials");
-      }
-      return caller;
-    }
-  }
-  tenants::Credentials credentials;
-  const auto& metadata = ctx.client_metadata();
-  if (auto it = metadata.find(kAuthorization); it != metadata.end()) {
-    credentials.authorization = std::string(it->second.data(), it->second.size());
-  }
-  if (auth != nullptr && client_certificates_) credentials.certificate_names = CertificateNames(*auth);
+  tenants::Credentials credentials =
+      CredentialsOf(auth.get(), ctx.client_metadata(), client_certificates_);
   int fd = -1;
   if (absl::StartsWith(caller.peer, "fd:") &&
       absl::SimpleAtoi(absl::string_view(caller.peer).substr(3), &fd)) {
+    // The connection's socket, checked to be the one accepted under that
+    // number (not a later one that reused it).
+    struct stat st;
+    const bool open = fstat(fd, &st) == 0;
     absl::MutexLock lock(&mu_);
     auto it = unix_peers_.find(fd);
-    if (it != unix_peers_.end()) {
-      credentials.unix_peer = it->second;
-      caller.peer = absl::StrCat("unix:uid=", it->second.uid, ",gid=", it->second.gid,
-                                 ",pid=", it->second.pid);
+    if (open && it != unix_peers_.end() && it->second.dev == st.st_dev &&
+        it->second.ino == st.st_ino) {
+      const tenants::PeerCredentials& p = it->second.credentials;
+      credentials.unix_peer = p;
+      caller.peer = absl::StrCat("unix:uid=", p.uid, ",gid=", p.gid, ",pid=", p.pid);
     }
   }
   auto tenant = Resolve(credentials, count_refusals);

@@ -6,14 +6,14 @@
 //
 //  - TLS listener: an AuthMetadataProcessor (MakeProcessor) checks the
 //    bearer token and the client certificate before the call reaches a
-//    handler, refuses bad ones with UNAUTHENTICATED, and leaves the
-//    tenant's name in the call's auth context (only the processor can set
-//    it; a client cannot).
-//  - Plain TCP (loopback by default) and the Unix socket: Identify reads
-//    the `authorization` metadata and, for the Unix socket, the peer's uid
-//    and gid that UnixListener recorded for the connection at accept time
-//    (the connection's peer reads "fd:N" and its file descriptor stays open
-//    while any call of it lives).
+//    handler and refuses bad ones with UNAUTHENTICATED.
+//  - Every gpuexec.v1 call, whatever its listener: Identify reads the
+//    call's own `authorization` metadata, the connection's verified
+//    certificate and, for the Unix socket, the peer's uid and gid that
+//    UnixListener recorded for the connection at accept time (gRPC names
+//    such a connection's peer "fd:N"; the socket's device and inode are
+//    checked too, so a number reused by a later connection is not taken
+//    for the earlier one).
 //
 // gpuexec.v1 handlers call Identify first; grpc.health.v1 and reflection
 // answer anyone who reaches the port.
@@ -59,6 +59,10 @@ class Identity {
   // The peer of a Unix socket connection handed to gRPC as file `fd`.
   void SetUnixPeer(int fd, const tenants::PeerCredentials& peer);
 
+  // Changes whenever the directory does: a stream that started under an
+  // older one identifies its caller again.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+
   // Refused authentications so far, by reason.
   uint64_t refused(tenants::Refusal reason) const {
     return refused_[static_cast<size_t>(reason)].load(std::memory_order_relaxed);
@@ -74,12 +78,15 @@ class Identity {
   const bool client_certificates_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const tenants::Directory> directory_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<int, tenants::PeerCredentials> unix_peers_ ABSL_GUARDED_BY(mu_);
+  struct UnixPeer {
+    tenants::PeerCredentials credentials;
+    uint64_t dev = 0;
+    uint64_t ino = 0;
+  };
+  absl::flat_hash_map<int, UnixPeer> unix_peers_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> generation_{0};
   std::array<std::atomic<uint64_t>, std::size(tenants::kAllRefusals)> refused_{};
 };
-
-// The property a TLS call's auth context carries its tenant's name in.
-inline constexpr char kTenantProperty[] = "gpuexec.tenant";
 
 }  // namespace gpuexec::rpc
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
+#include "gpuexec/address.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/core/engine.h"
@@ -32,13 +33,6 @@
 namespace gpuexec {
 namespace {
 
-// Whether `address` (host:port) is reachable only from this host.
-bool IsLoopback(absl::string_view address) {
-  const size_t colon = address.rfind(':');
-  absl::string_view host = colon == absl::string_view::npos ? address : address.substr(0, colon);
-  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
 
 // A PEM file the TLS listener needs: it must be there and readable at start
 // (the watcher then picks up its replacements).
@@ -74,7 +68,7 @@ absl::Status CheckSecurity(const ServerOptions& o) {
       GPUEXEC_RETURN_IF_ERROR(CheckPemFile(o.tls_client_ca, "--tls_client_ca"));
     }
   }
-  if (o.listen_address.empty() || IsLoopback(o.listen_address) || o.allow_unauthenticated) {
+  if (o.listen_address.empty() || IsLoopbackAddress(o.listen_address) || o.allow_unauthenticated) {
     return absl::OkStatus();
   }
   const bool identity = !o.tenants_file.empty() || !o.tls_client_ca.empty();
@@ -303,8 +297,8 @@ absl::Status Server::ReloadTenants() {
   if (impl_->tenants_file.empty()) {
     return absl::FailedPreconditionError("the daemon has no tenants file (--tenants) to reload");
   }
-  const size_t before =
-      impl_->identity->directory() == nullptr ? 0 : impl_->identity->directory()->size();
+  std::shared_ptr<const tenants::Directory> old = impl_->identity->directory();
+  const size_t before = old == nullptr ? 0 : old->size();
   auto dir = tenants::Directory::Load(impl_->tenants_file);
   if (!dir.ok()) {
     log::Error("tenants: not reloaded, the ", before, " tenant(s) in force stay: ",
@@ -313,7 +307,17 @@ absl::Status Server::ReloadTenants() {
   }
   log::Info("tenants: reloaded ", impl_->tenants_file, ": ", (*dir)->size(),
             " tenant(s), in force for new calls");
-  impl_->identity->SetDirectory(*std::move(dir));
+  std::shared_ptr<const tenants::Directory> now = *std::move(dir);
+  impl_->identity->SetDirectory(now);
+  // A tenant taken out of the file loses its sessions with it.
+  if (old != nullptr) {
+    for (const std::string& name : old->names()) {
+      if (now->Find(name) != nullptr) continue;
+      const size_t closed =
+          impl_->engine->CloseTenant(name, "its tenant was removed from the tenants file");
+      if (closed != 0) log::Info("tenants: closed ", closed, " session(s) of removed tenant '", name, "'");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -20,6 +20,32 @@ namespace {
 using Env = GpuExecService::Env;
 using AsyncService = GpuExecService::AsyncService;
 
+// Who is calling, and the tenants file generation it was decided under.
+absl::StatusOr<core::Caller> Identify(const Env* env, const grpc::ServerContext& ctx,
+                                      uint64_t* generation) {
+  *generation = env->identity->generation();
+  return env->identity->Identify(ctx);
+}
+
+// A stream that started under an older tenants file identifies its caller
+// again before it goes on: credentials revoked since end it, and the
+// tenant's new limits apply to what it does next.
+absl::Status Reidentify(const Env* env, const grpc::ServerContext& ctx, core::Caller* caller,
+                        uint64_t* generation) {
+  if (env->identity->generation() == *generation) return absl::OkStatus();
+  auto now = Identify(env, ctx, generation);
+  if (!now.ok()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the call's credentials were revoked while it ran: ", now.status().message()));
+  }
+  if (now->tenant_name() != caller->tenant_name()) {
+    return absl::UnauthenticatedError("the call's credentials name another tenant since it began");
+  }
+  *caller = *std::move(now);
+  return absl::OkStatus();
+}
+
+
 // A unary method: `handler` runs when a call arrives; it fills the response
 // and calls Finish, at once or from an engine completion.
 template <class Req, class Resp>
@@ -45,7 +71,8 @@ class Unary final : public UnaryCall<Req, Resp> {
   }
   AsyncCall* Next() override { return new Unary(env_, request_fn_, handler_); }
   void OnStart() override {
-    auto caller = env_->identity->Identify(this->ctx_);
+    uint64_t generation = 0;
+    auto caller = Identify(env_, this->ctx_, &generation);
     if (!caller.ok()) return Finish(caller.status());
     caller_ = *std::move(caller);
     handler_(env_->engine, this);
@@ -114,7 +141,7 @@ class LoadModuleCall final
   }
   AsyncCall* Next() override { return new LoadModuleCall(env_); }
   void OnStart() override {
-    auto caller = env_->identity->Identify(ctx_);
+    auto caller = Identify(env_, ctx_, &generation_);
     if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
     caller_ = *std::move(caller);
     StartRead(&request_);
@@ -136,7 +163,8 @@ class LoadModuleCall final
       });
       return;
     }
-    absl::Status st;
+    absl::Status st = Reidentify(env_, ctx_, &caller_, &generation_);
+    if (!st.ok()) return Finish(ToGrpcStatus(st));
     if (upload_ == nullptr) {
       if (!request_.has_header()) {
         st = absl::InvalidArgumentError("LoadModule: the first message must be a header");
@@ -159,6 +187,7 @@ class LoadModuleCall final
 
   const Env* env_;
   core::Caller caller_;
+  uint64_t generation_ = 0;
   v1::LoadModuleRequest request_;
   std::unique_ptr<core::ModuleUpload> upload_;
 };
@@ -180,7 +209,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   }
   AsyncCall* Next() override { return new WriteCall(env_); }
   void OnStart() override {
-    auto caller = env_->identity->Identify(ctx_);
+    auto caller = Identify(env_, ctx_, &generation_);
     if (!caller.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -202,7 +231,13 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       const int got = reading_;
       reading_ = -1;
       if (done_) return;  // the call already ended with an error
-      if (ok && !ParseSlices(got)) {
+      absl::Status who = ok ? Reidentify(env_, ctx_, &caller_, &generation_) : absl::OkStatus();
+      if (!who.ok()) {
+        // As for a bad message: what was read before is written; then the
+        // call fails.
+        bad_ = who;
+        eof_ = true;
+      } else if (ok && !ParseSlices(got)) {
         // What was read before it is still written; then the call fails.
         bad_ = absl::InvalidArgumentError(
             "Write: a message is not a gpuexec.v1.WriteRequest; the bytes before it were "
@@ -307,6 +342,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
 
   const Env* env_;
   core::Caller caller_;
+  uint64_t generation_ = 0;
   // With two, receiving stopped whenever the message behind the one being
   // copied had arrived.
   static constexpr int kMessages = 4;
@@ -338,7 +374,8 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
   }
   AsyncCall* Next() override { return new ReadCall(env_); }
   void OnStart() override {
-    auto caller = env_->identity->Identify(ctx_);
+    uint64_t generation = 0;
+    auto caller = Identify(env_, ctx_, &generation);
     if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
     v1::ReadRequest r;
     if (!Parse(&request_, &r)) {
@@ -451,7 +488,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   }
   AsyncCall* Next() override { return new ExecuteCall(env_); }
   void OnStart() override {
-    auto caller = env_->identity->Identify(ctx_);
+    auto caller = Identify(env_, ctx_, &generation_);
     if (!caller.ok()) {
       absl::MutexLock lock(&mu_);
       reads_done_ = true;
@@ -478,6 +515,14 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
     }
     if (!ok) {
       absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (absl::Status who = Reidentify(env_, ctx_, &caller_, &generation_); !who.ok()) {
+      // Commands already started still finish; then the call ends with this.
+      absl::MutexLock lock(&mu_);
+      end_ = ToGrpcStatus(who);
       reads_done_ = true;
       MaybeFinishLocked();
       return;
@@ -646,7 +691,8 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   }
 
   const Env* env_;
-  core::Caller caller_;  // set at the start; read-only after
+  core::Caller caller_;      // set at the start; renewed by Reidentify
+  uint64_t generation_ = 0;  // of the tenants file caller_ was decided under
   std::string peer_;
   std::string session_;  // set by the first message; read-only after
   grpc::ByteBuffer in_;         // the message read

@@ -41,12 +41,14 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::str
                                                                   const std::string& group,
                                                                   grpc::Server* server,
                                                                   Identity* identity) {
-  const std::string temp = absl::StrCat(path, ".", getpid(), ".new");
+  // Bound in a directory of its own (mode 0700) first, so that nobody can
+  // swap the name for a symbolic link under the chmod and chown.
+  std::string dir_template = absl::StrCat(path, ".XXXXXX");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (temp.size() >= sizeof(addr.sun_path)) {
+  if (dir_template.size() + 2 >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("Unix socket path ", path, " is too long (",
-                                                   sizeof(addr.sun_path) - 12,
+                                                   sizeof(addr.sun_path) - 10,
                                                    " characters at most)"));
   }
   gid_t gid = static_cast<gid_t>(-1);
@@ -55,36 +57,34 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::str
     if (!g.ok()) return g.status();
     gid = *g;
   }
-  std::memcpy(addr.sun_path, temp.c_str(), temp.size() + 1);
   // A socket left by an earlier daemon is replaced; any other file is not.
   struct stat st;
   if (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrCat("Unix socket path ", path, " exists and is not a socket"));
   }
+  if (mkdtemp(dir_template.data()) == nullptr) return Errno("mkdtemp", dir_template);
+  const std::string temp = absl::StrCat(dir_template, "/s");
+  std::memcpy(addr.sun_path, temp.c_str(), temp.size() + 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno("socket", path);
-  unlink(temp.c_str());
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    absl::Status s = Errno("bind", temp);
-    close(fd);
+  auto fail = [&](absl::string_view what) {
+    absl::Status s = Errno(what, path);
+    unlink(temp.c_str());
+    rmdir(dir_template.c_str());
+    if (fd >= 0) close(fd);
     return s;
-  }
+  };
+  if (fd < 0) return fail("socket");
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return fail("bind");
   // Who may connect is decided by the file's mode and group, set before
   // the socket appears under its name.
-  if (chmod(temp.c_str(), 0660) != 0 || (gid != static_cast<gid_t>(-1) &&
-                                         chown(temp.c_str(), static_cast<uid_t>(-1), gid) != 0)) {
-    absl::Status s = Errno("chmod/chown", temp);
-    unlink(temp.c_str());
-    close(fd);
-    return s;
+  if (chmod(temp.c_str(), 0660) != 0) return fail("chmod");
+  if (gid != static_cast<gid_t>(-1) && chown(temp.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return fail("chown");
   }
-  if (listen(fd, 128) != 0 || rename(temp.c_str(), path.c_str()) != 0) {
-    absl::Status s = Errno("listen/rename", path);
-    unlink(temp.c_str());
-    close(fd);
-    return s;
-  }
+  if (listen(fd, 128) != 0) return fail("listen");
+  if (rename(temp.c_str(), path.c_str()) != 0) return fail("rename");
+  rmdir(dir_template.c_str());
   const int wake = eventfd(0, EFD_CLOEXEC);
   if (wake < 0) {
     absl::Status s = Errno("eventfd", path);

@@ -212,6 +212,12 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
   return std::shared_ptr<const Directory>(std::move(dir));
 }
 
+std::vector<std::string> Directory::names() const {
+  std::vector<std::string> out;
+  for (const auto& t : tenants_) out.push_back(t->name);
+  return out;
+}
+
 std::shared_ptr<const core::Tenant> Directory::Find(absl::string_view name) const {
   for (const auto& t : tenants_) {
     if (t->name == name) return t;
@@ -287,8 +293,15 @@ absl::StatusOr<std::shared_ptr<const core::Tenant>> Directory::Identify(const Cr
 
 absl::StatusOr<std::shared_ptr<const core::Tenant>> IdentifyWithoutFile(const Credentials& c) {
   if (c.certificate_names.empty()) return core::DefaultTenant();
+  const std::string& name = c.certificate_names.front();
+  if (name.empty() || name.size() > kMaxCertificateNameBytes) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the client certificate's name is empty or over ", kMaxCertificateNameBytes, " bytes"));
+  }
+  // "cert:" keeps a certificate's tenant apart from the implicit one (and
+  // from any name a tenants file could give).
   auto t = std::make_shared<core::Tenant>();
-  t->name = Quote(c.certificate_names.front(), kMaxCertificateNameBytes);
+  t->name = absl::StrCat("cert:", Quote(name, kMaxCertificateNameBytes));
   return std::shared_ptr<const core::Tenant>(std::move(t));
 }
 

@@ -76,6 +76,7 @@ class Directory {
   static absl::StatusOr<std::shared_ptr<const Directory>> Load(const std::string& path);
 
   size_t size() const { return tenants_.size(); }
+  std::vector<std::string> names() const;
   // The tenant called `name`, or null.
   std::shared_ptr<const core::Tenant> Find(absl::string_view name) const;
 
@@ -97,7 +98,7 @@ class Directory {
 
 // Identify for a daemon without a tenants file: everyone is the default
 // tenant, except that a verified client certificate (mutual TLS) names a
-// tenant of its own: its first name, without limits of its own.
+// tenant of its own, "cert:<its first name>", without limits of its own.
 absl::StatusOr<std::shared_ptr<const core::Tenant>> IdentifyWithoutFile(
     const Credentials& credentials);
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gpuexec/sha256.h"
@@ -298,8 +299,47 @@ TEST_F(TlsTenantsTest, ARotatedServerCertificateIsServedWithoutARestart) {
 TEST_F(TlsTenantsTest, AClientRefusesToSendItsTokenInClearTextOffThisHost) {
   ClientOptions o;
   o.token = kTokenA;
-  EXPECT_THAT(Client::Connect("192.0.2.1:50051", o),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("plain TCP")));
+  // Names that merely look local are not: they resolve anywhere.
+  for (const char* target : {"192.0.2.1:50051", "127.example.com:443",
+                             "ipv4:127.0.0.1:1,192.0.2.1:50051", "dns:///gpuexec:50051"}) {
+    SCOPED_TRACE(target);
+    EXPECT_THAT(Client::Connect(target, o),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("plain TCP")));
+  }
+}
+
+// gRPC hands the TLS listener's processor the connection's auth context,
+// shared by all its calls: each call must be identified by its own
+// metadata, never by what an earlier call on the connection proved.
+TEST_F(TlsTenantsTest, EachCallOnAConnectionIsIdentifiedByItsOwnCredentials) {
+  WriteTenants(TwoTenants());
+  Start(Tls(false));
+  GX_ASSERT_OK_AND_ASSIGN(Client shared, Client::Connect(target(), TlsClient()));
+  auto stub = v1::GpuExec::NewStub(shared.channel());
+  auto open = [&](const std::string& token, v1::OpenSessionResponse* out) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::OpenSessionRequest req;
+    req.set_device(kDevice);
+    return stub->OpenSession(&ctx, req, out);
+  };
+  v1::OpenSessionResponse a, none, b;
+  ASSERT_TRUE(open(kTokenA, &a).ok());
+  EXPECT_EQ(open("", &none).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  ASSERT_TRUE(open(kTokenB, &b).ok());
+  // The second session is B's: B's own client can renew it, A's cannot.
+  GX_ASSERT_OK_AND_ASSIGN(Client as_a, As(kTokenA, TlsClient()));
+  GX_ASSERT_OK_AND_ASSIGN(Client as_b, As(kTokenB, TlsClient()));
+  auto keep = [](Client& c, const std::string& session) {
+    grpc::ClientContext ctx;
+    v1::KeepAliveRequest req;
+    v1::KeepAliveResponse resp;
+    req.set_session(session);
+    return v1::GpuExec::NewStub(c.channel())->KeepAlive(&ctx, req, &resp).error_code();
+  };
+  EXPECT_EQ(keep(as_b, b.session()), grpc::StatusCode::OK);
+  EXPECT_EQ(keep(as_a, b.session()), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(keep(as_a, a.session()), grpc::StatusCode::OK);
 }
 
 // ------------------------------------------------------------ start-up
@@ -375,6 +415,112 @@ TEST_F(TenantsTest, AFreshBufferReadsAsZerosAfterAnotherTenantsWriteAndFree) {
     GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, fresh.Read());
     EXPECT_EQ(std::count(got.begin(), got.end(), uint8_t{0}), static_cast<ptrdiff_t>(size));
   }
+}
+
+// An image is stored once, but a tenant may load by hash only what it has
+// uploaded itself: whether another tenant runs an image is not its business.
+TEST_F(TenantsTest, AnImageByHashIsNotFoundForATenantThatNeverUploadedIt) {
+  WriteTenants(TwoTenants());
+  Start();
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
+  GX_ASSERT_OK_AND_ASSIGN(Session sa, a.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session sb, b.OpenSession({kDevice}));
+  const std::string image = *ReadFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin"));
+  GX_ASSERT_OK_AND_ASSIGN(Module ma, sa.LoadModule(image, ModuleKind::kCubin));
+  EXPECT_TRUE(ma.uploaded());
+  // B asks by hash alone, as a client may: the same answer as for an image
+  // nobody uploaded.
+  auto probe = [&](const std::string& sha) {
+    grpc::ClientContext ctx;
+    v1::LoadModuleResponse resp;
+    auto w = v1::GpuExec::NewStub(b.channel())->LoadModule(&ctx, &resp);
+    v1::LoadModuleRequest req;
+    req.mutable_header()->set_session(sb.token());
+    req.mutable_header()->set_sha256(sha);
+    req.mutable_header()->set_size(image.size());
+    req.mutable_header()->set_kind(v1::MODULE_KIND_CUBIN);
+    w->Write(req);
+    w->WritesDone();
+    grpc::Status st = w->Finish();
+    return std::make_pair(st.error_code(), st.error_message());
+  };
+  const std::string sha = Sha256Hex(image);
+  const auto theirs = probe(sha);
+  const auto nobodys = probe(std::string(64, 'a'));
+  EXPECT_EQ(theirs.first, grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(nobodys.first, grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(theirs.second, HasSubstr("is not held by the daemon; upload its bytes"));
+  // With the bytes, B gets it (stored once: still one image in the store).
+  GX_ASSERT_OK_AND_ASSIGN(Module mb, sb.LoadModule(image, ModuleKind::kCubin));
+  EXPECT_TRUE(mb.uploaded());
+  EXPECT_THAT(server_->RenderMetrics(), HasSubstr("gpuexec_module_store_images 1\n"));
+  GX_ASSERT_OK_AND_ASSIGN(Function f, mb.GetFunction("gx_fill_u32"));
+  (void)f;
+}
+
+TEST_F(TenantsTest, ARevokedTokenEndsTheStreamsItOpenedAndARemovedTenantItsSessions) {
+  constexpr char kTokenA2[] = "second-token-of-team-a-00000000";
+  WriteTenants(absl::StrCat(TwoTenants(), "tenant { name: \"team-c\" token_sha256: \"",
+                            Digest(kTokenA2), "\" }\n"));
+  Start();
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
+  GX_ASSERT_OK_AND_ASSIGN(Session sa, a.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session sb, b.OpenSession({kDevice}));
+  // The session's command stream is open (Allocate travels on it).
+  GX_ASSERT_OK_AND_ASSIGN(Buffer kept, sa.Allocate(4096));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b_kept, sb.Allocate(4096));
+  GX_ASSERT_OK(b_kept.Memset(0x42));
+
+  // team-a's token taken out (team-a itself too): its open stream ends,
+  // its sessions close; team-b's go on.
+  WriteTenants(absl::StrCat("tenant { name: \"team-b\" token_sha256: \"", Digest(kTokenB),
+                            "\" }\n"));
+  GX_ASSERT_OK(server_->ReloadTenants());
+  auto more = sa.Allocate(4096);
+  EXPECT_FALSE(more.ok());
+  EXPECT_THAT(more.status().code(), ::testing::AnyOf(absl::StatusCode::kUnauthenticated,
+                                                     absl::StatusCode::kNotFound));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(server_->RenderMetrics(),
+                                 "gpuexec_tenant_sessions{tenant=\"team-a\"} 0");
+      },
+      absl::Seconds(5)));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, b_kept.Read());
+  EXPECT_EQ(std::count(back.begin(), back.end(), 0x42), 4096);
+  GX_EXPECT_OK(sb.Allocate(4096).status());
+  kept.Release();
+}
+
+TEST_F(TenantsTest, ATenantOverItsModuleLimitTakesNoRoomInTheStore) {
+  // Distinct images of the test kernels (a kernel name more for the
+  // double, a comment more in PTX for the driver), each alone under the
+  // limit, not two together.
+  const bool fake = TestBackend().fake;
+  const std::string base = *ReadFile(
+      absl::StrCat(TestBackend().kernels_dir, fake ? "/gx_kernels.cubin" : "/gx_kernels.ptx"));
+  std::vector<std::string> images;
+  for (int i = 0; i < 4; ++i) {
+    images.push_back(fake ? absl::StrCat(base, "gx_tenant_image_", i, "\n")
+                          : absl::StrCat(base, "\n// tenant image ", i, "\n"));
+  }
+  WriteTenants(TwoTenants(absl::StrCat("  module_bytes: ", images[0].size() + 16, "\n")));
+  Start();
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(Session sa, a.OpenSession({kDevice}));
+  const ModuleKind kind = fake ? ModuleKind::kCubin : ModuleKind::kPtx;
+  GX_ASSERT_OK(sa.LoadModule(images[0], kind).status());
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_THAT(sa.LoadModule(images[i], kind),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("tenant 'team-a' module limit")));
+  }
+  // Refused before it was stored or loaded.
+  const std::string metrics = server_->RenderMetrics();
+  EXPECT_THAT(metrics, HasSubstr("gpuexec_module_store_images 1\n"));
+  EXPECT_THAT(metrics, HasSubstr("gpuexec_device_modules_loaded{device=\"0\"} 1\n"));
 }
 
 // ------------------------------------------------------------ limits

@@ -158,7 +158,12 @@ TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
   EXPECT_EQ(IdentifyWithoutFile(none).value()->name, core::kDefaultTenant);
   Credentials cert;
   cert.certificate_names = {"svc-1.example"};
-  EXPECT_EQ(IdentifyWithoutFile(cert).value()->name, "svc-1.example");
+  EXPECT_EQ(IdentifyWithoutFile(cert).value()->name, "cert:svc-1.example");
+  // Never the implicit tenant, however the certificate is named.
+  cert.certificate_names = {core::kDefaultTenant};
+  EXPECT_EQ(IdentifyWithoutFile(cert).value()->name, "cert:default");
+  cert.certificate_names = {std::string(300, 'n')};
+  EXPECT_EQ(IdentifyWithoutFile(cert).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST(QuoteTest, EscapesAndCuts) {
