@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "server/common/log.h"
 #include "server/rpc/server.h"
@@ -118,7 +119,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gpuexecd: %s\n", std::string(dir.status().message()).c_str());
       return 1;
     }
-    std::printf("%s: %zu tenant(s), valid\n", file.c_str(), (*dir)->size());
+    std::printf("%s: %zu tenant(s), valid: %s\n", file.c_str(), (*dir)->size(),
+                absl::StrJoin((*dir)->names(), ", ").c_str());
     return 0;
   }
 

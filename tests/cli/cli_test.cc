@@ -324,6 +324,59 @@ TEST_F(CliTest, AnUnreachableDaemonIsOneLineAndExitOne) {
   ExpectOneErrorLine(r);
 }
 
+// A daemon with tenants: the token comes from --token_file or
+// $GPUEXEC_TOKEN, and without it the daemon's refusal is the one line.
+TEST_F(CliTest, ATokenFromAFileOrTheEnvironmentNamesTheTenant) {
+  const std::string token = "cli-test-token-0123456789";
+  const std::string tenants = Path("cli-tenants.textproto");
+  std::ofstream(tenants) << "tenant { name: \"cli\" token_sha256: \"" << Sha256Hex(token)
+                         << "\" }\n";
+  std::ofstream(Path("cli-token")) << token << "\n";
+  const std::string log = Path("cli-tenants-daemon.log");
+  Process daemon({Env("GPUEXEC_TEST_DAEMON"), "--listen=127.0.0.1:0", "--tenants=" + tenants,
+                  absl::StrCat("--driver=", Env("GPUEXEC_TEST_DRIVER"))},
+                 Path("cli-tenants-daemon.out"), log);
+  std::string port;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string text = ReadFile(log).value_or("");
+        const size_t at = text.find("serving gpuexec.v1 on 127.0.0.1:");
+        if (at == std::string::npos) return false;
+        port = text.substr(at + 32, text.find(' ', at + 32) - at - 32);
+        return true;
+      },
+      absl::Seconds(60)))
+      << ReadFile(log).value_or("");
+  const std::string target = absl::StrCat("--target=127.0.0.1:", port);
+
+  Result none = RunRaw({target, "devices"});
+  EXPECT_EQ(none.exit_code, 1) << none;
+  EXPECT_THAT(none.err, HasSubstr("UNAUTHENTICATED: no credentials"));
+  ExpectOneErrorLine(none);
+
+  Result from_file = RunRaw({target, "--token_file=" + Path("cli-token"), "devices"});
+  EXPECT_EQ(from_file.exit_code, 0) << from_file;
+  EXPECT_THAT(from_file.out, StartsWith("DEVICE NAME"));
+
+  Result from_env = RunRaw({target, "devices"}, {"GPUEXEC_TOKEN=" + token});
+  EXPECT_EQ(from_env.exit_code, 0) << from_env;
+
+  Result wrong = RunRaw({target, "devices"}, {"GPUEXEC_TOKEN=not-it"});
+  EXPECT_EQ(wrong.exit_code, 1) << wrong;
+  EXPECT_THAT(wrong.err, HasSubstr("unknown or revoked bearer token"));
+  ExpectOneErrorLine(wrong);
+
+  // Never in clear text to another host.
+  Result remote = RunRaw({"--target=192.0.2.1:50051", "devices"}, {"GPUEXEC_TOKEN=" + token});
+  EXPECT_EQ(remote.exit_code, 1) << remote;
+  EXPECT_THAT(remote.err, HasSubstr("FAILED_PRECONDITION"));
+  ExpectOneErrorLine(remote);
+
+  Result missing = RunRaw({target, "--token_file=" + Path("no-such-token"), "devices"});
+  EXPECT_EQ(missing.exit_code, 1) << missing;
+  EXPECT_THAT(missing.err, HasSubstr("--token_file: cannot read"));
+}
+
 // ------------------------------------------------------------ devices, load, info
 
 TEST_F(CliTest, DevicesListsTheDaemonsDevices) {

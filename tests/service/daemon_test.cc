@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
@@ -454,6 +455,78 @@ TEST(DaemonProcessTest, LogsOneLinePerEvent) {
   const std::string quiet_log = *ReadFile(log_path);
   EXPECT_EQ(quiet_log.find(" I "), std::string::npos) << quiet_log;
   unlink(log_path.c_str());
+}
+
+// The tenants file is reread on SIGHUP: a bad one is refused with one log
+// line and the one in force stays; a good one is in force at once.
+TEST(DaemonProcessTest, SighupReloadsTheTenantsFileAndABadOneKeepsTheOld) {
+  const std::string dir = ::testing::TempDir();
+  const std::string file = absl::StrCat(dir, "gpuexecd-tenants-", getpid(), ".textproto");
+  const std::string log_path = absl::StrCat(dir, "gpuexecd-tenants-", getpid(), ".log");
+  auto write = [&](const std::string& text) {
+    std::ofstream(file + ".new") << text;
+    ASSERT_EQ(rename((file + ".new").c_str(), file.c_str()), 0);
+  };
+  write(absl::StrCat("tenant { name: \"local\" uid: ", getuid(), " }\n"));
+  DaemonProcess daemon({"--tenants=" + file, "--log_level=info"}, log_path);
+  ClientOptions options;
+  options.connect_timeout = absl::Seconds(20);
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
+  GX_ASSERT_OK(client.ListDevices().status());
+  auto logged = [&](const std::string& what) {
+    return WaitFor([&] { return ReadFile(log_path).value_or("").find(what) != std::string::npos; },
+                   absl::Seconds(10));
+  };
+
+  write("tenant {\n  name: \"local\"\n  uid: 1\n  gid: x\n}\n");
+  ASSERT_EQ(kill(daemon.pid(), SIGHUP), 0);
+  EXPECT_TRUE(logged("E tenants: not reloaded, the 1 tenant(s) in force stay: ")) << *ReadFile(log_path);
+  EXPECT_TRUE(logged(".textproto:4:")) << *ReadFile(log_path);
+  GX_EXPECT_OK(client.ListDevices().status());
+
+  // Our uid out of the file: this client is nobody now.
+  write("tenant { name: \"other\" uid: 1 }\n");
+  ASSERT_EQ(kill(daemon.pid(), SIGHUP), 0);
+  EXPECT_TRUE(logged("I tenants: reloaded ")) << *ReadFile(log_path);
+  EXPECT_THAT(client.ListDevices(),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("names no tenant")));
+  EXPECT_EQ(daemon.Stop(), 0);
+  unlink(file.c_str());
+  unlink(log_path.c_str());
+}
+
+// What `gpuexecd --check_tenants=FILE` prints, and its exit status.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(DaemonProcessTest, CheckTenantsValidatesAFileAndExits) {
+  const std::string file = absl::StrCat(::testing::TempDir(), "check-", getpid(), ".textproto");
+  std::ofstream(file) << "tenant { name: \"a\" uid: 1 }\ntenant { name: \"b\" gid: 2 }\n";
+  auto [ok_status, ok_out] = RunCommand(absl::StrCat(DaemonPath(), " --check_tenants=", file));
+  EXPECT_EQ(ok_status, 0) << ok_out;
+  EXPECT_THAT(ok_out, HasSubstr("2 tenant(s), valid: a, b"));
+  std::ofstream(file) << "tenant {\n  name: \"a\"\n  uid: 1\n  max_sessions: -1\n}\n";
+  auto [bad_status, bad_out] = RunCommand(absl::StrCat(DaemonPath(), " --check_tenants=", file));
+  EXPECT_EQ(bad_status, 1) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr(".textproto:4:"));
+  unlink(file.c_str());
+}
+
+TEST(DaemonProcessTest, ANonLoopbackAddressWithoutIdentityRefusesToStartInOneLine) {
+  auto [status, out] = RunCommand(absl::StrCat(DaemonPath(), " --listen=0.0.0.0:0 --driver=",
+                                        TestBackend().driver));
+  EXPECT_EQ(status, 1) << out;
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u) << out;
+  EXPECT_THAT(lines[0], HasSubstr("E gpuexecd cannot start: FAILED_PRECONDITION: "
+                                  "--listen=0.0.0.0:0 is not a loopback address"));
 }
 
 TEST(DaemonProcessTest, BadFlagsExitNonZero) {

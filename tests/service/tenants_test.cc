@@ -4,6 +4,7 @@
 // on the test double; certificates are made with openssl at test time.
 
 #include <dlfcn.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -156,11 +157,22 @@ TEST_F(TenantsTest, TheUnixSocketsPeerUidNamesATenant) {
   WriteTenants(TwoTenants("", /*with_uid=*/true));
   ServerOptions options;
   options.unix_socket = files_.Path("gpuexec.sock");
+  const struct group* own = getgrgid(getgid());
+  ASSERT_NE(own, nullptr);
+  options.unix_socket_group = own->gr_name;
   Start(options);
   struct stat st;
   ASSERT_EQ(stat(options.unix_socket.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, getgid());
+  // A group that does not exist is refused at start.
+  ServerOptions bad = options;
+  bad.unix_socket = files_.Path("other.sock");
+  bad.unix_socket_group = "no-such-group-gpuexec";
+  bad.tenants_file = tenants_file_;
+  EXPECT_THAT(StartServer(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("no group 'no-such-group-gpuexec'")));
 
   GX_ASSERT_OK_AND_ASSIGN(Client local, Client::Connect("unix:" + options.unix_socket));
   GX_ASSERT_OK_AND_ASSIGN(Session s, local.OpenSession({kDevice}));
