@@ -17,12 +17,12 @@
 namespace gpuexec::core {
 
 struct TenantLimits {
-  std::vector<uint32_t> devices;  // empty: every device
-  uint64_t memory_bytes = 0;      // device memory of all its sessions; 0: none
-  uint32_t max_sessions = 0;      // 0: none
-  uint64_t max_lease_ms = 0;      // 0: the daemon's
+  std::vector<uint32_t> devices;      // empty: every device
+  uint64_t memory_bytes = 0;          // device memory of all its sessions; 0: none
+  uint32_t max_sessions = 0;          // 0: none
+  uint64_t max_lease_ms = 0;          // 0: the daemon's
   uint64_t kernel_time_limit_ms = 0;  // 0: the daemon's
-  uint64_t module_bytes = 0;      // distinct module images held; 0: none
+  uint64_t module_bytes = 0;          // distinct module images held; 0: none
 };
 
 struct Tenant {

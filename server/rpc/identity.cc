@@ -1,5 +1,6 @@
 #include "server/rpc/identity.h"
 
+#include <grpc/grpc_security_constants.h>
 #include <sys/stat.h>
 
 #include <map>
@@ -9,7 +10,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/log.h"
-#include <grpc/grpc_security_constants.h>
 
 namespace gpuexec::rpc {
 namespace {
@@ -35,9 +35,9 @@ std::vector<std::string> CertificateNames(const grpc::AuthContext& auth) {
 }
 
 // What a call's transport says about its caller.
-tenants::Credentials CredentialsOf(const grpc::AuthContext* auth,
-                                   const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
-                                   bool client_certificates) {
+tenants::Credentials CredentialsOf(
+    const grpc::AuthContext* auth,
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, bool client_certificates) {
   tenants::Credentials c;
   if (auto it = metadata.find(kAuthorization); it != metadata.end()) {
     c.authorization = std::string(it->second.data(), it->second.size());

@@ -117,7 +117,7 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Load(const std::stri
 }
 
 absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_view text,
-                                                                 absl::string_view file) {
+                                                                  absl::string_view file) {
   config::v1::TenantsConfig config;
   TextFormat::Parser parser;
   FirstError errors;

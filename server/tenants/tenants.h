@@ -62,16 +62,16 @@ enum class Refusal {
 };
 const char* RefusalLabel(Refusal r);
 inline constexpr Refusal kAllRefusals[] = {
-    Refusal::kNoCredentials,     Refusal::kMalformedAuthorization,
-    Refusal::kUnknownToken,      Refusal::kUnknownCertificate,
-    Refusal::kUnknownPeer,       Refusal::kConflictingCredentials};
+    Refusal::kNoCredentials, Refusal::kMalformedAuthorization,
+    Refusal::kUnknownToken,  Refusal::kUnknownCertificate,
+    Refusal::kUnknownPeer,   Refusal::kConflictingCredentials};
 
 class Directory {
  public:
   // Parses and checks a tenants file's text. Errors name the file, the line
   // and the field: "tenants.textproto:12: tenant 'a' token_sha256: ...".
   static absl::StatusOr<std::shared_ptr<const Directory>> Parse(absl::string_view text,
-                                                               absl::string_view file_name);
+                                                                absl::string_view file_name);
   // Reads and parses `path`.
   static absl::StatusOr<std::shared_ptr<const Directory>> Load(const std::string& path);
 

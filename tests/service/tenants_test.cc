@@ -23,6 +23,11 @@
 namespace gpuexec::testing {
 namespace {
 
+#define GPUEXEC_TEST_ASSIGN(lhs, expr)                                          \
+  auto GX_CONCAT_(r_, __LINE__) = (expr);                                       \
+  if (!GX_CONCAT_(r_, __LINE__).ok()) return GX_CONCAT_(r_, __LINE__).status(); \
+  lhs = *std::move(GX_CONCAT_(r_, __LINE__))
+
 using ::testing::_;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -42,8 +47,8 @@ class TenantsTest : public ::testing::Test {
     void* driver = dlopen(TestBackend().driver.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (driver == nullptr) {
       const char* why = dlerror();
-      GTEST_SKIP() << "driver " << TestBackend().driver << " cannot be loaded: "
-                   << (why != nullptr ? why : "");
+      GTEST_SKIP() << "driver " << TestBackend().driver
+                   << " cannot be loaded: " << (why != nullptr ? why : "");
     }
     dlclose(driver);
     ASSERT_FALSE(files_.dir().empty());
@@ -84,6 +89,19 @@ class TenantsTest : public ::testing::Test {
   absl::StatusOr<Client> As(const std::string& token, ClientOptions options = {}) {
     options.token = token;
     return Client::Connect(target(), options);
+  }
+
+  // A client and a session of each tenant.
+  struct Both {
+    Client a, b;
+    Session sa, sb;
+  };
+  absl::StatusOr<Both> OpenBoth() {
+    GPUEXEC_TEST_ASSIGN(Client a, As(kTokenA));
+    GPUEXEC_TEST_ASSIGN(Client b, As(kTokenB));
+    GPUEXEC_TEST_ASSIGN(Session sa, a.OpenSession({kDevice}));
+    GPUEXEC_TEST_ASSIGN(Session sb, b.OpenSession({kDevice}));
+    return Both{std::move(a), std::move(b), std::move(sa), std::move(sb)};
   }
 
   TlsFiles files_;
@@ -138,7 +156,8 @@ TEST_F(TenantsTest, ATokenRevokedByAReloadIsRefusedAndABadFileKeepsTheOldOne) {
   GX_ASSERT_OK(a.ListDevices().status());
 
   // A file with a mistake: refused with its line and field; A still works.
-  WriteTenants(absl::StrCat(TwoTenants(), "tenant {\n  name: \"team-c\"\n  token_sha256: \"xyz\"\n}\n"));
+  WriteTenants(
+      absl::StrCat(TwoTenants(), "tenant {\n  name: \"team-c\"\n  token_sha256: \"xyz\"\n}\n"));
   EXPECT_THAT(server_->ReloadTenants(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("tenants.textproto:12"), HasSubstr("'team-c'"),
@@ -146,7 +165,8 @@ TEST_F(TenantsTest, ATokenRevokedByAReloadIsRefusedAndABadFileKeepsTheOldOne) {
   GX_EXPECT_OK(a.ListDevices().status());
 
   // A's token gone from the file: its next call is refused, B's is not.
-  WriteTenants(absl::StrCat("tenant { name: \"team-b\" token_sha256: \"", Digest(kTokenB), "\" }\n"));
+  WriteTenants(
+      absl::StrCat("tenant { name: \"team-b\" token_sha256: \"", Digest(kTokenB), "\" }\n"));
   GX_ASSERT_OK(server_->ReloadTenants());
   EXPECT_THAT(a.ListDevices(), StatusIs(absl::StatusCode::kUnauthenticated, _));
   GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
@@ -194,9 +214,8 @@ TEST_F(TenantsTest, TheUnixSocketsPeerUidNamesATenant) {
   WriteTenants(TwoTenants());
   GX_ASSERT_OK(server_->ReloadTenants());
   GX_ASSERT_OK_AND_ASSIGN(Client stranger, Client::Connect("unix:" + options.unix_socket));
-  EXPECT_THAT(stranger.ListDevices(),
-              StatusIs(absl::StatusCode::kUnauthenticated,
-                       HasSubstr(absl::StrCat("uid ", getuid(), " "))));
+  EXPECT_THAT(stranger.ListDevices(), StatusIs(absl::StatusCode::kUnauthenticated,
+                                               HasSubstr(absl::StrCat("uid ", getuid(), " "))));
 }
 
 // ------------------------------------------------------------ TLS
@@ -361,13 +380,13 @@ TEST(TenantsStartTest, ANonLoopbackAddressWithoutIdentityIsRefusedAtStart) {
   o.listen_address = "0.0.0.0:0";
   o.driver_library = TestBackend().driver;
   o.worker_program = DaemonProgram();
-  EXPECT_THAT(Server::Start(o), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                         AllOf(HasSubstr("not a loopback address"),
-                                               HasSubstr("--tls_cert"),
-                                               HasSubstr("--allow_unauthenticated"))));
+  EXPECT_THAT(Server::Start(o),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("not a loopback address"), HasSubstr("--tls_cert"),
+                             HasSubstr("--allow_unauthenticated"))));
   o.tenants_file = "/nonexistent/tenants.textproto";
-  EXPECT_THAT(Server::Start(o), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                         HasSubstr("it has no TLS")));
+  EXPECT_THAT(Server::Start(o),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("it has no TLS")));
 }
 
 // ------------------------------------------------------------ tenants own
@@ -396,7 +415,8 @@ TEST_F(TenantsTest, AnotherTenantsSessionTokenIsNotFoundLikeOneNeverIssued) {
   EXPECT_EQ(stolen.first, grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(never.first, grpc::StatusCode::NOT_FOUND);
   // The same words, but for the token's own prefix.
-  EXPECT_THAT(stolen.second, HasSubstr("does not exist (never opened, closed, or its lease lapsed)"));
+  EXPECT_THAT(stolen.second,
+              HasSubstr("does not exist (never opened, closed, or its lease lapsed)"));
   EXPECT_EQ(stolen.second.substr(16), never.second.substr(16));
   // B could not touch the buffer; A's bytes are intact.
   GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buf.Read());
@@ -411,10 +431,8 @@ TEST_F(TenantsTest, AnotherTenantsSessionTokenIsNotFoundLikeOneNeverIssued) {
 TEST_F(TenantsTest, AFreshBufferReadsAsZerosAfterAnotherTenantsWriteAndFree) {
   WriteTenants(TwoTenants());
   Start();
-  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
-  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
-  GX_ASSERT_OK_AND_ASSIGN(Session sa, a.OpenSession({kDevice}));
-  GX_ASSERT_OK_AND_ASSIGN(Session sb, b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Both both, OpenBoth());
+  auto& [a, b, sa, sb] = both;
   for (const uint64_t size : {uint64_t{1} << 10, uint64_t{1} << 20, uint64_t{64} << 20}) {
     SCOPED_TRACE(size);
     {
@@ -434,10 +452,8 @@ TEST_F(TenantsTest, AFreshBufferReadsAsZerosAfterAnotherTenantsWriteAndFree) {
 TEST_F(TenantsTest, AnImageByHashIsNotFoundForATenantThatNeverUploadedIt) {
   WriteTenants(TwoTenants());
   Start();
-  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
-  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
-  GX_ASSERT_OK_AND_ASSIGN(Session sa, a.OpenSession({kDevice}));
-  GX_ASSERT_OK_AND_ASSIGN(Session sb, b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Both both, OpenBoth());
+  auto& [a, b, sa, sb] = both;
   const std::string image = *ReadFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin"));
   GX_ASSERT_OK_AND_ASSIGN(Module ma, sa.LoadModule(image, ModuleKind::kCubin));
   EXPECT_TRUE(ma.uploaded());
@@ -476,10 +492,8 @@ TEST_F(TenantsTest, ARevokedTokenEndsTheStreamsItOpenedAndARemovedTenantItsSessi
   WriteTenants(absl::StrCat(TwoTenants(), "tenant { name: \"team-c\" token_sha256: \"",
                             Digest(kTokenA2), "\" }\n"));
   Start();
-  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
-  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
-  GX_ASSERT_OK_AND_ASSIGN(Session sa, a.OpenSession({kDevice}));
-  GX_ASSERT_OK_AND_ASSIGN(Session sb, b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Both both, OpenBoth());
+  auto& [a, b, sa, sb] = both;
   // The session's command stream is open (Allocate travels on it).
   GX_ASSERT_OK_AND_ASSIGN(Buffer kept, sa.Allocate(4096));
   GX_ASSERT_OK_AND_ASSIGN(Buffer b_kept, sb.Allocate(4096));
@@ -487,13 +501,13 @@ TEST_F(TenantsTest, ARevokedTokenEndsTheStreamsItOpenedAndARemovedTenantItsSessi
 
   // team-a's token taken out (team-a itself too): its open stream ends,
   // its sessions close; team-b's go on.
-  WriteTenants(absl::StrCat("tenant { name: \"team-b\" token_sha256: \"", Digest(kTokenB),
-                            "\" }\n"));
+  WriteTenants(
+      absl::StrCat("tenant { name: \"team-b\" token_sha256: \"", Digest(kTokenB), "\" }\n"));
   GX_ASSERT_OK(server_->ReloadTenants());
   auto more = sa.Allocate(4096);
   EXPECT_FALSE(more.ok());
-  EXPECT_THAT(more.status().code(), ::testing::AnyOf(absl::StatusCode::kUnauthenticated,
-                                                     absl::StatusCode::kNotFound));
+  EXPECT_THAT(more.status().code(),
+              ::testing::AnyOf(absl::StatusCode::kUnauthenticated, absl::StatusCode::kNotFound));
   EXPECT_TRUE(WaitFor(
       [&] {
         return absl::StrContains(server_->RenderMetrics(),
@@ -525,9 +539,9 @@ TEST_F(TenantsTest, ATenantOverItsModuleLimitTakesNoRoomInTheStore) {
   const ModuleKind kind = fake ? ModuleKind::kCubin : ModuleKind::kPtx;
   GX_ASSERT_OK(sa.LoadModule(images[0], kind).status());
   for (int i = 1; i < 4; ++i) {
-    EXPECT_THAT(sa.LoadModule(images[i], kind),
-                StatusIs(absl::StatusCode::kResourceExhausted,
-                         HasSubstr("tenant 'team-a' module limit")));
+    EXPECT_THAT(
+        sa.LoadModule(images[i], kind),
+        StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("tenant 'team-a' module limit")));
   }
   // Refused before it was stored or loaded.
   const std::string metrics = server_->RenderMetrics();
@@ -538,9 +552,9 @@ TEST_F(TenantsTest, ATenantOverItsModuleLimitTakesNoRoomInTheStore) {
 // ------------------------------------------------------------ limits
 
 TEST_F(TenantsTest, EachTenantLimitIsRefusedWithItsFigure) {
-  WriteTenants(TwoTenants(
-      "  memory_limit_bytes: 3145728\n  max_sessions: 2\n  max_lease_ms: 5000\n"
-      "  kernel_time_limit_ms: 2000\n  module_bytes: 100\n  devices: 0\n"));
+  WriteTenants(
+      TwoTenants("  memory_limit_bytes: 3145728\n  max_sessions: 2\n  max_lease_ms: 5000\n"
+                 "  kernel_time_limit_ms: 2000\n  module_bytes: 100\n  devices: 0\n"));
   Start();
   GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
   SessionOptions asks;
@@ -556,10 +570,9 @@ TEST_F(TenantsTest, EachTenantLimitIsRefusedWithItsFigure) {
 
   // Memory across the tenant's sessions.
   GX_ASSERT_OK_AND_ASSIGN(Buffer x, one.Allocate(2 << 20));
-  EXPECT_THAT(two.Allocate(2 << 20),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("tenant 'team-a' memory limit"),
-                             HasSubstr("2097152 of its 3145728 bytes"))));
+  EXPECT_THAT(two.Allocate(2 << 20), StatusIs(absl::StatusCode::kResourceExhausted,
+                                              AllOf(HasSubstr("tenant 'team-a' memory limit"),
+                                                    HasSubstr("2097152 of its 3145728 bytes"))));
   GX_ASSERT_OK(x.Free());
   GX_ASSERT_OK_AND_ASSIGN(Buffer y, two.Allocate(3 << 20));
 
@@ -571,16 +584,16 @@ TEST_F(TenantsTest, EachTenantLimitIsRefusedWithItsFigure) {
   // Devices: only 0. (The double has one device unless told otherwise;
   // device 1 is then not a device at all, which says so first.)
   if (server_->device_count() > 1) {
-    EXPECT_THAT(a.OpenSession({1}), StatusIs(absl::StatusCode::kPermissionDenied,
-                                             HasSubstr("may not use device 1")));
+    EXPECT_THAT(a.OpenSession({1}),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("may not use device 1")));
   }
 
   // B has none of A's limits, and A's use counts nothing against B.
   GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
   GX_ASSERT_OK_AND_ASSIGN(Session sb, b.OpenSession({kDevice}));
   GX_EXPECT_OK(sb.Allocate(8 << 20).status());
-  GX_EXPECT_OK(sb.LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin"))
-                   .status());
+  GX_EXPECT_OK(
+      sb.LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin")).status());
 
   const std::string metrics = server_->RenderMetrics();
   EXPECT_THAT(metrics, HasSubstr("gpuexec_tenant_sessions{tenant=\"team-a\"} 2"));

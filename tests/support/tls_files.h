@@ -43,10 +43,10 @@ class TlsFiles {
 
   // A self-signed CA: NAME.crt and NAME.key.
   bool MakeCa(const std::string& name) const {
-    return Run(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
-                            "-nodes -days 2 -subj '/CN=",
-                            name, " test CA' -keyout '", Key(name), "' -out '", Cert(name),
-                            "'"));
+    return Run(
+        absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+                     "-nodes -days 2 -subj '/CN=",
+                     name, " test CA' -keyout '", Key(name), "' -out '", Cert(name), "'"));
   }
 
   // NAME.crt signed by CA, with subject alternative names `sans` (as
@@ -63,11 +63,10 @@ class TlsFiles {
     }
     return Run(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
                             "-subj '/CN=",
-                            cn, "' -keyout '", Key(name), "' -out '", Path(name + ".csr"),
-                            "'")) &&
+                            cn, "' -keyout '", Key(name), "' -out '", Path(name + ".csr"), "'")) &&
            Run(absl::StrCat("openssl x509 -req -in '", Path(name + ".csr"), "' -CA '", Cert(ca),
-                            "' -CAkey '", Key(ca), "' -CAcreateserial -days ", days,
-                            " -extfile '", ext, "' -out '", Cert(name), "'"));
+                            "' -CAkey '", Key(ca), "' -CAcreateserial -days ", days, " -extfile '",
+                            ext, "' -out '", Cert(name), "'"));
   }
 
   // Replaces `to` by `from` atomically (as a certificate rotation should).

@@ -16,10 +16,10 @@ TEST(AddressTest, LoopbackAddressesAndSocketsAreLocal) {
 }
 
 TEST(AddressTest, AnythingElseIsNot) {
-  for (const char* a : {"0.0.0.0:50051", "[::]:50051", "10.0.0.1:50051", "gpuexec:50051",
-                        "127.example.com:443", "localhost.example.com:1",
-                        "ipv4:127.0.0.1:1,192.0.2.1:50051", "dns://8.8.8.8/localhost:50051",
-                        "[::ffff:10.0.0.1]:1", "", ":50051"}) {
+  for (const char* a :
+       {"0.0.0.0:50051", "[::]:50051", "10.0.0.1:50051", "gpuexec:50051", "127.example.com:443",
+        "localhost.example.com:1", "ipv4:127.0.0.1:1,192.0.2.1:50051",
+        "dns://8.8.8.8/localhost:50051", "[::ffff:10.0.0.1]:1", "", ":50051"}) {
     EXPECT_FALSE(IsLoopbackAddress(a)) << a;
   }
 }

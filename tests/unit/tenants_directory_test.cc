@@ -139,13 +139,14 @@ TEST(DirectoryParseTest, MistakesNameTheLineAndTheField) {
   auto error = [](const std::string& text) {
     return std::string(Directory::Parse(text, "t.textproto").status().message());
   };
-  EXPECT_THAT(error("tenant {\n name: \"a\"\n uid: 1\n devices: x\n}"), HasSubstr("t.textproto:4:"));
+  EXPECT_THAT(error("tenant {\n name: \"a\"\n uid: 1\n devices: x\n}"),
+              HasSubstr("t.textproto:4:"));
   EXPECT_THAT(error("tenant {\n name: \"a\"\n token_sha256: \"ABC\"\n}"),
               HasSubstr("t.textproto:3: tenant 'a' token_sha256"));
-  EXPECT_THAT(error(absl::StrCat("tenant { name: \"a\" token_sha256: \"", Sha256Hex("x"),
-                                 "\" }\ntenant { name: \"b\"\n token_sha256: \"", Sha256Hex("x"),
-                                 "\" }")),
-              HasSubstr("t.textproto:3: tenant 'b' token_sha256: is listed twice"));
+  EXPECT_THAT(
+      error(absl::StrCat("tenant { name: \"a\" token_sha256: \"", Sha256Hex("x"),
+                         "\" }\ntenant { name: \"b\"\n token_sha256: \"", Sha256Hex("x"), "\" }")),
+      HasSubstr("t.textproto:3: tenant 'b' token_sha256: is listed twice"));
   EXPECT_THAT(error("tenant {\n uid: 3\n}"), HasSubstr("tenant #1 name"));
   // A name is quoted escaped and cut short in messages.
   EXPECT_THAT(error(absl::StrCat("tenant { name: \"", std::string(300, 'x'), "\\n\" uid: 1 }")),

@@ -1,5 +1,3 @@
-#include "internal/channel_internal.h"
-
 #include <grpcpp/support/client_interceptor.h>
 
 #include <fstream>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gpuexec/address.h"
+#include "internal/channel_internal.h"
 
 namespace gpuexec::internal {
 namespace {
@@ -18,7 +17,8 @@ namespace {
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat("gpuexec client: cannot read ", what, " ", path));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpuexec client: cannot read ", what, " ", path));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -41,8 +41,7 @@ class TokenInterceptor final : public grpc::experimental::Interceptor {
   const std::string* value_;  // owned by the factory
 };
 
-class TokenInterceptorFactory final
-    : public grpc::experimental::ClientInterceptorFactoryInterface {
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
   explicit TokenInterceptorFactory(const std::string& token) : value_("Bearer " + token) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
@@ -56,9 +55,7 @@ class TokenInterceptorFactory final
 
 }  // namespace
 
-
-absl::StatusOr<ChannelRecipe> MakeChannelRecipe(const std::string& target,
-                                                const ClientOptions& o) {
+absl::StatusOr<ChannelRecipe> MakeChannelRecipe(const std::string& target, const ClientOptions& o) {
   ChannelRecipe recipe;
   recipe.token = o.token;
   const bool tls = o.tls || !o.tls_root_ca_file.empty() || !o.tls_cert_file.empty();
@@ -68,10 +65,10 @@ absl::StatusOr<ChannelRecipe> MakeChannelRecipe(const std::string& target,
   }
   if (!tls) {
     if (!o.token.empty() && !o.allow_token_over_plain_tcp && !IsLoopbackAddress(target)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gpuexec client: refusing to send the token over plain TCP to ", target,
-          ", where anyone on the path could read it: use TLS (a root CA), or allow it "
-          "explicitly"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("gpuexec client: refusing to send the token over plain TCP to ", target,
+                       ", where anyone on the path could read it: use TLS (a root CA), or allow it "
+                       "explicitly"));
     }
     recipe.credentials = grpc::InsecureChannelCredentials();
     return recipe;
