@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -30,7 +32,21 @@ void Write(Level level, absl::string_view message) {
   line.push_back(' ');
   line.push_back(kLetters[static_cast<int>(level)]);
   line.push_back(' ');
-  line.append(message.data(), message.size());
+  // One event, one line: a control character in the message (client input
+  // quoted carelessly, say) is escaped rather than allowed to start a line
+  // of its own, and a message is cut at kMaxLogMessageBytes.
+  const absl::string_view kept = message.substr(0, kMaxLogMessageBytes);
+  for (const char c : kept) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      absl::StrAppendFormat(&line, "\\x%02x", u);
+    } else {
+      line.push_back(c);
+    }
+  }
+  if (message.size() > kept.size()) {
+    absl::StrAppend(&line, "... (", message.size() - kept.size(), " bytes more)");
+  }
   line.push_back('\n');
   // One fwrite per line keeps lines whole across threads.
   std::fwrite(line.data(), 1, line.size(), stderr);

@@ -5,9 +5,10 @@
 // Abseil 20220623 ships no logging library; this is the smallest thing that
 // gives levels and whole lines from several threads.
 
-#include "absl/strings/string_view.h"
+#include <cstddef>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace gpuexec::log {
 
@@ -17,6 +18,10 @@ void SetLevel(Level level);
 Level GetLevel();
 // Parses "debug", "info", "warning", "error".
 bool ParseLevel(absl::string_view text, Level* level);
+// A message longer than this is cut (the line says how much was).
+inline constexpr size_t kMaxLogMessageBytes = 16 << 10;
+// Writes one line: control characters in `message` are escaped (\xNN), so
+// no part of it can pass for a line of its own.
 void Write(Level level, absl::string_view message);
 
 template <typename... Args>

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 #include "server/core/image_check.h"
 
 namespace gpuexec::core {
@@ -855,6 +856,17 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
     return done(absl::InvalidArgumentError(absl::StrCat(
         "GetFunction: the kernel name is empty (module ", HandleName(module), ")")));
   }
+  // The driver takes a C string: a NUL would end the name early and find
+  // another kernel than the one asked for.
+  if (const size_t nul = name.find('\0'); nul != std::string::npos) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "GetFunction: the kernel name '", Quoted(name), "' has a NUL byte at offset ", nul)));
+  }
+  if (name.size() > kMaxKernelNameBytes) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("GetFunction: the kernel name is ", name.size(), " bytes; at most ",
+                     kMaxKernelNameBytes, " ('", Quoted(name), "')")));
+  }
   const std::string sha = image->sha256;
   const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ", sha.substr(0, 12),
                                         ") of ", session->name());
@@ -1371,7 +1383,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
           absl::StrCat("function ", HandleName(spec.function), " not found in ", s->name())));
     }
     const FunctionEntry& f = fit->second;
-    const std::string kname = absl::StrCat("kernel '", f.name, "'");
+    const std::string kname = absl::StrCat("kernel '", Quoted(f.name), "'");
     auto bad = [&](auto&&... parts) {
       return gpu_ns(absl::InvalidArgumentError(absl::StrCat("launch of ", kname, ": ", parts...)));
     };

@@ -42,6 +42,10 @@ using Done = std::function<void(absl::Status)>;
 // The smallest kernel time limit a session may ask for.
 inline constexpr uint64_t kMinKernelTimeLimitMs = 100;
 
+// The longest kernel name GetFunction takes (mangled C++ template names
+// run to a few hundred bytes).
+inline constexpr size_t kMaxKernelNameBytes = 4096;
+
 // Read messages are chunk-sized and gRPC's message limit is 64 MiB.
 inline constexpr uint32_t kMaxChunkBytes = 16u << 20;
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 #include "server/cuda/driver_api_internal.h"
 
 namespace gpuexec::cuda {
@@ -260,12 +261,12 @@ absl::StatusOr<Function> Driver::GetFunction(const Module& module, const std::st
   CUfunction f = nullptr;
   const CUresult r = api_->ModuleGetFunction(&f, module.get(), name.c_str());
   if (r == CUDA_ERROR_NOT_FOUND) {
-    return absl::NotFoundError(absl::StrCat("no kernel named '", name, "' in ", what,
+    return absl::NotFoundError(absl::StrCat("no kernel named '", Quoted(name), "' in ", what,
                                             " (cuModuleGetFunction: CUDA_ERROR_NOT_FOUND); "
                                             "kernels need extern \"C\" or their mangled name"));
   }
   if (r != CUDA_SUCCESS) {
-    return Error(r, "cuModuleGetFunction", absl::StrCat("kernel '", name, "' of ", what));
+    return Error(r, "cuModuleGetFunction", absl::StrCat("kernel '", Quoted(name), "' of ", what));
   }
   return f;
 }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/text.h"
 
 namespace gpuexec::rpc {
 
@@ -33,8 +34,8 @@ class HealthService::Check final : public UnaryCall<HealthCheckRequest, HealthCh
     }
     if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
       return Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrCat("health: no service named '", request_.service(),
-                                              "'")));
+                                 absl::StrCat("health: no service named '",
+                                              Quoted(request_.service()), "'")));
     }
     response_.set_status(status);
     Finish(grpc::Status::OK);

@@ -530,7 +530,8 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
     if (session_.empty()) {
       absl::Status st;
       if (request_.session().empty()) {
-        st = absl::InvalidArgumentError("Execute: the first message must name the session");
+        // As every other call answers a request that names no session.
+        st = absl::NotFoundError("Execute: the first message names no session");
       } else {
         st = env_->engine->KeepAlive(caller_, request_.session()).status();
       }

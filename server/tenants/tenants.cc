@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "gpuexec/config/v1/tenants.pb.h"
 #include "gpuexec/sha256.h"
+#include "server/common/text.h"
 
 namespace gpuexec::tenants {
 namespace {
@@ -86,13 +87,6 @@ const char* RefusalLabel(Refusal r) {
   return "unknown";
 }
 
-std::string Quote(absl::string_view text, size_t max) {
-  const bool cut = text.size() > max;
-  std::string out = absl::CHexEscape(text.substr(0, max));
-  if (cut) out += "...";
-  return out;
-}
-
 std::string BearerToken(absl::string_view authorization) {
   constexpr absl::string_view kScheme = "bearer ";
   if (authorization.size() <= kScheme.size() ||
@@ -147,7 +141,7 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
       }
       return absl::InvalidArgumentError(absl::StrCat(
           file, ":", line + 1, ": tenant ",
-          t.name().empty() ? absl::StrCat("#", i + 1) : absl::StrCat("'", Quote(t.name()), "'"),
+          t.name().empty() ? absl::StrCat("#", i + 1) : absl::StrCat("'", Quoted(t.name()), "'"),
           " ", field, ": ", why));
     };
     if (!ValidName(t.name())) {
@@ -301,7 +295,7 @@ absl::StatusOr<std::shared_ptr<const core::Tenant>> IdentifyWithoutFile(const Cr
   // "cert:" keeps a certificate's tenant apart from the implicit one (and
   // from any name a tenants file could give).
   auto t = std::make_shared<core::Tenant>();
-  t->name = absl::StrCat("cert:", Quote(name, kMaxCertificateNameBytes));
+  t->name = absl::StrCat("cert:", Quoted(name, kMaxCertificateNameBytes));
   return std::shared_ptr<const core::Tenant>(std::move(t));
 }
 

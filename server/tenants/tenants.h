@@ -106,9 +106,6 @@ absl::StatusOr<std::shared_ptr<const core::Tenant>> IdentifyWithoutFile(
 // scheme in any case), or empty if it is not one.
 std::string BearerToken(absl::string_view authorization);
 
-// `text` for a log line or a message: at most `max` characters, anything
-// outside printable ASCII escaped, "..." when cut.
-std::string Quote(absl::string_view text, size_t max = 64);
 
 }  // namespace gpuexec::tenants
 

@@ -16,6 +16,7 @@
 
 #include "gpuexec/grpc_status.h"
 #include "gpuexec/sha256.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "service_test_fixture.h"
 
 namespace gpuexec::testing {
@@ -285,7 +286,7 @@ absl::Status ExecuteOnce(v1::GpuExec::Stub& stub, const std::string& session) {
 TEST_F(HostileTest, CommandStreamRefusesWhatItCannotRun) {
   auto stub = RawStub();
   EXPECT_THAT(ExecuteOnce(*stub, ""),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("session")));
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("names no session")));
   EXPECT_THAT(ExecuteOnce(*stub, "no-such-session"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
@@ -772,6 +773,49 @@ TEST_F(HostileTest, ClientVanishingMidModuleUpload) {
   GX_ASSERT_OK_AND_ASSIGN(Module module, session.LoadModule(image, kind));
   EXPECT_TRUE(module.uploaded());
   GX_EXPECT_OK(module.GetFunction("gx_fill_u32").status());
+}
+
+// Names a client sends come back, in a status or a log line, as a short
+// escaped prefix: a 1 MiB name is not a 1 MiB message (which gRPC would
+// refuse as metadata, hiding the real status), and a newline cannot forge
+// a log line. A NUL would end the name early for the driver.
+TEST_F(HostileTest, NamesAreQuotedShortAndEscaped) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Module module, session.LoadModuleFile(KernelPath("cubin")));
+  auto stub = RawStub();
+  auto get = [&](const std::string& name) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::GetFunctionRequest request;
+    request.set_session(session.token());
+    request.set_module(module.handle());
+    request.set_name(name);
+    v1::GetFunctionResponse response;
+    return FromGrpcStatus(stub->GetFunction(&context, request, &response));
+  };
+  const absl::Status huge = get(std::string(1 << 20, 'k'));
+  EXPECT_THAT(huge, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("the kernel name is 1048576 bytes; at most 4096")));
+  EXPECT_LT(huge.message().size(), 300u);
+  const absl::Status long_unknown = get(std::string(4000, 'k'));
+  EXPECT_THAT(long_unknown, StatusIs(absl::StatusCode::kNotFound, HasSubstr("no kernel named")));
+  EXPECT_LT(long_unknown.message().size(), 400u);
+  EXPECT_THAT(get(std::string("gx_fill_u32\0evil", 16)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUL byte at offset 11")));
+  EXPECT_THAT(get("no_such\nI forged line"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no_such\\nI forged line")));
+
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(std::string(1 << 20, 's'));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status health =
+      grpc::health::v1::Health::NewStub(
+          grpc::CreateChannel(target(), grpc::InsecureChannelCredentials()))
+          ->Check(&context, request, &response);
+  EXPECT_EQ(health.error_code(), grpc::StatusCode::NOT_FOUND) << health.error_message().substr(0, 200);
+  EXPECT_LT(health.error_message().size(), 200u);
 }
 
 TEST_F(HostileTest, DaemonServesAfterHostileClients) {
