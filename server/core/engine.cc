@@ -449,8 +449,15 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       }
     }
   }
-  auto join = std::make_shared<Join>(static_cast<int>(devices_.size()),
-                                     [result, done](absl::Status) { done(*result); });
+  // Never waits long on a worker: one that does not answer is listed with
+  // its last figures, and since when it has not answered.
+  auto join = std::make_shared<Join>(static_cast<int>(devices_.size()), [this, result,
+                                                                        done](absl::Status) {
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      (*result)[i].not_answering_since = devices_[i]->not_answering_since();
+    }
+    done(*result);
+  });
   for (size_t i = 0; i < devices_.size(); ++i) {
     devices_[i]->QueryMemory([result, join, i](absl::StatusOr<cuda::MemoryInfo> m) {
       // A faulted device reports no free memory; it is marked unhealthy.

@@ -92,6 +92,9 @@ struct DeviceStatus {
   uint64_t resets = 0;
   uint64_t epoch = 0;
   std::string last_reset;
+  // While the worker does not answer: since when (memory_free is then its
+  // last figure).
+  std::optional<absl::Time> not_answering_since;
 };
 
 // A snapshot for metrics: what the engine holds and has done.

@@ -1,6 +1,7 @@
 #include "server/rpc/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace gpuexec::rpc {
 
@@ -19,6 +20,10 @@ void ToProto(const core::DeviceStatus& in, v1::Device* out) {
   out->set_resets(in.resets);
   out->set_epoch(in.epoch);
   out->set_last_reset(in.last_reset);
+  if (in.not_answering_since.has_value()) {
+    out->set_not_answering_since(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC",
+                                                  *in.not_answering_since, absl::UTCTimeZone()));
+  }
 }
 
 void ToProto(const core::SessionInfo& in, v1::OpenSessionResponse* out) {

@@ -231,6 +231,10 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
       sink.Sample("gpuexec_device_healthy", {{"device", absl::StrCat(d.index)}, {"name", d.name}},
                   d.healthy ? 1 : 0);
     }
+    gauge("gpuexec_device_answering",
+          "1 while the device's worker answers within 200 ms; 0 while it does not (stopped, or "
+          "stuck in a driver call), when the other figures are the last it gave.");
+    each("gpuexec_device_answering", [](const auto& d) { return d.not_answering_since ? 0 : 1; });
     gauge("gpuexec_device_memory_total_bytes", "Device memory in all.");
     each("gpuexec_device_memory_total_bytes", [](const auto& d) { return d.memory_total; });
     gauge("gpuexec_device_memory_free_bytes", "Device memory free, as the driver reports it.");

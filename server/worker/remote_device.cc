@@ -358,9 +358,19 @@ void RemoteDevice::Monitor() {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&RemoteDevice::MonitorDue, this),
                            absl::Milliseconds(100));
-      deferred.swap(deferred_);
       stopping = stop_;
       const absl::Time now = absl::Now();
+      // Memory queries the worker is late with are answered from the last
+      // figure it gave.
+      for (auto it = memory_queries_.begin(); it != memory_queries_.end();) {
+        if (now - it->second.asked <= kAnswerWithin) {
+          ++it;
+          continue;
+        }
+        deferred_.push_back([done = std::move(it->second.done), last = memory_] { done(last); });
+        memory_queries_.erase(it++);
+      }
+      deferred.swap(deferred_);
       if (state_ == State::kBackingOff && conn_ == nullptr && now >= next_spawn_) spawn = true;
       // A new worker that does not come up is ended like a stuck one.
       if (state_ == State::kStarting && first_ready_ && conn_ != nullptr &&
@@ -806,15 +816,54 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
   if (flush) (void)conn->channel->Flush();
 }
 
+std::optional<absl::Time> RemoteDevice::NotAnsweringSinceLocked(absl::Time now) const {
+  std::optional<absl::Time> since;
+  if (ping_out_ && now - ping_sent_ > kAnswerWithin) since = ping_sent_;
+  for (const auto& [id, q] : memory_queries_) {
+    if (now - q.asked > kAnswerWithin && (!since.has_value() || q.asked < *since)) since = q.asked;
+  }
+  return since;
+}
+
+std::optional<absl::Time> RemoteDevice::not_answering_since() const {
+  absl::MutexLock lock(&mu_);
+  return NotAnsweringSinceLocked(absl::Now());
+}
+
 void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
   // Asked by listings: they should not wait for a worker to start.
   if (absl::Status st = fault(); !st.ok()) return Defer([done, st] { done(st); });
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (NotAnsweringSinceLocked(now).has_value()) {
+      // Run by the monitor: the caller may hold a lock `done` takes.
+      const cuda::MemoryInfo last = memory_;
+      deferred_.push_back([done, last] { done(last); });
+      return;
+    }
+    id = next_memory_query_++;
+    memory_queries_.emplace(id, MemoryQuery{now, std::move(done)});
+  }
   Request r;
   r.mutable_query_memory();
-  Call(r, 0, 0, 0, [done](const Reply& reply, uint64_t) {
-    absl::Status st = StatusOf(reply);
-    if (!st.ok()) return done(st);
-    done(cuda::MemoryInfo{reply.memory().free(), reply.memory().total()});
+  Call(r, 0, 0, 0, [this, id](const Reply& reply, uint64_t) {
+    Callback<cuda::MemoryInfo> waiting;
+    const absl::Status st = StatusOf(reply);
+    absl::StatusOr<cuda::MemoryInfo> answer =
+        st.ok() ? absl::StatusOr<cuda::MemoryInfo>(cuda::MemoryInfo{reply.memory().free(),
+                                                                    reply.memory().total()})
+                : absl::StatusOr<cuda::MemoryInfo>(st);
+    {
+      absl::MutexLock lock(&mu_);
+      if (st.ok()) memory_ = *answer;
+      auto it = memory_queries_.find(id);
+      if (it == memory_queries_.end()) return;  // answered late, from memory_
+      waiting = std::move(it->second.done);
+      memory_queries_.erase(it);
+    }
+    waiting(std::move(answer));
   });
 }
 

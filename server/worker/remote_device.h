@@ -127,7 +127,15 @@ class RemoteDevice {
     uint64_t epoch = 0;
   };
 
+  // The device's memory as its worker reports it. Never waits long for a
+  // worker that does not answer (one stopped, or stuck in a driver call):
+  // once a ping or an earlier query has gone unanswered for
+  // kAnswerWithin, it answers at once with the last figure the worker gave
+  // (zeros if none), and a query that waits that long is answered so too.
+  // not_answering_since() then says since when.
   void QueryMemory(Callback<cuda::MemoryInfo> done);
+  std::optional<absl::Time> not_answering_since() const;
+  static constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
   // Streams are created in the worker when first used; this only names one.
   StreamId CreateStream(absl::Duration kernel_time_limit);
   void DestroyStream(StreamId stream, Done done);
@@ -247,6 +255,19 @@ class RemoteDevice {
   // Heartbeat: when the oldest unanswered ping was sent.
   absl::Time ping_sent_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool ping_out_ ABSL_GUARDED_BY(mu_) = false;
+  // Memory queries: the last answer, and the ones still waiting for theirs
+  // (each answered once, by the worker or from `memory_` when it is late).
+  struct MemoryQuery {
+    absl::Time asked;
+    Callback<cuda::MemoryInfo> done;
+  };
+  cuda::MemoryInfo memory_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, MemoryQuery> memory_queries_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_memory_query_ ABSL_GUARDED_BY(mu_) = 1;
+  // When the worker began not to answer within kAnswerWithin (a ping or a
+  // memory query), or nullopt.
+  std::optional<absl::Time> NotAnsweringSinceLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::function<void(const ResetInfo&)> listener_ ABSL_GUARDED_BY(mu_);
   std::function<void()> state_listener_ ABSL_GUARDED_BY(mu_);
   // Workers ended and not yet reaped (their reader threads).

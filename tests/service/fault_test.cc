@@ -322,6 +322,44 @@ TEST_F(FaultTest, FaultOnOneDeviceLeavesTheOtherDevicesSessionsRunning) {
   GX_EXPECT_OK(other.Close());
 }
 
+// A worker that stops answering (here: stopped with SIGSTOP, as a driver
+// call that never returns would leave it) does not freeze the reports:
+// ListDevices and a metrics scrape answer at once from what the daemon last
+// knew, saying since when the device has not answered.
+TEST_F(FaultTest, AStoppedWorkerDoesNotHoldUpListingsOrMetrics) {
+  const int worker = server().worker_pid(kDevice);
+  ASSERT_GT(worker, 0);
+  GX_ASSERT_OK(client().ListDevices().status());  // a figure to fall back on
+  ASSERT_EQ(kill(worker, SIGSTOP), 0);
+  struct Resume {
+    int pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{worker};
+  // Long enough for an unanswered ping (one a second, late after 200 ms).
+  absl::SleepFor(absl::Milliseconds(1500));
+  for (int i = 0; i < 5; ++i) {
+    const absl::Time start = absl::Now();
+    GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client().ListDevices());
+    const absl::Duration took = absl::Now() - start;
+    std::cout << "ListDevices with a stopped worker: " << absl::FormatDuration(took) << "\n";
+    EXPECT_LT(took, absl::Milliseconds(100));
+    EXPECT_FALSE(devices[kDevice].not_answering_since.empty());
+    EXPECT_GT(devices[kDevice].memory_free_bytes, 0u);  // the last figure
+  }
+  const absl::Time start = absl::Now();
+  const std::string metrics = server().RenderMetrics();
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_THAT(metrics, HasSubstr("gpuexec_device_answering{device=\"0\"} 0"));
+  kill(worker, SIGCONT);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto d = client().ListDevices();
+        return d.ok() && (*d)[kDevice].not_answering_since.empty();
+      },
+      absl::Seconds(5)));
+  EXPECT_EQ(server().worker_pid(kDevice), worker);  // not restarted: it was only slow
+}
+
 TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {
   const DeviceInfo before = DeviceAt(kDevice);
   // A client process of its own that holds 64 MiB and is killed.

@@ -378,11 +378,18 @@ std::optional<Failure> Devices(const CommandLine& cl) {
         absl::StrCat(d.compute_capability_major, ".", d.compute_capability_minor);
     std::printf("%-6u %-28s %-4s %12s %12s %-10s %4u %8u %6llu\n", d.index, d.name.c_str(),
                 cc.c_str(), Bytes(d.memory_total_bytes).c_str(), Bytes(d.memory_free_bytes).c_str(),
-                d.healthy ? "healthy" : "restarting", d.multiprocessor_count, d.sessions,
+                !d.not_answering_since.empty() ? "silent"
+                : d.healthy                    ? "healthy"
+                                               : "restarting",
+                d.multiprocessor_count, d.sessions,
                 static_cast<unsigned long long>(d.resets));
   }
   for (const DeviceInfo& d : *devices) {
     if (!d.last_reset.empty()) std::printf("device %u last reset %s\n", d.index, d.last_reset.c_str());
+    if (!d.not_answering_since.empty()) {
+      std::printf("device %u has not answered since %s (its figures are the last it gave)\n",
+                  d.index, d.not_answering_since.c_str());
+    }
   }
   return std::nullopt;
 }

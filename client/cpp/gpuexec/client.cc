@@ -594,6 +594,7 @@ DeviceInfo FromProto(const v1::Device& d) {
   info.resets = d.resets();
   info.epoch = d.epoch();
   info.last_reset = d.last_reset();
+  info.not_answering_since = d.not_answering_since();
   return info;
 }
 

@@ -155,6 +155,9 @@ struct DeviceInfo {
   uint64_t resets = 0;
   uint64_t epoch = 0;
   std::string last_reset;
+  // While the device's worker does not answer: since when ("" otherwise);
+  // memory_free_bytes is then its last figure.
+  std::string not_answering_since;
 };
 
 struct SessionOptions {
