@@ -8,9 +8,13 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,25 +29,6 @@ constexpr size_t kMaxRequestBytes = 8192;
 absl::Status Errno(absl::string_view what, const std::string& address) {
   return absl::UnavailableError(
       absl::StrCat("metrics: cannot ", what, " '", address, "': ", std::strerror(errno)));
-}
-
-bool SendAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
-
-void Respond(int fd, absl::string_view status, absl::string_view type, absl::string_view body,
-             bool head) {
-  std::string response =
-      absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
-                   "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
-  if (!head) absl::StrAppend(&response, body);
-  SendAll(fd, response);
 }
 
 }  // namespace
@@ -75,14 +60,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address '", address, "': ", gai_strerror(rc)));
   }
-  int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     ::freeaddrinfo(found);
     return Errno("open a socket for", address);
   }
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
+  if (::bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
     absl::Status st = Errno("listen on", address);
     ::freeaddrinfo(found);
     ::close(fd);
@@ -103,6 +88,54 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   return std::unique_ptr<HttpServer>(new HttpServer(fd, wake[0], wake[1], bound_port, registry));
 }
 
+struct HttpServer::Connection {
+  int fd = -1;
+  std::string peer;
+  absl::Time deadline;
+  std::string in;
+  std::string out;  // the answer, once the request is whole
+  size_t sent = 0;
+  bool closed = false;  // by the peer, or broken
+};
+
+absl::StatusOr<HttpRequest> ParseHttpRequest(absl::string_view request) {
+  const absl::string_view line = request.substr(0, request.find_first_of("\r\n"));
+  const size_t sp1 = line.find(' ');
+  const size_t sp2 = sp1 == absl::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp1 == 0 || sp2 == absl::string_view::npos || sp2 == sp1 + 1) {
+    return absl::InvalidArgumentError("bad request line");
+  }
+  absl::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  target = target.substr(0, target.find('?'));
+  return HttpRequest{std::string(line.substr(0, sp1)), std::string(target)};
+}
+
+namespace {
+
+std::string Answer(absl::string_view status, absl::string_view type, absl::string_view body,
+                   bool head) {
+  std::string response =
+      absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
+                   "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
+  if (!head) absl::StrAppend(&response, body);
+  return response;
+}
+
+std::string PeerOf(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "";
+  char host[INET6_ADDRSTRLEN] = {};
+  const void* where =
+      a.ss_family == AF_INET6
+          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr)
+          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&a)->sin_addr);
+  ::inet_ntop(a.ss_family, where, host, sizeof host);
+  return host;
+}
+
+}  // namespace
+
 HttpServer::HttpServer(int listen_fd, int wake_read, int wake_write, int port, Registry* registry)
     : listen_fd_(listen_fd),
       wake_read_(wake_read),
@@ -122,67 +155,130 @@ HttpServer::~HttpServer() {
 }
 
 void HttpServer::Loop() {
+  std::vector<std::unique_ptr<Connection>> conns;
+  absl::flat_hash_map<std::string, int> per_peer;
+  auto drop = [&](size_t i) {
+    if (--per_peer[conns[i]->peer] == 0) per_peer.erase(conns[i]->peer);
+    ::close(conns[i]->fd);
+    conns[i] = std::move(conns.back());
+    conns.pop_back();
+  };
+  std::vector<pollfd> fds;
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    const absl::Time now = absl::Now();
+    // Connections past their time go; the soonest deadline bounds the wait.
+    absl::Time next = absl::InfiniteFuture();
+    for (size_t i = conns.size(); i-- > 0;) {
+      if (conns[i]->deadline <= now) {
+        Connection& c = *conns[i];
+        if (c.out.empty()) {
+          // Said too little in time: one try at telling it, no waiting.
+          const std::string late = Answer("408 Request Timeout", "text/plain", "too slow\n", false);
+          (void)!::send(c.fd, late.data(), late.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        drop(i);
+        continue;
+      }
+      next = std::min(next, conns[i]->deadline);
+    }
+    fds.clear();
+    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({wake_read_, POLLIN, 0});
+    for (const auto& c : conns) {
+      fds.push_back({c->fd, static_cast<short>(c->out.empty() ? POLLIN : POLLOUT), 0});
+    }
+    const int timeout_ms =
+        next == absl::InfiniteFuture()
+            ? -1
+            : static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(next - now) + 1));
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    if (fds[1].revents != 0) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Serve(fd);
-    ::close(fd);
+    if (fds[1].revents != 0) break;
+    // Serve the open connections first (their indices match fds[2..]).
+    for (size_t i = conns.size(); i-- > 0;) {
+      const short ev = fds[i + 2].revents;
+      if (ev == 0) continue;
+      Connection& c = *conns[i];
+      if (c.out.empty() && (ev & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        OnReadable(c);
+        if (c.closed) {
+          drop(i);
+          continue;
+        }
+      }
+      if (!c.out.empty()) {
+        const ssize_t n =
+            ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) c.sent += static_cast<size_t>(n);
+        if ((n < 0 && errno != EAGAIN && errno != EINTR) || c.sent == c.out.size()) drop(i);
+      }
+    }
+    if ((fds[0].revents & POLLIN) != 0) {
+      // Everyone waiting is taken in: the backlog never holds a scrape
+      // behind idle peers.
+      for (;;) {
+        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        std::string peer = PeerOf(fd);
+        if (static_cast<int>(conns.size()) >= kMaxConnections || per_peer[peer] >= kMaxPerPeer) {
+          if (per_peer[peer] == 0) per_peer.erase(peer);
+          ::close(fd);
+          continue;
+        }
+        ++per_peer[peer];
+        auto c = std::make_unique<Connection>();
+        c->fd = fd;
+        c->peer = std::move(peer);
+        c->deadline = absl::Now() + absl::Milliseconds(kRequestTimeoutMs);
+        conns.push_back(std::move(c));
+      }
+    }
   }
+  for (size_t i = conns.size(); i-- > 0;) drop(i);
 }
 
-void HttpServer::Serve(int fd) {
-  timeval timeout{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-  // Read up to the end of the headers; the body of a GET is empty. The whole
-  // request must come within the timeout, not just each piece of it, so a
-  // peer that trickles bytes cannot hold the endpoint.
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
-  std::string request;
-  char buf[1024];
-  while (request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos) {
-    if (absl::Now() > deadline) {
-      return Respond(fd, "408 Request Timeout", "text/plain", "too slow\n", false);
-    }
-    if (request.size() > kMaxRequestBytes) {
-      return Respond(fd, "431 Request Header Fields Too Large", "text/plain", "too large\n", false);
-    }
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+void HttpServer::OnReadable(Connection& c) {
+  char buf[2048];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    request.append(buf, static_cast<size_t>(n));
+    // More later: the request's own deadline still runs, however slowly
+    // its bytes come.
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) {
+      c.closed = true;
+      return;
+    }
+    c.in.append(buf, static_cast<size_t>(n));
+    if (c.in.find("\r\n\r\n") != std::string::npos || c.in.find("\n\n") != std::string::npos) {
+      break;
+    }
+    if (c.in.size() > kMaxRequestBytes) {
+      c.out = Answer("431 Request Header Fields Too Large", "text/plain", "too large\n", false);
+      break;
+    }
   }
-  const absl::string_view line =
-      absl::string_view(request).substr(0, request.find_first_of("\r\n"));
-  const size_t sp1 = line.find(' ');
-  const size_t sp2 = sp1 == absl::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp2 == absl::string_view::npos) {
-    return Respond(fd, "400 Bad Request", "text/plain", "bad request line\n", false);
+  // The answer gets as long to go as the request had to come.
+  c.deadline = absl::Now() + absl::Milliseconds(kRequestTimeoutMs);
+  if (!c.out.empty()) return;
+  auto request = ParseHttpRequest(c.in);
+  if (!request.ok()) {
+    c.out = Answer("400 Bad Request", "text/plain", "bad request line\n", false);
+    return;
   }
-  const absl::string_view method = line.substr(0, sp1);
-  absl::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  target = target.substr(0, target.find('?'));
-  const bool head = method == "HEAD";
-  if (method != "GET" && !head) {
-    return Respond(fd, "405 Method Not Allowed", "text/plain", "GET only\n", false);
-  }
-  if (target == "/metrics") {
-    return Respond(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", registry_->Render(),
-                   head);
-  }
-  if (target == "/") {
-    return Respond(fd, "200 OK", "text/plain; charset=utf-8",
+  const bool head = request->method == "HEAD";
+  if (request->method != "GET" && !head) {
+    c.out = Answer("405 Method Not Allowed", "text/plain", "GET only\n", false);
+  } else if (request->path == "/metrics") {
+    c.out = Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", registry_->Render(), head);
+  } else if (request->path == "/") {
+    c.out = Answer("200 OK", "text/plain; charset=utf-8",
                    "gpuexecd: metrics in the Prometheus text format at /metrics\n", head);
+  } else {
+    c.out = Answer("404 Not Found", "text/plain", "not found; try /metrics\n", head);
   }
-  Respond(fd, "404 Not Found", "text/plain", "not found; try /metrics\n", head);
 }
 
 }  // namespace gpuexec::metrics

@@ -1,5 +1,6 @@
 #include "server/rpc/observability.h"
 
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/server_context.h>
 
 #include <algorithm>
@@ -90,6 +91,15 @@ struct MethodMetrics {
   std::array<metrics::Histogram*, kCodes> seconds ABSL_GUARDED_BY(mu) = {};
 };
 
+// Whether "/package.Service/Method" is a method of a service whose
+// descriptor the daemon carries (gpuexec.v1, health, reflection).
+bool IsServedMethod(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (path.size() < 4 || path[0] != '/' || slash == 0 || slash == std::string::npos) return false;
+  const std::string name = absl::StrCat(path.substr(1, slash - 1), ".", path.substr(slash + 1));
+  return google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(name) != nullptr;
+}
+
 class RpcObserverFactory;
 
 class CallObserver final : public Interceptor {
@@ -149,7 +159,10 @@ class RpcObserverFactory final : public grpc::experimental::ServerInterceptorFac
 
  private:
   MethodMetrics* Find(const char* full_method, ServerRpcInfo::Type type) {
-    const std::string key = full_method == nullptr ? "" : full_method;
+    // A path no service of the daemon has shares one series: each made-up
+    // path a client sends must not make a series of its own, forever.
+    std::string key = full_method == nullptr ? "" : full_method;
+    if (!IsServedMethod(key)) key = "/unknown/unknown";
     absl::MutexLock lock(&mu_);
     std::unique_ptr<MethodMetrics>& m = methods_[key];
     if (m == nullptr) {

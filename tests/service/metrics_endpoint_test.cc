@@ -3,6 +3,7 @@
 // text format (checked by tests/service/check_exposition.py, which uses the
 // Prometheus project's own parser).
 
+#include <grpcpp/generic/generic_stub.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -168,6 +169,31 @@ TEST(MetricsEndpointTest, CountsTheWorkDoneAndConformsToTheFormat) {
   // The same text through the Server object.
   EXPECT_THAT((*server)->RenderMetrics(), HasSubstr("gpuexec_sessions_opened_total 1\n"));
   (*server)->Shutdown();
+}
+
+// Paths no service has are UNIMPLEMENTED and all counted under one series:
+// a client cannot grow the exposition by making up method names.
+TEST(MetricsEndpointTest, UnknownMethodPathsShareOneSeries) {
+  auto server = StartServer({});
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  grpc::GenericStub stub(grpc::CreateChannel(TargetOf(**server), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 20; ++i) {
+    grpc::CompletionQueue cq;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::ByteBuffer request, response;
+    auto call = stub.PrepareUnaryCall(&ctx, absl::StrCat("/made.Up", i, "/Method", i), request, &cq);
+    call->StartCall();
+    grpc::Status status;
+    call->Finish(&response, &status, reinterpret_cast<void*>(1));
+    void* tag;
+    bool ok;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  }
+  const std::string text = (*server)->RenderMetrics();
+  EXPECT_THAT(text, HasSubstr("grpc_server_started_total{grpc_service=\"unknown\",grpc_method=\"unknown\""));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("made.Up")));
 }
 
 TEST(MetricsEndpointTest, ABusyMetricsAddressFailsTheStart) {

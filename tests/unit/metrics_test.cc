@@ -3,10 +3,16 @@
 
 #include "server/metrics/metrics.h"
 
+#include <arpa/inet.h>
+
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/metrics/http_server.h"
@@ -169,6 +175,77 @@ TEST(HttpServerTest, AnswersOtherRequestsWithErrors) {
   EXPECT_THAT(Fetch(port, "GET /" + std::string(20000, 'a')), StartsWith("HTTP/1.1 431 "));
   // Still serving after all of that.
   EXPECT_THAT(Fetch(port, "GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK"));
+}
+
+// A connection to 127.0.0.1:`port` from source address `from` (another
+// loopback address, to play another host); -1 if it failed.
+int ConnectFrom(const char* from, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from, &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(static_cast<uint16_t>(port));
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Peers that connect and say nothing, and peers that trickle their request
+// a byte at a time, hold only their own connections: a scrape from
+// elsewhere is answered at once all the while.
+TEST(HttpServerTest, IdleAndTricklingPeersDoNotHoldUpAScrape) {
+  Registry r;
+  r.AddCounter("up_total", "Up.", {})->With({})->Add(1);
+  auto server = HttpServer::Start("127.0.0.1:0", &r);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  // 200 idle: 20 from each of ten addresses (all held), and 100 more from
+  // one address beyond its share (closed at once).
+  for (int host = 0; host < 10; ++host) {
+    const std::string from = absl::StrCat("127.0.1.", host + 1);
+    for (int i = 0; i < 20; ++i) {
+      const int fd = ConnectFrom(from.c_str(), port);
+      ASSERT_GE(fd, 0);
+      idle.push_back(fd);
+    }
+  }
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ConnectFrom("127.0.2.1", port);
+    if (fd >= 0) idle.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> tricklers;
+  for (int t = 0; t < 5; ++t) {
+    tricklers.emplace_back([&, t] {
+      while (!stop.load()) {
+        const int fd = ConnectFrom(absl::StrCat("127.0.3.", t + 1).c_str(), port);
+        if (fd < 0) return;
+        for (char c : std::string("GET /metrics HTTP/1.1\r\n")) {
+          if (stop.load() || ::send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        ::close(fd);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 10; ++i) {
+    const absl::Time start = absl::Now();
+    const std::string scrape = Fetch(port, "GET /metrics HTTP/1.1\r\n\r\n");
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_THAT(scrape, HasSubstr("up_total 1")) << i;
+    EXPECT_LT(took, absl::Seconds(1)) << i;
+  }
+  stop = true;
+  for (auto& t : tricklers) t.join();
+  for (int fd : idle) ::close(fd);
 }
 
 TEST(HttpServerTest, ABadOrBusyAddressIsAnError) {
