@@ -64,6 +64,12 @@ ABSL_FLAG(uint32_t, staging_buffers, 8,
           "Pinned staging buffers per device; copies stream through them, so the daemon's "
           "memory for copies is chunk_bytes x staging_buffers per device.");
 ABSL_FLAG(uint32_t, max_sessions, 4096, "Sessions open at once (0: no limit).");
+ABSL_FLAG(uint32_t, max_message_bytes, 17 << 20,
+          "The largest message a call may send the daemon (a Write or module chunk with room to "
+          "spare; at least --chunk_bytes + 64 KiB).");
+ABSL_FLAG(uint64_t, module_upload_budget_bytes, 1ull << 30,
+          "Module image bytes being received at once, each upload counted at its header's size; "
+          "one tenant may take half (0: no limit).");
 ABSL_FLAG(uint64_t, module_store_bytes, 1ull << 30,
           "Bytes of module images the daemon keeps; images no open session holds are "
           "evicted (and unloaded) to make room (0: no limit).");
@@ -156,6 +162,8 @@ int main(int argc, char** argv) {
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.module_upload_budget_bytes = absl::GetFlag(FLAGS_module_upload_budget_bytes);
   options.module_store_bytes = absl::GetFlag(FLAGS_module_store_bytes);
   options.kernel_time_limit_ms = absl::GetFlag(FLAGS_kernel_time_limit_ms);
   options.rpc_threads = absl::GetFlag(FLAGS_rpc_threads);

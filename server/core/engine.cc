@@ -667,8 +667,29 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(
         " bytes; the tenant's sessions may hold at most ", limits.module_bytes,
         " bytes of module images"));
   }
+  if (const uint64_t budget = options_.module_upload_budget_bytes; budget != 0) {
+    absl::MutexLock lock(&modules_mu_);
+    TenantUsage& u = s->usage();
+    const uint64_t share = budget / 2;
+    if (size > budget - std::min(uploading_, budget) || size > share - std::min(u.uploading, share)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "module uploads in flight: ", uploading_, " of the daemon's ", budget,
+          " bytes are being received (", u.uploading, " of them by tenant '", u.name,
+          "', which may take ", share, "); module ", sha256.substr(0, 12), " (", size,
+          " bytes) must wait: retry"));
+    }
+    uploading_ += size;
+    u.uploading += size;
+  }
   return std::unique_ptr<ModuleUpload>(
       new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
+}
+
+ModuleUpload::~ModuleUpload() {
+  if (engine_->options_.module_upload_budget_bytes == 0) return;
+  absl::MutexLock lock(&engine_->modules_mu_);
+  engine_->uploading_ -= size_;
+  session_->usage().uploading -= size_;
 }
 
 ModuleUpload::ModuleUpload(Engine* engine, std::shared_ptr<Session> session, TenantLimits limits,

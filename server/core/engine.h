@@ -72,6 +72,9 @@ struct EngineOptions {
   // Bytes of module images the daemon keeps (0: no limit). Images no open
   // session holds are evicted, least recently used first, to make room.
   uint64_t module_store_bytes = 1ull << 30;
+  // Image bytes of uploads under way at once (each at its header's size);
+  // one tenant may take at most half. 0: no limit.
+  uint64_t module_upload_budget_bytes = 1ull << 30;
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };
 
@@ -179,6 +182,8 @@ class Engine;
 // One LoadModule upload: chunks in, then Finish. Owned by the rpc call.
 class ModuleUpload {
  public:
+  // Gives back the bytes it counted against the upload budget.
+  ~ModuleUpload();
   absl::Status AddChunk(absl::string_view chunk);
   void Finish(Callback<ModuleResult> done);
 
@@ -437,6 +442,8 @@ class Engine {
   std::atomic<uint64_t> sessions_closed_{0};
   std::atomic<uint64_t> sessions_expired_{0};
   std::atomic<uint64_t> module_uploads_{0};
+  // Bytes of uploads under way (see EngineOptions::module_upload_budget_bytes).
+  uint64_t uploading_ ABSL_GUARDED_BY(modules_mu_) = 0;
   std::atomic<uint64_t> module_upload_bytes_{0};
 
   // The module store: images by SHA-256, with a use stamp for eviction.

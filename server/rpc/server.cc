@@ -162,6 +162,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
   }
   GPUEXEC_RETURN_IF_ERROR(CheckSecurity(options));
+  if (options.max_message_bytes < options.chunk_bytes + (64 << 10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes ", options.max_message_bytes, " leaves no room for a chunk of ",
+        options.chunk_bytes, " bytes (--chunk_bytes) and its header"));
+  }
   auto impl = std::make_unique<Impl>();
   impl->identity = std::make_unique<rpc::Identity>(!options.tls_client_ca.empty());
   impl->tenants_file = options.tenants_file;
@@ -183,6 +188,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.reaper_interval = options.reaper_interval;
   eo.max_sessions = options.max_sessions;
   eo.module_store_bytes = options.module_store_bytes;
+  eo.module_upload_budget_bytes = options.module_upload_budget_bytes;
   eo.worker_program = options.worker_program;
   eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
   eo.log_level = options.worker_log_level;
@@ -214,7 +220,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // A second daemon on the same port is a mistake to report, not a load
   // balancer: no SO_REUSEPORT.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(impl->service->service());
   builder.RegisterService(impl->health.service());

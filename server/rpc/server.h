@@ -59,6 +59,14 @@ struct ServerOptions {
   uint32_t staging_buffers = 8;
   // Sessions open at once (0 = no limit).
   uint32_t max_sessions = 4096;
+  // The largest message any call may send the daemon: a Write or module
+  // chunk (at most 16 MiB) with room to spare. Every other message is far
+  // smaller; this bounds what gRPC parses before a handler sees it.
+  uint32_t max_message_bytes = 17 << 20;
+  // Module image bytes being received at once (LoadModule streams not yet
+  // finished, each counted at its header's size), for the whole daemon; a
+  // tenant may take at most half.
+  uint64_t module_upload_budget_bytes = 1ull << 30;
   // Bytes of module images kept; unheld ones are evicted (0 = no limit).
   uint64_t module_store_bytes = 1ull << 30;
   // A launch still running after this long counts as hung: the device's

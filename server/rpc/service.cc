@@ -544,6 +544,17 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
       }
       session_ = request_.session();
     }
+    if (request_.commands_size() > kMaxCommandsPerMessage) {
+      // Commands already started still finish; then the call ends with this.
+      absl::MutexLock lock(&mu_);
+      end_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("Execute: a message carries ", request_.commands_size(),
+                                       " commands; at most ", kMaxCommandsPerMessage,
+                                       " (none of them was run)"));
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
     {
       absl::MutexLock lock(&mu_);
       in_flight_ += request_.commands_size();
@@ -571,6 +582,8 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   // Commands started and not yet answered, or results not yet written,
   // beyond which the call stops reading until they drain.
   static constexpr int kMaxOutstanding = 8192;
+  // Commands one message may carry (the C++ client sends at most 1024).
+  static constexpr int kMaxCommandsPerMessage = 4096;
 
   void Dispatch(const v1::Command& c) {
     const uint64_t id = c.id();

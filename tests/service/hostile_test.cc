@@ -23,6 +23,7 @@ namespace gpuexec::testing {
 namespace {
 
 using ::testing::_;
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
@@ -816,6 +817,71 @@ TEST_F(HostileTest, NamesAreQuotedShortAndEscaped) {
           ->Check(&context, request, &response);
   EXPECT_EQ(health.error_code(), grpc::StatusCode::NOT_FOUND) << health.error_message().substr(0, 200);
   EXPECT_LT(health.error_message().size(), 200u);
+}
+
+// Bounds on what one request may make the daemon do before any handler
+// looks at it, or hold while it arrives.
+TEST_F(HostileTest, OversizedMessagesAndCommandFloodsAreRefused) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function empty, Kernel(session, "gx_empty"));
+  auto stub = RawStub();
+  // A message past the daemon's limit (17 MiB) is refused by gRPC itself,
+  // unparsed.
+  v1::Arg huge;
+  huge.set_raw(std::string(18 << 20, 'x'));
+  EXPECT_THAT(RawLaunch(*stub, session.token(), empty.handle(), {huge}),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("larger than max")));
+  // An Execute message of more commands than one may carry runs none.
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    auto rw = stub->Execute(&context);
+    v1::ExecuteRequest request;
+    request.set_session(session.token());
+    for (int i = 0; i < 5000; ++i) request.add_commands()->set_id(i);
+    rw->Write(request);
+    rw->WritesDone();
+    v1::ExecuteResponse response;
+    int answers = 0;
+    while (rw->Read(&response)) answers += response.results_size();
+    EXPECT_THAT(FromGrpcStatus(rw->Finish()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("carries 5000 commands; at most 4096")));
+    EXPECT_EQ(answers, 0);
+  }
+  // Module uploads under way are bounded together: a header announcing
+  // 400 MiB holds that much of the budget while its bytes (never) come; a
+  // second for 200 MiB is past the tenant's half of it.
+  {
+    grpc::ClientContext context;
+    v1::LoadModuleResponse response;
+    auto first = stub->LoadModule(&context, &response);
+    ASSERT_TRUE(first->Write(Header(session.token(), std::string(64, 'a'), 400 << 20,
+                                    ModuleKind::kCubin)));
+    ASSERT_TRUE(first->Write(Chunk("x")));  // the upload has begun
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          return RawLoadModule(*stub, {Header(session.token(), std::string(64, 'b'), 200 << 20,
+                                              ModuleKind::kCubin)})
+                     .code() == absl::StatusCode::kResourceExhausted;
+        },
+        absl::Seconds(5)));
+    EXPECT_THAT(RawLoadModule(*stub, {Header(session.token(), std::string(64, 'b'), 200 << 20,
+                                             ModuleKind::kCubin)}),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("module uploads in flight"), HasSubstr("must wait"))));
+    context.TryCancel();
+    (void)first->Finish();
+  }
+  // Once it is gone, the room is back: a header alone is the usual
+  // NOT_FOUND for an image the daemon does not hold.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return RawLoadModule(*stub, {Header(session.token(), std::string(64, 'b'), 200 << 20,
+                                            ModuleKind::kCubin)})
+                   .code() == absl::StatusCode::kNotFound;
+      },
+      absl::Seconds(5)));
 }
 
 TEST_F(HostileTest, DaemonServesAfterHostileClients) {

@@ -1439,6 +1439,10 @@ absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOp
   // the retry machinery keeps a copy of each message sent (gpuexec_bench:
   // streams of 1 MiB messages were up to 1.5x faster without it).
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  if (options.chunk_bytes == 0 || options.chunk_bytes > (16u << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpuexec client: chunk_bytes ", options.chunk_bytes, " is not in 1..16 MiB"));
+  }
   auto recipe = internal::MakeChannelRecipe(target, options);
   if (!recipe.ok()) return recipe.status();
   std::shared_ptr<grpc::Channel> channel = internal::MakeChannel(target, *recipe, args);

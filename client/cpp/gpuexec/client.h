@@ -86,7 +86,7 @@ struct ClientOptions {
   // Deadline of the best-effort Free/CloseSession calls that destructors make.
   absl::Duration cleanup_timeout = absl::Seconds(5);
   // Bytes per message of Write and module uploads, and asked for per Read
-  // message.
+  // message; at most 16 MiB (the daemon takes messages of up to 17 MiB).
   uint32_t chunk_bytes = 1 << 20;
   // Largest gRPC message either way on channels made by Connect().
   int max_message_bytes = 64 << 20;

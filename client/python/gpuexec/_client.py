@@ -23,6 +23,8 @@ from .v1 import gpuexec_pb2_grpc as pb_grpc
 DEFAULT_TARGET = "127.0.0.1:50051"
 DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 64 << 20
+# The daemon takes messages of at most 17 MiB: chunks of up to 16 MiB.
+MAX_CHUNK_BYTES = 16 << 20
 
 _KINDS = {"cubin": pb.MODULE_KIND_CUBIN, "ptx": pb.MODULE_KIND_PTX, "fatbin": pb.MODULE_KIND_FATBIN}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
@@ -237,8 +239,8 @@ class Client:
     """
 
     def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0):
-        if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES // 2:
-            raise client_error(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES // 2}]")
+        if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
+            raise client_error(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}]")
         self.channel = channel
         self.stub = pb_grpc.GpuExecStub(channel)
         # Write and Read as the wire's bytes: a protobuf message would copy
