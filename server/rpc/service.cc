@@ -273,7 +273,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
     {
       absl::MutexLock lock(&mu_);
       if (done_) return;
-      if (reading_ < 0 && !eof_) {
+      if (reading_ < 0 && !eof_ && HeldBytesLocked() < kMaxHeldBytes) {
         read_into = FreeSlot(kMessages, pushing_, ready_);
         reading_ = read_into;
       }
@@ -343,6 +343,15 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   const Env* env_;
   core::Caller caller_;
   uint64_t generation_ = 0;
+  // Bytes of the messages read and not yet copied out (being pushed or
+  // waiting to be): no further message is read while they reach
+  // kMaxHeldBytes, so a call holds at most that and two messages.
+  uint64_t HeldBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t held = pushing_ >= 0 ? messages_[pushing_].data.size() : 0;
+    for (int i : ready_) held += messages_[i].data.size();
+    return held;
+  }
+  static constexpr uint64_t kMaxHeldBytes = 4 << 20;
   // With two, receiving stopped whenever the message behind the one being
   // copied had arrived.
   static constexpr int kMessages = 4;
