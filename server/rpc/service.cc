@@ -153,13 +153,17 @@ class LoadModuleCall final
         return Finish(ToGrpcStatus(
             absl::InvalidArgumentError("LoadModule: the stream ended before its header")));
       }
-      upload_->Finish([this](absl::StatusOr<core::ModuleResult> r) {
-        if (r.ok()) {
-          response_.set_module(r->handle);
-          response_.set_sha256(r->sha256);
-          response_.set_uploaded(r->uploaded);
-        }
-        Finish(ToGrpcStatus(r.status()));
+      // The digest, the image's checks and the store: off the polling
+      // thread, which every other client's messages wait for.
+      OffThePollingThread([this] {
+        upload_->Finish([this](absl::StatusOr<core::ModuleResult> r) {
+          if (r.ok()) {
+            response_.set_module(r->handle);
+            response_.set_sha256(r->sha256);
+            response_.set_uploaded(r->uploaded);
+          }
+          Finish(ToGrpcStatus(r.status()));
+        });
       });
       return;
     }
@@ -179,10 +183,26 @@ class LoadModuleCall final
     } else if (request_.has_header()) {
       st = absl::InvalidArgumentError("LoadModule: a second header arrived");
     } else {
-      st = upload_->AddChunk(request_.chunk());
+      // The chunk is appended and hashed off the polling thread; the next
+      // read starts once it is (request_ holds the chunk until then).
+      return OffThePollingThread([this] {
+        absl::Status added = upload_->AddChunk(request_.chunk());
+        if (!added.ok()) return Finish(ToGrpcStatus(added));
+        StartRead(&request_);
+      });
     }
     if (!st.ok()) return Finish(ToGrpcStatus(st));
     StartRead(&request_);
+  }
+
+  // Runs `fn` on the uploads pool, as an operation of the call (it cannot
+  // end under it).
+  void OffThePollingThread(std::function<void()> fn) {
+    Begin();
+    env_->uploads->Post([this, fn = std::move(fn)] {
+      fn();
+      End();
+    });
   }
 
   const Env* env_;

@@ -20,7 +20,7 @@ class GpuExecService {
  public:
   // Every call is identified by `identity` before it reaches the engine.
   GpuExecService(core::Engine* engine, Identity* identity)
-      : engine_(engine), env_{&async_, engine, identity, &calls_, &copies_} {}
+      : engine_(engine), env_{&async_, engine, identity, &calls_, &copies_, &uploads_} {}
 
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
@@ -41,6 +41,9 @@ class GpuExecService {
     Identity* identity;
     CallCounter* calls;
     CopyPool* copies;
+    // Module uploads' hashing and checks: off the polling thread, and off
+    // the copies' threads.
+    CopyPool* uploads;
   };
 
  private:
@@ -48,6 +51,7 @@ class GpuExecService {
   AsyncService async_;
   CallCounter calls_;
   CopyPool copies_{2};
+  CopyPool uploads_{1};
   Env env_;
 };
 
