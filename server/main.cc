@@ -53,9 +53,18 @@ ABSL_FLAG(std::string, driver, "",
 ABSL_FLAG(uint64_t, default_lease_ms, 60000,
           "Lease of a session that asks for none; a session is closed when no call names it "
           "for this long.");
-ABSL_FLAG(uint64_t, max_lease_ms, 3600000, "Longest lease a session may ask for.");
+ABSL_FLAG(uint64_t, max_lease_ms, 600000,
+          "Longest lease a session may ask for: an abandoned session frees what it holds "
+          "within this long.");
 ABSL_FLAG(uint64_t, session_memory_limit, 0,
-          "Device memory one session may hold, in bytes (0: no per-session limit).");
+          "Device memory one session may hold, in bytes (0: --session_memory_share of its "
+          "device).");
+ABSL_FLAG(double, session_memory_share, 0.5,
+          "Without --session_memory_limit: the share of its device's memory one session may "
+          "hold (0: no per-session limit).");
+ABSL_FLAG(uint32_t, max_sessions_per_peer, 256,
+          "Sessions one peer host (an IP address, a Unix-socket uid) may have open at once (0: no "
+          "limit).");
 ABSL_FLAG(uint64_t, daemon_memory_limit, 0,
           "Device memory all sessions together may hold, in bytes (0: the devices' own).");
 ABSL_FLAG(uint32_t, chunk_bytes, 1 << 20,
@@ -158,6 +167,8 @@ int main(int argc, char** argv) {
   options.default_lease_ms = absl::GetFlag(FLAGS_default_lease_ms);
   options.max_lease_ms = absl::GetFlag(FLAGS_max_lease_ms);
   options.max_session_memory_bytes = absl::GetFlag(FLAGS_session_memory_limit);
+  options.session_memory_share = absl::GetFlag(FLAGS_session_memory_share);
+  options.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
   options.daemon_memory_bytes = absl::GetFlag(FLAGS_daemon_memory_limit);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);

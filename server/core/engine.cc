@@ -514,6 +514,11 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
   lease_ms = std::min(lease_ms, options_.max_lease_ms);
   if (limits.max_lease_ms != 0) lease_ms = std::min(lease_ms, limits.max_lease_ms);
   uint64_t limit = options_.max_session_memory_bytes;
+  if (limit == 0 && options_.session_memory_share > 0) {
+    // No session may take the whole of a shared device by default.
+    limit = static_cast<uint64_t>(options_.session_memory_share *
+                                  static_cast<double>(devices_[index]->properties().total_memory));
+  }
   if (memory_limit == 0) memory_limit = options_.default_session_memory_bytes;
   if (memory_limit != 0) limit = limit == 0 ? memory_limit : std::min(limit, memory_limit);
   if (kernel_time_limit_ms != 0 && kernel_time_limit_ms < kMinKernelTimeLimitMs) {
@@ -538,6 +543,14 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
       return done(absl::ResourceExhaustedError(absl::StrCat(
           "daemon session limit: ", options_.max_sessions, " sessions are open")));
     }
+    if (options_.max_sessions_per_peer != 0) {
+      auto it = sessions_per_peer_.find(PeerHost(caller.peer));
+      if (it != sessions_per_peer_.end() && it->second >= options_.max_sessions_per_peer) {
+        return done(absl::ResourceExhaustedError(absl::StrCat(
+            "peer session limit: ", it->second, " sessions are open from ",
+            Quoted(it->first, 80), " (at most ", options_.max_sessions_per_peer, ")")));
+      }
+    }
     usage = UsageOf(caller.tenant_name());
     if (limits.max_sessions != 0 && usage->sessions.load() >= limits.max_sessions) {
       return done(absl::ResourceExhaustedError(TenantLimitError(
@@ -547,11 +560,13 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     // Counted now, so that concurrent opens cannot pass the limits together.
     usage->sessions.fetch_add(1);
     ++opening_;
+    ++sessions_per_peer_[PeerHost(caller.peer)];
   }
   // The stream comes to be in the worker with the session's first work.
   const device::StreamId stream = devices_[index]->CreateStream(absl::Milliseconds(time_limit));
   auto session =
       std::make_shared<Session>(NewSessionToken(), usage, index, stream, lease_ms, limit);
+  session->peer_host = PeerHost(caller.peer);
   {
     absl::MutexLock lock(&session->mu);
     session->Touch();
@@ -614,6 +629,10 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     sessions_.erase(it);
     --sessions_per_device_[s->device()];
     s->usage().sessions.fetch_sub(1);
+    if (auto peer = sessions_per_peer_.find(s->peer_host);
+        peer != sessions_per_peer_.end() && --peer->second == 0) {
+      sessions_per_peer_.erase(peer);
+    }
   }
   if (reason == CloseReason::kClient) sessions_closed_.fetch_add(1);
   if (reason == CloseReason::kExpired) sessions_expired_.fetch_add(1);

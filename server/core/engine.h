@@ -61,9 +61,14 @@ struct EngineOptions {
   // See worker::WorkerOptions::busy_poll.
   absl::Duration busy_poll = absl::ZeroDuration();
   uint64_t default_lease_ms = 60'000;
-  uint64_t max_lease_ms = 3'600'000;
+  uint64_t max_lease_ms = 600'000;
   uint64_t default_session_memory_bytes = 0;  // 0: the per-session maximum
-  uint64_t max_session_memory_bytes = 0;      // 0: no per-session limit
+  uint64_t max_session_memory_bytes = 0;      // 0: the share below
+  // With no per-session limit in bytes: this share of its device's memory
+  // (0: none).
+  double session_memory_share = 0.5;
+  // Sessions one peer host may have open at once (0: no limit).
+  uint32_t max_sessions_per_peer = 256;
   uint64_t daemon_memory_bytes = 0;           // 0: no daemon-wide limit
   uint32_t chunk_bytes = 1 << 20;
   uint32_t staging_buffers = 8;
@@ -424,6 +429,8 @@ class Engine {
   std::vector<uint32_t> sessions_per_device_ ABSL_GUARDED_BY(sessions_mu_);
   // Sessions counted against the limits and not yet in sessions_.
   size_t opening_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+  // Open sessions by peer host (see PeerHost).
+  absl::flat_hash_map<std::string, uint32_t> sessions_per_peer_ ABSL_GUARDED_BY(sessions_mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
       ABSL_GUARDED_BY(sessions_mu_);
   // Per device: the tenant whose session the last reset's reason names

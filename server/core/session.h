@@ -80,6 +80,8 @@ class Session {
   const std::string& token() const { return token_; }
   // The tenant that opened it: the only one that can name it.
   const std::string& tenant() const { return tenant_->name; }
+  // The host it was opened from (PeerHost of the opener's address).
+  std::string peer_host;
   TenantUsage& usage() const { return *tenant_; }
   // "session 3f2a91c0" (the token's first 8 characters) for messages.
   const std::string& name() const { return name_; }

@@ -15,6 +15,15 @@ std::shared_ptr<const Tenant> DefaultTenant() {
   return *kTenant;
 }
 
+std::string PeerHost(const std::string& peer) {
+  if (peer.rfind("unix:", 0) == 0) return peer.substr(0, peer.find(','));
+  if (peer.rfind("ipv4:", 0) == 0 || peer.rfind("ipv6:", 0) == 0) {
+    const size_t colon = peer.rfind(':');
+    if (colon > 5) return peer.substr(0, colon);
+  }
+  return peer;
+}
+
 Caller DefaultCaller(std::string peer) { return Caller{DefaultTenant(), std::move(peer)}; }
 
 Caller OperatorCaller() { return Caller{nullptr, "the daemon", true}; }

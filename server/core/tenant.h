@@ -45,6 +45,11 @@ struct Caller {
   const std::string& tenant_name() const;
 };
 
+// The host part of a peer address, the unit per-peer limits count:
+// "ipv4:10.0.3.7:34780" -> "ipv4:10.0.3.7", "ipv6:[::1]:5" -> "ipv6:[::1]",
+// "unix:uid=1000,gid=1000,pid=42" -> "unix:uid=1000".
+std::string PeerHost(const std::string& peer);
+
 // The implicit tenant, without limits of its own.
 std::shared_ptr<const Tenant> DefaultTenant();
 // A caller of the implicit tenant (tests and in-process callers).

@@ -162,6 +162,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
   }
   GPUEXEC_RETURN_IF_ERROR(CheckSecurity(options));
+  if (!(options.session_memory_share >= 0 && options.session_memory_share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--session_memory_share ",
+                                                   options.session_memory_share,
+                                                   " is not a share (0 to 1)"));
+  }
   if (options.max_message_bytes < options.chunk_bytes + (64 << 10)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_message_bytes ", options.max_message_bytes, " leaves no room for a chunk of ",
@@ -182,6 +187,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.max_lease_ms = options.max_lease_ms;
   eo.default_session_memory_bytes = options.default_session_memory_bytes;
   eo.max_session_memory_bytes = options.max_session_memory_bytes;
+  eo.session_memory_share = options.session_memory_share;
+  eo.max_sessions_per_peer = options.max_sessions_per_peer;
   eo.daemon_memory_bytes = options.daemon_memory_bytes;
   eo.chunk_bytes = options.chunk_bytes;
   eo.staging_buffers = options.staging_buffers;

@@ -46,11 +46,16 @@ struct ServerOptions {
   // Leases: what a session gets when it asks for none, and the most it may
   // ask for.
   uint64_t default_lease_ms = 60'000;
-  uint64_t max_lease_ms = 3'600'000;
+  uint64_t max_lease_ms = 600'000;
   // Device memory: per session (default and most) and for the whole daemon
   // (0 = no limit beyond the devices' own memory).
   uint64_t default_session_memory_bytes = 0;  // 0 = the session maximum
-  uint64_t max_session_memory_bytes = 0;      // 0 = no per-session limit
+  uint64_t max_session_memory_bytes = 0;      // 0 = the share below
+  // With no per-session limit in bytes: this share of the session's
+  // device's memory (0: no per-session limit).
+  double session_memory_share = 0.5;
+  // Sessions one peer host may have open at once (0: no limit).
+  uint32_t max_sessions_per_peer = 256;
   uint64_t daemon_memory_bytes = 0;
   // Bytes per Read response message and per pinned staging buffer.
   uint32_t chunk_bytes = 1 << 20;

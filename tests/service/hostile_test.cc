@@ -884,6 +884,27 @@ TEST_F(HostileTest, OversizedMessagesAndCommandFloodsAreRefused) {
       absl::Seconds(5)));
 }
 
+// The defaults keep one client from taking a shared device: a session may
+// hold half its device unless told otherwise, and one peer host may open
+// only so many sessions.
+TEST_F(HostileTest, DefaultsBoundASessionsMemoryAndAPeersSessions) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  EXPECT_EQ(session.memory_limit_bytes(), device_at_start().memory_total_bytes / 2);
+  EXPECT_LE(session.lease(), absl::Minutes(10));
+  ServerOptions options;
+  options.max_sessions_per_peer = 2;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session one, client.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session two, client.OpenSession({kDevice}));
+  EXPECT_THAT(client.OpenSession({kDevice}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("peer session limit: 2 sessions are open from ipv4:127.0.0.1"),
+                             HasSubstr("at most 2"))));
+  GX_ASSERT_OK(one.Close());
+  GX_EXPECT_OK(client.OpenSession({kDevice}).status());
+}
+
 TEST_F(HostileTest, DaemonServesAfterHostileClients) {
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client().ListDevices());
   ASSERT_FALSE(devices.empty());
