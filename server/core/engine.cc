@@ -1173,7 +1173,8 @@ void WriteSink::PushFrom(ByteSpans data, Done more) {
     ++in_flight_;
   }
   auto self = shared_from_this();
-  device_->staging().Acquire([self, data = std::move(data), more](device::StagingSlot slot) {
+  session_->staging.Acquire(device_->staging(), [self, data = std::move(data),
+                                                 more](device::StagingSlot slot) {
     const size_t n = std::min<uint64_t>(data.size(), slot.capacity);
     data.CopyPrefix(slot.data, n);
     const uint64_t dst_offset = self->next_offset_;
@@ -1187,7 +1188,7 @@ void WriteSink::PushFrom(ByteSpans data, Done more) {
       if (!closed) {
         self->device_->CopyToDevice(self->session_->stream(), self->base_ + dst_offset, self->epoch_, slot, n,
                                     self->what_, [self, slot, n](absl::Status st) {
-                                      self->device_->staging().Release(slot);
+                                      self->session_->staging.Release(self->device_->staging(), slot);
                                       if (st.ok()) {
                                         self->traffic_->bytes_written.fetch_add(n);
                                         self->session_->usage().traffic.bytes_written.fetch_add(n);
@@ -1199,7 +1200,7 @@ void WriteSink::PushFrom(ByteSpans data, Done more) {
       }
     }
     if (closed) {
-      self->device_->staging().Release(slot);
+      self->session_->staging.Release(self->device_->staging(), slot);
       self->OnCopyDone(self->session_->ClosedError());
     }
     self->PushFrom(data.Suffix(n), more);
@@ -1336,7 +1337,7 @@ void ReadSource::FetchAhead() {
 
 void ReadSource::Fetch(uint64_t offset, uint64_t n) {
   auto self = shared_from_this();
-  device_->staging().Acquire([self, offset, n](device::StagingSlot slot) {
+  session_->staging.Acquire(device_->staging(), [self, offset, n](device::StagingSlot slot) {
     bool closed;
     {
       // Under the session lock, so that the copy is queued before any free
@@ -1348,7 +1349,7 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
             self->session_->stream(), slot, self->base_ + offset, self->epoch_, n, self->what_,
             [self, slot, offset, n](absl::Status st) {
               if (!st.ok()) {
-                self->device_->staging().Release(slot);
+                self->session_->staging.Release(self->device_->staging(), slot);
                 return self->Ready(offset, st);
               }
               // Copied out at once, so that the staging buffer goes back
@@ -1357,7 +1358,7 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
               // buffers every session of the device copies through.
               std::shared_ptr<char> bytes = self->chunks_->Take(n);
               std::memcpy(bytes.get(), slot.data, n);
-              self->device_->staging().Release(slot);
+              self->session_->staging.Release(self->device_->staging(), slot);
               ReadChunk chunk;
               chunk.offset = offset;
               chunk.bytes = absl::string_view(bytes.get(), n);
@@ -1367,7 +1368,7 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
       }
     }
     if (closed) {
-      self->device_->staging().Release(slot);
+      self->session_->staging.Release(self->device_->staging(), slot);
       self->Ready(offset, self->session_->ClosedError());
     }
   });

@@ -1,5 +1,6 @@
 #include "server/core/session.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,36 @@ absl::Status Session::ClosedError() const {
 std::string Session::Describe(const BufferEntry& b) const {
   return absl::StrCat("buffer ", HandleName(b.handle), " of ", name_, " (", b.size,
                       " bytes on device ", device_, ")");
+}
+
+void StagingShare::Acquire(device::StagingPool& pool, device::StagingPool::Waiter waiter) {
+  const int share = std::max(2, static_cast<int>(pool.size() / 4));
+  {
+    absl::MutexLock lock(&mu_);
+    if (held_ >= share) {
+      waiting_.push_back(std::move(waiter));
+      return;
+    }
+    ++held_;
+  }
+  // Unlocked: the pool may run the waiter at once.
+  pool.Acquire(std::move(waiter));
+}
+
+void StagingShare::Release(device::StagingPool& pool, device::StagingSlot slot) {
+  pool.Release(slot);
+  device::StagingPool::Waiter next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (waiting_.empty()) {
+      --held_;
+      return;
+    }
+    // The released buffer's place in the share goes to the next waiter.
+    next = std::move(waiting_.front());
+    waiting_.pop_front();
+  }
+  pool.Acquire(std::move(next));
 }
 
 void BufferUse::Release() {

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -72,6 +73,22 @@ struct FunctionEntry {
   device::KernelInfo kernel;
 };
 
+// The staging buffers all of one session's transfers (Writes and Reads)
+// hold together: at most a quarter of the device's (2 at least), so that a
+// session's copies parked behind its own long kernel never hold every
+// buffer of the device. A transfer past the share waits for the session's
+// own next release.
+class StagingShare {
+ public:
+  void Acquire(device::StagingPool& pool, device::StagingPool::Waiter waiter);
+  void Release(device::StagingPool& pool, device::StagingSlot slot);
+
+ private:
+  absl::Mutex mu_;
+  int held_ ABSL_GUARDED_BY(mu_) = 0;  // buffers held, or being acquired
+  std::deque<device::StagingPool::Waiter> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
 class Session {
  public:
   Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
@@ -82,6 +99,8 @@ class Session {
   const std::string& tenant() const { return tenant_->name; }
   // The host it was opened from (PeerHost of the opener's address).
   std::string peer_host;
+  // Staging buffers held by its transfers (see StagingShare).
+  StagingShare staging;
   TenantUsage& usage() const { return *tenant_; }
   // "session 3f2a91c0" (the token's first 8 characters) for messages.
   const std::string& name() const { return name_; }
