@@ -167,11 +167,5 @@ TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
   EXPECT_EQ(IdentifyWithoutFile(cert).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
-TEST(QuoteTest, EscapesAndCuts) {
-  EXPECT_EQ(Quote("plain"), "plain");
-  EXPECT_EQ(Quote("a\nb"), "a\\nb");
-  EXPECT_EQ(Quote(std::string(100, 'z'), 8), "zzzzzzzz...");
-}
-
 }  // namespace
 }  // namespace gpuexec::tenants
