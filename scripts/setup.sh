@@ -9,7 +9,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-grpc-tools
-  python3-prometheus-client python3-yaml openssl)
+  python3-prometheus-client python3-yaml openssl
+  clang libfuzzer-14-dev libclang-rt-14-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
