@@ -5,3 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@"
+# The fuzz harnesses (tests/fuzz), each for FUZZ_SECONDS (20 by default;
+# 0 skips them), in a clang tree of their own (build-fuzz).
+if [[ "${FUZZ_SECONDS:-20}" != 0 ]]; then
+  ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
+fi
