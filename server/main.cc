@@ -62,6 +62,13 @@ ABSL_FLAG(uint64_t, session_memory_limit, 0,
 ABSL_FLAG(double, session_memory_share, 0.5,
           "Without --session_memory_limit: the share of its device's memory one session may "
           "hold (0: no per-session limit).");
+ABSL_FLAG(uint32_t, strike_limit, 3,
+          "A tenant (without tenants: a peer host) whose kernels reset a device this many times "
+          "within --strike_window_s has its launches refused for --strike_cooldown_s (0: no "
+          "limit). The session whose kernel faulted or hung is closed either way.");
+ABSL_FLAG(uint32_t, strike_window_s, 600, "The window of --strike_limit, in seconds.");
+ABSL_FLAG(uint32_t, strike_cooldown_s, 600,
+          "How long launches are refused once --strike_limit is reached, in seconds.");
 ABSL_FLAG(uint32_t, max_sessions_per_peer, 256,
           "Sessions one peer host (an IP address, a Unix-socket uid) may have open at once (0: no "
           "limit).");
@@ -169,6 +176,9 @@ int main(int argc, char** argv) {
   options.max_session_memory_bytes = absl::GetFlag(FLAGS_session_memory_limit);
   options.session_memory_share = absl::GetFlag(FLAGS_session_memory_share);
   options.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
+  options.strike_limit = absl::GetFlag(FLAGS_strike_limit);
+  options.strike_window = absl::Seconds(absl::GetFlag(FLAGS_strike_window_s));
+  options.strike_cooldown = absl::Seconds(absl::GetFlag(FLAGS_strike_cooldown_s));
   options.daemon_memory_bytes = absl::GetFlag(FLAGS_daemon_memory_limit);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);

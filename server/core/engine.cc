@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -248,6 +249,8 @@ EngineStats Engine::Stats() const {
   }
   std::sort(st.tenants.begin(), st.tenants.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
+  st.strikes = strikes_total_.load();
+  st.strike_refusals = strike_refusals_.load();
   st.sessions_opened = sessions_opened_.load();
   st.sessions_closed = sessions_closed_.load();
   st.sessions_expired = sessions_expired_.load();
@@ -291,6 +294,14 @@ absl::StatusOr<std::shared_ptr<Session>> Engine::FindSession(const Caller& calle
   }
   if (s == nullptr) {
     if (token.empty()) return absl::NotFoundError("the request names no session");
+    {
+      absl::MutexLock lock(&closed_mu_);
+      auto it = closed_why_.find(token);
+      if (it != closed_why_.end() && it->second.first == caller.tenant_name()) {
+        return absl::NotFoundError(
+            absl::StrCat("session ", ShortToken(token), " was closed: ", it->second.second));
+      }
+    }
     return absl::NotFoundError(absl::StrCat(
         "session ", ShortToken(token),
         " does not exist (never opened, closed, or its lease lapsed)"));
@@ -376,14 +387,19 @@ void Engine::NoteWork(Session& s) {
 
 void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
   std::vector<std::shared_ptr<Session>> affected;
+  std::vector<std::shared_ptr<Session>> named;
   {
     absl::MutexLock lock(&sessions_mu_);
     std::string culprit;
     for (auto& [token, s] : sessions_) {
       if (s->device() != index) continue;
       affected.push_back(s);
-      // The reason names the session whose kernel faulted or hung, if any.
-      if (absl::StrContains(info.why, s->name())) culprit = s->tenant();
+      // The reason names the session whose kernel faulted or hung, if any
+      // (for a fault: every session with kernels not yet synchronized).
+      if (absl::StrContains(info.why, s->name())) {
+        culprit = s->tenant();
+        named.push_back(s);
+      }
     }
     // A session named but gone: no tenant reads the reason.
     if (culprit.empty() && absl::StrContains(info.why, "session ")) culprit = "?";
@@ -401,6 +417,79 @@ void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
   }
   log::Debug("device ", index, " reset: ", buffers, " buffer(s) of ", affected.size(),
             " session(s), ", bytes, " bytes, lost; their next calls on them say so");
+  if (!named.empty()) Strike(index, info, std::move(named));
+}
+
+void Engine::Strike(int index, const worker::ResetInfo& info,
+                    std::vector<std::shared_ptr<Session>> named) {
+  absl::flat_hash_set<std::string> keys;
+  for (const auto& s : named) keys.insert(s->strike_key);
+  if (keys.size() != 1) {
+    // Which of several kernels in flight faulted, the driver does not say:
+    // nobody is charged (each tenant's own worker will tell them apart).
+    log::Info("device ", index, " reset with kernels of ", keys.size(),
+              " tenants or peers in flight; no strike charged");
+    return;
+  }
+  const std::string& key = *keys.begin();
+  const absl::Time now = absl::Now();
+  size_t count = 0;
+  absl::Time until = absl::InfinitePast();
+  {
+    absl::MutexLock lock(&strikes_mu_);
+    Strikes& st = strikes_[key];
+    st.at.push_back(now);
+    while (!st.at.empty() && now - st.at.front() > options_.strike_window) st.at.pop_front();
+    count = st.at.size();
+    if (options_.strike_limit != 0 && count >= options_.strike_limit) {
+      st.refused_until = now + options_.strike_cooldown;
+      until = st.refused_until;
+    }
+  }
+  strikes_total_.fetch_add(1);
+  const std::string why = absl::StrCat(
+      "its kernel reset device ", index, " at ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", info.at, absl::UTCTimeZone()), " (strike ",
+      count, options_.strike_limit != 0 ? absl::StrCat(" of ", options_.strike_limit) : "",
+      " for ", key, " within ", absl::ToInt64Seconds(options_.strike_window), " s)");
+  if (until != absl::InfinitePast()) {
+    log::Warning("strike limit: the kernels of ", key, " reset devices ", count, " times within ",
+                 absl::ToInt64Seconds(options_.strike_window), " s; its launches are refused until ",
+                 absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()));
+  }
+  for (auto& s : named) {
+    {
+      absl::MutexLock lock(&closed_mu_);
+      if (closed_why_.emplace(s->token(), std::make_pair(s->tenant(), why)).second) {
+        closed_order_.push_back(s->token());
+      }
+      while (closed_order_.size() > 1024) {
+        closed_why_.erase(closed_order_.front());
+        closed_order_.pop_front();
+      }
+    }
+    Close(s, CloseReason::kFaulted, why, [](absl::Status) {});
+  }
+}
+
+absl::Status Engine::CheckStrikes(const Session& s) {
+  if (options_.strike_limit == 0) return absl::OkStatus();
+  absl::Time until;
+  size_t count = 0;
+  {
+    absl::MutexLock lock(&strikes_mu_);
+    auto it = strikes_.find(s.strike_key);
+    if (it == strikes_.end() || it->second.refused_until <= absl::Now()) return absl::OkStatus();
+    until = it->second.refused_until;
+    count = it->second.at.size();
+  }
+  strike_refusals_.fetch_add(1);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "launches of ", s.strike_key, " are refused until ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()),
+      ": its kernels reset devices ", count, " times within ",
+      absl::ToInt64Seconds(options_.strike_window), " s (the daemon's strike limit is ",
+      options_.strike_limit, ")"));
 }
 
 absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
@@ -567,6 +656,10 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
   auto session =
       std::make_shared<Session>(NewSessionToken(), usage, index, stream, lease_ms, limit);
   session->peer_host = PeerHost(caller.peer);
+  // Without tenants, everyone is the implicit tenant: a peer is charged.
+  session->strike_key = caller.tenant == DefaultTenant()
+                            ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
+                            : absl::StrCat("tenant '", caller.tenant_name(), "'");
   {
     absl::MutexLock lock(&session->mu);
     session->Touch();
@@ -1419,6 +1512,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
   auto found = FindSession(caller, spec.session);
   if (!found.ok()) return gpu_ns(found.status());
   std::shared_ptr<Session> s = *found;
+  if (absl::Status st = CheckStrikes(*s); !st.ok()) return gpu_ns(st);
   worker::RemoteDevice* dev = DeviceOf(*s);
   const cuda::DeviceProperties& p = dev->properties();
   device::LaunchOp op;

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -69,6 +70,12 @@ struct EngineOptions {
   double session_memory_share = 0.5;
   // Sessions one peer host may have open at once (0: no limit).
   uint32_t max_sessions_per_peer = 256;
+  // A tenant (without tenants: a peer host) whose kernels reset a device
+  // strike_limit times within strike_window has its launches refused for
+  // strike_cooldown (0: no limit).
+  uint32_t strike_limit = 3;
+  absl::Duration strike_window = absl::Minutes(10);
+  absl::Duration strike_cooldown = absl::Minutes(10);
   uint64_t daemon_memory_bytes = 0;           // 0: no daemon-wide limit
   uint32_t chunk_bytes = 1 << 20;
   uint32_t staging_buffers = 8;
@@ -135,6 +142,8 @@ struct EngineStats {
   // Sessions ended by their client, by a lapsed lease, by shutdown.
   uint64_t sessions_closed = 0;
   uint64_t sessions_expired = 0;
+  uint64_t strikes = 0;           // resets charged to a tenant or peer
+  uint64_t strike_refusals = 0;   // launches refused for it
   uint32_t modules_stored = 0;
   uint64_t module_store_bytes = 0;
   uint64_t module_uploads = 0;       // images whose bytes came over the wire
@@ -412,7 +421,7 @@ class Engine {
                     bool newly_stored, bool reserved, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
-  enum class CloseReason { kClient, kExpired, kShutdown, kRevoked };
+  enum class CloseReason { kClient, kExpired, kShutdown, kRevoked, kFaulted };
   // Removes the session and frees all it holds; `why` goes to the log.
   void Close(std::shared_ptr<Session> session, CloseReason reason, const std::string& why,
              Done done);
@@ -427,6 +436,28 @@ class Engine {
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(sessions_mu_);
   std::vector<uint32_t> sessions_per_device_ ABSL_GUARDED_BY(sessions_mu_);
+  // Strikes: resets each tenant's (or peer's) kernels caused, and until
+  // when its launches are refused. Keyed by Session::strike_key.
+  struct Strikes {
+    std::deque<absl::Time> at;  // within the window
+    absl::Time refused_until = absl::InfinitePast();
+  };
+  absl::Mutex strikes_mu_;
+  absl::flat_hash_map<std::string, Strikes> strikes_ ABSL_GUARDED_BY(strikes_mu_);
+  std::atomic<uint64_t> strikes_total_{0};
+  std::atomic<uint64_t> strike_refusals_{0};
+  // Why sessions closed by the daemon (not by their clients) went, for the
+  // NOT_FOUND their next call gets: token -> (tenant, why), the last 1024.
+  absl::Mutex closed_mu_;
+  absl::flat_hash_map<std::string, std::pair<std::string, std::string>> closed_why_
+      ABSL_GUARDED_BY(closed_mu_);
+  std::deque<std::string> closed_order_ ABSL_GUARDED_BY(closed_mu_);
+  // Charges a reset to the sessions its reason names, if they are of one
+  // tenant (or peer): closes them, and starts a cooldown at the limit.
+  void Strike(int index, const worker::ResetInfo& info,
+              std::vector<std::shared_ptr<Session>> named);
+  // FAILED_PRECONDITION while `s`'s tenant (or peer) is cooling down.
+  absl::Status CheckStrikes(const Session& s);
   // Sessions counted against the limits and not yet in sessions_.
   size_t opening_ ABSL_GUARDED_BY(sessions_mu_) = 0;
   // Open sessions by peer host (see PeerHost).

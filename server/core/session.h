@@ -99,6 +99,9 @@ class Session {
   const std::string& tenant() const { return tenant_->name; }
   // The host it was opened from (PeerHost of the opener's address).
   std::string peer_host;
+  // Whom a reset its kernel causes is charged to: "tenant 'NAME'", or
+  // without tenants, "peer HOST".
+  std::string strike_key;
   // Staging buffers held by its transfers (see StagingShare).
   StagingShare staging;
   TenantUsage& usage() const { return *tenant_; }

@@ -292,6 +292,11 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
               static_cast<double>(st.sessions_closed));
   sink.Sample("gpuexec_sessions_closed_total", {{"reason", "lease_expired"}},
               static_cast<double>(st.sessions_expired));
+  counter("gpuexec_strikes_total",
+          "Device resets charged to a tenant (or peer) whose kernel faulted or hung.");
+  sink.Sample("gpuexec_strikes_total", {}, static_cast<double>(st.strikes));
+  counter("gpuexec_strike_refusals_total", "Launches refused while their tenant cooled down.");
+  sink.Sample("gpuexec_strike_refusals_total", {}, static_cast<double>(st.strike_refusals));
   gauge("gpuexec_module_store_images", "Module images in the daemon's store.");
   sink.Sample("gpuexec_module_store_images", {}, st.modules_stored);
   gauge("gpuexec_module_store_bytes", "Bytes of the module images in the store.");

@@ -189,6 +189,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.max_session_memory_bytes = options.max_session_memory_bytes;
   eo.session_memory_share = options.session_memory_share;
   eo.max_sessions_per_peer = options.max_sessions_per_peer;
+  eo.strike_limit = options.strike_limit;
+  eo.strike_window = options.strike_window;
+  eo.strike_cooldown = options.strike_cooldown;
   eo.daemon_memory_bytes = options.daemon_memory_bytes;
   eo.chunk_bytes = options.chunk_bytes;
   eo.staging_buffers = options.staging_buffers;

@@ -56,6 +56,13 @@ struct ServerOptions {
   double session_memory_share = 0.5;
   // Sessions one peer host may have open at once (0: no limit).
   uint32_t max_sessions_per_peer = 256;
+  // A tenant (without tenants: a peer host) whose kernels reset a device
+  // this many times within strike_window has its launches refused for
+  // strike_cooldown (0: no limit). The session whose kernel did it is
+  // closed either way.
+  uint32_t strike_limit = 3;
+  absl::Duration strike_window = absl::Minutes(10);
+  absl::Duration strike_cooldown = absl::Minutes(10);
   uint64_t daemon_memory_bytes = 0;
   // Bytes per Read response message and per pinned staging buffer.
   uint32_t chunk_bytes = 1 << 20;

@@ -16,9 +16,11 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "gpuexec/sha256.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "health_client.h"
 #include "service_test_fixture.h"
@@ -28,6 +30,7 @@ extern char** environ;
 namespace gpuexec::testing {
 namespace {
 
+using ::testing::_;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -144,7 +147,11 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
   const absl::Duration recovered = absl::Now() - fault_seen;
   Record("illegal address, to a launch by a session of before", recovered);
   EXPECT_LT(recovered, absl::Seconds(2));
-  GX_EXPECT_OK(FillAndCheck(victim, 9));
+  // The session whose kernel faulted is closed, and says why.
+  EXPECT_THAT(FillAndCheck(victim, 9),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("was closed: its kernel reset device 0"),
+                             HasSubstr("strike 1"))));
   GX_EXPECT_OK(ServesNewWork(kDevice, 11, fault_seen + absl::Seconds(2)));
 
   const DeviceInfo after = DeviceAt(kDevice);
@@ -160,7 +167,7 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
   EXPECT_EQ(Health(target(), "device/0"), HealthStatus::SERVING);
 
   GX_EXPECT_OK(bystander.Close());
-  GX_EXPECT_OK(victim.Close());
+  EXPECT_THAT(victim.Close(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("was closed")));
 }
 
 TEST_F(FaultTest, HungKernelPastTheSessionTimeLimitEndsTheWorker) {
@@ -199,8 +206,9 @@ TEST_F(FaultTest, HungKernelPastTheSessionTimeLimitEndsTheWorker) {
   GX_EXPECT_OK(ServesNewWork(kDevice, 5, seen + absl::Seconds(2)));
   Record("hung kernel, to new work served", absl::Now() - seen);
   EXPECT_LT(absl::Now() - seen, absl::Seconds(2));
-  GX_EXPECT_OK(FillAndCheck(s, 6));
-  GX_EXPECT_OK(s.Close());
+  // The hung kernel's session is closed, and says why.
+  EXPECT_THAT(FillAndCheck(s, 6), StatusIs(absl::StatusCode::kNotFound,
+                                           HasSubstr("was closed: its kernel reset device 0")));
 }
 
 TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
@@ -277,8 +285,9 @@ TEST_F(FaultTest, HealthIsNotServingWhileTheWorkerRestarts) {
   EXPECT_TRUE(WaitServing(kDevice, absl::Seconds(5)));
   EXPECT_EQ(Health(target(), "device/0"), HealthStatus::SERVING);
   EXPECT_EQ(Health(target(), ""), HealthStatus::SERVING);
-  GX_EXPECT_OK(FillAndCheck(s, 2));
-  GX_EXPECT_OK(s.Close());
+  // The faulting session went with its fault; new work is served.
+  EXPECT_THAT(FillAndCheck(s, 2), StatusIs(absl::StatusCode::kNotFound, HasSubstr("was closed")));
+  GX_EXPECT_OK(TryNewWork(kDevice, 2));
 }
 
 TEST_F(FaultTest, FaultOnOneDeviceLeavesTheOtherDevicesSessionsRunning) {
@@ -318,8 +327,76 @@ TEST_F(FaultTest, FaultOnOneDeviceLeavesTheOtherDevicesSessionsRunning) {
   GX_ASSERT_OK(back.status());
   EXPECT_TRUE(*back == pattern) << "device 1's buffer kept its bytes";
   EXPECT_EQ(DeviceAt(1).resets, resets1);
-  GX_EXPECT_OK(victim.Close());
+  EXPECT_THAT(victim.Close(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("was closed")));
   GX_EXPECT_OK(other.Close());
+}
+
+// Faults as a weapon: a tenant whose kernels keep resetting a device is
+// refused launches once it reaches the strike limit, so the reset loop
+// stops, and another tenant's buffers live on past it.
+TEST_F(FaultTest, AStrikeLimitStopsAFaultLoopAndSparesTheOtherTenant) {
+  char dir_template[] = "/tmp/gpuexec-strikes-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string tenants = absl::StrCat(dir_template, "/tenants.textproto");
+  std::ofstream(tenants) << "tenant { name: \"attacker\" token_sha256: \"" << Sha256Hex("attack")
+                         << "\" }\ntenant { name: \"bystander\" token_sha256: \""
+                         << Sha256Hex("bystand") << "\" }\n";
+  ServerOptions options;
+  options.tenants_file = tenants;
+  options.strike_limit = 3;
+  options.strike_window = absl::Minutes(1);
+  options.strike_cooldown = absl::Minutes(1);
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  ClientOptions as_attacker, as_bystander;
+  as_attacker.token = "attack";
+  as_bystander.token = "bystand";
+  GX_ASSERT_OK_AND_ASSIGN(Client attacker, Client::Connect(TargetOf(*server), as_attacker));
+  GX_ASSERT_OK_AND_ASSIGN(Client bystander, Client::Connect(TargetOf(*server), as_bystander));
+  const std::string cubin = KernelPath("cubin");
+  auto healthy = [&] {
+    return WaitFor(
+        [&] {
+          auto d = bystander.ListDevices();
+          return d.ok() && (*d)[kDevice].healthy;
+        },
+        absl::Seconds(10));
+  };
+  for (int strike = 1; strike <= 3; ++strike) {
+    SCOPED_TRACE(strike);
+    GX_ASSERT_OK_AND_ASSIGN(Session s, attacker.OpenSession({kDevice}));
+    GX_ASSERT_OK_AND_ASSIGN(Module m, s.LoadModuleFile(cubin));
+    GX_ASSERT_OK_AND_ASSIGN(Function fault, m.GetFunction("gx_fault"));
+    EXPECT_THAT(s.LaunchAndWait(fault, Config(1, 1), {Arg::U64(16)}),
+                StatusIs(absl::StatusCode::kAborted, _));
+    ASSERT_TRUE(healthy());
+    EXPECT_THAT(s.KeepAlive(), StatusIs(absl::StatusCode::kNotFound,
+                                        HasSubstr(absl::StrCat("strike ", strike, " of 3"))));
+  }
+  const uint64_t resets = (*bystander.ListDevices())[kDevice].resets;
+  // Past the limit: the bystander's new buffer, and the attacker refused.
+  GX_ASSERT_OK_AND_ASSIGN(Session kept, bystander.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, kept.Allocate(1 << 20));
+  const std::vector<uint8_t> pattern = Pattern(21, 1 << 20);
+  GX_ASSERT_OK(buffer.Write(0, pattern));
+  GX_ASSERT_OK_AND_ASSIGN(Session again, attacker.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Module m, again.LoadModuleFile(cubin));
+  GX_ASSERT_OK_AND_ASSIGN(Function fault, m.GetFunction("gx_fault"));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THAT(again.LaunchAndWait(fault, Config(1, 1), {Arg::U64(16)}),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("launches of tenant 'attacker' are refused until"),
+                               HasSubstr("reset devices 3 times within 60 s"))));
+  }
+  EXPECT_EQ((*bystander.ListDevices())[kDevice].resets, resets);
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Read());
+  EXPECT_TRUE(back == pattern);
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(kept, "gx_fill_u32"));
+  GX_EXPECT_OK(FillWith(kept, fill, 3));  // the bystander launches as ever
+  const std::string metrics = server->RenderMetrics();
+  EXPECT_THAT(metrics, HasSubstr("gpuexec_strikes_total 3\n"));
+  EXPECT_THAT(metrics, HasSubstr("gpuexec_strike_refusals_total 3\n"));
+  unlink(tenants.c_str());
+  rmdir(dir_template);
 }
 
 // A worker that stops answering (here: stopped with SIGSTOP, as a driver
