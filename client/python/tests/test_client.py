@@ -364,29 +364,34 @@ def test_connect_takes_the_target_from_the_environment(daemon, monkeypatch):
 
 
 def test_hung_kernel_past_the_session_time_limit_is_aborted(client, daemon):
-    """The device's worker is ended and restarted; the session goes on."""
-    with client.session(device=0, kernel_time_limit=0.5) as s:
-        assert s.kernel_time_limit == pytest.approx(0.5)
-        spin = s.load_module(daemon.cubin).function("gx_spin")
-        resets = client.devices()[0].resets
-        with pytest.raises(gpuexec.Error) as e:
-            spin.launch(1, 1, 1 << 50)  # eleven days: forever, for this test
-            s.synchronize()
-        assert e.value.code == grpc.StatusCode.ABORTED
-        assert "gx_spin" in e.value.message and "time limit of 500 ms" in e.value.message
-        # The module handle still works once the worker is back.
-        fill = s.load_module(daemon.cubin).function("gx_fill_u32")
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                with s.alloc(64) as buf:
+    """The device's worker is ended and restarted; the hung kernel's session
+    is closed, saying why, and a new session is served."""
+    s = client.session(device=0, kernel_time_limit=0.5)
+    assert s.kernel_time_limit == pytest.approx(0.5)
+    spin = s.load_module(daemon.cubin).function("gx_spin")
+    resets = client.devices()[0].resets
+    with pytest.raises(gpuexec.Error) as e:
+        spin.launch(1, 1, 1 << 50)  # eleven days: forever, for this test
+        s.synchronize()
+    assert e.value.code == grpc.StatusCode.ABORTED
+    assert "gx_spin" in e.value.message and "time limit of 500 ms" in e.value.message
+    with pytest.raises(gpuexec.Error) as closed:
+        s.keep_alive()
+    assert closed.value.code == grpc.StatusCode.NOT_FOUND
+    assert "was closed: its kernel reset device 0" in closed.value.message
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with client.session(device=0) as fresh:
+                fill = fresh.load_module(daemon.cubin).function("gx_fill_u32")
+                with fresh.alloc(64) as buf:
                     fill.launch(1, 16, buf, 3, 16)
                     assert buf.read(np.uint32).tolist() == [3] * 16
-                break
-            except gpuexec.Error as err:
-                if err.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        d = client.devices()[0]
-        assert d.resets == resets + 1
-        assert "gx_spin" in d.last_reset
+            break
+        except gpuexec.Error as err:
+            if err.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+    d = client.devices()[0]
+    assert d.resets == resets + 1
+    assert "gx_spin" in d.last_reset
