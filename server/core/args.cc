@@ -169,6 +169,20 @@ absl::StatusOr<std::string> PackArgs(const std::string& kernel,
                                                    " parameters; the launch passed ", args.size(),
                                                    " arguments"));
   }
+  // The layout comes from the device's worker, another process: one that
+  // does not fit its own block (a worker gone wrong) is refused, never
+  // written past.
+  if (param_bytes > kMaxParamBlockBytes) {
+    return absl::InternalError(absl::StrCat("kernel '", kernel, "' reports a parameter block of ",
+                                            param_bytes, " bytes; at most ", kMaxParamBlockBytes));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].offset > param_bytes || params[i].size > param_bytes - params[i].offset) {
+      return absl::InternalError(absl::StrCat(
+          "kernel '", kernel, "' reports parameter ", i, " at offset ", params[i].offset, " (",
+          params[i].size, " bytes), outside its ", param_bytes, "-byte parameter block"));
+    }
+  }
   std::string block(param_bytes, '\0');
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgValue& a = args[i];

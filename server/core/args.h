@@ -50,8 +50,14 @@ uint16_t FloatToBFloat16(float f);
 using BufferResolver =
     std::function<absl::StatusOr<cuda::DevicePtr>(size_t index, const ArgValue& arg)>;
 
+// The largest kernel parameter block (CUDA 12.1+ on Volta and later: 32764
+// bytes).
+inline constexpr uint64_t kMaxParamBlockBytes = 32764;
+
 // Checks `args` against `params` (count, each size, integer ranges) and
 // returns the packed parameter block. `kernel` names the kernel in errors.
+// A layout that does not fit `param_bytes` (at most kMaxParamBlockBytes) is
+// INTERNAL: it came from a worker gone wrong, and nothing is written.
 absl::StatusOr<std::string> PackArgs(const std::string& kernel,
                                      const std::vector<cuda::ParamInfo>& params,
                                      uint64_t param_bytes, const std::vector<ArgValue>& args,

@@ -39,7 +39,8 @@ class FirstError final : public google::protobuf::io::ErrorCollector {
   }
   bool seen() const { return !message_.empty(); }
   std::string Describe(absl::string_view file) const {
-    return absl::StrCat(file, ":", line_, ":", column_, ": ", message_);
+    // Protobuf's message quotes the file's text: cut and escaped.
+    return absl::StrCat(file, ":", line_, ":", column_, ": ", Quoted(message_, 200));
   }
 
  private:

@@ -100,6 +100,26 @@ TEST(PackArgs, ResolverErrorsPassThrough) {
   EXPECT_EQ(block.status().code(), absl::StatusCode::kNotFound);
 }
 
+// The layout comes from another process: one past its own block is refused
+// before anything is written (found by args_fuzz with a forged worker reply).
+TEST(PackArgs, ALayoutOutsideItsBlockIsRefusedNotWrittenPast) {
+  std::vector<cuda::ParamInfo> past = {{64, 8}};
+  auto block = PackArgs("k", past, 64, {ArgValue::Signed(K::kI64, 1)}, NoBuffers);
+  EXPECT_EQ(block.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(block.status().message()), HasSubstr("outside its 64-byte"));
+  std::vector<cuda::ParamInfo> far = {{4096, 8}};
+  EXPECT_EQ(PackArgs("k", far, 8, {ArgValue::Signed(K::kI64, 1)}, NoBuffers).status().code(),
+            absl::StatusCode::kInternal);
+  std::vector<cuda::ParamInfo> wrap = {{8, UINT64_MAX}};
+  EXPECT_EQ(PackArgs("k", wrap, 16, {ArgValue::Signed(K::kI64, 1)}, NoBuffers).status().code(),
+            absl::StatusCode::kInternal);
+  std::vector<cuda::ParamInfo> fine = {{0, 8}};
+  EXPECT_EQ(PackArgs("k", fine, kMaxParamBlockBytes + 1, {ArgValue::Signed(K::kI64, 1)}, NoBuffers)
+                .status()
+                .code(),
+            absl::StatusCode::kInternal);
+}
+
 TEST(FloatConversion, HalfRoundsToNearestEven) {
   EXPECT_EQ(FloatToHalf(0.0f), 0x0000);
   EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);

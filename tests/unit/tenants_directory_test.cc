@@ -152,6 +152,12 @@ TEST(DirectoryParseTest, MistakesNameTheLineAndTheField) {
   EXPECT_THAT(error(absl::StrCat("tenant { name: \"", std::string(300, 'x'), "\\n\" uid: 1 }")),
               HasSubstr("..."));
   EXPECT_TRUE(Directory::Parse("", "empty").ok());
+  // What protobuf quotes of the file comes back cut and escaped.
+  const std::string quoted =
+      error(absl::StrCat("tenant { uid: \"", std::string(5000, 'y'), "\r\x1b[2Kforged\" }"));
+  EXPECT_LT(quoted.size(), 300u);
+  EXPECT_EQ(quoted.find('\r'), std::string::npos);
+  EXPECT_EQ(quoted.find('\x1b'), std::string::npos);
 }
 
 TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
