@@ -65,7 +65,7 @@ ABSL_FLAG(double, session_memory_share, 0.5,
 ABSL_FLAG(uint32_t, strike_limit, 3,
           "A tenant (without tenants: a peer host) whose kernels reset a device this many times "
           "within --strike_window_s has its launches refused for --strike_cooldown_s (0: no "
-          "limit). The session whose kernel faulted or hung is closed either way.");
+          "limit). The sessions charged are closed either way.");
 ABSL_FLAG(uint32_t, strike_window_s, 600, "The window of --strike_limit, in seconds.");
 ABSL_FLAG(uint32_t, strike_cooldown_s, 600,
           "How long launches are refused once --strike_limit is reached, in seconds.");
@@ -84,8 +84,8 @@ ABSL_FLAG(uint32_t, max_message_bytes, 17 << 20,
           "The largest message a call may send the daemon (a Write or module chunk with room to "
           "spare; at least --chunk_bytes + 64 KiB).");
 ABSL_FLAG(uint64_t, module_upload_budget_bytes, 1ull << 30,
-          "Module image bytes being received at once, each upload counted at its header's size; "
-          "one tenant may take half (0: no limit).");
+          "Module image bytes received by uploads not yet finished; one tenant (without "
+          "tenants: one peer host) may hold half (0: no limit).");
 ABSL_FLAG(uint64_t, module_store_bytes, 1ull << 30,
           "Bytes of module images the daemon keeps; images no open session holds are "
           "evicted (and unloaded) to make room (0: no limit).");

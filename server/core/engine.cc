@@ -29,6 +29,19 @@ std::string ShortToken(const std::string& token) {
   return out;
 }
 
+// Whether a reset's reason names session `name` as the owner of a kernel
+// ("kernel '<name>' of session 3f2a91c0 on device 0"). The kernel's name
+// is the client's and comes quoted, its quote marks escaped: text in it
+// that looks the same is preceded by a backslash, and does not count.
+bool NamesKernelOf(absl::string_view why, absl::string_view name) {
+  const std::string owner = absl::StrCat("' of ", name, " on device ");
+  for (size_t at = why.find(owner); at != absl::string_view::npos;
+       at = why.find(owner, at + 1)) {
+    if (at == 0 || why[at - 1] != '\\') return true;
+  }
+  return false;
+}
+
 std::string TenantLimitError(const Caller& caller, absl::string_view what) {
   return absl::StrCat("tenant '", caller.tenant_name(), "' ", what);
 }
@@ -260,6 +273,7 @@ EngineStats Engine::Stats() const {
     absl::MutexLock lock(&modules_mu_);
     st.modules_stored = static_cast<uint32_t>(module_store_.size());
     st.module_store_bytes = module_store_used_;
+    st.module_upload_bytes_in_flight = uploading_;
   }
   return st;
 }
@@ -396,7 +410,7 @@ void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
       affected.push_back(s);
       // The reason names the session whose kernel faulted or hung, if any
       // (for a fault: every session with kernels not yet synchronized).
-      if (absl::StrContains(info.why, s->name())) {
+      if (NamesKernelOf(info.why, s->name())) {
         culprit = s->tenant();
         named.push_back(s);
       }
@@ -437,6 +451,16 @@ void Engine::Strike(int index, const worker::ResetInfo& info,
   absl::Time until = absl::InfinitePast();
   {
     absl::MutexLock lock(&strikes_mu_);
+    // Keys whose window is empty and whose cooldown is over are forgotten.
+    for (auto it = strikes_.begin(); it != strikes_.end();) {
+      Strikes& old = it->second;
+      while (!old.at.empty() && now - old.at.front() > options_.strike_window) old.at.pop_front();
+      if (old.at.empty() && old.refused_until <= now) {
+        strikes_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
     Strikes& st = strikes_[key];
     st.at.push_back(now);
     while (!st.at.empty() && now - st.at.front() > options_.strike_window) st.at.pop_front();
@@ -779,30 +803,38 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(
         " bytes; the tenant's sessions may hold at most ", limits.module_bytes,
         " bytes of module images"));
   }
-  if (const uint64_t budget = options_.module_upload_budget_bytes; budget != 0) {
-    absl::MutexLock lock(&modules_mu_);
-    TenantUsage& u = s->usage();
-    const uint64_t share = budget / 2;
-    if (size > budget - std::min(uploading_, budget) || size > share - std::min(u.uploading, share)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "module uploads in flight: ", uploading_, " of the daemon's ", budget,
-          " bytes are being received (", u.uploading, " of them by tenant '", u.name,
-          "', which may take ", share, "); module ", sha256.substr(0, 12), " (", size,
-          " bytes) must wait: retry"));
-    }
-    uploading_ += size;
-    u.uploading += size;
-  }
   return std::unique_ptr<ModuleUpload>(
       new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
 }
 
-ModuleUpload::~ModuleUpload() {
-  if (engine_->options_.module_upload_budget_bytes == 0) return;
-  absl::MutexLock lock(&engine_->modules_mu_);
-  engine_->uploading_ -= size_;
-  session_->usage().uploading -= size_;
+absl::Status Engine::ChargeUpload(const Session& s, uint64_t bytes, absl::string_view what) {
+  const uint64_t budget = options_.module_upload_budget_bytes;
+  if (budget == 0) return absl::OkStatus();
+  absl::MutexLock lock(&modules_mu_);
+  uint64_t& mine = uploading_by_[s.strike_key];
+  const uint64_t share = budget / 2;
+  if (bytes > budget - std::min(uploading_, budget) || bytes > share - std::min(mine, share)) {
+    const uint64_t held = mine;
+    if (mine == 0) uploading_by_.erase(s.strike_key);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "module uploads in flight: the uploads of ", s.strike_key, " under way hold ", held,
+        " of the ", share, " bytes one may (the daemon receives at most ", budget,
+        " at once); ", what, " must wait: retry"));
+  }
+  uploading_ += bytes;
+  mine += bytes;
+  return absl::OkStatus();
 }
+
+void Engine::UnchargeUpload(const Session& s, uint64_t bytes) {
+  if (options_.module_upload_budget_bytes == 0 || bytes == 0) return;
+  absl::MutexLock lock(&modules_mu_);
+  uploading_ -= bytes;
+  auto it = uploading_by_.find(s.strike_key);
+  if (it != uploading_by_.end() && (it->second -= bytes) == 0) uploading_by_.erase(it);
+}
+
+ModuleUpload::~ModuleUpload() { engine_->UnchargeUpload(*session_, charged_); }
 
 ModuleUpload::ModuleUpload(Engine* engine, std::shared_ptr<Session> session, TenantLimits limits,
                            std::string sha256, uint64_t size, ModuleKind kind)
@@ -815,7 +847,14 @@ absl::Status ModuleUpload::AddChunk(absl::string_view chunk) {
         "module ", sha256_.substr(0, 12), ": received more than the ", size_,
         " bytes its header announced"));
   }
-  if (bytes_.empty()) bytes_.reserve(size_);
+  // Counted as it arrives (not at the header's figure, which a client that
+  // never sends would hold for nothing), and held until the upload ends.
+  if (absl::Status st = engine_->ChargeUpload(
+          *session_, chunk.size(), absl::StrCat("module ", sha256_.substr(0, 12)));
+      !st.ok()) {
+    return st;
+  }
+  charged_ += chunk.size();
   bytes_.append(chunk.data(), chunk.size());
   hasher_.Update(chunk.data(), chunk.size());
   return absl::OkStatus();

@@ -84,8 +84,8 @@ struct EngineOptions {
   // Bytes of module images the daemon keeps (0: no limit). Images no open
   // session holds are evicted, least recently used first, to make room.
   uint64_t module_store_bytes = 1ull << 30;
-  // Image bytes of uploads under way at once (each at its header's size);
-  // one tenant may take at most half. 0: no limit.
+  // Image bytes received by uploads under way at once; one tenant (or, of
+  // the implicit tenant, one peer host) may hold at most half. 0: no limit.
   uint64_t module_upload_budget_bytes = 1ull << 30;
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };
@@ -148,6 +148,7 @@ struct EngineStats {
   uint64_t module_store_bytes = 0;
   uint64_t module_uploads = 0;       // images whose bytes came over the wire
   uint64_t module_upload_bytes = 0;
+  uint64_t module_upload_bytes_in_flight = 0;  // held by uploads under way
 };
 
 struct SessionInfo {
@@ -212,6 +213,7 @@ class ModuleUpload {
   uint64_t size_;
   ModuleKind kind_;
   std::string bytes_;
+  uint64_t charged_ = 0;  // against the upload budget
   Sha256 hasher_;
 };
 
@@ -480,8 +482,13 @@ class Engine {
   std::atomic<uint64_t> sessions_closed_{0};
   std::atomic<uint64_t> sessions_expired_{0};
   std::atomic<uint64_t> module_uploads_{0};
-  // Bytes of uploads under way (see EngineOptions::module_upload_budget_bytes).
+  // Bytes received by uploads under way (see
+  // EngineOptions::module_upload_budget_bytes), in all and by strike key (a
+  // tenant, or a peer host of the implicit tenant).
   uint64_t uploading_ ABSL_GUARDED_BY(modules_mu_) = 0;
+  absl::flat_hash_map<std::string, uint64_t> uploading_by_ ABSL_GUARDED_BY(modules_mu_);
+  absl::Status ChargeUpload(const Session& s, uint64_t bytes, absl::string_view what);
+  void UnchargeUpload(const Session& s, uint64_t bytes);
   std::atomic<uint64_t> module_upload_bytes_{0};
 
   // The module store: images by SHA-256, with a use stamp for eviction.

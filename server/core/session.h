@@ -49,8 +49,6 @@ struct TenantUsage {
   absl::Mutex mu;
   absl::flat_hash_map<std::string, std::pair<uint64_t, uint32_t>> modules ABSL_GUARDED_BY(mu);
   uint64_t module_bytes ABSL_GUARDED_BY(mu) = 0;
-  // Bytes of its module uploads under way (the engine's modules lock).
-  uint64_t uploading = 0;
 };
 
 struct BufferEntry {

@@ -303,6 +303,10 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   sink.Sample("gpuexec_module_store_bytes", {}, static_cast<double>(st.module_store_bytes));
   counter("gpuexec_module_uploads_total", "Module images whose bytes were uploaded.");
   sink.Sample("gpuexec_module_uploads_total", {}, static_cast<double>(st.module_uploads));
+  gauge("gpuexec_module_upload_bytes_in_flight",
+        "Bytes received by module uploads not yet finished (see --module_upload_budget_bytes).");
+  sink.Sample("gpuexec_module_upload_bytes_in_flight", {},
+              static_cast<double>(st.module_upload_bytes_in_flight));
   counter("gpuexec_module_upload_bytes_total", "Bytes of module images uploaded.");
   sink.Sample("gpuexec_module_upload_bytes_total", {}, static_cast<double>(st.module_upload_bytes));
 

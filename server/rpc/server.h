@@ -58,8 +58,9 @@ struct ServerOptions {
   uint32_t max_sessions_per_peer = 256;
   // A tenant (without tenants: a peer host) whose kernels reset a device
   // this many times within strike_window has its launches refused for
-  // strike_cooldown (0: no limit). The session whose kernel did it is
-  // closed either way.
+  // strike_cooldown (0: no limit). The sessions charged are closed either
+  // way (a reset is charged when the sessions its reason names are all of
+  // one tenant or peer).
   uint32_t strike_limit = 3;
   absl::Duration strike_window = absl::Minutes(10);
   absl::Duration strike_cooldown = absl::Minutes(10);
@@ -75,9 +76,9 @@ struct ServerOptions {
   // chunk (at most 16 MiB) with room to spare. Every other message is far
   // smaller; this bounds what gRPC parses before a handler sees it.
   uint32_t max_message_bytes = 17 << 20;
-  // Module image bytes being received at once (LoadModule streams not yet
-  // finished, each counted at its header's size), for the whole daemon; a
-  // tenant may take at most half.
+  // Module image bytes received by LoadModule streams not yet finished, for
+  // the whole daemon; one tenant (or, of the implicit tenant, one peer
+  // host) may hold at most half.
   uint64_t module_upload_budget_bytes = 1ull << 30;
   // Bytes of module images kept; unheld ones are evicted (0 = no limit).
   uint64_t module_store_bytes = 1ull << 30;

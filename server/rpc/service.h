@@ -51,7 +51,7 @@ class GpuExecService {
   AsyncService async_;
   CallCounter calls_;
   CopyPool copies_{2};
-  CopyPool uploads_{1};
+  CopyPool uploads_{2};
   Env env_;
 };
 

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gpuexec/grpc_status.h"
 #include "gpuexec/sha256.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -849,60 +850,52 @@ TEST_F(HostileTest, OversizedMessagesAndCommandFloodsAreRefused) {
                          HasSubstr("carries 5000 commands; at most 4096")));
     EXPECT_EQ(answers, 0);
   }
-  // Module uploads under way are bounded together: a header announcing
-  // 400 MiB holds that much of the budget while its bytes (never) come; a
-  // second for 200 MiB is past the tenant's half of it.
+  // Module uploads under way are bounded together, by the bytes they
+  // hold: a header alone holds nothing; one peer may hold half the budget.
+  ServerOptions small;
+  small.module_upload_budget_bytes = 8 << 20;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(small));
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session uploader, client.OpenSession({kDevice}));
+  auto raw = v1::GpuExec::NewStub(client.channel());
+  const std::string mib(1 << 20, 'x');
   {
     grpc::ClientContext context;
     v1::LoadModuleResponse response;
-    auto first = stub->LoadModule(&context, &response);
-    ASSERT_TRUE(first->Write(Header(session.token(), std::string(64, 'a'), 400 << 20,
+    auto first = raw->LoadModule(&context, &response);
+    ASSERT_TRUE(first->Write(Header(uploader.token(), std::string(64, 'a'), 400 << 20,
                                     ModuleKind::kCubin)));
-    ASSERT_TRUE(first->Write(Chunk("x")));  // the upload has begun
-    EXPECT_TRUE(WaitFor(
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(first->Write(Chunk(mib)));
+    ASSERT_TRUE(WaitFor(
         [&] {
-          return RawLoadModule(*stub, {Header(session.token(), std::string(64, 'b'), 200 << 20,
-                                              ModuleKind::kCubin)})
-                     .code() == absl::StatusCode::kResourceExhausted;
+          return absl::StrContains(server->RenderMetrics(),
+                                   "gpuexec_module_upload_bytes_in_flight 3145728\n");
         },
         absl::Seconds(5)));
-    EXPECT_THAT(RawLoadModule(*stub, {Header(session.token(), std::string(64, 'b'), 200 << 20,
-                                             ModuleKind::kCubin)}),
+    // 3 MiB held of the peer's 4: one more MiB fits, two do not.
+    EXPECT_THAT(RawLoadModule(*raw, {Header(uploader.token(), std::string(64, 'b'), 2 << 20,
+                                            ModuleKind::kCubin),
+                                     Chunk(mib), Chunk(mib)}),
                 StatusIs(absl::StatusCode::kResourceExhausted,
-                         AllOf(HasSubstr("module uploads in flight"), HasSubstr("must wait"))));
+                         AllOf(HasSubstr("module uploads in flight"),
+                               HasSubstr("peer ipv4:127.0.0.1"), HasSubstr("must wait"))));
+    // A header alone holds nothing, however large it says the image is.
+    EXPECT_THAT(RawLoadModule(*raw, {Header(uploader.token(), std::string(64, 'c'), 400 << 20,
+                                            ModuleKind::kCubin)}),
+                StatusIs(absl::StatusCode::kNotFound, _));
     context.TryCancel();
     (void)first->Finish();
   }
-  // Once it is gone, the room is back: a header alone is the usual
-  // NOT_FOUND for an image the daemon does not hold.
+  // Once the first is gone, its room is back (the bytes do not match the
+  // announced hash: DATA_LOSS, after they were all taken in).
   EXPECT_TRUE(WaitFor(
       [&] {
-        return RawLoadModule(*stub, {Header(session.token(), std::string(64, 'b'), 200 << 20,
-                                            ModuleKind::kCubin)})
-                   .code() == absl::StatusCode::kNotFound;
+        return RawLoadModule(*raw, {Header(uploader.token(), std::string(64, 'b'), 2 << 20,
+                                           ModuleKind::kCubin),
+                                    Chunk(mib), Chunk(mib)})
+                   .code() == absl::StatusCode::kDataLoss;
       },
       absl::Seconds(5)));
-}
-
-// The defaults keep one client from taking a shared device: a session may
-// hold half its device unless told otherwise, and one peer host may open
-// only so many sessions.
-TEST_F(HostileTest, DefaultsBoundASessionsMemoryAndAPeersSessions) {
-  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
-  EXPECT_EQ(session.memory_limit_bytes(), device_at_start().memory_total_bytes / 2);
-  EXPECT_LE(session.lease(), absl::Minutes(10));
-  ServerOptions options;
-  options.max_sessions_per_peer = 2;
-  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
-  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*server)));
-  GX_ASSERT_OK_AND_ASSIGN(Session one, client.OpenSession({kDevice}));
-  GX_ASSERT_OK_AND_ASSIGN(Session two, client.OpenSession({kDevice}));
-  EXPECT_THAT(client.OpenSession({kDevice}),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("peer session limit: 2 sessions are open from ipv4:127.0.0.1"),
-                             HasSubstr("at most 2"))));
-  GX_ASSERT_OK(one.Close());
-  GX_EXPECT_OK(client.OpenSession({kDevice}).status());
 }
 
 TEST_F(HostileTest, DaemonServesAfterHostileClients) {
