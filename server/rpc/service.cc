@@ -311,9 +311,16 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
     if (read_into >= 0) StartRead(&in_[read_into]);
     if (push >= 0) {
       // The copy into staging runs on the copy pool: this thread goes on
-      // receiving the next message meanwhile.
+      // receiving the next message meanwhile. The push is an operation of
+      // the call until Pushed has returned: without it, a client that went
+      // away meanwhile could have the call finished and deleted under the
+      // Pump that Pushed runs (seen once in a soak: a SIGSEGV in Pump).
+      Begin();
       env_->copies->Post([this, sink, push] {
-        sink->Push(messages_[push].data, [this](absl::Status st) { Pushed(st); });
+        sink->Push(messages_[push].data, [this](absl::Status st) {
+          Pushed(st);
+          End();
+        });
       });
     }
     if (!finish) return;
