@@ -24,19 +24,12 @@
 #include <vector>
 
 #include "server/core/args.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
 using gpuexec::core::ArgValue;
 using Kind = ArgValue::Kind;
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 constexpr Kind kKinds[] = {Kind::kBuffer, Kind::kNull, Kind::kI8,  Kind::kI16, Kind::kI32,
                            Kind::kI64,    Kind::kU8,   Kind::kU16, Kind::kU32, Kind::kU64,

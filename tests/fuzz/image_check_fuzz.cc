@@ -24,19 +24,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "server/core/image_check.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
 using gpuexec::core::ImageKind;
 using gpuexec::core::TestDoubleImages;
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 constexpr absl::string_view kWhat = "module 3fa2c1d0e9b7";
 

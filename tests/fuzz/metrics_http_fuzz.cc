@@ -38,16 +38,9 @@
 #include "absl/strings/string_view.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 constexpr size_t kLimit = 8192;  // the server's request limit
 constexpr size_t kRead = 2048;   // the most it takes in one recv

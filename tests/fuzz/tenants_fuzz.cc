@@ -36,18 +36,11 @@
 #include "gpuexec/config/v1/tenants.pb.h"
 #include "gpuexec/sha256.h"
 #include "server/tenants/tenants.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
 namespace t = gpuexec::tenants;
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 constexpr absl::string_view kFile = "tenants.textproto";
 constexpr t::Refusal kUnset = static_cast<t::Refusal>(-1);

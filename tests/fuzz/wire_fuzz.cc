@@ -27,18 +27,11 @@
 #include "gpuexec/v1/gpuexec.pb.h"
 #include "gpuexec/wire.h"
 #include "server/rpc/wire.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
 using gpuexec::rpc::WriteMessage;
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 // `bytes` cut by `how`: 0 one slice; otherwise slices of sizes a, b, a, b,
 // ... with a = how & 15 (0: an empty slice) and b = 1 + (how >> 4 & 7);

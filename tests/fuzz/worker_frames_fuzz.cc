@@ -27,19 +27,12 @@
 #include "google/protobuf/stubs/common.h"
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
+#include "tests/fuzz/fuzz_check.h"
 #include "worker.pb.h"
 
 namespace {
 
 namespace w = gpuexec::worker;
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 // The frames of `stream`, as the format cuts it.
 std::vector<absl::string_view> Frames(absl::string_view stream) {
