@@ -38,6 +38,13 @@ struct Device::StreamState {
   std::deque<Watch> watches;
   absl::Time head_since;
   absl::Time last_hung_report = absl::InfinitePast();
+  // Operations that arrived behind a launch held by the bound on queued
+  // launches (that launch first), in the order they arrived.
+  struct Held {
+    bool launch;
+    std::function<void()> op;
+  };
+  std::deque<Held> held;
 };
 
 struct Device::KernelEntry {
@@ -142,6 +149,9 @@ void Device::OnTick() {
 }
 
 void Device::OnStop() {
+  // Held operations fail now (no stream is ready any more).
+  stopping_ = true;
+  ReleaseAllHeld();
   // Shutdown is the one place that waits for the GPU.
   if (context_.get() != nullptr && healthy()) {
     (void)driver_->SynchronizeContext(absl::StrCat("device ", props_.ordinal));
@@ -191,6 +201,9 @@ bool Device::PollEvents() {
 bool Device::PollWatches() {
   if (watched_.empty() || faulted_.load()) return false;
   const absl::Time now = absl::Now();
+  // Streams whose held operations may run now (after the loop: they may
+  // launch, which changes watched_).
+  absl::InlinedVector<StreamId, 4> release;
   for (auto it = watched_.begin(); it != watched_.end();) {
     auto sit = streams_.find(*it);
     if (sit == streams_.end()) {
@@ -198,6 +211,7 @@ bool Device::PollWatches() {
       continue;
     }
     StreamState& s = *sit->second;
+    if (!s.held.empty()) release.push_back(*it);
     if (!s.watches.empty() && s.watches.front().start != nullptr) {
       // The head launch's clock starts once the work ahead of it is done.
       StreamState::Watch& head = s.watches.front();
@@ -247,7 +261,8 @@ bool Device::PollWatches() {
       continue;
     }
     const absl::Duration running = now - s.head_since;
-    if (running > s.time_limit && now - s.last_hung_report >= absl::Seconds(1)) {
+    if (s.time_limit > absl::ZeroDuration() && running > s.time_limit &&
+        now - s.last_hung_report >= absl::Seconds(1)) {
       s.last_hung_report = now;
       const std::string message = absl::StrCat(
           *s.watches.front().what, " has run for ", absl::ToInt64Milliseconds(running),
@@ -260,7 +275,62 @@ bool Device::PollWatches() {
     }
     ++it;
   }
+  for (StreamId id : release) ReleaseHeld(id);
   return !watched_.empty();
+}
+
+bool Device::Watched(const StreamState& s) const {
+  return s.time_limit > absl::ZeroDuration() || options_.max_queued_launches > 0;
+}
+
+bool Device::QueueFull(const StreamState& s) const {
+  return options_.max_queued_launches > 0 && !stopping_ && !faulted_.load() &&
+         s.watches.size() >= static_cast<size_t>(options_.max_queued_launches);
+}
+
+void Device::OnStream(StreamId stream, bool launch, std::function<void()> op) {
+  executor_.Post([this, stream, launch, op = std::move(op)]() mutable {
+    auto it = streams_.find(stream);
+    if (it != streams_.end()) {
+      StreamState& s = *it->second;
+      if (!s.held.empty() || (launch && QueueFull(s))) {
+        s.held.push_back(StreamState::Held{launch, std::move(op)});
+        return;
+      }
+    }
+    op();
+  });
+}
+
+void Device::ReleaseHeld(StreamId stream) {
+  for (;;) {
+    // Looked up each time: an operation run here may end the stream.
+    auto it = streams_.find(stream);
+    if (it == streams_.end() || it->second->held.empty()) return;
+    StreamState& s = *it->second;
+    if (s.held.front().launch && QueueFull(s)) return;
+    std::function<void()> op = std::move(s.held.front().op);
+    s.held.pop_front();
+    op();
+  }
+}
+
+void Device::ReleaseAllHeld() {
+  std::vector<StreamId> ids;
+  for (const auto& [id, s] : streams_) {
+    if (!s->held.empty()) ids.push_back(id);
+  }
+  for (StreamId id : ids) ReleaseHeld(id);
+}
+
+void Device::QueueDepthOf(StreamId stream, Callback<QueueDepth> done) {
+  executor_.Post([this, stream, done = std::move(done)] {
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) {
+      return done(absl::NotFoundError(absl::StrCat("stream ", stream, " does not exist")));
+    }
+    done(QueueDepth{it->second->watches.size(), it->second->held.size()});
+  });
 }
 
 absl::Status Device::fault() const {
@@ -293,6 +363,8 @@ absl::Status Device::Check(absl::Status status) {
   }
   faulted_.store(true);
   if (first) {
+    // Held operations fail now, after the operation that saw the fault.
+    executor_.Post([this] { ReleaseAllHeld(); });
     // With a hook, its owner reports the event (one line for it).
     if (options_.on_fault) {
       options_.on_fault(status);
@@ -358,6 +430,9 @@ absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> 
 
 absl::StatusOr<Device::StreamState*> Device::ReadyStream(StreamId id) {
   GPUEXEC_RETURN_IF_ERROR(Usable());
+  if (stopping_) {
+    return absl::UnavailableError(absl::StrCat("device ", props_.ordinal, " is shutting down"));
+  }
   auto it = streams_.find(id);
   if (it == streams_.end()) {
     return absl::InternalError(
@@ -434,17 +509,21 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done do
 }
 
 void Device::DestroyStream(StreamId stream, Done done) {
-  GPUEXEC_ON_EXECUTOR({
+  OnStream(stream, false, [=, this]() mutable {
     auto it = streams_.find(stream);
     if (it == streams_.end()) return done(absl::OkStatus());  // already gone
     StreamState* s = it->second.get();
     auto erase = [this, stream, done](absl::Status st) {
       executor_.Post([this, stream, done, st] {
+        std::deque<StreamState::Held> held;
         auto it = streams_.find(stream);
         if (it != streams_.end()) {
           for (auto& w : it->second->watches) spare_plain_events_.push_back(std::move(w.done));
+          held.swap(it->second->held);
           streams_.erase(it);
         }
+        // What arrived after the stream's end finds no stream.
+        for (StreamState::Held& h : held) h.op();
         // Give the session's freed memory back to the device, so that free
         // memory reads as it did before the session.
         if (props_.memory_pools && healthy()) (void)driver_->TrimMemoryPool(props_.ordinal);
@@ -459,7 +538,7 @@ void Device::DestroyStream(StreamId stream, Done done) {
 }
 
 void Device::AfterQueued(StreamId stream, std::string what, Done done) {
-  GPUEXEC_ON_EXECUTOR({
+  OnStream(stream, false, [=, this]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status());
     absl::Status st = WhenDone(**ready, done, what);
@@ -468,7 +547,7 @@ void Device::AfterQueued(StreamId stream, std::string what, Done done) {
 }
 
 void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done) {
-  GPUEXEC_ON_EXECUTOR({
+  OnStream(stream, false, [=, this]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status());
     StreamState* s = *ready;
@@ -487,7 +566,7 @@ void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback
 }
 
 void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
-  GPUEXEC_ON_EXECUTOR({
+  OnStream(stream, false, [=, this]() mutable {
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
     // A session that closed while an allocation was in flight frees that
@@ -500,8 +579,9 @@ void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
 
 void Device::EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
                          std::function<absl::Status(CUstream_st*)> enqueue) {
-  executor_.Post([this, stream, what = std::move(what), wait, done = std::move(done),
-                  enqueue = std::move(enqueue)] {
+  OnStream(stream, false,
+           [this, stream, what = std::move(what), wait, done = std::move(done),
+            enqueue = std::move(enqueue)] {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status());
     StreamState* s = *ready;
@@ -646,14 +726,14 @@ void Device::ResolveKernel(LoadedModule* m, const std::string& name, KernelId id
 }
 
 void Device::Launch(StreamId stream, LaunchOp op, Done done) {
-  executor_.Post([this, stream, op = std::move(op), done = std::move(done)]() mutable {
+  OnStream(stream, true, [this, stream, op = std::move(op), done = std::move(done)]() mutable {
     auto ready = ReadyStream(stream);
     done(ready.ok() ? LaunchOn(stream, **ready, op) : ready.status());
   });
 }
 
 void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done) {
-  executor_.Post([this, stream, op = std::move(op), done = std::move(done)]() mutable {
+  OnStream(stream, true, [this, stream, op = std::move(op), done = std::move(done)]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status(), false);
     absl::Status st = LaunchOn(stream, **ready, op);
@@ -699,14 +779,14 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
     st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
                                s.stream.get(), *s.last_launch));
   }
-  if (st.ok() && s.time_limit > absl::ZeroDuration()) {
+  if (st.ok() && Watched(s)) {
     st = Watch(stream, s, s.last_launch, std::move(start));
   }
   return st;
 }
 
 void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
-  executor_.Post([this, stream, gpu_ns = std::move(gpu_ns)]() mutable {
+  OnStream(stream, false, [this, stream, gpu_ns = std::move(gpu_ns)]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return gpu_ns(ready.status());
     SynchronizeOn(stream, **ready, std::move(gpu_ns));

@@ -63,6 +63,12 @@ struct DeviceOptions {
   std::function<void()> on_input;
   // See ExecutorInput::busy_poll.
   absl::Duration busy_poll = absl::ZeroDuration();
+  // Launches a stream may have queued on the GPU and not yet finished (0:
+  // no bound). A launch past it waits here, with everything behind it on
+  // its stream, until one has finished: the driver's launch queue is
+  // shared, and a launch into a full one blocks the executor, which serves
+  // every stream of the device.
+  int max_queued_launches = 0;
 };
 
 // A module image as the device needs it: its id (SHA-256) and bytes.
@@ -162,6 +168,15 @@ class Device {
   using LaunchedAndSynchronized = std::function<void(absl::StatusOr<uint64_t>, bool launched)>;
   void LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done);
 
+  // Launches of `stream` enqueued on the GPU and not yet seen finished,
+  // and operations held behind the bound (both 0 unless launches are
+  // watched: a kernel time limit or max_queued_launches). Executor thread.
+  struct QueueDepth {
+    size_t launches = 0;
+    size_t held = 0;
+  };
+  void QueueDepthOf(StreamId stream, Callback<QueueDepth> done);
+
   // Waits for everything (used at shutdown only).
   void Drain();
   // Runs `fn` on the executor after everything posted so far.
@@ -187,6 +202,18 @@ class Device {
   // The stream of an operation, or why the operation cannot run.
   absl::StatusOr<StreamState*> ReadyStream(StreamId id);
   absl::Status MarkWork(StreamState& s);
+  // Runs `op` on the executor in its stream's order: at once, or once the
+  // operations held on the stream have run. A `launch` is held while its
+  // stream has max_queued_launches launches queued.
+  void OnStream(StreamId stream, bool launch, std::function<void()> op);
+  bool QueueFull(const StreamState& s) const;
+  // Runs the stream's held operations that may run now (all of them once
+  // the device has faulted or is stopping).
+  void ReleaseHeld(StreamId stream);
+  void ReleaseAllHeld();
+  // Launches are watched (an event after each): for a time limit or for
+  // the bound on queued launches.
+  bool Watched(const StreamState& s) const;
   // The bodies of Launch and Synchronize, on the executor.
   absl::Status LaunchOn(StreamId stream, StreamState& s, LaunchOp& op);
   void SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns);
@@ -249,8 +276,10 @@ class Device {
     std::string what;
   };
   std::vector<EventWait> event_waits_;
-  // Streams with launches watched for the kernel time limit.
+  // Streams with launches watched (see Watched()).
   absl::flat_hash_set<StreamId> watched_;
+  // Set by OnStop: held operations then fail instead of waiting.
+  bool stopping_ = false;
 
   StagingPool staging_;
 

@@ -13,6 +13,9 @@
 //     aligned host block. Every allocation is tracked so that copies and
 //     kernels can be checked against live allocations of the right device.
 //   * Each CUstream owns a worker thread that runs its operations in order.
+//     Like the driver's launch queue, a stream holds at most
+//     GXFAKE_STREAM_QUEUE operations (default 1024) not yet finished; an
+//     enqueue past that blocks the caller until one finishes.
 //   * Kernels are host functions that mirror tests/kernels/gx_kernels.cu.
 //     A module image "GXFAKE1\n<kernel name>\n..." names the kernels it holds.
 //   * A kernel fault poisons the whole process: every later driver call
@@ -361,14 +364,18 @@ void RunInline(StreamOp& op) {
   t_in_driver_callback = saved;
 }
 
+uint64_t EnvU64(const char* name, uint64_t fallback);
+
 // Null `s` means the NULL stream. Fails only for a stream being destroyed.
 CUresult Enqueue(const std::shared_ptr<CUstream_st>& s, StreamOp op) {
   if (!s) {
     RunInline(op);
     return CUDA_SUCCESS;
   }
+  static const uint64_t limit = std::max<uint64_t>(1, EnvU64("GXFAKE_STREAM_QUEUE", 1024));
   {
-    std::lock_guard<std::mutex> lock(s->mu);
+    std::unique_lock<std::mutex> lock(s->mu);
+    s->cv.wait(lock, [&] { return s->stopping || s->enqueued - s->completed < limit; });
     if (s->stopping) return CUDA_ERROR_INVALID_HANDLE;
     s->queue.push_back(std::move(op));
     ++s->enqueued;

@@ -2,8 +2,13 @@
 // device, operations in, completions out.
 #include "server/device/device.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -41,6 +46,9 @@ absl::Status AwaitDone(const std::function<void(Done)>& op) {
 class DeviceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // A short launch queue in the double, as a full one in the driver: an
+    // enqueue past it blocks the caller (here, the device's executor).
+    setenv("GXFAKE_STREAM_QUEUE", "6", 1);
     auto d = cuda::Driver::Load(GXFAKE_LIBRARY_PATH);
     ASSERT_TRUE(d.ok()) << d.status();
     driver_ = d->release();
@@ -50,6 +58,7 @@ class DeviceTest : public ::testing::Test {
     DeviceOptions options;
     options.staging_bytes = 4096;
     options.staging_slots = 2;
+    options.max_queued_launches = MaxQueuedLaunches();
     auto dev = Device::Open(driver_, 0, options);
     ASSERT_TRUE(dev.ok()) << dev.status();
     device_ = std::move(dev).value();
@@ -63,6 +72,23 @@ class DeviceTest : public ::testing::Test {
     if (device_ != nullptr) {
       EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(stream_, d); }).ok());
     }
+  }
+
+  virtual int MaxQueuedLaunches() const { return 0; }
+
+  // A launch of gx_spin for `ms` (a kernel of `image`, given id 1).
+  LaunchOp Spin(const std::shared_ptr<const ModuleImage>& image, uint64_t ms) {
+    auto k = Await<KernelInfo>([&](Callback<KernelInfo> cb) {
+      device_->GetKernel(image, "gx_spin", 1, "module m", cb);
+    });
+    EXPECT_TRUE(k.ok()) << k.status();
+    LaunchOp op;
+    op.kernel = 1;
+    op.param_block.assign(8, '\0');
+    const uint64_t ns = ms * 1000000;
+    std::memcpy(op.param_block.data(), &ns, 8);
+    op.what = "kernel 'gx_spin'";
+    return op;
   }
 
   std::shared_ptr<const ModuleImage> Image(const std::string& text) {
@@ -207,6 +233,89 @@ TEST_F(DeviceTest, StickyFaultFailsEverythingAfterIt) {
         if (device_->healthy()) _exit(6);
         auto after = Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, 64, "z", cb); });
         if (after.status().code() != absl::StatusCode::kAborted) _exit(7);
+        _exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+class QueuedLaunchTest : public DeviceTest {
+ protected:
+  int MaxQueuedLaunches() const override { return 3; }
+};
+
+// A session that queues launches faster than they run waits on its own
+// stream; another stream of the device is served meanwhile (the executor
+// never blocks in a full launch queue).
+TEST_F(QueuedLaunchTest, LaunchesPastTheBoundWaitWithoutStallingOtherStreams) {
+  const StreamId other = 8;
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(other, absl::ZeroDuration(), d); }).ok());
+  auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
+    device_->Allocate(other, 4096, "buffer of the other stream", cb);
+  });
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 30);
+
+  absl::Mutex mu;
+  std::vector<std::string> order;  // completions, as they come
+  auto record = [&](std::string what) {
+    absl::MutexLock lock(&mu);
+    order.push_back(std::move(what));
+  };
+  constexpr int kLaunches = 12;
+  for (int i = 0; i < kLaunches; ++i) {
+    device_->Launch(stream_, spin, [&, i](absl::Status st) {
+      EXPECT_TRUE(st.ok()) << st;
+      record(absl::StrCat("launch ", i));
+    });
+  }
+  // Posted after every launch, on the other stream: it runs before the
+  // last launches are even enqueued.
+  ASSERT_TRUE(AwaitDone([&](Done d) {
+                device_->Memset(other, *buffer, 1, 4096, "the other stream's memset", d);
+              }).ok());
+  record("other stream");
+  auto depth = Await<Device::QueueDepth>(
+      [&](Callback<Device::QueueDepth> cb) { device_->QueueDepthOf(stream_, cb); });
+  ASSERT_TRUE(depth.ok()) << depth.status();
+  EXPECT_LE(depth->launches, 3u);
+  EXPECT_GE(depth->held, 1u);
+
+  // The held launches run in order; a Synchronize behind them waits for all.
+  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(order.size(), kLaunches + 1u);
+  std::vector<std::string> launches;
+  for (const std::string& o : order) {
+    if (o != "other stream") launches.push_back(o);
+  }
+  for (int i = 0; i < kLaunches; ++i) EXPECT_EQ(launches[i], absl::StrCat("launch ", i));
+  EXPECT_NE(order.back(), "other stream") << "the other stream waited for every launch";
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(other, *buffer, "buffer", d); }).ok());
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(other, d); }).ok());
+}
+
+// Held operations end with the fault instead of waiting for ever.
+TEST_F(QueuedLaunchTest, HeldOperationsFailWithTheFault) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto image = Image("GXFAKE1\ngx_spin\ngx_fault\n");
+        LaunchOp spin = Spin(image, 20);
+        auto f = Await<KernelInfo>([&](Callback<KernelInfo> cb) {
+          device_->GetKernel(image, "gx_fault", 2, "module m", cb);
+        });
+        if (!f.ok()) _exit(2);
+        LaunchOp fault;
+        fault.kernel = 2;
+        fault.param_block.assign(8, '\0');
+        const uint64_t address = 16;
+        std::memcpy(fault.param_block.data(), &address, 8);
+        fault.what = "kernel 'gx_fault'";
+        for (int i = 0; i < 3; ++i) device_->Launch(stream_, spin, [](absl::Status) {});
+        device_->Launch(stream_, fault, [](absl::Status) {});
+        for (int i = 0; i < 4; ++i) device_->Launch(stream_, spin, [](absl::Status) {});
+        auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
+        if (ns.status().code() != absl::StatusCode::kAborted) _exit(3);
         _exit(0);
       },
       ::testing::ExitedWithCode(0), "");
