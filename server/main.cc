@@ -79,6 +79,14 @@ ABSL_FLAG(uint32_t, chunk_bytes, 1 << 20,
 ABSL_FLAG(uint32_t, staging_buffers, 8,
           "Pinned staging buffers per device; copies stream through them, so the daemon's "
           "memory for copies is chunk_bytes x staging_buffers per device.");
+ABSL_FLAG(uint32_t, max_queued_launches, 256,
+          "Launches one session may have queued on its GPU and not yet finished; more wait in "
+          "the daemon, in order, until one finishes, so that no session fills the device's "
+          "launch queue for the others (0: no bound).");
+ABSL_FLAG(uint64_t, worker_queue_bytes, 64ull << 20,
+          "Bytes of requests the daemon holds for one device's worker that it has not yet "
+          "taken (one stopped or stuck); past it, new work for that device is refused with "
+          "RESOURCE_EXHAUSTED (0: no bound).");
 ABSL_FLAG(uint32_t, max_sessions, 4096, "Sessions open at once (0: no limit).");
 ABSL_FLAG(uint32_t, max_message_bytes, 17 << 20,
           "The largest message a call may send the daemon (a Write or module chunk with room to "
@@ -182,6 +190,8 @@ int main(int argc, char** argv) {
   options.daemon_memory_bytes = absl::GetFlag(FLAGS_daemon_memory_limit);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.staging_buffers = absl::GetFlag(FLAGS_staging_buffers);
+  options.max_queued_launches = absl::GetFlag(FLAGS_max_queued_launches);
+  options.worker_queue_bytes = absl::GetFlag(FLAGS_worker_queue_bytes);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.module_upload_budget_bytes = absl::GetFlag(FLAGS_module_upload_budget_bytes);

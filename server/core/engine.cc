@@ -99,6 +99,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   wo.driver_library = options.driver_library;
   wo.staging_bytes = options.chunk_bytes;
   wo.staging_slots = static_cast<int>(options.staging_buffers);
+  wo.max_queued_launches = options.max_queued_launches;
+  wo.queue_bytes = options.worker_queue_bytes;
   wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
   wo.log_level = options.log_level;
   wo.busy_poll = options.busy_poll;
@@ -568,6 +570,7 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
                                                                         done](absl::Status) {
     for (size_t i = 0; i < devices_.size(); ++i) {
       (*result)[i].not_answering_since = devices_[i]->not_answering_since();
+      (*result)[i].worker_unsent_bytes = devices_[i]->unsent_bytes();
     }
     done(*result);
   });

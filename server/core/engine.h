@@ -79,6 +79,8 @@ struct EngineOptions {
   uint64_t daemon_memory_bytes = 0;           // 0: no daemon-wide limit
   uint32_t chunk_bytes = 1 << 20;
   uint32_t staging_buffers = 8;
+  uint32_t max_queued_launches = 256;       // per session; 0: no bound
+  uint64_t worker_queue_bytes = 64ull << 20;  // per device's worker; 0: no bound
   uint64_t max_module_bytes = 512ull << 20;
   uint32_t max_sessions = 4096;  // 0: no limit
   // Bytes of module images the daemon keeps (0: no limit). Images no open
@@ -110,6 +112,9 @@ struct DeviceStatus {
   // While the worker does not answer: since when (memory_free is then its
   // last figure).
   std::optional<absl::Time> not_answering_since;
+  // Request bytes the device's worker has not taken yet (see
+  // EngineOptions::worker_queue_bytes).
+  uint64_t worker_unsent_bytes = 0;
 };
 
 // A snapshot for metrics: what the engine holds and has done.

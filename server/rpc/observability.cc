@@ -248,6 +248,10 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
           "1 while the device's worker answers within 200 ms; 0 while it does not (stopped, or "
           "stuck in a driver call), when the other figures are the last it gave.");
     each("gpuexec_device_answering", [](const auto& d) { return d.not_answering_since ? 0 : 1; });
+    gauge("gpuexec_worker_unsent_bytes",
+          "Request bytes the device's worker has not taken yet; at --worker_queue_bytes new work "
+          "for the device is refused.");
+    each("gpuexec_worker_unsent_bytes", [](const auto& d) { return d.worker_unsent_bytes; });
     gauge("gpuexec_device_memory_total_bytes", "Device memory in all.");
     each("gpuexec_device_memory_total_bytes", [](const auto& d) { return d.memory_total; });
     gauge("gpuexec_device_memory_free_bytes", "Device memory free, as the driver reports it.");

@@ -195,6 +195,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.daemon_memory_bytes = options.daemon_memory_bytes;
   eo.chunk_bytes = options.chunk_bytes;
   eo.staging_buffers = options.staging_buffers;
+  eo.max_queued_launches = options.max_queued_launches;
+  eo.worker_queue_bytes = options.worker_queue_bytes;
   eo.reaper_interval = options.reaper_interval;
   eo.max_sessions = options.max_sessions;
   eo.module_store_bytes = options.module_store_bytes;

@@ -70,6 +70,12 @@ struct ServerOptions {
   // Pinned staging buffers per device (bounds the daemon's memory for
   // copies: chunk_bytes * staging_buffers per device).
   uint32_t staging_buffers = 8;
+  // Launches one session may have queued on its GPU and not yet finished;
+  // later ones wait in its worker, in order (0: no bound).
+  uint32_t max_queued_launches = 256;
+  // Request bytes held for a device's worker that it has not taken yet,
+  // beyond which new work for the device is refused (0: no bound).
+  uint64_t worker_queue_bytes = 64ull << 20;
   // Sessions open at once (0 = no limit).
   uint32_t max_sessions = 4096;
   // The largest message any call may send the daemon: a Write or module

@@ -61,6 +61,11 @@ bool Channel::Enqueue(const std::vector<const google::protobuf::MessageLite*>& m
   return true;
 }
 
+size_t Channel::unsent_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return outbox_.size();
+}
+
 absl::Status Channel::Flush() {
   Drain(/*dont_wait=*/never_block_);
   absl::MutexLock lock(&mu_);

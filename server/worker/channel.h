@@ -53,13 +53,16 @@ class Channel {
   enum class Poll { kMessage, kNothing, kEnd };
   Poll TryReceive(std::string* message);
   int fd() const { return fd_; }
+  // Bytes sent and not yet written to the socket (the peer has not taken
+  // them: it is busy, stopped or stuck).
+  size_t unsent_bytes() const;
 
   // Ends both directions: a blocked Receive returns false.
   void Shutdown();
 
  private:
   const int fd_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::string outbox_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;

@@ -34,6 +34,13 @@ int HighFd(int fd) {
 }
 
 // The `what` of a request (what it is about, for messages); "" if none.
+// Requests that give something back (or only ask after the worker) go
+// even past the bound on unsent requests: refusing them would leak.
+bool Releases(const Request& r) {
+  return r.has_free() || r.has_destroy_stream() || r.has_unload_module() || r.has_ping() ||
+         r.has_query_memory();
+}
+
 std::string WhatOf(const Request& r) {
   switch (r.op_case()) {
     case Request::kAfterQueued: return r.after_queued().what();
@@ -286,6 +293,7 @@ void RemoteDevice::Spawn() {
         absl::StrCat("--driver=", options_.driver_library),
         absl::StrCat("--staging_bytes=", options_.staging_bytes),
         absl::StrCat("--staging_slots=", options_.staging_slots),
+        absl::StrCat("--max_queued_launches=", options_.max_queued_launches),
         absl::StrCat("--log_level=", options_.log_level),
         absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(options_.busy_poll))};
     std::vector<char*> argv;
@@ -780,6 +788,12 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
           absl::StrCat("device ", options_.ordinal, " was reset since this call's work began"));
     } else if (conn_ == nullptr) {
       error = NotServingLocked();
+    } else if (options_.queue_bytes != 0 && !Releases(request) &&
+               conn_->channel->unsent_bytes() >= options_.queue_bytes) {
+      error = absl::ResourceExhaustedError(absl::StrCat(
+          "device ", options_.ordinal, "'s worker has not yet taken ",
+          conn_->channel->unsent_bytes(), " bytes of requests, at or past --worker_queue_bytes=",
+          options_.queue_bytes, ": it is busy or not answering; try again later"));
     } else {
       conn = conn_;
       PrepareLocked(stream, kernel, resolve, &prefix);
@@ -823,6 +837,11 @@ std::optional<absl::Time> RemoteDevice::NotAnsweringSinceLocked(absl::Time now) 
     if (now - q.asked > kAnswerWithin && (!since.has_value() || q.asked < *since)) since = q.asked;
   }
   return since;
+}
+
+uint64_t RemoteDevice::unsent_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return conn_ == nullptr ? 0 : conn_->channel->unsent_bytes();
 }
 
 std::optional<absl::Time> RemoteDevice::not_answering_since() const {

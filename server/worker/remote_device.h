@@ -57,6 +57,13 @@ struct WorkerOptions {
   int ordinal = 0;
   uint64_t staging_bytes = 1 << 20;
   int staging_slots = 8;
+  // Launches a stream may have queued on the GPU (see
+  // device::DeviceOptions); 0: no bound.
+  uint32_t max_queued_launches = 256;
+  // Request bytes written to the worker's channel and not yet taken by it,
+  // past which new requests fail with RESOURCE_EXHAUSTED (requests that
+  // release something always go). 0: no bound.
+  uint64_t queue_bytes = 64ull << 20;
   // The daemon's kernel time limit: the worker is also ended when it has
   // not answered a ping for this long plus 30 s.
   absl::Duration kernel_time_limit = absl::Seconds(60);
@@ -135,6 +142,8 @@ class RemoteDevice {
   // not_answering_since() then says since when.
   void QueryMemory(Callback<cuda::MemoryInfo> done);
   std::optional<absl::Time> not_answering_since() const;
+  // Request bytes written to the worker's channel and not yet taken.
+  uint64_t unsent_bytes() const;
   static constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
   // Streams are created in the worker when first used; this only names one.
   StreamId CreateStream(absl::Duration kernel_time_limit);

@@ -31,6 +31,7 @@ struct Args {
   std::string driver = "libcuda.so.1";
   uint64_t staging_bytes = 1 << 20;
   int staging_slots = 8;
+  int max_queued_launches = 0;
   std::string log_level = "info";
   int64_t busy_poll_us = 0;
 };
@@ -52,6 +53,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!absl::SimpleAtoi(v, &args->staging_bytes)) return false;
     } else if (value("--staging_slots=", &v)) {
       if (!absl::SimpleAtoi(v, &args->staging_slots)) return false;
+    } else if (value("--max_queued_launches=", &v)) {
+      if (!absl::SimpleAtoi(v, &args->max_queued_launches)) return false;
     } else if (value("--busy_poll_us=", &v)) {
       if (!absl::SimpleAtoi(v, &args->busy_poll_us)) return false;
     } else if (value("--log_level=", &v)) {
@@ -60,7 +63,7 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       return false;
     }
   }
-  return args->staging_bytes > 0 && args->staging_slots > 0;
+  return args->staging_bytes > 0 && args->staging_slots > 0 && args->max_queued_launches >= 0;
 }
 
 // Serves the front process's requests on one device.
@@ -327,6 +330,7 @@ int RunWorker(int argc, char** argv) {
   device::DeviceOptions options;
   options.staging_bytes = args.staging_bytes;
   options.staging_slots = args.staging_slots;
+  options.max_queued_launches = args.max_queued_launches;
   options.busy_poll = absl::Microseconds(args.busy_poll_us);
   options.staging_memory = static_cast<uint8_t*>(mapped);
   options.on_fault = [&channel](const absl::Status& st) {

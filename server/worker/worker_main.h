@@ -3,10 +3,11 @@
 
 // The device worker: the process that owns one GPU. gpuexecd starts it as
 // `gpuexecd __worker --device=N --driver=LIB --staging_bytes=B
-// --staging_slots=S --log_level=L --busy_poll_us=U`, with its end of a
-// socket pair on fd 3 and the shared staging memory (a memfd) on fd 4. It
-// loads the driver, opens the device, reports Ready, and then runs the
-// requests of worker.proto until the front process closes the socket.
+// --staging_slots=S --max_queued_launches=Q --log_level=L --busy_poll_us=U`,
+// with its end of a socket pair on fd 3 and the shared staging memory (a
+// memfd) on fd 4. It loads the driver, opens the device, reports Ready, and
+// then runs the requests of worker.proto until the front process closes the
+// socket.
 
 namespace gpuexec::worker {
 

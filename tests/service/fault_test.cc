@@ -437,6 +437,88 @@ TEST_F(FaultTest, AStoppedWorkerDoesNotHoldUpListingsOrMetrics) {
   EXPECT_EQ(server().worker_pid(kDevice), worker);  // not restarted: it was only slow
 }
 
+// What the daemon holds for a worker that has stopped taking requests is
+// bounded: past --worker_queue_bytes new work for the device is refused at
+// once, naming the bound, and the device serves as before once its worker
+// catches up.
+TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
+  ServerOptions options;
+  options.worker_queue_bytes = 64 << 10;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client c, Client::Connect(TargetOf(*server)));
+  constexpr int kFlooders = 4;
+  std::vector<Session> flooders;
+  std::vector<Function> fills;
+  std::vector<Buffer> buffers;
+  for (int i = 0; i <= kFlooders; ++i) {
+    GX_ASSERT_OK_AND_ASSIGN(Session s, c.OpenSession({kDevice}));
+    GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(s, "gx_fill_u32"));
+    GX_ASSERT_OK_AND_ASSIGN(Buffer b, s.Allocate(4096));
+    GX_ASSERT_OK(s.LaunchAndWait(fill, Config(1, 256), {Arg::Ptr(b), Arg::U32(1), Arg::U64(256)})
+                     .status());
+    flooders.push_back(std::move(s));
+    fills.push_back(fill);
+    buffers.push_back(std::move(b));
+  }
+  Session probe = std::move(flooders.back());
+  flooders.pop_back();
+  const int worker = server->worker_pid(kDevice);
+  ASSERT_GT(worker, 0);
+  ASSERT_EQ(kill(worker, SIGSTOP), 0);
+  struct Resume {
+    int pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{worker};
+  // Launches the stopped worker never takes, until the daemon holds more
+  // than the bound of them (the socket's buffers take the first few
+  // hundred KiB).
+  auto unsent = [&] {
+    const std::string m = server->RenderMetrics();
+    const std::string key = "gpuexec_worker_unsent_bytes{device=\"0\"} ";
+    const size_t at = m.find(key);
+    return at == std::string::npos ? uint64_t{0}
+                                   : std::strtoull(m.c_str() + at + key.size(), nullptr, 10);
+  };
+  int launched = 0;
+  bool over = false;
+  for (int round = 0; round < 6 && !over; ++round) {
+    for (int i = 0; i < kFlooders; ++i) {
+      for (int k = 0; k < 1000; ++k) {
+        GX_ASSERT_OK(flooders[i].LaunchAsync(
+            fills[i], Config(1, 256), {Arg::Ptr(buffers[i]), Arg::U32(2), Arg::U64(256)}));
+        ++launched;
+      }
+    }
+    over = WaitFor([&] { return unsent() >= options.worker_queue_bytes; }, absl::Milliseconds(500));
+  }
+  ASSERT_TRUE(over) << launched << " launches left only " << unsent() << " bytes unsent";
+  std::cout << launched << " launches queued; " << unsent() << " bytes not taken\n";
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(probe.Launch(fills.back(), Config(1, 256),
+                           {Arg::Ptr(buffers.back()), Arg::U32(3), Arg::U64(256)}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("gx_fill_u32"), HasSubstr("device 0's worker has not yet taken"),
+                             HasSubstr("--worker_queue_bytes=65536"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the refusal waited for the worker";
+
+  kill(worker, SIGCONT);
+  // What was queued runs; each flooder learns of any launch refused.
+  for (Session& s : flooders) {
+    absl::Status st = s.Synchronize().status();
+    EXPECT_TRUE(st.ok() || st.code() == absl::StatusCode::kResourceExhausted) << st;
+  }
+  EXPECT_TRUE(WaitFor([&] { return unsent() == 0; }, absl::Seconds(5)));
+  GX_EXPECT_OK(probe.LaunchAndWait(fills.back(), Config(1, 256),
+                                   {Arg::Ptr(buffers.back()), Arg::U32(4), Arg::U64(256)})
+                   .status());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> words, buffers.back().ReadAs<uint32_t>(256));
+  EXPECT_EQ(words[0], 4u);
+  EXPECT_EQ(server->worker_pid(kDevice), worker);  // it was only slow
+  buffers.clear();
+  for (Session& s : flooders) GX_EXPECT_OK(s.Close());
+  GX_EXPECT_OK(probe.Close());
+}
+
 TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {
   const DeviceInfo before = DeviceAt(kDevice);
   // A client process of its own that holds 64 MiB and is killed.
