@@ -1,5 +1,6 @@
 #include "server/common/log.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -23,6 +24,26 @@ bool ParseLevel(absl::string_view text, Level* level) {
   else if (text == "warning" || text == "warn") *level = Level::kWarning;
   else if (text == "error") *level = Level::kError;
   else return false;
+  return true;
+}
+
+LineBudget::LineBudget(double per_second, double burst)
+    : per_second_(per_second), burst_(burst), tokens_(burst) {}
+
+bool LineBudget::Take(absl::Time now, uint64_t* left_out) {
+  absl::MutexLock lock(&mu_);
+  if (last_ != absl::InfinitePast() && now > last_) {
+    tokens_ = std::min(burst_, tokens_ + absl::ToDoubleSeconds(now - last_) * per_second_);
+  }
+  if (now > last_ || last_ == absl::InfinitePast()) last_ = now;
+  if (tokens_ < 1) {
+    ++left_out_;
+    left_out_total_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  tokens_ -= 1;
+  *left_out = left_out_;
+  left_out_ = 0;
   return true;
 }
 

@@ -5,10 +5,15 @@
 // Abseil 20220623 ships no logging library; this is the smallest thing that
 // gives levels and whole lines from several threads.
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace gpuexec::log {
 
@@ -23,6 +28,29 @@ inline constexpr size_t kMaxLogMessageBytes = 16 << 10;
 // Writes one line: control characters in `message` are escaped (\xNN), so
 // no part of it can pass for a line of its own.
 void Write(Level level, absl::string_view message);
+
+// A budget of lines for events a client can cause at will (each failed
+// command of a stream, say): at most `per_second` on average and `burst`
+// at once; the rest are counted, and the next line let through says how
+// many were left out, so that no client can grow the log at its own pace.
+class LineBudget {
+ public:
+  LineBudget(double per_second, double burst);
+  // True when a line may be written at `now`; `left_out` is then set to the
+  // lines refused since the last one let through.
+  bool Take(absl::Time now, uint64_t* left_out);
+  // Lines refused in all.
+  uint64_t left_out_total() const { return left_out_total_.load(std::memory_order_relaxed); }
+
+ private:
+  const double per_second_;
+  const double burst_;
+  absl::Mutex mu_;
+  double tokens_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t left_out_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> left_out_total_{0};
+};
 
 template <typename... Args>
 void Debug(const Args&... args) {

@@ -339,6 +339,11 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   counter("gpuexec_tenant_read_bytes_total", "Bytes the tenant copied from devices by Read.");
   per_tenant("gpuexec_tenant_read_bytes_total", [](const auto& t) { return t.bytes_read; });
 
+  counter("gpuexec_log_failure_lines_left_out_total",
+          "Lines of failed calls and commands not logged: past 20 a second (200 at once), each "
+          "logged line says how many before it were left out.");
+  sink.Sample("gpuexec_log_failure_lines_left_out_total", {},
+              static_cast<double>(FailureLinesLeftOut()));
   counter("gpuexec_auth_refused_total", "Calls refused for their credentials, by reason.");
   for (tenants::Refusal r : tenants::kAllRefusals) {
     sink.Sample("gpuexec_auth_refused_total", {{"reason", tenants::RefusalLabel(r)}},
@@ -348,14 +353,28 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
 
 }  // namespace
 
+log::LineBudget& FailureLines() {
+  // 20 lines a second, 200 at once: a burst of real trouble is all there;
+  // a client failing commands by the thousand is a line now and then.
+  static log::LineBudget* budget = new log::LineBudget(20, 200);
+  return *budget;
+}
+
 void LogFailure(absl::string_view method, absl::string_view peer, const absl::Status& status) {
+  uint64_t left_out = 0;
+  if (!FailureLines().Take(absl::Now(), &left_out)) return;
+  const std::string more =
+      left_out == 0 ? std::string()
+                    : absl::StrCat(" (", left_out, " failure line(s) left out before this one)");
   const int code = static_cast<int>(status.code());
   if (CallerCaused(static_cast<grpc::StatusCode>(code))) {
-    log::Info(method, " from ", peer, " failed: ", CodeName(code), ": ", status.message());
+    log::Info(method, " from ", peer, " failed: ", CodeName(code), ": ", status.message(), more);
   } else {
-    log::Warning(method, " from ", peer, " failed: ", CodeName(code), ": ", status.message());
+    log::Warning(method, " from ", peer, " failed: ", CodeName(code), ": ", status.message(), more);
   }
 }
+
+uint64_t FailureLinesLeftOut() { return FailureLines().left_out_total(); }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
     metrics::Registry* registry, Identity* identity) {

@@ -26,8 +26,11 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcOb
 
 // One log line for a failed call or command: "Launch from ipv4:... failed:
 // INVALID_ARGUMENT: ...", at info level when the caller caused it (bad
-// arguments, unknown handles, limits), else at warning.
+// arguments, unknown handles, limits), else at warning. At most 20 lines a
+// second (200 at once): the rest are counted (FailureLinesLeftOut) and the
+// next line logged says how many it follows.
 void LogFailure(absl::string_view method, absl::string_view peer, const absl::Status& status);
+uint64_t FailureLinesLeftOut();
 
 // Adds the engine's gauges and counters (sessions, buffers, modules,
 // per-device memory, launches, bytes) to `registry`. `engine` must outlive

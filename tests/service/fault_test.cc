@@ -500,6 +500,9 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
                        AllOf(HasSubstr("gx_fill_u32"), HasSubstr("device 0's worker has not yet taken"),
                              HasSubstr("--worker_queue_bytes=65536"))));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the refusal waited for the worker";
+  // Thousands of refused launches are not thousands of log lines.
+  EXPECT_THAT(server->RenderMetrics(),
+              ::testing::ContainsRegex("gpuexec_log_failure_lines_left_out_total [1-9]"));
 
   kill(worker, SIGCONT);
   // What was queued runs; each flooder learns of any launch refused.

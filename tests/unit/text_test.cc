@@ -31,5 +31,28 @@ TEST(LogTest, AMessageIsOneLineWhateverItHolds) {
   EXPECT_THAT(out, HasSubstr("... (10 bytes more)"));
 }
 
+// A client failing commands by the thousand gets a line now and then, each
+// saying how many it follows; a quiet spell refills the budget.
+TEST(LogTest, TheLineBudgetLetsABurstThroughAndCountsTheRest) {
+  log::LineBudget budget(/*per_second=*/10, /*burst=*/3);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  uint64_t left_out = 99;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(budget.Take(t0, &left_out));
+    EXPECT_EQ(left_out, 0u);
+  }
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(budget.Take(t0, &left_out));
+  EXPECT_EQ(budget.left_out_total(), 1000u);
+  // A tenth of a second later: one more line, which says what it follows.
+  EXPECT_TRUE(budget.Take(t0 + absl::Milliseconds(100), &left_out));
+  EXPECT_EQ(left_out, 1000u);
+  EXPECT_FALSE(budget.Take(t0 + absl::Milliseconds(100), &left_out));
+  // A long quiet spell refills to the burst, no more.
+  const absl::Time t1 = t0 + absl::Hours(1);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(budget.Take(t1, &left_out));
+  EXPECT_FALSE(budget.Take(t1, &left_out));
+  EXPECT_EQ(budget.left_out_total(), 1002u);
+}
+
 }  // namespace
 }  // namespace gpuexec
