@@ -161,7 +161,7 @@ void Put(std::string* block, uint64_t offset, T value) {
 }  // namespace
 
 absl::StatusOr<std::string> PackArgs(const std::string& kernel,
-                                     const std::vector<cuda::ParamInfo>& params,
+                                     const std::vector<port::ParamInfo>& params,
                                      uint64_t param_bytes, const std::vector<ArgValue>& args,
                                      const BufferResolver& resolve) {
   if (args.size() != params.size()) {
@@ -186,7 +186,7 @@ absl::StatusOr<std::string> PackArgs(const std::string& kernel,
   std::string block(param_bytes, '\0');
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgValue& a = args[i];
-    const cuda::ParamInfo& p = params[i];
+    const port::ParamInfo& p = params[i];
     const uint64_t size = ArgSize(a);
     if (size != p.size) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/cuda/driver.h"
+#include "server/port/types.h"
 
 namespace gpuexec::core {
 
@@ -48,7 +48,7 @@ uint16_t FloatToBFloat16(float f);
 // Resolves a buffer argument to a device address for parameter `index`;
 // returns NOT_FOUND / INVALID_ARGUMENT naming the parameter.
 using BufferResolver =
-    std::function<absl::StatusOr<cuda::DevicePtr>(size_t index, const ArgValue& arg)>;
+    std::function<absl::StatusOr<port::DevicePtr>(size_t index, const ArgValue& arg)>;
 
 // The largest kernel parameter block (CUDA 12.1+ on Volta and later: 32764
 // bytes).
@@ -59,7 +59,7 @@ inline constexpr uint64_t kMaxParamBlockBytes = 32764;
 // A layout that does not fit `param_bytes` (at most kMaxParamBlockBytes) is
 // INTERNAL: it came from a worker gone wrong, and nothing is written.
 absl::StatusOr<std::string> PackArgs(const std::string& kernel,
-                                     const std::vector<cuda::ParamInfo>& params,
+                                     const std::vector<port::ParamInfo>& params,
                                      uint64_t param_bytes, const std::vector<ArgValue>& args,
                                      const BufferResolver& resolve);
 

@@ -79,7 +79,8 @@ class Join {
 Engine::Engine(const EngineOptions& options)
     : options_(options), read_chunks_(ChunkPool::Create(options.chunk_bytes, 16)) {}
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                       port::DevicePortFactory open_device) {
   if (options.chunk_bytes == 0 || options.staging_buffers == 0) {
     return absl::InvalidArgumentError("chunk size and staging buffers must be positive");
   }
@@ -89,25 +90,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                                    " (a Read message must fit gRPC's limit)"));
   }
   std::unique_ptr<Engine> engine(new Engine(options));
-  // The devices are served by worker processes; this one never loads the
-  // driver. The first worker says how many devices there are.
-  worker::WorkerOptions wo;
-  wo.program = options.worker_program;
-  // This very program, even if its file was replaced since (an upgrade):
-  // front and workers speak the same private protocol.
-  if (wo.program.empty()) wo.program = "/proc/self/exe";
-  wo.driver_library = options.driver_library;
-  wo.staging_bytes = options.chunk_bytes;
-  wo.staging_slots = static_cast<int>(options.staging_buffers);
-  wo.max_queued_launches = options.max_queued_launches;
-  wo.queue_bytes = options.worker_queue_bytes;
-  wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
-  wo.log_level = options.log_level;
-  wo.busy_poll = options.busy_poll;
-  worker::DriverInfo info;
-  wo.ordinal = 0;
-  auto first = worker::RemoteDevice::Start(wo, &info);
-  std::vector<std::unique_ptr<worker::RemoteDevice>> opened(1);
+  // The first device says how many there are.
+  port::DriverInfo info;
+  auto first = open_device(0, &info);
+  std::vector<std::unique_ptr<port::DevicePort>> opened(1);
   if (info.device_count == 0) {
     // The driver did not load, or lists no device.
     engine->driver_status_ = first.ok() ? absl::UnavailableError("no CUDA device") : first.status();
@@ -115,7 +101,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                  "; serving with no devices");
   } else {
     log::Info("CUDA driver '", options.driver_library, "' version ", info.driver_version, ": ",
-              info.device_count, " device(s), each served by a worker process");
+              info.device_count, " device(s)");
     engine->test_double_ = info.test_double;
     opened.resize(info.device_count);
     std::vector<absl::Status> failures(info.device_count);
@@ -128,10 +114,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     std::vector<std::thread> starters;
     for (int i = 1; i < info.device_count; ++i) {
       starters.emplace_back([&, i] {
-        worker::WorkerOptions o = wo;
-        o.ordinal = i;
-        worker::DriverInfo ignored;
-        auto dev = worker::RemoteDevice::Start(o, &ignored);
+        port::DriverInfo ignored;
+        auto dev = open_device(i, &ignored);
         if (dev.ok()) {
           opened[i] = std::move(dev).value();
         } else {
@@ -146,7 +130,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         log::Error("device ", i, " cannot be used: ", failures[i].message());
         continue;
       }
-      const cuda::DeviceProperties& p = opened[i]->properties();
+      const port::DeviceProperties& p = opened[i]->properties();
       log::Info("device ", i, ": ", p.name, ", compute capability ", p.cc_major, ".", p.cc_minor,
                 ", ", p.total_memory >> 20, " MiB, ", p.multiprocessors, " SMs");
       engine->devices_.push_back(std::move(opened[i]));
@@ -160,7 +144,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     Engine* e = engine.get();
     const int index = static_cast<int>(i);
     engine->devices_[i]->SetListeners(
-        [e, index](const worker::ResetInfo& r) { e->OnDeviceReset(index, r); },
+        [e, index](const port::ResetInfo& r) { e->OnDeviceReset(index, r); },
         [e] {
           std::function<void()> fn;
           {
@@ -383,7 +367,7 @@ absl::StatusOr<BufferEntry*> Engine::FindBuffer(Session& s, uint64_t handle) {
 }
 
 absl::Status Engine::CheckAlive(Session& s, BufferEntry& b) {
-  worker::RemoteDevice* dev = DeviceOf(s);
+  port::DevicePort* dev = DeviceOf(s);
   if (!b.lost && b.epoch == dev->epoch()) return absl::OkStatus();
   MarkLost(s, b);
   return dev->LostError(b.epoch, s.Describe(b));
@@ -401,7 +385,7 @@ void Engine::NoteWork(Session& s) {
   if (s.work_epoch == 0) s.work_epoch = DeviceOf(s)->epoch();
 }
 
-void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
+void Engine::OnDeviceReset(int index, const port::ResetInfo& info) {
   std::vector<std::shared_ptr<Session>> affected;
   std::vector<std::shared_ptr<Session>> named;
   {
@@ -436,7 +420,7 @@ void Engine::OnDeviceReset(int index, const worker::ResetInfo& info) {
   if (!named.empty()) Strike(index, info, std::move(named));
 }
 
-void Engine::Strike(int index, const worker::ResetInfo& info,
+void Engine::Strike(int index, const port::ResetInfo& info,
                     std::vector<std::shared_ptr<Session>> named) {
   absl::flat_hash_set<std::string> keys;
   for (const auto& s : named) keys.insert(s->strike_key);
@@ -537,8 +521,8 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       if (caller.sees_all || s->tenant() == caller.tenant_name()) ++own[s->device()];
     }
     for (size_t i = 0; i < devices_.size(); ++i) {
-      const worker::RemoteDevice& d = *devices_[i];
-      const cuda::DeviceProperties& p = d.properties();
+      const port::DevicePort& d = *devices_[i];
+      const port::DeviceProperties& p = d.properties();
       DeviceStatus& st = (*result)[i];
       st.index = static_cast<uint32_t>(p.ordinal);
       st.name = p.name;
@@ -575,7 +559,7 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
     done(*result);
   });
   for (size_t i = 0; i < devices_.size(); ++i) {
-    devices_[i]->QueryMemory([result, join, i](absl::StatusOr<cuda::MemoryInfo> m) {
+    devices_[i]->QueryMemory([result, join, i](absl::StatusOr<port::MemoryInfo> m) {
       // A faulted device reports no free memory; it is marked unhealthy.
       if (m.ok()) (*result)[i].memory_free = m->free;
       join->Report(absl::OkStatus());
@@ -679,7 +663,7 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     ++sessions_per_peer_[PeerHost(caller.peer)];
   }
   // The stream comes to be in the worker with the session's first work.
-  const device::StreamId stream = devices_[index]->CreateStream(absl::Milliseconds(time_limit));
+  const port::StreamId stream = devices_[index]->CreateStream(absl::Milliseconds(time_limit));
   auto session =
       std::make_shared<Session>(NewSessionToken(), usage, index, stream, lease_ms, limit);
   session->peer_host = PeerHost(caller.peer);
@@ -756,7 +740,7 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
   }
   if (reason == CloseReason::kClient) sessions_closed_.fetch_add(1);
   if (reason == CloseReason::kExpired) sessions_expired_.fetch_add(1);
-  worker::RemoteDevice* dev = DeviceOf(*s);
+  port::DevicePort* dev = DeviceOf(*s);
   uint64_t freed = 0;
   size_t buffers = 0;
   {
@@ -865,7 +849,7 @@ absl::Status ModuleUpload::AddChunk(absl::string_view chunk) {
 
 void ModuleUpload::Finish(Callback<ModuleResult> done) {
   const std::string name = absl::StrCat("module ", sha256_.substr(0, 12));
-  std::shared_ptr<const device::ModuleImage> image;
+  std::shared_ptr<const port::ModuleImage> image;
   bool newly_stored = false;
   const bool uploaded = !bytes_.empty();
   const std::string& tenant = session_->tenant();
@@ -915,7 +899,7 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     reserved = *r;
     engine_->module_uploads_.fetch_add(1);
     engine_->module_upload_bytes_.fetch_add(bytes_.size());
-    auto img = std::make_shared<device::ModuleImage>();
+    auto img = std::make_shared<port::ModuleImage>();
     img->sha256 = sha256_;
     img->bytes = std::move(bytes_);
     img->is_ptx = kind_ == ModuleKind::kPtx;
@@ -978,7 +962,7 @@ void Engine::Unstore(const std::string& sha256) {
 }
 
 void Engine::FinishModule(std::shared_ptr<Session> s,
-                          std::shared_ptr<const device::ModuleImage> image, bool uploaded,
+                          std::shared_ptr<const port::ModuleImage> image, bool uploaded,
                           bool newly_stored, bool reserved, Callback<ModuleResult> done) {
   const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
                                         image->bytes.size(), " bytes) of ", s->name());
@@ -1024,7 +1008,7 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
   auto s = FindSession(caller, token);
   if (!s.ok()) return done(s.status());
   std::shared_ptr<Session> session = *s;
-  std::shared_ptr<const device::ModuleImage> image;
+  std::shared_ptr<const port::ModuleImage> image;
   {
     absl::MutexLock lock(&session->mu);
     auto it = session->modules.find(module);
@@ -1053,7 +1037,7 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
   const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ", sha.substr(0, 12),
                                         ") of ", session->name());
   DeviceOf(*session)->GetKernel(image, name, what,
-                                [session, sha, name, done](absl::StatusOr<device::KernelInfo> k) {
+                                [session, sha, name, done](absl::StatusOr<port::KernelInfo> k) {
     if (!k.ok()) return done(k.status());
     absl::MutexLock lock(&session->mu);
     if (session->closed) return done(session->ClosedError());
@@ -1122,11 +1106,11 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
   }
   const std::string what = absl::StrCat("a buffer of ", size, " bytes for ", s->name(),
                                         " on device ", s->device());
-  worker::RemoteDevice* dev = DeviceOf(*s);
+  port::DevicePort* dev = DeviceOf(*s);
   // Posted under the session's lock, so that it is queued before the
   // stream's destruction that a concurrent close queues.
   dev->Allocate(s->stream(), size, what, [this, s, size, dev, what, done](
-                                             absl::StatusOr<worker::RemoteDevice::Allocation> p) {
+                                             absl::StatusOr<port::Allocation> p) {
     absl::MutexLock lock(&s->mu);
     if (!p.ok()) {
       // A close in between already gave the whole session's memory back.
@@ -1309,7 +1293,7 @@ void WriteSink::PushFrom(ByteSpans data, Done more) {
   }
   auto self = shared_from_this();
   session_->staging.Acquire(device_->staging(), [self, data = std::move(data),
-                                                 more](device::StagingSlot slot) {
+                                                 more](port::StagingSlot slot) {
     const size_t n = std::min<uint64_t>(data.size(), slot.capacity);
     data.CopyPrefix(slot.data, n);
     const uint64_t dst_offset = self->next_offset_;
@@ -1397,7 +1381,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const Caller& call
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   if (size == 0 && offset <= b->size) size = b->size - offset;
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, size, "Read"));
-  worker::RemoteDevice* dev = DeviceOf(*s);
+  port::DevicePort* dev = DeviceOf(*s);
   if (chunk == 0) chunk = options_.chunk_bytes;
   chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, dev->staging().capacity()));
   std::shared_ptr<ReadSource> src(new ReadSource(s, buffer, offset, size, chunk));
@@ -1472,7 +1456,7 @@ void ReadSource::FetchAhead() {
 
 void ReadSource::Fetch(uint64_t offset, uint64_t n) {
   auto self = shared_from_this();
-  session_->staging.Acquire(device_->staging(), [self, offset, n](device::StagingSlot slot) {
+  session_->staging.Acquire(device_->staging(), [self, offset, n](port::StagingSlot slot) {
     bool closed;
     {
       // Under the session lock, so that the copy is queued before any free
@@ -1555,9 +1539,9 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
   if (!found.ok()) return gpu_ns(found.status());
   std::shared_ptr<Session> s = *found;
   if (absl::Status st = CheckStrikes(*s); !st.ok()) return gpu_ns(st);
-  worker::RemoteDevice* dev = DeviceOf(*s);
-  const cuda::DeviceProperties& p = dev->properties();
-  device::LaunchOp op;
+  port::DevicePort* dev = DeviceOf(*s);
+  const port::DeviceProperties& p = dev->properties();
+  port::LaunchOp op;
   uint64_t epoch = 0;  // of the buffers passed
   {
     absl::MutexLock lock(&s->mu);
@@ -1609,7 +1593,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
       }
       if (size > 8) return bad("a cluster of ", size, " blocks is over the portable maximum of 8");
     }
-    auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<cuda::DevicePtr> {
+    auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<port::DevicePtr> {
       auto it = s->buffers.find(a.buffer);
       if (it == s->buffers.end()) {
         return absl::NotFoundError(absl::StrCat("parameter ", index, " of ", kname, ": buffer ",

@@ -31,8 +31,9 @@
 #include "server/core/byte_spans.h"
 #include "server/core/chunk_pool.h"
 #include "server/core/session.h"
-#include "server/device/device.h"
-#include "server/worker/remote_device.h"
+#include "server/port/device_port.h"
+#include "server/port/staging.h"
+#include "server/port/types.h"
 
 namespace gpuexec::core {
 
@@ -51,16 +52,11 @@ inline constexpr size_t kMaxKernelNameBytes = 4096;
 inline constexpr uint32_t kMaxChunkBytes = 16u << 20;
 
 struct EngineOptions {
+  // What the devices are opened with, for the log.
   std::string driver_library = "libcuda.so.1";
-  // The program started as each device's worker process: gpuexecd (empty:
-  // this process's own executable).
-  std::string worker_program;
-  // A launch still running after this long is hung: its device's worker is
-  // ended and the device restarts. Sessions may ask for less.
+  // A launch still running after this long is hung: its device is reset
+  // (the port watches it). Sessions may ask for less.
   uint64_t kernel_time_limit_ms = 60'000;
-  std::string log_level = "info";  // for the workers
-  // See worker::WorkerOptions::busy_poll.
-  absl::Duration busy_poll = absl::ZeroDuration();
   uint64_t default_lease_ms = 60'000;
   uint64_t max_lease_ms = 600'000;
   uint64_t default_session_memory_bytes = 0;  // 0: the per-session maximum
@@ -79,8 +75,6 @@ struct EngineOptions {
   uint64_t daemon_memory_bytes = 0;           // 0: no daemon-wide limit
   uint32_t chunk_bytes = 1 << 20;
   uint32_t staging_buffers = 8;
-  uint32_t max_queued_launches = 256;       // per session; 0: no bound
-  uint64_t worker_queue_bytes = 64ull << 20;  // per device's worker; 0: no bound
   uint64_t max_module_bytes = 512ull << 20;
   uint32_t max_sessions = 4096;  // 0: no limit
   // Bytes of module images the daemon keeps (0: no limit). Images no open
@@ -179,7 +173,7 @@ struct ModuleResult {
 
 struct FunctionResult {
   uint64_t handle = 0;
-  device::KernelInfo kernel;
+  port::KernelInfo kernel;
 };
 
 struct Dim3 {
@@ -244,10 +238,10 @@ class WriteSink : public std::enable_shared_from_this<WriteSink> {
   absl::StatusOr<uint64_t> ResultLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::shared_ptr<Session> session_;
-  worker::RemoteDevice* device_ = nullptr;
+  port::DevicePort* device_ = nullptr;
   TrafficCounters* traffic_ = nullptr;
   const uint64_t buffer_;
-  device::DevicePtr base_ = 0;
+  port::DevicePtr base_ = 0;
   uint64_t epoch_ = 0;  // of the buffer's memory
   uint64_t buffer_size_ = 0;
   std::string what_;
@@ -294,10 +288,10 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   void Deliver();
 
   std::shared_ptr<Session> session_;
-  worker::RemoteDevice* device_ = nullptr;
+  port::DevicePort* device_ = nullptr;
   TrafficCounters* traffic_ = nullptr;
   const uint64_t buffer_;
-  device::DevicePtr base_ = 0;
+  port::DevicePtr base_ = 0;
   uint64_t epoch_ = 0;  // of the buffer's memory
   std::string what_;
   const uint64_t end_;
@@ -320,7 +314,11 @@ class Engine {
   // Loads the driver and opens every device. A driver that cannot be loaded
   // or reports no devices is not an error: the engine then serves with no
   // devices (driver_status() says why).
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  // Devices are opened through `open_device` (the daemon's opens each in a
+  // worker process of its own): the first says how many there are, the
+  // others open side by side.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                        port::DevicePortFactory open_device);
   // Closes every session and releases the devices.
   ~Engine();
 
@@ -405,7 +403,7 @@ class Engine {
                                      const TenantLimits& limits);
   // One holder of `sha256` fewer for the session's tenant.
   void ReleaseModule(Session& s, const std::string& sha256);
-  worker::RemoteDevice* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
+  port::DevicePort* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
   // The buffer, or why not: not found, or lost with its device's memory
   // (then it is marked lost and its memory given back to the limits).
   absl::StatusOr<BufferEntry*> FindBuffer(Session& s, uint64_t handle)
@@ -419,12 +417,12 @@ class Engine {
   // Work is being queued on the session's stream (see Session::work_epoch).
   void NoteWork(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // A device's worker was replaced: every buffer of its sessions is lost.
-  void OnDeviceReset(int index, const worker::ResetInfo& info);
+  void OnDeviceReset(int index, const port::ResetInfo& info);
   static absl::Status CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
                                  uint64_t size, absl::string_view op);
   // `reserved`: ReserveModule counted the image for this session.
   void FinishModule(std::shared_ptr<Session> session,
-                    std::shared_ptr<const device::ModuleImage> image, bool uploaded,
+                    std::shared_ptr<const port::ModuleImage> image, bool uploaded,
                     bool newly_stored, bool reserved, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
@@ -437,7 +435,7 @@ class Engine {
   const EngineOptions options_;
   absl::Status driver_status_;
   bool test_double_ = false;  // the driver is the test double
-  std::vector<std::unique_ptr<worker::RemoteDevice>> devices_;
+  std::vector<std::unique_ptr<port::DevicePort>> devices_;
 
   mutable absl::Mutex sessions_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
@@ -461,7 +459,7 @@ class Engine {
   std::deque<std::string> closed_order_ ABSL_GUARDED_BY(closed_mu_);
   // Charges a reset to the sessions its reason names, if they are of one
   // tenant (or peer): closes them, and starts a cooldown at the limit.
-  void Strike(int index, const worker::ResetInfo& info,
+  void Strike(int index, const port::ResetInfo& info,
               std::vector<std::shared_ptr<Session>> named);
   // FAILED_PRECONDITION while `s`'s tenant (or peer) is cooling down.
   absl::Status CheckStrikes(const Session& s);
@@ -498,7 +496,7 @@ class Engine {
 
   // The module store: images by SHA-256, with a use stamp for eviction.
   struct StoredModule {
-    std::shared_ptr<const device::ModuleImage> image;
+    std::shared_ptr<const port::ModuleImage> image;
     uint64_t last_used = 0;
     // Tenants that uploaded its bytes: only they may load it by hash.
     absl::flat_hash_set<std::string> tenants;

@@ -9,7 +9,7 @@
 namespace gpuexec::core {
 
 Session::Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
-                 device::StreamId stream, uint64_t lease_ms, uint64_t memory_limit)
+                 port::StreamId stream, uint64_t lease_ms, uint64_t memory_limit)
     : token_(std::move(token)),
       tenant_(std::move(tenant)),
       name_(absl::StrCat("session ", token_.substr(0, 8))),
@@ -36,7 +36,7 @@ std::string Session::Describe(const BufferEntry& b) const {
                       " bytes on device ", device_, ")");
 }
 
-void StagingShare::Acquire(device::StagingPool& pool, device::StagingPool::Waiter waiter) {
+void StagingShare::Acquire(port::StagingPool& pool, port::StagingPool::Waiter waiter) {
   const int share = std::max(2, static_cast<int>(pool.size() / 4));
   {
     absl::MutexLock lock(&mu_);
@@ -50,9 +50,9 @@ void StagingShare::Acquire(device::StagingPool& pool, device::StagingPool::Waite
   pool.Acquire(std::move(waiter));
 }
 
-void StagingShare::Release(device::StagingPool& pool, device::StagingSlot slot) {
+void StagingShare::Release(port::StagingPool& pool, port::StagingSlot slot) {
   pool.Release(slot);
-  device::StagingPool::Waiter next;
+  port::StagingPool::Waiter next;
   {
     absl::MutexLock lock(&mu_);
     if (waiting_.empty()) {

@@ -21,7 +21,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/core/tenant.h"
-#include "server/device/device.h"
+#include "server/port/staging.h"
+#include "server/port/types.h"
 
 namespace gpuexec::core {
 
@@ -53,7 +54,7 @@ struct TenantUsage {
 
 struct BufferEntry {
   uint64_t handle = 0;
-  device::DevicePtr ptr = 0;
+  port::DevicePtr ptr = 0;
   uint64_t size = 0;
   // The device epoch the memory belongs to; once the device was reset the
   // buffer is lost: its handle stays, to say so, until freed.
@@ -68,7 +69,7 @@ struct FunctionEntry {
   uint64_t handle = 0;
   std::string module_sha256;
   std::string name;
-  device::KernelInfo kernel;
+  port::KernelInfo kernel;
 };
 
 // The staging buffers all of one session's transfers (Writes and Reads)
@@ -78,19 +79,19 @@ struct FunctionEntry {
 // own next release.
 class StagingShare {
  public:
-  void Acquire(device::StagingPool& pool, device::StagingPool::Waiter waiter);
-  void Release(device::StagingPool& pool, device::StagingSlot slot);
+  void Acquire(port::StagingPool& pool, port::StagingPool::Waiter waiter);
+  void Release(port::StagingPool& pool, port::StagingSlot slot);
 
  private:
   absl::Mutex mu_;
   int held_ ABSL_GUARDED_BY(mu_) = 0;  // buffers held, or being acquired
-  std::deque<device::StagingPool::Waiter> waiting_ ABSL_GUARDED_BY(mu_);
+  std::deque<port::StagingPool::Waiter> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 class Session {
  public:
   Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
-          device::StreamId stream, uint64_t lease_ms, uint64_t memory_limit);
+          port::StreamId stream, uint64_t lease_ms, uint64_t memory_limit);
 
   const std::string& token() const { return token_; }
   // The tenant that opened it: the only one that can name it.
@@ -106,7 +107,7 @@ class Session {
   // "session 3f2a91c0" (the token's first 8 characters) for messages.
   const std::string& name() const { return name_; }
   int device() const { return device_; }
-  device::StreamId stream() const { return stream_; }
+  port::StreamId stream() const { return stream_; }
   uint64_t lease_ms() const { return lease_ms_; }
   uint64_t memory_limit() const { return memory_limit_; }
 
@@ -117,7 +118,7 @@ class Session {
   absl::flat_hash_map<uint64_t, BufferEntry> buffers ABSL_GUARDED_BY(mu);
   // Module handles hold their image, so they stay valid whatever happens
   // to the daemon's store.
-  absl::flat_hash_map<uint64_t, std::shared_ptr<const device::ModuleImage>> modules
+  absl::flat_hash_map<uint64_t, std::shared_ptr<const port::ModuleImage>> modules
       ABSL_GUARDED_BY(mu);
   // Synchronize calls waiting: the lease does not lapse under them.
   int waiting ABSL_GUARDED_BY(mu) = 0;
@@ -141,7 +142,7 @@ class Session {
   const std::shared_ptr<TenantUsage> tenant_;
   const std::string name_;
   const int device_;
-  const device::StreamId stream_;
+  const port::StreamId stream_;
   const uint64_t lease_ms_;
   const uint64_t memory_limit_;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu);

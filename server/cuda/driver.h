@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/port/types.h"
 
 // The driver's own opaque types (as in cuda.h), declared, not defined.
 struct CUctx_st;
@@ -33,51 +34,13 @@ namespace gpuexec::cuda {
 
 struct DriverApi;  // the table of resolved entry points (driver_api_internal.h)
 
-using DevicePtr = uint64_t;
-
-struct DeviceProperties {
-  int ordinal = 0;
-  std::string name;
-  int cc_major = 0;
-  int cc_minor = 0;
-  uint64_t total_memory = 0;
-  int multiprocessors = 0;
-  int max_threads_per_block = 0;
-  int max_block[3] = {0, 0, 0};
-  int max_grid[3] = {0, 0, 0};
-  int max_shared_per_block = 0;        // without opt-in (48 KiB)
-  int max_shared_per_block_optin = 0;  // with opt-in
-  bool cluster_launch = false;
-  bool memory_pools = false;
-};
-
-struct MemoryInfo {
-  uint64_t free = 0;
-  uint64_t total = 0;
-};
-
-struct ParamInfo {
-  uint64_t offset = 0;
-  uint64_t size = 0;
-};
-
-struct FunctionAttributes {
-  int num_registers = 0;
-  int static_shared_bytes = 0;
-  int const_bytes = 0;
-  int local_bytes = 0;
-  int max_threads_per_block = 0;
-  int max_dynamic_shared_bytes = 0;
-  int ptx_version = 0;
-  int binary_version = 0;
-};
-
-struct LaunchGeometry {
-  unsigned grid[3] = {1, 1, 1};
-  unsigned block[3] = {1, 1, 1};
-  unsigned cluster[3] = {0, 0, 0};  // all zero: no cluster
-  unsigned shared_bytes = 0;
-};
+// The plain types of a device's vocabulary (server/port/types.h).
+using port::DevicePtr;
+using port::DeviceProperties;
+using port::FunctionAttributes;
+using port::LaunchGeometry;
+using port::MemoryInfo;
+using port::ParamInfo;
 
 // A CUresult seen by a failed call, kept so that callers can tell sticky
 // faults from ordinary errors.

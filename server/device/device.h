@@ -34,17 +34,22 @@
 #include "absl/time/time.h"
 #include "server/cuda/driver.h"
 #include "server/device/executor.h"
-#include "server/device/staging.h"
+#include "server/port/staging.h"
+#include "server/port/types.h"
 
 namespace gpuexec::device {
 
-using StreamId = uint64_t;
-using KernelId = uint64_t;
-using DevicePtr = cuda::DevicePtr;
-
-template <typename T>
-using Callback = std::function<void(absl::StatusOr<T>)>;
-using Done = std::function<void(absl::Status)>;
+// The shared vocabulary (server/port/types.h), by its names here.
+using port::Callback;
+using port::DevicePtr;
+using port::Done;
+using port::KernelId;
+using port::KernelInfo;
+using port::LaunchOp;
+using port::ModuleImage;
+using port::StagingPool;
+using port::StagingSlot;
+using port::StreamId;
 
 struct DeviceOptions {
   size_t staging_bytes = 1 << 20;  // per slot
@@ -69,29 +74,6 @@ struct DeviceOptions {
   // shared, and a launch into a full one blocks the executor, which serves
   // every stream of the device.
   int max_queued_launches = 0;
-};
-
-// A module image as the device needs it: its id (SHA-256) and bytes.
-struct ModuleImage {
-  std::string sha256;
-  std::string bytes;
-  bool is_ptx = false;
-};
-
-struct KernelInfo {
-  KernelId id = 0;
-  std::vector<cuda::ParamInfo> params;
-  cuda::FunctionAttributes attributes;
-  // Bytes of the packed parameter block (end of the last parameter).
-  uint64_t param_bytes = 0;
-};
-
-struct LaunchOp {
-  KernelId kernel = 0;
-  cuda::LaunchGeometry geometry;
-  // The parameters packed at the offsets of KernelInfo::params.
-  std::string param_block;
-  std::string what;  // names the function and session in errors
 };
 
 class Device {
@@ -165,7 +147,7 @@ class Device {
   // A Launch and a Synchronize of its stream in one operation: `done` gets
   // the launch's failure, or what the Synchronize gives, and whether the
   // launch was enqueued.
-  using LaunchedAndSynchronized = std::function<void(absl::StatusOr<uint64_t>, bool launched)>;
+  using LaunchedAndSynchronized = port::LaunchedAndSynchronized;
   void LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done);
 
   // Launches of `stream` enqueued on the GPU and not yet seen finished,

@@ -36,12 +36,12 @@ void ToProto(const core::SessionInfo& in, v1::OpenSessionResponse* out) {
 
 void ToProto(const core::FunctionResult& in, v1::GetFunctionResponse* out) {
   out->set_function(in.handle);
-  for (const cuda::ParamInfo& p : in.kernel.params) {
+  for (const port::ParamInfo& p : in.kernel.params) {
     v1::ParamInfo* q = out->add_params();
     q->set_offset(p.offset);
     q->set_size(p.size);
   }
-  const cuda::FunctionAttributes& a = in.kernel.attributes;
+  const port::FunctionAttributes& a = in.kernel.attributes;
   v1::FunctionAttributes* attrs = out->mutable_attributes();
   attrs->set_num_registers(a.num_registers);
   attrs->set_static_shared_bytes(a.static_shared_bytes);

@@ -29,6 +29,7 @@
 #include "server/rpc/service.h"
 #include "server/rpc/unix_listener.h"
 #include "server/tenants/tenants.h"
+#include "server/worker/remote_device.h"
 
 namespace gpuexec {
 namespace {
@@ -195,20 +196,37 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.daemon_memory_bytes = options.daemon_memory_bytes;
   eo.chunk_bytes = options.chunk_bytes;
   eo.staging_buffers = options.staging_buffers;
-  eo.max_queued_launches = options.max_queued_launches;
-  eo.worker_queue_bytes = options.worker_queue_bytes;
   eo.reaper_interval = options.reaper_interval;
   eo.max_sessions = options.max_sessions;
   eo.module_store_bytes = options.module_store_bytes;
   eo.module_upload_budget_bytes = options.module_upload_budget_bytes;
-  eo.worker_program = options.worker_program;
   eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
-  eo.log_level = options.worker_log_level;
   const int busy_poll_us = options.busy_poll_us >= 0
                                ? options.busy_poll_us
                                : (std::thread::hardware_concurrency() >= 8 ? 300 : 0);
-  eo.busy_poll = absl::Microseconds(busy_poll_us);
-  auto engine = core::Engine::Create(eo);
+  // Each device is served by a worker process; this one never loads the
+  // driver.
+  worker::WorkerOptions wo;
+  // This very program, even if its file was replaced since (an upgrade):
+  // front and workers speak the same private protocol.
+  wo.program = options.worker_program.empty() ? "/proc/self/exe" : options.worker_program;
+  wo.driver_library = options.driver_library;
+  wo.staging_bytes = options.chunk_bytes;
+  wo.staging_slots = static_cast<int>(options.staging_buffers);
+  wo.max_queued_launches = options.max_queued_launches;
+  wo.queue_bytes = options.worker_queue_bytes;
+  wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
+  wo.log_level = options.worker_log_level;
+  wo.busy_poll = absl::Microseconds(busy_poll_us);
+  auto open_device = [wo](int ordinal, port::DriverInfo* info)
+      -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
+    worker::WorkerOptions o = wo;
+    o.ordinal = ordinal;
+    auto dev = worker::RemoteDevice::Start(o, info);
+    if (!dev.ok()) return dev.status();
+    return std::unique_ptr<port::DevicePort>(std::move(dev).value());
+  };
+  auto engine = core::Engine::Create(eo, open_device);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
   impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get(), impl->identity.get());

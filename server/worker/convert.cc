@@ -11,14 +11,14 @@ absl::Status FromProto(const Status& st) {
   return absl::Status(static_cast<absl::StatusCode>(st.code()), st.message());
 }
 
-void ToProto(const device::KernelInfo& k, KernelInfo* out) {
-  for (const cuda::ParamInfo& p : k.params) {
+void ToProto(const port::KernelInfo& k, KernelInfo* out) {
+  for (const port::ParamInfo& p : k.params) {
     ParamInfo* q = out->add_params();
     q->set_offset(p.offset);
     q->set_size(p.size);
   }
   out->set_param_bytes(k.param_bytes);
-  const cuda::FunctionAttributes& a = k.attributes;
+  const port::FunctionAttributes& a = k.attributes;
   out->set_num_registers(a.num_registers);
   out->set_static_shared_bytes(a.static_shared_bytes);
   out->set_const_bytes(a.const_bytes);
@@ -29,12 +29,12 @@ void ToProto(const device::KernelInfo& k, KernelInfo* out) {
   out->set_binary_version(a.binary_version);
 }
 
-device::KernelInfo FromProto(const KernelInfo& k, uint64_t id) {
-  device::KernelInfo out;
+port::KernelInfo FromProto(const KernelInfo& k, uint64_t id) {
+  port::KernelInfo out;
   out.id = id;
-  for (const ParamInfo& p : k.params()) out.params.push_back(cuda::ParamInfo{p.offset(), p.size()});
+  for (const ParamInfo& p : k.params()) out.params.push_back(port::ParamInfo{p.offset(), p.size()});
   out.param_bytes = k.param_bytes();
-  cuda::FunctionAttributes& a = out.attributes;
+  port::FunctionAttributes& a = out.attributes;
   a.num_registers = k.num_registers();
   a.static_shared_bytes = k.static_shared_bytes();
   a.const_bytes = k.const_bytes();
@@ -46,7 +46,7 @@ device::KernelInfo FromProto(const KernelInfo& k, uint64_t id) {
   return out;
 }
 
-void ToProto(const cuda::DeviceProperties& p, DeviceProperties* out) {
+void ToProto(const port::DeviceProperties& p, DeviceProperties* out) {
   out->set_ordinal(p.ordinal);
   out->set_name(p.name);
   out->set_cc_major(p.cc_major);
@@ -64,8 +64,8 @@ void ToProto(const cuda::DeviceProperties& p, DeviceProperties* out) {
   out->set_memory_pools(p.memory_pools);
 }
 
-cuda::DeviceProperties FromProto(const DeviceProperties& p) {
-  cuda::DeviceProperties out;
+port::DeviceProperties FromProto(const DeviceProperties& p) {
+  port::DeviceProperties out;
   out.ordinal = p.ordinal();
   out.name = p.name();
   out.cc_major = p.cc_major();
@@ -82,7 +82,7 @@ cuda::DeviceProperties FromProto(const DeviceProperties& p) {
   return out;
 }
 
-void ToProto(const cuda::LaunchGeometry& g, Geometry* out) {
+void ToProto(const port::LaunchGeometry& g, Geometry* out) {
   for (int i = 0; i < 3; ++i) {
     out->add_grid(g.grid[i]);
     out->add_block(g.block[i]);
@@ -91,7 +91,7 @@ void ToProto(const cuda::LaunchGeometry& g, Geometry* out) {
   out->set_shared_bytes(g.shared_bytes);
 }
 
-void FromProto(const Geometry& g, cuda::LaunchGeometry* out) {
+void FromProto(const Geometry& g, port::LaunchGeometry* out) {
   for (int i = 0; i < 3; ++i) {
     if (i < g.grid_size()) out->grid[i] = g.grid(i);
     if (i < g.block_size()) out->block[i] = g.block(i);

@@ -1,11 +1,10 @@
 #ifndef GPUEXEC_SERVER_WORKER_CONVERT_H_
 #define GPUEXEC_SERVER_WORKER_CONVERT_H_
 
-// worker.proto messages <-> the device layer's types, for both ends.
+// worker.proto messages <-> the port's types, for both ends.
 
 #include "absl/status/status.h"
-#include "server/cuda/driver.h"
-#include "server/device/device.h"
+#include "server/port/types.h"
 #include "worker.pb.h"
 
 namespace gpuexec::worker {
@@ -13,14 +12,14 @@ namespace gpuexec::worker {
 void ToProto(const absl::Status& st, Status* out);
 absl::Status FromProto(const Status& st);
 
-void ToProto(const device::KernelInfo& k, KernelInfo* out);
-device::KernelInfo FromProto(const KernelInfo& k, uint64_t id);
+void ToProto(const port::KernelInfo& k, KernelInfo* out);
+port::KernelInfo FromProto(const KernelInfo& k, uint64_t id);
 
-void ToProto(const cuda::DeviceProperties& p, DeviceProperties* out);
-cuda::DeviceProperties FromProto(const DeviceProperties& p);
+void ToProto(const port::DeviceProperties& p, DeviceProperties* out);
+port::DeviceProperties FromProto(const DeviceProperties& p);
 
-void ToProto(const cuda::LaunchGeometry& g, Geometry* out);
-void FromProto(const Geometry& g, cuda::LaunchGeometry* out);
+void ToProto(const port::LaunchGeometry& g, Geometry* out);
+void FromProto(const Geometry& g, port::LaunchGeometry* out);
 
 }  // namespace gpuexec::worker
 

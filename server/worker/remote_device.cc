@@ -670,7 +670,7 @@ std::optional<ResetInfo> RemoteDevice::last_reset() const {
   return last_reset_;
 }
 
-pid_t RemoteDevice::worker_pid() const {
+int RemoteDevice::worker_pid() const {
   absl::MutexLock lock(&mu_);
   return conn_ == nullptr ? 0 : conn_->pid;
 }
@@ -747,7 +747,7 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
     if (it == kernels_.end()) return;  // the launch reports it
     KernelRecord& k = it->second;
     if (!live_modules_.contains(k.sha256)) {
-      std::shared_ptr<const device::ModuleImage> image = k.image.lock();
+      std::shared_ptr<const port::ModuleImage> image = k.image.lock();
       if (image == nullptr) return;
       Request r;
       r.set_id(next_id_++);
@@ -849,7 +849,7 @@ std::optional<absl::Time> RemoteDevice::not_answering_since() const {
   return NotAnsweringSinceLocked(absl::Now());
 }
 
-void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
+void RemoteDevice::QueryMemory(Callback<port::MemoryInfo> done) {
   // Asked by listings: they should not wait for a worker to start.
   if (absl::Status st = fault(); !st.ok()) return Defer([done, st] { done(st); });
   uint64_t id = 0;
@@ -858,7 +858,7 @@ void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
     const absl::Time now = absl::Now();
     if (NotAnsweringSinceLocked(now).has_value()) {
       // Run by the monitor: the caller may hold a lock `done` takes.
-      const cuda::MemoryInfo last = memory_;
+      const port::MemoryInfo last = memory_;
       deferred_.push_back([done, last] { done(last); });
       return;
     }
@@ -868,12 +868,12 @@ void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
   Request r;
   r.mutable_query_memory();
   Call(r, 0, 0, 0, [this, id](const Reply& reply, uint64_t) {
-    Callback<cuda::MemoryInfo> waiting;
+    Callback<port::MemoryInfo> waiting;
     const absl::Status st = StatusOf(reply);
-    absl::StatusOr<cuda::MemoryInfo> answer =
-        st.ok() ? absl::StatusOr<cuda::MemoryInfo>(cuda::MemoryInfo{reply.memory().free(),
+    absl::StatusOr<port::MemoryInfo> answer =
+        st.ok() ? absl::StatusOr<port::MemoryInfo>(port::MemoryInfo{reply.memory().free(),
                                                                     reply.memory().total()})
-                : absl::StatusOr<cuda::MemoryInfo>(st);
+                : absl::StatusOr<port::MemoryInfo>(st);
     {
       absl::MutexLock lock(&mu_);
       if (st.ok()) memory_ = *answer;
@@ -886,7 +886,7 @@ void RemoteDevice::QueryMemory(Callback<cuda::MemoryInfo> done) {
   });
 }
 
-device::StreamId RemoteDevice::CreateStream(absl::Duration kernel_time_limit) {
+port::StreamId RemoteDevice::CreateStream(absl::Duration kernel_time_limit) {
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
   streams_.emplace(id, kernel_time_limit);
@@ -962,7 +962,7 @@ void RemoteDevice::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t 
 }
 
 void RemoteDevice::CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch,
-                                device::StagingSlot slot, uint64_t size, std::string what,
+                                port::StagingSlot slot, uint64_t size, std::string what,
                                 Done done) {
   Request r;
   auto* c = r.mutable_copy_to_device();
@@ -974,7 +974,7 @@ void RemoteDevice::CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch,
   Call(r, stream, 0, epoch, StatusTo(done));
 }
 
-void RemoteDevice::CopyToHost(StreamId stream, device::StagingSlot slot, DevicePtr src,
+void RemoteDevice::CopyToHost(StreamId stream, port::StagingSlot slot, DevicePtr src,
                               uint64_t epoch, uint64_t size, std::string what, Done done) {
   Request r;
   auto* c = r.mutable_copy_to_host();
@@ -986,7 +986,7 @@ void RemoteDevice::CopyToHost(StreamId stream, device::StagingSlot slot, DeviceP
   Call(r, stream, 0, epoch, StatusTo(done));
 }
 
-void RemoteDevice::LoadModule(std::shared_ptr<const device::ModuleImage> image, std::string what,
+void RemoteDevice::LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,
                               Done done) {
   bool loaded;
   {
@@ -1032,10 +1032,10 @@ void RemoteDevice::UnloadModule(const std::string& sha256) {
   Call(r, 0, 0, 0, [](const Reply&, uint64_t) {});
 }
 
-void RemoteDevice::GetKernel(std::shared_ptr<const device::ModuleImage> image, std::string name,
-                             std::string what, Callback<device::KernelInfo> done) {
+void RemoteDevice::GetKernel(std::shared_ptr<const port::ModuleImage> image, std::string name,
+                             std::string what, Callback<port::KernelInfo> done) {
   uint64_t id;
-  std::optional<device::KernelInfo> known;
+  std::optional<port::KernelInfo> known;
   {
     absl::MutexLock lock(&mu_);
     const std::string key = absl::StrCat(image->sha256, "/", name);
@@ -1067,7 +1067,7 @@ void RemoteDevice::GetKernel(std::shared_ptr<const device::ModuleImage> image, s
       }
       return done(st);
     }
-    device::KernelInfo info = FromProto(reply.kernel(), id);
+    port::KernelInfo info = FromProto(reply.kernel(), id);
     {
       absl::MutexLock lock(&mu_);
       auto it = kernels_.find(id);
@@ -1080,7 +1080,7 @@ void RemoteDevice::GetKernel(std::shared_ptr<const device::ModuleImage> image, s
 
 namespace {
 
-Request LaunchRequest(device::StreamId stream, device::LaunchOp& op) {
+Request LaunchRequest(port::StreamId stream, port::LaunchOp& op) {
   Request r;
   auto* l = r.mutable_launch();
   l->set_stream(stream);
@@ -1093,14 +1093,14 @@ Request LaunchRequest(device::StreamId stream, device::LaunchOp& op) {
 
 }  // namespace
 
-void RemoteDevice::Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, Done done) {
+void RemoteDevice::Launch(StreamId stream, port::LaunchOp op, uint64_t epoch, Done done) {
   Request r = LaunchRequest(stream, op);
   Call(r, stream, op.kernel, epoch, StatusTo(done));
 }
 
-void RemoteDevice::LaunchAndSynchronize(StreamId stream, device::LaunchOp op, uint64_t epoch,
+void RemoteDevice::LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch,
                                         uint64_t work_epoch,
-                                        device::Device::LaunchedAndSynchronized done) {
+                                        port::LaunchedAndSynchronized done) {
   Request r = LaunchRequest(stream, op);
   r.mutable_launch()->set_synchronize(true);
   Call(

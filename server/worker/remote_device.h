@@ -5,16 +5,14 @@
 // owns the device (see worker_main.h), started, watched and restarted from
 // here. The front process never loads the driver.
 //
-// The interface is device::Device's (operations in, completions out), with
-// two differences that make a restart safe:
+// It is the core's port to the device (server/port/device_port.h), served
+// by the worker's device::Device, and made safe across restarts:
 //   * Stream and kernel ids are chosen here and outlive a worker: a new
 //     worker gets its streams created, and its modules loaded again from the
 //     images the sessions hold, lazily before the first operation that needs
 //     them.
-//   * Device memory does not outlive a worker. Each restart raises the
-//     device's epoch; an allocation answers with the epoch it belongs to,
-//     and every operation that names device memory carries the epoch its
-//     caller checked, so that no stale pointer ever reaches a new worker.
+//   * Device memory does not outlive a worker: each restart raises the
+//     port's epoch, so that no stale pointer ever reaches a new worker.
 //
 // A restart happens when the worker reports a sticky fault, when a launch
 // runs past its stream's kernel time limit, when the worker stops
@@ -41,8 +39,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/device/device.h"
-#include "server/device/staging.h"
+#include "server/port/device_port.h"
+#include "server/port/staging.h"
+#include "server/port/types.h"
 
 namespace gpuexec::worker {
 
@@ -76,21 +75,10 @@ struct WorkerOptions {
   absl::Duration start_timeout = absl::Seconds(120);
 };
 
-// What the first worker of a device reported.
-struct DriverInfo {
-  int driver_version = 0;
-  int device_count = 0;
-  bool test_double = false;
-};
+using port::DriverInfo;
+using port::ResetInfo;
 
-struct ResetInfo {
-  int device = 0;
-  uint64_t epoch = 0;  // the new epoch
-  absl::Time at;
-  std::string why;
-};
-
-class RemoteDevice {
+class RemoteDevice final : public port::DevicePort {
  public:
   // Starts the device's worker and waits until it serves. Fails with the
   // worker's reason (no driver, no such device, ...); `info` is filled
@@ -101,38 +89,30 @@ class RemoteDevice {
   // if it has not exited within 10 s.
   ~RemoteDevice();
 
-  int ordinal() const { return options_.ordinal; }
-  const cuda::DeviceProperties& properties() const { return props_; }
+  // The port (server/port/device_port.h), served by the worker.
+  int ordinal() const override { return options_.ordinal; }
+  const port::DeviceProperties& properties() const override { return props_; }
   // Serving: the worker is up. False while it restarts.
-  bool healthy() const;
-  // Why the device is not serving (OK when it is).
-  absl::Status fault() const;
-  uint64_t epoch() const;
-  uint64_t resets() const;
-  std::optional<ResetInfo> last_reset() const;
+  bool healthy() const override;
+  absl::Status fault() const override;
+  uint64_t epoch() const override;
+  uint64_t resets() const override;
+  std::optional<ResetInfo> last_reset() const override;
   // The process id of the current worker (0 while there is none).
-  pid_t worker_pid() const;
-  uint32_t modules_loaded() const;
-  uint64_t module_loads_total() const { return module_loads_total_.load(); }
-  device::StagingPool& staging() { return staging_; }
-
-  // Called (on no particular thread, no lock held): `on_reset` after each
-  // reset, `on_state` whenever the device starts or stops serving.
-  void SetListeners(std::function<void(const ResetInfo&)> on_reset, std::function<void()> on_state);
-
-  // The error for device memory of `epoch` once the device was reset.
-  absl::Status LostError(uint64_t epoch, const std::string& what) const;
+  int worker_pid() const override;
+  uint32_t modules_loaded() const override;
+  uint64_t module_loads_total() const override { return module_loads_total_.load(); }
+  port::StagingPool& staging() override { return staging_; }
+  void SetListeners(std::function<void(const ResetInfo&)> on_reset,
+                    std::function<void()> on_state) override;
+  absl::Status LostError(uint64_t epoch, const std::string& what) const override;
 
   template <typename T>
-  using Callback = device::Callback<T>;
-  using Done = device::Done;
-  using StreamId = device::StreamId;
-  using DevicePtr = device::DevicePtr;
-
-  struct Allocation {
-    DevicePtr ptr = 0;
-    uint64_t epoch = 0;
-  };
+  using Callback = port::Callback<T>;
+  using Done = port::Done;
+  using StreamId = port::StreamId;
+  using DevicePtr = port::DevicePtr;
+  using Allocation = port::Allocation;
 
   // The device's memory as its worker reports it. Never waits long for a
   // worker that does not answer (one stopped, or stuck in a driver call):
@@ -140,42 +120,40 @@ class RemoteDevice {
   // kAnswerWithin, it answers at once with the last figure the worker gave
   // (zeros if none), and a query that waits that long is answered so too.
   // not_answering_since() then says since when.
-  void QueryMemory(Callback<cuda::MemoryInfo> done);
-  std::optional<absl::Time> not_answering_since() const;
+  void QueryMemory(Callback<port::MemoryInfo> done) override;
+  std::optional<absl::Time> not_answering_since() const override;
   // Request bytes written to the worker's channel and not yet taken.
-  uint64_t unsent_bytes() const;
+  uint64_t unsent_bytes() const override;
   static constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
   // Streams are created in the worker when first used; this only names one.
-  StreamId CreateStream(absl::Duration kernel_time_limit);
-  void DestroyStream(StreamId stream, Done done);
-  // `epoch`: of the buffer the caller will copy (0: none).
-  void AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done);
-  void Allocate(StreamId stream, uint64_t size, std::string what, Callback<Allocation> done);
-  // Operations on device memory of `epoch`.
-  void Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::string what, Done done);
+  StreamId CreateStream(absl::Duration kernel_time_limit) override;
+  void DestroyStream(StreamId stream, Done done) override;
+  void AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done) override;
+  void Allocate(StreamId stream, uint64_t size, std::string what,
+                Callback<Allocation> done) override;
+  void Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::string what, Done done) override;
   void Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_t value, uint64_t size,
-              std::string what, Done done);
+              std::string what, Done done) override;
   void Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t epoch, uint64_t size,
-            std::string what, Done done);
-  void CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch, device::StagingSlot slot,
-                    uint64_t size, std::string what, Done done);
-  void CopyToHost(StreamId stream, device::StagingSlot slot, DevicePtr src, uint64_t epoch,
-                  uint64_t size, std::string what, Done done);
-  void LoadModule(std::shared_ptr<const device::ModuleImage> image, std::string what, Done done);
-  void UnloadModule(const std::string& sha256);
+            std::string what, Done done) override;
+  void CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch, port::StagingSlot slot,
+                    uint64_t size, std::string what, Done done) override;
+  void CopyToHost(StreamId stream, port::StagingSlot slot, DevicePtr src, uint64_t epoch,
+                  uint64_t size, std::string what, Done done) override;
+  void LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,
+                  Done done) override;
+  void UnloadModule(const std::string& sha256) override;
   // The kernel's id is the same for every caller and every worker.
-  void GetKernel(std::shared_ptr<const device::ModuleImage> image, std::string name,
-                 std::string what, Callback<device::KernelInfo> done);
-  // `epoch`: the epoch of the buffers in the parameters (0 when none).
-  void Launch(StreamId stream, device::LaunchOp op, uint64_t epoch, Done done);
-  // `work_epoch`: the epoch of the oldest work queued on the stream since
-  // its last Synchronize (0: none); if the device was reset since, the
-  // answer is ABORTED with the reset's reason (that work was lost).
-  void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns);
+  void GetKernel(std::shared_ptr<const port::ModuleImage> image, std::string name,
+                 std::string what, Callback<port::KernelInfo> done) override;
+  void Launch(StreamId stream, port::LaunchOp op, uint64_t epoch, Done done) override;
+  // If the device was reset since `work_epoch`, the answer is ABORTED with
+  // the reset's reason (that work was lost).
+  void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) override;
   // A Launch and a Synchronize of its stream right behind it, in one
   // request and one answer (the launch's failure, or the Synchronize's).
-  void LaunchAndSynchronize(StreamId stream, device::LaunchOp op, uint64_t epoch,
-                            uint64_t work_epoch, device::Device::LaunchedAndSynchronized done);
+  void LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch,
+                            uint64_t work_epoch, port::LaunchedAndSynchronized done) override;
 
  private:
   struct Connection;
@@ -183,8 +161,8 @@ class RemoteDevice {
   struct KernelRecord {
     std::string sha256;
     std::string name;
-    std::weak_ptr<const device::ModuleImage> image;
-    std::optional<device::KernelInfo> info;
+    std::weak_ptr<const port::ModuleImage> image;
+    std::optional<port::KernelInfo> info;
   };
   enum class State { kStarting, kServing, kBackingOff, kStopping };
   // Called with the reply and the epoch of the worker that sent it (0 when
@@ -228,11 +206,11 @@ class RemoteDevice {
   static ReplyFn ValueTo(Callback<uint64_t> done);
 
   const WorkerOptions options_;
-  cuda::DeviceProperties props_;
+  port::DeviceProperties props_;
   DriverInfo driver_info_;
   int staging_fd_ = -1;
   uint8_t* staging_memory_ = nullptr;
-  device::StagingPool staging_;
+  port::StagingPool staging_;
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kStarting;
@@ -268,9 +246,9 @@ class RemoteDevice {
   // (each answered once, by the worker or from `memory_` when it is late).
   struct MemoryQuery {
     absl::Time asked;
-    Callback<cuda::MemoryInfo> done;
+    Callback<port::MemoryInfo> done;
   };
-  cuda::MemoryInfo memory_ ABSL_GUARDED_BY(mu_);
+  port::MemoryInfo memory_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, MemoryQuery> memory_queries_ ABSL_GUARDED_BY(mu_);
   uint64_t next_memory_query_ ABSL_GUARDED_BY(mu_) = 1;
   // When the worker began not to answer within kAnswerWithin (a ping or a

@@ -136,11 +136,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The layout: parameters of the sizes kernels have, or any up to 64
   // bytes (structs), anywhere in the first 4 KiB (the driver's limit).
   const size_t nparams = in.ConsumeIntegralInRange<size_t>(0, 24);
-  std::vector<gpuexec::cuda::ParamInfo> params;
+  std::vector<gpuexec::port::ParamInfo> params;
   uint64_t param_bytes = 0;
   uint64_t next = 0;
   for (size_t i = 0; i < nparams; ++i) {
-    gpuexec::cuda::ParamInfo p;
+    gpuexec::port::ParamInfo p;
     static constexpr uint64_t kSizes[] = {1, 2, 4, 8, 16, 0};
     p.size = kSizes[in.ConsumeIntegralInRange<size_t>(0, 5)];
     if (p.size == 0) p.size = in.ConsumeIntegralInRange<uint64_t>(0, 64);
@@ -214,7 +214,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   size_t resolved = 0;
-  auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<gpuexec::cuda::DevicePtr> {
+  auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<gpuexec::port::DevicePtr> {
     FUZZ_CHECK(index < args.size());
     FUZZ_CHECK(a.kind == Kind::kBuffer);
     ++resolved;

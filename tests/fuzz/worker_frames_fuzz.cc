@@ -79,7 +79,7 @@ void Handle(const std::string& frame) {
       const w::Ready& ready = e.ready();
       const absl::Status st = w::FromProto(ready.status());
       FUZZ_CHECK(st.ok() == (ready.status().code() == 0));
-      const gpuexec::cuda::DeviceProperties p = w::FromProto(ready.properties());
+      const gpuexec::port::DeviceProperties p = w::FromProto(ready.properties());
       FUZZ_CHECK(p.name == ready.properties().name());
       for (int i = 0; i < 3; ++i) {
         if (i < ready.properties().max_block_size()) {

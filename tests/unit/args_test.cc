@@ -13,10 +13,10 @@ using K = ArgValue::Kind;
 
 // gx_types(int8 @0, int16 @2, uint32 @4, int64 @8, half @16, bf16 @18,
 //          float @20, double @24, uint64_t* @32)
-const std::vector<cuda::ParamInfo> kTypes = {{0, 1},  {2, 2},  {4, 4},  {8, 8}, {16, 2},
+const std::vector<port::ParamInfo> kTypes = {{0, 1},  {2, 2},  {4, 4},  {8, 8}, {16, 2},
                                              {18, 2}, {20, 4}, {24, 8}, {32, 8}};
 
-absl::StatusOr<cuda::DevicePtr> NoBuffers(size_t, const ArgValue&) {
+absl::StatusOr<port::DevicePtr> NoBuffers(size_t, const ArgValue&) {
   return absl::NotFoundError("no buffers here");
 }
 
@@ -34,7 +34,7 @@ TEST(PackArgs, PacksEveryKindAtItsOffset) {
       ArgValue::Float(K::kF16, 1.5),      ArgValue::Float(K::kBF16, 1.5),
       ArgValue::Float(K::kF32, 2.25),     ArgValue::Float(K::kF64, -0.125),
       ArgValue::Buffer(7, 16)};
-  auto resolve = [](size_t index, const ArgValue& a) -> absl::StatusOr<cuda::DevicePtr> {
+  auto resolve = [](size_t index, const ArgValue& a) -> absl::StatusOr<port::DevicePtr> {
     EXPECT_EQ(index, 8u);
     EXPECT_EQ(a.buffer, 7u);
     return 0x1000 + a.offset;
@@ -61,7 +61,7 @@ TEST(PackArgs, WrongCountNamesTheKernel) {
 }
 
 TEST(PackArgs, WrongSizeNamesTheParameter) {
-  std::vector<cuda::ParamInfo> params = {{0, 4}, {8, 8}};
+  std::vector<port::ParamInfo> params = {{0, 4}, {8, 8}};
   auto block = PackArgs("k", params, 16,
                         {ArgValue::Float(K::kF32, 1), ArgValue::Float(K::kF32, 2)}, NoBuffers);
   ASSERT_EQ(block.status().code(), absl::StatusCode::kInvalidArgument);
@@ -70,20 +70,20 @@ TEST(PackArgs, WrongSizeNamesTheParameter) {
 }
 
 TEST(PackArgs, IntegerOutOfRangeIsRejected) {
-  std::vector<cuda::ParamInfo> params = {{0, 1}};
+  std::vector<port::ParamInfo> params = {{0, 1}};
   for (const ArgValue& a : {ArgValue::Signed(K::kI8, 128), ArgValue::Signed(K::kI8, -129),
                             ArgValue::Unsigned(K::kU8, 256)}) {
     auto block = PackArgs("k", params, 1, {a}, NoBuffers);
     ASSERT_EQ(block.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(block.status().message()), HasSubstr("out of range"));
   }
-  std::vector<cuda::ParamInfo> p4 = {{0, 4}};
+  std::vector<port::ParamInfo> p4 = {{0, 4}};
   EXPECT_FALSE(PackArgs("k", p4, 4, {ArgValue::Unsigned(K::kU32, 1ull << 32)}, NoBuffers).ok());
   EXPECT_TRUE(PackArgs("k", p4, 4, {ArgValue::Signed(K::kI32, -2147483648ll)}, NoBuffers).ok());
 }
 
 TEST(PackArgs, RawBytesAndNull) {
-  std::vector<cuda::ParamInfo> params = {{0, 16}, {16, 8}};
+  std::vector<port::ParamInfo> params = {{0, 16}, {16, 8}};
   std::string raw(16, '\0');
   for (int i = 0; i < 16; ++i) raw[i] = static_cast<char>(i + 1);
   auto block = PackArgs("gx_struct", params, 24, {ArgValue::Raw(raw), ArgValue::Null()}, NoBuffers);
@@ -95,7 +95,7 @@ TEST(PackArgs, RawBytesAndNull) {
 }
 
 TEST(PackArgs, ResolverErrorsPassThrough) {
-  std::vector<cuda::ParamInfo> params = {{0, 8}};
+  std::vector<port::ParamInfo> params = {{0, 8}};
   auto block = PackArgs("k", params, 8, {ArgValue::Buffer(1, 0)}, NoBuffers);
   EXPECT_EQ(block.status().code(), absl::StatusCode::kNotFound);
 }
@@ -103,17 +103,17 @@ TEST(PackArgs, ResolverErrorsPassThrough) {
 // The layout comes from another process: one past its own block is refused
 // before anything is written (found by args_fuzz with a forged worker reply).
 TEST(PackArgs, ALayoutOutsideItsBlockIsRefusedNotWrittenPast) {
-  std::vector<cuda::ParamInfo> past = {{64, 8}};
+  std::vector<port::ParamInfo> past = {{64, 8}};
   auto block = PackArgs("k", past, 64, {ArgValue::Signed(K::kI64, 1)}, NoBuffers);
   EXPECT_EQ(block.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(block.status().message()), HasSubstr("outside its 64-byte"));
-  std::vector<cuda::ParamInfo> far = {{4096, 8}};
+  std::vector<port::ParamInfo> far = {{4096, 8}};
   EXPECT_EQ(PackArgs("k", far, 8, {ArgValue::Signed(K::kI64, 1)}, NoBuffers).status().code(),
             absl::StatusCode::kInternal);
-  std::vector<cuda::ParamInfo> wrap = {{8, UINT64_MAX}};
+  std::vector<port::ParamInfo> wrap = {{8, UINT64_MAX}};
   EXPECT_EQ(PackArgs("k", wrap, 16, {ArgValue::Signed(K::kI64, 1)}, NoBuffers).status().code(),
             absl::StatusCode::kInternal);
-  std::vector<cuda::ParamInfo> fine = {{0, 8}};
+  std::vector<port::ParamInfo> fine = {{0, 8}};
   EXPECT_EQ(PackArgs("k", fine, kMaxParamBlockBytes + 1, {ArgValue::Signed(K::kI64, 1)}, NoBuffers)
                 .status()
                 .code(),

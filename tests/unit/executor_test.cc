@@ -6,10 +6,13 @@
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "server/device/staging.h"
+#include "server/port/staging.h"
 
 namespace gpuexec::device {
 namespace {
+
+using port::StagingPool;
+using port::StagingSlot;
 
 TEST(Executor, RunsOpsInOrderOnOneThread) {
   Executor ex("test");

@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "server/core/session.h"
-#include "server/device/staging.h"
+#include "server/port/staging.h"
 
 namespace gpuexec::core {
 namespace {
@@ -14,19 +14,19 @@ TEST(StagingShareTest, ASessionHoldsAtMostAQuarterAndWaitsForItsOwnRelease) {
   std::vector<uint8_t> memory(8 * 64);
   std::vector<uint8_t*> buffers;
   for (int i = 0; i < 8; ++i) buffers.push_back(memory.data() + 64 * i);
-  device::StagingPool pool;
+  port::StagingPool pool;
   pool.Reset(buffers, 64);
 
   StagingShare a, b;
-  std::vector<device::StagingSlot> a_held, b_held;
+  std::vector<port::StagingSlot> a_held, b_held;
   for (int i = 0; i < 4; ++i) {
-    a.Acquire(pool, [&](device::StagingSlot s) { a_held.push_back(s); });
+    a.Acquire(pool, [&](port::StagingSlot s) { a_held.push_back(s); });
   }
   EXPECT_EQ(a_held.size(), 2u) << "a quarter of 8";
   EXPECT_EQ(pool.free_slots(), 6u);
   // Another session is not held up by the first one's waiting transfers.
   for (int i = 0; i < 2; ++i) {
-    b.Acquire(pool, [&](device::StagingSlot s) { b_held.push_back(s); });
+    b.Acquire(pool, [&](port::StagingSlot s) { b_held.push_back(s); });
   }
   EXPECT_EQ(b_held.size(), 2u);
   // A's own release passes its place to A's next waiter, not to the pool.
@@ -43,13 +43,13 @@ TEST(StagingShareTest, ASessionHoldsAtMostAQuarterAndWaitsForItsOwnRelease) {
 
 TEST(StagingShareTest, ASmallPoolStillLetsTwoGo) {
   std::vector<uint8_t> memory(2 * 64);
-  device::StagingPool pool;
+  port::StagingPool pool;
   pool.Reset({memory.data(), memory.data() + 64}, 64);
   StagingShare a;
   int got = 0;
-  std::vector<device::StagingSlot> held;
+  std::vector<port::StagingSlot> held;
   for (int i = 0; i < 2; ++i) {
-    a.Acquire(pool, [&](device::StagingSlot s) {
+    a.Acquire(pool, [&](port::StagingSlot s) {
       ++got;
       held.push_back(s);
     });

@@ -1,8 +1,8 @@
-#include "server/device/staging.h"
+#include "server/port/staging.h"
 
 #include <utility>
 
-namespace gpuexec::device {
+namespace gpuexec::port {
 
 void StagingPool::Reset(std::vector<uint8_t*> buffers, size_t capacity) {
   absl::MutexLock lock(&mu_);
@@ -48,4 +48,4 @@ size_t StagingPool::free_slots() const {
   return free_.size();
 }
 
-}  // namespace gpuexec::device
+}  // namespace gpuexec::port

@@ -1,11 +1,12 @@
-#ifndef GPUEXEC_SERVER_DEVICE_STAGING_H_
-#define GPUEXEC_SERVER_DEVICE_STAGING_H_
+#ifndef GPUEXEC_SERVER_PORT_STAGING_H_
+#define GPUEXEC_SERVER_PORT_STAGING_H_
 
 // A fixed set of pinned host buffers through which every host<->device copy
 // of a device streams. The set is the bound on the daemon's memory for
 // copies, whatever the size of a transfer. Slots are handed out first come,
 // first served; a caller that finds none waits (asynchronously) for the next
-// release. The pinned memory itself is owned by the Device.
+// release. The memory itself is owned by whoever serves the device: the
+// front process maps it and the device's worker page-locks it.
 
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace gpuexec::device {
+namespace gpuexec::port {
 
 struct StagingSlot {
   int index = -1;
@@ -50,6 +51,6 @@ class StagingPool {
   std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace gpuexec::device
+}  // namespace gpuexec::port
 
-#endif  // GPUEXEC_SERVER_DEVICE_STAGING_H_
+#endif  // GPUEXEC_SERVER_PORT_STAGING_H_

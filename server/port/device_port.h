@@ -1,0 +1,130 @@
+#ifndef GPUEXEC_SERVER_PORT_DEVICE_PORT_H_
+#define GPUEXEC_SERVER_PORT_DEVICE_PORT_H_
+
+// One GPU as the daemon's core sees it: operations in, completions out,
+// over ids the core chooses, with no driver handle anywhere. The daemon's
+// implementation is the proxy of a device's worker process
+// (worker::RemoteDevice); tests give the core a port of their own.
+//
+// Device memory does not outlive a reset of the device. Each reset raises
+// the port's epoch; an allocation answers with the epoch it belongs to, and
+// every operation that names device memory carries the epoch its caller
+// checked, so that a stale pointer never reaches the device again: such an
+// operation fails with LostError's status.
+//
+// Completions run on no particular thread, with no lock of the port held;
+// they must be cheap and must not wait on the port.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/port/staging.h"
+#include "server/port/types.h"
+
+namespace gpuexec::port {
+
+// What the first device to start found of the driver.
+struct DriverInfo {
+  int driver_version = 0;
+  int device_count = 0;
+  bool test_double = false;
+};
+
+struct ResetInfo {
+  int device = 0;
+  uint64_t epoch = 0;  // the new epoch
+  absl::Time at;
+  std::string why;
+};
+
+struct Allocation {
+  DevicePtr ptr = 0;
+  uint64_t epoch = 0;
+};
+
+class DevicePort {
+ public:
+  virtual ~DevicePort() = default;
+
+  virtual int ordinal() const = 0;
+  virtual const DeviceProperties& properties() const = 0;
+  // Serving now (false while it restarts).
+  virtual bool healthy() const = 0;
+  // Why the device is not serving (OK when it is).
+  virtual absl::Status fault() const = 0;
+  virtual uint64_t epoch() const = 0;
+  virtual uint64_t resets() const = 0;
+  virtual std::optional<ResetInfo> last_reset() const = 0;
+  // The process serving the device (0 while there is none, or no process).
+  virtual int worker_pid() const = 0;
+  virtual uint32_t modules_loaded() const = 0;
+  virtual uint64_t module_loads_total() const = 0;
+  // The staging buffers every host<->device copy of the device streams
+  // through.
+  virtual StagingPool& staging() = 0;
+  // `on_reset` after each reset, `on_state` whenever the device starts or
+  // stops serving.
+  virtual void SetListeners(std::function<void(const ResetInfo&)> on_reset,
+                            std::function<void()> on_state) = 0;
+  // The error for device memory of `epoch` once the device was reset.
+  virtual absl::Status LostError(uint64_t epoch, const std::string& what) const = 0;
+
+  // The device's memory; never waits long on a device that does not answer
+  // (it answers with the last figures then; not_answering_since says since
+  // when).
+  virtual void QueryMemory(Callback<MemoryInfo> done) = 0;
+  virtual std::optional<absl::Time> not_answering_since() const = 0;
+  // Request bytes the device has not taken yet.
+  virtual uint64_t unsent_bytes() const = 0;
+
+  // Names a stream; it is made on the device when first used.
+  virtual StreamId CreateStream(absl::Duration kernel_time_limit) = 0;
+  virtual void DestroyStream(StreamId stream, Done done) = 0;
+  // `done` once everything queued on `stream` has finished; `epoch`: of
+  // the buffer the caller will copy (0: none).
+  virtual void AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done) = 0;
+  // Allocates zero-filled memory in stream order.
+  virtual void Allocate(StreamId stream, uint64_t size, std::string what,
+                        Callback<Allocation> done) = 0;
+  virtual void Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::string what,
+                    Done done) = 0;
+  virtual void Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_t value, uint64_t size,
+                      std::string what, Done done) = 0;
+  virtual void Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t epoch, uint64_t size,
+                    std::string what, Done done) = 0;
+  // `done` when the copy has finished (the slot may be reused then).
+  virtual void CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch, StagingSlot slot,
+                            uint64_t size, std::string what, Done done) = 0;
+  // `done` when the bytes are in the slot.
+  virtual void CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t epoch,
+                          uint64_t size, std::string what, Done done) = 0;
+  virtual void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what,
+                          Done done) = 0;
+  virtual void UnloadModule(const std::string& sha256) = 0;
+  // The kernel's id is the same for every caller.
+  virtual void GetKernel(std::shared_ptr<const ModuleImage> image, std::string name,
+                         std::string what, Callback<KernelInfo> done) = 0;
+  // `epoch`: of the buffers in the parameters (0 when none).
+  virtual void Launch(StreamId stream, LaunchOp op, uint64_t epoch, Done done) = 0;
+  // `work_epoch`: of the oldest work queued on the stream since its last
+  // Synchronize (0: none); ABORTED with the reset's reason if the device
+  // was reset since.
+  virtual void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) = 0;
+  virtual void LaunchAndSynchronize(StreamId stream, LaunchOp op, uint64_t epoch,
+                                    uint64_t work_epoch, LaunchedAndSynchronized done) = 0;
+};
+
+// Opens device `ordinal`; the first one opened also fills `info` (whenever
+// the driver loaded, even if the device did not open).
+using DevicePortFactory =
+    std::function<absl::StatusOr<std::unique_ptr<DevicePort>>(int ordinal, DriverInfo* info)>;
+
+}  // namespace gpuexec::port
+
+#endif  // GPUEXEC_SERVER_PORT_DEVICE_PORT_H_

@@ -1,0 +1,104 @@
+#ifndef GPUEXEC_SERVER_PORT_TYPES_H_
+#define GPUEXEC_SERVER_PORT_TYPES_H_
+
+// The vocabulary of a device that the daemon's front process and a device's
+// worker share: ids, properties, kernels and launches as plain values. No
+// driver handle appears here (the driver's declarations live in
+// server/cuda only), so the front process can name everything it asks of
+// a device without linking anything that could load the driver.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace gpuexec::port {
+
+using DevicePtr = uint64_t;
+
+struct DeviceProperties {
+  int ordinal = 0;
+  std::string name;
+  int cc_major = 0;
+  int cc_minor = 0;
+  uint64_t total_memory = 0;
+  int multiprocessors = 0;
+  int max_threads_per_block = 0;
+  int max_block[3] = {0, 0, 0};
+  int max_grid[3] = {0, 0, 0};
+  int max_shared_per_block = 0;        // without opt-in (48 KiB)
+  int max_shared_per_block_optin = 0;  // with opt-in
+  bool cluster_launch = false;
+  bool memory_pools = false;
+};
+
+struct MemoryInfo {
+  uint64_t free = 0;
+  uint64_t total = 0;
+};
+
+struct ParamInfo {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+struct FunctionAttributes {
+  int num_registers = 0;
+  int static_shared_bytes = 0;
+  int const_bytes = 0;
+  int local_bytes = 0;
+  int max_threads_per_block = 0;
+  int max_dynamic_shared_bytes = 0;
+  int ptx_version = 0;
+  int binary_version = 0;
+};
+
+struct LaunchGeometry {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned cluster[3] = {0, 0, 0};  // all zero: no cluster
+  unsigned shared_bytes = 0;
+};
+
+// Streams and kernels are named by ids the front process chooses.
+using StreamId = uint64_t;
+using KernelId = uint64_t;
+
+template <typename T>
+using Callback = std::function<void(absl::StatusOr<T>)>;
+using Done = std::function<void(absl::Status)>;
+
+// A module image as the device needs it: its id (SHA-256) and bytes.
+struct ModuleImage {
+  std::string sha256;
+  std::string bytes;
+  bool is_ptx = false;
+};
+
+struct KernelInfo {
+  KernelId id = 0;
+  std::vector<ParamInfo> params;
+  FunctionAttributes attributes;
+  // Bytes of the packed parameter block (end of the last parameter).
+  uint64_t param_bytes = 0;
+};
+
+struct LaunchOp {
+  KernelId kernel = 0;
+  LaunchGeometry geometry;
+  // The parameters packed at the offsets of KernelInfo::params.
+  std::string param_block;
+  std::string what;  // names the function and session in errors
+};
+
+// A Launch and a Synchronize of its stream in one operation: the launch's
+// failure, or what the Synchronize gives, and whether the launch was
+// enqueued.
+using LaunchedAndSynchronized = std::function<void(absl::StatusOr<uint64_t>, bool launched)>;
+
+}  // namespace gpuexec::port
+
+#endif  // GPUEXEC_SERVER_PORT_TYPES_H_
