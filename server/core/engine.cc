@@ -467,18 +467,17 @@ void Engine::Strike(int index, const port::ResetInfo& info,
                  absl::ToInt64Seconds(options_.strike_window), " s; its launches are refused until ",
                  absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()));
   }
-  for (auto& s : named) {
-    {
-      absl::MutexLock lock(&closed_mu_);
-      if (closed_why_.emplace(s->token(), std::make_pair(s->tenant(), why)).second) {
-        closed_order_.push_back(s->token());
-      }
-      while (closed_order_.size() > 1024) {
-        closed_why_.erase(closed_order_.front());
-        closed_order_.pop_front();
-      }
-    }
-    Close(s, CloseReason::kFaulted, why, [](absl::Status) {});
+  for (auto& s : named) Close(s, CloseReason::kFaulted, why, [](absl::Status) {});
+}
+
+void Engine::RememberClosed(const Session& s, const std::string& why) {
+  absl::MutexLock lock(&closed_mu_);
+  if (closed_why_.emplace(s.token(), std::make_pair(s.tenant(), why)).second) {
+    closed_order_.push_back(s.token());
+  }
+  while (closed_order_.size() > kClosedRemembered) {
+    closed_why_.erase(closed_order_.front());
+    closed_order_.pop_front();
   }
 }
 
@@ -740,6 +739,8 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
   }
   if (reason == CloseReason::kClient) sessions_closed_.fetch_add(1);
   if (reason == CloseReason::kExpired) sessions_expired_.fetch_add(1);
+  // A session the daemon ended says why to its client's next call.
+  if (reason != CloseReason::kClient && reason != CloseReason::kShutdown) RememberClosed(*s, why);
   port::DevicePort* dev = DeviceOf(*s);
   uint64_t freed = 0;
   size_t buffers = 0;

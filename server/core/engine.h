@@ -452,7 +452,10 @@ class Engine {
   std::atomic<uint64_t> strikes_total_{0};
   std::atomic<uint64_t> strike_refusals_{0};
   // Why sessions closed by the daemon (not by their clients) went, for the
-  // NOT_FOUND their next call gets: token -> (tenant, why), the last 1024.
+  // NOT_FOUND their next call gets: token -> (tenant, why), the last
+  // kClosedRemembered.
+  static constexpr size_t kClosedRemembered = 1024;
+  void RememberClosed(const Session& s, const std::string& why);
   absl::Mutex closed_mu_;
   absl::flat_hash_map<std::string, std::pair<std::string, std::string>> closed_why_
       ABSL_GUARDED_BY(closed_mu_);

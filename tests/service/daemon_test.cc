@@ -415,7 +415,8 @@ TEST(DaemonProcessTest, LogsOneLinePerEvent) {
     GX_ASSERT_OK_AND_ASSIGN(Buffer b, lapses.Allocate(4096));
     ASSERT_TRUE(WaitFor([&] { return ReadFile(log_path)->find("lapsed") != std::string::npos; },
                         absl::Seconds(10)));
-    EXPECT_THAT(b.Free(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("does not exist")));
+    EXPECT_THAT(b.Free(), StatusIs(absl::StatusCode::kNotFound,
+                                   HasSubstr("was closed: its lease of 300 ms lapsed")));
     EXPECT_EQ(daemon.Stop(), 0);
   }
   const std::string log = *ReadFile(log_path);

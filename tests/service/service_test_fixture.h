@@ -32,45 +32,9 @@
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/rpc/server.h"
+#include "tests/support/status_matchers.h"
 
 namespace gpuexec::testing {
-
-// ------------------------------------------------------------ status helpers
-// Abseil 20220623 has no status matchers; these are small stand-ins.
-
-inline const absl::Status& StatusOf(const absl::Status& status) { return status; }
-template <typename T>
-const absl::Status& StatusOf(const absl::StatusOr<T>& status_or) {
-  return status_or.status();
-}
-
-// StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")).
-MATCHER_P2(StatusIs, code, message_matcher, "has code " + absl::StatusCodeToString(code)) {
-  const absl::Status& status = StatusOf(arg);
-  *result_listener << "which is " << status;
-  return status.code() == code &&
-         ::testing::ExplainMatchResult(message_matcher, std::string(status.message()),
-                                       result_listener);
-}
-
-MATCHER(IsOk, "is OK") {
-  const absl::Status& status = StatusOf(arg);
-  *result_listener << "which is " << status;
-  return status.ok();
-}
-
-#define GX_CONCAT_INNER_(a, b) a##b
-#define GX_CONCAT_(a, b) GX_CONCAT_INNER_(a, b)
-
-#define GX_ASSERT_OK(expr) ASSERT_THAT((expr), ::gpuexec::testing::IsOk())
-#define GX_EXPECT_OK(expr) EXPECT_THAT((expr), ::gpuexec::testing::IsOk())
-
-#define GX_ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  GX_ASSERT_OK_AND_ASSIGN_IMPL_(GX_CONCAT_(gx_statusor_, __LINE__), lhs, expr)
-#define GX_ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, expr)          \
-  auto statusor = (expr);                                           \
-  ASSERT_TRUE(statusor.ok()) << #expr << ": " << statusor.status(); \
-  lhs = std::move(statusor).value()
 
 // ------------------------------------------------------------ backend
 

@@ -1,0 +1,344 @@
+// The core alone: an Engine over a device port of the test's own
+// (tests/support/fake_port.h), with no worker process and no driver.
+// Leases, memory limits, the module store, lost buffers, launch checks and
+// strikes, each seen from both sides: what the caller gets, and what the
+// device was asked to do.
+#include "server/core/engine.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gpuexec/sha256.h"
+#include "gtest/gtest.h"
+#include "tests/support/fake_port.h"
+#include "tests/support/status_matchers.h"
+
+namespace gpuexec::core {
+namespace {
+
+using ::gpuexec::testing::FakePort;
+using ::gpuexec::testing::IsOk;
+using ::gpuexec::testing::StatusIs;
+using ::testing::_;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Runs an asynchronous engine call and waits for its completion.
+template <typename T>
+absl::StatusOr<T> Await(const std::function<void(Callback<T>)>& call) {
+  absl::Notification done;
+  absl::StatusOr<T> result = absl::UnknownError("no completion");
+  call([&](absl::StatusOr<T> r) {
+    result = std::move(r);
+    done.Notify();
+  });
+  if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) {
+    return absl::DeadlineExceededError("the completion never came");
+  }
+  return result;
+}
+
+absl::Status AwaitDone(const std::function<void(Done)>& call) {
+  return Await<bool>([&](Callback<bool> cb) {
+           call([cb](absl::Status st) {
+             if (st.ok()) {
+               cb(true);
+             } else {
+               cb(st);
+             }
+           });
+         })
+      .status();
+}
+
+// k_fill(u32* out, u32 value, u64 n): out[i] = value for i < n.
+constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\n";
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(EngineOptions()); }
+
+  void Start(EngineOptions options) {
+    engine_.reset();
+    options.reaper_interval = absl::Milliseconds(10);
+    options.chunk_bytes = 64 << 10;
+    options.staging_buffers = 4;
+    port_ = nullptr;
+    auto open = [this](int ordinal, port::DriverInfo* info)
+        -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
+      info->device_count = 1;
+      info->driver_version = 13000;
+      info->test_double = true;
+      FakePort::Options o;
+      o.ordinal = ordinal;
+      o.memory_bytes = 64 << 20;
+      o.staging_bytes = 64 << 10;
+      auto port = std::make_unique<FakePort>(o);
+      port->AddKernel("k_fill", {{0, 8}, {8, 4}, {16, 8}}, [](const FakePort::KernelContext& k) {
+        uint64_t out, n;
+        uint32_t value;
+        std::memcpy(&out, k.op.param_block.data(), 8);
+        std::memcpy(&value, k.op.param_block.data() + 8, 4);
+        std::memcpy(&n, k.op.param_block.data() + 16, 8);
+        uint8_t* p = k.memory(out, n * 4);
+        if (p == nullptr) return absl::InternalError("k_fill: out of bounds");
+        for (uint64_t i = 0; i < n; ++i) std::memcpy(p + i * 4, &value, 4);
+        return absl::OkStatus();
+      });
+      port->AddKernel("k_fault", {{0, 8}}, [](const FakePort::KernelContext&) {
+        return absl::AbortedError("an illegal memory access was encountered");
+      });
+      port_ = port.get();
+      return std::unique_ptr<port::DevicePort>(std::move(port));
+    };
+    auto engine = Engine::Create(options, open);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(engine).value();
+    ASSERT_NE(port_, nullptr);
+  }
+
+  absl::StatusOr<SessionInfo> Open(uint64_t lease_ms = 0, uint64_t memory_limit = 0,
+                                   const Caller& caller = DefaultCaller()) {
+    return Await<SessionInfo>([&](Callback<SessionInfo> cb) {
+      engine_->OpenSession(caller, 0, lease_ms, memory_limit, 0, cb);
+    });
+  }
+  absl::Status Close(const std::string& token) {
+    return AwaitDone([&](Done d) { engine_->CloseSession(caller_, token, d); });
+  }
+  absl::StatusOr<BufferInfo> Allocate(const std::string& token, uint64_t size) {
+    return Await<BufferInfo>(
+        [&](Callback<BufferInfo> cb) { engine_->Allocate(caller_, token, size, cb); });
+  }
+  // Uploads `image` (whole, in one chunk) into the session, or with
+  // `by_hash`, names it by its hash only (as a client does first).
+  absl::StatusOr<ModuleResult> Load(const std::string& token, const std::string& image,
+                                    bool by_hash = false) {
+    auto upload = engine_->BeginModuleUpload(caller_, token, Sha256Hex(image), image.size(),
+                                             ModuleKind::kCubin);
+    if (!upload.ok()) return upload.status();
+    if (!by_hash) {
+      if (absl::Status st = (*upload)->AddChunk(image); !st.ok()) return st;
+    }
+    return Await<ModuleResult>([&](Callback<ModuleResult> cb) { (*upload)->Finish(cb); });
+  }
+  absl::StatusOr<FunctionResult> Function(const std::string& token, uint64_t module,
+                                          const std::string& name) {
+    return Await<FunctionResult>([&](Callback<FunctionResult> cb) {
+      engine_->GetFunction(caller_, token, module, name, cb);
+    });
+  }
+  absl::StatusOr<uint64_t> Launch(LaunchSpec spec) {
+    return Await<uint64_t>([&](Callback<uint64_t> cb) { engine_->Launch(caller_, spec, cb); });
+  }
+  static LaunchSpec Fill(const std::string& token, uint64_t function, uint64_t buffer,
+                         uint32_t value, uint64_t n) {
+    LaunchSpec spec;
+    spec.session = token;
+    spec.function = function;
+    spec.block.x = 256;
+    spec.args = {ArgValue::Buffer(buffer, 0), ArgValue::Unsigned(ArgValue::Kind::kU32, value),
+                 ArgValue::Unsigned(ArgValue::Kind::kU64, n)};
+    spec.synchronize = true;
+    return spec;
+  }
+  // The whole of a buffer, read back through the engine.
+  absl::StatusOr<std::string> ReadAll(const std::string& token, uint64_t buffer, uint64_t size) {
+    auto source = engine_->BeginRead(caller_, token, buffer, 0, size, 16 << 10);
+    if (!source.ok()) return source.status();
+    std::string out;
+    while ((*source)->remaining() > 0) {
+      auto chunk = Await<ReadChunk>(
+          [&](Callback<ReadChunk> cb) { (*source)->Next([cb](auto c) { cb(std::move(c)); }); });
+      if (!chunk.ok()) return chunk.status();
+      out.append(chunk->bytes.data(), chunk->bytes.size());
+    }
+    return out;
+  }
+
+  Caller caller_ = DefaultCaller("ipv4:127.0.0.1:5000");
+  std::unique_ptr<Engine> engine_;
+  FakePort* port_ = nullptr;  // owned by engine_
+};
+
+TEST_F(EngineTest, AClosedSessionLeavesNothingOnTheDevice) {
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  ASSERT_THAT(Allocate(s->token, 1 << 20), IsOk());
+  ASSERT_THAT(Allocate(s->token, 4096), IsOk());
+  EXPECT_EQ(port_->bytes_allocated(), (1u << 20) + 4096);
+  EXPECT_EQ(port_->live_streams(), 1u);
+  ASSERT_THAT(Close(s->token), IsOk());
+  port_->Drain();
+  EXPECT_EQ(port_->bytes_allocated(), 0u);
+  EXPECT_EQ(port_->live_streams(), 0u);
+  EXPECT_THAT(Allocate(s->token, 16), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+}
+
+TEST_F(EngineTest, ALapsedLeaseClosesTheSessionAndFreesItsMemory) {
+  auto s = Open(/*lease_ms=*/50);
+  ASSERT_THAT(s, IsOk());
+  EXPECT_EQ(s->lease_ms, 50u);
+  ASSERT_THAT(Allocate(s->token, 1 << 20), IsOk());
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_THAT(engine_->KeepAlive(caller_, s->token),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("lease of 50 ms lapsed")));
+  port_->Drain();
+  EXPECT_EQ(port_->bytes_allocated(), 0u);
+  EXPECT_EQ(engine_->session_count(), 0u);
+}
+
+TEST_F(EngineTest, MemoryLimitsAreRefusedNamingTheLimit) {
+  auto s = Open(0, /*memory_limit=*/1 << 20);
+  ASSERT_THAT(s, IsOk());
+  ASSERT_THAT(Allocate(s->token, 768 << 10), IsOk());
+  EXPECT_THAT(Allocate(s->token, 512 << 10),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("limit")));
+  EXPECT_EQ(port_->bytes_allocated(), 768u << 10);  // the refused one never reached the device
+  ASSERT_THAT(Close(s->token), IsOk());
+
+  EngineOptions daemon_limited;
+  daemon_limited.daemon_memory_bytes = 2 << 20;
+  Start(daemon_limited);
+  auto a = Open();
+  auto b = Open();
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  ASSERT_THAT(Allocate(a->token, 1536 << 10), IsOk());
+  EXPECT_THAT(Allocate(b->token, 1 << 20),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("daemon")));
+  ASSERT_THAT(Close(a->token), IsOk());
+  EXPECT_THAT(Allocate(b->token, 1 << 20), IsOk());  // a's memory came back to the limit
+  ASSERT_THAT(Close(b->token), IsOk());
+}
+
+TEST_F(EngineTest, TheModuleStoreEvictsImagesNoSessionHolds) {
+  // Room for two 1 KiB images.
+  EngineOptions options;
+  options.module_store_bytes = 2 << 10;
+  Start(options);
+  auto image = [](char tag) { return std::string(kImage) + std::string(1000, tag); };
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  ASSERT_THAT(Load(s->token, image('a')), IsOk());
+  auto b = Load(s->token, image('b'));
+  ASSERT_THAT(b, IsOk());
+  EXPECT_TRUE(b->uploaded);
+  // Both held: a third does not fit, and nothing is evicted for it.
+  EXPECT_THAT(Load(s->token, image('c')), StatusIs(absl::StatusCode::kResourceExhausted, _));
+  EXPECT_THAT(port_->unloaded_modules(), ::testing::IsEmpty());
+  ASSERT_THAT(Close(s->token), IsOk());
+
+  // Held by nobody now: the least recently used goes to make room.
+  auto t = Open();
+  ASSERT_THAT(t, IsOk());
+  auto again = Load(t->token, image('b'), /*by_hash=*/true);
+  ASSERT_THAT(again, IsOk()) << "b was not kept in the store";
+  EXPECT_FALSE(again->uploaded);
+  ASSERT_THAT(Load(t->token, image('c')), IsOk());
+  EXPECT_THAT(port_->unloaded_modules(), ::testing::ElementsAre(Sha256Hex(image('a'))));
+  ASSERT_THAT(Close(t->token), IsOk());
+}
+
+TEST_F(EngineTest, BuffersOfAResetDeviceAreLostAndNewOnesWork) {
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  auto buffer = Allocate(s->token, 4096);
+  ASSERT_THAT(buffer, IsOk());
+  port_->Reset("a test reset");
+  EXPECT_THAT(
+      AwaitDone([&](Done d) { engine_->Memset(caller_, s->token, buffer->handle, 0, 0, 1, d); }),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("lost")));
+  EXPECT_THAT(ReadAll(s->token, buffer->handle, 4096),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("lost")));
+  // The session lives on, and its new memory is good.
+  auto fresh = Allocate(s->token, 4096);
+  ASSERT_THAT(fresh, IsOk());
+  auto bytes = ReadAll(s->token, fresh->handle, 4096);
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(*bytes, std::string(4096, '\0'));
+  // The lost buffer's bytes no longer count against the limits.
+  EXPECT_THAT(AwaitDone([&](Done d) { engine_->Free(caller_, s->token, buffer->handle, d); }),
+              ::testing::AnyOf(IsOk(), StatusIs(absl::StatusCode::kAborted, _)));
+  ASSERT_THAT(Close(s->token), IsOk());
+}
+
+TEST_F(EngineTest, LaunchesAreCheckedBeforeTheDeviceSeesThem) {
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  auto module = Load(s->token, kImage);
+  ASSERT_THAT(module, IsOk());
+  auto fill = Function(s->token, module->handle, "k_fill");
+  ASSERT_THAT(fill, IsOk());
+  EXPECT_EQ(fill->kernel.params.size(), 3u);
+  EXPECT_THAT(Function(s->token, module->handle, std::string("k_fill\0evil", 11)),
+              StatusIs(absl::StatusCode::kInvalidArgument, _));
+  auto buffer = Allocate(s->token, 1024);
+  ASSERT_THAT(buffer, IsOk());
+
+  LaunchSpec few = Fill(s->token, fill->handle, buffer->handle, 7, 256);
+  few.args.pop_back();
+  EXPECT_THAT(Launch(few), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k_fill")));
+  LaunchSpec wide = Fill(s->token, fill->handle, buffer->handle, 7, 256);
+  wide.block.x = 2048;
+  EXPECT_THAT(Launch(wide), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block")));
+  LaunchSpec foreign = Fill(s->token, fill->handle, buffer->handle + 1000, 7, 256);
+  EXPECT_THAT(Launch(foreign), StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  EXPECT_TRUE(port_->launches().empty()) << "a refused launch reached the device";
+
+  ASSERT_THAT(Launch(Fill(s->token, fill->handle, buffer->handle, 7, 256)), IsOk());
+  ASSERT_EQ(port_->launches().size(), 1u);
+  auto bytes = ReadAll(s->token, buffer->handle, 1024);
+  ASSERT_THAT(bytes, IsOk());
+  std::vector<uint32_t> words(256);
+  std::memcpy(words.data(), bytes->data(), 1024);
+  EXPECT_THAT(words, ::testing::Each(7u));
+  ASSERT_THAT(Close(s->token), IsOk());
+}
+
+TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
+  EngineOptions options;
+  options.strike_limit = 2;
+  options.strike_window = absl::Minutes(1);
+  options.strike_cooldown = absl::Minutes(1);
+  Start(options);
+  for (int strike = 1; strike <= 2; ++strike) {
+    auto s = Open();
+    ASSERT_THAT(s, IsOk());
+    auto module = Load(s->token, kImage);
+    ASSERT_THAT(module, IsOk());
+    auto fault = Function(s->token, module->handle, "k_fault");
+    ASSERT_THAT(fault, IsOk());
+    LaunchSpec spec;
+    spec.session = s->token;
+    spec.function = fault->handle;
+    spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
+    spec.synchronize = true;
+    EXPECT_THAT(Launch(spec), StatusIs(absl::StatusCode::kAborted, HasSubstr("illegal")));
+    EXPECT_THAT(engine_->KeepAlive(caller_, s->token),
+                StatusIs(absl::StatusCode::kNotFound,
+                         HasSubstr(absl::StrCat("strike ", strike, " of 2"))));
+  }
+  // At the limit: this peer's launches are refused, its allocations are not.
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  auto module = Load(s->token, kImage);
+  ASSERT_THAT(module, IsOk());
+  auto fill = Function(s->token, module->handle, "k_fill");
+  ASSERT_THAT(fill, IsOk());
+  auto buffer = Allocate(s->token, 1024);
+  ASSERT_THAT(buffer, IsOk());
+  EXPECT_THAT(Launch(Fill(s->token, fill->handle, buffer->handle, 1, 256)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("refused until"), HasSubstr("2 times"))));
+  EXPECT_EQ(port_->resets(), 2u);
+  ASSERT_THAT(Close(s->token), IsOk());
+}
+
+}  // namespace
+}  // namespace gpuexec::core
