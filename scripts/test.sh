@@ -10,3 +10,8 @@ ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@"
 if [[ "${FUZZ_SECONDS:-20}" != 0 ]]; then
   ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi
+# The daemon, the double and the service and fault suites again, built with
+# AddressSanitizer and UBSan (build-asan); SANITIZE=0 skips them.
+if [[ "${SANITIZE:-1}" != 0 ]]; then
+  ./scripts/sanitize.sh
+fi
