@@ -1410,6 +1410,9 @@ uint64_t ReadSource::remaining() const {
 }
 
 void ReadSource::Next(std::function<void(absl::StatusOr<ReadChunk>)> done) {
+  // `done` can run within this call (a chunk ready at once), and its caller
+  // may then let go of this source: it lives until the call returns.
+  auto self = shared_from_this();
   {
     absl::MutexLock lock(&session_->mu);
     session_->Touch();  // a long transfer keeps its session alive
