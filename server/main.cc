@@ -79,6 +79,17 @@ ABSL_FLAG(uint32_t, chunk_bytes, 1 << 20,
 ABSL_FLAG(uint32_t, staging_buffers, 8,
           "Pinned staging buffers per device; copies stream through them, so the daemon's "
           "memory for copies is chunk_bytes x staging_buffers per device.");
+ABSL_FLAG(std::string, isolation, "",
+          "Who shares a GPU address space: 'tenant' (each tenant's sessions on a device are "
+          "served by a worker process of the tenant's own, so one tenant's kernels can neither "
+          "read another's memory nor reset its work) or 'device' (one worker per device for "
+          "every session). Empty: 'tenant' with --tenants, else 'device'.");
+ABSL_FLAG(uint32_t, worker_idle_s, 300,
+          "With --isolation=tenant: a tenant's worker with no session on its device for this "
+          "many seconds is ended.");
+ABSL_FLAG(uint32_t, max_workers_per_device, 16,
+          "With --isolation=tenant: tenant workers one device may run at once; past it a new "
+          "tenant's OpenSession there is RESOURCE_EXHAUSTED (0: no bound).");
 ABSL_FLAG(uint32_t, max_queued_launches, 256,
           "Launches one session may have queued on its GPU and not yet finished; more wait in "
           "the daemon, in order, until one finishes, so that no session fills the device's "
@@ -172,6 +183,9 @@ int main(int argc, char** argv) {
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.tls_reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_s));
   options.tenants_file = absl::GetFlag(FLAGS_tenants);
+  options.isolation = absl::GetFlag(FLAGS_isolation);
+  options.worker_idle = absl::Seconds(absl::GetFlag(FLAGS_worker_idle_s));
+  options.max_workers_per_device = absl::GetFlag(FLAGS_max_workers_per_device);
   options.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
   options.driver_library = absl::GetFlag(FLAGS_driver);

@@ -90,9 +90,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                                    " (a Read message must fit gRPC's limit)"));
   }
   std::unique_ptr<Engine> engine(new Engine(options));
+  engine->open_device_ = open_device;
   // The first device says how many there are.
   port::DriverInfo info;
-  auto first = open_device(0, &info);
+  auto first = open_device(0, "", &info);
   std::vector<std::unique_ptr<port::DevicePort>> opened(1);
   if (info.device_count == 0) {
     // The driver did not load, or lists no device.
@@ -115,7 +116,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     for (int i = 1; i < info.device_count; ++i) {
       starters.emplace_back([&, i] {
         port::DriverInfo ignored;
-        auto dev = open_device(i, &ignored);
+        auto dev = open_device(i, "", &ignored);
         if (dev.ok()) {
           opened[i] = std::move(dev).value();
         } else {
@@ -143,8 +144,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   for (size_t i = 0; i < engine->devices_.size(); ++i) {
     Engine* e = engine.get();
     const int index = static_cast<int>(i);
+    const port::DevicePort* p = engine->devices_[i].get();
     engine->devices_[i]->SetListeners(
-        [e, index](const port::ResetInfo& r) { e->OnDeviceReset(index, r); },
+        [e, index, p](const port::ResetInfo& r) { e->OnDeviceReset(index, p, r); },
         [e] {
           std::function<void()> fn;
           {
@@ -158,6 +160,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     absl::MutexLock lock(&engine->sessions_mu_);
     engine->sessions_per_device_.assign(engine->devices_.size(), 0);
     engine->reset_culprit_.assign(engine->devices_.size(), "");
+  }
+  {
+    absl::MutexLock lock(&engine->ports_mu_);
+    engine->tenant_ports_.resize(engine->devices_.size());
   }
   engine->traffic_ = std::make_unique<TrafficCounters[]>(engine->devices_.size());
   engine->reaper_ = std::thread(&Engine::ReaperLoop, engine.get());
@@ -184,6 +190,24 @@ Engine::~Engine() {
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   for (auto& closed : closes) closed->WaitForNotificationWithDeadline(deadline);
+  std::vector<PortThread> threads;
+  std::vector<std::shared_ptr<port::DevicePort>> ports;
+  {
+    absl::MutexLock lock(&ports_mu_);
+    ports_closed_ = true;  // a start that finishes now serves no one
+    threads.swap(port_threads_);
+  }
+  for (PortThread& t : threads) t.thread.join();
+  {
+    absl::MutexLock lock(&ports_mu_);
+    for (auto& on_device : tenant_ports_) {
+      for (auto& [tenant, tp] : on_device) {
+        if (tp.port != nullptr) ports.push_back(std::move(tp.port));
+      }
+    }
+    tenant_ports_.clear();
+  }
+  ports.clear();     // each tenant's worker drains and exits
   devices_.clear();  // each worker drains, releases its context and exits
 }
 
@@ -246,6 +270,18 @@ EngineStats Engine::Stats() const {
       st.tenants.push_back(std::move(t));
     }
   }
+  {
+    absl::MutexLock lock(&ports_mu_);
+    for (auto& t : st.tenants) {
+      for (const auto& on_device : tenant_ports_) {
+        auto it = on_device.find(t.name);
+        if (it != on_device.end() && it->second.port != nullptr) ++t.workers;
+      }
+    }
+    for (size_t i = 0; i < tenant_ports_.size() && i < st.devices.size(); ++i) {
+      st.devices[i].workers = 1 + static_cast<uint32_t>(tenant_ports_[i].size());
+    }
+  }
   std::sort(st.tenants.begin(), st.tenants.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   st.strikes = strikes_total_.load();
@@ -279,6 +315,7 @@ void Engine::ReaperLoop() {
       Close(s, CloseReason::kExpired, absl::StrCat("its lease of ", s->lease_ms(), " ms lapsed"),
             [](absl::Status) {});
     }
+    RetireIdlePorts(now);
   }
 }
 
@@ -385,14 +422,16 @@ void Engine::NoteWork(Session& s) {
   if (s.work_epoch == 0) s.work_epoch = DeviceOf(s)->epoch();
 }
 
-void Engine::OnDeviceReset(int index, const port::ResetInfo& info) {
+void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::ResetInfo& info) {
   std::vector<std::shared_ptr<Session>> affected;
   std::vector<std::shared_ptr<Session>> named;
   {
     absl::MutexLock lock(&sessions_mu_);
     std::string culprit;
     for (auto& [token, s] : sessions_) {
-      if (s->device() != index) continue;
+      // Only the sessions this port served: a tenant's own worker takes
+      // its tenant's buffers with it and nobody else's.
+      if (s->device() != index || s->port() != port) continue;
       affected.push_back(s);
       // The reason names the session whose kernel faulted or hung, if any
       // (for a fault: every session with kernels not yet synchronized).
@@ -403,7 +442,7 @@ void Engine::OnDeviceReset(int index, const port::ResetInfo& info) {
     }
     // A session named but gone: no tenant reads the reason.
     if (culprit.empty() && absl::StrContains(info.why, "session ")) culprit = "?";
-    reset_culprit_[index] = culprit;
+    if (port == devices_[index].get()) reset_culprit_[index] = culprit;
   }
   size_t buffers = 0;
   uint64_t bytes = 0;
@@ -512,12 +551,31 @@ absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t
 
 void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus>> done) {
   auto result = std::make_shared<std::vector<DeviceStatus>>(devices_.size());
+  // The caller's tenant's own workers, and how many each device runs.
+  std::vector<std::shared_ptr<port::DevicePort>> own(devices_.size());
+  std::vector<uint32_t> workers(devices_.size(), 1);
+  // Modules loaded by the tenants' workers, which count on the device too.
+  std::vector<uint32_t> tenant_modules(devices_.size(), 0);
+  std::vector<uint64_t> tenant_module_loads(devices_.size(), 0);
+  {
+    absl::MutexLock lock(&ports_mu_);
+    for (size_t i = 0; i < tenant_ports_.size(); ++i) {
+      workers[i] += static_cast<uint32_t>(tenant_ports_[i].size());
+      for (const auto& [tenant, tp] : tenant_ports_[i]) {
+        if (tp.port == nullptr) continue;
+        tenant_modules[i] += tp.port->modules_loaded();
+        tenant_module_loads[i] += tp.port->module_loads_total();
+      }
+      auto it = tenant_ports_[i].find(caller.tenant_name());
+      if (it != tenant_ports_[i].end()) own[i] = it->second.port;
+    }
+  }
   {
     absl::MutexLock lock(&sessions_mu_);
     // The caller's own sessions per device; others' are not its business.
-    std::vector<uint32_t> own(devices_.size(), 0);
+    std::vector<uint32_t> mine(devices_.size(), 0);
     for (const auto& [token, s] : sessions_) {
-      if (caller.sees_all || s->tenant() == caller.tenant_name()) ++own[s->device()];
+      if (caller.sees_all || s->tenant() == caller.tenant_name()) ++mine[s->device()];
     }
     for (size_t i = 0; i < devices_.size(); ++i) {
       const port::DevicePort& d = *devices_[i];
@@ -530,12 +588,24 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       st.memory_total = p.total_memory;
       st.healthy = d.healthy();
       st.multiprocessors = p.multiprocessors;
-      st.modules_loaded = d.modules_loaded();
-      st.module_loads_total = d.module_loads_total();
-      st.sessions = own[i];
+      st.modules_loaded = d.modules_loaded() + tenant_modules[i];
+      st.module_loads_total = d.module_loads_total() + tenant_module_loads[i];
+      st.sessions = mine[i];
+      st.workers = workers[i];
       st.resets = d.resets();
       st.epoch = d.epoch();
-      if (auto r = d.last_reset(); r.has_value()) {
+      if (own[i] != nullptr) {
+        // The tenant's own worker: its resets are the ones that touch it,
+        // and their reasons are its own.
+        st.own_worker = true;
+        st.healthy = own[i]->healthy();
+        st.resets = own[i]->resets();
+        st.epoch = own[i]->epoch();
+        if (auto r = own[i]->last_reset(); r.has_value()) {
+          st.last_reset = absl::StrCat(
+              absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()), ": ", r->why);
+        }
+      } else if (auto r = d.last_reset(); r.has_value()) {
         // The reason names a kernel and a session: only their tenant
         // reads it.
         const std::string& culprit = reset_culprit_[i];
@@ -661,33 +731,48 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     ++opening_;
     ++sessions_per_peer_[PeerHost(caller.peer)];
   }
-  // The stream comes to be in the worker with the session's first work.
-  const port::StreamId stream = devices_[index]->CreateStream(absl::Milliseconds(time_limit));
-  auto session =
-      std::make_shared<Session>(NewSessionToken(), usage, index, stream, lease_ms, limit);
-  session->peer_host = PeerHost(caller.peer);
-  // Without tenants, everyone is the implicit tenant: a peer is charged.
-  session->strike_key = caller.tenant == DefaultTenant()
-                            ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
-                            : absl::StrCat("tenant '", caller.tenant_name(), "'");
-  {
-    absl::MutexLock lock(&session->mu);
-    session->Touch();
-  }
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    sessions_.emplace(session->token(), session);
-    --opening_;
-    ++sessions_per_device_[index];
-  }
-  sessions_opened_.fetch_add(1);
-  usage->sessions_opened.fetch_add(1);
-  log::Info(session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
-            " opened on device ", index, " (lease ", lease_ms,
-            " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
-            ", kernel time limit ", time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"),
-            ")");
-  done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, time_limit});
+  AcquirePort(caller, index, [this, caller, index, lease_ms, limit, time_limit, usage,
+                               done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
+    if (!port.ok()) {
+      {
+        absl::MutexLock lock(&sessions_mu_);
+        usage->sessions.fetch_sub(1);
+        --opening_;
+        if (auto peer = sessions_per_peer_.find(PeerHost(caller.peer));
+            peer != sessions_per_peer_.end() && --peer->second == 0) {
+          sessions_per_peer_.erase(peer);
+        }
+      }
+      return done(port.status());
+    }
+    // The stream comes to be in the worker with the session's first work.
+    const port::StreamId stream = (*port)->CreateStream(absl::Milliseconds(time_limit));
+    auto session =
+        std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream, lease_ms, limit);
+    session->peer_host = PeerHost(caller.peer);
+    // Without tenants, everyone is the implicit tenant: a peer is charged.
+    session->strike_key = caller.tenant == DefaultTenant()
+                              ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
+                              : absl::StrCat("tenant '", caller.tenant_name(), "'");
+    {
+      absl::MutexLock lock(&session->mu);
+      session->Touch();
+    }
+    {
+      absl::MutexLock lock(&sessions_mu_);
+      sessions_.emplace(session->token(), session);
+      --opening_;
+      ++sessions_per_device_[index];
+    }
+    sessions_opened_.fetch_add(1);
+    usage->sessions_opened.fetch_add(1);
+    log::Info(session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
+              " opened on device ", index, " (lease ", lease_ms,
+              " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
+              ", kernel time limit ", time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"),
+              ")");
+    done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, time_limit});
+  });
 }
 
 absl::StatusOr<uint64_t> Engine::KeepAlive(const Caller& caller, const std::string& token) {
@@ -761,6 +846,144 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
   }
   log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers, " buffer(s), ", freed, " bytes");
   dev->DestroyStream(s->stream(), [done](absl::Status st) { done(absl::OkStatus()); });
+  ReleasePort(*s);
+}
+
+void Engine::AcquirePort(
+    const Caller& caller, int index,
+    std::function<void(absl::StatusOr<std::shared_ptr<port::DevicePort>>)> done) {
+  if (options_.isolation == EngineOptions::Isolation::kDevice ||
+      caller.tenant == nullptr || caller.tenant == DefaultTenant()) {
+    return done(devices_[index]);
+  }
+  const std::string& tenant = caller.tenant_name();
+  std::shared_ptr<port::DevicePort> ready;
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&ports_mu_);
+    auto& on_device = tenant_ports_[index];
+    auto it = on_device.find(tenant);
+    if (ports_closed_) {
+      refused = absl::UnavailableError("the daemon is shutting down");
+    } else if (it != on_device.end() && it->second.port != nullptr) {
+      ++it->second.sessions;
+      ready = it->second.port;
+    } else if (it != on_device.end()) {
+      it->second.waiting.push_back(std::move(done));  // it is starting
+      return;
+    } else if (options_.max_workers_per_device != 0 &&
+               on_device.size() >= options_.max_workers_per_device) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "device ", index, " already runs ", on_device.size(),
+          " tenant workers, the most it may (--max_workers_per_device=",
+          options_.max_workers_per_device, "); a worker of a tenant with no session there ends ",
+          absl::ToInt64Seconds(options_.worker_idle), " s after its last one"));
+    } else {
+      on_device[tenant].waiting.push_back(std::move(done));
+      RunPortThread([this, index, tenant] { StartTenantPort(index, tenant); });
+      return;
+    }
+  }
+  if (!refused.ok()) return done(refused);
+  done(std::move(ready));
+}
+
+void Engine::StartTenantPort(int index, const std::string& tenant) {
+  const absl::Time start = absl::Now();
+  port::DriverInfo ignored;
+  absl::StatusOr<std::unique_ptr<port::DevicePort>> opened = open_device_(index, tenant, &ignored);
+  std::shared_ptr<port::DevicePort> port;
+  absl::Status status = opened.status();
+  if (opened.ok()) {
+    port = std::move(opened).value();
+    const port::DevicePort* p = port.get();
+    port->SetListeners([this, index, p](const port::ResetInfo& r) { OnDeviceReset(index, p, r); },
+                       [] {});
+    log::Info("device ", index, ": a worker of tenant '", tenant, "' of its own, started in ",
+              absl::ToInt64Milliseconds(absl::Now() - start), " ms");
+  } else {
+    status = absl::UnavailableError(absl::StrCat("device ", index, ": a worker of tenant '",
+                                                 tenant, "' did not start: ", status.message()));
+    log::Error(status.message());
+  }
+  std::vector<std::function<void(absl::StatusOr<std::shared_ptr<port::DevicePort>>)>> waiting;
+  {
+    absl::MutexLock lock(&ports_mu_);
+    auto& on_device = tenant_ports_[index];
+    auto it = on_device.find(tenant);
+    waiting.swap(it->second.waiting);
+    if (port != nullptr && !ports_closed_) {
+      it->second.port = port;
+      it->second.sessions += static_cast<uint32_t>(waiting.size());
+      it->second.idle_since = absl::Now();
+    } else {
+      on_device.erase(it);
+      if (status.ok()) status = absl::UnavailableError("the daemon is shutting down");
+    }
+  }
+  for (auto& w : waiting) {
+    if (status.ok()) {
+      w(port);
+    } else {
+      w(status);
+    }
+  }
+}
+
+void Engine::ReleasePort(const Session& s) {
+  if (s.port() == devices_[s.device()].get()) return;
+  absl::MutexLock lock(&ports_mu_);
+  if (tenant_ports_.empty()) return;
+  auto& on_device = tenant_ports_[s.device()];
+  auto it = on_device.find(s.tenant());
+  if (it == on_device.end() || it->second.port.get() != s.port()) return;
+  if (--it->second.sessions == 0) it->second.idle_since = absl::Now();
+}
+
+void Engine::RunPortThread(std::function<void()> fn) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  port_threads_.push_back(PortThread{std::thread([fn = std::move(fn), done] {
+                                       fn();
+                                       done->store(true);
+                                     }),
+                                     done});
+}
+
+void Engine::RetireIdlePorts(absl::Time now) {
+  std::vector<PortThread> finished;
+  {
+    absl::MutexLock lock(&ports_mu_);
+    for (size_t i = 0; i < tenant_ports_.size(); ++i) {
+      auto& on_device = tenant_ports_[i];
+      for (auto it = on_device.begin(); it != on_device.end();) {
+        TenantPort& tp = it->second;
+        if (tp.port == nullptr || tp.sessions != 0 || now - tp.idle_since < options_.worker_idle) {
+          ++it;
+          continue;
+        }
+        log::Info("device ", i, ": the worker of tenant '", it->first, "' ends, idle for ",
+                  absl::ToInt64Seconds(now - tp.idle_since), " s");
+        // Ended off the reaper's thread (a worker may take a while to
+        // drain), once the last holder of the port has let go.
+        RunPortThread([port = std::move(tp.port)]() mutable {
+          for (int i = 0; i < 3000 && port.use_count() > 1; ++i) {
+            absl::SleepFor(absl::Milliseconds(10));
+          }
+          port.reset();
+        });
+        on_device.erase(it++);
+      }
+    }
+    for (auto it = port_threads_.begin(); it != port_threads_.end();) {
+      if (it->done->load()) {
+        finished.push_back(std::move(*it));
+        it = port_threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (PortThread& t : finished) t.thread.join();
 }
 
 // ---------------------------------------------------------------- modules
@@ -959,6 +1182,14 @@ void Engine::Unstore(const std::string& sha256) {
   // Posted under the store's lock: a later upload of the same image is
   // queued on each device after this unload.
   for (auto& d : devices_) d->UnloadModule(sha256);
+  {
+    absl::MutexLock lock(&ports_mu_);
+    for (auto& on_device : tenant_ports_) {
+      for (auto& [tenant, tp] : on_device) {
+        if (tp.port != nullptr) tp.port->UnloadModule(sha256);
+      }
+    }
+  }
   module_store_.erase(it);
 }
 

@@ -84,6 +84,17 @@ struct EngineOptions {
   // the implicit tenant, one peer host) may hold at most half. 0: no limit.
   uint64_t module_upload_budget_bytes = 1ull << 30;
   absl::Duration reaper_interval = absl::Milliseconds(200);
+  // Who shares a device's address space: every session (kDevice: one
+  // worker per device), or only a tenant's own (kTenant: each named tenant
+  // gets a worker of its own on each device it uses, started with its first
+  // session there; the implicit tenant keeps the device's shared one).
+  enum class Isolation { kDevice, kTenant };
+  Isolation isolation = Isolation::kDevice;
+  // A tenant's worker with no session for this long is ended.
+  absl::Duration worker_idle = absl::Minutes(5);
+  // Tenant workers one device may have at once (0: no bound); past it a
+  // new tenant's OpenSession there is RESOURCE_EXHAUSTED.
+  uint32_t max_workers_per_device = 16;
 };
 
 struct DeviceStatus {
@@ -109,6 +120,12 @@ struct DeviceStatus {
   // Request bytes the device's worker has not taken yet (see
   // EngineOptions::worker_queue_bytes).
   uint64_t worker_unsent_bytes = 0;
+  // Worker processes serving the device: its shared one, and one per
+  // tenant that has sessions there (or had, within the idle time).
+  uint32_t workers = 1;
+  // Whether the caller's tenant has a worker of its own there; the resets
+  // and the last reset above are then that worker's.
+  bool own_worker = false;
 };
 
 // A snapshot for metrics: what the engine holds and has done.
@@ -121,6 +138,7 @@ struct EngineStats {
     uint64_t bytes_read = 0;
     uint64_t resets = 0;
     bool healthy = false;
+    uint32_t workers = 1;  // its shared worker and its tenants' own
   };
   std::vector<PerDevice> devices;
   struct PerTenant {
@@ -133,6 +151,7 @@ struct EngineStats {
     uint64_t bytes_written = 0;
     uint64_t bytes_read = 0;
     uint64_t gpu_ns = 0;
+    uint32_t workers = 0;  // of its own, on all devices
   };
   // Every tenant that has opened a session since the daemon started.
   std::vector<PerTenant> tenants;
@@ -403,7 +422,7 @@ class Engine {
                                      const TenantLimits& limits);
   // One holder of `sha256` fewer for the session's tenant.
   void ReleaseModule(Session& s, const std::string& sha256);
-  port::DevicePort* DeviceOf(const Session& s) { return devices_[s.device()].get(); }
+  port::DevicePort* DeviceOf(const Session& s) { return s.port(); }
   // The buffer, or why not: not found, or lost with its device's memory
   // (then it is marked lost and its memory given back to the limits).
   absl::StatusOr<BufferEntry*> FindBuffer(Session& s, uint64_t handle)
@@ -416,8 +435,9 @@ class Engine {
   bool MarkLost(Session& s, BufferEntry& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Work is being queued on the session's stream (see Session::work_epoch).
   void NoteWork(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // A device's worker was replaced: every buffer of its sessions is lost.
-  void OnDeviceReset(int index, const port::ResetInfo& info);
+  // `port` (of device `index`) was reset: every buffer of its sessions is
+  // lost.
+  void OnDeviceReset(int index, const port::DevicePort* port, const port::ResetInfo& info);
   static absl::Status CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
                                  uint64_t size, absl::string_view op);
   // `reserved`: ReserveModule counted the image for this session.
@@ -435,7 +455,7 @@ class Engine {
   const EngineOptions options_;
   absl::Status driver_status_;
   bool test_double_ = false;  // the driver is the test double
-  std::vector<std::unique_ptr<port::DevicePort>> devices_;
+  std::vector<std::shared_ptr<port::DevicePort>> devices_;
 
   mutable absl::Mutex sessions_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
@@ -519,6 +539,35 @@ class Engine {
 
   absl::Notification stop_reaper_;
   std::thread reaper_;
+
+  // Tenant workers (Isolation::kTenant), per device by tenant name.
+  struct TenantPort {
+    std::shared_ptr<port::DevicePort> port;  // null while it starts
+    uint32_t sessions = 0;
+    absl::Time idle_since;
+    // OpenSessions waiting for it to start.
+    std::vector<std::function<void(absl::StatusOr<std::shared_ptr<port::DevicePort>>)>> waiting;
+  };
+  port::DevicePortFactory open_device_;
+  mutable absl::Mutex ports_mu_;
+  std::vector<absl::flat_hash_map<std::string, TenantPort>> tenant_ports_ ABSL_GUARDED_BY(ports_mu_);
+  bool ports_closed_ ABSL_GUARDED_BY(ports_mu_) = false;  // the engine is going
+  // Threads that start or end tenant workers; joined when done (`done`).
+  struct PortThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<PortThread> port_threads_ ABSL_GUARDED_BY(ports_mu_);
+  void RunPortThread(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ports_mu_);
+  // The port a new session of `caller` on device `index` is served by,
+  // through `done` (at once, or once its tenant's worker has started).
+  void AcquirePort(const Caller& caller, int index,
+                   std::function<void(absl::StatusOr<std::shared_ptr<port::DevicePort>>)> done);
+  void StartTenantPort(int index, const std::string& tenant);
+  // A session of `s`'s port is gone.
+  void ReleasePort(const Session& s);
+  // Ends tenant workers idle for worker_idle; joins finished port threads.
+  void RetireIdlePorts(absl::Time now);
 };
 
 }  // namespace gpuexec::core

@@ -9,11 +9,13 @@
 namespace gpuexec::core {
 
 Session::Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
-                 port::StreamId stream, uint64_t lease_ms, uint64_t memory_limit)
+                 std::shared_ptr<port::DevicePort> port, port::StreamId stream,
+                 uint64_t lease_ms, uint64_t memory_limit)
     : token_(std::move(token)),
       tenant_(std::move(tenant)),
       name_(absl::StrCat("session ", token_.substr(0, 8))),
       device_(device),
+      port_(std::move(port)),
       stream_(stream),
       lease_ms_(lease_ms),
       memory_limit_(memory_limit) {}

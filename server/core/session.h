@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/core/tenant.h"
+#include "server/port/device_port.h"
 #include "server/port/staging.h"
 #include "server/port/types.h"
 
@@ -90,8 +91,11 @@ class StagingShare {
 
 class Session {
  public:
+  // `port`: what serves the session on `device` (the device's shared
+  // worker, or its tenant's own); held for the session's life.
   Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
-          port::StreamId stream, uint64_t lease_ms, uint64_t memory_limit);
+          std::shared_ptr<port::DevicePort> port, port::StreamId stream, uint64_t lease_ms,
+          uint64_t memory_limit);
 
   const std::string& token() const { return token_; }
   // The tenant that opened it: the only one that can name it.
@@ -107,6 +111,7 @@ class Session {
   // "session 3f2a91c0" (the token's first 8 characters) for messages.
   const std::string& name() const { return name_; }
   int device() const { return device_; }
+  port::DevicePort* port() const { return port_.get(); }
   port::StreamId stream() const { return stream_; }
   uint64_t lease_ms() const { return lease_ms_; }
   uint64_t memory_limit() const { return memory_limit_; }
@@ -142,6 +147,7 @@ class Session {
   const std::shared_ptr<TenantUsage> tenant_;
   const std::string name_;
   const int device_;
+  const std::shared_ptr<port::DevicePort> port_;
   const port::StreamId stream_;
   const uint64_t lease_ms_;
   const uint64_t memory_limit_;

@@ -120,10 +120,13 @@ class DevicePort {
                                     uint64_t work_epoch, LaunchedAndSynchronized done) = 0;
 };
 
-// Opens device `ordinal`; the first one opened also fills `info` (whenever
-// the driver loaded, even if the device did not open).
-using DevicePortFactory =
-    std::function<absl::StatusOr<std::unique_ptr<DevicePort>>(int ordinal, DriverInfo* info)>;
+// Opens device `ordinal` for the sessions of `tenant` alone (empty: for any
+// session); the first one opened also fills `info` (whenever the driver
+// loaded, even if the device did not open). The daemon's starts a worker
+// process each time: separate ports of one device are separate address
+// spaces, and a fault in one resets that one only.
+using DevicePortFactory = std::function<absl::StatusOr<std::unique_ptr<DevicePort>>(
+    int ordinal, const std::string& tenant, DriverInfo* info)>;
 
 }  // namespace gpuexec::port
 

@@ -280,6 +280,9 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   counter("gpuexec_device_resets_total",
           "Restarts of the device's worker process (a sticky fault, a hung kernel, a crash).");
   per_device("gpuexec_device_resets_total", [](const auto& d) { return d.resets; });
+  gauge("gpuexec_device_workers",
+        "Worker processes serving the device: its shared one and tenants' own (--isolation).");
+  per_device("gpuexec_device_workers", [](const auto& d) { return d.workers; });
   counter("gpuexec_kernel_launches_total", "Kernel launches enqueued.");
   per_device("gpuexec_kernel_launches_total", [](const auto& d) { return d.launches; });
   counter("gpuexec_write_bytes_total", "Bytes copied to the device by Write.");
@@ -324,6 +327,8 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   };
   gauge("gpuexec_tenant_sessions", "Sessions the tenant has open.");
   per_tenant("gpuexec_tenant_sessions", [](const auto& t) { return t.sessions; });
+  gauge("gpuexec_tenant_workers", "Worker processes of the tenant's own, on all devices.");
+  per_tenant("gpuexec_tenant_workers", [](const auto& t) { return t.workers; });
   counter("gpuexec_tenant_sessions_opened_total", "Sessions the tenant opened.");
   per_tenant("gpuexec_tenant_sessions_opened_total", [](const auto& t) { return t.sessions_opened; });
   gauge("gpuexec_tenant_memory_held_bytes", "Device memory of the tenant's buffers.");

@@ -20,6 +20,7 @@
 #include "gpuexec/address.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 #include "server/core/engine.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
@@ -201,6 +202,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.module_store_bytes = options.module_store_bytes;
   eo.module_upload_budget_bytes = options.module_upload_budget_bytes;
   eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
+  if (options.isolation == "tenant" ||
+      (options.isolation.empty() && !options.tenants_file.empty())) {
+    eo.isolation = core::EngineOptions::Isolation::kTenant;
+  } else if (options.isolation == "device" || options.isolation.empty()) {
+    eo.isolation = core::EngineOptions::Isolation::kDevice;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--isolation must be 'tenant' or 'device', not ", Quoted(options.isolation, 32)));
+  }
+  eo.worker_idle = options.worker_idle;
+  eo.max_workers_per_device = options.max_workers_per_device;
   const int busy_poll_us = options.busy_poll_us >= 0
                                ? options.busy_poll_us
                                : (std::thread::hardware_concurrency() >= 8 ? 300 : 0);
@@ -218,10 +230,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
   wo.log_level = options.worker_log_level;
   wo.busy_poll = absl::Microseconds(busy_poll_us);
-  auto open_device = [wo](int ordinal, port::DriverInfo* info)
+  auto open_device = [wo](int ordinal, const std::string& tenant, port::DriverInfo* info)
       -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
     worker::WorkerOptions o = wo;
     o.ordinal = ordinal;
+    o.tenant = tenant;
     auto dev = worker::RemoteDevice::Start(o, info);
     if (!dev.ok()) return dev.status();
     return std::unique_ptr<port::DevicePort>(std::move(dev).value());
@@ -305,6 +318,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             options.tenants_file.empty() ? std::string("no tenants file (one tenant)")
                                          : absl::StrCat("tenants from ", options.tenants_file),
             options.allow_unauthenticated ? "; --allow_unauthenticated" : "");
+  log::Info("gpuexecd: isolation ",
+            eo.isolation == core::EngineOptions::Isolation::kTenant
+                ? absl::StrCat("by tenant: each tenant's sessions on a device have a worker "
+                               "process of their own (at most ", eo.max_workers_per_device,
+                               " per device, ended ", absl::ToInt64Seconds(eo.worker_idle),
+                               " s after their last session)")
+                : std::string("by device: one worker process per device for every session"));
   log::Info("gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s",
             "; busy polling ",
             busy_poll_us == 0 ? std::string("off")

@@ -35,6 +35,11 @@ struct ServerOptions {
   // The tenants file (protobuf text format, gpuexec.config.v1.TenantsConfig);
   // empty: every caller is one implicit tenant. Reloaded by ReloadTenants().
   std::string tenants_file;
+  // "tenant": a worker process per tenant per device; "device": one per
+  // device for all; empty: "tenant" with a tenants file, else "device".
+  std::string isolation;
+  absl::Duration worker_idle = absl::Minutes(5);
+  uint32_t max_workers_per_device = 16;
   // Serve a TCP address that is not loopback without TLS and an identity
   // (tenants or client certificates): anyone who reaches it is a user.
   bool allow_unauthenticated = false;

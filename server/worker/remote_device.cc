@@ -233,7 +233,7 @@ RemoteDevice::~RemoteDevice() {
   for (auto& c : all) {
     while (!c->exited.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
     if (!c->exited.load()) {
-      log::Warning("device ", options_.ordinal, ": worker pid ", c->pid,
+      log::Warning(Label(), ": worker pid ", c->pid,
                    " did not exit within 10 s of shutdown; killing it");
       c->Kill();
       const absl::Time killed = absl::Now();
@@ -344,7 +344,7 @@ void RemoteDevice::Spawn() {
     }
   }
   conn->reader = std::thread([this, conn] { ReadLoop(conn); });
-  log::Debug("device ", options_.ordinal, ": worker pid ", pid, " started (epoch ", conn->epoch,
+  log::Debug(Label(), ": worker pid ", pid, " started (epoch ", conn->epoch,
              ")");
 }
 
@@ -531,10 +531,10 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       lock.Release();
       if (on_state) on_state();
       if (restarted) {
-        log::Info("device ", options_.ordinal, ": worker pid ", conn->pid, " serving (epoch ",
+        log::Info(Label(), ": worker pid ", conn->pid, " serving (epoch ",
                   epoch, "), ", absl::ToInt64Milliseconds(since), " ms after the reset");
       } else {
-        log::Debug("device ", options_.ordinal, ": worker pid ", conn->pid, " serving");
+        log::Debug(Label(), ": worker pid ", conn->pid, " serving");
       }
       return;
     }
@@ -617,7 +617,7 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
     for (auto& fn : failed) fn(r, 0);
     return;
   }
-  log::Error("device ", options_.ordinal, " reset (epoch ", info.epoch, "): ", why,
+  log::Error(Label(), " reset (epoch ", info.epoch, "): ", why,
              "; worker pid ", conn->pid, kill_worker ? " killed" : " gone",
              ", its buffers are lost; restarting",
              delay > absl::ZeroDuration()
@@ -697,6 +697,12 @@ absl::Status RemoteDevice::LostError(uint64_t epoch, const std::string& what) co
   }
   return absl::AbortedError(
       absl::StrCat(what, " was lost: device ", options_.ordinal, " was reset since"));
+}
+
+std::string RemoteDevice::Label() const {
+  return options_.tenant.empty()
+             ? absl::StrCat("device ", options_.ordinal)
+             : absl::StrCat("device ", options_.ordinal, " (worker of tenant '", options_.tenant, "')");
 }
 
 absl::Status RemoteDevice::NotServingLocked() const {

@@ -54,6 +54,9 @@ struct WorkerOptions {
   std::string program;
   std::string driver_library = "libcuda.so.1";
   int ordinal = 0;
+  // The tenant whose sessions this worker serves alone (empty: any); named
+  // in its log lines.
+  std::string tenant;
   uint64_t staging_bytes = 1 << 20;
   int staging_slots = 8;
   // Launches a stream may have queued on the GPU (see
@@ -170,6 +173,8 @@ class RemoteDevice final : public port::DevicePort {
   using ReplyFn = std::function<void(const Reply&, uint64_t epoch)>;
 
   explicit RemoteDevice(const WorkerOptions& options);
+  // "device 0", or "device 0 (worker of tenant 'a')", for the log.
+  std::string Label() const;
   absl::Status Init();
   // Starts a worker process (on the monitor thread).
   void Spawn();

@@ -345,6 +345,9 @@ TEST_F(FaultTest, AStrikeLimitStopsAFaultLoopAndSparesTheOtherTenant) {
                          << Sha256Hex("bystand") << "\" }\n";
   ServerOptions options;
   options.tenants_file = tenants;
+  // The tenants share the device's worker here (with workers of their own,
+  // see below, the attacker's faults never reach the bystander at all).
+  options.isolation = "device";
   options.strike_limit = 3;
   options.strike_window = absl::Minutes(1);
   options.strike_cooldown = absl::Minutes(1);
@@ -525,6 +528,89 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
   buffers.clear();
   for (Session& s : flooders) GX_EXPECT_OK(s.Close());
   GX_EXPECT_OK(probe.Close());
+}
+
+// With a worker per tenant (the default with a tenants file), a tenant's
+// faulting kernels reset its own worker only: another tenant's buffer and
+// its fill-and-read rounds on the same device go on without an error.
+TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
+  char dir_template[] = "/tmp/gpuexec-isolation-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string tenants = absl::StrCat(dir_template, "/tenants.textproto");
+  std::ofstream(tenants) << "tenant { name: \"attacker\" token_sha256: \"" << Sha256Hex("attack")
+                         << "\" }\ntenant { name: \"bystander\" token_sha256: \""
+                         << Sha256Hex("bystand") << "\" }\n";
+  ServerOptions options;
+  options.tenants_file = tenants;
+  options.strike_limit = 0;  // the faults go on: isolation alone protects
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  ClientOptions as_attacker, as_bystander;
+  as_attacker.token = "attack";
+  as_bystander.token = "bystand";
+  GX_ASSERT_OK_AND_ASSIGN(Client attacker, Client::Connect(TargetOf(*server), as_attacker));
+  GX_ASSERT_OK_AND_ASSIGN(Client bystander, Client::Connect(TargetOf(*server), as_bystander));
+  GX_ASSERT_OK_AND_ASSIGN(Session kept, bystander.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer held, kept.Allocate(1 << 20));
+  const std::vector<uint8_t> pattern = Pattern(33, 1 << 20);
+  GX_ASSERT_OK(held.Write(0, pattern));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(kept, "gx_fill_u32"));
+
+  // The bystander's rounds run all through the attacker's fault loop.
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  std::atomic<int> errors{0};
+  absl::Duration worst;
+  std::thread rounds_thread([&] {
+    while (!stop.load()) {
+      const absl::Time start = absl::Now();
+      if (!FillWith(kept, fill, static_cast<uint32_t>(rounds.load())).ok()) ++errors;
+      worst = std::max(worst, absl::Now() - start);
+      ++rounds;
+    }
+  });
+  const std::string cubin = KernelPath("cubin");
+  int faults = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < until) {
+    auto s = attacker.OpenSession({kDevice});
+    if (!s.ok()) {
+      // Its worker is restarting.
+      EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+      absl::SleepFor(absl::Milliseconds(5));
+      continue;
+    }
+    auto m = s->LoadModuleFile(cubin);
+    if (m.ok()) {
+      auto fault = m->GetFunction("gx_fault");
+      if (fault.ok() && !s->LaunchAndWait(*fault, Config(1, 1), {Arg::U64(16)}).ok()) ++faults;
+    }
+    (void)s->Close();
+  }
+  stop.store(true);
+  rounds_thread.join();
+  std::cout << faults << " faults of the attacker; " << rounds.load()
+            << " fill-and-read rounds of the bystander meanwhile, " << errors.load()
+            << " errors, the slowest " << absl::FormatDuration(worst) << "\n";
+  EXPECT_GE(faults, 3);
+  EXPECT_GT(rounds.load(), 0);
+  EXPECT_EQ(errors.load(), 0);
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, held.Read());
+  EXPECT_TRUE(back == pattern) << "the bystander's buffer changed";
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> seen_by_bystander, bystander.ListDevices());
+  EXPECT_TRUE(seen_by_bystander[kDevice].own_worker);
+  EXPECT_EQ(seen_by_bystander[kDevice].resets, 0u);
+  EXPECT_EQ(seen_by_bystander[kDevice].workers, 3u);  // the shared one and each tenant's
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> seen_by_attacker, attacker.ListDevices());
+  EXPECT_TRUE(seen_by_attacker[kDevice].own_worker);
+  EXPECT_GE(seen_by_attacker[kDevice].resets, 3u);
+  EXPECT_THAT(seen_by_attacker[kDevice].last_reset, HasSubstr("gx_fault"));
+  EXPECT_THAT(server->RenderMetrics(),
+              AllOf(HasSubstr("gpuexec_tenant_workers{tenant=\"attacker\"} 1"),
+                    HasSubstr("gpuexec_tenant_workers{tenant=\"bystander\"} 1")));
+  GX_EXPECT_OK(held.Free());
+  GX_EXPECT_OK(kept.Close());
+  unlink(tenants.c_str());
+  rmdir(dir_template);
 }
 
 TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {

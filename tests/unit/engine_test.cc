@@ -6,6 +6,7 @@
 #include "server/core/engine.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,7 +70,7 @@ class EngineTest : public ::testing::Test {
     options.chunk_bytes = 64 << 10;
     options.staging_buffers = 4;
     port_ = nullptr;
-    auto open = [this](int ordinal, port::DriverInfo* info)
+    auto open = [this](int ordinal, const std::string& tenant, port::DriverInfo* info)
         -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
       info->device_count = 1;
       info->driver_version = 13000;
@@ -93,7 +94,13 @@ class EngineTest : public ::testing::Test {
       port->AddKernel("k_fault", {{0, 8}}, [](const FakePort::KernelContext&) {
         return absl::AbortedError("an illegal memory access was encountered");
       });
-      port_ = port.get();
+      if (tenant.empty()) {
+        port_ = port.get();
+      } else {
+        absl::MutexLock lock(&mu_);
+        tenant_ports_[tenant] = port.get();
+        ++tenant_ports_opened_;
+      }
       return std::unique_ptr<port::DevicePort>(std::move(port));
     };
     auto engine = Engine::Create(options, open);
@@ -161,9 +168,31 @@ class EngineTest : public ::testing::Test {
     return out;
   }
 
+  // The port a tenant's worker is served by (null: none was opened).
+  FakePort* PortOf(const std::string& tenant) {
+    absl::MutexLock lock(&mu_);
+    auto it = tenant_ports_.find(tenant);
+    return it == tenant_ports_.end() ? nullptr : it->second;
+  }
+  int TenantPortsOpened() {
+    absl::MutexLock lock(&mu_);
+    return tenant_ports_opened_;
+  }
+  static Caller TenantCaller(const std::string& name) {
+    auto t = std::make_shared<Tenant>();
+    t->name = name;
+    Caller c;
+    c.tenant = t;
+    c.peer = "ipv4:10.0.0.1:4000";
+    return c;
+  }
+
   Caller caller_ = DefaultCaller("ipv4:127.0.0.1:5000");
   std::unique_ptr<Engine> engine_;
   FakePort* port_ = nullptr;  // owned by engine_
+  absl::Mutex mu_;
+  std::map<std::string, FakePort*> tenant_ports_ ABSL_GUARDED_BY(mu_);  // owned by engine_
+  int tenant_ports_opened_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 TEST_F(EngineTest, AClosedSessionLeavesNothingOnTheDevice) {
@@ -338,6 +367,109 @@ TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
                        AllOf(HasSubstr("refused until"), HasSubstr("2 times"))));
   EXPECT_EQ(port_->resets(), 2u);
   ASSERT_THAT(Close(s->token), IsOk());
+}
+
+// With --isolation=tenant each tenant's sessions on a device are served by
+// a port (a worker) of the tenant's own: a reset of one takes that tenant's
+// buffers only.
+class TenantIsolationTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineOptions options;
+    options.isolation = EngineOptions::Isolation::kTenant;
+    options.worker_idle = absl::Milliseconds(50);
+    options.max_workers_per_device = 2;
+    Start(options);
+  }
+  absl::StatusOr<SessionInfo> OpenAs(const Caller& c) {
+    return Await<SessionInfo>(
+        [&](Callback<SessionInfo> cb) { engine_->OpenSession(c, 0, 0, 0, 0, cb); });
+  }
+};
+
+TEST_F(TenantIsolationTest, EachTenantHasAWorkerOfItsOwnAndItsFaultsStayThere) {
+  const Caller a = TenantCaller("a");
+  const Caller b = TenantCaller("b");
+  auto sa = OpenAs(a);
+  auto sa2 = OpenAs(a);
+  auto sb = OpenAs(b);
+  ASSERT_THAT(sa, IsOk());
+  ASSERT_THAT(sa2, IsOk());
+  ASSERT_THAT(sb, IsOk());
+  EXPECT_EQ(TenantPortsOpened(), 2) << "one worker per tenant, however many sessions";
+  FakePort* pa = PortOf("a");
+  FakePort* pb = PortOf("b");
+  ASSERT_NE(pa, nullptr);
+  ASSERT_NE(pb, nullptr);
+  auto ba = Await<BufferInfo>(
+      [&](Callback<BufferInfo> cb) { engine_->Allocate(a, sa->token, 4096, cb); });
+  auto bb = Await<BufferInfo>(
+      [&](Callback<BufferInfo> cb) { engine_->Allocate(b, sb->token, 4096, cb); });
+  ASSERT_THAT(ba, IsOk());
+  ASSERT_THAT(bb, IsOk());
+  EXPECT_EQ(pa->bytes_allocated(), 4096u);
+  EXPECT_EQ(pb->bytes_allocated(), 4096u);
+  EXPECT_EQ(port_->bytes_allocated(), 0u) << "the shared worker served a tenant's session";
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->Memset(b, sb->token, bb->handle, 0, 0, 9, d); }),
+              IsOk());
+
+  pa->Reset("a kernel of tenant a faulted");
+  EXPECT_THAT(
+      AwaitDone([&](Done d) { engine_->Memset(a, sa->token, ba->handle, 0, 0, 1, d); }),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("lost")));
+  // Tenant b's buffer and worker never noticed.
+  caller_ = b;
+  auto bytes = ReadAll(sb->token, bb->handle, 4096);
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(*bytes, std::string(4096, '\x09'));
+  EXPECT_EQ(pb->resets(), 0u);
+
+  // Each tenant's listing shows its own worker.
+  auto listed = Await<std::vector<DeviceStatus>>(
+      [&](Callback<std::vector<DeviceStatus>> cb) { engine_->ListDevices(a, cb); });
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ((*listed)[0].workers, 3u);
+  EXPECT_TRUE((*listed)[0].own_worker);
+  EXPECT_EQ((*listed)[0].resets, 1u);
+  EXPECT_THAT((*listed)[0].last_reset, HasSubstr("tenant a faulted"));
+  listed = Await<std::vector<DeviceStatus>>(
+      [&](Callback<std::vector<DeviceStatus>> cb) { engine_->ListDevices(b, cb); });
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ((*listed)[0].resets, 0u);
+  EXPECT_EQ((*listed)[0].last_reset, "");
+
+  for (auto [c, s] : {std::pair{a, *sa}, std::pair{a, *sa2}, std::pair{b, *sb}}) {
+    ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(c, s.token, d); }), IsOk());
+  }
+}
+
+TEST_F(TenantIsolationTest, IdleWorkersEndAndTheBoundOnWorkersHolds) {
+  const Caller a = TenantCaller("a");
+  const Caller b = TenantCaller("b");
+  const Caller c = TenantCaller("c");
+  auto sa = OpenAs(a);
+  auto sb = OpenAs(b);
+  ASSERT_THAT(sa, IsOk());
+  ASSERT_THAT(sb, IsOk());
+  // Two tenant workers on the device, the most it may run.
+  EXPECT_THAT(OpenAs(c), StatusIs(absl::StatusCode::kResourceExhausted,
+                                  HasSubstr("--max_workers_per_device=2")));
+  // The implicit tenant is served by the device's shared worker, as ever.
+  auto shared = Open();
+  ASSERT_THAT(shared, IsOk());
+  ASSERT_THAT(Close(shared->token), IsOk());
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(a, sa->token, d); }), IsOk());
+  // a's worker ends once idle (50 ms here), which makes room for c's.
+  absl::StatusOr<SessionInfo> sc = absl::UnknownError("not yet");
+  for (int i = 0; i < 200 && !sc.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    sc = OpenAs(c);
+  }
+  ASSERT_THAT(sc, IsOk());
+  EXPECT_EQ(TenantPortsOpened(), 3);
+  EXPECT_EQ(engine_->Stats().devices[0].workers, 3u);  // shared, b's, c's
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(b, sb->token, d); }), IsOk());
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(c, sc->token, d); }), IsOk());
 }
 
 }  // namespace

@@ -595,6 +595,8 @@ DeviceInfo FromProto(const v1::Device& d) {
   info.epoch = d.epoch();
   info.last_reset = d.last_reset();
   info.not_answering_since = d.not_answering_since();
+  info.workers = d.workers();
+  info.own_worker = d.own_worker();
   return info;
 }
 
