@@ -371,18 +371,21 @@ std::optional<Failure> Devices(const CommandLine& cl) {
     std::printf("no devices (the daemon at %s found no usable GPU)\n", c.target.c_str());
     return std::nullopt;
   }
-  std::printf("%-6s %-28s %-4s %12s %12s %-10s %4s %8s %6s\n", "DEVICE", "NAME", "CC", "MEMORY",
-              "FREE", "HEALTH", "SMS", "SESSIONS", "RESETS");
+  std::printf("%-6s %-28s %-4s %12s %12s %-10s %4s %8s %6s %s\n", "DEVICE", "NAME", "CC", "MEMORY",
+              "FREE", "HEALTH", "SMS", "SESSIONS", "RESETS", "WORKERS");
   for (const DeviceInfo& d : *devices) {
     const std::string cc =
         absl::StrCat(d.compute_capability_major, ".", d.compute_capability_minor);
-    std::printf("%-6u %-28s %-4s %12s %12s %-10s %4u %8u %6llu\n", d.index, d.name.c_str(),
+    // "3 (own)": the device runs 3 workers, one of them the caller's tenant's
+    // own (whose resets the RESETS column then counts).
+    const std::string workers = absl::StrCat(d.workers, d.own_worker ? " (own)" : "");
+    std::printf("%-6u %-28s %-4s %12s %12s %-10s %4u %8u %6llu %s\n", d.index, d.name.c_str(),
                 cc.c_str(), Bytes(d.memory_total_bytes).c_str(), Bytes(d.memory_free_bytes).c_str(),
                 !d.not_answering_since.empty() ? "silent"
                 : d.healthy                    ? "healthy"
                                                : "restarting",
                 d.multiprocessor_count, d.sessions,
-                static_cast<unsigned long long>(d.resets));
+                static_cast<unsigned long long>(d.resets), workers.c_str());
   }
   for (const DeviceInfo& d : *devices) {
     if (!d.last_reset.empty()) std::printf("device %u last reset %s\n", d.index, d.last_reset.c_str());

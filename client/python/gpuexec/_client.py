@@ -166,6 +166,10 @@ class Device:
     resets: int = 0
     epoch: int = 0
     last_reset: str = ""
+    # Worker processes serving the device, and whether the caller's tenant
+    # has one of its own there (resets, epoch and last_reset are then its).
+    workers: int = 1
+    own_worker: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,7 +287,8 @@ class Client:
                        multiprocessor_count=d.multiprocessor_count,
                        modules_loaded=d.modules_loaded,
                        module_loads_total=d.module_loads_total, sessions=d.sessions,
-                       resets=d.resets, epoch=d.epoch, last_reset=d.last_reset)
+                       resets=d.resets, epoch=d.epoch, last_reset=d.last_reset,
+                       workers=d.workers, own_worker=d.own_worker)
                 for d in response.devices]
 
     def session(self, device=None, *, lease=None, memory_limit=0, kernel_time_limit=None):

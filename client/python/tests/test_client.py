@@ -29,6 +29,8 @@ def test_devices(client):
     assert d.memory_total_bytes > 0
     assert 0 < d.memory_free_bytes <= d.memory_total_bytes
     assert len(d.compute_capability) == 2 and d.compute_capability[0] > 0
+    # Without tenants every session shares the device's one worker.
+    assert d.workers == 1 and not d.own_worker
 
 
 def test_session_context_manager_closes(client):
