@@ -43,6 +43,33 @@ LaunchConfig Config(uint32_t grid, uint32_t block) {
 
 class FaultTest : public ServiceTest {
  protected:
+  // A tenants file of two tenants, 'attacker' (token "attack") and
+  // 'bystander' (token "bystand"), in a directory of its own that goes with
+  // the fixture.
+  std::string TwoTenantsFile() {
+    char dir_template[] = "/tmp/gpuexec-tenants-XXXXXX";
+    EXPECT_NE(mkdtemp(dir_template), nullptr);
+    tenants_dir_ = dir_template;
+    const std::string path = absl::StrCat(tenants_dir_, "/tenants.textproto");
+    std::ofstream(path) << "tenant { name: \"attacker\" token_sha256: \"" << Sha256Hex("attack")
+                        << "\" }\ntenant { name: \"bystander\" token_sha256: \""
+                        << Sha256Hex("bystand") << "\" }\n";
+    return path;
+  }
+  void TearDown() override {
+    if (!tenants_dir_.empty()) {
+      unlink(absl::StrCat(tenants_dir_, "/tenants.textproto").c_str());
+      rmdir(tenants_dir_.c_str());
+    }
+    ServiceTest::TearDown();
+  }
+  static absl::StatusOr<Client> ConnectAs(const Server& server, const std::string& token) {
+    ClientOptions options;
+    options.token = token;
+    return Client::Connect(TargetOf(server), options);
+  }
+  std::string tenants_dir_;
+
   // Proves that `device` serves new work: a new session loads the kernels,
   // fills a new buffer and reads it back. Retries while the device is
   // restarting (UNAVAILABLE), until `deadline`.
@@ -337,14 +364,8 @@ TEST_F(FaultTest, FaultOnOneDeviceLeavesTheOtherDevicesSessionsRunning) {
 // refused launches once it reaches the strike limit, so the reset loop
 // stops, and another tenant's buffers live on past it.
 TEST_F(FaultTest, AStrikeLimitStopsAFaultLoopAndSparesTheOtherTenant) {
-  char dir_template[] = "/tmp/gpuexec-strikes-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string tenants = absl::StrCat(dir_template, "/tenants.textproto");
-  std::ofstream(tenants) << "tenant { name: \"attacker\" token_sha256: \"" << Sha256Hex("attack")
-                         << "\" }\ntenant { name: \"bystander\" token_sha256: \""
-                         << Sha256Hex("bystand") << "\" }\n";
   ServerOptions options;
-  options.tenants_file = tenants;
+  options.tenants_file = TwoTenantsFile();
   // The tenants share the device's worker here (with workers of their own,
   // see below, the attacker's faults never reach the bystander at all).
   options.isolation = "device";
@@ -352,11 +373,8 @@ TEST_F(FaultTest, AStrikeLimitStopsAFaultLoopAndSparesTheOtherTenant) {
   options.strike_window = absl::Minutes(1);
   options.strike_cooldown = absl::Minutes(1);
   GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
-  ClientOptions as_attacker, as_bystander;
-  as_attacker.token = "attack";
-  as_bystander.token = "bystand";
-  GX_ASSERT_OK_AND_ASSIGN(Client attacker, Client::Connect(TargetOf(*server), as_attacker));
-  GX_ASSERT_OK_AND_ASSIGN(Client bystander, Client::Connect(TargetOf(*server), as_bystander));
+  GX_ASSERT_OK_AND_ASSIGN(Client attacker, ConnectAs(*server, "attack"));
+  GX_ASSERT_OK_AND_ASSIGN(Client bystander, ConnectAs(*server, "bystand"));
   const std::string cubin = KernelPath("cubin");
   // Serving again after `resets` resets in all (the fault is seen before
   // the device is restarted: healthy alone can still be the old worker).
@@ -403,8 +421,6 @@ TEST_F(FaultTest, AStrikeLimitStopsAFaultLoopAndSparesTheOtherTenant) {
   const std::string metrics = server->RenderMetrics();
   EXPECT_THAT(metrics, HasSubstr("gpuexec_strikes_total 3\n"));
   EXPECT_THAT(metrics, HasSubstr("gpuexec_strike_refusals_total 3\n"));
-  unlink(tenants.c_str());
-  rmdir(dir_template);
 }
 
 // A worker that stops answering (here: stopped with SIGSTOP, as a driver
@@ -534,21 +550,12 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
 // faulting kernels reset its own worker only: another tenant's buffer and
 // its fill-and-read rounds on the same device go on without an error.
 TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
-  char dir_template[] = "/tmp/gpuexec-isolation-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string tenants = absl::StrCat(dir_template, "/tenants.textproto");
-  std::ofstream(tenants) << "tenant { name: \"attacker\" token_sha256: \"" << Sha256Hex("attack")
-                         << "\" }\ntenant { name: \"bystander\" token_sha256: \""
-                         << Sha256Hex("bystand") << "\" }\n";
   ServerOptions options;
-  options.tenants_file = tenants;
+  options.tenants_file = TwoTenantsFile();
   options.strike_limit = 0;  // the faults go on: isolation alone protects
   GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
-  ClientOptions as_attacker, as_bystander;
-  as_attacker.token = "attack";
-  as_bystander.token = "bystand";
-  GX_ASSERT_OK_AND_ASSIGN(Client attacker, Client::Connect(TargetOf(*server), as_attacker));
-  GX_ASSERT_OK_AND_ASSIGN(Client bystander, Client::Connect(TargetOf(*server), as_bystander));
+  GX_ASSERT_OK_AND_ASSIGN(Client attacker, ConnectAs(*server, "attack"));
+  GX_ASSERT_OK_AND_ASSIGN(Client bystander, ConnectAs(*server, "bystand"));
   GX_ASSERT_OK_AND_ASSIGN(Session kept, bystander.OpenSession({kDevice}));
   GX_ASSERT_OK_AND_ASSIGN(Buffer held, kept.Allocate(1 << 20));
   const std::vector<uint8_t> pattern = Pattern(33, 1 << 20);
@@ -609,8 +616,6 @@ TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
                     HasSubstr("gpuexec_tenant_workers{tenant=\"bystander\"} 1")));
   GX_EXPECT_OK(held.Free());
   GX_EXPECT_OK(kept.Close());
-  unlink(tenants.c_str());
-  rmdir(dir_template);
 }
 
 TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {
