@@ -7,7 +7,10 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -318,6 +321,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             options.tenants_file.empty() ? std::string("no tenants file (one tenant)")
                                          : absl::StrCat("tenants from ", options.tenants_file),
             options.allow_unauthenticated ? "; --allow_unauthenticated" : "");
+  // Workers inherit the environment: with an MPS control daemon serving the
+  // host they are its clients, and tenants' kernels then run side by side.
+  {
+    const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+    const std::string pipes = env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
+    struct stat st;
+    if (stat(absl::StrCat(pipes, "/control").c_str(), &st) == 0) {
+      log::Info("gpuexecd: an MPS control daemon serves this host (", pipes,
+                "): the workers are its clients, and kernels of different tenants' workers "
+                "run side by side; a fatal fault of one client's kernel takes down every "
+                "client of that GPU, and the daemon then restarts each worker it took down");
+    } else if (eo.isolation == core::EngineOptions::Isolation::kTenant) {
+      log::Info("gpuexecd: no MPS control daemon (", pipes,
+                "): tenants' workers take turns on each GPU (time-sliced)");
+    }
+  }
   log::Info("gpuexecd: isolation ",
             eo.isolation == core::EngineOptions::Isolation::kTenant
                 ? absl::StrCat("by tenant: each tenant's sessions on a device have a worker "
