@@ -41,8 +41,10 @@ struct Device::StreamState {
   // Operations that arrived behind a launch held by the bound on queued
   // launches (that launch first), in the order they arrived.
   struct Held {
-    bool launch;
+    OpKind kind;
+    size_t bytes;
     std::function<void()> op;
+    std::function<void(absl::Status)> refuse;
   };
   std::deque<Held> held;
 };
@@ -69,6 +71,8 @@ struct Device::HostTask {
 
 namespace {
 constexpr absl::Duration kTick = absl::Milliseconds(100);
+// What a held operation is counted as, beside its parameters and name.
+constexpr size_t kSmallOpBytes = 256;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Device>> Device::Open(const cuda::Driver* driver, int ordinal,
@@ -288,13 +292,25 @@ bool Device::QueueFull(const StreamState& s) const {
          s.watches.size() >= static_cast<size_t>(options_.max_queued_launches);
 }
 
-void Device::OnStream(StreamId stream, bool launch, std::function<void()> op) {
-  executor_.Post([this, stream, launch, op = std::move(op)]() mutable {
+void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<void()> op,
+                      std::function<void(absl::Status)> refuse) {
+  executor_.Post([this, stream, kind, bytes, op = std::move(op),
+                  refuse = std::move(refuse)]() mutable {
     auto it = streams_.find(stream);
     if (it != streams_.end()) {
       StreamState& s = *it->second;
-      if (!s.held.empty() || (launch && QueueFull(s))) {
-        s.held.push_back(StreamState::Held{launch, std::move(op)});
+      if (!s.held.empty() || (kind == OpKind::kLaunch && QueueFull(s))) {
+        if (kind != OpKind::kRelease && (s.held.size() >= options_.max_held_per_stream ||
+                                         held_bytes_ + bytes > options_.max_held_bytes)) {
+          return refuse(absl::ResourceExhaustedError(absl::StrCat(
+              "device ", props_.ordinal, ": the session's stream has ", s.held.size(),
+              " operations waiting behind its ", s.watches.size(),
+              " queued launches, the most it may hold (", options_.max_held_per_stream,
+              " a stream, ", options_.max_held_bytes >> 20,
+              " MiB on the device); wait for its work (Synchronize) and retry")));
+        }
+        held_bytes_ += bytes;
+        s.held.push_back(StreamState::Held{kind, bytes, std::move(op), std::move(refuse)});
         return;
       }
     }
@@ -308,8 +324,9 @@ void Device::ReleaseHeld(StreamId stream) {
     auto it = streams_.find(stream);
     if (it == streams_.end() || it->second->held.empty()) return;
     StreamState& s = *it->second;
-    if (s.held.front().launch && QueueFull(s)) return;
+    if (s.held.front().kind == OpKind::kLaunch && QueueFull(s)) return;
     std::function<void()> op = std::move(s.held.front().op);
+    held_bytes_ -= s.held.front().bytes;
     s.held.pop_front();
     op();
   }
@@ -509,10 +526,27 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done do
 }
 
 void Device::DestroyStream(StreamId stream, Done done) {
-  OnStream(stream, false, [=, this]() mutable {
+  // Not behind the stream's held operations: those never run now (the
+  // session is gone), except its frees, which run at once (stream-ordered
+  // after the launches already queued).
+  executor_.Post([=, this]() mutable {
     auto it = streams_.find(stream);
     if (it == streams_.end()) return done(absl::OkStatus());  // already gone
     StreamState* s = it->second.get();
+    std::deque<StreamState::Held> held;
+    held.swap(s->held);
+    for (StreamState::Held& h : held) {
+      held_bytes_ -= h.bytes;
+      if (h.kind == OpKind::kRelease) {
+        h.op();
+      } else {
+        h.refuse(absl::AbortedError(absl::StrCat(
+            "device ", props_.ordinal, ": the session's stream ended before this ran")));
+      }
+    }
+    it = streams_.find(stream);
+    if (it == streams_.end()) return done(absl::OkStatus());
+    s = it->second.get();
     auto erase = [this, stream, done](absl::Status st) {
       executor_.Post([this, stream, done, st] {
         std::deque<StreamState::Held> held;
@@ -523,7 +557,10 @@ void Device::DestroyStream(StreamId stream, Done done) {
           streams_.erase(it);
         }
         // What arrived after the stream's end finds no stream.
-        for (StreamState::Held& h : held) h.op();
+        for (StreamState::Held& h : held) {
+          held_bytes_ -= h.bytes;
+          h.op();
+        }
         // Give the session's freed memory back to the device, so that free
         // memory reads as it did before the session.
         if (props_.memory_pools && healthy()) (void)driver_->TrimMemoryPool(props_.ordinal);
@@ -538,16 +575,17 @@ void Device::DestroyStream(StreamId stream, Done done) {
 }
 
 void Device::AfterQueued(StreamId stream, std::string what, Done done) {
-  OnStream(stream, false, [=, this]() mutable {
+  OnStream(stream, OpKind::kOther, kSmallOpBytes + what.size(), [=, this]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status());
     absl::Status st = WhenDone(**ready, done, what);
     if (!st.ok()) done(st);
-  });
+  },
+           done);
 }
 
 void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done) {
-  OnStream(stream, false, [=, this]() mutable {
+  OnStream(stream, OpKind::kOther, kSmallOpBytes + what.size(), [=, this]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status());
     StreamState* s = *ready;
@@ -562,11 +600,12 @@ void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback
       return done(st);
     }
     done(*ptr);
-  });
+  },
+           [done](absl::Status st) { done(st); });
 }
 
 void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
-  OnStream(stream, false, [=, this]() mutable {
+  OnStream(stream, OpKind::kRelease, kSmallOpBytes + what.size(), [=, this]() mutable {
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
     // A session that closed while an allocation was in flight frees that
@@ -574,13 +613,15 @@ void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
     auto it = streams_.find(stream);
     CUstream_st* s = it == streams_.end() ? nullptr : it->second->stream.get();
     done(Check(driver_->FreeAsync(ptr, s, what)));
-  });
+  },
+           done);
 }
 
 void Device::EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
                          std::function<absl::Status(CUstream_st*)> enqueue) {
-  OnStream(stream, false,
-           [this, stream, what = std::move(what), wait, done = std::move(done),
+  const size_t bytes = kSmallOpBytes + what.size();
+  OnStream(stream, OpKind::kOther, bytes,
+           [this, stream, what = std::move(what), wait, done,
             enqueue = std::move(enqueue)] {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status());
@@ -592,7 +633,8 @@ void Device::EnqueueWork(StreamId stream, std::string what, bool wait, Done done
       if (st.ok()) return;  // `done` runs when the work has finished
     }
     done(st);
-  });
+  },
+           done);
 }
 
 void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size, std::string what,
@@ -726,14 +768,17 @@ void Device::ResolveKernel(LoadedModule* m, const std::string& name, KernelId id
 }
 
 void Device::Launch(StreamId stream, LaunchOp op, Done done) {
-  OnStream(stream, true, [this, stream, op = std::move(op), done = std::move(done)]() mutable {
+  const size_t bytes = kSmallOpBytes + op.param_block.size() + op.what.size();
+  OnStream(stream, OpKind::kLaunch, bytes, [this, stream, op = std::move(op), done]() mutable {
     auto ready = ReadyStream(stream);
     done(ready.ok() ? LaunchOn(stream, **ready, op) : ready.status());
-  });
+  },
+           done);
 }
 
 void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done) {
-  OnStream(stream, true, [this, stream, op = std::move(op), done = std::move(done)]() mutable {
+  const size_t bytes = kSmallOpBytes + op.param_block.size() + op.what.size();
+  OnStream(stream, OpKind::kLaunch, bytes, [this, stream, op = std::move(op), done]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return done(ready.status(), false);
     absl::Status st = LaunchOn(stream, **ready, op);
@@ -741,7 +786,8 @@ void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynch
     SynchronizeOn(stream, **ready, [done = std::move(done)](absl::StatusOr<uint64_t> ns) {
       done(std::move(ns), true);
     });
-  });
+  },
+           [done](absl::Status st) { done(st, false); });
 }
 
 absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
@@ -786,11 +832,12 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
 }
 
 void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
-  OnStream(stream, false, [this, stream, gpu_ns = std::move(gpu_ns)]() mutable {
+  OnStream(stream, OpKind::kOther, kSmallOpBytes, [this, stream, gpu_ns]() mutable {
     auto ready = ReadyStream(stream);
     if (!ready.ok()) return gpu_ns(ready.status());
     SynchronizeOn(stream, **ready, std::move(gpu_ns));
-  });
+  },
+           [gpu_ns](absl::Status st) { gpu_ns(st); });
 }
 
 void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns) {

@@ -74,6 +74,11 @@ struct DeviceOptions {
   // shared, and a launch into a full one blocks the executor, which serves
   // every stream of the device.
   int max_queued_launches = 0;
+  // Operations held so (each stream; all streams of the device, counted
+  // by the bytes of their parameters and names): past either, a new one is
+  // refused with RESOURCE_EXHAUSTED instead of held.
+  size_t max_held_per_stream = 8192;
+  size_t max_held_bytes = 64 << 20;
 };
 
 class Device {
@@ -185,9 +190,13 @@ class Device {
   absl::StatusOr<StreamState*> ReadyStream(StreamId id);
   absl::Status MarkWork(StreamState& s);
   // Runs `op` on the executor in its stream's order: at once, or once the
-  // operations held on the stream have run. A `launch` is held while its
-  // stream has max_queued_launches launches queued.
-  void OnStream(StreamId stream, bool launch, std::function<void()> op);
+  // operations held on the stream have run. A launch is held while its
+  // stream has max_queued_launches launches queued. `refuse` ends an
+  // operation that will never run (past the bounds on held operations, or
+  // held when its stream ends); a release (a Free) is never refused.
+  enum class OpKind { kLaunch, kRelease, kOther };
+  void OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<void()> op,
+                std::function<void(absl::Status)> refuse);
   bool QueueFull(const StreamState& s) const;
   // Runs the stream's held operations that may run now (all of them once
   // the device has faulted or is stopping).
@@ -262,6 +271,8 @@ class Device {
   absl::flat_hash_set<StreamId> watched_;
   // Set by OnStop: held operations then fail instead of waiting.
   bool stopping_ = false;
+  // Bytes of the operations held on all streams (executor thread).
+  size_t held_bytes_ = 0;
 
   StagingPool staging_;
 

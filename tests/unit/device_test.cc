@@ -59,6 +59,7 @@ class DeviceTest : public ::testing::Test {
     options.staging_bytes = 4096;
     options.staging_slots = 2;
     options.max_queued_launches = MaxQueuedLaunches();
+    options.max_held_per_stream = MaxHeld();
     auto dev = Device::Open(driver_, 0, options);
     ASSERT_TRUE(dev.ok()) << dev.status();
     device_ = std::move(dev).value();
@@ -75,6 +76,7 @@ class DeviceTest : public ::testing::Test {
   }
 
   virtual int MaxQueuedLaunches() const { return 0; }
+  virtual size_t MaxHeld() const { return 8192; }
 
   // A launch of gx_spin for `ms` (a kernel of `image`, given id 1).
   LaunchOp Spin(const std::shared_ptr<const ModuleImage>& image, uint64_t ms) {
@@ -319,6 +321,66 @@ TEST_F(QueuedLaunchTest, HeldOperationsFailWithTheFault) {
         _exit(0);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+class HeldBoundTest : public QueuedLaunchTest {
+ protected:
+  size_t MaxHeld() const override { return 4; }
+};
+
+// Past the bound on held operations a new one is refused, naming it; a
+// stream that ends refuses what it held, but still frees.
+TEST_F(HeldBoundTest, HeldOperationsAreBoundedAndEndWithTheirStream) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 30);
+  absl::Mutex mu;
+  std::vector<absl::Status> results(12);
+  absl::Notification all;
+  int done = 0;
+  for (int i = 0; i < 12; ++i) {
+    device_->Launch(stream_, spin, [&, i](absl::Status st) {
+      absl::MutexLock lock(&mu);
+      results[i] = st;
+      if (++done == 12) all.Notify();
+    });
+  }
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  int refused = 0;
+  for (const absl::Status& st : results) {
+    if (st.code() == absl::StatusCode::kResourceExhausted) {
+      ++refused;
+      EXPECT_THAT(std::string(st.message()), HasSubstr("the most it may hold (4 a stream"));
+    } else {
+      EXPECT_TRUE(st.ok()) << st;
+    }
+  }
+  EXPECT_EQ(refused, 12 - 3 - 4);  // 3 queued, 4 held
+  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
+
+  const StreamId closing = 9;
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(closing, absl::ZeroDuration(), d); }).ok());
+  auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
+    device_->Allocate(closing, 4096, "buffer of the closing stream", cb);
+  });
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  for (int i = 0; i < 3; ++i) device_->Launch(closing, spin, [](absl::Status) {});
+  absl::Notification held_done;
+  absl::Status held_status;
+  device_->Launch(closing, spin, [&](absl::Status st) {
+    held_status = st;
+    held_done.Notify();
+  });
+  absl::Notification freed;
+  absl::Status free_status;
+  device_->Free(closing, *buffer, "buffer of the closing stream", [&](absl::Status st) {
+    free_status = st;
+    freed.Notify();
+  });
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(closing, d); }).ok());
+  ASSERT_TRUE(held_done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(held_status.code(), absl::StatusCode::kAborted) << held_status;
+  EXPECT_THAT(std::string(held_status.message()), HasSubstr("ended before this ran"));
+  ASSERT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(free_status.ok()) << free_status;
 }
 
 }  // namespace
