@@ -1070,6 +1070,13 @@ void RemoteDevice::GetKernel(std::shared_ptr<const port::ModuleImage> image, std
       {
         absl::MutexLock lock(&mu_);
         if (epoch == epoch_) live_kernels_.erase(id);
+        // A name that never resolved leaves no record (a caller trying
+        // names by the million must not grow this map).
+        auto it = kernels_.find(id);
+        if (it != kernels_.end() && !it->second.info.has_value()) {
+          kernel_ids_.erase(absl::StrCat(it->second.sha256, "/", it->second.name));
+          kernels_.erase(it);
+        }
       }
       return done(st);
     }
