@@ -164,6 +164,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   {
     absl::MutexLock lock(&engine->ports_mu_);
     engine->tenant_ports_.resize(engine->devices_.size());
+    engine->draining_.assign(engine->devices_.size(), 0);
   }
   engine->traffic_ = std::make_unique<TrafficCounters[]>(engine->devices_.size());
   engine->reaper_ = std::thread(&Engine::ReaperLoop, engine.get());
@@ -591,7 +592,9 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       st.modules_loaded = d.modules_loaded() + tenant_modules[i];
       st.module_loads_total = d.module_loads_total() + tenant_module_loads[i];
       st.sessions = mine[i];
-      st.workers = workers[i];
+      // How many other tenants use the device is not a tenant's to know:
+      // it sees the shared worker and its own.
+      st.workers = caller.sees_all ? workers[i] : 1 + (own[i] != nullptr ? 1 : 0);
       st.resets = d.resets();
       st.epoch = d.epoch();
       if (own[i] != nullptr) {
@@ -872,10 +875,10 @@ void Engine::AcquirePort(
       it->second.waiting.push_back(std::move(done));  // it is starting
       return;
     } else if (options_.max_workers_per_device != 0 &&
-               on_device.size() >= options_.max_workers_per_device) {
+               on_device.size() + draining_[index] >= options_.max_workers_per_device) {
+      // (How many other tenants use the device is not this caller's to know.)
       refused = absl::ResourceExhaustedError(absl::StrCat(
-          "device ", index, " already runs ", on_device.size(),
-          " tenant workers, the most it may (--max_workers_per_device=",
+          "device ", index, " runs the most tenant workers it may (--max_workers_per_device=",
           options_.max_workers_per_device, "); a worker of a tenant with no session there ends ",
           absl::ToInt64Seconds(options_.worker_idle), " s after its last one"));
     } else {
@@ -964,12 +967,22 @@ void Engine::RetireIdlePorts(absl::Time now) {
         log::Info("device ", i, ": the worker of tenant '", it->first, "' ends, idle for ",
                   absl::ToInt64Seconds(now - tp.idle_since), " s");
         // Ended off the reaper's thread (a worker may take a while to
-        // drain), once the last holder of the port has let go.
-        RunPortThread([port = std::move(tp.port)]() mutable {
-          for (int i = 0; i < 3000 && port.use_count() > 1; ++i) {
+        // drain), and only there: once every other holder (a call still
+        // finishing on a closed session) has let go, since the port's own
+        // threads must never be the ones to end it. Counted against the
+        // bound until then.
+        ++draining_[i];
+        RunPortThread([this, i, port = std::move(tp.port)]() mutable {
+          absl::Time closed_at = absl::InfiniteFuture();
+          while (port.use_count() > 1) {
             absl::SleepFor(absl::Milliseconds(10));
+            absl::MutexLock lock(&ports_mu_);
+            if (ports_closed_ && closed_at == absl::InfiniteFuture()) closed_at = absl::Now();
+            if (absl::Now() - closed_at > absl::Seconds(10)) break;  // shutting down
           }
           port.reset();
+          absl::MutexLock lock(&ports_mu_);
+          --draining_[i];
         });
         on_device.erase(it++);
       }
@@ -1876,7 +1889,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     s->work_epoch = 0;
     dev->LaunchAndSynchronize(
         s->stream(), std::move(op), epoch, work_epoch,
-        [s, traffic, gpu_ns](absl::StatusOr<uint64_t> ns, bool launched) {
+        [s, traffic, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns, bool launched) {
           if (launched) {
             traffic->launches.fetch_add(1);
             s->usage().traffic.launches.fetch_add(1);
@@ -1886,6 +1899,8 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
             absl::MutexLock lock(&s->mu);
             --s->waiting;
             s->Touch();
+            // Refused before it reached the device: as Synchronize below.
+            if (!launched && !ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
           }
           gpu_ns(std::move(ns));
         });
@@ -1899,18 +1914,28 @@ void Engine::Synchronize(const Caller& caller, const std::string& token,
   Synchronize(*found, std::move(gpu_ns));
 }
 
+void Engine::RestoreWorkEpoch(Session& s, uint64_t work_epoch, const absl::Status& status) {
+  // A Synchronize refused before it reached the device (a worker that has
+  // not taken its requests, say) settled nothing: the work it would have
+  // waited for is still unreported. (ABORTED reported its loss.)
+  if (work_epoch == 0 || status.code() == absl::StatusCode::kAborted) return;
+  if (s.work_epoch == 0 || work_epoch < s.work_epoch) s.work_epoch = work_epoch;
+}
+
 void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) {
   absl::MutexLock lock(&s->mu);
   if (s->closed) return gpu_ns(s->ClosedError());
   ++s->waiting;
   const uint64_t work_epoch = s->work_epoch;
   s->work_epoch = 0;
-  DeviceOf(*s)->Synchronize(s->stream(), work_epoch, [s, gpu_ns](absl::StatusOr<uint64_t> ns) {
+  DeviceOf(*s)->Synchronize(s->stream(), work_epoch, [s, gpu_ns, work_epoch](
+                                                         absl::StatusOr<uint64_t> ns) {
     if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
     {
       absl::MutexLock lock(&s->mu);
       --s->waiting;
       s->Touch();
+      if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
     }
     gpu_ns(std::move(ns));
   });

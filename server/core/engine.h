@@ -446,6 +446,9 @@ class Engine {
                     bool newly_stored, bool reserved, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
+  // After a failed Synchronize that took `work_epoch` from the session.
+  static void RestoreWorkEpoch(Session& s, uint64_t work_epoch, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   enum class CloseReason { kClient, kExpired, kShutdown, kRevoked, kFaulted };
   // Removes the session and frees all it holds; `why` goes to the log.
   void Close(std::shared_ptr<Session> session, CloseReason reason, const std::string& why,
@@ -552,6 +555,9 @@ class Engine {
   mutable absl::Mutex ports_mu_;
   std::vector<absl::flat_hash_map<std::string, TenantPort>> tenant_ports_ ABSL_GUARDED_BY(ports_mu_);
   bool ports_closed_ ABSL_GUARDED_BY(ports_mu_) = false;  // the engine is going
+  // Tenant workers ended for idleness whose process is still going (they
+  // count against max_workers_per_device until it has), per device.
+  std::vector<uint32_t> draining_ ABSL_GUARDED_BY(ports_mu_);
   // Threads that start or end tenant workers; joined when done (`done`).
   struct PortThread {
     std::thread thread;

@@ -606,13 +606,14 @@ TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> seen_by_bystander, bystander.ListDevices());
   EXPECT_TRUE(seen_by_bystander[kDevice].own_worker);
   EXPECT_EQ(seen_by_bystander[kDevice].resets, 0u);
-  EXPECT_EQ(seen_by_bystander[kDevice].workers, 3u);  // the shared one and each tenant's
+  EXPECT_EQ(seen_by_bystander[kDevice].workers, 2u);  // the shared one and its own
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> seen_by_attacker, attacker.ListDevices());
   EXPECT_TRUE(seen_by_attacker[kDevice].own_worker);
   EXPECT_GE(seen_by_attacker[kDevice].resets, 3u);
   EXPECT_THAT(seen_by_attacker[kDevice].last_reset, HasSubstr("gx_fault"));
   EXPECT_THAT(server->RenderMetrics(),
-              AllOf(HasSubstr("gpuexec_tenant_workers{tenant=\"attacker\"} 1"),
+              AllOf(HasSubstr("gpuexec_device_workers{device=\"0\"} 3"),
+                    HasSubstr("gpuexec_tenant_workers{tenant=\"attacker\"} 1"),
                     HasSubstr("gpuexec_tenant_workers{tenant=\"bystander\"} 1")));
   GX_EXPECT_OK(held.Free());
   GX_EXPECT_OK(kept.Close());

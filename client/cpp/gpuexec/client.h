@@ -158,9 +158,9 @@ struct DeviceInfo {
   // While the device's worker does not answer: since when ("" otherwise);
   // memory_free_bytes is then its last figure.
   std::string not_answering_since;
-  // Worker processes serving the device (its shared one and tenants' own),
-  // and whether the caller's tenant has one of its own there (resets,
-  // epoch, last_reset and healthy are then that worker's).
+  // Worker processes serving the device that the caller may know of (its
+  // shared one and the caller's tenant's own), and whether that tenant has one of its
+  // own there (resets, epoch, last_reset and healthy are then that worker's).
   uint32_t workers = 1;
   bool own_worker = false;
 };
