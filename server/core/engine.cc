@@ -652,6 +652,11 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     return limits.devices.empty() ||
            std::find(limits.devices.begin(), limits.devices.end(), i) != limits.devices.end();
   };
+  // A tenant with workers of its own does not wait for the device's shared
+  // worker to come back from another's fault.
+  const bool own_worker = options_.isolation == EngineOptions::Isolation::kTenant &&
+                          caller.tenant != nullptr && caller.tenant != DefaultTenant();
+  auto usable = [&](size_t i) { return own_worker || devices_[i]->healthy(); };
   int index = -1;
   if (device.has_value()) {
     if (*device >= devices_.size()) {
@@ -664,14 +669,14 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
                                                 absl::StrJoin(limits.devices, ", ")))));
     }
     index = static_cast<int>(*device);
-    if (!devices_[index]->healthy()) {
+    if (!usable(index)) {
       return done(absl::UnavailableError(absl::StrCat(
           "device ", index, " is unusable: ", devices_[index]->fault().message())));
     }
   } else {
     absl::MutexLock lock(&sessions_mu_);
     for (size_t i = 0; i < devices_.size(); ++i) {
-      if (!devices_[i]->healthy() || !allowed(i)) continue;
+      if (!usable(i) || !allowed(i)) continue;
       if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index]) index = static_cast<int>(i);
     }
     if (index < 0) {
