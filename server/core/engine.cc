@@ -72,6 +72,21 @@ class Join {
   Done done_;
 };
 
+// Adds `size` to `used` unless that would pass `limit` (0: none), as one
+// step however many threads reserve at once; returns what was held when it
+// would not fit.
+std::optional<uint64_t> Reserve(std::atomic<uint64_t>& used, uint64_t limit, uint64_t size) {
+  if (limit == 0) {
+    used.fetch_add(size);
+    return std::nullopt;
+  }
+  uint64_t held = used.load();
+  do {
+    if (size > limit - std::min(held, limit)) return held;
+  } while (!used.compare_exchange_weak(held, held + size));
+  return std::nullopt;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- Engine
@@ -1325,32 +1340,18 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
     // allocate concurrently).
     const uint64_t tenant_limit = caller.tenant != nullptr ? caller.tenant->limits.memory_bytes : 0;
     std::atomic<uint64_t>& tenant_used = s->usage().memory;
-    if (tenant_limit != 0) {
-      uint64_t used = tenant_used.load();
-      do {
-        if (size > tenant_limit - std::min(used, tenant_limit)) {
-          return done(absl::ResourceExhaustedError(TenantLimitError(
-              caller, absl::StrCat("memory limit: its sessions hold ", used, " of its ",
-                                   tenant_limit, " bytes; ", size, " more for ", s->name(),
-                                   " do not fit"))));
-        }
-      } while (!tenant_used.compare_exchange_weak(used, used + size));
-    } else {
-      tenant_used.fetch_add(size);
+    if (auto held = Reserve(tenant_used, tenant_limit, size); held.has_value()) {
+      return done(absl::ResourceExhaustedError(TenantLimitError(
+          caller, absl::StrCat("memory limit: its sessions hold ", *held, " of its ", tenant_limit,
+                               " bytes; ", size, " more for ", s->name(), " do not fit"))));
     }
-    if (options_.daemon_memory_bytes != 0) {
-      uint64_t used = daemon_memory_used_.load();
-      do {
-        if (size > options_.daemon_memory_bytes - std::min(used, options_.daemon_memory_bytes)) {
-          tenant_used.fetch_sub(size);
-          return done(absl::ResourceExhaustedError(absl::StrCat(
-              "daemon memory limit: sessions hold ", used, " of the daemon's ",
-              options_.daemon_memory_bytes, " bytes; ", size, " more for ", s->name(),
-              " do not fit")));
-        }
-      } while (!daemon_memory_used_.compare_exchange_weak(used, used + size));
-    } else {
-      daemon_memory_used_.fetch_add(size);
+    if (auto held = Reserve(daemon_memory_used_, options_.daemon_memory_bytes, size);
+        held.has_value()) {
+      tenant_used.fetch_sub(size);
+      return done(absl::ResourceExhaustedError(absl::StrCat(
+          "daemon memory limit: sessions hold ", *held, " of the daemon's ",
+          options_.daemon_memory_bytes, " bytes; ", size, " more for ", s->name(),
+          " do not fit")));
     }
     s->memory_used += size;  // reserved; given back if the device says no
   }
