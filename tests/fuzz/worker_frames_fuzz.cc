@@ -60,7 +60,7 @@ void Handle(const std::string& frame) {
     } else {
       FUZZ_CHECK(st.ok());
     }
-    const gpuexec::device::KernelInfo k = w::FromProto(r.kernel(), r.id());
+    const gpuexec::port::KernelInfo k = w::FromProto(r.kernel(), r.id());
     FUZZ_CHECK(k.id == r.id());
     FUZZ_CHECK(k.params.size() == static_cast<size_t>(r.kernel().params_size()));
     for (size_t i = 0; i < k.params.size(); ++i) {
