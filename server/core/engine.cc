@@ -663,9 +663,14 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
   }
   const TenantLimits& limits =
       caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
-  auto allowed = [&limits](size_t i) {
-    return limits.devices.empty() ||
-           std::find(limits.devices.begin(), limits.devices.end(), i) != limits.devices.end();
+  auto excluded = [&limits](size_t i) {
+    return std::find(limits.excluded_devices.begin(), limits.excluded_devices.end(), i) !=
+           limits.excluded_devices.end();
+  };
+  auto allowed = [&limits, &excluded](size_t i) {
+    return !excluded(i) && (limits.devices.empty() || std::find(limits.devices.begin(),
+                                                                limits.devices.end(),
+                                                                i) != limits.devices.end());
   };
   // A tenant with workers of its own does not wait for the device's shared
   // worker to come back from another's fault.
@@ -677,6 +682,11 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     if (*device >= devices_.size()) {
       return done(absl::InvalidArgumentError(absl::StrCat(
           "device ", *device, " does not exist; this host has ", devices_.size(), " device(s)")));
+    }
+    if (excluded(*device)) {
+      return done(absl::PermissionDeniedError(TenantLimitError(
+          caller, absl::StrCat("may not use device ", *device,
+                               ": it is dedicated to another tenant"))));
     }
     if (!allowed(*device)) {
       return done(absl::PermissionDeniedError(
@@ -695,6 +705,13 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
       if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index]) index = static_cast<int>(i);
     }
     if (index < 0) {
+      bool any = false;
+      for (size_t i = 0; i < devices_.size(); ++i) any |= allowed(i);
+      if (!any) {
+        return done(absl::PermissionDeniedError(TenantLimitError(
+            caller, "may use none of this host's devices (the others are dedicated to other "
+                    "tenants, or not among its devices)")));
+      }
       std::string why;
       for (size_t i = 0; i < devices_.size(); ++i) {
         if (allowed(i)) absl::StrAppend(&why, why.empty() ? "" : "; ", devices_[i]->fault().message());

@@ -18,6 +18,9 @@ namespace gpuexec::core {
 
 struct TenantLimits {
   std::vector<uint32_t> devices;      // empty: every device
+  // Devices dedicated to other tenants: never this one's, whatever
+  // `devices` says.
+  std::vector<uint32_t> excluded_devices;
   uint64_t memory_bytes = 0;          // device memory of all its sessions; 0: none
   uint32_t max_sessions = 0;          // 0: none
   uint64_t max_lease_ms = 0;          // 0: the daemon's

@@ -127,6 +127,9 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
   std::shared_ptr<Directory> dir(new Directory);
   absl::flat_hash_map<std::string, size_t> names;
   absl::flat_hash_map<std::string, size_t> digests;
+  // Dedicated devices: device -> the tenant it is given to.
+  absl::flat_hash_map<uint32_t, size_t> dedicated;
+  std::vector<std::shared_ptr<core::Tenant>> made;
 
   for (int i = 0; i < config.tenant_size(); ++i) {
     const config::v1::Tenant& t = config.tenant(i);
@@ -194,15 +197,42 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
                    absl::StrCat(t.kernel_time_limit_ms(), " is below the minimum of ",
                                 kMinKernelTimeLimitMs, " ms"));
     }
+    for (int k = 0; k < t.dedicated_devices_size(); ++k) {
+      auto [it, added] = dedicated.emplace(t.dedicated_devices(k), static_cast<size_t>(i));
+      if (!added) {
+        return error("dedicated_devices", k,
+                     absl::StrCat("device ", t.dedicated_devices(k), " is dedicated to tenant '",
+                                  config.tenant(static_cast<int>(it->second)).name(),
+                                  "' already (a device is given to one tenant at most)"));
+      }
+    }
     auto tenant = std::make_shared<core::Tenant>();
     tenant->name = t.name();
     tenant->limits.devices.assign(t.devices().begin(), t.devices().end());
+    if (!tenant->limits.devices.empty()) {
+      for (uint32_t d : t.dedicated_devices()) {
+        if (std::find(tenant->limits.devices.begin(), tenant->limits.devices.end(), d) ==
+            tenant->limits.devices.end()) {
+          tenant->limits.devices.push_back(d);
+        }
+      }
+    }
     tenant->limits.memory_bytes = t.memory_limit_bytes();
     tenant->limits.max_sessions = t.max_sessions();
     tenant->limits.max_lease_ms = t.max_lease_ms();
     tenant->limits.kernel_time_limit_ms = t.kernel_time_limit_ms();
     tenant->limits.module_bytes = t.module_bytes();
-    dir->tenants_.push_back(std::move(tenant));
+    made.push_back(std::move(tenant));
+  }
+  // Each tenant is kept off the devices dedicated to the others.
+  for (const auto& [device, owner] : dedicated) {
+    for (size_t i = 0; i < made.size(); ++i) {
+      if (i != owner) made[i]->limits.excluded_devices.push_back(device);
+    }
+  }
+  for (auto& t : made) {
+    std::sort(t->limits.excluded_devices.begin(), t->limits.excluded_devices.end());
+    dir->tenants_.push_back(std::move(t));
   }
   return std::shared_ptr<const Directory>(std::move(dir));
 }

@@ -472,5 +472,26 @@ TEST_F(TenantIsolationTest, IdleWorkersEndAndTheBoundOnWorkersHolds) {
   ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(c, sc->token, d); }), IsOk());
 }
 
+// A device dedicated to another tenant is refused, saying so, and never
+// picked for the tenant.
+TEST_F(EngineTest, ADeviceDedicatedToAnotherTenantIsRefused) {
+  auto t = std::make_shared<Tenant>();
+  t->name = "b";
+  t->limits.excluded_devices = {0};
+  Caller b;
+  b.tenant = t;
+  b.peer = "ipv4:10.0.0.2:4000";
+  auto open = [&](std::optional<uint32_t> device) {
+    return Await<SessionInfo>(
+        [&](Callback<SessionInfo> cb) { engine_->OpenSession(b, device, 0, 0, 0, cb); });
+  };
+  EXPECT_THAT(open(0), StatusIs(absl::StatusCode::kPermissionDenied,
+                                HasSubstr("tenant 'b' may not use device 0: it is dedicated to "
+                                          "another tenant")));
+  EXPECT_THAT(open(std::nullopt), StatusIs(absl::StatusCode::kPermissionDenied,
+                                           HasSubstr("may use none of this host's devices")));
+  EXPECT_EQ(engine_->session_count(), 0u);
+}
+
 }  // namespace
 }  // namespace gpuexec::core

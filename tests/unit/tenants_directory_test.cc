@@ -160,6 +160,32 @@ TEST(DirectoryParseTest, MistakesNameTheLineAndTheField) {
   EXPECT_EQ(quoted.find('\x1b'), std::string::npos);
 }
 
+// A dedicated device is its tenant's (added to its devices when it lists
+// any) and every other tenant's excluded; two tenants cannot both have it.
+TEST(DirectoryParseTest, ADedicatedDeviceIsKeptFromEveryOtherTenant) {
+  auto dir = Directory::Parse(
+      "tenant { name: \"a\" uid: 1 devices: 0 dedicated_devices: 2 }\n"
+      "tenant { name: \"b\" uid: 2 }\n"
+      "tenant { name: \"c\" uid: 3 dedicated_devices: 1 }\n",
+      "t.textproto");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto a = (*dir)->Find("a");
+  auto b = (*dir)->Find("b");
+  auto c = (*dir)->Find("c");
+  EXPECT_THAT(a->limits.devices, ::testing::ElementsAre(0u, 2u));
+  EXPECT_THAT(a->limits.excluded_devices, ::testing::ElementsAre(1u));
+  EXPECT_THAT(b->limits.devices, ::testing::IsEmpty());
+  EXPECT_THAT(b->limits.excluded_devices, ::testing::ElementsAre(1u, 2u));
+  EXPECT_THAT(c->limits.excluded_devices, ::testing::ElementsAre(2u));
+  EXPECT_THAT(std::string(Directory::Parse("tenant { name: \"a\" uid: 1 dedicated_devices: 0 }\n"
+                                           "tenant { name: \"b\" uid: 2\n dedicated_devices: 0 }",
+                                           "t.textproto")
+                              .status()
+                              .message()),
+              HasSubstr("t.textproto:3: tenant 'b' dedicated_devices: device 0 is dedicated to "
+                        "tenant 'a' already"));
+}
+
 TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
   Credentials none;
   EXPECT_EQ(IdentifyWithoutFile(none).value()->name, core::kDefaultTenant);
