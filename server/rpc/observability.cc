@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -367,7 +368,11 @@ log::LineBudget& FailureLines() {
 
 void LogFailure(absl::string_view method, absl::string_view peer, const absl::Status& status) {
   uint64_t left_out = 0;
-  if (!FailureLines().Take(absl::Now(), &left_out)) return;
+  // A steady clock: a step of the wall clock must not stop the refill.
+  const absl::Time now = absl::FromUnixNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 std::chrono::steady_clock::now().time_since_epoch())
+                                                 .count());
+  if (!FailureLines().Take(now, &left_out)) return;
   const std::string more =
       left_out == 0 ? std::string()
                     : absl::StrCat(" (", left_out, " failure line(s) left out before this one)");
