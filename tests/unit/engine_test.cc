@@ -140,6 +140,12 @@ class EngineTest : public ::testing::Test {
       engine_->GetFunction(caller_, token, module, name, cb);
     });
   }
+  // kImage loaded into the session and its kernel `name`.
+  absl::StatusOr<FunctionResult> KernelOf(const std::string& token, const std::string& name) {
+    auto module = Load(token, kImage);
+    if (!module.ok()) return module.status();
+    return Function(token, module->handle, name);
+  }
   absl::StatusOr<uint64_t> Launch(LaunchSpec spec) {
     return Await<uint64_t>([&](Callback<uint64_t> cb) { engine_->Launch(caller_, spec, cb); });
   }
@@ -339,9 +345,7 @@ TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
   for (int strike = 1; strike <= 2; ++strike) {
     auto s = Open();
     ASSERT_THAT(s, IsOk());
-    auto module = Load(s->token, kImage);
-    ASSERT_THAT(module, IsOk());
-    auto fault = Function(s->token, module->handle, "k_fault");
+    auto fault = KernelOf(s->token, "k_fault");
     ASSERT_THAT(fault, IsOk());
     LaunchSpec spec;
     spec.session = s->token;
@@ -356,9 +360,7 @@ TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
   // At the limit: this peer's launches are refused, its allocations are not.
   auto s = Open();
   ASSERT_THAT(s, IsOk());
-  auto module = Load(s->token, kImage);
-  ASSERT_THAT(module, IsOk());
-  auto fill = Function(s->token, module->handle, "k_fill");
+  auto fill = KernelOf(s->token, "k_fill");
   ASSERT_THAT(fill, IsOk());
   auto buffer = Allocate(s->token, 1024);
   ASSERT_THAT(buffer, IsOk());
