@@ -74,6 +74,10 @@ ABSL_FLAG(int, spin_wait_us, -1,
 ABSL_FLAG(int, transfer_streams, -1,
           "the gpuexec client's ClientOptions::transfer_streams (-1: its default); where it "
           "is more than 1, Write and Read are measured on one stream too");
+ABSL_FLAG(bool, tenants_only, false,
+          "measure only the tenants section (a worker per tenant; run it again under MPS)");
+ABSL_FLAG(int, neighbour_kernel_us, 200,
+          "the tenants section: how long each of the second tenant's kernels runs");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
@@ -1030,6 +1034,87 @@ std::string MakeTlsFiles() {
   return dir;
 }
 
+// ------------------------------------------------------------------ tenants
+
+// Two tenants, each with a worker (a CUDA context) of its own on device 0:
+// launch + synchronize of one alone, then while the other keeps the device
+// busy with kernels of --neighbour_kernel_us each. Without MPS the two
+// contexts are time-sliced by the GPU; with it, their kernels run at once.
+constexpr char kNeighbourToken[] = "gpuexec-bench-neighbour-token-fedcba98";
+
+struct TenantFigures {
+  Latency alone, beside;
+  double neighbour_kernels_per_s = 0;
+  bool mps = false;
+};
+
+TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
+                         const std::string& driver, const std::string& cubin) {
+  TenantFigures out;
+  const char* pipes = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  out.mps = pipes != nullptr && *pipes != '\0';
+  char templ[] = "/tmp/gpuexec-bench-tenants-XXXXXX";
+  const char* made = mkdtemp(templ);
+  if (made == nullptr) Die("mkdtemp");
+  const std::string file = std::string(made) + "/tenants.textproto";
+  {
+    std::ofstream f(file);
+    f << "tenant { name: \"bench\" token_sha256: \"" << gpuexec::Sha256Hex(kBenchToken)
+      << "\" }\ntenant { name: \"neighbour\" token_sha256: \""
+      << gpuexec::Sha256Hex(kNeighbourToken) << "\" }\n";
+  }
+  Daemon d(daemon_path, driver, "tenants", {"--tenants=" + file, "--isolation=tenant"});
+  const std::string image = ReadFileOrDie(cubin);
+  ClientOptions mine = BenchClientOptions();
+  mine.token = kBenchToken;
+  Client client = Must(Client::Connect(d.tcp(), mine), "connect as tenant 'bench'");
+  Session session = Must(client.OpenSession({}), "open a session");
+  Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
+  auto launch_sync = [&] { Must(session.LaunchAndWait(empty, One(), {}), "launch and wait"); };
+  out.alone = Measure(plan.latency_iters, launch_sync);
+
+  ClientOptions theirs = BenchClientOptions();
+  theirs.token = kNeighbourToken;
+  Client neighbour = Must(Client::Connect(d.tcp(), theirs), "connect as tenant 'neighbour'");
+  Session busy = Must(neighbour.OpenSession({}), "open the neighbour's session");
+  Module busy_module = Must(busy.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function spin = Must(busy_module.GetFunction("gx_spin"), "gx_spin");
+  const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> kernels{0};
+  std::thread load([&] {
+    // Keeps a few of its kernels queued all the time.
+    while (!stop.load()) {
+      for (int i = 0; i < 8; ++i) {
+        Must(busy.LaunchAsync(spin, One(), {Arg::U64(spin_ns)}), "the neighbour's launch");
+      }
+      Must(busy.Synchronize(), "the neighbour's synchronize");
+      kernels += 8;
+    }
+  });
+  // Its worker is started and busy before the measurement begins.
+  while (kernels.load() < 16) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint64_t k0 = kernels.load();
+  const auto t0 = Clock::now();
+  out.beside = Measure(plan.latency_iters, launch_sync);
+  out.neighbour_kernels_per_s = (kernels.load() - k0) / Seconds(t0, Clock::now());
+  stop.store(true);
+  load.join();
+  Must(busy.Close(), "close the neighbour's session");
+  Must(session.Close(), "close the session");
+  Note(absl::StrFormat(
+      "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
+      "'neighbour' (its own worker, %d us kernels, %.0f of them a second meanwhile): p50 %.1f "
+      "us p99 %.1f us%s",
+      out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
+      out.neighbour_kernels_per_s, out.beside.p50, out.beside.p99,
+      out.mps ? " (under MPS)" : " (no MPS: the two contexts are time-sliced)"));
+  std::remove(file.c_str());
+  rmdir(made);
+  return out;
+}
+
 int Main() {
   if (!absl::GetFlag(FLAGS_serve_echo).empty()) return ServeEcho(absl::GetFlag(FLAGS_serve_echo));
   const bool quick = absl::GetFlag(FLAGS_quick);
@@ -1050,6 +1135,13 @@ int Main() {
       Die(absl::StrCat("--figures: no figure named '", f, "' (", absl::StrJoin(kFigures, ", "),
                        ")"));
     }
+  }
+  if (absl::GetFlag(FLAGS_tenants_only)) {
+    std::printf("gpuexec_bench%s: the tenants section only, driver %s, daemon %s\n",
+                quick ? " (quick: not a measurement)" : "", driver.c_str(), daemon.c_str());
+    Section("tenants: a worker per tenant on device 0");
+    RunTenants(plan, daemon, driver, cubin);
+    return 0;
   }
   if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {
     Die("--figures goes with --target: the full run measures every figure for its table");
@@ -1099,6 +1191,8 @@ int Main() {
     g_credentials = ClientOptions();
     tls_measured = true;
   }
+  Section("tenants: a worker per tenant on device 0 (a third gpuexecd)");
+  const TenantFigures tenants = RunTenants(plan, daemon, driver, cubin);
   Section(absl::StrFormat("daemon peak RSS during a %llu MiB Write (a fresh daemon)",
                           static_cast<unsigned long long>(plan.rss_bytes >> 20)));
   const auto [rss_before, rss_peak] = RunRss(plan, daemon, driver);
@@ -1141,6 +1235,14 @@ int Main() {
                       Ratio(g_tls.launch_sync.p50 / g_tcp.launch_sync.p50) + " of plain TCP", "",
                       ""});
   }
+  g_rows.push_back(
+      {absl::StrFormat("launch + synchronize, one tenant beside another's %d us kernels, p50",
+                       absl::GetFlag(FLAGS_neighbour_kernel_us)),
+       Us(tenants.beside.p50), "",
+       absl::StrFormat("the same tenant alone %s (p99 %s beside, %s alone)%s",
+                       Us(tenants.alone.p50), Us(tenants.beside.p99), Us(tenants.alone.p99),
+                       tenants.mps ? ", under MPS" : ", time-sliced (no MPS)"),
+       Ratio(tenants.beside.p50 / tenants.alone.p50) + " of alone", "", ""});
   g_rows.push_back({"launch + synchronize, p99", Us(g_tcp.launch_sync.p99),
                     Us(g_uds.launch_sync.p99), "native " + Us(native.launch_sync.p99),
                     Ratio(g_tcp.launch_sync.p99 / native.launch_sync.p99), "", ""});

@@ -42,5 +42,5 @@ cp -r "$BUILD_DIR/client/python/gpuexec" "$OUT/python/"
 cp -r client/python/tests "$OUT/python-tests"
 cp client/python/examples/saxpy.py client/python/examples/triton/run_triton_kernels.py "$OUT/"
 find "$OUT" -name __pycache__ -prune -exec rm -rf {} +
-cp scripts/run-gpu-tests.sh "$OUT/"
+cp scripts/run-gpu-tests.sh scripts/soak.py "$OUT/"
 du -sh "$OUT"

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,19 @@ LaunchConfig Config(uint32_t grid, uint32_t block) {
   c.block.x = block;
   return c;
 }
+
+// How long the attack loops below run, and the bystander's buffer: 3 s and
+// 1 MiB on the test double, 10 s and 1 GiB on a GPU (GPUEXEC_FAULT_LOOP_S
+// overrides the time).
+absl::Duration AttackTime() {
+  if (const char* s = std::getenv("GPUEXEC_FAULT_LOOP_S"); s != nullptr && std::atoi(s) > 0) {
+    return absl::Seconds(std::atoi(s));
+  }
+  return TestBackend().fake ? absl::Seconds(3) : absl::Seconds(10);
+}
+size_t BystanderBytes() { return TestBackend().fake ? size_t{1} << 20 : size_t{1} << 30; }
+
+enum class Attack { kFault, kHang };
 
 class FaultTest : public ServiceTest {
  protected:
@@ -129,6 +143,10 @@ class FaultTest : public ServiceTest {
     EXPECT_TRUE(all.ok() && all->size() > index);
     return all.ok() && all->size() > index ? (*all)[index] : DeviceInfo{};
   }
+
+  // Tenant 'attacker' runs `attack` in a loop for AttackTime() beside
+  // tenant 'bystander' (see below).
+  void AttackBesideABystander(Attack attack);
 
   static void Record(const std::string& what, absl::Duration d) {
     std::printf("recovery: %s: %.1f ms\n", what.c_str(), absl::ToDoubleMilliseconds(d));
@@ -423,6 +441,118 @@ TEST_F(FaultTest, AStrikeLimitStopsAFaultLoopAndSparesTheOtherTenant) {
   EXPECT_THAT(metrics, HasSubstr("gpuexec_strike_refusals_total 3\n"));
 }
 
+// The same loop for AttackTime() (10 s on a GPU), the tenants sharing the
+// device's worker: the device resets at most strike_limit times, every
+// later launch of the attacker is refused, and the bystander, whose buffers
+// go with each of those resets, keeps the one it wrote after the last.
+TEST_F(FaultTest, AStrikeLimitHoldsThroughALongFaultLoop) {
+  ServerOptions options;
+  options.tenants_file = TwoTenantsFile();
+  options.isolation = "device";
+  options.strike_limit = 3;
+  options.strike_window = absl::Minutes(10);
+  options.strike_cooldown = absl::Minutes(10);
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client attacker, ConnectAs(*server, "attack"));
+  GX_ASSERT_OK_AND_ASSIGN(Client bystander, ConnectAs(*server, "bystand"));
+  const uint64_t resets_before = (*bystander.ListDevices())[kDevice].resets;
+  const size_t held_bytes = BystanderBytes();
+  const std::vector<uint8_t> pattern = Pattern(41, held_bytes);
+
+  // The bystander: a buffer of `pattern` and fill-and-read rounds beside
+  // it; when a reset takes them, a new session, buffer and pattern.
+  std::optional<Session> kept;
+  std::optional<Buffer> held;
+  std::optional<Function> fill;
+  auto renew = [&]() -> absl::Status {
+    held.reset();
+    kept.reset();
+    absl::StatusOr<Session> s = bystander.OpenSession({kDevice});
+    if (!s.ok()) return s.status();
+    kept.emplace(*std::move(s));
+    absl::StatusOr<Buffer> b = kept->Allocate(held_bytes);
+    if (!b.ok()) return b.status();
+    held.emplace(*std::move(b));
+    if (absl::Status st = held->Write(0, pattern); !st.ok()) return st;
+    absl::StatusOr<Function> f = Kernel(*kept, "gx_fill_u32");
+    if (!f.ok()) return f.status();
+    fill.emplace(*std::move(f));
+    return absl::OkStatus();
+  };
+  GX_ASSERT_OK(renew());
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  std::atomic<int> losses{0};
+  std::thread rounds_thread([&] {
+    bool lost = false;
+    while (!stop.load()) {
+      if (lost) {
+        if (!renew().ok()) {  // the device is restarting
+          absl::SleepFor(absl::Milliseconds(5));
+          continue;
+        }
+        lost = false;
+      }
+      if (!FillWith(*kept, *fill, static_cast<uint32_t>(rounds.load())).ok()) {
+        ++losses;
+        lost = true;
+        continue;
+      }
+      ++rounds;
+    }
+    while (lost && !renew().ok()) absl::SleepFor(absl::Milliseconds(5));
+  });
+
+  const std::string cubin = KernelPath("cubin");
+  int faults = 0, refused = 0, other = 0;
+  std::string refusal;
+  const absl::Duration attack_time = AttackTime();
+  const absl::Time until = absl::Now() + attack_time;
+  while (absl::Now() < until) {
+    auto s = attacker.OpenSession({kDevice});
+    if (!s.ok()) {
+      EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+      absl::SleepFor(absl::Milliseconds(5));
+      continue;
+    }
+    auto m = s->LoadModuleFile(cubin);
+    auto f = m.ok() ? m->GetFunction("gx_fault") : absl::StatusOr<Function>(m.status());
+    if (f.ok()) {
+      auto ran = s->LaunchAndWait(*f, Config(1, 1), {Arg::U64(16)});
+      if (ran.status().code() == absl::StatusCode::kAborted) {
+        ++faults;
+      } else if (ran.status().code() == absl::StatusCode::kFailedPrecondition) {
+        if (refused++ == 0) refusal = std::string(ran.status().message());
+      } else {
+        ++other;
+      }
+    } else if (f.status().code() != absl::StatusCode::kUnavailable) {
+      ++other;
+    }
+    (void)s->Close();
+  }
+  stop.store(true);
+  rounds_thread.join();
+  const uint64_t resets = (*bystander.ListDevices())[kDevice].resets - resets_before;
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, held->Read());
+  std::cout << "in " << absl::FormatDuration(attack_time) << " of a fault loop with a strike "
+            << "limit of 3: " << resets << " resets; " << faults << " faulting launches, "
+            << refused << " refused (\"" << refusal << "\"); the bystander: " << rounds.load()
+            << " fill-and-read rounds, " << losses.load() << " lost to the resets, its "
+            << (held_bytes >> 20) << " MiB buffer written after the last reset "
+            << (back == pattern ? "intact" : "CHANGED") << "\n";
+  EXPECT_EQ(resets, 3u);
+  EXPECT_EQ(faults, 3);
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(other, 0);
+  EXPECT_THAT(refusal, HasSubstr("launches of tenant 'attacker' are refused until"));
+  EXPECT_LE(losses.load(), 3);
+  EXPECT_GT(rounds.load(), 0);
+  EXPECT_TRUE(back == pattern) << "the bystander's buffer changed";
+  held.reset();
+  GX_EXPECT_OK(kept->Close());
+}
+
 // A worker that stops answering (here: stopped with SIGSTOP, as a driver
 // call that never returns would leave it) does not freeze the reports:
 // ListDevices and a metrics scrape answer at once from what the daemon last
@@ -547,12 +677,14 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
 }
 
 // With a worker per tenant (the default with a tenants file), a tenant's
-// faulting kernels reset its own worker only: another tenant's buffer and
-// its fill-and-read rounds on the same device go on without an error.
-TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
+// faulting or hung kernels reset its own worker only: another tenant's
+// buffer and its fill-and-read rounds on the same device go on without an
+// error. Prints the attacker's resets, the bystander's rounds and its
+// slowest round.
+void FaultTest::AttackBesideABystander(Attack attack) {
   ServerOptions options;
   options.tenants_file = TwoTenantsFile();
-  options.strike_limit = 0;  // the faults go on: isolation alone protects
+  options.strike_limit = 0;  // the attack goes on: isolation alone protects
   GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
   GX_ASSERT_OK_AND_ASSIGN(Client attacker, ConnectAs(*server, "attack"));
   GX_ASSERT_OK_AND_ASSIGN(Client bystander, ConnectAs(*server, "bystand"));
@@ -572,12 +704,13 @@ TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
             << absl::FormatDuration(cold) << "; its next: " << absl::FormatDuration(warmed)
             << "; device memory its idle worker takes: "
             << (free_before > free_after ? (free_before - free_after) >> 20 : 0) << " MiB\n";
-  GX_ASSERT_OK_AND_ASSIGN(Buffer held, kept.Allocate(1 << 20));
-  const std::vector<uint8_t> pattern = Pattern(33, 1 << 20);
+  const size_t held_bytes = BystanderBytes();
+  GX_ASSERT_OK_AND_ASSIGN(Buffer held, kept.Allocate(held_bytes));
+  const std::vector<uint8_t> pattern = Pattern(33, held_bytes);
   GX_ASSERT_OK(held.Write(0, pattern));
   GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(kept, "gx_fill_u32"));
 
-  // The bystander's rounds run all through the attacker's fault loop.
+  // The bystander's rounds run all through the attacker's loop.
   std::atomic<bool> stop{false};
   std::atomic<int> rounds{0};
   std::atomic<int> errors{0};
@@ -585,16 +718,25 @@ TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
   std::thread rounds_thread([&] {
     while (!stop.load()) {
       const absl::Time start = absl::Now();
-      if (!FillWith(kept, fill, static_cast<uint32_t>(rounds.load())).ok()) ++errors;
+      if (absl::Status st = FillWith(kept, fill, static_cast<uint32_t>(rounds.load()));
+          !st.ok()) {
+        if (errors++ == 0) ADD_FAILURE() << "the bystander's round: " << st;
+      }
       worst = std::max(worst, absl::Now() - start);
       ++rounds;
     }
   });
   const std::string cubin = KernelPath("cubin");
-  int faults = 0;
-  const absl::Time until = absl::Now() + absl::Seconds(3);
+  const char* kernel = attack == Attack::kFault ? "gx_fault" : "gx_spin";
+  SessionOptions attacking;
+  attacking.device = kDevice;
+  // A hung kernel: the shortest time limit a session may ask for.
+  if (attack == Attack::kHang) attacking.kernel_time_limit = absl::Milliseconds(100);
+  int resets = 0;
+  const absl::Duration attack_time = AttackTime();
+  const absl::Time until = absl::Now() + attack_time;
   while (absl::Now() < until) {
-    auto s = attacker.OpenSession({kDevice});
+    auto s = attacker.OpenSession(attacking);
     if (!s.ok()) {
       // Its worker is restarting.
       EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
@@ -603,20 +745,29 @@ TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
     }
     auto m = s->LoadModuleFile(cubin);
     if (m.ok()) {
-      auto fault = m->GetFunction("gx_fault");
-      if (fault.ok() && !s->LaunchAndWait(*fault, Config(1, 1), {Arg::U64(16)}).ok()) ++faults;
+      auto f = m->GetFunction(kernel);
+      // gx_fault's address 16 is unmapped; gx_spin's 2^50 ns, eleven days.
+      const Arg arg = attack == Attack::kFault ? Arg::U64(16) : Arg::U64(uint64_t{1} << 50);
+      if (f.ok()) {
+        auto ran = s->LaunchAndWait(*f, Config(1, 1), {arg});
+        if (!ran.ok() && ran.status().code() == absl::StatusCode::kAborted) ++resets;
+      }
     }
     (void)s->Close();
   }
   stop.store(true);
   rounds_thread.join();
-  std::cout << faults << " faults of the attacker; " << rounds.load()
+  std::cout << "in " << absl::FormatDuration(attack_time) << ": " << resets
+            << (attack == Attack::kFault ? " faulting" : " hung")
+            << " kernels of the attacker, each resetting its worker; " << rounds.load()
             << " fill-and-read rounds of the bystander meanwhile, " << errors.load()
-            << " errors, the slowest " << absl::FormatDuration(worst) << "\n";
-  EXPECT_GE(faults, 3);
+            << " errors, the slowest " << absl::FormatDuration(worst) << "; its "
+            << (held_bytes >> 20) << " MiB buffer ";
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, held.Read());
+  std::cout << (back == pattern ? "intact" : "CHANGED") << "\n";
+  EXPECT_GE(resets, 3);
   EXPECT_GT(rounds.load(), 0);
   EXPECT_EQ(errors.load(), 0);
-  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, held.Read());
   EXPECT_TRUE(back == pattern) << "the bystander's buffer changed";
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> seen_by_bystander, bystander.ListDevices());
   EXPECT_TRUE(seen_by_bystander[kDevice].own_worker);
@@ -625,13 +776,19 @@ TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) {
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> seen_by_attacker, attacker.ListDevices());
   EXPECT_TRUE(seen_by_attacker[kDevice].own_worker);
   EXPECT_GE(seen_by_attacker[kDevice].resets, 3u);
-  EXPECT_THAT(seen_by_attacker[kDevice].last_reset, HasSubstr("gx_fault"));
+  EXPECT_THAT(seen_by_attacker[kDevice].last_reset, HasSubstr(kernel));
   EXPECT_THAT(server->RenderMetrics(),
               AllOf(HasSubstr("gpuexec_device_workers{device=\"0\"} 3"),
                     HasSubstr("gpuexec_tenant_workers{tenant=\"attacker\"} 1"),
                     HasSubstr("gpuexec_tenant_workers{tenant=\"bystander\"} 1")));
   GX_EXPECT_OK(held.Free());
   GX_EXPECT_OK(kept.Close());
+}
+
+TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) { AttackBesideABystander(Attack::kFault); }
+
+TEST_F(FaultTest, ATenantsHungKernelsResetOnlyItsOwnWorker) {
+  AttackBesideABystander(Attack::kHang);
 }
 
 TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {
