@@ -175,6 +175,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     absl::MutexLock lock(&engine->sessions_mu_);
     engine->sessions_per_device_.assign(engine->devices_.size(), 0);
     engine->reset_culprit_.assign(engine->devices_.size(), "");
+    engine->mps_fault_until_.assign(engine->devices_.size(), absl::InfinitePast());
+    engine->mps_fault_origin_.assign(engine->devices_.size(), nullptr);
   }
   {
     absl::MutexLock lock(&engine->ports_mu_);
@@ -441,8 +443,20 @@ void Engine::NoteWork(Session& s) {
 void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::ResetInfo& info) {
   std::vector<std::shared_ptr<Session>> affected;
   std::vector<std::shared_ptr<Session>> named;
+  // Under MPS: a reset soon after another of the device's workers was
+  // reset is that fault's reach, whatever kernel this worker had in flight.
+  bool reached = false;
   {
     absl::MutexLock lock(&sessions_mu_);
+    if (options_.mps) {
+      const absl::Time now = absl::Now();
+      // (The worker that was reset first, reset again, is not reached.)
+      reached = now < mps_fault_until_[index] && port != mps_fault_origin_[index];
+      if (!reached) {
+        mps_fault_until_[index] = now + options_.mps_fault_window;
+        mps_fault_origin_[index] = port;
+      }
+    }
     std::string culprit;
     for (auto& [token, s] : sessions_) {
       // Only the sessions this port served: a tenant's own worker takes
@@ -472,7 +486,45 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
   }
   log::Debug("device ", index, " reset: ", buffers, " buffer(s) of ", affected.size(),
             " session(s), ", bytes, " bytes, lost; their next calls on them say so");
+  if (reached) {
+    log::Info("device ", index, ": a worker reset within ",
+              absl::ToInt64Milliseconds(options_.mps_fault_window),
+              " ms of another's under MPS, taken as that fault's reach: no strike charged");
+    return;
+  }
+  if (options_.mps) CheckOtherWorkers(index, port);
   if (!named.empty()) Strike(index, info, std::move(named));
+}
+
+void Engine::CheckOtherWorkers(int index, const port::DevicePort* reset) {
+  std::vector<std::weak_ptr<port::DevicePort>> others;
+  absl::MutexLock lock(&ports_mu_);
+  if (ports_closed_) return;
+  if (devices_[index].get() != reset) others.push_back(devices_[index]);
+  for (const auto& [tenant, tp] : tenant_ports_[index]) {
+    if (tp.port != nullptr && tp.port.get() != reset) others.push_back(tp.port);
+  }
+  if (others.empty()) return;
+  // The fault reaches the other clients within milliseconds; a hung
+  // kernel's worker, killed, can take longer to take them down.
+  RunPortThread([this, others = std::move(others)] {
+    const absl::Duration after[] = {absl::ZeroDuration(), absl::Milliseconds(100),
+                                    absl::Milliseconds(400), absl::Milliseconds(1500)};
+    absl::Duration slept;
+    for (absl::Duration at : after) {
+      while (slept < at) {
+        {
+          absl::MutexLock lock(&ports_mu_);
+          if (ports_closed_) return;
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+        slept += absl::Milliseconds(20);
+      }
+      for (const auto& weak : others) {
+        if (auto p = weak.lock()) p->QueryMemory([](absl::StatusOr<port::MemoryInfo>) {});
+      }
+    }
+  });
 }
 
 void Engine::Strike(int index, const port::ResetInfo& info,

@@ -95,6 +95,14 @@ struct EngineOptions {
   // Tenant workers one device may have at once (0: no bound); past it a
   // new tenant's OpenSession there is RESOURCE_EXHAUSTED.
   uint32_t max_workers_per_device = 16;
+  // The workers of each device are clients of one MPS server: their kernels
+  // run side by side, and a fatal fault of one client reaches every client
+  // of that GPU. A reset of one worker then has the device's other workers
+  // checked at once (those the fault reached restart too), and the resets
+  // that follow it within mps_fault_window are taken as its reach: no
+  // strike, no session closed for them.
+  bool mps = false;
+  absl::Duration mps_fault_window = absl::Seconds(2);
 };
 
 struct DeviceStatus {
@@ -498,6 +506,15 @@ class Engine {
   // Per device: the tenant whose session the last reset's reason names
   // (empty: none), so that only it sees that reason in ListDevices.
   std::vector<std::string> reset_culprit_ ABSL_GUARDED_BY(sessions_mu_);
+  // With EngineOptions::mps, per device: until when a reset is taken as the
+  // reach of the one that came first.
+  std::vector<absl::Time> mps_fault_until_ ABSL_GUARDED_BY(sessions_mu_);
+  // (only compared, never used: it may be gone)
+  std::vector<const port::DevicePort*> mps_fault_origin_ ABSL_GUARDED_BY(sessions_mu_);
+  // With EngineOptions::mps: asks every other worker of device `index` for
+  // its memory (a driver call, which fails on a worker the fault reached),
+  // at once and a few times over the next seconds.
+  void CheckOtherWorkers(int index, const port::DevicePort* reset);
 
   // Daemon-wide device memory held by sessions.
   std::atomic<uint64_t> daemon_memory_used_{0};

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
@@ -11,6 +12,9 @@
 
 namespace gpuexec::cuda {
 namespace {
+
+// The payload that marks a status of CUDA_ERROR_MPS_SERVER_NOT_READY.
+constexpr char kNotReadyYet[] = "gpuexec.dev/cuda-not-ready-yet";
 
 // The one table from CUresult to a canonical code. Sticky faults poison the
 // context until the process ends: ABORTED, so that clients know the device
@@ -56,6 +60,7 @@ constexpr ResultEntry kResults[] = {
     {CUDA_ERROR_ASSERT, "CUDA_ERROR_ASSERT", absl::StatusCode::kAborted, true},
     {CUDA_ERROR_ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE", absl::StatusCode::kAborted, true},
     {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", absl::StatusCode::kAborted, false},
+    {CUDA_ERROR_MPS_SERVER_NOT_READY, "CUDA_ERROR_MPS_SERVER_NOT_READY", absl::StatusCode::kUnavailable, false},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", absl::StatusCode::kInternal, false},
 };
 
@@ -67,6 +72,10 @@ const ResultEntry* FindResult(int result) {
 }
 
 }  // namespace
+
+bool NotReadyYet(const absl::Status& status) {
+  return status.GetPayload(kNotReadyYet).has_value();
+}
 
 bool IsStickyResult(int result) {
   const ResultEntry* e = FindResult(result);
@@ -97,7 +106,9 @@ absl::Status Driver::Error(int result, absl::string_view call, absl::string_view
   std::string message = absl::StrCat(call, " failed for ", what, ": ", name, " (", result);
   if (text != nullptr) absl::StrAppend(&message, ": ", text);
   absl::StrAppend(&message, ")");
-  return absl::Status(CodeForResult(result), message);
+  absl::Status status(CodeForResult(result), message);
+  if (result == CUDA_ERROR_MPS_SERVER_NOT_READY) status.SetPayload(kNotReadyYet, absl::Cord("1"));
+  return status;
 }
 
 absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
@@ -126,7 +137,9 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
   const CUresult init = driver->api_->Init(0);
   if (init != CUDA_SUCCESS) {
     absl::Status s = driver->Error(init, "cuInit", absl::StrCat("driver library '", library, "'"));
-    return absl::UnavailableError(s.message());
+    absl::Status unavailable = absl::UnavailableError(s.message());
+    if (NotReadyYet(s)) unavailable.SetPayload(kNotReadyYet, absl::Cord("1"));
+    return unavailable;
   }
   int version = 0;
   if (driver->api_->DriverGetVersion(&version) == CUDA_SUCCESS) driver->version_ = version;

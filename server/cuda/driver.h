@@ -47,6 +47,11 @@ using port::ParamInfo;
 bool IsStickyResult(int result);
 // The canonical code for a CUresult (the one table; see driver.cc).
 absl::StatusCode CodeForResult(int result);
+// Whether `status` (from Driver::Load or a call) says the driver cannot
+// serve this process yet but will soon: an MPS server that is still taking
+// down the clients of a fatal fault (CUDA_ERROR_MPS_SERVER_NOT_READY). A new
+// process a little later gets the device.
+bool NotReadyYet(const absl::Status& status);
 
 class Driver;
 

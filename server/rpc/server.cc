@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -104,6 +106,21 @@ std::shared_ptr<grpc::ServerCredentials> TlsCredentials(const ServerOptions& o,
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::experimental::TlsServerCredentials(tls);
   creds->SetAuthMetadataProcessor(identity->MakeProcessor());
   return creds;
+}
+
+
+// The MPS control daemon's pipe directory, as its clients look for it.
+std::string MpsPipeDirectory() {
+  const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  return env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
+}
+
+// That directory, if an MPS control daemon serves there.
+std::optional<std::string> MpsControlPipes() {
+  const std::string pipes = MpsPipeDirectory();
+  struct stat st;
+  if (stat(absl::StrCat(pipes, "/control").c_str(), &st) != 0) return std::nullopt;
+  return pipes;
 }
 
 }  // namespace
@@ -242,6 +259,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (!dev.ok()) return dev.status();
     return std::unique_ptr<port::DevicePort>(std::move(dev).value());
   };
+  // Workers inherit the environment: with an MPS control daemon serving the
+  // host they are its clients.
+  const std::optional<std::string> mps_pipes = MpsControlPipes();
+  eo.mps = mps_pipes.has_value();
   auto engine = core::Engine::Create(eo, open_device);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
@@ -321,21 +342,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             options.tenants_file.empty() ? std::string("no tenants file (one tenant)")
                                          : absl::StrCat("tenants from ", options.tenants_file),
             options.allow_unauthenticated ? "; --allow_unauthenticated" : "");
-  // Workers inherit the environment: with an MPS control daemon serving the
-  // host they are its clients, and tenants' kernels then run side by side.
-  {
-    const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-    const std::string pipes = env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
-    struct stat st;
-    if (stat(absl::StrCat(pipes, "/control").c_str(), &st) == 0) {
-      log::Info("gpuexecd: an MPS control daemon serves this host (", pipes,
-                "): the workers are its clients, and kernels of different tenants' workers "
-                "run side by side; a fatal fault of one client's kernel takes down every "
-                "client of that GPU, and the daemon then restarts each worker it took down");
-    } else if (eo.isolation == core::EngineOptions::Isolation::kTenant) {
-      log::Info("gpuexecd: no MPS control daemon (", pipes,
-                "): tenants' workers take turns on each GPU (time-sliced)");
-    }
+  if (mps_pipes.has_value()) {
+    log::Info("gpuexecd: an MPS control daemon serves this host (", *mps_pipes,
+              "): the workers are its clients, and kernels of different tenants' workers run "
+              "side by side; a fatal fault of one client's kernel reaches every client of that "
+              "GPU: the daemon then has the device's other workers checked and restarts those "
+              "it reached, charging the fault to the first worker reset only");
+  } else if (eo.isolation == core::EngineOptions::Isolation::kTenant) {
+    log::Info("gpuexecd: no MPS control daemon (", MpsPipeDirectory(),
+              "): tenants' workers take turns on each GPU (time-sliced)");
   }
   log::Info("gpuexecd: isolation ",
             eo.isolation == core::EngineOptions::Isolation::kTenant

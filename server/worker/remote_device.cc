@@ -59,6 +59,8 @@ std::string WhatOf(const Request& r) {
 
 // How long a restarted worker may take to become ready.
 constexpr absl::Duration kRestartTimeout = absl::Seconds(30);
+// How soon a worker that the MPS server did not take yet is tried again.
+constexpr absl::Duration kNotReadyRetry = absl::Milliseconds(100);
 
 // How long the next start waits after `quick_failures` quick failures in a
 // row: not at all for the first, then 250 ms doubling up to 30 s.
@@ -515,6 +517,34 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
         props_ = FromProto(e.ready().properties());
         first_ready_ = true;
       }
+      if (!st.ok() && e.ready().retry_soon() && absl::Now() - reset_at_ < kRestartTimeout) {
+        // Under MPS, after a fatal fault the server takes no new client
+        // until every client it had is gone (the daemon's other workers of
+        // this device find their faults and restart too). Not a new reset:
+        // the same one, lasting a little longer. A new worker soon.
+        conn_ = nullptr;
+        retired_.push_back(conn);
+        conn->ended_at = absl::Now();
+        state_ = State::kBackingOff;
+        next_spawn_ = absl::Now() + kNotReadyRetry;
+        const bool first = ++not_ready_waits_ == 1;
+        down_ = absl::UnavailableError(
+            absl::StrCat("device ", options_.ordinal, " is restarting: ", st.message()));
+        std::vector<ReplyFn> failed;
+        for (auto& [id, fn] : pending_) failed.push_back(std::move(fn));
+        pending_.clear();
+        Reply r;
+        ToProto(down_, r.mutable_status());
+        lock.Release();
+        conn->Kill();
+        conn->channel->Shutdown();
+        for (auto& fn : failed) fn(r, 0);
+        if (first) {
+          log::Info(Label(), ": its new worker waits for the MPS server (", st.message(),
+                    "); trying again every ", absl::ToInt64Milliseconds(kNotReadyRetry), " ms");
+        }
+        return;
+      }
       if (!st.ok()) {
         lock.Release();
         Reset(conn, absl::StrCat("its new worker could not start: ", st.message()),
@@ -524,6 +554,7 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       state_ = State::kServing;
       down_ = absl::OkStatus();
       ready_at_ = absl::Now();
+      const int not_ready_waits = std::exchange(not_ready_waits_, 0);
       const uint64_t epoch = epoch_;
       const absl::Duration since = ready_at_ - reset_at_;
       const bool restarted = resets_ > 0;
@@ -531,8 +562,12 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       lock.Release();
       if (on_state) on_state();
       if (restarted) {
-        log::Info(Label(), ": worker pid ", conn->pid, " serving (epoch ",
-                  epoch, "), ", absl::ToInt64Milliseconds(since), " ms after the reset");
+        log::Info(Label(), ": worker pid ", conn->pid, " serving (epoch ", epoch, "), ",
+                  absl::ToInt64Milliseconds(since), " ms after the reset",
+                  not_ready_waits > 0
+                      ? absl::StrCat(" (", not_ready_waits, " start(s) before it waited for the "
+                                     "MPS server)")
+                      : std::string());
       } else {
         log::Debug(Label(), ": worker pid ", conn->pid, " serving");
       }

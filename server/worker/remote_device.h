@@ -223,6 +223,8 @@ class RemoteDevice final : public port::DevicePort {
   absl::Status start_status_ ABSL_GUARDED_BY(mu_);  // of the first start
   bool first_ready_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status down_ ABSL_GUARDED_BY(mu_);  // why not serving
+  // New workers of this reset that the MPS server did not take yet.
+  int not_ready_waits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<ResetInfo> last_reset_ ABSL_GUARDED_BY(mu_);

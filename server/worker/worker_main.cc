@@ -312,6 +312,7 @@ int RunWorker(int argc, char** argv) {
   Ready* ready = ready_event.mutable_ready();
   auto fail = [&](const absl::Status& st) {
     ToProto(st, ready->mutable_status());
+    ready->set_retry_soon(cuda::NotReadyYet(st));
     SendEvent(&channel, ready_event);
     return 1;
   };

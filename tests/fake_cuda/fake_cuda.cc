@@ -8,7 +8,9 @@
 //   * Devices are configured from the environment at the first successful
 //     cuInit: GXFAKE_DEVICE_COUNT (default 1), GXFAKE_MEMORY_BYTES per device
 //     (default 8 GiB), GXFAKE_FAIL_INIT=1 (cuInit fails with NO_DEVICE),
-//     GXFAKE_INIT_DELAY_MS (cuInit takes that long).
+//     GXFAKE_INIT_DELAY_MS (cuInit takes that long), GXFAKE_INIT_NOT_READY_FILE
+//     (while that file exists, cuInit fails with MPS_SERVER_NOT_READY, as
+//     under MPS while the server takes down the clients of a fatal fault).
 //   * "Device memory" is host memory: a CUdeviceptr is the address of an
 //     aligned host block. Every allocation is tracked so that copies and
 //     kernels can be checked against live allocations of the right device.
@@ -33,6 +35,7 @@
 // a stream mutex is never held while taking Driver::mu.
 
 #include <cuda.h>
+#include <unistd.h>
 
 // cuda.h maps cuEventElapsedTime to cuEventElapsedTime_v2; the double also
 // exports the version-1 name (same signature), so the macro must go.
@@ -908,6 +911,9 @@ GX_EXPORT CUresult cuInit(unsigned int Flags) {
   std::lock_guard<std::mutex> lock(d.mu);
   if (g_initialized.load(std::memory_order_acquire)) return StickyStatus();
   if (EnvU64("GXFAKE_FAIL_INIT", 0) == 1) return CUDA_ERROR_NO_DEVICE;
+  if (const char* f = std::getenv("GXFAKE_INIT_NOT_READY_FILE"); f != nullptr && *f != '\0') {
+    if (access(f, F_OK) == 0) return CUDA_ERROR_MPS_SERVER_NOT_READY;
+  }
   // A slow driver start, as a real one takes a few hundred milliseconds.
   std::this_thread::sleep_for(std::chrono::milliseconds(EnvU64("GXFAKE_INIT_DELAY_MS", 0)));
   const uint64_t count = EnvU64("GXFAKE_DEVICE_COUNT", 1);

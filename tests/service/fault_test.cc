@@ -55,6 +55,14 @@ size_t BystanderBytes() { return TestBackend().fake ? size_t{1} << 20 : size_t{1
 
 enum class Attack { kFault, kHang };
 
+// Whether an MPS control daemon serves this host (as gpuexecd looks for it):
+// the workers are then its clients, and one's fatal fault reaches them all.
+bool UnderMps() {
+  const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string pipes = env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
+  return access((pipes + "/control").c_str(), F_OK) == 0;
+}
+
 class FaultTest : public ServiceTest {
  protected:
   // A tenants file of two tenants, 'attacker' (token "attack") and
@@ -441,6 +449,80 @@ TEST_F(FaultTest, AStrikeLimitStopsAFaultLoopAndSparesTheOtherTenant) {
   EXPECT_THAT(metrics, HasSubstr("gpuexec_strike_refusals_total 3\n"));
 }
 
+// Under MPS (a real GPU with an MPS control daemon only), a tenant's fatal
+// fault or killed hung kernel reaches every worker of the GPU: the daemon
+// has the others checked, restarts those it reached, and charges the
+// attacker alone. The bystander loses its buffers each time (MPS's caveat)
+// but keeps its session, is never refused, and serves again soon after.
+TEST_F(FaultTest, UnderMpsAFaultReachesEveryWorkerAndIsChargedToItsTenant) {
+  if (!UnderMps()) GTEST_SKIP() << "no MPS control daemon serves this host";
+  ServerOptions options;
+  options.tenants_file = TwoTenantsFile();
+  options.strike_limit = 3;
+  options.strike_window = absl::Minutes(10);
+  options.strike_cooldown = absl::Minutes(10);
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  GX_ASSERT_OK_AND_ASSIGN(Client attacker, ConnectAs(*server, "attack"));
+  GX_ASSERT_OK_AND_ASSIGN(Client bystander, ConnectAs(*server, "bystand"));
+  GX_ASSERT_OK_AND_ASSIGN(Session kept, bystander.OpenSession({kDevice}));
+  const std::string cubin = KernelPath("cubin");
+  for (Attack attack : {Attack::kHang, Attack::kFault, Attack::kFault}) {
+    const bool hang = attack == Attack::kHang;
+    SCOPED_TRACE(hang ? "hung kernel" : "faulting kernel");
+    GX_ASSERT_OK_AND_ASSIGN(Buffer held, kept.Allocate(BystanderBytes()));
+    GX_ASSERT_OK(held.Write(0, Pattern(51, BystanderBytes())));
+    SessionOptions attacking;
+    attacking.device = kDevice;
+    if (hang) attacking.kernel_time_limit = absl::Milliseconds(100);
+    GX_ASSERT_OK_AND_ASSIGN(Session s, attacker.OpenSession(attacking));
+    GX_ASSERT_OK_AND_ASSIGN(Function f, Kernel(s, hang ? "gx_spin" : "gx_fault"));
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(s.LaunchAndWait(f, Config(1, 1),
+                                {hang ? Arg::U64(uint64_t{1} << 50) : Arg::U64(16)}),
+                StatusIs(absl::StatusCode::kAborted, _));
+    // The bystander, from the attacker's answer on: its session stays; its
+    // work fails until its worker has restarted, then succeeds.
+    const absl::Time answered = absl::Now();
+    int failed = 0;
+    absl::Status last;
+    absl::Status served;
+    do {
+      if (auto alive = kept.KeepAlive(); !alive.ok()) {
+        served = alive.status();  // closed: the test fails below
+        break;
+      }
+      absl::StatusOr<Function> fill = Kernel(kept, "gx_fill_u32");
+      served = fill.ok() ? FillWith(kept, *fill, 7) : fill.status();
+      if (!served.ok()) {
+        ++failed;
+        last = served;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    } while (!served.ok() && absl::Now() - answered < absl::Seconds(20));
+    GX_EXPECT_OK(served) << "last failure: " << last;
+    auto back = held.Read();
+    std::cout << "under MPS, a " << (hang ? "hung" : "faulting") << " kernel of the attacker ("
+              << absl::FormatDuration(answered - start) << " to its answer): the bystander "
+              << "served again " << absl::FormatDuration(absl::Now() - answered)
+              << " after it, " << failed << " of its calls failed meanwhile; its "
+              << (BystanderBytes() >> 20) << " MiB buffer "
+              << (back.ok() ? "intact" : std::string(back.status().message()).substr(0, 60))
+              << "\n";
+    EXPECT_THAT(s.KeepAlive(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("strike")));
+    (void)held.Free();
+  }
+  // Three strikes, all the attacker's: it is refused, the bystander is not.
+  GX_ASSERT_OK_AND_ASSIGN(Session again, attacker.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Function fault, Kernel(again, "gx_fault"));
+  EXPECT_THAT(again.LaunchAndWait(fault, Config(1, 1), {Arg::U64(16)}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("launches of tenant 'attacker' are refused until")));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(kept, "gx_fill_u32"));
+  GX_EXPECT_OK(FillWith(kept, fill, 8));
+  EXPECT_THAT(server->RenderMetrics(), HasSubstr("gpuexec_strikes_total 3\n"));
+  GX_EXPECT_OK(kept.Close());
+}
+
 // The same loop for AttackTime() (10 s on a GPU), the tenants sharing the
 // device's worker: the device resets at most strike_limit times, every
 // later launch of the attacker is refused, and the bystander, whose buffers
@@ -682,6 +764,10 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
 // error. Prints the attacker's resets, the bystander's rounds and its
 // slowest round.
 void FaultTest::AttackBesideABystander(Attack attack) {
+  if (UnderMps()) {
+    GTEST_SKIP() << "under MPS a fatal fault reaches every client of the GPU: see "
+                    "UnderMpsAFaultReachesEveryWorkerAndIsChargedToItsTenant";
+  }
   ServerOptions options;
   options.tenants_file = TwoTenantsFile();
   options.strike_limit = 0;  // the attack goes on: isolation alone protects
@@ -789,6 +875,59 @@ TEST_F(FaultTest, ATenantsFaultsResetOnlyItsOwnWorker) { AttackBesideABystander(
 
 TEST_F(FaultTest, ATenantsHungKernelsResetOnlyItsOwnWorker) {
   AttackBesideABystander(Attack::kHang);
+}
+
+// Under MPS, after a fatal fault the server takes no new client until all
+// of its clients are gone: a restarted worker's cuInit fails with
+// CUDA_ERROR_MPS_SERVER_NOT_READY meanwhile. The daemon tries again every
+// 100 ms within the same reset (no new epoch, no growing backoff), and the
+// device serves as soon as the server takes the worker. On the double, a
+// file stands for the server's state.
+TEST_F(FaultTest, ARestartTheMpsServerDoesNotTakeYetIsTriedAgainSoon) {
+  if (!TestBackend().fake) GTEST_SKIP() << "the MPS server's state is the double's to stage";
+  char dir_template[] = "/tmp/gpuexec-mps-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string not_ready = absl::StrCat(dir_template, "/not-ready");
+  std::ofstream(not_ready) << "1";
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(ServerOptions()));
+  // Workers started from now on see the variable (the first one is up).
+  setenv("GXFAKE_INIT_NOT_READY_FILE", not_ready.c_str(), 1);
+  struct Unset {
+    ~Unset() { unsetenv("GXFAKE_INIT_NOT_READY_FILE"); }
+  } unset;
+  GX_ASSERT_OK_AND_ASSIGN(Client c, Client::Connect(TargetOf(*server)));
+  const uint64_t resets_before = (*c.ListDevices())[kDevice].resets;
+  {
+    GX_ASSERT_OK_AND_ASSIGN(Session s, c.OpenSession({kDevice}));
+    GX_ASSERT_OK_AND_ASSIGN(Function fault, Kernel(s, "gx_fault"));
+    EXPECT_THAT(s.LaunchAndWait(fault, Config(1, 1), {Arg::U64(16)}),
+                StatusIs(absl::StatusCode::kAborted, _));
+  }
+  absl::SleepFor(absl::Milliseconds(800));  // several tries
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> waiting, c.ListDevices());
+  EXPECT_FALSE(waiting[kDevice].healthy);
+  EXPECT_EQ(waiting[kDevice].resets, resets_before + 1) << "each try is not a reset of its own";
+  EXPECT_THAT(c.OpenSession({kDevice}),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("device 0 is restarting"),
+                             HasSubstr("CUDA_ERROR_MPS_SERVER_NOT_READY"))));
+  // The server takes clients again: served within a try or two.
+  const absl::Time ready = absl::Now();
+  ASSERT_EQ(unlink(not_ready.c_str()), 0);
+  rmdir(dir_template);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto d = c.ListDevices();
+        return d.ok() && (*d)[kDevice].healthy;
+      },
+      absl::Seconds(2)));
+  Record("MPS server ready again, to the device serving", absl::Now() - ready);
+  EXPECT_LT(absl::Now() - ready, absl::Milliseconds(500));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> served, c.ListDevices());
+  EXPECT_EQ(served[kDevice].resets, resets_before + 1);
+  GX_ASSERT_OK_AND_ASSIGN(Session again, c.OpenSession({kDevice}));
+  GX_EXPECT_OK(FillAndCheck(again, 9));
+  GX_EXPECT_OK(again.Close());
 }
 
 TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {

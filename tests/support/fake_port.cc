@@ -196,13 +196,29 @@ uint8_t* FakePort::MemoryLocked(port::DevicePtr ptr, uint64_t size) {
 void FakePort::QueryMemory(port::Callback<port::MemoryInfo> done) {
   Post([this, done = std::move(done)] {
     port::MemoryInfo m;
+    std::vector<std::function<void()>> after;
     {
       absl::MutexLock lock(&mu_);
+      ++memory_queries_;
+      if (fault_at_query_.has_value()) {
+        ResetLocked(*std::exchange(fault_at_query_, std::nullopt), &after);
+      }
       m.total = options_.memory_bytes;
       m.free = options_.memory_bytes - allocated_;
     }
+    for (auto& fn : after) fn();
     done(m);
   });
+}
+
+void FakePort::FaultAtNextQuery(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  fault_at_query_ = why;
+}
+
+uint64_t FakePort::memory_queries() const {
+  absl::MutexLock lock(&mu_);
+  return memory_queries_;
 }
 
 port::StreamId FakePort::CreateStream(absl::Duration) {

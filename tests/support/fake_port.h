@@ -58,7 +58,11 @@ class FakePort final : public port::DevicePort {
   // Test controls. Thread-safe.
   void AddKernel(const std::string& name, std::vector<port::ParamInfo> params, KernelFn fn);
   void Reset(const std::string& why);
+  // The next memory query finds the device faulted (as a worker finds that
+  // another MPS client's fatal fault reached it): it resets with `why`.
+  void FaultAtNextQuery(const std::string& why);
   // What the port saw.
+  uint64_t memory_queries() const;
   uint64_t bytes_allocated() const;
   size_t live_allocations() const;
   size_t live_streams() const;
@@ -138,6 +142,8 @@ class FakePort final : public port::DevicePort {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<port::ResetInfo> last_reset_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> fault_at_query_ ABSL_GUARDED_BY(mu_);
+  uint64_t memory_queries_ ABSL_GUARDED_BY(mu_) = 0;
   // Live blocks by address, with their sizes.
   std::map<port::DevicePtr, std::unique_ptr<uint8_t[]>> blocks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<port::DevicePtr, uint64_t> sizes_ ABSL_GUARDED_BY(mu_);

@@ -496,4 +496,116 @@ TEST_F(EngineTest, ADeviceDedicatedToAnotherTenantIsRefused) {
 }
 
 }  // namespace
+// Under MPS the workers of a device are clients of one server, and a fatal
+// fault of one reaches them all. A reset of one worker has the others
+// checked (a memory query each), so that those it reached restart at once;
+// resets that follow within the fault window are that fault's reach: their
+// tenants are charged nothing and keep their sessions.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+class MpsTest : public TenantIsolationTest {
+ protected:
+  void SetUp() override {
+    EngineOptions options;
+    options.isolation = EngineOptions::Isolation::kTenant;
+    options.mps = true;
+    options.mps_fault_window = absl::Milliseconds(300);
+    options.strike_limit = 3;
+    options.strike_window = absl::Minutes(1);
+    options.strike_cooldown = absl::Minutes(1);
+    Start(options);
+  }
+  LaunchSpec FaultOf(const std::string& token, uint64_t function) {
+    LaunchSpec spec;
+    spec.session = token;
+    spec.function = function;
+    spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
+    spec.synchronize = true;
+    return spec;
+  }
+};
+
+TEST_F(MpsTest, AFaultHasTheOtherWorkersCheckedAndIsChargedToTheFirstOnly) {
+  const Caller a = TenantCaller("a");
+  const Caller b = TenantCaller("b");
+  auto sa = OpenAs(a);
+  auto sb = OpenAs(b);
+  ASSERT_THAT(sa, IsOk());
+  ASSERT_THAT(sb, IsOk());
+  FakePort* pa = PortOf("a");
+  FakePort* pb = PortOf("b");
+  caller_ = a;
+  auto a_fault = KernelOf(sa->token, "k_fault");
+  ASSERT_THAT(a_fault, IsOk());
+  caller_ = b;
+  auto b_fault = KernelOf(sb->token, "k_fault");
+  ASSERT_THAT(b_fault, IsOk());
+  auto held = Allocate(sb->token, 4096);
+  ASSERT_THAT(held, IsOk());
+  // A's fault reaches b's worker and the shared one: their next driver
+  // call fails.
+  pb->FaultAtNextQuery("cuMemGetInfo failed for device 0: CUDA_ERROR_ILLEGAL_ADDRESS");
+  port_->FaultAtNextQuery("cuMemGetInfo failed for device 0: CUDA_ERROR_ILLEGAL_ADDRESS");
+  const uint64_t b_queries = pb->memory_queries();
+  caller_ = a;
+  EXPECT_THAT(Launch(FaultOf(sa->token, a_fault->handle)),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("illegal")));
+  EXPECT_TRUE(WaitFor([&] { return pb->resets() == 1 && port_->resets() == 1; },
+                      absl::Seconds(2)))
+      << "the other workers were not checked";
+  EXPECT_GT(pb->memory_queries(), b_queries);
+  EXPECT_EQ(pa->resets(), 1u);
+  // A is charged and its session closed; b lost its buffer, nothing else.
+  EXPECT_THAT(engine_->KeepAlive(a, sa->token),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("strike 1 of 3")));
+  EXPECT_THAT(engine_->KeepAlive(b, sb->token), IsOk());
+  caller_ = b;
+  EXPECT_THAT(ReadAll(sb->token, held->handle, 4096),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("lost")));
+  // B's kernel, in flight as the fault reaches it, fails within the window:
+  // the reach of a's fault, not b's own.
+  auto b_fault_again = KernelOf(sb->token, "k_fault");
+  ASSERT_THAT(b_fault_again, IsOk());
+  EXPECT_THAT(Launch(FaultOf(sb->token, b_fault_again->handle)),
+              StatusIs(absl::StatusCode::kAborted, _));
+  EXPECT_EQ(pb->resets(), 2u);
+  EXPECT_THAT(engine_->KeepAlive(b, sb->token), IsOk());
+  EXPECT_EQ(engine_->Stats().strikes, 1u);
+
+  // Past the window, b's own fault is b's.
+  absl::SleepFor(absl::Milliseconds(350));
+  auto b_third = KernelOf(sb->token, "k_fault");
+  ASSERT_THAT(b_third, IsOk());
+  EXPECT_THAT(Launch(FaultOf(sb->token, b_third->handle)),
+              StatusIs(absl::StatusCode::kAborted, _));
+  EXPECT_THAT(engine_->KeepAlive(b, sb->token),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("strike 1 of 3 for tenant 'b'")));
+  EXPECT_EQ(engine_->Stats().strikes, 2u);
+}
+
+// The worker reset first, reset again within the window, is charged again:
+// a tenant cannot hide a fault loop inside the window of its own first.
+TEST_F(MpsTest, TheFirstWorkersNextFaultIsItsOwn) {
+  const Caller a = TenantCaller("a");
+  caller_ = a;
+  for (int strike = 1; strike <= 2; ++strike) {
+    auto s = OpenAs(a);
+    ASSERT_THAT(s, IsOk());
+    auto fault = KernelOf(s->token, "k_fault");
+    ASSERT_THAT(fault, IsOk());
+    EXPECT_THAT(Launch(FaultOf(s->token, fault->handle)),
+                StatusIs(absl::StatusCode::kAborted, _));
+    EXPECT_THAT(engine_->KeepAlive(a, s->token),
+                StatusIs(absl::StatusCode::kNotFound,
+                         HasSubstr(absl::StrCat("strike ", strike, " of 3"))));
+  }
+}
+
 }  // namespace gpuexec::core
