@@ -506,6 +506,15 @@ void Device::QueryMemory(Callback<cuda::MemoryInfo> done) {
   });
 }
 
+void Device::Probe(std::function<void()> done) {
+  GPUEXEC_ON_EXECUTOR({
+    if (Usable().ok()) {
+      if (auto info = driver_->MemInfo(props_.ordinal); !info.ok()) (void)Check(info.status());
+    }
+    done();
+  });
+}
+
 void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();

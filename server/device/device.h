@@ -99,6 +99,12 @@ class Device {
   StagingPool& staging() { return staging_; }
 
   void QueryMemory(Callback<cuda::MemoryInfo> done);
+  // On the executor, after what was posted before it: a cheap driver call
+  // (the device's free memory) that finds a sticky fault the device has
+  // come to hold without a call of its own failing (under MPS, another
+  // client's fatal fault), which it then reports like any other. Then
+  // `done`, with no error: the worker answers, whatever the device's state.
+  void Probe(std::function<void()> done);
 
   // Creates the stream `id` (chosen by the caller, unique on this device).
   // A nonzero `kernel_time_limit` makes each launch on it watched: one still

@@ -148,7 +148,10 @@ void Worker::Handle(Request& r) {
   const uint64_t id = r.id();
   switch (r.op_case()) {
     case Request::kPing:
-      dev_->Post([this, id] { Reply(id, absl::OkStatus()); });
+      // Each ping (one a second) also looks for a fault this worker did
+      // not cause: under MPS another client's reaches it, and the server
+      // takes no new client until every one it reached is gone.
+      dev_->Probe([this, id] { Reply(id, absl::OkStatus()); });
       return;
     case Request::kQueryMemory:
       dev_->QueryMemory([this, id](absl::StatusOr<cuda::MemoryInfo> m) {

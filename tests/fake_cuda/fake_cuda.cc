@@ -10,7 +10,10 @@
 //     (default 8 GiB), GXFAKE_FAIL_INIT=1 (cuInit fails with NO_DEVICE),
 //     GXFAKE_INIT_DELAY_MS (cuInit takes that long), GXFAKE_INIT_NOT_READY_FILE
 //     (while that file exists, cuInit fails with MPS_SERVER_NOT_READY, as
-//     under MPS while the server takes down the clients of a fatal fault).
+//     under MPS while the server takes down the clients of a fatal fault),
+//     GXFAKE_REACHED_FILE (once that file exists, the next process to call
+//     removes it and is poisoned, as another MPS client's fatal fault
+//     reaches it).
 //   * "Device memory" is host memory: a CUdeviceptr is the address of an
 //     aligned host block. Every allocation is tracked so that copies and
 //     kernels can be checked against live allocations of the right device.
@@ -227,8 +230,22 @@ CUresult InitStatus() {
 }
 
 // InitStatus plus the sticky fault.
+void Poison(const char* what);
+
+// GXFAKE_REACHED_FILE: once that file exists, the next call of one process
+// (the one that removes it) finds it poisoned, as an MPS client finds
+// another client's fatal fault.
+void CheckReached() {
+  static const char* const reached = std::getenv("GXFAKE_REACHED_FILE");
+  if (reached != nullptr && *reached != '\0' && !g_poisoned.load(std::memory_order_acquire) &&
+      unlink(reached) == 0) {
+    Poison("another client's fault reached this process (GXFAKE_REACHED_FILE)");
+  }
+}
+
 CUresult EntryStatus() {
   GX_RETURN_IF_ERROR(InitStatus());
+  CheckReached();
   if (g_poisoned.load(std::memory_order_acquire)) {
     return CUDA_ERROR_ILLEGAL_ADDRESS;
   }

@@ -55,6 +55,13 @@ size_t BystanderBytes() { return TestBackend().fake ? size_t{1} << 20 : size_t{1
 
 enum class Attack { kFault, kHang };
 
+// gpuexec_strikes_total in a metrics page.
+uint64_t StrikesIn(const std::string& metrics) {
+  const std::string name = "\ngpuexec_strikes_total ";
+  const size_t at = metrics.find(name);
+  return at == std::string::npos ? 0 : std::strtoull(metrics.c_str() + at + name.size(), nullptr, 10);
+}
+
 // Whether an MPS control daemon serves this host (as gpuexecd looks for it):
 // the workers are then its clients, and one's fatal fault reaches them all.
 bool UnderMps() {
@@ -623,8 +630,14 @@ TEST_F(FaultTest, AStrikeLimitHoldsThroughALongFaultLoop) {
             << " fill-and-read rounds, " << losses.load() << " lost to the resets, its "
             << (held_bytes >> 20) << " MiB buffer written after the last reset "
             << (back == pattern ? "intact" : "CHANGED") << "\n";
-  EXPECT_EQ(resets, 3u);
-  EXPECT_EQ(faults, 3);
+  // A reset while the bystander's kernels were in flight too is charged to
+  // neither (the driver does not say whose kernel faulted in a shared
+  // context): seen on the H200 once in four faults. Workers of their own
+  // (--isolation=tenant) tell them apart.
+  const uint64_t charged = StrikesIn(server->RenderMetrics());
+  std::cout << resets - charged << " of the resets charged to nobody (kernels of both in flight)\n";
+  EXPECT_EQ(charged, 3u);
+  EXPECT_EQ(static_cast<uint64_t>(faults), resets);
   EXPECT_GT(refused, 0);
   EXPECT_EQ(other, 0);
   EXPECT_THAT(refusal, HasSubstr("launches of tenant 'attacker' are refused until"));
@@ -928,6 +941,54 @@ TEST_F(FaultTest, ARestartTheMpsServerDoesNotTakeYetIsTriedAgainSoon) {
   GX_ASSERT_OK_AND_ASSIGN(Session again, c.OpenSession({kDevice}));
   GX_EXPECT_OK(FillAndCheck(again, 9));
   GX_EXPECT_OK(again.Close());
+}
+
+// A fault can reach an idle worker from outside (under MPS, another
+// client's): no call of its own fails, yet the MPS server takes no new
+// client until it is gone. Its pings (one a second) make a driver call
+// that finds the fault: the device resets within seconds with nobody
+// calling, and serves again. On the double, a file stands for the reach
+// (the worker that finds it removes it).
+TEST_F(FaultTest, AnIdleWorkerFindsAFaultThatReachedItFromOutside) {
+  if (!TestBackend().fake) GTEST_SKIP() << "the reach is the double's to stage";
+  char dir_template[] = "/tmp/gpuexec-reach-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string reached = absl::StrCat(dir_template, "/reached");
+  setenv("GXFAKE_REACHED_FILE", reached.c_str(), 1);
+  struct Unset {
+    ~Unset() { unsetenv("GXFAKE_REACHED_FILE"); }
+  } unset;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(ServerOptions()));
+  GX_ASSERT_OK_AND_ASSIGN(Client c, Client::Connect(TargetOf(*server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session s, c.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer held, s.Allocate(4096));
+  const uint64_t resets_before = (*c.ListDevices())[kDevice].resets;
+  const int worker = server->worker_pid(kDevice);
+  std::ofstream(reached) << "1";
+  const absl::Time start = absl::Now();
+  // Nobody calls (worker_pid asks the daemon, not the worker): the worker
+  // finds it by itself, and is replaced.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const int now = server->worker_pid(kDevice);
+        return now != worker;
+      },
+      absl::Seconds(3)));
+  Record("a fault that reached an idle worker, to its reset", absl::Now() - start);
+  EXPECT_NE(access(reached.c_str(), F_OK), 0) << "the worker took the reach";
+  rmdir(dir_template);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto d = c.ListDevices();
+        return d.ok() && (*d)[kDevice].healthy;
+      },
+      absl::Seconds(3)));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> after, c.ListDevices());
+  EXPECT_EQ(after[kDevice].resets, resets_before + 1);
+  EXPECT_THAT(after[kDevice].last_reset, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  EXPECT_THAT(held.Read(), StatusIs(absl::StatusCode::kAborted, HasSubstr("was lost")));
+  GX_EXPECT_OK(FillAndCheck(s, 4));  // the session itself lives on
+  GX_EXPECT_OK(s.Close());
 }
 
 TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {
