@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
@@ -13,8 +14,8 @@
 namespace gpuexec::cuda {
 namespace {
 
-// The payload that marks a status of CUDA_ERROR_MPS_SERVER_NOT_READY.
-constexpr char kNotReadyYet[] = "gpuexec.dev/cuda-not-ready-yet";
+// The payload that carries a failed call's CUresult, in decimal.
+constexpr char kResultPayload[] = "gpuexec.dev/cuda-result";
 
 // The one table from CUresult to a canonical code. Sticky faults poison the
 // context until the process ends: ABORTED, so that clients know the device
@@ -73,8 +74,23 @@ const ResultEntry* FindResult(int result) {
 
 }  // namespace
 
+std::optional<int> ResultOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kResultPayload);
+  int result = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &result)) {
+    return std::nullopt;
+  }
+  return result;
+}
+
+bool IsSticky(const absl::Status& status) {
+  if (status.ok()) return false;
+  if (const std::optional<int> result = ResultOf(status)) return IsStickyResult(*result);
+  return status.code() == absl::StatusCode::kAborted;
+}
+
 bool NotReadyYet(const absl::Status& status) {
-  return status.GetPayload(kNotReadyYet).has_value();
+  return ResultOf(status) == CUDA_ERROR_MPS_SERVER_NOT_READY;
 }
 
 bool IsStickyResult(int result) {
@@ -107,7 +123,7 @@ absl::Status Driver::Error(int result, absl::string_view call, absl::string_view
   if (text != nullptr) absl::StrAppend(&message, ": ", text);
   absl::StrAppend(&message, ")");
   absl::Status status(CodeForResult(result), message);
-  if (result == CUDA_ERROR_MPS_SERVER_NOT_READY) status.SetPayload(kNotReadyYet, absl::Cord("1"));
+  status.SetPayload(kResultPayload, absl::Cord(absl::StrCat(result)));
   return status;
 }
 
@@ -138,7 +154,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
   if (init != CUDA_SUCCESS) {
     absl::Status s = driver->Error(init, "cuInit", absl::StrCat("driver library '", library, "'"));
     absl::Status unavailable = absl::UnavailableError(s.message());
-    if (NotReadyYet(s)) unavailable.SetPayload(kNotReadyYet, absl::Cord("1"));
+    unavailable.SetPayload(kResultPayload, absl::Cord(absl::StrCat(init)));
     return unavailable;
   }
   int version = 0;

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <utility>
@@ -42,11 +43,18 @@ using port::LaunchGeometry;
 using port::MemoryInfo;
 using port::ParamInfo;
 
-// A CUresult seen by a failed call, kept so that callers can tell sticky
-// faults from ordinary errors.
+// Whether a CUresult leaves the context unusable for good (a sticky fault:
+// only a new process gets the device back). The one table; see driver.cc.
 bool IsStickyResult(int result);
-// The canonical code for a CUresult (the one table; see driver.cc).
+// The canonical code for a CUresult (the same table).
 absl::StatusCode CodeForResult(int result);
+// The CUresult a failed call's status carries (every error this layer
+// makes does, through Driver::Load too), if any.
+std::optional<int> ResultOf(const absl::Status& status);
+// Whether `status` is a sticky fault: by its CUresult where it carries one;
+// an ABORTED status that carries none (made elsewhere from a driver error)
+// counts as sticky, to be safe.
+bool IsSticky(const absl::Status& status);
 // Whether `status` (from Driver::Load or a call) says the driver cannot
 // serve this process yet but will soon: an MPS server that is still taking
 // down the clients of a fatal fault (CUDA_ERROR_MPS_SERVER_NOT_READY). A new

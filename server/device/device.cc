@@ -356,7 +356,7 @@ absl::Status Device::fault() const {
 }
 
 absl::Status Device::Check(absl::Status status) {
-  if (status.code() != absl::StatusCode::kAborted) return status;
+  if (!cuda::IsSticky(status)) return status;
   bool first = false;
   {
     absl::MutexLock lock(&fault_mu_);

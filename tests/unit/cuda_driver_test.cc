@@ -32,6 +32,15 @@ TEST(Driver, ResultTableIsMeaningful) {
   EXPECT_TRUE(IsStickyResult(700));
   EXPECT_FALSE(IsStickyResult(2));
   EXPECT_EQ(CodeForResult(123456), absl::StatusCode::kInternal);
+  // ABORTED but not sticky: the table says which.
+  EXPECT_EQ(CodeForResult(709), absl::StatusCode::kAborted);  // CONTEXT_IS_DESTROYED
+  EXPECT_FALSE(IsStickyResult(709));
+  EXPECT_EQ(CodeForResult(807), absl::StatusCode::kUnavailable);  // MPS_SERVER_NOT_READY
+  // A status that carries no CUresult: ABORTED counts as sticky.
+  EXPECT_EQ(ResultOf(absl::AbortedError("x")), std::nullopt);
+  EXPECT_TRUE(IsSticky(absl::AbortedError("made elsewhere")));
+  EXPECT_FALSE(IsSticky(absl::InternalError("x")));
+  EXPECT_FALSE(IsSticky(absl::OkStatus()));
 }
 
 TEST(Driver, DoubleLoadsAndErrorsNameCallAndObject) {
@@ -49,6 +58,11 @@ TEST(Driver, DoubleLoadsAndErrorsNameCallAndObject) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("cuDeviceGet"));
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("device 99"));
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("CUDA_ERROR_INVALID_DEVICE"));
+  // Each error carries its CUresult: stickiness is the table's, not the
+  // status code's.
+  EXPECT_EQ(ResultOf(bad.status()), 101);  // CUDA_ERROR_INVALID_DEVICE
+  EXPECT_FALSE(IsSticky(bad.status()));
+  EXPECT_FALSE(NotReadyYet(bad.status()));
 
   auto ctx = (*d)->RetainPrimaryContext(0);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
