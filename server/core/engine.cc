@@ -175,8 +175,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     absl::MutexLock lock(&engine->sessions_mu_);
     engine->sessions_per_device_.assign(engine->devices_.size(), 0);
     engine->reset_culprit_.assign(engine->devices_.size(), "");
-    engine->mps_fault_until_.assign(engine->devices_.size(), absl::InfinitePast());
-    engine->mps_fault_origin_.assign(engine->devices_.size(), nullptr);
+    engine->mps_windows_.resize(engine->devices_.size());
   }
   {
     absl::MutexLock lock(&engine->ports_mu_);
@@ -443,20 +442,12 @@ void Engine::NoteWork(Session& s) {
 void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::ResetInfo& info) {
   std::vector<std::shared_ptr<Session>> affected;
   std::vector<std::shared_ptr<Session>> named;
-  // Under MPS: a reset soon after another of the device's workers was
-  // reset is that fault's reach, whatever kernel this worker had in flight.
-  bool reached = false;
+  // Under MPS the first reset of a device opens a fault window; every reset
+  // within it (the fault's reach, or the fault itself found late) adds the
+  // sessions it names, and the charge is settled when it closes.
+  bool opened = false;
   {
     absl::MutexLock lock(&sessions_mu_);
-    if (options_.mps) {
-      const absl::Time now = absl::Now();
-      // (The worker that was reset first, reset again, is not reached.)
-      reached = now < mps_fault_until_[index] && port != mps_fault_origin_[index];
-      if (!reached) {
-        mps_fault_until_[index] = now + options_.mps_fault_window;
-        mps_fault_origin_[index] = port;
-      }
-    }
     std::string culprit;
     for (auto& [token, s] : sessions_) {
       // Only the sessions this port served: a tenant's own worker takes
@@ -473,6 +464,15 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
     // A session named but gone: no tenant reads the reason.
     if (culprit.empty() && absl::StrContains(info.why, "session ")) culprit = "?";
     if (port == devices_[index].get()) reset_culprit_[index] = culprit;
+    if (options_.mps) {
+      MpsWindow& w = mps_windows_[index];
+      if (!w.open) {
+        w.open = true;
+        w.first = info;
+        opened = true;
+      }
+      w.named.insert(w.named.end(), named.begin(), named.end());
+    }
   }
   size_t buffers = 0;
   uint64_t bytes = 0;
@@ -486,32 +486,26 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
   }
   log::Debug("device ", index, " reset: ", buffers, " buffer(s) of ", affected.size(),
             " session(s), ", bytes, " bytes, lost; their next calls on them say so");
-  if (reached) {
-    log::Info("device ", index, ": a worker reset within ",
-              absl::ToInt64Milliseconds(options_.mps_fault_window),
-              " ms of another's under MPS, taken as that fault's reach: no strike charged");
+  if (options_.mps) {
+    if (opened) WatchMpsWindow(index, port);
     return;
   }
-  if (options_.mps) CheckOtherWorkers(index, port);
   if (!named.empty()) Strike(index, info, std::move(named));
 }
 
-void Engine::CheckOtherWorkers(int index, const port::DevicePort* reset) {
-  std::vector<std::weak_ptr<port::DevicePort>> others;
+void Engine::WatchMpsWindow(int index, const port::DevicePort* reset) {
   absl::MutexLock lock(&ports_mu_);
   if (ports_closed_) return;
-  if (devices_[index].get() != reset) others.push_back(devices_[index]);
-  for (const auto& [tenant, tp] : tenant_ports_[index]) {
-    if (tp.port != nullptr && tp.port.get() != reset) others.push_back(tp.port);
-  }
-  if (others.empty()) return;
   // The fault reaches the other clients within milliseconds; a hung
   // kernel's worker, killed, can take longer to take them down.
-  RunPortThread([this, others = std::move(others)] {
-    const absl::Duration after[] = {absl::ZeroDuration(), absl::Milliseconds(100),
-                                    absl::Milliseconds(400), absl::Milliseconds(1500)};
+  RunPortThread([this, index, reset] {
+    const absl::Duration window = options_.mps_fault_window;
+    const absl::Duration checks[] = {absl::ZeroDuration(), absl::Milliseconds(100),
+                                     absl::Milliseconds(400), absl::Milliseconds(1500), window};
     absl::Duration slept;
-    for (absl::Duration at : after) {
+    for (absl::Duration at : checks) {
+      at = std::min(at, window);
+      std::vector<std::shared_ptr<port::DevicePort>> others;
       while (slept < at) {
         {
           absl::MutexLock lock(&ports_mu_);
@@ -520,11 +514,38 @@ void Engine::CheckOtherWorkers(int index, const port::DevicePort* reset) {
         absl::SleepFor(absl::Milliseconds(20));
         slept += absl::Milliseconds(20);
       }
-      for (const auto& weak : others) {
-        if (auto p = weak.lock()) p->QueryMemory([](absl::StatusOr<port::MemoryInfo>) {});
+      if (at == window) break;
+      {
+        // Taken from the tables each time, under the lock: a port being
+        // ended is no longer there, so this thread never holds its last
+        // reference.
+        absl::MutexLock lock(&ports_mu_);
+        if (ports_closed_) return;
+        if (devices_[index].get() != reset) others.push_back(devices_[index]);
+        for (const auto& [tenant, tp] : tenant_ports_[index]) {
+          if (tp.port != nullptr && tp.port.get() != reset) others.push_back(tp.port);
+        }
       }
+      for (const auto& p : others) p->QueryMemory([](absl::StatusOr<port::MemoryInfo>) {});
     }
+    SettleMpsWindow(index);
   });
+}
+
+void Engine::SettleMpsWindow(int index) {
+  port::ResetInfo first;
+  std::vector<std::shared_ptr<Session>> named;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    MpsWindow& w = mps_windows_[index];
+    first = w.first;
+    named.swap(w.named);
+    w = MpsWindow();
+  }
+  // One tenant (or peer) named: it is charged, as without MPS. Several:
+  // which kernel faulted first, MPS does not say (each client it reached
+  // sees the same error), so none is (Strike says so in the log).
+  if (!named.empty()) Strike(index, first, std::move(named));
 }
 
 void Engine::Strike(int index, const port::ResetInfo& info,

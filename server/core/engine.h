@@ -97,10 +97,11 @@ struct EngineOptions {
   uint32_t max_workers_per_device = 16;
   // The workers of each device are clients of one MPS server: their kernels
   // run side by side, and a fatal fault of one client reaches every client
-  // of that GPU. A reset of one worker then has the device's other workers
-  // checked at once (those the fault reached restart too), and the resets
-  // that follow it within mps_fault_window are taken as its reach: no
-  // strike, no session closed for them.
+  // of that GPU. A reset of one worker then opens a fault window of
+  // mps_fault_window on its device: the device's other workers are checked
+  // (those the fault reached restart too), and when it closes, the sessions
+  // all its resets named are charged if they are of one tenant (or peer),
+  // else none is.
   bool mps = false;
   absl::Duration mps_fault_window = absl::Seconds(2);
 };
@@ -506,15 +507,21 @@ class Engine {
   // Per device: the tenant whose session the last reset's reason names
   // (empty: none), so that only it sees that reason in ListDevices.
   std::vector<std::string> reset_culprit_ ABSL_GUARDED_BY(sessions_mu_);
-  // With EngineOptions::mps, per device: until when a reset is taken as the
-  // reach of the one that came first.
-  std::vector<absl::Time> mps_fault_until_ ABSL_GUARDED_BY(sessions_mu_);
-  // (only compared, never used: it may be gone)
-  std::vector<const port::DevicePort*> mps_fault_origin_ ABSL_GUARDED_BY(sessions_mu_);
-  // With EngineOptions::mps: asks every other worker of device `index` for
-  // its memory (a driver call, which fails on a worker the fault reached),
-  // at once and a few times over the next seconds.
-  void CheckOtherWorkers(int index, const port::DevicePort* reset);
+  // With EngineOptions::mps, per device: the fault window the device's
+  // first reset opened, and the sessions its resets named so far.
+  struct MpsWindow {
+    bool open = false;
+    port::ResetInfo first;
+    std::vector<std::shared_ptr<Session>> named;
+  };
+  std::vector<MpsWindow> mps_windows_ ABSL_GUARDED_BY(sessions_mu_);
+  // With EngineOptions::mps, on a port thread: asks every other worker of
+  // device `index` for its memory (a driver call, which fails on a worker
+  // the fault reached and so resets it) at once and a few times within the
+  // window, then settles the window.
+  void WatchMpsWindow(int index, const port::DevicePort* reset);
+  // Charges the window's named sessions if they are of one tenant or peer.
+  void SettleMpsWindow(int index);
 
   // Daemon-wide device memory held by sessions.
   std::atomic<uint64_t> daemon_memory_used_{0};

@@ -347,7 +347,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
               "): the workers are its clients, and kernels of different tenants' workers run "
               "side by side; a fatal fault of one client's kernel reaches every client of that "
               "GPU: the daemon then has the device's other workers checked and restarts those "
-              "it reached, charging the fault to the first worker reset only");
+              "it reached, and charges a fault only where one tenant's kernels alone were in "
+              "flight");
   } else if (eo.isolation == core::EngineOptions::Isolation::kTenant) {
     log::Info("gpuexecd: no MPS control daemon (", MpsPipeDirectory(),
               "): tenants' workers take turns on each GPU (time-sliced)");

@@ -517,7 +517,8 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
         props_ = FromProto(e.ready().properties());
         first_ready_ = true;
       }
-      if (!st.ok() && e.ready().retry_soon() && absl::Now() - reset_at_ < kRestartTimeout) {
+      if (!st.ok() && e.ready().retry_soon() &&
+          (not_ready_waits_ == 0 || absl::Now() - not_ready_since_ < kRestartTimeout)) {
         // Under MPS, after a fatal fault the server takes no new client
         // until every client it had is gone (the daemon's other workers of
         // this device find their faults and restart too). Not a new reset:
@@ -528,6 +529,9 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
         state_ = State::kBackingOff;
         next_spawn_ = absl::Now() + kNotReadyRetry;
         const bool first = ++not_ready_waits_ == 1;
+        // Every 100 ms for 30 s from the first refusal; past that the
+        // refusals count as failed starts (backing off), until one serves.
+        if (first) not_ready_since_ = absl::Now();
         down_ = absl::UnavailableError(
             absl::StrCat("device ", options_.ordinal, " is restarting: ", st.message()));
         std::vector<ReplyFn> failed;

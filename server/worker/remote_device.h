@@ -225,6 +225,7 @@ class RemoteDevice final : public port::DevicePort {
   absl::Status down_ ABSL_GUARDED_BY(mu_);  // why not serving
   // New workers of this reset that the MPS server did not take yet.
   int not_ready_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time not_ready_since_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<ResetInfo> last_reset_ ABSL_GUARDED_BY(mu_);

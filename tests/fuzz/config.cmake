@@ -13,7 +13,7 @@ set(CMAKE_C_FLAGS_RELWITHDEBINFO "-O1 -gline-tables-only" CACHE STRING "" FORCE)
 set(CMAKE_CXX_FLAGS_RELWITHDEBINFO "-O1 -gline-tables-only" CACHE STRING "" FORCE)
 set(_sanitize "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer")
 # The server captures [=, this], which clang calls a C++20 extension.
-set(_warnings "-Wno-c++20-extensions")
+set(_warnings "-Wno-c++20-extensions -Wthread-safety -Werror=thread-safety")
 set(CMAKE_C_FLAGS "${_sanitize} -fsanitize=fuzzer-no-link" CACHE STRING "" FORCE)
 set(CMAKE_CXX_FLAGS "${_sanitize} -fsanitize=fuzzer-no-link ${_warnings}" CACHE STRING "" FORCE)
 set(CMAKE_EXE_LINKER_FLAGS "-fsanitize=address,undefined" CACHE STRING "" FORCE)
