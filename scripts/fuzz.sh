@@ -33,7 +33,11 @@ mkdir -p "$BUILD_DIR"
 cmake -S . -B "$BUILD_DIR" -G Ninja -C tests/fuzz/config.cmake \
   -DCUDAToolkit_ROOT="$CUDA_ROOT" >"$BUILD_DIR/fuzz-configure.log" 2>&1 ||
   { cat "$BUILD_DIR/fuzz-configure.log" >&2; exit 1; }
-cmake --build "$BUILD_DIR" --target gpuexec_fuzzers -j"$(nproc)"
+# The same clang tree checks the thread-safety annotations of every library
+# (-Wthread-safety as errors, tests/fuzz/config.cmake): the harnesses link
+# only some, so the others are built here too.
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target gpuexec_fuzzers gpuexec_core gpuexec_device \
+  gpuexec_worker gpuexec_worker_proxy gpuexec_rpc gpuexec_tenants gpuexec_metrics gpuexec_client
 echo "fuzz: built in $(($(date +%s) - start)) s"
 
 # Per-target options: the metrics endpoint's limit is 8 KiB (and it reads

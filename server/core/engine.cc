@@ -1938,6 +1938,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
       if (size > 8) return bad("a cluster of ", size, " blocks is over the portable maximum of 8");
     }
     auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<port::DevicePtr> {
+      s->mu.AssertHeld();  // called by PackArgs below, under the lock taken above
       auto it = s->buffers.find(a.buffer);
       if (it == s->buffers.end()) {
         return absl::NotFoundError(absl::StrCat("parameter ", index, " of ", kname, ": buffer ",

@@ -12,7 +12,9 @@ set(CMAKE_BUILD_TYPE RelWithDebInfo CACHE STRING "" FORCE)
 set(CMAKE_C_FLAGS_RELWITHDEBINFO "-O1 -gline-tables-only" CACHE STRING "" FORCE)
 set(CMAKE_CXX_FLAGS_RELWITHDEBINFO "-O1 -gline-tables-only" CACHE STRING "" FORCE)
 set(_sanitize "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer")
-# The server captures [=, this], which clang calls a C++20 extension.
+# The server captures [=, this], which clang calls a C++20 extension. The
+# thread-safety annotations (ABSL_GUARDED_BY and the rest) are checked here,
+# as errors: g++ ignores them.
 set(_warnings "-Wno-c++20-extensions -Wthread-safety -Werror=thread-safety")
 set(CMAKE_C_FLAGS "${_sanitize} -fsanitize=fuzzer-no-link" CACHE STRING "" FORCE)
 set(CMAKE_CXX_FLAGS "${_sanitize} -fsanitize=fuzzer-no-link ${_warnings}" CACHE STRING "" FORCE)

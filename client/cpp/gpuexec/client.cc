@@ -342,8 +342,11 @@ class CommandStream {
       // The next commands go into the objects of commands sent before.
       if (!spent_dirty_) pending_.Swap(&spent_);
       writing_ = true;
+      // rw_ stays while writing_ is set (it is reset only when neither a
+      // write nor a read is under way).
+      Stream* const rw = rw_.get();
       mu_.Unlock();
-      const bool ok = rw_->Write(message);
+      const bool ok = rw->Write(message);
       mu_.Lock();
       writing_ = false;
       if (!spent_dirty_) {
@@ -414,8 +417,9 @@ class CommandStream {
       }
       reading_ = true;
       v1::ExecuteResponse response;
+      Stream* const rw = rw_.get();  // stays while reading_ is set
       mu_.Unlock();
-      const bool ok = rw_->Read(&response);
+      const bool ok = rw->Read(&response);
       mu_.Lock();
       reading_ = false;
       if (!ok) {
