@@ -276,12 +276,14 @@ NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const s
                          Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
                        }).p50;
   auto alloc_clear = [&](uint64_t bytes, bool clear) {
-    return Measure(plan.alloc_iters, [&] {
-             auto p = Must(driver->AllocAsync(bytes, stream.get(), "a"), "alloc");
-             if (clear) Must(driver->MemsetAsync(p, 0, bytes, stream.get(), "a"), "memset");
-             Must(driver->FreeAsync(p, stream.get(), "a"), "free");
-             Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
-           }).p50;
+    return Measure(plan.alloc_iters,
+                   [&] {
+                     auto p = Must(driver->AllocAsync(bytes, stream.get(), "a"), "alloc");
+                     if (clear) Must(driver->MemsetAsync(p, 0, bytes, stream.get(), "a"), "memset");
+                     Must(driver->FreeAsync(p, stream.get(), "a"), "free");
+                     Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
+                   })
+        .p50;
   };
   out.alloc_clear_us = alloc_clear(1 << 20, true);
   out.alloc_64_us = alloc_clear(64 << 20, false);
@@ -706,15 +708,14 @@ TransportFigures RunTransport(const Plan& plan, const std::string& target,
   std::vector<uint8_t> array = HostData(plan.copy_bytes);
   out.upload_array = MedianRate(plan.copy_trials, [&] { return upload(array.data()); });
   out.download_array = MedianRate(plan.copy_trials, [&] { return download(array.data()); });
-  Note(
-      absl::StrFormat("%s: unary p50 %.1f us p99 %.1f us; stream round trip p50 %.1f us p99 "
-                      "%.1f us (client spinning: p50 %.1f us); %llu MiB in %u KiB messages: "
-                      "client stream %.2f GB/s, server stream %.2f GB/s; from / into a host "
-                      "array %.2f / %.2f GB/s",
-                      target, out.unary.p50, out.unary.p99, out.bidi.p50, out.bidi.p99,
-                      out.bidi_spinning.p50, static_cast<unsigned long long>(plan.copy_bytes >> 20),
-                      plan.chunk_bytes >> 10, out.upload, out.download, out.upload_array,
-                      out.download_array));
+  Note(absl::StrFormat(
+      "%s: unary p50 %.1f us p99 %.1f us; stream round trip p50 %.1f us p99 "
+      "%.1f us (client spinning: p50 %.1f us); %llu MiB in %u KiB messages: "
+      "client stream %.2f GB/s, server stream %.2f GB/s; from / into a host "
+      "array %.2f / %.2f GB/s",
+      target, out.unary.p50, out.unary.p99, out.bidi.p50, out.bidi.p99, out.bidi_spinning.p50,
+      static_cast<unsigned long long>(plan.copy_bytes >> 20), plan.chunk_bytes >> 10, out.upload,
+      out.download, out.upload_array, out.download_array));
   return out;
 }
 

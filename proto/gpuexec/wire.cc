@@ -180,9 +180,10 @@ grpc::ByteBuffer Writer::Finish(uint32_t field, absl::string_view data,
   PutVarint(data.size());
   grpc::Slice slices[2] = {
       grpc::Slice(head_),
-      grpc::Slice(const_cast<char*>(data.data()), data.size(),
-                  [](void* held) { delete static_cast<std::shared_ptr<const void>*>(held); },
-                  new std::shared_ptr<const void>(std::move(hold)))};
+      grpc::Slice(
+          const_cast<char*>(data.data()), data.size(),
+          [](void* held) { delete static_cast<std::shared_ptr<const void>*>(held); },
+          new std::shared_ptr<const void>(std::move(hold)))};
   head_.clear();
   return grpc::ByteBuffer(slices, 2);
 }

@@ -19,11 +19,16 @@ void SetLevel(Level level) { g_level.store(static_cast<int>(level)); }
 Level GetLevel() { return static_cast<Level>(g_level.load(std::memory_order_relaxed)); }
 
 bool ParseLevel(absl::string_view text, Level* level) {
-  if (text == "debug") *level = Level::kDebug;
-  else if (text == "info") *level = Level::kInfo;
-  else if (text == "warning" || text == "warn") *level = Level::kWarning;
-  else if (text == "error") *level = Level::kError;
-  else return false;
+  if (text == "debug")
+    *level = Level::kDebug;
+  else if (text == "info")
+    *level = Level::kInfo;
+  else if (text == "warning" || text == "warn")
+    *level = Level::kWarning;
+  else if (text == "error")
+    *level = Level::kError;
+  else
+    return false;
   return true;
 }
 

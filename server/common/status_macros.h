@@ -16,9 +16,8 @@
 #define GPUEXEC_STATUS_CONCAT_INNER_(a, b) a##b
 #define GPUEXEC_STATUS_CONCAT_(a, b) GPUEXEC_STATUS_CONCAT_INNER_(a, b)
 
-#define GPUEXEC_ASSIGN_OR_RETURN(lhs, expr)                                \
-  GPUEXEC_ASSIGN_OR_RETURN_IMPL_(                                          \
-      GPUEXEC_STATUS_CONCAT_(gpuexec_statusor_, __LINE__), lhs, expr)
+#define GPUEXEC_ASSIGN_OR_RETURN(lhs, expr) \
+  GPUEXEC_ASSIGN_OR_RETURN_IMPL_(GPUEXEC_STATUS_CONCAT_(gpuexec_statusor_, __LINE__), lhs, expr)
 
 #define GPUEXEC_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
   auto statusor = (expr);                                   \

@@ -42,21 +42,36 @@ ArgValue ArgValue::Null() { return ArgValue(); }
 
 const char* KindName(ArgValue::Kind kind) {
   switch (kind) {
-    case ArgValue::Kind::kBuffer: return "buffer";
-    case ArgValue::Kind::kNull: return "null pointer";
-    case ArgValue::Kind::kI8: return "i8";
-    case ArgValue::Kind::kI16: return "i16";
-    case ArgValue::Kind::kI32: return "i32";
-    case ArgValue::Kind::kI64: return "i64";
-    case ArgValue::Kind::kU8: return "u8";
-    case ArgValue::Kind::kU16: return "u16";
-    case ArgValue::Kind::kU32: return "u32";
-    case ArgValue::Kind::kU64: return "u64";
-    case ArgValue::Kind::kF16: return "f16";
-    case ArgValue::Kind::kBF16: return "bf16";
-    case ArgValue::Kind::kF32: return "f32";
-    case ArgValue::Kind::kF64: return "f64";
-    case ArgValue::Kind::kRaw: return "raw bytes";
+    case ArgValue::Kind::kBuffer:
+      return "buffer";
+    case ArgValue::Kind::kNull:
+      return "null pointer";
+    case ArgValue::Kind::kI8:
+      return "i8";
+    case ArgValue::Kind::kI16:
+      return "i16";
+    case ArgValue::Kind::kI32:
+      return "i32";
+    case ArgValue::Kind::kI64:
+      return "i64";
+    case ArgValue::Kind::kU8:
+      return "u8";
+    case ArgValue::Kind::kU16:
+      return "u16";
+    case ArgValue::Kind::kU32:
+      return "u32";
+    case ArgValue::Kind::kU64:
+      return "u64";
+    case ArgValue::Kind::kF16:
+      return "f16";
+    case ArgValue::Kind::kBF16:
+      return "bf16";
+    case ArgValue::Kind::kF32:
+      return "f32";
+    case ArgValue::Kind::kF64:
+      return "f64";
+    case ArgValue::Kind::kRaw:
+      return "raw bytes";
   }
   return "?";
 }
@@ -64,20 +79,25 @@ const char* KindName(ArgValue::Kind kind) {
 uint64_t ArgSize(const ArgValue& arg) {
   switch (arg.kind) {
     case ArgValue::Kind::kI8:
-    case ArgValue::Kind::kU8: return 1;
+    case ArgValue::Kind::kU8:
+      return 1;
     case ArgValue::Kind::kI16:
     case ArgValue::Kind::kU16:
     case ArgValue::Kind::kF16:
-    case ArgValue::Kind::kBF16: return 2;
+    case ArgValue::Kind::kBF16:
+      return 2;
     case ArgValue::Kind::kI32:
     case ArgValue::Kind::kU32:
-    case ArgValue::Kind::kF32: return 4;
+    case ArgValue::Kind::kF32:
+      return 4;
     case ArgValue::Kind::kI64:
     case ArgValue::Kind::kU64:
     case ArgValue::Kind::kF64:
     case ArgValue::Kind::kBuffer:
-    case ArgValue::Kind::kNull: return 8;
-    case ArgValue::Kind::kRaw: return arg.raw.size();
+    case ArgValue::Kind::kNull:
+      return 8;
+    case ArgValue::Kind::kRaw:
+      return arg.raw.size();
   }
   return 0;
 }
@@ -123,9 +143,9 @@ namespace {
 
 absl::Status CheckRange(const std::string& kernel, size_t index, const ArgValue& a) {
   auto fail = [&](auto value, auto lo, auto hi) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter ", index, " of kernel '", kernel, "': ", KindName(a.kind), " value ", value,
-        " is out of range [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of kernel '", kernel,
+                                                   "': ", KindName(a.kind), " value ", value,
+                                                   " is out of range [", lo, ", ", hi, "]"));
   };
   switch (a.kind) {
     case ArgValue::Kind::kI8:
@@ -201,24 +221,48 @@ absl::StatusOr<std::string> PackArgs(const std::string& kernel,
         Put<uint64_t>(&block, p.offset, *ptr);
         break;
       }
-      case ArgValue::Kind::kNull: Put<uint64_t>(&block, p.offset, 0); break;
-      case ArgValue::Kind::kI8: Put<int8_t>(&block, p.offset, static_cast<int8_t>(a.i)); break;
-      case ArgValue::Kind::kI16: Put<int16_t>(&block, p.offset, static_cast<int16_t>(a.i)); break;
-      case ArgValue::Kind::kI32: Put<int32_t>(&block, p.offset, static_cast<int32_t>(a.i)); break;
-      case ArgValue::Kind::kI64: Put<int64_t>(&block, p.offset, a.i); break;
-      case ArgValue::Kind::kU8: Put<uint8_t>(&block, p.offset, static_cast<uint8_t>(a.u)); break;
-      case ArgValue::Kind::kU16: Put<uint16_t>(&block, p.offset, static_cast<uint16_t>(a.u)); break;
-      case ArgValue::Kind::kU32: Put<uint32_t>(&block, p.offset, static_cast<uint32_t>(a.u)); break;
-      case ArgValue::Kind::kU64: Put<uint64_t>(&block, p.offset, a.u); break;
+      case ArgValue::Kind::kNull:
+        Put<uint64_t>(&block, p.offset, 0);
+        break;
+      case ArgValue::Kind::kI8:
+        Put<int8_t>(&block, p.offset, static_cast<int8_t>(a.i));
+        break;
+      case ArgValue::Kind::kI16:
+        Put<int16_t>(&block, p.offset, static_cast<int16_t>(a.i));
+        break;
+      case ArgValue::Kind::kI32:
+        Put<int32_t>(&block, p.offset, static_cast<int32_t>(a.i));
+        break;
+      case ArgValue::Kind::kI64:
+        Put<int64_t>(&block, p.offset, a.i);
+        break;
+      case ArgValue::Kind::kU8:
+        Put<uint8_t>(&block, p.offset, static_cast<uint8_t>(a.u));
+        break;
+      case ArgValue::Kind::kU16:
+        Put<uint16_t>(&block, p.offset, static_cast<uint16_t>(a.u));
+        break;
+      case ArgValue::Kind::kU32:
+        Put<uint32_t>(&block, p.offset, static_cast<uint32_t>(a.u));
+        break;
+      case ArgValue::Kind::kU64:
+        Put<uint64_t>(&block, p.offset, a.u);
+        break;
       case ArgValue::Kind::kF16:
         Put<uint16_t>(&block, p.offset, FloatToHalf(static_cast<float>(a.f)));
         break;
       case ArgValue::Kind::kBF16:
         Put<uint16_t>(&block, p.offset, FloatToBFloat16(static_cast<float>(a.f)));
         break;
-      case ArgValue::Kind::kF32: Put<float>(&block, p.offset, static_cast<float>(a.f)); break;
-      case ArgValue::Kind::kF64: Put<double>(&block, p.offset, a.f); break;
-      case ArgValue::Kind::kRaw: std::memcpy(block.data() + p.offset, a.raw.data(), a.raw.size()); break;
+      case ArgValue::Kind::kF32:
+        Put<float>(&block, p.offset, static_cast<float>(a.f));
+        break;
+      case ArgValue::Kind::kF64:
+        Put<double>(&block, p.offset, a.f);
+        break;
+      case ArgValue::Kind::kRaw:
+        std::memcpy(block.data() + p.offset, a.raw.data(), a.raw.size());
+        break;
     }
   }
   return block;

@@ -17,16 +17,29 @@ namespace gpuexec::core {
 
 struct ArgValue {
   enum class Kind {
-    kBuffer, kNull, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64,
-    kF16, kBF16, kF32, kF64, kRaw,
+    kBuffer,
+    kNull,
+    kI8,
+    kI16,
+    kI32,
+    kI64,
+    kU8,
+    kU16,
+    kU32,
+    kU64,
+    kF16,
+    kBF16,
+    kF32,
+    kF64,
+    kRaw,
   };
   Kind kind = Kind::kNull;
-  uint64_t buffer = 0;   // kBuffer: handle
-  uint64_t offset = 0;   // kBuffer: byte offset
-  int64_t i = 0;         // signed kinds
-  uint64_t u = 0;        // unsigned kinds
-  double f = 0;          // floating kinds
-  std::string raw;       // kRaw
+  uint64_t buffer = 0;  // kBuffer: handle
+  uint64_t offset = 0;  // kBuffer: byte offset
+  int64_t i = 0;        // signed kinds
+  uint64_t u = 0;       // unsigned kinds
+  double f = 0;         // floating kinds
+  std::string raw;      // kRaw
 
   static ArgValue Buffer(uint64_t handle, uint64_t offset);
   static ArgValue Signed(Kind kind, int64_t v);

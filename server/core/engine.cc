@@ -35,8 +35,7 @@ std::string ShortToken(const std::string& token) {
 // that looks the same is preceded by a backslash, and does not count.
 bool NamesKernelOf(absl::string_view why, absl::string_view name) {
   const std::string owner = absl::StrCat("' of ", name, " on device ");
-  for (size_t at = why.find(owner); at != absl::string_view::npos;
-       at = why.find(owner, at + 1)) {
+  for (size_t at = why.find(owner); at != absl::string_view::npos; at = why.find(owner, at + 1)) {
     if (at == 0 || why[at - 1] != '\\') return true;
   }
   return false;
@@ -356,9 +355,9 @@ absl::StatusOr<std::shared_ptr<Session>> Engine::FindSession(const Caller& calle
             absl::StrCat("session ", ShortToken(token), " was closed: ", it->second.second));
       }
     }
-    return absl::NotFoundError(absl::StrCat(
-        "session ", ShortToken(token),
-        " does not exist (never opened, closed, or its lease lapsed)"));
+    return absl::NotFoundError(
+        absl::StrCat("session ", ShortToken(token),
+                     " does not exist (never opened, closed, or its lease lapsed)"));
   }
   absl::MutexLock lock(&s->mu);
   s->Touch();
@@ -388,10 +387,10 @@ absl::StatusOr<bool> Engine::ReserveModule(Session& s, const std::string& sha256
   }
   if (limits.module_bytes != 0 &&
       size > limits.module_bytes - std::min(u.module_bytes, limits.module_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant '", u.name, "' module limit: its sessions hold ", u.module_bytes, " of its ",
-        limits.module_bytes, " bytes of module images; module ", sha256.substr(0, 12), " (",
-        size, " bytes) does not fit"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant '", u.name, "' module limit: its sessions hold ", u.module_bytes,
+                     " of its ", limits.module_bytes, " bytes of module images; module ",
+                     sha256.substr(0, 12), " (", size, " bytes) does not fit"));
   }
   u.modules.emplace(sha256, std::make_pair(size, 1u));
   u.module_bytes += size;
@@ -485,7 +484,7 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
     }
   }
   log::Debug("device ", index, " reset: ", buffers, " buffer(s) of ", affected.size(),
-            " session(s), ", bytes, " bytes, lost; their next calls on them say so");
+             " session(s), ", bytes, " bytes, lost; their next calls on them say so");
   if (options_.mps) {
     if (opened) WatchMpsWindow(index, port);
     return;
@@ -587,12 +586,13 @@ void Engine::Strike(int index, const port::ResetInfo& info,
   strikes_total_.fetch_add(1);
   const std::string why = absl::StrCat(
       "its kernel reset device ", index, " at ",
-      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", info.at, absl::UTCTimeZone()), " (strike ",
-      count, options_.strike_limit != 0 ? absl::StrCat(" of ", options_.strike_limit) : "",
-      " for ", key, " within ", absl::ToInt64Seconds(options_.strike_window), " s)");
+      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", info.at, absl::UTCTimeZone()), " (strike ", count,
+      options_.strike_limit != 0 ? absl::StrCat(" of ", options_.strike_limit) : "", " for ", key,
+      " within ", absl::ToInt64Seconds(options_.strike_window), " s)");
   if (until != absl::InfinitePast()) {
     log::Warning("strike limit: the kernels of ", key, " reset devices ", count, " times within ",
-                 absl::ToInt64Seconds(options_.strike_window), " s; its launches are refused until ",
+                 absl::ToInt64Seconds(options_.strike_window),
+                 " s; its launches are refused until ",
                  absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()));
   }
   for (auto& s : named) Close(s, CloseReason::kFaulted, why, [](absl::Status) {});
@@ -621,12 +621,12 @@ absl::Status Engine::CheckStrikes(const Session& s) {
     count = it->second.at.size();
   }
   strike_refusals_.fetch_add(1);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "launches of ", s.strike_key, " are refused until ",
-      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()),
-      ": its kernels reset devices ", count, " times within ",
-      absl::ToInt64Seconds(options_.strike_window), " s (the daemon's strike limit is ",
-      options_.strike_limit, ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("launches of ", s.strike_key, " are refused until ",
+                   absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()),
+                   ": its kernels reset devices ", count, " times within ",
+                   absl::ToInt64Seconds(options_.strike_window),
+                   " s (the daemon's strike limit is ", options_.strike_limit, ")"));
 }
 
 absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
@@ -693,8 +693,9 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
         st.resets = own[i]->resets();
         st.epoch = own[i]->epoch();
         if (auto r = own[i]->last_reset(); r.has_value()) {
-          st.last_reset = absl::StrCat(
-              absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()), ": ", r->why);
+          st.last_reset =
+              absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()),
+                           ": ", r->why);
         }
       } else if (auto r = d.last_reset(); r.has_value()) {
         // The reason names a kernel and a session: only their tenant
@@ -710,14 +711,14 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
   }
   // Never waits long on a worker: one that does not answer is listed with
   // its last figures, and since when it has not answered.
-  auto join = std::make_shared<Join>(static_cast<int>(devices_.size()), [this, result,
-                                                                        done](absl::Status) {
-    for (size_t i = 0; i < devices_.size(); ++i) {
-      (*result)[i].not_answering_since = devices_[i]->not_answering_since();
-      (*result)[i].worker_unsent_bytes = devices_[i]->unsent_bytes();
-    }
-    done(*result);
-  });
+  auto join =
+      std::make_shared<Join>(static_cast<int>(devices_.size()), [this, result, done](absl::Status) {
+        for (size_t i = 0; i < devices_.size(); ++i) {
+          (*result)[i].not_answering_since = devices_[i]->not_answering_since();
+          (*result)[i].worker_unsent_bytes = devices_[i]->unsent_bytes();
+        }
+        done(*result);
+      });
   for (size_t i = 0; i < devices_.size(); ++i) {
     devices_[i]->QueryMemory([result, join, i](absl::StatusOr<port::MemoryInfo> m) {
       // A faulted device reports no free memory; it is marked unhealthy.
@@ -731,8 +732,9 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
                          uint64_t memory_limit, uint64_t kernel_time_limit_ms,
                          Callback<SessionInfo> done) {
   if (devices_.empty()) {
-    return done(absl::UnavailableError(absl::StrCat(
-        "no GPU is available on this host: ", driver_status_.ok() ? "no devices" : driver_status_.message())));
+    return done(absl::UnavailableError(
+        absl::StrCat("no GPU is available on this host: ",
+                     driver_status_.ok() ? "no devices" : driver_status_.message())));
   }
   const TenantLimits& limits =
       caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
@@ -741,9 +743,9 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
            limits.excluded_devices.end();
   };
   auto allowed = [&limits, &excluded](size_t i) {
-    return !excluded(i) && (limits.devices.empty() || std::find(limits.devices.begin(),
-                                                                limits.devices.end(),
-                                                                i) != limits.devices.end());
+    return !excluded(i) &&
+           (limits.devices.empty() ||
+            std::find(limits.devices.begin(), limits.devices.end(), i) != limits.devices.end());
   };
   // A tenant with workers of its own does not wait for the device's shared
   // worker to come back from another's fault.
@@ -758,36 +760,39 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     }
     if (excluded(*device)) {
       return done(absl::PermissionDeniedError(TenantLimitError(
-          caller, absl::StrCat("may not use device ", *device,
-                               ": it is dedicated to another tenant"))));
+          caller,
+          absl::StrCat("may not use device ", *device, ": it is dedicated to another tenant"))));
     }
     if (!allowed(*device)) {
-      return done(absl::PermissionDeniedError(
-          TenantLimitError(caller, absl::StrCat("may not use device ", *device, "; its devices: ",
-                                                absl::StrJoin(limits.devices, ", ")))));
+      return done(absl::PermissionDeniedError(TenantLimitError(
+          caller, absl::StrCat("may not use device ", *device,
+                               "; its devices: ", absl::StrJoin(limits.devices, ", ")))));
     }
     index = static_cast<int>(*device);
     if (!usable(index)) {
-      return done(absl::UnavailableError(absl::StrCat(
-          "device ", index, " is unusable: ", devices_[index]->fault().message())));
+      return done(absl::UnavailableError(
+          absl::StrCat("device ", index, " is unusable: ", devices_[index]->fault().message())));
     }
   } else {
     absl::MutexLock lock(&sessions_mu_);
     for (size_t i = 0; i < devices_.size(); ++i) {
       if (!usable(i) || !allowed(i)) continue;
-      if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index]) index = static_cast<int>(i);
+      if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index])
+        index = static_cast<int>(i);
     }
     if (index < 0) {
       bool any = false;
       for (size_t i = 0; i < devices_.size(); ++i) any |= allowed(i);
       if (!any) {
         return done(absl::PermissionDeniedError(TenantLimitError(
-            caller, "may use none of this host's devices (the others are dedicated to other "
-                    "tenants, or not among its devices)")));
+            caller,
+            "may use none of this host's devices (the others are dedicated to other "
+            "tenants, or not among its devices)")));
       }
       std::string why;
       for (size_t i = 0; i < devices_.size(); ++i) {
-        if (allowed(i)) absl::StrAppend(&why, why.empty() ? "" : "; ", devices_[i]->fault().message());
+        if (allowed(i))
+          absl::StrAppend(&why, why.empty() ? "" : "; ", devices_[i]->fault().message());
       }
       return done(absl::UnavailableError(absl::StrCat("no device of this host is usable: ", why)));
     }
@@ -816,21 +821,22 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
                                  : std::min(time_limit, limits.kernel_time_limit_ms);
   }
   if (kernel_time_limit_ms != 0) {
-    time_limit = time_limit == 0 ? kernel_time_limit_ms : std::min(time_limit, kernel_time_limit_ms);
+    time_limit =
+        time_limit == 0 ? kernel_time_limit_ms : std::min(time_limit, kernel_time_limit_ms);
   }
   std::shared_ptr<TenantUsage> usage;
   {
     absl::MutexLock lock(&sessions_mu_);
     if (options_.max_sessions != 0 && sessions_.size() + opening_ >= options_.max_sessions) {
-      return done(absl::ResourceExhaustedError(absl::StrCat(
-          "daemon session limit: ", options_.max_sessions, " sessions are open")));
+      return done(absl::ResourceExhaustedError(
+          absl::StrCat("daemon session limit: ", options_.max_sessions, " sessions are open")));
     }
     if (options_.max_sessions_per_peer != 0) {
       auto it = sessions_per_peer_.find(PeerHost(caller.peer));
       if (it != sessions_per_peer_.end() && it->second >= options_.max_sessions_per_peer) {
         return done(absl::ResourceExhaustedError(absl::StrCat(
-            "peer session limit: ", it->second, " sessions are open from ",
-            Quoted(it->first, 80), " (at most ", options_.max_sessions_per_peer, ")")));
+            "peer session limit: ", it->second, " sessions are open from ", Quoted(it->first, 80),
+            " (at most ", options_.max_sessions_per_peer, ")")));
       }
     }
     usage = UsageOf(caller.tenant_name());
@@ -844,48 +850,51 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     ++opening_;
     ++sessions_per_peer_[PeerHost(caller.peer)];
   }
-  AcquirePort(caller, index, [this, caller, index, lease_ms, limit, time_limit, usage,
-                               done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
-    if (!port.ok()) {
-      {
-        absl::MutexLock lock(&sessions_mu_);
-        usage->sessions.fetch_sub(1);
-        --opening_;
-        if (auto peer = sessions_per_peer_.find(PeerHost(caller.peer));
-            peer != sessions_per_peer_.end() && --peer->second == 0) {
-          sessions_per_peer_.erase(peer);
-        }
-      }
-      return done(port.status());
-    }
-    // The stream comes to be in the worker with the session's first work.
-    const port::StreamId stream = (*port)->CreateStream(absl::Milliseconds(time_limit));
-    auto session =
-        std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream, lease_ms, limit);
-    session->peer_host = PeerHost(caller.peer);
-    // Without tenants, everyone is the implicit tenant: a peer is charged.
-    session->strike_key = caller.tenant == DefaultTenant()
-                              ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
-                              : absl::StrCat("tenant '", caller.tenant_name(), "'");
-    {
-      absl::MutexLock lock(&session->mu);
-      session->Touch();
-    }
-    {
-      absl::MutexLock lock(&sessions_mu_);
-      sessions_.emplace(session->token(), session);
-      --opening_;
-      ++sessions_per_device_[index];
-    }
-    sessions_opened_.fetch_add(1);
-    usage->sessions_opened.fetch_add(1);
-    log::Info(session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
-              " opened on device ", index, " (lease ", lease_ms,
-              " ms, memory limit ", limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
-              ", kernel time limit ", time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"),
-              ")");
-    done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, time_limit});
-  });
+  AcquirePort(caller, index,
+              [this, caller, index, lease_ms, limit, time_limit, usage,
+               done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
+                if (!port.ok()) {
+                  {
+                    absl::MutexLock lock(&sessions_mu_);
+                    usage->sessions.fetch_sub(1);
+                    --opening_;
+                    if (auto peer = sessions_per_peer_.find(PeerHost(caller.peer));
+                        peer != sessions_per_peer_.end() && --peer->second == 0) {
+                      sessions_per_peer_.erase(peer);
+                    }
+                  }
+                  return done(port.status());
+                }
+                // The stream comes to be in the worker with the session's first work.
+                const port::StreamId stream = (*port)->CreateStream(absl::Milliseconds(time_limit));
+                auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port,
+                                                         stream, lease_ms, limit);
+                session->peer_host = PeerHost(caller.peer);
+                // Without tenants, everyone is the implicit tenant: a peer is charged.
+                session->strike_key = caller.tenant == DefaultTenant()
+                                          ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
+                                          : absl::StrCat("tenant '", caller.tenant_name(), "'");
+                {
+                  absl::MutexLock lock(&session->mu);
+                  session->Touch();
+                }
+                {
+                  absl::MutexLock lock(&sessions_mu_);
+                  sessions_.emplace(session->token(), session);
+                  --opening_;
+                  ++sessions_per_device_[index];
+                }
+                sessions_opened_.fetch_add(1);
+                usage->sessions_opened.fetch_add(1);
+                log::Info(
+                    session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
+                    " opened on device ", index, " (lease ", lease_ms, " ms, memory limit ",
+                    limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
+                    ", kernel time limit ",
+                    time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"), ")");
+                done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit,
+                                 time_limit});
+              });
 }
 
 absl::StatusOr<uint64_t> Engine::KeepAlive(const Caller& caller, const std::string& token) {
@@ -957,7 +966,8 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     for (const auto& [handle, image] : s->modules) ReleaseModule(*s, image->sha256);
     s->modules.clear();
   }
-  log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers, " buffer(s), ", freed, " bytes");
+  log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers,
+            " buffer(s), ", freed, " bytes");
   dev->DestroyStream(s->stream(), [done](absl::Status st) { done(absl::OkStatus()); });
   ReleasePort(*s);
 }
@@ -965,8 +975,8 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
 void Engine::AcquirePort(
     const Caller& caller, int index,
     std::function<void(absl::StatusOr<std::shared_ptr<port::DevicePort>>)> done) {
-  if (options_.isolation == EngineOptions::Isolation::kDevice ||
-      caller.tenant == nullptr || caller.tenant == DefaultTenant()) {
+  if (options_.isolation == EngineOptions::Isolation::kDevice || caller.tenant == nullptr ||
+      caller.tenant == DefaultTenant()) {
     return done(devices_[index]);
   }
   const std::string& tenant = caller.tenant_name();
@@ -1015,8 +1025,8 @@ void Engine::StartTenantPort(int index, const std::string& tenant) {
     log::Info("device ", index, ": a worker of tenant '", tenant, "' of its own, started in ",
               absl::ToInt64Milliseconds(absl::Now() - start), " ms");
   } else {
-    status = absl::UnavailableError(absl::StrCat("device ", index, ": a worker of tenant '",
-                                                 tenant, "' did not start: ", status.message()));
+    status = absl::UnavailableError(absl::StrCat("device ", index, ": a worker of tenant '", tenant,
+                                                 "' did not start: ", status.message()));
     log::Error(status.message());
   }
   std::vector<std::function<void(absl::StatusOr<std::shared_ptr<port::DevicePort>>)>> waiting;
@@ -1111,18 +1121,20 @@ void Engine::RetireIdlePorts(absl::Time now) {
 
 // ---------------------------------------------------------------- modules
 
-absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(
-    const Caller& caller, const std::string& token, const std::string& sha256, uint64_t size,
-    ModuleKind kind) {
+absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Caller& caller,
+                                                                        const std::string& token,
+                                                                        const std::string& sha256,
+                                                                        uint64_t size,
+                                                                        ModuleKind kind) {
   GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   if (!IsSha256Hex(sha256)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "module header: sha256 must be 64 lower-case hex digits (",
-        std::min<size_t>(sha256.size(), 10000), " characters were sent)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("module header: sha256 must be 64 lower-case hex digits (",
+                     std::min<size_t>(sha256.size(), 10000), " characters were sent)"));
   }
   if (kind == ModuleKind::kUnspecified) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("module ", sha256.substr(0, 12), ": kind is unspecified (cubin, ptx or fatbin)"));
+    return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12),
+                                                   ": kind is unspecified (cubin, ptx or fatbin)"));
   }
   if (size > options_.max_module_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12), " is ", size,
@@ -1132,10 +1144,10 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(
   const TenantLimits& limits =
       caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
   if (limits.module_bytes != 0 && size > limits.module_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        TenantLimitError(caller, "module limit: module "), sha256.substr(0, 12), " is ", size,
-        " bytes; the tenant's sessions may hold at most ", limits.module_bytes,
-        " bytes of module images"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(TenantLimitError(caller, "module limit: module "), sha256.substr(0, 12),
+                     " is ", size, " bytes; the tenant's sessions may hold at most ",
+                     limits.module_bytes, " bytes of module images"));
   }
   return std::unique_ptr<ModuleUpload>(
       new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
@@ -1150,10 +1162,10 @@ absl::Status Engine::ChargeUpload(const Session& s, uint64_t bytes, absl::string
   if (bytes > budget - std::min(uploading_, budget) || bytes > share - std::min(mine, share)) {
     const uint64_t held = mine;
     if (mine == 0) uploading_by_.erase(s.strike_key);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "module uploads in flight: the uploads of ", s.strike_key, " under way hold ", held,
-        " of the ", share, " bytes one may (the daemon receives at most ", budget,
-        " at once); ", what, " must wait: retry"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("module uploads in flight: the uploads of ", s.strike_key, " under way hold ",
+                     held, " of the ", share, " bytes one may (the daemon receives at most ",
+                     budget, " at once); ", what, " must wait: retry"));
   }
   uploading_ += bytes;
   mine += bytes;
@@ -1172,19 +1184,23 @@ ModuleUpload::~ModuleUpload() { engine_->UnchargeUpload(*session_, charged_); }
 
 ModuleUpload::ModuleUpload(Engine* engine, std::shared_ptr<Session> session, TenantLimits limits,
                            std::string sha256, uint64_t size, ModuleKind kind)
-    : engine_(engine), session_(std::move(session)), limits_(std::move(limits)),
-      sha256_(std::move(sha256)), size_(size), kind_(kind) {}
+    : engine_(engine),
+      session_(std::move(session)),
+      limits_(std::move(limits)),
+      sha256_(std::move(sha256)),
+      size_(size),
+      kind_(kind) {}
 
 absl::Status ModuleUpload::AddChunk(absl::string_view chunk) {
   if (bytes_.size() + chunk.size() > size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "module ", sha256_.substr(0, 12), ": received more than the ", size_,
-        " bytes its header announced"));
+    return absl::InvalidArgumentError(absl::StrCat("module ", sha256_.substr(0, 12),
+                                                   ": received more than the ", size_,
+                                                   " bytes its header announced"));
   }
   // Counted as it arrives (not at the header's figure, which a client that
   // never sends would hold for nothing), and held until the upload ends.
-  if (absl::Status st = engine_->ChargeUpload(
-          *session_, chunk.size(), absl::StrCat("module ", sha256_.substr(0, 12)));
+  if (absl::Status st = engine_->ChargeUpload(*session_, chunk.size(),
+                                              absl::StrCat("module ", sha256_.substr(0, 12)));
       !st.ok()) {
     return st;
   }
@@ -1218,24 +1234,22 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     image = it->second.image;
   } else {
     if (bytes_.size() != size_) {
-      return done(absl::InvalidArgumentError(absl::StrCat(
-          name, ": upload ended after ", bytes_.size(), " of ", size_, " bytes")));
+      return done(absl::InvalidArgumentError(
+          absl::StrCat(name, ": upload ended after ", bytes_.size(), " of ", size_, " bytes")));
     }
     const std::string got = hasher_.HexDigest();
     if (got != sha256_) {
-      return done(absl::DataLossError(absl::StrCat(name, ": the ", size_,
-                                                   " bytes received hash to sha256 ", got,
-                                                   ", not ", sha256_)));
+      return done(absl::DataLossError(absl::StrCat(
+          name, ": the ", size_, " bytes received hash to sha256 ", got, ", not ", sha256_)));
     }
     // The driver's loader takes no length: make sure every offset the
     // image's headers declare lies inside it before the driver sees it.
     const ImageKind kind = kind_ == ModuleKind::kPtx      ? ImageKind::kPtx
                            : kind_ == ModuleKind::kFatbin ? ImageKind::kFatbin
                                                           : ImageKind::kCubin;
-    if (absl::Status st = CheckModuleImage(bytes_, kind, name,
-                                           engine_->test_double_
-                                               ? TestDoubleImages::kAccept
-                                               : TestDoubleImages::kReject);
+    if (absl::Status st = CheckModuleImage(
+            bytes_, kind, name,
+            engine_->test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject);
         !st.ok()) {
       return done(st);
     }
@@ -1321,41 +1335,41 @@ void Engine::FinishModule(std::shared_ptr<Session> s,
                           bool newly_stored, bool reserved, Callback<ModuleResult> done) {
   const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
                                         image->bytes.size(), " bytes) of ", s->name());
-  DeviceOf(*s)->LoadModule(image, what, [this, s, image, uploaded, newly_stored, reserved,
-                                         done](absl::Status st) {
-    if (!st.ok()) {
-      if (reserved) ReleaseModule(*s, image->sha256);
-      // An image the driver rejects as such is not kept. (Other failures,
-      // out of memory or a faulted device, say nothing about the image.)
-      if (newly_stored && st.code() == absl::StatusCode::kFailedPrecondition) {
-        absl::MutexLock lock(&modules_mu_);
-        auto it = module_store_.find(image->sha256);
-        if (it != module_store_.end() && it->second.image == image) Unstore(image->sha256);
-      }
-      return done(st);
-    }
-    absl::MutexLock lock(&s->mu);
-    if (s->closed) {
-      // Close gave back what the session's handles held, not this.
-      if (reserved) ReleaseModule(*s, image->sha256);
-      return done(s->ClosedError());
-    }
-    ModuleResult r;
-    r.sha256 = image->sha256;
-    r.uploaded = uploaded;
-    // One handle per image per session, however often it is loaded.
-    for (const auto& [handle, held] : s->modules) {
-      if (held->sha256 == image->sha256) r.handle = handle;
-    }
-    if (r.handle == 0) {
-      r.handle = s->NewHandle();
-      s->modules.emplace(r.handle, image);
-      // A session that loaded the image meanwhile holds it already.
-    } else if (reserved) {
-      ReleaseModule(*s, image->sha256);
-    }
-    done(r);
-  });
+  DeviceOf(*s)->LoadModule(
+      image, what, [this, s, image, uploaded, newly_stored, reserved, done](absl::Status st) {
+        if (!st.ok()) {
+          if (reserved) ReleaseModule(*s, image->sha256);
+          // An image the driver rejects as such is not kept. (Other failures,
+          // out of memory or a faulted device, say nothing about the image.)
+          if (newly_stored && st.code() == absl::StatusCode::kFailedPrecondition) {
+            absl::MutexLock lock(&modules_mu_);
+            auto it = module_store_.find(image->sha256);
+            if (it != module_store_.end() && it->second.image == image) Unstore(image->sha256);
+          }
+          return done(st);
+        }
+        absl::MutexLock lock(&s->mu);
+        if (s->closed) {
+          // Close gave back what the session's handles held, not this.
+          if (reserved) ReleaseModule(*s, image->sha256);
+          return done(s->ClosedError());
+        }
+        ModuleResult r;
+        r.sha256 = image->sha256;
+        r.uploaded = uploaded;
+        // One handle per image per session, however often it is loaded.
+        for (const auto& [handle, held] : s->modules) {
+          if (held->sha256 == image->sha256) r.handle = handle;
+        }
+        if (r.handle == 0) {
+          r.handle = s->NewHandle();
+          s->modules.emplace(r.handle, image);
+          // A session that loaded the image meanwhile holds it already.
+        } else if (reserved) {
+          ReleaseModule(*s, image->sha256);
+        }
+        done(r);
+      });
 }
 
 void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_t module,
@@ -1374,8 +1388,8 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
     image = it->second;
   }
   if (name.empty()) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "GetFunction: the kernel name is empty (module ", HandleName(module), ")")));
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("GetFunction: the kernel name is empty (module ", HandleName(module), ")")));
   }
   // The driver takes a C string: a NUL would end the name early and find
   // another kernel than the one asked for.
@@ -1389,25 +1403,27 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
                      kMaxKernelNameBytes, " ('", Quoted(name), "')")));
   }
   const std::string sha = image->sha256;
-  const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ", sha.substr(0, 12),
-                                        ") of ", session->name());
+  const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ",
+                                        sha.substr(0, 12), ") of ", session->name());
   DeviceOf(*session)->GetKernel(image, name, what,
                                 [session, sha, name, done](absl::StatusOr<port::KernelInfo> k) {
-    if (!k.ok()) return done(k.status());
-    absl::MutexLock lock(&session->mu);
-    if (session->closed) return done(session->ClosedError());
-    // One handle per kernel per session, however often it is asked for.
-    for (const auto& [handle, held] : session->functions) {
-      if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
-    }
-    FunctionEntry f;
-    f.handle = session->NewHandle();
-    f.module_sha256 = sha;
-    f.name = name;
-    f.kernel = *k;
-    session->functions.emplace(f.handle, f);
-    done(FunctionResult{f.handle, *k});
-  });
+                                  if (!k.ok()) return done(k.status());
+                                  absl::MutexLock lock(&session->mu);
+                                  if (session->closed) return done(session->ClosedError());
+                                  // One handle per kernel per session, however often it is asked
+                                  // for.
+                                  for (const auto& [handle, held] : session->functions) {
+                                    if (held.kernel.id == k->id)
+                                      return done(FunctionResult{handle, *k});
+                                  }
+                                  FunctionEntry f;
+                                  f.handle = session->NewHandle();
+                                  f.module_sha256 = sha;
+                                  f.name = name;
+                                  f.kernel = *k;
+                                  session->functions.emplace(f.handle, f);
+                                  done(FunctionResult{f.handle, *k});
+                                });
 }
 
 // ---------------------------------------------------------------- memory
@@ -1422,9 +1438,9 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
   if (s->closed) return done(s->ClosedError());
   {
     if (s->memory_limit() != 0 && size > s->memory_limit() - s->memory_used) {
-      return done(absl::ResourceExhaustedError(absl::StrCat(
-          "session memory limit: ", s->name(), " holds ", s->memory_used, " of its ",
-          s->memory_limit(), " bytes; ", size, " more do not fit")));
+      return done(absl::ResourceExhaustedError(
+          absl::StrCat("session memory limit: ", s->name(), " holds ", s->memory_used, " of its ",
+                       s->memory_limit(), " bytes; ", size, " more do not fit")));
     }
     // The tenant's limit, reserved as the daemon's is (its sessions
     // allocate concurrently).
@@ -1440,42 +1456,42 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
       tenant_used.fetch_sub(size);
       return done(absl::ResourceExhaustedError(absl::StrCat(
           "daemon memory limit: sessions hold ", *held, " of the daemon's ",
-          options_.daemon_memory_bytes, " bytes; ", size, " more for ", s->name(),
-          " do not fit")));
+          options_.daemon_memory_bytes, " bytes; ", size, " more for ", s->name(), " do not fit")));
     }
     s->memory_used += size;  // reserved; given back if the device says no
   }
-  const std::string what = absl::StrCat("a buffer of ", size, " bytes for ", s->name(),
-                                        " on device ", s->device());
+  const std::string what =
+      absl::StrCat("a buffer of ", size, " bytes for ", s->name(), " on device ", s->device());
   port::DevicePort* dev = DeviceOf(*s);
   // Posted under the session's lock, so that it is queued before the
   // stream's destruction that a concurrent close queues.
-  dev->Allocate(s->stream(), size, what, [this, s, size, dev, what, done](
-                                             absl::StatusOr<port::Allocation> p) {
-    absl::MutexLock lock(&s->mu);
-    if (!p.ok()) {
-      // A close in between already gave the whole session's memory back.
-      if (!s->closed) ReleaseMemory(*s, size);
-      absl::Status st = p.status();
-      if (st.code() == absl::StatusCode::kResourceExhausted) {
-        st = absl::ResourceExhaustedError(absl::StrCat("device memory: ", st.message()));
-      }
-      return done(st);
-    }
-    if (s->closed) {
-      // Closed while the allocation was in flight (its memory was already
-      // given back by Close): free it again at once.
-      dev->Free(s->stream(), p->ptr, p->epoch, what, [](absl::Status) {});
-      return done(s->ClosedError());
-    }
-    BufferEntry b;
-    b.handle = s->NewHandle();
-    b.ptr = p->ptr;
-    b.epoch = p->epoch;
-    b.size = size;
-    s->buffers.emplace(b.handle, b);
-    done(BufferInfo{b.handle, size});
-  });
+  dev->Allocate(
+      s->stream(), size, what,
+      [this, s, size, dev, what, done](absl::StatusOr<port::Allocation> p) {
+        absl::MutexLock lock(&s->mu);
+        if (!p.ok()) {
+          // A close in between already gave the whole session's memory back.
+          if (!s->closed) ReleaseMemory(*s, size);
+          absl::Status st = p.status();
+          if (st.code() == absl::StatusCode::kResourceExhausted) {
+            st = absl::ResourceExhaustedError(absl::StrCat("device memory: ", st.message()));
+          }
+          return done(st);
+        }
+        if (s->closed) {
+          // Closed while the allocation was in flight (its memory was already
+          // given back by Close): free it again at once.
+          dev->Free(s->stream(), p->ptr, p->epoch, what, [](absl::Status) {});
+          return done(s->ClosedError());
+        }
+        BufferEntry b;
+        b.handle = s->NewHandle();
+        b.ptr = p->ptr;
+        b.epoch = p->epoch;
+        b.size = size;
+        s->buffers.emplace(b.handle, b);
+        done(BufferInfo{b.handle, size});
+      });
 }
 
 void Engine::Free(const Caller& caller, const std::string& token, uint64_t buffer, Done done) {
@@ -1504,8 +1520,7 @@ void Engine::Free(const Caller& caller, const std::string& token, uint64_t buffe
 }
 
 void Engine::Memset(const Caller& caller, const std::string& token, uint64_t buffer,
-                    uint64_t offset, uint64_t size,
-                    uint32_t value, Done done) {
+                    uint64_t offset, uint64_t size, uint32_t value, Done done) {
   auto found = FindSession(caller, token);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
@@ -1520,13 +1535,13 @@ void Engine::Memset(const Caller& caller, const std::string& token, uint64_t buf
   if (auto st = CheckRange(*s, **b, offset, size, "Memset"); !st.ok()) return done(st);
   if (size == 0) return done(absl::OkStatus());
   NoteWork(*s);
-  DeviceOf(*s)->Memset(s->stream(), (*b)->ptr + offset, (*b)->epoch, static_cast<uint8_t>(value), size,
-                       absl::StrCat("Memset of ", s->Describe(**b)), std::move(done));
+  DeviceOf(*s)->Memset(s->stream(), (*b)->ptr + offset, (*b)->epoch, static_cast<uint8_t>(value),
+                       size, absl::StrCat("Memset of ", s->Describe(**b)), std::move(done));
 }
 
 void Engine::CopyBuffer(const Caller& caller, const std::string& token, uint64_t dst,
-                        uint64_t dst_offset, uint64_t src,
-                        uint64_t src_offset, uint64_t size, Done done) {
+                        uint64_t dst_offset, uint64_t src, uint64_t src_offset, uint64_t size,
+                        Done done) {
   auto found = FindSession(caller, token);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
@@ -1535,13 +1550,16 @@ void Engine::CopyBuffer(const Caller& caller, const std::string& token, uint64_t
   if (!d.ok()) return done(d.status());
   auto from = FindBuffer(*s, src);
   if (!from.ok()) return done(from.status());
-  if (auto st = CheckRange(*s, **d, dst_offset, size, "CopyBuffer destination"); !st.ok()) return done(st);
-  if (auto st = CheckRange(*s, **from, src_offset, size, "CopyBuffer source"); !st.ok()) return done(st);
+  if (auto st = CheckRange(*s, **d, dst_offset, size, "CopyBuffer destination"); !st.ok())
+    return done(st);
+  if (auto st = CheckRange(*s, **from, src_offset, size, "CopyBuffer source"); !st.ok())
+    return done(st);
   if (size == 0) return done(absl::OkStatus());
   NoteWork(*s);
-  DeviceOf(*s)->Copy(s->stream(), (*d)->ptr + dst_offset, (*from)->ptr + src_offset, (*d)->epoch, size,
-                     absl::StrCat("CopyBuffer from ", s->Describe(**from), " to ", s->Describe(**d)),
-                     std::move(done));
+  DeviceOf(*s)->Copy(
+      s->stream(), (*d)->ptr + dst_offset, (*from)->ptr + src_offset, (*d)->epoch, size,
+      absl::StrCat("CopyBuffer from ", s->Describe(**from), " to ", s->Describe(**d)),
+      std::move(done));
 }
 
 // ---------------------------------------------------------------- Write
@@ -1570,8 +1588,7 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const Caller& call
   return sink;
 }
 
-WriteSink::WriteSink(std::shared_ptr<Session> session, uint64_t buffer,
-                     uint64_t offset)
+WriteSink::WriteSink(std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset)
     : session_(std::move(session)), buffer_(buffer), next_offset_(offset) {}
 
 void WriteSink::Push(ByteSpans data, Done more) {
@@ -1633,38 +1650,39 @@ void WriteSink::PushFrom(ByteSpans data, Done more) {
     ++in_flight_;
   }
   auto self = shared_from_this();
-  session_->staging.Acquire(device_->staging(), [self, data = std::move(data),
-                                                 more](port::StagingSlot slot) {
-    const size_t n = std::min<uint64_t>(data.size(), slot.capacity);
-    data.CopyPrefix(slot.data, n);
-    const uint64_t dst_offset = self->next_offset_;
-    self->next_offset_ += n;
-    bool closed;
-    {
-      // Under the session lock, so that the copy is queued before any free
-      // that a concurrent close queues.
-      absl::MutexLock slock(&self->session_->mu);
-      closed = self->session_->closed;
-      if (!closed) {
-        self->device_->CopyToDevice(self->session_->stream(), self->base_ + dst_offset, self->epoch_, slot, n,
-                                    self->what_, [self, slot, n](absl::Status st) {
-                                      self->session_->staging.Release(self->device_->staging(), slot);
-                                      if (st.ok()) {
-                                        self->traffic_->bytes_written.fetch_add(n);
-                                        self->session_->usage().traffic.bytes_written.fetch_add(n);
-                                        absl::MutexLock lock(&self->mu_);
-                                        self->written_ += n;
-                                      }
-                                      self->OnCopyDone(st);
-                                    });
-      }
-    }
-    if (closed) {
-      self->session_->staging.Release(self->device_->staging(), slot);
-      self->OnCopyDone(self->session_->ClosedError());
-    }
-    self->PushFrom(data.Suffix(n), more);
-  });
+  session_->staging.Acquire(
+      device_->staging(), [self, data = std::move(data), more](port::StagingSlot slot) {
+        const size_t n = std::min<uint64_t>(data.size(), slot.capacity);
+        data.CopyPrefix(slot.data, n);
+        const uint64_t dst_offset = self->next_offset_;
+        self->next_offset_ += n;
+        bool closed;
+        {
+          // Under the session lock, so that the copy is queued before any free
+          // that a concurrent close queues.
+          absl::MutexLock slock(&self->session_->mu);
+          closed = self->session_->closed;
+          if (!closed) {
+            self->device_->CopyToDevice(
+                self->session_->stream(), self->base_ + dst_offset, self->epoch_, slot, n,
+                self->what_, [self, slot, n](absl::Status st) {
+                  self->session_->staging.Release(self->device_->staging(), slot);
+                  if (st.ok()) {
+                    self->traffic_->bytes_written.fetch_add(n);
+                    self->session_->usage().traffic.bytes_written.fetch_add(n);
+                    absl::MutexLock lock(&self->mu_);
+                    self->written_ += n;
+                  }
+                  self->OnCopyDone(st);
+                });
+          }
+        }
+        if (closed) {
+          self->session_->staging.Release(self->device_->staging(), slot);
+          self->OnCopyDone(self->session_->ClosedError());
+        }
+        self->PushFrom(data.Suffix(n), more);
+      });
 }
 
 void WriteSink::OnCopyDone(absl::Status status) {
@@ -1739,10 +1757,14 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const Caller& call
   return src;
 }
 
-ReadSource::ReadSource(std::shared_ptr<Session> session, uint64_t buffer,
-                       uint64_t offset, uint64_t size, uint32_t chunk)
-    : session_(std::move(session)), buffer_(buffer), end_(offset + size),
-      chunk_(chunk), fetch_offset_(offset), deliver_offset_(offset) {}
+ReadSource::ReadSource(std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset,
+                       uint64_t size, uint32_t chunk)
+    : session_(std::move(session)),
+      buffer_(buffer),
+      end_(offset + size),
+      chunk_(chunk),
+      fetch_offset_(offset),
+      deliver_offset_(offset) {}
 
 uint64_t ReadSource::remaining() const {
   absl::MutexLock lock(&mu_);
@@ -1904,17 +1926,22 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     const uint32_t cluster[3] = {spec.cluster.x, spec.cluster.y, spec.cluster.z};
     static constexpr const char* kAxis[] = {"x", "y", "z"};
     for (int i = 0; i < 3; ++i) {
-      if (grid[i] == 0) return bad("grid.", kAxis[i], " is 0; every grid dimension must be at least 1");
-      if (block[i] == 0) return bad("block.", kAxis[i], " is 0; every block dimension must be at least 1");
+      if (grid[i] == 0)
+        return bad("grid.", kAxis[i], " is 0; every grid dimension must be at least 1");
+      if (block[i] == 0)
+        return bad("block.", kAxis[i], " is 0; every block dimension must be at least 1");
       if (grid[i] > static_cast<uint32_t>(p.max_grid[i]))
-        return bad("grid.", kAxis[i], " is ", grid[i], "; device ", p.ordinal, " allows at most ", p.max_grid[i]);
+        return bad("grid.", kAxis[i], " is ", grid[i], "; device ", p.ordinal, " allows at most ",
+                   p.max_grid[i]);
       if (block[i] > static_cast<uint32_t>(p.max_block[i]))
-        return bad("block.", kAxis[i], " is ", block[i], "; device ", p.ordinal, " allows at most ", p.max_block[i]);
+        return bad("block.", kAxis[i], " is ", block[i], "; device ", p.ordinal, " allows at most ",
+                   p.max_block[i]);
     }
     const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
-    const int max_threads = f.kernel.attributes.max_threads_per_block > 0
-                                ? std::min(f.kernel.attributes.max_threads_per_block, p.max_threads_per_block)
-                                : p.max_threads_per_block;
+    const int max_threads =
+        f.kernel.attributes.max_threads_per_block > 0
+            ? std::min(f.kernel.attributes.max_threads_per_block, p.max_threads_per_block)
+            : p.max_threads_per_block;
     if (threads > static_cast<uint64_t>(max_threads)) {
       return bad("block (", block[0], ", ", block[1], ", ", block[2], ") has ", threads,
                  " threads; this kernel allows at most ", max_threads, " per block");
@@ -1922,17 +1949,19 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     if (spec.shared_bytes > static_cast<uint64_t>(f.kernel.attributes.max_dynamic_shared_bytes)) {
       return bad(spec.shared_bytes, " bytes of dynamic shared memory asked; at most ",
                  f.kernel.attributes.max_dynamic_shared_bytes, " fit beside its ",
-                 f.kernel.attributes.static_shared_bytes, " bytes of static shared memory on device ",
-                 p.ordinal);
+                 f.kernel.attributes.static_shared_bytes,
+                 " bytes of static shared memory on device ", p.ordinal);
     }
     const bool clustered = cluster[0] != 0 || cluster[1] != 0 || cluster[2] != 0;
     if (clustered) {
-      if (!p.cluster_launch) return bad("device ", p.ordinal, " does not support thread block clusters");
+      if (!p.cluster_launch)
+        return bad("device ", p.ordinal, " does not support thread block clusters");
       uint64_t size = 1;
       for (int i = 0; i < 3; ++i) {
         const uint32_t c = cluster[i] == 0 ? 1 : cluster[i];
         if (grid[i] % c != 0)
-          return bad("grid.", kAxis[i], " (", grid[i], ") is not a multiple of cluster.", kAxis[i], " (", c, ")");
+          return bad("grid.", kAxis[i], " (", grid[i], ") is not a multiple of cluster.", kAxis[i],
+                     " (", c, ")");
         size *= c;
       }
       if (size > 8) return bad("a cluster of ", size, " blocks is over the portable maximum of 8");
@@ -1945,14 +1974,14 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
                                                 HandleName(a.buffer), " not found in ", s->name()));
       }
       if (absl::Status st = CheckAlive(*s, it->second); !st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("parameter ", index, " of ", kname, ": ",
-                                                    st.message()));
+        return absl::Status(st.code(),
+                            absl::StrCat("parameter ", index, " of ", kname, ": ", st.message()));
       }
       epoch = it->second.epoch;
       if (a.offset >= it->second.size) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of ", kname, ": offset ",
-                                                       a.offset, " is past the end of ",
-                                                       s->Describe(it->second)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", index, " of ", kname, ": offset ", a.offset,
+                         " is past the end of ", s->Describe(it->second)));
       }
       return it->second.ptr + a.offset;
     };
@@ -2025,17 +2054,17 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   ++s->waiting;
   const uint64_t work_epoch = s->work_epoch;
   s->work_epoch = 0;
-  DeviceOf(*s)->Synchronize(s->stream(), work_epoch, [s, gpu_ns, work_epoch](
-                                                         absl::StatusOr<uint64_t> ns) {
-    if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
-    {
-      absl::MutexLock lock(&s->mu);
-      --s->waiting;
-      s->Touch();
-      if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
-    }
-    gpu_ns(std::move(ns));
-  });
+  DeviceOf(*s)->Synchronize(s->stream(), work_epoch,
+                            [s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
+                              if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
+                              {
+                                absl::MutexLock lock(&s->mu);
+                                --s->waiting;
+                                s->Touch();
+                                if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
+                              }
+                              gpu_ns(std::move(ns));
+                            });
 }
 
 }  // namespace gpuexec::core

@@ -72,7 +72,7 @@ struct EngineOptions {
   uint32_t strike_limit = 3;
   absl::Duration strike_window = absl::Minutes(10);
   absl::Duration strike_cooldown = absl::Minutes(10);
-  uint64_t daemon_memory_bytes = 0;           // 0: no daemon-wide limit
+  uint64_t daemon_memory_bytes = 0;  // 0: no daemon-wide limit
   uint32_t chunk_bytes = 1 << 20;
   uint32_t staging_buffers = 8;
   uint64_t max_module_bytes = 512ull << 20;
@@ -169,11 +169,11 @@ struct EngineStats {
   // Sessions ended by their client, by a lapsed lease, by shutdown.
   uint64_t sessions_closed = 0;
   uint64_t sessions_expired = 0;
-  uint64_t strikes = 0;           // resets charged to a tenant or peer
-  uint64_t strike_refusals = 0;   // launches refused for it
+  uint64_t strikes = 0;          // resets charged to a tenant or peer
+  uint64_t strike_refusals = 0;  // launches refused for it
   uint32_t modules_stored = 0;
   uint64_t module_store_bytes = 0;
-  uint64_t module_uploads = 0;       // images whose bytes came over the wire
+  uint64_t module_uploads = 0;  // images whose bytes came over the wire
   uint64_t module_upload_bytes = 0;
   uint64_t module_upload_bytes_in_flight = 0;  // held by uploads under way
 };
@@ -307,8 +307,8 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
 
  private:
   friend class Engine;
-  ReadSource(std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset,
-             uint64_t size, uint32_t chunk);
+  ReadSource(std::shared_ptr<Session> session, uint64_t buffer, uint64_t offset, uint64_t size,
+             uint32_t chunk);
   void OpenGate(absl::Status status);
   void FetchAhead();
   void Fetch(uint64_t offset, uint64_t n);
@@ -394,16 +394,15 @@ class Engine {
   void Free(const Caller& caller, const std::string& token, uint64_t buffer, Done done);
   void Memset(const Caller& caller, const std::string& token, uint64_t buffer, uint64_t offset,
               uint64_t size, uint32_t value, Done done);
-  void CopyBuffer(const Caller& caller, const std::string& token, uint64_t dst,
-                  uint64_t dst_offset, uint64_t src, uint64_t src_offset, uint64_t size,
-                  Done done);
+  void CopyBuffer(const Caller& caller, const std::string& token, uint64_t dst, uint64_t dst_offset,
+                  uint64_t src, uint64_t src_offset, uint64_t size, Done done);
   absl::StatusOr<std::shared_ptr<WriteSink>> BeginWrite(const Caller& caller,
-                                                        const std::string& token,
-                                                        uint64_t buffer, uint64_t offset);
+                                                        const std::string& token, uint64_t buffer,
+                                                        uint64_t offset);
   absl::StatusOr<std::shared_ptr<ReadSource>> BeginRead(const Caller& caller,
-                                                        const std::string& token,
-                                                        uint64_t buffer, uint64_t offset,
-                                                        uint64_t size, uint32_t chunk);
+                                                        const std::string& token, uint64_t buffer,
+                                                        uint64_t offset, uint64_t size,
+                                                        uint32_t chunk);
 
   void Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns);
   void Synchronize(const Caller& caller, const std::string& token, Callback<uint64_t> gpu_ns);
@@ -494,8 +493,7 @@ class Engine {
   std::deque<std::string> closed_order_ ABSL_GUARDED_BY(closed_mu_);
   // Charges a reset to the sessions its reason names, if they are of one
   // tenant (or peer): closes them, and starts a cooldown at the limit.
-  void Strike(int index, const port::ResetInfo& info,
-              std::vector<std::shared_ptr<Session>> named);
+  void Strike(int index, const port::ResetInfo& info, std::vector<std::shared_ptr<Session>> named);
   // FAILED_PRECONDITION while `s`'s tenant (or peer) is cooling down.
   absl::Status CheckStrikes(const Session& s);
   // Sessions counted against the limits and not yet in sessions_.
@@ -577,7 +575,8 @@ class Engine {
   };
   port::DevicePortFactory open_device_;
   mutable absl::Mutex ports_mu_;
-  std::vector<absl::flat_hash_map<std::string, TenantPort>> tenant_ports_ ABSL_GUARDED_BY(ports_mu_);
+  std::vector<absl::flat_hash_map<std::string, TenantPort>> tenant_ports_
+      ABSL_GUARDED_BY(ports_mu_);
   bool ports_closed_ ABSL_GUARDED_BY(ports_mu_) = false;  // the engine is going
   // Tenant workers ended for idleness whose process is still going (they
   // count against max_workers_per_device until it has), per device.

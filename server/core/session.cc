@@ -9,8 +9,8 @@
 namespace gpuexec::core {
 
 Session::Session(std::string token, std::shared_ptr<TenantUsage> tenant, int device,
-                 std::shared_ptr<port::DevicePort> port, port::StreamId stream,
-                 uint64_t lease_ms, uint64_t memory_limit)
+                 std::shared_ptr<port::DevicePort> port, port::StreamId stream, uint64_t lease_ms,
+                 uint64_t memory_limit)
     : token_(std::move(token)),
       tenant_(std::move(tenant)),
       name_(absl::StrCat("session ", token_.substr(0, 8))),

@@ -17,7 +17,7 @@
 namespace gpuexec::core {
 
 struct TenantLimits {
-  std::vector<uint32_t> devices;      // empty: every device
+  std::vector<uint32_t> devices;  // empty: every device
   // Devices dedicated to other tenants: never this one's, whatever
   // `devices` says.
   std::vector<uint32_t> excluded_devices;

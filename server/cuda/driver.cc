@@ -29,39 +29,60 @@ struct ResultEntry {
 
 constexpr ResultEntry kResults[] = {
     {CUDA_SUCCESS, "CUDA_SUCCESS", absl::StatusCode::kOk, false},
-    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", absl::StatusCode::kInvalidArgument, false},
-    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", absl::StatusCode::kResourceExhausted, false},
-    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", absl::StatusCode::kInvalidArgument,
+     false},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", absl::StatusCode::kResourceExhausted,
+     false},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", absl::StatusCode::kUnavailable,
+     false},
     {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", absl::StatusCode::kUnavailable, false},
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", absl::StatusCode::kUnavailable, false},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", absl::StatusCode::kUnavailable, false},
-    {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", absl::StatusCode::kUnavailable, false},
-    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", absl::StatusCode::kFailedPrecondition, false},
-    {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU", absl::StatusCode::kFailedPrecondition, false},
-    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", absl::StatusCode::kFailedPrecondition, false},
-    {CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", absl::StatusCode::kFailedPrecondition, false},
-    {CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "CUDA_ERROR_JIT_COMPILER_NOT_FOUND", absl::StatusCode::kFailedPrecondition, false},
-    {CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND", absl::StatusCode::kFailedPrecondition, false},
-    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+     absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", absl::StatusCode::kFailedPrecondition,
+     false},
+    {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU",
+     absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", absl::StatusCode::kFailedPrecondition,
+     false},
+    {CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+     absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "CUDA_ERROR_JIT_COMPILER_NOT_FOUND",
+     absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND",
+     absl::StatusCode::kFailedPrecondition, false},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", absl::StatusCode::kFailedPrecondition,
+     false},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", absl::StatusCode::kNotFound, false},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", absl::StatusCode::kUnavailable, false},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", absl::StatusCode::kInternal, false},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", absl::StatusCode::kInternal, false},
-    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", absl::StatusCode::kInvalidArgument, false},
-    {CUDA_ERROR_INVALID_CLUSTER_SIZE, "CUDA_ERROR_INVALID_CLUSTER_SIZE", absl::StatusCode::kInvalidArgument, false},
-    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+     absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_INVALID_CLUSTER_SIZE, "CUDA_ERROR_INVALID_CLUSTER_SIZE",
+     absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+     absl::StatusCode::kInvalidArgument, false},
     {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", absl::StatusCode::kAborted, true},
     {CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT", absl::StatusCode::kAborted, true},
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", absl::StatusCode::kAborted, true},
-    {CUDA_ERROR_HARDWARE_STACK_ERROR, "CUDA_ERROR_HARDWARE_STACK_ERROR", absl::StatusCode::kAborted, true},
-    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION", absl::StatusCode::kAborted, true},
-    {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS", absl::StatusCode::kAborted, true},
-    {CUDA_ERROR_INVALID_ADDRESS_SPACE, "CUDA_ERROR_INVALID_ADDRESS_SPACE", absl::StatusCode::kAborted, true},
+    {CUDA_ERROR_HARDWARE_STACK_ERROR, "CUDA_ERROR_HARDWARE_STACK_ERROR", absl::StatusCode::kAborted,
+     true},
+    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION", absl::StatusCode::kAborted,
+     true},
+    {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS", absl::StatusCode::kAborted,
+     true},
+    {CUDA_ERROR_INVALID_ADDRESS_SPACE, "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+     absl::StatusCode::kAborted, true},
     {CUDA_ERROR_INVALID_PC, "CUDA_ERROR_INVALID_PC", absl::StatusCode::kAborted, true},
     {CUDA_ERROR_ASSERT, "CUDA_ERROR_ASSERT", absl::StatusCode::kAborted, true},
-    {CUDA_ERROR_ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE", absl::StatusCode::kAborted, true},
-    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", absl::StatusCode::kAborted, false},
-    {CUDA_ERROR_MPS_SERVER_NOT_READY, "CUDA_ERROR_MPS_SERVER_NOT_READY", absl::StatusCode::kUnavailable, false},
+    {CUDA_ERROR_ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE", absl::StatusCode::kAborted,
+     true},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", absl::StatusCode::kAborted,
+     false},
+    {CUDA_ERROR_MPS_SERVER_NOT_READY, "CUDA_ERROR_MPS_SERVER_NOT_READY",
+     absl::StatusCode::kUnavailable, false},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", absl::StatusCode::kInternal, false},
 };
 
@@ -103,11 +124,10 @@ absl::StatusCode CodeForResult(int result) {
   return e != nullptr ? e->code : absl::StatusCode::kInternal;
 }
 
-#define GPUEXEC_CU(call, args, what)                                  \
-  do {                                                                \
-    const CUresult gpuexec_result_ = api_->call args;                 \
-    if (gpuexec_result_ != CUDA_SUCCESS)                              \
-      return Error(gpuexec_result_, "cu" #call, what);                \
+#define GPUEXEC_CU(call, args, what)                                                      \
+  do {                                                                                    \
+    const CUresult gpuexec_result_ = api_->call args;                                     \
+    if (gpuexec_result_ != CUDA_SUCCESS) return Error(gpuexec_result_, "cu" #call, what); \
   } while (0)
 
 absl::Status Driver::Error(int result, absl::string_view call, absl::string_view what) const {
@@ -136,7 +156,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
   }
   auto api = std::make_unique<DriverApi>();
   std::string missing;
-#define GPUEXEC_RESOLVE_ENTRY(member, symbol, fn)                        \
+#define GPUEXEC_RESOLVE_ENTRY(member, symbol, fn)                         \
   api->member = reinterpret_cast<decltype(&::fn)>(dlsym(handle, symbol)); \
   if (api->member == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", symbol);
   GPUEXEC_DRIVER_ENTRY_POINTS(GPUEXEC_RESOLVE_ENTRY)
@@ -144,8 +164,8 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
   if (!missing.empty()) {
     dlclose(handle);
     return absl::UnavailableError(absl::StrCat("the CUDA driver library '", library,
-                                               "' lacks entry points this daemon needs (",
-                                               missing, "); a driver for CUDA 12.4 or newer is "
+                                               "' lacks entry points this daemon needs (", missing,
+                                               "); a driver for CUDA 12.4 or newer is "
                                                "required"));
   }
   std::unique_ptr<Driver> driver(new Driver(library, handle, std::move(api)));
@@ -197,14 +217,16 @@ absl::StatusOr<DeviceProperties> Driver::Properties(int ordinal) const {
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &p.cc_major));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &p.cc_minor));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &p.multiprocessors));
-  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &p.max_threads_per_block));
+  GPUEXEC_RETURN_IF_ERROR(
+      attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &p.max_threads_per_block));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, &p.max_block[0]));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, &p.max_block[1]));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, &p.max_block[2]));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, &p.max_grid[0]));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, &p.max_grid[1]));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, &p.max_grid[2]));
-  GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, &p.max_shared_per_block));
+  GPUEXEC_RETURN_IF_ERROR(
+      attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, &p.max_shared_per_block));
   GPUEXEC_RETURN_IF_ERROR(
       attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &p.max_shared_per_block_optin));
   GPUEXEC_RETURN_IF_ERROR(attr(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, &cluster));
@@ -270,8 +292,8 @@ absl::StatusOr<Module> Driver::LoadModule(absl::string_view image, bool is_ptx,
   std::string info_log(4 * 1024, '\0');
   CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
                             CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
-  void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size()),
-                    info_log.data(), reinterpret_cast<void*>(info_log.size())};
+  void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size()), info_log.data(),
+                    reinterpret_cast<void*>(info_log.size())};
   CUmodule module = nullptr;
   const CUresult r = api_->ModuleLoadDataEx(&module, data, 4, options, values);
   if (r != CUDA_SUCCESS) {
@@ -301,7 +323,7 @@ absl::StatusOr<Function> Driver::GetFunction(const Module& module, const std::st
 }
 
 absl::StatusOr<std::vector<ParamInfo>> Driver::ParamLayout(Function f,
-                                                            absl::string_view what) const {
+                                                           absl::string_view what) const {
   std::vector<ParamInfo> params;
   for (size_t i = 0;; ++i) {
     size_t offset = 0, size = 0;
@@ -412,14 +434,14 @@ absl::Status Driver::FreeAsync(DevicePtr ptr, CUstream_st* stream, absl::string_
   return absl::OkStatus();
 }
 
-absl::Status Driver::MemsetAsync(DevicePtr ptr, uint8_t value, uint64_t size,
-                                 CUstream_st* stream, absl::string_view what) const {
+absl::Status Driver::MemsetAsync(DevicePtr ptr, uint8_t value, uint64_t size, CUstream_st* stream,
+                                 absl::string_view what) const {
   GPUEXEC_CU(MemsetD8Async, (static_cast<CUdeviceptr>(ptr), value, size, stream), what);
   return absl::OkStatus();
 }
 
-absl::Status Driver::CopyDtoDAsync(DevicePtr dst, DevicePtr src, uint64_t size,
-                                   CUstream_st* stream, absl::string_view what) const {
+absl::Status Driver::CopyDtoDAsync(DevicePtr dst, DevicePtr src, uint64_t size, CUstream_st* stream,
+                                   absl::string_view what) const {
   GPUEXEC_CU(MemcpyDtoDAsync, (dst, src, size, stream), what);
   return absl::OkStatus();
 }
@@ -442,8 +464,8 @@ absl::StatusOr<PinnedMemory> Driver::AllocPinned(uint64_t size, absl::string_vie
   return PinnedMemory(this, p);
 }
 
-absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params,
-                            CUstream_st* stream, absl::string_view what) const {
+absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, CUstream_st* stream,
+                            absl::string_view what) const {
   CUlaunchConfig config;
   std::memset(&config, 0, sizeof(config));
   config.gridDimX = g.grid[0];

@@ -15,12 +15,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/port/types.h"
 
 // The driver's own opaque types (as in cuda.h), declared, not defined.
@@ -36,8 +36,8 @@ namespace gpuexec::cuda {
 struct DriverApi;  // the table of resolved entry points (driver_api_internal.h)
 
 // The plain types of a device's vocabulary (server/port/types.h).
-using port::DevicePtr;
 using port::DeviceProperties;
+using port::DevicePtr;
 using port::FunctionAttributes;
 using port::LaunchGeometry;
 using port::MemoryInfo;
@@ -179,8 +179,8 @@ class Driver {
                            absl::string_view what) const;
   absl::Status CopyDtoDAsync(DevicePtr dst, DevicePtr src, uint64_t size, CUstream_st* stream,
                              absl::string_view what) const;
-  absl::Status CopyHtoDAsync(DevicePtr dst, const void* src, uint64_t size,
-                             CUstream_st* stream, absl::string_view what) const;
+  absl::Status CopyHtoDAsync(DevicePtr dst, const void* src, uint64_t size, CUstream_st* stream,
+                             absl::string_view what) const;
   absl::Status CopyDtoHAsync(void* dst, DevicePtr src, uint64_t size, CUstream_st* stream,
                              absl::string_view what) const;
   absl::StatusOr<PinnedMemory> AllocPinned(uint64_t size, absl::string_view what) const;

@@ -294,28 +294,28 @@ bool Device::QueueFull(const StreamState& s) const {
 
 void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<void()> op,
                       std::function<void(absl::Status)> refuse) {
-  executor_.Post([this, stream, kind, bytes, op = std::move(op),
-                  refuse = std::move(refuse)]() mutable {
-    auto it = streams_.find(stream);
-    if (it != streams_.end()) {
-      StreamState& s = *it->second;
-      if (!s.held.empty() || (kind == OpKind::kLaunch && QueueFull(s))) {
-        if (kind != OpKind::kRelease && (s.held.size() >= options_.max_held_per_stream ||
-                                         held_bytes_ + bytes > options_.max_held_bytes)) {
-          return refuse(absl::ResourceExhaustedError(absl::StrCat(
-              "device ", props_.ordinal, ": the session's stream has ", s.held.size(),
-              " operations waiting behind its ", s.watches.size(),
-              " queued launches, the most it may hold (", options_.max_held_per_stream,
-              " a stream, ", options_.max_held_bytes >> 20,
-              " MiB on the device); wait for its work (Synchronize) and retry")));
+  executor_.Post(
+      [this, stream, kind, bytes, op = std::move(op), refuse = std::move(refuse)]() mutable {
+        auto it = streams_.find(stream);
+        if (it != streams_.end()) {
+          StreamState& s = *it->second;
+          if (!s.held.empty() || (kind == OpKind::kLaunch && QueueFull(s))) {
+            if (kind != OpKind::kRelease && (s.held.size() >= options_.max_held_per_stream ||
+                                             held_bytes_ + bytes > options_.max_held_bytes)) {
+              return refuse(absl::ResourceExhaustedError(absl::StrCat(
+                  "device ", props_.ordinal, ": the session's stream has ", s.held.size(),
+                  " operations waiting behind its ", s.watches.size(),
+                  " queued launches, the most it may hold (", options_.max_held_per_stream,
+                  " a stream, ", options_.max_held_bytes >> 20,
+                  " MiB on the device); wait for its work (Synchronize) and retry")));
+            }
+            held_bytes_ += bytes;
+            s.held.push_back(StreamState::Held{kind, bytes, std::move(op), std::move(refuse)});
+            return;
+          }
         }
-        held_bytes_ += bytes;
-        s.held.push_back(StreamState::Held{kind, bytes, std::move(op), std::move(refuse)});
-        return;
-      }
-    }
-    op();
-  });
+        op();
+      });
 }
 
 void Device::ReleaseHeld(StreamId stream) {
@@ -471,7 +471,7 @@ absl::StatusOr<cuda::Event> Device::SpareEvent(bool timing, const std::string& w
 }
 
 absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
-                                                                  const std::string& what) {
+                                                                 const std::string& what) {
   absl::StatusOr<cuda::Event> e = SpareEvent(timing, what);
   if (!e.ok()) return Check(e.status());
   std::vector<cuda::Event>* spares = &Spares(timing);
@@ -549,8 +549,8 @@ void Device::DestroyStream(StreamId stream, Done done) {
       if (h.kind == OpKind::kRelease) {
         h.op();
       } else {
-        h.refuse(absl::AbortedError(absl::StrCat(
-            "device ", props_.ordinal, ": the session's stream ended before this ran")));
+        h.refuse(absl::AbortedError(absl::StrCat("device ", props_.ordinal,
+                                                 ": the session's stream ended before this ran")));
       }
     }
     it = streams_.find(stream);
@@ -584,66 +584,72 @@ void Device::DestroyStream(StreamId stream, Done done) {
 }
 
 void Device::AfterQueued(StreamId stream, std::string what, Done done) {
-  OnStream(stream, OpKind::kOther, kSmallOpBytes + what.size(), [=, this]() mutable {
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status());
-    absl::Status st = WhenDone(**ready, done, what);
-    if (!st.ok()) done(st);
-  },
-           done);
+  OnStream(
+      stream, OpKind::kOther, kSmallOpBytes + what.size(),
+      [=, this]() mutable {
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return done(ready.status());
+        absl::Status st = WhenDone(**ready, done, what);
+        if (!st.ok()) done(st);
+      },
+      done);
 }
 
 void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback<DevicePtr> done) {
-  OnStream(stream, OpKind::kOther, kSmallOpBytes + what.size(), [=, this]() mutable {
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status());
-    StreamState* s = *ready;
-    auto ptr = driver_->AllocAsync(size, s->stream.get(), what);
-    if (!ptr.ok()) return done(Check(ptr.status()));
-    // The pool hands on memory another stream freed: clear it in stream
-    // order before the session can see it, so a fresh buffer never holds
-    // another session's bytes. Not timed as the session's work.
-    if (absl::Status st = Check(driver_->MemsetAsync(*ptr, 0, size, s->stream.get(), what));
-        !st.ok()) {
-      (void)driver_->FreeAsync(*ptr, s->stream.get(), what);
-      return done(st);
-    }
-    done(*ptr);
-  },
-           [done](absl::Status st) { done(st); });
+  OnStream(
+      stream, OpKind::kOther, kSmallOpBytes + what.size(),
+      [=, this]() mutable {
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return done(ready.status());
+        StreamState* s = *ready;
+        auto ptr = driver_->AllocAsync(size, s->stream.get(), what);
+        if (!ptr.ok()) return done(Check(ptr.status()));
+        // The pool hands on memory another stream freed: clear it in stream
+        // order before the session can see it, so a fresh buffer never holds
+        // another session's bytes. Not timed as the session's work.
+        if (absl::Status st = Check(driver_->MemsetAsync(*ptr, 0, size, s->stream.get(), what));
+            !st.ok()) {
+          (void)driver_->FreeAsync(*ptr, s->stream.get(), what);
+          return done(st);
+        }
+        done(*ptr);
+      },
+      [done](absl::Status st) { done(st); });
 }
 
 void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
-  OnStream(stream, OpKind::kRelease, kSmallOpBytes + what.size(), [=, this]() mutable {
-    absl::Status u = Usable();
-    if (!u.ok()) return done(u);
-    // A session that closed while an allocation was in flight frees that
-    // allocation after its stream is gone: the legacy stream orders it then.
-    auto it = streams_.find(stream);
-    CUstream_st* s = it == streams_.end() ? nullptr : it->second->stream.get();
-    done(Check(driver_->FreeAsync(ptr, s, what)));
-  },
-           done);
+  OnStream(
+      stream, OpKind::kRelease, kSmallOpBytes + what.size(),
+      [=, this]() mutable {
+        absl::Status u = Usable();
+        if (!u.ok()) return done(u);
+        // A session that closed while an allocation was in flight frees that
+        // allocation after its stream is gone: the legacy stream orders it then.
+        auto it = streams_.find(stream);
+        CUstream_st* s = it == streams_.end() ? nullptr : it->second->stream.get();
+        done(Check(driver_->FreeAsync(ptr, s, what)));
+      },
+      done);
 }
 
 void Device::EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
                          std::function<absl::Status(CUstream_st*)> enqueue) {
   const size_t bytes = kSmallOpBytes + what.size();
-  OnStream(stream, OpKind::kOther, bytes,
-           [this, stream, what = std::move(what), wait, done,
-            enqueue = std::move(enqueue)] {
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status());
-    StreamState* s = *ready;
-    absl::Status st = MarkWork(*s);
-    if (st.ok()) st = Check(enqueue(s->stream.get()));
-    if (st.ok() && wait) {
-      st = WhenDone(*s, done, what);
-      if (st.ok()) return;  // `done` runs when the work has finished
-    }
-    done(st);
-  },
-           done);
+  OnStream(
+      stream, OpKind::kOther, bytes,
+      [this, stream, what = std::move(what), wait, done, enqueue = std::move(enqueue)] {
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return done(ready.status());
+        StreamState* s = *ready;
+        absl::Status st = MarkWork(*s);
+        if (st.ok()) st = Check(enqueue(s->stream.get()));
+        if (st.ok() && wait) {
+          st = WhenDone(*s, done, what);
+          if (st.ok()) return;  // `done` runs when the work has finished
+        }
+        done(st);
+      },
+      done);
 }
 
 void Device::Memset(StreamId stream, DevicePtr ptr, uint8_t value, uint64_t size, std::string what,
@@ -732,8 +738,8 @@ void Device::GetLoadedKernel(std::string sha256, std::string name, KernelId id, 
     if (!u.ok()) return done(u);
     auto it = modules_.find(sha256);
     if (it == modules_.end()) {
-      return done(absl::InternalError(
-          absl::StrCat(what, " is not loaded on device ", props_.ordinal)));
+      return done(
+          absl::InternalError(absl::StrCat(what, " is not loaded on device ", props_.ordinal)));
     }
     ResolveKernel(it->second.get(), name, id, what, done);
   });
@@ -778,25 +784,29 @@ void Device::ResolveKernel(LoadedModule* m, const std::string& name, KernelId id
 
 void Device::Launch(StreamId stream, LaunchOp op, Done done) {
   const size_t bytes = kSmallOpBytes + op.param_block.size() + op.what.size();
-  OnStream(stream, OpKind::kLaunch, bytes, [this, stream, op = std::move(op), done]() mutable {
-    auto ready = ReadyStream(stream);
-    done(ready.ok() ? LaunchOn(stream, **ready, op) : ready.status());
-  },
-           done);
+  OnStream(
+      stream, OpKind::kLaunch, bytes,
+      [this, stream, op = std::move(op), done]() mutable {
+        auto ready = ReadyStream(stream);
+        done(ready.ok() ? LaunchOn(stream, **ready, op) : ready.status());
+      },
+      done);
 }
 
 void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done) {
   const size_t bytes = kSmallOpBytes + op.param_block.size() + op.what.size();
-  OnStream(stream, OpKind::kLaunch, bytes, [this, stream, op = std::move(op), done]() mutable {
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return done(ready.status(), false);
-    absl::Status st = LaunchOn(stream, **ready, op);
-    if (!st.ok()) return done(st, false);
-    SynchronizeOn(stream, **ready, [done = std::move(done)](absl::StatusOr<uint64_t> ns) {
-      done(std::move(ns), true);
-    });
-  },
-           [done](absl::Status st) { done(st, false); });
+  OnStream(
+      stream, OpKind::kLaunch, bytes,
+      [this, stream, op = std::move(op), done]() mutable {
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return done(ready.status(), false);
+        absl::Status st = LaunchOn(stream, **ready, op);
+        if (!st.ok()) return done(st, false);
+        SynchronizeOn(stream, **ready, [done = std::move(done)](absl::StatusOr<uint64_t> ns) {
+          done(std::move(ns), true);
+        });
+      },
+      [done](absl::Status st) { done(st, false); });
 }
 
 absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
@@ -841,12 +851,14 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
 }
 
 void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
-  OnStream(stream, OpKind::kOther, kSmallOpBytes, [this, stream, gpu_ns]() mutable {
-    auto ready = ReadyStream(stream);
-    if (!ready.ok()) return gpu_ns(ready.status());
-    SynchronizeOn(stream, **ready, std::move(gpu_ns));
-  },
-           [gpu_ns](absl::Status st) { gpu_ns(st); });
+  OnStream(
+      stream, OpKind::kOther, kSmallOpBytes,
+      [this, stream, gpu_ns]() mutable {
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return gpu_ns(ready.status());
+        SynchronizeOn(stream, **ready, std::move(gpu_ns));
+      },
+      [gpu_ns](absl::Status st) { gpu_ns(st); });
 }
 
 void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns) {

@@ -218,8 +218,8 @@ class Device {
   // enqueue or, with `wait`, the work's completion.
   void EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
                    std::function<absl::Status(CUstream_st*)> enqueue);
-  void ResolveKernel(LoadedModule* m, const std::string& name, KernelId id,
-                     const std::string& what, const Callback<KernelInfo>& done);
+  void ResolveKernel(LoadedModule* m, const std::string& name, KernelId id, const std::string& what,
+                     const Callback<KernelInfo>& done);
   // Checks the launches watched for the kernel time limit; true while some
   // are still running.
   bool PollWatches();

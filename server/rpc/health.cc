@@ -33,9 +33,9 @@ class HealthService::Check final : public UnaryCall<HealthCheckRequest, HealthCh
       status = health_->StatusLocked(request_.service());
     }
     if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
-      return Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrCat("health: no service named '",
-                                              Quoted(request_.service()), "'")));
+      return Finish(grpc::Status(
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("health: no service named '", Quoted(request_.service()), "'")));
     }
     response_.set_status(status);
     Finish(grpc::Status::OK);
@@ -76,11 +76,11 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
     if (health_->shut_down_ || health_->watches_.size() >= kMaxWatches) {
       absl::MutexLock own(&mu_);
       finished_ = true;
-      return Finish(health_->shut_down_
-                        ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "health: shutting down")
-                        : grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                       absl::StrCat("health: ", kMaxWatches,
-                                                    " watches are open already")));
+      return Finish(
+          health_->shut_down_
+              ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "health: shutting down")
+              : grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                             absl::StrCat("health: ", kMaxWatches, " watches are open already")));
     }
     health_->watches_.push_back(this);
     Update(health_->StatusLocked(name()));

@@ -197,7 +197,7 @@ void CallObserver::Finished(const grpc::Status& status) {
     // Who, for the log: identified again (failures only), without counting
     // a refusal twice.
     auto caller = factory_->identity()->Identify(*ctx,
-                                                /*count_refusals=*/false);
+                                                 /*count_refusals=*/false);
     peer = caller.ok() ? absl::StrCat(caller->peer, " (tenant '", caller->tenant_name(), "')")
                        : absl::StrCat(ctx->peer(), " (unauthenticated)");
   }
@@ -219,10 +219,11 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
     std::vector<core::DeviceStatus> devices;
   };
   auto pending = std::make_shared<Pending>();
-  engine->ListDevices(core::OperatorCaller(), [pending](absl::StatusOr<std::vector<core::DeviceStatus>> d) {
-    if (d.ok()) pending->devices = std::move(d).value();
-    pending->done.Notify();
-  });
+  engine->ListDevices(core::OperatorCaller(),
+                      [pending](absl::StatusOr<std::vector<core::DeviceStatus>> d) {
+                        if (d.ok()) pending->devices = std::move(d).value();
+                        pending->done.Notify();
+                      });
   const bool answered = pending->done.WaitForNotificationWithTimeout(absl::Seconds(2));
   const core::EngineStats st = engine->Stats();
 
@@ -331,14 +332,16 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   gauge("gpuexec_tenant_workers", "Worker processes of the tenant's own, on all devices.");
   per_tenant("gpuexec_tenant_workers", [](const auto& t) { return t.workers; });
   counter("gpuexec_tenant_sessions_opened_total", "Sessions the tenant opened.");
-  per_tenant("gpuexec_tenant_sessions_opened_total", [](const auto& t) { return t.sessions_opened; });
+  per_tenant("gpuexec_tenant_sessions_opened_total",
+             [](const auto& t) { return t.sessions_opened; });
   gauge("gpuexec_tenant_memory_held_bytes", "Device memory of the tenant's buffers.");
   per_tenant("gpuexec_tenant_memory_held_bytes", [](const auto& t) { return t.memory_held; });
   gauge("gpuexec_tenant_module_bytes", "Bytes of the distinct module images the tenant holds.");
   per_tenant("gpuexec_tenant_module_bytes", [](const auto& t) { return t.module_bytes; });
   counter("gpuexec_tenant_launches_total", "Kernel launches the tenant enqueued.");
   per_tenant("gpuexec_tenant_launches_total", [](const auto& t) { return t.launches; });
-  counter("gpuexec_tenant_gpu_seconds_total", "GPU time of the tenant's work, as Synchronize reports it.");
+  counter("gpuexec_tenant_gpu_seconds_total",
+          "GPU time of the tenant's work, as Synchronize reports it.");
   per_tenant("gpuexec_tenant_gpu_seconds_total", [](const auto& t) { return t.gpu_ns / 1e9; });
   counter("gpuexec_tenant_write_bytes_total", "Bytes the tenant copied to devices by Write.");
   per_tenant("gpuexec_tenant_write_bytes_total", [](const auto& t) { return t.bytes_written; });
@@ -369,9 +372,10 @@ log::LineBudget& FailureLines() {
 void LogFailure(absl::string_view method, absl::string_view peer, const absl::Status& status) {
   uint64_t left_out = 0;
   // A steady clock: a step of the wall clock must not stop the refill.
-  const absl::Time now = absl::FromUnixNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                 std::chrono::steady_clock::now().time_since_epoch())
-                                                 .count());
+  const absl::Time now =
+      absl::FromUnixNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count());
   if (!FailureLines().Take(now, &left_out)) return;
   const std::string more =
       left_out == 0 ? std::string()

@@ -6,7 +6,6 @@
 #include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
-
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -30,8 +29,8 @@
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/health.h"
-#include "server/rpc/observability.h"
 #include "server/rpc/identity.h"
+#include "server/rpc/observability.h"
 #include "server/rpc/service.h"
 #include "server/rpc/unix_listener.h"
 #include "server/tenants/tenants.h"
@@ -39,7 +38,6 @@
 
 namespace gpuexec {
 namespace {
-
 
 // A PEM file the TLS listener needs: it must be there and readable at start
 // (the watcher then picks up its replacements).
@@ -93,8 +91,7 @@ std::shared_ptr<grpc::ServerCredentials> TlsCredentials(const ServerOptions& o,
   const unsigned interval =
       static_cast<unsigned>(std::max<int64_t>(1, absl::ToInt64Seconds(o.tls_reload_interval)));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      o.tls_key, o.tls_cert, o.tls_client_ca.empty() ? std::string() : o.tls_client_ca,
-      interval);
+      o.tls_key, o.tls_cert, o.tls_client_ca.empty() ? std::string() : o.tls_client_ca, interval);
   grpc::experimental::TlsServerCredentialsOptions tls(provider);
   tls.watch_identity_key_cert_pairs();
   if (!o.tls_client_ca.empty()) {
@@ -107,7 +104,6 @@ std::shared_ptr<grpc::ServerCredentials> TlsCredentials(const ServerOptions& o,
   creds->SetAuthMetadataProcessor(identity->MakeProcessor());
   return creds;
 }
-
 
 // The MPS control daemon's pipe directory, as its clients look for it.
 std::string MpsPipeDirectory() {
@@ -185,9 +181,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   GPUEXEC_RETURN_IF_ERROR(CheckSecurity(options));
   if (!(options.session_memory_share >= 0 && options.session_memory_share <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("--session_memory_share ",
-                                                   options.session_memory_share,
-                                                   " is not a share (0 to 1)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--session_memory_share ", options.session_memory_share, " is not a share (0 to 1)"));
   }
   if (options.max_message_bytes < options.chunk_bytes + (64 << 10)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -228,8 +223,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   } else if (options.isolation == "device" || options.isolation.empty()) {
     eo.isolation = core::EngineOptions::Isolation::kDevice;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--isolation must be 'tenant' or 'device', not ", Quoted(options.isolation, 32)));
+    return absl::InvalidArgumentError(absl::StrCat("--isolation must be 'tenant' or 'device', not ",
+                                                   Quoted(options.isolation, 32)));
   }
   eo.worker_idle = options.worker_idle;
   eo.max_workers_per_device = options.max_workers_per_device;
@@ -250,8 +245,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
   wo.log_level = options.worker_log_level;
   wo.busy_poll = absl::Microseconds(busy_poll_us);
-  auto open_device = [wo](int ordinal, const std::string& tenant, port::DriverInfo* info)
-      -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
+  auto open_device =
+      [wo](int ordinal, const std::string& tenant,
+           port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
     worker::WorkerOptions o = wo;
     o.ordinal = ordinal;
     o.tenant = tenant;
@@ -356,9 +352,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   log::Info("gpuexecd: isolation ",
             eo.isolation == core::EngineOptions::Isolation::kTenant
                 ? absl::StrCat("by tenant: each tenant's sessions on a device have a worker "
-                               "process of their own (at most ", eo.max_workers_per_device,
-                               " per device, ended ", absl::ToInt64Seconds(eo.worker_idle),
-                               " s after their last session)")
+                               "process of their own (at most ",
+                               eo.max_workers_per_device, " per device, ended ",
+                               absl::ToInt64Seconds(eo.worker_idle), " s after their last session)")
                 : std::string("by device: one worker process per device for every session"));
   log::Info("gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s",
             "; busy polling ",
@@ -392,8 +388,8 @@ absl::Status Server::ReloadTenants() {
   const size_t before = old == nullptr ? 0 : old->size();
   auto dir = tenants::Directory::Load(impl_->tenants_file);
   if (!dir.ok()) {
-    log::Error("tenants: not reloaded, the ", before, " tenant(s) in force stay: ",
-               dir.status().message());
+    log::Error("tenants: not reloaded, the ", before,
+               " tenant(s) in force stay: ", dir.status().message());
     return dir.status();
   }
   log::Info("tenants: reloaded ", impl_->tenants_file, ": ", (*dir)->size(),
@@ -406,7 +402,8 @@ absl::Status Server::ReloadTenants() {
       if (now->Find(name) != nullptr) continue;
       const size_t closed =
           impl_->engine->CloseTenant(name, "its tenant was removed from the tenants file");
-      if (closed != 0) log::Info("tenants: closed ", closed, " session(s) of removed tenant '", name, "'");
+      if (closed != 0)
+        log::Info("tenants: closed ", closed, " session(s) of removed tenant '", name, "'");
     }
   }
   return absl::OkStatus();
@@ -433,7 +430,7 @@ void Server::Shutdown(absl::Duration deadline) {
     absl::MutexLock lock(&impl_->health_mu);
     impl_->health_stopped = true;
   }
-  impl_->health.Shutdown();  // every name NOT_SERVING; watches end
+  impl_->health.Shutdown();      // every name NOT_SERVING; watches end
   impl_->unix_listener.reset();  // no new connections
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();

@@ -45,7 +45,6 @@ absl::Status Reidentify(const Env* env, const grpc::ServerContext& ctx, core::Ca
   return absl::OkStatus();
 }
 
-
 // A unary method: `handler` runs when a call arrives; it fills the response
 // and calls Finish, at once or from an engine completion.
 template <class Req, class Resp>
@@ -130,8 +129,7 @@ int FreeSlot(int n, int busy, const std::deque<int>& queued) {
 }
 
 // LoadModule: a header, then chunks, then the engine loads the module.
-class LoadModuleCall final
-    : public ServerReadCall<v1::LoadModuleRequest, v1::LoadModuleResponse> {
+class LoadModuleCall final : public ServerReadCall<v1::LoadModuleRequest, v1::LoadModuleResponse> {
  public:
   explicit LoadModuleCall(const Env* env) : ServerReadCall(env->calls), env_(env) {}
 
@@ -174,9 +172,8 @@ class LoadModuleCall final
         st = absl::InvalidArgumentError("LoadModule: the first message must be a header");
       } else {
         const v1::ModuleHeader& h = request_.header();
-        auto upload =
-            env_->engine->BeginModuleUpload(caller_, h.session(), h.sha256(), h.size(),
-                                            FromProto(h.kind()));
+        auto upload = env_->engine->BeginModuleUpload(caller_, h.session(), h.sha256(), h.size(),
+                                                      FromProto(h.kind()));
         if (upload.ok()) upload_ = std::move(upload).value();
         st = upload.status();
       }
@@ -268,8 +265,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       } else {
         if (sink_ == nullptr) {
           const WriteMessage& first = messages_[got];
-          auto sink =
-              env_->engine->BeginWrite(caller_, first.session, first.buffer, first.offset);
+          auto sink = env_->engine->BeginWrite(caller_, first.session, first.buffer, first.offset);
           if (!sink.ok()) {
             done_ = true;
             lock.Release();
@@ -418,9 +414,8 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
       return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "Read: the request is not a gpuexec.v1.ReadRequest"));
     }
-    auto source =
-        env_->engine->BeginRead(*caller, r.session(), r.buffer(), r.offset(), r.size(),
-                                r.chunk_size());
+    auto source = env_->engine->BeginRead(*caller, r.session(), r.buffer(), r.offset(), r.size(),
+                                          r.chunk_size());
     if (!source.ok()) return Finish(ToGrpcStatus(source.status()));
     source_ = std::move(source).value();
     Pump();
@@ -454,8 +449,7 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
         write = writing_ = ready_.front();
         ready_.pop_front();
       }
-      if (writing_ < 0 && !fetching_ &&
-          (failed || (ready_.empty() && source_->remaining() == 0))) {
+      if (writing_ < 0 && !fetching_ && (failed || (ready_.empty() && source_->remaining() == 0))) {
         finished_ = true;
         finish = true;
         status = error_;
@@ -515,8 +509,7 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
 // client's commands silently dropped.
 class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit ExecuteCall(const Env* env)
-      : ServerBidiCall(env->calls), env_(env) {}
+  explicit ExecuteCall(const Env* env) : ServerBidiCall(env->calls), env_(env) {}
 
  private:
   void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
@@ -583,10 +576,10 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
     if (request_.commands_size() > kMaxCommandsPerMessage) {
       // Commands already started still finish; then the call ends with this.
       absl::MutexLock lock(&mu_);
-      end_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("Execute: a message carries ", request_.commands_size(),
-                                       " commands; at most ", kMaxCommandsPerMessage,
-                                       " (none of them was run)"));
+      end_ = grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("Execute: a message carries ", request_.commands_size(),
+                       " commands; at most ", kMaxCommandsPerMessage, " (none of them was run)"));
       reads_done_ = true;
       MaybeFinishLocked();
       return;
@@ -631,11 +624,11 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
         spec->session = session_;
         const bool sync = spec->synchronize;
         env_->engine->Launch(caller_, std::move(spec).value(),
-                        [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
-                          v1::CommandResult r;
-                          if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
-                          Complete(id, ns.status(), reply || sync, std::move(r), "Launch");
-                        });
+                             [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
+                               v1::CommandResult r;
+                               if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
+                               Complete(id, ns.status(), reply || sync, std::move(r), "Launch");
+                             });
         return;
       }
       case v1::Command::kSynchronize:
@@ -647,18 +640,19 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
         return;
       case v1::Command::kAllocate:
         env_->engine->Allocate(caller_, session_, c.allocate().size(),
-                          [this, id](absl::StatusOr<core::BufferInfo> b) {
-                            v1::CommandResult r;
-                            if (b.ok()) {
-                              r.mutable_allocate()->set_buffer(b->handle);
-                              r.mutable_allocate()->set_size(b->size);
-                            }
-                            Complete(id, b.status(), true, std::move(r), "Allocate");
-                          });
+                               [this, id](absl::StatusOr<core::BufferInfo> b) {
+                                 v1::CommandResult r;
+                                 if (b.ok()) {
+                                   r.mutable_allocate()->set_buffer(b->handle);
+                                   r.mutable_allocate()->set_size(b->size);
+                                 }
+                                 Complete(id, b.status(), true, std::move(r), "Allocate");
+                               });
         return;
       case v1::Command::kFree:
-        env_->engine->Free(caller_, session_, c.free().buffer(),
-                      [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Free"); });
+        env_->engine->Free(
+            caller_, session_, c.free().buffer(),
+            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Free"); });
         return;
       case v1::Command::kMemset: {
         const v1::MemsetRequest& m = c.memset();
@@ -744,7 +738,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   core::Caller caller_;      // set at the start; renewed by Reidentify
   uint64_t generation_ = 0;  // of the tenants file caller_ was decided under
   std::string peer_;
-  std::string session_;  // set by the first message; read-only after
+  std::string session_;         // set by the first message; read-only after
   grpc::ByteBuffer in_;         // the message read
   v1::ExecuteRequest request_;  // parsed from it
 
@@ -763,7 +757,6 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
 
 }  // namespace
 
-
 void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   const Env* env = &env_;
   using S = AsyncService;
@@ -775,10 +768,12 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using ListDevices = Unary<v1::ListDevicesRequest, v1::ListDevicesResponse>;
   ListenUnary<ListDevices>(
       env, cq, &S::RequestListDevices, [](core::Engine* engine, ListDevices* call) {
-        engine->ListDevices(call->caller(), Reply<std::vector<core::DeviceStatus>>(
-            call, [](const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
-              for (const auto& d : devices) ToProto(d, r->add_devices());
-            }));
+        engine->ListDevices(call->caller(),
+                            Reply<std::vector<core::DeviceStatus>>(
+                                call, [](const std::vector<core::DeviceStatus>& devices,
+                                         v1::ListDevicesResponse* r) {
+                                  for (const auto& d : devices) ToProto(d, r->add_devices());
+                                }));
       });
 
   using OpenSession = Unary<v1::OpenSessionRequest, v1::OpenSessionResponse>;
@@ -795,12 +790,11 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using KeepAlive = Unary<v1::KeepAliveRequest, v1::KeepAliveResponse>;
-  ListenUnary<KeepAlive>(
-      env, cq, &S::RequestKeepAlive, [](core::Engine* engine, KeepAlive* call) {
-        auto lease = engine->KeepAlive(call->caller(), call->request().session());
-        if (lease.ok()) call->response()->set_lease_ms(*lease);
-        call->Finish(lease.status());
-      });
+  ListenUnary<KeepAlive>(env, cq, &S::RequestKeepAlive, [](core::Engine* engine, KeepAlive* call) {
+    auto lease = engine->KeepAlive(call->caller(), call->request().session());
+    if (lease.ok()) call->response()->set_lease_ms(*lease);
+    call->Finish(lease.status());
+  });
 
   using CloseSession = Unary<v1::CloseSessionRequest, v1::CloseSessionResponse>;
   ListenUnary<CloseSession>(
@@ -819,48 +813,44 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       });
 
   using Allocate = Unary<v1::AllocateRequest, v1::AllocateResponse>;
-  ListenUnary<Allocate>(
-      env, cq, &S::RequestAllocate, [](core::Engine* engine, Allocate* call) {
-        engine->Allocate(call->caller(), call->request().session(), call->request().size(),
-                         Reply<core::BufferInfo>(
-                             call, [](const core::BufferInfo& b, v1::AllocateResponse* r) {
-                               r->set_buffer(b.handle);
-                               r->set_size(b.size);
-                             }));
-      });
+  ListenUnary<Allocate>(env, cq, &S::RequestAllocate, [](core::Engine* engine, Allocate* call) {
+    engine->Allocate(
+        call->caller(), call->request().session(), call->request().size(),
+        Reply<core::BufferInfo>(call, [](const core::BufferInfo& b, v1::AllocateResponse* r) {
+          r->set_buffer(b.handle);
+          r->set_size(b.size);
+        }));
+  });
 
   using Free = Unary<v1::FreeRequest, v1::FreeResponse>;
-  ListenUnary<Free>(
-      env, cq, &S::RequestFree, [](core::Engine* engine, Free* call) {
-        engine->Free(call->caller(), call->request().session(), call->request().buffer(), ReplyStatus(call));
-      });
+  ListenUnary<Free>(env, cq, &S::RequestFree, [](core::Engine* engine, Free* call) {
+    engine->Free(call->caller(), call->request().session(), call->request().buffer(),
+                 ReplyStatus(call));
+  });
 
   using Memset = Unary<v1::MemsetRequest, v1::MemsetResponse>;
-  ListenUnary<Memset>(
-      env, cq, &S::RequestMemset, [](core::Engine* engine, Memset* call) {
-        const v1::MemsetRequest& r = call->request();
-        engine->Memset(call->caller(), r.session(), r.buffer(), r.offset(), r.size(), r.value(),
-                       ReplyStatus(call));
-      });
+  ListenUnary<Memset>(env, cq, &S::RequestMemset, [](core::Engine* engine, Memset* call) {
+    const v1::MemsetRequest& r = call->request();
+    engine->Memset(call->caller(), r.session(), r.buffer(), r.offset(), r.size(), r.value(),
+                   ReplyStatus(call));
+  });
 
   using CopyBuffer = Unary<v1::CopyBufferRequest, v1::CopyBufferResponse>;
   ListenUnary<CopyBuffer>(
       env, cq, &S::RequestCopyBuffer, [](core::Engine* engine, CopyBuffer* call) {
         const v1::CopyBufferRequest& r = call->request();
-        engine->CopyBuffer(call->caller(), r.session(), r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
-                           ReplyStatus(call));
+        engine->CopyBuffer(call->caller(), r.session(), r.dst(), r.dst_offset(), r.src(),
+                           r.src_offset(), r.size(), ReplyStatus(call));
       });
 
   using Launch = Unary<v1::LaunchRequest, v1::LaunchResponse>;
-  ListenUnary<Launch>(
-      env, cq, &S::RequestLaunch, [](core::Engine* engine, Launch* call) {
-        auto spec = FromProto(call->request());
-        if (!spec.ok()) return call->Finish(spec.status());
-        engine->Launch(call->caller(), std::move(spec).value(),
-                       Reply<uint64_t>(call, [](uint64_t ns, v1::LaunchResponse* r) {
-                         r->set_gpu_time_ns(ns);
-                       }));
-      });
+  ListenUnary<Launch>(env, cq, &S::RequestLaunch, [](core::Engine* engine, Launch* call) {
+    auto spec = FromProto(call->request());
+    if (!spec.ok()) return call->Finish(spec.status());
+    engine->Launch(
+        call->caller(), std::move(spec).value(),
+        Reply<uint64_t>(call, [](uint64_t ns, v1::LaunchResponse* r) { r->set_gpu_time_ns(ns); }));
+  });
 
   using Synchronize = Unary<v1::SynchronizeRequest, v1::SynchronizeResponse>;
   ListenUnary<Synchronize>(

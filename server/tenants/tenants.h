@@ -106,7 +106,6 @@ absl::StatusOr<std::shared_ptr<const core::Tenant>> IdentifyWithoutFile(
 // scheme in any case), or empty if it is not one.
 std::string BearerToken(absl::string_view authorization);
 
-
 }  // namespace gpuexec::tenants
 
 #endif  // GPUEXEC_SERVER_TENANTS_TENANTS_H_

@@ -43,17 +43,28 @@ bool Releases(const Request& r) {
 
 std::string WhatOf(const Request& r) {
   switch (r.op_case()) {
-    case Request::kAfterQueued: return r.after_queued().what();
-    case Request::kAllocate: return r.allocate().what();
-    case Request::kFree: return r.free().what();
-    case Request::kMemset: return r.memset().what();
-    case Request::kCopy: return r.copy().what();
-    case Request::kCopyToDevice: return r.copy_to_device().what();
-    case Request::kCopyToHost: return r.copy_to_host().what();
-    case Request::kLoadModule: return r.load_module().what();
-    case Request::kGetKernel: return r.get_kernel().what();
-    case Request::kLaunch: return r.launch().what();
-    default: return "";
+    case Request::kAfterQueued:
+      return r.after_queued().what();
+    case Request::kAllocate:
+      return r.allocate().what();
+    case Request::kFree:
+      return r.free().what();
+    case Request::kMemset:
+      return r.memset().what();
+    case Request::kCopy:
+      return r.copy().what();
+    case Request::kCopyToDevice:
+      return r.copy_to_device().what();
+    case Request::kCopyToHost:
+      return r.copy_to_host().what();
+    case Request::kLoadModule:
+      return r.load_module().what();
+    case Request::kGetKernel:
+      return r.get_kernel().what();
+    case Request::kLaunch:
+      return r.launch().what();
+    default:
+      return "";
   }
 }
 
@@ -76,13 +87,12 @@ std::string Clock(absl::Time t) {
 
 std::string ExitText(int status) {
   if (WIFSIGNALED(status)) {
-    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
-                        ")");
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
   }
   if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
   return "ended";
 }
-
 
 }  // namespace
 
@@ -94,7 +104,7 @@ struct RemoteDevice::Connection {
   std::thread reader;
   std::atomic<bool> exited{false};
   absl::Time ended_at = absl::InfiniteFuture();  // when it was reset (under the device's mu_)
-  std::atomic<bool> abandon{false};  // shutdown gave up waiting for the process
+  std::atomic<bool> abandon{false};              // shutdown gave up waiting for the process
   // Requests still pending when the worker was ended. They are failed only
   // once its process is gone: until then the GPU may still copy into or out
   // of the staging slots they hold, which must not be handed out again.
@@ -186,14 +196,13 @@ absl::Status RemoteDevice::Init() {
   staging_fd_ = HighFd(memfd_create(name.c_str(), MFD_CLOEXEC));
   if (staging_fd_ < 0 || ftruncate(staging_fd_, static_cast<off_t>(size)) != 0) {
     return absl::InternalError(absl::StrCat("device ", options_.ordinal,
-                                            ": cannot create the shared staging memory (",
-                                            size, " bytes): ", strerror(errno)));
+                                            ": cannot create the shared staging memory (", size,
+                                            " bytes): ", strerror(errno)));
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, staging_fd_, 0);
   if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("device ", options_.ordinal,
-                                            ": cannot map the shared staging memory: ",
-                                            strerror(errno)));
+    return absl::InternalError(absl::StrCat(
+        "device ", options_.ordinal, ": cannot map the shared staging memory: ", strerror(errno)));
   }
   staging_memory_ = static_cast<uint8_t*>(p);
   std::vector<uint8_t*> slots;
@@ -310,8 +319,8 @@ void RemoteDevice::Spawn() {
     close(sv[1]);
     if (rc != 0) {
       close(sv[0]);
-      error = absl::InternalError(absl::StrCat("cannot start the worker program '",
-                                               options_.program, "': ", strerror(rc)));
+      error = absl::InternalError(
+          absl::StrCat("cannot start the worker program '", options_.program, "': ", strerror(rc)));
     }
   }
   if (!error.ok()) {
@@ -346,8 +355,7 @@ void RemoteDevice::Spawn() {
     }
   }
   conn->reader = std::thread([this, conn] { ReadLoop(conn); });
-  log::Debug(Label(), ": worker pid ", pid, " started (epoch ", conn->epoch,
-             ")");
+  log::Debug(Label(), ": worker pid ", pid, " started (epoch ", conn->epoch, ")");
 }
 
 void RemoteDevice::Monitor() {
@@ -468,8 +476,7 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
   if (current) {
     // The worker closed its end by itself: it is dying. Give it a moment to
     // finish, then make sure.
-    const int status =
-        conn->Wait(absl::Now() + absl::Seconds(2), /*give_up_on_abandon=*/false);
+    const int status = conn->Wait(absl::Now() + absl::Seconds(2), /*give_up_on_abandon=*/false);
     conn->FailOrphans();
     conn->exited.store(true);
     Reset(conn, absl::StrCat("its worker (pid ", conn->pid, ") ", ExitText(status)),
@@ -568,10 +575,10 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       if (restarted) {
         log::Info(Label(), ": worker pid ", conn->pid, " serving (epoch ", epoch, "), ",
                   absl::ToInt64Milliseconds(since), " ms after the reset",
-                  not_ready_waits > 0
-                      ? absl::StrCat(" (", not_ready_waits, " start(s) before it waited for the "
-                                     "MPS server)")
-                      : std::string());
+                  not_ready_waits > 0 ? absl::StrCat(" (", not_ready_waits,
+                                                     " start(s) before it waited for the "
+                                                     "MPS server)")
+                                      : std::string());
       } else {
         log::Debug(Label(), ": worker pid ", conn->pid, " serving");
       }
@@ -656,9 +663,8 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
     for (auto& fn : failed) fn(r, 0);
     return;
   }
-  log::Error(Label(), " reset (epoch ", info.epoch, "): ", why,
-             "; worker pid ", conn->pid, kill_worker ? " killed" : " gone",
-             ", its buffers are lost; restarting",
+  log::Error(Label(), " reset (epoch ", info.epoch, "): ", why, "; worker pid ", conn->pid,
+             kill_worker ? " killed" : " gone", ", its buffers are lost; restarting",
              delay > absl::ZeroDuration()
                  ? absl::StrCat(" in ", absl::ToInt64Milliseconds(delay), " ms")
                  : std::string(""));
@@ -739,9 +745,9 @@ absl::Status RemoteDevice::LostError(uint64_t epoch, const std::string& what) co
 }
 
 std::string RemoteDevice::Label() const {
-  return options_.tenant.empty()
-             ? absl::StrCat("device ", options_.ordinal)
-             : absl::StrCat("device ", options_.ordinal, " (worker of tenant '", options_.tenant, "')");
+  return options_.tenant.empty() ? absl::StrCat("device ", options_.ordinal)
+                                 : absl::StrCat("device ", options_.ordinal, " (worker of tenant '",
+                                                options_.tenant, "')");
 }
 
 absl::Status RemoteDevice::NotServingLocked() const {
@@ -800,7 +806,8 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
       lm->set_sha256(image->sha256);
       lm->set_image(image->bytes);
       lm->set_is_ptx(image->is_ptx);
-      lm->set_what(absl::StrCat("module ", image->sha256.substr(0, 12), " (reloaded after a reset)"));
+      lm->set_what(
+          absl::StrCat("module ", image->sha256.substr(0, 12), " (reloaded after a reset)"));
       prefix->push_back(std::move(r));
       live_modules_.insert(k.sha256);
     }
@@ -916,8 +923,8 @@ void RemoteDevice::QueryMemory(Callback<port::MemoryInfo> done) {
     Callback<port::MemoryInfo> waiting;
     const absl::Status st = StatusOf(reply);
     absl::StatusOr<port::MemoryInfo> answer =
-        st.ok() ? absl::StatusOr<port::MemoryInfo>(port::MemoryInfo{reply.memory().free(),
-                                                                    reply.memory().total()})
+        st.ok() ? absl::StatusOr<port::MemoryInfo>(
+                      port::MemoryInfo{reply.memory().free(), reply.memory().total()})
                 : absl::StatusOr<port::MemoryInfo>(st);
     {
       absl::MutexLock lock(&mu_);
@@ -1151,8 +1158,7 @@ void RemoteDevice::Launch(StreamId stream, port::LaunchOp op, uint64_t epoch, Do
 }
 
 void RemoteDevice::LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch,
-                                        uint64_t work_epoch,
-                                        port::LaunchedAndSynchronized done) {
+                                        uint64_t work_epoch, port::LaunchedAndSynchronized done) {
   Request r = LaunchRequest(stream, op);
   r.mutable_launch()->set_synchronize(true);
   Call(

@@ -147,16 +147,16 @@ class RemoteDevice final : public port::DevicePort {
                   Done done) override;
   void UnloadModule(const std::string& sha256) override;
   // The kernel's id is the same for every caller and every worker.
-  void GetKernel(std::shared_ptr<const port::ModuleImage> image, std::string name,
-                 std::string what, Callback<port::KernelInfo> done) override;
+  void GetKernel(std::shared_ptr<const port::ModuleImage> image, std::string name, std::string what,
+                 Callback<port::KernelInfo> done) override;
   void Launch(StreamId stream, port::LaunchOp op, uint64_t epoch, Done done) override;
   // If the device was reset since `work_epoch`, the answer is ABORTED with
   // the reset's reason (that work was lost).
   void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) override;
   // A Launch and a Synchronize of its stream right behind it, in one
   // request and one answer (the launch's failure, or the Synchronize's).
-  void LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch,
-                            uint64_t work_epoch, port::LaunchedAndSynchronized done) override;
+  void LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch, uint64_t work_epoch,
+                            port::LaunchedAndSynchronized done) override;
 
  private:
   struct Connection;
@@ -182,7 +182,8 @@ class RemoteDevice final : public port::DevicePort {
   // The monitor has work now: stop, or a worker to start.
   static bool MonitorDue(RemoteDevice* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
     return d->stop_ || !d->deferred_.empty() ||
-           (d->conn_ == nullptr && d->state_ == State::kBackingOff && d->next_spawn_ <= absl::Now());
+           (d->conn_ == nullptr && d->state_ == State::kBackingOff &&
+            d->next_spawn_ <= absl::Now());
   }
   void ReadLoop(std::shared_ptr<Connection> conn);
   void OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame);

@@ -38,9 +38,7 @@ __global__ void gx_spin(uint64_t ns) {
 }
 
 // Writes through an address that is not mapped: CUDA_ERROR_ILLEGAL_ADDRESS.
-__global__ void gx_fault(uint64_t address) {
-  *reinterpret_cast<volatile uint32_t*>(address) = 1;
-}
+__global__ void gx_fault(uint64_t address) { *reinterpret_cast<volatile uint32_t*>(address) = 1; }
 
 // Uses `n` 32-bit words of dynamic shared memory per block: block b writes
 // out[b] = sum over k < n of (k ^ b). Launch with shared_memory_bytes = 4*n.
@@ -75,8 +73,8 @@ __global__ void gx_struct(gx_quad q, uint32_t* out) {
 // Every scalar kind; out[k] receives the raw bits of argument k,
 // zero-extended to 64 bits. Layout (offset:size): a 0:1, b 2:2, c 4:4, d 8:8,
 // e 16:2, f 18:2, g 20:4, h 24:8, out 32:8.
-__global__ void gx_types(int8_t a, int16_t b, uint32_t c, int64_t d, __half e,
-                         __nv_bfloat16 f, float g, double h, uint64_t* out) {
+__global__ void gx_types(int8_t a, int16_t b, uint32_t c, int64_t d, __half e, __nv_bfloat16 f,
+                         float g, double h, uint64_t* out) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
     out[0] = (uint8_t)a;
     out[1] = (uint16_t)b;

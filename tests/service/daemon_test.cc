@@ -8,11 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
-#include <cstdio>
-#include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -373,7 +373,8 @@ TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
   EXPECT_FALSE(maps_driver(daemon.pid())) << "the front process mapped " << driver;
 
   std::vector<pid_t> workers;
-  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", daemon.pid(), "/task"))) {
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", daemon.pid(), "/task"))) {
     auto children = ReadFile((task.path() / "children").string());
     if (!children) continue;
     for (absl::string_view c : absl::StrSplit(*children, ' ', absl::SkipEmpty())) {
@@ -392,7 +393,8 @@ TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
   for (pid_t w : workers) {
     // Reaped by the daemon before it exited: gone, or a zombie of init's.
     auto stat = ReadFile(absl::StrCat("/proc/", w, "/stat"));
-    EXPECT_TRUE(!stat.has_value() || stat->find(") Z") != std::string::npos) << "worker " << w << " outlived the daemon";
+    EXPECT_TRUE(!stat.has_value() || stat->find(") Z") != std::string::npos)
+        << "worker " << w << " outlived the daemon";
   }
 }
 
@@ -481,7 +483,8 @@ TEST(DaemonProcessTest, SighupReloadsTheTenantsFileAndABadOneKeepsTheOld) {
 
   write("tenant {\n  name: \"local\"\n  uid: 1\n  gid: x\n}\n");
   ASSERT_EQ(kill(daemon.pid(), SIGHUP), 0);
-  EXPECT_TRUE(logged("E tenants: not reloaded, the 1 tenant(s) in force stay: ")) << *ReadFile(log_path);
+  EXPECT_TRUE(logged("E tenants: not reloaded, the 1 tenant(s) in force stay: "))
+      << *ReadFile(log_path);
   EXPECT_TRUE(logged(".textproto:4:")) << *ReadFile(log_path);
   GX_EXPECT_OK(client.ListDevices().status());
 
@@ -521,8 +524,8 @@ TEST(DaemonProcessTest, CheckTenantsValidatesAFileAndExits) {
 }
 
 TEST(DaemonProcessTest, ANonLoopbackAddressWithoutIdentityRefusesToStartInOneLine) {
-  auto [status, out] = RunCommand(absl::StrCat(DaemonPath(), " --listen=0.0.0.0:0 --driver=",
-                                        TestBackend().driver));
+  auto [status, out] =
+      RunCommand(absl::StrCat(DaemonPath(), " --listen=0.0.0.0:0 --driver=", TestBackend().driver));
   EXPECT_EQ(status, 1) << out;
   std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 1u) << out;

@@ -59,7 +59,8 @@ enum class Attack { kFault, kHang };
 uint64_t StrikesIn(const std::string& metrics) {
   const std::string name = "\ngpuexec_strikes_total ";
   const size_t at = metrics.find(name);
-  return at == std::string::npos ? 0 : std::strtoull(metrics.c_str() + at + name.size(), nullptr, 10);
+  return at == std::string::npos ? 0
+                                 : std::strtoull(metrics.c_str() + at + name.size(), nullptr, 10);
 }
 
 // Whether an MPS control daemon serves this host (as gpuexecd looks for it):
@@ -133,8 +134,8 @@ class FaultTest : public ServiceTest {
     constexpr uint32_t kWords = 4096;
     absl::StatusOr<Buffer> out = s.Allocate(kWords * 4);
     if (!out.ok()) return out.status();
-    absl::StatusOr<absl::Duration> ran =
-        s.LaunchAndWait(fill, Config(kWords / 256, 256), {Arg::Ptr(*out), Arg::U32(value), Arg::U64(kWords)});
+    absl::StatusOr<absl::Duration> ran = s.LaunchAndWait(
+        fill, Config(kWords / 256, 256), {Arg::Ptr(*out), Arg::U32(value), Arg::U64(kWords)});
     if (!ran.ok()) return ran.status();
     absl::StatusOr<std::vector<uint32_t>> got = out->ReadAs<uint32_t>(kWords);
     if (!got.ok()) return got.status();
@@ -192,9 +193,8 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
   // (A Read that reaches the worker after the fault and before the reset
   // fails with the reset itself, which is the same news.)
   EXPECT_THAT(kept.Read(0, 16),
-              StatusIs(absl::StatusCode::kAborted,
-                       AllOf(HasSubstr("device 0 was reset at"),
-                             HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"))));
+              StatusIs(absl::StatusCode::kAborted, AllOf(HasSubstr("device 0 was reset at"),
+                                                         HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"))));
   EXPECT_THAT(bystander.Launch(fill, Config(1, 32), {Arg::Ptr(kept), Arg::U32(1), Arg::U64(16)}),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("was lost")));
   GX_EXPECT_OK(kept.Free());
@@ -204,16 +204,17 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
   absl::Status again;
   do {
     again = FillWith(bystander, fill, 7);
-  } while (again.code() == absl::StatusCode::kUnavailable && absl::Now() - fault_seen < absl::Seconds(2));
+  } while (again.code() == absl::StatusCode::kUnavailable &&
+           absl::Now() - fault_seen < absl::Seconds(2));
   GX_EXPECT_OK(again);
   const absl::Duration recovered = absl::Now() - fault_seen;
   Record("illegal address, to a launch by a session of before", recovered);
   EXPECT_LT(recovered, absl::Seconds(2));
   // The session whose kernel faulted is closed, and says why.
-  EXPECT_THAT(FillAndCheck(victim, 9),
-              StatusIs(absl::StatusCode::kNotFound,
-                       AllOf(HasSubstr("was closed: its kernel reset device 0"),
-                             HasSubstr("strike 1"))));
+  EXPECT_THAT(
+      FillAndCheck(victim, 9),
+      StatusIs(absl::StatusCode::kNotFound,
+               AllOf(HasSubstr("was closed: its kernel reset device 0"), HasSubstr("strike 1"))));
   GX_EXPECT_OK(ServesNewWork(kDevice, 11, fault_seen + absl::Seconds(2)));
 
   const DeviceInfo after = DeviceAt(kDevice);
@@ -221,8 +222,9 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
   EXPECT_EQ(after.resets, before.resets + 1);
   EXPECT_EQ(after.epoch, before.epoch + 1);
   EXPECT_THAT(after.last_reset, AllOf(HasSubstr("gx_fault"), HasSubstr("UTC")));
-  EXPECT_THAT(server().RenderMetrics(),
-              HasSubstr(absl::StrCat("gpuexec_device_resets_total{device=\"0\"} ", after.resets, "\n")));
+  EXPECT_THAT(
+      server().RenderMetrics(),
+      HasSubstr(absl::StrCat("gpuexec_device_resets_total{device=\"0\"} ", after.resets, "\n")));
   EXPECT_NE(server().worker_pid(kDevice), worker);
   EXPECT_EQ(kill(worker, 0), -1) << "the faulted worker is gone";
   EXPECT_EQ(Health(target(), ""), HealthStatus::SERVING);
@@ -257,9 +259,9 @@ TEST_F(FaultTest, HungKernelPastTheSessionTimeLimitEndsTheWorker) {
   // About eleven days: forever, as far as this test goes.
   auto hung = s.LaunchAndWait(spin, Config(1, 1), {Arg::U64(uint64_t{1} << 50)});
   const absl::Time seen = absl::Now();
-  EXPECT_THAT(hung, StatusIs(absl::StatusCode::kAborted,
-                             AllOf(HasSubstr("gx_spin"), HasSubstr("device 0"),
-                                   HasSubstr("kernel time limit of 500 ms"))));
+  EXPECT_THAT(
+      hung, StatusIs(absl::StatusCode::kAborted, AllOf(HasSubstr("gx_spin"), HasSubstr("device 0"),
+                                                       HasSubstr("kernel time limit of 500 ms"))));
   EXPECT_GE(seen - start, absl::Milliseconds(500));
   EXPECT_LT(seen - start, absl::Seconds(3));
   Record("hung kernel, from its time limit to the ABORTED answer",
@@ -304,12 +306,13 @@ TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
   writer.join();
   EXPECT_THAT(written, StatusIs(absl::StatusCode::kAborted,
                                 AllOf(HasSubstr("device 0 was reset"), HasSubstr("signal 9"))));
-  EXPECT_THAT(buffer.Read(0, 16),
-              StatusIs(absl::StatusCode::kAborted, AllOf(HasSubstr("was lost"), HasSubstr("signal 9"))));
+  EXPECT_THAT(buffer.Read(0, 16), StatusIs(absl::StatusCode::kAborted,
+                                           AllOf(HasSubstr("was lost"), HasSubstr("signal 9"))));
   // The session's next Synchronize says its queued work was lost, once.
-  EXPECT_THAT(s.Synchronize(), StatusIs(absl::StatusCode::kAborted,
-                                        AllOf(HasSubstr("work queued on the session's stream was lost"),
-                                              HasSubstr("signal 9"))));
+  EXPECT_THAT(s.Synchronize(),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("work queued on the session's stream was lost"),
+                             HasSubstr("signal 9"))));
 
   GX_EXPECT_OK(ServesNewWork(kDevice, 3, killed + absl::Seconds(2)));
   Record("worker killed mid-Write, to new work served", absl::Now() - killed);
@@ -336,8 +339,8 @@ TEST_F(FaultTest, HealthIsNotServingWhileTheWorkerRestarts) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("gx_fault")));
   EXPECT_EQ(Health(target(), "device/0"), HealthStatus::NOT_SERVING);
   // The daemon as a whole serves while another device does.
-  EXPECT_EQ(Health(target(), ""), server().device_count() > 1 ? HealthStatus::SERVING
-                                                              : HealthStatus::NOT_SERVING);
+  EXPECT_EQ(Health(target(), ""),
+            server().device_count() > 1 ? HealthStatus::SERVING : HealthStatus::NOT_SERVING);
   EXPECT_EQ(Health(target(), "liveness"), HealthStatus::SERVING);
   GX_ASSERT_OK_AND_ASSIGN(DeviceInfo restarting, Device());
   EXPECT_FALSE(restarting.healthy);
@@ -485,9 +488,9 @@ TEST_F(FaultTest, UnderMpsAFaultReachesEveryWorkerAndIsChargedToItsTenant) {
     GX_ASSERT_OK_AND_ASSIGN(Session s, attacker.OpenSession(attacking));
     GX_ASSERT_OK_AND_ASSIGN(Function f, Kernel(s, hang ? "gx_spin" : "gx_fault"));
     const absl::Time start = absl::Now();
-    EXPECT_THAT(s.LaunchAndWait(f, Config(1, 1),
-                                {hang ? Arg::U64(uint64_t{1} << 50) : Arg::U64(16)}),
-                StatusIs(absl::StatusCode::kAborted, _));
+    EXPECT_THAT(
+        s.LaunchAndWait(f, Config(1, 1), {hang ? Arg::U64(uint64_t{1} << 50) : Arg::U64(16)}),
+        StatusIs(absl::StatusCode::kAborted, _));
     // The bystander, from the attacker's answer on: its session stays; its
     // work fails until its worker has restarted, then succeeds.
     const absl::Time answered = absl::Now();
@@ -511,9 +514,9 @@ TEST_F(FaultTest, UnderMpsAFaultReachesEveryWorkerAndIsChargedToItsTenant) {
     auto back = held.Read();
     std::cout << "under MPS, a " << (hang ? "hung" : "faulting") << " kernel of the attacker ("
               << absl::FormatDuration(answered - start) << " to its answer): the bystander "
-              << "served again " << absl::FormatDuration(absl::Now() - answered)
-              << " after it, " << failed << " of its calls failed meanwhile; its "
-              << (BystanderBytes() >> 20) << " MiB buffer "
+              << "served again " << absl::FormatDuration(absl::Now() - answered) << " after it, "
+              << failed << " of its calls failed meanwhile; its " << (BystanderBytes() >> 20)
+              << " MiB buffer "
               << (back.ok() ? "intact" : std::string(back.status().message()).substr(0, 60))
               << "\n";
     // Charged when the fault window (2 s) closes: the attacker alone was
@@ -707,8 +710,8 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
     GX_ASSERT_OK_AND_ASSIGN(Session s, c.OpenSession({kDevice}));
     GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(s, "gx_fill_u32"));
     GX_ASSERT_OK_AND_ASSIGN(Buffer b, s.Allocate(4096));
-    GX_ASSERT_OK(s.LaunchAndWait(fill, Config(1, 256), {Arg::Ptr(b), Arg::U32(1), Arg::U64(256)})
-                     .status());
+    GX_ASSERT_OK(
+        s.LaunchAndWait(fill, Config(1, 256), {Arg::Ptr(b), Arg::U32(1), Arg::U64(256)}).status());
     flooders.push_back(std::move(s));
     fills.push_back(fill);
     buffers.push_back(std::move(b));
@@ -737,8 +740,8 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
   for (int round = 0; round < 6 && !over; ++round) {
     for (int i = 0; i < kFlooders; ++i) {
       for (int k = 0; k < 1000; ++k) {
-        GX_ASSERT_OK(flooders[i].LaunchAsync(
-            fills[i], Config(1, 256), {Arg::Ptr(buffers[i]), Arg::U32(2), Arg::U64(256)}));
+        GX_ASSERT_OK(flooders[i].LaunchAsync(fills[i], Config(1, 256),
+                                             {Arg::Ptr(buffers[i]), Arg::U32(2), Arg::U64(256)}));
         ++launched;
       }
     }
@@ -747,11 +750,12 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
   ASSERT_TRUE(over) << launched << " launches left only " << unsent() << " bytes unsent";
   std::cout << launched << " launches queued; " << unsent() << " bytes not taken\n";
   const absl::Time start = absl::Now();
-  EXPECT_THAT(probe.Launch(fills.back(), Config(1, 256),
-                           {Arg::Ptr(buffers.back()), Arg::U32(3), Arg::U64(256)}),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("gx_fill_u32"), HasSubstr("device 0's worker has not yet taken"),
-                             HasSubstr("--worker_queue_bytes=65536"))));
+  EXPECT_THAT(
+      probe.Launch(fills.back(), Config(1, 256),
+                   {Arg::Ptr(buffers.back()), Arg::U32(3), Arg::U64(256)}),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("gx_fill_u32"), HasSubstr("device 0's worker has not yet taken"),
+                     HasSubstr("--worker_queue_bytes=65536"))));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the refusal waited for the worker";
   // Thousands of refused launches are not thousands of log lines.
   EXPECT_THAT(server->RenderMetrics(),
@@ -764,8 +768,9 @@ TEST_F(FaultTest, AStoppedWorkersQueueIsBounded) {
     EXPECT_TRUE(st.ok() || st.code() == absl::StatusCode::kResourceExhausted) << st;
   }
   EXPECT_TRUE(WaitFor([&] { return unsent() == 0; }, absl::Seconds(5)));
-  GX_EXPECT_OK(probe.LaunchAndWait(fills.back(), Config(1, 256),
-                                   {Arg::Ptr(buffers.back()), Arg::U32(4), Arg::U64(256)})
+  GX_EXPECT_OK(probe
+                   .LaunchAndWait(fills.back(), Config(1, 256),
+                                  {Arg::Ptr(buffers.back()), Arg::U32(4), Arg::U64(256)})
                    .status());
   GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> words, buffers.back().ReadAs<uint32_t>(256));
   EXPECT_EQ(words[0], 4u);
@@ -821,8 +826,7 @@ void FaultTest::AttackBesideABystander(Attack attack) {
   std::thread rounds_thread([&] {
     while (!stop.load()) {
       const absl::Time start = absl::Now();
-      if (absl::Status st = FillWith(kept, fill, static_cast<uint32_t>(rounds.load()));
-          !st.ok()) {
+      if (absl::Status st = FillWith(kept, fill, static_cast<uint32_t>(rounds.load())); !st.ok()) {
         if (errors++ == 0) ADD_FAILURE() << "the bystander's round: " << st;
       }
       worst = std::max(worst, absl::Now() - start);
@@ -1015,7 +1019,8 @@ TEST_F(FaultTest, VanishedClientIsFreedWhenItsLeaseLapses) {
   const absl::Time gone = absl::Now();
   const DeviceInfo held = DeviceAt(kDevice);
   EXPECT_EQ(held.sessions, before.sessions + 1);
-  EXPECT_LE(held.memory_free_bytes + (uint64_t{64} << 20), before.memory_free_bytes + memory_slack());
+  EXPECT_LE(held.memory_free_bytes + (uint64_t{64} << 20),
+            before.memory_free_bytes + memory_slack());
 
   // Its lease (1 s) lapses; the session and its memory are gone.
   EXPECT_TRUE(WaitFor(

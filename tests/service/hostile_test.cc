@@ -812,11 +812,11 @@ TEST_F(HostileTest, NamesAreQuotedShortAndEscaped) {
   grpc::health::v1::HealthCheckResponse response;
   grpc::ClientContext context;
   SetDeadline(&context);
-  const grpc::Status health =
-      grpc::health::v1::Health::NewStub(
-          grpc::CreateChannel(target(), grpc::InsecureChannelCredentials()))
-          ->Check(&context, request, &response);
-  EXPECT_EQ(health.error_code(), grpc::StatusCode::NOT_FOUND) << health.error_message().substr(0, 200);
+  const grpc::Status health = grpc::health::v1::Health::NewStub(
+                                  grpc::CreateChannel(target(), grpc::InsecureChannelCredentials()))
+                                  ->Check(&context, request, &response);
+  EXPECT_EQ(health.error_code(), grpc::StatusCode::NOT_FOUND)
+      << health.error_message().substr(0, 200);
   EXPECT_LT(health.error_message().size(), 200u);
 }
 
@@ -863,8 +863,8 @@ TEST_F(HostileTest, OversizedMessagesAndCommandFloodsAreRefused) {
     grpc::ClientContext context;
     v1::LoadModuleResponse response;
     auto first = raw->LoadModule(&context, &response);
-    ASSERT_TRUE(first->Write(Header(uploader.token(), std::string(64, 'a'), 400 << 20,
-                                    ModuleKind::kCubin)));
+    ASSERT_TRUE(first->Write(
+        Header(uploader.token(), std::string(64, 'a'), 400 << 20, ModuleKind::kCubin)));
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(first->Write(Chunk(mib)));
     ASSERT_TRUE(WaitFor(
         [&] {

@@ -176,13 +176,15 @@ TEST(MetricsEndpointTest, CountsTheWorkDoneAndConformsToTheFormat) {
 TEST(MetricsEndpointTest, UnknownMethodPathsShareOneSeries) {
   auto server = StartServer({});
   if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
-  grpc::GenericStub stub(grpc::CreateChannel(TargetOf(**server), grpc::InsecureChannelCredentials()));
+  grpc::GenericStub stub(
+      grpc::CreateChannel(TargetOf(**server), grpc::InsecureChannelCredentials()));
   for (int i = 0; i < 20; ++i) {
     grpc::CompletionQueue cq;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::ByteBuffer request, response;
-    auto call = stub.PrepareUnaryCall(&ctx, absl::StrCat("/made.Up", i, "/Method", i), request, &cq);
+    auto call =
+        stub.PrepareUnaryCall(&ctx, absl::StrCat("/made.Up", i, "/Method", i), request, &cq);
     call->StartCall();
     grpc::Status status;
     call->Finish(&response, &status, reinterpret_cast<void*>(1));
@@ -192,7 +194,9 @@ TEST(MetricsEndpointTest, UnknownMethodPathsShareOneSeries) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   }
   const std::string text = (*server)->RenderMetrics();
-  EXPECT_THAT(text, HasSubstr("grpc_server_started_total{grpc_service=\"unknown\",grpc_method=\"unknown\""));
+  EXPECT_THAT(
+      text,
+      HasSubstr("grpc_server_started_total{grpc_service=\"unknown\",grpc_method=\"unknown\""));
   EXPECT_THAT(text, ::testing::Not(HasSubstr("made.Up")));
 }
 

@@ -174,8 +174,8 @@ void FakePort::SetListeners(std::function<void(const port::ResetInfo&)> on_reset
 }
 
 absl::Status FakePort::LostError(uint64_t epoch, const std::string& what) const {
-  return absl::AbortedError(absl::StrCat(what, " was lost: device ", options_.ordinal,
-                                         " was reset since epoch ", epoch));
+  return absl::AbortedError(
+      absl::StrCat(what, " was lost: device ", options_.ordinal, " was reset since epoch ", epoch));
 }
 
 absl::Status FakePort::EpochCheck(uint64_t epoch, const std::string& what) const {

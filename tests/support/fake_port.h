@@ -109,8 +109,8 @@ class FakePort final : public port::DevicePort {
   void LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,
                   port::Done done) override;
   void UnloadModule(const std::string& sha256) override;
-  void GetKernel(std::shared_ptr<const port::ModuleImage> image, std::string name,
-                 std::string what, port::Callback<port::KernelInfo> done) override;
+  void GetKernel(std::shared_ptr<const port::ModuleImage> image, std::string name, std::string what,
+                 port::Callback<port::KernelInfo> done) override;
   void Launch(port::StreamId stream, port::LaunchOp op, uint64_t epoch, port::Done done) override;
   void Synchronize(port::StreamId stream, uint64_t work_epoch,
                    port::Callback<uint64_t> gpu_ns) override;

@@ -28,12 +28,15 @@ T At(const std::string& block, size_t offset) {
 }
 
 TEST(PackArgs, PacksEveryKindAtItsOffset) {
-  std::vector<ArgValue> args = {
-      ArgValue::Signed(K::kI8, -3),       ArgValue::Signed(K::kI16, -300),
-      ArgValue::Unsigned(K::kU32, 70000), ArgValue::Signed(K::kI64, -5000000000),
-      ArgValue::Float(K::kF16, 1.5),      ArgValue::Float(K::kBF16, 1.5),
-      ArgValue::Float(K::kF32, 2.25),     ArgValue::Float(K::kF64, -0.125),
-      ArgValue::Buffer(7, 16)};
+  std::vector<ArgValue> args = {ArgValue::Signed(K::kI8, -3),
+                                ArgValue::Signed(K::kI16, -300),
+                                ArgValue::Unsigned(K::kU32, 70000),
+                                ArgValue::Signed(K::kI64, -5000000000),
+                                ArgValue::Float(K::kF16, 1.5),
+                                ArgValue::Float(K::kBF16, 1.5),
+                                ArgValue::Float(K::kF32, 2.25),
+                                ArgValue::Float(K::kF64, -0.125),
+                                ArgValue::Buffer(7, 16)};
   auto resolve = [](size_t index, const ArgValue& a) -> absl::StatusOr<port::DevicePtr> {
     EXPECT_EQ(index, 8u);
     EXPECT_EQ(a.buffer, 7u);
@@ -62,10 +65,11 @@ TEST(PackArgs, WrongCountNamesTheKernel) {
 
 TEST(PackArgs, WrongSizeNamesTheParameter) {
   std::vector<port::ParamInfo> params = {{0, 4}, {8, 8}};
-  auto block = PackArgs("k", params, 16,
-                        {ArgValue::Float(K::kF32, 1), ArgValue::Float(K::kF32, 2)}, NoBuffers);
+  auto block = PackArgs("k", params, 16, {ArgValue::Float(K::kF32, 1), ArgValue::Float(K::kF32, 2)},
+                        NoBuffers);
   ASSERT_EQ(block.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(block.status().message()), HasSubstr("parameter 1 of kernel 'k' is 8 bytes"));
+  EXPECT_THAT(std::string(block.status().message()),
+              HasSubstr("parameter 1 of kernel 'k' is 8 bytes"));
   EXPECT_THAT(std::string(block.status().message()), HasSubstr("f32 (4 bytes)"));
 }
 
@@ -91,7 +95,8 @@ TEST(PackArgs, RawBytesAndNull) {
   EXPECT_EQ(block->substr(0, 16), raw);
   EXPECT_EQ(At<uint64_t>(*block, 16), 0u);
   // A raw argument of the wrong length is a size mismatch.
-  EXPECT_FALSE(PackArgs("gx_struct", params, 24, {ArgValue::Raw("abc"), ArgValue::Null()}, NoBuffers).ok());
+  EXPECT_FALSE(
+      PackArgs("gx_struct", params, 24, {ArgValue::Raw("abc"), ArgValue::Null()}, NoBuffers).ok());
 }
 
 TEST(PackArgs, ResolverErrorsPassThrough) {
@@ -127,8 +132,8 @@ TEST(FloatConversion, HalfRoundsToNearestEven) {
   EXPECT_EQ(FloatToHalf(1.5f), 0x3E00);
   EXPECT_EQ(FloatToHalf(-2.0f), 0xC000);
   EXPECT_EQ(FloatToHalf(65504.0f), 0x7BFF);
-  EXPECT_EQ(FloatToHalf(65536.0f), 0x7C00);          // overflow: inf
-  EXPECT_EQ(FloatToHalf(5.9604645e-08f), 0x0001);    // smallest subnormal
+  EXPECT_EQ(FloatToHalf(65536.0f), 0x7C00);            // overflow: inf
+  EXPECT_EQ(FloatToHalf(5.9604645e-08f), 0x0001);      // smallest subnormal
   EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3C00);  // tie to even (down)
   EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3C02);  // tie to even (up)
   EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::infinity()), 0x7C00);

@@ -89,13 +89,20 @@ TEST(Convert, EveryArgKind) {
     K kind;
   };
   const std::vector<Case> cases = {
-      {[](v1::Arg* a) { a->set_i8(-1); }, K::kI8},      {[](v1::Arg* a) { a->set_i16(-2); }, K::kI16},
-      {[](v1::Arg* a) { a->set_i32(-3); }, K::kI32},    {[](v1::Arg* a) { a->set_i64(-4); }, K::kI64},
-      {[](v1::Arg* a) { a->set_u8(1); }, K::kU8},       {[](v1::Arg* a) { a->set_u16(2); }, K::kU16},
-      {[](v1::Arg* a) { a->set_u32(3); }, K::kU32},     {[](v1::Arg* a) { a->set_u64(4); }, K::kU64},
-      {[](v1::Arg* a) { a->set_f16(1.5f); }, K::kF16},  {[](v1::Arg* a) { a->set_bf16(2.5f); }, K::kBF16},
-      {[](v1::Arg* a) { a->set_f32(3.5f); }, K::kF32},  {[](v1::Arg* a) { a->set_f64(4.5); }, K::kF64},
-      {[](v1::Arg* a) { a->set_raw("xyz"); }, K::kRaw}, {[](v1::Arg* a) { a->set_null_pointer(true); }, K::kNull},
+      {[](v1::Arg* a) { a->set_i8(-1); }, K::kI8},
+      {[](v1::Arg* a) { a->set_i16(-2); }, K::kI16},
+      {[](v1::Arg* a) { a->set_i32(-3); }, K::kI32},
+      {[](v1::Arg* a) { a->set_i64(-4); }, K::kI64},
+      {[](v1::Arg* a) { a->set_u8(1); }, K::kU8},
+      {[](v1::Arg* a) { a->set_u16(2); }, K::kU16},
+      {[](v1::Arg* a) { a->set_u32(3); }, K::kU32},
+      {[](v1::Arg* a) { a->set_u64(4); }, K::kU64},
+      {[](v1::Arg* a) { a->set_f16(1.5f); }, K::kF16},
+      {[](v1::Arg* a) { a->set_bf16(2.5f); }, K::kBF16},
+      {[](v1::Arg* a) { a->set_f32(3.5f); }, K::kF32},
+      {[](v1::Arg* a) { a->set_f64(4.5); }, K::kF64},
+      {[](v1::Arg* a) { a->set_raw("xyz"); }, K::kRaw},
+      {[](v1::Arg* a) { a->set_null_pointer(true); }, K::kNull},
   };
   for (const Case& c : cases) {
     v1::Arg a;

@@ -1,9 +1,8 @@
 // The cuda layer against the libcuda test double, loaded through the same
 // dlopen path as the real driver.
-#include "server/cuda/driver.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/cuda/driver.h"
 
 namespace gpuexec::cuda {
 namespace {
@@ -23,11 +22,11 @@ TEST(Driver, LibraryWithoutEntryPointsIsRefused) {
 }
 
 TEST(Driver, ResultTableIsMeaningful) {
-  EXPECT_EQ(CodeForResult(2), absl::StatusCode::kResourceExhausted);   // OUT_OF_MEMORY
-  EXPECT_EQ(CodeForResult(1), absl::StatusCode::kInvalidArgument);     // INVALID_VALUE
-  EXPECT_EQ(CodeForResult(100), absl::StatusCode::kUnavailable);       // NO_DEVICE
-  EXPECT_EQ(CodeForResult(700), absl::StatusCode::kAborted);           // ILLEGAL_ADDRESS
-  EXPECT_EQ(CodeForResult(500), absl::StatusCode::kNotFound);          // NOT_FOUND
+  EXPECT_EQ(CodeForResult(2), absl::StatusCode::kResourceExhausted);     // OUT_OF_MEMORY
+  EXPECT_EQ(CodeForResult(1), absl::StatusCode::kInvalidArgument);       // INVALID_VALUE
+  EXPECT_EQ(CodeForResult(100), absl::StatusCode::kUnavailable);         // NO_DEVICE
+  EXPECT_EQ(CodeForResult(700), absl::StatusCode::kAborted);             // ILLEGAL_ADDRESS
+  EXPECT_EQ(CodeForResult(500), absl::StatusCode::kNotFound);            // NOT_FOUND
   EXPECT_EQ(CodeForResult(218), absl::StatusCode::kFailedPrecondition);  // INVALID_PTX
   EXPECT_TRUE(IsStickyResult(700));
   EXPECT_FALSE(IsStickyResult(2));

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -38,9 +37,13 @@ absl::StatusOr<T> Await(const std::function<void(Callback<T>)>& op) {
 absl::Status AwaitDone(const std::function<void(Done)>& op) {
   return Await<bool>([&](Callback<bool> cb) {
            op([cb](absl::Status st) {
-             if (st.ok()) cb(true); else cb(st);
+             if (st.ok())
+               cb(true);
+             else
+               cb(st);
            });
-         }).status();
+         })
+      .status();
 }
 
 class DeviceTest : public ::testing::Test {
@@ -80,9 +83,8 @@ class DeviceTest : public ::testing::Test {
 
   // A launch of gx_spin for `ms` (a kernel of `image`, given id 1).
   LaunchOp Spin(const std::shared_ptr<const ModuleImage>& image, uint64_t ms) {
-    auto k = Await<KernelInfo>([&](Callback<KernelInfo> cb) {
-      device_->GetKernel(image, "gx_spin", 1, "module m", cb);
-    });
+    auto k = Await<KernelInfo>(
+        [&](Callback<KernelInfo> cb) { device_->GetKernel(image, "gx_spin", 1, "module m", cb); });
     EXPECT_TRUE(k.ok()) << k.status();
     LaunchOp op;
     op.kernel = 1;
@@ -110,18 +112,19 @@ const cuda::Driver* DeviceTest::driver_ = nullptr;
 TEST_F(DeviceTest, CopiesStreamThroughStagingSlots) {
   EXPECT_EQ(device_->staging().size(), 2u);
   EXPECT_EQ(device_->staging().capacity(), 4096u);
-  auto ptr = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
-    device_->Allocate(stream_, 4096, "buffer A", cb);
-  });
+  auto ptr = Await<DevicePtr>(
+      [&](Callback<DevicePtr> cb) { device_->Allocate(stream_, 4096, "buffer A", cb); });
   ASSERT_TRUE(ptr.ok()) << ptr.status();
 
   StagingSlot slot;
   device_->staging().Acquire([&](StagingSlot s) { slot = s; });
   ASSERT_NE(slot.data, nullptr);
   for (int i = 0; i < 4096; ++i) slot.data[i] = static_cast<uint8_t>(i * 3);
-  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CopyToDevice(stream_, *ptr, slot, 4096, "A", d); }).ok());
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CopyToDevice(stream_, *ptr, slot, 4096, "A", d); }).ok());
   std::memset(slot.data, 0, 4096);
-  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CopyToHost(stream_, slot, *ptr, 4096, "A", d); }).ok());
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CopyToHost(stream_, slot, *ptr, 4096, "A", d); }).ok());
   for (int i = 0; i < 4096; ++i) ASSERT_EQ(slot.data[i], static_cast<uint8_t>(i * 3)) << i;
   device_->staging().Release(slot);
   EXPECT_EQ(device_->staging().free_slots(), 2u);
@@ -135,7 +138,8 @@ TEST_F(DeviceTest, OneDriverLoadPerImage) {
     EXPECT_TRUE(AwaitDone([&](Done d) { device_->LoadModule(image, "module m", d); }).ok());
   }
   EXPECT_EQ(device_->module_loads_total(), before + 1);
-  auto bad = AwaitDone([&](Done d) { device_->LoadModule(Image("not an image"), "module bad", d); });
+  auto bad =
+      AwaitDone([&](Done d) { device_->LoadModule(Image("not an image"), "module bad", d); });
   EXPECT_EQ(bad.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(bad.message()), HasSubstr("module bad"));
   EXPECT_TRUE(device_->healthy());
@@ -143,16 +147,17 @@ TEST_F(DeviceTest, OneDriverLoadPerImage) {
 
 TEST_F(DeviceTest, LaunchesWithPackedParamsAndReportsGpuTime) {
   auto image = Image("GXFAKE1\ngx_saxpy\ngx_bigshared\n");
-  auto k = Await<KernelInfo>([&](Callback<KernelInfo> cb) {
-    device_->GetKernel(image, "gx_saxpy", 1, "module m", cb);
-  });
+  auto k = Await<KernelInfo>(
+      [&](Callback<KernelInfo> cb) { device_->GetKernel(image, "gx_saxpy", 1, "module m", cb); });
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_EQ(k->params.size(), 4u);
   EXPECT_EQ(k->param_bytes, 32u);
 
   constexpr uint64_t n = 1000;
-  auto x = Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, n * 4, "x", cb); });
-  auto y = Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, n * 4, "y", cb); });
+  auto x =
+      Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, n * 4, "x", cb); });
+  auto y =
+      Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, n * 4, "y", cb); });
   ASSERT_TRUE(x.ok() && y.ok());
   // Byte fills: every x is the float with bits 0x40404040, every y is 0.
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->Memset(stream_, *x, 0x40, n * 4, "x", d); }).ok());
@@ -205,7 +210,8 @@ TEST_F(DeviceTest, LaunchesWithPackedParamsAndReportsGpuTime) {
   std::memcpy(bs.param_block.data() + 8, &words, 4);
   bs.what = "kernel 'gx_bigshared'";
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->Launch(stream_, bs, d); }).ok());
-  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
+  ASSERT_TRUE(
+      Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
 
   EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *x, "x", d); }).ok());
   EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *y, "y", d); }).ok());
@@ -229,11 +235,13 @@ TEST_F(DeviceTest, StickyFaultFailsEverythingAfterIt) {
         std::memcpy(op.param_block.data(), &address, 8);
         op.what = "kernel 'gx_fault' of session s";
         if (!AwaitDone([&](Done d) { device_->Launch(stream_, op, d); }).ok()) _exit(3);
-        auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
+        auto ns =
+            Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
         if (ns.status().code() != absl::StatusCode::kAborted) _exit(4);
         if (std::string(ns.status().message()).find("gx_fault") == std::string::npos) _exit(5);
         if (device_->healthy()) _exit(6);
-        auto after = Await<DevicePtr>([&](Callback<DevicePtr> cb) { device_->Allocate(stream_, 64, "z", cb); });
+        auto after = Await<DevicePtr>(
+            [&](Callback<DevicePtr> cb) { device_->Allocate(stream_, 64, "z", cb); });
         if (after.status().code() != absl::StatusCode::kAborted) _exit(7);
         _exit(0);
       },
@@ -250,7 +258,8 @@ class QueuedLaunchTest : public DeviceTest {
 // never blocks in a full launch queue).
 TEST_F(QueuedLaunchTest, LaunchesPastTheBoundWaitWithoutStallingOtherStreams) {
   const StreamId other = 8;
-  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(other, absl::ZeroDuration(), d); }).ok());
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(other, absl::ZeroDuration(), d); }).ok());
   auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
     device_->Allocate(other, 4096, "buffer of the other stream", cb);
   });
@@ -283,7 +292,8 @@ TEST_F(QueuedLaunchTest, LaunchesPastTheBoundWaitWithoutStallingOtherStreams) {
   EXPECT_GE(depth->held, 1u);
 
   // The held launches run in order; a Synchronize behind them waits for all.
-  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
+  ASSERT_TRUE(
+      Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
   absl::MutexLock lock(&mu);
   ASSERT_EQ(order.size(), kLaunches + 1u);
   std::vector<std::string> launches;
@@ -316,7 +326,8 @@ TEST_F(QueuedLaunchTest, HeldOperationsFailWithTheFault) {
         for (int i = 0; i < 3; ++i) device_->Launch(stream_, spin, [](absl::Status) {});
         device_->Launch(stream_, fault, [](absl::Status) {});
         for (int i = 0; i < 4; ++i) device_->Launch(stream_, spin, [](absl::Status) {});
-        auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
+        auto ns =
+            Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
         if (ns.status().code() != absl::StatusCode::kAborted) _exit(3);
         _exit(0);
       },
@@ -354,10 +365,12 @@ TEST_F(HeldBoundTest, HeldOperationsAreBoundedAndEndWithTheirStream) {
     }
   }
   EXPECT_EQ(refused, 12 - 3 - 4);  // 3 queued, 4 held
-  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
+  ASSERT_TRUE(
+      Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); }).ok());
 
   const StreamId closing = 9;
-  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(closing, absl::ZeroDuration(), d); }).ok());
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(closing, absl::ZeroDuration(), d); }).ok());
   auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
     device_->Allocate(closing, 4096, "buffer of the closing stream", cb);
   });

@@ -70,8 +70,9 @@ class EngineTest : public ::testing::Test {
     options.chunk_bytes = 64 << 10;
     options.staging_buffers = 4;
     port_ = nullptr;
-    auto open = [this](int ordinal, const std::string& tenant, port::DriverInfo* info)
-        -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
+    auto open = [this](
+                    int ordinal, const std::string& tenant,
+                    port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
       info->device_count = 1;
       info->driver_version = 13000;
       info->test_double = true;
@@ -353,9 +354,9 @@ TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
     spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
     spec.synchronize = true;
     EXPECT_THAT(Launch(spec), StatusIs(absl::StatusCode::kAborted, HasSubstr("illegal")));
-    EXPECT_THAT(engine_->KeepAlive(caller_, s->token),
-                StatusIs(absl::StatusCode::kNotFound,
-                         HasSubstr(absl::StrCat("strike ", strike, " of 2"))));
+    EXPECT_THAT(
+        engine_->KeepAlive(caller_, s->token),
+        StatusIs(absl::StatusCode::kNotFound, HasSubstr(absl::StrCat("strike ", strike, " of 2"))));
   }
   // At the limit: this peer's launches are refused, its allocations are not.
   auto s = Open();
@@ -416,9 +417,8 @@ TEST_F(TenantIsolationTest, EachTenantHasAWorkerOfItsOwnAndItsFaultsStayThere) {
               IsOk());
 
   pa->Reset("a kernel of tenant a faulted");
-  EXPECT_THAT(
-      AwaitDone([&](Done d) { engine_->Memset(a, sa->token, ba->handle, 0, 0, 1, d); }),
-      StatusIs(absl::StatusCode::kAborted, HasSubstr("lost")));
+  EXPECT_THAT(AwaitDone([&](Done d) { engine_->Memset(a, sa->token, ba->handle, 0, 0, 1, d); }),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("lost")));
   // Tenant b's buffer and worker never noticed.
   caller_ = b;
   auto bytes = ReadAll(sb->token, bb->handle, 4096);
@@ -560,8 +560,7 @@ TEST_F(MpsTest, AFaultHasTheOtherWorkersCheckedAndIsChargedToItsTenantAlone) {
   port_->FaultAtNextQuery("cuMemGetInfo failed for device 0: CUDA_ERROR_ILLEGAL_ADDRESS");
   const uint64_t b_queries = pb->memory_queries();
   FaultAs(a, sa->token);
-  EXPECT_TRUE(WaitFor([&] { return pb->resets() == 1 && port_->resets() == 1; },
-                      absl::Seconds(2)))
+  EXPECT_TRUE(WaitFor([&] { return pb->resets() == 1 && port_->resets() == 1; }, absl::Seconds(2)))
       << "the other workers were not checked";
   EXPECT_GT(pb->memory_queries(), b_queries);
   EXPECT_EQ(pa->resets(), 1u);
@@ -620,9 +619,9 @@ TEST_F(MpsTest, AFaultLoopIsChargedOncePerWindowUpToTheLimit) {
     FaultAs(a, s->token);
     FaultAs(a, s->token);  // in the same window
     Settle();
-    EXPECT_THAT(engine_->KeepAlive(a, s->token),
-                StatusIs(absl::StatusCode::kNotFound,
-                         HasSubstr(absl::StrCat("strike ", strike, " of 3"))));
+    EXPECT_THAT(
+        engine_->KeepAlive(a, s->token),
+        StatusIs(absl::StatusCode::kNotFound, HasSubstr(absl::StrCat("strike ", strike, " of 3"))));
     EXPECT_EQ(engine_->Stats().strikes, static_cast<uint64_t>(strike));
   }
   auto s = OpenAs(a);

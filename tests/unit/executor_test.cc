@@ -38,7 +38,8 @@ TEST(Executor, RunsOpsInOrderOnOneThread) {
 TEST(Executor, StopDrainsQueueThenRunsOnStop) {
   Executor ex("test");
   std::vector<int> seen;
-  ex.Start(nullptr, nullptr, [&] { seen.push_back(-1); }, absl::Milliseconds(50));
+  ex.Start(
+      nullptr, nullptr, [&] { seen.push_back(-1); }, absl::Milliseconds(50));
   for (int i = 0; i < 10; ++i) ex.Post([&, i] { seen.push_back(i); });
   ex.Stop();
   ASSERT_EQ(seen.size(), 11u);
@@ -51,7 +52,12 @@ TEST(Executor, TicksWhenIdle) {
   Executor ex("test");
   absl::Notification ticked;
   std::atomic<int> ticks{0};
-  ex.Start(nullptr, [&] { if (++ticks == 2) ticked.Notify(); }, nullptr, absl::Milliseconds(5));
+  ex.Start(
+      nullptr,
+      [&] {
+        if (++ticks == 2) ticked.Notify();
+      },
+      nullptr, absl::Milliseconds(5));
   EXPECT_TRUE(ticked.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 
@@ -65,8 +71,14 @@ TEST(StagingPool, HandsOutSlotsFirstComeFirstServed) {
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(pool.free_slots(), 0u);
   std::vector<int> waiters;
-  pool.Acquire([&](StagingSlot s) { waiters.push_back(1); got.push_back(s); });
-  pool.Acquire([&](StagingSlot s) { waiters.push_back(2); got.push_back(s); });
+  pool.Acquire([&](StagingSlot s) {
+    waiters.push_back(1);
+    got.push_back(s);
+  });
+  pool.Acquire([&](StagingSlot s) {
+    waiters.push_back(2);
+    got.push_back(s);
+  });
   EXPECT_TRUE(waiters.empty());
   pool.Release(got[0]);
   ASSERT_EQ(waiters, std::vector<int>({1}));

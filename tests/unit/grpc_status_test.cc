@@ -13,7 +13,8 @@ TEST(GrpcStatus, EveryCodeRoundTrips) {
     const grpc::StatusCode g = ToGrpcCode(code);
     EXPECT_EQ(static_cast<int>(g), c);
     EXPECT_EQ(FromGrpcCode(g), code);
-    const absl::Status s = c == 0 ? absl::OkStatus() : absl::Status(code, "buffer 0x1 of session x");
+    const absl::Status s =
+        c == 0 ? absl::OkStatus() : absl::Status(code, "buffer 0x1 of session x");
     const grpc::Status gs = ToGrpcStatus(s);
     EXPECT_EQ(FromGrpcStatus(gs), s);
     if (c != 0) {

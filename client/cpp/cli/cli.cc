@@ -180,9 +180,9 @@ struct FlagDef {
   bool global;
 };
 constexpr FlagDef kFlags[] = {
-    {"target", true},     {"device", true},   {"timeout", true},  {"token_file", true},
-    {"tls_ca", true},     {"tls_cert", true}, {"tls_key", true},  {"grid", false},
-    {"block", false},     {"shared", false},  {"cluster", false}, {"triton", false},
+    {"target", true}, {"device", true},   {"timeout", true},  {"token_file", true},
+    {"tls_ca", true}, {"tls_cert", true}, {"tls_key", true},  {"grid", false},
+    {"block", false}, {"shared", false},  {"cluster", false}, {"triton", false},
 };
 
 struct CommandLine {
@@ -384,11 +384,12 @@ std::optional<Failure> Devices(const CommandLine& cl) {
                 !d.not_answering_since.empty() ? "silent"
                 : d.healthy                    ? "healthy"
                                                : "restarting",
-                d.multiprocessor_count, d.sessions,
-                static_cast<unsigned long long>(d.resets), workers.c_str());
+                d.multiprocessor_count, d.sessions, static_cast<unsigned long long>(d.resets),
+                workers.c_str());
   }
   for (const DeviceInfo& d : *devices) {
-    if (!d.last_reset.empty()) std::printf("device %u last reset %s\n", d.index, d.last_reset.c_str());
+    if (!d.last_reset.empty())
+      std::printf("device %u last reset %s\n", d.index, d.last_reset.c_str());
     if (!d.not_answering_since.empty()) {
       std::printf("device %u has not answered since %s (its figures are the last it gave)\n",
                   d.index, d.not_answering_since.c_str());

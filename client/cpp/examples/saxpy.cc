@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
 
   // Wait for the copies, so that the launch below reports the kernel's own
   // GPU time (Synchronize reports all of the session's work since the last).
-  if (auto copies = session->Synchronize(); !copies.ok()) return Fail("synchronize", copies.status());
+  if (auto copies = session->Synchronize(); !copies.ok())
+    return Fail("synchronize", copies.status());
 
   gpuexec::LaunchConfig config;
   config.grid.x = static_cast<uint32_t>((n + 255) / 256);
@@ -71,8 +72,8 @@ int main(int argc, char** argv) {
     if ((*out)[i] != expected && (*out)[i] != a * x[i] + y[i]) ++wrong;
   }
   std::printf("saxpy on %llu floats: kernel GPU time %.3f ms; y[0]=%g y[%llu]=%g; %s\n",
-              static_cast<unsigned long long>(n), absl::ToDoubleMilliseconds(*gpu_time),
-              (*out)[0], static_cast<unsigned long long>(n - 1), (*out)[n - 1],
+              static_cast<unsigned long long>(n), absl::ToDoubleMilliseconds(*gpu_time), (*out)[0],
+              static_cast<unsigned long long>(n - 1), (*out)[n - 1],
               wrong == 0 ? "all match the host" : "MISMATCH");
   return wrong == 0 ? 0 : 1;
 }

@@ -169,9 +169,9 @@ class BlockingStream {
           spin = false;
           g_spinning.fetch_sub(1);
         }
-        got = cq_.AsyncNext(&tag, &ok,
-                            spin ? gpr_time_0(GPR_CLOCK_MONOTONIC)
-                                 : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+        got = cq_.AsyncNext(
+            &tag, &ok,
+            spin ? gpr_time_0(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_MONOTONIC));
       } while (got == grpc::CompletionQueue::TIMEOUT);
       if (spin) g_spinning.fetch_sub(1);
       mu_.Lock();
@@ -1446,8 +1446,8 @@ absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOp
   // streams of 1 MiB messages were up to 1.5x faster without it).
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   if (options.chunk_bytes == 0 || options.chunk_bytes > (16u << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpuexec client: chunk_bytes ", options.chunk_bytes, " is not in 1..16 MiB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpuexec client: chunk_bytes ", options.chunk_bytes, " is not in 1..16 MiB"));
   }
   auto recipe = internal::MakeChannelRecipe(target, options);
   if (!recipe.ok()) return recipe.status();

@@ -98,9 +98,8 @@ struct ClientOptions {
   // daemon and its workers want the cores of a smaller one), else 0. At
   // most one thread of the process per eight cores spins at a time; other
   // waiting threads sleep at once.
-  absl::Duration spin_wait = std::thread::hardware_concurrency() >= 8
-                                 ? absl::Microseconds(200)
-                                 : absl::ZeroDuration();
+  absl::Duration spin_wait =
+      std::thread::hardware_concurrency() >= 8 ? absl::Microseconds(200) : absl::ZeroDuration();
   // A Write or ReadInto of at least two transfer_part_bytes goes in up to
   // this many parts at once, each a call on a connection of its own (made
   // at the first such transfer), so that the copies into and out of the
