@@ -10,7 +10,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-grpc-tools
   python3-prometheus-client python3-yaml openssl
-  clang libfuzzer-14-dev libclang-rt-14-dev)
+  clang clang-format-14 libfuzzer-14-dev libclang-rt-14-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
