@@ -15,6 +15,7 @@
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 #include "server/core/image_check.h"
+#include "server/core/launch_check.h"
 
 namespace gpuexec::core {
 namespace {
@@ -1918,53 +1919,12 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     }
     const FunctionEntry& f = fit->second;
     const std::string kname = absl::StrCat("kernel '", Quoted(f.name), "'");
-    auto bad = [&](auto&&... parts) {
-      return gpu_ns(absl::InvalidArgumentError(absl::StrCat("launch of ", kname, ": ", parts...)));
-    };
-    const uint32_t grid[3] = {spec.grid.x, spec.grid.y, spec.grid.z};
-    const uint32_t block[3] = {spec.block.x, spec.block.y, spec.block.z};
-    const uint32_t cluster[3] = {spec.cluster.x, spec.cluster.y, spec.cluster.z};
-    static constexpr const char* kAxis[] = {"x", "y", "z"};
-    for (int i = 0; i < 3; ++i) {
-      if (grid[i] == 0)
-        return bad("grid.", kAxis[i], " is 0; every grid dimension must be at least 1");
-      if (block[i] == 0)
-        return bad("block.", kAxis[i], " is 0; every block dimension must be at least 1");
-      if (grid[i] > static_cast<uint32_t>(p.max_grid[i]))
-        return bad("grid.", kAxis[i], " is ", grid[i], "; device ", p.ordinal, " allows at most ",
-                   p.max_grid[i]);
-      if (block[i] > static_cast<uint32_t>(p.max_block[i]))
-        return bad("block.", kAxis[i], " is ", block[i], "; device ", p.ordinal, " allows at most ",
-                   p.max_block[i]);
-    }
-    const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
-    const int max_threads =
-        f.kernel.attributes.max_threads_per_block > 0
-            ? std::min(f.kernel.attributes.max_threads_per_block, p.max_threads_per_block)
-            : p.max_threads_per_block;
-    if (threads > static_cast<uint64_t>(max_threads)) {
-      return bad("block (", block[0], ", ", block[1], ", ", block[2], ") has ", threads,
-                 " threads; this kernel allows at most ", max_threads, " per block");
-    }
-    if (spec.shared_bytes > static_cast<uint64_t>(f.kernel.attributes.max_dynamic_shared_bytes)) {
-      return bad(spec.shared_bytes, " bytes of dynamic shared memory asked; at most ",
-                 f.kernel.attributes.max_dynamic_shared_bytes, " fit beside its ",
-                 f.kernel.attributes.static_shared_bytes,
-                 " bytes of static shared memory on device ", p.ordinal);
-    }
-    const bool clustered = cluster[0] != 0 || cluster[1] != 0 || cluster[2] != 0;
-    if (clustered) {
-      if (!p.cluster_launch)
-        return bad("device ", p.ordinal, " does not support thread block clusters");
-      uint64_t size = 1;
-      for (int i = 0; i < 3; ++i) {
-        const uint32_t c = cluster[i] == 0 ? 1 : cluster[i];
-        if (grid[i] % c != 0)
-          return bad("grid.", kAxis[i], " (", grid[i], ") is not a multiple of cluster.", kAxis[i],
-                     " (", c, ")");
-        size *= c;
-      }
-      if (size > 8) return bad("a cluster of ", size, " blocks is over the portable maximum of 8");
+    const LaunchShape shape{{spec.grid.x, spec.grid.y, spec.grid.z},
+                            {spec.block.x, spec.block.y, spec.block.z},
+                            {spec.cluster.x, spec.cluster.y, spec.cluster.z},
+                            spec.shared_bytes};
+    if (absl::Status st = CheckLaunchShape(shape, f.kernel.attributes, p, kname); !st.ok()) {
+      return gpu_ns(st);
     }
     auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<port::DevicePtr> {
       s->mu.AssertHeld();  // called by PackArgs below, under the lock taken above
@@ -1989,10 +1949,11 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     if (!block_bytes.ok()) return gpu_ns(block_bytes.status());
     op.kernel = f.kernel.id;
     op.param_block = std::move(block_bytes).value();
+    const bool clustered = shape.cluster[0] != 0 || shape.cluster[1] != 0 || shape.cluster[2] != 0;
     for (int i = 0; i < 3; ++i) {
-      op.geometry.grid[i] = grid[i];
-      op.geometry.block[i] = block[i];
-      op.geometry.cluster[i] = clustered ? (cluster[i] == 0 ? 1 : cluster[i]) : 0;
+      op.geometry.grid[i] = shape.grid[i];
+      op.geometry.block[i] = shape.block[i];
+      op.geometry.cluster[i] = clustered ? (shape.cluster[i] == 0 ? 1 : shape.cluster[i]) : 0;
     }
     op.geometry.shared_bytes = spec.shared_bytes;
     op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);

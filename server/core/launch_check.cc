@@ -1,0 +1,65 @@
+#include "server/core/launch_check.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpuexec::core {
+
+absl::Status CheckLaunchShape(const LaunchShape& shape, const port::FunctionAttributes& kernel,
+                              const port::DeviceProperties& p, absl::string_view kernel_name) {
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("launch of ", kernel_name, ": ", parts...));
+  };
+  const uint32_t* grid = shape.grid;
+  const uint32_t* block = shape.block;
+  const uint32_t* cluster = shape.cluster;
+  static constexpr const char* kAxis[] = {"x", "y", "z"};
+  for (int i = 0; i < 3; ++i) {
+    if (grid[i] == 0)
+      return bad("grid.", kAxis[i], " is 0; every grid dimension must be at least 1");
+    if (block[i] == 0) {
+      return bad("block.", kAxis[i], " is 0; every block dimension must be at least 1");
+    }
+    if (grid[i] > static_cast<uint32_t>(p.max_grid[i])) {
+      return bad("grid.", kAxis[i], " is ", grid[i], "; device ", p.ordinal, " allows at most ",
+                 p.max_grid[i]);
+    }
+    if (block[i] > static_cast<uint32_t>(p.max_block[i])) {
+      return bad("block.", kAxis[i], " is ", block[i], "; device ", p.ordinal, " allows at most ",
+                 p.max_block[i]);
+    }
+  }
+  const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
+  const int max_threads = kernel.max_threads_per_block > 0
+                              ? std::min(kernel.max_threads_per_block, p.max_threads_per_block)
+                              : p.max_threads_per_block;
+  if (threads > static_cast<uint64_t>(max_threads)) {
+    return bad("block (", block[0], ", ", block[1], ", ", block[2], ") has ", threads,
+               " threads; this kernel allows at most ", max_threads, " per block");
+  }
+  if (shape.shared_bytes > static_cast<uint64_t>(kernel.max_dynamic_shared_bytes)) {
+    return bad(shape.shared_bytes, " bytes of dynamic shared memory asked; at most ",
+               kernel.max_dynamic_shared_bytes, " fit beside its ", kernel.static_shared_bytes,
+               " bytes of static shared memory on device ", p.ordinal);
+  }
+  const bool clustered = cluster[0] != 0 || cluster[1] != 0 || cluster[2] != 0;
+  if (clustered) {
+    if (!p.cluster_launch) {
+      return bad("device ", p.ordinal, " does not support thread block clusters");
+    }
+    uint64_t size = 1;
+    for (int i = 0; i < 3; ++i) {
+      const uint32_t c = cluster[i] == 0 ? 1 : cluster[i];
+      if (grid[i] % c != 0) {
+        return bad("grid.", kAxis[i], " (", grid[i], ") is not a multiple of cluster.", kAxis[i],
+                   " (", c, ")");
+      }
+      size *= c;
+    }
+    if (size > 8) return bad("a cluster of ", size, " blocks is over the portable maximum of 8");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gpuexec::core
