@@ -1,0 +1,151 @@
+// Launches and synchronizes.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+#include "server/common/text.h"
+#include "server/core/engine.h"
+#include "server/core/image_check.h"
+#include "server/core/launch_check.h"
+
+namespace gpuexec::core {
+
+// ---------------------------------------------------------------- launch
+
+void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns) {
+  auto found = FindSession(caller, spec.session);
+  if (!found.ok()) return gpu_ns(found.status());
+  std::shared_ptr<Session> s = *found;
+  if (absl::Status st = CheckStrikes(*s); !st.ok()) return gpu_ns(st);
+  port::DevicePort* dev = DeviceOf(*s);
+  const port::DeviceProperties& p = dev->properties();
+  port::LaunchOp op;
+  uint64_t epoch = 0;  // of the buffers passed
+  {
+    absl::MutexLock lock(&s->mu);
+    auto fit = s->functions.find(spec.function);
+    if (fit == s->functions.end()) {
+      return gpu_ns(absl::NotFoundError(
+          absl::StrCat("function ", HandleName(spec.function), " not found in ", s->name())));
+    }
+    const FunctionEntry& f = fit->second;
+    const std::string kname = absl::StrCat("kernel '", Quoted(f.name), "'");
+    const LaunchShape shape{{spec.grid.x, spec.grid.y, spec.grid.z},
+                            {spec.block.x, spec.block.y, spec.block.z},
+                            {spec.cluster.x, spec.cluster.y, spec.cluster.z},
+                            spec.shared_bytes};
+    if (absl::Status st = CheckLaunchShape(shape, f.kernel.attributes, p, kname); !st.ok()) {
+      return gpu_ns(st);
+    }
+    auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<port::DevicePtr> {
+      s->mu.AssertHeld();  // called by PackArgs below, under the lock taken above
+      auto it = s->buffers.find(a.buffer);
+      if (it == s->buffers.end()) {
+        return absl::NotFoundError(absl::StrCat("parameter ", index, " of ", kname, ": buffer ",
+                                                HandleName(a.buffer), " not found in ", s->name()));
+      }
+      if (absl::Status st = CheckAlive(*s, it->second); !st.ok()) {
+        return absl::Status(st.code(),
+                            absl::StrCat("parameter ", index, " of ", kname, ": ", st.message()));
+      }
+      epoch = it->second.epoch;
+      if (a.offset >= it->second.size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", index, " of ", kname, ": offset ", a.offset,
+                         " is past the end of ", s->Describe(it->second)));
+      }
+      return it->second.ptr + a.offset;
+    };
+    auto block_bytes = PackArgs(f.name, f.kernel.params, f.kernel.param_bytes, spec.args, resolve);
+    if (!block_bytes.ok()) return gpu_ns(block_bytes.status());
+    op.kernel = f.kernel.id;
+    op.param_block = std::move(block_bytes).value();
+    const bool clustered = shape.cluster[0] != 0 || shape.cluster[1] != 0 || shape.cluster[2] != 0;
+    for (int i = 0; i < 3; ++i) {
+      op.geometry.grid[i] = shape.grid[i];
+      op.geometry.block[i] = shape.block[i];
+      op.geometry.cluster[i] = clustered ? (shape.cluster[i] == 0 ? 1 : shape.cluster[i]) : 0;
+    }
+    op.geometry.shared_bytes = spec.shared_bytes;
+    op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
+    TrafficCounters* traffic = &traffic_[s->device()];
+    TrafficCounters* tenant_traffic = &s->usage().traffic;
+    NoteWork(*s);
+    if (!spec.synchronize) {
+      dev->Launch(s->stream(), std::move(op), epoch,
+                  [gpu_ns, traffic, tenant_traffic](absl::Status st) {
+                    if (!st.ok()) return gpu_ns(st);
+                    traffic->launches.fetch_add(1);
+                    tenant_traffic->launches.fetch_add(1);
+                    gpu_ns(uint64_t{0});
+                  });
+      return;
+    }
+    // The synchronize goes with the launch, in one request and one answer.
+    ++s->waiting;
+    const uint64_t work_epoch = s->work_epoch;
+    s->work_epoch = 0;
+    dev->LaunchAndSynchronize(
+        s->stream(), std::move(op), epoch, work_epoch,
+        [s, traffic, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns, bool launched) {
+          if (launched) {
+            traffic->launches.fetch_add(1);
+            s->usage().traffic.launches.fetch_add(1);
+          }
+          if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
+          {
+            absl::MutexLock lock(&s->mu);
+            --s->waiting;
+            s->Touch();
+            // Refused before it reached the device: as Synchronize below.
+            if (!launched && !ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
+          }
+          gpu_ns(std::move(ns));
+        });
+  }
+}
+
+void Engine::Synchronize(const Caller& caller, const std::string& token,
+                         Callback<uint64_t> gpu_ns) {
+  auto found = FindSession(caller, token);
+  if (!found.ok()) return gpu_ns(found.status());
+  Synchronize(*found, std::move(gpu_ns));
+}
+
+void Engine::RestoreWorkEpoch(Session& s, uint64_t work_epoch, const absl::Status& status) {
+  // A Synchronize refused before it reached the device (a worker that has
+  // not taken its requests, say) settled nothing: the work it would have
+  // waited for is still unreported. (ABORTED reported its loss.)
+  if (work_epoch == 0 || status.code() == absl::StatusCode::kAborted) return;
+  if (s.work_epoch == 0 || work_epoch < s.work_epoch) s.work_epoch = work_epoch;
+}
+
+void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) {
+  absl::MutexLock lock(&s->mu);
+  if (s->closed) return gpu_ns(s->ClosedError());
+  ++s->waiting;
+  const uint64_t work_epoch = s->work_epoch;
+  s->work_epoch = 0;
+  DeviceOf(*s)->Synchronize(s->stream(), work_epoch,
+                            [s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
+                              if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
+                              {
+                                absl::MutexLock lock(&s->mu);
+                                --s->waiting;
+                                s->Touch();
+                                if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
+                              }
+                              gpu_ns(std::move(ns));
+                            });
+}
+
+}  // namespace gpuexec::core

@@ -1,0 +1,332 @@
+// Module uploads, the module store and its room, functions.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+#include "server/common/text.h"
+#include "server/core/engine.h"
+#include "server/core/engine_internal.h"
+#include "server/core/image_check.h"
+#include "server/core/launch_check.h"
+
+namespace gpuexec::core {
+
+using internal::TenantLimitError;
+
+// ---------------------------------------------------------------- modules
+
+absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Caller& caller,
+                                                                        const std::string& token,
+                                                                        const std::string& sha256,
+                                                                        uint64_t size,
+                                                                        ModuleKind kind) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
+  if (!IsSha256Hex(sha256)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("module header: sha256 must be 64 lower-case hex digits (",
+                     std::min<size_t>(sha256.size(), 10000), " characters were sent)"));
+  }
+  if (kind == ModuleKind::kUnspecified) {
+    return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12),
+                                                   ": kind is unspecified (cubin, ptx or fatbin)"));
+  }
+  if (size > options_.max_module_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12), " is ", size,
+                                                   " bytes; the daemon accepts at most ",
+                                                   options_.max_module_bytes));
+  }
+  const TenantLimits& limits =
+      caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
+  if (limits.module_bytes != 0 && size > limits.module_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(TenantLimitError(caller, "module limit: module "), sha256.substr(0, 12),
+                     " is ", size, " bytes; the tenant's sessions may hold at most ",
+                     limits.module_bytes, " bytes of module images"));
+  }
+  return std::unique_ptr<ModuleUpload>(
+      new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
+}
+
+absl::Status Engine::ChargeUpload(const Session& s, uint64_t bytes, absl::string_view what) {
+  const uint64_t budget = options_.module_upload_budget_bytes;
+  if (budget == 0) return absl::OkStatus();
+  absl::MutexLock lock(&modules_mu_);
+  uint64_t& mine = uploading_by_[s.strike_key];
+  const uint64_t share = budget / 2;
+  if (bytes > budget - std::min(uploading_, budget) || bytes > share - std::min(mine, share)) {
+    const uint64_t held = mine;
+    if (mine == 0) uploading_by_.erase(s.strike_key);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("module uploads in flight: the uploads of ", s.strike_key, " under way hold ",
+                     held, " of the ", share, " bytes one may (the daemon receives at most ",
+                     budget, " at once); ", what, " must wait: retry"));
+  }
+  uploading_ += bytes;
+  mine += bytes;
+  return absl::OkStatus();
+}
+
+void Engine::UnchargeUpload(const Session& s, uint64_t bytes) {
+  if (options_.module_upload_budget_bytes == 0 || bytes == 0) return;
+  absl::MutexLock lock(&modules_mu_);
+  uploading_ -= bytes;
+  auto it = uploading_by_.find(s.strike_key);
+  if (it != uploading_by_.end() && (it->second -= bytes) == 0) uploading_by_.erase(it);
+}
+
+ModuleUpload::~ModuleUpload() { engine_->UnchargeUpload(*session_, charged_); }
+
+ModuleUpload::ModuleUpload(Engine* engine, std::shared_ptr<Session> session, TenantLimits limits,
+                           std::string sha256, uint64_t size, ModuleKind kind)
+    : engine_(engine),
+      session_(std::move(session)),
+      limits_(std::move(limits)),
+      sha256_(std::move(sha256)),
+      size_(size),
+      kind_(kind) {}
+
+absl::Status ModuleUpload::AddChunk(absl::string_view chunk) {
+  if (bytes_.size() + chunk.size() > size_) {
+    return absl::InvalidArgumentError(absl::StrCat("module ", sha256_.substr(0, 12),
+                                                   ": received more than the ", size_,
+                                                   " bytes its header announced"));
+  }
+  // Counted as it arrives (not at the header's figure, which a client that
+  // never sends would hold for nothing), and held until the upload ends.
+  if (absl::Status st = engine_->ChargeUpload(*session_, chunk.size(),
+                                              absl::StrCat("module ", sha256_.substr(0, 12)));
+      !st.ok()) {
+    return st;
+  }
+  charged_ += chunk.size();
+  bytes_.append(chunk.data(), chunk.size());
+  hasher_.Update(chunk.data(), chunk.size());
+  return absl::OkStatus();
+}
+
+void ModuleUpload::Finish(Callback<ModuleResult> done) {
+  const std::string name = absl::StrCat("module ", sha256_.substr(0, 12));
+  std::shared_ptr<const port::ModuleImage> image;
+  bool newly_stored = false;
+  const bool uploaded = !bytes_.empty();
+  const std::string& tenant = session_->tenant();
+  bool reserved = false;
+  if (!uploaded) {
+    absl::MutexLock lock(&engine_->modules_mu_);
+    auto it = engine_->module_store_.find(sha256_);
+    // An image another tenant uploaded is answered as one never uploaded:
+    // a tenant proves it has the bytes once, and cannot learn what others
+    // run by asking for hashes.
+    if (it == engine_->module_store_.end() || !it->second.tenants.contains(tenant)) {
+      return done(absl::NotFoundError(absl::StrCat(
+          name, " (sha256 ", sha256_, ") is not held by the daemon; upload its bytes")));
+    }
+    auto r = engine_->ReserveModule(*session_, sha256_, it->second.image->bytes.size(), limits_);
+    if (!r.ok()) return done(r.status());
+    reserved = *r;
+    it->second.last_used = ++engine_->module_store_clock_;
+    image = it->second.image;
+  } else {
+    if (bytes_.size() != size_) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat(name, ": upload ended after ", bytes_.size(), " of ", size_, " bytes")));
+    }
+    const std::string got = hasher_.HexDigest();
+    if (got != sha256_) {
+      return done(absl::DataLossError(absl::StrCat(
+          name, ": the ", size_, " bytes received hash to sha256 ", got, ", not ", sha256_)));
+    }
+    // The driver's loader takes no length: make sure every offset the
+    // image's headers declare lies inside it before the driver sees it.
+    const ImageKind kind = kind_ == ModuleKind::kPtx      ? ImageKind::kPtx
+                           : kind_ == ModuleKind::kFatbin ? ImageKind::kFatbin
+                                                          : ImageKind::kCubin;
+    if (absl::Status st = CheckModuleImage(
+            bytes_, kind, name,
+            engine_->test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject);
+        !st.ok()) {
+      return done(st);
+    }
+    // Counted against the tenant before the image takes room in the store
+    // or on the device.
+    auto r = engine_->ReserveModule(*session_, sha256_, bytes_.size(), limits_);
+    if (!r.ok()) return done(r.status());
+    reserved = *r;
+    engine_->module_uploads_.fetch_add(1);
+    engine_->module_upload_bytes_.fetch_add(bytes_.size());
+    auto img = std::make_shared<port::ModuleImage>();
+    img->sha256 = sha256_;
+    img->bytes = std::move(bytes_);
+    img->is_ptx = kind_ == ModuleKind::kPtx;
+    absl::MutexLock lock(&engine_->modules_mu_);
+    auto it = engine_->module_store_.find(sha256_);
+    if (it == engine_->module_store_.end()) {
+      if (absl::Status st = engine_->MakeRoom(img->bytes.size(), name); !st.ok()) {
+        if (reserved) engine_->ReleaseModule(*session_, sha256_);
+        return done(st);
+      }
+      it = engine_->module_store_.emplace(sha256_, Engine::StoredModule{img, 0, {}}).first;
+      engine_->module_store_used_ += img->bytes.size();
+      newly_stored = true;
+    }
+    it->second.tenants.insert(tenant);
+    it->second.last_used = ++engine_->module_store_clock_;
+    image = it->second.image;
+  }
+  engine_->FinishModule(session_, image, uploaded, newly_stored, reserved, std::move(done));
+}
+
+absl::Status Engine::MakeRoom(uint64_t bytes, absl::string_view what) {
+  const uint64_t budget = options_.module_store_bytes;
+  if (budget == 0) return absl::OkStatus();
+  if (bytes > budget) {
+    return absl::ResourceExhaustedError(absl::StrCat("module store: ", what, " is ", bytes,
+                                                     " bytes; the daemon keeps at most ", budget,
+                                                     " bytes of module images"));
+  }
+  while (module_store_used_ + bytes > budget) {
+    // The least recently used image that no session holds (the store's
+    // own reference is then the only one).
+    const std::string* victim = nullptr;
+    uint64_t oldest = UINT64_MAX;
+    for (const auto& [sha, stored] : module_store_) {
+      if (stored.image.use_count() == 1 && stored.last_used < oldest) {
+        oldest = stored.last_used;
+        victim = &sha;
+      }
+    }
+    if (victim == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "module store: ", what, " (", bytes, " bytes) does not fit: open sessions hold ",
+          module_store_used_, " of the ", budget, " bytes of module images the daemon keeps"));
+    }
+    log::Info("module ", victim->substr(0, 12), " evicted from the module store");
+    Unstore(*victim);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Unstore(const std::string& sha256) {
+  auto it = module_store_.find(sha256);
+  if (it == module_store_.end()) return;
+  module_store_used_ -= it->second.image->bytes.size();
+  // Posted under the store's lock: a later upload of the same image is
+  // queued on each device after this unload.
+  for (auto& d : devices_) d->UnloadModule(sha256);
+  {
+    absl::MutexLock lock(&ports_mu_);
+    for (auto& on_device : tenant_ports_) {
+      for (auto& [tenant, tp] : on_device) {
+        if (tp.port != nullptr) tp.port->UnloadModule(sha256);
+      }
+    }
+  }
+  module_store_.erase(it);
+}
+
+void Engine::FinishModule(std::shared_ptr<Session> s,
+                          std::shared_ptr<const port::ModuleImage> image, bool uploaded,
+                          bool newly_stored, bool reserved, Callback<ModuleResult> done) {
+  const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
+                                        image->bytes.size(), " bytes) of ", s->name());
+  DeviceOf(*s)->LoadModule(
+      image, what, [this, s, image, uploaded, newly_stored, reserved, done](absl::Status st) {
+        if (!st.ok()) {
+          if (reserved) ReleaseModule(*s, image->sha256);
+          // An image the driver rejects as such is not kept. (Other failures,
+          // out of memory or a faulted device, say nothing about the image.)
+          if (newly_stored && st.code() == absl::StatusCode::kFailedPrecondition) {
+            absl::MutexLock lock(&modules_mu_);
+            auto it = module_store_.find(image->sha256);
+            if (it != module_store_.end() && it->second.image == image) Unstore(image->sha256);
+          }
+          return done(st);
+        }
+        absl::MutexLock lock(&s->mu);
+        if (s->closed) {
+          // Close gave back what the session's handles held, not this.
+          if (reserved) ReleaseModule(*s, image->sha256);
+          return done(s->ClosedError());
+        }
+        ModuleResult r;
+        r.sha256 = image->sha256;
+        r.uploaded = uploaded;
+        // One handle per image per session, however often it is loaded.
+        for (const auto& [handle, held] : s->modules) {
+          if (held->sha256 == image->sha256) r.handle = handle;
+        }
+        if (r.handle == 0) {
+          r.handle = s->NewHandle();
+          s->modules.emplace(r.handle, image);
+          // A session that loaded the image meanwhile holds it already.
+        } else if (reserved) {
+          ReleaseModule(*s, image->sha256);
+        }
+        done(r);
+      });
+}
+
+void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_t module,
+                         const std::string& name, Callback<FunctionResult> done) {
+  auto s = FindSession(caller, token);
+  if (!s.ok()) return done(s.status());
+  std::shared_ptr<Session> session = *s;
+  std::shared_ptr<const port::ModuleImage> image;
+  {
+    absl::MutexLock lock(&session->mu);
+    auto it = session->modules.find(module);
+    if (it == session->modules.end()) {
+      return done(absl::NotFoundError(
+          absl::StrCat("module ", HandleName(module), " not found in ", session->name())));
+    }
+    image = it->second;
+  }
+  if (name.empty()) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("GetFunction: the kernel name is empty (module ", HandleName(module), ")")));
+  }
+  // The driver takes a C string: a NUL would end the name early and find
+  // another kernel than the one asked for.
+  if (const size_t nul = name.find('\0'); nul != std::string::npos) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "GetFunction: the kernel name '", Quoted(name), "' has a NUL byte at offset ", nul)));
+  }
+  if (name.size() > kMaxKernelNameBytes) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("GetFunction: the kernel name is ", name.size(), " bytes; at most ",
+                     kMaxKernelNameBytes, " ('", Quoted(name), "')")));
+  }
+  const std::string sha = image->sha256;
+  const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ",
+                                        sha.substr(0, 12), ") of ", session->name());
+  DeviceOf(*session)->GetKernel(image, name, what,
+                                [session, sha, name, done](absl::StatusOr<port::KernelInfo> k) {
+                                  if (!k.ok()) return done(k.status());
+                                  absl::MutexLock lock(&session->mu);
+                                  if (session->closed) return done(session->ClosedError());
+                                  // One handle per kernel per session, however often it is asked
+                                  // for.
+                                  for (const auto& [handle, held] : session->functions) {
+                                    if (held.kernel.id == k->id)
+                                      return done(FunctionResult{handle, *k});
+                                  }
+                                  FunctionEntry f;
+                                  f.handle = session->NewHandle();
+                                  f.module_sha256 = sha;
+                                  f.name = name;
+                                  f.kernel = *k;
+                                  session->functions.emplace(f.handle, f);
+                                  done(FunctionResult{f.handle, *k});
+                                });
+}
+
+}  // namespace gpuexec::core

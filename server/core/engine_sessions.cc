@@ -1,0 +1,360 @@
+// Listing devices, opening, keeping and closing sessions.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+#include "server/common/text.h"
+#include "server/core/engine.h"
+#include "server/core/engine_internal.h"
+#include "server/core/image_check.h"
+#include "server/core/launch_check.h"
+
+namespace gpuexec::core {
+
+using internal::Join;
+using internal::TenantLimitError;
+
+void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus>> done) {
+  auto result = std::make_shared<std::vector<DeviceStatus>>(devices_.size());
+  // The caller's tenant's own workers, and how many each device runs.
+  std::vector<std::shared_ptr<port::DevicePort>> own(devices_.size());
+  std::vector<uint32_t> workers(devices_.size(), 1);
+  // Modules loaded by the tenants' workers, which count on the device too.
+  std::vector<uint32_t> tenant_modules(devices_.size(), 0);
+  std::vector<uint64_t> tenant_module_loads(devices_.size(), 0);
+  {
+    absl::MutexLock lock(&ports_mu_);
+    for (size_t i = 0; i < tenant_ports_.size(); ++i) {
+      workers[i] += static_cast<uint32_t>(tenant_ports_[i].size());
+      for (const auto& [tenant, tp] : tenant_ports_[i]) {
+        if (tp.port == nullptr) continue;
+        tenant_modules[i] += tp.port->modules_loaded();
+        tenant_module_loads[i] += tp.port->module_loads_total();
+      }
+      auto it = tenant_ports_[i].find(caller.tenant_name());
+      if (it != tenant_ports_[i].end()) own[i] = it->second.port;
+    }
+  }
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    // The caller's own sessions per device; others' are not its business.
+    std::vector<uint32_t> mine(devices_.size(), 0);
+    for (const auto& [token, s] : sessions_) {
+      if (caller.sees_all || s->tenant() == caller.tenant_name()) ++mine[s->device()];
+    }
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      const port::DevicePort& d = *devices_[i];
+      const port::DeviceProperties& p = d.properties();
+      DeviceStatus& st = (*result)[i];
+      st.index = static_cast<uint32_t>(p.ordinal);
+      st.name = p.name;
+      st.cc_major = p.cc_major;
+      st.cc_minor = p.cc_minor;
+      st.memory_total = p.total_memory;
+      st.healthy = d.healthy();
+      st.multiprocessors = p.multiprocessors;
+      st.modules_loaded = d.modules_loaded() + tenant_modules[i];
+      st.module_loads_total = d.module_loads_total() + tenant_module_loads[i];
+      st.sessions = mine[i];
+      // How many other tenants use the device is not a tenant's to know:
+      // it sees the shared worker and its own.
+      st.workers = caller.sees_all ? workers[i] : 1 + (own[i] != nullptr ? 1 : 0);
+      st.resets = d.resets();
+      st.epoch = d.epoch();
+      if (own[i] != nullptr) {
+        // The tenant's own worker: its resets are the ones that touch it,
+        // and their reasons are its own.
+        st.own_worker = true;
+        st.healthy = own[i]->healthy();
+        st.resets = own[i]->resets();
+        st.epoch = own[i]->epoch();
+        if (auto r = own[i]->last_reset(); r.has_value()) {
+          st.last_reset =
+              absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()),
+                           ": ", r->why);
+        }
+      } else if (auto r = d.last_reset(); r.has_value()) {
+        // The reason names a kernel and a session: only their tenant
+        // reads it.
+        const std::string& culprit = reset_culprit_[i];
+        st.last_reset = absl::StrCat(
+            absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()), ": ",
+            caller.sees_all || culprit.empty() || culprit == caller.tenant_name()
+                ? r->why
+                : std::string("a kernel of another tenant faulted or ran past its time limit"));
+      }
+    }
+  }
+  // Never waits long on a worker: one that does not answer is listed with
+  // its last figures, and since when it has not answered.
+  auto join =
+      std::make_shared<Join>(static_cast<int>(devices_.size()), [this, result, done](absl::Status) {
+        for (size_t i = 0; i < devices_.size(); ++i) {
+          (*result)[i].not_answering_since = devices_[i]->not_answering_since();
+          (*result)[i].worker_unsent_bytes = devices_[i]->unsent_bytes();
+        }
+        done(*result);
+      });
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    devices_[i]->QueryMemory([result, join, i](absl::StatusOr<port::MemoryInfo> m) {
+      // A faulted device reports no free memory; it is marked unhealthy.
+      if (m.ok()) (*result)[i].memory_free = m->free;
+      join->Report(absl::OkStatus());
+    });
+  }
+}
+
+void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, uint64_t lease_ms,
+                         uint64_t memory_limit, uint64_t kernel_time_limit_ms,
+                         Callback<SessionInfo> done) {
+  if (devices_.empty()) {
+    return done(absl::UnavailableError(
+        absl::StrCat("no GPU is available on this host: ",
+                     driver_status_.ok() ? "no devices" : driver_status_.message())));
+  }
+  const TenantLimits& limits =
+      caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
+  auto excluded = [&limits](size_t i) {
+    return std::find(limits.excluded_devices.begin(), limits.excluded_devices.end(), i) !=
+           limits.excluded_devices.end();
+  };
+  auto allowed = [&limits, &excluded](size_t i) {
+    return !excluded(i) &&
+           (limits.devices.empty() ||
+            std::find(limits.devices.begin(), limits.devices.end(), i) != limits.devices.end());
+  };
+  // A tenant with workers of its own does not wait for the device's shared
+  // worker to come back from another's fault.
+  const bool own_worker = options_.isolation == EngineOptions::Isolation::kTenant &&
+                          caller.tenant != nullptr && caller.tenant != DefaultTenant();
+  auto usable = [&](size_t i) { return own_worker || devices_[i]->healthy(); };
+  int index = -1;
+  if (device.has_value()) {
+    if (*device >= devices_.size()) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "device ", *device, " does not exist; this host has ", devices_.size(), " device(s)")));
+    }
+    if (excluded(*device)) {
+      return done(absl::PermissionDeniedError(TenantLimitError(
+          caller,
+          absl::StrCat("may not use device ", *device, ": it is dedicated to another tenant"))));
+    }
+    if (!allowed(*device)) {
+      return done(absl::PermissionDeniedError(TenantLimitError(
+          caller, absl::StrCat("may not use device ", *device,
+                               "; its devices: ", absl::StrJoin(limits.devices, ", ")))));
+    }
+    index = static_cast<int>(*device);
+    if (!usable(index)) {
+      return done(absl::UnavailableError(
+          absl::StrCat("device ", index, " is unusable: ", devices_[index]->fault().message())));
+    }
+  } else {
+    absl::MutexLock lock(&sessions_mu_);
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      if (!usable(i) || !allowed(i)) continue;
+      if (index < 0 || sessions_per_device_[i] < sessions_per_device_[index])
+        index = static_cast<int>(i);
+    }
+    if (index < 0) {
+      bool any = false;
+      for (size_t i = 0; i < devices_.size(); ++i) any |= allowed(i);
+      if (!any) {
+        return done(absl::PermissionDeniedError(TenantLimitError(
+            caller,
+            "may use none of this host's devices (the others are dedicated to other "
+            "tenants, or not among its devices)")));
+      }
+      std::string why;
+      for (size_t i = 0; i < devices_.size(); ++i) {
+        if (allowed(i))
+          absl::StrAppend(&why, why.empty() ? "" : "; ", devices_[i]->fault().message());
+      }
+      return done(absl::UnavailableError(absl::StrCat("no device of this host is usable: ", why)));
+    }
+  }
+  if (lease_ms == 0) lease_ms = options_.default_lease_ms;
+  lease_ms = std::min(lease_ms, options_.max_lease_ms);
+  if (limits.max_lease_ms != 0) lease_ms = std::min(lease_ms, limits.max_lease_ms);
+  uint64_t limit = options_.max_session_memory_bytes;
+  if (limit == 0 && options_.session_memory_share > 0) {
+    // No session may take the whole of a shared device by default.
+    limit = static_cast<uint64_t>(options_.session_memory_share *
+                                  static_cast<double>(devices_[index]->properties().total_memory));
+  }
+  if (memory_limit == 0) memory_limit = options_.default_session_memory_bytes;
+  if (memory_limit != 0) limit = limit == 0 ? memory_limit : std::min(limit, memory_limit);
+  if (kernel_time_limit_ms != 0 && kernel_time_limit_ms < kMinKernelTimeLimitMs) {
+    // A hung kernel restarts the device for all its sessions: a limit
+    // ordinary kernels could reach by accident is refused.
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "kernel_time_limit_ms ", kernel_time_limit_ms, " is below the minimum of ",
+        kMinKernelTimeLimitMs, " ms (a launch past it restarts the device for every session)")));
+  }
+  uint64_t time_limit = options_.kernel_time_limit_ms;
+  if (limits.kernel_time_limit_ms != 0) {
+    time_limit = time_limit == 0 ? limits.kernel_time_limit_ms
+                                 : std::min(time_limit, limits.kernel_time_limit_ms);
+  }
+  if (kernel_time_limit_ms != 0) {
+    time_limit =
+        time_limit == 0 ? kernel_time_limit_ms : std::min(time_limit, kernel_time_limit_ms);
+  }
+  std::shared_ptr<TenantUsage> usage;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    if (options_.max_sessions != 0 && sessions_.size() + opening_ >= options_.max_sessions) {
+      return done(absl::ResourceExhaustedError(
+          absl::StrCat("daemon session limit: ", options_.max_sessions, " sessions are open")));
+    }
+    if (options_.max_sessions_per_peer != 0) {
+      auto it = sessions_per_peer_.find(PeerHost(caller.peer));
+      if (it != sessions_per_peer_.end() && it->second >= options_.max_sessions_per_peer) {
+        return done(absl::ResourceExhaustedError(absl::StrCat(
+            "peer session limit: ", it->second, " sessions are open from ", Quoted(it->first, 80),
+            " (at most ", options_.max_sessions_per_peer, ")")));
+      }
+    }
+    usage = UsageOf(caller.tenant_name());
+    if (limits.max_sessions != 0 && usage->sessions.load() >= limits.max_sessions) {
+      return done(absl::ResourceExhaustedError(TenantLimitError(
+          caller, absl::StrCat("session limit: ", usage->sessions.load(), " of its ",
+                               limits.max_sessions, " sessions are open"))));
+    }
+    // Counted now, so that concurrent opens cannot pass the limits together.
+    usage->sessions.fetch_add(1);
+    ++opening_;
+    ++sessions_per_peer_[PeerHost(caller.peer)];
+  }
+  AcquirePort(caller, index,
+              [this, caller, index, lease_ms, limit, time_limit, usage,
+               done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
+                if (!port.ok()) {
+                  {
+                    absl::MutexLock lock(&sessions_mu_);
+                    usage->sessions.fetch_sub(1);
+                    --opening_;
+                    if (auto peer = sessions_per_peer_.find(PeerHost(caller.peer));
+                        peer != sessions_per_peer_.end() && --peer->second == 0) {
+                      sessions_per_peer_.erase(peer);
+                    }
+                  }
+                  return done(port.status());
+                }
+                // The stream comes to be in the worker with the session's first work.
+                const port::StreamId stream = (*port)->CreateStream(absl::Milliseconds(time_limit));
+                auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port,
+                                                         stream, lease_ms, limit);
+                session->peer_host = PeerHost(caller.peer);
+                // Without tenants, everyone is the implicit tenant: a peer is charged.
+                session->strike_key = caller.tenant == DefaultTenant()
+                                          ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
+                                          : absl::StrCat("tenant '", caller.tenant_name(), "'");
+                {
+                  absl::MutexLock lock(&session->mu);
+                  session->Touch();
+                }
+                {
+                  absl::MutexLock lock(&sessions_mu_);
+                  sessions_.emplace(session->token(), session);
+                  --opening_;
+                  ++sessions_per_device_[index];
+                }
+                sessions_opened_.fetch_add(1);
+                usage->sessions_opened.fetch_add(1);
+                log::Info(
+                    session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
+                    " opened on device ", index, " (lease ", lease_ms, " ms, memory limit ",
+                    limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
+                    ", kernel time limit ",
+                    time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"), ")");
+                done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit,
+                                 time_limit});
+              });
+}
+
+absl::StatusOr<uint64_t> Engine::KeepAlive(const Caller& caller, const std::string& token) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
+  return s->lease_ms();
+}
+
+void Engine::CloseSession(const Caller& caller, const std::string& token, Done done) {
+  auto s = FindSession(caller, token);
+  if (!s.ok()) return done(s.status());
+  Close(*s, CloseReason::kClient, absl::StrCat("its client (", caller.peer, ") closed it"),
+        std::move(done));
+}
+
+size_t Engine::CloseTenant(const std::string& tenant, const std::string& why) {
+  std::vector<std::shared_ptr<Session>> theirs;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [token, s] : sessions_) {
+      if (s->tenant() == tenant) theirs.push_back(s);
+    }
+  }
+  for (auto& s : theirs) Close(s, CloseReason::kRevoked, why, [](absl::Status) {});
+  return theirs.size();
+}
+
+void Engine::ReleaseMemory(Session& s, uint64_t bytes) {
+  s.memory_used -= bytes;
+  s.usage().memory.fetch_sub(bytes);
+  daemon_memory_used_.fetch_sub(bytes);
+}
+
+void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::string& why,
+                   Done done) {
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    auto it = sessions_.find(s->token());
+    if (it == sessions_.end() || it->second != s) {
+      // Someone else closed it first.
+      return done(absl::OkStatus());
+    }
+    sessions_.erase(it);
+    --sessions_per_device_[s->device()];
+    s->usage().sessions.fetch_sub(1);
+    if (auto peer = sessions_per_peer_.find(s->peer_host);
+        peer != sessions_per_peer_.end() && --peer->second == 0) {
+      sessions_per_peer_.erase(peer);
+    }
+  }
+  if (reason == CloseReason::kClient) sessions_closed_.fetch_add(1);
+  if (reason == CloseReason::kExpired) sessions_expired_.fetch_add(1);
+  // A session the daemon ended says why to its client's next call.
+  if (reason != CloseReason::kClient && reason != CloseReason::kShutdown) RememberClosed(*s, why);
+  port::DevicePort* dev = DeviceOf(*s);
+  uint64_t freed = 0;
+  size_t buffers = 0;
+  {
+    absl::MutexLock lock(&s->mu);
+    s->closed = true;
+    for (auto& [handle, b] : s->buffers) {
+      if (b.lost) continue;  // went with its device's worker
+      dev->Free(s->stream(), b.ptr, b.epoch, s->Describe(b), [](absl::Status) {});
+      freed += b.size;
+      ++buffers;
+    }
+    ReleaseMemory(*s, s->memory_used);
+    s->buffers.clear();
+    s->functions.clear();
+    for (const auto& [handle, image] : s->modules) ReleaseModule(*s, image->sha256);
+    s->modules.clear();
+  }
+  log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers,
+            " buffer(s), ", freed, " bytes");
+  dev->DestroyStream(s->stream(), [done](absl::Status st) { done(absl::OkStatus()); });
+  ReleasePort(*s);
+}
+
+}  // namespace gpuexec::core
