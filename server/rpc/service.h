@@ -31,7 +31,8 @@ class GpuExecService {
   void WaitForCalls() { calls_.WaitForZero(); }
 
   // What every call of the service shares.
-  // Write, Read and Execute are served raw (see service.cc).
+  // Write, Read and Execute are served raw (write_call.cc, read_call.cc,
+  // execute_call.cc).
   using AsyncService = v1::GpuExec::WithRawMethod_Write<v1::GpuExec::WithRawMethod_Execute<
       v1::GpuExec::WithRawMethod_Read<v1::GpuExec::AsyncService>>>;
 

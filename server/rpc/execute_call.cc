@@ -1,0 +1,272 @@
+// Execute: the command stream, many operations in flight on one call.
+#include "server/rpc/service_calls.h"
+
+namespace gpuexec::rpc {
+namespace calls {
+namespace {
+
+// Execute: a session's commands, dispatched to the engine in the order they
+// arrive; results are sent as they complete, several to a message when they
+// come faster than they can be written. The call ends only when the
+// client has half-closed, no engine callback is outstanding and nothing is
+// left to write, so no callback can outlive it.
+//
+// Served raw, parsed here: with the typed API a message that does not parse
+// looks like the end of the stream, and the call would end OK with the
+// client's commands silently dropped.
+class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit ExecuteCall(const Env* env) : ServerBidiCall(env->calls), env_(env) {}
+
+ private:
+  void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    env_->service->RequestExecute(&ctx_, &stream_, cq, cq, tag);
+  }
+  AsyncCall* Next() override { return new ExecuteCall(env_); }
+  void OnStart() override {
+    auto caller = Identify(env_, ctx_, &generation_);
+    if (!caller.ok()) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      finished_ = true;
+      Finish(ToGrpcStatus(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
+    peer_ = caller_.peer;
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok && !Parse(&in_, &request_)) {
+      // Commands already started still finish; then the call ends with this.
+      LogFailure("Execute", peer_, absl::InvalidArgumentError("unparsable message"));
+      absl::MutexLock lock(&mu_);
+      end_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "Execute: a message is not a gpuexec.v1.ExecuteRequest; the stream "
+                          "ends after the commands before it");
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (absl::Status who = Reidentify(env_, ctx_, &caller_, &generation_); !who.ok()) {
+      // Commands already started still finish; then the call ends with this.
+      absl::MutexLock lock(&mu_);
+      end_ = ToGrpcStatus(who);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (session_.empty()) {
+      absl::Status st;
+      if (request_.session().empty()) {
+        // As every other call answers a request that names no session.
+        st = absl::NotFoundError("Execute: the first message names no session");
+      } else {
+        st = env_->engine->KeepAlive(caller_, request_.session()).status();
+      }
+      if (!st.ok()) {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+        finished_ = true;
+        Finish(ToGrpcStatus(st));
+        return;
+      }
+      session_ = request_.session();
+    }
+    if (request_.commands_size() > kMaxCommandsPerMessage) {
+      // Commands already started still finish; then the call ends with this.
+      absl::MutexLock lock(&mu_);
+      end_ = grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("Execute: a message carries ", request_.commands_size(),
+                       " commands; at most ", kMaxCommandsPerMessage, " (none of them was run)"));
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_ += request_.commands_size();
+    }
+    for (const v1::Command& c : request_.commands()) Dispatch(c);
+    absl::MutexLock lock(&mu_);
+    ResumeOrParkLocked(/*after_read=*/true);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      // The client is gone; keep draining callbacks. What was not written
+      // never will be: dropping it un-parks a read held back by it, which
+      // then fails and ends the call once the callbacks have drained.
+      broken_ = true;
+      pending_.Clear();
+    }
+    WriteLocked();
+    ResumeOrParkLocked(/*after_read=*/false);
+    MaybeFinishLocked();
+  }
+
+  // Commands started and not yet answered, or results not yet written,
+  // beyond which the call stops reading until they drain.
+  static constexpr int kMaxOutstanding = 8192;
+  // Commands one message may carry (the C++ client sends at most 1024).
+  static constexpr int kMaxCommandsPerMessage = 4096;
+
+  void Dispatch(const v1::Command& c) {
+    const uint64_t id = c.id();
+    const bool reply = c.reply();
+    switch (c.op_case()) {
+      case v1::Command::kLaunch: {
+        auto spec = FromProto(c.launch());
+        if (!spec.ok()) return Complete(id, spec.status(), true, {}, "Launch");
+        spec->session = session_;
+        const bool sync = spec->synchronize;
+        env_->engine->Launch(caller_, std::move(spec).value(),
+                             [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
+                               v1::CommandResult r;
+                               if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
+                               Complete(id, ns.status(), reply || sync, std::move(r), "Launch");
+                             });
+        return;
+      }
+      case v1::Command::kSynchronize:
+        env_->engine->Synchronize(caller_, session_, [this, id](absl::StatusOr<uint64_t> ns) {
+          v1::CommandResult r;
+          if (ns.ok()) r.set_gpu_time_ns(*ns);
+          Complete(id, ns.status(), true, std::move(r), "Synchronize");
+        });
+        return;
+      case v1::Command::kAllocate:
+        env_->engine->Allocate(caller_, session_, c.allocate().size(),
+                               [this, id](absl::StatusOr<core::BufferInfo> b) {
+                                 v1::CommandResult r;
+                                 if (b.ok()) {
+                                   r.mutable_allocate()->set_buffer(b->handle);
+                                   r.mutable_allocate()->set_size(b->size);
+                                 }
+                                 Complete(id, b.status(), true, std::move(r), "Allocate");
+                               });
+        return;
+      case v1::Command::kFree:
+        env_->engine->Free(
+            caller_, session_, c.free().buffer(),
+            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Free"); });
+        return;
+      case v1::Command::kMemset: {
+        const v1::MemsetRequest& m = c.memset();
+        env_->engine->Memset(
+            caller_, session_, m.buffer(), m.offset(), m.size(), m.value(),
+            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Memset"); });
+        return;
+      }
+      case v1::Command::kCopyBuffer: {
+        const v1::CopyBufferRequest& r = c.copy_buffer();
+        env_->engine->CopyBuffer(
+            caller_, session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
+            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "CopyBuffer"); });
+        return;
+      }
+      case v1::Command::OP_NOT_SET:
+        // A barrier: every earlier command has been started by now.
+        return Complete(id, absl::OkStatus(), true, {}, "barrier");
+    }
+  }
+
+  void Complete(uint64_t id, const absl::Status& status, bool answer, v1::CommandResult r,
+                const char* op) {
+    if (!status.ok()) LogFailure(op, peer_, status);
+    // Runs on engine threads, outside any operation of the call: without a
+    // hold of its own, the Finish below could complete and delete the call
+    // before this thread has let go of mu_.
+    Begin();
+    {
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+      if (!status.ok() || answer) {
+        r.set_id(id);
+        r.set_code(static_cast<int>(status.code()));
+        if (!status.ok()) r.set_message(std::string(status.message()));
+        if (!broken_) *pending_.add_results() = std::move(r);
+      }
+      WriteLocked();
+      ResumeOrParkLocked(/*after_read=*/false);
+      MaybeFinishLocked();
+    }
+    End();
+  }
+
+  void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || broken_ || pending_.results_size() == 0) return;
+    response_.Clear();
+    response_.Swap(&pending_);
+    writing_ = true;
+    if (!Serialize(response_, &out_)) {
+      writing_ = false;
+      broken_ = true;  // cannot happen for a message this process built
+      return;
+    }
+    StartWrite(&out_);
+  }
+
+  // Reads the next message unless too much is outstanding; a parked read
+  // resumes when enough has drained.
+  void ResumeOrParkLocked(bool after_read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reads_done_) return;
+    const bool full = in_flight_ + pending_.results_size() >= kMaxOutstanding;
+    if (after_read) {
+      if (full) {
+        parked_ = true;
+      } else {
+        StartRead(&in_);
+      }
+    } else if (parked_ && !full) {
+      parked_ = false;
+      StartRead(&in_);
+    }
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !reads_done_ || in_flight_ != 0 || writing_) return;
+    if (!broken_ && pending_.results_size() != 0) return;
+    finished_ = true;
+    Finish(end_);
+  }
+
+  const Env* env_;
+  core::Caller caller_;      // set at the start; renewed by Reidentify
+  uint64_t generation_ = 0;  // of the tenants file caller_ was decided under
+  std::string peer_;
+  std::string session_;         // set by the first message; read-only after
+  grpc::ByteBuffer in_;         // the message read
+  v1::ExecuteRequest request_;  // parsed from it
+
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  v1::ExecuteResponse pending_ ABSL_GUARDED_BY(mu_);   // results not yet written
+  v1::ExecuteResponse response_ ABSL_GUARDED_BY(mu_);  // the one being written
+  grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);          // ... serialized
+  grpc::Status end_ ABSL_GUARDED_BY(mu_);              // the status the call ends with
+};
+
+}  // namespace
+
+void ListenExecute(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq) {
+  (new ExecuteCall(env))->Listen(cq);
+}
+
+}  // namespace calls
+}  // namespace gpuexec::rpc
