@@ -1,0 +1,359 @@
+#ifndef GPUEXEC_BENCH_BENCH_H_
+#define GPUEXEC_BENCH_BENCH_H_
+
+// What the benchmark's files share: its flags, the plan of a run, the
+// measuring helpers, the table of results, the processes it starts and
+// the figures each part measures (common.cc, native.cc, transport.cc,
+// figures.cc, tenants.cc; gpuexec_bench.cc runs them and prints the table).
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "echo.grpc.pb.h"
+#include "gpuexec/client.h"
+#include "gpuexec/sha256.h"
+#include "server/cuda/driver.h"
+#include "server/rpc/async_call.h"
+
+ABSL_DECLARE_FLAG(std::string, daemon);
+ABSL_DECLARE_FLAG(std::string, driver);
+ABSL_DECLARE_FLAG(std::string, kernels);
+ABSL_DECLARE_FLAG(bool, quick);
+ABSL_DECLARE_FLAG(int, clients);
+ABSL_DECLARE_FLAG(std::vector<std::string>, daemon_args);
+ABSL_DECLARE_FLAG(int, rpc_threads);
+ABSL_DECLARE_FLAG(std::string, serve_echo);
+ABSL_DECLARE_FLAG(std::string, target);
+ABSL_DECLARE_FLAG(std::vector<std::string>, figures);
+ABSL_DECLARE_FLAG(int, repeat);
+ABSL_DECLARE_FLAG(int, spin_wait_us);
+ABSL_DECLARE_FLAG(int, transfer_streams);
+ABSL_DECLARE_FLAG(bool, tenants_only);
+ABSL_DECLARE_FLAG(int, neighbour_kernel_us);
+ABSL_DECLARE_FLAG(bool, transport_variants);
+
+namespace gpuexec::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void Die(const std::string& what);
+
+template <typename T>
+T Must(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
+  return std::move(v).value();
+}
+
+inline void Must(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
+
+// Sizes and counts for this run.
+struct Plan {
+  int latency_iters;   // launch+sync, echo round trips
+  int async_launches;  // launches per rate measurement
+  int alloc_iters;
+  uint64_t copy_bytes;  // the "1 GiB" transfers
+  uint64_t rss_bytes;   // the "4 GiB" Write
+  int session_trials;
+  // Each streamed transfer (gpuexec's and the bare streams') is timed this
+  // many times and its median reported: one 1 GiB transfer on a loaded
+  // host varies by a third from one to the next.
+  int copy_trials;
+  uint32_t chunk_bytes = 1 << 20;
+};
+
+Plan MakePlan(bool quick);
+
+// The median of `trials` runs of `gbps` (each returns GB/s).
+double MedianRate(int trials, const std::function<double()>& gbps);
+
+struct Latency {
+  double p50 = 0, p99 = 0;  // microseconds
+};
+
+Latency Percentiles(std::vector<double> us);
+
+// Runs `op` `n` times (after n/10 warm-up runs) and returns the latency
+// percentiles in microseconds.
+Latency Measure(int n, const std::function<void()>& op);
+
+std::string ReadFileOrDie(const std::string& path);
+
+std::string SelfDir();
+
+// Touches every page so that first-touch faults are not timed.
+std::vector<uint8_t> HostData(uint64_t size);
+
+// ------------------------------------------------------------------ results
+
+struct Row {
+  std::string what;
+  std::string tcp, uds;  // gpuexec figures (or the only figure)
+  std::string baseline;  // what it is compared with, and its value
+  std::string ratio;     // figure / baseline (TCP)
+  std::string target;
+  std::string met;  // "yes", "NO", or empty
+};
+
+extern std::vector<Row> g_rows;
+
+std::string Us(double us);
+
+std::string Rate(double per_s);
+
+std::string Ratio(double r);
+
+std::string Met(bool ok);
+
+std::string Gbps(double gbps);
+
+// Write's or Read's targets (3 GB/s over TCP, 0.8x the bare stream on both
+// transports), for the client's default and, where that went in parts
+// over several connections, for one stream: the bare stream is one.
+std::string TransferMet(double tcp, double uds, double tcp_one, double uds_one, double bare_tcp,
+                        double bare_uds, uint32_t streams);
+
+void Section(const std::string& title);
+
+void Note(const std::string& line);
+
+// ------------------------------------------------------------------ native
+
+struct NativeFigures {
+  Latency launch_sync;
+  double async_launch_us = 0;
+  double alloc_async_us = 0, alloc_sync_us = 0;
+  // cuMemAllocAsync + cuMemsetD8Async (the clearing every Allocate does) +
+  // cuMemFreeAsync, 1 MiB and 64 MiB.
+  double alloc_clear_us = 0, alloc_clear_64_us = 0, alloc_64_us = 0;
+  double h2d_pageable = 0, d2h_pageable = 0, h2d_pinned = 0, d2h_pinned = 0;  // GB/s
+};
+
+NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const std::string& cubin);
+
+// ------------------------------------------------------------------ transport
+
+// Channel and server arguments applied alike to both ends.
+using GrpcArgs = std::vector<std::pair<std::string, int>>;
+
+// --serve_echo: the echo server process (see EchoServer). Runs until killed.
+int ServeEcho(const std::string& dir);
+
+// A server this program starts in a process of its own, with its stderr in
+// DIR/server.log, ready once that log has a line with `ready` followed by
+// its TCP port; it may also serve on the Unix socket DIR/server.sock.
+// Stopped with SIGTERM on destruction.
+class ServerProcess {
+ public:
+  // `args(dir)`: the command line; argv[0] is the program's path.
+  ServerProcess(const std::string& tag,
+                const std::function<std::vector<std::string>(const std::string&)>& args,
+                const std::string& ready, int timeout_s) {
+    dir_ = absl::StrCat("/tmp/gpuexec-bench-", getpid(), "-", tag);
+    std::string mk = absl::StrCat("rm -rf ", dir_, " && mkdir -p ", dir_);
+    if (std::system(mk.c_str()) != 0) Die("mkdir");
+    const std::string log = dir_ + "/server.log";
+    std::vector<std::string> argv_strings = args(dir_);
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : argv_strings) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+    while (Clock::now() < deadline) {
+      std::ifstream f(log);
+      std::string line;
+      while (std::getline(f, line)) {
+        const size_t at = line.find(ready);
+        if (at != std::string::npos) {
+          port_ = std::atoi(line.c_str() + at + ready.size());
+          return;
+        }
+      }
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        Die(absl::StrCat(argv_strings[0], " exited:\n", ReadFileOrDie(log)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    Die(absl::StrCat(argv_strings[0], " did not start within ", timeout_s, " s"));
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::string rm = absl::StrCat("rm -rf ", dir_);
+    (void)!std::system(rm.c_str());
+  }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  std::string tcp() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string uds() const { return "unix:" + dir_ + "/server.sock"; }
+  // Peak resident memory so far (VmHWM), bytes.
+  uint64_t PeakRss() const {
+    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    }
+    return 0;
+  }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+// The echo server: this program again, with --serve_echo.
+class EchoServer : public ServerProcess {
+ public:
+  EchoServer()
+      : ServerProcess(
+            "echo",
+            [](const std::string& dir) {
+              return std::vector<std::string>{
+                  "/proc/self/exe", "--serve_echo=" + dir,
+                  absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads))};
+            },
+            "echo serving on 127.0.0.1:", 30) {}
+};
+
+struct TransportFigures {
+  Latency unary, bidi;
+  // The same round trip with the client never sleeping: an async stream
+  // whose completion queue it polls with a zero deadline.
+  Latency bidi_spinning;
+  double upload = 0, download = 0;  // GB/s, one cached message resent
+  // GB/s, each message's data copied from (into) its place in a host array
+  // of the transfer's size, as a client moving its own data must.
+  double upload_array = 0, download_array = 0;
+};
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& target, const GrpcArgs& extra = {});
+
+TransportFigures RunTransport(const Plan& plan, const std::string& target,
+                              const GrpcArgs& extra = {});
+
+// ------------------------------------------------------------------ gpuexec
+
+// A gpuexecd process.
+class Daemon : public ServerProcess {
+ public:
+  Daemon(const std::string& path, const std::string& driver, const std::string& tag,
+         const std::vector<std::string>& extra = {})
+      : ServerProcess(
+            tag,
+            [&](const std::string& dir) {
+              std::vector<std::string> args = {
+                  path, "--listen=127.0.0.1:0", "--unix_socket=" + dir + "/server.sock",
+                  "--driver=" + driver,
+                  absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads))};
+              for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) args.push_back(a);
+              for (const std::string& a : extra) args.push_back(a);
+              return args;
+            },
+            "serving gpuexec.v1 on 127.0.0.1:", 60) {}
+};
+
+struct GpuexecFigures {
+  Latency launch_sync;
+  double async_rate = 0;  // launches/s
+  double alloc_free_us = 0;
+  double write = 0, read = 0;          // GB/s, as the client sends by default
+  double write_one = 0, read_one = 0;  // GB/s, on one stream
+  uint32_t transfer_streams = 1;       // the client's default
+  double new_session_ms = 0;
+  double agg_rate = 0, agg_write = 0;
+  // Launch (each waits for the daemon's enqueue): one client, and all.
+  double acked_rate = 0, agg_acked_rate = 0;
+};
+
+LaunchConfig One();
+
+// The credentials of the daemon measured (its TLS run: a token and a root
+// CA); none for the plain one.
+extern ClientOptions g_credentials;
+
+ClientOptions BenchClientOptions();
+
+// Whether --figures selects `name` (all when it is empty).
+bool Selected(const std::string& name);
+
+// `tls_figures_only`: launch + synchronize and the default Write and Read
+// only (the rows the TLS daemon adds).
+GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std::string& cubin,
+                          int clients, bool tls_figures_only = false);
+
+// A fresh daemon, one big Write, its peak RSS.
+std::pair<uint64_t, uint64_t> RunRss(const Plan& plan, const std::string& daemon_path,
+                                     const std::string& driver);
+
+// The echo service under several settings, TCP and Unix socket.
+int RunTransportVariants(Plan plan);
+
+// The TLS daemon's files, made with the openssl command in a directory of
+// their own: a CA, a server certificate for 127.0.0.1, and a tenants file
+// naming kBenchToken. Empty when openssl is missing or fails.
+constexpr char kBenchToken[] = "gpuexec-bench-token-0123456789abcdef";
+
+std::string MakeTlsFiles();
+
+// ------------------------------------------------------------------ tenants
+
+// Two tenants, each with a worker (a CUDA context) of its own on device 0:
+// launch + synchronize of one alone, then while the other keeps the device
+// busy with kernels of --neighbour_kernel_us each. Without MPS the two
+// contexts are time-sliced by the GPU; with it, their kernels run at once.
+constexpr char kNeighbourToken[] = "gpuexec-bench-neighbour-token-fedcba98";
+
+struct TenantFigures {
+  Latency alone, beside;
+  double neighbour_kernels_per_s = 0;
+  bool mps = false;
+};
+
+TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
+                         const std::string& driver, const std::string& cubin);
+
+}  // namespace gpuexec::bench
+
+#endif  // GPUEXEC_BENCH_BENCH_H_

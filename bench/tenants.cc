@@ -1,0 +1,73 @@
+// Two tenants, a worker each: one's launches beside the other's kernels.
+#include "bench.h"
+
+namespace gpuexec::bench {
+
+TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
+                         const std::string& driver, const std::string& cubin) {
+  TenantFigures out;
+  const char* pipes = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  out.mps = pipes != nullptr && *pipes != '\0';
+  char templ[] = "/tmp/gpuexec-bench-tenants-XXXXXX";
+  const char* made = mkdtemp(templ);
+  if (made == nullptr) Die("mkdtemp");
+  const std::string file = std::string(made) + "/tenants.textproto";
+  {
+    std::ofstream f(file);
+    f << "tenant { name: \"bench\" token_sha256: \"" << gpuexec::Sha256Hex(kBenchToken)
+      << "\" }\ntenant { name: \"neighbour\" token_sha256: \""
+      << gpuexec::Sha256Hex(kNeighbourToken) << "\" }\n";
+  }
+  Daemon d(daemon_path, driver, "tenants", {"--tenants=" + file, "--isolation=tenant"});
+  const std::string image = ReadFileOrDie(cubin);
+  ClientOptions mine = BenchClientOptions();
+  mine.token = kBenchToken;
+  Client client = Must(Client::Connect(d.tcp(), mine), "connect as tenant 'bench'");
+  Session session = Must(client.OpenSession({}), "open a session");
+  Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
+  auto launch_sync = [&] { Must(session.LaunchAndWait(empty, One(), {}), "launch and wait"); };
+  out.alone = Measure(plan.latency_iters, launch_sync);
+
+  ClientOptions theirs = BenchClientOptions();
+  theirs.token = kNeighbourToken;
+  Client neighbour = Must(Client::Connect(d.tcp(), theirs), "connect as tenant 'neighbour'");
+  Session busy = Must(neighbour.OpenSession({}), "open the neighbour's session");
+  Module busy_module = Must(busy.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function spin = Must(busy_module.GetFunction("gx_spin"), "gx_spin");
+  const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> kernels{0};
+  std::thread load([&] {
+    // Keeps a few of its kernels queued all the time.
+    while (!stop.load()) {
+      for (int i = 0; i < 8; ++i) {
+        Must(busy.LaunchAsync(spin, One(), {Arg::U64(spin_ns)}), "the neighbour's launch");
+      }
+      Must(busy.Synchronize(), "the neighbour's synchronize");
+      kernels += 8;
+    }
+  });
+  // Its worker is started and busy before the measurement begins.
+  while (kernels.load() < 16) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint64_t k0 = kernels.load();
+  const auto t0 = Clock::now();
+  out.beside = Measure(plan.latency_iters, launch_sync);
+  out.neighbour_kernels_per_s = (kernels.load() - k0) / Seconds(t0, Clock::now());
+  stop.store(true);
+  load.join();
+  Must(busy.Close(), "close the neighbour's session");
+  Must(session.Close(), "close the session");
+  Note(absl::StrFormat(
+      "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
+      "'neighbour' (its own worker, %d us kernels, %.0f of them a second meanwhile): p50 %.1f "
+      "us p99 %.1f us%s",
+      out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
+      out.neighbour_kernels_per_s, out.beside.p50, out.beside.p99,
+      out.mps ? " (under MPS)" : " (no MPS: the two contexts are time-sliced)"));
+  std::remove(file.c_str());
+  rmdir(made);
+  return out;
+}
+
+}  // namespace gpuexec::bench
