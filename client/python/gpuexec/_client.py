@@ -16,6 +16,7 @@ import grpc
 
 from ._args import Arg, to_arg
 from ._channel import Recipe
+from ._commands import CommandStream
 from ._errors import Error, client_error, from_rpc_error
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
@@ -322,6 +323,9 @@ class Session:
         # Seconds; 0 means no limit.
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0
         self._closed = False
+        # Launches queued without waiting: one Execute stream, opened at the
+        # first such launch.
+        self._commands = CommandStream(self)
 
     def __repr__(self):
         return f"<gpuexec.Session {self.token[:8]} on device {self.device}>"
@@ -348,7 +352,13 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._commands.close()
         self._control(self.client.stub.CloseSession, pb.CloseSessionRequest(session=self.token))
+
+    def _order(self):
+        """Before a call outside the command stream that touches the GPU:
+        the launches queued without waiting are taken first."""
+        self._commands.order()
 
     def keep_alive(self):
         """Renews the lease; returns the lease granted in seconds."""
@@ -423,25 +433,40 @@ class Session:
                 raise from_rpc_error(e2) from None
         return Module(self, response.module, response.sha256, response.uploaded, kind)
 
-    def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False):
-        """Enqueues ``function`` on the session's stream (see Function.launch)."""
+    def _launch_request(self, function, grid, block, args, shared, cluster, sync):
         params = function.params
         proto_args = []
         for i, value in enumerate(args):
             arg = to_arg(value, i, params[i] if i < len(params) else None)
             proto_args.append(arg.to_proto())
-        request = pb.LaunchRequest(session=self.token, function=function.handle,
-                                   grid=_dim3(grid, "grid"), block=_dim3(block, "block"),
+        request = pb.LaunchRequest(function=function.handle, grid=_dim3(grid, "grid"),
+                                   block=_dim3(block, "block"),
                                    shared_memory_bytes=int(shared), args=proto_args,
                                    synchronize=bool(sync))
         if cluster is not None:
             request.cluster.CopyFrom(_dim3(cluster, "cluster"))
+        return request
+
+    def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False):
+        """Enqueues ``function`` on the session's stream (see Function.launch)."""
+        request = self._launch_request(function, grid, block, args, shared, cluster, sync)
+        request.session = self.token
+        # A unary call: from Python (grpcio's request iterator is consumed
+        # on a thread of its own) it answers sooner than a message on the
+        # command stream; after the launches queued there.
+        self._order()
         response = self._data(self.client.stub.Launch, request)
         return response.gpu_time_ns / 1e9 if sync else None
+
+    def launch_async(self, function, grid, block, *args, shared=0, cluster=None):
+        """Queues ``function`` without waiting (see Function.launch_async)."""
+        request = self._launch_request(function, grid, block, args, shared, cluster, False)
+        self._commands.send(pb.Command(launch=request), wait=False)
 
     def synchronize(self):
         """Waits for the session's work; returns its GPU time in seconds since
         the previous synchronize (0.0 when there was none)."""
+        self._order()
         response = self._data(self.client.stub.Synchronize,
                               pb.SynchronizeRequest(session=self.token))
         return response.gpu_time_ns / 1e9
@@ -509,6 +534,7 @@ class Buffer:
     def free(self):
         """Frees the allocation now (stream-ordered after enqueued work)."""
         self._freed = True
+        self.session._order()
         self.session._control(self.session.client.stub.Free,
                               pb.FreeRequest(session=self.session.token, buffer=self.handle))
 
@@ -517,6 +543,7 @@ class Buffer:
         view = _byte_view(data)
         chunk = self.session.client.chunk_bytes
         session, handle = self.session.token, self.handle
+        self.session._order()
 
         def requests():
             # WriteRequests as bytes: the first names the session, buffer and
@@ -553,6 +580,7 @@ class Buffer:
         """Reads ``size`` bytes (default len(view)) at ``offset`` into ``view``
         (unsigned bytes); more than len(view) is a DATA_LOSS error."""
         size = len(view) if size is None else size
+        self.session._order()
         request = pb.ReadRequest(session=self.session.token, buffer=self.handle,
                                  offset=int(offset), size=size,
                                  chunk_size=self.session.client.chunk_bytes)
@@ -621,6 +649,7 @@ class Buffer:
             return
         request = pb.MemsetRequest(session=self.session.token, buffer=self.handle,
                                    offset=int(offset), size=int(size or 0), value=int(value))
+        self.session._order()
         self.session._data(self.session.client.stub.Memset, request)
 
     def copy_from(self, src, size=None, *, src_offset=0, dst_offset=0):
@@ -631,6 +660,7 @@ class Buffer:
         request = pb.CopyBufferRequest(session=self.session.token, dst=self.handle,
                                        dst_offset=int(dst_offset), src=src.handle,
                                        src_offset=int(src_offset), size=int(size))
+        self.session._order()
         self.session._data(self.session.client.stub.CopyBuffer, request)
 
     def copy_to(self, dst, size=None, *, src_offset=0, dst_offset=0):
@@ -696,3 +726,13 @@ class Function:
         """
         return self.session.launch(self, grid, block, *args, shared=shared, cluster=cluster,
                                    sync=sync)
+
+    def launch_async(self, grid, block, *args, shared=0, cluster=None):
+        """Queues the kernel on its session's stream and returns at once,
+        without a round trip to the daemon (the arguments are checked here
+        against the kernel's parameters). A failure the daemon finds is
+        raised by the session's next call that waits for the daemon: a
+        launch, ``synchronize()``, or a buffer's read, write, memset, copy or
+        free (each waits for the launches queued before it), as CUDA
+        reports asynchronous errors."""
+        self.session.launch_async(self, grid, block, *args, shared=shared, cluster=cluster)

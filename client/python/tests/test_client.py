@@ -228,6 +228,55 @@ def test_fill_u32(session, kernels):
         assert buf.read(size=16) == struct.pack("<IIII", 0xDEADBEEF, 0xDEADBEEF, 7, 7)
 
 
+def test_launches_travel_on_the_command_stream(session, kernels):
+    # Launches and synchronizes share one open Execute stream: many queued
+    # without a round trip, and what a later read sees is their effect.
+    n = 4096
+    fill = kernels.function("gx_fill_u32")
+    with session.alloc(4 * n) as buf:
+        for v in range(1, 201):
+            fill.launch_async(n // 256, 256, buf, v, n)
+        np.testing.assert_array_equal(buf.read(np.uint32), np.full(n, 200, np.uint32))
+        fill.launch_async(n // 256, 256, buf, 7, n)
+        assert session.synchronize() > 0.0
+        assert buf.read(size=8) == struct.pack("<II", 7, 7)
+        assert fill.launch(n // 256, 256, buf, 9, n, sync=True) > 0.0
+        assert buf.read(size=4) == struct.pack("<I", 9)
+
+
+def test_an_async_launchs_failure_is_raised_by_the_next_waiting_call(session, kernels):
+    fill = kernels.function("gx_fill_u32")
+    buf = session.alloc(1024)
+    buf.free()
+    # Found by the daemon, not here: the launch returns at once...
+    fill.launch_async(1, 32, buf, 1, 32)
+    # ...and the session's next waiting call raises it, naming the buffer.
+    with pytest.raises(gpuexec.Error) as e:
+        session.synchronize()
+    assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+    assert "parameter 0" in e.value.message and "gx_fill_u32" in e.value.message
+    # Raised once: the stream goes on.
+    assert session.synchronize() == 0.0
+    with session.alloc(128) as ok:
+        fill.launch_async(1, 32, ok, 5, 32)
+        assert ok.read(size=4) == struct.pack("<I", 5)
+    # Caught here, before anything is sent: an argument of the wrong kind.
+    with pytest.raises(gpuexec.Error) as e:
+        fill.launch_async(1, 32, np.zeros(4), 1, 32)
+    assert e.value.message.startswith("gpuexec client:")
+
+
+def test_a_launch_on_a_closed_session_is_not_found(client, daemon):
+    s = client.session()
+    fill = s.load_module(daemon.cubin).function("gx_fill_u32")
+    buf = s.alloc(64)
+    fill.launch(1, 16, buf, 3, 16)
+    s.close()
+    with pytest.raises(gpuexec.Error) as e:
+        fill.launch(1, 16, buf, 3, 16)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+
+
 def test_argument_errors_name_the_parameter(session, kernels):
     saxpy = kernels.function("gx_saxpy")
     x = session.alloc(64)
