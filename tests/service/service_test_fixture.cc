@@ -154,15 +154,6 @@ std::optional<std::string> ReadFile(const std::string& path) {
   return bytes;
 }
 
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() >= deadline) return done();
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
-
 absl::StatusOr<std::unique_ptr<Server>> StartServer(ServerOptions options) {
   options.listen_address = "127.0.0.1:0";
   options.driver_library = TestBackend().driver;

@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "server/rpc/server.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 
 namespace gpuexec::testing {
 
@@ -58,10 +59,6 @@ std::vector<uint8_t> Pattern(uint64_t seed, size_t size);
 
 // Reads a whole file; empty optional if it cannot be read.
 std::optional<std::string> ReadFile(const std::string& path);
-
-// Polls `done` (every few milliseconds) until it returns true or `timeout`
-// has passed; returns its last answer.
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout);
 
 // Starts a server on 127.0.0.1:0 with the test backend's driver and
 // `options` (listen address and driver are overwritten).

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/fake_port.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 
 namespace gpuexec::core {
 namespace {
@@ -25,6 +26,7 @@ namespace {
 using ::gpuexec::testing::FakePort;
 using ::gpuexec::testing::IsOk;
 using ::gpuexec::testing::StatusIs;
+using ::gpuexec::testing::WaitFor;
 using ::testing::_;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -502,15 +504,6 @@ TEST_F(EngineTest, ADeviceDedicatedToAnotherTenantIsRefused) {
 // that those it reached restart at once, and when the window closes the
 // sessions its resets named are charged if they are of one tenant, else
 // none is: the reached clients see the same error as the faulting one.
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
-
 class MpsTest : public TenantIsolationTest {
  protected:
   void SetUp() override {
