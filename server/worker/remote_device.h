@@ -187,6 +187,10 @@ class RemoteDevice final : public port::DevicePort {
   }
   void ReadLoop(std::shared_ptr<Connection> conn);
   void OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame);
+  // `conn` (the current connection) is no longer current: retired, its
+  // end time set; returns the replies it still owed, for the caller to fail.
+  std::vector<ReplyFn> DetachLocked(const std::shared_ptr<Connection>& conn, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `conn`'s worker (if it is still the current one) and starts over.
   // `kernel_caused`: a kernel's fault or hang (not the worker's failure).
   void Reset(const std::shared_ptr<Connection>& conn, const std::string& why, bool kill,

@@ -289,20 +289,16 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
         // until every client it had is gone (the daemon's other workers of
         // this device find their faults and restart too). Not a new reset:
         // the same one, lasting a little longer. A new worker soon.
-        conn_ = nullptr;
-        retired_.push_back(conn);
-        conn->ended_at = absl::Now();
+        const absl::Time now = absl::Now();
+        std::vector<ReplyFn> failed = DetachLocked(conn, now);
         state_ = State::kBackingOff;
-        next_spawn_ = absl::Now() + kNotReadyRetry;
+        next_spawn_ = now + kNotReadyRetry;
         const bool first = ++not_ready_waits_ == 1;
         // Every 100 ms for 30 s from the first refusal; past that the
         // refusals count as failed starts (backing off), until one serves.
-        if (first) not_ready_since_ = absl::Now();
+        if (first) not_ready_since_ = now;
         down_ = absl::UnavailableError(
             absl::StrCat("device ", options_.ordinal, " is restarting: ", st.message()));
-        std::vector<ReplyFn> failed;
-        for (auto& [id, fn] : pending_) failed.push_back(std::move(fn));
-        pending_.clear();
         Reply r;
         ToProto(down_, r.mutable_status());
         lock.Release();
@@ -354,6 +350,17 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
   }
 }
 
+std::vector<RemoteDevice::ReplyFn> RemoteDevice::DetachLocked(
+    const std::shared_ptr<Connection>& conn, absl::Time now) {
+  conn_ = nullptr;
+  retired_.push_back(conn);
+  conn->ended_at = now;
+  std::vector<ReplyFn> pending;
+  for (auto& [id, fn] : pending_) pending.push_back(std::move(fn));
+  pending_.clear();
+  return pending;
+}
+
 void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::string& why,
                          bool kill_worker, bool kernel_caused) {
   std::vector<ReplyFn> failed;
@@ -365,12 +372,8 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
   {
     absl::MutexLock lock(&mu_);
     if (conn_ != conn || stop_) return;
-    conn_ = nullptr;
-    retired_.push_back(conn);
     const absl::Time now = absl::Now();
-    conn->ended_at = now;
-    for (auto& [id, fn] : pending_) failed.push_back(std::move(fn));
-    pending_.clear();
+    failed = DetachLocked(conn, now);
     if (!first_ready_) {
       // The first start failed: Start() reports why; nothing restarts. A
       // worker that said why (its driver did not load, say) and then ended
