@@ -69,13 +69,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     if (!block_bytes.ok()) return gpu_ns(block_bytes.status());
     op.kernel = f.kernel.id;
     op.param_block = std::move(block_bytes).value();
-    const bool clustered = shape.cluster[0] != 0 || shape.cluster[1] != 0 || shape.cluster[2] != 0;
-    for (int i = 0; i < 3; ++i) {
-      op.geometry.grid[i] = shape.grid[i];
-      op.geometry.block[i] = shape.block[i];
-      op.geometry.cluster[i] = clustered ? (shape.cluster[i] == 0 ? 1 : shape.cluster[i]) : 0;
-    }
-    op.geometry.shared_bytes = spec.shared_bytes;
+    op.geometry = GeometryOf(shape);
     op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
     TrafficCounters* traffic = &traffic_[s->device()];
     TrafficCounters* tenant_traffic = &s->usage().traffic;

@@ -6,6 +6,18 @@
 
 namespace gpuexec::core {
 
+port::LaunchGeometry GeometryOf(const LaunchShape& shape) {
+  port::LaunchGeometry g;
+  const bool clustered = shape.cluster[0] != 0 || shape.cluster[1] != 0 || shape.cluster[2] != 0;
+  for (int i = 0; i < 3; ++i) {
+    g.grid[i] = shape.grid[i];
+    g.block[i] = shape.block[i];
+    g.cluster[i] = clustered ? (shape.cluster[i] == 0 ? 1 : shape.cluster[i]) : 0;
+  }
+  g.shared_bytes = static_cast<uint32_t>(shape.shared_bytes);
+  return g;
+}
+
 absl::Status CheckLaunchShape(const LaunchShape& shape, const port::FunctionAttributes& kernel,
                               const port::DeviceProperties& p, absl::string_view kernel_name) {
   auto bad = [&](auto&&... parts) {
@@ -13,7 +25,6 @@ absl::Status CheckLaunchShape(const LaunchShape& shape, const port::FunctionAttr
   };
   const uint32_t* grid = shape.grid;
   const uint32_t* block = shape.block;
-  const uint32_t* cluster = shape.cluster;
   static constexpr const char* kAxis[] = {"x", "y", "z"};
   for (int i = 0; i < 3; ++i) {
     if (grid[i] == 0)
@@ -43,14 +54,14 @@ absl::Status CheckLaunchShape(const LaunchShape& shape, const port::FunctionAttr
                kernel.max_dynamic_shared_bytes, " fit beside its ", kernel.static_shared_bytes,
                " bytes of static shared memory on device ", p.ordinal);
   }
-  const bool clustered = cluster[0] != 0 || cluster[1] != 0 || cluster[2] != 0;
-  if (clustered) {
+  const port::LaunchGeometry geometry = GeometryOf(shape);
+  if (geometry.cluster[0] != 0) {  // a cluster: every dimension at least 1
     if (!p.cluster_launch) {
       return bad("device ", p.ordinal, " does not support thread block clusters");
     }
     uint64_t size = 1;
     for (int i = 0; i < 3; ++i) {
-      const uint32_t c = cluster[i] == 0 ? 1 : cluster[i];
+      const uint32_t c = geometry.cluster[i];
       if (grid[i] % c != 0) {
         return bad("grid.", kAxis[i], " (", grid[i], ") is not a multiple of cluster.", kAxis[i],
                    " (", c, ")");

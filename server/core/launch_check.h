@@ -25,6 +25,10 @@ struct LaunchShape {
   uint64_t shared_bytes = 0;        // dynamic shared memory
 };
 
+// The geometry the driver is given for `shape`: a cluster dimension left 0
+// beside one that is set counts as 1; no dimension set, no cluster.
+port::LaunchGeometry GeometryOf(const LaunchShape& shape);
+
 // `kernel_name` names the kernel in the message (quoted by the caller).
 absl::Status CheckLaunchShape(const LaunchShape& shape, const port::FunctionAttributes& kernel,
                               const port::DeviceProperties& device, absl::string_view kernel_name);
