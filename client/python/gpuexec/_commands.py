@@ -35,6 +35,7 @@ class CommandStream:
         self._lock = threading.Lock()
         self._requests = None  # the messages the call sends, fed by send()
         self._responses = None  # the call's answers
+        self._first = True  # the next message opens the call (names the session)
         self._next_id = 1
         self._unwaited = 0  # commands sent since the last one that waited
         self._failed = []  # failures of commands nobody waited for
