@@ -22,7 +22,7 @@ ALLOWED = {
     # The front's side of the worker: the proxy, its channel and wire.
     "server/worker": ["server/common", "server/port", "server/worker/channel.h",
                       "server/worker/convert.h", "server/worker/remote_device.h",
-                      "server/worker/remote_device_internal.h",
+                      "server/worker/remote_device_internal.h", "server/worker/ring.h",
                       "server/worker/worker_main.h", "server/worker/worker.pb.h"],
     # The worker's own side: its main owns the device.
     "server/worker/worker_main.cc": ["server/common", "server/port", "server/cuda",

@@ -118,6 +118,10 @@ ABSL_FLAG(int32_t, busy_poll_us, -1,
           "each answer then costs no thread wake-up there, at the price of a core per busy "
           "device while its clients keep coming back within it. -1: 300 on hosts with 8 or "
           "more cores, else 0 (off).");
+ABSL_FLAG(bool, worker_shared_memory, true,
+          "Requests and replies between the daemon and its device workers travel through "
+          "shared-memory rings, polled while busy (false: through the workers' sockets, "
+          "as before; for comparison).");
 ABSL_FLAG(uint32_t, rpc_threads, 1,
           "Threads serving gRPC calls. One answers soonest; more help many clients streaming "
           "bulk data at once.");
@@ -213,6 +217,7 @@ int main(int argc, char** argv) {
   options.kernel_time_limit_ms = absl::GetFlag(FLAGS_kernel_time_limit_ms);
   options.rpc_threads = absl::GetFlag(FLAGS_rpc_threads);
   options.busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
+  options.worker_shared_memory = absl::GetFlag(FLAGS_worker_shared_memory);
   options.worker_log_level = absl::GetFlag(FLAGS_log_level);
 
   auto server = gpuexec::Server::Start(options);

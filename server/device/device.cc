@@ -83,9 +83,7 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const cuda::Driver* driver,
   device->started_ = &started;
   Device* d = device.get();
   Executor::Input input;
-  if (options.input_fd >= 0) {
-    input = Executor::Input{options.input_fd, options.on_input, options.busy_poll};
-  }
+  if (options.input.fd >= 0) input = options.input;
   d->executor_.Start([d] { d->OnStart(); }, [d] { d->OnTick(); }, [d] { d->OnStop(); }, kTick,
                      [d] { return d->PollEvents(); }, std::move(input));
   started.WaitForNotification();

@@ -63,11 +63,9 @@ struct DeviceOptions {
   // Called on the executor when a launch has run past its stream's kernel
   // time limit (again at most once a second while it keeps running).
   std::function<void(StreamId, const std::string&)> on_hung;
-  // A socket the executor reads requests from itself (see Executor::Input).
-  int input_fd = -1;
-  std::function<void()> on_input;
-  // See ExecutorInput::busy_poll.
-  absl::Duration busy_poll = absl::ZeroDuration();
+  // Where the executor reads requests from itself (see ExecutorInput); none
+  // when its fd is -1.
+  ExecutorInput input;
   // Launches a stream may have queued on the GPU and not yet finished (0:
   // no bound). A launch past it waits here, with everything behind it on
   // its stream, until one has finished: the driver's launch queue is

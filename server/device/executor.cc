@@ -49,12 +49,15 @@ void Executor::WaitIdle(absl::Duration wait, const Input& input) {
   if (!queue_.empty() || stopping_) return;
   sleeping_ = true;
   mu_.Unlock();
-  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {input.fd, POLLIN, 0}};
-  const timespec timeout = absl::ToTimespec(std::min(wait, absl::Seconds(1)));
-  (void)ppoll(fds, 2, &timeout, nullptr);
-  if (fds[0].revents != 0) {
-    uint64_t n;
-    (void)!read(wake_fd_, &n, sizeof(n));
+  if (!input.park || input.park()) {
+    pollfd fds[3] = {{wake_fd_, POLLIN, 0}, {input.fd, POLLIN, 0}, {input.fd2, POLLIN, 0}};
+    const timespec timeout = absl::ToTimespec(std::min(wait, absl::Seconds(1)));
+    (void)ppoll(fds, input.fd2 >= 0 ? 3 : 2, &timeout, nullptr);
+    if (fds[0].revents != 0) {
+      uint64_t n;
+      (void)!read(wake_fd_, &n, sizeof(n));
+    }
+    if (input.unpark) input.unpark();
   }
   mu_.Lock();
   sleeping_ = false;

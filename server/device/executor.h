@@ -26,6 +26,13 @@ namespace gpuexec::device {
 struct ExecutorInput {
   int fd = -1;
   std::function<void()> on_readable;
+  // Another descriptor to wait on (-1: none), and what to do around each
+  // sleep: `park` first (false: input may be there already, do not sleep),
+  // `unpark` after waking. Both optional; for input that arrives through
+  // shared memory, announced on `fd` only to a reader that parked.
+  int fd2 = -1;
+  std::function<bool()> park;
+  std::function<void()> unpark;
   // After running work, keep reading the input without sleeping for this
   // long: the next request of a client that waits for each answer arrives
   // within it, and is then seen without a thread wake-up (tens of

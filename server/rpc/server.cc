@@ -245,6 +245,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
   wo.log_level = options.worker_log_level;
   wo.busy_poll = absl::Microseconds(busy_poll_us);
+  wo.ring_bytes = options.worker_shared_memory ? wo.ring_bytes : 0;
   auto open_device =
       [wo](int ordinal, const std::string& tenant,
            port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
@@ -356,10 +357,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                eo.max_workers_per_device, " per device, ended ",
                                absl::ToInt64Seconds(eo.worker_idle), " s after their last session)")
                 : std::string("by device: one worker process per device for every session"));
-  log::Info("gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s",
-            "; busy polling ",
-            busy_poll_us == 0 ? std::string("off")
-                              : absl::StrCat(busy_poll_us, " us after each message"));
+  log::Info(
+      "gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s", "; busy polling ",
+      busy_poll_us == 0 ? std::string("off") : absl::StrCat(busy_poll_us, " us after each message"),
+      "; workers reached through ",
+      options.worker_shared_memory ? "shared memory" : "their sockets");
   log::Info(
       "gpuexecd serving gpuexec.v1 on ", absl::StrJoin(addresses, " and "), " with ",
       impl->engine->device_count(), " device(s); health ",

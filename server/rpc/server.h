@@ -106,6 +106,9 @@ struct ServerOptions {
   // 300 on hosts with 8 or more cores, where a spinning thread does not
   // take the core the client or gRPC need, else 0).
   int32_t busy_poll_us = -1;
+  // Requests and replies between this process and the device workers go
+  // through shared-memory rings (false: through their sockets).
+  bool worker_shared_memory = true;
   // Threads serving calls, all polling one completion queue. Each more
   // than one adds latency (they take turns reading the connections); more
   // help many clients that stream bulk data at once.

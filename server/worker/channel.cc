@@ -1,6 +1,7 @@
 #include "server/worker/channel.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace gpuexec::worker {
 namespace {
@@ -23,9 +25,18 @@ void AppendFrame(const google::protobuf::MessageLite& m, std::string* out) {
   m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&(*out)[at]));
 }
 
+// With rings, the socket carries nothing: readable means the peer's end (or
+// an error, or a byte where none is ever written), all of which end it.
+bool SocketSaysGone(int fd) {
+  char c;
+  const ssize_t k = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 }  // namespace
 
-Channel::Channel(int fd, bool never_block) : fd_(fd), never_block_(never_block) {
+Channel::Channel(int fd, bool never_block, std::unique_ptr<RingPair> rings)
+    : fd_(fd), never_block_(never_block), rings_(std::move(rings)) {
   if (never_block_) writer_ = std::thread([this] { WriterLoop(); });
 }
 
@@ -63,7 +74,7 @@ bool Channel::Enqueue(const std::vector<const google::protobuf::MessageLite*>& m
 
 size_t Channel::unsent_bytes() const {
   absl::MutexLock lock(&mu_);
-  return outbox_.size();
+  return outbox_.size() + (rings_ != nullptr ? rings_->out().unread() : 0);
 }
 
 absl::Status Channel::Flush() {
@@ -84,14 +95,12 @@ void Channel::Drain(bool dont_wait) {
     bool failed = false;
     bool full = false;
     while (done < batch.size()) {
-      const ssize_t n = ::send(fd_, batch.data() + done, batch.size() - done,
-                               MSG_NOSIGNAL | (dont_wait ? MSG_DONTWAIT : 0));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const ssize_t n = WriteSome(batch.data() + done, batch.size() - done, dont_wait);
+      if (n == 0) {
         full = true;
         break;
       }
-      if (n <= 0) {
+      if (n < 0) {
         failed = true;
         break;
       }
@@ -182,17 +191,81 @@ Channel::Poll Channel::Next(std::string* message, bool wait) {
       inbox_end_ = have;
     }
     if (inbox_.size() - inbox_end_ < need) inbox_.resize(inbox_end_ + need);
-    ssize_t n;
-    do {
-      n = ::recv(fd_, inbox_.data() + inbox_end_, inbox_.size() - inbox_end_,
-                 wait ? 0 : MSG_DONTWAIT);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK)) return Poll::kNothing;
-    if (n <= 0) return Poll::kEnd;
+    const ssize_t n = ReadSome(inbox_.data() + inbox_end_, inbox_.size() - inbox_end_, wait);
+    if (n == 0) return Poll::kNothing;
+    if (n < 0) return Poll::kEnd;
     inbox_end_ += static_cast<size_t>(n);
   }
 }
 
 void Channel::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+
+ssize_t Channel::WriteSome(const char* data, size_t n, bool dont_wait) {
+  if (rings_ == nullptr) {
+    for (;;) {
+      const ssize_t k = ::send(fd_, data, n, MSG_NOSIGNAL | (dont_wait ? MSG_DONTWAIT : 0));
+      if (k > 0) return k;
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+      return -1;
+    }
+  }
+  RingEnd& out = rings_->out();
+  for (;;) {
+    const ssize_t k = out.Write(data, n);
+    if (k != 0) return k;
+    if (dont_wait) return 0;
+    if (!out.ParkWriter()) continue;
+    pollfd fds[2] = {{out.space_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
+    (void)::poll(fds, 2, -1);
+    out.UnparkWriter();
+    if (fds[1].revents != 0 && SocketSaysGone(fd_)) return -1;
+  }
+}
+
+ssize_t Channel::ReadSome(char* data, size_t n, bool wait) {
+  if (rings_ == nullptr) {
+    for (;;) {
+      const ssize_t k = ::recv(fd_, data, n, wait ? 0 : MSG_DONTWAIT);
+      if (k > 0) return k;
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+      return -1;
+    }
+  }
+  RingEnd& in = rings_->in();
+  for (;;) {
+    // What the peer wrote before it went is still delivered.
+    const ssize_t k = in.Read(data, n);
+    if (k != 0) return k;
+    if (peer_gone_ || PeerGone(/*now=*/false)) return -1;
+    if (!wait) return 0;
+    if (!in.ParkReader()) continue;
+    pollfd fds[2] = {{in.data_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
+    (void)::poll(fds, 2, -1);
+    in.UnparkReader();
+    if (fds[1].revents != 0) (void)PeerGone(/*now=*/true);
+  }
+}
+
+bool Channel::PeerGone(bool now) {
+  if (peer_gone_) return true;
+  const int64_t t = absl::GetCurrentTimeNanos();
+  if (!now && t - peer_checked_ns_ < 1000000) return false;
+  peer_checked_ns_ = t;
+  peer_gone_ = SocketSaysGone(fd_);
+  return peer_gone_;
+}
+
+bool Channel::ParkReceiver() { return rings_ == nullptr || rings_->in().ParkReader(); }
+
+void Channel::UnparkReceiver() {
+  if (rings_ != nullptr) rings_->in().UnparkReader();
+}
+
+std::pair<int, int> Channel::wait_fds() const {
+  if (rings_ == nullptr) return {fd_, -1};
+  return {rings_->in().data_fd(), fd_};
+}
 
 }  // namespace gpuexec::worker

@@ -11,10 +11,17 @@
 // does not fit now is left to a writer thread of the channel's own (the
 // daemon's front process sends with session locks held, and the worker's
 // replies must never wait for those).
+//
+// With a RingPair (ring.h), the bytes travel through shared memory instead
+// of the socket, and the socket only tells each side that the other is
+// gone: nothing is written to it, and anything read from it ends the
+// stream like its end does.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -22,13 +29,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/message_lite.h"
+#include "server/worker/ring.h"
 
 namespace gpuexec::worker {
 
 class Channel {
  public:
-  // Takes ownership of `fd`.
-  explicit Channel(int fd, bool never_block = false);
+  // Takes ownership of `fd` (and of `rings`).
+  explicit Channel(int fd, bool never_block = false, std::unique_ptr<RingPair> rings = nullptr);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -53,6 +61,13 @@ class Channel {
   enum class Poll { kMessage, kNothing, kEnd };
   Poll TryReceive(std::string* message);
   int fd() const { return fd_; }
+  // For a receiver that waits elsewhere (a worker's executor): park before
+  // sleeping on wait_fds() (false: a message may be there already, do not
+  // sleep), unpark after waking. wait_fds() gives two descriptors, the
+  // second -1 when there is one.
+  bool ParkReceiver();
+  void UnparkReceiver();
+  std::pair<int, int> wait_fds() const;
   // Bytes sent and not yet written to the socket (the peer has not taken
   // them: it is busy, stopped or stuck).
   size_t unsent_bytes() const;
@@ -67,12 +82,24 @@ class Channel {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
 
+  // The byte stream under the frames, the socket's or the rings': bytes
+  // written (> 0), 0 when it is full and `dont_wait`, -1 once broken.
+  ssize_t WriteSome(const char* data, size_t n, bool dont_wait);
+  // Bytes read (> 0), 0 when nothing is there and `!wait`, -1 at the end.
+  ssize_t ReadSome(char* data, size_t n, bool wait);
+  // With rings (the receiver's thread): whether the socket says the peer is
+  // gone. `now`: look at once; otherwise at most once a millisecond.
+  bool PeerGone(bool now);
   void WriterLoop();
   // Writes what the outbox holds; returns when it is empty, the socket is
   // full (with `dont_wait`) or broken. Called with writing_ set.
   void Drain(bool dont_wait);
 
   const bool never_block_;
+  const std::unique_ptr<RingPair> rings_;
+  // Receiver state: when PeerGone last looked, and whether it saw the end.
+  int64_t peer_checked_ns_ = 0;
+  bool peer_gone_ = false;
   bool handoff_ ABSL_GUARDED_BY(mu_) = false;  // the writer thread owns the outbox
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;

@@ -74,6 +74,11 @@ struct WorkerOptions {
   // keep looking for the next message before they sleep (0: they sleep at
   // once).
   absl::Duration busy_poll = absl::ZeroDuration();
+  // Requests and replies travel through shared-memory rings of this many
+  // bytes each way (a power of two, at least 4096), polled while busy, and
+  // the socket only tells each side that the other ended; 0: through the
+  // socket.
+  uint64_t ring_bytes = 1 << 20;
   // How long the first start may take.
   absl::Duration start_timeout = absl::Seconds(120);
 };

@@ -29,7 +29,7 @@
 namespace gpuexec::worker {
 namespace internal {
 
-// Moves `fd` above the descriptors a child gets (3 and 4), close-on-exec.
+// Moves `fd` above the descriptors a child gets (3 to 9), close-on-exec.
 inline int HighFd(int fd) {
   if (fd < 0 || fd >= 10) return fd;
   const int high = fcntl(fd, F_DUPFD_CLOEXEC, 10);

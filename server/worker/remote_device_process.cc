@@ -38,7 +38,30 @@ void RemoteDevice::Spawn() {
   int sv[2];
   absl::Status error;
   pid_t pid = 0;
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+  RingFds ring_fds;
+  std::unique_ptr<RingPair> rings;
+  if (options_.ring_bytes > 0) {
+    absl::StatusOr<RingFds> made = RingPair::Create(options_.ring_bytes);
+    if (made.ok()) {
+      ring_fds = *made;
+      for (int* fd : {&ring_fds.memory, &ring_fds.to_worker_data, &ring_fds.to_worker_space,
+                      &ring_fds.to_front_data, &ring_fds.to_front_space}) {
+        *fd = HighFd(*fd);
+      }
+      absl::StatusOr<std::unique_ptr<RingPair>> opened =
+          RingPair::Open(ring_fds, options_.ring_bytes, /*front=*/true);
+      if (opened.ok()) {
+        rings = std::move(*opened);  // it owns the descriptors now
+      } else {
+        error = opened.status();
+      }
+    } else {
+      error = made.status();
+    }
+  }
+  if (!error.ok()) {
+    // Reported below, as a start that failed.
+  } else if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     error = absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
   } else {
     sv[0] = HighFd(sv[0]);
@@ -65,7 +88,8 @@ void RemoteDevice::Spawn() {
         absl::StrCat("--staging_slots=", options_.staging_slots),
         absl::StrCat("--max_queued_launches=", options_.max_queued_launches),
         absl::StrCat("--log_level=", options_.log_level),
-        absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(options_.busy_poll))};
+        absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(options_.busy_poll)),
+        absl::StrCat("--ring_bytes=", rings != nullptr ? options_.ring_bytes : 0)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -73,6 +97,13 @@ void RemoteDevice::Spawn() {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, sv[1], kSocketFd);
     posix_spawn_file_actions_adddup2(&fa, staging_fd_, kStagingFd);
+    if (rings != nullptr) {
+      posix_spawn_file_actions_adddup2(&fa, ring_fds.memory, kRingMemoryFd);
+      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_worker_data, kRingToWorkerDataFd);
+      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_worker_space, kRingToWorkerSpaceFd);
+      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_front_data, kRingToFrontDataFd);
+      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_front_space, kRingToFrontSpaceFd);
+    }
     const int rc = posix_spawn(&pid, options_.program.c_str(), &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     close(sv[1]);
@@ -98,7 +129,7 @@ void RemoteDevice::Spawn() {
     return;
   }
   auto conn = std::make_shared<Connection>();
-  conn->channel = std::make_unique<Channel>(sv[0], /*never_block=*/true);
+  conn->channel = std::make_unique<Channel>(sv[0], /*never_block=*/true, std::move(rings));
   conn->pid = pid;
   conn->started = absl::Now();
   {

@@ -34,6 +34,7 @@ struct Args {
   int max_queued_launches = 0;
   std::string log_level = "info";
   int64_t busy_poll_us = 0;
+  uint64_t ring_bytes = 0;
 };
 
 bool ParseArgs(int argc, char** argv, Args* args) {
@@ -57,6 +58,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!absl::SimpleAtoi(v, &args->max_queued_launches)) return false;
     } else if (value("--busy_poll_us=", &v)) {
       if (!absl::SimpleAtoi(v, &args->busy_poll_us)) return false;
+    } else if (value("--ring_bytes=", &v)) {
+      if (!absl::SimpleAtoi(v, &args->ring_bytes)) return false;
     } else if (value("--log_level=", &v)) {
       args->log_level = std::string(v);
     } else {
@@ -306,7 +309,24 @@ int RunWorker(int argc, char** argv) {
   }
   log::Level level;
   if (log::ParseLevel(args.log_level, &level)) log::SetLevel(level);
-  Channel channel(kSocketFd);
+  std::unique_ptr<RingPair> rings;
+  absl::Status rings_status;
+  if (args.ring_bytes > 0) {
+    RingFds fds{kRingMemoryFd, kRingToWorkerDataFd, kRingToWorkerSpaceFd, kRingToFrontDataFd,
+                kRingToFrontSpaceFd};
+    auto opened = RingPair::Open(fds, args.ring_bytes, /*front=*/false);
+    if (opened.ok()) {
+      rings = std::move(*opened);
+    } else {
+      rings_status = opened.status();
+    }
+  }
+  if (!rings_status.ok()) {
+    // Nothing can be reported where the front process would read it.
+    log::Error("gpuexecd __worker: ", rings_status.message());
+    return 2;
+  }
+  Channel channel(kSocketFd, /*never_block=*/false, std::move(rings));
   const uint64_t staging_size = args.staging_bytes * static_cast<uint64_t>(args.staging_slots);
   void* mapped = mmap(nullptr, staging_size, PROT_READ | PROT_WRITE, MAP_SHARED, kStagingFd, 0);
   close(kStagingFd);
@@ -335,7 +355,7 @@ int RunWorker(int argc, char** argv) {
   options.staging_bytes = args.staging_bytes;
   options.staging_slots = args.staging_slots;
   options.max_queued_launches = args.max_queued_launches;
-  options.busy_poll = absl::Microseconds(args.busy_poll_us);
+  options.input.busy_poll = absl::Microseconds(args.busy_poll_us);
   options.staging_memory = static_cast<uint8_t*>(mapped);
   options.on_fault = [&channel](const absl::Status& st) {
     Event e;
@@ -353,8 +373,11 @@ int RunWorker(int argc, char** argv) {
   std::atomic<Worker*> serving{nullptr};
   absl::Notification ended;
   bool reading = true;  // executor thread only
-  options.input_fd = kSocketFd;
-  options.on_input = [&] {
+  options.input.fd = channel.wait_fds().first;
+  options.input.fd2 = channel.wait_fds().second;
+  options.input.park = [&channel] { return channel.ParkReceiver(); };
+  options.input.unpark = [&channel] { channel.UnparkReceiver(); };
+  options.input.on_readable = [&] {
     Worker* worker = serving.load();
     if (worker == nullptr) return;
     worker->FlushReplies();

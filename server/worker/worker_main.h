@@ -3,9 +3,12 @@
 
 // The device worker: the process that owns one GPU. gpuexecd starts it as
 // `gpuexecd __worker --device=N --driver=LIB --staging_bytes=B
-// --staging_slots=S --max_queued_launches=Q --log_level=L --busy_poll_us=U`,
-// with its end of a socket pair on fd 3 and the shared staging memory (a
-// memfd) on fd 4. It loads the driver, opens the device, reports Ready, and
+// --staging_slots=S --max_queued_launches=Q --log_level=L --busy_poll_us=U
+// --ring_bytes=R`, with its end of a socket pair on fd 3 and the shared
+// staging memory (a memfd) on fd 4; with R > 0, the messages travel through
+// shared-memory rings of R bytes each way (ring.h: their memory on fd 5,
+// their eventfds on 6 to 9) and the socket only tells each side of the
+// other's end. It loads the driver, opens the device, reports Ready, and
 // then runs the requests of worker.proto until the front process closes the
 // socket.
 
@@ -14,6 +17,11 @@ namespace gpuexec::worker {
 inline constexpr char kWorkerArg[] = "__worker";
 inline constexpr int kSocketFd = 3;
 inline constexpr int kStagingFd = 4;
+inline constexpr int kRingMemoryFd = 5;
+inline constexpr int kRingToWorkerDataFd = 6;
+inline constexpr int kRingToWorkerSpaceFd = 7;
+inline constexpr int kRingToFrontDataFd = 8;
+inline constexpr int kRingToFrontSpaceFd = 9;
 
 // The worker's main(); returns the exit code.
 int RunWorker(int argc, char** argv);

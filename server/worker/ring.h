@@ -1,0 +1,109 @@
+#ifndef GPUEXEC_SERVER_WORKER_RING_H_
+#define GPUEXEC_SERVER_WORKER_RING_H_
+
+// A byte stream through shared memory between the daemon's front process
+// and a device worker: one ring each way in one memfd, each with one
+// writer and one reader. The reader polls it while work is in flight (a
+// load, no system call) and parks on an eventfd only when idle; the writer
+// signals that eventfd only when the reader has parked, and parks on a
+// second one only when the ring is full. A Channel (channel.h) frames
+// messages on top, as it does on a socket.
+//
+// Neither side trusts the other's words: each keeps its own position in
+// its own memory and only reads the peer's from the shared page, and a
+// peer position that no honest peer could have written (behind, or more
+// than the ring ahead) makes the stream broken, never an out-of-bounds
+// copy.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace gpuexec::worker {
+
+// The descriptors of one pair of rings: the shared memory, and for each
+// direction the reader's wake-up and the writer's.
+struct RingFds {
+  int memory = -1;
+  int to_worker_data = -1;
+  int to_worker_space = -1;
+  int to_front_data = -1;
+  int to_front_space = -1;
+};
+
+// The two ends one process holds: what it writes and what it reads.
+class RingPair;
+
+// One direction, as one side sees it.
+class RingEnd {
+ public:
+  // Writer: copies up to `n` bytes in; the count (0: the ring is full), or
+  // -1 if the peer's position is impossible.
+  ssize_t Write(const char* data, size_t n);
+  // Reader: copies up to `n` bytes out; the count (0: nothing yet), or -1.
+  ssize_t Read(char* data, size_t n);
+  // Bytes written and not yet read (the writer's view).
+  uint64_t unread() const;
+
+  // Parking. The reader parks before sleeping on data_fd() (the writer then
+  // signals it); false: there is data already, do not sleep. The writer
+  // parks so before sleeping on space_fd(). Unpark after waking, either way.
+  bool ParkReader();
+  void UnparkReader();
+  bool ParkWriter();
+  void UnparkWriter();
+  int data_fd() const { return data_fd_; }
+  int space_fd() const { return space_fd_; }
+
+ private:
+  friend class RingPair;
+  struct Header;
+  RingEnd(Header* header, char* data, uint64_t capacity, int data_fd, int space_fd)
+      : header_(header), data_(data), capacity_(capacity), data_fd_(data_fd), space_fd_(space_fd) {}
+
+  Header* const header_;
+  char* const data_;
+  const uint64_t capacity_;
+  const int data_fd_;
+  const int space_fd_;
+  // This side's own position (bytes written, or read, so far): the shared
+  // copy is for the peer only.
+  std::atomic<uint64_t> mine_{0};
+};
+
+class RingPair {
+ public:
+  // Makes the memory and eventfds for rings of `capacity` bytes each way
+  // (the front process, before it starts a worker); the caller owns them.
+  static absl::StatusOr<RingFds> Create(uint64_t capacity);
+  // Maps them for one side; takes ownership of every descriptor.
+  static absl::StatusOr<std::unique_ptr<RingPair>> Open(RingFds fds, uint64_t capacity,
+                                                        bool front);
+  static uint64_t BytesFor(uint64_t capacity);
+  ~RingPair();
+  RingPair(const RingPair&) = delete;
+  RingPair& operator=(const RingPair&) = delete;
+
+  RingEnd& out() { return *out_; }
+  RingEnd& in() { return *in_; }
+
+ private:
+  RingPair() = default;
+  RingFds fds_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  std::unique_ptr<RingEnd> out_;
+  std::unique_ptr<RingEnd> in_;
+};
+
+// Closes every descriptor of `fds` that is open.
+void CloseRingFds(RingFds& fds);
+
+}  // namespace gpuexec::worker
+
+#endif  // GPUEXEC_SERVER_WORKER_RING_H_
