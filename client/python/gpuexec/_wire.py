@@ -1,0 +1,114 @@
+"""The command stream's messages written as bytes, without a protobuf object
+per launch. A launch's fixed part (function, grid, block,
+shared memory, cluster) is serialized once by protobuf and kept by its
+Function; each argument is written here (the tests compare every kind with
+protobuf's own bytes), and a Command and an ExecuteRequest are their
+fields' bytes joined.
+"""
+
+import struct
+
+from .v1 import gpuexec_pb2 as pb
+
+_U64 = (1 << 64) - 1
+# Small varints, looked up rather than computed.
+_SMALL = [bytes((i,)) for i in range(128)]
+
+
+def varint(value):
+    """The protobuf varint of a non-negative int below 2**64."""
+    if value < 128:
+        return _SMALL[value]
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def field_bytes(key, data):
+    """A length-delimited field: its key byte, the length and ``data``."""
+    return b"".join((key, varint(len(data)), data))
+
+
+def _signed(key):
+    return lambda arg: key + varint(arg.value & _U64)
+
+
+def _unsigned(key):
+    return lambda arg: key + varint(arg.value)
+
+
+def _fixed(key, fmt):
+    def encode(arg):
+        try:
+            return key + struct.pack(fmt, arg.value)
+        except (OverflowError, struct.error):  # beyond the type's range: as protobuf stores it
+            return arg.to_proto().SerializeToString()
+    return encode
+
+
+def _buffer(arg):
+    inner = b"\x08" + varint(arg.value) if arg.value else b""
+    if arg.offset:
+        inner += b"\x10" + varint(arg.offset)
+    return field_bytes(b"\x0a", inner)
+
+
+# gpuexec.v1.Arg: one field of its oneof, by kind (field number, wire type).
+_ENCODE = {
+    "buffer": _buffer,
+    "i8": _signed(b"\x10"), "i16": _signed(b"\x18"), "i32": _signed(b"\x20"),
+    "i64": _signed(b"\x28"),
+    "u8": _unsigned(b"\x30"), "u16": _unsigned(b"\x38"), "u32": _unsigned(b"\x40"),
+    "u64": _unsigned(b"\x48"),
+    "f16": _fixed(b"\x55", "<f"), "bf16": _fixed(b"\x5d", "<f"), "f32": _fixed(b"\x65", "<f"),
+    "f64": _fixed(b"\x69", "<d"),
+    "raw": lambda arg: field_bytes(b"\x72", arg.value),
+    "null_pointer": lambda arg: b"\x78\x01",
+}
+
+
+def arg_bytes(arg):
+    """The serialized gpuexec.v1.Arg of an ``Arg``."""
+    return _ENCODE[arg.kind](arg)
+
+
+def launch_arg_field(arg):
+    """``arg`` as a LaunchRequest's ``args`` field (number 7)."""
+    return field_bytes(b"\x3a", arg_bytes(arg))
+
+
+def launch_head(function, grid, block, shared, cluster):
+    """A LaunchRequest's fixed part, serialized by protobuf: ``grid``,
+    ``block`` and ``cluster`` are pb.Dim3 (cluster may be None)."""
+    request = pb.LaunchRequest(function=function, grid=grid, block=block,
+                               shared_memory_bytes=shared)
+    if cluster is not None:
+        request.cluster.CopyFrom(cluster)
+    return request.SerializeToString()
+
+
+LAUNCH_SYNCHRONIZE = b"\x40\x01"  # LaunchRequest.synchronize = true
+
+
+def launch_op(launch_request_bytes):
+    """A Command's ``launch`` field (number 3)."""
+    return field_bytes(b"\x1a", launch_request_bytes)
+
+
+SYNCHRONIZE_OP = b"\x22\x00"  # Command.synchronize, an empty SynchronizeRequest
+BARRIER_OP = b""  # a Command with no operation
+
+
+def command_field(command_id, reply, op):
+    """An ExecuteRequest's ``commands`` field (number 2): the Command with
+    ``command_id``, ``reply`` and ``op`` (one of the fields above)."""
+    command = b"".join((b"\x08", varint(command_id), b"\x10\x01" if reply else b"", op))
+    return b"".join((b"\x12", varint(len(command)), command))
+
+
+def session_field(token):
+    """An ExecuteRequest's ``session`` field (number 1)."""
+    return field_bytes(b"\x0a", token.encode())
