@@ -121,6 +121,15 @@ class Recipe:
             return channel
         return grpc.intercept_channel(channel, _TokenInterceptor(self.token))
 
+    def metadata(self):
+        """What the interceptor adds to each call, for calls made on the
+        channel beneath it (the command stream's)."""
+        return () if self.token is None else (_token_entry(self.token),)
+
+
+def _token_entry(token):
+    return ("authorization", "Bearer " + token)
+
 
 class _CallDetails(collections.namedtuple(
         "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
@@ -133,7 +142,7 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
     """Adds ``authorization: Bearer <token>`` to every call."""
 
     def __init__(self, token):
-        self._entry = ("authorization", "Bearer " + token)
+        self._entry = _token_entry(token)
 
     def __repr__(self):
         return "<gpuexec token interceptor>"  # never the token

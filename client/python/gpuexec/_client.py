@@ -9,11 +9,13 @@ the daemon and raise its error (NOT_FOUND).
 
 import hashlib
 import os
+import threading
 from collections import namedtuple
 from dataclasses import dataclass
 
 import grpc
 
+from . import _commands, _wire
 from ._args import Arg, to_arg
 from ._channel import Recipe
 from ._commands import CommandStream
@@ -48,13 +50,7 @@ def _is_numpy_array(obj):
     return type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and hasattr(obj, "shape")
 
 
-def _varint(value):
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+_varint = _wire.varint
 
 
 def _read_varint(view, at):
@@ -232,7 +228,8 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
                     f"gpuexec client: no connection to {target} within {timeout} s"
                     f"{hint}") from None
     return Client(recipe.intercept(channel), chunk_bytes=chunk_bytes,
-                  control_timeout=control_timeout)
+                  control_timeout=control_timeout, _plain_channel=channel,
+                  _metadata=recipe.metadata())
 
 
 class Client:
@@ -241,13 +238,26 @@ class Client:
     ``channel`` carries the token, if any, on every call (connect() adds it):
     calls made through ``client.channel`` or ``client.stub`` are
     authenticated like the client's own.
+
+    ``command_stream`` says how sessions' command streams run: "core" (the
+    caller's thread sends and polls for the answer, on grpcio's core call)
+    or "iterator" (grpcio's public streaming API: a channel with
+    interceptors of its own, or GPUEXEC_COMMAND_STREAM=iterator).
     """
 
-    def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0):
+    def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0,
+                 _plain_channel=None, _metadata=None):
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise client_error(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}]")
         self.channel = channel
         self.stub = pb_grpc.GpuExecStub(channel)
+        # Sessions' Execute calls; the open ones are ended before the
+        # channel closes (grpcio's close waits for calls polled by their
+        # callers, which nobody would poll then).
+        self._open_execute, self.command_stream = _commands.opener(channel, _plain_channel,
+                                                                   _metadata)
+        self._streams_lock = threading.Lock()
+        self._streams = set()
         # Write and Read as the wire's bytes: a protobuf message would copy
         # each chunk's data once more each way (into and out of the message).
         self._write_call = channel.stream_unary(
@@ -269,7 +279,19 @@ class Client:
 
     def close(self):
         """Closes the channel (sessions stay open until their lease lapses)."""
+        with self._streams_lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.close()
         self.channel.close()
+
+    def _stream_opened(self, stream):
+        with self._streams_lock:
+            self._streams.add(stream)
+
+    def _stream_closed(self, stream):
+        with self._streams_lock:
+            self._streams.discard(stream)
 
     def _call(self, method, request, timeout):
         try:
@@ -323,9 +345,8 @@ class Session:
         # Seconds; 0 means no limit.
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0
         self._closed = False
-        # Launches queued without waiting: one Execute stream, opened at the
-        # first such launch.
-        self._commands = CommandStream(self)
+        # Launches and synchronizes: one Execute stream, opened at the first.
+        self._commands = CommandStream(client, self.token)
 
     def __repr__(self):
         return f"<gpuexec.Session {self.token[:8]} on device {self.device}>"
@@ -433,43 +454,21 @@ class Session:
                 raise from_rpc_error(e2) from None
         return Module(self, response.module, response.sha256, response.uploaded, kind)
 
-    def _launch_request(self, function, grid, block, args, shared, cluster, sync):
-        params = function.params
-        proto_args = []
-        for i, value in enumerate(args):
-            arg = to_arg(value, i, params[i] if i < len(params) else None)
-            proto_args.append(arg.to_proto())
-        request = pb.LaunchRequest(function=function.handle, grid=_dim3(grid, "grid"),
-                                   block=_dim3(block, "block"),
-                                   shared_memory_bytes=int(shared), args=proto_args,
-                                   synchronize=bool(sync))
-        if cluster is not None:
-            request.cluster.CopyFrom(_dim3(cluster, "cluster"))
-        return request
-
     def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False):
         """Enqueues ``function`` on the session's stream (see Function.launch)."""
-        request = self._launch_request(function, grid, block, args, shared, cluster, sync)
-        request.session = self.token
-        # A unary call: from Python (grpcio's request iterator is consumed
-        # on a thread of its own) it answers sooner than a message on the
-        # command stream; after the launches queued there.
-        self._order()
-        response = self._data(self.client.stub.Launch, request)
-        return response.gpu_time_ns / 1e9 if sync else None
+        op = function._launch_op(grid, block, args, shared, cluster, sync)
+        result = self._commands.submit(op, wait=True)
+        return result.gpu_time_ns / 1e9 if sync else None
 
     def launch_async(self, function, grid, block, *args, shared=0, cluster=None):
         """Queues ``function`` without waiting (see Function.launch_async)."""
-        request = self._launch_request(function, grid, block, args, shared, cluster, False)
-        self._commands.send(pb.Command(launch=request), wait=False)
+        self._commands.submit(function._launch_op(grid, block, args, shared, cluster, False),
+                              wait=False)
 
     def synchronize(self):
         """Waits for the session's work; returns its GPU time in seconds since
         the previous synchronize (0.0 when there was none)."""
-        self._order()
-        response = self._data(self.client.stub.Synchronize,
-                              pb.SynchronizeRequest(session=self.token))
-        return response.gpu_time_ns / 1e9
+        return self._commands.submit(_wire.SYNCHRONIZE_OP, wait=True).gpu_time_ns / 1e9
 
 
 def _module_kind(image, path, kind):
@@ -530,6 +529,14 @@ class Buffer:
 
     def _as_kernel_arg(self):
         return self.ptr(0)
+
+    @property
+    def _launch_field(self):
+        """This buffer as a LaunchRequest's argument field, made once."""
+        field = self.__dict__.get("_field")
+        if field is None:
+            field = self.__dict__["_field"] = _wire.launch_arg_field(self.ptr(0))
+        return field
 
     def free(self):
         """Frees the allocation now (stream-ordered after enqueued work)."""
@@ -704,6 +711,7 @@ class Function:
         self.name = name
         self.handle = response.function
         self.params = [Param(p.offset, p.size) for p in response.params]
+        self._heads = {}
         a = response.attributes
         self.attributes = FunctionAttributes(
             num_registers=a.num_registers, static_shared_bytes=a.static_shared_bytes,
@@ -714,6 +722,39 @@ class Function:
 
     def __repr__(self):
         return f"<gpuexec.Function {self.name}, {len(self.params)} params>"
+
+    # A launch's fixed part serialized, by (grid, block, shared, cluster) as
+    # given: most programs launch a kernel with few geometries.
+    _MAX_HEADS = 64
+
+    def _launch_op(self, grid, block, args, shared, cluster, sync):
+        """The launch as a Command's operation field (see _wire)."""
+        key = (grid, block, shared, cluster)
+        try:
+            head = self._heads.get(key)
+        except TypeError:  # a list, say: not kept
+            key, head = None, None
+        if head is None:
+            head = _wire.launch_head(self.handle, _dim3(grid, "grid"), _dim3(block, "block"),
+                                     int(shared),
+                                     None if cluster is None else _dim3(cluster, "cluster"))
+            if key is not None:
+                if len(self._heads) >= self._MAX_HEADS:
+                    self._heads.clear()
+                self._heads[key] = head
+        if not args and not sync:
+            return _wire.launch_op(head)
+        parts = [head]
+        params = self.params
+        for i, value in enumerate(args):
+            if type(value) is Buffer:
+                parts.append(value._launch_field)
+            else:
+                parts.append(_wire.launch_arg_field(
+                    to_arg(value, i, params[i] if i < len(params) else None)))
+        if sync:
+            parts.append(_wire.LAUNCH_SYNCHRONIZE)
+        return _wire.launch_op(b"".join(parts))
 
     def launch(self, grid, block, *args, shared=0, cluster=None, sync=False):
         """Enqueues the kernel on its session's stream.

@@ -1,124 +1,551 @@
-"""A session's command stream: launches queued without waiting
-(``Function.launch_async``) as messages on one open Execute call, as the C++
-client sends them, without a round trip each.
+"""A session's command stream: its launches and synchronizes as commands on
+one open Execute call, as the C++ client sends them.
 
-A failure the daemon finds in such a launch is raised by the session's next
-call that waits for the daemon (a launch, a synchronize, or a copy, read,
-write, memset or free, each of which first waits on a barrier for the
-launches queued before it), as CUDA reports asynchronous errors. Launches
-that wait stay unary calls: from Python a message on the stream answers
-later than a unary call, grpcio consuming the request iterator on a thread
-of its own.
+- A waiting command (a launch, a synchronize, the barrier before a copy)
+  is sent by the calling thread and answered on it: the calling thread
+  polls the call's completion queue itself, as grpcio's own blocking unary
+  call does, so no thread hand-off lies on the way out or back. grpcio's
+  public streaming API consumes a request iterator on a thread of its own
+  and delivers answers through another: two hand-offs per round trip, which
+  made a message on the stream answer later than a unary call.
+- Commands queued without waiting (``Function.launch_async``) are sent in
+  batches: each message carries everything queued since the last one went
+  out (up to 1024 commands), sent by the caller when the stream is idle and
+  otherwise by the stream's pump thread once the message before is on the
+  wire.
+- A failure the daemon finds in a command nobody waits for is raised by the
+  session's next waiting call (a launch, a synchronize, or a copy, read,
+  write, memset or free, each of which first waits on a barrier for the
+  launches queued before it), once, with the daemon's code and message, as
+  CUDA reports asynchronous errors. A stream that breaks fails the commands
+  waiting on it with its status; the next command opens a new one.
+
+The caller-polled call needs grpcio's core call object (grpc._cython),
+which its public API does not promise; where it is missing, changed, or the
+client's channel has interceptors of its own, the stream runs on the public
+API instead (the same behaviour, a thread hop each way). GPUEXEC_COMMAND_STREAM=
+iterator forces that.
 """
 
+import os
 import queue
 import threading
 
 import grpc
 
-from ._errors import Error, from_rpc_error
+from . import _wire
+from ._errors import Error
 from .v1 import gpuexec_pb2 as pb
 
+try:
+    from grpc import _channel as _grpc_channel
+    from grpc._cython import cygrpc as _cygrpc
+except ImportError:  # pragma: no cover - grpcio without its Cython core
+    _grpc_channel = _cygrpc = None
+
+METHOD = "/gpuexec.v1.GpuExec/Execute"
+ENV_TRANSPORT = "GPUEXEC_COMMAND_STREAM"
+# Commands in one message (the daemon takes at most 4096; the C++ client
+# sends at most 1024), and bytes: a launch's parameters are at most 32 KiB.
+MAX_COMMANDS_PER_MESSAGE = 1024
+MAX_MESSAGE_BYTES = 4 << 20
+# Commands queued without waiting and not yet sent, beyond which
+# launch_async waits for the wire.
+MAX_QUEUED = 8192
+# An idle pump thread ends after this long (the next queued launch starts
+# another).
+PUMP_IDLE_S = 1.0
+
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_SEND, _RECV, _STATUS, _INITIAL = "send", "recv", "status", "initial"
 
 
 def _error_of(result):
     return Error(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
 
 
-class CommandStream:
-    """The Execute call of one session, opened on first use. Thread-safe:
-    one command at a time is sent and, if it waits, answered."""
+def _text(details):
+    if isinstance(details, bytes):
+        return details.decode("utf-8", "replace")
+    return details or ""
 
-    def __init__(self, session):
-        self._session = session
+
+class _CoreCall:
+    """The Execute call on grpcio's core: a call with a completion queue of
+    its own, polled by whichever thread of the stream needs its next event."""
+
+    def __init__(self, channel, metadata):
+        c = _cygrpc
+        operations = (
+            ((c.SendInitialMetadataOperation(metadata, 0),
+              c.ReceiveStatusOnClientOperation(0)), _STATUS),
+            ((c.ReceiveInitialMetadataOperation(0),), _INITIAL),
+        )
+        args = (c.PropagationConstants.GRPC_PROPAGATE_DEFAULTS, METHOD.encode(), None, None,
+                metadata, None, operations)
+        context = c.build_census_context() if hasattr(c, "build_census_context") else None
+        try:
+            self._call = channel.segregated_call(*args, context)
+        except TypeError:  # grpcio 1.60 and later: a registered-method handle too
+            self._call = channel.segregated_call(*args, context, None)
+        self.due = 2  # events to come; kept by the stream, under its lock
+        self.ended = False  # its status came, or a send failed
+        self.why = None  # the Error it ended with
+
+    def send(self, data):
+        return self._call.operate((_cygrpc.SendMessageOperation(data, 0),), _SEND)
+
+    def receive(self):
+        return self._call.operate((_cygrpc.ReceiveMessageOperation(0),), _RECV)
+
+    def next_event(self):
+        """Blocks for the next event: (tag, ok, payload)."""
+        event = self._call.next_event()
+        tag = event.tag
+        if tag == _RECV:
+            return tag, event.success, (event.batch_operations[0].message()
+                                        if event.success else None)
+        if tag == _STATUS:
+            for op in event.batch_operations:
+                if op.type() == _cygrpc.OperationType.receive_status_on_client:
+                    return tag, True, (_CODES.get(op.code(), grpc.StatusCode.UNKNOWN),
+                                       _text(op.details()))
+            return tag, False, (grpc.StatusCode.UNKNOWN, "")
+        return tag, event.success, None
+
+    def cancel(self, details):
+        self._call.cancel(_cygrpc.StatusCode.cancelled, details)
+
+    def alive(self):
+        """Whether the call still has events to give: grpcio (1.60 and
+        later) tears a call down when a signal interrupts a wait for one."""
+        try:
+            # Initial metadata is received once: a second request is refused
+            # by the core while the call lives, and not made once it is done.
+            started = self._call.operate((_cygrpc.ReceiveInitialMetadataOperation(0),),
+                                         _INITIAL)
+        except ValueError:
+            return True
+        if started:  # taken after all: one more event to come
+            self.due += 1
+            return True
+        return False
+
+
+class _IteratorCall:
+    """The same call on grpcio's public API: messages go through a request
+    iterator that grpcio consumes on a thread of its own, answers are read
+    by a thread of this class's. Events are the same as _CoreCall's."""
+
+    def __init__(self, multicallable):
+        self._events = queue.SimpleQueue()
+        self._outgoing = queue.SimpleQueue()
+        self._reads = threading.Semaphore(0)
         self._lock = threading.Lock()
-        self._requests = None  # the messages the call sends, fed by send()
-        self._responses = None  # the call's answers
-        self._first = True  # the next message opens the call (names the session)
-        self._next_id = 1
-        self._unwaited = 0  # commands sent since the last one that waited
-        self._failed = []  # failures of commands nobody waited for
+        self._sending = False  # a message handed over, its event not yet given
+        self._over = False  # the call ended: nothing more is sent or read
+        self.due = 1
+        self.ended = False
+        self.why = None
+        self._responses = multicallable(self._requests())
+        threading.Thread(target=self._read, name="gpuexec-execute-reader", daemon=True).start()
 
-    def _open(self):
-        requests = queue.SimpleQueue()
+    def _requests(self):
+        while True:
+            data = self._outgoing.get()
+            if data is None:
+                return
+            yield data
+            # grpcio asks for the next message once this one is sent.
+            with self._lock:
+                if self._sending:
+                    self._sending = False
+                    self._events.put((_SEND, True, None))
 
-        def messages():
-            while True:
-                message = requests.get()
-                if message is None:
-                    return
-                yield message
-
-        self._requests = requests
-        self._responses = self._session.client.stub.Execute(messages())
-        self._first = True
-
-    def _drop(self):
-        """Ends the call (after it broke, or at close); the next command opens
-        another."""
-        if self._requests is not None:
-            self._requests.put(None)
-        if self._responses is not None:
-            self._responses.cancel()
-        self._requests = self._responses = None
-        self._unwaited = 0
-
-    def send(self, command, wait):
-        """Sends ``command`` (a pb.Command without id); with ``wait``, returns
-        its CommandResult once answered, or raises its error (or an earlier
-        command's, first)."""
-        with self._lock:
-            if self._responses is None:
-                self._open()
-            command.id = self._next_id
-            self._next_id += 1
-            command.reply = bool(wait)
-            message = pb.ExecuteRequest(commands=[command])
-            if self._first:
-                message.session = self._session.token
-                self._first = False
-            self._requests.put(message)
-            if not wait:
-                self._unwaited += 1
-                return None
-            result = None
+    def _read(self):
+        code, details = grpc.StatusCode.OK, ""
+        while True:
+            self._reads.acquire()
             try:
-                while result is None:
-                    response = next(self._responses)
-                    for r in response.results:
-                        if r.id == command.id:
-                            result = r
-                        else:
-                            self._failed.append(r)
-            except grpc.RpcError as e:
-                self._drop()
-                self._failed.clear()
-                raise from_rpc_error(e) from None
+                message = next(self._responses)
             except StopIteration:
-                self._drop()
-                self._failed.clear()
-                raise Error(grpc.StatusCode.UNAVAILABLE,
-                            "gpuexec client: the daemon ended the session's command stream") \
-                    from None
-            self._unwaited = 0
-            if self._failed:
-                earlier = self._failed[0]
-                self._failed.clear()
-                raise _error_of(earlier)
-            if result.code != 0:
-                raise _error_of(result)
-            return result
+                break
+            except grpc.RpcError as e:
+                code = e.code() or grpc.StatusCode.UNKNOWN
+                details = e.details() or ""
+                break
+            self._events.put((_RECV, True, message))
+        with self._lock:
+            self._over = True
+            if self._sending:
+                self._sending = False
+                self._events.put((_SEND, False, None))
+        self._outgoing.put(None)
+        self._events.put((_RECV, False, None))  # the read that found the end
+        self._events.put((_STATUS, True, (code, _text(details))))
+
+    def send(self, data):
+        with self._lock:
+            if self._over:
+                return False
+            self._sending = True
+        self._outgoing.put(data)
+        return True
+
+    def receive(self):
+        with self._lock:
+            if self._over:
+                return False
+        self._reads.release()
+        return True
+
+    def next_event(self):
+        return self._events.get()
+
+    def cancel(self, details):
+        self._responses.cancel()
+
+    def alive(self):
+        return True
+
+
+def _core_channel(channel):
+    """The cygrpc channel under a plain grpc channel, or None."""
+    if _cygrpc is None or _grpc_channel is None:
+        return None
+    if not isinstance(channel, getattr(_grpc_channel, "Channel", ())):
+        return None
+    core = getattr(channel, "_channel", None)
+    needed = ("SendInitialMetadataOperation", "ReceiveStatusOnClientOperation",
+              "ReceiveInitialMetadataOperation", "SendMessageOperation",
+              "ReceiveMessageOperation", "OperationType", "PropagationConstants", "StatusCode")
+    if (core is None or not hasattr(core, "segregated_call")
+            or not all(hasattr(_cygrpc, n) for n in needed)):
+        return None
+    return core
+
+
+def opener(channel, plain_channel=None, metadata=None):
+    """How a client's command streams open their Execute calls: on grpcio's
+    core when ``plain_channel`` (``channel`` without the client's own
+    interceptor, whose ``metadata`` is then sent here) or ``channel`` is a
+    plain grpc channel; else on the public API of ``channel``. Returns
+    (open, name)."""
+    if os.environ.get(ENV_TRANSPORT, "") != "iterator":
+        core = _core_channel(plain_channel if plain_channel is not None else channel)
+        if core is not None:
+            md = tuple(metadata) if plain_channel is not None and metadata else None
+            return (lambda: _CoreCall(core, md)), "core"
+    multicallable = channel.stream_stream(METHOD, request_serializer=None,
+                                          response_deserializer=None)
+    return (lambda: _IteratorCall(multicallable)), "iterator"
+
+
+class CommandStream:
+    """The Execute call of one session, opened on first use (and again after
+    one breaks). Thread-safe."""
+
+    def __init__(self, client, token):
+        self._client = client
+        self._token = token
+        self._cond = threading.Condition(threading.Lock())
+        self._call = None  # the current call (a _CoreCall or _IteratorCall)
+        self._first = True  # the next message opens the call (names the session)
+        self._pending = []  # commands (ExecuteRequest fields) not yet sent
+        self._next_id = 1
+        # The last command queued without waiting, and the last command the
+        # daemon is known to have started every command up to.
+        self._last_unwaited = 0
+        self._ordered_through = 0
+        self._awaited = {}  # id -> None, then its CommandResult or Error
+        self._deferred = None  # the first failure nobody waited for, not yet raised
+        self._sending = False  # a message of the current call is on its way
+        self._polling = False  # a thread waits in the call's next_event
+        self._waiters = 0  # threads waiting for an answer (they poll themselves)
+        self._pump = None  # the thread that polls for queued commands' sends
+        self._closing = False
+
+    # ------------------------------------------------------------ commands
+
+    def submit(self, op, wait):
+        """Sends a command (``op``: a Command's operation field, see _wire).
+        With ``wait``, returns its CommandResult once answered, or raises its
+        error, or first an earlier command's; without, returns None once
+        queued."""
+        with self._cond:
+            self._open_locked()
+            command_id = self._next_id
+            self._next_id += 1
+            command = _wire.command_field(command_id, wait, op)
+            if not wait:
+                if len(self._pending) >= MAX_QUEUED:
+                    self._wait_for_room_locked()
+                    self._open_locked()
+                self._pending.append(command)
+                self._last_unwaited = command_id
+                if not self._sending:
+                    self._flush_locked()
+                return None
+            self._awaited[command_id] = None
+            self._pending.append(command)
+            self._waiters += 1
+            try:
+                if not self._sending:
+                    self._flush_locked()
+                answer = self._await_locked(command_id)
+            finally:
+                self._waiters -= 1
+                self._awaited.pop(command_id, None)
+                if self._sending and not self._polling:
+                    self._wake_pump_locked()
+            deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            raise deferred
+        if isinstance(answer, Error):
+            raise answer
+        if answer.code != 0:
+            raise _error_of(answer)
+        return answer
 
     def order(self):
-        """Waits until the commands sent without waiting have been taken by
-        the daemon (a barrier), so that a call outside the stream sees their
-        effects; raises an earlier command's failure."""
-        with self._lock:
-            pending = self._unwaited
-        if pending:
-            self.send(pb.Command(), wait=True)
+        """Waits until the commands queued without waiting have been started
+        by the daemon (a barrier), so that a call outside the stream sees
+        their effects; raises an earlier command's failure."""
+        with self._cond:
+            needed = self._last_unwaited > self._ordered_through
+            deferred = None
+            if not needed and self._deferred is not None:
+                deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            raise deferred
+        if needed:
+            self.submit(_wire.BARRIER_OP, wait=True)
 
     def close(self):
-        with self._lock:
-            self._drop()
+        """Ends the call (commands not yet sent are dropped) and waits until
+        it has given its last event. A later command opens another."""
+        with self._cond:
+            self._closing = True
+            try:
+                call = self._call
+                if call is not None and not call.ended:
+                    call.cancel("gpuexec client: the session's command stream was closed")
+                self._drain_locked(call)
+            finally:
+                self._closing = False
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------ internals
+
+    def _open_locked(self):
+        call = self._call
+        if call is not None and call.ended:
+            # A call that broke is replaced once it has given its last event.
+            self._drain_locked(call)
+            call = self._call
+        if call is None:
+            try:
+                call = self._client._open_execute()
+            except ValueError as e:  # grpcio's word for a closed channel
+                raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"gpuexec client: cannot open the session's command stream: {e}") \
+                    from None
+            self._call = call
+            self._first = True
+            self._sending = False
+            self._client._stream_opened(self)
+            if call.receive():
+                call.due += 1
+
+    def _drain_locked(self, call):
+        """Polls ``call`` (or waits for the thread polling it) until it has
+        given all its events."""
+        while call is not None and self._call is call:
+            if call.due == 0:
+                self._retire_locked(call)
+                break
+            if self._polling:
+                self._cond.wait()
+            else:
+                self._poll_locked(call)
+
+    def _wait_for_room_locked(self):
+        call = self._call
+        self._wake_pump_locked()
+        while len(self._pending) >= MAX_QUEUED and self._call is call and not call.ended:
+            self._cond.wait()
+
+    def _flush_locked(self):
+        """Sends the commands pending as one message if none is on its way."""
+        call = self._call
+        if self._sending or not self._pending or call is None or call.ended:
+            return
+        pending = self._pending
+        count, size = 0, 0
+        for command in pending:
+            if count == MAX_COMMANDS_PER_MESSAGE or (count and size + len(command) >
+                                                      MAX_MESSAGE_BYTES):
+                break
+            count += 1
+            size += len(command)
+        batch = pending[:count]
+        if self._first:
+            batch.insert(0, _wire.session_field(self._token))
+        data = b"".join(batch)
+        if call.send(data):
+            call.due += 1
+            self._sending = True
+            self._first = False
+            del pending[:count]
+            if len(pending) < MAX_QUEUED:
+                self._cond.notify_all()  # a caller waiting for room
+            if self._waiters == 0 and not self._polling:
+                self._wake_pump_locked()
+        else:
+            # The call is ending: its events say why; the commands are
+            # dropped with it.
+            call.ended = True
+            self._wake_pump_locked()
+
+    def _await_locked(self, command_id):
+        while True:
+            answer = self._awaited.get(command_id)
+            if answer is not None:
+                return answer
+            call = self._call
+            if call is None or call.due == 0:
+                return Error(grpc.StatusCode.UNAVAILABLE,
+                             "gpuexec client: the session's command stream ended")
+            if self._polling:
+                self._cond.wait()
+            else:
+                self._poll_locked(call)
+
+    def _poll_locked(self, call):
+        """Takes and handles one event of ``call`` (called holding the lock,
+        which is let go while waiting)."""
+        self._polling = True
+        try:
+            self._cond.release()
+            try:
+                tag, ok, payload = call.next_event()
+            finally:
+                self._cond.acquire()
+        except BaseException:
+            self._polling = False
+            self._interrupted_locked(call)
+            raise
+        self._polling = False
+        call.due -= 1
+        if tag == _SEND:
+            self._sending = False
+            if not ok:
+                call.ended = True
+            elif call is self._call:
+                self._flush_locked()
+        elif tag == _RECV:
+            if payload is not None:
+                self._answers_locked(call, payload)
+                if not call.ended and call.receive():
+                    call.due += 1
+        elif tag == _STATUS:
+            code, details = payload
+            self._break_locked(call, code, details)
+        if call.due == 0 and call.ended:
+            self._retire_locked(call)
+        self._cond.notify_all()
+
+    def _answers_locked(self, call, message):
+        try:
+            response = pb.ExecuteResponse.FromString(message)
+        except Exception:  # pylint: disable=broad-except
+            call.cancel("gpuexec client: a message of the daemon is not an ExecuteResponse")
+            return
+        for r in response.results:
+            if r.id in self._awaited:
+                self._awaited[r.id] = r
+                # The daemon starts commands in order: all before it started.
+                if r.id > self._ordered_through:
+                    self._ordered_through = r.id
+            elif r.code != 0 and self._deferred is None:
+                self._deferred = _error_of(r)
+
+    def _break_locked(self, call, code, details):
+        call.ended = True
+        if self._closing:
+            why = Error(grpc.StatusCode.CANCELLED,
+                        "gpuexec client: the session's command stream was closed while this "
+                        "command waited")
+        elif code == grpc.StatusCode.OK:
+            why = Error(grpc.StatusCode.UNAVAILABLE,
+                        "gpuexec client: the daemon ended the session's command stream")
+        else:
+            why = Error(code, details)
+        call.why = why
+        if call is not self._call:
+            return
+        for command_id, answer in self._awaited.items():
+            if answer is None:
+                self._awaited[command_id] = why
+        if self._last_unwaited > self._ordered_through:
+            # Closing drops them knowingly; otherwise the next waiting call
+            # says they may be lost.
+            if self._deferred is None and not self._closing:
+                self._deferred = Error(why.code, f"{why.message} (launches queued without "
+                                                 "waiting may not have run)")
+            self._ordered_through = self._last_unwaited
+        self._pending.clear()
+
+    def _retire_locked(self, call):
+        if self._call is call:
+            self._call = None
+            self._sending = False
+            self._pending.clear()
+            self._client._stream_closed(self)
+        self._cond.notify_all()
+
+    def _interrupted_locked(self, call):
+        """A signal's exception interrupted a wait for ``call``'s next event."""
+        try:
+            call.cancel("gpuexec client: interrupted")
+        except Exception:  # pylint: disable=broad-except
+            pass
+        if not call.alive():
+            # grpcio tore the call down: no event will come.
+            self._break_locked(call, grpc.StatusCode.CANCELLED, "gpuexec client: interrupted")
+            call.due = 0
+            self._retire_locked(call)
+        else:
+            call.ended = True
+            self._wake_pump_locked()
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------ the pump
+
+    def _wake_pump_locked(self):
+        if self._pump is None:
+            self._pump = threading.Thread(target=self._pump_loop, name="gpuexec-execute-pump",
+                                          daemon=True)
+            self._pump.start()
+        else:
+            self._cond.notify_all()
+
+    def _pump_work_locked(self):
+        call = self._call
+        return (call is not None and call.due > 0 and (self._sending or call.ended)
+                and not self._polling and self._waiters == 0)
+
+    def _pump_loop(self):
+        me = threading.current_thread()
+        with self._cond:
+            while self._pump is me:
+                if self._pump_work_locked():
+                    try:
+                        self._poll_locked(self._call)
+                    except BaseException:  # pylint: disable=broad-except
+                        pass
+                    continue
+                if not self._cond.wait(PUMP_IDLE_S) and not self._pump_work_locked():
+                    if self._pump is me:
+                        self._pump = None
+                    return

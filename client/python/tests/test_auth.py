@@ -170,7 +170,7 @@ def _borrow(client, session):
     other = copy.copy(session)
     other.client = client
     other._closed = False
-    other._commands = type(session._commands)(other)  # a stream of its own, through `client`
+    other._commands = type(session._commands)(client, session.token)  # its own, through `client`
     return other
 
 
