@@ -391,6 +391,9 @@ class Engine {
 
   void Allocate(const Caller& caller, const std::string& token, uint64_t size,
                 Callback<BufferInfo> done);
+  // Answered as soon as the handle is gone (its bytes count for the
+  // session no more); the device gets the memory back in stream order,
+  // after the work queued before, as cuMemFreeAsync does.
   void Free(const Caller& caller, const std::string& token, uint64_t buffer, Done done);
   void Memset(const Caller& caller, const std::string& token, uint64_t buffer, uint64_t offset,
               uint64_t size, uint32_t value, Done done);

@@ -113,7 +113,13 @@ void Engine::Free(const Caller& caller, const std::string& token, uint64_t buffe
   BufferEntry entry = **b;
   s->buffers.erase(buffer);
   ReleaseMemory(*s, entry.size);
-  DeviceOf(*s)->Free(s->stream(), entry.ptr, entry.epoch, s->Describe(entry), std::move(done));
+  // Answered now, like cuMemFreeAsync: the handle is gone and its bytes are
+  // the session's again; the memory itself goes back in stream order, after
+  // the work queued before. Its failure can only be the device's, which
+  // takes the memory with it (and reports itself to the session's next
+  // operation).
+  DeviceOf(*s)->Free(s->stream(), entry.ptr, entry.epoch, s->Describe(entry), [](absl::Status) {});
+  done(absl::OkStatus());
 }
 
 void Engine::Memset(const Caller& caller, const std::string& token, uint64_t buffer,
