@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -705,6 +706,32 @@ TEST_F(ServiceTest, DestructorsReleaseWhatTheyOwn) {
   // the session's close frees it.
   GX_ASSERT_OK_AND_ASSIGN(Buffer kept, session.Allocate(1 << 20));
   kept.Release();
+}
+
+// FreeAsync: queued behind the session's launches without a round trip;
+// the memory is back once the daemon has taken it, and a failure only the
+// daemon can see comes back from the next waiting call, once.
+TEST_F(ServiceTest, FreeAsyncQueuesInStreamOrderAndReportsAFailureAtTheNextWait) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(session, "gx_fill_u32"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b, session.Allocate(8 << 20));
+  const uint64_t handle = b.handle();
+  GX_ASSERT_OK(
+      session.LaunchAsync(fill, Config(64, 256), {Arg::Ptr(b), Arg::U32(7), Arg::U64(2 << 20)}));
+  GX_ASSERT_OK(b.FreeAsync());  // behind the launch that uses it
+  GX_ASSERT_OK(session.Synchronize().status());
+  EXPECT_THAT(b.Read(0, 4), StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
+  if (TestBackend().fake) {
+    GX_ASSERT_OK_AND_ASSIGN(DeviceInfo after, Device());
+    EXPECT_EQ(after.memory_free_bytes, device_at_start().memory_free_bytes);
+  }
+  // Freeing it again: nothing to free, said by the next wait, naming it.
+  GX_ASSERT_OK(b.FreeAsync());
+  EXPECT_THAT(session.Synchronize(), StatusIs(absl::StatusCode::kNotFound,
+                                              HasSubstr(absl::StrFormat("buffer 0x%x", handle))));
+  GX_EXPECT_OK(session.Synchronize().status());
+  // Free waits, and says so itself.
+  EXPECT_THAT(b.Free(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer")));
 }
 
 // LaunchAsync: many launches in flight on the command stream; a read after

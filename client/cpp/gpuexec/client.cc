@@ -192,7 +192,18 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 void Buffer::FreeQuietly() {
   if (!session_ || !owned_ || session_->closed.load()) return;
   owned_ = false;
-  session_->commands->Order(session_->options().cleanup_timeout).ok();
+  // In stream order after the session's work, in one round trip (the
+  // daemon answers a Free at once); a failure is dropped.
+  v1::Command command;
+  command.mutable_free()->set_buffer(handle_);
+  if (session_->commands
+          ->Submit(std::move(command), /*wait=*/true, session_->options().cleanup_timeout,
+                   /*report_deferred=*/false)
+          .status()
+          .code() != absl::StatusCode::kUnavailable) {
+    return;
+  }
+  // The stream could not carry it: a call of its own.
   grpc::ClientContext context;
   SetDeadline(&context, session_->options(), CallKind::kCleanup);
   v1::FreeRequest request;
@@ -202,15 +213,19 @@ void Buffer::FreeQuietly() {
   session_->stub().Free(&context, request, &response).ok();
 }
 
-absl::Status Buffer::Free() {
+absl::Status Buffer::Free() { return DoFree(/*wait=*/true); }
+
+absl::Status Buffer::FreeAsync() { return DoFree(/*wait=*/false); }
+
+absl::Status Buffer::DoFree(bool wait) {
   if (!session_) return Unusable("Buffer");
   owned_ = false;
   if (!session_->closed.load()) {
-    // In stream order after the session's launches, like cuMemFreeAsync.
+    // In stream order after the session's launches, as cuMemFreeAsync.
     v1::Command command;
     command.mutable_free()->set_buffer(handle_);
     return session_->commands
-        ->Submit(std::move(command), /*wait=*/true, session_->options().control_timeout,
+        ->Submit(std::move(command), wait, session_->options().control_timeout,
                  /*report_deferred=*/false)
         .status();
   }

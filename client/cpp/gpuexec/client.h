@@ -376,9 +376,19 @@ class Buffer {
   // Device-to-device copy from `src` (a buffer of the same session).
   absl::Status CopyFrom(const Buffer& src, uint64_t src_offset, uint64_t dst_offset, uint64_t size);
 
-  // Frees the allocation now. The object keeps its handle (later calls get
-  // the daemon's NOT_FOUND) and its destructor does nothing.
+  // Frees the allocation in stream order, after the work queued before it
+  // (as cuMemFreeAsync), and returns once the daemon has taken it: its
+  // bytes count against the session's and the tenant's limits no more. The
+  // object keeps its handle (later calls get the daemon's NOT_FOUND) and
+  // its destructor does nothing.
   absl::Status Free();
+  // The same without waiting for the daemon: one message, no round trip. A
+  // failure (the buffer in use by a Write or Read still running, say) is
+  // reported by the session's next launch or synchronize, and the bytes
+  // count against the limits until the daemon takes the message: a
+  // session that frees to make room for another session's Allocate waits
+  // (Free, or Synchronize after FreeAsync).
+  absl::Status FreeAsync();
   // Gives up ownership without freeing: the allocation lives until its
   // session closes. Returns the handle.
   uint64_t Release();
@@ -388,6 +398,7 @@ class Buffer {
   Buffer(std::shared_ptr<internal::SessionState> session, uint64_t handle, uint64_t size)
       : session_(std::move(session)), handle_(handle), size_(size), owned_(true) {}
   void FreeQuietly();
+  absl::Status DoFree(bool wait);
 
   std::shared_ptr<internal::SessionState> session_;
   uint64_t handle_ = 0;
