@@ -4,7 +4,8 @@
 // What the benchmark's files share: its flags, the plan of a run, the
 // measuring helpers, the table of results, the processes it starts and
 // the figures each part measures (common.cc, native.cc, transport.cc,
-// figures.cc, tenants.cc; gpuexec_bench.cc runs them and prints the table).
+// figures.cc, tenants.cc, python.cc; gpuexec_bench.cc runs them and prints
+// the table).
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -57,6 +59,9 @@ ABSL_DECLARE_FLAG(int, transfer_streams);
 ABSL_DECLARE_FLAG(bool, tenants_only);
 ABSL_DECLARE_FLAG(int, neighbour_kernel_us);
 ABSL_DECLARE_FLAG(bool, transport_variants);
+ABSL_DECLARE_FLAG(std::string, python);
+ABSL_DECLARE_FLAG(std::string, python_bench);
+ABSL_DECLARE_FLAG(std::string, python_path);
 
 namespace gpuexec::bench {
 
@@ -353,6 +358,43 @@ struct TenantFigures {
 
 TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                          const std::string& driver, const std::string& cubin);
+
+// ------------------------------------------------------------------ python
+
+// One run of bench/python_bench.py (the Python package as a user would use
+// it, and a bare Python gRPC client of the echo server) against one address.
+struct PythonRun {
+  bool measured = false;  // its figures came
+  bool failed = false;    // the script failed (not merely Python or grpcio missing)
+  std::string why;        // why there are no figures
+  std::map<std::string, std::string> values;  // its JSON object, as text
+  double Get(const std::string& key) const;
+  std::string Text(const std::string& key) const;
+};
+
+struct PythonFigures {
+  std::string python;  // the interpreter
+  PythonRun tcp, uds;
+};
+
+// A flat JSON object (string and number values) into `out`.
+bool ParseFlatJson(const std::string& text, std::map<std::string, std::string>* out);
+
+// --python's default: /usr/bin/python3 where it exists (Debian's, which
+// has grpcio from its packages), else python3 from PATH.
+std::string DefaultPython();
+
+// A fresh gpuexecd and echo server, the script run against each over TCP
+// and the Unix socket.
+PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_path,
+                        const std::string& driver, const std::string& cubin);
+
+// The table's Python rows, beside the C++ client's and the bare transport's.
+void PythonRows(const PythonFigures& py, const GpuexecFigures& tcp, const GpuexecFigures& uds,
+                const TransportFigures& t_tcp, const TransportFigures& t_uds, const Plan& plan);
+
+// The interpreter and its grpcio and protobuf versions, for the notes.
+std::string PythonNote(const PythonFigures& py);
 
 }  // namespace gpuexec::bench
 

@@ -7,6 +7,9 @@
 //              thread each): the ceiling any gRPC service has here
 //   gpuexec    a gpuexecd process started by this program, driven by the C++
 //              client library over loopback TCP and over a Unix socket
+//   python     the Python package, driven by python_bench.py (--python runs
+//              it) against a gpuexecd and an echo server of its own, beside
+//              a bare Python gRPC client of that echo server
 //
 // It prints one table: each figure, the baseline it is compared with, the
 // ratio, and the target where there is one. docs/performance.md has the
@@ -49,6 +52,14 @@ ABSL_FLAG(int, neighbour_kernel_us, 200,
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
+ABSL_FLAG(std::string, python, gpuexec::bench::DefaultPython(),
+          "the Python interpreter that runs python_bench.py for the Python package's rows "
+          "(default /usr/bin/python3 where it exists, else python3; empty: no Python rows)");
+ABSL_FLAG(std::string, python_bench, "",
+          "the Python rows' script (default: python_bench.py beside this program)");
+ABSL_FLAG(std::string, python_path, "",
+          "the directory holding the gpuexec Python package (default: ../client/python or "
+          "../python beside this program)");
 
 namespace gpuexec::bench {
 namespace {
@@ -131,6 +142,10 @@ int Main() {
   }
   Section("tenants: a worker per tenant on device 0 (a third gpuexecd)");
   const TenantFigures tenants = RunTenants(plan, daemon, driver, cubin);
+  Section(
+      "python: the gpuexec package and a bare Python gRPC client (a fresh gpuexecd and echo "
+      "server)");
+  const PythonFigures python = RunPython(plan, quick, daemon, driver, cubin);
   Section(absl::StrFormat("daemon peak RSS during a %llu MiB Write (a fresh daemon)",
                           static_cast<unsigned long long>(plan.rss_bytes >> 20)));
   const auto [rss_before, rss_peak] = RunRss(plan, daemon, driver);
@@ -270,6 +285,8 @@ int Main() {
                     absl::StrFormat("%.0f MiB before it", rss_before / 1048576.0), "", "<= 256 MiB",
                     Met(rss_peak <= (256ull << 20))});
 
+  PythonRows(python, g_tcp, g_uds, t_tcp, t_uds, plan);
+
   Section("results (TCP / Unix socket)");
   std::printf("| measurement | TCP | Unix socket | compared with | ratio | target | met |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
@@ -286,6 +303,13 @@ int Main() {
       "peer (remotes the driver API over HTTP/2, measured on this machine kind on 2026-11-30, "
       "not in this run): launch+sync p50/p99 60/88 us; 126k async launches/s; 256 MiB "
       "pageable H2D/D2H 2.3/2.0 GB/s\n");
+  std::printf("%s\n", PythonNote(python).c_str());
+  if (python.tcp.failed || python.uds.failed) {
+    // Python or its grpcio missing is a note; the script failing is not.
+    std::fprintf(stderr, "gpuexec_bench: the Python rows failed: %s\n",
+                 (python.tcp.failed ? python.tcp.why : python.uds.why).c_str());
+    return 1;
+  }
   return 0;
 }
 
