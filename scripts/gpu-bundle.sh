@@ -43,4 +43,7 @@ cp -r client/python/tests "$OUT/python-tests"
 cp client/python/examples/saxpy.py client/python/examples/triton/run_triton_kernels.py "$OUT/"
 find "$OUT" -name __pycache__ -prune -exec rm -rf {} +
 cp scripts/run-gpu-tests.sh scripts/soak.py "$OUT/"
+# The benchmark's Python rows: its script beside it (it finds the package
+# in python/).
+cp bench/python_bench.py "$OUT/bin/"
 du -sh "$OUT"
