@@ -27,6 +27,7 @@ API instead (the same behaviour, a thread hop each way). GPUEXEC_COMMAND_STREAM=
 iterator forces that.
 """
 
+import collections
 import os
 import queue
 import threading
@@ -57,7 +58,8 @@ MAX_QUEUED = 8192
 PUMP_IDLE_S = 1.0
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-_SEND, _RECV, _STATUS, _INITIAL = "send", "recv", "status", "initial"
+_SEND, _RECV, _SEND_RECV = "send", "recv", "sendrecv"
+_STATUS, _INITIAL = "status", "initial"
 
 
 def _error_of(result):
@@ -91,6 +93,7 @@ class _CoreCall:
         self.due = 2  # events to come; kept by the stream, under its lock
         self.ended = False  # its status came, or a send failed
         self.why = None  # the Error it ended with
+        self.receiving = False  # a receive is asked for
 
     def send(self, data):
         return self._call.operate((_cygrpc.SendMessageOperation(data, 0),), _SEND)
@@ -98,13 +101,22 @@ class _CoreCall:
     def receive(self):
         return self._call.operate((_cygrpc.ReceiveMessageOperation(0),), _RECV)
 
+    def send_receive(self, data):
+        """A send and a receive as one batch: one event when both are done."""
+        return self._call.operate((_cygrpc.SendMessageOperation(data, 0),
+                                   _cygrpc.ReceiveMessageOperation(0)), _SEND_RECV)
+
     def next_event(self):
         """Blocks for the next event: (tag, ok, payload)."""
         event = self._call.next_event()
         tag = event.tag
-        if tag == _RECV:
-            return tag, event.success, (event.batch_operations[0].message()
-                                        if event.success else None)
+        if tag == _RECV or tag == _SEND_RECV:
+            message = None
+            if event.success:
+                for op in event.batch_operations:
+                    if op.type() == _cygrpc.OperationType.receive_message:
+                        message = op.message()
+            return tag, event.success, message
         if tag == _STATUS:
             for op in event.batch_operations:
                 if op.type() == _cygrpc.OperationType.receive_status_on_client:
@@ -134,19 +146,23 @@ class _CoreCall:
 
 class _IteratorCall:
     """The same call on grpcio's public API: messages go through a request
-    iterator that grpcio consumes on a thread of its own, answers are read
-    by a thread of this class's. Events are the same as _CoreCall's."""
+    iterator that grpcio consumes on a thread of its own; answers are read
+    as they come by a thread of this class's and given out one per
+    receive(). Events are the same as _CoreCall's."""
 
     def __init__(self, multicallable):
         self._events = queue.SimpleQueue()
         self._outgoing = queue.SimpleQueue()
-        self._reads = threading.Semaphore(0)
         self._lock = threading.Lock()
+        self._inbox = collections.deque()  # answers read, not yet asked for
+        self._wanted = 0  # receives asked for, not yet given
         self._sending = False  # a message handed over, its event not yet given
         self._over = False  # the call ended: nothing more is sent or read
         self.due = 1
         self.ended = False
         self.why = None
+        self.receiving = False
+        self.send_receive = None  # no batches of two here
         self._responses = multicallable(self._requests())
         threading.Thread(target=self._read, name="gpuexec-execute-reader", daemon=True).start()
 
@@ -162,26 +178,31 @@ class _IteratorCall:
                     self._sending = False
                     self._events.put((_SEND, True, None))
 
+    def _give_locked(self):
+        while self._wanted and (self._inbox or self._over):
+            self._wanted -= 1
+            if self._inbox:
+                self._events.put((_RECV, True, self._inbox.popleft()))
+            else:
+                self._events.put((_RECV, False, None))
+
     def _read(self):
         code, details = grpc.StatusCode.OK, ""
-        while True:
-            self._reads.acquire()
-            try:
-                message = next(self._responses)
-            except StopIteration:
-                break
-            except grpc.RpcError as e:
-                code = e.code() or grpc.StatusCode.UNKNOWN
-                details = e.details() or ""
-                break
-            self._events.put((_RECV, True, message))
+        try:
+            for message in self._responses:
+                with self._lock:
+                    self._inbox.append(message)
+                    self._give_locked()
+        except grpc.RpcError as e:
+            code = e.code() or grpc.StatusCode.UNKNOWN
+            details = e.details() or ""
         with self._lock:
             self._over = True
+            self._give_locked()
             if self._sending:
                 self._sending = False
                 self._events.put((_SEND, False, None))
         self._outgoing.put(None)
-        self._events.put((_RECV, False, None))  # the read that found the end
         self._events.put((_STATUS, True, (code, _text(details))))
 
     def send(self, data):
@@ -194,9 +215,10 @@ class _IteratorCall:
 
     def receive(self):
         with self._lock:
-            if self._over:
+            if self._over and not self._inbox:
                 return False
-        self._reads.release()
+            self._wanted += 1
+            self._give_locked()
         return True
 
     def next_event(self):
@@ -354,8 +376,6 @@ class CommandStream:
             self._first = True
             self._sending = False
             self._client._stream_opened(self)
-            if call.receive():
-                call.due += 1
 
     def _drain_locked(self, call):
         """Polls ``call`` (or waits for the thread polling it) until it has
@@ -392,11 +412,25 @@ class CommandStream:
         if self._first:
             batch.insert(0, _wire.session_field(self._token))
         data = b"".join(batch)
-        if call.send(data):
+        # A receive goes with the send as one batch (one event, not two) when
+        # an answer is sure to come: someone waits for one, and what it
+        # answers is sent by now. Otherwise the two go apart: queued launches
+        # need the send's event as soon as it is on the wire.
+        together = (not call.receiving and call.send_receive is not None
+                    and count == len(pending) and None in self._awaited.values())
+        if together:
+            sent = call.send_receive(data)
+        else:
+            sent = call.send(data)
+        if sent:
             call.due += 1
             self._sending = True
             self._first = False
             del pending[:count]
+            if together:
+                call.receiving = True
+            else:
+                self._receive_locked(call)
             if len(pending) < MAX_QUEUED:
                 self._cond.notify_all()  # a caller waiting for room
             if self._waiters == 0 and not self._polling:
@@ -406,6 +440,11 @@ class CommandStream:
             # dropped with it.
             call.ended = True
             self._wake_pump_locked()
+
+    def _receive_locked(self, call):
+        if not call.receiving and not call.ended and call.receive():
+            call.due += 1
+            call.receiving = True
 
     def _await_locked(self, command_id):
         while True:
@@ -437,20 +476,26 @@ class CommandStream:
             raise
         self._polling = False
         call.due -= 1
-        if tag == _SEND:
-            self._sending = False
-            if not ok:
-                call.ended = True
-            elif call is self._call:
-                self._flush_locked()
-        elif tag == _RECV:
-            if payload is not None:
-                self._answers_locked(call, payload)
-                if not call.ended and call.receive():
-                    call.due += 1
-        elif tag == _STATUS:
+        if tag == _STATUS:
             code, details = payload
             self._break_locked(call, code, details)
+        elif tag != _INITIAL:
+            sent = tag != _RECV  # a send's event (or a send and a receive's)
+            if sent:
+                self._sending = False
+                if not ok:
+                    call.ended = True
+            if tag != _SEND:
+                call.receiving = False
+                if payload is not None:
+                    self._answers_locked(call, payload)
+                    # Another receive now while answers are due or messages
+                    # are going out (the daemon's answers to queued launches
+                    # must not pile up unread); else with the next message.
+                    if self._sending or None in self._awaited.values():
+                        self._receive_locked(call)
+            if sent and ok and call is self._call:
+                self._flush_locked()
         if call.due == 0 and call.ended:
             self._retire_locked(call)
         self._cond.notify_all()
