@@ -13,7 +13,7 @@ The figures (latencies in microseconds, rates per second, GB/s of 1e9):
   unary_launch_p50/p99  the same as a bare unary Launch call (client.stub),
                         what the package's waiting launch was before it went
                         on the command stream
-  async_rate            Function.launch_async, a synchronize() after each 4096
+  async_rate            Function.launch_async, a synchronize() after each 8000
   write_gbps/read_gbps  Buffer.write from a host array, Buffer.read_into one
                         (median of --copy_trials)
   bare_stream_p50/p99   a round trip of a 16-byte message on an open Echo.Bidi
@@ -34,7 +34,7 @@ import queue
 import sys
 import time
 
-ASYNC_ROUND = 4096
+ASYNC_ROUND = 8000
 
 
 def percentiles(samples):
