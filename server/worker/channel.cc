@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace gpuexec::worker {
 namespace {
@@ -31,6 +31,20 @@ bool SocketSaysGone(int fd) {
   char c;
   const ssize_t k = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
   return k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+// The peer's end of a wake-up pipe closed. A peer that dies closes its
+// socket too, though not always first (a dying process's descriptors are
+// released in no promised order): give the socket a moment to say so. If
+// it does not, the peer closed the pipe alone, which no honest peer does
+// (and the pipe would wake its waiter for ever).
+bool PipeClosedAlone(int socket) {
+  for (int i = 0; i < 100; ++i) {
+    if (SocketSaysGone(socket)) return false;
+    pollfd p = {socket, POLLIN, 0};
+    (void)::poll(&p, 1, 1);
+  }
+  return !SocketSaysGone(socket);
 }
 
 }  // namespace
@@ -74,7 +88,7 @@ bool Channel::Enqueue(const std::vector<const google::protobuf::MessageLite*>& m
 
 size_t Channel::unsent_bytes() const {
   absl::MutexLock lock(&mu_);
-  return outbox_.size() + (rings_ != nullptr ? rings_->out().unread() : 0);
+  return outbox_.size() + held_bytes_ + (rings_ != nullptr ? rings_->out().unread() : 0);
 }
 
 absl::Status Channel::Flush() {
@@ -90,6 +104,7 @@ void Channel::Drain(bool dont_wait) {
   while (!outbox_.empty() && !broken_) {
     batch.clear();
     batch.swap(outbox_);
+    held_bytes_ = batch.size();  // still unsent while this writes it
     mu_.Unlock();
     size_t done = 0;
     bool failed = false;
@@ -107,6 +122,7 @@ void Channel::Drain(bool dont_wait) {
       done += static_cast<size_t>(n);
     }
     mu_.Lock();
+    held_bytes_ = 0;
     if (failed) broken_ = true;
     if (full) {
       // The rest goes ahead of what was appended meanwhile, by the writer
@@ -163,7 +179,10 @@ Channel::Poll Channel::Next(std::string* message, bool wait) {
     if (have >= 4) {
       const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
       const uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
-      if (n > kMaxMessageBytes) return Poll::kEnd;
+      if (n > kMaxMessageBytes) {
+        misbehaved_ = true;
+        return Poll::kEnd;
+      }
       if (have >= 4 + size_t{n}) {
         message->assign(inbox_.data() + inbox_pos_ + 4, n);
         inbox_pos_ += 4 + n;
@@ -213,12 +232,17 @@ ssize_t Channel::WriteSome(const char* data, size_t n, bool dont_wait) {
   RingEnd& out = rings_->out();
   for (;;) {
     const ssize_t k = out.Write(data, n);
-    if (k != 0) return k;
+    if (k > 0) return k;
+    if (k < 0) return Misbehaved();
     if (dont_wait) return 0;
     if (!out.ParkWriter()) continue;
-    pollfd fds[2] = {{out.space_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
+    pollfd fds[2] = {{out.wait_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
     (void)::poll(fds, 2, -1);
     out.UnparkWriter();
+    if ((fds[0].revents & (POLLHUP | POLLERR)) != 0) {
+      if (PipeClosedAlone(fd_)) return Misbehaved();
+      return -1;
+    }
     if (fds[1].revents != 0 && SocketSaysGone(fd_)) return -1;
   }
 }
@@ -235,22 +259,40 @@ ssize_t Channel::ReadSome(char* data, size_t n, bool wait) {
   }
   RingEnd& in = rings_->in();
   for (;;) {
-    // What the peer wrote before it went is still delivered.
     const ssize_t k = in.Read(data, n);
-    if (k != 0) return k;
-    if (peer_gone_ || PeerGone(/*now=*/false)) return -1;
+    if (k > 0) return k;
+    if (k < 0) return Misbehaved();
+    if (peer_gone_) return -1;
+    // Once the end is seen, one more look: what the peer wrote before it
+    // went is still delivered.
+    if (PeerGone(/*now=*/false)) continue;
     if (!wait) return 0;
     if (!in.ParkReader()) continue;
-    pollfd fds[2] = {{in.data_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
+    pollfd fds[2] = {{in.wait_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
     (void)::poll(fds, 2, -1);
     in.UnparkReader();
-    if (fds[1].revents != 0) (void)PeerGone(/*now=*/true);
+    if ((fds[0].revents & (POLLHUP | POLLERR)) != 0) {
+      if (PipeClosedAlone(fd_)) return Misbehaved();
+      peer_gone_ = true;  // read on for what came before the end
+    } else if (fds[1].revents != 0) {
+      (void)PeerGone(/*now=*/true);
+    }
   }
+}
+
+ssize_t Channel::Misbehaved() {
+  misbehaved_ = true;
+  // Ends the socket too, so that both sides see the end (the front's reader
+  // and the worker alike), whichever side found it.
+  ::shutdown(fd_, SHUT_RDWR);
+  return -1;
 }
 
 bool Channel::PeerGone(bool now) {
   if (peer_gone_) return true;
-  const int64_t t = absl::GetCurrentTimeNanos();
+  const int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count();
   if (!now && t - peer_checked_ns_ < 1000000) return false;
   peer_checked_ns_ = t;
   peer_gone_ = SocketSaysGone(fd_);
@@ -265,7 +307,7 @@ void Channel::UnparkReceiver() {
 
 std::pair<int, int> Channel::wait_fds() const {
   if (rings_ == nullptr) return {fd_, -1};
-  return {rings_->in().data_fd(), fd_};
+  return {rings_->in().wait_fd(), fd_};
 }
 
 }  // namespace gpuexec::worker

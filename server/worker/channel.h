@@ -17,6 +17,7 @@
 // gone: nothing is written to it, and anything read from it ends the
 // stream like its end does.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -74,6 +75,9 @@ class Channel {
 
   // Ends both directions: a blocked Receive returns false.
   void Shutdown();
+  // The stream ended because the peer broke its rules (an impossible ring
+  // position, a frame longer than any message), not because it went.
+  bool peer_misbehaved() const { return misbehaved_.load(); }
 
  private:
   const int fd_;
@@ -90,6 +94,11 @@ class Channel {
   // With rings (the receiver's thread): whether the socket says the peer is
   // gone. `now`: look at once; otherwise at most once a millisecond.
   bool PeerGone(bool now);
+  // Marks the peer as broken and ends the socket; returns -1.
+  ssize_t Misbehaved();
+  std::atomic<bool> misbehaved_{false};
+  // Bytes a writer took out of the outbox and has not finished writing.
+  size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   void WriterLoop();
   // Writes what the outbox holds; returns when it is empty, the socket is
   // full (with `dont_wait`) or broken. Called with writing_ set.

@@ -60,8 +60,11 @@ absl::StatusOr<std::unique_ptr<RemoteDevice>> RemoteDevice::Start(const WorkerOp
 absl::Status RemoteDevice::Init() {
   const std::string name = absl::StrCat("gpuexec-staging-", options_.ordinal);
   const uint64_t size = options_.staging_bytes * static_cast<uint64_t>(options_.staging_slots);
-  staging_fd_ = HighFd(memfd_create(name.c_str(), MFD_CLOEXEC));
-  if (staging_fd_ < 0 || ftruncate(staging_fd_, static_cast<off_t>(size)) != 0) {
+  // Sealed at its size: a worker cannot shrink it under the front's mapping
+  // (a copy into it would then fault the front with SIGBUS).
+  staging_fd_ = HighFd(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (staging_fd_ < 0 || ftruncate(staging_fd_, static_cast<off_t>(size)) != 0 ||
+      fcntl(staging_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return absl::InternalError(absl::StrCat("device ", options_.ordinal,
                                             ": cannot create the shared staging memory (", size,
                                             " bytes): ", strerror(errno)));

@@ -38,22 +38,25 @@ void RemoteDevice::Spawn() {
   int sv[2];
   absl::Status error;
   pid_t pid = 0;
-  RingFds ring_fds;
+  RingFds worker_rings;  // the worker's side, closed here once it has them
   std::unique_ptr<RingPair> rings;
   if (options_.ring_bytes > 0) {
-    absl::StatusOr<RingFds> made = RingPair::Create(options_.ring_bytes);
+    absl::StatusOr<RingSetup> made = RingPair::Create(options_.ring_bytes);
     if (made.ok()) {
-      ring_fds = *made;
-      for (int* fd : {&ring_fds.memory, &ring_fds.to_worker_data, &ring_fds.to_worker_space,
-                      &ring_fds.to_front_data, &ring_fds.to_front_space}) {
+      worker_rings = made->worker;
+      // Above the descriptors the child gets, so that none is overwritten
+      // before it is handed on.
+      for (int* fd : {&worker_rings.memory, &worker_rings.out_data, &worker_rings.out_space,
+                      &worker_rings.in_data, &worker_rings.in_space}) {
         *fd = HighFd(*fd);
+        if (*fd < 0) error = absl::InternalError("cannot move the worker's ring descriptors");
       }
       absl::StatusOr<std::unique_ptr<RingPair>> opened =
-          RingPair::Open(ring_fds, options_.ring_bytes, /*front=*/true);
-      if (opened.ok()) {
-        rings = std::move(*opened);  // it owns the descriptors now
-      } else {
+          RingPair::Open(made->front, options_.ring_bytes, /*front=*/true);
+      if (!opened.ok()) {
         error = opened.status();
+      } else if (error.ok()) {
+        rings = std::move(*opened);  // it owns the front's descriptors now
       }
     } else {
       error = made.status();
@@ -95,16 +98,20 @@ void RemoteDevice::Spawn() {
     argv.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, sv[1], kSocketFd);
-    posix_spawn_file_actions_adddup2(&fa, staging_fd_, kStagingFd);
+    int rc = posix_spawn_file_actions_adddup2(&fa, sv[1], kSocketFd);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, staging_fd_, kStagingFd);
     if (rings != nullptr) {
-      posix_spawn_file_actions_adddup2(&fa, ring_fds.memory, kRingMemoryFd);
-      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_worker_data, kRingToWorkerDataFd);
-      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_worker_space, kRingToWorkerSpaceFd);
-      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_front_data, kRingToFrontDataFd);
-      posix_spawn_file_actions_adddup2(&fa, ring_fds.to_front_space, kRingToFrontSpaceFd);
+      for (auto [from, to] : {std::pair{worker_rings.memory, kRingMemoryFd},
+                              std::pair{worker_rings.in_data, kRingInDataFd},
+                              std::pair{worker_rings.in_space, kRingInSpaceFd},
+                              std::pair{worker_rings.out_data, kRingOutDataFd},
+                              std::pair{worker_rings.out_space, kRingOutSpaceFd}}) {
+        if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, from, to);
+      }
     }
-    const int rc = posix_spawn(&pid, options_.program.c_str(), &fa, nullptr, argv.data(), environ);
+    if (rc == 0) {
+      rc = posix_spawn(&pid, options_.program.c_str(), &fa, nullptr, argv.data(), environ);
+    }
     posix_spawn_file_actions_destroy(&fa);
     close(sv[1]);
     if (rc != 0) {
@@ -113,6 +120,7 @@ void RemoteDevice::Spawn() {
           absl::StrCat("cannot start the worker program '", options_.program, "': ", strerror(rc)));
     }
   }
+  CloseRingFds(worker_rings);  // the worker has its own copies, or none is started
   if (!error.ok()) {
     absl::MutexLock lock(&mu_);
     const std::string why = absl::StrCat("device ", options_.ordinal, ": ", error.message());
@@ -257,6 +265,10 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
     }
     OnMessage(conn, frame);
     last = absl::Now();
+  }
+  if (conn->channel->peer_misbehaved()) {
+    // As for an unreadable message: the worker is broken, not dying.
+    Reset(conn, "its worker broke the framing of its messages", /*kill=*/true);
   }
   bool current;
   {

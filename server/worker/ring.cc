@@ -1,7 +1,7 @@
 #include "server/worker/ring.h"
 
 #include <errno.h>
-#include <sys/eventfd.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,15 +32,20 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
 constexpr uint64_t kHeaderPage = 4096;
 constexpr uint64_t kToFrontHeader = 1024;
 
+// Wake-ups are bytes in a pipe whose end this side alone holds, opened
+// non-blocking: a full pipe already says "wake up", an empty one has
+// nothing to take.
 void Signal(int fd) {
-  const uint64_t one = 1;
-  (void)!::write(fd, &one, sizeof(one));
+  const char one = 1;
+  (void)!::write(fd, &one, 1);
 }
 
 void Drain(int fd) {
-  uint64_t n;
-  (void)!::read(fd, &n, sizeof(n));
+  char bytes[64];
+  (void)!::read(fd, bytes, sizeof(bytes));
 }
+
+constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 }  // namespace
 
@@ -61,7 +66,7 @@ ssize_t RingEnd::Write(const char* data, size_t n) {
   header_->written.store(w + k, std::memory_order_seq_cst);
   if (header_->reader_parked.load(std::memory_order_seq_cst) != 0 &&
       header_->reader_parked.exchange(0) != 0) {
-    Signal(data_fd_);
+    Signal(signal_fd_);
   }
   return static_cast<ssize_t>(k);
 }
@@ -80,7 +85,7 @@ ssize_t RingEnd::Read(char* data, size_t n) {
   header_->read.store(r + k, std::memory_order_seq_cst);
   if (header_->writer_parked.load(std::memory_order_seq_cst) != 0 &&
       header_->writer_parked.exchange(0) != 0) {
-    Signal(space_fd_);
+    Signal(signal_fd_);
   }
   return static_cast<ssize_t>(k);
 }
@@ -102,7 +107,7 @@ bool RingEnd::ParkReader() {
 
 void RingEnd::UnparkReader() {
   header_->reader_parked.store(0, std::memory_order_relaxed);
-  Drain(data_fd_);
+  Drain(wait_fd_);
 }
 
 bool RingEnd::ParkWriter() {
@@ -118,52 +123,72 @@ bool RingEnd::ParkWriter() {
 
 void RingEnd::UnparkWriter() {
   header_->writer_parked.store(0, std::memory_order_relaxed);
-  Drain(space_fd_);
+  Drain(wait_fd_);
 }
 
 uint64_t RingPair::BytesFor(uint64_t capacity) { return kHeaderPage + 2 * capacity; }
 
 void CloseRingFds(RingFds& fds) {
-  for (int* fd : {&fds.memory, &fds.to_worker_data, &fds.to_worker_space, &fds.to_front_data,
-                  &fds.to_front_space}) {
+  for (int* fd : {&fds.memory, &fds.out_data, &fds.out_space, &fds.in_data, &fds.in_space}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
 }
 
-absl::StatusOr<RingFds> RingPair::Create(uint64_t capacity) {
+absl::StatusOr<RingSetup> RingPair::Create(uint64_t capacity) {
   if (capacity < 4096 || (capacity & (capacity - 1)) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a ring of ", capacity, " bytes: the size must be a power of two >= 4096"));
   }
-  RingFds fds;
-  fds.memory = memfd_create("gpuexec-rings", MFD_CLOEXEC);
-  if (fds.memory < 0 || ftruncate(fds.memory, static_cast<off_t>(BytesFor(capacity))) != 0) {
+  RingSetup setup;
+  auto fail = [&setup](const char* what) {
     const int e = errno;
-    CloseRingFds(fds);
-    return absl::InternalError(absl::StrCat("cannot make the worker's rings: ", strerror(e)));
+    CloseRingFds(setup.front);
+    CloseRingFds(setup.worker);
+    return absl::InternalError(
+        absl::StrCat("cannot make the worker's rings (", what, "): ", strerror(e)));
+  };
+  setup.front.memory = memfd_create("gpuexec-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (setup.front.memory < 0) return fail("memfd_create");
+  if (ftruncate(setup.front.memory, static_cast<off_t>(BytesFor(capacity))) != 0) {
+    return fail("ftruncate");
   }
-  for (int* fd :
-       {&fds.to_worker_data, &fds.to_worker_space, &fds.to_front_data, &fds.to_front_space}) {
-    *fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (*fd < 0) {
-      const int e = errno;
-      CloseRingFds(fds);
-      return absl::InternalError(absl::StrCat("cannot make the worker's rings: ", strerror(e)));
-    }
+  if (fcntl(setup.front.memory, F_ADD_SEALS, kSeals | F_SEAL_SEAL) != 0) return fail("seals");
+  setup.worker.memory = fcntl(setup.front.memory, F_DUPFD_CLOEXEC, 0);
+  if (setup.worker.memory < 0) return fail("dup");
+  // One pipe per wake-up: [0] read end (the waiter's), [1] write end.
+  struct Pipe {
+    int* waiter;
+    int* signaller;
+  };
+  for (Pipe p : {Pipe{&setup.worker.in_data, &setup.front.out_data},
+                 Pipe{&setup.front.out_space, &setup.worker.in_space},
+                 Pipe{&setup.front.in_data, &setup.worker.out_data},
+                 Pipe{&setup.worker.out_space, &setup.front.in_space}}) {
+    int ends[2];
+    if (pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) return fail("pipe");
+    *p.waiter = ends[0];
+    *p.signaller = ends[1];
   }
-  return fds;
+  return setup;
 }
 
 absl::StatusOr<std::unique_ptr<RingPair>> RingPair::Open(RingFds fds, uint64_t capacity,
                                                          bool front) {
   std::unique_ptr<RingPair> p(new RingPair());
   p->fds_ = fds;  // closed by the destructor from here on, whatever happens
+  for (int fd : {fds.memory, fds.out_data, fds.out_space, fds.in_data, fds.in_space}) {
+    if (fd < 0) return absl::InvalidArgumentError("a descriptor of the worker's rings is missing");
+  }
   struct stat st;
   const uint64_t bytes = BytesFor(capacity);
   if (capacity < 4096 || (capacity & (capacity - 1)) != 0 || fstat(fds.memory, &st) != 0 ||
       static_cast<uint64_t>(st.st_size) != bytes) {
     return absl::InvalidArgumentError("the worker's rings are not of the size agreed");
+  }
+  const int seals = fcntl(fds.memory, F_GET_SEALS);
+  if (seals < 0 || (seals & kSeals) != kSeals) {
+    return absl::InvalidArgumentError("the worker's rings are not sealed at their size");
   }
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds.memory, 0);
   if (map == MAP_FAILED) {
@@ -176,17 +201,12 @@ absl::StatusOr<std::unique_ptr<RingPair>> RingPair::Open(RingFds fds, uint64_t c
   auto* to_front = reinterpret_cast<RingEnd::Header*>(base + kToFrontHeader);
   char* to_worker_data = base + kHeaderPage;
   char* to_front_data = base + kHeaderPage + capacity;
-  std::unique_ptr<RingEnd> a(new RingEnd(to_worker, to_worker_data, capacity, fds.to_worker_data,
-                                         fds.to_worker_space));
-  std::unique_ptr<RingEnd> b(new RingEnd(to_front, to_front_data, capacity, fds.to_front_data,
-                                         fds.to_front_space));
-  if (front) {
-    p->out_ = std::move(a);
-    p->in_ = std::move(b);
-  } else {
-    p->out_ = std::move(b);
-    p->in_ = std::move(a);
-  }
+  RingEnd::Header* out_header = front ? to_worker : to_front;
+  RingEnd::Header* in_header = front ? to_front : to_worker;
+  p->out_.reset(new RingEnd(out_header, front ? to_worker_data : to_front_data, capacity,
+                            fds.out_data, fds.out_space));
+  p->in_.reset(new RingEnd(in_header, front ? to_front_data : to_worker_data, capacity,
+                           fds.in_space, fds.in_data));
   return p;
 }
 

@@ -1,5 +1,6 @@
 #include "server/worker/worker_main.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -312,8 +313,12 @@ int RunWorker(int argc, char** argv) {
   std::unique_ptr<RingPair> rings;
   absl::Status rings_status;
   if (args.ring_bytes > 0) {
-    RingFds fds{kRingMemoryFd, kRingToWorkerDataFd, kRingToWorkerSpaceFd, kRingToFrontDataFd,
-                kRingToFrontSpaceFd};
+    RingFds fds;
+    fds.memory = kRingMemoryFd;
+    fds.in_data = kRingInDataFd;
+    fds.in_space = kRingInSpaceFd;
+    fds.out_data = kRingOutDataFd;
+    fds.out_space = kRingOutSpaceFd;
     auto opened = RingPair::Open(fds, args.ring_bytes, /*front=*/false);
     if (opened.ok()) {
       rings = std::move(*opened);
@@ -325,6 +330,11 @@ int RunWorker(int argc, char** argv) {
     // Nothing can be reported where the front process would read it.
     log::Error("gpuexecd __worker: ", rings_status.message());
     return 2;
+  }
+  // Nothing the driver starts inherits them.
+  for (int fd :
+       {kSocketFd, kRingMemoryFd, kRingInDataFd, kRingInSpaceFd, kRingOutDataFd, kRingOutSpaceFd}) {
+    if (rings != nullptr || fd == kSocketFd) (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   Channel channel(kSocketFd, /*never_block=*/false, std::move(rings));
   const uint64_t staging_size = args.staging_bytes * static_cast<uint64_t>(args.staging_slots);

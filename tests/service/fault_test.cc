@@ -648,7 +648,9 @@ TEST_F(FaultTest, AStrikeLimitHoldsThroughALongFaultLoop) {
   EXPECT_GT(refused, 0);
   EXPECT_EQ(other, 0);
   EXPECT_THAT(refusal, HasSubstr("launches of tenant 'attacker' are refused until"));
-  EXPECT_LE(losses.load(), 3);
+  // Each reset costs the bystander at most the round in flight; the
+  // uncharged ones above are resets too.
+  EXPECT_LE(static_cast<uint64_t>(losses.load()), resets);
   EXPECT_GT(rounds.load(), 0);
   EXPECT_TRUE(back == pattern) << "the bystander's buffer changed";
   held.reset();

@@ -1,5 +1,6 @@
 #include "server/worker/ring.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -18,11 +19,6 @@
 namespace gpuexec::worker {
 namespace {
 
-RingFds Dup(const RingFds& fds) {
-  return RingFds{dup(fds.memory), dup(fds.to_worker_data), dup(fds.to_worker_space),
-                 dup(fds.to_front_data), dup(fds.to_front_space)};
-}
-
 // Both sides' ends of one pair of rings, as the front process and a worker
 // hold them; `memory` is a mapping of their shared page for the test to
 // read and scribble on.
@@ -30,14 +26,16 @@ struct Rings {
   std::unique_ptr<RingPair> front, worker;
   uint8_t* memory = nullptr;
   size_t bytes = 0;
+  RingFds worker_fds;  // as the worker got them (owned by `worker`)
   explicit Rings(uint64_t capacity) {
     auto fds = RingPair::Create(capacity);
     EXPECT_TRUE(fds.ok()) << fds.status();
     bytes = RingPair::BytesFor(capacity);
     memory = static_cast<uint8_t*>(
-        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds->memory, 0));
-    auto w = RingPair::Open(Dup(*fds), capacity, /*front=*/false);
-    auto f = RingPair::Open(*fds, capacity, /*front=*/true);
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds->front.memory, 0));
+    worker_fds = fds->worker;
+    auto w = RingPair::Open(fds->worker, capacity, /*front=*/false);
+    auto f = RingPair::Open(fds->front, capacity, /*front=*/true);
     EXPECT_TRUE(w.ok() && f.ok());
     front = std::move(*f);
     worker = std::move(*w);
@@ -50,6 +48,9 @@ struct Rings {
   }
   std::atomic<uint64_t>& ToWorkerRead() {
     return *reinterpret_cast<std::atomic<uint64_t>*>(memory + 64);
+  }
+  std::atomic<uint32_t>& ToWorkerReaderParked() {
+    return *reinterpret_cast<std::atomic<uint32_t>*>(memory + 128);
   }
 };
 
@@ -78,7 +79,7 @@ TEST(Ring, BytesWrapAroundIntactAndAFullRingTakesNothing) {
   EXPECT_EQ(out.unread(), 4096u);
   // Full: the writer parks, and the reader's next read wakes it.
   ASSERT_TRUE(out.ParkWriter());
-  pollfd space = {out.space_fd(), POLLIN, 0};
+  pollfd space = {out.wait_fd(), POLLIN, 0};
   EXPECT_EQ(poll(&space, 1, 0), 0);
   ASSERT_EQ(in.Read(buf, 100), 100);
   EXPECT_EQ(poll(&space, 1, 0), 1);
@@ -91,7 +92,7 @@ TEST(Ring, BytesWrapAroundIntactAndAFullRingTakesNothing) {
   ASSERT_EQ(in.Read(buf, sizeof(buf)), 3000);
   ASSERT_EQ(in.Read(buf, sizeof(buf)), 996);
   ASSERT_TRUE(in.ParkReader());
-  pollfd data = {in.data_fd(), POLLIN, 0};
+  pollfd data = {in.wait_fd(), POLLIN, 0};
   EXPECT_EQ(poll(&data, 1, 0), 0);
   ASSERT_EQ(out.Write("x", 1), 1);
   EXPECT_EQ(poll(&data, 1, 0), 1);
@@ -118,11 +119,42 @@ TEST(Ring, APeerPositionNoHonestPeerCouldWriteBreaksTheStream) {
   EXPECT_FALSE(RingPair::Create(3000).ok()) << "not a power of two";
 }
 
-TEST(Ring, OpenRefusesMemoryOfAnotherSize) {
+TEST(Ring, OpenRefusesMemoryOfAnotherSizeOrUnsealed) {
   auto fds = RingPair::Create(8192);
   ASSERT_TRUE(fds.ok());
-  auto opened = RingPair::Open(*fds, 4096, /*front=*/false);
+  auto opened = RingPair::Open(fds->worker, 4096, /*front=*/false);
   EXPECT_FALSE(opened.ok());
+  CloseRingFds(fds->front);
+
+  auto other = RingPair::Create(4096);
+  ASSERT_TRUE(other.ok());
+  RingFds unsealed = other->worker;
+  close(unsealed.memory);
+  unsealed.memory = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(unsealed.memory, static_cast<off_t>(RingPair::BytesFor(4096))), 0);
+  EXPECT_FALSE(RingPair::Open(unsealed, 4096, /*front=*/false).ok());
+  CloseRingFds(other->front);
+}
+
+// A worker cannot shrink the memory under the front's mapping (the front's
+// next copy would die of SIGBUS), nor make the front's signals block by
+// changing the flags of the descriptors it holds.
+TEST(Ring, TheWorkersDescriptorsCannotHurtTheFront) {
+  Rings r(4096);
+  EXPECT_NE(ftruncate(r.worker_fds.memory, 0), 0);
+  EXPECT_NE(ftruncate(r.worker_fds.memory, 1 << 20), 0);
+  for (int fd : {r.worker_fds.in_data, r.worker_fds.in_space, r.worker_fds.out_data,
+                 r.worker_fds.out_space}) {
+    ASSERT_EQ(fcntl(fd, F_SETFL, 0), 0);  // blocking, where the worker can say so
+  }
+  // A reader that says it parked, and never reads its wake-ups: far more
+  // signals than its pipe holds. Each Write must still return.
+  char c;
+  for (int i = 0; i < 100000; ++i) {
+    r.ToWorkerReaderParked().store(1);
+    ASSERT_EQ(r.front->out().Write("x", 1), 1);
+    ASSERT_EQ(r.worker->in().Read(&c, 1), 1);
+  }
 }
 
 // Channels over rings, as RemoteDevice and the worker make them.
@@ -133,8 +165,8 @@ struct Ringed {
     EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     auto fds = RingPair::Create(capacity);
     EXPECT_TRUE(fds.ok());
-    auto w = RingPair::Open(Dup(*fds), capacity, /*front=*/false);
-    auto f = RingPair::Open(*fds, capacity, /*front=*/true);
+    auto w = RingPair::Open(fds->worker, capacity, /*front=*/false);
+    auto f = RingPair::Open(fds->front, capacity, /*front=*/true);
     front = std::make_unique<Channel>(sv[0], front_never_blocks, std::move(*f));
     worker = std::make_unique<Channel>(sv[1], false, std::move(*w));
   }
@@ -264,13 +296,40 @@ TEST(RingChannel, AByteOnTheSocketEndsTheStream) {
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   auto fds = RingPair::Create(4096);
   ASSERT_TRUE(fds.ok());
-  auto w = RingPair::Open(*fds, 4096, /*front=*/false);
+  auto w = RingPair::Open(fds->worker, 4096, /*front=*/false);
   ASSERT_TRUE(w.ok());
+  CloseRingFds(fds->front);
   Channel worker(sv[1], false, std::move(*w));
   ASSERT_EQ(write(sv[0], "x", 1), 1);  // nothing is ever written there
   std::string frame;
   EXPECT_FALSE(worker.Receive(&frame));
+  EXPECT_FALSE(worker.peer_misbehaved()) << "the end of the peer, as far as it can tell";
   close(sv[0]);
+}
+
+// A position the peer could not have written ends the stream for both
+// sides, and says so, instead of looking like the peer's end.
+TEST(RingChannel, AnImpossiblePositionEndsTheStreamForBothSides) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  auto fds = RingPair::Create(4096);
+  ASSERT_TRUE(fds.ok());
+  uint8_t* memory = static_cast<uint8_t*>(mmap(
+      nullptr, RingPair::BytesFor(4096), PROT_READ | PROT_WRITE, MAP_SHARED, fds->front.memory, 0));
+  auto w = RingPair::Open(fds->worker, 4096, /*front=*/false);
+  auto f = RingPair::Open(fds->front, 4096, /*front=*/true);
+  ASSERT_TRUE(w.ok() && f.ok());
+  Channel front(sv[0], /*never_block=*/true, std::move(*f));
+  Channel worker(sv[1], false, std::move(*w));
+  ASSERT_TRUE(front.Send(WithParams(1, 10)).ok());
+  reinterpret_cast<std::atomic<uint64_t>*>(memory + 64)->store(999999);  // read past written
+  EXPECT_FALSE(front.Send(WithParams(2, 10)).ok());
+  EXPECT_TRUE(front.peer_misbehaved());
+  std::string frame;
+  ASSERT_TRUE(worker.Receive(&frame));  // what was sent before
+  ExpectRequest(frame, 1, 10);
+  EXPECT_FALSE(worker.Receive(&frame)) << "the front ended the socket";
+  munmap(memory, RingPair::BytesFor(4096));
 }
 
 }  // namespace
