@@ -59,8 +59,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
   auto fds = w::RingPair::Create(kCapacity);
   FUZZ_CHECK(fds.ok());
-  auto* page = static_cast<uint8_t*>(mmap(nullptr, w::RingPair::BytesFor(kCapacity),
-                                          PROT_READ | PROT_WRITE, MAP_SHARED, fds->front.memory, 0));
+  auto* page =
+      static_cast<uint8_t*>(mmap(nullptr, w::RingPair::BytesFor(kCapacity), PROT_READ | PROT_WRITE,
+                                 MAP_SHARED, fds->front.memory, 0));
   FUZZ_CHECK(page != MAP_FAILED);
   auto worker = w::RingPair::Open(fds->worker, kCapacity, /*front=*/false);
   auto front_rings = w::RingPair::Open(fds->front, kCapacity, /*front=*/true);
@@ -95,8 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } else {
         const size_t n = std::min<size_t>((c & 0x3f) + 1, size - at);
         // Whatever fits now; the rest of the piece is dropped (a full ring).
-        const ssize_t k =
-            (*worker)->out().Write(reinterpret_cast<const char*>(data + at), n);
+        const ssize_t k = (*worker)->out().Write(reinterpret_cast<const char*>(data + at), n);
         if (k > 0 && !poked) stream.append(reinterpret_cast<const char*>(data + at), k);
         at += n;
       }
