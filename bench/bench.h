@@ -303,6 +303,7 @@ struct GpuexecFigures {
   Latency launch_sync;
   double async_rate = 0;  // launches/s
   double alloc_free_us = 0;
+  double alloc_free_async_us = 0;      // the free queued (FreeAsync)
   double write = 0, read = 0;          // GB/s, as the client sends by default
   double write_one = 0, read_one = 0;  // GB/s, on one stream
   uint32_t transfer_streams = 1;       // the client's default

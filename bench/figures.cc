@@ -68,6 +68,11 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
                           Buffer b = Must(session.Allocate(1 << 20), "allocate");
                           Must(b.Free(), "free");
                         }).p50;
+    out.alloc_free_async_us = Measure(plan.alloc_iters, [&] {
+                                Buffer b = Must(session.Allocate(1 << 20), "allocate");
+                                Must(b.FreeAsync(), "free");
+                              }).p50;
+    Must(session.Synchronize(), "sync");
   }
   const bool write = want("copy") || want("write");
   const bool read = want("copy") || want("read");
@@ -182,7 +187,8 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     parts.push_back(absl::StrFormat("%.0fk answered launches/s", out.acked_rate / 1e3));
   }
   if (want("alloc"))
-    parts.push_back(absl::StrFormat("Allocate+Free p50 %.1f us", out.alloc_free_us));
+    parts.push_back(absl::StrFormat("Allocate+Free p50 %.1f us (FreeAsync %.1f us)",
+                                    out.alloc_free_us, out.alloc_free_async_us));
   if (write) {
     parts.push_back(absl::StrFormat("Write %.2f GB/s (one stream %.2f)", out.write, out.write_one));
   }

@@ -226,6 +226,15 @@ int Main() {
                         "64 MiB " + Us(native.alloc_64_us) + ", cleared " +
                         Us(native.alloc_clear_64_us) + "), cuMemAlloc " + Us(native.alloc_sync_us),
                     Ratio(g_tcp.alloc_free_us / native.alloc_async_us), "", ""});
+  g_rows.push_back(
+      {"Allocate + FreeAsync 1 MiB, p50", Us(g_tcp.alloc_free_async_us),
+       Us(g_uds.alloc_free_async_us),
+       "launch + synchronize " + Us(g_tcp.launch_sync.p50) + " / " + Us(g_uds.launch_sync.p50),
+       Ratio(g_tcp.alloc_free_async_us / g_tcp.launch_sync.p50) + " / " +
+           Ratio(g_uds.alloc_free_async_us / g_uds.launch_sync.p50),
+       "<= launch + synchronize",
+       Met(g_tcp.alloc_free_async_us <= g_tcp.launch_sync.p50 &&
+           g_uds.alloc_free_async_us <= g_uds.launch_sync.p50)});
   const std::string size =
       absl::StrFormat("%llu MiB", static_cast<unsigned long long>(plan.copy_bytes >> 20));
   const std::string trials =
