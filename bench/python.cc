@@ -122,7 +122,16 @@ std::string PythonRun::Text(const std::string& key) const {
   return it == values.end() ? "" : it->second;
 }
 
-std::string DefaultPython() { return IsFile("/usr/bin/python3") ? "/usr/bin/python3" : "python3"; }
+// The first interpreter that has grpcio: Debian's (for which its
+// python3-grpcio installs) or the one first on PATH (hosts whose grpcio
+// came from pip); Debian's if neither has it, for the rows to say why.
+std::string DefaultPython() {
+  for (const char* candidate : {"/usr/bin/python3", "python3"}) {
+    const std::string probe = absl::StrCat(candidate, " -c 'import grpc' >/dev/null 2>&1");
+    if (std::system(probe.c_str()) == 0) return candidate;
+  }
+  return IsFile("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
 
 PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_path,
                         const std::string& driver, const std::string& cubin) {
