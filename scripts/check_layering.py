@@ -17,6 +17,7 @@ import sys
 ALLOWED = {
     "server/common": [],
     "server/port": ["server/common"],
+    "server/shm": ["server/common"],
     "server/cuda": ["server/common", "server/port"],
     "server/device": ["server/common", "server/port", "server/cuda"],
     # The front's side of the worker: the proxy, its channel and wire.

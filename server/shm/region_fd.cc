@@ -1,0 +1,118 @@
+#include "server/shm/region_fd.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1
+#endif
+
+namespace gpuexec::shm {
+namespace {
+
+const char* KindOf(mode_t mode) {
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISFIFO(mode)) return "a pipe";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+}  // namespace
+
+absl::Status CheckRegionFd(int fd, uint64_t declared_bytes, const RegionLimits& limits) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the region's descriptor cannot be examined: ", strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the region's descriptor is ", KindOf(st.st_mode), ", not a memfd"));
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return absl::InvalidArgumentError(
+        "the region's descriptor is a file that cannot carry seals, not a memfd");
+  }
+  if ((seals & kRequiredSeals) != kRequiredSeals) {
+    return absl::InvalidArgumentError(
+        "the region's memfd is not sealed against shrinking and growing (F_SEAL_SHRINK and "
+        "F_SEAL_GROW): the daemon maps only memory whose size cannot change under it");
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return absl::InvalidArgumentError(
+        "the region's memfd is sealed against writes: the daemon could not copy into it");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size != declared_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the region's memfd holds ", size,
+                                                   " bytes, not the ", declared_bytes,
+                                                   " declared"));
+  }
+  if (size == 0) return absl::InvalidArgumentError("the region's memfd is empty");
+  if (size > limits.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("a region of ", size,
+                                                     " bytes is over the daemon's limit of ",
+                                                     limits.max_bytes, " bytes a region"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> ReceiveWithDescriptor(int socket, char* data, size_t capacity, int* fd) {
+  *fd = -1;
+  // Room for more descriptors than one, so that extra ones are seen (and
+  // closed) rather than silently cut off.
+  constexpr int kRoom = 8;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kRoom)];
+  iovec iov{data, capacity};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot read the socket: ", strerror(errno)));
+  }
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int got;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(got);
+    }
+  }
+  auto refuse = [&fds](std::string why) {
+    for (int f : fds) close(f);
+    return absl::InvalidArgumentError(std::move(why));
+  };
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+    return refuse(absl::StrCat("a message came with more than ", kRoom,
+                               " descriptors; one region's memfd at most"));
+  }
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    return refuse(absl::StrCat("a message is longer than the ", capacity, " bytes taken"));
+  }
+  if (fds.size() > 1) {
+    return refuse(
+        absl::StrCat("a message came with ", fds.size(), " descriptors; one region's memfd at most"));
+  }
+  if (!fds.empty()) *fd = fds[0];
+  return static_cast<size_t>(n);
+}
+
+}  // namespace gpuexec::shm
