@@ -54,9 +54,8 @@ absl::Status CheckRegionFd(int fd, uint64_t declared_bytes, const RegionLimits& 
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size != declared_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the region's memfd holds ", size,
-                                                   " bytes, not the ", declared_bytes,
-                                                   " declared"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the region's memfd holds ", size, " bytes, not the ", declared_bytes, " declared"));
   }
   if (size == 0) return absl::InvalidArgumentError("the region's memfd is empty");
   if (size > limits.max_bytes) {
@@ -108,8 +107,8 @@ absl::StatusOr<size_t> ReceiveWithDescriptor(int socket, char* data, size_t capa
     return refuse(absl::StrCat("a message is longer than the ", capacity, " bytes taken"));
   }
   if (fds.size() > 1) {
-    return refuse(
-        absl::StrCat("a message came with ", fds.size(), " descriptors; one region's memfd at most"));
+    return refuse(absl::StrCat("a message came with ", fds.size(),
+                               " descriptors; one region's memfd at most"));
   }
   if (!fds.empty()) *fd = fds[0];
   return static_cast<size_t>(n);

@@ -95,9 +95,11 @@ TEST(RegionFd, ADescriptorThatIsNotAMemfdIsRefused) {
   ASSERT_GE(file, 0);
   unlink(path.c_str());
   ASSERT_EQ(ftruncate(file, 4096), 0);
-  EXPECT_THAT(CheckRegionFd(file, 4096, kLimits), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(CheckRegionFd(file, 4096, kLimits),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   close(file);
-  EXPECT_THAT(CheckRegionFd(-1, 4096, kLimits), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(CheckRegionFd(-1, 4096, kLimits),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
 // Descriptors this process has open.
