@@ -236,14 +236,10 @@ ssize_t Channel::WriteSome(const char* data, size_t n, bool dont_wait) {
     if (k < 0) return Misbehaved();
     if (dont_wait) return 0;
     if (!out.ParkWriter()) continue;
-    pollfd fds[2] = {{out.wait_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
-    (void)::poll(fds, 2, -1);
+    const Woke woke = SleepOn(out.wait_fd());
     out.UnparkWriter();
-    if ((fds[0].revents & (POLLHUP | POLLERR)) != 0) {
-      if (PipeClosedAlone(fd_)) return Misbehaved();
-      return -1;
-    }
-    if (fds[1].revents != 0 && SocketSaysGone(fd_)) return -1;
+    if (woke == Woke::kBroken) return Misbehaved();
+    if (woke == Woke::kEnd) return -1;
   }
 }
 
@@ -265,19 +261,24 @@ ssize_t Channel::ReadSome(char* data, size_t n, bool wait) {
     if (peer_gone_) return -1;
     // Once the end is seen, one more look: what the peer wrote before it
     // went is still delivered.
-    if (PeerGone(/*now=*/false)) continue;
+    if (PeerGone()) continue;
     if (!wait) return 0;
     if (!in.ParkReader()) continue;
-    pollfd fds[2] = {{in.wait_fd(), POLLIN, 0}, {fd_, POLLIN, 0}};
-    (void)::poll(fds, 2, -1);
+    const Woke woke = SleepOn(in.wait_fd());
     in.UnparkReader();
-    if ((fds[0].revents & (POLLHUP | POLLERR)) != 0) {
-      if (PipeClosedAlone(fd_)) return Misbehaved();
-      peer_gone_ = true;  // read on for what came before the end
-    } else if (fds[1].revents != 0) {
-      (void)PeerGone(/*now=*/true);
-    }
+    if (woke == Woke::kBroken) return Misbehaved();
+    if (woke == Woke::kEnd) peer_gone_ = true;  // read on for what came before the end
   }
+}
+
+Channel::Woke Channel::SleepOn(int wait_fd) {
+  pollfd fds[2] = {{wait_fd, POLLIN, 0}, {fd_, POLLIN, 0}};
+  (void)::poll(fds, 2, -1);
+  if ((fds[0].revents & (POLLHUP | POLLERR)) != 0) {
+    return PipeClosedAlone(fd_) ? Woke::kBroken : Woke::kEnd;
+  }
+  if (fds[1].revents != 0 && SocketSaysGone(fd_)) return Woke::kEnd;
+  return Woke::kWoken;
 }
 
 ssize_t Channel::Misbehaved() {
@@ -288,12 +289,12 @@ ssize_t Channel::Misbehaved() {
   return -1;
 }
 
-bool Channel::PeerGone(bool now) {
+bool Channel::PeerGone() {
   if (peer_gone_) return true;
   const int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now().time_since_epoch())
                         .count();
-  if (!now && t - peer_checked_ns_ < 1000000) return false;
+  if (t - peer_checked_ns_ < 1000000) return false;
   peer_checked_ns_ = t;
   peer_gone_ = SocketSaysGone(fd_);
   return peer_gone_;

@@ -91,9 +91,13 @@ class Channel {
   ssize_t WriteSome(const char* data, size_t n, bool dont_wait);
   // Bytes read (> 0), 0 when nothing is there and `!wait`, -1 at the end.
   ssize_t ReadSome(char* data, size_t n, bool wait);
-  // With rings (the receiver's thread): whether the socket says the peer is
-  // gone. `now`: look at once; otherwise at most once a millisecond.
-  bool PeerGone(bool now);
+  // With rings (the receiver's thread), between sleeps: whether the socket
+  // says the peer is gone, looked at no more than once a millisecond.
+  bool PeerGone();
+  // With rings: sleeps on `wait_fd` (a parked side's pipe) and the socket.
+  // kEnd: the peer is gone; kBroken: it closed its pipe and not its socket.
+  enum class Woke { kWoken, kEnd, kBroken };
+  Woke SleepOn(int wait_fd);
   // Marks the peer as broken and ends the socket; returns -1.
   ssize_t Misbehaved();
   std::atomic<bool> misbehaved_{false};

@@ -46,8 +46,7 @@ void RemoteDevice::Spawn() {
       worker_rings = made->worker;
       // Above the descriptors the child gets, so that none is overwritten
       // before it is handed on.
-      for (int* fd : {&worker_rings.memory, &worker_rings.out_data, &worker_rings.out_space,
-                      &worker_rings.in_data, &worker_rings.in_space}) {
+      for (int* fd : worker_rings.all()) {
         *fd = HighFd(*fd);
         if (*fd < 0) error = absl::InternalError("cannot move the worker's ring descriptors");
       }

@@ -45,6 +45,12 @@ void Drain(int fd) {
   (void)!::read(fd, bytes, sizeof(bytes));
 }
 
+// The other side's wake-up, if it parked on `parked` (taking the flag, so
+// that one park gets one signal).
+void WakeIfParked(std::atomic<uint32_t>& parked, int fd) {
+  if (parked.load(std::memory_order_seq_cst) != 0 && parked.exchange(0) != 0) Signal(fd);
+}
+
 constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 }  // namespace
@@ -64,10 +70,7 @@ ssize_t RingEnd::Write(const char* data, size_t n) {
   // as the reader's park is): either it sees the data before it sleeps, or
   // this sees it parked and wakes it.
   header_->written.store(w + k, std::memory_order_seq_cst);
-  if (header_->reader_parked.load(std::memory_order_seq_cst) != 0 &&
-      header_->reader_parked.exchange(0) != 0) {
-    Signal(signal_fd_);
-  }
+  WakeIfParked(header_->reader_parked, signal_fd_);
   return static_cast<ssize_t>(k);
 }
 
@@ -83,10 +86,7 @@ ssize_t RingEnd::Read(char* data, size_t n) {
   std::memcpy(data + first, data_, k - first);
   mine_.store(r + k, std::memory_order_relaxed);
   header_->read.store(r + k, std::memory_order_seq_cst);
-  if (header_->writer_parked.load(std::memory_order_seq_cst) != 0 &&
-      header_->writer_parked.exchange(0) != 0) {
-    Signal(signal_fd_);
-  }
+  WakeIfParked(header_->writer_parked, signal_fd_);
   return static_cast<ssize_t>(k);
 }
 
@@ -129,7 +129,7 @@ void RingEnd::UnparkWriter() {
 uint64_t RingPair::BytesFor(uint64_t capacity) { return kHeaderPage + 2 * capacity; }
 
 void CloseRingFds(RingFds& fds) {
-  for (int* fd : {&fds.memory, &fds.out_data, &fds.out_space, &fds.in_data, &fds.in_space}) {
+  for (int* fd : fds.all()) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
@@ -177,8 +177,9 @@ absl::StatusOr<std::unique_ptr<RingPair>> RingPair::Open(RingFds fds, uint64_t c
                                                          bool front) {
   std::unique_ptr<RingPair> p(new RingPair());
   p->fds_ = fds;  // closed by the destructor from here on, whatever happens
-  for (int fd : {fds.memory, fds.out_data, fds.out_space, fds.in_data, fds.in_space}) {
-    if (fd < 0) return absl::InvalidArgumentError("a descriptor of the worker's rings is missing");
+  for (int* fd : fds.all()) {
+    if (*fd < 0) return absl::InvalidArgumentError("a descriptor of the worker's rings is missing");
+    (void)fcntl(*fd, F_SETFD, FD_CLOEXEC);
   }
   struct stat st;
   const uint64_t bytes = BytesFor(capacity);

@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +38,9 @@ struct RingFds {
   int out_space = -1;  // waits for room in the ring it writes (read end)
   int in_data = -1;    // waits for data in the ring it reads (read end)
   int in_space = -1;   // signals the peer's writer (write end)
+
+  // Every descriptor, for what is done to each alike.
+  std::array<int*, 5> all() { return {&memory, &out_data, &out_space, &in_data, &in_space}; }
 };
 
 // What Create makes: the front's side and the worker's.
@@ -98,7 +102,8 @@ class RingPair {
   // them.
   static absl::StatusOr<RingSetup> Create(uint64_t capacity);
   // Maps them for one side, after checking the memory's size and seals;
-  // takes ownership of every descriptor.
+  // takes ownership of every descriptor and makes each close-on-exec
+  // (nothing the process starts inherits them).
   static absl::StatusOr<std::unique_ptr<RingPair>> Open(RingFds fds, uint64_t capacity, bool front);
   static uint64_t BytesFor(uint64_t capacity);
   ~RingPair();

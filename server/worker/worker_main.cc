@@ -311,7 +311,6 @@ int RunWorker(int argc, char** argv) {
   log::Level level;
   if (log::ParseLevel(args.log_level, &level)) log::SetLevel(level);
   std::unique_ptr<RingPair> rings;
-  absl::Status rings_status;
   if (args.ring_bytes > 0) {
     RingFds fds;
     fds.memory = kRingMemoryFd;
@@ -320,22 +319,15 @@ int RunWorker(int argc, char** argv) {
     fds.out_data = kRingOutDataFd;
     fds.out_space = kRingOutSpaceFd;
     auto opened = RingPair::Open(fds, args.ring_bytes, /*front=*/false);
-    if (opened.ok()) {
-      rings = std::move(*opened);
-    } else {
-      rings_status = opened.status();
+    if (!opened.ok()) {
+      // Nothing can be reported where the front process would read it.
+      log::Error("gpuexecd __worker: ", opened.status().message());
+      return 2;
     }
+    rings = std::move(*opened);
   }
-  if (!rings_status.ok()) {
-    // Nothing can be reported where the front process would read it.
-    log::Error("gpuexecd __worker: ", rings_status.message());
-    return 2;
-  }
-  // Nothing the driver starts inherits them.
-  for (int fd :
-       {kSocketFd, kRingMemoryFd, kRingInDataFd, kRingInSpaceFd, kRingOutDataFd, kRingOutSpaceFd}) {
-    if (rings != nullptr || fd == kSocketFd) (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
-  }
+  // Nothing the driver starts inherits it (nor the rings: Open saw to those).
+  (void)fcntl(kSocketFd, F_SETFD, FD_CLOEXEC);
   Channel channel(kSocketFd, /*never_block=*/false, std::move(rings));
   const uint64_t staging_size = args.staging_bytes * static_cast<uint64_t>(args.staging_slots);
   void* mapped = mmap(nullptr, staging_size, PROT_READ | PROT_WRITE, MAP_SHARED, kStagingFd, 0);
