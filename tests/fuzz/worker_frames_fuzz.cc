@@ -28,24 +28,12 @@
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/worker_frames.h"
 #include "worker.pb.h"
 
 namespace {
 
 namespace w = gpuexec::worker;
-
-// The frames of `stream`, as the format cuts it.
-std::vector<absl::string_view> Frames(absl::string_view stream) {
-  std::vector<absl::string_view> out;
-  while (stream.size() >= 4) {
-    const auto* p = reinterpret_cast<const uint8_t*>(stream.data());
-    const uint32_t n = p[0] | p[1] << 8 | p[2] << 16 | uint32_t{p[3]} << 24;
-    if (n > w::kMaxMessageBytes || stream.size() - 4 < n) break;
-    out.push_back(stream.substr(4, n));
-    stream.remove_prefix(4 + size_t{n});
-  }
-  return out;
-}
 
 // What the front does with a worker's message (remote_device.cc).
 void Handle(const std::string& frame) {
@@ -115,7 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t how = data[0];
   const absl::string_view stream(reinterpret_cast<const char*>(data + 1), size - 1);
-  const std::vector<absl::string_view> expected = Frames(stream);
+  const std::vector<absl::string_view> expected = gpuexec::fuzz::WorkerFrames(stream);
 
   int fds[2];
   FUZZ_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);

@@ -30,6 +30,7 @@
 #include "server/worker/channel.h"
 #include "server/worker/ring.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/worker_frames.h"
 
 namespace {
 
@@ -39,18 +40,6 @@ constexpr uint64_t kCapacity = 4096;
 // ring.cc's layout: the worker-to-front header at byte 1024 of the page,
 // its writer's position first.
 constexpr size_t kToFrontWritten = 1024;
-
-std::vector<std::string> Frames(absl::string_view stream) {
-  std::vector<std::string> out;
-  while (stream.size() >= 4) {
-    const auto* p = reinterpret_cast<const uint8_t*>(stream.data());
-    const uint32_t n = p[0] | p[1] << 8 | p[2] << 16 | uint32_t{p[3]} << 24;
-    if (n > w::kMaxMessageBytes || stream.size() - 4 < n) break;
-    out.emplace_back(stream.substr(4, n));
-    stream.remove_prefix(4 + size_t{n});
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -111,8 +100,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ::close(sv[1]);
   munmap(page, w::RingPair::BytesFor(kCapacity));
   if (!poked) {
-    const std::vector<std::string> expected = Frames(stream);
-    FUZZ_CHECK(got == expected);
+    const std::vector<absl::string_view> expected = gpuexec::fuzz::WorkerFrames(stream);
+    FUZZ_CHECK(got.size() == expected.size());
+    for (size_t i = 0; i < got.size(); ++i) FUZZ_CHECK(got[i] == expected[i]);
   }
   return 0;
 }
