@@ -381,10 +381,6 @@ struct PythonFigures {
 // A flat JSON object (string and number values) into `out`.
 bool ParseFlatJson(const std::string& text, std::map<std::string, std::string>* out);
 
-// --python's default: /usr/bin/python3 where it exists (Debian's, which
-// has grpcio from its packages), else python3 from PATH.
-std::string DefaultPython();
-
 // A fresh gpuexecd and echo server, the script run against each over TCP
 // and the Unix socket.
 PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_path,

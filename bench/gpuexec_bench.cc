@@ -52,9 +52,10 @@ ABSL_FLAG(int, neighbour_kernel_us, 200,
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
-ABSL_FLAG(std::string, python, gpuexec::bench::DefaultPython(),
+ABSL_FLAG(std::string, python, "auto",
           "the Python interpreter that runs python_bench.py for the Python package's rows "
-          "(default /usr/bin/python3 where it exists, else python3; empty: no Python rows)");
+          "(auto: the first of /usr/bin/python3 and python3 that has grpcio; empty: no Python "
+          "rows)");
 ABSL_FLAG(std::string, python_bench, "",
           "the Python rows' script (default: python_bench.py beside this program)");
 ABSL_FLAG(std::string, python_path, "",

@@ -122,10 +122,11 @@ std::string PythonRun::Text(const std::string& key) const {
   return it == values.end() ? "" : it->second;
 }
 
-// The first interpreter that has grpcio: Debian's (for which its
-// python3-grpcio installs) or the one first on PATH (hosts whose grpcio
-// came from pip); Debian's if neither has it, for the rows to say why.
-std::string DefaultPython() {
+// --python=auto: the first interpreter that has grpcio, Debian's (for
+// which its python3-grpcio installs) or the one first on PATH (hosts whose
+// grpcio came from pip); Debian's if neither has it, for the rows to say
+// why.
+static std::string DefaultPython() {
   for (const char* candidate : {"/usr/bin/python3", "python3"}) {
     const std::string probe = absl::StrCat(candidate, " -c 'import grpc' >/dev/null 2>&1");
     if (std::system(probe.c_str()) == 0) return candidate;
@@ -137,6 +138,9 @@ PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_
                         const std::string& driver, const std::string& cubin) {
   PythonFigures out;
   out.python = absl::GetFlag(FLAGS_python);
+  // Looked for only here, where the rows are measured (two interpreter
+  // starts): not on every start of the benchmark.
+  if (out.python == "auto") out.python = DefaultPython();
   auto none = [&](const std::string& why) {
     out.tcp.why = out.uds.why = why;
     Note("no Python figures: " + why);
