@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "server/common/thread_name.h"
+
 namespace gpuexec::device {
 
 Executor::Executor(std::string name) : name_(std::move(name)) {}
@@ -82,6 +84,7 @@ void Executor::Stop() {
 
 void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll,
                     Input input) {
+  NameThisThread(name_);
   if (on_start) on_start();
   std::deque<Op> batch;
   bool polling = false;

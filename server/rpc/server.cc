@@ -25,6 +25,7 @@
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
+#include "server/common/thread_name.h"
 #include "server/core/engine.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
@@ -316,7 +317,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->health.Listen(impl->queue.get());
   const uint32_t rpc_threads = std::max<uint32_t>(1, options.rpc_threads);
   for (uint32_t i = 0; i < rpc_threads; ++i) {
-    impl->pollers.emplace_back(rpc::Poll, impl->queue.get());
+    impl->pollers.emplace_back([cq = impl->queue.get()] {
+      NameThisThread("gx-rpc");
+      rpc::Poll(cq);
+    });
   }
   {
     absl::MutexLock lock(&impl->health_mu);
