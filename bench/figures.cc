@@ -1,5 +1,6 @@
 // gpuexec's figures: a gpuexecd process measured over TCP and a Unix socket.
 #include "bench.h"
+#include "server/common/trace.h"
 
 namespace gpuexec::bench {
 
@@ -45,7 +46,9 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
 
   if (want("launch")) {
     out.launch_sync = Measure(plan.latency_iters, [&] {
+      GPUEXEC_TRACE(kClientSend);
       Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
+      GPUEXEC_TRACE(kClientDone);
     });
   }
   if (want("async")) {

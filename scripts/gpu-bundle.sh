@@ -6,6 +6,9 @@
 #
 #   scripts/gpu-bundle.sh [OUT_DIR]      (default .bundle)
 #   then on the GPU host: OUT_DIR/run-gpu-tests.sh
+# With TRACE=1 it also builds the daemon and benchmark with
+# -DGPUEXEC_LATENCY_TRACE=ON (in build-trace) into OUT_DIR/trace, for
+# OUT_DIR/latency-diagnosis.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-.bundle}"
@@ -46,4 +49,19 @@ cp scripts/run-gpu-tests.sh scripts/soak.py "$OUT/"
 # The benchmark's Python rows: its script beside it (it finds the package
 # in python/).
 cp bench/python_bench.py "$OUT/bin/"
+# Measuring tools (latency-diagnosis.sh), and with TRACE=1 their build.
+cp scripts/latency-diagnosis.sh scripts/latency_trace.py scripts/thread_load.py \
+  server/common/trace.h "$OUT/"
+if [[ ${TRACE:-0} == 1 ]]; then
+  TRACE_DIR="${TRACE_BUILD_DIR:-build-trace}"
+  if [[ ! -f "$TRACE_DIR/build.ninja" ]]; then
+    cmake -S . -B "$TRACE_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCUDAToolkit_ROOT="${CUDA_ROOT:-/usr/local/cuda}" -DGPUEXEC_LATENCY_TRACE=ON \
+      -DGPUEXEC_BUILD_TESTS=OFF
+  fi
+  cmake --build "$TRACE_DIR" --target gpuexecd gpuexec_bench
+  mkdir -p "$OUT/trace"
+  cp "$TRACE_DIR/server/gpuexecd" "$TRACE_DIR/bench/gpuexec_bench" "$OUT/trace/"
+  strip --strip-debug "$OUT"/trace/*
+fi
 du -sh "$OUT"

@@ -13,6 +13,7 @@
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
+#include "server/common/trace.h"
 #include "server/core/engine.h"
 #include "server/core/image_check.h"
 #include "server/core/launch_check.h"
@@ -88,6 +89,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     ++s->waiting;
     const uint64_t work_epoch = s->work_epoch;
     s->work_epoch = 0;
+    GPUEXEC_TRACE(kFrontChecked);
     dev->LaunchAndSynchronize(
         s->stream(), std::move(op), epoch, work_epoch,
         [s, traffic, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns, bool launched) {

@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
+#include "server/common/trace.h"
 
 namespace gpuexec::device {
 
@@ -803,6 +804,7 @@ void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynch
         SynchronizeOn(stream, **ready, [done = std::move(done)](absl::StatusOr<uint64_t> ns) {
           done(std::move(ns), true);
         });
+        GPUEXEC_TRACE(kWorkerRecorded);
       },
       [done](absl::Status st) { done(st, false); });
 }
@@ -839,8 +841,10 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
   if (st.ok()) {
     s.last_launch = std::make_shared<const std::string>(std::move(op.what));
     s.last_launch_at = absl::Now();
+    GPUEXEC_TRACE(kWorkerLaunch);
     st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
                                s.stream.get(), *s.last_launch));
+    GPUEXEC_TRACE(kWorkerLaunched);
   }
   if (st.ok() && Watched(s)) {
     st = Watch(stream, s, s.last_launch, std::move(start));
@@ -875,6 +879,7 @@ void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> g
   event_waits_.push_back(
       EventWait{end,
                 [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
+                  GPUEXEC_TRACE(kWorkerDone);
                   if (!done.ok()) return gpu_ns(done);
                   if (start == nullptr) return gpu_ns(uint64_t{0});
                   auto ms = driver_->ElapsedMs(*start, *end, what);

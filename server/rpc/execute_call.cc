@@ -1,4 +1,5 @@
 // Execute: the command stream, many operations in flight on one call.
+#include "server/common/trace.h"
 #include "server/rpc/service_calls.h"
 
 namespace gpuexec::rpc {
@@ -38,6 +39,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   }
 
   void OnReadDone(bool ok) override {
+    GPUEXEC_TRACE(kFrontRead);
     if (ok && !Parse(&in_, &request_)) {
       // Commands already started still finish; then the call ends with this.
       LogFailure("Execute", peer_, absl::InvalidArgumentError("unparsable message"));
@@ -183,6 +185,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
 
   void Complete(uint64_t id, const absl::Status& status, bool answer, v1::CommandResult r,
                 const char* op) {
+    GPUEXEC_TRACE(kFrontComplete);
     if (!status.ok()) LogFailure(op, peer_, status);
     // Runs on engine threads, outside any operation of the call: without a
     // hold of its own, the Finish below could complete and delete the call
@@ -214,6 +217,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
       broken_ = true;  // cannot happen for a message this process built
       return;
     }
+    GPUEXEC_TRACE(kFrontWrite);
     StartWrite(&out_);
   }
 

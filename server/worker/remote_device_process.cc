@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/log.h"
+#include "server/common/thread_name.h"
+#include "server/common/trace.h"
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
 #include "server/worker/remote_device.h"
@@ -151,7 +153,10 @@ void RemoteDevice::Spawn() {
       next_spawn_ = absl::InfiniteFuture();
     }
   }
-  conn->reader = std::thread([this, conn] { ReadLoop(conn); });
+  conn->reader = std::thread([this, conn] {
+    NameThisThread(absl::StrCat("gx-reader-", options_.ordinal));
+    ReadLoop(conn);
+  });
   log::Debug(Label(), ": worker pid ", pid, " started (epoch ", conn->epoch, ")");
 }
 
@@ -290,6 +295,7 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
 }
 
 void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame) {
+  GPUEXEC_TRACE(kFrontReply);
   FromWorker m;
   if (!m.ParseFromString(frame)) {
     Reset(conn, "its worker sent an unreadable message", /*kill=*/true);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/log.h"
+#include "server/common/trace.h"
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
 #include "server/worker/remote_device.h"
@@ -134,6 +135,7 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
     return;
   }
   // A failed write means the worker is gone: its reader fails the call.
+  GPUEXEC_TRACE(kFrontSend);
   if (flush) (void)conn->channel->Flush();
 }
 

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/common/log.h"
+#include "server/common/trace.h"
 #include "server/cuda/driver.h"
 #include "server/device/device.h"
 #include "server/worker/channel.h"
@@ -84,6 +85,7 @@ class Worker {
     executor_ = std::this_thread::get_id();
     if (flush_) {
       flush_ = false;
+      GPUEXEC_TRACE(kWorkerReply);
       (void)channel_->Flush();
     }
   }
@@ -389,6 +391,7 @@ int RunWorker(int argc, char** argv) {
     for (int i = 0; i < 256; ++i) {
       const Channel::Poll got = channel.TryReceive(&frame);
       if (got == Channel::Poll::kNothing) return;
+      GPUEXEC_TRACE(kWorkerRead);
       if (got == Channel::Poll::kEnd || !request.ParseFromString(frame)) {
         if (got != Channel::Poll::kEnd) {
           log::Error("device ", args.device, " worker: unreadable request; ending");
