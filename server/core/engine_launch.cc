@@ -39,7 +39,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
           absl::StrCat("function ", HandleName(spec.function), " not found in ", s->name())));
     }
     const FunctionEntry& f = fit->second;
-    const std::string kname = absl::StrCat("kernel '", Quoted(f.name), "'");
+    const std::string& kname = f.label;
     const LaunchShape shape{{spec.grid.x, spec.grid.y, spec.grid.z},
                             {spec.block.x, spec.block.y, spec.block.z},
                             {spec.cluster.x, spec.cluster.y, spec.cluster.z},
@@ -71,7 +71,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     op.kernel = f.kernel.id;
     op.param_block = std::move(block_bytes).value();
     op.geometry = GeometryOf(shape);
-    op.what = absl::StrCat(kname, " of ", s->name(), " on device ", p.ordinal);
+    op.what = f.launch_what;
     TrafficCounters* traffic = &traffic_[s->device()];
     TrafficCounters* tenant_traffic = &s->usage().traffic;
     NoteWork(*s);

@@ -308,25 +308,31 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
   const std::string sha = image->sha256;
   const std::string what = absl::StrCat("module ", HandleName(module), " (sha256 ",
                                         sha.substr(0, 12), ") of ", session->name());
-  DeviceOf(*session)->GetKernel(image, name, what,
-                                [session, sha, name, done](absl::StatusOr<port::KernelInfo> k) {
-                                  if (!k.ok()) return done(k.status());
-                                  absl::MutexLock lock(&session->mu);
-                                  if (session->closed) return done(session->ClosedError());
-                                  // One handle per kernel per session, however often it is asked
-                                  // for.
-                                  for (const auto& [handle, held] : session->functions) {
-                                    if (held.kernel.id == k->id)
-                                      return done(FunctionResult{handle, *k});
-                                  }
-                                  FunctionEntry f;
-                                  f.handle = session->NewHandle();
-                                  f.module_sha256 = sha;
-                                  f.name = name;
-                                  f.kernel = *k;
-                                  session->functions.emplace(f.handle, f);
-                                  done(FunctionResult{f.handle, *k});
-                                });
+  port::DevicePort* dev = DeviceOf(*session);
+  std::string label = absl::StrCat("kernel '", Quoted(name), "'");
+  std::string launch_what =
+      absl::StrCat(label, " of ", session->name(), " on device ", dev->properties().ordinal);
+  dev->GetKernel(image, name, what,
+                 [session, sha, name, label = std::move(label),
+                  launch_what = std::move(launch_what), done](absl::StatusOr<port::KernelInfo> k) {
+                   if (!k.ok()) return done(k.status());
+                   absl::MutexLock lock(&session->mu);
+                   if (session->closed) return done(session->ClosedError());
+                   // One handle per kernel per session, however often it is asked
+                   // for.
+                   for (const auto& [handle, held] : session->functions) {
+                     if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
+                   }
+                   FunctionEntry f;
+                   f.handle = session->NewHandle();
+                   f.module_sha256 = sha;
+                   f.name = name;
+                   f.kernel = *k;
+                   f.label = label;
+                   f.launch_what = launch_what;
+                   session->functions.emplace(f.handle, f);
+                   done(FunctionResult{f.handle, *k});
+                 });
 }
 
 }  // namespace gpuexec::core

@@ -71,6 +71,10 @@ struct FunctionEntry {
   std::string module_sha256;
   std::string name;
   port::KernelInfo kernel;
+  // Made once, not at every launch: "kernel 'NAME'" for messages, and what
+  // the device names a launch of it ("... of session S on device N").
+  std::string label;
+  std::string launch_what;
 };
 
 // The staging buffers all of one session's transfers (Writes and Reads)
