@@ -28,7 +28,8 @@ struct Device::StreamState {
   // clock starts when the launch before it is seen done.
   absl::Duration time_limit;
   struct Watch {
-    cuda::Event done;
+    // Its own event, or the Synchronize's end recorded right after it.
+    std::shared_ptr<cuda::Event> done;
     std::shared_ptr<const std::string> what;
     // For a launch with nothing watched ahead of it: recorded just before
     // it, so that its clock starts when it can start (not while copies or
@@ -98,7 +99,9 @@ Device::Device(const cuda::Driver* driver, cuda::DeviceProperties props,
     : driver_(driver),
       props_(std::move(props)),
       options_(options),
-      executor_(absl::StrCat("device-", props_.ordinal)) {}
+      executor_(absl::StrCat("device-", props_.ordinal)),
+      timing_what_(absl::StrCat("a timing event on device ", props_.ordinal)),
+      sync_what_(absl::StrCat("synchronizing a session stream on device ", props_.ordinal)) {}
 
 Device::~Device() { executor_.Stop(); }
 
@@ -190,7 +193,7 @@ bool Device::PollEvents() {
   waits.swap(event_waits_);
   std::vector<EventWait> still;
   for (EventWait& w : waits) {
-    absl::StatusOr<bool> done = driver_->EventDone(*w.event, w.what);
+    absl::StatusOr<bool> done = driver_->EventDone(*w.event, *w.what);
     if (done.ok() && !*done) {
       still.push_back(std::move(w));
       continue;
@@ -234,26 +237,25 @@ bool Device::PollWatches() {
       // In stream order: once the newest is done, every one is. Under a
       // stream of short launches this is one query per poll, not one per
       // launch.
-      absl::StatusOr<bool> done = driver_->EventDone(s.watches.back().done, *s.watches.back().what);
+      absl::StatusOr<bool> done =
+          driver_->EventDone(*s.watches.back().done, *s.watches.back().what);
       if (!done.ok()) {
         (void)Check(done.status());
         return false;
       }
       if (*done) {
-        for (StreamState::Watch& w : s.watches) spare_plain_events_.push_back(std::move(w.done));
-        s.watches.clear();
+        s.watches.clear();  // their events go back to the spares
         s.head_since = now;
       }
     }
     while (!s.watches.empty()) {
       absl::StatusOr<bool> done =
-          driver_->EventDone(s.watches.front().done, *s.watches.front().what);
+          driver_->EventDone(*s.watches.front().done, *s.watches.front().what);
       if (!done.ok()) {
         (void)Check(done.status());
         return false;
       }
       if (!*done) break;
-      spare_plain_events_.push_back(std::move(s.watches.front().done));
       s.watches.pop_front();
       // The next launch could start only now. (Only a launch watched
       // when nothing else was has a start event: never one behind another.)
@@ -485,9 +487,8 @@ absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
 
 absl::Status Device::MarkWork(StreamState& s) {
   if (s.timing_start != nullptr) return absl::OkStatus();
-  const std::string what = absl::StrCat("a timing event on device ", props_.ordinal);
-  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, what));
-  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), what)));
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, timing_what_));
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), timing_what_)));
   s.timing_start = std::move(e);
   return absl::OkStatus();
 }
@@ -560,7 +561,6 @@ void Device::DestroyStream(StreamId stream, Done done) {
         std::deque<StreamState::Held> held;
         auto it = streams_.find(stream);
         if (it != streams_.end()) {
-          for (auto& w : it->second->watches) spare_plain_events_.push_back(std::move(w.done));
           held.swap(it->second->held);
           streams_.erase(it);
         }
@@ -799,17 +799,18 @@ void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynch
       [this, stream, op = std::move(op), done]() mutable {
         auto ready = ReadyStream(stream);
         if (!ready.ok()) return done(ready.status(), false);
-        absl::Status st = LaunchOn(stream, **ready, op);
-        if (!st.ok()) return done(st, false);
-        SynchronizeOn(stream, **ready, [done = std::move(done)](absl::StatusOr<uint64_t> ns) {
+        Callback<uint64_t> synchronized = [done](absl::StatusOr<uint64_t> ns) {
           done(std::move(ns), true);
-        });
+        };
+        absl::Status st = LaunchOn(stream, **ready, op, &synchronized);
+        if (!st.ok()) return done(st, false);
         GPUEXEC_TRACE(kWorkerRecorded);
       },
       [done](absl::Status st) { done(st, false); });
 }
 
-absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
+absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
+                              Callback<uint64_t>* then_synchronize) {
   auto it = kernels_.find(op.kernel);
   if (it == kernels_.end()) {
     return absl::InternalError(absl::StrCat(op.what, ": its kernel (id ", op.kernel,
@@ -839,17 +840,26 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op) {
     }
   }
   if (st.ok()) {
-    s.last_launch = std::make_shared<const std::string>(std::move(op.what));
+    // Launches of one kernel from one session have the same name: shared.
+    if (s.last_launch == nullptr || *s.last_launch != op.what) {
+      s.last_launch = std::make_shared<const std::string>(std::move(op.what));
+    }
     s.last_launch_at = absl::Now();
     GPUEXEC_TRACE(kWorkerLaunch);
     st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
                                s.stream.get(), *s.last_launch));
     GPUEXEC_TRACE(kWorkerLaunched);
   }
-  if (st.ok() && Watched(s)) {
-    st = Watch(stream, s, s.last_launch, std::move(start));
+  if (!st.ok()) return st;
+  if (then_synchronize == nullptr) {
+    return Watched(s) ? Watch(stream, s, s.last_launch, std::move(start)) : st;
   }
-  return st;
+  // From here on the Synchronize reports, failures too. Its end event,
+  // recorded right after the launch, is the launch's watch as well.
+  std::shared_ptr<cuda::Event> end;
+  SynchronizeOn(stream, s, std::move(*then_synchronize), &end);
+  if (Watched(s)) (void)Watch(stream, s, s.last_launch, std::move(start), std::move(end));
+  return absl::OkStatus();
 }
 
 void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
@@ -863,9 +873,9 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
       [gpu_ns](absl::Status st) { gpu_ns(st); });
 }
 
-void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns) {
-  const std::string what =
-      absl::StrCat("synchronizing a session stream on device ", props_.ordinal);
+void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,
+                           std::shared_ptr<cuda::Event>* recorded) {
+  const std::string& what = sync_what_;
   std::shared_ptr<cuda::Event> start = std::move(s.timing_start);
   // The end event, timed only when there is a start to time from. With no
   // work since the last Synchronize it still waits for the stream, in case
@@ -875,29 +885,35 @@ void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> g
   std::shared_ptr<cuda::Event> end = std::move(e).value();
   absl::Status st = Check(driver_->Record(*end, s.stream.get(), what));
   if (!st.ok()) return gpu_ns(st);
+  if (recorded != nullptr) *recorded = end;
   const absl::Time requested = absl::Now();
-  event_waits_.push_back(
-      EventWait{end,
-                [this, stream, requested, start, end, gpu_ns, what](absl::Status done) {
-                  GPUEXEC_TRACE(kWorkerDone);
-                  if (!done.ok()) return gpu_ns(done);
-                  if (start == nullptr) return gpu_ns(uint64_t{0});
-                  auto ms = driver_->ElapsedMs(*start, *end, what);
-                  if (!ms.ok()) return gpu_ns(Check(ms.status()));
-                  // Kernels launched before this Synchronize are known to be done.
-                  auto it = streams_.find(stream);
-                  if (it != streams_.end() && it->second->last_launch_at <= requested) {
-                    it->second->last_launch.reset();
-                  }
-                  gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
-                },
-                what});
+  event_waits_.push_back(EventWait{
+      end,
+      [this, stream, requested, start, end, gpu_ns = std::move(gpu_ns)](absl::Status done) {
+        const std::string& what = sync_what_;
+        GPUEXEC_TRACE(kWorkerDone);
+        if (!done.ok()) return gpu_ns(done);
+        if (start == nullptr) return gpu_ns(uint64_t{0});
+        auto ms = driver_->ElapsedMs(*start, *end, what);
+        if (!ms.ok()) return gpu_ns(Check(ms.status()));
+        // Kernels launched before this Synchronize are known to be done.
+        auto it = streams_.find(stream);
+        if (it != streams_.end() && it->second->last_launch_at <= requested) {
+          it->second->last_launch.reset();
+        }
+        gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
+      },
+      &sync_what_});
 }
 
 absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
-                           std::shared_ptr<cuda::Event> start) {
-  GPUEXEC_ASSIGN_OR_RETURN(cuda::Event e, SpareEvent(/*timing=*/false, *what));
-  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(e, s.stream.get(), *what)));
+                           std::shared_ptr<cuda::Event> start,
+                           std::shared_ptr<cuda::Event> recorded) {
+  std::shared_ptr<cuda::Event> e = std::move(recorded);
+  if (e == nullptr) {
+    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/false, *what));
+    GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), *what)));
+  }
   if (s.watches.empty()) s.head_since = absl::Now();
   s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start)});
   watched_.insert(id);

@@ -210,8 +210,14 @@ class Device {
   // the bound on queued launches.
   bool Watched(const StreamState& s) const;
   // The bodies of Launch and Synchronize, on the executor.
-  absl::Status LaunchOn(StreamId stream, StreamState& s, LaunchOp& op);
-  void SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns);
+  // With `then_synchronize`, the launch's stream is synchronized right after
+  // it (SynchronizeOn), and only a failure to launch is returned: from the
+  // launch on, the callback (taken) reports.
+  absl::Status LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
+                        Callback<uint64_t>* then_synchronize = nullptr);
+  // `recorded`, if given, gets the end event once recorded.
+  void SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,
+                     std::shared_ptr<cuda::Event>* recorded = nullptr);
   // Posts GPU work: `enqueue` queues it on the stream; `done` reports the
   // enqueue or, with `wait`, the work's completion.
   void EnqueueWork(StreamId stream, std::string what, bool wait, Done done,
@@ -221,10 +227,12 @@ class Device {
   // Checks the launches watched for the kernel time limit; true while some
   // are still running.
   bool PollWatches();
-  // Records an event after the launch just enqueued on `s` and watches it;
-  // `start`, if any, was recorded just before the launch.
+  // Watches the launch just enqueued on `s` through `recorded`, an event
+  // recorded right after it, or (if null) one recorded here; `start`, if
+  // any, was recorded just before the launch.
   absl::Status Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
-                     std::shared_ptr<cuda::Event> start);
+                     std::shared_ptr<cuda::Event> start,
+                     std::shared_ptr<cuda::Event> recorded = nullptr);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);
   // Runs `fn` with the status of the stream's work once all that is queued
@@ -257,6 +265,9 @@ class Device {
   // shared event, whose last release returns it here.
   std::vector<cuda::Event> spare_timing_events_;
   std::vector<cuda::Event> spare_plain_events_;
+  // What the driver's errors name: a stream's timing start, a Synchronize.
+  const std::string timing_what_;
+  const std::string sync_what_;
   std::vector<cuda::PinnedMemory> pinned_;
   bool registered_ = false;  // options_.staging_memory is page-locked
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamState>> streams_;
@@ -268,7 +279,7 @@ class Device {
   struct EventWait {
     std::shared_ptr<cuda::Event> event;
     std::function<void(absl::Status)> fn;
-    std::string what;
+    const std::string* what;  // the device's own, for its life
   };
   std::vector<EventWait> event_waits_;
   // Streams with launches watched (see Watched()).
