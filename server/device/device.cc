@@ -1,6 +1,12 @@
 #include "server/device/device.h"
 
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <utility>
 
@@ -173,6 +179,8 @@ void Device::OnStop() {
   kernels_.clear();
   modules_.clear();
   pinned_.clear();
+  for (auto& [id, r] : regions_) DropRegion(r, "a host memory region");
+  regions_.clear();
   spare_timing_events_.clear();
   spare_plain_events_.clear();
   if (registered_ && healthy()) {
@@ -661,6 +669,97 @@ void Device::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, 
                   Done done) {
   EnqueueWork(stream, what, false, std::move(done),
               [=](CUstream_st* s) { return driver_->CopyDtoDAsync(dst, src, size, s, what); });
+}
+
+void Device::MapRegion(RegionId region, int fd, uint64_t bytes, std::string what, Done done) {
+  executor_.Post([this, region, fd, bytes, what = std::move(what), done = std::move(done)] {
+    struct stat st;
+    Region r;
+    absl::Status status;
+    if (bytes == 0 || regions_.contains(region)) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          what, ": region ", region, " is in use or empty on device ", props_.ordinal));
+    } else if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat(what, ": the memory is not the ", bytes, " bytes declared"));
+    } else {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        status = absl::ResourceExhaustedError(
+            absl::StrCat(what, ": cannot map ", bytes, " bytes: ", strerror(errno)));
+      } else {
+        r.addr = static_cast<uint8_t*>(p);
+        r.bytes = bytes;
+        status = Usable();
+        if (status.ok()) status = Check(driver_->HostRegister(r.addr, bytes, what));
+        r.registered = status.ok();
+        if (!status.ok()) DropRegion(r, what);
+      }
+    }
+    close(fd);
+    if (status.ok()) regions_.emplace(region, r);
+    done(status);
+  });
+}
+
+void Device::DropRegion(Region& r, const std::string& what) {
+  if (r.registered && healthy()) (void)driver_->HostUnregister(r.addr, what);
+  r.registered = false;
+  if (r.addr != nullptr) munmap(r.addr, r.bytes);
+  r.addr = nullptr;
+}
+
+void Device::CopyRegion(StreamId stream, RegionId region, uint64_t offset, DevicePtr ptr,
+                        uint64_t size, bool to_device, std::string what, Done done) {
+  OnStream(
+      stream, OpKind::kOther, kSmallOpBytes + what.size(),
+      [=, this]() mutable {
+        auto it = regions_.find(region);
+        // The front checked the range; a wrong one never reaches the driver.
+        if (it == regions_.end() || offset > it->second.bytes || size > it->second.bytes - offset) {
+          return done(absl::InvalidArgumentError(
+              absl::StrCat(what, ": region ", region, " is not mapped on device ", props_.ordinal,
+                           " or the range is outside it")));
+        }
+        uint8_t* host = it->second.addr + offset;
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return done(ready.status());
+        StreamState* s = *ready;
+        absl::Status st = MarkWork(*s);
+        if (st.ok()) {
+          st = Check(to_device ? driver_->CopyHtoDAsync(ptr, host, size, s->stream.get(), what)
+                               : driver_->CopyDtoHAsync(host, ptr, size, s->stream.get(), what));
+        }
+        if (st.ok()) {
+          st = WhenDone(*s, done, what);
+          if (st.ok()) return;  // `done` runs when the copy has finished
+        }
+        done(st);
+      },
+      done);
+}
+
+void Device::UnmapRegion(StreamId stream, RegionId region, Done done) {
+  OnStream(
+      stream, OpKind::kRelease, kSmallOpBytes,
+      [this, stream, region, done]() mutable {
+        const std::string what = absl::StrCat("region ", region, " on device ", props_.ordinal);
+        auto drop = [this, region, what, done] {
+          auto it = regions_.find(region);
+          if (it == regions_.end()) return done(absl::OkStatus());
+          DropRegion(it->second, what);
+          regions_.erase(it);
+          done(absl::OkStatus());
+        };
+        auto it = streams_.find(stream);
+        if (it == streams_.end() || !healthy()) return drop();
+        // After the copies queued from it: the completion comes on a driver
+        // thread, where no driver call may be made.
+        absl::Status st = WhenDone(
+            *it->second, [this, drop](absl::Status) { executor_.Post(drop); }, what);
+        if (!st.ok()) drop();
+      },
+      done);
 }
 
 void Device::CopyToDevice(StreamId stream, DevicePtr dst, StagingSlot slot, uint64_t size,

@@ -135,6 +135,20 @@ class Device {
   void CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t size, std::string what,
                   Done done);
 
+  // Host memory regions: a memfd a same-host client shares, mapped here and
+  // page-locked once (cuMemHostRegister). `fd` is taken (closed here, the
+  // mapping kept); the front process checked it, and its size is checked
+  // again. The id is the caller's; reusing a live one is refused.
+  using RegionId = uint64_t;
+  void MapRegion(RegionId region, int fd, uint64_t bytes, std::string what, Done done);
+  // Copies `size` bytes between `offset` of a mapped region and device
+  // memory on `stream`; `done` once the copy has finished.
+  void CopyRegion(StreamId stream, RegionId region, uint64_t offset, DevicePtr ptr, uint64_t size,
+                  bool to_device, std::string what, Done done);
+  // Unregisters and unmaps the region once the work queued on `stream`
+  // so far has finished (at once when the stream is gone); `done` then.
+  void UnmapRegion(StreamId stream, RegionId region, Done done);
+
   // Loads the image unless this device holds it already (one driver load
   // per image per device, whoever asks).
   void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Done done);
@@ -269,6 +283,14 @@ class Device {
   const std::string timing_what_;
   const std::string sync_what_;
   std::vector<cuda::PinnedMemory> pinned_;
+  // Mapped host memory regions (MapRegion).
+  struct Region {
+    uint8_t* addr = nullptr;
+    uint64_t bytes = 0;
+    bool registered = false;
+  };
+  absl::flat_hash_map<RegionId, Region> regions_;
+  void DropRegion(Region& r, const std::string& what);
   bool registered_ = false;  // options_.staging_memory is page-locked
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamState>> streams_;
   absl::flat_hash_map<std::string, std::unique_ptr<LoadedModule>> modules_;

@@ -2,6 +2,10 @@
 // device, operations in, completions out.
 #include "server/device/device.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -128,6 +132,63 @@ TEST_F(DeviceTest, CopiesStreamThroughStagingSlots) {
   for (int i = 0; i < 4096; ++i) ASSERT_EQ(slot.data[i], static_cast<uint8_t>(i * 3)) << i;
   device_->staging().Release(slot);
   EXPECT_EQ(device_->staging().free_slots(), 2u);
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *ptr, "buffer A", d); }).ok());
+}
+
+// A memfd of `bytes` sealed as a client must seal it, filled by `fill`.
+int SealedMemfd(uint64_t bytes, uint8_t (*fill)(uint64_t)) {
+  const int fd = memfd_create("region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  std::vector<uint8_t> data(bytes);
+  for (uint64_t i = 0; i < bytes; ++i) data[i] = fill(i);
+  EXPECT_EQ(pwrite(fd, data.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  return fd;
+}
+
+TEST_F(DeviceTest, RegionsCopyBothWaysInStreamOrderAndUnmapAfterTheirCopies) {
+  const uint64_t bytes = 8192;
+  const int in = SealedMemfd(bytes, [](uint64_t i) { return static_cast<uint8_t>(i * 7); });
+  const int out = SealedMemfd(bytes, [](uint64_t) { return uint8_t{0}; });
+  const int out_view = dup(out);  // the client's own view of the second region
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->MapRegion(1, in, bytes, "region 1", d); }).ok());
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->MapRegion(2, out, bytes, "region 2", d); }).ok());
+  auto ptr = Await<DevicePtr>(
+      [&](Callback<DevicePtr> cb) { device_->Allocate(stream_, bytes, "buffer A", cb); });
+  ASSERT_TRUE(ptr.ok()) << ptr.status();
+  ASSERT_TRUE(AwaitDone([&](Done d) {
+                device_->CopyRegion(stream_, 1, 0, *ptr, bytes, /*to_device=*/true, "in", d);
+              }).ok());
+  ASSERT_TRUE(AwaitDone([&](Done d) {
+                device_->CopyRegion(stream_, 2, 4096, *ptr + 4096, 4096, /*to_device=*/false, "out",
+                                    d);
+              }).ok());
+  std::vector<uint8_t> got(bytes);
+  ASSERT_EQ(pread(out_view, got.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  for (uint64_t i = 0; i < 4096; ++i) ASSERT_EQ(got[i], 0) << i;
+  for (uint64_t i = 4096; i < bytes; ++i) ASSERT_EQ(got[i], static_cast<uint8_t>(i * 7)) << i;
+  close(out_view);
+
+  // A range past the end never reaches the driver; an id in use is refused.
+  EXPECT_EQ(AwaitDone([&](Done d) {
+              device_->CopyRegion(stream_, 1, 4096, *ptr, 8192, true, "past the end", d);
+            }).code(),
+            absl::StatusCode::kInvalidArgument);
+  const int again = SealedMemfd(4096, [](uint64_t) { return uint8_t{1}; });
+  EXPECT_EQ(AwaitDone([&](Done d) { device_->MapRegion(1, again, 4096, "again", d); }).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A size other than the declared one is refused.
+  const int small = SealedMemfd(4096, [](uint64_t) { return uint8_t{1}; });
+  EXPECT_EQ(AwaitDone([&](Done d) { device_->MapRegion(3, small, 8192, "small", d); }).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->UnmapRegion(stream_, 1, d); }).ok());
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->UnmapRegion(stream_, 2, d); }).ok());
+  EXPECT_EQ(AwaitDone([&](Done d) {
+              device_->CopyRegion(stream_, 1, 0, *ptr, 4096, true, "after unmap", d);
+            }).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *ptr, "buffer A", d); }).ok());
 }
 
