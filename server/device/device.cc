@@ -711,32 +711,18 @@ void Device::DropRegion(Region& r, const std::string& what) {
 
 void Device::CopyRegion(StreamId stream, RegionId region, uint64_t offset, DevicePtr ptr,
                         uint64_t size, bool to_device, std::string what, Done done) {
-  OnStream(
-      stream, OpKind::kOther, kSmallOpBytes + what.size(),
-      [=, this]() mutable {
-        auto it = regions_.find(region);
-        // The front checked the range; a wrong one never reaches the driver.
-        if (it == regions_.end() || offset > it->second.bytes || size > it->second.bytes - offset) {
-          return done(absl::InvalidArgumentError(
-              absl::StrCat(what, ": region ", region, " is not mapped on device ", props_.ordinal,
-                           " or the range is outside it")));
-        }
-        uint8_t* host = it->second.addr + offset;
-        auto ready = ReadyStream(stream);
-        if (!ready.ok()) return done(ready.status());
-        StreamState* s = *ready;
-        absl::Status st = MarkWork(*s);
-        if (st.ok()) {
-          st = Check(to_device ? driver_->CopyHtoDAsync(ptr, host, size, s->stream.get(), what)
-                               : driver_->CopyDtoHAsync(host, ptr, size, s->stream.get(), what));
-        }
-        if (st.ok()) {
-          st = WhenDone(*s, done, what);
-          if (st.ok()) return;  // `done` runs when the copy has finished
-        }
-        done(st);
-      },
-      done);
+  EnqueueWork(stream, what, true, std::move(done), [=, this](CUstream_st* s) {
+    auto it = regions_.find(region);
+    // The front checked the range; a wrong one never reaches the driver.
+    if (it == regions_.end() || offset > it->second.bytes || size > it->second.bytes - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": region ", region,
+                                                     " is not mapped on device ", props_.ordinal,
+                                                     " or the range is outside it"));
+    }
+    uint8_t* host = it->second.addr + offset;
+    return to_device ? driver_->CopyHtoDAsync(ptr, host, size, s, what)
+                     : driver_->CopyDtoHAsync(host, ptr, size, s, what);
+  });
 }
 
 void Device::UnmapRegion(StreamId stream, RegionId region, Done done) {
