@@ -104,6 +104,22 @@ class DevicePort {
   // `done` when the bytes are in the slot.
   virtual void CopyToHost(StreamId stream, StagingSlot slot, DevicePtr src, uint64_t epoch,
                           uint64_t size, std::string what, Done done) = 0;
+  // Host memory regions: a same-host client's memfd, mapped by the device's
+  // process and page-locked once. `fd` is taken (closed on every path; the
+  // caller checked it: a sealed memfd of `bytes`). The id is the caller's,
+  // unique among the device's live regions; `done` with the epoch the
+  // region belongs to (it goes with a reset, as device memory does).
+  virtual void MapRegion(RegionId region, int fd, uint64_t bytes, std::string what,
+                         Callback<uint64_t> done) = 0;
+  // Copies `size` bytes between `offset` of a mapped region and device
+  // memory at `ptr`, in stream order; `done` once the copy has finished.
+  // `epoch`: of the region and of the memory at `ptr` alike.
+  virtual void CopyRegion(StreamId stream, RegionId region, uint64_t offset, DevicePtr ptr,
+                          uint64_t epoch, uint64_t size, bool to_device, std::string what,
+                          Done done) = 0;
+  // Unpins and unmaps the region once the work queued on `stream` before it
+  // has finished (a region of an earlier epoch is gone already).
+  virtual void UnmapRegion(StreamId stream, RegionId region, uint64_t epoch, Done done) = 0;
   virtual void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what,
                           Done done) = 0;
   virtual void UnloadModule(const std::string& sha256) = 0;

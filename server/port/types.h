@@ -66,6 +66,7 @@ struct LaunchGeometry {
 // Streams and kernels are named by ids the front process chooses.
 using StreamId = uint64_t;
 using KernelId = uint64_t;
+using RegionId = uint64_t;  // a host memory region, named by the core
 
 template <typename T>
 using Callback = std::function<void(absl::StatusOr<T>)>;

@@ -114,4 +114,29 @@ absl::StatusOr<size_t> ReceiveWithDescriptor(int socket, char* data, size_t capa
   return static_cast<size_t>(n);
 }
 
+absl::Status SendWithDescriptor(int socket, const char* data, size_t n, int fd) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{const_cast<char*>(data), n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  ssize_t k;
+  do {
+    k = sendmsg(socket, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (k < 0 && errno == EINTR);
+  if (k < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot pass the descriptor: ", strerror(errno)));
+  }
+  if (static_cast<size_t>(k) != n)
+    return absl::UnavailableError("the descriptor's message was cut");
+  return absl::OkStatus();
+}
+
 }  // namespace gpuexec::shm

@@ -48,6 +48,11 @@ absl::Status CheckRegionFd(int fd, uint64_t declared_bytes, const RegionLimits& 
 // returns the number of bytes, 0 at the end of the stream.
 absl::StatusOr<size_t> ReceiveWithDescriptor(int socket, char* data, size_t capacity, int* fd);
 
+// Sends `n` bytes as one message with descriptor `fd` (SCM_RIGHTS) on a
+// connected Unix socket, without waiting (MSG_DONTWAIT): UNAVAILABLE when
+// the socket is full or broken. The caller keeps its own `fd`.
+absl::Status SendWithDescriptor(int socket, const char* data, size_t n, int fd);
+
 }  // namespace gpuexec::shm
 
 #endif  // GPUEXEC_SERVER_SHM_REGION_FD_H_

@@ -148,6 +148,12 @@ class RemoteDevice final : public port::DevicePort {
                     uint64_t size, std::string what, Done done) override;
   void CopyToHost(StreamId stream, port::StagingSlot slot, DevicePtr src, uint64_t epoch,
                   uint64_t size, std::string what, Done done) override;
+  void MapRegion(port::RegionId region, int fd, uint64_t bytes, std::string what,
+                 port::Callback<uint64_t> done) override;
+  void CopyRegion(StreamId stream, port::RegionId region, uint64_t offset, DevicePtr ptr,
+                  uint64_t epoch, uint64_t size, bool to_device, std::string what,
+                  Done done) override;
+  void UnmapRegion(StreamId stream, port::RegionId region, uint64_t epoch, Done done) override;
   void LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,
                   Done done) override;
   void UnloadModule(const std::string& sha256) override;
@@ -206,8 +212,11 @@ class RemoteDevice final : public port::DevicePort {
   // be sent or its worker ends first. `epoch` nonzero: the request names
   // device memory of that epoch; `work_epoch` nonzero: it needs the work
   // queued on its stream since that epoch (a Synchronize).
+  // `pass_fd` (a MapRegion's memfd; the caller keeps and closes it) goes
+  // on the worker's descriptor socket just before the request, under the
+  // same lock, so that the worker finds it there when the request comes.
   void Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch, ReplyFn fn,
-            uint64_t work_epoch = 0);
+            uint64_t work_epoch = 0, int pass_fd = -1);
   // The requests that must go ahead of one on `stream` naming `kernel` in
   // the current worker: the stream's creation, the module's image and (when
   // `resolve`) the kernel's resolution.

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/shm/region_fd.h"
 #include "server/worker/channel.h"
 #include "server/worker/remote_device.h"
 #include "worker.pb.h"
@@ -42,7 +43,7 @@ inline int HighFd(int fd) {
 // even past the bound on unsent requests: refusing them would leak.
 inline bool Releases(const Request& r) {
   return r.has_free() || r.has_destroy_stream() || r.has_unload_module() || r.has_ping() ||
-         r.has_query_memory();
+         r.has_query_memory() || r.has_unmap_region();
 }
 
 inline std::string WhatOf(const Request& r) {
@@ -67,9 +68,24 @@ inline std::string WhatOf(const Request& r) {
       return r.get_kernel().what();
     case Request::kLaunch:
       return r.launch().what();
+    case Request::kMapRegion:
+      return r.map_region().what();
+    case Request::kCopyRegion:
+      return r.copy_region().what();
     default:
       return "";
   }
+}
+
+// Puts a region's memfd on a worker's descriptor socket: one message, the
+// region id as 8 little-endian bytes, with the descriptor.
+inline absl::Status PassRegionFd(int socket, uint64_t region, int fd) {
+  char id[8];
+  for (int i = 0; i < 8; ++i) id[i] = static_cast<char>((region >> (8 * i)) & 0xff);
+  absl::Status st = shm::SendWithDescriptor(socket, id, sizeof(id), fd);
+  if (st.ok()) return st;
+  return absl::UnavailableError(
+      absl::StrCat("the worker does not take host memory regions now: ", st.message()));
 }
 
 // How long a restarted worker may take to become ready.
@@ -101,7 +117,14 @@ inline std::string ExitText(int status) {
 }  // namespace internal
 
 struct RemoteDevice::Connection {
+  ~Connection() {
+    if (region_fd >= 0) close(region_fd);
+  }
   std::unique_ptr<Channel> channel;
+  // The front's end of the worker's descriptor socket (SOCK_SEQPACKET,
+  // non-blocking): each message a region id and its memfd, sent just
+  // before the MapRegion request that takes it.
+  int region_fd = -1;
   pid_t pid = 0;
   uint64_t epoch = 0;
   absl::Time started;

@@ -38,6 +38,7 @@ using internal::kRestartTimeout;
 
 void RemoteDevice::Spawn() {
   int sv[2];
+  int rv[2] = {-1, -1};  // the descriptor socket (regions' memfds)
   absl::Status error;
   pid_t pid = 0;
   RingFds worker_rings;  // the worker's side, closed here once it has them
@@ -67,9 +68,17 @@ void RemoteDevice::Spawn() {
     // Reported below, as a start that failed.
   } else if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     error = absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+  } else if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rv) != 0) {
+    error = absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+    close(sv[0]);
+    close(sv[1]);
   } else {
     sv[0] = HighFd(sv[0]);
     sv[1] = HighFd(sv[1]);
+    rv[0] = HighFd(rv[0]);
+    rv[1] = HighFd(rv[1]);
+    // The front never waits on the worker's descriptor socket.
+    (void)fcntl(rv[0], F_SETFL, O_NONBLOCK);
     const int buf = 4 << 20;
     for (int fd : sv) {
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
@@ -101,6 +110,7 @@ void RemoteDevice::Spawn() {
     posix_spawn_file_actions_init(&fa);
     int rc = posix_spawn_file_actions_adddup2(&fa, sv[1], kSocketFd);
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, staging_fd_, kStagingFd);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, rv[1], kRegionFd);
     if (rings != nullptr) {
       for (auto [from, to] : {std::pair{worker_rings.memory, kRingMemoryFd},
                               std::pair{worker_rings.in_data, kRingInDataFd},
@@ -115,8 +125,10 @@ void RemoteDevice::Spawn() {
     }
     posix_spawn_file_actions_destroy(&fa);
     close(sv[1]);
+    close(rv[1]);
     if (rc != 0) {
       close(sv[0]);
+      close(rv[0]);
       error = absl::InternalError(
           absl::StrCat("cannot start the worker program '", options_.program, "': ", strerror(rc)));
     }
@@ -139,6 +151,7 @@ void RemoteDevice::Spawn() {
   }
   auto conn = std::make_shared<Connection>();
   conn->channel = std::make_unique<Channel>(sv[0], /*never_block=*/true, std::move(rings));
+  conn->region_fd = rv[0];
   conn->pid = pid;
   conn->started = absl::Now();
   {

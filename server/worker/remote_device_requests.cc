@@ -24,6 +24,7 @@
 
 namespace gpuexec::worker {
 
+using internal::PassRegionFd;
 using internal::Releases;
 using internal::WhatOf;
 
@@ -81,7 +82,7 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
 }
 
 void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch,
-                        ReplyFn fn, uint64_t work_epoch) {
+                        ReplyFn fn, uint64_t work_epoch, int pass_fd) {
   // A GetKernel request resolves its kernel itself; anything else that
   // names a kernel has it resolved ahead.
   const bool resolve = !request.has_get_kernel();
@@ -102,6 +103,10 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
           "device ", options_.ordinal, "'s worker has not yet taken ",
           conn_->channel->unsent_bytes(), " bytes of requests, at or past --worker_queue_bytes=",
           options_.queue_bytes, ": it is busy or not answering; try again later"));
+    } else if (pass_fd >= 0 &&
+               !(error = PassRegionFd(conn_->region_fd, request.map_region().region(), pass_fd))
+                    .ok()) {
+      // Refused below, before any request was queued.
     } else {
       conn = conn_;
       PrepareLocked(stream, kernel, resolve, &prefix);
@@ -293,6 +298,48 @@ void RemoteDevice::CopyToHost(StreamId stream, port::StagingSlot slot, DevicePtr
   c->set_size(size);
   c->set_what(std::move(what));
   Call(r, stream, 0, epoch, StatusTo(done));
+}
+
+void RemoteDevice::MapRegion(port::RegionId region, int fd, uint64_t bytes, std::string what,
+                             port::Callback<uint64_t> done) {
+  Request r;
+  auto* m = r.mutable_map_region();
+  m->set_region(region);
+  m->set_bytes(bytes);
+  m->set_what(std::move(what));
+  Call(
+      r, 0, 0, 0,
+      [done](const Reply& reply, uint64_t epoch) {
+        absl::Status st = StatusOf(reply);
+        if (!st.ok()) return done(st);
+        done(epoch);
+      },
+      0, fd);
+  close(fd);  // the worker has its own copy, or none was sent
+}
+
+void RemoteDevice::CopyRegion(StreamId stream, port::RegionId region, uint64_t offset,
+                              DevicePtr ptr, uint64_t epoch, uint64_t size, bool to_device,
+                              std::string what, Done done) {
+  Request r;
+  auto* c = r.mutable_copy_region();
+  c->set_stream(stream);
+  c->set_region(region);
+  c->set_offset(offset);
+  c->set_ptr(ptr);
+  c->set_size(size);
+  c->set_to_device(to_device);
+  c->set_what(std::move(what));
+  Call(r, stream, 0, epoch, StatusTo(done));
+}
+
+void RemoteDevice::UnmapRegion(StreamId stream, port::RegionId region, uint64_t epoch, Done done) {
+  // A region of an earlier worker went with its process.
+  if (epoch != this->epoch()) return Defer([done] { done(absl::OkStatus()); });
+  Request r;
+  r.mutable_unmap_region()->set_stream(stream);
+  r.mutable_unmap_region()->set_region(region);
+  Call(r, 0, 0, epoch, StatusTo(done));
 }
 
 void RemoteDevice::LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,

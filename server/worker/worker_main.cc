@@ -21,6 +21,7 @@
 #include "server/common/trace.h"
 #include "server/cuda/driver.h"
 #include "server/device/device.h"
+#include "server/shm/region_fd.h"
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
 #include "worker.pb.h"
@@ -123,6 +124,23 @@ class Worker {
   device::StagingSlot Slot(uint32_t index) const {
     return device::StagingSlot{static_cast<int>(index), staging_ + index * slot_bytes_,
                                slot_bytes_};
+  }
+  // The memfd the front put on the descriptor socket for `region` just
+  // before its MapRegion request. Anything else there (a descriptor of an
+  // earlier request that never came) is closed.
+  absl::StatusOr<int> TakeRegionFd(uint64_t region) {
+    for (int i = 0; i < 64; ++i) {
+      char id[9];
+      int fd = -1;
+      absl::StatusOr<size_t> n = shm::ReceiveWithDescriptor(kRegionFd, id, sizeof(id), &fd);
+      if (!n.ok()) break;
+      uint64_t got = 0;
+      for (int b = 0; b < 8; ++b) got |= uint64_t{static_cast<uint8_t>(id[b])} << (8 * b);
+      if (*n == 8 && fd >= 0 && got == region) return fd;
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError(
+        absl::StrCat("region ", region, ": its descriptor did not reach the worker"));
   }
   // The error that left a kernel or module unresolved, if any.
   absl::Status Explain(absl::Status st, uint64_t kernel, const std::string& sha) {
@@ -285,6 +303,23 @@ void Worker::Handle(Request& r) {
       dev_->Synchronize(r.synchronize().stream(),
                         [this, id](absl::StatusOr<uint64_t> ns) { ReplyValue(id, ns); });
       return;
+    case Request::kMapRegion: {
+      const auto& m = r.map_region();
+      absl::StatusOr<int> fd = TakeRegionFd(m.region());
+      if (!fd.ok()) return Reply(id, fd.status());
+      // Answered with the epoch by the front's reader, as an Allocate is.
+      dev_->MapRegion(m.region(), *fd, m.bytes(), m.what(), Done(id));
+      return;
+    }
+    case Request::kCopyRegion: {
+      const auto& c = r.copy_region();
+      dev_->CopyRegion(c.stream(), c.region(), c.offset(), c.ptr(), c.size(), c.to_device(),
+                       c.what(), Done(id));
+      return;
+    }
+    case Request::kUnmapRegion:
+      dev_->UnmapRegion(r.unmap_region().stream(), r.unmap_region().region(), Done(id));
+      return;
     case Request::OP_NOT_SET:
       Reply(id, absl::InternalError("empty request"));
       return;
@@ -330,6 +365,9 @@ int RunWorker(int argc, char** argv) {
   }
   // Nothing the driver starts inherits it (nor the rings: Open saw to those).
   (void)fcntl(kSocketFd, F_SETFD, FD_CLOEXEC);
+  // Read only when a MapRegion request says its descriptor is there.
+  (void)fcntl(kRegionFd, F_SETFD, FD_CLOEXEC);
+  (void)fcntl(kRegionFd, F_SETFL, O_NONBLOCK);
   Channel channel(kSocketFd, /*never_block=*/false, std::move(rings));
   const uint64_t staging_size = args.staging_bytes * static_cast<uint64_t>(args.staging_slots);
   void* mapped = mmap(nullptr, staging_size, PROT_READ | PROT_WRITE, MAP_SHARED, kStagingFd, 0);

@@ -23,6 +23,10 @@ inline constexpr int kRingInDataFd = 6;
 inline constexpr int kRingInSpaceFd = 7;
 inline constexpr int kRingOutDataFd = 8;
 inline constexpr int kRingOutSpaceFd = 9;
+// The worker's end of its descriptor socket (SOCK_SEQPACKET): the memfds
+// of host memory regions, each with its region id, just before the
+// MapRegion request that names it.
+inline constexpr int kRegionFd = 10;
 
 // The worker's main(); returns the exit code.
 int RunWorker(int argc, char** argv);

@@ -1,5 +1,8 @@
 #include "tests/support/fake_port.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -56,6 +59,8 @@ FakePort::~FakePort() {
     stopping_ = true;
   }
   thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, r] : regions_) munmap(r.first, r.second);
 }
 
 void FakePort::Post(std::function<void()> op) {
@@ -109,6 +114,8 @@ void FakePort::ResetLocked(const std::string& why, std::vector<std::function<voi
   sizes_.clear();
   allocated_ = 0;
   modules_.clear();
+  for (auto& [id, r] : regions_) munmap(r.first, r.second);
+  regions_.clear();
   last_reset_ = port::ResetInfo{options_.ordinal, epoch_, absl::Now(), why};
   if (on_reset_) {
     auto listener = on_reset_;
@@ -367,6 +374,74 @@ void FakePort::CopyToHost(port::StreamId, port::StagingSlot slot, port::DevicePt
     }
     done(st);
   });
+}
+
+void FakePort::MapRegion(port::RegionId region, int fd, uint64_t bytes, std::string what,
+                         port::Callback<uint64_t> done) {
+  Post([this, region, fd, bytes, what = std::move(what), done = std::move(done)] {
+    void* addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    absl::StatusOr<uint64_t> result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (addr == MAP_FAILED) {
+        result = absl::InternalError(absl::StrCat(what, ": mmap failed"));
+      } else if (regions_.contains(region)) {
+        munmap(addr, bytes);
+        result = absl::InternalError(absl::StrCat(what, ": region id in use"));
+      } else {
+        regions_[region] = {static_cast<uint8_t*>(addr), bytes};
+        result = epoch_;
+      }
+    }
+    done(result);
+  });
+}
+
+void FakePort::CopyRegion(port::StreamId, port::RegionId region, uint64_t offset,
+                          port::DevicePtr ptr, uint64_t epoch, uint64_t size, bool to_device,
+                          std::string what, port::Done done) {
+  Post([this, region, offset, ptr, epoch, size, to_device, what = std::move(what),
+        done = std::move(done)] {
+    absl::Status st;
+    {
+      absl::MutexLock lock(&mu_);
+      st = EpochCheck(epoch, what);
+      auto it = regions_.find(region);
+      uint8_t* d = st.ok() ? MemoryLocked(ptr, size) : nullptr;
+      if (st.ok() && (d == nullptr || it == regions_.end() || offset > it->second.second ||
+                      size > it->second.second - offset)) {
+        st = absl::InternalError(absl::StrCat(what, ": copy outside live memory or the region"));
+      } else if (st.ok()) {
+        uint8_t* h = it->second.first + offset;
+        if (to_device) {
+          std::memcpy(d, h, size);
+        } else {
+          std::memcpy(h, d, size);
+        }
+      }
+    }
+    done(st);
+  });
+}
+
+void FakePort::UnmapRegion(port::StreamId, port::RegionId region, uint64_t, port::Done done) {
+  Post([this, region, done = std::move(done)] {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = regions_.find(region);
+      if (it != regions_.end()) {
+        munmap(it->second.first, it->second.second);
+        regions_.erase(it);
+      }
+    }
+    done(absl::OkStatus());
+  });
+}
+
+size_t FakePort::regions_mapped() const {
+  absl::MutexLock lock(&mu_);
+  return regions_.size();
 }
 
 void FakePort::LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,

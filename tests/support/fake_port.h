@@ -108,6 +108,15 @@ class FakePort final : public port::DevicePort {
                   uint64_t epoch, uint64_t size, std::string what, port::Done done) override;
   void LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,
                   port::Done done) override;
+  void MapRegion(port::RegionId region, int fd, uint64_t bytes, std::string what,
+                 port::Callback<uint64_t> done) override;
+  void CopyRegion(port::StreamId stream, port::RegionId region, uint64_t offset,
+                  port::DevicePtr ptr, uint64_t epoch, uint64_t size, bool to_device,
+                  std::string what, port::Done done) override;
+  void UnmapRegion(port::StreamId stream, port::RegionId region, uint64_t epoch,
+                   port::Done done) override;
+  // Regions mapped now.
+  size_t regions_mapped() const;
   void UnloadModule(const std::string& sha256) override;
   void GetKernel(std::shared_ptr<const port::ModuleImage> image, std::string name, std::string what,
                  port::Callback<port::KernelInfo> done) override;
@@ -156,6 +165,8 @@ class FakePort final : public port::DevicePort {
   absl::flat_hash_map<port::KernelId, std::string> kernel_names_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, bool> modules_ ABSL_GUARDED_BY(mu_);
   uint64_t module_loads_ ABSL_GUARDED_BY(mu_) = 0;
+  // Mapped regions: address and size (a reset unmaps them).
+  absl::flat_hash_map<port::RegionId, std::pair<uint8_t*, uint64_t>> regions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> unloaded_ ABSL_GUARDED_BY(mu_);
   std::vector<port::LaunchOp> launches_ ABSL_GUARDED_BY(mu_);
   std::function<void(const port::ResetInfo&)> on_reset_ ABSL_GUARDED_BY(mu_);
