@@ -21,18 +21,18 @@ ALLOWED = {
     "server/cuda": ["server/common", "server/port"],
     "server/device": ["server/common", "server/port", "server/cuda"],
     # The front's side of the worker: the proxy, its channel and wire.
-    "server/worker": ["server/common", "server/port", "server/worker/channel.h",
+    "server/worker": ["server/common", "server/port", "server/shm", "server/worker/channel.h",
                       "server/worker/convert.h", "server/worker/remote_device.h",
                       "server/worker/remote_device_internal.h", "server/worker/ring.h",
                       "server/worker/worker_main.h", "server/worker/worker.pb.h"],
     # The worker's own side: its main owns the device.
-    "server/worker/worker_main.cc": ["server/common", "server/port", "server/cuda",
+    "server/worker/worker_main.cc": ["server/common", "server/port", "server/shm", "server/cuda",
                                      "server/device", "server/worker"],
-    "server/core": ["server/common", "server/port"],
+    "server/core": ["server/common", "server/port", "server/shm"],
     "server/tenants": ["server/common", "server/core", "gpuexec/config/"],
     "server/metrics": ["server/common"],
     # The composition root and the gRPC layer: everything above the driver.
-    "server/rpc": ["server/common", "server/port", "server/core", "server/tenants",
+    "server/rpc": ["server/common", "server/port", "server/shm", "server/core", "server/tenants",
                    "server/metrics", "server/worker/remote_device.h",
                    "server/worker/worker_main.h", "gpuexec/"],
     "server/main.cc": ["server/common", "server/rpc", "server/tenants",

@@ -249,6 +249,7 @@ EngineStats Engine::Stats() const {
     st.modules_stored = static_cast<uint32_t>(module_store_.size());
     st.module_store_bytes = module_store_used_;
     st.module_upload_bytes_in_flight = uploading_;
+    st.pinned_bytes = daemon_pinned_used_.load();
   }
   return st;
 }

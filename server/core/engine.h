@@ -104,6 +104,14 @@ struct EngineOptions {
   // else none is.
   bool mps = false;
   absl::Duration mps_fault_window = absl::Seconds(2);
+  // Host memory regions (RegisterRegion): off unless the daemon serves a
+  // host memory socket. Page-locked bytes: of all sessions' regions (0: no
+  // region fits), and of one session's (0: the daemon's limit); regions one
+  // session may hold.
+  bool host_memory = false;
+  uint64_t daemon_pinned_bytes = 0;
+  uint64_t max_session_pinned_bytes = 0;
+  uint32_t max_regions_per_session = 64;
 };
 
 struct DeviceStatus {
@@ -176,6 +184,7 @@ struct EngineStats {
   uint64_t module_uploads = 0;  // images whose bytes came over the wire
   uint64_t module_upload_bytes = 0;
   uint64_t module_upload_bytes_in_flight = 0;  // held by uploads under way
+  uint64_t pinned_bytes = 0;                   // of host memory regions
 };
 
 struct SessionInfo {
@@ -189,6 +198,21 @@ struct SessionInfo {
 struct BufferInfo {
   uint64_t handle = 0;
   uint64_t size = 0;
+};
+
+struct RegionInfo {
+  uint64_t handle = 0;
+  uint64_t bytes = 0;
+};
+
+// A copy between a host memory region and a buffer of one session.
+struct RegionCopySpec {
+  uint64_t region = 0;
+  uint64_t region_offset = 0;
+  uint64_t buffer = 0;
+  uint64_t buffer_offset = 0;
+  uint64_t size = 0;
+  bool to_buffer = true;  // region -> buffer; false: buffer -> region
 };
 
 enum class ModuleKind { kUnspecified, kCubin, kPtx, kFatbin };
@@ -407,6 +431,23 @@ class Engine {
                                                         uint64_t offset, uint64_t size,
                                                         uint32_t chunk);
 
+  // Host memory regions (engine_regions.cc). RegisterRegion takes `fd` (a
+  // client's memfd; closed on every path), checks it (a memfd sealed
+  // against shrinking and growing, of exactly `bytes`, a multiple of 4096)
+  // and the limits, and has the session's device process map and
+  // page-lock it: a handle of the session, like a buffer's.
+  void RegisterRegion(const Caller& caller, const std::string& token, int fd, uint64_t bytes,
+                      Callback<RegionInfo> done);
+  // In stream order with the session's launches; `done` once the copy has
+  // finished.
+  void RegionCopy(const Caller& caller, const std::string& token, const RegionCopySpec& copy,
+                  Done done);
+  // Answered once the handle is gone; the device process unpins and unmaps
+  // the memory after the copies queued before.
+  void ReleaseRegion(const Caller& caller, const std::string& token, uint64_t region, Done done);
+  // Page-locked bytes of all sessions' regions now.
+  uint64_t pinned_bytes() const { return daemon_pinned_used_.load(); }
+
   void Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns);
   void Synchronize(const Caller& caller, const std::string& token, Callback<uint64_t> gpu_ns);
 
@@ -526,6 +567,18 @@ class Engine {
 
   // Daemon-wide device memory held by sessions.
   std::atomic<uint64_t> daemon_memory_used_{0};
+  // Daemon-wide page-locked bytes of regions, and the next region id.
+  std::atomic<uint64_t> daemon_pinned_used_{0};
+  std::atomic<uint64_t> next_region_id_{1};
+  // Gives a region's bytes back to the session's, its tenant's and the
+  // daemon's counts.
+  void ReleasePinned(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // The region, or why not: not found, or gone with its device's reset.
+  absl::StatusOr<RegionEntry*> FindRegion(Session& s, uint64_t handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Queues the unmapping of every live region of a closing session and
+  // gives their bytes back.
+  void DropRegions(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
 
   // Read chunks' host copies, reused (the daemon keeps up to 16 idle).
   const std::shared_ptr<ChunkPool> read_chunks_;

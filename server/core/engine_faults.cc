@@ -66,6 +66,12 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
       ++buffers;
       bytes += b.size;
     }
+    // Host memory regions went with the process that had them pinned.
+    for (auto& [handle, r] : s->regions) {
+      if (r.epoch >= info.epoch || r.lost) continue;
+      r.lost = true;
+      ReleasePinned(*s, r.bytes);
+    }
   }
   log::Debug("device ", index, " reset: ", buffers, " buffer(s) of ", affected.size(),
              " session(s), ", bytes, " bytes, lost; their next calls on them say so");

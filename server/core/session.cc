@@ -38,6 +38,11 @@ std::string Session::Describe(const BufferEntry& b) const {
                       " bytes on device ", device_, ")");
 }
 
+std::string Session::Describe(const RegionEntry& r) const {
+  return absl::StrCat("host memory region ", HandleName(r.handle), " of ", name_, " (", r.bytes,
+                      " bytes)");
+}
+
 void StagingShare::Acquire(port::StagingPool& pool, port::StagingPool::Waiter waiter) {
   const int share = std::max(2, static_cast<int>(pool.size() / 4));
   {

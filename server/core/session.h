@@ -43,6 +43,7 @@ struct TenantUsage {
   const std::string name;
   std::atomic<uint32_t> sessions{0};  // changed under the engine's sessions lock
   std::atomic<uint64_t> memory{0};    // device bytes of its sessions' buffers
+  std::atomic<uint64_t> pinned{0};    // host bytes of its sessions' regions
   std::atomic<uint64_t> sessions_opened{0};
   TrafficCounters traffic;
 
@@ -64,6 +65,19 @@ struct BufferEntry {
   // Streams in progress (Write, Read) that use the buffer; it cannot be
   // freed while they run.
   int streams_in_use = 0;
+};
+
+// A host memory region: a client's memfd that the session's device
+// process maps and page-locks (see Engine::RegisterRegion).
+struct RegionEntry {
+  uint64_t handle = 0;
+  // The id the device knows it by (unique in the daemon; the handle is the
+  // client's and unique in the session only).
+  port::RegionId id = 0;
+  uint64_t bytes = 0;
+  // The device epoch it was mapped in; it goes with a reset, as buffers do.
+  uint64_t epoch = 0;
+  bool lost = false;
 };
 
 struct FunctionEntry {
@@ -125,6 +139,12 @@ class Session {
   absl::Time deadline ABSL_GUARDED_BY(mu);
   uint64_t memory_used ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, BufferEntry> buffers ABSL_GUARDED_BY(mu);
+  // Host memory regions, and the page-locked bytes of the live ones;
+  // `regions_pending` counts registrations under way (their bytes are in
+  // pinned_used already).
+  absl::flat_hash_map<uint64_t, RegionEntry> regions ABSL_GUARDED_BY(mu);
+  uint64_t pinned_used ABSL_GUARDED_BY(mu) = 0;
+  uint32_t regions_pending ABSL_GUARDED_BY(mu) = 0;
   // Module handles hold their image, so they stay valid whatever happens
   // to the daemon's store.
   absl::flat_hash_map<uint64_t, std::shared_ptr<const port::ModuleImage>> modules
@@ -145,6 +165,8 @@ class Session {
 
   // "buffer 0x1f.. of session 3f2a91c0 (1048576 bytes on device 0)".
   std::string Describe(const BufferEntry& b) const;
+  // "region 0x1f.. of session 3f2a91c0 (1048576 bytes)".
+  std::string Describe(const RegionEntry& r) const;
 
  private:
   const std::string token_;

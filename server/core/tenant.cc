@@ -10,8 +10,13 @@ const std::string& Caller::tenant_name() const {
 }
 
 std::shared_ptr<const Tenant> DefaultTenant() {
-  static const std::shared_ptr<const Tenant>* const kTenant =
-      new std::shared_ptr<const Tenant>(std::make_shared<Tenant>(Tenant{kDefaultTenant, {}}));
+  static const std::shared_ptr<const Tenant>* const kTenant = [] {
+    auto t = std::make_shared<Tenant>(Tenant{kDefaultTenant, {}});
+    // Everyone who reaches a daemon without tenants is one user: the host
+    // memory socket, when served, is theirs.
+    t->limits.host_memory = true;
+    return new std::shared_ptr<const Tenant>(std::move(t));
+  }();
   return *kTenant;
 }
 

@@ -26,6 +26,11 @@ struct TenantLimits {
   uint64_t max_lease_ms = 0;          // 0: the daemon's
   uint64_t kernel_time_limit_ms = 0;  // 0: the daemon's
   uint64_t module_bytes = 0;          // distinct module images held; 0: none
+  // Host memory regions (the daemon's --shm_socket): whether the tenant may
+  // register them, and the page-locked bytes of all its sessions' regions
+  // (0: the daemon's limits alone). The implicit tenant may.
+  bool host_memory = false;
+  uint64_t pinned_bytes = 0;
 };
 
 struct Tenant {
