@@ -28,6 +28,15 @@ ABSL_FLAG(std::string, unix_socket, "",
           "or gid can name a tenant.");
 ABSL_FLAG(std::string, unix_socket_group, "",
           "Group of the Unix socket file (its members may connect); empty: the daemon's.");
+ABSL_FLAG(std::string, shm_socket, "",
+          "Serve host memory regions on this Unix socket path (SOCK_SEQPACKET, made like "
+          "--unix_socket, with --unix_socket_group): same-host clients pass sealed memfds there "
+          "and copy between them and buffers at DMA speed. Empty: off.");
+ABSL_FLAG(uint64_t, pinned_memory_limit, 0,
+          "Page-locked bytes of all host memory regions (0: a quarter of the host's memory).");
+ABSL_FLAG(uint64_t, max_session_pinned_bytes, 0,
+          "Page-locked bytes of one session's host memory regions (0: --pinned_memory_limit).");
+ABSL_FLAG(uint32_t, max_regions_per_session, 64, "Host memory regions one session may hold.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of the TCP listener (TLS). Watched: replace it atomically "
           "(rename) and it is picked up without a restart.");
@@ -182,6 +191,10 @@ int main(int argc, char** argv) {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.unix_socket_group = absl::GetFlag(FLAGS_unix_socket_group);
+  options.shm_socket = absl::GetFlag(FLAGS_shm_socket);
+  options.pinned_bytes = absl::GetFlag(FLAGS_pinned_memory_limit);
+  options.max_session_pinned_bytes = absl::GetFlag(FLAGS_max_session_pinned_bytes);
+  options.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

@@ -177,6 +177,34 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
             [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "CopyBuffer"); });
         return;
       }
+      case v1::Command::kRegionCopy: {
+        const v1::RegionCopyRequest& r = c.region_copy();
+        if (r.direction() != v1::RegionCopyRequest::TO_BUFFER &&
+            r.direction() != v1::RegionCopyRequest::TO_REGION) {
+          return Complete(
+              id,
+              absl::InvalidArgumentError("RegionCopy: direction must be TO_BUFFER or TO_REGION"),
+              true, {}, "RegionCopy");
+        }
+        core::RegionCopySpec spec;
+        spec.region = r.region();
+        spec.region_offset = r.region_offset();
+        spec.buffer = r.buffer();
+        spec.buffer_offset = r.buffer_offset();
+        spec.size = r.size();
+        spec.to_buffer = r.direction() == v1::RegionCopyRequest::TO_BUFFER;
+        // Answered always, once the copy has finished: the client's
+        // memory is not its own to touch again before.
+        env_->engine->RegionCopy(caller_, session_, spec, [this, id](absl::Status st) {
+          Complete(id, st, true, {}, "RegionCopy");
+        });
+        return;
+      }
+      case v1::Command::kReleaseRegion:
+        env_->engine->ReleaseRegion(
+            caller_, session_, c.release_region().region(),
+            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "ReleaseRegion"); });
+        return;
       case v1::Command::OP_NOT_SET:
         // A barrier: every earlier command has been started by now.
         return Complete(id, absl::OkStatus(), true, {}, "barrier");

@@ -116,6 +116,17 @@ absl::StatusOr<std::shared_ptr<const core::Tenant>> Identity::Resolve(
   return tenant;
 }
 
+absl::StatusOr<core::Caller> Identity::IdentifyUnixPeer(const tenants::PeerCredentials& peer) {
+  core::Caller caller;
+  caller.peer = absl::StrCat("unix:uid=", peer.uid, ",gid=", peer.gid, ",pid=", peer.pid);
+  tenants::Credentials credentials;
+  credentials.unix_peer = peer;
+  auto tenant = Resolve(credentials, /*count_refusals=*/true);
+  if (!tenant.ok()) return tenant.status();
+  caller.tenant = *std::move(tenant);
+  return caller;
+}
+
 absl::StatusOr<core::Caller> Identity::Identify(const grpc::ServerContextBase& ctx,
                                                 bool count_refusals) {
   core::Caller caller;

@@ -53,6 +53,10 @@ class Identity {
   absl::StatusOr<core::Caller> Identify(const grpc::ServerContextBase& ctx,
                                         bool count_refusals = true);
 
+  // The caller behind a Unix socket connection of the daemon's own (the
+  // host memory socket), by its peer credentials alone.
+  absl::StatusOr<core::Caller> IdentifyUnixPeer(const tenants::PeerCredentials& peer);
+
   // For the TLS listener's credentials.
   std::shared_ptr<grpc::AuthMetadataProcessor> MakeProcessor();
 

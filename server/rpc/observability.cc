@@ -308,6 +308,8 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   sink.Sample("gpuexec_strike_refusals_total", {}, static_cast<double>(st.strike_refusals));
   gauge("gpuexec_module_store_images", "Module images in the daemon's store.");
   sink.Sample("gpuexec_module_store_images", {}, st.modules_stored);
+  gauge("gpuexec_pinned_bytes", "Page-locked bytes of the sessions' host memory regions.");
+  sink.Sample("gpuexec_pinned_bytes", {}, static_cast<double>(st.pinned_bytes));
   gauge("gpuexec_module_store_bytes", "Bytes of the module images in the store.");
   sink.Sample("gpuexec_module_store_bytes", {}, static_cast<double>(st.module_store_bytes));
   counter("gpuexec_module_uploads_total", "Module images whose bytes were uploaded.");

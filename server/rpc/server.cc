@@ -7,6 +7,7 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,6 +34,7 @@
 #include "server/rpc/identity.h"
 #include "server/rpc/observability.h"
 #include "server/rpc/service.h"
+#include "server/rpc/shm_listener.h"
 #include "server/rpc/unix_listener.h"
 #include "server/tenants/tenants.h"
 #include "server/worker/remote_device.h"
@@ -120,6 +122,13 @@ std::optional<std::string> MpsControlPipes() {
   return pipes;
 }
 
+// The host's physical memory in bytes (0 if unknown).
+uint64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
 }  // namespace
 
 class Server::Impl {
@@ -141,6 +150,7 @@ class Server::Impl {
   std::unique_ptr<grpc::Server> server;
   // Hands its connections to `server`: goes before it.
   std::unique_ptr<rpc::UnixListener> unix_listener;
+  std::unique_ptr<rpc::ShmListener> shm_listener;
   int port = 0;
   absl::Mutex health_mu;
   bool last_serving ABSL_GUARDED_BY(health_mu) = false;
@@ -218,6 +228,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.module_store_bytes = options.module_store_bytes;
   eo.module_upload_budget_bytes = options.module_upload_budget_bytes;
   eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
+  eo.host_memory = !options.shm_socket.empty();
+  eo.daemon_pinned_bytes = options.pinned_bytes != 0 ? options.pinned_bytes : HostMemoryBytes() / 4;
+  eo.max_session_pinned_bytes = options.max_session_pinned_bytes;
+  eo.max_regions_per_session = options.max_regions_per_session;
   if (options.isolation == "tenant" ||
       (options.isolation.empty() && !options.tenants_file.empty())) {
     eo.isolation = core::EngineOptions::Isolation::kTenant;
@@ -264,7 +278,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto engine = core::Engine::Create(eo, open_device);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
-  impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get(), impl->identity.get());
+  impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get(), impl->identity.get(),
+                                                        options.shm_socket);
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
     auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry);
@@ -312,6 +327,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       return listener.status();
     }
     impl->unix_listener = *std::move(listener);
+  }
+  if (!options.shm_socket.empty()) {
+    auto listener = rpc::ShmListener::Start(options.shm_socket, options.unix_socket_group,
+                                            impl->engine.get(), impl->identity.get());
+    if (!listener.ok()) {
+      impl->unix_listener.reset();
+      impl->server->Shutdown();
+      return listener.status();
+    }
+    impl->shm_listener = *std::move(listener);
+    log::Info("host memory regions: served on ", options.shm_socket, ", up to ",
+              eo.daemon_pinned_bytes, " page-locked bytes in all");
   }
   impl->service->Listen(impl->queue.get());
   impl->health.Listen(impl->queue.get());
@@ -438,6 +465,7 @@ void Server::Shutdown(absl::Duration deadline) {
   }
   impl_->health.Shutdown();      // every name NOT_SERVING; watches end
   impl_->unix_listener.reset();  // no new connections
+  impl_->shm_listener.reset();
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
   // Calls may still wait for the engine; their queues serve them until the

@@ -24,6 +24,17 @@ struct ServerOptions {
   // connection's peer uid and gid can name a tenant.
   std::string unix_socket;
   std::string unix_socket_group;
+  // The host memory socket (a SOCK_SEQPACKET Unix socket, made as the Unix
+  // socket above is, with `unix_socket_group`): same-host clients pass
+  // sealed memfds there for copies at DMA speed. Empty: host memory
+  // regions are off.
+  std::string shm_socket;
+  // Page-locked bytes of host memory regions: of the whole daemon (0: a
+  // quarter of the host's memory) and of one session (0: the daemon's);
+  // regions one session may hold.
+  uint64_t pinned_bytes = 0;
+  uint64_t max_session_pinned_bytes = 0;
+  uint32_t max_regions_per_session = 64;
   // TLS on the TCP listener: PEM files, watched and reloaded (replace them
   // atomically, by rename) every `tls_reload_interval`. With
   // `tls_client_ca`, clients must present a certificate it signed (mutual

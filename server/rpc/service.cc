@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/grpc_status.h"
@@ -47,11 +48,18 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
         const v1::OpenSessionRequest& request = call->request();
         std::optional<uint32_t> device;
         if (request.has_device()) device = request.device();
+        // Only a caller on the daemon's Unix socket is on its host, and
+        // told where the host memory socket is.
+        std::string shm_socket;
+        if (absl::StartsWith(call->caller().peer, "unix:")) shm_socket = call->env().shm_socket;
         engine->OpenSession(
             call->caller(), device, request.lease_ms(), request.memory_limit_bytes(),
             request.kernel_time_limit_ms(),
-            Reply<core::SessionInfo>(call, [](const core::SessionInfo& s,
-                                              v1::OpenSessionResponse* r) { ToProto(s, r); }));
+            Reply<core::SessionInfo>(
+                call, [shm_socket](const core::SessionInfo& s, v1::OpenSessionResponse* r) {
+                  ToProto(s, r);
+                  r->set_shm_socket(shm_socket);
+                }));
       });
 
   using KeepAlive = Unary<v1::KeepAliveRequest, v1::KeepAliveResponse>;

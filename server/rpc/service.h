@@ -8,6 +8,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <string>
+#include <utility>
+
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "server/core/engine.h"
 #include "server/rpc/async_call.h"
@@ -19,8 +22,11 @@ namespace gpuexec::rpc {
 class GpuExecService {
  public:
   // Every call is identified by `identity` before it reaches the engine.
-  GpuExecService(core::Engine* engine, Identity* identity)
-      : engine_(engine), env_{&async_, engine, identity, &calls_, &copies_, &uploads_} {}
+  // `shm_socket`: the host memory socket's path, told to callers on the
+  // daemon's Unix socket when they open a session (empty: none served).
+  GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "")
+      : engine_(engine),
+        env_{&async_, engine, identity, &calls_, &copies_, &uploads_, std::move(shm_socket)} {}
 
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
@@ -45,6 +51,7 @@ class GpuExecService {
     // Module uploads' hashing and checks: off the polling thread, and off
     // the copies' threads.
     CopyPool* uploads;
+    std::string shm_socket;
   };
 
  private:

@@ -68,6 +68,7 @@ class Unary final : public UnaryCall<Req, Resp> {
 
   const Req& request() const { return this->request_; }
   const core::Caller& caller() const { return caller_; }
+  const Env& env() const { return *env_; }
   Resp* response() { return &this->response_; }
   void Finish(const absl::Status& status) { UnaryCall<Req, Resp>::Finish(ToGrpcStatus(status)); }
 

@@ -37,10 +37,7 @@ absl::StatusOr<gid_t> GroupId(const std::string& group) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::string& path,
-                                                                  const std::string& group,
-                                                                  grpc::Server* server,
-                                                                  Identity* identity) {
+absl::StatusOr<int> BindUnixSocket(const std::string& path, const std::string& group, int type) {
   // Bound in a directory of its own (mode 0700) first, so that nobody can
   // swap the name for a symbolic link under the chmod and chown.
   std::string dir_template = absl::StrCat(path, ".XXXXXX");
@@ -66,7 +63,7 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::str
   if (mkdtemp(dir_template.data()) == nullptr) return Errno("mkdtemp", dir_template);
   const std::string temp = absl::StrCat(dir_template, "/s");
   std::memcpy(addr.sun_path, temp.c_str(), temp.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   auto fail = [&](absl::string_view what) {
     absl::Status s = Errno(what, path);
     unlink(temp.c_str());
@@ -85,6 +82,16 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::str
   if (listen(fd, 128) != 0) return fail("listen");
   if (rename(temp.c_str(), path.c_str()) != 0) return fail("rename");
   rmdir(dir_template.c_str());
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::string& path,
+                                                                  const std::string& group,
+                                                                  grpc::Server* server,
+                                                                  Identity* identity) {
+  absl::StatusOr<int> bound = BindUnixSocket(path, group, SOCK_STREAM);
+  if (!bound.ok()) return bound.status();
+  const int fd = *bound;
   const int wake = eventfd(0, EFD_CLOEXEC);
   if (wake < 0) {
     absl::Status s = Errno("eventfd", path);

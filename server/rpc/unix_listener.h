@@ -24,6 +24,12 @@
 
 namespace gpuexec::rpc {
 
+// Makes a listening Unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET)
+// at `path` as described above: mode 0660 and `group`, never reachable
+// with looser permissions; a socket left there before is replaced, any
+// other file is not. Returns the descriptor (close-on-exec).
+absl::StatusOr<int> BindUnixSocket(const std::string& path, const std::string& group, int type);
+
 class UnixListener {
  public:
   // `server` must be started; it and `identity` outlive the listener.

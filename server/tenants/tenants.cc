@@ -222,6 +222,8 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
     tenant->limits.max_lease_ms = t.max_lease_ms();
     tenant->limits.kernel_time_limit_ms = t.kernel_time_limit_ms();
     tenant->limits.module_bytes = t.module_bytes();
+    tenant->limits.host_memory = t.host_memory();
+    tenant->limits.pinned_bytes = t.pinned_bytes();
     made.push_back(std::move(tenant));
   }
   // Each tenant is kept off the devices dedicated to the others.
