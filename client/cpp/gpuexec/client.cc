@@ -243,8 +243,39 @@ uint64_t Buffer::Release() {
   return handle_;
 }
 
+namespace {
+
+// A copy between a buffer and a region, made by the daemon, in order on
+// the session's command stream; returns once it has finished.
+absl::Status RegionCopy(SessionState& session, uint64_t buffer, uint64_t buffer_offset,
+                        internal::RegionHit hit, uint64_t size,
+                        v1::RegionCopyRequest::Direction direction) {
+  v1::Command command;
+  v1::RegionCopyRequest* c = command.mutable_region_copy();
+  c->set_region(hit.region);
+  c->set_region_offset(hit.offset);
+  c->set_buffer(buffer);
+  c->set_buffer_offset(buffer_offset);
+  c->set_size(size);
+  c->set_direction(direction);
+  return session.commands
+      ->Submit(std::move(command), /*wait=*/true, session.options().data_timeout,
+               /*report_deferred=*/false)
+      .status();
+}
+
+}  // namespace
+
 absl::Status Buffer::Write(uint64_t offset, absl::Span<const uint8_t> data) {
   if (!session_) return Unusable("Buffer");
+  // After Close() the ordinary call gets the daemon's answer; on the
+  // command stream a copy needs no barrier before it.
+  if (!session_->closed.load()) {
+    if (std::optional<internal::RegionHit> hit = session_->regions.Find(data.data(), data.size())) {
+      return RegionCopy(*session_, handle_, offset, *hit, data.size(),
+                        v1::RegionCopyRequest::TO_BUFFER);
+    }
+  }
   GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
   return InParts(*session_, size_, offset, data.size(),
                  [&](const std::shared_ptr<grpc::Channel>& channel, uint64_t at, uint64_t n,
@@ -272,6 +303,13 @@ absl::StatusOr<std::vector<uint8_t>> Buffer::Read(uint64_t offset, uint64_t size
 
 absl::Status Buffer::ReadInto(uint64_t offset, absl::Span<uint8_t> out) const {
   if (!session_) return Unusable("Buffer");
+  // On the command stream a copy needs no barrier before it.
+  if (!session_->closed.load()) {
+    if (std::optional<internal::RegionHit> hit = session_->regions.Find(out.data(), out.size())) {
+      return RegionCopy(*session_, handle_, offset, *hit, out.size(),
+                        v1::RegionCopyRequest::TO_REGION);
+    }
+  }
   GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
   // Size 0 would mean "to the end" on the wire.
   if (out.empty()) return absl::OkStatus();
@@ -696,6 +734,8 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   state->lease_ms.store(response.lease_ms());
   state->commands = std::make_unique<internal::CommandStream>(state_->stub.get(), state->token,
                                                               state_->options.spin_wait);
+  state->shm_socket =
+      !state_->options.shm_socket.empty() ? state_->options.shm_socket : response.shm_socket();
   return Session(std::move(state));
 }
 

@@ -30,13 +30,19 @@
 //    Free() or Release() ran, or its session is closed). Move-only.
 //  - Module and Function are plain values naming daemon objects that live as
 //    long as their session; they are cheap to copy.
+//  - HostMemory owns host memory shared with the daemon (a client on the
+//    daemon's host only) and the daemon's region of it; Buffer::Write and
+//    ReadInto of a span inside it copy without gRPC. Move-only.
 //
 // Errors: every failure the daemon reports comes back unchanged (code and
 // message). Errors made here without a call say so in their message.
 //
 // Threads: Client is thread-safe. A Session, Buffer or Module may be used
 // from several threads at once, except that moving, assigning or destroying
-// one must not race with other calls on the same object.
+// one must not race with other calls on the same object. A HostMemory's
+// span may be copied from by several threads at once; releasing or
+// destroying it must not race with a Write or ReadInto of its span (its
+// memory goes, as any freed memory does).
 
 #include <grpcpp/channel.h>
 
@@ -70,6 +76,7 @@ class CommandStream;
 
 class Buffer;
 class Function;
+class HostMemory;
 class Module;
 class Session;
 
@@ -131,6 +138,12 @@ struct ClientOptions {
   // on the path can read it). Off: Connect() refuses with
   // FAILED_PRECONDITION.
   bool allow_token_over_plain_tcp = false;
+
+  // The daemon's host memory socket (gpuexecd --shm_socket), a path on
+  // this host, for Session::MapHostMemory. Empty: the path the daemon
+  // names when it opens a session, which it does only for callers on its
+  // Unix socket; a client over TCP on the daemon's host sets it here.
+  std::string shm_socket;
 };
 
 // One device as the daemon sees it (the proto's Device).
@@ -348,6 +361,11 @@ class Buffer {
   // A large Write goes in parts at once (ClientOptions::transfer_streams);
   // when one part fails, the others are cancelled, and what each wrote
   // before stays written (not only a prefix of the range, then).
+  // When `data` lies wholly inside a live HostMemory of this buffer's
+  // session, the daemon copies it from there instead: one command on the
+  // session's command stream, in order with its launches, answered once
+  // the copy has finished (as is ReadInto into one). A span only partly
+  // inside goes the ordinary way.
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   template <typename T>
   absl::Status Write(const std::vector<T>& values, uint64_t offset = 0) {
@@ -359,7 +377,8 @@ class Buffer {
   // Device to host. `size` 0 reads to the end of the buffer.
   absl::StatusOr<std::vector<uint8_t>> Read(uint64_t offset = 0, uint64_t size = 0) const;
   // Reads out.size() bytes at `offset` into `out`; in parts at once, as
-  // Write does, when it is large.
+  // Write does, when it is large; by the daemon itself when `out` lies
+  // wholly inside a live HostMemory of the session (see Write).
   absl::Status ReadInto(uint64_t offset, absl::Span<uint8_t> out) const;
   template <typename T>
   absl::StatusOr<std::vector<T>> ReadAs(size_t count, uint64_t offset = 0) const {
@@ -406,6 +425,60 @@ class Buffer {
   bool owned_ = false;
 };
 
+// Host memory shared with the daemon, made by Session::MapHostMemory: a
+// sealed memfd that both this process and the daemon map, and the
+// daemon's handle of it (a region of the session). Buffer::Write and
+// ReadInto of a span wholly inside it (see Write) make the daemon copy
+// between it and the device; no bytes go through gRPC.
+//
+// Owns the client's mapping and the region: the destructor (or Release())
+// takes the span out of the session's lookup, queues the region's release
+// on the session's command stream without waiting (as Buffer::FreeAsync
+// does) and unmaps the client's mapping at once; the daemon keeps its own
+// mapping until the copies queued before the release have finished. A
+// release the daemon refuses (the region gone with a reset of its device)
+// is reported by the session's next launch or synchronize, as a
+// FreeAsync's is. After the session is closed only the unmapping is left
+// to do. Move-only;
+// moving keeps the memory where it is (spans taken before stay valid).
+class HostMemory {
+ public:
+  HostMemory() = default;
+  ~HostMemory();
+  HostMemory(HostMemory&& other) noexcept;
+  // Releases the memory this object held before taking `other`'s.
+  HostMemory& operator=(HostMemory&& other) noexcept;
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+
+  // The client's mapping (zero-filled when made); empty once released.
+  absl::Span<uint8_t> span() const { return absl::Span<uint8_t>(data_, size_); }
+  uint8_t* data() const { return data_; }
+  // The bytes mapped: what MapHostMemory asked for, rounded up to 4 KiB.
+  uint64_t size() const { return size_; }
+  // The daemon's handle of the region; kept after Release().
+  uint64_t region() const { return region_; }
+
+  // Releases the region and unmaps the memory now (see the class comment);
+  // returns the queueing's failure, if any (a session whose command stream
+  // is gone: the daemon then releases the region when the session ends).
+  // The memory is unmapped whatever the outcome. FAILED_PRECONDITION when
+  // nothing is held (empty, moved from, or released before).
+  absl::Status Release();
+
+ private:
+  friend class Session;
+  HostMemory(std::shared_ptr<internal::SessionState> session, uint8_t* data, uint64_t size,
+             uint64_t region)
+      : session_(std::move(session)), data_(data), size_(size), region_(region) {}
+  absl::Status DoRelease();
+
+  std::shared_ptr<internal::SessionState> session_;
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t region_ = 0;
+};
+
 // A daemon session on one device. Owns it: the destructor closes it (best
 // effort, errors ignored) unless Close() already ran. Move-only; moving
 // keeps the Buffers and Modules made from it valid.
@@ -435,6 +508,19 @@ class Session {
   absl::Status Close();
 
   absl::StatusOr<Buffer> Allocate(uint64_t size);
+
+  // Host memory of at least `bytes` (rounded up to 4 KiB) shared with the
+  // daemon, for copies without gRPC (see HostMemory). Only for a client on
+  // the daemon's host: the daemon must serve a host memory socket
+  // (gpuexecd --shm_socket) that this process can reach, named by
+  // ClientOptions::shm_socket or by the daemon. The region counts against
+  // the daemon's limits of page-locked memory. Errors: INVALID_ARGUMENT
+  // for `bytes` 0 or above 2^48 (before any system call);
+  // FAILED_PRECONDITION when no host memory socket is known (over TCP,
+  // say); UNAVAILABLE naming the path when it cannot be reached;
+  // otherwise the daemon's own code and message. The registration is
+  // bounded by ClientOptions::control_timeout.
+  absl::StatusOr<HostMemory> MapHostMemory(uint64_t bytes);
 
   // Loads a module image. Sends only its SHA-256 first; uploads the bytes
   // (in chunks) only when the daemon does not hold them yet.

@@ -33,6 +33,7 @@
 #include "internal/blocking_stream.h"
 #include "internal/channel_internal.h"
 #include "internal/client_state.h"
+#include "internal/host_memory.h"
 #include "internal/status_macros_internal.h"
 
 namespace gpuexec {
@@ -384,6 +385,11 @@ struct SessionState {
   std::atomic<bool> closed{false};
   // Launches and synchronizes; opened on first use.
   std::unique_ptr<CommandStream> commands;
+  // The daemon's host memory socket (ClientOptions::shm_socket, else what
+  // OpenSession's answer named; empty: none known).
+  std::string shm_socket;
+  // The session's live HostMemory ranges, which Write and ReadInto consult.
+  HostRegions regions;
 
   // Calls outside the command stream that touch the GPU (copies, frees)
   // first make sure the commands sent before them have started.

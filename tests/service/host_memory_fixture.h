@@ -1,0 +1,225 @@
+#ifndef GPUEXEC_TESTS_SERVICE_HOST_MEMORY_FIXTURE_H_
+#define GPUEXEC_TESTS_SERVICE_HOST_MEMORY_FIXTURE_H_
+
+// What the host memory suites share (host_memory_test.cc: the client's
+// side; shm_socket_test.cc: what a hostile client sends the host memory
+// socket and the command stream): gpuexecd as a process of its own on a
+// Unix socket (only callers there are told the host memory socket's
+// path), with a metrics endpoint whose counters tell a copy through a
+// region from one through the gRPC streams, and a session on it.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gpuexec/v1/gpuexec.grpc.pb.h"
+#include "service_test_fixture.h"
+#include "tests/support/http_exchange.h"
+
+namespace gpuexec::testing {
+
+// A loopback TCP port free now (for the daemon's metrics endpoint; the
+// daemon, a process of its own, cannot report the port it bound).
+inline int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// gpuexecd on the test backend, serving on a Unix socket of its own and,
+// with `shm`, a host memory socket beside it; killed when destroyed.
+class Daemon {
+ public:
+  explicit Daemon(bool shm, std::vector<std::string> extra = {}) {
+    static int counter = 0;
+    const std::string base = absl::StrCat(::testing::TempDir(), "gx-hm-", getpid(), "-", counter++);
+    socket_ = base + ".sock";
+    if (shm) shm_socket_ = base + "-shm.sock";
+    metrics_port_ = FreePort();
+    std::vector<std::string> args = {DaemonProgram(),
+                                     "--listen=",
+                                     absl::StrCat("--unix_socket=", socket_),
+                                     absl::StrCat("--driver=", TestBackend().driver),
+                                     absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
+                                     "--log_level=warning"};
+    if (shm) args.push_back(absl::StrCat("--shm_socket=", shm_socket_));
+    for (std::string& a : extra) args.push_back(std::move(a));
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    unlink(socket_.c_str());
+    if (!shm_socket_.empty()) unlink(shm_socket_.c_str());
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  std::string target() const { return absl::StrCat("unix:", socket_); }
+  const std::string& shm_socket() const { return shm_socket_; }
+
+  // Waits until the daemon's Unix socket exists; the exit status instead
+  // when the daemon ends first (a flag it does not know, say).
+  absl::Status WaitUntilListening(absl::Duration timeout) {
+    int status = 0;
+    bool exited = false;
+    const bool listening = WaitFor(
+        [&] {
+          exited = waitpid(pid_, &status, WNOHANG) == pid_;
+          return exited || access(socket_.c_str(), F_OK) == 0;
+        },
+        timeout);
+    if (exited) {
+      pid_ = -1;
+      return absl::UnavailableError(
+          absl::StrCat("gpuexecd ended before it listened on ", socket_, ": ",
+                       WIFEXITED(status) ? absl::StrCat("exit status ", WEXITSTATUS(status))
+                                         : absl::StrCat("signal ", WTERMSIG(status))));
+    }
+    if (!listening) {
+      return absl::DeadlineExceededError(absl::StrCat("gpuexecd did not listen on ", socket_,
+                                                      " within ", absl::FormatDuration(timeout)));
+    }
+    return absl::OkStatus();
+  }
+
+  // The value of the metric line that starts with `name` followed by a
+  // space or a '{' (summed over its labels); -1 if the endpoint is not
+  // reached.
+  int64_t Metric(const std::string& name) const {
+    const std::optional<std::string> response =
+        HttpExchange(metrics_port_, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    if (!response) return -1;
+    int64_t sum = 0;
+    for (absl::string_view line : absl::StrSplit(*response, '\n')) {
+      if (!absl::StartsWith(line, name) || line.size() == name.size()) continue;
+      const char next = line[name.size()];
+      if (next != ' ' && next != '{') continue;
+      double value = 0;
+      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+        sum += static_cast<int64_t>(value);
+      }
+    }
+    return sum;
+  }
+  int64_t WriteBytes() const { return Metric("gpuexec_write_bytes_total"); }
+  int64_t ReadBytes() const { return Metric("gpuexec_read_bytes_total"); }
+  int64_t PinnedBytes() const { return Metric("gpuexec_pinned_bytes"); }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string socket_;
+  std::string shm_socket_;
+  int metrics_port_ = 0;
+};
+
+class HostMemoryTest : public ::testing::Test {
+ protected:
+  // Starts a daemon with a host memory socket (or, for the tests that need
+  // one without, `shm` false) and opens a session on it.
+  void Start(bool shm = true, std::vector<std::string> extra = {}) {
+    daemon_.emplace(shm, std::move(extra));
+    GX_ASSERT_OK(daemon_->WaitUntilListening(absl::Seconds(20)));
+    ClientOptions options;
+    options.connect_timeout = absl::Seconds(20);
+    GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->target(), options));
+    GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
+    if (devices.empty()) GTEST_SKIP() << "driver " << TestBackend().driver << " has no device";
+    client_.emplace(std::move(client));
+    SessionOptions session_options;
+    session_options.device = kDevice;
+    GX_ASSERT_OK_AND_ASSIGN(Session session, client_->OpenSession(session_options));
+    session_.emplace(std::move(session));
+  }
+
+  void TearDown() override {
+    session_.reset();
+    client_.reset();
+    daemon_.reset();
+  }
+
+  Daemon& daemon() { return *daemon_; }
+  Client& client() { return *client_; }
+  Session& session() { return *session_; }
+
+  absl::StatusOr<Function> Kernel(const std::string& name) {
+    absl::StatusOr<Module> module =
+        session().LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin"));
+    if (!module.ok()) return module.status();
+    return module->GetFunction(name);
+  }
+
+  // Sends one command on an Execute stream of its own and returns its
+  // result: for what the client library would never send.
+  v1::CommandResult RawCommand(v1::Command command) {
+    auto stub = v1::GpuExec::NewStub(
+        grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto stream = stub->Execute(&context);
+    v1::ExecuteRequest request;
+    request.set_session(session().token());
+    command.set_id(1);
+    command.set_reply(true);
+    *request.add_commands() = std::move(command);
+    v1::CommandResult result;
+    if (!stream->Write(request)) {
+      ADD_FAILURE() << "the raw Execute stream took no request";
+      return result;
+    }
+    v1::ExecuteResponse response;
+    while (stream->Read(&response)) {
+      for (const v1::CommandResult& r : response.results()) {
+        if (r.id() == 1) result = r;
+      }
+      if (result.id() == 1) break;
+    }
+    EXPECT_EQ(result.id(), 1u) << "no answer to the raw command";
+    stream->WritesDone();
+    context.TryCancel();
+    stream->Finish();
+    return result;
+  }
+
+ private:
+  std::optional<Daemon> daemon_;
+  std::optional<Client> client_;
+  std::optional<Session> session_;
+};
+
+}  // namespace gpuexec::testing
+
+#endif  // GPUEXEC_TESTS_SERVICE_HOST_MEMORY_FIXTURE_H_
