@@ -17,11 +17,12 @@ from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw,
 from ._client import (Buffer, Client, Device, Function, FunctionAttributes, Module, Param,
                       Session, connect)
 from ._errors import Error
+from ._host_memory import HostMemory
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Arg", "Buffer", "Client", "Device", "Error", "Function", "FunctionAttributes", "Module",
-    "Param", "Session", "bf16", "connect", "f16", "f32", "f64", "i8", "i16", "i32", "i64",
-    "null", "ptr", "raw", "u8", "u16", "u32", "u64",
+    "Arg", "Buffer", "Client", "Device", "Error", "Function", "FunctionAttributes", "HostMemory",
+    "Module", "Param", "Session", "bf16", "connect", "f16", "f32", "f64", "i8", "i16", "i32",
+    "i64", "null", "ptr", "raw", "u8", "u16", "u32", "u64",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from . import _commands, _wire
+from . import _commands, _host_memory, _wire
 from ._args import Arg, to_arg
 from ._channel import Recipe
 from ._commands import CommandStream
@@ -184,7 +184,7 @@ class FunctionAttributes:
 
 def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
             control_timeout=60.0, channel_options=(), token=None, root_ca=None, cert=None,
-            key=None, tls=None, allow_token_over_plain_tcp=False):
+            key=None, tls=None, allow_token_over_plain_tcp=False, shm_socket=None):
     """Connects to a daemon and waits up to ``timeout`` seconds for it.
 
     ``target`` is "host:port" or "unix:/path"; by default $GPUEXEC_TARGET,
@@ -211,6 +211,12 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
 
     A file that cannot be read, or a certificate without its key, is an
     Error (INVALID_ARGUMENT) before any connection is tried.
+
+    ``shm_socket``: the daemon's host memory socket (gpuexecd --shm_socket),
+    a path on this host, for ``Session.host_array`` and
+    ``Session.map_host_memory``. None: the path the daemon names when it
+    opens a session, which it does only for callers on its Unix socket; a
+    client over TCP on the daemon's host passes it here.
     """
     target = target or os.environ.get("GPUEXEC_TARGET") or DEFAULT_TARGET
     recipe = Recipe(target, token=token, root_ca=root_ca, cert=cert, key=key, tls=tls,
@@ -228,8 +234,8 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
                     f"gpuexec client: no connection to {target} within {timeout} s"
                     f"{hint}") from None
     return Client(recipe.intercept(channel), chunk_bytes=chunk_bytes,
-                  control_timeout=control_timeout, _plain_channel=channel,
-                  _metadata=recipe.metadata())
+                  control_timeout=control_timeout, shm_socket=shm_socket,
+                  _plain_channel=channel, _metadata=recipe.metadata())
 
 
 class Client:
@@ -246,9 +252,11 @@ class Client:
     """
 
     def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0,
-                 _plain_channel=None, _metadata=None):
+                 shm_socket=None, _plain_channel=None, _metadata=None):
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise client_error(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}]")
+        # The daemon's host memory socket given by the caller (see connect).
+        self.shm_socket = os.fspath(shm_socket) if shm_socket else None
         self.channel = channel
         self.stub = pb_grpc.GpuExecStub(channel)
         # Sessions' Execute calls; the open ones are ended before the
@@ -347,6 +355,12 @@ class Session:
         self._closed = False
         # Launches and synchronizes: one Execute stream, opened at the first.
         self._commands = CommandStream(client, self.token)
+        # The daemon's host memory socket: the client's, else the one the
+        # daemon named (to callers on its Unix socket only); "" if none.
+        self.shm_socket = client.shm_socket or response.shm_socket
+        # The live host memory regions, which Buffer.write and read_into
+        # consult.
+        self._regions = _host_memory.HostRegions()
 
     def __repr__(self):
         return f"<gpuexec.Session {self.token[:8]} on device {self.device}>"
@@ -373,12 +387,21 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        # The daemon releases the regions with the session: none is looked
+        # up now, and each is unmapped once its HostMemory and arrays are
+        # gone (those gone already, now).
+        _host_memory.drain(self, self._regions)
+        for mapping in self._regions.take_all():
+            mapping.take_release()
+        _host_memory.drain(self, self._regions)
         self._commands.close()
         self._control(self.client.stub.CloseSession, pb.CloseSessionRequest(session=self.token))
 
     def _order(self):
         """Before a call outside the command stream that touches the GPU:
         the launches queued without waiting are taken first."""
+        if self._regions.dead:
+            _host_memory.drain(self, self._regions)
         self._commands.order()
 
     def keep_alive(self):
@@ -417,6 +440,57 @@ class Session:
         if len(view):
             buffer.write(view)
         return buffer
+
+    def map_host_memory(self, nbytes):
+        """Host memory of at least ``nbytes`` (rounded up to 4 KiB), zero-filled,
+        shared with the daemon as a region of this session: a HostMemory
+        (see it). Only for a client on the daemon's host: the daemon must
+        serve a host memory socket (gpuexecd --shm_socket) this process can
+        reach, named by connect(shm_socket=...) or by the daemon. The region
+        counts against the daemon's limits of page-locked memory.
+
+        Errors: INVALID_ARGUMENT for ``nbytes`` 0 or above 2**48 and
+        FAILED_PRECONDITION when no host memory socket is known (both before
+        any call); UNAVAILABLE naming the path when it cannot be reached;
+        otherwise the daemon's code and message. The registration is bounded
+        by the client's control_timeout."""
+        return _host_memory.map_host_memory(self, nbytes)
+
+    def host_array(self, shape, dtype="float32"):
+        """A zero-filled numpy array of this shape and dtype in host memory
+        shared with the daemon (a region of its own, see map_host_memory):
+        Buffer.write of it, or read_into it, is copied by the daemon without
+        gRPC. The region is released when the array and every view of it are
+        gone, or by ``gpuexec.HostMemory.of(array).release()``. Needs numpy."""
+        np = _numpy()
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * dtype.itemsize
+        if nbytes <= 0:
+            raise client_error(f"host_array of shape {shape} and dtype {dtype} holds "
+                               f"{nbytes} bytes; a region holds 1 to 2^48 bytes; no call "
+                               "was made")
+        return self.map_host_memory(nbytes).array(shape, dtype)
+
+    def _region_of(self, obj, view):
+        """(region, offset) when the bytes of ``obj`` (as ``view``, flat) lie
+        wholly inside a live region of this session; else None."""
+        regions = self._regions
+        if not regions or self._closed:
+            return None
+        if regions.dead:
+            _host_memory.drain(self, regions)
+        address = _host_memory.address_of(obj, view)
+        if address is None:
+            return None
+        return regions.find(address, len(view))
+
+    def _release_region(self, region):
+        """Queues a region's release on the command stream (without waiting)."""
+        self._commands.submit(_wire.release_region_op(region), wait=False)
 
     def load_module(self, source, kind=None):
         """Loads a module image: a path (.cubin, .ptx, .fatbin) or its bytes.
@@ -468,6 +542,8 @@ class Session:
     def synchronize(self):
         """Waits for the session's work; returns its GPU time in seconds since
         the previous synchronize (0.0 when there was none)."""
+        if self._regions.dead:
+            _host_memory.drain(self, self._regions)
         return self._commands.submit(_wire.SYNCHRONIZE_OP, wait=True).gpu_time_ns / 1e9
 
 
@@ -545,9 +621,24 @@ class Buffer:
         self.session._control(self.session.client.stub.Free,
                               pb.FreeRequest(session=self.session.token, buffer=self.handle))
 
+    def _region_copy(self, hit, offset, size, direction):
+        """A copy the daemon makes between a region and this buffer, on the
+        session's command stream; returns once it has finished."""
+        region, region_offset = hit
+        self.session._commands.submit(
+            _wire.region_copy_op(region, region_offset, self.handle, int(offset), size,
+                                 direction), wait=True)
+
     def write(self, data, offset=0):
-        """Copies bytes-like data or a numpy array to the buffer at ``offset``."""
+        """Copies bytes-like data or a numpy array to the buffer at ``offset``;
+        returns the bytes written. Data lying wholly inside host memory of
+        this buffer's session (Session.host_array) is copied by the daemon
+        from there, without gRPC."""
         view = _byte_view(data)
+        hit = self.session._region_of(data, view)
+        if hit is not None:
+            self._region_copy(hit, offset, len(view), pb.RegionCopyRequest.TO_BUFFER)
+            return len(view)
         chunk = self.session.client.chunk_bytes
         session, handle = self.session.token, self.handle
         self.session._order()
@@ -628,10 +719,16 @@ class Buffer:
     def read_into(self, out, offset=0):
         """Fills ``out`` (a contiguous, writable bytes-like object or numpy
         array: all its bytes) with the buffer's bytes at ``offset``, without
-        a copy of its own; returns ``out``."""
+        a copy of its own; returns ``out``. When ``out`` lies wholly inside
+        host memory of this buffer's session (Session.host_array), the
+        daemon copies into it, without gRPC."""
         view = _writable_byte_view(out)
         if len(view):  # on the wire, size 0 means "to the end"
-            self._read_into(view, offset)
+            hit = self.session._region_of(out, view)
+            if hit is not None:
+                self._region_copy(hit, offset, len(view), pb.RegionCopyRequest.TO_REGION)
+            else:
+                self._read_into(view, offset)
         return out
 
     def read_array(self, dtype=None, shape=None, *, offset=0):

@@ -98,6 +98,19 @@ def launch_op(launch_request_bytes):
     return field_bytes(b"\x1a", launch_request_bytes)
 
 
+def region_copy_op(region, region_offset, buffer, buffer_offset, size, direction):
+    """A Command's ``region_copy`` field (number 9): a copy between a host
+    memory region and a buffer (``direction``: a RegionCopyRequest.Direction)."""
+    request = pb.RegionCopyRequest(region=region, region_offset=region_offset, buffer=buffer,
+                                   buffer_offset=buffer_offset, size=size, direction=direction)
+    return field_bytes(b"\x4a", request.SerializeToString())
+
+
+def release_region_op(region):
+    """A Command's ``release_region`` field (number 10)."""
+    return field_bytes(b"\x52", pb.ReleaseRegionRequest(region=region).SerializeToString())
+
+
 SYNCHRONIZE_OP = b"\x22\x00"  # Command.synchronize, an empty SynchronizeRequest
 BARRIER_OP = b""  # a Command with no operation
 
