@@ -10,9 +10,12 @@
 // SKIPPED when the driver does not load, there is no device or the kernels
 // were not built.
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +43,7 @@
 #include "gmock/gmock.h"
 #include "gpuexec/sha256.h"
 #include "gtest/gtest.h"
+#include "tests/support/http_exchange.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -74,6 +78,22 @@ std::vector<T> ValuesOf(const std::string& bytes) {
   std::vector<T> values(bytes.size() / sizeof(T));
   std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
   return values;
+}
+
+// A loopback TCP port free now (for the daemon's metrics endpoint).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
 }
 
 // Polls `done` until it is true or `timeout` has passed; its last answer.
@@ -183,8 +203,12 @@ class CliTest : public ::testing::Test {
     }
     socket_ = new std::string(absl::StrCat(*dir_, "/d.sock"));
     daemon_log_ = new std::string(absl::StrCat(*dir_, "/gpuexecd.log"));
+    metrics_port_ = FreePort();
+    // With a host memory socket: `run` moves large files through it.
     daemon_ = new Process(
         {Env("GPUEXEC_TEST_DAEMON"), "--listen=", absl::StrCat("--unix_socket=", *socket_),
+         absl::StrCat("--shm_socket=", *dir_, "/shm.sock"),
+         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
          absl::StrCat("--driver=", driver)},
         absl::StrCat(*dir_, "/gpuexecd.out"), *daemon_log_);
     // Ready once it says so on stderr.
@@ -216,6 +240,23 @@ class CliTest : public ::testing::Test {
   }
 
   static std::string KernelPath() { return absl::StrCat(*kernels_, "/gx_kernels.cubin"); }
+  // The suite daemon's metric `name` (summed over its labels); -1 if the
+  // endpoint is not reached.
+  static int64_t Metric(const std::string& name) {
+    const std::optional<std::string> response =
+        HttpExchange(metrics_port_, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    if (!response) return -1;
+    int64_t sum = 0;
+    for (absl::string_view line : absl::StrSplit(*response, '\n')) {
+      if (!absl::StartsWith(line, name) || line.size() == name.size()) continue;
+      if (line[name.size()] != ' ' && line[name.size()] != '{') continue;
+      double value = 0;
+      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+        sum += static_cast<int64_t>(value);
+      }
+    }
+    return sum;
+  }
   static std::string Target() { return absl::StrCat("unix:", *socket_); }
   static std::string Path(absl::string_view name) { return absl::StrCat(*dir_, "/", name); }
 
@@ -250,6 +291,7 @@ class CliTest : public ::testing::Test {
   static inline std::string* dir_ = nullptr;
   static inline std::string* kernels_ = nullptr;
   static inline std::string* socket_ = nullptr;
+  static inline int metrics_port_ = 0;
   static inline std::string* daemon_log_ = nullptr;
   static inline std::string* skip_ = nullptr;
   static inline std::string* failure_ = nullptr;
@@ -501,6 +543,37 @@ TEST_F(CliTest, RunSaxpyWritesTheOutputFile) {
   }
   EXPECT_EQ(wrong, 0u) << "y[1] = " << result[1] << ", expected " << a * x[1] + y[1];
   EXPECT_EQ(ReadFile(Path("y.bin")), BytesOf(y)) << "the input file must be left alone";
+}
+
+// A daemon on this host that serves host memory: files of a megabyte and
+// more go through shared memory, not through the Write and Read streams.
+TEST_F(CliTest, RunMovesLargeFilesThroughHostMemory) {
+  constexpr uint64_t n = 1 << 19;  // 2 MiB of floats
+  std::vector<float> x(n), y(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i % 1000);
+    y[i] = 3.0f;
+  }
+  WriteFile(Path("big_x.bin"), BytesOf(x));
+  WriteFile(Path("big_y.bin"), BytesOf(y));
+  const int64_t written = Metric("gpuexec_write_bytes_total");
+  const int64_t read = Metric("gpuexec_read_bytes_total");
+  ASSERT_GE(written, 0) << "the daemon's metrics endpoint is not reached";
+  Result r = RunCli({"run", KernelPath(), "gx_saxpy", "--grid", absl::StrCat(n / 256), "--block",
+                     "256", "f32:2", absl::StrCat("in:", Path("big_x.bin")),
+                     absl::StrCat("inout:", Path("big_y.bin"), ":", Path("big_out.bin")),
+                     absl::StrCat("u64:", n)});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::optional<std::string> out = ReadFile(Path("big_out.bin"));
+  ASSERT_TRUE(out.has_value());
+  ASSERT_EQ(out->size(), n * sizeof(float));
+  const std::vector<float> result = ValuesOf<float>(*out);
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(result[i], 2.0f * x[i] + 3.0f) << "element " << i;
+  }
+  EXPECT_EQ(Metric("gpuexec_write_bytes_total"), written) << "an input went through Write";
+  EXPECT_EQ(Metric("gpuexec_read_bytes_total"), read) << "the output went through Read";
+  EXPECT_EQ(Metric("gpuexec_pinned_bytes"), 0) << "the regions outlived the run";
 }
 
 TEST_F(CliTest, RunFillIntoAnOutFile) {

@@ -340,7 +340,7 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return bytes;
 }
 
-absl::Status WriteWholeFile(const std::string& path, const std::vector<uint8_t>& bytes) {
+absl::Status WriteWholeFile(const std::string& path, absl::Span<const uint8_t> bytes) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (!file) return absl::PermissionDeniedError(absl::StrCat(path, ": ", std::strerror(errno)));
   file.write(reinterpret_cast<const char*>(bytes.data()),
@@ -457,7 +457,21 @@ struct RunArg {
   Buffer buffer;
 };
 
-std::optional<Failure> FillBuffer(RunArg& a, size_t index) {
+// Host memory shared with the daemon for a copy of `bytes`, when the
+// daemon is on this host and serves a host memory socket (it names it to a
+// client on its Unix socket) and takes the region; none otherwise, and the
+// copy goes through gRPC as ever. Small copies always do: a region costs a
+// registration and page-locking, which only pay off for large ones.
+constexpr uint64_t kLocalMemoryMinBytes = 1 << 20;
+
+std::optional<HostMemory> LocalMemory(Session& session, uint64_t bytes) {
+  if (bytes < kLocalMemoryMinBytes) return std::nullopt;
+  absl::StatusOr<HostMemory> memory = session.MapHostMemory(bytes);
+  if (!memory.ok()) return std::nullopt;
+  return *std::move(memory);
+}
+
+std::optional<Failure> FillBuffer(Session& session, RunArg& a, size_t index) {
   const ArgSpec& s = a.spec;
   const std::string what = absl::StrCat("fill argument ", index, " (", s.text, ")");
   absl::Status status;
@@ -466,6 +480,11 @@ std::optional<Failure> FillBuffer(RunArg& a, size_t index) {
       status = a.buffer.Memset(0);
       break;
     case ArgSpec::Init::kFile:
+      if (std::optional<HostMemory> local = LocalMemory(session, a.host.size())) {
+        std::memcpy(local->data(), a.host.data(), a.host.size());
+        status = a.buffer.Write(0, local->span().subspan(0, a.host.size()));
+        break;
+      }
       status =
           a.buffer.Write(0, absl::Span<const uint8_t>(
                                 reinterpret_cast<const uint8_t*>(a.host.data()), a.host.size()));
@@ -664,7 +683,7 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
                         buffer.status());
         }
         a.buffer = *std::move(buffer);
-        if (auto f = FillBuffer(a, i)) return f;
+        if (auto f = FillBuffer(session, a, i)) return f;
         launch_args.push_back(Arg::Ptr(a.buffer, a.spec.offset));
         break;
       }
@@ -687,14 +706,28 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
   for (size_t i = 0; i < args.size(); ++i) {
     const RunArg& a = args[i];
     if (a.spec.kind != ArgSpec::Kind::kBuffer || a.spec.save_file.empty()) continue;
-    absl::StatusOr<std::vector<uint8_t>> bytes = a.buffer.Read();
-    if (!bytes.ok()) {
-      return Failed(absl::StrCat("read back argument ", i, " (", a.spec.text, ")"), bytes.status());
+    // Straight into shared memory when the daemon is local, else through
+    // gRPC into a vector.
+    std::vector<uint8_t> copy;
+    absl::Span<const uint8_t> saved;
+    absl::Status read;
+    std::optional<HostMemory> local = LocalMemory(session, a.buffer.size());
+    if (local) {
+      saved = local->span().subspan(0, a.buffer.size());
+      read = a.buffer.ReadInto(0, local->span().subspan(0, a.buffer.size()));
+    } else {
+      absl::StatusOr<std::vector<uint8_t>> bytes = a.buffer.Read();
+      read = bytes.status();
+      if (bytes.ok()) copy = *std::move(bytes);
+      saved = copy;
     }
-    if (absl::Status st = WriteWholeFile(a.spec.save_file, *bytes); !st.ok()) {
+    if (!read.ok()) {
+      return Failed(absl::StrCat("read back argument ", i, " (", a.spec.text, ")"), read);
+    }
+    if (absl::Status st = WriteWholeFile(a.spec.save_file, saved); !st.ok()) {
       return FailedLocally(absl::StrCat("save argument ", i, ": cannot write ", st.message()));
     }
-    std::printf("saved %zu bytes of argument %zu to %s\n", bytes->size(), i,
+    std::printf("saved %zu bytes of argument %zu to %s\n", saved.size(), i,
                 a.spec.save_file.c_str());
   }
   return std::nullopt;
