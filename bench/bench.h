@@ -289,8 +289,11 @@ class Daemon : public ServerProcess {
             tag,
             [&](const std::string& dir) {
               std::vector<std::string> args = {
-                  path, "--listen=127.0.0.1:0", "--unix_socket=" + dir + "/server.sock",
+                  path,
+                  "--listen=127.0.0.1:0",
+                  "--unix_socket=" + dir + "/server.sock",
                   "--driver=" + driver,
+                  "--shm_socket=" + dir + "/shm.sock",
                   absl::StrCat("--rpc_threads=", absl::GetFlag(FLAGS_rpc_threads))};
               for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) args.push_back(a);
               for (const std::string& a : extra) args.push_back(a);
@@ -306,7 +309,10 @@ struct GpuexecFigures {
   double alloc_free_async_us = 0;      // the free queued (FreeAsync)
   double write = 0, read = 0;          // GB/s, as the client sends by default
   double write_one = 0, read_one = 0;  // GB/s, on one stream
-  uint32_t transfer_streams = 1;       // the client's default
+  // From and into a host memory region (a client on the Unix socket only).
+  double region_write = 0, region_read = 0;  // GB/s
+  double region_map_64_ms = 0;               // MapHostMemory of 64 MiB
+  uint32_t transfer_streams = 1;             // the client's default
   double new_session_ms = 0;
   double agg_rate = 0, agg_write = 0;
   // Launch (each waits for the daemon's enqueue): one client, and all.

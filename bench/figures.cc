@@ -1,4 +1,7 @@
 // gpuexec's figures: a gpuexecd process measured over TCP and a Unix socket.
+#include <cstring>
+
+#include "absl/strings/match.h"
 #include "bench.h"
 #include "server/common/trace.h"
 
@@ -118,6 +121,29 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
       out.read_one = out.read;
     }
   }
+  // Host memory regions: only a client on the daemon's Unix socket is told
+  // the host memory socket (the bench's daemon serves one).
+  if (want("region") && absl::StartsWith(target, "unix:")) {
+    HostMemory host = Must(session.MapHostMemory(plan.copy_bytes), "map host memory");
+    std::memset(host.data(), 1, plan.copy_bytes);
+    Buffer b = Must(session.Allocate(plan.copy_bytes), "allocate");
+    const absl::Span<uint8_t> span = host.span().subspan(0, plan.copy_bytes);
+    Must(b.Write(0, span), "region write");  // the first touches every page
+    out.region_write = MedianRate(plan.copy_trials, [&] {
+      const auto t0 = Clock::now();
+      Must(b.Write(0, span), "region write");
+      return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+    });
+    out.region_read = MedianRate(plan.copy_trials, [&] {
+      const auto t0 = Clock::now();
+      Must(b.ReadInto(0, span), "region read");
+      return plan.copy_bytes / Seconds(t0, Clock::now()) / 1e9;
+    });
+    // From mapping to the first copy's end: what a sidecar pays once.
+    const auto t0 = Clock::now();
+    HostMemory fresh = Must(session.MapHostMemory(64 << 20), "map host memory");
+    out.region_map_64_ms = Seconds(t0, Clock::now()) * 1e3;
+  }
   if (want("session")) {
     // A new session on an open connection: the module is cached.
     std::vector<double> us;
@@ -197,6 +223,11 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
   }
   if (read) {
     parts.push_back(absl::StrFormat("Read %.2f GB/s (one stream %.2f)", out.read, out.read_one));
+  }
+  if (out.region_write > 0) {
+    parts.push_back(
+        absl::StrFormat("region Write %.2f GB/s, Read %.2f GB/s (64 MiB mapped in %.1f ms)",
+                        out.region_write, out.region_read, out.region_map_64_ms));
   }
   if (want("session")) {
     parts.push_back(
