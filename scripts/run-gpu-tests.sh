@@ -24,6 +24,8 @@ run service_test "$HERE/bin/service_test"
 run daemon_test "$HERE/bin/daemon_test"
 run metrics_endpoint_test "$HERE/bin/metrics_endpoint_test"
 run tenants_test "$HERE/bin/tenants_test"
+run host_memory_test "$HERE/bin/host_memory_test"
+run shm_socket_test "$HERE/bin/shm_socket_test"
 GPUEXEC_CLI="$HERE/bin/gpuexec" run cli_test "$HERE/bin/cli_test"
 export PYTHONPATH="$HERE/python" PYTHONDONTWRITEBYTECODE=1 GPUEXEC_DAEMON="$HERE/bin/gpuexecd"
 run python_client python3 -m pytest -q -rs -p no:cacheprovider "$HERE/python-tests"
@@ -33,7 +35,8 @@ run python_client python3 -m pytest -q -rs -p no:cacheprovider "$HERE/python-tes
 # and the CLI.
 work=$(mktemp -d)
 sock="$work/gpuexecd.sock"
-"$HERE/bin/gpuexecd" --listen= --unix_socket="$sock" --log_level=warning &
+"$HERE/bin/gpuexecd" --listen= --unix_socket="$sock" --shm_socket="$work/shm.sock" \
+  --log_level=warning &
 daemon=$!
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
 export GPUEXEC_TARGET="unix:$sock"
