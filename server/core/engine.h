@@ -576,9 +576,13 @@ class Engine {
   // The region, or why not: not found, or gone with its device's reset.
   absl::StatusOr<RegionEntry*> FindRegion(Session& s, uint64_t handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // Queues the unmapping of every live region of a closing session and
-  // gives their bytes back.
-  void DropRegions(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Has the device unmap a region after the work queued on the session's
+  // stream, and gives its bytes back then. Called with the session's mu
+  // held (the completion takes it).
+  void UnpinLater(const std::shared_ptr<Session>& s, port::RegionId id, uint64_t bytes,
+                  uint64_t epoch);
+  // UnpinLater for every live region of a closing session.
+  void DropRegions(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
 
   // Read chunks' host copies, reused (the daemon keeps up to 16 idle).
   const std::shared_ptr<ChunkPool> read_chunks_;

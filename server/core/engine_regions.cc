@@ -4,8 +4,11 @@
 //
 // Accounting: a region's bytes count against its session, its tenant and
 // the daemon from the moment its registration is accepted (before the
-// device maps it) until its handle goes (release, session end, or the
-// device's reset, which takes the mapping with its process).
+// device maps it) until the device has unpinned it: after a release or the
+// session's end, that is once the copies queued before have finished and
+// the device's process has unmapped it (a tenant cannot pin more than its
+// limit by releasing regions while its stream is busy); after the device's
+// reset, at once (the process took the mapping with it).
 #include <unistd.h>
 
 #include <utility>
@@ -113,12 +116,11 @@ void Engine::RegisterRegion(const Caller& caller, const std::string& token, int 
   port::DevicePort* dev = DeviceOf(*s);
   dev->MapRegion(
       id, guard.release(), bytes, what,
-      [this, s, id, bytes, dev, done = std::move(done)](absl::StatusOr<uint64_t> epoch) {
+      [this, s, id, bytes, dev, done = std::move(done)](absl::StatusOr<uint64_t> epoch) mutable {
         absl::MutexLock lock(&s->mu);
         --s->regions_pending;
         if (!epoch.ok()) {
-          // A close in between gave the session's pinned bytes back already.
-          if (!s->closed) ReleasePinned(*s, bytes);
+          ReleasePinned(*s, bytes);
           absl::Status st = epoch.status();
           if (st.code() == absl::StatusCode::kResourceExhausted) {
             st = absl::ResourceExhaustedError(absl::StrCat("page-locked memory: ", st.message()));
@@ -126,7 +128,7 @@ void Engine::RegisterRegion(const Caller& caller, const std::string& token, int 
           return done(st);
         }
         if (s->closed) {
-          dev->UnmapRegion(s->stream(), id, *epoch, [](absl::Status) {});
+          UnpinLater(s, id, bytes, *epoch);
           return done(s->ClosedError());
         }
         RegionEntry r;
@@ -205,11 +207,18 @@ void Engine::ReleaseRegion(const Caller& caller, const std::string& token, uint6
   const RegionEntry r = it->second;
   s->regions.erase(it);
   // One lost with its device's process was given back then.
-  if (!r.lost) {
-    ReleasePinned(*s, r.bytes);
-    DeviceOf(*s)->UnmapRegion(s->stream(), r.id, r.epoch, [](absl::Status) {});
-  }
+  if (!r.lost) UnpinLater(s, r.id, r.bytes, r.epoch);
   done(absl::OkStatus());
+}
+
+void Engine::UnpinLater(const std::shared_ptr<Session>& s, port::RegionId id, uint64_t bytes,
+                        uint64_t epoch) {
+  // Whatever the answer: an unmapping that fails does so because the
+  // device's process is gone, and the pages with it.
+  DeviceOf(*s)->UnmapRegion(s->stream(), id, epoch, [this, s, bytes](absl::Status) {
+    absl::MutexLock lock(&s->mu);
+    ReleasePinned(*s, bytes);
+  });
 }
 
 void Engine::ReleasePinned(Session& s, uint64_t bytes) {
@@ -218,15 +227,12 @@ void Engine::ReleasePinned(Session& s, uint64_t bytes) {
   daemon_pinned_used_.fetch_sub(bytes);
 }
 
-void Engine::DropRegions(Session& s) {
-  port::DevicePort* dev = DeviceOf(s);
-  for (auto& [handle, r] : s.regions) {
-    if (!r.lost) dev->UnmapRegion(s.stream(), r.id, r.epoch, [](absl::Status) {});
+void Engine::DropRegions(const std::shared_ptr<Session>& s) {
+  // Registrations still under way give theirs back when answered.
+  for (auto& [handle, r] : s->regions) {
+    if (!r.lost) UnpinLater(s, r.id, r.bytes, r.epoch);
   }
-  s.regions.clear();
-  // With the bytes of registrations still under way: their answers find
-  // the session closed and give nothing back twice.
-  ReleasePinned(s, s.pinned_used);
+  s->regions.clear();
 }
 
 }  // namespace gpuexec::core

@@ -347,7 +347,7 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     }
     ReleaseMemory(*s, s->memory_used);
     s->buffers.clear();
-    DropRegions(*s);
+    DropRegions(s);
     s->functions.clear();
     for (const auto& [handle, image] : s->modules) ReleaseModule(*s, image->sha256);
     s->modules.clear();

@@ -685,8 +685,14 @@ void Device::MapRegion(RegionId region, int fd, uint64_t bytes, std::string what
     } else {
       void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (p == MAP_FAILED) {
-        status = absl::ResourceExhaustedError(
-            absl::StrCat(what, ": cannot map ", bytes, " bytes: ", strerror(errno)));
+        // Sealed against writes, or opened read-only, after the front's
+        // check: the client's doing, not a lack of memory.
+        const int e = errno;
+        status = e == EACCES || e == EPERM
+                     ? absl::InvalidArgumentError(absl::StrCat(
+                           what, ": the memory cannot be mapped writable: ", strerror(e)))
+                     : absl::ResourceExhaustedError(
+                           absl::StrCat(what, ": cannot map ", bytes, " bytes: ", strerror(e)));
       } else {
         r.addr = static_cast<uint8_t*>(p);
         r.bytes = bytes;

@@ -5,6 +5,10 @@
 // device was asked to do.
 #include "server/core/engine.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <map>
 #include <memory>
@@ -303,6 +307,115 @@ TEST_F(EngineTest, BuffersOfAResetDeviceAreLostAndNewOnesWork) {
   // The lost buffer's bytes no longer count against the limits.
   EXPECT_THAT(AwaitDone([&](Done d) { engine_->Free(caller_, s->token, buffer->handle, d); }),
               ::testing::AnyOf(IsOk(), StatusIs(absl::StatusCode::kAborted, _)));
+  ASSERT_THAT(Close(s->token), IsOk());
+}
+
+// A sealed memfd of `bytes` filled with `value`, mapped by the caller too.
+int RegionFd(uint64_t bytes, uint8_t value) {
+  const int fd = memfd_create("engine-test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    return -1;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return -1;
+  std::memset(p, value, bytes);
+  munmap(p, bytes);
+  return fd;
+}
+
+// Regions on the engine alone: a copy in both directions, pinned bytes
+// counted per session and daemon and given back by release, by a reset
+// (the region goes with the device's process) and by close.
+TEST_F(EngineTest, RegionsAreCountedCopiedAndGivenBack) {
+  EngineOptions options;
+  options.host_memory = true;
+  options.daemon_pinned_bytes = 3 * 4096;
+  Start(options);
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  auto reg = [&](int fd, uint64_t bytes) {
+    return Await<RegionInfo>([&](Callback<RegionInfo> cb) {
+      engine_->RegisterRegion(caller_, s->token, fd, bytes, cb);
+    });
+  };
+  auto region = reg(RegionFd(8192, 7), 8192);
+  ASSERT_THAT(region, IsOk());
+  EXPECT_EQ(engine_->pinned_bytes(), 8192u);
+  EXPECT_THAT(reg(RegionFd(8192, 0), 8192),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("pinned memory limit")));
+  EXPECT_EQ(engine_->pinned_bytes(), 8192u) << "a refusal holds nothing";
+  auto buffer = Allocate(s->token, 8192);
+  ASSERT_THAT(buffer, IsOk());
+  RegionCopySpec copy;
+  copy.region = region->handle;
+  copy.buffer = buffer->handle;
+  copy.size = 8192;
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->RegionCopy(caller_, s->token, copy, d); }), IsOk());
+  auto bytes = ReadAll(s->token, buffer->handle, 8192);
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(*bytes, std::string(8192, '\x07'));
+  copy.region_offset = 4096;
+  EXPECT_THAT(AwaitDone([&](Done d) { engine_->RegionCopy(caller_, s->token, copy, d); }),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("host memory region")));
+  ASSERT_THAT(
+      AwaitDone([&](Done d) { engine_->ReleaseRegion(caller_, s->token, region->handle, d); }),
+      IsOk());
+  // Given back once the device has unmapped it, not before.
+  EXPECT_TRUE(WaitFor([&] { return engine_->pinned_bytes() == 0; }, absl::Seconds(10)));
+  EXPECT_EQ(port_->regions_mapped(), 0u);
+  EXPECT_THAT(AwaitDone([&](Done d) { engine_->RegionCopy(caller_, s->token, copy, d); }),
+              StatusIs(absl::StatusCode::kNotFound, _));
+
+  // A reset takes the region and its count; copies of it say it is lost.
+  auto second = reg(RegionFd(4096, 1), 4096);
+  ASSERT_THAT(second, IsOk());
+  port_->Reset("a test reset");
+  EXPECT_EQ(engine_->pinned_bytes(), 0u);
+  copy.region = second->handle;
+  copy.region_offset = 0;
+  copy.size = 16;
+  EXPECT_THAT(AwaitDone([&](Done d) { engine_->RegionCopy(caller_, s->token, copy, d); }),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("lost")));
+  EXPECT_THAT(
+      AwaitDone([&](Done d) { engine_->ReleaseRegion(caller_, s->token, second->handle, d); }),
+      IsOk());
+  EXPECT_EQ(engine_->pinned_bytes(), 0u) << "a lost region is not given back twice";
+
+  // Closing gives back what is still registered.
+  ASSERT_THAT(reg(RegionFd(4096, 2), 4096), IsOk());
+  EXPECT_EQ(engine_->pinned_bytes(), 4096u);
+  ASSERT_THAT(Close(s->token), IsOk());
+  EXPECT_TRUE(WaitFor([&] { return engine_->pinned_bytes() == 0; }, absl::Seconds(10)));
+  EXPECT_EQ(port_->regions_mapped(), 0u) << "the device still maps a closed session's region";
+}
+
+// Off unless the daemon serves host memory; a descriptor that is not a
+// sealed memfd is refused before the device sees it.
+TEST_F(EngineTest, RegionsAreOffByDefaultAndCheckedBeforeTheDevice) {
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  auto reg = [&](int fd, uint64_t bytes) {
+    return Await<RegionInfo>([&](Callback<RegionInfo> cb) {
+      engine_->RegisterRegion(caller_, s->token, fd, bytes, cb);
+    });
+  };
+  EXPECT_THAT(reg(RegionFd(4096, 0), 4096),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--shm_socket")));
+  ASSERT_THAT(Close(s->token), IsOk());
+  EngineOptions options;
+  options.host_memory = true;
+  options.daemon_pinned_bytes = 1 << 20;
+  Start(options);
+  s = Open();
+  ASSERT_THAT(s, IsOk());
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  close(pipe_fds[1]);
+  EXPECT_THAT(reg(pipe_fds[0], 4096), StatusIs(absl::StatusCode::kInvalidArgument, _));
+  EXPECT_THAT(reg(RegionFd(4096, 0), 8192), StatusIs(absl::StatusCode::kInvalidArgument, _));
+  EXPECT_EQ(port_->regions_mapped(), 0u);
+  EXPECT_EQ(engine_->pinned_bytes(), 0u);
   ASSERT_THAT(Close(s->token), IsOk());
 }
 
