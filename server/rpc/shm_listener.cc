@@ -153,8 +153,6 @@ void ShmListener::Serve(int conn, ucred peer) {
   timeval idle{static_cast<time_t>(absl::ToInt64Seconds(kIdleTimeout)), 0};
   setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &idle, sizeof(idle));
   setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &idle, sizeof(idle));
-  const absl::StatusOr<core::Caller> caller =
-      identity_->IdentifyUnixPeer(tenants::PeerCredentials{peer.uid, peer.gid, peer.pid});
   while (true) {
     char data[kMaxRequestBytes];
     int fd = -1;
@@ -175,6 +173,10 @@ void ShmListener::Serve(int conn, ucred peer) {
       }
       break;
     }
+    // Identified for each message, not once per connection: a reload of
+    // the tenants file takes effect for the next registration.
+    const absl::StatusOr<core::Caller> caller =
+        identity_->IdentifyUnixPeer(tenants::PeerCredentials{peer.uid, peer.gid, peer.pid});
     v1::RegisterRegionRequest request;
     absl::Status refused;
     if (!caller.ok()) {

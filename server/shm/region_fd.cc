@@ -17,31 +17,37 @@
 namespace gpuexec::shm {
 namespace {
 
-const char* KindOf(mode_t mode) {
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISFIFO(mode)) return "a pipe";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "not a regular file";
+// What a descriptor that cannot carry seals is, asked without touching any
+// file system (fstat of a file on FUSE or a hung NFS mount can block for
+// ever): a socket, a pipe, or some other file.
+const char* KindOfUnsealable(int fd) {
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0) return "a socket";
+  if (fcntl(fd, F_GETPIPE_SZ) >= 0) return "a pipe";
+  return "a file that cannot carry seals";
 }
 
 }  // namespace
 
 absl::Status CheckRegionFd(int fd, uint64_t declared_bytes, const RegionLimits& limits) {
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the region's descriptor cannot be examined: ", strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the region's descriptor is ", KindOf(st.st_mode), ", not a memfd"));
-  }
+  // Seals first: only shared memory (a memfd) carries them, and asking
+  // never reaches a file system that could keep the caller waiting.
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
     return absl::InvalidArgumentError(
-        "the region's descriptor is a file that cannot carry seals, not a memfd");
+        absl::StrCat("the region's descriptor is ", KindOfUnsealable(fd), ", not a memfd"));
+  }
+  // The daemon maps it for reading and writing.
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+    return absl::InvalidArgumentError(
+        "the region's memfd is not open for reading and writing (O_RDWR): the daemon copies "
+        "both ways");
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError("the region's descriptor is not a memfd");
   }
   if ((seals & kRequiredSeals) != kRequiredSeals) {
     return absl::InvalidArgumentError(
