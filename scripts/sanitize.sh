@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the daemon, the libcuda test double and the service and fault
-# suites with AddressSanitizer (leaks included) and UBSan into ./build-asan,
-# and runs those suites on the double. Any report fails the run: UBSan
+# Builds the daemon, the libcuda test double and the service, fault and host
+# memory socket suites with AddressSanitizer (leaks included) and UBSan into
+# ./build-asan, and runs those suites on the double. Any report fails the run: UBSan
 # halts on its first finding, ASan on its first error, LeakSanitizer when a
 # process exits with memory it lost.
 #
@@ -24,7 +24,8 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
     -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >"$BUILD_DIR.configure.log" 2>&1 ||
     { cat "$BUILD_DIR.configure.log" >&2; exit 1; }
 fi
-cmake --build "$BUILD_DIR" --target gpuexecd gpuexec_fakecuda service_test fault_test -j"$(nproc)"
+cmake --build "$BUILD_DIR" --target gpuexecd gpuexec_fakecuda service_test fault_test \
+  shm_socket_test shm_attack_test -j"$(nproc)"
 echo "sanitize: built in $(($(date +%s) - start)) s"
 
 # The test double is dlopen()ed by the daemon's workers, which ASan must
@@ -32,5 +33,6 @@ echo "sanitize: built in $(($(date +%s) - start)) s"
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export LSAN_OPTIONS="suppressions=$PWD/tests/sanitize/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^(service_test|fault_test)$' "$@"
+ctest --test-dir "$BUILD_DIR" --output-on-failure \
+  -R '^(service_test|fault_test|shm_socket_test|shm_attack_test)$' "$@"
 echo "sanitize: done in $(($(date +%s) - start)) s"
