@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "gpuexec/half.h"
 
 namespace gpuexec::core {
 
@@ -30,6 +31,13 @@ ArgValue ArgValue::Float(Kind kind, double v) {
   ArgValue a;
   a.kind = kind;
   a.f = v;
+  return a;
+}
+ArgValue ArgValue::HalfBits(Kind kind, uint64_t bits) {
+  ArgValue a;
+  a.kind = kind;
+  a.u = bits;
+  a.exact_bits = true;
   return a;
 }
 ArgValue ArgValue::Raw(std::string bytes) {
@@ -102,42 +110,9 @@ uint64_t ArgSize(const ArgValue& arg) {
   return 0;
 }
 
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t exp = (x >> 23) & 0xffu;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));  // inf/nan
-  int e = static_cast<int>(exp) - 127 + 15;
-  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
-  if (e <= 0) {
-    // Subnormal half (or zero): shift the full mantissa into place.
-    if (e < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000u;
-    const int shift = 14 - e;
-    uint32_t half = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into exp: fine
-  return static_cast<uint16_t>(sign | half);
-}
+uint16_t FloatToHalf(float f) { return RoundToHalf(f); }
 
-uint16_t FloatToBFloat16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu) != 0) {
-    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  }
-  const uint32_t lsb = (x >> 16) & 1u;
-  x += 0x7fffu + lsb;
-  return static_cast<uint16_t>(x >> 16);
-}
+uint16_t FloatToBFloat16(float f) { return RoundToBFloat16(f); }
 
 namespace {
 
@@ -166,6 +141,14 @@ absl::Status CheckRange(const std::string& kernel, size_t index, const ArgValue&
       break;
     case ArgValue::Kind::kU32:
       if (a.u > 0xffffffffull) return fail(a.u, 0, 0xffffffffull);
+      break;
+    case ArgValue::Kind::kF16:
+    case ArgValue::Kind::kBF16:
+      if (a.exact_bits && a.u > 0xffff) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of kernel '", kernel,
+                                                       "': ", KindName(a.kind), " bits ", a.u,
+                                                       " do not fit 16 bits"));
+      }
       break;
     default:
       break;
@@ -249,10 +232,12 @@ absl::StatusOr<std::string> PackArgs(const std::string& kernel,
         Put<uint64_t>(&block, p.offset, a.u);
         break;
       case ArgValue::Kind::kF16:
-        Put<uint16_t>(&block, p.offset, FloatToHalf(static_cast<float>(a.f)));
+        Put<uint16_t>(&block, p.offset,
+                      a.exact_bits ? static_cast<uint16_t>(a.u) : RoundToHalf(a.f));
         break;
       case ArgValue::Kind::kBF16:
-        Put<uint16_t>(&block, p.offset, FloatToBFloat16(static_cast<float>(a.f)));
+        Put<uint16_t>(&block, p.offset,
+                      a.exact_bits ? static_cast<uint16_t>(a.u) : RoundToBFloat16(a.f));
         break;
       case ArgValue::Kind::kF32:
         Put<float>(&block, p.offset, static_cast<float>(a.f));

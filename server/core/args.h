@@ -40,11 +40,15 @@ struct ArgValue {
   uint64_t u = 0;       // unsigned kinds
   double f = 0;         // floating kinds
   std::string raw;      // kRaw
+  // kF16, kBF16: `u` holds the parameter's bits as given (not `f`).
+  bool exact_bits = false;
 
   static ArgValue Buffer(uint64_t handle, uint64_t offset);
   static ArgValue Signed(Kind kind, int64_t v);
   static ArgValue Unsigned(Kind kind, uint64_t v);
   static ArgValue Float(Kind kind, double v);
+  // A half or bfloat16 parameter's bits (checked to fit 16 bits at packing).
+  static ArgValue HalfBits(Kind kind, uint64_t bits);
   static ArgValue Raw(std::string bytes);
   static ArgValue Null();
 };
@@ -54,7 +58,8 @@ const char* KindName(ArgValue::Kind kind);
 // Bytes the kind occupies in a parameter block (raw: its length).
 uint64_t ArgSize(const ArgValue& arg);
 
-// IEEE binary16 and bfloat16 from a float, rounding to nearest even.
+// IEEE binary16 and bfloat16 from a float, rounding to nearest even (see
+// gpuexec/half.h for a double's).
 uint16_t FloatToHalf(float f);
 uint16_t FloatToBFloat16(float f);
 

@@ -93,6 +93,14 @@ absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index) {
       return core::ArgValue::Float(K::kF16, arg.f16());
     case v1::Arg::kBf16:
       return core::ArgValue::Float(K::kBF16, arg.bf16());
+    case v1::Arg::kF16Value:
+      return core::ArgValue::Float(K::kF16, arg.f16_value());
+    case v1::Arg::kBf16Value:
+      return core::ArgValue::Float(K::kBF16, arg.bf16_value());
+    case v1::Arg::kF16Bits:
+      return core::ArgValue::HalfBits(K::kF16, arg.f16_bits());
+    case v1::Arg::kBf16Bits:
+      return core::ArgValue::HalfBits(K::kBF16, arg.bf16_bits());
     case v1::Arg::kF32:
       return core::ArgValue::Float(K::kF32, arg.f32());
     case v1::Arg::kF64:

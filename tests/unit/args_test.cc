@@ -1,8 +1,11 @@
 #include "server/core/args.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "gmock/gmock.h"
+#include "gpuexec/half.h"
 #include "gtest/gtest.h"
 
 namespace gpuexec::core {
@@ -123,6 +126,72 @@ TEST(PackArgs, ALayoutOutsideItsBlockIsRefusedNotWrittenPast) {
                 .status()
                 .code(),
             absl::StatusCode::kInternal);
+}
+
+// Half precision, and the value of any half's bits.
+double HalfValue(uint16_t h) {
+  const int exp = (h >> 10) & 0x1f;
+  const int mant = h & 0x3ff;
+  const double v = exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, exp - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+double BFloat16Value(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// From a double, every finite value is found again, and every midpoint
+// between neighbours (and the doubles just either side of it) rounds once:
+// to the even neighbour, to the upper, to the lower. Rounding through float
+// first gets some of these wrong.
+template <typename Round, typename Value>
+void CheckRoundsOnce(Round round, Value value, uint16_t last_finite) {
+  for (uint32_t h = 0; h <= last_finite; ++h) {
+    const uint16_t b = static_cast<uint16_t>(h);
+    ASSERT_EQ(round(value(b)), b) << "bits " << h;
+    ASSERT_EQ(round(-value(b)), b | 0x8000) << "bits " << h;
+    if (h == last_finite) break;
+    const double lo = value(b), hi = value(static_cast<uint16_t>(b + 1));
+    const double mid = lo + (hi - lo) / 2;
+    ASSERT_EQ(round(mid), (h & 1) ? h + 1 : h) << "midpoint above bits " << h;
+    ASSERT_EQ(round(std::nextafter(mid, hi)), h + 1) << "just above the midpoint of " << h;
+    ASSERT_EQ(round(std::nextafter(mid, lo)), h) << "just below the midpoint of " << h;
+  }
+}
+
+TEST(FloatConversion, DoublesRoundOnceToEveryHalf) {
+  CheckRoundsOnce(RoundToHalf, HalfValue, 0x7bff);
+  EXPECT_EQ(RoundToHalf(1.0 + std::ldexp(1, -11) + std::ldexp(1, -40)), 0x3c01);
+  EXPECT_EQ(RoundToHalf(65520.0), 0x7c00);  // the midpoint past the largest: inf
+  EXPECT_EQ(RoundToHalf(std::numeric_limits<double>::infinity()), 0x7c00);
+  EXPECT_EQ(RoundToHalf(std::ldexp(1, -25)), 0x0000);  // half the smallest: to even
+  EXPECT_EQ(RoundToHalf(std::numeric_limits<double>::quiet_NaN()) & 0x7e00, 0x7e00);
+}
+
+TEST(FloatConversion, DoublesRoundOnceToEveryBFloat16) {
+  CheckRoundsOnce(RoundToBFloat16, BFloat16Value, 0x7f7f);
+  EXPECT_EQ(RoundToBFloat16(1.0 + std::ldexp(1, -8) + std::ldexp(1, -40)), 0x3f81);
+  EXPECT_EQ(RoundToBFloat16(std::numeric_limits<double>::infinity()), 0x7f80);
+  EXPECT_EQ(RoundToBFloat16(1e39), 0x7f80);
+  EXPECT_EQ(RoundToBFloat16(std::numeric_limits<double>::quiet_NaN()) & 0x7fc0, 0x7fc0);
+}
+
+TEST(PackArgs, HalfBitsPassAsGivenAndMustFitSixteenBits) {
+  const std::vector<port::ParamInfo> two = {{0, 2}, {2, 2}};
+  auto block = PackArgs("k", two, 4,
+                        {ArgValue::HalfBits(K::kF16, 0x3c01), ArgValue::HalfBits(K::kBF16, 0x7fc1)},
+                        NoBuffers);
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(At<uint16_t>(*block, 0), 0x3c01);
+  EXPECT_EQ(At<uint16_t>(*block, 2), 0x7fc1);
+  auto refused =
+      PackArgs("k", two, 4, {ArgValue::HalfBits(K::kF16, 0x10000), ArgValue::HalfBits(K::kBF16, 0)},
+               NoBuffers);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("parameter 0 of kernel 'k': f16 bits 65536"));
 }
 
 TEST(FloatConversion, HalfRoundsToNearestEven) {

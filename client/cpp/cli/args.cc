@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gpuexec/half.h"
 
 namespace gpuexec::cli {
 namespace {
@@ -72,46 +73,6 @@ std::string BytesOf(T value) {
   std::string bytes(sizeof(T), '\0');
   std::memcpy(bytes.data(), &value, sizeof(T));
   return bytes;
-}
-
-uint32_t FloatBits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
-
-// IEEE binary16, round to nearest even (as the daemon converts).
-uint16_t ToHalf(float f) {
-  const uint32_t x = FloatBits(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // inf or nan
-    return sign | (abs > 0x7f800000u ? 0x7e00u : 0x7c00u);
-  }
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                        // below the smallest normal half
-    // Subnormal: value = abs_float * 2^24 units of 2^-24.
-    const int exp = static_cast<int>(abs >> 23);
-    if (exp < 102) return sign;  // under half the smallest subnormal
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const int shift = 126 - exp;  // 14..24
-    uint32_t half = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
-    return sign | static_cast<uint16_t>(half);
-  }
-  uint32_t half = ((abs >> 13) - (112u << 10));  // rebias exponent 127 -> 15
-  const uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
-  return sign | static_cast<uint16_t>(half);
-}
-
-uint16_t ToBFloat16(float f) {
-  const uint32_t x = FloatBits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
-  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>((x + rounding) >> 16);
 }
 
 // Splits trailing ",offset=N" and ",save=FILE" modifiers off a buffer spec.
@@ -324,20 +285,24 @@ absl::StatusOr<Scalar> ParseScalar(ScalarType type, absl::string_view value) {
       return s;
     }
     case ScalarType::kF16:
-    case ScalarType::kBF16:
+    case ScalarType::kBF16: {
+      // Parsed as a double and rounded once (as the daemon rounds it).
+      double v = 0;
+      if (value.empty() || !absl::SimpleAtod(value, &v)) return bad();
+      if (type == ScalarType::kF16) {
+        s.bytes = BytesOf(RoundToHalf(v));
+        s.arg = Arg::F16(v);
+      } else {
+        s.bytes = BytesOf(RoundToBFloat16(v));
+        s.arg = Arg::BF16(v);
+      }
+      return s;
+    }
     case ScalarType::kF32: {
       float v = 0;
       if (value.empty() || !absl::SimpleAtof(value, &v)) return bad();
-      if (type == ScalarType::kF16) {
-        s.bytes = BytesOf(ToHalf(v));
-        s.arg = Arg::F16(v);
-      } else if (type == ScalarType::kBF16) {
-        s.bytes = BytesOf(ToBFloat16(v));
-        s.arg = Arg::BF16(v);
-      } else {
-        s.bytes = BytesOf(v);
-        s.arg = Arg::F32(v);
-      }
+      s.bytes = BytesOf(v);
+      s.arg = Arg::F32(v);
       return s;
     }
     case ScalarType::kF64: {

@@ -119,10 +119,16 @@ void Arg::ToProto(v1::Arg* out) const {
       out->set_u64(uint_);
       break;
     case Kind::kF16:
-      out->set_f16(static_cast<float>(float_));
+      out->set_f16_value(float_);
       break;
     case Kind::kBF16:
-      out->set_bf16(static_cast<float>(float_));
+      out->set_bf16_value(float_);
+      break;
+    case Kind::kF16Bits:
+      out->set_f16_bits(static_cast<uint32_t>(uint_));
+      break;
+    case Kind::kBF16Bits:
+      out->set_bf16_bits(static_cast<uint32_t>(uint_));
       break;
     case Kind::kF32:
       out->set_f32(static_cast<float>(float_));
@@ -394,6 +400,8 @@ uint64_t Arg::size_bytes() const {
     case Kind::kU16:
     case Kind::kF16:
     case Kind::kBF16:
+    case Kind::kF16Bits:
+    case Kind::kBF16Bits:
       return 2;
     case Kind::kI32:
     case Kind::kU32:

@@ -246,9 +246,13 @@ class Arg {
   static Arg U16(uint16_t v) { return Uint(Kind::kU16, v); }
   static Arg U32(uint32_t v) { return Uint(Kind::kU32, v); }
   static Arg U64(uint64_t v) { return Uint(Kind::kU64, v); }
-  // The daemon rounds to IEEE half / bfloat16 (to nearest even).
-  static Arg F16(float v) { return Float(Kind::kF16, v); }
-  static Arg BF16(float v) { return Float(Kind::kBF16, v); }
+  // The daemon rounds the value, as a double, once to IEEE half /
+  // bfloat16 (to nearest even).
+  static Arg F16(double v) { return Float(Kind::kF16, v); }
+  static Arg BF16(double v) { return Float(Kind::kBF16, v); }
+  // A half / bfloat16 parameter's exact bits, passed as they are.
+  static Arg F16Bits(uint16_t bits) { return Uint(Kind::kF16Bits, bits); }
+  static Arg BF16Bits(uint16_t bits) { return Uint(Kind::kBF16Bits, bits); }
   static Arg F32(float v) { return Float(Kind::kF32, v); }
   static Arg F64(double v) { return Float(Kind::kF64, v); }
   // By-value bytes (a struct, a 128-byte CUtensorMap ...); copied.
@@ -280,6 +284,8 @@ class Arg {
     kU64,
     kF16,
     kBF16,
+    kF16Bits,
+    kBF16Bits,
     kF32,
     kF64,
     kRaw,

@@ -23,8 +23,12 @@ _INT_RANGES = {
     "u64": (0, (1 << 64) - 1),
 }
 _FLOAT_KINDS = ("f16", "bf16", "f32", "f64")
-_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 2, "i32": 4, "u32": 4,
-          "f32": 4, "i64": 8, "u64": 8, "f64": 8, "buffer": 8, "null_pointer": 8}
+_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 2, "f16_bits": 2,
+          "bf16_bits": 2, "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8,
+          "buffer": 8, "null_pointer": 8}
+# The gpuexec.v1.Arg field of each kind whose name differs: half and
+# bfloat16 values travel as doubles, so that the daemon rounds them once.
+_FIELDS = {"f16": "f16_value", "bf16": "bf16_value"}
 
 
 class Arg:
@@ -48,7 +52,7 @@ class Arg:
             return pb.Arg(buffer=pb.BufferArg(buffer=self.value, offset=self.offset))
         if self.kind == "null_pointer":
             return pb.Arg(null_pointer=True)
-        return pb.Arg(**{self.kind: self.value})
+        return pb.Arg(**{_FIELDS.get(self.kind, self.kind): self.value})
 
     def __repr__(self):
         if self.kind == "buffer":
@@ -93,13 +97,28 @@ def u64(value): return _int("u64", value)
 
 
 def f16(value):
-    """IEEE half; the daemon rounds to nearest even."""
+    """IEEE half; the daemon rounds the value (as a double) once, to nearest
+    even. A numpy float16 passes its own bits."""
+    if _numpy_half_bits(value) is not None:
+        return Arg("f16_bits", _numpy_half_bits(value))
     return _float("f16", value)
 
 
 def bf16(value):
-    """bfloat16; the daemon rounds to nearest even."""
+    """bfloat16; the daemon rounds the value (as a double) once, to nearest
+    even. An ml_dtypes bfloat16 passes its own bits."""
+    bits = _numpy_half_bits(value, "bfloat16")
+    if bits is not None:
+        return Arg("bf16_bits", bits)
     return _float("bf16", value)
+
+
+def _numpy_half_bits(value, name="float16"):
+    """The 16 bits of a numpy scalar of dtype ``name``, else None."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or getattr(dtype, "name", "") != name or dtype.itemsize != 2:
+        return None
+    return int.from_bytes(value.tobytes(), "little")
 
 
 def f32(value): return _float("f32", value)
@@ -123,8 +142,13 @@ def ptr(buffer, offset=0):
 
 def _from_numpy(value):
     dt = value.dtype
-    if dt.kind == "f" and dt.itemsize in (2, 4, 8):
-        return Arg({2: "f16", 4: "f32", 8: "f64"}[dt.itemsize], float(value))
+    # Halves pass their bits: no rounding at all.
+    if dt.name == "float16" and dt.itemsize == 2:
+        return Arg("f16_bits", _numpy_half_bits(value))
+    if dt.name == "bfloat16" and dt.itemsize == 2:  # ml_dtypes, where installed
+        return Arg("bf16_bits", _numpy_half_bits(value, "bfloat16"))
+    if dt.kind == "f" and dt.itemsize in (4, 8):
+        return Arg({4: "f32", 8: "f64"}[dt.itemsize], float(value))
     if dt.kind in "iu" and dt.itemsize in (1, 2, 4, 8):
         return _int(f"{dt.kind}{dt.itemsize * 8}", int(value))
     if dt.kind == "b":

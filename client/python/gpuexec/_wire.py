@@ -63,8 +63,11 @@ _ENCODE = {
     "i64": _signed(b"\x28"),
     "u8": _unsigned(b"\x30"), "u16": _unsigned(b"\x38"), "u32": _unsigned(b"\x40"),
     "u64": _unsigned(b"\x48"),
-    "f16": _fixed(b"\x55", "<f"), "bf16": _fixed(b"\x5d", "<f"), "f32": _fixed(b"\x65", "<f"),
-    "f64": _fixed(b"\x69", "<d"),
+    # f16 and bf16 values as doubles (f16_value = 16, bf16_value = 17), their
+    # bits as varints (f16_bits = 18, bf16_bits = 19).
+    "f16": _fixed(b"\x81\x01", "<d"), "bf16": _fixed(b"\x89\x01", "<d"),
+    "f16_bits": _unsigned(b"\x90\x01"), "bf16_bits": _unsigned(b"\x98\x01"),
+    "f32": _fixed(b"\x65", "<f"), "f64": _fixed(b"\x69", "<d"),
     "raw": lambda arg: field_bytes(b"\x72", arg.value),
     "null_pointer": lambda arg: b"\x78\x01",
 }

@@ -330,6 +330,27 @@ def test_every_scalar_type(session, kernels):
     ]
 
 
+def test_half_scalars_round_once(session, kernels):
+    # A Python float is rounded once, by the daemon, from its double:
+    # through float32 first, 1 + 2^-11 + 2^-40 would become 1.0. numpy's
+    # float16 passes its own bits.
+    types = kernels.function("gx_types")
+    with session.alloc(8 * 8) as out:
+        types.launch(1, 1, np.int8(0), np.int16(0), gpuexec.u32(0), gpuexec.i64(0),
+                     gpuexec.f16(1 + 2**-11 + 2**-40), gpuexec.bf16(1 + 2**-8 + 2**-40),
+                     np.float32(0), np.float64(0), out)
+        got = out.read(np.uint64).tolist()
+    assert got[4] == 0x3C01
+    assert got[5] == 0x3F81
+    with session.alloc(8 * 8) as out:
+        types.launch(1, 1, np.int8(0), np.int16(0), gpuexec.u32(0), gpuexec.i64(0),
+                     np.float16(-0.0), gpuexec.bf16(np.float32(-2.75)), np.float32(0),
+                     np.float64(0), out)
+        got = out.read(np.uint64).tolist()
+    assert got[4] == 0x8000
+    assert got[5] == _bf16_bits(-2.75)
+
+
 def test_struct_argument_as_bytes(session, kernels):
     with session.alloc(16) as out:
         packed = struct.pack("<IIfI", 1, 2, 3.5, 4)
