@@ -10,10 +10,8 @@
 // SKIPPED when the driver does not load, there is no device or the kernels
 // were not built.
 
-#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -43,6 +41,7 @@
 #include "gmock/gmock.h"
 #include "gpuexec/sha256.h"
 #include "gtest/gtest.h"
+#include "tests/support/free_port.h"
 #include "tests/support/http_exchange.h"
 
 namespace gpuexec::testing {
@@ -78,22 +77,6 @@ std::vector<T> ValuesOf(const std::string& bytes) {
   std::vector<T> values(bytes.size() / sizeof(T));
   std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
   return values;
-}
-
-// A loopback TCP port free now (for the daemon's metrics endpoint).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // Polls `done` until it is true or `timeout` has passed; its last answer.

@@ -8,15 +8,16 @@
 // path), with a metrics endpoint whose counters tell a copy through a
 // region from one through the gRPC streams, and a session on it.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,26 +29,10 @@
 #include "absl/strings/str_split.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "service_test_fixture.h"
+#include "tests/support/free_port.h"
 #include "tests/support/http_exchange.h"
 
 namespace gpuexec::testing {
-
-// A loopback TCP port free now (for the daemon's metrics endpoint; the
-// daemon, a process of its own, cannot report the port it bound).
-inline int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 // gpuexecd on the test backend, serving on a Unix socket of its own and,
 // with `shm`, a host memory socket beside it; killed when destroyed.
@@ -146,8 +131,45 @@ class Daemon {
   int metrics_port_ = 0;
 };
 
+// A memfd of `bytes` (named `name`, as /proc/PID/maps shows it) with
+// `seals` added; -1 if it cannot be made.
+inline int Memfd(uint64_t bytes, int seals = F_SEAL_SHRINK | F_SEAL_GROW,
+                 const char* name = "gx-test-region") {
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return -1;
+  if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0) return -1;
+  return fd;
+}
+
+// An answer of the host memory socket; `code` -1 when none came.
+struct Answer {
+  int code = -1;
+  std::string message;
+  uint64_t region = 0;
+};
+
+// A serialized RegisterRegionRequest.
+inline std::string Request(const std::string& token, uint64_t bytes) {
+  v1::RegisterRegionRequest r;
+  r.set_session(token);
+  r.set_bytes(bytes);
+  return r.SerializeAsString();
+}
+
 class HostMemoryTest : public ::testing::Test {
  protected:
+  // Writes a tenants file naming this process's uid as tenant "me", with
+  // `limits` (text format fields) added; returns its path.
+  static std::string WriteTenants(const std::string& name, const std::string& limits) {
+    const std::string file = absl::StrCat(::testing::TempDir(), name, "-", getpid());
+    FILE* f = fopen(file.c_str(), "w");
+    if (f != nullptr) {
+      fprintf(f, "tenant { name: \"me\" uid: %u %s }\n", getuid(), limits.c_str());
+      fclose(f);
+    }
+    return file;
+  }
+
   // Starts a daemon with a host memory socket (or, for the tests that need
   // one without, `shm` false) and opens a session on it.
   void Start(bool shm = true, std::vector<std::string> extra = {}) {

@@ -34,26 +34,6 @@ constexpr int kInvalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
 constexpr int kExhausted = static_cast<int>(absl::StatusCode::kResourceExhausted);
 constexpr int kDenied = static_cast<int>(absl::StatusCode::kPermissionDenied);
 
-int Memfd(uint64_t bytes, const char* name = "gx-attack", int seals = F_SEAL_SHRINK | F_SEAL_GROW) {
-  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return -1;
-  if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0) return -1;
-  return fd;
-}
-
-struct Answer {
-  int code = -1;
-  std::string message;
-  uint64_t region = 0;
-};
-
-std::string Request(const std::string& token, uint64_t bytes) {
-  v1::RegisterRegionRequest r;
-  r.set_session(token);
-  r.set_bytes(bytes);
-  return r.SerializeAsString();
-}
-
 // A connection to the host memory socket kept open across messages.
 class Conn {
  public:
@@ -180,11 +160,11 @@ TEST_F(ShmAttackTest, ReleasedRegionsCountUntilTheWorkerUnpinsThem) {
   GX_ASSERT_OK_AND_ASSIGN(Function spin, Kernel("gx_spin"));
   // 2 s of "GPU" work on the session's stream.
   GX_ASSERT_OK(session().LaunchAsync(spin, LaunchConfig{}, {Arg::U64(2'000'000'000)}));
-  Answer a = Register(Memfd(kLimit, "gx-attack-pin"), kLimit);
+  Answer a = Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-pin"), kLimit);
   ASSERT_EQ(a.code, kOk) << a.message;
   const v1::CommandResult r = RawCommand(Release(a.region));
   ASSERT_EQ(r.code(), kOk) << r.message();
-  a = Register(Memfd(kLimit, "gx-attack-pin"), kLimit);
+  a = Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-pin"), kLimit);
   EXPECT_EQ(a.code, kExhausted) << "registered again while the released one is still pinned: "
                                 << a.message;
   EXPECT_THAT(a.message, HasSubstr("pinned memory limit"));
@@ -193,7 +173,8 @@ TEST_F(ShmAttackTest, ReleasedRegionsCountUntilTheWorkerUnpinsThem) {
   GX_ASSERT_OK(session().Synchronize());
   ASSERT_TRUE(WaitFor([&] { return daemon().PinnedBytes() == 0; }, absl::Seconds(5)));
   EXPECT_EQ(MappedBytes(ChildrenOf(daemon().pid()), "gx-attack-pin"), 0u);
-  EXPECT_EQ(Register(Memfd(kLimit, "gx-attack-pin"), kLimit).code, kOk);
+  EXPECT_EQ(Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-pin"), kLimit).code,
+            kOk);
 }
 
 // The same across sessions: a closed session's regions count until its
@@ -208,31 +189,26 @@ TEST_F(ShmAttackTest, ClosedSessionsRegionsCountUntilTheWorkerUnpinsThem) {
       Module m, s.LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin")));
   GX_ASSERT_OK_AND_ASSIGN(Function spin, m.GetFunction("gx_spin"));
   GX_ASSERT_OK(s.LaunchAsync(spin, LaunchConfig{}, {Arg::U64(2'000'000'000)}));
-  Answer a = Register(Memfd(kLimit, "gx-attack-close"), kLimit, s.token());
+  Answer a =
+      Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-close"), kLimit, s.token());
   ASSERT_EQ(a.code, kOk) << a.message;
   std::thread closer([&s] { (void)s.Close(); });
   absl::SleepFor(absl::Milliseconds(200));
-  a = Register(Memfd(kLimit, "gx-attack-close"), kLimit);
+  a = Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-close"), kLimit);
   EXPECT_EQ(a.code, kExhausted) << "registered while a closed session's region is pinned: "
                                 << a.message;
   EXPECT_LE(MappedBytes(ChildrenOf(daemon().pid()), "gx-attack-close"), kLimit);
   closer.join();
   ASSERT_TRUE(WaitFor([&] { return daemon().PinnedBytes() == 0; }, absl::Seconds(5)));
-  EXPECT_EQ(Register(Memfd(kLimit, "gx-attack-close"), kLimit).code, kOk);
+  EXPECT_EQ(Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-close"), kLimit).code,
+            kOk);
 }
 
 // The host memory socket identifies its peer for each message: a SIGHUP
 // reload that takes host_memory away holds for a connection opened before
 // it too (which a client could keep open without end).
 TEST_F(ShmAttackTest, AReloadHoldsForConnectionsOpenedBeforeIt) {
-  const std::string file = absl::StrCat(::testing::TempDir(), "gx-shm-attack-tenants-", getpid());
-  auto write_tenants = [&](const std::string& limits) {
-    FILE* f = fopen(file.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    fprintf(f, "tenant { name: \"me\" uid: %u %s }\n", getuid(), limits.c_str());
-    fclose(f);
-  };
-  ASSERT_NO_FATAL_FAILURE(write_tenants("host_memory: true"));
+  const std::string file = WriteTenants("gx-shm-attack-tenants", "host_memory: true");
   ASSERT_NO_FATAL_FAILURE(Start(true, {"--tenants=" + file}));
   if (IsSkipped()) return;
   Conn old(daemon().shm_socket());
@@ -240,7 +216,7 @@ TEST_F(ShmAttackTest, AReloadHoldsForConnectionsOpenedBeforeIt) {
   Answer a = old.Send(Request(session().token(), 4096), {Memfd(4096)});
   ASSERT_EQ(a.code, kOk) << a.message;
 
-  ASSERT_NO_FATAL_FAILURE(write_tenants("host_memory: false"));
+  WriteTenants("gx-shm-attack-tenants", "host_memory: false");
   ASSERT_EQ(kill(daemon().pid(), SIGHUP), 0);
   // In force for new connections once reloaded.
   ASSERT_TRUE(
@@ -294,7 +270,7 @@ TEST_F(ShmAttackTest, RefusedDescriptorsAreNotLeaked) {
       EXPECT_EQ(c.Send("\xff\xff garbage", {Memfd(4096)}).code, kInvalid);
       EXPECT_EQ(c.Send(Request("nobody", 4096), {Memfd(4096)}).code,
                 static_cast<int>(absl::StatusCode::kNotFound));
-      EXPECT_EQ(c.Send(Request(session().token(), 4096), {Memfd(4096, "gx-attack", 0)}).code,
+      EXPECT_EQ(c.Send(Request(session().token(), 4096), {Memfd(4096, 0, "gx-attack")}).code,
                 kInvalid);
       EXPECT_EQ(c.Send(std::string(5000, 'x'), {Memfd(4096)}).code, kInvalid);
     }

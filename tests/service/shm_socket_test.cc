@@ -26,22 +26,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A memfd of `bytes` with `seals` added.
-int Memfd(uint64_t bytes, int seals = F_SEAL_SHRINK | F_SEAL_GROW) {
-  const int fd = memfd_create("gx-test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return -1;
-  if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0) return -1;
-  return fd;
-}
-
 // One message on the host memory socket at `path`, with descriptor `fd`
-// (none when -1), and its answer; `code` -1 when none came.
-struct Answer {
-  int code = -1;
-  std::string message;
-  uint64_t region = 0;
-};
-
+// (none when -1), and its answer.
 Answer SendRaw(const std::string& path, const std::string& message, int fd) {
   Answer a;
   const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -80,13 +66,6 @@ Answer SendRaw(const std::string& path, const std::string& message, int fd) {
   }
   close(s);
   return a;
-}
-
-std::string Request(const std::string& token, uint64_t bytes) {
-  v1::RegisterRegionRequest r;
-  r.set_session(token);
-  r.set_bytes(bytes);
-  return r.SerializeAsString();
 }
 
 constexpr int kOk = 0;
@@ -264,14 +243,7 @@ TEST_F(ShmSocketTest, PinnedMemoryLimitsHold) {
 // socket does: a tenant whose entry does not allow host memory is refused,
 // and one that does is held to its pinned_bytes.
 TEST_F(ShmSocketTest, TenantsMayBeRefusedRegionsAndAreHeldToTheirLimit) {
-  const std::string file = absl::StrCat(::testing::TempDir(), "gx-shm-tenants-", getpid());
-  auto write_tenants = [&](const std::string& limits) {
-    FILE* f = fopen(file.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    fprintf(f, "tenant { name: \"me\" uid: %u %s }\n", getuid(), limits.c_str());
-    fclose(f);
-  };
-  ASSERT_NO_FATAL_FAILURE(write_tenants(""));
+  const std::string file = WriteTenants("gx-shm-tenants", "");
   ASSERT_NO_FATAL_FAILURE(Start(true, {"--tenants=" + file}));
   if (IsSkipped()) return;
   Answer a = Register(Memfd(4096), 4096);
@@ -279,7 +251,7 @@ TEST_F(ShmSocketTest, TenantsMayBeRefusedRegionsAndAreHeldToTheirLimit) {
   EXPECT_THAT(a.message, HasSubstr("tenant 'me' may not register host memory regions"));
   TearDown();
 
-  ASSERT_NO_FATAL_FAILURE(write_tenants("host_memory: true pinned_bytes: 8192"));
+  WriteTenants("gx-shm-tenants", "host_memory: true pinned_bytes: 8192");
   ASSERT_NO_FATAL_FAILURE(Start(true, {"--tenants=" + file}));
   EXPECT_EQ(Register(Memfd(8192), 8192).code, kOk);
   GX_ASSERT_OK_AND_ASSIGN(Session second, client().OpenSession({}));
