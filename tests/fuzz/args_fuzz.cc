@@ -9,8 +9,9 @@
 //   * a packed block is param_bytes long and holds each argument at its
 //     parameter's offset, in little-endian order, later parameters over
 //     earlier ones where they overlap;
-//   * FloatToHalf and FloatToBFloat16 round to nearest even, as computed
-//     here independently with double arithmetic.
+//   * half and bfloat16 values round once from their double to nearest
+//     even, as computed here independently with double arithmetic, and
+//     their exact bits pass as given (refused past 16 bits).
 
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -70,6 +71,9 @@ bool InRange(const ArgValue& a) {
       return a.u <= 0xffff;
     case Kind::kU32:
       return a.u <= 0xffffffffu;
+    case Kind::kF16:
+    case Kind::kBF16:
+      return !a.exact_bits || a.u <= 0xffff;
     default:
       return true;
   }
@@ -84,13 +88,11 @@ double RoundTo(double x, int quantum_exp) {
   return std::ldexp(std::nearbyint(std::ldexp(x, -quantum_exp)), quantum_exp);
 }
 
-uint16_t ReferenceHalf(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>(bits >> 16 & 0x8000u);
+uint16_t ReferenceHalf(double f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000u : 0;
   if (std::isnan(f)) return sign | 0x7e00u;
   if (std::isinf(f)) return sign | 0x7c00u;
-  const double x = std::fabs(static_cast<double>(f));
+  const double x = std::fabs(f);
   // Binary16: 10 fraction bits, exponents -14..15, subnormals in 2^-24.
   int e = x == 0 ? -14 : std::ilogb(x);
   if (e < -14) e = -14;
@@ -104,13 +106,11 @@ uint16_t ReferenceHalf(float f) {
   return sign | static_cast<uint16_t>((re + 15) << 10) | fraction;
 }
 
-uint16_t ReferenceBFloat16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f)) return static_cast<uint16_t>(bits >> 16 | 0x40u);
-  const uint16_t sign = static_cast<uint16_t>(bits >> 16 & 0x8000u);
+uint16_t ReferenceBFloat16(double f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000u : 0;
+  if (std::isnan(f)) return sign | 0x7fc0u;
   if (std::isinf(f)) return sign | 0x7f80u;
-  const double x = std::fabs(static_cast<double>(f));
+  const double x = std::fabs(f);
   // bfloat16: 7 fraction bits, float's exponents, subnormals in 2^-133.
   int e = x == 0 ? -126 : std::ilogb(x);
   if (e < -126) e = -126;
@@ -205,6 +205,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(&f, &bits, 4);
       a.f = f;
     }
+    if (a.kind == Kind::kF16 || a.kind == Kind::kBF16) a.exact_bits = in.ConsumeBool();
     if (a.kind == Kind::kRaw) {
       const size_t n = in.ConsumeBool() ? want : in.ConsumeIntegralInRange<size_t>(0, 64);
       a.raw = in.ConsumeBytesAsString(n);
@@ -268,10 +269,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Put<uint64_t>(&expected, at, a.u);
         break;
       case Kind::kF16:
-        Put<uint16_t>(&expected, at, ReferenceHalf(static_cast<float>(a.f)));
+        Put<uint16_t>(&expected, at,
+                      a.exact_bits ? static_cast<uint16_t>(a.u) : ReferenceHalf(a.f));
         break;
       case Kind::kBF16:
-        Put<uint16_t>(&expected, at, ReferenceBFloat16(static_cast<float>(a.f)));
+        Put<uint16_t>(&expected, at,
+                      a.exact_bits ? static_cast<uint16_t>(a.u) : ReferenceBFloat16(a.f));
         break;
       case Kind::kF32:
         Put<float>(&expected, at, static_cast<float>(a.f));
