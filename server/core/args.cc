@@ -110,10 +110,6 @@ uint64_t ArgSize(const ArgValue& arg) {
   return 0;
 }
 
-uint16_t FloatToHalf(float f) { return RoundToHalf(f); }
-
-uint16_t FloatToBFloat16(float f) { return RoundToBFloat16(f); }
-
 namespace {
 
 absl::Status CheckRange(const std::string& kernel, size_t index, const ArgValue& a) {

@@ -58,11 +58,6 @@ const char* KindName(ArgValue::Kind kind);
 // Bytes the kind occupies in a parameter block (raw: its length).
 uint64_t ArgSize(const ArgValue& arg);
 
-// IEEE binary16 and bfloat16 from a float, rounding to nearest even (see
-// gpuexec/half.h for a double's).
-uint16_t FloatToHalf(float f);
-uint16_t FloatToBFloat16(float f);
-
 // Resolves a buffer argument to a device address for parameter `index`;
 // returns NOT_FOUND / INVALID_ARGUMENT naming the parameter.
 using BufferResolver =

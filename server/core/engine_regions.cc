@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/common/log.h"
 #include "server/core/engine.h"
 #include "server/core/engine_internal.h"
 #include "server/shm/region_fd.h"
@@ -43,6 +42,11 @@ class FdGuard {
 };
 
 constexpr uint64_t kRegionGranule = 4096;
+
+absl::Status RegionNotFound(const Session& s, uint64_t handle) {
+  return absl::NotFoundError(
+      absl::StrCat("host memory region ", HandleName(handle), " not found in ", s.name()));
+}
 
 }  // namespace
 
@@ -147,10 +151,7 @@ void Engine::RegisterRegion(const Caller& caller, const std::string& token, int 
 absl::StatusOr<RegionEntry*> Engine::FindRegion(Session& s, uint64_t handle) {
   if (s.closed) return s.ClosedError();
   auto it = s.regions.find(handle);
-  if (it == s.regions.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("host memory region ", HandleName(handle), " not found in ", s.name()));
-  }
+  if (it == s.regions.end()) return RegionNotFound(s, handle);
   RegionEntry& r = it->second;
   port::DevicePort* dev = DeviceOf(s);
   if (!r.lost && r.epoch != dev->epoch()) {
@@ -200,10 +201,7 @@ void Engine::ReleaseRegion(const Caller& caller, const std::string& token, uint6
   absl::MutexLock lock(&s->mu);
   if (s->closed) return done(s->ClosedError());
   auto it = s->regions.find(region);
-  if (it == s->regions.end()) {
-    return done(absl::NotFoundError(
-        absl::StrCat("host memory region ", HandleName(region), " not found in ", s->name())));
-  }
+  if (it == s->regions.end()) return done(RegionNotFound(*s, region));
   const RegionEntry r = it->second;
   s->regions.erase(it);
   // One lost with its device's process was given back then.

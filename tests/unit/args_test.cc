@@ -195,27 +195,27 @@ TEST(PackArgs, HalfBitsPassAsGivenAndMustFitSixteenBits) {
 }
 
 TEST(FloatConversion, HalfRoundsToNearestEven) {
-  EXPECT_EQ(FloatToHalf(0.0f), 0x0000);
-  EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
-  EXPECT_EQ(FloatToHalf(1.0f), 0x3C00);
-  EXPECT_EQ(FloatToHalf(1.5f), 0x3E00);
-  EXPECT_EQ(FloatToHalf(-2.0f), 0xC000);
-  EXPECT_EQ(FloatToHalf(65504.0f), 0x7BFF);
-  EXPECT_EQ(FloatToHalf(65536.0f), 0x7C00);            // overflow: inf
-  EXPECT_EQ(FloatToHalf(5.9604645e-08f), 0x0001);      // smallest subnormal
-  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3C00);  // tie to even (down)
-  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3C02);  // tie to even (up)
-  EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::infinity()), 0x7C00);
-  EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::quiet_NaN()) & 0x7C00, 0x7C00);
+  EXPECT_EQ(RoundToHalf(0.0f), 0x0000);
+  EXPECT_EQ(RoundToHalf(-0.0f), 0x8000);
+  EXPECT_EQ(RoundToHalf(1.0f), 0x3C00);
+  EXPECT_EQ(RoundToHalf(1.5f), 0x3E00);
+  EXPECT_EQ(RoundToHalf(-2.0f), 0xC000);
+  EXPECT_EQ(RoundToHalf(65504.0f), 0x7BFF);
+  EXPECT_EQ(RoundToHalf(65536.0f), 0x7C00);            // overflow: inf
+  EXPECT_EQ(RoundToHalf(5.9604645e-08f), 0x0001);      // smallest subnormal
+  EXPECT_EQ(RoundToHalf(1.0f + 1.0f / 2048), 0x3C00);  // tie to even (down)
+  EXPECT_EQ(RoundToHalf(1.0f + 3.0f / 2048), 0x3C02);  // tie to even (up)
+  EXPECT_EQ(RoundToHalf(std::numeric_limits<float>::infinity()), 0x7C00);
+  EXPECT_EQ(RoundToHalf(std::numeric_limits<float>::quiet_NaN()) & 0x7C00, 0x7C00);
 }
 
 TEST(FloatConversion, BFloat16RoundsToNearestEven) {
-  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3F80);
-  EXPECT_EQ(FloatToBFloat16(1.5f), 0x3FC0);
-  EXPECT_EQ(FloatToBFloat16(-2.0f), 0xC000);
-  EXPECT_EQ(FloatToBFloat16(1.0f + 1.0f / 256), 0x3F80);  // tie to even (down)
-  EXPECT_EQ(FloatToBFloat16(1.0f + 3.0f / 256), 0x3F82);  // tie to even (up)
-  EXPECT_EQ(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()) & 0x7F80, 0x7F80);
+  EXPECT_EQ(RoundToBFloat16(1.0f), 0x3F80);
+  EXPECT_EQ(RoundToBFloat16(1.5f), 0x3FC0);
+  EXPECT_EQ(RoundToBFloat16(-2.0f), 0xC000);
+  EXPECT_EQ(RoundToBFloat16(1.0f + 1.0f / 256), 0x3F80);  // tie to even (down)
+  EXPECT_EQ(RoundToBFloat16(1.0f + 3.0f / 256), 0x3F82);  // tie to even (up)
+  EXPECT_EQ(RoundToBFloat16(std::numeric_limits<float>::quiet_NaN()) & 0x7F80, 0x7F80);
 }
 
 }  // namespace
