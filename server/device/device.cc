@@ -29,6 +29,14 @@ struct Device::StreamState {
   // Recorded before the first work after the last Synchronize; null when
   // no work was enqueued since.
   std::shared_ptr<cuda::Event> timing_start;
+  // A timing event recorded right after the latest work since the last
+  // Synchronize (a launch's watch, or its own), where a Synchronize's time
+  // ends: the GPU time of the work, not of the wait for a Synchronize that
+  // came later. Null when none was recorded after it. `work_end_passed`:
+  // something untimed (an allocation's clearing, a free) was queued after
+  // it, so a Synchronize waits on an event of its own.
+  std::shared_ptr<cuda::Event> work_end;
+  bool work_end_passed = false;
   // The kernel time limit (zero: none) and the launches watched for it, in
   // stream order: each with an event recorded after it. The first one's
   // clock starts when the launch before it is seen done.
@@ -494,10 +502,20 @@ absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
 }
 
 absl::Status Device::MarkWork(StreamState& s) {
+  // The work about to be queued ends the time now, once it records its end.
+  s.work_end.reset();
+  s.work_end_passed = false;
   if (s.timing_start != nullptr) return absl::OkStatus();
   GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, timing_what_));
   GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), timing_what_)));
   s.timing_start = std::move(e);
+  return absl::OkStatus();
+}
+
+absl::Status Device::EndWork(StreamState& s, const std::string& what) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, what));
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), what)));
+  s.work_end = std::move(e);
   return absl::OkStatus();
 }
 
@@ -619,6 +637,7 @@ void Device::Allocate(StreamId stream, uint64_t size, std::string what, Callback
           (void)driver_->FreeAsync(*ptr, s->stream.get(), what);
           return done(st);
         }
+        s->work_end_passed = s->work_end != nullptr;
         done(*ptr);
       },
       [done](absl::Status st) { done(st); });
@@ -634,6 +653,7 @@ void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
         // allocation after its stream is gone: the legacy stream orders it then.
         auto it = streams_.find(stream);
         CUstream_st* s = it == streams_.end() ? nullptr : it->second->stream.get();
+        if (s != nullptr) it->second->work_end_passed = it->second->work_end != nullptr;
         done(Check(driver_->FreeAsync(ptr, s, what)));
       },
       done);
@@ -650,6 +670,7 @@ void Device::EnqueueWork(StreamId stream, std::string what, bool wait, Done done
         StreamState* s = *ready;
         absl::Status st = MarkWork(*s);
         if (st.ok()) st = Check(enqueue(s->stream.get()));
+        if (st.ok()) st = EndWork(*s, what);
         if (st.ok() && wait) {
           st = WhenDone(*s, done, what);
           if (st.ok()) return;  // `done` runs when the work has finished
@@ -943,7 +964,9 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
   }
   if (!st.ok()) return st;
   if (then_synchronize == nullptr) {
-    return Watched(s) ? Watch(stream, s, s.last_launch, std::move(start)) : st;
+    // The event after the launch (its watch's, if watched) ends the GPU time.
+    return Watched(s) ? Watch(stream, s, s.last_launch, std::move(start))
+                      : EndWork(s, *s.last_launch);
   }
   // From here on the Synchronize reports, failures too. Its end event,
   // recorded right after the launch, is the launch's watch as well.
@@ -968,33 +991,45 @@ void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> g
                            std::shared_ptr<cuda::Event>* recorded) {
   const std::string& what = sync_what_;
   std::shared_ptr<cuda::Event> start = std::move(s.timing_start);
-  // The end event, timed only when there is a start to time from. With no
-  // work since the last Synchronize it still waits for the stream, in case
-  // that one's wait was abandoned.
-  auto e = SharedEvent(/*timing=*/start != nullptr, what);
-  if (!e.ok()) return gpu_ns(e.status());
-  std::shared_ptr<cuda::Event> end = std::move(e).value();
-  absl::Status st = Check(driver_->Record(*end, s.stream.get(), what));
-  if (!st.ok()) return gpu_ns(st);
+  // The time ends where the last work did (its end event), however long
+  // after it this Synchronize came.
+  std::shared_ptr<cuda::Event> work_end = std::move(s.work_end);
+  const bool passed = s.work_end_passed;
+  s.work_end_passed = false;
+  // The event waited on: the work's end, unless something was queued after
+  // it or none was recorded; then one recorded now (timed only when it ends
+  // the time). With no work since the last Synchronize it still waits for
+  // the stream, in case that one's wait was abandoned.
+  std::shared_ptr<cuda::Event> end = work_end;
+  if (end == nullptr || passed) {
+    auto e = SharedEvent(/*timing=*/start != nullptr && work_end == nullptr, what);
+    if (!e.ok()) return gpu_ns(e.status());
+    end = std::move(e).value();
+    absl::Status st = Check(driver_->Record(*end, s.stream.get(), what));
+    if (!st.ok()) return gpu_ns(st);
+  }
   if (recorded != nullptr) *recorded = end;
+  std::shared_ptr<cuda::Event> timed_end = work_end != nullptr ? std::move(work_end) : end;
   const absl::Time requested = absl::Now();
-  event_waits_.push_back(EventWait{
-      end,
-      [this, stream, requested, start, end, gpu_ns = std::move(gpu_ns)](absl::Status done) {
-        const std::string& what = sync_what_;
-        GPUEXEC_TRACE(kWorkerDone);
-        if (!done.ok()) return gpu_ns(done);
-        if (start == nullptr) return gpu_ns(uint64_t{0});
-        auto ms = driver_->ElapsedMs(*start, *end, what);
-        if (!ms.ok()) return gpu_ns(Check(ms.status()));
-        // Kernels launched before this Synchronize are known to be done.
-        auto it = streams_.find(stream);
-        if (it != streams_.end() && it->second->last_launch_at <= requested) {
-          it->second->last_launch.reset();
-        }
-        gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
-      },
-      &sync_what_});
+  event_waits_.push_back(EventWait{end,
+                                   [this, stream, requested, start, end = std::move(timed_end),
+                                    gpu_ns = std::move(gpu_ns)](absl::Status done) {
+                                     const std::string& what = sync_what_;
+                                     GPUEXEC_TRACE(kWorkerDone);
+                                     if (!done.ok()) return gpu_ns(done);
+                                     if (start == nullptr) return gpu_ns(uint64_t{0});
+                                     auto ms = driver_->ElapsedMs(*start, *end, what);
+                                     if (!ms.ok()) return gpu_ns(Check(ms.status()));
+                                     // Kernels launched before this Synchronize are known to be
+                                     // done.
+                                     auto it = streams_.find(stream);
+                                     if (it != streams_.end() &&
+                                         it->second->last_launch_at <= requested) {
+                                       it->second->last_launch.reset();
+                                     }
+                                     gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
+                                   },
+                                   &sync_what_});
 }
 
 absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
@@ -1002,8 +1037,10 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
                            std::shared_ptr<cuda::Event> recorded) {
   std::shared_ptr<cuda::Event> e = std::move(recorded);
   if (e == nullptr) {
-    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/false, *what));
+    // Timed: it is also where the stream's work ends for a Synchronize.
+    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/true, *what));
     GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), *what)));
+    s.work_end = e;
   }
   if (s.watches.empty()) s.head_since = absl::Now();
   s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start)});

@@ -206,7 +206,11 @@ class Device {
   absl::Status Usable() const;
   // The stream of an operation, or why the operation cannot run.
   absl::StatusOr<StreamState*> ReadyStream(StreamId id);
+  // Before work is queued on `s`: records the stream's timing start if
+  // this is its first work since the last Synchronize.
   absl::Status MarkWork(StreamState& s);
+  // After work was queued on `s`: records the event its GPU time ends at.
+  absl::Status EndWork(StreamState& s, const std::string& what);
   // Runs `op` on the executor in its stream's order: at once, or once the
   // operations held on the stream have run. A launch is held while its
   // stream has max_queued_launches launches queued. `refuse` ends an
@@ -273,9 +277,10 @@ class Device {
   // Executor-thread state.
   cuda::PrimaryContext context_;
   // Events used and given back, to record again instead of creating and
-  // destroying them per launch: timing ones (a stream's start of work, a
-  // Synchronize's end) and plain ones (the same, untimed, and the watches
-  // of launches under a time limit). Declared before anything that holds a
+  // destroying them per launch: timing ones (a stream's start of work, the
+  // end of each work, a launch's watch) and plain ones (a Synchronize's
+  // wait that times nothing, the start of a watched launch). Declared
+  // before anything that holds a
   // shared event, whose last release returns it here.
   std::vector<cuda::Event> spare_timing_events_;
   std::vector<cuda::Event> spare_plain_events_;

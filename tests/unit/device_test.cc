@@ -99,6 +99,50 @@ class DeviceTest : public ::testing::Test {
     return op;
   }
 
+  // A Synchronize that comes long after the work reports the work's GPU
+  // time, not the wait: after a launch, and after a launch and a memset
+  // with an allocation (untimed) queued behind them.
+  void ExpectSynchronizeTimesTheWorkOnly() {
+    const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 2);
+    auto sync = [&] {
+      return Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(stream_, cb); });
+    };
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->Launch(stream_, spin, d); }).ok());
+    absl::SleepFor(absl::Milliseconds(100));
+    auto ns = sync();
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_GE(*ns, 1500000u);
+    EXPECT_LT(*ns, 50000000u) << "the 100 ms before the Synchronize were counted";
+
+    auto buffer = Await<DevicePtr>(
+        [&](Callback<DevicePtr> cb) { device_->Allocate(stream_, 4096, "b", cb); });
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ASSERT_TRUE(sync().ok());
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->Launch(stream_, spin, d); }).ok());
+    ASSERT_TRUE(
+        AwaitDone([&](Done d) { device_->Memset(stream_, *buffer, 1, 4096, "b", d); }).ok());
+    auto later = Await<DevicePtr>(
+        [&](Callback<DevicePtr> cb) { device_->Allocate(stream_, 4096, "c", cb); });
+    ASSERT_TRUE(later.ok()) << later.status();
+    absl::SleepFor(absl::Milliseconds(100));
+    ns = sync();
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_GE(*ns, 1500000u);
+    EXPECT_LT(*ns, 50000000u) << "the 100 ms before the Synchronize were counted";
+
+    // A launch with its Synchronize: its own time, as before.
+    auto both = Await<uint64_t>([&](Callback<uint64_t> cb) {
+      device_->LaunchAndSynchronize(stream_, spin,
+                                    [cb](absl::StatusOr<uint64_t> ns, bool) { cb(std::move(ns)); });
+    });
+    ASSERT_TRUE(both.ok()) << both.status();
+    EXPECT_GE(*both, 1500000u);
+    EXPECT_LT(*both, 50000000u);
+    for (DevicePtr p : {*buffer, *later}) {
+      EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, p, "b", d); }).ok());
+    }
+  }
+
   std::shared_ptr<const ModuleImage> Image(const std::string& text) {
     auto image = std::make_shared<ModuleImage>();
     image->sha256 = std::string(64, 'a' + static_cast<char>(text.size() % 6));
@@ -280,6 +324,8 @@ TEST_F(DeviceTest, LaunchesWithPackedParamsAndReportsGpuTime) {
 
 // The test double's fault is process-wide (as a real one is): run it in a
 // child process.
+TEST_F(DeviceTest, SynchronizeTimesTheWorkNotTheWaitForIt) { ExpectSynchronizeTimesTheWorkOnly(); }
+
 TEST_F(DeviceTest, StickyFaultFailsEverythingAfterIt) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
@@ -365,6 +411,11 @@ TEST_F(QueuedLaunchTest, LaunchesPastTheBoundWaitWithoutStallingOtherStreams) {
   EXPECT_NE(order.back(), "other stream") << "the other stream waited for every launch";
   EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(other, *buffer, "buffer", d); }).ok());
   EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(other, d); }).ok());
+}
+
+// Watched launches: the watch's event ends the time.
+TEST_F(QueuedLaunchTest, SynchronizeTimesTheWorkNotTheWaitForIt) {
+  ExpectSynchronizeTimesTheWorkOnly();
 }
 
 // Held operations end with the fault instead of waiting for ever.
