@@ -1,7 +1,10 @@
 #include "server/core/args.h"
 
 #include <cstring>
+#include <iterator>
 #include <limits>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gpuexec/half.h"
@@ -46,6 +49,14 @@ ArgValue ArgValue::Raw(std::string bytes) {
   a.raw = std::move(bytes);
   return a;
 }
+ArgValue ArgValue::TensorMap(uint64_t handle, uint64_t offset, TensorMapArg map) {
+  ArgValue a;
+  a.kind = Kind::kTensorMap;
+  a.buffer = handle;
+  a.offset = offset;
+  a.tensor_map = std::make_shared<const TensorMapArg>(std::move(map));
+  return a;
+}
 ArgValue ArgValue::Null() { return ArgValue(); }
 
 const char* KindName(ArgValue::Kind kind) {
@@ -80,6 +91,8 @@ const char* KindName(ArgValue::Kind kind) {
       return "f64";
     case ArgValue::Kind::kRaw:
       return "raw bytes";
+    case ArgValue::Kind::kTensorMap:
+      return "tensor map";
   }
   return "?";
 }
@@ -106,8 +119,117 @@ uint64_t ArgSize(const ArgValue& arg) {
       return 8;
     case ArgValue::Kind::kRaw:
       return arg.raw.size();
+    case ArgValue::Kind::kTensorMap:
+      return port::kTensorMapBytes;
   }
   return 0;
+}
+
+uint64_t TensorElementBytes(int data_type) {
+  // CUtensorMapDataType: UINT8, UINT16, UINT32, INT32, UINT64, INT64,
+  // FLOAT16, FLOAT32, FLOAT64, BFLOAT16, FLOAT32_FTZ, TFLOAT32, TFLOAT32_FTZ.
+  static constexpr uint64_t kBytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+  if (data_type < 0 || data_type >= static_cast<int>(std::size(kBytes))) return 0;
+  return kBytes[data_type];
+}
+
+absl::StatusOr<port::TensorMapEncoding> CheckTensorMap(const std::string& kernel, size_t index,
+                                                       const TensorMapArg& m,
+                                                       port::DevicePtr address, uint64_t room) {
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor map for parameter ", index, " of kernel '", kernel, "': ", parts...));
+  };
+  constexpr int kMaxRank = port::kMaxTensorRank;
+  const uint64_t elem = TensorElementBytes(m.data_type);
+  if (elem == 0) {
+    return bad("data_type ", m.data_type == -1 ? "is not given" : "is not a known type",
+               "; one of UINT8 to TFLOAT32_FTZ");
+  }
+  // Interleaved layouts (NC/8HWC8 and the like) move whole 16- or 32-byte
+  // channel slices, which the span check below does not count: not offered.
+  if (m.interleave != 0) {
+    return bad("interleave ", m.interleave, " is not offered; only INTERLEAVE_NONE (0)");
+  }
+  if (m.swizzle > 3) return bad("swizzle ", m.swizzle, " is not one of 0 to 3");
+  if (m.l2_promotion > 3) return bad("l2_promotion ", m.l2_promotion, " is not one of 0 to 3");
+  if (m.oob_fill > 1) return bad("oob_fill ", m.oob_fill, " is not one of 0 to 1");
+  const size_t rank = m.dims.size();
+  if (rank < 1 || rank > kMaxRank) {
+    return bad("rank ", rank, " (entries of global_dims) is not 1 to ", kMaxRank);
+  }
+  if (m.strides.size() != rank - 1) {
+    return bad("global_strides has ", m.strides.size(), " entries; rank ", rank, " needs ",
+               rank - 1, " (dimensions 1 and up; the innermost is contiguous)");
+  }
+  if (m.box.size() != rank) {
+    return bad("box_dims has ", m.box.size(), " entries; rank ", rank, " needs ", rank);
+  }
+  if (!m.element_strides.empty() && m.element_strides.size() != rank) {
+    return bad("element_strides has ", m.element_strides.size(), " entries; rank ", rank, " needs ",
+               rank, " or none");
+  }
+  if (address % 16 != 0) {
+    return bad("the tensor's address (buffer offset) is not 16-byte aligned");
+  }
+  const bool is_float = m.data_type >= 6;  // FLOAT16 and after
+  if (m.oob_fill != 0 && !is_float) {
+    return bad("oob_fill NAN_REQUEST_ZERO_FMA needs a floating-point data_type");
+  }
+  port::TensorMapEncoding e;
+  e.param_index = static_cast<uint32_t>(index);
+  e.address = address;
+  e.data_type = static_cast<uint32_t>(m.data_type);
+  e.rank = static_cast<uint32_t>(rank);
+  e.interleave = m.interleave;
+  e.swizzle = m.swizzle;
+  e.l2_promotion = m.l2_promotion;
+  e.oob_fill = m.oob_fill;
+  // The last byte the map spans, counted in 128 bits: dims up to 2^32 and
+  // strides up to 2^40 overflow 64.
+  unsigned __int128 end = 0;
+  for (size_t i = 0; i < rank; ++i) {
+    const uint64_t d = m.dims[i];
+    if (d == 0 || d > (uint64_t{1} << 32)) {
+      return bad("global_dims[", i, "] is ", d, "; 1 to 2^32");
+    }
+    e.dims[i] = d;
+    if (i == 0) {
+      end = static_cast<unsigned __int128>(d) * elem;
+      continue;
+    }
+    const uint64_t stride = m.strides[i - 1];
+    if (stride == 0 || stride % 16 != 0 || stride >= (uint64_t{1} << 40)) {
+      return bad("global_strides[", i - 1, "] is ", stride, "; a multiple of 16 below 2^40");
+    }
+    e.strides[i - 1] = stride;
+    end += static_cast<unsigned __int128>(d - 1) * stride;
+  }
+  if (end > room) {
+    return bad(
+        "it spans ",
+        end > ~uint64_t{0} ? std::string("over 2^64") : absl::StrCat(static_cast<uint64_t>(end)),
+        " bytes from the tensor's start; the buffer has ", room, " from there");
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    const uint32_t b = m.box[i];
+    if (b == 0 || b > 256) return bad("box_dims[", i, "] is ", b, "; 1 to 256");
+    e.box[i] = b;
+    const uint32_t es = m.element_strides.empty() ? 1 : m.element_strides[i];
+    if (es == 0 || es > 8) return bad("element_strides[", i, "] is ", es, "; 1 to 8");
+    e.element_strides[i] = es;
+  }
+  const uint64_t inner = uint64_t{m.box[0]} * elem;
+  if (inner % 16 != 0) {
+    return bad("box_dims[0] (", m.box[0], ") times the element size (", elem, ") is ", inner,
+               " bytes; a multiple of 16");
+  }
+  static constexpr uint64_t kSpan[] = {0, 32, 64, 128};
+  if (m.swizzle != 0 && inner > kSpan[m.swizzle]) {
+    return bad("box_dims[0] spans ", inner, " bytes; swizzle ", kSpan[m.swizzle],
+               "B allows at most ", kSpan[m.swizzle]);
+  }
+  return e;
 }
 
 namespace {
@@ -159,10 +281,10 @@ void Put(std::string* block, uint64_t offset, T value) {
 
 }  // namespace
 
-absl::StatusOr<std::string> PackArgs(const std::string& kernel,
-                                     const std::vector<port::ParamInfo>& params,
-                                     uint64_t param_bytes, const std::vector<ArgValue>& args,
-                                     const BufferResolver& resolve) {
+absl::StatusOr<PackedArgs> PackArgs(const std::string& kernel,
+                                    const std::vector<port::ParamInfo>& params,
+                                    uint64_t param_bytes, const std::vector<ArgValue>& args,
+                                    const BufferResolver& resolve) {
   if (args.size() != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("kernel '", kernel, "' takes ", params.size(),
                                                    " parameters; the launch passed ", args.size(),
@@ -182,7 +304,9 @@ absl::StatusOr<std::string> PackArgs(const std::string& kernel,
           params[i].size, " bytes), outside its ", param_bytes, "-byte parameter block"));
     }
   }
-  std::string block(param_bytes, '\0');
+  PackedArgs packed;
+  std::string& block = packed.block;
+  block.assign(param_bytes, '\0');
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgValue& a = args[i];
     const port::ParamInfo& p = params[i];
@@ -195,9 +319,22 @@ absl::StatusOr<std::string> PackArgs(const std::string& kernel,
     if (auto st = CheckRange(kernel, i, a); !st.ok()) return st;
     switch (a.kind) {
       case ArgValue::Kind::kBuffer: {
-        auto ptr = resolve(i, a);
-        if (!ptr.ok()) return ptr.status();
-        Put<uint64_t>(&block, p.offset, *ptr);
+        auto buffer = resolve(i, a);
+        if (!buffer.ok()) return buffer.status();
+        Put<uint64_t>(&block, p.offset, buffer->address);
+        break;
+      }
+      case ArgValue::Kind::kTensorMap: {
+        if (a.tensor_map == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("parameter ", i, " of kernel '", kernel, "': the tensor map is empty"));
+        }
+        auto buffer = resolve(i, a);
+        if (!buffer.ok()) return buffer.status();
+        auto map = CheckTensorMap(kernel, i, *a.tensor_map, buffer->address, buffer->room);
+        if (!map.ok()) return map.status();
+        map->param_offset = p.offset;
+        packed.tensor_maps.push_back(*map);
         break;
       }
       case ArgValue::Kind::kNull:
@@ -246,7 +383,7 @@ absl::StatusOr<std::string> PackArgs(const std::string& kernel,
         break;
     }
   }
-  return block;
+  return packed;
 }
 
 }  // namespace gpuexec::core

@@ -241,6 +241,10 @@ struct LaunchSpec {
   uint32_t shared_bytes = 0;
   std::vector<ArgValue> args;
   bool synchronize = false;
+  bool cooperative = false;
+  bool programmatic_dependent = false;
+  bool non_portable_cluster = false;
+  uint32_t cluster_policy = 0;
 };
 
 class Engine;

@@ -43,11 +43,15 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     const LaunchShape shape{{spec.grid.x, spec.grid.y, spec.grid.z},
                             {spec.block.x, spec.block.y, spec.block.z},
                             {spec.cluster.x, spec.cluster.y, spec.cluster.z},
-                            spec.shared_bytes};
+                            spec.shared_bytes,
+                            spec.cooperative,
+                            spec.programmatic_dependent,
+                            spec.non_portable_cluster,
+                            spec.cluster_policy};
     if (absl::Status st = CheckLaunchShape(shape, f.kernel.attributes, p, kname); !st.ok()) {
       return gpu_ns(st);
     }
-    auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<port::DevicePtr> {
+    auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<ResolvedBuffer> {
       s->mu.AssertHeld();  // called by PackArgs below, under the lock taken above
       auto it = s->buffers.find(a.buffer);
       if (it == s->buffers.end()) {
@@ -64,12 +68,19 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
             absl::StrCat("parameter ", index, " of ", kname, ": offset ", a.offset,
                          " is past the end of ", s->Describe(it->second)));
       }
-      return it->second.ptr + a.offset;
+      return ResolvedBuffer{it->second.ptr + a.offset, it->second.size - a.offset};
     };
-    auto block_bytes = PackArgs(f.name, f.kernel.params, f.kernel.param_bytes, spec.args, resolve);
-    if (!block_bytes.ok()) return gpu_ns(block_bytes.status());
+    auto packed =
+        PackArgs(f.quoted_name, f.kernel.params, f.kernel.param_bytes, spec.args, resolve);
+    if (!packed.ok()) return gpu_ns(packed.status());
+    if (!packed->tensor_maps.empty() && p.cc_major < 9) {
+      return gpu_ns(absl::InvalidArgumentError(absl::StrCat(
+          "launch of ", kname, ": tensor maps need compute capability 9.0 or later; device ",
+          p.ordinal, " has ", p.cc_major, ".", p.cc_minor)));
+    }
     op.kernel = f.kernel.id;
-    op.param_block = std::move(block_bytes).value();
+    op.param_block = std::move(packed->block);
+    op.tensor_maps = std::move(packed->tensor_maps);
     op.geometry = GeometryOf(shape);
     op.what = f.launch_what;
     TrafficCounters* traffic = &traffic_[s->device()];

@@ -327,6 +327,7 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
                    f.handle = session->NewHandle();
                    f.module_sha256 = sha;
                    f.name = name;
+                   f.quoted_name = Quoted(name);
                    f.kernel = *k;
                    f.label = label;
                    f.launch_what = launch_what;

@@ -15,6 +15,10 @@ port::LaunchGeometry GeometryOf(const LaunchShape& shape) {
     g.cluster[i] = clustered ? (shape.cluster[i] == 0 ? 1 : shape.cluster[i]) : 0;
   }
   g.shared_bytes = static_cast<uint32_t>(shape.shared_bytes);
+  g.cooperative = shape.cooperative;
+  g.programmatic_dependent = shape.programmatic_dependent;
+  g.non_portable_cluster = shape.non_portable_cluster;
+  g.cluster_policy = shape.cluster_policy;
   return g;
 }
 
@@ -68,7 +72,25 @@ absl::Status CheckLaunchShape(const LaunchShape& shape, const port::FunctionAttr
       }
       size *= c;
     }
-    if (size > 8) return bad("a cluster of ", size, " blocks is over the portable maximum of 8");
+    if (size > kPortableClusterBlocks && !shape.non_portable_cluster) {
+      return bad("a cluster of ", size, " blocks is over the portable maximum of ",
+                 kPortableClusterBlocks, "; ask for non_portable_cluster to go up to ",
+                 kNonPortableClusterBlocks);
+    }
+    if (size > kNonPortableClusterBlocks) {
+      return bad("a cluster of ", size, " blocks is over the maximum of ",
+                 kNonPortableClusterBlocks);
+    }
+  }
+  if (shape.cluster_policy > 2) {
+    return bad("cluster_scheduling_policy ", shape.cluster_policy, " is not one of 0 to 2");
+  }
+  if (shape.cluster_policy != 0 && geometry.cluster[0] == 0) {
+    return bad("a cluster scheduling policy needs a cluster");
+  }
+  if (shape.programmatic_dependent && p.cc_major < 9) {
+    return bad("device ", p.ordinal, " (compute capability ", p.cc_major, ".", p.cc_minor,
+               ") has no programmatic dependent launch; it needs 9.0 or later");
   }
   return absl::OkStatus();
 }

@@ -84,6 +84,8 @@ struct FunctionEntry {
   uint64_t handle = 0;
   std::string module_sha256;
   std::string name;
+  // The name as messages show it (escaped, bounded), for PackArgs.
+  std::string quoted_name;
   port::KernelInfo kernel;
   // Made once, not at every launch: "kernel 'NAME'" for messages, and what
   // the device names a launch of it ("... of session S on device N").

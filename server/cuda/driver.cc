@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/cord.h"
@@ -464,8 +465,11 @@ absl::StatusOr<PinnedMemory> Driver::AllocPinned(uint64_t size, absl::string_vie
   return PinnedMemory(this, p);
 }
 
-absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, CUstream_st* stream,
-                            absl::string_view what) const {
+namespace {
+
+// The grid, block and shared memory of `g` as the driver's launch
+// configuration; no stream, no attributes.
+CUlaunchConfig ConfigOf(const LaunchGeometry& g) {
   CUlaunchConfig config;
   std::memset(&config, 0, sizeof(config));
   config.gridDimX = g.grid[0];
@@ -475,18 +479,108 @@ absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, 
   config.blockDimY = g.block[1];
   config.blockDimZ = g.block[2];
   config.sharedMemBytes = g.shared_bytes;
+  return config;
+}
+
+}  // namespace
+
+absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, CUstream_st* stream,
+                            absl::string_view what) const {
+  CUlaunchConfig config = ConfigOf(g);
   config.hStream = stream;
+  CUlaunchAttribute attrs[4];
+  std::memset(attrs, 0, sizeof(attrs));
+  unsigned n = 0;
+  if (g.cluster[0] != 0 || g.cluster[1] != 0 || g.cluster[2] != 0) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n].value.clusterDim.x = g.cluster[0] == 0 ? 1 : g.cluster[0];
+    attrs[n].value.clusterDim.y = g.cluster[1] == 0 ? 1 : g.cluster[1];
+    attrs[n].value.clusterDim.z = g.cluster[2] == 0 ? 1 : g.cluster[2];
+    ++n;
+    if (g.cluster_policy != 0) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+      attrs[n].value.clusterSchedulingPolicyPreference =
+          static_cast<CUclusterSchedulingPolicy>(g.cluster_policy);
+      ++n;
+    }
+  }
+  if (g.cooperative) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n].value.cooperative = 1;
+    ++n;
+  }
+  if (g.programmatic_dependent) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n].value.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = n == 0 ? nullptr : attrs;
+  config.numAttrs = n;
+  GPUEXEC_CU(LaunchKernelEx, (&config, f, params, nullptr), what);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Driver::MaxCoResidentBlocks(Function f, const LaunchGeometry& g,
+                                                     int multiprocessors,
+                                                     absl::string_view what) const {
+  const uint64_t threads = uint64_t{g.block[0]} * g.block[1] * g.block[2];
+  if (g.cluster[0] == 0) {
+    int per_sm = 0;
+    GPUEXEC_CU(OccupancyMaxActiveBlocksPerMultiprocessor,
+               (&per_sm, f, static_cast<int>(threads), g.shared_bytes), what);
+    return static_cast<uint64_t>(std::max(per_sm, 0)) *
+           static_cast<uint64_t>(std::max(multiprocessors, 0));
+  }
+  // Clusters are placed whole: the device holds so many clusters at once.
+  CUlaunchConfig config = ConfigOf(g);
   CUlaunchAttribute attr;
   std::memset(&attr, 0, sizeof(attr));
-  if (g.cluster[0] != 0 || g.cluster[1] != 0 || g.cluster[2] != 0) {
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = g.cluster[0] == 0 ? 1 : g.cluster[0];
-    attr.value.clusterDim.y = g.cluster[1] == 0 ? 1 : g.cluster[1];
-    attr.value.clusterDim.z = g.cluster[2] == 0 ? 1 : g.cluster[2];
-    config.attrs = &attr;
-    config.numAttrs = 1;
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = g.cluster[0];
+  attr.value.clusterDim.y = g.cluster[1] == 0 ? 1 : g.cluster[1];
+  attr.value.clusterDim.z = g.cluster[2] == 0 ? 1 : g.cluster[2];
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  GPUEXEC_CU(OccupancyMaxActiveClusters, (&clusters, f, &config), what);
+  const uint64_t size =
+      uint64_t{attr.value.clusterDim.x} * attr.value.clusterDim.y * attr.value.clusterDim.z;
+  return static_cast<uint64_t>(std::max(clusters, 0)) * size;
+}
+
+absl::Status Driver::AllowNonPortableClusters(Function f, absl::string_view what) const {
+  GPUEXEC_CU(FuncSetAttribute, (f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1), what);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::EncodeTensorMap(const port::TensorMapEncoding& m, void* out,
+                                     absl::string_view what) const {
+  static_assert(sizeof(CUtensorMap) == port::kTensorMapBytes);
+  if (m.rank < 1 || m.rank > port::kMaxTensorRank) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a tensor map of rank ", m.rank));
   }
-  GPUEXEC_CU(LaunchKernelEx, (&config, f, params, nullptr), what);
+  // Encoded into aligned storage (the driver asks for 64 bytes), then
+  // copied into the parameter block, which has no such alignment.
+  CUtensorMap map;
+  cuuint64_t dims[port::kMaxTensorRank];
+  cuuint64_t strides[port::kMaxTensorRank];
+  cuuint32_t box[port::kMaxTensorRank];
+  cuuint32_t element_strides[port::kMaxTensorRank];
+  for (uint32_t i = 0; i < m.rank; ++i) {
+    dims[i] = m.dims[i];
+    box[i] = m.box[i];
+    element_strides[i] = m.element_strides[i];
+    strides[i] = i + 1 < m.rank ? m.strides[i] : 0;
+  }
+  GPUEXEC_CU(TensorMapEncodeTiled,
+             (&map, static_cast<CUtensorMapDataType>(m.data_type), m.rank,
+              reinterpret_cast<void*>(static_cast<uintptr_t>(m.address)), dims, strides, box,
+              element_strides, static_cast<CUtensorMapInterleave>(m.interleave),
+              static_cast<CUtensorMapSwizzle>(m.swizzle),
+              static_cast<CUtensorMapL2promotion>(m.l2_promotion),
+              static_cast<CUtensorMapFloatOOBfill>(m.oob_fill)),
+             what);
+  std::memcpy(out, &map, sizeof(map));
   return absl::OkStatus();
 }
 

@@ -185,9 +185,21 @@ class Driver {
                              absl::string_view what) const;
   absl::StatusOr<PinnedMemory> AllocPinned(uint64_t size, absl::string_view what) const;
 
-  // Launches `f`; `params[i]` points at the bytes of parameter i.
+  // Launches `f`; `params[i]` points at the bytes of parameter i. The
+  // geometry's attributes (cooperative, programmatic dependent, cluster
+  // scheduling policy) go with it.
   absl::Status Launch(Function f, const LaunchGeometry& geometry, void** params,
                       CUstream_st* stream, absl::string_view what) const;
+  // Blocks of `f` that can be resident at once on the whole device for
+  // `geometry` (its block, shared memory and cluster), on a device of
+  // `multiprocessors`: the most a cooperative launch may have.
+  absl::StatusOr<uint64_t> MaxCoResidentBlocks(Function f, const LaunchGeometry& geometry,
+                                               int multiprocessors, absl::string_view what) const;
+  // Lets `f` be launched in clusters of more than 8 blocks.
+  absl::Status AllowNonPortableClusters(Function f, absl::string_view what) const;
+  // Encodes `map` (checked by the caller) into the 128 bytes at `out`.
+  absl::Status EncodeTensorMap(const port::TensorMapEncoding& map, void* out,
+                               absl::string_view what) const;
 
   absl::Status SynchronizeContext(absl::string_view what) const;
   // Blocks the calling thread until `stream`'s work has finished.

@@ -11,51 +11,55 @@
 namespace gpuexec::cuda {
 
 // X(member, exported symbol, type taken from cuda.h's declaration)
-#define GPUEXEC_DRIVER_ENTRY_POINTS(X)                                                  \
-  X(Init, "cuInit", cuInit)                                                             \
-  X(DriverGetVersion, "cuDriverGetVersion", cuDriverGetVersion)                         \
-  X(GetErrorName, "cuGetErrorName", cuGetErrorName)                                     \
-  X(GetErrorString, "cuGetErrorString", cuGetErrorString)                               \
-  X(DeviceGetCount, "cuDeviceGetCount", cuDeviceGetCount)                               \
-  X(DeviceGet, "cuDeviceGet", cuDeviceGet)                                              \
-  X(DeviceGetName, "cuDeviceGetName", cuDeviceGetName)                                  \
-  X(DeviceGetAttribute, "cuDeviceGetAttribute", cuDeviceGetAttribute)                   \
-  X(DeviceTotalMem, "cuDeviceTotalMem_v2", cuDeviceTotalMem)                            \
-  X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)       \
-  X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", cuDevicePrimaryCtxRelease) \
-  X(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent)                                  \
-  X(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize)                               \
-  X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)                      \
-  X(MemAlloc, "cuMemAlloc_v2", cuMemAlloc)                                              \
-  X(MemFree, "cuMemFree_v2", cuMemFree)                                                 \
-  X(MemHostRegister, "cuMemHostRegister_v2", cuMemHostRegister)                         \
-  X(MemHostUnregister, "cuMemHostUnregister", cuMemHostUnregister)                      \
-  X(MemGetInfo, "cuMemGetInfo_v2", cuMemGetInfo)                                        \
-  X(ModuleLoadDataEx, "cuModuleLoadDataEx", cuModuleLoadDataEx)                         \
-  X(ModuleUnload, "cuModuleUnload", cuModuleUnload)                                     \
-  X(ModuleGetFunction, "cuModuleGetFunction", cuModuleGetFunction)                      \
-  X(FuncGetParamInfo, "cuFuncGetParamInfo", cuFuncGetParamInfo)                         \
-  X(FuncGetAttribute, "cuFuncGetAttribute", cuFuncGetAttribute)                         \
-  X(FuncSetAttribute, "cuFuncSetAttribute", cuFuncSetAttribute)                         \
-  X(StreamCreate, "cuStreamCreate", cuStreamCreate)                                     \
-  X(StreamDestroy, "cuStreamDestroy_v2", cuStreamDestroy)                               \
-  X(LaunchHostFunc, "cuLaunchHostFunc", cuLaunchHostFunc)                               \
-  X(EventCreate, "cuEventCreate", cuEventCreate)                                        \
-  X(EventRecord, "cuEventRecord", cuEventRecord)                                        \
-  X(EventQuery, "cuEventQuery", cuEventQuery)                                           \
-  X(EventElapsedTime, "cuEventElapsedTime", cuEventElapsedTime)                         \
-  X(EventDestroy, "cuEventDestroy_v2", cuEventDestroy)                                  \
-  X(MemAllocAsync, "cuMemAllocAsync", cuMemAllocAsync)                                  \
-  X(MemFreeAsync, "cuMemFreeAsync", cuMemFreeAsync)                                     \
-  X(MemsetD8Async, "cuMemsetD8Async", cuMemsetD8Async)                                  \
-  X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", cuMemcpyDtoDAsync)                         \
-  X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", cuMemcpyHtoDAsync)                         \
-  X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", cuMemcpyDtoHAsync)                         \
-  X(MemHostAlloc, "cuMemHostAlloc", cuMemHostAlloc)                                     \
-  X(MemFreeHost, "cuMemFreeHost", cuMemFreeHost)                                        \
-  X(LaunchKernelEx, "cuLaunchKernelEx", cuLaunchKernelEx)                               \
-  X(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool)    \
-  X(MemPoolSetAttribute, "cuMemPoolSetAttribute", cuMemPoolSetAttribute)                \
+#define GPUEXEC_DRIVER_ENTRY_POINTS(X)                                                        \
+  X(Init, "cuInit", cuInit)                                                                   \
+  X(DriverGetVersion, "cuDriverGetVersion", cuDriverGetVersion)                               \
+  X(GetErrorName, "cuGetErrorName", cuGetErrorName)                                           \
+  X(GetErrorString, "cuGetErrorString", cuGetErrorString)                                     \
+  X(DeviceGetCount, "cuDeviceGetCount", cuDeviceGetCount)                                     \
+  X(DeviceGet, "cuDeviceGet", cuDeviceGet)                                                    \
+  X(DeviceGetName, "cuDeviceGetName", cuDeviceGetName)                                        \
+  X(DeviceGetAttribute, "cuDeviceGetAttribute", cuDeviceGetAttribute)                         \
+  X(DeviceTotalMem, "cuDeviceTotalMem_v2", cuDeviceTotalMem)                                  \
+  X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)             \
+  X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", cuDevicePrimaryCtxRelease)       \
+  X(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent)                                        \
+  X(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize)                                     \
+  X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)                            \
+  X(MemAlloc, "cuMemAlloc_v2", cuMemAlloc)                                                    \
+  X(MemFree, "cuMemFree_v2", cuMemFree)                                                       \
+  X(MemHostRegister, "cuMemHostRegister_v2", cuMemHostRegister)                               \
+  X(MemHostUnregister, "cuMemHostUnregister", cuMemHostUnregister)                            \
+  X(MemGetInfo, "cuMemGetInfo_v2", cuMemGetInfo)                                              \
+  X(ModuleLoadDataEx, "cuModuleLoadDataEx", cuModuleLoadDataEx)                               \
+  X(ModuleUnload, "cuModuleUnload", cuModuleUnload)                                           \
+  X(ModuleGetFunction, "cuModuleGetFunction", cuModuleGetFunction)                            \
+  X(FuncGetParamInfo, "cuFuncGetParamInfo", cuFuncGetParamInfo)                               \
+  X(FuncGetAttribute, "cuFuncGetAttribute", cuFuncGetAttribute)                               \
+  X(FuncSetAttribute, "cuFuncSetAttribute", cuFuncSetAttribute)                               \
+  X(StreamCreate, "cuStreamCreate", cuStreamCreate)                                           \
+  X(StreamDestroy, "cuStreamDestroy_v2", cuStreamDestroy)                                     \
+  X(LaunchHostFunc, "cuLaunchHostFunc", cuLaunchHostFunc)                                     \
+  X(EventCreate, "cuEventCreate", cuEventCreate)                                              \
+  X(EventRecord, "cuEventRecord", cuEventRecord)                                              \
+  X(EventQuery, "cuEventQuery", cuEventQuery)                                                 \
+  X(EventElapsedTime, "cuEventElapsedTime", cuEventElapsedTime)                               \
+  X(EventDestroy, "cuEventDestroy_v2", cuEventDestroy)                                        \
+  X(MemAllocAsync, "cuMemAllocAsync", cuMemAllocAsync)                                        \
+  X(MemFreeAsync, "cuMemFreeAsync", cuMemFreeAsync)                                           \
+  X(MemsetD8Async, "cuMemsetD8Async", cuMemsetD8Async)                                        \
+  X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", cuMemcpyDtoDAsync)                               \
+  X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", cuMemcpyHtoDAsync)                               \
+  X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", cuMemcpyDtoHAsync)                               \
+  X(MemHostAlloc, "cuMemHostAlloc", cuMemHostAlloc)                                           \
+  X(MemFreeHost, "cuMemFreeHost", cuMemFreeHost)                                              \
+  X(LaunchKernelEx, "cuLaunchKernelEx", cuLaunchKernelEx)                                     \
+  X(OccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", \
+    cuOccupancyMaxActiveBlocksPerMultiprocessor)                                              \
+  X(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters", cuOccupancyMaxActiveClusters) \
+  X(TensorMapEncodeTiled, "cuTensorMapEncodeTiled", cuTensorMapEncodeTiled)                   \
+  X(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool)          \
+  X(MemPoolSetAttribute, "cuMemPoolSetAttribute", cuMemPoolSetAttribute)                      \
   X(MemPoolTrimTo, "cuMemPoolTrimTo", cuMemPoolTrimTo)
 
 struct DriverApi {

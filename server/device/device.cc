@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -70,6 +71,12 @@ struct Device::KernelEntry {
   KernelInfo info;
   // The dynamic shared memory the kernel is opted in to so far.
   int dynamic_shared_limit = 0;
+  // Opted in to clusters of more than 8 blocks.
+  bool non_portable_clusters = false;
+  // Blocks resident at once, by block, shared memory and cluster shape (the
+  // most a cooperative launch may have); a few shapes, so bounded.
+  absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t>, uint64_t>
+      co_resident;
 };
 
 struct Device::LoadedModule {
@@ -935,6 +942,26 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
     GPUEXEC_RETURN_IF_ERROR(Check(driver_->SetMaxDynamicShared(k.function, shared, op.what)));
     k.dynamic_shared_limit = shared;
   }
+  const port::LaunchGeometry& g = op.geometry;
+  if (g.non_portable_cluster && !k.non_portable_clusters &&
+      uint64_t{g.cluster[0]} * std::max(g.cluster[1], 1u) * std::max(g.cluster[2], 1u) > 8) {
+    GPUEXEC_RETURN_IF_ERROR(Check(driver_->AllowNonPortableClusters(k.function, op.what)));
+    k.non_portable_clusters = true;
+  }
+  if (g.cooperative) GPUEXEC_RETURN_IF_ERROR(CheckCoResident(k, op));
+  for (const port::TensorMapEncoding& m : op.tensor_maps) {
+    // The front placed it; a map that does not fit its block is refused
+    // here as well, never written past.
+    if (m.param_offset > op.param_block.size() ||
+        op.param_block.size() - m.param_offset < port::kTensorMapBytes) {
+      return absl::InternalError(absl::StrCat(op.what, ": the tensor map of parameter ",
+                                              m.param_index, " lies outside the parameters"));
+    }
+    absl::Status st = driver_->EncodeTensorMap(
+        m, op.param_block.data() + m.param_offset,
+        absl::StrCat("the tensor map of parameter ", m.param_index, " for ", op.what));
+    GPUEXEC_RETURN_IF_ERROR(Check(st));
+  }
   absl::InlinedVector<void*, 16> params(k.info.params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     params[i] = op.param_block.data() + k.info.params[i].offset;
@@ -973,6 +1000,30 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
   std::shared_ptr<cuda::Event> end;
   SynchronizeOn(stream, s, std::move(*then_synchronize), &end);
   if (Watched(s)) (void)Watch(stream, s, s.last_launch, std::move(start), std::move(end));
+  return absl::OkStatus();
+}
+
+absl::Status Device::CheckCoResident(KernelEntry& k, const LaunchOp& op) {
+  const port::LaunchGeometry& g = op.geometry;
+  const uint64_t threads = uint64_t{g.block[0]} * g.block[1] * g.block[2];
+  const auto key =
+      std::make_tuple(threads, g.shared_bytes, g.cluster[0], g.cluster[1], g.cluster[2]);
+  auto it = k.co_resident.find(key);
+  if (it == k.co_resident.end()) {
+    auto most = driver_->MaxCoResidentBlocks(k.function, g, props_.multiprocessors, op.what);
+    if (!most.ok()) return Check(most.status());
+    if (k.co_resident.size() >= 64) k.co_resident.clear();
+    it = k.co_resident.emplace(key, *most).first;
+  }
+  const uint64_t blocks = uint64_t{g.grid[0]} * g.grid[1] * g.grid[2];
+  if (blocks > it->second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op.what, ": a cooperative grid of ", blocks, " blocks (", g.grid[0], ", ",
+                     g.grid[1], ", ", g.grid[2], ") is more than device ", props_.ordinal,
+                     " can hold at once for this kernel: at most ", it->second, " blocks of ",
+                     threads, " threads with ", g.shared_bytes, " bytes of dynamic shared memory",
+                     g.cluster[0] != 0 ? ", in clusters" : ""));
+  }
   return absl::OkStatus();
 }
 

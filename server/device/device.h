@@ -233,6 +233,9 @@ class Device {
   // launch on, the callback (taken) reports.
   absl::Status LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
                         Callback<uint64_t>* then_synchronize = nullptr);
+  // A cooperative launch's grid against the blocks of its kernel that the
+  // device holds at once: INVALID_ARGUMENT naming both when it is larger.
+  absl::Status CheckCoResident(KernelEntry& k, const LaunchOp& op);
   // `recorded`, if given, gets the end event once recorded.
   void SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,
                      std::shared_ptr<cuda::Event>* recorded = nullptr);

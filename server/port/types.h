@@ -61,6 +61,36 @@ struct LaunchGeometry {
   unsigned block[3] = {1, 1, 1};
   unsigned cluster[3] = {0, 0, 0};  // all zero: no cluster
   unsigned shared_bytes = 0;
+  // Launch attributes: the whole grid resident at once; programmatic
+  // dependent launch (may start before the stream's previous kernel ends);
+  // cluster sizes above 8 allowed; the cluster scheduling policy (0 default,
+  // 1 spread, 2 load balancing: CUclusterSchedulingPolicy's values).
+  bool cooperative = false;
+  bool programmatic_dependent = false;
+  bool non_portable_cluster = false;
+  unsigned cluster_policy = 0;
+};
+
+// A tensor map (CUtensorMap, kTensorMapBytes) the device encodes into a
+// launch's parameter block, checked by the core. The enumerations carry
+// the driver's values (CUtensorMapDataType, ...Interleave, ...Swizzle,
+// ...L2promotion, ...FloatOOBfill); dimensions run innermost first.
+inline constexpr int kMaxTensorRank = 5;
+inline constexpr uint64_t kTensorMapBytes = 128;
+struct TensorMapEncoding {
+  uint64_t param_offset = 0;  // where its 128 bytes go in the block
+  uint32_t param_index = 0;   // for messages
+  DevicePtr address = 0;
+  uint32_t data_type = 0;
+  uint32_t rank = 0;
+  uint64_t dims[kMaxTensorRank] = {0, 0, 0, 0, 0};
+  uint64_t strides[kMaxTensorRank - 1] = {0, 0, 0, 0};  // bytes, dims 1..rank-1
+  uint32_t box[kMaxTensorRank] = {0, 0, 0, 0, 0};
+  uint32_t element_strides[kMaxTensorRank] = {1, 1, 1, 1, 1};
+  uint32_t interleave = 0;
+  uint32_t swizzle = 0;
+  uint32_t l2_promotion = 0;
+  uint32_t oob_fill = 0;
 };
 
 // Streams and kernels are named by ids the front process chooses.
@@ -92,6 +122,8 @@ struct LaunchOp {
   LaunchGeometry geometry;
   // The parameters packed at the offsets of KernelInfo::params.
   std::string param_block;
+  // Tensor maps the device encodes into param_block before the launch.
+  std::vector<TensorMapEncoding> tensor_maps;
   std::string what;  // names the function and session in errors
 };
 

@@ -109,6 +109,27 @@ absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index) {
       return core::ArgValue::Raw(arg.raw());
     case v1::Arg::kNullPointer:
       return core::ArgValue::Null();
+    case v1::Arg::kTensorMap: {
+      const v1::TensorMapArg& t = arg.tensor_map();
+      core::TensorMapArg m;
+      // The driver's values are the API's less one; unspecified is -1, and
+      // an unknown value (an open enumeration's number) -2.
+      const int type = static_cast<int>(t.data_type());
+      m.data_type = type == 0 ? -1 : (type > 0 && type <= 13 ? type - 1 : -2);
+      // The rank is bounded by the core's check (the message size bounds
+      // these copies).
+      m.dims.assign(t.global_dims().begin(), t.global_dims().end());
+      m.strides.assign(t.global_strides().begin(), t.global_strides().end());
+      m.box.assign(t.box_dims().begin(), t.box_dims().end());
+      m.element_strides.assign(t.element_strides().begin(), t.element_strides().end());
+      // Open enumerations: an unknown value arrives as a number, checked by
+      // the core.
+      m.interleave = static_cast<uint32_t>(t.interleave());
+      m.swizzle = static_cast<uint32_t>(t.swizzle());
+      m.l2_promotion = static_cast<uint32_t>(t.l2_promotion());
+      m.oob_fill = static_cast<uint32_t>(t.oob_fill());
+      return core::ArgValue::TensorMap(t.global().buffer(), t.global().offset(), std::move(m));
+    }
     case v1::Arg::VALUE_NOT_SET:
       break;
   }
@@ -127,6 +148,11 @@ absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& r) {
   spec.cluster = {r.cluster().x(), r.cluster().y(), r.cluster().z()};
   spec.shared_bytes = r.shared_memory_bytes();
   spec.synchronize = r.synchronize();
+  spec.cooperative = r.cooperative();
+  spec.programmatic_dependent = r.programmatic_dependent_launch();
+  spec.non_portable_cluster = r.non_portable_cluster();
+  // An unknown policy arrives as its number; the core names it.
+  spec.cluster_policy = static_cast<uint32_t>(r.cluster_scheduling_policy());
   spec.args.reserve(r.args_size());
   for (int i = 0; i < r.args_size(); ++i) {
     auto a = FromProto(r.args(i), static_cast<size_t>(i));

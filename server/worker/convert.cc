@@ -1,5 +1,7 @@
 #include "server/worker/convert.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace gpuexec::worker {
 
 void ToProto(const absl::Status& st, Status* out) {
@@ -89,6 +91,10 @@ void ToProto(const port::LaunchGeometry& g, Geometry* out) {
     out->add_cluster(g.cluster[i]);
   }
   out->set_shared_bytes(g.shared_bytes);
+  out->set_cooperative(g.cooperative);
+  out->set_programmatic_dependent(g.programmatic_dependent);
+  out->set_non_portable_cluster(g.non_portable_cluster);
+  out->set_cluster_policy(g.cluster_policy);
 }
 
 void FromProto(const Geometry& g, port::LaunchGeometry* out) {
@@ -98,6 +104,53 @@ void FromProto(const Geometry& g, port::LaunchGeometry* out) {
     if (i < g.cluster_size()) out->cluster[i] = g.cluster(i);
   }
   out->shared_bytes = g.shared_bytes();
+  out->cooperative = g.cooperative();
+  out->programmatic_dependent = g.programmatic_dependent();
+  out->non_portable_cluster = g.non_portable_cluster();
+  out->cluster_policy = g.cluster_policy();
+}
+
+void ToProto(const port::TensorMapEncoding& m, TensorMap* out) {
+  out->set_param_offset(m.param_offset);
+  out->set_param_index(m.param_index);
+  out->set_address(m.address);
+  out->set_data_type(m.data_type);
+  for (uint32_t i = 0; i < m.rank && i < port::kMaxTensorRank; ++i) {
+    out->add_dims(m.dims[i]);
+    out->add_box(m.box[i]);
+    out->add_element_strides(m.element_strides[i]);
+    if (i > 0) out->add_strides(m.strides[i - 1]);
+  }
+  out->set_interleave(m.interleave);
+  out->set_swizzle(m.swizzle);
+  out->set_l2_promotion(m.l2_promotion);
+  out->set_oob_fill(m.oob_fill);
+}
+
+absl::Status FromProto(const TensorMap& m, port::TensorMapEncoding* out) {
+  const int rank = m.dims_size();
+  if (rank < 1 || rank > port::kMaxTensorRank || m.box_size() != rank ||
+      m.element_strides_size() != rank || m.strides_size() != rank - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a tensor map of rank ", rank, " with ", m.box_size(), " box, ", m.element_strides_size(),
+        " element stride and ", m.strides_size(), " stride entries"));
+  }
+  out->param_offset = m.param_offset();
+  out->param_index = m.param_index();
+  out->address = m.address();
+  out->data_type = m.data_type();
+  out->rank = static_cast<uint32_t>(rank);
+  for (int i = 0; i < rank; ++i) {
+    out->dims[i] = m.dims(i);
+    out->box[i] = m.box(i);
+    out->element_strides[i] = m.element_strides(i);
+    if (i > 0) out->strides[i - 1] = m.strides(i - 1);
+  }
+  out->interleave = m.interleave();
+  out->swizzle = m.swizzle();
+  out->l2_promotion = m.l2_promotion();
+  out->oob_fill = m.oob_fill();
+  return absl::OkStatus();
 }
 
 }  // namespace gpuexec::worker

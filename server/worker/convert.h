@@ -21,6 +21,10 @@ port::DeviceProperties FromProto(const DeviceProperties& p);
 void ToProto(const port::LaunchGeometry& g, Geometry* out);
 void FromProto(const Geometry& g, port::LaunchGeometry* out);
 
+void ToProto(const port::TensorMapEncoding& m, TensorMap* out);
+// INVALID_ARGUMENT when the entries do not make one rank of 1 to 5.
+absl::Status FromProto(const TensorMap& m, port::TensorMapEncoding* out);
+
 }  // namespace gpuexec::worker
 
 #endif  // GPUEXEC_SERVER_WORKER_CONVERT_H_

@@ -451,6 +451,7 @@ Request LaunchRequest(port::StreamId stream, port::LaunchOp& op) {
   ToProto(op.geometry, l->mutable_geometry());
   l->set_params(std::move(op.param_block));
   l->set_what(std::move(op.what));
+  for (const port::TensorMapEncoding& m : op.tensor_maps) ToProto(m, l->add_tensor_maps());
   return r;
 }
 

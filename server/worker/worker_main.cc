@@ -286,6 +286,13 @@ void Worker::Handle(Request& r) {
       op.param_block = std::move(*l->mutable_params());
       op.what = std::move(*l->mutable_what());
       const uint64_t kernel = op.kernel;
+      for (const TensorMap& m : l->tensor_maps()) {
+        port::TensorMapEncoding e;
+        if (absl::Status st = FromProto(m, &e); !st.ok()) {
+          return Reply(id, absl::InvalidArgumentError(absl::StrCat(op.what, ": ", st.message())));
+        }
+        op.tensor_maps.push_back(e);
+      }
       if (l->synchronize()) {
         dev_->LaunchAndSynchronize(
             l->stream(), std::move(op),

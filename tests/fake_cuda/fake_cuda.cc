@@ -55,6 +55,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -491,6 +492,7 @@ struct KernelLaunch {
   unsigned block[3] = {1, 1, 1};
   unsigned shared_bytes = 0;
   unsigned cluster[3] = {1, 1, 1};
+  bool cooperative = false;
   std::vector<uint8_t> args;
 
   template <typename T>
@@ -605,6 +607,90 @@ bool RunClusterRank(const KernelLaunch& l) {
   return true;
 }
 
+// The double's encoding of a tensor map (cuTensorMapEncodeTiled): what
+// gx_tensormap_copy needs, in the 128 bytes of a CUtensorMap.
+struct FakeTensorMap {
+  uint64_t magic;
+  uint64_t address;
+  uint32_t data_type;
+  uint32_t rank;
+  uint64_t dims[5];
+  uint64_t strides[4];
+  uint32_t box[5];
+  uint32_t oob_fill;
+};
+static_assert(sizeof(FakeTensorMap) <= sizeof(CUtensorMap));
+constexpr uint64_t kFakeTensorMapMagic = 0x47584d4150763100;  // "GXMAPv1"
+
+// gx_tensormap_copy(map, out, x, y, count): the FLOAT32 box of a rank 1 or
+// 2 map at (x, y), innermost fastest; outside the tensor 0 (NaN with NaN
+// fill). `count` must be the box's elements (the GPU's kernel needs it).
+bool RunTensorMapCopy(const KernelLaunch& l) {
+  FakeTensorMap m;
+  std::memcpy(&m, l.args.data(), sizeof(m));
+  if (m.magic != kFakeTensorMapMagic || m.data_type != CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ||
+      m.rank < 1 || m.rank > 2) {
+    return false;  // as a TMA fault
+  }
+  const int32_t x = l.Arg<int32_t>(136);
+  const int32_t y = l.Arg<int32_t>(140);
+  const uint64_t bx = m.box[0];
+  const uint64_t by = m.rank == 2 ? m.box[1] : 1;
+  if (l.Arg<uint32_t>(144) != bx * by) return false;
+  float* out = DeviceSpan<float>(l, l.Arg<uint64_t>(128), bx * by);
+  if (out == nullptr) return false;
+  const float fill = m.oob_fill != 0 ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+  for (uint64_t j = 0; j < by; ++j) {
+    for (uint64_t i = 0; i < bx; ++i) {
+      const int64_t gx = int64_t{x} + static_cast<int64_t>(i);
+      const int64_t gy = m.rank == 2 ? int64_t{y} + static_cast<int64_t>(j) : 0;
+      const bool inside = gx >= 0 && static_cast<uint64_t>(gx) < m.dims[0] && gy >= 0 &&
+                          (m.rank == 1 || static_cast<uint64_t>(gy) < m.dims[1]);
+      float v = fill;
+      if (inside) {
+        const uint64_t addr = m.address + static_cast<uint64_t>(gx) * 4 +
+                              (m.rank == 2 ? static_cast<uint64_t>(gy) * m.strides[0] : 0);
+        const float* src = DeviceSpan<const float>(l, addr, 1);
+        if (src == nullptr) return false;
+        v = *src;
+      }
+      out[j * bx + i] = v;
+    }
+  }
+  return true;
+}
+
+// gx_coop_count(counter, out): every block adds one to *counter and meets
+// the others at a grid-wide barrier; out[0] = the blocks that met.
+bool RunCoopCount(const KernelLaunch& l) {
+  uint32_t* counter = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(0), 1);
+  uint32_t* out = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(8), 1);
+  if (counter == nullptr || out == nullptr) return false;
+  const uint64_t blocks = uint64_t{l.grid[0]} * l.grid[1] * l.grid[2];
+  *counter += static_cast<uint32_t>(blocks);
+  *out = static_cast<uint32_t>(blocks);
+  return true;
+}
+
+// gx_pdl_produce(data, n): data[i] = i + 1. gx_pdl_consume(data, out, n):
+// out[i] = 2 * data[i] (stream order gives the double what the GPU's
+// dependency wait does).
+bool RunPdlProduce(const KernelLaunch& l) {
+  const uint32_t n = l.Arg<uint32_t>(8);
+  uint32_t* data = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(0), n);
+  if (n > 0 && data == nullptr) return false;
+  for (uint32_t i = 0; i < n; ++i) data[i] = i + 1;
+  return true;
+}
+bool RunPdlConsume(const KernelLaunch& l) {
+  const uint32_t n = l.Arg<uint32_t>(16);
+  const uint32_t* data = DeviceSpan<const uint32_t>(l, l.Arg<uint64_t>(0), n);
+  uint32_t* out = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(8), n);
+  if (n > 0 && (data == nullptr || out == nullptr)) return false;
+  for (uint32_t i = 0; i < n; ++i) out[i] = 2 * data[i];
+  return true;
+}
+
 // Word b (linear block id) of each non-null scratch buffer = b + 1.
 bool RunAddScratch(const KernelLaunch& l) {
   const int32_t n = l.Arg<int32_t>(24);
@@ -640,6 +726,10 @@ const std::vector<KernelDef>& Kernels() {
        RunTypes},
       {"gx_cluster_rank", {{0, 8}}, RunClusterRank},
       {"gx_add_scratch", {{0, 8}, {8, 8}, {16, 8}, {24, 4}, {32, 8}, {40, 8}}, RunAddScratch},
+      {"gx_tensormap_copy", {{0, 128}, {128, 8}, {136, 4}, {140, 4}, {144, 4}}, RunTensorMapCopy},
+      {"gx_coop_count", {{0, 8}, {8, 8}}, RunCoopCount},
+      {"gx_pdl_produce", {{0, 8}, {8, 4}}, RunPdlProduce},
+      {"gx_pdl_consume", {{0, 8}, {8, 8}, {16, 4}}, RunPdlConsume},
   };
   return *kernels;
 }
@@ -716,7 +806,19 @@ struct LaunchRequest {
   unsigned shared_bytes;
   CUstream stream;
   unsigned cluster[3] = {1, 1, 1};
+  bool cooperative = false;
 };
+
+// Blocks of `threads` threads and `shared` bytes resident on one
+// multiprocessor: the double's occupancy (2048 threads, 32 blocks and
+// 228 KiB of shared memory a multiprocessor).
+int FakeBlocksPerMultiprocessor(uint64_t threads, uint64_t shared) {
+  if (threads == 0 || threads > kMaxThreadsPerBlock) return 0;
+  uint64_t n = std::min<uint64_t>(32, 2048 / threads);
+  if (shared > 0) n = std::min<uint64_t>(n, (228 * 1024) / shared);
+  return static_cast<int>(n);
+}
+constexpr int kFakeMultiprocessors = 132;
 
 CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void** extra) {
   GX_RETURN_IF_ERROR(EntryStatus());
@@ -767,6 +869,14 @@ CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void
   for (int i = 0; i < 3; ++i) {
     if (r.grid[i] % r.cluster[i] != 0) return CUDA_ERROR_INVALID_VALUE;
   }
+  if (r.cooperative) {
+    const uint64_t resident =
+        uint64_t{static_cast<unsigned>(FakeBlocksPerMultiprocessor(threads, r.shared_bytes))} *
+        kFakeMultiprocessors / cluster_size * cluster_size;
+    if (uint64_t{r.grid[0]} * r.grid[1] * r.grid[2] > resident) {
+      return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
+  }
 
   // Copy the argument values now, as the driver does.
   auto launch = std::make_shared<KernelLaunch>();
@@ -777,6 +887,7 @@ CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void
     launch->cluster[i] = r.cluster[i];
   }
   launch->shared_bytes = r.shared_bytes;
+  launch->cooperative = r.cooperative;
   launch->args.assign(kernel->ArgBytes(), 0);
   if (!kernel->params.empty()) {
     if (kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1709,8 +1820,10 @@ GX_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
   return Launch(f, r, kernelParams, extra);
 }
 
-// Honours CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; other attributes are
-// accepted and ignored.
+// Honours the cluster dimension and the cooperative attribute (a grid
+// larger than the double's occupancy is refused); checks the cluster
+// scheduling policy and programmatic stream serialization values; other
+// attributes are accepted and ignored.
 GX_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
                                     void** extra) {
   GX_RETURN_IF_ERROR(EntryStatus());
@@ -1728,9 +1841,101 @@ GX_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, 
       r.cluster[0] = attr.value.clusterDim.x;
       r.cluster[1] = attr.value.clusterDim.y;
       r.cluster[2] = attr.value.clusterDim.z;
+    } else if (attr.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
+      r.cooperative = attr.value.cooperative != 0;
+    } else if (attr.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) {
+      if (attr.value.clusterSchedulingPolicyPreference >
+          CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    } else if (attr.id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) {
+      if (attr.value.programmaticStreamSerializationAllowed > 1) return CUDA_ERROR_INVALID_VALUE;
     }
   }
   return Launch(f, r, kernelParams, extra);
+}
+
+// --- Occupancy ---
+
+GX_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func,
+                                                               int blockSize,
+                                                               size_t dynamicSMemSize) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (numBlocks == nullptr || func == nullptr || blockSize <= 0) return CUDA_ERROR_INVALID_VALUE;
+  *numBlocks = FakeBlocksPerMultiprocessor(static_cast<uint64_t>(blockSize), dynamicSMemSize);
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func,
+                                                const CUlaunchConfig* config) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (numClusters == nullptr || func == nullptr || config == nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  uint64_t size = 0;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const CUlaunchAttribute& a = config->attrs[i];
+    if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      size = uint64_t{a.value.clusterDim.x} * a.value.clusterDim.y * a.value.clusterDim.z;
+    }
+  }
+  if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t threads = uint64_t{config->blockDimX} * config->blockDimY * config->blockDimZ;
+  const uint64_t blocks = uint64_t{static_cast<unsigned>(
+                              FakeBlocksPerMultiprocessor(threads, config->sharedMemBytes))} *
+                          kFakeMultiprocessors;
+  *numClusters = static_cast<int>(blocks / size);
+  return CUDA_SUCCESS;
+}
+
+// --- Tensor maps ---
+
+// Checks what the driver documents checking and writes FakeTensorMap.
+GX_EXPORT CUresult cuTensorMapEncodeTiled(
+    CUtensorMap* tensorMap, CUtensorMapDataType dataType, cuuint32_t rank, void* globalAddress,
+    const cuuint64_t* globalDim, const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
+    const cuuint32_t* elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+    CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (tensorMap == nullptr || reinterpret_cast<uintptr_t>(tensorMap) % 64 != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (rank < 1 || rank > 5 || (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE && rank < 3)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (dataType > CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ ||
+      interleave > CU_TENSOR_MAP_INTERLEAVE_32B || swizzle > CU_TENSOR_MAP_SWIZZLE_128B ||
+      l2Promotion > CU_TENSOR_MAP_L2_PROMOTION_L2_256B ||
+      oobFill > CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const uintptr_t address = reinterpret_cast<uintptr_t>(globalAddress);
+  if (address % (interleave == CU_TENSOR_MAP_INTERLEAVE_32B ? 32 : 16) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  FakeTensorMap m;
+  std::memset(&m, 0, sizeof(m));
+  m.magic = kFakeTensorMapMagic;
+  m.address = address;
+  m.data_type = dataType;
+  m.rank = rank;
+  m.oob_fill = oobFill;
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    if (globalDim[i] == 0 || globalDim[i] > (uint64_t{1} << 32)) return CUDA_ERROR_INVALID_VALUE;
+    if (boxDim[i] == 0 || boxDim[i] > 256) return CUDA_ERROR_INVALID_VALUE;
+    if (elementStrides[i] == 0 || elementStrides[i] > 8) return CUDA_ERROR_INVALID_VALUE;
+    m.dims[i] = globalDim[i];
+    m.box[i] = boxDim[i];
+    if (i + 1 < rank) {
+      if (globalStrides[i] % 16 != 0 || globalStrides[i] >= (uint64_t{1} << 40)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      m.strides[i] = globalStrides[i];
+    }
+  }
+  std::memset(tensorMap, 0, sizeof(*tensorMap));
+  std::memcpy(tensorMap, &m, sizeof(m));
+  return CUDA_SUCCESS;
 }
 
 // --- Test-only exports ---

@@ -215,14 +215,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   size_t resolved = 0;
-  auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<gpuexec::port::DevicePtr> {
+  auto resolve = [&](size_t index,
+                     const ArgValue& a) -> absl::StatusOr<gpuexec::core::ResolvedBuffer> {
     FUZZ_CHECK(index < args.size());
     FUZZ_CHECK(a.kind == Kind::kBuffer);
     ++resolved;
     if (!Resolves(a)) return absl::NotFoundError("buffer not found");
-    return AddressOf(a);
+    return gpuexec::core::ResolvedBuffer{AddressOf(a), 1};
   };
-  const absl::StatusOr<std::string> block =
+  const absl::StatusOr<gpuexec::core::PackedArgs> packed =
       gpuexec::core::PackArgs("k", params, param_bytes, args, resolve);
 
   // The expected block, or the expected refusal.
@@ -288,26 +289,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  if (!block.ok()) {
-    if (expect_ok) std::fprintf(stderr, "refused: %s\n", block.status().ToString().c_str());
+  if (!packed.ok()) {
+    if (expect_ok) std::fprintf(stderr, "refused: %s\n", packed.status().ToString().c_str());
     FUZZ_CHECK(!expect_ok);
-    FUZZ_CHECK(block.status().code() == absl::StatusCode::kInvalidArgument ||
-               block.status().code() == absl::StatusCode::kNotFound);
-    FUZZ_CHECK(block.status().message().size() < 512);
+    FUZZ_CHECK(packed.status().code() == absl::StatusCode::kInvalidArgument ||
+               packed.status().code() == absl::StatusCode::kNotFound);
+    FUZZ_CHECK(packed.status().message().size() < 512);
     return 0;
   }
   FUZZ_CHECK(expect_ok);
-  FUZZ_CHECK(block->size() == param_bytes);
-  if (*block != expected) {
+  FUZZ_CHECK(packed->tensor_maps.empty());
+  const std::string& block = packed->block;
+  FUZZ_CHECK(block.size() == param_bytes);
+  if (block != expected) {
     for (size_t i = 0; i < expected.size(); ++i) {
-      if ((*block)[i] != expected[i]) {
+      if (block[i] != expected[i]) {
         std::fprintf(stderr, "byte %zu: packed 0x%02x, expected 0x%02x\n", i,
-                     static_cast<unsigned char>((*block)[i]),
-                     static_cast<unsigned char>(expected[i]));
+                     static_cast<unsigned char>(block[i]), static_cast<unsigned char>(expected[i]));
         break;
       }
     }
-    FUZZ_CHECK(*block == expected);
+    FUZZ_CHECK(block == expected);
   }
   return 0;
 }

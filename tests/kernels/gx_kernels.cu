@@ -112,4 +112,84 @@ __global__ void gx_add_scratch(const float* x, const float* y, float* out, int n
   }
 }
 
+// TMA: loads the FLOAT32 box of a rank-2 tensor map at (x, y) (innermost
+// first) into shared memory with cp.async.bulk.tensor and copies its
+// `count` elements (the box's) to out, innermost fastest. Elements outside
+// the tensor read as the map's fill. At most 4096 elements.
+// The 128 opaque, 64-byte aligned bytes of a CUtensorMap (the driver's
+// header is not the kernels' to include).
+struct alignas(64) GxTensorMap {
+  unsigned long long opaque[16];
+};
+
+__global__ void gx_tensormap_copy(const __grid_constant__ GxTensorMap map, float* out, int x, int y,
+                                  uint32_t count) {
+#if __CUDA_ARCH__ >= 900
+  __shared__ alignas(128) float tile[4096];
+  __shared__ alignas(8) uint64_t bar;
+  if (count > 4096) return;
+  const uint32_t bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
+  const uint32_t tile_addr = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_addr));
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_addr),
+                 "r"(count * 4)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];" ::"r"(tile_addr),
+        "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(bar_addr)
+        : "memory");
+  }
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+      "@!done bra WAIT_%=;\n"
+      "}" ::"r"(bar_addr)
+      : "memory");
+  for (uint32_t i = threadIdx.x; i < count; i += blockDim.x) out[i] = tile[i];
+#endif
+}
+
+// Needs a cooperative launch: the first thread of each block adds one to
+// *counter (zero before), then every block waits until all have; block 0
+// writes the count that met to out[0].
+__global__ void gx_coop_count(uint32_t* counter, uint32_t* out) {
+  const uint32_t blocks = gridDim.x * gridDim.y * gridDim.z;
+  if (threadIdx.x == 0) {
+    atomicAdd(counter, 1u);
+    while (atomicAdd(counter, 0u) < blocks) {
+    }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) out[0] = atomicAdd(counter, 0u);
+  }
+}
+
+// A programmatic dependent launch pair: the producer writes data[i] = i + 1
+// and lets its dependent start; the consumer waits for it (griddepcontrol
+// waits for the producer's completion and memory) and writes out[i] =
+// 2 * data[i].
+__global__ void gx_pdl_produce(uint32_t* data, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    data[i] = i + 1;
+  }
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__global__ void gx_pdl_consume(const uint32_t* data, uint32_t* out, uint32_t n) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    out[i] = 2 * data[i];
+  }
+}
+
 }  // extern "C"

@@ -29,7 +29,7 @@ bool ImageNames(const port::ModuleImage& image, const std::string& name) {
 FakePort::FakePort(const Options& options) : options_(options) {
   props_.ordinal = options.ordinal;
   props_.name = "fake device";
-  props_.cc_major = 9;
+  props_.cc_major = options.cc_major;
   props_.cc_minor = 0;
   props_.total_memory = options.memory_bytes;
   props_.multiprocessors = 132;

@@ -42,6 +42,7 @@ class FakePort final : public port::DevicePort {
     uint64_t memory_bytes = 1ull << 30;
     uint64_t staging_bytes = 64 << 10;
     int staging_slots = 4;
+    int cc_major = 9;  // compute capability 9.0 (an H200's)
   };
   // A kernel: reads its parameters from the packed block and may touch the
   // memory they point at (through `memory`, which checks the range).

@@ -86,6 +86,7 @@ class EngineTest : public ::testing::Test {
       o.ordinal = ordinal;
       o.memory_bytes = 64 << 20;
       o.staging_bytes = 64 << 10;
+      o.cc_major = cc_major_;
       auto port = std::make_unique<FakePort>(o);
       port->AddKernel("k_fill", {{0, 8}, {8, 4}, {16, 8}}, [](const FakePort::KernelContext& k) {
         uint64_t out, n;
@@ -202,6 +203,7 @@ class EngineTest : public ::testing::Test {
 
   Caller caller_ = DefaultCaller("ipv4:127.0.0.1:5000");
   std::unique_ptr<Engine> engine_;
+  int cc_major_ = 9;          // of the devices Start opens
   FakePort* port_ = nullptr;  // owned by engine_
   absl::Mutex mu_;
   std::map<std::string, FakePort*> tenant_ports_ ABSL_GUARDED_BY(mu_);  // owned by engine_
@@ -449,6 +451,39 @@ TEST_F(EngineTest, LaunchesAreCheckedBeforeTheDeviceSeesThem) {
   std::vector<uint32_t> words(256);
   std::memcpy(words.data(), bytes->data(), 1024);
   EXPECT_THAT(words, ::testing::Each(7u));
+  ASSERT_THAT(Close(s->token), IsOk());
+}
+
+// A tensor map needs TMA (compute capability 9.0): refused on an older
+// device before it reaches it, naming the device's capability.
+TEST_F(EngineTest, TensorMapsNeedComputeCapabilityNine) {
+  cc_major_ = 8;
+  Start(EngineOptions());
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  port_->AddKernel("k_tma", {{0, 128}},
+                   [](const FakePort::KernelContext&) { return absl::OkStatus(); });
+  auto module = Load(s->token, "GXFAKE1\nk_tma\n");
+  ASSERT_THAT(module, IsOk());
+  auto tma = Function(s->token, module->handle, "k_tma");
+  ASSERT_THAT(tma, IsOk());
+  auto buffer = Allocate(s->token, 4096);
+  ASSERT_THAT(buffer, IsOk());
+  TensorMapArg map;
+  map.data_type = 7;  // FLOAT32
+  map.dims = {64, 16};
+  map.strides = {256};
+  map.box = {16, 4};
+  LaunchSpec spec;
+  spec.session = s->token;
+  spec.function = tma->handle;
+  spec.args = {ArgValue::TensorMap(buffer->handle, 0, map)};
+  spec.synchronize = true;
+  EXPECT_THAT(Launch(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("launch of kernel 'k_tma': tensor maps need compute capability "
+                                 "9.0 or later; device 0 has 8.0")));
+  EXPECT_TRUE(port_->launches().empty()) << "a refused launch reached the device";
   ASSERT_THAT(Close(s->token), IsOk());
 }
 

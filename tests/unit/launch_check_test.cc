@@ -27,6 +27,7 @@ port::DeviceProperties H200() {
   p.max_block[2] = 64;
   p.max_threads_per_block = 1024;
   p.cluster_launch = true;
+  p.cc_major = 9;
   return p;
 }
 
@@ -121,6 +122,55 @@ TEST(LaunchCheck, EachShapeIsAcceptedOrRefusedNamingItsLimit) {
       EXPECT_THAT(std::string(st.message()), HasSubstr(c.refusal));
     }
   }
+}
+
+// Launch attributes: a cluster past 8 with the opt-in, the scheduling
+// policy, programmatic dependent launch by compute capability.
+TEST(LaunchCheck, AttributesAreCheckedAgainstTheShapeAndDevice) {
+  LaunchShape sixteen{{32, 1, 1}, {128, 1, 1}, {16, 1, 1}, 0};
+  sixteen.non_portable_cluster = true;
+  EXPECT_THAT(CheckLaunchShape(sixteen, Kernel(), H200(), "kernel 'k'"), IsOk());
+  port::LaunchGeometry g = GeometryOf(sixteen);
+  EXPECT_TRUE(g.non_portable_cluster);
+  EXPECT_EQ(g.cluster[0], 16u);
+
+  LaunchShape thirty_two{{32, 1, 1}, {128, 1, 1}, {32, 1, 1}, 0};
+  thirty_two.non_portable_cluster = true;
+  EXPECT_THAT(CheckLaunchShape(thirty_two, Kernel(), H200(), "kernel 'k'"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a cluster of 32 blocks is over the maximum of 16")));
+  LaunchShape no_opt_in{{32, 1, 1}, {128, 1, 1}, {16, 1, 1}, 0};
+  EXPECT_THAT(CheckLaunchShape(no_opt_in, Kernel(), H200(), "kernel 'k'"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ask for non_portable_cluster to go up to 16")));
+
+  LaunchShape spread{{8, 1, 1}, {128, 1, 1}, {2, 1, 1}, 0};
+  spread.cluster_policy = 1;
+  EXPECT_THAT(CheckLaunchShape(spread, Kernel(), H200(), "kernel 'k'"), IsOk());
+  EXPECT_EQ(GeometryOf(spread).cluster_policy, 1u);
+  spread.cluster_policy = 3;
+  EXPECT_THAT(CheckLaunchShape(spread, Kernel(), H200(), "kernel 'k'"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cluster_scheduling_policy 3 is not one of 0 to 2")));
+  LaunchShape policy_alone{{8, 1, 1}, {128, 1, 1}, {0, 0, 0}, 0};
+  policy_alone.cluster_policy = 2;
+  EXPECT_THAT(CheckLaunchShape(policy_alone, Kernel(), H200(), "kernel 'k'"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a cluster scheduling policy needs a cluster")));
+
+  LaunchShape pdl{{8, 1, 1}, {128, 1, 1}, {0, 0, 0}, 0};
+  pdl.programmatic_dependent = true;
+  pdl.cooperative = true;
+  EXPECT_THAT(CheckLaunchShape(pdl, Kernel(), H200(), "kernel 'k'"), IsOk());
+  EXPECT_TRUE(GeometryOf(pdl).programmatic_dependent);
+  EXPECT_TRUE(GeometryOf(pdl).cooperative);
+  port::DeviceProperties ampere = H200();
+  ampere.cc_major = 8;
+  ampere.cc_minor = 0;
+  EXPECT_THAT(CheckLaunchShape(pdl, Kernel(), ampere, "kernel 'k'"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("device 0 (compute capability 8.0) has no programmatic "
+                                 "dependent launch; it needs 9.0 or later")));
 }
 
 }  // namespace
