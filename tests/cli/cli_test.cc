@@ -760,6 +760,41 @@ TEST_F(CliTest, TritonScratchBuffersAreAppendedAndSizedPerCta) {
   }
 }
 
+// The launch flags travel to the daemon (LaunchRequest fields 9 to 12) and
+// are echoed on the result line.
+TEST_F(CliTest, LaunchFlagsReachTheDaemon) {
+  Result r = RunCli({"run", KernelPath(), "gx_cluster_rank", "--grid=4", "--block=32",
+                     "--cluster=2", "--cluster-policy=spread", "--non-portable-cluster",
+                     absl::StrCat("out:16:", Path("policy.bin"))});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("gx_cluster_rank: grid (4,1,1) block (32,1,1) shared 0 cluster "
+                                "(2,1,1) non-portable spread: GPU time"));
+  EXPECT_EQ(ValuesOf<uint32_t>(ReadFile(Path("policy.bin")).value_or("")),
+            (std::vector<uint32_t>{0, 1, 0, 1}));
+
+  r = RunCli({"run", KernelPath(), "gx_fill_u32", "--grid=1", "--block=32", "--cooperative",
+              "--pdl", absl::StrCat("zeros:64,save=", Path("coop.bin")), "u32:9", "u64:16"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("gx_fill_u32: grid (1,1,1) block (32,1,1) shared 0 cooperative "
+                                "pdl: GPU time"));
+  EXPECT_EQ(ValuesOf<uint32_t>(ReadFile(Path("coop.bin")).value_or("")),
+            std::vector<uint32_t>(16, 9u));
+}
+
+// A metadata file asking for a cooperative, programmatic dependent launch
+// (Triton 3.6) runs as one.
+TEST_F(CliTest, TritonCooperativeAndPdlComeFromTheMetadata) {
+  WriteFile(Path("coop.json"), R"({"name": "gx_fill_u32", "num_warps": 1,
+                                   "launch_cooperative_grid": "True", "launch_pdl": true})");
+  Result r = RunCli({"run", absl::StrCat("--triton=", Path("coop.json")), KernelPath(), "--grid=1",
+                     absl::StrCat("zeros:64,save=", Path("tcoop.bin")), "u32:7", "u64:16"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("gx_fill_u32: grid (1,1,1) block (32,1,1) shared 0 cooperative "
+                                "pdl: GPU time"));
+  EXPECT_EQ(ValuesOf<uint32_t>(ReadFile(Path("tcoop.bin")).value_or("")),
+            std::vector<uint32_t>(16, 7u));
+}
+
 TEST_F(CliTest, TritonMetadataErrorsAreOneLine) {
   WriteFile(Path("bad.json"), R"({"num_warps": 4})");
   Result r = RunCli({"run", absl::StrCat("--triton=", Path("bad.json")), KernelPath(), "--grid=1"});

@@ -1,18 +1,23 @@
-// The gpuexec tool's argument syntax and the Triton metadata, without a
-// daemon: sizes, dimensions, typed arguments and the Triton launch plan.
+// The gpuexec tool's argument syntax without a daemon: sizes, dimensions,
+// typed arguments, Triton tensor descriptors, the launch flags, and the
+// command lines refused before any call. (The Triton loader itself:
+// tests/unit/triton_test.cc.)
 
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cli/args.h"
+#include "cli/cli.h"
 #include "gmock/gmock.h"
-#include "gpuexec/triton.h"
 #include "gtest/gtest.h"
 
 namespace gpuexec::cli {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 template <typename T>
@@ -190,151 +195,176 @@ TEST(ParseArgTest, MalformedBuffersSayWhatWasExpected) {
   EXPECT_THAT(ErrorOf("float:1"), HasSubstr("unknown argument type 'float'"));
 }
 
+TEST(ParseArgTest, TensorDescriptors) {
+  ArgSpec d = Parse("desc:1000x512:in:a.bin");
+  EXPECT_EQ(d.kind, ArgSpec::Kind::kDescriptor);
+  EXPECT_TRUE(d.is_buffer());
+  EXPECT_EQ(d.init, ArgSpec::Init::kFile);
+  EXPECT_EQ(d.in_file, "a.bin");
+  EXPECT_THAT(d.shape, ElementsAre(1000, 512));
+  EXPECT_TRUE(d.strides.empty());  // contiguous
+  EXPECT_FALSE(d.padding_nan);
+  EXPECT_EQ(d.offset, 0u);
+  EXPECT_EQ(d.param_bytes(), 128u);
+  EXPECT_THAT(d.param_sizes(), ElementsAre(128u, 4u, 4u, 8u, 8u));
+
+  d = Parse("desc:64x64x2:zeros:1M,strides=1024x2x1,padding=nan,offset=4096,save=o.bin");
+  EXPECT_EQ(d.kind, ArgSpec::Kind::kDescriptor);
+  EXPECT_EQ(d.init, ArgSpec::Init::kZeros);
+  EXPECT_EQ(d.buffer_bytes, 1u << 20);
+  EXPECT_THAT(d.shape, ElementsAre(64, 64, 2));
+  EXPECT_THAT(d.strides, ElementsAre(1024, 2, 1));
+  EXPECT_TRUE(d.padding_nan);
+  EXPECT_EQ(d.offset, 4096u);
+  EXPECT_EQ(d.save_file, "o.bin");
+  EXPECT_EQ(d.text, "desc:64x64x2:zeros:1M,strides=1024x2x1,padding=nan,offset=4096,save=o.bin");
+
+  // Modifiers in any order, with any buffer.
+  d = Parse("desc:8:fill:f16:1.0:8,padding=zero,strides=1");
+  EXPECT_EQ(d.init, ArgSpec::Init::kFill);
+  EXPECT_THAT(d.shape, ElementsAre(8));
+  EXPECT_THAT(d.strides, ElementsAre(1));
+  d = Parse("desc:4x4:out:32:y.bin");
+  EXPECT_EQ(d.save_file, "y.bin");
+  d = Parse("desc:4x4:inout:y.bin:y2.bin,offset=16");
+  EXPECT_EQ(d.in_file, "y.bin");
+  EXPECT_EQ(d.save_file, "y2.bin");
+  EXPECT_EQ(d.offset, 16u);
+}
+
+TEST(ParseArgTest, MalformedDescriptorsSayWhatWasExpected) {
+  EXPECT_THAT(ErrorOf("desc:1000x512"), HasSubstr("expected desc:SHAPE:BUFFER"));
+  EXPECT_THAT(ErrorOf("desc:1000,512:in:a.bin"), HasSubstr("shape '1000,512'"));
+  EXPECT_THAT(ErrorOf("desc:0x4:in:a.bin"), HasSubstr("shape '0x4'"));
+  EXPECT_THAT(ErrorOf("desc:2147483648:in:a.bin"), HasSubstr("shape"));
+  EXPECT_THAT(ErrorOf("desc:1x1x1x1x1x1:in:a.bin"), HasSubstr("6 dimensions; at most 5"));
+  EXPECT_THAT(ErrorOf("desc:4x4:f32:1"), HasSubstr("a descriptor's buffer is"));
+  EXPECT_THAT(ErrorOf("desc:4x4:null"), HasSubstr("a descriptor's buffer is"));
+  EXPECT_THAT(ErrorOf("desc:4x4:in:a.bin,strides=4"),
+              HasSubstr("strides= has 1 dimensions; the shape has 2"));
+  EXPECT_THAT(ErrorOf("desc:4x4:in:a.bin,strides=4x0"), HasSubstr("strides '4x0'"));
+  EXPECT_THAT(ErrorOf("desc:4x4:in:a.bin,padding=inf"), HasSubstr("padding= is zero or nan"));
+  EXPECT_THAT(ErrorOf("desc:4x4:in:a.bin,padding=nan,padding=nan"), HasSubstr("twice"));
+  EXPECT_THAT(ErrorOf("desc:4x4:zeros:64,offset=64"), HasSubstr("past the end"));
+  // Descriptor modifiers belong to descriptors: elsewhere, part of a file name.
+  EXPECT_EQ(Parse("in:a.bin,padding=nan").in_file, "a.bin,padding=nan");
+}
+
+TEST(LaunchFlagsTest, ClusterPoliciesAndBooleans) {
+  EXPECT_EQ(*ParseClusterPolicy("default"), ClusterSchedulingPolicy::kDefault);
+  EXPECT_EQ(*ParseClusterPolicy("spread"), ClusterSchedulingPolicy::kSpread);
+  EXPECT_EQ(*ParseClusterPolicy("load_balancing"), ClusterSchedulingPolicy::kLoadBalancing);
+  EXPECT_THAT(std::string(ParseClusterPolicy("SPREAD").status().message()),
+              HasSubstr("default, spread, load_balancing"));
+  EXPECT_TRUE(*ParseFlagBool(""));
+  EXPECT_TRUE(*ParseFlagBool("true"));
+  EXPECT_TRUE(*ParseFlagBool("1"));
+  EXPECT_FALSE(*ParseFlagBool("false"));
+  EXPECT_FALSE(*ParseFlagBool("0"));
+  EXPECT_FALSE(ParseFlagBool("yes").ok());
+}
+
+// ------------------------------------------------------------ command lines
+
+struct Outcome {
+  int exit_code;
+  std::string err;
+};
+
+// Runs the tool on a command line that must fail before it connects to a
+// daemon (the target is one nothing listens on, for safety).
+Outcome RunCli(std::vector<std::string> words) {
+  words.insert(words.begin(),
+               {"gpuexec", "--target=unix:/nonexistent/gpuexec.sock", "--timeout=1s"});
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  const int code = Main(static_cast<int>(argv.size()), argv.data());
+  ::testing::internal::GetCapturedStdout();
+  return Outcome{code, ::testing::internal::GetCapturedStderr()};
+}
+
+std::string TritonFile(const std::string& name) {
+  return absl::StrCat(GPUEXEC_TRITON_DATA_DIR, "/", name);
+}
+
+TEST(CommandLineTest, LaunchFlagsAreCheckedBeforeAnyCall) {
+  const std::vector<std::string> run = {"run", "k.cubin", "k", "--grid=1", "--block=32"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> words = run;
+    words.insert(words.end(), extra.begin(), extra.end());
+    return RunCli(words);
+  };
+  Outcome r = with({"--cluster-policy=spread"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--cluster-policy applies to a cluster; give --cluster"));
+  r = with({"--non-portable-cluster"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--non-portable-cluster applies to a cluster"));
+  r = with({"--cluster=2", "--cluster-policy=wide"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--cluster-policy: 'wide' is not a cluster policy"));
+  r = with({"--cooperative=maybe"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--cooperative: 'maybe' is not true or false"));
+  r = with({"--pdl", "--pdl"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--pdl given twice"));
+  // A boolean flag takes no value: the word after it stays an argument.
+  r = with({"--pdl", "desc:4x4:zeros:64"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("a tensor descriptor is for a Triton kernel (--triton)"));
+  r = RunCli({"info", "k.cubin", "k", "--cooperative"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--cooperative applies to 'run' only"));
+  // Well-formed flags get as far as connecting.
+  r = with({"--cluster=2,1,1", "--cluster-policy=load_balancing", "--non-portable-cluster",
+            "--cooperative", "--pdl=true"});
+  EXPECT_EQ(r.exit_code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("connect to"));
+}
+
+TEST(CommandLineTest, TritonTakesItsLaunchFromTheMetadata) {
+  const std::string meta = absl::StrCat("--triton=", TritonFile("sm90_3_5.json"));
+  for (const char* flag : {"--cooperative", "--pdl", "--non-portable-cluster",
+                           "--cluster-policy=spread", "--cluster=2", "--block=32"}) {
+    const Outcome r = RunCli({"run", meta, "k.cubin", "--grid=1", flag});
+    EXPECT_EQ(r.exit_code, kExitUsage) << flag;
+    EXPECT_THAT(r.err, HasSubstr("comes from the Triton metadata; drop it with --triton")) << flag;
+  }
+}
+
+TEST(CommandLineTest, DescriptorsAreCountedAgainstTheMetadata) {
+  const std::string meta = absl::StrCat("--triton=", TritonFile("sm90_3_5.json"));
+  Outcome r = RunCli({"run", meta, "k.cubin", "--grid=1", "desc:64x64:zeros:8K", "i32:1"});
+  EXPECT_EQ(r.exit_code, kExitFailure);
+  EXPECT_THAT(r.err,
+              HasSubstr("the kernel takes 2 tensor descriptors (desc:SHAPE:BUFFER); 1 given"));
+  r = RunCli({"run", meta, "k.cubin", "--grid=1", "desc:64x64:zeros:8K", "desc:64:zeros:8K"});
+  EXPECT_EQ(r.exit_code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("argument 1 (desc:64:zeros:8K) has 1 dimensions; "
+                               "tensordesc_meta[1] has rank 2"));
+  r = RunCli({"run", meta, "k.cubin", "--grid=1", "desc:64x64:zeros:8K", "desc:64x64:zeros:8K",
+              "desc:64x64:zeros:8K"});
+  EXPECT_EQ(r.exit_code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("argument 2 (desc:64x64:zeros:8K) is tensor descriptor 2; "
+                               "the kernel takes 2"));
+  const std::string plain = absl::StrCat("--triton=", TritonFile("sm80_3_2.json"));
+  r = RunCli({"run", plain, "k.cubin", "--grid=1", "desc:64x64:zeros:8K"});
+  EXPECT_EQ(r.exit_code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("is tensor descriptor 0; the kernel takes 0"));
+  // Matching descriptors get as far as connecting.
+  r = RunCli({"run", meta, "k.cubin", "--grid=1", "desc:64x64:zeros:8K",
+              "desc:64x64:zeros:8K,padding=nan"});
+  EXPECT_EQ(r.exit_code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("connect to"));
+  // A metadata file refused by the loader: one line naming the key.
+  r = RunCli(
+      {"run", absl::StrCat("--triton=", TritonFile("bad_elem_type.json")), "k.cubin", "--grid=1"});
+  EXPECT_EQ(r.exit_code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("tensordesc_meta[0].elem_type"));
+}
+
 }  // namespace
 }  // namespace gpuexec::cli
-
-// ------------------------------------------------------------ Triton
-
-namespace gpuexec {
-namespace {
-
-using ::testing::HasSubstr;
-
-// Metadata as Triton 3.4 writes it (abridged: unknown fields are ignored).
-constexpr char kTriton34[] = R"json({
-  "hash": "9a1c0e7d", "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
-  "num_warps": 8, "num_ctas": 2, "num_stages": 3, "maxnreg": null,
-  "cluster_dims": null, "ptx_version": null, "enable_fp_fusion": true,
-  "launch_cooperative_grid": false, "launch_pdl": false,
-  "supported_fp8_dtypes": ["fp8e5", "fp8e4nv"], "default_dot_input_precision": "tf32",
-  "shared": 16384, "tmem_size": 0, "global_scratch_size": 64, "global_scratch_align": 16,
-  "profile_scratch_size": 0, "profile_scratch_align": 1, "name": "add_kernel"
-})json";
-
-TEST(TritonMetadataTest, ParsesTheLaunchFields) {
-  absl::StatusOr<TritonMetadata> meta = ParseTritonMetadata(kTriton34);
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  EXPECT_EQ(meta->name, "add_kernel");
-  EXPECT_EQ(meta->num_warps, 8u);
-  EXPECT_EQ(meta->num_ctas, 2u);
-  EXPECT_EQ(meta->shared, 16384u);
-  EXPECT_TRUE(meta->has_global_scratch);
-  EXPECT_EQ(meta->global_scratch_size, 64u);
-  EXPECT_EQ(meta->global_scratch_align, 16u);
-  EXPECT_TRUE(meta->has_profile_scratch);
-  EXPECT_EQ(meta->profile_scratch_size, 0u);
-  EXPECT_FALSE(meta->cluster_dims.has_value());
-  EXPECT_FALSE(meta->launch_cooperative_grid);
-}
-
-TEST(TritonMetadataTest, PlanFollowsTritonsLauncher) {
-  absl::StatusOr<TritonMetadata> meta = ParseTritonMetadata(kTriton34);
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  absl::StatusOr<TritonLaunchPlan> plan = PlanTritonLaunch(*meta, Dim3{3, 2, 1});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->config.block.x, 256u);  // 32 x num_warps
-  EXPECT_EQ(plan->config.block.y, 1u);
-  EXPECT_EQ(plan->config.block.z, 1u);
-  EXPECT_EQ(plan->config.grid.x, 6u);  // programs x num_ctas
-  EXPECT_EQ(plan->config.grid.y, 2u);
-  EXPECT_EQ(plan->config.grid.z, 1u);
-  EXPECT_EQ(plan->config.shared_memory_bytes, 16384u);
-  ASSERT_TRUE(plan->config.cluster.has_value());
-  EXPECT_EQ(plan->config.cluster->x, 2u);
-  EXPECT_EQ(plan->config.cluster->y, 1u);
-  EXPECT_EQ(plan->config.cluster->z, 1u);
-  ASSERT_EQ(plan->scratch.size(), 2u);
-  EXPECT_EQ(plan->scratch[0].what, "global scratch");
-  EXPECT_EQ(plan->scratch[0].bytes, 64u * 12);  // per CTA x 12 CTAs
-  EXPECT_EQ(plan->scratch[0].align, 16u);
-  EXPECT_EQ(plan->scratch[1].what, "profile scratch");
-  EXPECT_EQ(plan->scratch[1].bytes, 0u);  // a null pointer
-}
-
-TEST(TritonMetadataTest, OneCtaAndNoScratchFieldsMeansAPlainLaunch) {
-  // Triton before 3.2: no scratch parameters at all.
-  absl::StatusOr<TritonMetadata> meta =
-      ParseTritonMetadata(R"({"name": "k", "num_warps": 4, "num_ctas": 1, "shared": 0})");
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  absl::StatusOr<TritonLaunchPlan> plan = PlanTritonLaunch(*meta, Dim3{5, 1, 1});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->config.block.x, 128u);
-  EXPECT_EQ(plan->config.grid.x, 5u);
-  EXPECT_FALSE(plan->config.cluster.has_value());
-  EXPECT_TRUE(plan->scratch.empty());
-
-  // Triton 3.2/3.3: the global scratch pointer only.
-  meta = ParseTritonMetadata(R"({"name": "k", "global_scratch_size": 0,
-                                 "global_scratch_align": 1})");
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  EXPECT_EQ(meta->num_warps, 4u);  // Triton's default
-  plan = PlanTritonLaunch(*meta, Dim3{5, 1, 1});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(plan->scratch.size(), 1u);
-  EXPECT_EQ(plan->scratch[0].bytes, 0u);
-}
-
-TEST(TritonMetadataTest, OlderClusterDims) {
-  absl::StatusOr<TritonMetadata> meta =
-      ParseTritonMetadata(R"({"name": "k", "num_ctas": 2, "cluster_dims": [2, 1, 1]})");
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  ASSERT_TRUE(meta->cluster_dims.has_value());
-  absl::StatusOr<TritonLaunchPlan> plan = PlanTritonLaunch(*meta, Dim3{4, 1, 1});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->config.grid.x, 8u);
-  ASSERT_TRUE(plan->config.cluster.has_value());
-  EXPECT_EQ(plan->config.cluster->x, 2u);
-}
-
-TEST(TritonMetadataTest, MalformedMetadataNamesTheField) {
-  auto error = [](const char* json) {
-    absl::StatusOr<TritonMetadata> meta = ParseTritonMetadata(json);
-    EXPECT_FALSE(meta.ok()) << json;
-    EXPECT_EQ(meta.status().code(), absl::StatusCode::kInvalidArgument);
-    return std::string(meta.status().message());
-  };
-  EXPECT_THAT(error("not json"), HasSubstr("not a JSON object"));
-  EXPECT_THAT(error("[1, 2]"), HasSubstr("not a JSON object"));
-  EXPECT_THAT(error(R"({"num_warps": 4})"), HasSubstr("'name' is missing"));
-  EXPECT_THAT(error(R"({"name": 7})"), HasSubstr("'name'"));
-  EXPECT_THAT(error(R"({"name": "k", "num_warps": "4"})"),
-              HasSubstr("'num_warps' is not a number"));
-  EXPECT_THAT(error(R"({"name": "k", "num_warps": 0})"), HasSubstr("'num_warps'"));
-  EXPECT_THAT(error(R"({"name": "k", "shared": -1})"), HasSubstr("'shared'"));
-  EXPECT_THAT(error(R"({"name": "k", "shared": 1.5})"), HasSubstr("whole number"));
-  EXPECT_THAT(error(R"({"name": "k", "cluster_dims": [2, 1]})"), HasSubstr("'cluster_dims'"));
-  EXPECT_THAT(error(R"({"name": "k", "launch_cooperative_grid": 1})"),
-              HasSubstr("'launch_cooperative_grid'"));
-}
-
-TEST(TritonMetadataTest, WhatGpuexecCannotLaunchIsRefused) {
-  absl::StatusOr<TritonMetadata> meta =
-      ParseTritonMetadata(R"({"name": "k", "launch_cooperative_grid": true})");
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  EXPECT_THAT(std::string(PlanTritonLaunch(*meta, Dim3{1, 1, 1}).status().message()),
-              HasSubstr("cooperative"));
-
-  meta = ParseTritonMetadata(
-      R"({"name": "k", "global_scratch_size": 8, "global_scratch_align": 512})");
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  EXPECT_THAT(std::string(PlanTritonLaunch(*meta, Dim3{1, 1, 1}).status().message()),
-              HasSubstr("alignment 512"));
-
-  meta = ParseTritonMetadata(R"({"name": "k", "global_scratch_size": 8,
-                                 "global_scratch_align": 3})");
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  EXPECT_THAT(std::string(PlanTritonLaunch(*meta, Dim3{1, 1, 1}).status().message()),
-              HasSubstr("power of two"));
-
-  meta = ParseTritonMetadata(R"({"name": "k", "num_ctas": 16})");
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  EXPECT_FALSE(PlanTritonLaunch(*meta, Dim3{0x10000000, 1, 1}).ok());  // grid.x overflows
-}
-
-TEST(TritonMetadataTest, AMissingFileIsNotFound) {
-  EXPECT_EQ(ReadTritonMetadataFile("/nonexistent/gpuexec/meta.json").status().code(),
-            absl::StatusCode::kNotFound);
-}
-
-}  // namespace
-}  // namespace gpuexec

@@ -75,13 +75,47 @@ std::string BytesOf(T value) {
   return bytes;
 }
 
-// Splits trailing ",offset=N" and ",save=FILE" modifiers off a buffer spec.
-absl::Status TakeModifiers(absl::string_view text, absl::string_view* body, ArgSpec* spec) {
+// Extents of a descriptor: "1000x512", outermost first; each in [min,
+// 2^31-1] (shape) or [min, 2^63-1] (strides).
+absl::StatusOr<std::vector<int64_t>> ParseExtents(absl::string_view text, absl::string_view what,
+                                                  int64_t max) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(text, 'x')) {
+    uint64_t v = 0;
+    if (!ParseUnsigned(part, &v) || v == 0 || v > static_cast<uint64_t>(max)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " '", text, "' is not 1 to 5 whole numbers of 1 to ", max, " joined by 'x'"));
+    }
+    out.push_back(static_cast<int64_t>(v));
+  }
+  if (out.size() > 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", text, "' has ", out.size(), " dimensions; at most 5"));
+  }
+  return out;
+}
+
+// Splits trailing ",offset=N" and ",save=FILE" modifiers off a buffer spec,
+// and for a descriptor ",strides=SxS" and ",padding=zero|nan".
+absl::Status TakeModifiers(absl::string_view text, absl::string_view* body, ArgSpec* spec,
+                           bool descriptor = false) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
   bool have_offset = false;
+  bool have_padding = false;
   while (parts.size() > 1) {
     absl::string_view last = parts.back();
-    if (absl::ConsumePrefix(&last, "offset=")) {
+    if (descriptor && absl::ConsumePrefix(&last, "strides=")) {
+      if (!spec->strides.empty()) return Bad(text, "strides= is given twice");
+      absl::StatusOr<std::vector<int64_t>> strides =
+          ParseExtents(last, "strides", std::numeric_limits<int64_t>::max());
+      if (!strides.ok()) return Bad(text, strides.status().message());
+      spec->strides = *std::move(strides);
+    } else if (descriptor && absl::ConsumePrefix(&last, "padding=")) {
+      if (have_padding) return Bad(text, "padding= is given twice");
+      if (last != "zero" && last != "nan") return Bad(text, "padding= is zero or nan");
+      spec->padding_nan = last == "nan";
+      have_padding = true;
+    } else if (absl::ConsumePrefix(&last, "offset=")) {
       if (have_offset) return Bad(text, "offset= is given twice");
       absl::StatusOr<uint64_t> offset = ParseSize(last);
       if (!offset.ok()) return Bad(text, absl::StrCat("offset: ", offset.status().message()));
@@ -159,6 +193,36 @@ absl::StatusOr<ArgSpec> ParseBuffer(absl::string_view text, absl::string_view bo
   }
   if (spec.init != ArgSpec::Init::kFile && spec.buffer_bytes == 0) {
     return Bad(whole, "a buffer needs a size of at least 1 byte");
+  }
+  return spec;
+}
+
+bool IsBufferKind(absl::string_view kind) {
+  return kind == "in" || kind == "inout" || kind == "out" || kind == "zeros" || kind == "fill";
+}
+
+// A buffer spec with its modifiers (`spec`, the part of `text` after a
+// descriptor's shape, or all of it); errors quote `text`.
+absl::StatusOr<ArgSpec> ParseBufferWithModifiers(absl::string_view text,
+                                                 absl::string_view spec_text, bool descriptor) {
+  ArgSpec modifiers;
+  absl::string_view body;
+  if (auto st = TakeModifiers(spec_text, &body, &modifiers, descriptor); !st.ok()) return st;
+  absl::StatusOr<ArgSpec> spec = ParseBuffer(text, body);
+  if (!spec.ok()) return spec.status();
+  if (!modifiers.save_file.empty()) {
+    if (!spec->save_file.empty()) {
+      return Bad(text, absl::StrCat(body.substr(0, body.find(':')),
+                                    ": already names the file to save; drop save="));
+    }
+    spec->save_file = modifiers.save_file;
+  }
+  spec->offset = modifiers.offset;
+  spec->strides = std::move(modifiers.strides);
+  spec->padding_nan = modifiers.padding_nan;
+  if (spec->init != ArgSpec::Init::kFile && spec->offset >= spec->buffer_bytes) {
+    return Bad(text, absl::StrCat("offset ", spec->offset, " is past the end of the ",
+                                  spec->buffer_bytes, "-byte buffer"));
   }
   return spec;
 }
@@ -325,8 +389,33 @@ uint64_t ArgSpec::param_bytes() const {
     case Kind::kNull:
     case Kind::kBuffer:
       return 8;
+    case Kind::kDescriptor:
+      return 128;  // sizeof(CUtensorMap)
   }
   return 0;
+}
+
+std::vector<uint64_t> ArgSpec::param_sizes() const {
+  std::vector<uint64_t> sizes = {param_bytes()};
+  if (kind == Kind::kDescriptor) {
+    sizes.insert(sizes.end(), shape.size(), 4);
+    sizes.insert(sizes.end(), shape.size(), 8);
+  }
+  return sizes;
+}
+
+absl::StatusOr<ClusterSchedulingPolicy> ParseClusterPolicy(absl::string_view text) {
+  if (text == "default") return ClusterSchedulingPolicy::kDefault;
+  if (text == "spread") return ClusterSchedulingPolicy::kSpread;
+  if (text == "load_balancing") return ClusterSchedulingPolicy::kLoadBalancing;
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' is not a cluster policy (default, spread, load_balancing)"));
+}
+
+absl::StatusOr<bool> ParseFlagBool(absl::string_view text) {
+  if (text.empty() || text == "true" || text == "1") return true;
+  if (text == "false" || text == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not true or false"));
 }
 
 absl::StatusOr<ArgSpec> ParseArg(absl::string_view text) {
@@ -378,28 +467,34 @@ absl::StatusOr<ArgSpec> ParseArg(absl::string_view text) {
     }
     return spec;
   }
-  if (kind == "in" || kind == "inout" || kind == "out" || kind == "zeros" || kind == "fill") {
-    ArgSpec modifiers;
-    absl::string_view body;
-    if (auto st = TakeModifiers(text, &body, &modifiers); !st.ok()) return st;
-    absl::StatusOr<ArgSpec> spec = ParseBuffer(text, body);
+  if (kind == "desc") {
+    // desc:SHAPE:BUFFER[,strides=...][,padding=...][,offset=...][,save=...]
+    const size_t shape_end = rest.find(':');
+    if (shape_end == absl::string_view::npos) {
+      return Bad(text, "expected desc:SHAPE:BUFFER, e.g. desc:1000x512:in:a.bin");
+    }
+    absl::StatusOr<std::vector<int64_t>> shape =
+        ParseExtents(rest.substr(0, shape_end), "shape", std::numeric_limits<int32_t>::max());
+    if (!shape.ok()) return Bad(text, shape.status().message());
+    const absl::string_view buffer = rest.substr(shape_end + 1);
+    const absl::string_view buffer_kind = buffer.substr(0, buffer.find(':'));
+    if (!IsBufferKind(buffer_kind)) {
+      return Bad(text, "a descriptor's buffer is in:, zeros:, fill:, out: or inout:");
+    }
+    absl::StatusOr<ArgSpec> spec = ParseBufferWithModifiers(text, buffer, /*descriptor=*/true);
     if (!spec.ok()) return spec.status();
-    if (!modifiers.save_file.empty()) {
-      if (!spec->save_file.empty()) {
-        return Bad(text, absl::StrCat(kind, ": already names the file to save; drop save="));
-      }
-      spec->save_file = modifiers.save_file;
+    if (!spec->strides.empty() && spec->strides.size() != shape->size()) {
+      return Bad(text, absl::StrCat("strides= has ", spec->strides.size(),
+                                    " dimensions; the shape has ", shape->size()));
     }
-    spec->offset = modifiers.offset;
-    if (spec->init != ArgSpec::Init::kFile && spec->offset >= spec->buffer_bytes) {
-      return Bad(text, absl::StrCat("offset ", spec->offset, " is past the end of the ",
-                                    spec->buffer_bytes, "-byte buffer"));
-    }
+    spec->kind = ArgSpec::Kind::kDescriptor;
+    spec->shape = *std::move(shape);
     return spec;
   }
+  if (IsBufferKind(kind)) return ParseBufferWithModifiers(text, text, /*descriptor=*/false);
   return Bad(text, absl::StrCat("unknown argument type '", kind,
                                 "' (scalars: i8 i16 i32 i64 u8 u16 u32 u64 f16 bf16 f32 f64; "
-                                "also bytes, null, in, zeros, fill, out, inout)"));
+                                "also bytes, null, in, zeros, fill, out, inout, desc)"));
 }
 
 }  // namespace gpuexec::cli

@@ -10,9 +10,19 @@
 //   in:x.bin  zeros:4M  fill:f32:1.0:1M               buffers
 //   out:4M:y.bin  inout:y.bin[:y2.bin]                buffers saved after the run
 //   BUFFER,offset=256  BUFFER,save=FILE               modifiers of any buffer
+//   desc:1000x512:BUFFER[,strides=512x1][,padding=nan]
+//                                                     a Triton host tensor descriptor
+//                                                     over BUFFER (--triton only)
+//
+// A descriptor's shape and strides (in elements) run outermost first,
+// separated by 'x'; the strides default to the contiguous ones, padding to
+// zero; its block and element type come from the kernel's metadata. Its
+// buffer takes any buffer spec and modifier (offset= is the byte offset of
+// the tensor's first element).
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -44,9 +54,16 @@ struct Scalar {
 // strtod reads them ("1e-3", "inf", "nan").
 absl::StatusOr<Scalar> ParseScalar(ScalarType type, absl::string_view value);
 
+// "default", "spread" or "load_balancing".
+absl::StatusOr<ClusterSchedulingPolicy> ParseClusterPolicy(absl::string_view text);
+
+// A boolean flag's value: "" (the flag alone), "true", "false", "1", "0".
+absl::StatusOr<bool> ParseFlagBool(absl::string_view text);
+
 // One kernel argument as given on the command line.
 struct ArgSpec {
-  enum class Kind { kScalar, kBytes, kNull, kBuffer };
+  // kDescriptor: a buffer (the buffer fields below) and the descriptor's.
+  enum class Kind { kScalar, kBytes, kNull, kBuffer, kDescriptor };
   // How a buffer's contents start.
   enum class Init { kZeros, kFile, kFill };
 
@@ -59,7 +76,7 @@ struct ArgSpec {
   std::string bytes;
   std::string bytes_file;
 
-  // kBuffer.
+  // kBuffer, kDescriptor.
   Init init = Init::kZeros;
   uint64_t buffer_bytes = 0;  // kZeros, kFill (kFile: the file's size)
   std::string in_file;        // kFile
@@ -67,9 +84,19 @@ struct ArgSpec {
   uint64_t offset = 0;        // the kernel gets the buffer's address + offset
   std::string save_file;      // written with the buffer's bytes after the run
 
+  // kDescriptor, outermost first; no strides: contiguous.
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  bool padding_nan = false;
+
+  bool is_buffer() const { return kind == Kind::kBuffer || kind == Kind::kDescriptor; }
   // Bytes of the parameter this argument fills, once known (bytes from a
-  // file: after reading it).
+  // file: after reading it); a descriptor: its tensor map's 128.
   uint64_t param_bytes() const;
+  // The bytes of each parameter it fills: param_bytes(), or a descriptor's
+  // tensor map (128), then 4 per dimension (its shape), then 8 per
+  // dimension (its strides).
+  std::vector<uint64_t> param_sizes() const;
 };
 
 absl::StatusOr<ArgSpec> ParseArg(absl::string_view text);

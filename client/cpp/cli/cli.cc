@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -98,7 +99,8 @@ for, max threads per block, and its parameters, one per line:
 )";
 
 constexpr char kRunHelp[] = R"(Usage: gpuexec run FILE KERNEL --grid=X[,Y[,Z]] --block=X[,Y[,Z]]
-                   [--shared=BYTES] [--cluster=X,Y,Z] ARG...
+                   [--shared=BYTES] [--cluster=X,Y,Z [--cluster-policy=POLICY]
+                   [--non-portable-cluster]] [--cooperative] [--pdl] ARG...
        gpuexec run --triton=META.json FILE --grid=X[,Y[,Z]] ARG...
 
 Loads FILE (.cubin, .ptx or .fatbin), fills the buffers, runs KERNEL once,
@@ -130,20 +132,44 @@ Appended to any buffer:
 SIZE, COUNT and BYTES are whole numbers with an optional K, M or G (x1024; KiB,
 MiB, GiB also read): 4096, 64K, 16MiB.
 
+Triton host tensor descriptors (--triton, a kernel whose metadata has
+tensordesc_meta), where the kernel takes a TensorDescriptor:
+  desc:SHAPE:BUFFER        a descriptor of SHAPE (elements, outermost first,
+                           joined by 'x') over BUFFER (any buffer above, with
+                           its modifiers; offset= is the byte offset of the
+                           first element): desc:1024x512:in:a.bin
+Appended to a descriptor:
+  ,strides=S0xS1...        strides in elements, outermost first, the last 1
+                           (default: contiguous): desc:64x64:in:a.bin,strides=512x1
+  ,padding=zero|nan        what loads out of bounds read (default zero)
+The n-th descriptor takes the block, element type and swizzle of the n-th
+tensordesc_meta entry; the kernel gets a tensor map, the shape and the strides.
+
 Flags:
   --grid=X[,Y[,Z]]     blocks in the grid (Triton: programs); required
   --block=X[,Y[,Z]]    threads per block; required (not with --triton)
   --shared=BYTES       dynamic shared memory per block (default 0)
   --cluster=X[,Y[,Z]]  thread block cluster shape (default: no clusters)
+  --cluster-policy=POLICY
+                       how a cluster's blocks are placed: default, spread or
+                       load_balancing (with --cluster)
+  --non-portable-cluster
+                       allow a cluster of over 8 blocks, up to 16 (with --cluster)
+  --cooperative        a cooperative launch: the whole grid resident at once
+  --pdl                a programmatic dependent launch (compute capability 9.0+)
   --triton=META.json   a Triton-compiled kernel; META.json is the metadata
                        Triton writes next to its cubin
 
-Triton kernels: the kernel is META's "name"; blocks have 32 x num_warps
-threads; dynamic shared memory is META's "shared"; each program of --grid is
-num_ctas CTAs, launched as clusters of (num_ctas,1,1). The pointers Triton 3.x
-kernels take last (global scratch, profile scratch) are added for you: a
-buffer of the scratch size times the CTAs of the grid, or null when the size
-is 0. Give only the kernel's own arguments (constexpr ones are compiled in).
+Triton kernels: the kernel is META's "name"; blocks have warp_size x num_warps
+threads; dynamic shared memory is META's "shared"; each program of --grid is a
+cluster of cluster_dims, or of num_ctas CTAs along x (spread, non-portable past
+8 blocks); cooperative and programmatic dependent launches as META says
+(launch_cooperative_grid, launch_pdl): --block, --shared, --cluster and the
+launch flags above come from META and are refused with --triton. The pointers
+Triton 3.x kernels take last (global scratch, profile scratch) are added for
+you: a buffer of the scratch size times the CTAs of the grid, or null when the
+size is 0. Give only the kernel's own arguments (constexpr ones are compiled
+in). docs/triton.md says how META is read.
 
 Example: saxpy on 1M floats, for the kernel
   extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned long long n)
@@ -178,11 +204,26 @@ Failure FailedLocally(std::string message) { return Failure{kExitFailure, std::m
 struct FlagDef {
   const char* name;
   bool global;
+  // Takes no value ("--pdl"); "--pdl=false" is also read.
+  bool boolean = false;
 };
 constexpr FlagDef kFlags[] = {
-    {"target", true}, {"device", true},   {"timeout", true},  {"token_file", true},
-    {"tls_ca", true}, {"tls_cert", true}, {"tls_key", true},  {"grid", false},
-    {"block", false}, {"shared", false},  {"cluster", false}, {"triton", false},
+    {"target", true},
+    {"device", true},
+    {"timeout", true},
+    {"token_file", true},
+    {"tls_ca", true},
+    {"tls_cert", true},
+    {"tls_key", true},
+    {"grid", false},
+    {"block", false},
+    {"shared", false},
+    {"cluster", false},
+    {"triton", false},
+    {"cooperative", false, /*boolean=*/true},
+    {"pdl", false, /*boolean=*/true},
+    {"non-portable-cluster", false, /*boolean=*/true},
+    {"cluster-policy", false},
 };
 
 struct CommandLine {
@@ -221,6 +262,8 @@ std::optional<Failure> ParseCommandLine(int argc, char** argv, CommandLine* cl) 
     std::string value;
     if (const size_t eq = body.find('='); eq != absl::string_view::npos) {
       value = std::string(body.substr(eq + 1));
+    } else if (def->boolean) {
+      // The flag alone: true.
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
@@ -514,7 +557,7 @@ std::optional<Failure> FillBuffer(Session& session, RunArg& a, size_t index) {
 }
 
 // The kernel's parameters against the arguments: one line naming the first
-// parameter that does not match.
+// parameter that does not match. A descriptor fills several parameters.
 std::optional<Failure> CheckArgs(const std::string& kernel, const Function& function,
                                  const std::vector<RunArg>& args, size_t appended) {
   const std::vector<ParamInfo>& params = function.params();
@@ -529,28 +572,54 @@ std::optional<Failure> CheckArgs(const std::string& kernel, const Function& func
                                       " parameters, fewer than the ", appended,
                                       " Triton scratch pointers its metadata implies"));
   }
-  if (args.size() < own) {
-    const ParamInfo& p = params[args.size()];
-    return FailedLocally(absl::StrCat("run ", kernel, ": parameter ", args.size(), " (offset ",
-                                      p.offset, ", ", p.size,
-                                      " bytes) has no argument; the kernel takes ", own,
-                                      " arguments", appended_note, ", ", args.size(), " given"));
+  size_t filled = 0;
+  bool descriptors = false;
+  for (const RunArg& a : args) {
+    filled += a.spec.param_sizes().size();
+    descriptors = descriptors || a.spec.kind == ArgSpec::Kind::kDescriptor;
   }
-  if (args.size() > own) {
-    return FailedLocally(absl::StrCat("run ", kernel, ": argument ", own, " (", args[own].spec.text,
-                                      ") has no parameter; the kernel takes ", own, " arguments",
-                                      appended_note, ", ", args.size(), " given"));
+  const std::string counts = descriptors
+                                 ? absl::StrCat("the kernel takes ", own, " parameters",
+                                                appended_note, "; the arguments fill ", filled)
+                                 : absl::StrCat("the kernel takes ", own, " arguments",
+                                                appended_note, ", ", args.size(), " given");
+  if (filled < own) {
+    const ParamInfo& p = params[filled];
+    return FailedLocally(absl::StrCat("run ", kernel, ": parameter ", filled, " (offset ", p.offset,
+                                      ", ", p.size, " bytes) has no argument; ", counts));
   }
-  for (size_t i = 0; i < args.size(); ++i) {
-    const ParamInfo& p = params[i];
+  for (size_t i = 0, at = 0; i < args.size() && filled > own; ++i) {
     const ArgSpec& s = args[i].spec;
-    if (s.param_bytes() != p.size) {
+    const size_t n = s.param_sizes().size();
+    if (at + n > own) {
       return FailedLocally(absl::StrCat(
-          "run ", kernel, ": parameter ", i, " (offset ", p.offset, ") is ", p.size,
-          " bytes; argument ", i, " (", s.text, ") is ", s.param_bytes(), " bytes",
-          p.size == 8 && s.kind == ArgSpec::Kind::kScalar
-              ? " (a pointer? use a buffer such as in:FILE or zeros:SIZE, or a 64-bit scalar)"
-              : ""));
+          "run ", kernel, ": argument ", i, " (", s.text, ") has no ",
+          n == 1 || at >= own ? "parameter" : absl::StrCat("parameter for all its ", n, " parts"),
+          "; ", counts));
+    }
+    at += n;
+  }
+  size_t at = 0;  // the parameter argument i fills first
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSpec& s = args[i].spec;
+    const std::vector<uint64_t> sizes = s.param_sizes();
+    for (size_t k = 0; k < sizes.size(); ++k, ++at) {
+      const ParamInfo& p = params[at];
+      if (sizes[k] == p.size) continue;
+      if (k == 0) {
+        return FailedLocally(absl::StrCat(
+            "run ", kernel, ": parameter ", at, " (offset ", p.offset, ") is ", p.size,
+            " bytes; argument ", i, " (", s.text, ") is ", sizes[k], " bytes",
+            p.size == 8 && s.kind == ArgSpec::Kind::kScalar
+                ? " (a pointer? use a buffer such as in:FILE or zeros:SIZE, or a 64-bit scalar)"
+                : ""));
+      }
+      const size_t rank = s.shape.size();
+      return FailedLocally(absl::StrCat(
+          "run ", kernel, ": parameter ", at, " (offset ", p.offset, ") is ", p.size,
+          " bytes; argument ", i, " (", s.text, ") fills it with its ",
+          k <= rank ? absl::StrCat("dimension ", k - 1) : absl::StrCat("stride ", k - 1 - rank),
+          ", ", sizes[k], " bytes (does the kernel take a tensor descriptor of rank ", rank, "?)"));
     }
   }
   return std::nullopt;
@@ -570,7 +639,8 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
   LaunchConfig config;
   config.grid = *grid;
   if (triton) {
-    for (const char* name : {"block", "shared", "cluster"}) {
+    for (const char* name : {"block", "shared", "cluster", "cluster-policy", "non-portable-cluster",
+                             "cooperative", "pdl"}) {
       if (flag(name) != nullptr) {
         return Usage(absl::StrCat("run: --", name,
                                   " comes from the Triton metadata; drop it with --triton"));
@@ -594,6 +664,25 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
       if (!dims.ok()) return Usage(absl::StrCat("run: --cluster: ", dims.status().message()));
       config.cluster = *dims;
     }
+    for (auto [name, field] : {std::pair<const char*, bool*>{"cooperative", &config.cooperative},
+                               {"pdl", &config.programmatic_dependent_launch},
+                               {"non-portable-cluster", &config.non_portable_cluster}}) {
+      if (const std::string* value = flag(name)) {
+        absl::StatusOr<bool> on = ParseFlagBool(*value);
+        if (!on.ok()) return Usage(absl::StrCat("run: --", name, ": ", on.status().message()));
+        *field = *on;
+      }
+    }
+    if (const std::string* policy = flag("cluster-policy")) {
+      absl::StatusOr<ClusterSchedulingPolicy> p = ParseClusterPolicy(*policy);
+      if (!p.ok()) return Usage(absl::StrCat("run: --cluster-policy: ", p.status().message()));
+      config.cluster_scheduling_policy = *p;
+    }
+    for (const char* name : {"cluster-policy", "non-portable-cluster"}) {
+      if (flag(name) != nullptr && !config.cluster.has_value()) {
+        return Usage(absl::StrCat("run: --", name, " applies to a cluster; give --cluster"));
+      }
+    }
   }
 
   // Positional: FILE KERNEL ARGS..., or FILE ARGS... with --triton.
@@ -609,6 +698,10 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
     if (!spec.ok()) {
       return Usage(absl::StrCat("run: argument ", args.size(), " ", spec.status().message()));
     }
+    if (spec->kind == ArgSpec::Kind::kDescriptor && !triton) {
+      return Usage(absl::StrCat("run: argument ", args.size(), " (", spec->text,
+                                "): a tensor descriptor is for a Triton kernel (--triton)"));
+    }
     args.push_back(RunArg{*std::move(spec), {}, {}});
   }
 
@@ -622,15 +715,38 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
     meta = *std::move(m);
     plan = *std::move(p);
     config = plan->config;
+    // Descriptors against the metadata's entries, before the daemon is called.
+    size_t n = 0;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const ArgSpec& s = args[i].spec;
+      if (s.kind != ArgSpec::Kind::kDescriptor) continue;
+      if (n >= meta->tensordesc_meta.size()) {
+        return FailedLocally(absl::StrCat("run ", meta->name, ": argument ", i, " (", s.text,
+                                          ") is tensor descriptor ", n, "; the kernel takes ",
+                                          meta->tensordesc_meta.size(),
+                                          " (its metadata's tensordesc_meta)"));
+      }
+      const size_t rank = meta->tensordesc_meta[n].block_size.size();
+      if (s.shape.size() != rank) {
+        return FailedLocally(absl::StrCat("run ", meta->name, ": argument ", i, " (", s.text,
+                                          ") has ", s.shape.size(), " dimensions; tensordesc_meta[",
+                                          n, "] has rank ", rank));
+      }
+      ++n;
+    }
+    if (n < meta->tensordesc_meta.size()) {
+      return FailedLocally(absl::StrCat("run ", meta->name, ": the kernel takes ",
+                                        meta->tensordesc_meta.size(),
+                                        " tensor descriptors (desc:SHAPE:BUFFER); ", n, " given"));
+    }
   }
   const std::string kernel = triton ? meta->name : cl.positional[1];
 
   // Local files before the daemon is called.
   for (size_t i = 0; i < args.size(); ++i) {
     ArgSpec& s = args[i].spec;
-    const std::string& path = s.kind == ArgSpec::Kind::kBytes
-                                  ? s.bytes_file
-                                  : (s.kind == ArgSpec::Kind::kBuffer ? s.in_file : "");
+    const std::string& path =
+        s.kind == ArgSpec::Kind::kBytes ? s.bytes_file : (s.is_buffer() ? s.in_file : "");
     if (path.empty()) continue;
     absl::StatusOr<std::string> bytes = ReadWholeFile(path);
     if (!bytes.ok()) {
@@ -662,7 +778,7 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
   if (auto f = GetFunction(module, file, kernel, &function)) return f;
   if (auto f = CheckArgs(kernel, function, args, triton ? plan->scratch.size() : 0)) return f;
 
-  std::vector<Arg> launch_args;
+  std::vector<TritonArg> launch_args;
   for (size_t i = 0; i < args.size(); ++i) {
     RunArg& a = args[i];
     switch (a.spec.kind) {
@@ -675,7 +791,8 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
       case ArgSpec::Kind::kNull:
         launch_args.push_back(Arg::Null());
         break;
-      case ArgSpec::Kind::kBuffer: {
+      case ArgSpec::Kind::kBuffer:
+      case ArgSpec::Kind::kDescriptor: {
         absl::StatusOr<Buffer> buffer = session.Allocate(a.spec.buffer_bytes);
         if (!buffer.ok()) {
           return Failed(absl::StrCat("allocate ", a.spec.buffer_bytes, " bytes for argument ", i,
@@ -684,7 +801,19 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
         }
         a.buffer = *std::move(buffer);
         if (auto f = FillBuffer(session, a, i)) return f;
-        launch_args.push_back(Arg::Ptr(a.buffer, a.spec.offset));
+        if (a.spec.kind == ArgSpec::Kind::kBuffer) {
+          launch_args.push_back(Arg::Ptr(a.buffer, a.spec.offset));
+          break;
+        }
+        // `args` is complete: the Buffer stays where it is until the launch.
+        TritonTensorDescriptor d;
+        d.buffer = &a.buffer;
+        d.byte_offset = a.spec.offset;
+        d.shape = a.spec.shape;
+        d.strides = a.spec.strides;
+        d.padding = a.spec.padding_nan ? TritonTensorDescriptor::Padding::kNan
+                                       : TritonTensorDescriptor::Padding::kZero;
+        launch_args.push_back(std::move(d));
         break;
       }
     }
@@ -693,19 +822,34 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
   if (absl::StatusOr<absl::Duration> copies = session.Synchronize(); !copies.ok()) {
     return Failed("copy the arguments to the device", copies.status());
   }
-  absl::StatusOr<absl::Duration> gpu_time =
-      triton ? LaunchTritonAndWait(session, function, *meta, *grid, launch_args)
-             : session.LaunchAndWait(function, config, launch_args);
+  absl::StatusOr<absl::Duration> gpu_time;
+  if (triton) {
+    gpu_time = LaunchTritonAndWait(session, function, *meta, *grid, launch_args);
+  } else {
+    std::vector<Arg> plain;
+    for (const TritonArg& a : launch_args) plain.push_back(std::get<Arg>(a));
+    gpu_time = session.LaunchAndWait(function, config, plain);
+  }
   if (!gpu_time.ok()) return Failed(absl::StrCat("run ", kernel), gpu_time.status());
-  const std::string cluster =
-      config.cluster ? absl::StrCat(" cluster ", Dims(*config.cluster)) : std::string();
+  std::string extras;
+  if (config.cluster) {
+    absl::StrAppend(&extras, " cluster ", Dims(*config.cluster));
+    if (config.non_portable_cluster) absl::StrAppend(&extras, " non-portable");
+    if (config.cluster_scheduling_policy == ClusterSchedulingPolicy::kSpread) {
+      absl::StrAppend(&extras, " spread");
+    } else if (config.cluster_scheduling_policy == ClusterSchedulingPolicy::kLoadBalancing) {
+      absl::StrAppend(&extras, " load_balancing");
+    }
+  }
+  if (config.cooperative) absl::StrAppend(&extras, " cooperative");
+  if (config.programmatic_dependent_launch) absl::StrAppend(&extras, " pdl");
   std::printf("%s: grid %s block %s shared %u%s: GPU time %.3f ms\n", kernel.c_str(),
               Dims(config.grid).c_str(), Dims(config.block).c_str(), config.shared_memory_bytes,
-              cluster.c_str(), absl::ToDoubleMilliseconds(*gpu_time));
+              extras.c_str(), absl::ToDoubleMilliseconds(*gpu_time));
 
   for (size_t i = 0; i < args.size(); ++i) {
     const RunArg& a = args[i];
-    if (a.spec.kind != ArgSpec::Kind::kBuffer || a.spec.save_file.empty()) continue;
+    if (!a.spec.is_buffer() || a.spec.save_file.empty()) continue;
     // Straight into shared memory when the daemon is local, else through
     // gRPC into a vector.
     std::vector<uint8_t> copy;

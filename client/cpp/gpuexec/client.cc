@@ -57,6 +57,14 @@ Arg Arg::Ptr(const Buffer& buffer, uint64_t offset) {
 
 Arg Arg::Null() { return Arg(Kind::kNull); }
 
+Arg Arg::TensorMap(const Buffer& buffer, uint64_t offset, const gpuexec::TensorMap& map) {
+  Arg arg(Kind::kTensorMap);
+  arg.uint_ = buffer.handle();
+  arg.offset_ = offset;
+  arg.tensor_map_ = std::make_shared<const gpuexec::TensorMap>(map);
+  return arg;
+}
+
 Arg Arg::Raw(std::string_view bytes) {
   Arg arg(Kind::kRaw);
   arg.raw_ = std::string(bytes);
@@ -135,6 +143,9 @@ void Arg::ToProto(v1::Arg* out) const {
       break;
     case Kind::kF64:
       out->set_f64(float_);
+      break;
+    case Kind::kTensorMap:
+      internal::ToProto(*tensor_map_, uint_, offset_, out->mutable_tensor_map());
       break;
     case Kind::kRaw:
       out->set_raw(raw_);
@@ -409,6 +420,8 @@ uint64_t Arg::size_bytes() const {
       return 4;
     case Kind::kRaw:
       return raw_.size();
+    case Kind::kTensorMap:
+      return 128;  // sizeof(CUtensorMap)
     default:
       return 8;
   }
@@ -595,10 +608,7 @@ absl::StatusOr<uint64_t> Session::DoLaunch(const Function& function, const Launc
   v1::Command command;
   v1::LaunchRequest& request = *command.mutable_launch();
   request.set_function(function.handle());
-  *request.mutable_grid() = ToProto(config.grid);
-  *request.mutable_block() = ToProto(config.block);
-  request.set_shared_memory_bytes(config.shared_memory_bytes);
-  if (config.cluster) *request.mutable_cluster() = ToProto(*config.cluster);
+  ToProto(config, &request);
   for (const Arg& arg : args) arg.ToProto(request.add_args());
   request.set_synchronize(mode == LaunchMode::kWait);
   if (!state_->closed.load()) {

@@ -44,6 +44,16 @@ absl::Status Unusable(const char* what);
 
 v1::Dim3 ToProto(const Dim3& d);
 
+// The launch's shape and flags: grid, block, shared memory, cluster,
+// cooperative, programmatic dependent launch, non-portable cluster and the
+// cluster scheduling policy.
+void ToProto(const LaunchConfig& config, v1::LaunchRequest* out);
+
+v1::ClusterSchedulingPolicy ToProto(ClusterSchedulingPolicy policy);
+
+// `map` over byte `offset` of buffer `buffer`.
+void ToProto(const TensorMap& map, uint64_t buffer, uint64_t offset, v1::TensorMapArg* out);
+
 DeviceInfo FromProto(const v1::Device& d);
 
 v1::ModuleKind ToProto(ModuleKind kind);
