@@ -44,6 +44,10 @@ cp -r "$BUILD_DIR/tests/kernels/sm_90" "$OUT/kernels/"
 mkdir -p "$OUT/python"
 cp -r "$BUILD_DIR/client/python/gpuexec" "$OUT/python/"
 cp -r client/python/tests "$OUT/python-tests"
+# The Triton metadata files both loaders are tested on, where the Python
+# tests look for them beside themselves (data/triton).
+mkdir -p "$OUT/python-tests/data"
+cp -r tests/data/triton "$OUT/python-tests/data/"
 cp client/python/examples/saxpy.py client/python/examples/triton/run_triton_kernels.py "$OUT/"
 find "$OUT" -name __pycache__ -prune -exec rm -rf {} +
 cp scripts/run-gpu-tests.sh scripts/soak.py "$OUT/"

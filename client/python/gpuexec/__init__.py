@@ -8,8 +8,10 @@
         saxpy.launch((n + 255) // 256, 256, gpuexec.f32(2.0), x, y, gpuexec.u64(n))
         print(y.read_array())              # waits for the kernel (same stream)
 
-Every failure raises gpuexec.Error (.code: grpc.StatusCode, .message: the
-daemon's message). numpy is optional: without it data is bytes.
+A kernel's CUtensorMap parameter takes a gpuexec.TensorMap (a buffer and
+the map's shape; the daemon encodes it). Every failure raises gpuexec.Error
+(.code: grpc.StatusCode, .message: the daemon's message). numpy is
+optional: without it data is bytes.
 """
 
 from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw, u8, u16, u32,
@@ -18,11 +20,12 @@ from ._client import (Buffer, Client, Device, Function, FunctionAttributes, Modu
                       Session, connect)
 from ._errors import Error
 from ._host_memory import HostMemory
+from ._tensor_map import TensorMap
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Arg", "Buffer", "Client", "Device", "Error", "Function", "FunctionAttributes", "HostMemory",
-    "Module", "Param", "Session", "bf16", "connect", "f16", "f32", "f64", "i8", "i16", "i32",
-    "i64", "null", "ptr", "raw", "u8", "u16", "u32", "u64",
+    "Module", "Param", "Session", "TensorMap", "bf16", "connect", "f16", "f32", "f64", "i8",
+    "i16", "i32", "i64", "null", "ptr", "raw", "u8", "u16", "u32", "u64",
 ]

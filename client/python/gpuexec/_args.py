@@ -2,7 +2,8 @@
 
 The daemon packs each argument at its parameter's offset after checking its
 size against the kernel's real layout. Besides the ``Arg`` values made by the
-functions here, ``Function.launch`` accepts: a ``Buffer`` (its address), None
+functions here, ``Function.launch`` accepts: a ``Buffer`` (its address), a
+``TensorMap`` (a CUtensorMap the daemon encodes), None
 (a null pointer), bytes-like objects (by-value bytes), numpy scalars (their
 own type) and plain ``int``/``float`` (typed by the parameter's size: an int
 becomes the signed or unsigned integer of that size, a float becomes f32 or
@@ -25,7 +26,7 @@ _INT_RANGES = {
 _FLOAT_KINDS = ("f16", "bf16", "f32", "f64")
 _SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 2, "f16_bits": 2,
           "bf16_bits": 2, "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8,
-          "buffer": 8, "null_pointer": 8}
+          "buffer": 8, "null_pointer": 8, "tensor_map": 128}
 # The gpuexec.v1.Arg field of each kind whose name differs: half and
 # bfloat16 values travel as doubles, so that the daemon rounds them once.
 _FIELDS = {"f16": "f16_value", "bf16": "bf16_value"}
@@ -52,6 +53,8 @@ class Arg:
             return pb.Arg(buffer=pb.BufferArg(buffer=self.value, offset=self.offset))
         if self.kind == "null_pointer":
             return pb.Arg(null_pointer=True)
+        if self.kind == "tensor_map":
+            return pb.Arg(tensor_map=self.value.to_proto())
         return pb.Arg(**{_FIELDS.get(self.kind, self.kind): self.value})
 
     def __repr__(self):
@@ -59,6 +62,8 @@ class Arg:
             return f"ptr(buffer 0x{self.value:x} + {self.offset})"
         if self.kind == "null_pointer":
             return "null()"
+        if self.kind == "tensor_map":
+            return repr(self.value)
         return f"{self.kind}({self.value!r})"
 
     def __eq__(self, other):
@@ -204,7 +209,7 @@ def to_arg(value, index, param):
         raise client_error(f"{_describe(index, param)}: cannot pass the float {value} "
                            f"without a type{hint}")
     raise client_error(f"{_describe(index, param)}: {type(value).__name__} is not a kernel "
-                       "argument (use a Buffer, None, bytes, or i32(), f32() ...)")
+                       "argument (use a Buffer, TensorMap, None, bytes, or i32(), f32() ...)")
 
 
 __all__ = ["Arg", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32",

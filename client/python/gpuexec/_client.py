@@ -20,6 +20,7 @@ from ._args import Arg, to_arg
 from ._channel import Recipe
 from ._commands import CommandStream
 from ._errors import Error, client_error, from_rpc_error
+from ._tensor_map import TensorMap
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
 
@@ -133,6 +134,44 @@ def _dim3(value, what):
         raise client_error(f"{what} must be an int or 1 to 3 non-negative ints, got {value!r}")
     dims = dims + (1,) * (3 - len(dims))
     return pb.Dim3(x=dims[0], y=dims[1], z=dims[2])
+
+
+# cluster_policy's accepted values (lower case) -> ClusterSchedulingPolicy.
+_CLUSTER_POLICIES = {"default": pb.CLUSTER_SCHEDULING_POLICY_DEFAULT,
+                     "spread": pb.CLUSTER_SCHEDULING_POLICY_SPREAD,
+                     "load_balancing": pb.CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING}
+for _name, _value in pb.ClusterSchedulingPolicy.items():
+    _CLUSTER_POLICIES[_name.lower()] = _value
+# A launch's attributes when none is asked for: (cooperative, pdl,
+# non_portable_cluster, cluster_policy) as the wire takes them.
+_NO_ATTRIBUTES = (False, False, False, 0)
+
+
+def _flag(value, what):
+    if value is True or value is False:
+        return value
+    if type(value).__name__ in ("bool_", "bool") or (
+            isinstance(value, int) and value in (0, 1)):  # numpy's bool, 0 and 1
+        return bool(value)
+    raise client_error(f"{what} must be True or False, got {value!r}")
+
+
+def _launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy):
+    """The launch attributes as the wire takes them, checked; raises the
+    client's error naming the argument."""
+    if (cooperative is False and pdl is False and non_portable_cluster is False
+            and cluster_policy is None):
+        return _NO_ATTRIBUTES
+    if cluster_policy is None:
+        policy = 0
+    else:
+        policy = (_CLUSTER_POLICIES.get(cluster_policy.strip().lower().replace("-", "_"))
+                  if isinstance(cluster_policy, str) else None)
+        if policy is None:
+            raise client_error(f"cluster_policy must be None, 'default', 'spread' or "
+                               f"'load_balancing', got {cluster_policy!r}")
+    return (_flag(cooperative, "cooperative"), _flag(pdl, "pdl"),
+            _flag(non_portable_cluster, "non_portable_cluster"), policy)
 
 
 def _seconds_to_ms(seconds, what):
@@ -528,16 +567,24 @@ class Session:
                 raise from_rpc_error(e2) from None
         return Module(self, response.module, response.sha256, response.uploaded, kind)
 
-    def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False):
+    def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False,
+               cooperative=False, pdl=False, non_portable_cluster=False, cluster_policy=None):
         """Enqueues ``function`` on the session's stream (see Function.launch)."""
-        op = function._launch_op(grid, block, args, shared, cluster, sync)
+        op = function._launch_op(grid, block, args, shared, cluster, sync,
+                                 _launch_attributes(cooperative, pdl, non_portable_cluster,
+                                                    cluster_policy))
         result = self._commands.submit(op, wait=True)
         return result.gpu_time_ns / 1e9 if sync else None
 
-    def launch_async(self, function, grid, block, *args, shared=0, cluster=None):
+    def launch_async(self, function, grid, block, *args, shared=0, cluster=None,
+                     cooperative=False, pdl=False, non_portable_cluster=False,
+                     cluster_policy=None):
         """Queues ``function`` without waiting (see Function.launch_async)."""
-        self._commands.submit(function._launch_op(grid, block, args, shared, cluster, False),
-                              wait=False)
+        self._commands.submit(
+            function._launch_op(grid, block, args, shared, cluster, False,
+                                _launch_attributes(cooperative, pdl, non_portable_cluster,
+                                                   cluster_policy)),
+            wait=False)
 
     def synchronize(self):
         """Waits for the session's work; returns its GPU time in seconds since
@@ -820,57 +867,87 @@ class Function:
     def __repr__(self):
         return f"<gpuexec.Function {self.name}, {len(self.params)} params>"
 
-    # A launch's fixed part serialized, by (grid, block, shared, cluster) as
-    # given: most programs launch a kernel with few geometries.
+    # A launch's fixed parts serialized -- the fields before the arguments
+    # and the attributes after them -- by (grid, block, shared, cluster,
+    # attributes) as given: most programs launch a kernel with few
+    # geometries.
     _MAX_HEADS = 64
 
-    def _launch_op(self, grid, block, args, shared, cluster, sync):
-        """The launch as a Command's operation field (see _wire)."""
-        key = (grid, block, shared, cluster)
+    def _launch_op(self, grid, block, args, shared, cluster, sync, attributes=_NO_ATTRIBUTES):
+        """The launch as a Command's operation field (see _wire);
+        ``attributes`` as _launch_attributes returns them."""
+        key = (grid, block, shared, cluster, attributes)
         try:
-            head = self._heads.get(key)
+            fixed = self._heads.get(key)
         except TypeError:  # a list, say: not kept
-            key, head = None, None
-        if head is None:
-            head = _wire.launch_head(self.handle, _dim3(grid, "grid"), _dim3(block, "block"),
-                                     int(shared),
-                                     None if cluster is None else _dim3(cluster, "cluster"))
+            key, fixed = None, None
+        if fixed is None:
+            fixed = (_wire.launch_head(self.handle, _dim3(grid, "grid"), _dim3(block, "block"),
+                                       int(shared),
+                                       None if cluster is None else _dim3(cluster, "cluster")),
+                     _wire.launch_attributes(*attributes))
             if key is not None:
                 if len(self._heads) >= self._MAX_HEADS:
                     self._heads.clear()
-                self._heads[key] = head
+                self._heads[key] = fixed
+        head, tail = fixed
         if not args and not sync:
-            return _wire.launch_op(head)
+            return _wire.launch_op(head + tail if tail else head)
         parts = [head]
         params = self.params
         for i, value in enumerate(args):
-            if type(value) is Buffer:
+            kind = type(value)
+            if kind is Buffer or kind is TensorMap:
                 parts.append(value._launch_field)
             else:
                 parts.append(_wire.launch_arg_field(
                     to_arg(value, i, params[i] if i < len(params) else None)))
         if sync:
             parts.append(_wire.LAUNCH_SYNCHRONIZE)
+        if tail:
+            parts.append(tail)
         return _wire.launch_op(b"".join(parts))
 
-    def launch(self, grid, block, *args, shared=0, cluster=None, sync=False):
+    def launch(self, grid, block, *args, shared=0, cluster=None, sync=False, cooperative=False,
+               pdl=False, non_portable_cluster=False, cluster_policy=None):
         """Enqueues the kernel on its session's stream.
 
         grid, block, cluster: an int or up to 3 ints. args: one per parameter
-        (Buffer, None, Arg from i32()/f32()/..., numpy scalar, bytes, int or
-        float). shared: dynamic shared memory bytes (above 48 KiB is opted in
-        by the daemon). With ``sync`` waits for the session's work and returns
-        its GPU time in seconds; else returns None once enqueued.
+        (Buffer, TensorMap, None, Arg from i32()/f32()/..., numpy scalar,
+        bytes, int or float). shared: dynamic shared memory bytes (above 48
+        KiB is opted in by the daemon). With ``sync`` waits for the session's
+        work and returns its GPU time in seconds; else returns None once
+        enqueued.
+
+        Launch attributes: ``cooperative``: every block resident at once, so
+        that the kernel may synchronize the whole grid (a grid larger than
+        the device holds at once is refused). ``pdl``: a programmatic
+        dependent launch (compute capability 9.0 and later): the kernel may
+        start before the session's previous kernel ends, once that one
+        triggers it; it must wait (griddepcontrol.wait) before reading what
+        that one wrote. ``non_portable_cluster``: allows clusters of more
+        than 8 blocks (up to 16, where the device and kernel allow).
+        ``cluster_policy``: how a cluster's blocks are placed, None or
+        "default", "spread", "load_balancing" (with a cluster only). A
+        value of the wrong kind raises Error (INVALID_ARGUMENT) naming the
+        argument, before any call.
         """
         return self.session.launch(self, grid, block, *args, shared=shared, cluster=cluster,
-                                   sync=sync)
+                                   sync=sync, cooperative=cooperative, pdl=pdl,
+                                   non_portable_cluster=non_portable_cluster,
+                                   cluster_policy=cluster_policy)
 
-    def launch_async(self, grid, block, *args, shared=0, cluster=None):
+    def launch_async(self, grid, block, *args, shared=0, cluster=None, cooperative=False,
+                     pdl=False, non_portable_cluster=False, cluster_policy=None):
         """Queues the kernel on its session's stream and returns at once,
         without a round trip to the daemon (the arguments are checked here
         against the kernel's parameters). A failure the daemon finds is
         raised by the session's next call that waits for the daemon: a
         launch, ``synchronize()``, or a buffer's read, write, memset, copy or
         free (each waits for the launches queued before it), as CUDA
-        reports asynchronous errors."""
-        self.session.launch_async(self, grid, block, *args, shared=shared, cluster=cluster)
+        reports asynchronous errors. The launch attributes are
+        Function.launch's."""
+        self.session.launch_async(self, grid, block, *args, shared=shared, cluster=cluster,
+                                  cooperative=cooperative, pdl=pdl,
+                                  non_portable_cluster=non_portable_cluster,
+                                  cluster_policy=cluster_policy)

@@ -1,9 +1,10 @@
 """The command stream's messages written as bytes, without a protobuf object
 per launch. A launch's fixed part (function, grid, block,
 shared memory, cluster) is serialized once by protobuf and kept by its
-Function; each argument is written here (the tests compare every kind with
-protobuf's own bytes), and a Command and an ExecuteRequest are their
-fields' bytes joined.
+Function, and so are its attributes (cooperative, programmatic dependent
+launch, cluster options), which protobuf writes after the arguments; each
+argument is written here (the tests compare every kind with protobuf's own
+bytes), and a Command and an ExecuteRequest are their fields' bytes joined.
 """
 
 import struct
@@ -56,6 +57,32 @@ def _buffer(arg):
     return field_bytes(b"\x0a", inner)
 
 
+def _packed(key, values):
+    """A packed repeated varint field; nothing when empty (as protobuf)."""
+    if not values:
+        return b""
+    return field_bytes(key, b"".join(varint(v) for v in values))
+
+
+def _enum(key, value):
+    return key + varint(value) if value else b""
+
+
+def tensor_map_bytes(buffer, offset, data_type, global_dims, global_strides, box_dims,
+                     element_strides, interleave, swizzle, l2_promotion, oob_fill):
+    """A serialized gpuexec.v1.TensorMapArg (enums as their numbers)."""
+    inner = b"\x08" + varint(buffer) if buffer else b""
+    if offset:
+        inner += b"\x10" + varint(offset)
+    return b"".join((
+        field_bytes(b"\x0a", inner),  # global: always present
+        _enum(b"\x10", data_type),
+        _packed(b"\x1a", global_dims), _packed(b"\x22", global_strides),
+        _packed(b"\x2a", box_dims), _packed(b"\x32", element_strides),
+        _enum(b"\x38", interleave), _enum(b"\x40", swizzle), _enum(b"\x48", l2_promotion),
+        _enum(b"\x50", oob_fill)))
+
+
 # gpuexec.v1.Arg: one field of its oneof, by kind (field number, wire type).
 _ENCODE = {
     "buffer": _buffer,
@@ -70,6 +97,8 @@ _ENCODE = {
     "f32": _fixed(b"\x65", "<f"), "f64": _fixed(b"\x69", "<d"),
     "raw": lambda arg: field_bytes(b"\x72", arg.value),
     "null_pointer": lambda arg: b"\x78\x01",
+    # tensor_map = 20: the map's own bytes (a TensorMap writes them).
+    "tensor_map": lambda arg: field_bytes(b"\xa2\x01", arg.value._wire_bytes()),
 }
 
 
@@ -94,6 +123,15 @@ def launch_head(function, grid, block, shared, cluster):
 
 
 LAUNCH_SYNCHRONIZE = b"\x40\x01"  # LaunchRequest.synchronize = true
+
+
+def launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy):
+    """A LaunchRequest's fields 9 to 12 (cooperative,
+    programmatic_dependent_launch, non_portable_cluster,
+    cluster_scheduling_policy), which follow ``synchronize``."""
+    return b"".join((b"\x48\x01" if cooperative else b"", b"\x50\x01" if pdl else b"",
+                     b"\x58\x01" if non_portable_cluster else b"",
+                     _enum(b"\x60", cluster_policy)))
 
 
 def launch_op(launch_request_bytes):

@@ -104,14 +104,48 @@ def test_metadata_next_to_the_cubin(session, daemon, tmp_path):
     np.testing.assert_array_equal(out.read(np.float32), x + y)
 
 
-def test_unsupported_metadata(session, daemon):
-    for md, needle in [(_metadata(launch_cooperative_grid=True), "cooperative"),
-                       (_metadata(tensordesc_meta=[{"swizzle": 128}]), "descriptor"),
-                       (_metadata(global_scratch_align=1024), "alignment"),
-                       ({"name": "gx_add_scratch"}, "num_warps")]:
+def test_cooperative_and_dependent_launches(session, daemon):
+    md = _metadata(launch_cooperative_grid=True, launch_pdl="True")
+    kernel = gt.load(session, daemon.cubin, md)
+    assert kernel.cooperative and kernel.pdl
+    n = 4000
+    x, y, xb, yb, out = _inputs(session, n)
+    kernel.launch(4, xb, yb, out, n, sync=True)
+    np.testing.assert_array_equal(out.read(np.float32), x + y)
+    out.memset(0)
+    kernel.launch_async(2, xb, yb, out, n)
+    np.testing.assert_array_equal(out.read(np.float32), x + y)
+
+
+def test_cluster_dims_of_triton_3_4(session, daemon):
+    # cluster_dims, when its product is over 1, is the cluster shape.
+    md = _metadata(num_ctas=1, cluster_dims=[2, 1, 1], global_scratch_size=4)
+    kernel = gt.load(session, daemon.cubin, md)
+    assert kernel.cluster == (2, 1, 1) and kernel.cuda_grid((3, 2)) == (6, 2, 1)
+    n = 3000
+    x, y, xb, yb, out = _inputs(session, n)
+    kernel.launch((3, 2), xb, yb, out, n, sync=True)
+    np.testing.assert_array_equal(out.read(np.float32), x + y)
+    assert kernel.global_scratch.read(np.uint32, size=48).tolist() == list(range(1, 13))
+
+
+def test_refused_metadata(session, daemon):
+    for md, needle in [(_metadata(tensordesc_meta=[{"swizzle": 128}]), "'swizzle'"),
+                       (_metadata(launch_cooperative_grid="yes"), "'launch_cooperative_grid'"),
+                       (_metadata(global_scratch_align=1024), "'global_scratch_align'"),
+                       ({"name": "gx_add_scratch"}, "'num_warps'")]:
         with pytest.raises(gpuexec.Error) as e:
             gt.load(session, daemon.cubin, md)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert needle in e.value.message
     with pytest.raises(gpuexec.Error) as e:  # too few parameters for a Triton 3.x kernel
         gt.load(session, daemon.cubin, _metadata(name="gx_empty"))
     assert "scratch" in e.value.message
+
+
+def test_a_descriptor_for_a_kernel_without_tensordesc_meta(session, daemon):
+    kernel = gt.load(session, daemon.cubin, METADATA)
+    x = session.alloc(4096)
+    with pytest.raises(gpuexec.Error) as e:
+        kernel.launch(1, gt.TensorDescriptor(x, [32, 32]), x, x, 4)
+    assert "no tensordesc_meta" in e.value.message
