@@ -29,7 +29,7 @@ run shm_socket_test "$HERE/bin/shm_socket_test"
 run shm_attack_test "$HERE/bin/shm_attack_test"
 GPUEXEC_CLI="$HERE/bin/gpuexec" run cli_test "$HERE/bin/cli_test"
 export PYTHONPATH="$HERE/python" PYTHONDONTWRITEBYTECODE=1 GPUEXEC_DAEMON="$HERE/bin/gpuexecd"
-run python_client python3 -m pytest -q -rs -p no:cacheprovider "$HERE/python-tests"
+GPUEXEC_CLI="$HERE/bin/gpuexec" run python_client python3 -m pytest -q -rs -p no:cacheprovider "$HERE/python-tests"
 
 # The README's walk-through against a daemon process: the CLI, Python, C++,
 # then Triton kernels compiled here by Triton and run by the Python package
