@@ -158,8 +158,9 @@ TEST_F(ShmAttackTest, ReleasedRegionsCountUntilTheWorkerUnpinsThem) {
   ASSERT_NO_FATAL_FAILURE(Start(true, {absl::StrCat("--pinned_memory_limit=", kLimit)}));
   if (IsSkipped()) return;
   GX_ASSERT_OK_AND_ASSIGN(Function spin, Kernel("gx_spin"));
-  // 2 s of "GPU" work on the session's stream.
-  GX_ASSERT_OK(session().LaunchAsync(spin, LaunchConfig{}, {Arg::U64(2'000'000'000)}));
+  // 2 s of "GPU" work on the session's stream, enqueued before the release below
+  // is sent (LaunchAsync could still be on the wire under load).
+  GX_ASSERT_OK(session().Launch(spin, LaunchConfig{}, {Arg::U64(2'000'000'000)}));
   Answer a = Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-pin"), kLimit);
   ASSERT_EQ(a.code, kOk) << a.message;
   const v1::CommandResult r = RawCommand(Release(a.region));
@@ -188,7 +189,7 @@ TEST_F(ShmAttackTest, ClosedSessionsRegionsCountUntilTheWorkerUnpinsThem) {
   GX_ASSERT_OK_AND_ASSIGN(
       Module m, s.LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin")));
   GX_ASSERT_OK_AND_ASSIGN(Function spin, m.GetFunction("gx_spin"));
-  GX_ASSERT_OK(s.LaunchAsync(spin, LaunchConfig{}, {Arg::U64(2'000'000'000)}));
+  GX_ASSERT_OK(s.Launch(spin, LaunchConfig{}, {Arg::U64(2'000'000'000)}));
   Answer a =
       Register(Memfd(kLimit, F_SEAL_SHRINK | F_SEAL_GROW, "gx-attack-close"), kLimit, s.token());
   ASSERT_EQ(a.code, kOk) << a.message;
