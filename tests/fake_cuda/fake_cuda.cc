@@ -624,7 +624,8 @@ constexpr uint64_t kFakeTensorMapMagic = 0x47584d4150763100;  // "GXMAPv1"
 
 // gx_tensormap_copy(map, out, x, y, count): the FLOAT32 box of a rank 1 or
 // 2 map at (x, y), innermost fastest; outside the tensor 0 (NaN with NaN
-// fill). `count` must be the box's elements (the GPU's kernel needs it).
+// fill). `count` must be the box's elements (the GPU's kernel needs it);
+// x a multiple of 4.
 bool RunTensorMapCopy(const KernelLaunch& l) {
   FakeTensorMap m;
   std::memcpy(&m, l.args.data(), sizeof(m));
@@ -634,6 +635,9 @@ bool RunTensorMapCopy(const KernelLaunch& l) {
   }
   const int32_t x = l.Arg<int32_t>(136);
   const int32_t y = l.Arg<int32_t>(140);
+  // A box's inner start off a 16-byte boundary: an illegal instruction on
+  // the H200.
+  if ((int64_t{x} * 4) % 16 != 0) return false;
   const uint64_t bx = m.box[0];
   const uint64_t by = m.rank == 2 ? m.box[1] : 1;
   if (l.Arg<uint32_t>(144) != bx * by) return false;

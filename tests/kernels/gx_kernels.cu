@@ -115,7 +115,9 @@ __global__ void gx_add_scratch(const float* x, const float* y, float* out, int n
 // TMA: loads the FLOAT32 box of a rank-2 tensor map at (x, y) (innermost
 // first) into shared memory with cp.async.bulk.tensor and copies its
 // `count` elements (the box's) to out, innermost fastest. Elements outside
-// the tensor read as the map's fill. At most 4096 elements.
+// the tensor read as the map's fill. At most 4096 elements. x times 4 must
+// be a multiple of 16 (TMA's rule for a box's inner start: on the H200 any
+// other x is an illegal instruction).
 // The 128 opaque, 64-byte aligned bytes of a CUtensorMap (the driver's
 // header is not the kernels' to include).
 struct alignas(64) GxTensorMap {
