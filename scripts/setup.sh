@@ -24,18 +24,19 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The CUDA Driver API header is a build requirement (the driver itself is
-# opened at run time). Debian 12 packages no CUDA 12.4+ toolkit.
+# No CUDA toolkit is needed: the daemon declares the driver API it uses
+# (server/cuda/cuda_api.h) and opens the driver at run time. A toolkit (12.4
+# or newer) under CUDA_ROOT, if there is one, adds nvcc's GPU test kernels and
+# the check of cuda_api.h against its cuda.h.
 CUDA_ROOT="${CUDA_ROOT:-${CUDAToolkit_ROOT:-/usr/local/cuda}}"
-if [[ ! -f "$CUDA_ROOT/include/cuda.h" ]]; then
-  echo "setup: the CUDA toolkit (12.4 or newer) is needed for cuda.h and nvcc;" >&2
-  echo "       install it from NVIDIA and set CUDA_ROOT to its directory (looked in $CUDA_ROOT)." >&2
-  exit 1
+if [[ ! -x "$CUDA_ROOT/bin/nvcc" ]]; then
+  echo "setup: no CUDA toolkit in $CUDA_ROOT: building without it (the GPU tier's" \
+    "tests will report SKIPPED; set CUDA_ROOT to a toolkit to build its kernels)"
 fi
 
 BUILD_DIR="${BUILD_DIR:-build}"
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCUDAToolkit_ROOT="$CUDA_ROOT"
+    -DCUDA_ROOT="$CUDA_ROOT"
 fi
 cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -157,8 +157,8 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
   }
   auto api = std::make_unique<DriverApi>();
   std::string missing;
-#define GPUEXEC_RESOLVE_ENTRY(member, symbol, fn)                         \
-  api->member = reinterpret_cast<decltype(&::fn)>(dlsym(handle, symbol)); \
+#define GPUEXEC_RESOLVE_ENTRY(member, symbol, fn)                               \
+  api->member = reinterpret_cast<decltype(api->member)>(dlsym(handle, symbol)); \
   if (api->member == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", symbol);
   GPUEXEC_DRIVER_ENTRY_POINTS(GPUEXEC_RESOLVE_ENTRY)
 #undef GPUEXEC_RESOLVE_ENTRY

@@ -3,14 +3,14 @@
 
 // The table of driver entry points the daemon uses, resolved with dlsym from
 // whatever library Driver::Load opened. The exported symbol names are the
-// versioned ones that cuda.h maps the plain names to; the test double exports
-// the same names.
+// versioned ones that the toolkit's cuda.h maps the plain names to (checked
+// by tests/unit/cuda_api_test.cc); the test double exports the same names.
 
-#include <cuda.h>
+#include "server/cuda/cuda_api.h"
 
 namespace gpuexec::cuda {
 
-// X(member, exported symbol, type taken from cuda.h's declaration)
+// X(member, exported symbol, API name: its type is PFN_<API name> in cuda_api.h)
 #define GPUEXEC_DRIVER_ENTRY_POINTS(X)                                                        \
   X(Init, "cuInit", cuInit)                                                                   \
   X(DriverGetVersion, "cuDriverGetVersion", cuDriverGetVersion)                               \
@@ -63,7 +63,7 @@ namespace gpuexec::cuda {
   X(MemPoolTrimTo, "cuMemPoolTrimTo", cuMemPoolTrimTo)
 
 struct DriverApi {
-#define GPUEXEC_DECLARE_ENTRY(member, symbol, fn) decltype(&::fn) member = nullptr;
+#define GPUEXEC_DECLARE_ENTRY(member, symbol, fn) PFN_##fn member = nullptr;
   GPUEXEC_DRIVER_ENTRY_POINTS(GPUEXEC_DECLARE_ENTRY)
 #undef GPUEXEC_DECLARE_ENTRY
 };

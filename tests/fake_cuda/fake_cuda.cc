@@ -37,12 +37,7 @@
 // queue. Lock order: Driver::mu may be taken while no stream mutex is held;
 // a stream mutex is never held while taking Driver::mu.
 
-#include <cuda.h>
 #include <unistd.h>
-
-// cuda.h maps cuEventElapsedTime to cuEventElapsedTime_v2; the double also
-// exports the version-1 name (same signature), so the macro must go.
-#undef cuEventElapsedTime
 
 #include <algorithm>
 #include <atomic>
@@ -61,10 +56,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include "server/cuda/cuda_api.h"
 
 #define GX_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -83,8 +81,8 @@ struct StreamOp {
 
 }  // namespace
 
-// The handle types below are the opaque structs that cuda.h declares; they
-// must live in the global namespace to match its typedefs.
+// The handle types below are the opaque structs that cuda_api.h declares;
+// they must live in the global namespace to match its typedefs.
 
 // A primary context. One per device, created at cuInit and never freed, so
 // the handle stays stable across release/retain cycles like the driver's.
@@ -1030,8 +1028,9 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 }  // namespace
 
 // ===========================================================================
-// Exported entry points. Signatures are those of cuda.h; versioned names are
-// spelled out (cuMemAlloc_v2, ...) because that is what the driver exports.
+// Exported entry points. Signatures are cuda_api.h's PFN_* types (checked at
+// the end of this file); versioned names are spelled out (cuMemAlloc_v2, ...)
+// because that is what the driver exports.
 // ===========================================================================
 
 // --- Initialization, version, errors ---
@@ -1955,3 +1954,63 @@ GX_EXPORT uint64_t gxfake_bytes_allocated(void) {
   for (const auto& device : d.devices) total += device->allocated_bytes;
   return total;
 }
+
+// --- Signatures ---
+
+// Each export has exactly the type the daemon calls it through (cuda_api.h),
+// so a mistyped parameter here fails the build instead of a test.
+#define GX_CHECK_SIGNATURE(symbol, api)                           \
+  static_assert(std::is_same_v<decltype(&::symbol), ::PFN_##api>, \
+                #symbol " does not have the type PFN_" #api " of cuda_api.h")
+GX_CHECK_SIGNATURE(cuInit, cuInit);
+GX_CHECK_SIGNATURE(cuDriverGetVersion, cuDriverGetVersion);
+GX_CHECK_SIGNATURE(cuGetErrorName, cuGetErrorName);
+GX_CHECK_SIGNATURE(cuGetErrorString, cuGetErrorString);
+GX_CHECK_SIGNATURE(cuDeviceGetCount, cuDeviceGetCount);
+GX_CHECK_SIGNATURE(cuDeviceGet, cuDeviceGet);
+GX_CHECK_SIGNATURE(cuDeviceGetName, cuDeviceGetName);
+GX_CHECK_SIGNATURE(cuDeviceGetAttribute, cuDeviceGetAttribute);
+GX_CHECK_SIGNATURE(cuDeviceTotalMem_v2, cuDeviceTotalMem);
+GX_CHECK_SIGNATURE(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
+GX_CHECK_SIGNATURE(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease);
+GX_CHECK_SIGNATURE(cuCtxSetCurrent, cuCtxSetCurrent);
+GX_CHECK_SIGNATURE(cuCtxSynchronize, cuCtxSynchronize);
+GX_CHECK_SIGNATURE(cuMemGetInfo_v2, cuMemGetInfo);
+GX_CHECK_SIGNATURE(cuMemAlloc_v2, cuMemAlloc);
+GX_CHECK_SIGNATURE(cuMemFree_v2, cuMemFree);
+GX_CHECK_SIGNATURE(cuMemAllocAsync, cuMemAllocAsync);
+GX_CHECK_SIGNATURE(cuMemFreeAsync, cuMemFreeAsync);
+GX_CHECK_SIGNATURE(cuMemsetD8Async, cuMemsetD8Async);
+GX_CHECK_SIGNATURE(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync);
+GX_CHECK_SIGNATURE(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync);
+GX_CHECK_SIGNATURE(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync);
+GX_CHECK_SIGNATURE(cuMemHostAlloc, cuMemHostAlloc);
+GX_CHECK_SIGNATURE(cuMemFreeHost, cuMemFreeHost);
+GX_CHECK_SIGNATURE(cuMemHostRegister_v2, cuMemHostRegister);
+GX_CHECK_SIGNATURE(cuMemHostUnregister, cuMemHostUnregister);
+GX_CHECK_SIGNATURE(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool);
+GX_CHECK_SIGNATURE(cuMemPoolSetAttribute, cuMemPoolSetAttribute);
+GX_CHECK_SIGNATURE(cuMemPoolTrimTo, cuMemPoolTrimTo);
+GX_CHECK_SIGNATURE(cuModuleLoadDataEx, cuModuleLoadDataEx);
+GX_CHECK_SIGNATURE(cuModuleUnload, cuModuleUnload);
+GX_CHECK_SIGNATURE(cuModuleGetFunction, cuModuleGetFunction);
+GX_CHECK_SIGNATURE(cuFuncGetParamInfo, cuFuncGetParamInfo);
+GX_CHECK_SIGNATURE(cuFuncGetAttribute, cuFuncGetAttribute);
+GX_CHECK_SIGNATURE(cuFuncSetAttribute, cuFuncSetAttribute);
+GX_CHECK_SIGNATURE(cuStreamCreate, cuStreamCreate);
+GX_CHECK_SIGNATURE(cuStreamDestroy_v2, cuStreamDestroy);
+GX_CHECK_SIGNATURE(cuStreamSynchronize, cuStreamSynchronize);
+GX_CHECK_SIGNATURE(cuLaunchHostFunc, cuLaunchHostFunc);
+GX_CHECK_SIGNATURE(cuEventCreate, cuEventCreate);
+GX_CHECK_SIGNATURE(cuEventRecord, cuEventRecord);
+GX_CHECK_SIGNATURE(cuEventQuery, cuEventQuery);
+GX_CHECK_SIGNATURE(cuEventElapsedTime, cuEventElapsedTime);
+GX_CHECK_SIGNATURE(cuEventElapsedTime_v2, cuEventElapsedTime);
+GX_CHECK_SIGNATURE(cuEventDestroy_v2, cuEventDestroy);
+GX_CHECK_SIGNATURE(cuLaunchKernel, cuLaunchKernel);
+GX_CHECK_SIGNATURE(cuLaunchKernelEx, cuLaunchKernelEx);
+GX_CHECK_SIGNATURE(cuOccupancyMaxActiveBlocksPerMultiprocessor,
+                   cuOccupancyMaxActiveBlocksPerMultiprocessor);
+GX_CHECK_SIGNATURE(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters);
+GX_CHECK_SIGNATURE(cuTensorMapEncodeTiled, cuTensorMapEncodeTiled);
+#undef GX_CHECK_SIGNATURE

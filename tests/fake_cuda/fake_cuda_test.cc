@@ -4,7 +4,6 @@
 // the whole process) or need a fresh, uninitialized driver run in a fork()ed
 // child.
 
-#include <cuda.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -20,38 +19,54 @@
 #include <thread>
 #include <vector>
 
+#include "server/cuda/cuda_api.h"
+
 #ifndef GXFAKE_LIBRARY_PATH
 #error "GXFAKE_LIBRARY_PATH must name the built libgpuexec_fakecuda.so"
 #endif
 
 namespace {
 
-// Every driver entry point the daemon resolves, by exported name.
+// Every driver entry point the daemon resolves: X(exported name, API name,
+// whose type is PFN_<API name> in cuda_api.h).
 // clang-format off
-#define GX_FOR_EACH_DRIVER_API(X)                                                       \
-  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                 \
-  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)        \
-  X(cuDeviceTotalMem_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2)    \
-  X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuModuleLoadDataEx)       \
-  X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuFuncGetAttribute)  \
-  X(cuFuncSetAttribute) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)  \
-  X(cuLaunchHostFunc) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                 \
-  X(cuEventElapsedTime_v2) X(cuEventDestroy_v2) X(cuMemAllocAsync) X(cuMemFreeAsync)    \
-  X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemsetD8Async) X(cuMemcpyDtoDAsync_v2)           \
-  X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuMemHostAlloc) X(cuMemFreeHost)    \
-  X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuLaunchKernelEx) X(cuLaunchKernel)  \
-  X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo)
+#define GX_FOR_EACH_DRIVER_API(X)                                                           \
+  X(cuInit, cuInit) X(cuDriverGetVersion, cuDriverGetVersion)                               \
+  X(cuGetErrorName, cuGetErrorName) X(cuGetErrorString, cuGetErrorString)                   \
+  X(cuDeviceGetCount, cuDeviceGetCount) X(cuDeviceGet, cuDeviceGet)                         \
+  X(cuDeviceGetName, cuDeviceGetName) X(cuDeviceGetAttribute, cuDeviceGetAttribute)         \
+  X(cuDeviceTotalMem_v2, cuDeviceTotalMem)                                                  \
+  X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                     \
+  X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease)                                \
+  X(cuCtxSetCurrent, cuCtxSetCurrent) X(cuCtxSynchronize, cuCtxSynchronize)                 \
+  X(cuMemGetInfo_v2, cuMemGetInfo) X(cuModuleLoadDataEx, cuModuleLoadDataEx)                \
+  X(cuModuleUnload, cuModuleUnload) X(cuModuleGetFunction, cuModuleGetFunction)             \
+  X(cuFuncGetParamInfo, cuFuncGetParamInfo) X(cuFuncGetAttribute, cuFuncGetAttribute)       \
+  X(cuFuncSetAttribute, cuFuncSetAttribute) X(cuStreamCreate, cuStreamCreate)               \
+  X(cuStreamDestroy_v2, cuStreamDestroy) X(cuStreamSynchronize, cuStreamSynchronize)        \
+  X(cuLaunchHostFunc, cuLaunchHostFunc) X(cuEventCreate, cuEventCreate)                     \
+  X(cuEventRecord, cuEventRecord) X(cuEventQuery, cuEventQuery)                             \
+  X(cuEventElapsedTime_v2, cuEventElapsedTime) X(cuEventDestroy_v2, cuEventDestroy)         \
+  X(cuMemAllocAsync, cuMemAllocAsync) X(cuMemFreeAsync, cuMemFreeAsync)                     \
+  X(cuMemAlloc_v2, cuMemAlloc) X(cuMemFree_v2, cuMemFree)                                   \
+  X(cuMemsetD8Async, cuMemsetD8Async) X(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync)            \
+  X(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync)     \
+  X(cuMemHostAlloc, cuMemHostAlloc) X(cuMemFreeHost, cuMemFreeHost)                         \
+  X(cuMemHostRegister_v2, cuMemHostRegister) X(cuMemHostUnregister, cuMemHostUnregister)    \
+  X(cuLaunchKernelEx, cuLaunchKernelEx) X(cuLaunchKernel, cuLaunchKernel)                   \
+  X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool)                                   \
+  X(cuMemPoolSetAttribute, cuMemPoolSetAttribute) X(cuMemPoolTrimTo, cuMemPoolTrimTo)
 // clang-format on
 
 // The entry points of one loaded copy of the library. The handle is never
 // closed: worker threads of the double may outlive any test.
 struct FakeCuda {
   void* handle = nullptr;
-#define GX_DECLARE(name) decltype(&::name) name = nullptr;
+#define GX_DECLARE(name, api) PFN_##api name = nullptr;
   GX_FOR_EACH_DRIVER_API(GX_DECLARE)
 #undef GX_DECLARE
-  // Same signature as cuEventElapsedTime_v2 (cuda.h does not declare it).
-  CUresult (*cuEventElapsedTime_v1)(float*, CUevent, CUevent) = nullptr;
+  // The version-1 symbol, with the same signature as cuEventElapsedTime_v2.
+  PFN_cuEventElapsedTime cuEventElapsedTime_v1 = nullptr;
   uint64_t (*gxfake_module_loads)() = nullptr;
   uint64_t (*gxfake_bytes_allocated)() = nullptr;
 
@@ -60,7 +75,7 @@ struct FakeCuda {
     handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) return std::string("dlopen: ") + dlerror();
     std::string missing;
-#define GX_RESOLVE(name)                                         \
+#define GX_RESOLVE(name, api)                                    \
   name = reinterpret_cast<decltype(name)>(dlsym(handle, #name)); \
   if (name == nullptr) missing += " " #name;
     GX_FOR_EACH_DRIVER_API(GX_RESOLVE)
@@ -141,7 +156,7 @@ int RunInChild(const std::function<int()>& body) {
 
 TEST(FakeCudaTest, ExportsEveryEntryPoint) {
   // Load() already failed the environment if one was missing; also check
-  // the handful of names where cuda.h's macros are easy to get wrong.
+  // the handful of versioned names that are easy to get wrong.
   for (const char* name :
        {"cuMemAlloc_v2", "cuStreamDestroy_v2", "cuEventElapsedTime", "cuEventElapsedTime_v2",
         "cuDevicePrimaryCtxRelease_v2", "cuMemHostRegister_v2", "cuMemcpyHtoDAsync_v2"}) {

@@ -3,6 +3,7 @@
 GPUEXEC_DAEMON       the gpuexecd binary
 GPUEXEC_TEST_DRIVER  the driver library it opens (the test double, or libcuda.so.1)
 GPUEXEC_TEST_KERNELS the directory with gx_kernels.cubin for that driver
+GPUEXEC_TEST_SKIP    if set, why this backend cannot serve (set by the build)
 
 Where the daemon has no usable device, or the environment is incomplete,
 every test is skipped with a reason that starts "gpuexec-tests-skipped".
@@ -84,6 +85,8 @@ def stop_daemon(process):
 
 @pytest.fixture(scope="session")
 def daemon():
+    if os.environ.get("GPUEXEC_TEST_SKIP"):
+        pytest.skip(f"{SKIP}: {os.environ['GPUEXEC_TEST_SKIP']}")
     env = {k: os.environ.get(k) for k in
            ("GPUEXEC_DAEMON", "GPUEXEC_TEST_DRIVER", "GPUEXEC_TEST_KERNELS")}
     missing = [k for k, v in env.items() if not v]
