@@ -366,9 +366,8 @@ typedef CUresult (*PFN_cuOccupancyMaxActiveClusters)(int* clusters, CUfunction f
 typedef CUresult (*PFN_cuTensorMapEncodeTiled)(
     CUtensorMap* map, CUtensorMapDataType data_type, cuuint32_t rank, void* address,
     const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
-    const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
-    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,
-    CUtensorMapFloatOOBfill oob_fill);
+    const cuuint32_t* element_strides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+    CUtensorMapL2promotion l2_promotion, CUtensorMapFloatOOBfill oob_fill);
 
 #ifdef GPUEXEC_CUDA_API_NAMESPACE
 }  // namespace GPUEXEC_CUDA_API_NAMESPACE

@@ -63,13 +63,14 @@ namespace {
 // --- Our types, rewritten in the toolkit's ---
 
 // The nominal types of cuda_api.h, by kind (each also checked below).
-#define GX_ENUMS(X)                                                                               \
-  X(CUresult)                                                                                     \
-  X(CUdevice_attribute)                                                                           \
-  X(CUfunction_attribute) X(CUjit_option) X(CUmemPool_attribute) X(CUstream_flags)                \
-      X(CUevent_flags) X(CUclusterSchedulingPolicy) X(CUlaunchAttributeID) X(CUtensorMapDataType) \
-          X(CUtensorMapInterleave) X(CUtensorMapSwizzle) X(CUtensorMapL2promotion)                \
-              X(CUtensorMapFloatOOBfill)
+// clang-format off
+#define GX_ENUMS(X)                                                         \
+  X(CUresult) X(CUdevice_attribute) X(CUfunction_attribute) X(CUjit_option) \
+  X(CUmemPool_attribute) X(CUstream_flags) X(CUevent_flags)                 \
+  X(CUclusterSchedulingPolicy) X(CUlaunchAttributeID) X(CUtensorMapDataType) \
+  X(CUtensorMapInterleave) X(CUtensorMapSwizzle) X(CUtensorMapL2promotion)  \
+  X(CUtensorMapFloatOOBfill)
+// clang-format on
 #define GX_AGGREGATES(X) \
   X(CUlaunchAttributeValue) X(CUlaunchAttribute) X(CUlaunchConfig) X(CUtensorMap)
 #define GX_OPAQUE(X) \
@@ -152,15 +153,15 @@ struct Checker {
 // --- The groups of checks ---
 
 // An enum constant: value, and the enum it belongs to.
-#define GX_CONSTANT(name)                                                                     \
-  c.ExpectEqual(static_cast<long long>(ours::name), static_cast<long long>(::name), #name,    \
-                "the value");                                                                 \
+#define GX_CONSTANT(name)                                                                       \
+  c.ExpectEqual(static_cast<long long>(ours::name), static_cast<long long>(::name), #name,      \
+                "the value");                                                                   \
   c.ExpectSameType<std::remove_cv_t<decltype(ours::name)>, std::remove_cv_t<decltype(::name)>>( \
       #name)
 // A constant cuda.h spells as a macro (an integer or a special pointer):
 // its value.
-#define GX_MACRO_CONSTANT(name)                                                       \
-  c.ExpectEqual(static_cast<long long>(ours_macros::Ours##name),                      \
+#define GX_MACRO_CONSTANT(name)                                  \
+  c.ExpectEqual(static_cast<long long>(ours_macros::Ours##name), \
                 static_cast<long long>((uintptr_t)(name)), #name, "the value")
 
 void CheckConstants(Checker& c) {
@@ -318,23 +319,22 @@ void CheckTypes(Checker& c) {
 
 // A struct's size and alignment; a field's offset, size and type (a
 // member path such as clusterDim.x reaches into a nested struct).
-#define GX_AGGREGATE(name, alignment_may_be_stricter)                                       \
-  c.ExpectEqual(sizeof(ours::name), sizeof(::name), #name, "sizeof");                       \
-  if (alignment_may_be_stricter) {                                                          \
-    c.Expect(alignof(ours::name) % alignof(::name) == 0, #name,                             \
-             "alignof " + std::to_string(alignof(ours::name)) + " is not a multiple of " +  \
-                 std::to_string(alignof(::name)));                                          \
-  } else {                                                                                  \
-    c.ExpectEqual(alignof(ours::name), alignof(::name), #name, "alignof");                  \
+#define GX_AGGREGATE(name, alignment_may_be_stricter)                                      \
+  c.ExpectEqual(sizeof(ours::name), sizeof(::name), #name, "sizeof");                      \
+  if (alignment_may_be_stricter) {                                                         \
+    c.Expect(alignof(ours::name) % alignof(::name) == 0, #name,                            \
+             "alignof " + std::to_string(alignof(ours::name)) + " is not a multiple of " + \
+                 std::to_string(alignof(::name)));                                         \
+  } else {                                                                                 \
+    c.ExpectEqual(alignof(ours::name), alignof(::name), #name, "alignof");                 \
   }
-#define GX_FIELD_LAYOUT(agg, path)                                                     \
-  c.ExpectEqual(offsetof(ours::agg, path), offsetof(::agg, path), #agg "." #path,      \
-                "the offset");                                                         \
-  c.ExpectEqual(sizeof(std::declval<ours::agg&>().path), sizeof(std::declval<::agg&>().path), \
+#define GX_FIELD_LAYOUT(agg, path)                                                               \
+  c.ExpectEqual(offsetof(ours::agg, path), offsetof(::agg, path), #agg "." #path, "the offset"); \
+  c.ExpectEqual(sizeof(std::declval<ours::agg&>().path), sizeof(std::declval<::agg&>().path),    \
                 #agg "." #path, "sizeof")
-#define GX_FIELD(agg, path)                                                   \
-  GX_FIELD_LAYOUT(agg, path);                                                 \
-  c.ExpectSameType<decltype(std::declval<ours::agg&>().path),                 \
+#define GX_FIELD(agg, path)                                   \
+  GX_FIELD_LAYOUT(agg, path);                                 \
+  c.ExpectSameType<decltype(std::declval<ours::agg&>().path), \
                    decltype(std::declval<::agg&>().path)>(#agg "." #path)
 
 void CheckAggregates(Checker& c) {
@@ -383,11 +383,11 @@ bool OlderSymbolOnPurpose(const std::string& symbol) {
 }
 
 // An entry point's type, and the symbol the daemon resolves it by.
-#define GX_ENTRY(member, symbol, api)                                                        \
-  c.ExpectSameType<ours::PFN_##api, decltype(&::api)>("PFN_" #api);                          \
-  c.Expect(symbol == std::string(GX_STR(api)) || OlderSymbolOnPurpose(symbol), "PFN_" #api, \
-           std::string("the daemon resolves ") + symbol + ", cuda.h maps " #api " to " +     \
-               GX_STR(api));
+#define GX_ENTRY(member, symbol, api)                                                  \
+  c.ExpectSameType<ours::PFN_##api, decltype(&::api)>("PFN_" #api);                    \
+  c.Expect(                                                                            \
+      symbol == std::string(GX_STR(api)) || OlderSymbolOnPurpose(symbol), "PFN_" #api, \
+      std::string("the daemon resolves ") + symbol + ", cuda.h maps " #api " to " + GX_STR(api));
 
 void CheckEntryPoints(Checker& c) {
   GPUEXEC_DRIVER_ENTRY_POINTS(GX_ENTRY)
