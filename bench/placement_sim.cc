@@ -35,21 +35,21 @@ ABSL_FLAG(uint64_t, seed, 1, "random seed");
 
 namespace {
 
-using gpuexec::client::internal::ChooseDevice;
-using gpuexec::client::internal::DeviceLoad;
-using gpuexec::client::internal::PlacementNeeds;
-using gpuexec::client::internal::SampleDaemons;
+using gpuexec::internal::ChooseDevice;
+using gpuexec::internal::DeviceLoad;
+using gpuexec::internal::PlacementNeeds;
+using gpuexec::internal::SampleDaemons;
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 constexpr uint64_t kDeviceBytes = 141 * kGiB;
 
 struct Result {
-  double mean_load = 0;        // memory held over memory, at the end
-  double max_over_mean = 0;    // memory held, at the end of the run
-  double p99_over_mean = 0;    // the 99th percentile daemon over the mean
+  double mean_load = 0;      // memory held over memory, at the end
+  double max_over_mean = 0;  // memory held, at the end of the run
+  double p99_over_mean = 0;  // the 99th percentile daemon over the mean
   uint64_t refused_with_room = 0;
-  double probes = 0;           // per placement
-  double choose_ns = 0;        // per placement, CPU
+  double probes = 0;     // per placement
+  double choose_ns = 0;  // per placement, CPU
   double open_p50_us = 0, open_p99_us = 0;
 };
 
@@ -101,8 +101,8 @@ Result Run(int daemons, int d, int sessions, double load, double rtt_us, uint64_
     asked.clear();
     for (size_t i : drawn) asked.push_back(pool[i]);
     auto best = ChooseDevice(asked, needs, "the simulated pool");
-    choose_ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
-                     .count();
+    choose_ns +=
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
     probes += drawn.size();
     // The OpenSession: the slowest of the probes (sent at once), then one
     // round trip to the chosen daemon.
@@ -159,17 +159,16 @@ int main(int argc, char** argv) {
       "placement of %d sessions (1-32 GiB each) on %d simulated daemons of 141 GiB, mean load "
       "%.0f%%, probe round trip median %.0f us\n",
       sessions, daemons, load * 100, rtt);
-  std::printf("%-8s %10s %10s %10s %18s %12s %12s %16s %16s\n", "choices", "mean load",
-              "max/mean", "p99/mean",
-              "refused with room", "probes/open", "choice CPU", "OpenSession p50",
+  std::printf("%-8s %10s %10s %10s %18s %12s %12s %16s %16s\n", "choices", "mean load", "max/mean",
+              "p99/mean", "refused with room", "probes/open", "choice CPU", "OpenSession p50",
               "OpenSession p99");
   for (int d : {1, 2, 3, 0}) {
     const Result r = Run(daemons, d, sessions, load, rtt, absl::GetFlag(FLAGS_seed));
     std::printf("%-8s %9.0f%% %10.2f %10.2f %18llu %12.0f %9.1f us %13.0f us %13.0f us\n",
                 d == 0 ? "all" : absl::StrFormat("d = %d", d).c_str(), r.mean_load * 100,
-                r.max_over_mean,
-                r.p99_over_mean, static_cast<unsigned long long>(r.refused_with_room), r.probes,
-                r.choose_ns / 1000, r.open_p50_us, r.open_p99_us);
+                r.max_over_mean, r.p99_over_mean,
+                static_cast<unsigned long long>(r.refused_with_room), r.probes, r.choose_ns / 1000,
+                r.open_p50_us, r.open_p99_us);
   }
   return 0;
 }

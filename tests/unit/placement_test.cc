@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/status_matchers.h"
 
-namespace gpuexec::client::internal {
+namespace gpuexec::internal {
 namespace {
 
 using ::gpuexec::testing::StatusIs;
@@ -90,15 +90,15 @@ TEST(ChooseDevice, NoFitSaysWhy) {
                                  "bytes; 1 not healthy")));
   PlacementNeeds hopper;
   hopper.min_cc_major = 9;
-  EXPECT_THAT(ChooseDevice({Device(0, 10, 0, false), Device(1, 70, 0, true, 8)}, hopper,
-                           "2 daemons"),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("no usable device among 2 device(s) of 2 daemons: 1 not "
-                                 "healthy, 1 below compute capability 9.0")));
+  EXPECT_THAT(
+      ChooseDevice({Device(0, 10, 0, false), Device(1, 70, 0, true, 8)}, hopper, "2 daemons"),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("no usable device among 2 device(s) of 2 daemons: 1 not "
+                         "healthy, 1 below compute capability 9.0")));
   EXPECT_THAT(ChooseDevice({}, {}, "0 daemons"),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("no usable device among 0 device(s)")));
 }
 
 }  // namespace
-}  // namespace gpuexec::client::internal
+}  // namespace gpuexec::internal

@@ -165,7 +165,7 @@ absl::StatusOr<Function> Module::GetFunction(std::string_view name) const {
   request.set_name(std::string(name));
   v1::GetFunctionResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      FromGrpcStatus(session_->stub().GetFunction(&context, request, &response)));
+      session_->Status(session_->stub().GetFunction(&context, request, &response)));
   Function function;
   function.handle_ = response.function();
   function.name_ = std::string(name);
@@ -252,7 +252,7 @@ absl::Status Buffer::DoFree(bool wait) {
   request.set_session(session_->token);
   request.set_buffer(handle_);
   v1::FreeResponse response;
-  return FromGrpcStatus(session_->stub().Free(&context, request, &response));
+  return session_->Status(session_->stub().Free(&context, request, &response));
 }
 
 uint64_t Buffer::Release() {
@@ -370,7 +370,7 @@ absl::Status Buffer::Memset(uint8_t value, uint64_t offset, uint64_t size) {
   request.set_size(size);
   request.set_value(value);
   v1::MemsetResponse response;
-  return FromGrpcStatus(session_->stub().Memset(&context, request, &response));
+  return session_->Status(session_->stub().Memset(&context, request, &response));
 }
 
 absl::Status Buffer::CopyFrom(const Buffer& src, uint64_t src_offset, uint64_t dst_offset,
@@ -399,7 +399,7 @@ absl::Status Buffer::CopyFrom(const Buffer& src, uint64_t src_offset, uint64_t d
   request.set_src_offset(src_offset);
   request.set_size(size);
   v1::CopyBufferResponse response;
-  return FromGrpcStatus(session_->stub().CopyBuffer(&context, request, &response));
+  return session_->Status(session_->stub().CopyBuffer(&context, request, &response));
 }
 
 uint64_t Arg::size_bytes() const {
@@ -470,6 +470,11 @@ const std::string& Session::token() const {
 
 uint32_t Session::device() const { return state_ ? state_->device : 0; }
 
+const std::string& Session::daemon() const {
+  static const std::string* const kEmpty = new std::string();
+  return state_ ? state_->client->target : *kEmpty;
+}
+
 absl::Duration Session::lease() const {
   return state_ ? absl::Milliseconds(state_->lease_ms.load()) : absl::ZeroDuration();
 }
@@ -509,7 +514,7 @@ absl::Status Session::Close() {
   v1::CloseSessionRequest request;
   request.set_session(state_->token);
   v1::CloseSessionResponse response;
-  return FromGrpcStatus(state_->stub().CloseSession(&context, request, &response));
+  return state_->Status(state_->stub().CloseSession(&context, request, &response));
 }
 
 absl::StatusOr<absl::Duration> Session::KeepAlive() {
@@ -520,7 +525,7 @@ absl::StatusOr<absl::Duration> Session::KeepAlive() {
   request.set_session(state_->token);
   v1::KeepAliveResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      FromGrpcStatus(state_->stub().KeepAlive(&context, request, &response)));
+      state_->Status(state_->stub().KeepAlive(&context, request, &response)));
   state_->lease_ms.store(response.lease_ms());
   return absl::Milliseconds(response.lease_ms());
 }
@@ -543,7 +548,7 @@ absl::StatusOr<Buffer> Session::Allocate(uint64_t size) {
   request.set_size(size);
   v1::AllocateResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      FromGrpcStatus(state_->stub().Allocate(&context, request, &response)));
+      state_->Status(state_->stub().Allocate(&context, request, &response)));
   return Buffer(state_, response.buffer(), response.size());
 }
 
@@ -630,7 +635,7 @@ absl::StatusOr<uint64_t> Session::DoLaunch(const Function& function, const Launc
   request.set_session(state_->token);
   v1::LaunchResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      FromGrpcStatus(state_->stub().Launch(&context, request, &response)));
+      state_->Status(state_->stub().Launch(&context, request, &response)));
   return response.gpu_time_ns();
 }
 
@@ -668,7 +673,7 @@ absl::StatusOr<absl::Duration> Session::Synchronize() {
   request.set_session(state_->token);
   v1::SynchronizeResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      FromGrpcStatus(state_->stub().Synchronize(&context, request, &response)));
+      state_->Status(state_->stub().Synchronize(&context, request, &response)));
   return absl::Nanoseconds(response.gpu_time_ns());
 }
 
@@ -721,7 +726,7 @@ absl::StatusOr<std::vector<DeviceInfo>> Client::ListDevices() const {
   v1::ListDevicesRequest request;
   v1::ListDevicesResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      FromGrpcStatus(state_->stub->ListDevices(&context, request, &response)));
+      state_->Status(state_->stub->ListDevices(&context, request, &response)));
   std::vector<DeviceInfo> devices;
   devices.reserve(response.devices_size());
   for (const v1::Device& d : response.devices()) {
@@ -742,7 +747,7 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
       std::max<int64_t>(0, absl::ToInt64Milliseconds(options.kernel_time_limit))));
   v1::OpenSessionResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
-      FromGrpcStatus(state_->stub->OpenSession(&context, request, &response)));
+      state_->Status(state_->stub->OpenSession(&context, request, &response)));
   auto state = std::make_shared<internal::SessionState>();
   state->client = state_;
   state->token = response.session();
@@ -750,8 +755,8 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   state->memory_limit_bytes = response.memory_limit_bytes();
   state->kernel_time_limit_ms = response.kernel_time_limit_ms();
   state->lease_ms.store(response.lease_ms());
-  state->commands = std::make_unique<internal::CommandStream>(state_->stub.get(), state->token,
-                                                              state_->options.spin_wait);
+  state->commands = std::make_unique<internal::CommandStream>(
+      state_->stub.get(), state->token, state_->options.spin_wait, state_->target);
   state->shm_socket =
       !state_->options.shm_socket.empty() ? state_->options.shm_socket : response.shm_socket();
   return Session(std::move(state));

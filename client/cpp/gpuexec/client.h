@@ -583,6 +583,9 @@ class Session {
   // The session token (a secret: it is the session's only credential).
   const std::string& token() const;
   uint32_t device() const;
+  // The daemon the session lives on, as its client was connected to it
+  // ("10.0.0.7:50051"; empty for a Client made on a caller's channel).
+  const std::string& daemon() const;
   // The lease the daemon granted (it may cap what was asked for).
   absl::Duration lease() const;
   uint64_t memory_limit_bytes() const;

@@ -34,6 +34,16 @@
 namespace gpuexec {
 namespace internal {
 
+// An UNAVAILABLE status with the daemon it came from named (`daemon` is
+// its target: a pool's sessions live on many); others as they are.
+inline absl::Status NameDaemon(const std::string& daemon, absl::Status status) {
+  if (status.code() != absl::StatusCode::kUnavailable || daemon.empty() ||
+      absl::StrContains(status.message(), daemon)) {
+    return status;
+  }
+  return absl::UnavailableError(absl::StrCat("daemon ", daemon, ": ", status.message()));
+}
+
 // What every copy of a Client shares.
 struct ClientState {
   std::shared_ptr<grpc::Channel> channel;
@@ -44,6 +54,11 @@ struct ClientState {
   std::string target;
   grpc::ChannelArguments args;
   ChannelRecipe recipe;
+
+  // A reply's status, UNAVAILABLE naming this daemon.
+  absl::Status Status(const grpc::Status& status) const {
+    return NameDaemon(target, FromGrpcStatus(status));
+  }
 
   // The channels of a transfer in up to `parts` parts: `channel`, then
   // connections of their own, opened the first time they are wanted and

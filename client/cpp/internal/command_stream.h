@@ -48,8 +48,11 @@ namespace internal {
 // in the next one.
 class CommandStream {
  public:
-  CommandStream(v1::GpuExec::Stub* stub, std::string token, absl::Duration spin_wait)
-      : stub_(stub), token_(std::move(token)), spin_wait_(spin_wait) {}
+  // `daemon` (its target; may be empty) names the daemon in the errors of
+  // a stream that ended.
+  CommandStream(v1::GpuExec::Stub* stub, std::string token, absl::Duration spin_wait,
+                std::string daemon = "")
+      : stub_(stub), token_(std::move(token)), daemon_(std::move(daemon)), spin_wait_(spin_wait) {}
   ~CommandStream() {
     Shutdown();
     if (watchdog_.joinable()) watchdog_.join();
@@ -291,6 +294,7 @@ class CommandStream {
 
   void BreakLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!broken_.ok()) return;
+    why = NameDaemon(daemon_, why);
     broken_ = why;
     if (last_unwaited_ > ordered_through_ && deferred_.ok()) {
       deferred_ = absl::AbortedError(absl::StrCat(
@@ -340,6 +344,7 @@ class CommandStream {
   using Stream = BlockingStream<v1::ExecuteRequest, v1::ExecuteResponse>;
   v1::GpuExec::Stub* const stub_;
   const std::string token_;
+  const std::string daemon_;
   const absl::Duration spin_wait_;
   absl::Mutex mu_;
   std::unique_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
@@ -397,6 +402,8 @@ struct SessionState {
 
   v1::GpuExec::Stub& stub() const { return *client->stub; }
   const ClientOptions& options() const { return client->options; }
+  // A reply's status, UNAVAILABLE naming the session's daemon.
+  absl::Status Status(const grpc::Status& status) const { return client->Status(status); }
 };
 
 }  // namespace internal

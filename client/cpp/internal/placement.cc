@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace gpuexec::client::internal {
+namespace gpuexec::internal {
 
 std::vector<size_t> SampleDaemons(size_t n, size_t d, absl::BitGenRef bits) {
   std::vector<size_t> all(n);
@@ -57,14 +57,14 @@ absl::StatusOr<size_t> ChooseDevice(absl::Span<const DeviceLoad> devices,
   if (best != devices.size()) return best;
   const std::string seen = absl::StrCat(devices.size(), " device(s) of ", asked);
   if (too_full > 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no device with ", needs.memory_bytes, " bytes free among ", seen, " (the most free: ",
-        most_free, " bytes; ", unhealthy, " not healthy, ", too_old,
-        " below the compute capability asked)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no device with ", needs.memory_bytes, " bytes free among ", seen,
+                     " (the most free: ", most_free, " bytes; ", unhealthy, " not healthy, ",
+                     too_old, " below the compute capability asked)"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "no usable device among ", seen, ": ", unhealthy, " not healthy, ", too_old,
-      " below compute capability ", needs.min_cc_major, ".", needs.min_cc_minor));
+  return absl::FailedPreconditionError(
+      absl::StrCat("no usable device among ", seen, ": ", unhealthy, " not healthy, ", too_old,
+                   " below compute capability ", needs.min_cc_major, ".", needs.min_cc_minor));
 }
 
-}  // namespace gpuexec::client::internal
+}  // namespace gpuexec::internal

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace gpuexec::client::internal {
+namespace gpuexec::internal {
 
 // One device of one daemon.
 struct DeviceLoad {
@@ -53,6 +53,6 @@ std::vector<size_t> SampleDaemons(size_t n, size_t d, absl::BitGenRef bits);
 absl::StatusOr<size_t> ChooseDevice(absl::Span<const DeviceLoad> devices,
                                     const PlacementNeeds& needs, const std::string& asked);
 
-}  // namespace gpuexec::client::internal
+}  // namespace gpuexec::internal
 
 #endif  // GPUEXEC_CLIENT_CPP_INTERNAL_PLACEMENT_H_

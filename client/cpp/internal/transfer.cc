@@ -56,7 +56,7 @@ absl::Status LoadModuleCall(const SessionState& session, const v1::LoadModuleReq
     }
   }
   if (open) writer->WritesDone();
-  return FromGrpcStatus(writer->Finish());
+  return session.Status(writer->Finish());
 }
 
 absl::Status InParts(const SessionState& session, uint64_t buffer_size, uint64_t offset,
@@ -151,7 +151,7 @@ absl::Status ReadWithin(grpc::ClientContext& context, const SessionState& sessio
     call.Finish().ok();
     return local;
   }
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(session.Status(call.Finish()));
   if (size != 0 && expected - offset != size) {
     return absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ", buffer, " returned ",
                                             expected - offset, " of ", size, " bytes"));
@@ -200,7 +200,7 @@ absl::Status WriteCall(const SessionState& session, const std::shared_ptr<grpc::
         } while (open && at < data.size());
         grpc::ByteBuffer answer;
         const bool answered = open && call.WritesDone() && call.Read(&answer);
-        GPUEXEC_CLIENT_RETURN_IF_ERROR(FromGrpcStatus(call.Finish()));
+        GPUEXEC_CLIENT_RETURN_IF_ERROR(session.Status(call.Finish()));
         v1::WriteResponse response;
         if (!answered ||
             !grpc::SerializationTraits<v1::WriteResponse>::Deserialize(&answer, &response).ok()) {

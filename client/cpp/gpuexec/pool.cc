@@ -1,0 +1,262 @@
+#include "gpuexec/pool.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "internal/placement.h"
+
+namespace gpuexec {
+namespace internal {
+
+namespace {
+
+constexpr absl::string_view kScheme = "pool://";
+// A pool's list or DNS answer beyond this is refused: a placement asks a
+// few of them, and the list is kept in memory.
+constexpr size_t kMaxDaemons = 65536;
+
+struct HostPort {
+  std::string host;
+  std::string port;
+};
+
+absl::StatusOr<std::vector<HostPort>> ParsePool(const std::string& target) {
+  if (!absl::StartsWith(target, kScheme)) {
+    return absl::InvalidArgumentError("a pool target starts with pool://");
+  }
+  std::vector<HostPort> out;
+  for (absl::string_view part : absl::StrSplit(target.substr(kScheme.size()), ',')) {
+    const size_t colon = part.rfind(':');
+    HostPort hp;
+    if (colon != absl::string_view::npos) {
+      hp.host = std::string(part.substr(0, colon));
+      hp.port = std::string(part.substr(colon + 1));
+    }
+    if (absl::StartsWith(hp.host, "[") && absl::EndsWith(hp.host, "]")) {
+      hp.host = hp.host.substr(1, hp.host.size() - 2);
+    }
+    uint32_t port = 0;
+    if (hp.host.empty() || !absl::SimpleAtoi(hp.port, &port) || port == 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool target: '", part.substr(0, 128), "' is not HOST:PORT (pool://HOST:PORT for a name "
+          "that resolves to the daemons, or pool://HOST:PORT,HOST:PORT,...)"));
+    }
+    out.push_back(std::move(hp));
+    if (out.size() > kMaxDaemons) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool target: more than ", kMaxDaemons, " daemons"));
+    }
+  }
+  return out;
+}
+
+// Every address `hp` resolves to, as targets ("10.0.0.7:50051",
+// "[fd00::7]:50051"), or the error naming the host.
+absl::StatusOr<std::vector<std::string>> Resolve(const HostPort& hp) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(hp.host.c_str(), hp.port.c_str(), &hints, &found);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve '", hp.host.substr(0, 253), "': ", gai_strerror(rc)));
+  }
+  std::vector<std::string> out;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text,
+                sizeof(text));
+      out.push_back(absl::StrCat(text, ":", hp.port));
+    } else if (a->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text,
+                sizeof(text));
+      out.push_back(absl::StrCat("[", text, "]:", hp.port));
+    }
+  }
+  freeaddrinfo(found);
+  return out;
+}
+
+}  // namespace
+
+struct PoolState {
+  std::string target;
+  PoolOptions options;
+  std::vector<HostPort> names;
+
+  absl::Mutex mu;
+  std::vector<std::string> daemons ABSL_GUARDED_BY(mu);
+  absl::Time resolved_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  // One connection per daemon for probes (short deadlines) and one for
+  // sessions (the caller's), kept for the pool's life.
+  std::map<std::string, Client> probes ABSL_GUARDED_BY(mu);
+  std::map<std::string, Client> sessions ABSL_GUARDED_BY(mu);
+  absl::BitGen bits ABSL_GUARDED_BY(mu);
+
+  // Resolves the names again if the last answer is old; keeps the last
+  // good answer when no name resolves now.
+  absl::Status Refresh() {
+    {
+      absl::MutexLock lock(&mu);
+      if (absl::Now() - resolved_at < options.resolve_every && !daemons.empty()) {
+        return absl::OkStatus();
+      }
+    }
+    std::set<std::string> found;
+    std::vector<std::string> errors;
+    for (const HostPort& hp : names) {
+      auto addresses = Resolve(hp);
+      if (!addresses.ok()) {
+        if (errors.size() < 3) errors.push_back(std::string(addresses.status().message()));
+        continue;
+      }
+      found.insert(addresses->begin(), addresses->end());
+      if (found.size() > kMaxDaemons) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("pool ", target, ": more than ", kMaxDaemons, " daemons"));
+      }
+    }
+    absl::MutexLock lock(&mu);
+    if (found.empty()) {
+      if (!daemons.empty()) return absl::OkStatus();
+      return absl::UnavailableError(
+          absl::StrCat("pool ", target, ": no daemon found (", absl::StrJoin(errors, "; "), ")"));
+    }
+    daemons.assign(found.begin(), found.end());
+    resolved_at = absl::Now();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Client> ClientFor(const std::string& daemon, bool probe) {
+    {
+      absl::MutexLock lock(&mu);
+      auto& clients = probe ? probes : sessions;
+      auto it = clients.find(daemon);
+      if (it != clients.end()) return it->second;
+    }
+    ClientOptions o = options.client;
+    if (probe) {
+      o.connect_timeout = options.probe_deadline;
+      o.control_timeout = options.probe_deadline;
+    }
+    auto client = Client::Connect(daemon, o);
+    if (!client.ok()) return client.status();
+    absl::MutexLock lock(&mu);
+    auto& clients = probe ? probes : sessions;
+    return clients.emplace(daemon, *client).first->second;
+  }
+};
+
+}  // namespace internal
+
+bool IsPoolTarget(const std::string& target) {
+  return absl::StartsWith(target, internal::kScheme);
+}
+
+absl::StatusOr<Pool> Pool::Connect(const std::string& target, const PoolOptions& options) {
+  auto names = internal::ParsePool(target);
+  if (!names.ok()) return names.status();
+  if (options.choices < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool options: choices is ", options.choices, "; at least 1"));
+  }
+  auto state = std::make_shared<internal::PoolState>();
+  state->target = target.substr(0, 512);
+  state->options = options;
+  state->names = *std::move(names);
+  if (absl::Status st = state->Refresh(); !st.ok()) return st;
+  return Pool(std::move(state));
+}
+
+std::vector<std::string> Pool::daemons() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->daemons;
+}
+
+const std::string& Pool::target() const { return state_->target; }
+
+absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) const {
+  internal::PoolState& p = *state_;
+  if (absl::Status st = p.Refresh(); !st.ok()) return st;
+  std::vector<std::string> asked;
+  {
+    absl::MutexLock lock(&p.mu);
+    for (size_t i : internal::SampleDaemons(p.daemons.size(),
+                                            static_cast<size_t>(p.options.choices), p.bits)) {
+      asked.push_back(p.daemons[i]);
+    }
+  }
+  // Ask them at once.
+  std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers(
+      asked.size(), absl::UnknownError("not asked"));
+  std::vector<std::thread> probes;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    probes.emplace_back([&p, &asked, &answers, i] {
+      auto client = p.ClientFor(asked[i], /*probe=*/true);
+      answers[i] = client.ok() ? client->ListDevices() : client.status();
+    });
+  }
+  for (std::thread& t : probes) t.join();
+
+  std::vector<internal::DeviceLoad> devices;
+  std::vector<std::string> passed_over;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (!answers[i].ok()) {
+      passed_over.push_back(absl::StrCat(
+          "daemon ", asked[i], ": ", absl::StatusCodeToString(answers[i].status().code())));
+      continue;
+    }
+    for (const DeviceInfo& d : *answers[i]) {
+      internal::DeviceLoad l;
+      l.daemon = i;
+      l.device = d.index;
+      l.healthy = d.healthy && d.not_answering_since.empty();
+      l.memory_free_bytes = d.memory_free_bytes;
+      l.memory_total_bytes = d.memory_total_bytes;
+      l.sessions = d.sessions;
+      l.cc_major = d.compute_capability_major;
+      l.cc_minor = d.compute_capability_minor;
+      devices.push_back(l);
+    }
+  }
+  const std::string what =
+      absl::StrCat(asked.size(), " daemon(s) asked of ", p.target,
+                   passed_over.empty() ? "" : absl::StrCat(" (", passed_over.size(),
+                                                           " passed over: ",
+                                                           absl::StrJoin(passed_over, ", "), ")"));
+  if (devices.empty() && !passed_over.empty()) {
+    return absl::UnavailableError(absl::StrCat("pool: no daemon answered: ", what));
+  }
+  internal::PlacementNeeds needs;
+  needs.memory_bytes = options.session.memory_limit_bytes;
+  needs.min_cc_major = options.min_compute_capability_major;
+  needs.min_cc_minor = options.min_compute_capability_minor;
+  auto best = internal::ChooseDevice(devices, needs, what);
+  if (!best.ok()) return best.status();
+  const internal::DeviceLoad& chosen = devices[*best];
+  auto client = p.ClientFor(asked[chosen.daemon], /*probe=*/false);
+  if (!client.ok()) return client.status();
+  SessionOptions session = options.session;
+  session.device = chosen.device;
+  return client->OpenSession(session);
+}
+
+}  // namespace gpuexec
