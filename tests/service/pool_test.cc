@@ -5,6 +5,8 @@
 // daemon without a device; a daemon killed mid-way fails its sessions with
 // UNAVAILABLE naming it, and new sessions go to the others.
 
+#include "gpuexec/pool.h"
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -18,7 +20,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gpuexec/pool.h"
 #include "service_test_fixture.h"
 
 namespace gpuexec::testing {
@@ -131,8 +132,8 @@ TEST(PoolTest, SessionsArePlacedWhereTheyFitAndMoveOnWhenADaemonDies) {
   for (Session& s : sessions) {
     if (s.daemon() != at(3)) continue;
     found = true;
-    EXPECT_THAT(s.Allocate(kMiB).status(),
-                StatusIs(absl::StatusCode::kUnavailable, HasSubstr(absl::StrCat("daemon ", at(3)))));
+    EXPECT_THAT(s.Allocate(kMiB).status(), StatusIs(absl::StatusCode::kUnavailable,
+                                                    HasSubstr(absl::StrCat("daemon ", at(3)))));
     break;
   }
   EXPECT_TRUE(found);

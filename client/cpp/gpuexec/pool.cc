@@ -53,9 +53,10 @@ absl::StatusOr<std::vector<HostPort>> ParsePool(const std::string& target) {
     }
     uint32_t port = 0;
     if (hp.host.empty() || !absl::SimpleAtoi(hp.port, &port) || port == 0 || port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pool target: '", part.substr(0, 128), "' is not HOST:PORT (pool://HOST:PORT for a name "
-          "that resolves to the daemons, or pool://HOST:PORT,HOST:PORT,...)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool target: '", part.substr(0, 128),
+                       "' is not HOST:PORT (pool://HOST:PORT for a name "
+                       "that resolves to the daemons, or pool://HOST:PORT,HOST:PORT,...)"));
     }
     out.push_back(std::move(hp));
     if (out.size() > kMaxDaemons) {
@@ -82,8 +83,7 @@ absl::StatusOr<std::vector<std::string>> Resolve(const HostPort& hp) {
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char text[INET6_ADDRSTRLEN] = {};
     if (a->ai_family == AF_INET) {
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text,
-                sizeof(text));
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text, sizeof(text));
       out.push_back(absl::StrCat(text, ":", hp.port));
     } else if (a->ai_family == AF_INET6) {
       inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text,
@@ -167,9 +167,7 @@ struct PoolState {
 
 }  // namespace internal
 
-bool IsPoolTarget(const std::string& target) {
-  return absl::StartsWith(target, internal::kScheme);
-}
+bool IsPoolTarget(const std::string& target) { return absl::StartsWith(target, internal::kScheme); }
 
 absl::StatusOr<Pool> Pool::Connect(const std::string& target, const PoolOptions& options) {
   auto names = internal::ParsePool(target);
@@ -205,8 +203,8 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
     }
   }
   // Ask them at once.
-  std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers(
-      asked.size(), absl::UnknownError("not asked"));
+  std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers(asked.size(),
+                                                               absl::UnknownError("not asked"));
   std::vector<std::thread> probes;
   for (size_t i = 0; i < asked.size(); ++i) {
     probes.emplace_back([&p, &asked, &answers, i] {
@@ -220,8 +218,8 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
   std::vector<std::string> passed_over;
   for (size_t i = 0; i < asked.size(); ++i) {
     if (!answers[i].ok()) {
-      passed_over.push_back(absl::StrCat(
-          "daemon ", asked[i], ": ", absl::StatusCodeToString(answers[i].status().code())));
+      passed_over.push_back(absl::StrCat("daemon ", asked[i], ": ",
+                                         absl::StatusCodeToString(answers[i].status().code())));
       continue;
     }
     for (const DeviceInfo& d : *answers[i]) {
@@ -237,11 +235,11 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
       devices.push_back(l);
     }
   }
-  const std::string what =
-      absl::StrCat(asked.size(), " daemon(s) asked of ", p.target,
-                   passed_over.empty() ? "" : absl::StrCat(" (", passed_over.size(),
-                                                           " passed over: ",
-                                                           absl::StrJoin(passed_over, ", "), ")"));
+  const std::string what = absl::StrCat(
+      asked.size(), " daemon(s) asked of ", p.target,
+      passed_over.empty() ? ""
+                          : absl::StrCat(" (", passed_over.size(),
+                                         " passed over: ", absl::StrJoin(passed_over, ", "), ")"));
   if (devices.empty() && !passed_over.empty()) {
     return absl::UnavailableError(absl::StrCat("pool: no daemon answered: ", what));
   }
