@@ -23,6 +23,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "TCP address to serve on (host:port; port 0 picks one). Empty for none. "
           "Loopback by default; an address that is not loopback needs --tls_cert/--tls_key and "
           "--tenants or --tls_client_ca (or --allow_unauthenticated).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "The address (host:port, at most 253 characters) ListDevices reports as this "
+          "daemon's own, as clients reach it, e.g. the pod's IP from Kubernetes' downward API; "
+          "a pool client names the daemon by it. Empty: none reported.");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also serve on this Unix domain socket path (created with mode 0660); the peer's uid "
           "or gid can name a tenant.");
@@ -192,6 +196,7 @@ int main(int argc, char** argv) {
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.unix_socket_group = absl::GetFlag(FLAGS_unix_socket_group);
   options.shm_socket = absl::GetFlag(FLAGS_shm_socket);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.pinned_bytes = absl::GetFlag(FLAGS_pinned_memory_limit);
   options.max_session_pinned_bytes = absl::GetFlag(FLAGS_max_session_pinned_bytes);
   options.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);

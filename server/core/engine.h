@@ -137,6 +137,9 @@ struct DeviceStatus {
   // Request bytes the device's worker has not taken yet (see
   // EngineOptions::worker_queue_bytes).
   uint64_t worker_unsent_bytes = 0;
+  // Requests the device's workers (the shared one and the tenants') have
+  // not answered yet.
+  uint32_t pending_requests = 0;
   // Worker processes serving the device: its shared one, and one per
   // tenant that has sessions there (or had, within the idle time).
   uint32_t workers = 1;

@@ -31,6 +31,7 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
   // Modules loaded by the tenants' workers, which count on the device too.
   std::vector<uint32_t> tenant_modules(devices_.size(), 0);
   std::vector<uint64_t> tenant_module_loads(devices_.size(), 0);
+  std::vector<uint32_t> tenant_pending(devices_.size(), 0);
   {
     absl::MutexLock lock(&ports_mu_);
     for (size_t i = 0; i < tenant_ports_.size(); ++i) {
@@ -38,6 +39,7 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       for (const auto& [tenant, tp] : tenant_ports_[i]) {
         if (tp.port == nullptr) continue;
         tenant_modules[i] += tp.port->modules_loaded();
+        tenant_pending[i] += tp.port->pending_requests();
         tenant_module_loads[i] += tp.port->module_loads_total();
       }
       auto it = tenant_ports_[i].find(caller.tenant_name());
@@ -65,6 +67,7 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       st.modules_loaded = d.modules_loaded() + tenant_modules[i];
       st.module_loads_total = d.module_loads_total() + tenant_module_loads[i];
       st.sessions = mine[i];
+      st.pending_requests = d.pending_requests() + tenant_pending[i];
       // How many other tenants use the device is not a tenant's to know:
       // it sees the shared worker and its own.
       st.workers = caller.sees_all ? workers[i] : 1 + (own[i] != nullptr ? 1 : 0);

@@ -82,6 +82,8 @@ class DevicePort {
   virtual std::optional<absl::Time> not_answering_since() const = 0;
   // Request bytes the device has not taken yet.
   virtual uint64_t unsent_bytes() const = 0;
+  // Requests sent to the device and not yet answered.
+  virtual uint32_t pending_requests() const = 0;
 
   // Names a stream; it is made on the device when first used.
   virtual StreamId CreateStream(absl::Duration kernel_time_limit) = 0;

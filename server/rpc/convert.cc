@@ -22,6 +22,7 @@ void ToProto(const core::DeviceStatus& in, v1::Device* out) {
   out->set_last_reset(in.last_reset);
   out->set_workers(in.workers);
   out->set_own_worker(in.own_worker);
+  out->set_pending_requests(in.pending_requests);
   if (in.not_answering_since.has_value()) {
     out->set_not_answering_since(
         absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", *in.not_answering_since, absl::UTCTimeZone()));

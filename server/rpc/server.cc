@@ -195,6 +195,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError(absl::StrCat(
         "--session_memory_share ", options.session_memory_share, " is not a share (0 to 1)"));
   }
+  if (options.advertise_address.size() > 253 ||
+      !std::all_of(options.advertise_address.begin(), options.advertise_address.end(),
+                   [](char c) { return c > ' ' && c < 0x7f; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--advertise_address ", Quoted(options.advertise_address, 32),
+                     " is not an address (host:port, at most 253 printable characters)"));
+  }
   if (options.max_message_bytes < options.chunk_bytes + (64 << 10)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_message_bytes ", options.max_message_bytes, " leaves no room for a chunk of ",
@@ -278,8 +285,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto engine = core::Engine::Create(eo, open_device);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
-  impl->service = std::make_unique<rpc::GpuExecService>(impl->engine.get(), impl->identity.get(),
-                                                        options.shm_socket);
+  impl->service = std::make_unique<rpc::GpuExecService>(
+      impl->engine.get(), impl->identity.get(), options.shm_socket, options.advertise_address);
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
     auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry);

@@ -36,9 +36,11 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
       env, cq, &S::RequestListDevices, [](core::Engine* engine, ListDevices* call) {
         engine->ListDevices(call->caller(),
                             Reply<std::vector<core::DeviceStatus>>(
-                                call, [](const std::vector<core::DeviceStatus>& devices,
-                                         v1::ListDevicesResponse* r) {
+                                call, [address = call->env().advertise_address](
+                                          const std::vector<core::DeviceStatus>& devices,
+                                          v1::ListDevicesResponse* r) {
                                   for (const auto& d : devices) ToProto(d, r->add_devices());
+                                  r->set_daemon_address(address);
                                 }));
       });
 

@@ -24,9 +24,19 @@ class GpuExecService {
   // Every call is identified by `identity` before it reaches the engine.
   // `shm_socket`: the host memory socket's path, told to callers on the
   // daemon's Unix socket when they open a session (empty: none served).
-  GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "")
+  // `advertise_address`: what ListDevices reports as the daemon's own
+  // address (empty: not given).
+  GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "",
+                 std::string advertise_address = "")
       : engine_(engine),
-        env_{&async_, engine, identity, &calls_, &copies_, &uploads_, std::move(shm_socket)} {}
+        env_{&async_,
+             engine,
+             identity,
+             &calls_,
+             &copies_,
+             &uploads_,
+             std::move(shm_socket),
+             std::move(advertise_address)} {}
 
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
@@ -52,6 +62,7 @@ class GpuExecService {
     // the copies' threads.
     CopyPool* uploads;
     std::string shm_socket;
+    std::string advertise_address;
   };
 
  private:

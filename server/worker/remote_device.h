@@ -132,6 +132,7 @@ class RemoteDevice final : public port::DevicePort {
   std::optional<absl::Time> not_answering_since() const override;
   // Request bytes written to the worker's channel and not yet taken.
   uint64_t unsent_bytes() const override;
+  uint32_t pending_requests() const override;
   static constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
   // Streams are created in the worker when first used; this only names one.
   StreamId CreateStream(absl::Duration kernel_time_limit) override;

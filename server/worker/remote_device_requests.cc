@@ -153,6 +153,11 @@ std::optional<absl::Time> RemoteDevice::NotAnsweringSinceLocked(absl::Time now) 
   return since;
 }
 
+uint32_t RemoteDevice::pending_requests() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(pending_.size());
+}
+
 uint64_t RemoteDevice::unsent_bytes() const {
   absl::MutexLock lock(&mu_);
   return conn_ == nullptr ? 0 : conn_->channel->unsent_bytes();

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "daemon_process.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "health_client.h"
 #include "service_test_fixture.h"
@@ -26,6 +27,7 @@ namespace gpuexec::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A daemon whose driver library does not exist: it serves, with no devices.
 absl::StatusOr<std::unique_ptr<Server>> StartWithoutADriver() {
@@ -284,8 +286,6 @@ TEST(DaemonTest, AnAddressInUseIsRefused) {
 namespace gpuexec::testing {
 namespace {
 
-std::string DaemonPath() { return DaemonProgram(); }
-
 // Peak resident memory of a process (VmHWM), in bytes; 0 if unknown.
 uint64_t PeakRss(pid_t pid) {
   auto status = ReadFile(absl::StrCat("/proc/", pid, "/status"));
@@ -295,53 +295,23 @@ uint64_t PeakRss(pid_t pid) {
   return std::strtoull(status->c_str() + at + 6, nullptr, 10) * 1024;
 }
 
-class DaemonProcess {
- public:
-  // `args` come after the defaults and override them; with `log_path`, the
-  // daemon's stderr goes to that file.
-  explicit DaemonProcess(std::vector<std::string> args, const std::string& log_path = "") {
-    socket_ = absl::StrCat(::testing::TempDir(), "gpuexecd-", getpid(), "-", counter_++, ".sock");
-    args.insert(args.begin(),
-                {DaemonPath(), "--listen=", absl::StrCat("--unix_socket=", socket_),
-                 absl::StrCat("--driver=", TestBackend().driver), "--log_level=warning"});
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!log_path.empty()) {
-        const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) dup2(fd, 2);
-      }
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-  }
-  ~DaemonProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    unlink(socket_.c_str());
-  }
-  pid_t pid() const { return pid_; }
-  std::string target() const { return absl::StrCat("unix:", socket_); }
-  // SIGTERM, then the exit status (or -1 if it did not exit within 10 s).
-  int Stop() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    const bool exited =
-        WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, absl::Seconds(10));
-    if (!exited) return -1;
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+// The daemon's stderr into `path`.
+DaemonProcess::Options LogTo(const std::string& path) {
+  DaemonProcess::Options o;
+  o.log_path = path;
+  return o;
+}
 
- private:
-  static inline int counter_ = 0;
-  pid_t pid_ = -1;
-  std::string socket_;
-};
+// What a command prints (stdout and stderr), and its exit status.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 TEST(DaemonProcessTest, ServesAndStopsCleanlyOnSigterm) {
   DaemonProcess daemon({});
@@ -350,7 +320,30 @@ TEST(DaemonProcessTest, ServesAndStopsCleanlyOnSigterm) {
   options.connect_timeout = absl::Seconds(20);
   GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
+  for (const DeviceInfo& d : devices) EXPECT_EQ(d.daemon_address, "") << "none was given";
   EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// A daemon in a pool names itself as its clients reach it (in Kubernetes,
+// the pod's IP from the downward API); the name is bounded and printable.
+TEST(DaemonProcessTest, ListDevicesReportsTheAdvertisedAddress) {
+  DaemonProcess daemon({"--advertise_address=10.4.0.17:50051"});
+  ClientOptions options;
+  options.connect_timeout = absl::Seconds(20);
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
+  ASSERT_FALSE(devices.empty());
+  for (const DeviceInfo& d : devices) EXPECT_EQ(d.daemon_address, "10.4.0.17:50051");
+  EXPECT_EQ(daemon.Stop(), 0);
+
+  const std::string long_name(300, 'n');
+  auto [status, out] = RunCommand(
+      absl::StrCat(DaemonProgram(), " --listen=127.0.0.1:0 --driver=", TestBackend().driver,
+                   " --advertise_address=", long_name));
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_THAT(out, HasSubstr("--advertise_address"));
+  EXPECT_THAT(out, HasSubstr("at most 253 printable characters"));
+  EXPECT_THAT(out, Not(HasSubstr(long_name.substr(0, 100)))) << "the flag's value echoed whole";
 }
 
 // The front process (gRPC, sessions, module store) never loads the driver:
@@ -403,7 +396,7 @@ TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
 TEST(DaemonProcessTest, LogsOneLinePerEvent) {
   const std::string log_path = absl::StrCat(::testing::TempDir(), "gpuexecd-log-", getpid());
   {
-    DaemonProcess daemon({"--log_level=info", "--default_lease_ms=300"}, log_path);
+    DaemonProcess daemon({"--log_level=info", "--default_lease_ms=300"}, LogTo(log_path));
     ClientOptions options;
     options.connect_timeout = absl::Seconds(20);
     GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
@@ -447,7 +440,7 @@ TEST(DaemonProcessTest, LogsOneLinePerEvent) {
 
   // At --log_level=warning none of those informational lines appear.
   {
-    DaemonProcess quiet({"--log_level=warning"}, log_path);
+    DaemonProcess quiet({"--log_level=warning"}, LogTo(log_path));
     ClientOptions options;
     options.connect_timeout = absl::Seconds(20);
     GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(quiet.target(), options));
@@ -471,7 +464,7 @@ TEST(DaemonProcessTest, SighupReloadsTheTenantsFileAndABadOneKeepsTheOld) {
     ASSERT_EQ(rename((file + ".new").c_str(), file.c_str()), 0);
   };
   write(absl::StrCat("tenant { name: \"local\" uid: ", getuid(), " }\n"));
-  DaemonProcess daemon({"--tenants=" + file, "--log_level=info"}, log_path);
+  DaemonProcess daemon({"--tenants=" + file, "--log_level=info"}, LogTo(log_path));
   ClientOptions options;
   options.connect_timeout = absl::Seconds(20);
   GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
@@ -499,33 +492,22 @@ TEST(DaemonProcessTest, SighupReloadsTheTenantsFileAndABadOneKeepsTheOld) {
   unlink(log_path.c_str());
 }
 
-// What `gpuexecd --check_tenants=FILE` prints, and its exit status.
-std::pair<int, std::string> RunCommand(const std::string& command) {
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 TEST(DaemonProcessTest, CheckTenantsValidatesAFileAndExits) {
   const std::string file = absl::StrCat(::testing::TempDir(), "check-", getpid(), ".textproto");
   std::ofstream(file) << "tenant { name: \"a\" uid: 1 }\ntenant { name: \"b\" gid: 2 }\n";
-  auto [ok_status, ok_out] = RunCommand(absl::StrCat(DaemonPath(), " --check_tenants=", file));
+  auto [ok_status, ok_out] = RunCommand(absl::StrCat(DaemonProgram(), " --check_tenants=", file));
   EXPECT_EQ(ok_status, 0) << ok_out;
   EXPECT_THAT(ok_out, HasSubstr("2 tenant(s), valid: a, b"));
   std::ofstream(file) << "tenant {\n  name: \"a\"\n  uid: 1\n  max_sessions: -1\n}\n";
-  auto [bad_status, bad_out] = RunCommand(absl::StrCat(DaemonPath(), " --check_tenants=", file));
+  auto [bad_status, bad_out] = RunCommand(absl::StrCat(DaemonProgram(), " --check_tenants=", file));
   EXPECT_EQ(bad_status, 1) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr(".textproto:4:"));
   unlink(file.c_str());
 }
 
 TEST(DaemonProcessTest, ANonLoopbackAddressWithoutIdentityRefusesToStartInOneLine) {
-  auto [status, out] =
-      RunCommand(absl::StrCat(DaemonPath(), " --listen=0.0.0.0:0 --driver=", TestBackend().driver));
+  auto [status, out] = RunCommand(
+      absl::StrCat(DaemonProgram(), " --listen=0.0.0.0:0 --driver=", TestBackend().driver));
   EXPECT_EQ(status, 1) << out;
   std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 1u) << out;

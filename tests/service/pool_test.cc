@@ -7,77 +7,36 @@
 
 #include "gpuexec/pool.h"
 
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon_process.h"
 #include "service_test_fixture.h"
+#include "tests/support/free_port.h"
+#include "tests/support/tls_files.h"
 
 namespace gpuexec::testing {
 namespace {
 
+using ::testing::_;
 using ::testing::HasSubstr;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// A port free on 127.0.0.1 now (the daemons bind it on each address).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
+// gpuexecd on `address` (which it advertises), its test double given
+// `env`.
+std::unique_ptr<DaemonProcess> StartDaemon(const std::string& address,
+                                           std::map<std::string, std::string> env,
+                                           std::vector<std::string> args = {}) {
+  DaemonProcess::Options o;
+  o.listen = address;
+  o.env = std::move(env);
+  args.push_back(absl::StrCat("--advertise_address=", address));
+  return std::make_unique<DaemonProcess>(args, o);
 }
-
-// gpuexecd on `address`, its test double given `env`.
-class PoolDaemon {
- public:
-  PoolDaemon(const std::string& address, std::map<std::string, std::string> env)
-      : address_(address) {
-    std::vector<std::string> args = {DaemonProgram(), absl::StrCat("--listen=", address),
-                                     absl::StrCat("--driver=", TestBackend().driver),
-                                     "--log_level=warning"};
-    pid_ = fork();
-    if (pid_ == 0) {
-      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-  }
-  ~PoolDaemon() { Kill(); }
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  std::string address_;
-  pid_t pid_ = -1;
-};
 
 TEST(PoolTest, SessionsArePlacedWhereTheyFitAndMoveOnWhenADaemonDies) {
   if (!TestBackend().fake) GTEST_SKIP() << "the pool test runs on the test double";
@@ -85,15 +44,15 @@ TEST(PoolTest, SessionsArePlacedWhereTheyFitAndMoveOnWhenADaemonDies) {
   ASSERT_GT(port, 0);
   auto at = [&](int host) { return absl::StrCat("127.0.0.", host, ":", port); };
   // 256 MiB, 2 GiB and 4 GiB of device memory; the fourth has no device.
-  std::vector<std::unique_ptr<PoolDaemon>> daemons;
-  daemons.push_back(std::make_unique<PoolDaemon>(
-      at(1), std::map<std::string, std::string>{{"GXFAKE_MEMORY_BYTES", "268435456"}}));
-  daemons.push_back(std::make_unique<PoolDaemon>(
+  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  daemons.push_back(
+      StartDaemon(at(1), std::map<std::string, std::string>{{"GXFAKE_MEMORY_BYTES", "268435456"}}));
+  daemons.push_back(StartDaemon(
       at(2), std::map<std::string, std::string>{{"GXFAKE_MEMORY_BYTES", "2147483648"}}));
-  daemons.push_back(std::make_unique<PoolDaemon>(
+  daemons.push_back(StartDaemon(
       at(3), std::map<std::string, std::string>{{"GXFAKE_MEMORY_BYTES", "4294967296"}}));
-  daemons.push_back(std::make_unique<PoolDaemon>(
-      at(4), std::map<std::string, std::string>{{"GXFAKE_FAIL_INIT", "1"}}));
+  daemons.push_back(
+      StartDaemon(at(4), std::map<std::string, std::string>{{"GXFAKE_FAIL_INIT", "1"}}));
   for (int host = 1; host <= 4; ++host) {
     ClientOptions o;
     o.connect_timeout = absl::Seconds(30);
@@ -126,6 +85,18 @@ TEST(PoolTest, SessionsArePlacedWhereTheyFitAndMoveOnWhenADaemonDies) {
       << "a session on the daemon without a device";
   EXPECT_GT(large_on[at(3)], large_on[at(2)]) << "the most free memory draws the large ones";
 
+  // The whole pool's listing: each daemon names itself; the fourth has no
+  // device.
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<PoolDaemonDevices> listed, pool.ListDevices());
+  ASSERT_EQ(listed.size(), 4u);
+  for (int host = 1; host <= 4; ++host) {
+    const PoolDaemonDevices& d = listed[host - 1];
+    EXPECT_EQ(d.daemon, at(host));
+    ASSERT_TRUE(d.status.ok()) << d.status;
+    EXPECT_EQ(d.devices.size(), host == 4 ? 0u : 1u) << d.daemon;
+    for (const DeviceInfo& device : d.devices) EXPECT_EQ(device.daemon_address, at(host));
+  }
+
   // A session on a daemon that dies gets UNAVAILABLE naming it.
   daemons[2]->Kill();  // 127.0.0.3
   bool found = false;
@@ -137,6 +108,10 @@ TEST(PoolTest, SessionsArePlacedWhereTheyFitAndMoveOnWhenADaemonDies) {
     break;
   }
   EXPECT_TRUE(found);
+  GX_ASSERT_OK_AND_ASSIGN(listed, pool.ListDevices());
+  ASSERT_EQ(listed.size(), 4u);
+  EXPECT_THAT(listed[2].status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(at(3))));
+  EXPECT_TRUE(listed[1].status.ok()) << listed[1].status;
   // New sessions go to the others.
   for (int i = 0; i < 5; ++i) {
     PoolSessionOptions s;
@@ -152,6 +127,48 @@ TEST(PoolTest, SessionsArePlacedWhereTheyFitAndMoveOnWhenADaemonDies) {
   EXPECT_THAT(pool.OpenSession(huge).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("no device with 8589934592 bytes free")));
+}
+
+// Over TLS, a daemon found under a DNS name is held to that name: a pod's
+// certificate names the Service, not the pod's address.
+TEST(PoolTest, OverTlsEachDaemonCarriesTheNameItWasFoundUnder) {
+  if (!TestBackend().fake) GTEST_SKIP() << "the pool test runs on the test double";
+  TlsFiles tls;
+  ASSERT_TRUE(tls.MakeCa("ca"));
+  ASSERT_TRUE(tls.MakeCert("server", "ca", "DNS:localhost"));  // no IP address
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto daemon = StartDaemon(address, {},
+                            {absl::StrCat("--tls_cert=", tls.Cert("server")),
+                             absl::StrCat("--tls_key=", tls.Key("server"))});
+  ClientOptions client;
+  client.tls_root_ca_file = tls.Cert("ca");
+  {
+    ClientOptions named = client;
+    named.tls_server_name = "localhost";
+    named.connect_timeout = absl::Seconds(30);
+    ASSERT_TRUE(Client::Connect(address, named).ok()) << "the daemon did not start";
+  }
+  // By address, the certificate does not match.
+  ClientOptions by_address = client;
+  by_address.connect_timeout = absl::Seconds(2);
+  EXPECT_THAT(Client::Connect(address, by_address).status(),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+
+  PoolOptions options;
+  options.client = client;
+  GX_ASSERT_OK_AND_ASSIGN(Pool pool,
+                          Pool::Connect(absl::StrCat("pool://localhost:", port), options));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, pool.OpenSession());
+  EXPECT_EQ(session.daemon(), address);
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b, session.Allocate(kMiB));
+  ASSERT_TRUE(session.Close().ok());
+
+  // The same daemon listed by address: no name to hold it to, refused.
+  GX_ASSERT_OK_AND_ASSIGN(Pool by_ip, Pool::Connect(absl::StrCat("pool://", address), options));
+  EXPECT_THAT(by_ip.OpenSession().status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no daemon answered")));
 }
 
 TEST(PoolTest, TargetsAreCheckedAndNamesResolved) {

@@ -223,6 +223,11 @@ void FakePort::FaultAtNextQuery(const std::string& why) {
   fault_at_query_ = why;
 }
 
+uint32_t FakePort::pending_requests() const {
+  absl::MutexLock lock(&queue_mu_);
+  return static_cast<uint32_t>(queue_.size());
+}
+
 uint64_t FakePort::memory_queries() const {
   absl::MutexLock lock(&mu_);
   return memory_queries_;

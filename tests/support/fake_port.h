@@ -90,6 +90,8 @@ class FakePort final : public port::DevicePort {
   void QueryMemory(port::Callback<port::MemoryInfo> done) override;
   std::optional<absl::Time> not_answering_since() const override { return std::nullopt; }
   uint64_t unsent_bytes() const override { return 0; }
+  // Operations posted to the port's thread that have not run yet.
+  uint32_t pending_requests() const override;
   port::StreamId CreateStream(absl::Duration kernel_time_limit) override;
   void DestroyStream(port::StreamId stream, port::Done done) override;
   void AfterQueued(port::StreamId stream, uint64_t epoch, std::string what,
@@ -172,7 +174,7 @@ class FakePort final : public port::DevicePort {
   std::vector<port::LaunchOp> launches_ ABSL_GUARDED_BY(mu_);
   std::function<void(const port::ResetInfo&)> on_reset_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex queue_mu_;
+  mutable absl::Mutex queue_mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::thread thread_;

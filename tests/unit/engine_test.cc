@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gpuexec/sha256.h"
 #include "gtest/gtest.h"
@@ -64,7 +66,8 @@ absl::Status AwaitDone(const std::function<void(Done)>& call) {
 }
 
 // k_fill(u32* out, u32 value, u64 n): out[i] = value for i < n.
-constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\n";
+// k_hold(): runs until the test releases it (EngineTest::release_).
+constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\nk_hold\n";
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -101,6 +104,11 @@ class EngineTest : public ::testing::Test {
       });
       port->AddKernel("k_fault", {{0, 8}}, [](const FakePort::KernelContext&) {
         return absl::AbortedError("an illegal memory access was encountered");
+      });
+      port->AddKernel("k_hold", {}, [this](const FakePort::KernelContext&) {
+        holding_.Notify();
+        release_.WaitForNotification();
+        return absl::OkStatus();
       });
       if (tenant.empty()) {
         port_ = port.get();
@@ -208,6 +216,9 @@ class EngineTest : public ::testing::Test {
   absl::Mutex mu_;
   std::map<std::string, FakePort*> tenant_ports_ ABSL_GUARDED_BY(mu_);  // owned by engine_
   int tenant_ports_opened_ ABSL_GUARDED_BY(mu_) = 0;
+  // k_hold has started; k_hold may end.
+  absl::Notification holding_;
+  absl::Notification release_;
 };
 
 TEST_F(EngineTest, AClosedSessionLeavesNothingOnTheDevice) {
@@ -222,6 +233,49 @@ TEST_F(EngineTest, AClosedSessionLeavesNothingOnTheDevice) {
   EXPECT_EQ(port_->bytes_allocated(), 0u);
   EXPECT_EQ(port_->live_streams(), 0u);
   EXPECT_THAT(Allocate(s->token, 16), StatusIs(absl::StatusCode::kNotFound, HasSubstr("session")));
+}
+
+TEST_F(EngineTest, TheListingCountsTheRequestsTheDeviceHasNotAnswered) {
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  auto hold = KernelOf(s->token, "k_hold");
+  ASSERT_THAT(hold, IsOk());
+  auto buffer = Allocate(s->token, 1024);
+  ASSERT_THAT(buffer, IsOk());
+  auto listed = Await<std::vector<DeviceStatus>>(
+      [&](Callback<std::vector<DeviceStatus>> cb) { engine_->ListDevices(caller_, cb); });
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ((*listed)[0].pending_requests, 0u);
+
+  // The device is busy with k_hold; three memsets wait behind it.
+  LaunchSpec spec;
+  spec.session = s->token;
+  spec.function = hold->handle;
+  absl::Notification launched;
+  engine_->Launch(caller_, spec, [&](absl::StatusOr<uint64_t>) { launched.Notify(); });
+  holding_.WaitForNotification();
+  absl::BlockingCounter memsets(3);
+  for (int i = 0; i < 3; ++i) {
+    engine_->Memset(caller_, s->token, buffer->handle, 0, 1024, 7, [&](absl::Status st) {
+      EXPECT_THAT(st, IsOk());
+      memsets.DecrementCount();
+    });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (port_->pending_requests() < 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  absl::Notification answered;
+  engine_->ListDevices(caller_, [&](absl::StatusOr<std::vector<DeviceStatus>> l) {
+    listed = std::move(l);
+    answered.Notify();
+  });
+  release_.Notify();
+  answered.WaitForNotification();
+  launched.WaitForNotification();
+  memsets.Wait();
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ((*listed)[0].pending_requests, 3u);
 }
 
 TEST_F(EngineTest, ALapsedLeaseClosesTheSessionAndFreesItsMemory) {
@@ -266,7 +320,7 @@ TEST_F(EngineTest, TheModuleStoreEvictsImagesNoSessionHolds) {
   EngineOptions options;
   options.module_store_bytes = 2 << 10;
   Start(options);
-  auto image = [](char tag) { return std::string(kImage) + std::string(1000, tag); };
+  auto image = [](char tag) { return std::string(kImage) + std::string(990, tag); };
   auto s = Open();
   ASSERT_THAT(s, IsOk());
   ASSERT_THAT(Load(s->token, image('a')), IsOk());

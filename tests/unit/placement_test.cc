@@ -59,6 +59,16 @@ TEST(ChooseDevice, TheMostFreeMemoryWinsThenTheFewestSessions) {
   EXPECT_EQ(*best, 2u);
 }
 
+TEST(ChooseDevice, OnATieTheLessBusyDeviceWins) {
+  std::vector<DeviceLoad> devices = {Device(0, 90, 2), Device(1, 90, 2), Device(2, 90, 2)};
+  devices[0].pending_requests = 40;
+  devices[1].pending_requests = 3;
+  devices[2].pending_requests = 17;
+  auto best = ChooseDevice(devices, {}, "3 daemons");
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(*best, 1u);
+}
+
 TEST(ChooseDevice, UnhealthyAndOlderDevicesArePassedOver) {
   const std::vector<DeviceLoad> devices = {Device(0, 120, 0, /*healthy=*/false),
                                            Device(1, 100, 0, true, /*cc_major=*/8),

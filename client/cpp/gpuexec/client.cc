@@ -696,6 +696,7 @@ absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOp
   }
   auto recipe = internal::MakeChannelRecipe(target, options);
   if (!recipe.ok()) return recipe.status();
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   std::shared_ptr<grpc::Channel> channel = internal::MakeChannel(target, *recipe, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("gpuexec client: cannot connect to the daemon at ",
@@ -731,6 +732,7 @@ absl::StatusOr<std::vector<DeviceInfo>> Client::ListDevices() const {
   devices.reserve(response.devices_size());
   for (const v1::Device& d : response.devices()) {
     devices.push_back(FromProto(d));
+    devices.back().daemon_address = response.daemon_address();
   }
   return devices;
 }

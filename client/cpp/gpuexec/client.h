@@ -134,6 +134,9 @@ struct ClientOptions {
   // Mutual TLS: the client's certificate chain and key (PEM files).
   std::string tls_cert_file;
   std::string tls_key_file;
+  // The name the daemon's certificate must carry; empty: the target's host.
+  // A pool sets it to the DNS name it resolved (pool.h).
+  std::string tls_server_name;
   // Send `token` over plain TCP to an address that is not loopback (anyone
   // on the path can read it). Off: Connect() refuses with
   // FAILED_PRECONDITION.
@@ -175,6 +178,12 @@ struct DeviceInfo {
   // own there (resets, epoch, last_reset and healthy are then that worker's).
   uint32_t workers = 1;
   bool own_worker = false;
+  // Requests the device's workers have not answered yet, every tenant's
+  // together: a coarse figure of how busy it is.
+  uint32_t pending_requests = 0;
+  // The daemon serving the device, as it names itself (its
+  // --advertise_address); "" when it names none.
+  std::string daemon_address;
 };
 
 struct SessionOptions {

@@ -30,6 +30,15 @@ constexpr absl::string_view kScheme = "pool://";
 // A pool's list or DNS answer beyond this is refused: a placement asks a
 // few of them, and the list is kept in memory.
 constexpr size_t kMaxDaemons = 65536;
+// Daemons asked at once by a listing of the whole pool.
+constexpr size_t kProbeThreads = 64;
+
+// Whether `host` is an IP address rather than a name.
+bool IsIpLiteral(const std::string& host) {
+  in6_addr a6;
+  in_addr a4;
+  return inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+}
 
 struct HostPort {
   std::string host;
@@ -104,6 +113,10 @@ struct PoolState {
 
   absl::Mutex mu;
   std::vector<std::string> daemons ABSL_GUARDED_BY(mu);
+  // The DNS name each daemon's address was found under: its certificate
+  // must carry that name (a pod's certificate names the Service, not the
+  // pod's address).
+  std::map<std::string, std::string> server_names ABSL_GUARDED_BY(mu);
   absl::Time resolved_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   // One connection per daemon for probes (short deadlines) and one for
   // sessions (the caller's), kept for the pool's life.
@@ -121,6 +134,7 @@ struct PoolState {
       }
     }
     std::set<std::string> found;
+    std::map<std::string, std::string> names_found;
     std::vector<std::string> errors;
     for (const HostPort& hp : names) {
       auto addresses = Resolve(hp);
@@ -129,6 +143,9 @@ struct PoolState {
         continue;
       }
       found.insert(addresses->begin(), addresses->end());
+      if (!IsIpLiteral(hp.host)) {
+        for (const std::string& a : *addresses) names_found.emplace(a, hp.host);
+      }
       if (found.size() > kMaxDaemons) {
         return absl::InvalidArgumentError(
             absl::StrCat("pool ", target, ": more than ", kMaxDaemons, " daemons"));
@@ -141,8 +158,29 @@ struct PoolState {
           absl::StrCat("pool ", target, ": no daemon found (", absl::StrJoin(errors, "; "), ")"));
     }
     daemons.assign(found.begin(), found.end());
+    server_names = std::move(names_found);
     resolved_at = absl::Now();
     return absl::OkStatus();
+  }
+
+  // ListDevices of each of `daemons` at once, each within the probe
+  // deadline.
+  std::vector<absl::StatusOr<std::vector<DeviceInfo>>> Probe(
+      const std::vector<std::string>& daemons) {
+    std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers(daemons.size(),
+                                                                 absl::UnknownError("not asked"));
+    // At most kProbeThreads at a time (a listing of a large pool).
+    for (size_t first = 0; first < daemons.size(); first += kProbeThreads) {
+      std::vector<std::thread> probes;
+      for (size_t i = first; i < std::min(daemons.size(), first + kProbeThreads); ++i) {
+        probes.emplace_back([this, &daemons, &answers, i] {
+          auto client = ClientFor(daemons[i], /*probe=*/true);
+          answers[i] = client.ok() ? client->ListDevices() : client.status();
+        });
+      }
+      for (std::thread& t : probes) t.join();
+    }
+    return answers;
   }
 
   absl::StatusOr<Client> ClientFor(const std::string& daemon, bool probe) {
@@ -153,6 +191,11 @@ struct PoolState {
       if (it != clients.end()) return it->second;
     }
     ClientOptions o = options.client;
+    if (o.tls_server_name.empty()) {
+      absl::MutexLock lock(&mu);
+      auto it = server_names.find(daemon);
+      if (it != server_names.end()) o.tls_server_name = it->second;
+    }
     if (probe) {
       o.connect_timeout = options.probe_deadline;
       o.control_timeout = options.probe_deadline;
@@ -191,6 +234,22 @@ std::vector<std::string> Pool::daemons() const {
 
 const std::string& Pool::target() const { return state_->target; }
 
+absl::StatusOr<std::vector<PoolDaemonDevices>> Pool::ListDevices() const {
+  if (absl::Status st = state_->Refresh(); !st.ok()) return st;
+  const std::vector<std::string> all = daemons();
+  std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers = state_->Probe(all);
+  std::vector<PoolDaemonDevices> out(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    out[i].daemon = all[i];
+    if (answers[i].ok()) {
+      out[i].devices = *std::move(answers[i]);
+    } else {
+      out[i].status = answers[i].status();
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) const {
   internal::PoolState& p = *state_;
   if (absl::Status st = p.Refresh(); !st.ok()) return st;
@@ -202,17 +261,7 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
       asked.push_back(p.daemons[i]);
     }
   }
-  // Ask them at once.
-  std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers(asked.size(),
-                                                               absl::UnknownError("not asked"));
-  std::vector<std::thread> probes;
-  for (size_t i = 0; i < asked.size(); ++i) {
-    probes.emplace_back([&p, &asked, &answers, i] {
-      auto client = p.ClientFor(asked[i], /*probe=*/true);
-      answers[i] = client.ok() ? client->ListDevices() : client.status();
-    });
-  }
-  for (std::thread& t : probes) t.join();
+  const std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers = p.Probe(asked);
 
   std::vector<internal::DeviceLoad> devices;
   std::vector<std::string> passed_over;
@@ -230,6 +279,7 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
       l.memory_free_bytes = d.memory_free_bytes;
       l.memory_total_bytes = d.memory_total_bytes;
       l.sessions = d.sessions;
+      l.pending_requests = d.pending_requests;
       l.cc_major = d.compute_capability_major;
       l.cc_minor = d.compute_capability_minor;
       devices.push_back(l);

@@ -18,6 +18,10 @@
 // Modules are content-addressed: loading one where it is already held
 // sends only its hash.
 //
+// Over TLS, each daemon's certificate must carry the DNS name its address
+// was found under (the Service's name: "gpus.ns.svc.cluster.local"), not
+// the pod's address; ClientOptions::tls_server_name overrides it.
+//
 //   GX_ASSIGN_OR_RETURN(gpuexec::Pool pool, gpuexec::Pool::Connect("pool://gpus:50051"));
 //   GX_ASSIGN_OR_RETURN(gpuexec::Session s, pool.OpenSession({.session = {.memory_limit_bytes
 //                                                             = 8ull << 30}}));
@@ -58,6 +62,13 @@ struct PoolSessionOptions {
   uint32_t min_compute_capability_minor = 0;
 };
 
+// One daemon's answer to Pool::ListDevices.
+struct PoolDaemonDevices {
+  std::string daemon;   // its address, as the pool reaches it
+  absl::Status status;  // why it did not answer in time (OK: it did)
+  std::vector<DeviceInfo> devices;
+};
+
 class Pool {
  public:
   // Parses `target` (see above) and resolves it. INVALID_ARGUMENT for a
@@ -68,6 +79,11 @@ class Pool {
   // FAILED_PRECONDITION when no device asked fits (saying why each was
   // passed over), UNAVAILABLE when none of the daemons asked answered.
   absl::StatusOr<Session> OpenSession(const PoolSessionOptions& options = {}) const;
+
+  // Every daemon's devices, all asked at once (each within
+  // `probe_deadline`), in the order of daemons(). UNAVAILABLE only when the
+  // names no longer resolve and none did before.
+  absl::StatusOr<std::vector<PoolDaemonDevices>> ListDevices() const;
 
   // The daemons' addresses ("10.0.0.7:50051"), as last resolved.
   std::vector<std::string> daemons() const;

@@ -32,9 +32,9 @@ absl::StatusOr<size_t> ChooseDevice(absl::Span<const DeviceLoad> devices,
   size_t unhealthy = 0, too_old = 0, too_full = 0;
   uint64_t most_free = 0;
   auto better = [&](const DeviceLoad& a, const DeviceLoad& b) {
-    // More memory left, then fewer sessions.
-    return std::make_tuple(a.memory_free_bytes, -static_cast<int64_t>(a.sessions)) >
-           std::make_tuple(b.memory_free_bytes, -static_cast<int64_t>(b.sessions));
+    // More memory left, then fewer sessions, then less work pending.
+    return std::make_tuple(a.memory_free_bytes, b.sessions, b.pending_requests) >
+           std::make_tuple(b.memory_free_bytes, a.sessions, a.pending_requests);
   };
   for (size_t i = 0; i < devices.size(); ++i) {
     const DeviceLoad& d = devices[i];

@@ -26,6 +26,7 @@ struct DeviceLoad {
   uint64_t memory_free_bytes = 0;
   uint64_t memory_total_bytes = 0;
   uint32_t sessions = 0;
+  uint32_t pending_requests = 0;
   uint32_t cc_major = 0;
   uint32_t cc_minor = 0;
 };
@@ -46,10 +47,10 @@ std::vector<size_t> SampleDaemons(size_t n, size_t d, absl::BitGenRef bits);
 // The index in `devices` of the best device for `needs`: healthy, of the
 // compute capability asked, with the memory asked free; of those, the one
 // with the most memory left free after the session's, then the fewest
-// sessions. None fits: RESOURCE_EXHAUSTED when some device lacks only the
-// memory (naming the most free seen), else FAILED_PRECONDITION naming
-// why each kind of device was passed over; `asked` names the daemons in
-// the message ("3 daemons of pool://gpus:50051").
+// sessions, then the fewest requests pending. None fits: RESOURCE_EXHAUSTED when some device lacks
+// only the memory (naming the most free seen), else FAILED_PRECONDITION naming why each kind of
+// device was passed over; `asked` names the daemons in the message ("3 daemons of
+// pool://gpus:50051").
 absl::StatusOr<size_t> ChooseDevice(absl::Span<const DeviceLoad> devices,
                                     const PlacementNeeds& needs, const std::string& asked);
 
