@@ -26,6 +26,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -334,9 +335,15 @@ TEST_F(CliTest, UsageErrorsExitTwoWithOneLine) {
       {{"run", "--triton=m.json", k, "--grid=1", "--block=32"}, "--block comes from the Triton"},
       {{"--timeout=soon", "devices"}, "--timeout"},
       {{"--device=first", "load", k}, "--device"},
+      {{"--memory=lots", "load", k}, "--memory: 'lots' is not a size"},
+      {{"--min_cc=nine", "load", k}, "--min_cc: 'nine' is not a compute capability"},
+      {{"--min_cc=9.0", "load", k}, "--min_cc places a session in a pool"},
+      {{"--target=pool://127.0.0.1:1", "--device=0", "load", k}, "a pool target places"},
+      {{"--target=pool://127.0.0.1", "devices"}, "is not HOST:PORT"},
   };
   for (const auto& [args, message] : cases) {
-    Result r = RunCli(args);
+    // A case that names its own target runs as given.
+    Result r = absl::StartsWith(args[0], "--target=") ? RunRaw(args) : RunCli(args);
     EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(args, " ") << "\n" << r;
     EXPECT_THAT(r.err, HasSubstr(message)) << absl::StrJoin(args, " ");
     ExpectOneErrorLine(r);
@@ -424,6 +431,89 @@ TEST_F(CliTest, DevicesListsTheDaemonsDevices) {
     EXPECT_THAT(lines[1], HasSubstr("9.0"));
   }
   EXPECT_EQ(r.err, "");
+}
+
+// A pool of three daemons on 127.0.0.1-3, each on the test double with its
+// own device memory: `devices` lists every daemon's; `run` places its
+// session where its --memory is free and says where on stderr; a daemon
+// killed is listed as not answering and the next run goes elsewhere.
+TEST_F(CliTest, APoolTargetPlacesTheSessionAndListsEveryDaemon) {
+  if (!fake()) GTEST_SKIP() << "the pool test runs on the test double";
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  auto at = [&](int host) { return absl::StrCat("127.0.0.", host, ":", port); };
+  const char* memory[] = {"268435456", "2147483648", "4294967296"};  // 256 MiB, 2 GiB, 4 GiB
+  std::vector<std::unique_ptr<Process>> daemons;
+  for (int host = 1; host <= 3; ++host) {
+    const std::string log = Path(absl::StrCat("pool-", host, ".log"));
+    daemons.push_back(std::make_unique<Process>(
+        std::vector<std::string>{Env("GPUEXEC_TEST_DAEMON"), absl::StrCat("--listen=", at(host)),
+                                 absl::StrCat("--driver=", Env("GPUEXEC_TEST_DRIVER"))},
+        Path(absl::StrCat("pool-", host, ".out")), log,
+        std::vector<std::string>{absl::StrCat("GXFAKE_MEMORY_BYTES=", memory[host - 1])}));
+    ASSERT_TRUE(
+        WaitFor([&] { return absl::StrContains(ReadFile(log).value_or(""), "gpuexecd serving"); },
+                absl::Seconds(60)))
+        << ReadFile(log).value_or("");
+  }
+  const std::string pool = absl::StrCat("--target=pool://", at(1), ",", at(2), ",", at(3));
+
+  Result r = RunRaw({pool, "devices"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << r;
+  EXPECT_THAT(lines[0], StartsWith("DAEMON"));
+  for (int host = 1; host <= 3; ++host) {
+    EXPECT_THAT(lines[host], StartsWith(at(host))) << r;
+    EXPECT_THAT(lines[host], HasSubstr("healthy"));
+  }
+
+  // 3 GiB fits on the third daemon only.
+  constexpr uint64_t n = 4096;
+  std::vector<float> x(n, 1.0f), y(n, 2.0f);
+  WriteFile(Path("pool-x.bin"), BytesOf(x));
+  WriteFile(Path("pool-y.bin"), BytesOf(y));
+  const std::vector<std::string> saxpy = {
+      "run",
+      KernelPath(),
+      "gx_saxpy",
+      "--grid=16",
+      "--block=256",
+      "f32:3",
+      absl::StrCat("in:", Path("pool-x.bin")),
+      absl::StrCat("inout:", Path("pool-y.bin"), ":", Path("pool-y-out.bin")),
+      absl::StrCat("u64:", n)};
+  std::vector<std::string> args = {pool, "--memory=3G"};
+  args.insert(args.end(), saxpy.begin(), saxpy.end());
+  r = RunRaw(args);
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.err, absl::StrCat("gpuexec: session on daemon ", at(3), ", device 0\n"));
+  EXPECT_EQ(ReadFile(Path("pool-y-out.bin")), BytesOf(std::vector<float>(n, 5.0f)));
+
+  // No device of compute capability 10.0 anywhere: refused, saying why.
+  r = RunRaw({pool, "--min_cc=10.0", "load", KernelPath()});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(r.err, HasSubstr("3 below compute capability 10.0"));
+  ExpectOneErrorLine(r);
+
+  // The third daemon dies: listed as not answering; 1 GiB now goes to the
+  // second, the only other with that much.
+  daemons[2]->Kill();
+  r = RunRaw({pool, "--timeout=2s", "devices"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("daemon ", at(3), ": UNAVAILABLE")));
+  args = {pool, "--memory=1G"};
+  args.insert(args.end(), saxpy.begin(), saxpy.end());
+  r = RunRaw(args);
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.err, absl::StrCat("gpuexec: session on daemon ", at(2), ", device 0\n"));
+
+  // None answers: the listing fails.
+  daemons.clear();
+  r = RunRaw({pool, "--timeout=1s", "devices"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("none of its 3 daemon(s) answered"));
 }
 
 TEST_F(CliTest, TheTargetComesFromTheEnvironmentToo) {

@@ -23,10 +23,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cli/args.h"
 #include "gpuexec/client.h"
+#include "gpuexec/pool.h"
 #include "gpuexec/triton.h"
 
 namespace gpuexec::cli {
@@ -37,7 +39,7 @@ constexpr char kDefaultTarget[] = "127.0.0.1:50051";
 constexpr char kMainHelp[] =
     R"(gpuexec: run CUDA kernels on a gpuexecd daemon (this host's GPUs or a remote one's).
 
-Usage: gpuexec [--target=ADDR] [--device=N] [--timeout=DURATION] COMMAND [ARGS...]
+Usage: gpuexec [--target=ADDR|pool://...] [--device=N] [--timeout=DURATION] COMMAND [ARGS...]
 
 Commands:
   devices                  list the daemon's devices
@@ -50,8 +52,18 @@ Commands:
 
 Global flags (anywhere on the line; --flag=VALUE or --flag VALUE):
   --target=ADDR       the daemon: HOST:PORT or unix:/PATH
-                      (default: $GPUEXEC_TARGET, else 127.0.0.1:50051)
-  --device=N          use device N (default: the daemon picks the least loaded)
+                      (default: $GPUEXEC_TARGET, else 127.0.0.1:50051); or a pool
+                      of daemons: pool://NAME:PORT (every address NAME resolves
+                      to) or pool://HOST:PORT,HOST:PORT,...; the session goes
+                      to the device, of 3 daemons asked at random, with the most
+                      memory free ('devices' lists every daemon's)
+  --device=N          use device N (default: the daemon picks the least loaded;
+                      not with a pool)
+  --memory=SIZE       the session's device memory limit (4G, 512M; default: the
+                      daemon's); a pool places it where that much is free
+  --min_cc=MAJOR.MINOR
+                      a pool places the session on a device of this compute
+                      capability or newer (9.0 for Hopper)
   --timeout=DURATION  deadline of each call to the daemon, connecting included:
                       30s, 500ms, 2m (default: 10s to connect, no limit after)
   --token_file=FILE   the bearer token for a daemon with tenants, read from FILE
@@ -61,6 +73,9 @@ Global flags (anywhere on the line; --flag=VALUE or --flag VALUE):
                       (default: $GPUEXEC_TLS_CA)
   --tls_cert=FILE --tls_key=FILE
                       mutual TLS: this client's certificate and key (PEM)
+  --tls_server_name=NAME
+                      the name the daemon's certificate must carry (default:
+                      the target's host; a pool's daemons: the name resolved)
 
 Example (saxpy.cubin from the README: y = a*x + y on n floats):
   gpuexec devices
@@ -75,7 +90,10 @@ printed), 2 for a malformed command line.
 constexpr char kDevicesHelp[] = R"(Usage: gpuexec devices
 
 Lists the daemon's devices: index, name, compute capability, memory total
-and free, health, multiprocessors and open sessions.
+and free, health, multiprocessors and open sessions. With a pool target,
+every daemon's, each row led by the daemon's address; a daemon that does
+not answer within the timeout (default 500ms) gets a line saying why, and
+the command fails only when none answers.
 )";
 
 constexpr char kLoadHelp[] = R"(Usage: gpuexec load FILE
@@ -215,6 +233,9 @@ constexpr FlagDef kFlags[] = {
     {"tls_ca", true},
     {"tls_cert", true},
     {"tls_key", true},
+    {"tls_server_name", true},
+    {"memory", true},
+    {"min_cc", true},
     {"grid", false},
     {"block", false},
     {"shared", false},
@@ -291,9 +312,18 @@ const char* HelpOf(absl::string_view command) {
 
 struct Connection {
   std::string target;
-  std::optional<Client> client;
+  std::optional<Client> client;  // a single daemon's
+  std::optional<Pool> pool;      // a pool target's
   std::optional<Session> session;
 };
+
+// "9.0" into 9 and 0.
+bool ParseComputeCapability(absl::string_view text, uint32_t* major, uint32_t* minor) {
+  std::pair<std::string, std::string> parts = absl::StrSplit(text, absl::MaxSplits('.', 1));
+  if (parts.second.empty()) parts.second = "0";
+  return absl::SimpleAtoi(parts.first, major) && absl::SimpleAtoi(parts.second, minor) &&
+         *major < 100 && *minor < 10;
+}
 
 std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connection* c) {
   ClientOptions options;
@@ -327,7 +357,26 @@ std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connect
   options.tls_root_ca_file = flag_or_env("tls_ca", "GPUEXEC_TLS_CA");
   options.tls_cert_file = flag_or_env("tls_cert", "GPUEXEC_TLS_CERT");
   options.tls_key_file = flag_or_env("tls_key", "GPUEXEC_TLS_KEY");
+  if (auto it = cl.flags.find("tls_server_name"); it != cl.flags.end()) {
+    options.tls_server_name = it->second;
+  }
   SessionOptions session_options;
+  if (auto it = cl.flags.find("memory"); it != cl.flags.end()) {
+    absl::StatusOr<uint64_t> bytes = ParseSize(it->second);
+    if (!bytes.ok() || *bytes == 0) {
+      return Usage(absl::StrCat("--memory: '", it->second.substr(0, 64),
+                                "' is not a size (4G, 512M, 1048576)"));
+    }
+    session_options.memory_limit_bytes = *bytes;
+  }
+  PoolSessionOptions pool_options;
+  if (auto it = cl.flags.find("min_cc"); it != cl.flags.end()) {
+    if (!ParseComputeCapability(it->second, &pool_options.min_compute_capability_major,
+                                &pool_options.min_compute_capability_minor)) {
+      return Usage(absl::StrCat("--min_cc: '", it->second.substr(0, 64),
+                                "' is not a compute capability (9.0, 8.6)"));
+    }
+  }
   if (auto it = cl.flags.find("device"); it != cl.flags.end()) {
     uint32_t device = 0;
     if (!absl::SimpleAtoi(it->second, &device)) {
@@ -343,6 +392,33 @@ std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connect
     c->target = kDefaultTarget;
   }
   if (c->target.empty()) return Usage("--target is empty");
+  if (IsPoolTarget(c->target)) {
+    if (session_options.device.has_value()) {
+      return Usage("--device names a device of one daemon: a pool target places the session");
+    }
+    PoolOptions po;
+    po.client = options;
+    if (cl.flags.count("timeout") != 0) po.probe_deadline = options.connect_timeout;
+    absl::StatusOr<Pool> pool = Pool::Connect(c->target, po);
+    if (pool.status().code() == absl::StatusCode::kInvalidArgument) {
+      return Usage(absl::StrCat("--target: ", pool.status().message()));
+    }
+    if (!pool.ok()) {
+      return Failed(absl::StrCat("connect to ", c->target.substr(0, 256)), pool.status());
+    }
+    c->pool.emplace(*std::move(pool));
+    if (!open_session) return std::nullopt;
+    pool_options.session = session_options;
+    absl::StatusOr<Session> session = c->pool->OpenSession(pool_options);
+    if (!session.ok()) return Failed("open a session in the pool", session.status());
+    c->session.emplace(*std::move(session));
+    std::fprintf(stderr, "gpuexec: session on daemon %s, device %u\n", c->session->daemon().c_str(),
+                 c->session->device());
+    return std::nullopt;
+  }
+  if (cl.flags.count("min_cc") != 0) {
+    return Usage("--min_cc places a session in a pool: give a pool:// target");
+  }
   absl::StatusOr<Client> client = Client::Connect(c->target, options);
   if (!client.ok()) return Failed(absl::StrCat("connect to ", c->target), client.status());
   c->client.emplace(*std::move(client));
@@ -404,24 +480,21 @@ std::string Dims(const Dim3& d) { return absl::StrCat("(", d.x, ",", d.y, ",", d
 
 // ------------------------------------------------------------ commands
 
-std::optional<Failure> Devices(const CommandLine& cl) {
-  if (!cl.positional.empty()) return Usage("devices takes no arguments");
-  Connection c;
-  if (auto f = Connect(cl, /*open_session=*/false, &c)) return f;
-  absl::StatusOr<std::vector<DeviceInfo>> devices = c.client->ListDevices();
-  if (!devices.ok()) return Failed("list devices", devices.status());
-  if (devices->empty()) {
-    std::printf("no devices (the daemon at %s found no usable GPU)\n", c.target.c_str());
-    return std::nullopt;
-  }
+// One table of devices; with `daemons` (a pool's listing), each row led by
+// its daemon's address.
+void PrintDevices(const std::vector<std::pair<std::string, DeviceInfo>>& rows, bool daemons) {
+  size_t width = 6;
+  for (const auto& [daemon, d] : rows) width = std::max(width, daemon.size());
+  if (daemons) std::printf("%-*s ", static_cast<int>(width), "DAEMON");
   std::printf("%-6s %-28s %-4s %12s %12s %-10s %4s %8s %6s %s\n", "DEVICE", "NAME", "CC", "MEMORY",
               "FREE", "HEALTH", "SMS", "SESSIONS", "RESETS", "WORKERS");
-  for (const DeviceInfo& d : *devices) {
+  for (const auto& [daemon, d] : rows) {
     const std::string cc =
         absl::StrCat(d.compute_capability_major, ".", d.compute_capability_minor);
     // "3 (own)": the device runs 3 workers, one of them the caller's tenant's
     // own (whose resets the RESETS column then counts).
     const std::string workers = absl::StrCat(d.workers, d.own_worker ? " (own)" : "");
+    if (daemons) std::printf("%-*s ", static_cast<int>(width), daemon.c_str());
     std::printf("%-6u %-28s %-4s %12s %12s %-10s %4u %8u %6llu %s\n", d.index, d.name.c_str(),
                 cc.c_str(), Bytes(d.memory_total_bytes).c_str(), Bytes(d.memory_free_bytes).c_str(),
                 !d.not_answering_since.empty() ? "silent"
@@ -430,14 +503,59 @@ std::optional<Failure> Devices(const CommandLine& cl) {
                 d.multiprocessor_count, d.sessions, static_cast<unsigned long long>(d.resets),
                 workers.c_str());
   }
-  for (const DeviceInfo& d : *devices) {
+  for (const auto& [daemon, d] : rows) {
+    const std::string where = daemons ? absl::StrCat("daemon ", daemon, " device ", d.index)
+                                      : absl::StrCat("device ", d.index);
     if (!d.last_reset.empty())
-      std::printf("device %u last reset %s\n", d.index, d.last_reset.c_str());
+      std::printf("%s last reset %s\n", where.c_str(), d.last_reset.c_str());
     if (!d.not_answering_since.empty()) {
-      std::printf("device %u has not answered since %s (its figures are the last it gave)\n",
-                  d.index, d.not_answering_since.c_str());
+      std::printf("%s has not answered since %s (its figures are the last it gave)\n",
+                  where.c_str(), d.not_answering_since.c_str());
     }
   }
+}
+
+std::optional<Failure> PoolDevices(const Connection& c) {
+  absl::StatusOr<std::vector<PoolDaemonDevices>> listed = c.pool->ListDevices();
+  if (!listed.ok()) return Failed("list the pool's devices", listed.status());
+  std::vector<std::pair<std::string, DeviceInfo>> rows;
+  std::vector<std::string> silent, empty;
+  for (const PoolDaemonDevices& d : *listed) {
+    if (!d.status.ok()) {
+      silent.push_back(absl::StrCat("daemon ", d.daemon, ": ",
+                                    absl::StatusCodeToString(d.status.code()), ": ",
+                                    d.status.message()));
+      continue;
+    }
+    if (d.devices.empty()) empty.push_back(d.daemon);
+    for (const DeviceInfo& info : d.devices) rows.emplace_back(d.daemon, info);
+  }
+  if (!rows.empty()) PrintDevices(rows, /*daemons=*/true);
+  for (const std::string& e : empty) {
+    std::printf("daemon %s: no devices (it found no usable GPU)\n", e.c_str());
+  }
+  for (const std::string& s : silent) std::printf("%s\n", s.c_str());
+  if (silent.size() == listed->size()) {
+    return FailedLocally(absl::StrCat("list the pool's devices: none of its ", listed->size(),
+                                      " daemon(s) answered"));
+  }
+  return std::nullopt;
+}
+
+std::optional<Failure> Devices(const CommandLine& cl) {
+  if (!cl.positional.empty()) return Usage("devices takes no arguments");
+  Connection c;
+  if (auto f = Connect(cl, /*open_session=*/false, &c)) return f;
+  if (c.pool.has_value()) return PoolDevices(c);
+  absl::StatusOr<std::vector<DeviceInfo>> devices = c.client->ListDevices();
+  if (!devices.ok()) return Failed("list devices", devices.status());
+  if (devices->empty()) {
+    std::printf("no devices (the daemon at %s found no usable GPU)\n", c.target.c_str());
+    return std::nullopt;
+  }
+  std::vector<std::pair<std::string, DeviceInfo>> rows;
+  for (const DeviceInfo& d : *devices) rows.emplace_back("", d);
+  PrintDevices(rows, /*daemons=*/false);
   return std::nullopt;
 }
 
