@@ -12,6 +12,10 @@ A kernel's CUtensorMap parameter takes a gpuexec.TensorMap (a buffer and
 the map's shape; the daemon encodes it). Every failure raises gpuexec.Error
 (.code: grpc.StatusCode, .message: the daemon's message). numpy is
 optional: without it data is bytes.
+
+A pool of daemons: ``gpuexec.connect("pool://gpuexec-pool.gpu.svc:50051")``
+gives a gpuexec.Pool, whose ``session(memory_limit=...)`` places the session
+on the daemon where it fits best.
 """
 
 from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw, u8, u16, u32,
@@ -20,12 +24,13 @@ from ._client import (Buffer, Client, Device, Function, FunctionAttributes, Modu
                       Session, connect)
 from ._errors import Error
 from ._host_memory import HostMemory
+from ._pool import Pool, PoolDaemon
 from ._tensor_map import TensorMap
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Arg", "Buffer", "Client", "Device", "Error", "Function", "FunctionAttributes", "HostMemory",
-    "Module", "Param", "Session", "TensorMap", "bf16", "connect", "f16", "f32", "f64", "i8",
+    "Module", "Param", "Pool", "PoolDaemon", "Session", "TensorMap", "bf16", "connect", "f16", "f32", "f64", "i8",
     "i16", "i32", "i64", "null", "ptr", "raw", "u8", "u16", "u32", "u64",
 ]

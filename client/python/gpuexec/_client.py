@@ -20,6 +20,7 @@ from ._args import Arg, to_arg
 from ._channel import Recipe
 from ._commands import CommandStream
 from ._errors import Error, client_error, from_rpc_error
+from ._pool import Pool, is_pool_target
 from ._tensor_map import TensorMap
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
@@ -206,6 +207,15 @@ class Device:
     # has one of its own there (resets, epoch and last_reset are then its).
     workers: int = 1
     own_worker: bool = False
+    # While the device's worker does not answer: since when ("" otherwise);
+    # memory_free_bytes is then its last figure.
+    not_answering_since: str = ""
+    # Requests the device's workers have not answered yet, every tenant's
+    # together: a coarse figure of how busy it is.
+    pending_requests: int = 0
+    # The daemon serving it, as it names itself (gpuexecd
+    # --advertise_address); "" when it names none.
+    daemon_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -229,6 +239,10 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
     ``target`` is "host:port" or "unix:/path"; by default $GPUEXEC_TARGET,
     else 127.0.0.1:50051. Raises Error (UNAVAILABLE) if no connection is made
     in time.
+
+    A pool target, "pool://NAME:PORT" or "pool://HOST:PORT,HOST:PORT,...",
+    gives a gpuexec.Pool instead (its ``session()`` places each session on
+    one of the daemons; see Pool), with these options for every daemon.
 
     For a daemon with tenants:
 
@@ -258,6 +272,12 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
     client over TCP on the daemon's host passes it here.
     """
     target = target or os.environ.get("GPUEXEC_TARGET") or DEFAULT_TARGET
+    if is_pool_target(target):
+        return Pool(target, timeout=timeout, chunk_bytes=chunk_bytes,
+                    control_timeout=control_timeout, channel_options=channel_options,
+                    token=token, root_ca=root_ca, cert=cert, key=key, tls=tls,
+                    allow_token_over_plain_tcp=allow_token_over_plain_tcp,
+                    shm_socket=shm_socket)
     recipe = Recipe(target, token=token, root_ca=root_ca, cert=cert, key=key, tls=tls,
                     allow_token_over_plain_tcp=allow_token_over_plain_tcp)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -274,7 +294,7 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
                     f"{hint}") from None
     return Client(recipe.intercept(channel), chunk_bytes=chunk_bytes,
                   control_timeout=control_timeout, shm_socket=shm_socket,
-                  _plain_channel=channel, _metadata=recipe.metadata())
+                  _plain_channel=channel, _metadata=recipe.metadata(), _target=target)
 
 
 class Client:
@@ -291,11 +311,13 @@ class Client:
     """
 
     def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0,
-                 shm_socket=None, _plain_channel=None, _metadata=None):
+                 shm_socket=None, _plain_channel=None, _metadata=None, _target=None):
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise client_error(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}]")
         # The daemon's host memory socket given by the caller (see connect).
         self.shm_socket = os.fspath(shm_socket) if shm_socket else None
+        # The address connect() was given; UNAVAILABLE errors name it.
+        self.target = _target
         self.channel = channel
         self.stub = pb_grpc.GpuExecStub(channel)
         # Sessions' Execute calls; the open ones are ended before the
@@ -344,7 +366,7 @@ class Client:
         try:
             return method(request, timeout=timeout)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, self.target) from None
 
     def devices(self):
         """The host's devices: a list of Device."""
@@ -358,7 +380,10 @@ class Client:
                        modules_loaded=d.modules_loaded,
                        module_loads_total=d.module_loads_total, sessions=d.sessions,
                        resets=d.resets, epoch=d.epoch, last_reset=d.last_reset,
-                       workers=d.workers, own_worker=d.own_worker)
+                       workers=d.workers, own_worker=d.own_worker,
+                       not_answering_since=d.not_answering_since,
+                       pending_requests=d.pending_requests,
+                       daemon_address=response.daemon_address)
                 for d in response.devices]
 
     def session(self, device=None, *, lease=None, memory_limit=0, kernel_time_limit=None):
@@ -385,6 +410,9 @@ class Session:
 
     def __init__(self, client, response):
         self.client = client
+        # The daemon's address, as connect() was given it (a pool's session:
+        # the daemon it was placed on).
+        self.daemon = client.target
         self.token = response.session  # the session's only credential
         self.device = response.device
         self.lease = response.lease_ms / 1000.0
@@ -560,11 +588,11 @@ class Session:
             response = self.client.stub.LoadModule(requests(False))
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
-                raise from_rpc_error(e) from None
+                raise from_rpc_error(e, self.client.target) from None
             try:
                 response = self.client.stub.LoadModule(requests(True))
             except grpc.RpcError as e2:
-                raise from_rpc_error(e2) from None
+                raise from_rpc_error(e2, self.client.target) from None
         return Module(self, response.module, response.sha256, response.uploaded, kind)
 
     def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False,
@@ -746,7 +774,7 @@ class Buffer:
                 view[got:got + len(data)] = data
                 got += len(data)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, self.session.client.target) from None
         if got != size:
             raise client_error(f"read of {self!r}: got {got} of {size} bytes",
                                grpc.StatusCode.DATA_LOSS)

@@ -35,7 +35,7 @@ import threading
 import grpc
 
 from . import _wire
-from ._errors import Error
+from ._errors import Error, naming_daemon
 from .v1 import gpuexec_pb2 as pb
 
 try:
@@ -527,10 +527,11 @@ class CommandStream:
                         "gpuexec client: the session's command stream was closed while this "
                         "command waited")
         elif code == grpc.StatusCode.OK:
+            daemon = f"daemon {self._client.target}" if self._client.target else "the daemon"
             why = Error(grpc.StatusCode.UNAVAILABLE,
-                        "gpuexec client: the daemon ended the session's command stream")
+                        f"gpuexec client: {daemon} ended the session's command stream")
         else:
-            why = Error(code, details)
+            why = Error(code, naming_daemon(code, details, self._client.target))
         call.why = why
         if call is not self._call:
             return

@@ -23,8 +23,18 @@ def client_error(message, code=grpc.StatusCode.INVALID_ARGUMENT):
     return Error(code, "gpuexec client: " + message)
 
 
-def from_rpc_error(e):
-    """The Error for a grpc.RpcError (also a failed stream)."""
+def naming_daemon(code, message, daemon):
+    """``message``, led by the daemon's address when ``code`` is UNAVAILABLE
+    (the daemon is gone or unreachable: which one matters in a pool)."""
+    if code == grpc.StatusCode.UNAVAILABLE and daemon and not message.startswith("daemon "):
+        return f"daemon {daemon}: {message}"
+    return message
+
+
+def from_rpc_error(e, daemon=None):
+    """The Error for a grpc.RpcError (also a failed stream); an UNAVAILABLE
+    one names ``daemon``, the address the call went to."""
     code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
     details = e.details() if callable(getattr(e, "details", None)) else str(e)
-    return Error(code or grpc.StatusCode.UNKNOWN, details or "")
+    code = code or grpc.StatusCode.UNKNOWN
+    return Error(code, naming_daemon(code, details or "", daemon))

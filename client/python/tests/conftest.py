@@ -53,12 +53,14 @@ class Daemon:
 SERVING = re.compile(r"gpuexecd serving gpuexec\.v1 on (.+?) with ")
 
 
-def start_daemon(binary, args, log_path):
-    """Runs gpuexecd with ``args``, its output in ``log_path``; returns the
-    process and the addresses it serves on once it logs them (a TCP port 0
-    is the port it got). Fails the test if it exits or takes too long."""
+def start_daemon(binary, args, log_path, env=None):
+    """Runs gpuexecd with ``args`` (and ``env`` added to the environment),
+    its output in ``log_path``; returns the process and the addresses it
+    serves on once it logs them (a TCP port 0 is the port it got). Fails the
+    test if it exits or takes too long."""
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([binary] + list(args), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([binary] + list(args), stdout=log, stderr=subprocess.STDOUT,
+                                   env=dict(os.environ, **(env or {})))
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         with open(log_path, errors="replace") as f:

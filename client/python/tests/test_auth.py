@@ -396,3 +396,30 @@ def test_tls_false_ignores_the_environment_ca(plain_daemon, pki, monkeypatch):
     monkeypatch.setenv("GPUEXEC_TLS_CA", str(pki.ca))
     with gpuexec.connect(plain_daemon.target, token=pki.token_a, tls=False, timeout=5) as c:
         c.session().close()
+
+
+def test_a_pool_holds_each_daemon_to_the_name_it_was_found_under(daemon, pki, tmp_path_factory):
+    """A pod's certificate names the Service, not the pod's address: a pool
+    found under a DNS name checks each daemon against that name."""
+    d = pki.dir
+    named = _issue(d, "ca", "pool-server", ["subjectAltName = DNS:localhost",
+                                            "keyUsage = critical, digitalSignature",
+                                            "extendedKeyUsage = serverAuth"], 5)
+    process, tls = _tenant_daemon(daemon, pki, tmp_path_factory, "pool-tls",
+                                  f"--tls_cert={named[0]}", f"--tls_key={named[1]}")
+    try:
+        port = tls.target.rsplit(":", 1)[1]
+        with gpuexec.connect(f"pool://localhost:{port}", token=pki.token_a,
+                             root_ca=pki.ca) as pool:
+            with pool.session() as s:
+                assert s.daemon == f"127.0.0.1:{port}"
+                s.alloc(MiB)
+        # Listed by address, the daemon's certificate does not carry it.
+        with gpuexec.connect(f"pool://127.0.0.1:{port}", token=pki.token_a,
+                             root_ca=pki.ca) as pool:
+            with pytest.raises(gpuexec.Error) as e:
+                pool.session()
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "no daemon answered" in e.value.message
+    finally:
+        stop_daemon(process)
