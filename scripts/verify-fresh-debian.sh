@@ -20,13 +20,16 @@
 #   --keep        keep the root afterwards (default: unmount and delete it)
 #   --log=FILE    the whole log: debootstrap, both commands, the summary
 #                 (default /var/tmp/gpuexec-fresh-debian.log); ctest's own
-#                 LastTest.log is kept beside it as FILE's name + .ctest
+#                 LastTest.log, every test's output, is kept beside it as
+#                 FILE.ctest (and the sanitizer run's as FILE.ctest-asan)
 #   --mirror=URL  the Debian mirror (default: the host's bookworm source,
 #                 else http://deb.debian.org/debian)
 # FUZZ_SECONDS and SANITIZE reach test.sh as they are set here.
 #
 # Needs root, git and debootstrap (installed with apt-get when missing). The
-# root shares the host's network, so nothing here may listen on port 50051.
+# root shares the host's network, so nothing here may listen on port 50051;
+# it gets the host's resolv.conf and its site CAs (/usr/local/share/
+# ca-certificates), as a new machine on the same network would have them.
 # On 2 cores it takes about an hour: the build ~20 minutes, test.sh ~30.
 # Idempotent: each run starts from a new root (or the reused one) and a new
 # copy of the tree, and whatever it mounted is unmounted on exit.
@@ -148,7 +151,9 @@ fi
 commit=$(git rev-parse --short HEAD)
 [[ -z $(git status --porcelain --untracked-files=no) ]] ||
   say "note: the checkout has uncommitted changes; only commit $commit is checked"
-say "checking commit $commit in a fresh Debian 12 root at $ROOT (log: $LOG)"
+FRESH="a fresh Debian 12"
+((REUSE)) && [[ -f $MARKER ]] && FRESH="a reused (not fresh) Debian 12 root"
+say "checking commit $commit on $FRESH at $ROOT (log: $LOG)"
 
 debootstrap_s="reused"
 if ((REUSE)) && [[ -f $MARKER ]]; then
@@ -184,7 +189,17 @@ fi
 for banned in /usr/local/cuda /usr/bin/node /usr/bin/nvcc; do
   if ((!REUSE)) && [[ -e $ROOT$banned ]]; then die "the new root already has $banned"; fi
 done
+# The host's network as a machine beside it sees it: its resolver, and the
+# site's own CAs (an HTTPS proxy's, say; npm reaches its registry over
+# HTTPS), which the ca-certificates that setup.sh installs then trusts.
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+if [[ -n $(ls -A /usr/local/share/ca-certificates 2>/dev/null) ]]; then
+  mkdir -p "$ROOT/usr/local/share/ca-certificates"
+  cp -a /usr/local/share/ca-certificates/. "$ROOT/usr/local/share/ca-certificates/"
+  if [[ -x $ROOT/usr/sbin/update-ca-certificates ]]; then
+    chroot "$ROOT" /usr/sbin/update-ca-certificates >>"$LOG" 2>&1
+  fi
+fi
 
 # The committed tree, as a clone has it.
 rm -rf --one-file-system "${ROOT:?}$TREE"
@@ -270,8 +285,14 @@ test_rc=0
 in_root /bin/bash -c "cd $TREE && ./scripts/test.sh" >>"$LOG" 2>&1 || test_rc=$?
 test_s=$((SECONDS - t))
 test_out=$(tail -c "+$offset" "$LOG")
-ctest_log="$BUILD/Testing/Temporary/LastTest.log"
-[[ -f $ctest_log ]] && cp "$ctest_log" "$LOG.ctest"
+# ctest's own logs, every test's output (the reasons to skip are there),
+# kept before anything else runs ctest in these trees.
+rm -f "$LOG.ctest" "$LOG.ctest-asan"
+for f in "$BUILD:$LOG.ctest" "$ROOT$TREE/build-asan:$LOG.ctest-asan"; do
+  if [[ -f ${f%%:*}/Testing/Temporary/LastTest.log ]]; then
+    cp "${f%%:*}/Testing/Temporary/LastTest.log" "${f#*:}"
+  fi
+done
 
 # Tests that did not run, from each of ctest's "did not run" lists (the main
 # run's and the sanitizer run's), and the tests allowed to skip here.
@@ -279,11 +300,15 @@ mapfile -t not_run < <(awk '
   /^The following tests did not run:/ { p = 1; next }
   p && /^[ \t]+[0-9]+ - / { sub(/^[ \t]+[0-9]+ - /, ""); print; next }
   { p = 0 }' <<<"$test_out" | sort -u)
+mapfile -t failed < <(awk '
+  /^The following tests FAILED:/ { p = 1; next }
+  p && /^[ \t]+[0-9]+ - / { sub(/^[ \t]+[0-9]+ - /, ""); print; next }
+  { p = 0 }' <<<"$test_out" | sort -u)
 mapfile -t gpu_tests < <(in_root ctest --test-dir "$TREE/build" -N -L '^gpu$' 2>/dev/null |
   sed -n 's/^ *Test *#[0-9]*: //p')
 reason_of() {  # $1: a test; its reason to skip, as its output says it
   local f
-  for f in "$BUILD/Testing/Temporary/LastTest.log" "$ROOT$TREE/build-asan/Testing/Temporary/LastTest.log"; do
+  for f in "$LOG.ctest" "$LOG.ctest-asan"; do
     [[ -f $f ]] || continue
     awk -v t="$1" '
       $2 == "Testing:" && $3 == t { p = 1; next }
@@ -316,7 +341,7 @@ counts() {  # ctest's "P% tests passed, M tests failed out of T" as "N passed, M
 }
 {
   echo
-  echo "==== verify-fresh-debian: commit $commit on a fresh Debian 12 (minbase) root"
+  echo "==== verify-fresh-debian: commit $commit on $FRESH (minbase)"
   if [[ $debootstrap_s == reused ]]; then
     echo "debootstrap:  none (--reuse: the root was not fresh)"
   else
@@ -336,9 +361,12 @@ counts() {  # ctest's "P% tests passed, M tests failed out of T" as "N passed, M
   fi
   grep -E '^Total Test time|^fuzz: [0-9]+ executions|^fuzz: built|^sanitize: (built|done)' <<<"$test_out" |
     sed 's/^/              /' || true
+  echo "failed:       ${#failed[@]} test(s)"
+  ((${#failed[@]} == 0)) || printf '  %s\n' "${failed[@]}"
   echo "did not run:  ${#not_run[@]} test(s)"
   printf '%s\n' "${skip_lines[@]}"
-  notes=$(grep -hE 'not installed|is not checked|not checked' "$LOG.ctest" 2>/dev/null | sort -u || true)
+  notes=$(grep -hE 'not installed|not checked' "$LOG.ctest" 2>/dev/null |
+    sed -E 's/^SKIPPED \[[0-9]+\] ([^:]*\/)?([^/:]+):[0-9]+: /\2: /' | sort -u || true)
   [[ -z $notes ]] || { echo "checks done in part (a tool missing):"; echo "  ${notes//$'\n'/$'\n'  }"; }
   echo "wall time:    $((SECONDS - start)) s in all; log $LOG, ctest's log $LOG.ctest"
 } | tee -a "$LOG"
@@ -346,4 +374,4 @@ counts() {  # ctest's "P% tests passed, M tests failed out of T" as "N passed, M
 ((test_rc == 0)) || die "./scripts/test.sh exited with status $test_rc (see $LOG)"
 [[ -n $ctest_lines ]] || die "ctest printed no summary (see $LOG)"
 ((${#bad_skips[@]} == 0)) || die "tests that need no GPU did not run: ${bad_skips[*]}"
-say "PASSED: both commands work on a fresh Debian 12"
+say "PASSED: both commands work on $FRESH"
