@@ -30,7 +30,8 @@
 # root shares the host's network, so nothing here may listen on port 50051;
 # it gets the host's resolv.conf and its site CAs (/usr/local/share/
 # ca-certificates), as a new machine on the same network would have them.
-# On 2 cores it takes about an hour: the build ~20 minutes, test.sh ~30.
+# On 2 cores it takes about half an hour: debootstrap 1-2 minutes, run.sh
+# ~10 (packages, then the build), test.sh ~17 (ctest, fuzz, sanitizers).
 # Idempotent: each run starts from a new root (or the reused one) and a new
 # copy of the tree, and whatever it mounted is unmounted on exit.
 set -euo pipefail
