@@ -9,12 +9,20 @@ PACKAGES=(build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-grpc-tools
-  python3-prometheus-client python3-yaml openssl
+  python3-prometheus-client python3-yaml openssl ca-certificates nodejs npm
   clang clang-format-14 libfuzzer-14-dev libclang-rt-14-dev)
 
+# A package counts as installed when it is, or when an installed package
+# provides it: NodeSource's nodejs (20 or newer) provides npm, and Debian's
+# npm would conflict with it.
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" && return 0
+  dpkg-query -W -f='${Status}|${Provides}\n' 2>/dev/null | sed -n 's/^install ok installed|//p' |
+    tr ',' '\n' | sed 's/(.*//; s/ //g' | grep -x -- "$1" >/dev/null
+}
 missing=()
 for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   SUDO=""

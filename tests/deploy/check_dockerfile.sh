@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The Dockerfile's promises, checked without a container engine:
-#   * the build stage runs scripts/setup.sh, the step the README and CI run;
+#   * there are two stages; the first, the build stage, is plain debian:12
+#     and runs scripts/setup.sh, the step the README and CI run, with no CUDA
+#     toolkit (no NVIDIA image, nothing from /usr/local/cuda, no CUDA_ROOT),
+#     and .dockerignore keeps a build tree of the checkout out of it;
 #   * the runtime stage is slim Debian 12, runs as a non-root user, and the
 #     packages it installs (with their dependencies) provide every shared
 #     library the daemon and the CLI load here, except libcuda, which the
@@ -17,7 +20,18 @@ set -euo pipefail
 dockerfile=$1 daemon=$2 cli=$3
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-grep -Eq '^RUN .*\./scripts/setup\.sh' "$dockerfile" || fail "the build stage does not run scripts/setup.sh"
+froms=$(grep -E '^FROM ' "$dockerfile")
+(($(wc -l <<<"$froms") == 2)) || fail "expected two stages (build, runtime), found: ${froms//$'\n'/; }"
+first_from=$(head -1 <<<"$froms")
+[[ $first_from =~ ^FROM\ +debian:12\ +[Aa][Ss]\ +build\ *$ ]] ||
+  fail "the build stage is '$first_from', not 'FROM debian:12 AS build'"
+build=$(awk '/^FROM /{n++} n==1' "$dockerfile")
+grep -Eq '^RUN .*\./scripts/setup\.sh' <<<"$build" || fail "the build stage does not run scripts/setup.sh"
+# setup.sh reuses a configured build: one from the checkout must not reach it.
+grep -qxE '/?build/?' "$(dirname "$dockerfile")/.dockerignore" 2>/dev/null ||
+  fail ".dockerignore does not keep the checkout's build/ out of the build stage"
+cuda=$(grep -Ev '^[[:space:]]*#' "$dockerfile" | grep -Ei 'nvidia/cuda|/usr/local/cuda|CUDA_ROOT|CUDAToolkit' || true)
+[[ -z $cuda ]] || fail "the build brings in a CUDA toolkit, which it needs not: $cuda"
 last_from=$(grep -E '^FROM ' "$dockerfile" | tail -1)
 [[ $last_from == "FROM debian:12-slim"* ]] || fail "the runtime stage is '$last_from', not debian:12-slim"
 runtime=$(awk '/^FROM /{stage=""} {stage = stage $0 "\n"} END{printf "%s", stage}' "$dockerfile")
@@ -92,6 +106,6 @@ grep -qx -- "--target=unix:$sock" <<<"$check" ||
   fail "the HEALTHCHECK does not use the ENTRYPOINT's socket $sock: $healthcheck"
 grep -qE "install -d -o $user .*$(dirname "$sock")( |\$)" <<<"$joined" ||
   fail "the runtime stage does not make $(dirname "$sock") for user $user"
-echo "Dockerfile: build stage runs setup.sh; runtime $last_from as $user;" \
+echo "Dockerfile: build stage debian:12 runs setup.sh, no CUDA toolkit; runtime $last_from as $user;" \
   "listens on $listen, healthcheck over unix:$sock;" \
   "packages ($(echo $packages)) provide all $(ldd "$daemon" "$cli" | awk '/=> \//{print $3}' | sort -u | wc -l) libraries"
