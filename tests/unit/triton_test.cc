@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -368,37 +369,34 @@ TEST(TritonMetadataTest, WarpSizeFromTheKeyOrTheTarget) {
 }
 
 TEST(TritonMetadataTest, MalformedMetadataNamesTheKey) {
-  EXPECT_THAT(Refusal("not json"), HasSubstr("not a JSON object"));
-  EXPECT_THAT(Refusal("[1, 2]"), HasSubstr("not a JSON object"));
-  EXPECT_THAT(Refusal(R"({"num_warps": 4})"), HasSubstr("'name' is missing"));
-  EXPECT_THAT(Refusal(R"({"name": "None", "num_warps": 4})"), HasSubstr("'name' is missing"));
-  EXPECT_THAT(Refusal(R"({"name": 7, "num_warps": 4})"), HasSubstr("'name'"));
-  EXPECT_THAT(Refusal(R"({"name": "k"})"), HasSubstr("'num_warps' is missing"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": null})"), HasSubstr("'num_warps' is missing"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": "four"})"),
-              HasSubstr("'num_warps' is not a number"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 0})"), HasSubstr("'num_warps'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 64})"), HasSubstr("'num_warps'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "num_ctas": 17})"), HasSubstr("'num_ctas'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "shared": -1})"), HasSubstr("'shared'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "shared": 1.5})"),
-              HasSubstr("whole number"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "cluster_dims": [2, 1]})"),
-              HasSubstr("'cluster_dims'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "cluster_dims": [32, 1, 1]})"),
-              HasSubstr("'cluster_dims'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "launch_cooperative_grid": 1})"),
-              HasSubstr("'launch_cooperative_grid'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "launch_pdl": "yes"})"),
-              HasSubstr("'launch_pdl'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "global_scratch_align": 512})"),
-              HasSubstr("'global_scratch_align'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "profile_scratch_align": 3})"),
-              HasSubstr("'profile_scratch_align' is 3; expected a power of two"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "tensordesc_meta": {}})"),
-              HasSubstr("'tensordesc_meta'"));
-  EXPECT_THAT(Refusal(R"({"name": "k", "num_warps": 4, "tensordesc_meta": [7]})"),
-              HasSubstr("'tensordesc_meta[0]' is not an object"));
+  // The metadata, and what its refusal must say.
+  const std::pair<std::string, std::string> cases[] = {
+      {"not json", "not a JSON object"},
+      {"[1, 2]", "not a JSON object"},
+      {R"({"num_warps": 4})", "'name' is missing"},
+      {R"({"name": "None", "num_warps": 4})", "'name' is missing"},
+      {R"({"name": 7, "num_warps": 4})", "'name'"},
+      {R"({"name": "k"})", "'num_warps' is missing"},
+      {R"({"name": "k", "num_warps": null})", "'num_warps' is missing"},
+      {R"({"name": "k", "num_warps": "four"})", "'num_warps' is not a number"},
+      {R"({"name": "k", "num_warps": 0})", "'num_warps'"},
+      {R"({"name": "k", "num_warps": 64})", "'num_warps'"},
+      {R"({"name": "k", "num_warps": 4, "num_ctas": 17})", "'num_ctas'"},
+      {R"({"name": "k", "num_warps": 4, "shared": -1})", "'shared'"},
+      {R"({"name": "k", "num_warps": 4, "shared": 1.5})", "whole number"},
+      {R"({"name": "k", "num_warps": 4, "cluster_dims": [2, 1]})", "'cluster_dims'"},
+      {R"({"name": "k", "num_warps": 4, "cluster_dims": [32, 1, 1]})", "'cluster_dims'"},
+      {R"({"name": "k", "num_warps": 4, "launch_cooperative_grid": 1})",
+       "'launch_cooperative_grid'"},
+      {R"({"name": "k", "num_warps": 4, "launch_pdl": "yes"})", "'launch_pdl'"},
+      {R"({"name": "k", "num_warps": 4, "global_scratch_align": 512})", "'global_scratch_align'"},
+      {R"({"name": "k", "num_warps": 4, "profile_scratch_align": 3})",
+       "'profile_scratch_align' is 3; expected a power of two"},
+      {R"({"name": "k", "num_warps": 4, "tensordesc_meta": {}})", "'tensordesc_meta'"},
+      {R"({"name": "k", "num_warps": 4, "tensordesc_meta": [7]})",
+       "'tensordesc_meta[0]' is not an object"},
+  };
+  for (const auto& [json, says] : cases) EXPECT_THAT(Refusal(json), HasSubstr(says)) << json;
 }
 
 TEST(TritonMetadataTest, DescriptorEntriesAreCheckedKeyByKey) {
@@ -408,31 +406,32 @@ TEST(TritonMetadataTest, DescriptorEntriesAreCheckedKeyByKey) {
         R"({"swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": [64]}, {)", fields, "}]}"));
   };
   const std::string ok = R"("swizzle": 3, "elem_size": 2, "elem_type": 6, "block_size": [64, 64])";
-  EXPECT_THAT(entry(R"("elem_size": 2, "elem_type": 6, "block_size": [64])"),
-              HasSubstr("'tensordesc_meta[1].swizzle' is missing"));
-  EXPECT_THAT(entry(R"("swizzle": 4, "elem_size": 2, "elem_type": 6, "block_size": [64])"),
-              HasSubstr("'tensordesc_meta[1].swizzle'"));
-  EXPECT_THAT(entry(R"("swizzle": 0, "elem_size": 3, "elem_type": 6, "block_size": [64])"),
-              HasSubstr("'tensordesc_meta[1].elem_size' is 3; expected 1, 2, 4 or 8"));
-  EXPECT_THAT(entry(R"("swizzle": 0, "elem_size": 2, "block_size": [64])"),
-              HasSubstr("'tensordesc_meta[1].elem_type' is missing"));
-  EXPECT_THAT(entry(R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": [])"),
-              HasSubstr("'tensordesc_meta[1].block_size' has 0 dimensions"));
-  EXPECT_THAT(entry(R"("swizzle": 0, "elem_size": 2, "elem_type": 6,
-                       "block_size": [1, 1, 1, 1, 1, 1])"),
-              HasSubstr("'tensordesc_meta[1].block_size' has 6 dimensions"));
-  EXPECT_THAT(entry(R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": [0])"),
-              HasSubstr("'tensordesc_meta[1].block_size'"));
-  EXPECT_THAT(entry(R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": [257])"),
-              HasSubstr("'tensordesc_meta[1].block_size'"));
-  EXPECT_THAT(entry(R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": 64)"),
-              HasSubstr("'tensordesc_meta[1].block_size' is not a list"));
-  EXPECT_THAT(entry(ok + R"(, "fp4_padded": true)"),
-              HasSubstr("'tensordesc_meta[1].fp4_padded' is true"));
-  EXPECT_THAT(entry(ok + R"(, "fp4_padded": "maybe")"),
-              HasSubstr("'tensordesc_meta[1].fp4_padded' is not true or false"));
-  EXPECT_THAT(entry(ok + R"(, "is_im2col": "True")"),
-              HasSubstr("'tensordesc_meta[1].is_im2col' is true"));
+  // The second entry's fields, and what their refusal must say.
+  const std::pair<std::string, std::string> cases[] = {
+      {R"("elem_size": 2, "elem_type": 6, "block_size": [64])",
+       "'tensordesc_meta[1].swizzle' is missing"},
+      {R"("swizzle": 4, "elem_size": 2, "elem_type": 6, "block_size": [64])",
+       "'tensordesc_meta[1].swizzle'"},
+      {R"("swizzle": 0, "elem_size": 3, "elem_type": 6, "block_size": [64])",
+       "'tensordesc_meta[1].elem_size' is 3; expected 1, 2, 4 or 8"},
+      {R"("swizzle": 0, "elem_size": 2, "block_size": [64])",
+       "'tensordesc_meta[1].elem_type' is missing"},
+      {R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": [])",
+       "'tensordesc_meta[1].block_size' has 0 dimensions"},
+      {R"("swizzle": 0, "elem_size": 2, "elem_type": 6,
+                       "block_size": [1, 1, 1, 1, 1, 1])",
+       "'tensordesc_meta[1].block_size' has 6 dimensions"},
+      {R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": [0])",
+       "'tensordesc_meta[1].block_size'"},
+      {R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": [257])",
+       "'tensordesc_meta[1].block_size'"},
+      {R"("swizzle": 0, "elem_size": 2, "elem_type": 6, "block_size": 64)",
+       "'tensordesc_meta[1].block_size' is not a list"},
+      {ok + R"(, "fp4_padded": true)", "'tensordesc_meta[1].fp4_padded' is true"},
+      {ok + R"(, "fp4_padded": "maybe")", "'tensordesc_meta[1].fp4_padded' is not true or false"},
+      {ok + R"(, "is_im2col": "True")", "'tensordesc_meta[1].is_im2col' is true"},
+  };
+  for (const auto& [fields, says] : cases) EXPECT_THAT(entry(fields), HasSubstr(says)) << fields;
 }
 
 // ------------------------------------------------------------ the plan
