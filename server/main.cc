@@ -25,8 +25,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "--tenants or --tls_client_ca (or --allow_unauthenticated).");
 ABSL_FLAG(std::string, advertise_address, "",
           "The address (host:port, at most 253 characters) ListDevices reports as this "
-          "daemon's own, as clients reach it, e.g. the pod's IP from Kubernetes' downward API; "
-          "a pool client names the daemon by it. Empty: none reported.");
+          "daemon's own, as clients reach it, e.g. the pod's IP from Kubernetes' downward API, "
+          "so that a client or an operator can tell which daemon answered. Empty: none.");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also serve on this Unix domain socket path (created with mode 0660); the peer's uid "
           "or gid can name a tenant.");

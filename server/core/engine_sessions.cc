@@ -39,7 +39,10 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       for (const auto& [tenant, tp] : tenant_ports_[i]) {
         if (tp.port == nullptr) continue;
         tenant_modules[i] += tp.port->modules_loaded();
-        tenant_pending[i] += tp.port->pending_requests();
+        // Other tenants' own workers' traffic is not a tenant's to watch.
+        if (caller.sees_all || tenant == caller.tenant_name()) {
+          tenant_pending[i] += tp.port->pending_requests();
+        }
         tenant_module_loads[i] += tp.port->module_loads_total();
       }
       auto it = tenant_ports_[i].find(caller.tenant_name());

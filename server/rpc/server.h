@@ -29,8 +29,8 @@ struct ServerOptions {
   // sealed memfds there for copies at DMA speed. Empty: host memory
   // regions are off.
   std::string shm_socket;
-  // What ListDevices reports as the daemon's own address (a pool client
-  // names the daemon by it): host:port, as clients reach it. Empty: none.
+  // What ListDevices reports as the daemon's own address (which daemon of
+  // a pool answered): host:port, as clients reach it. Empty: none.
   std::string advertise_address;
   // Page-locked bytes of host memory regions: of the whole daemon (0: a
   // quarter of the host's memory) and of one session (0: the daemon's);

@@ -261,10 +261,7 @@ TEST_F(EngineTest, TheListingCountsTheRequestsTheDeviceHasNotAnswered) {
       memsets.DecrementCount();
     });
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (port_->pending_requests() < 3 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  const bool queued = WaitFor([&] { return port_->pending_requests() == 3; }, absl::Seconds(10));
   absl::Notification answered;
   engine_->ListDevices(caller_, [&](absl::StatusOr<std::vector<DeviceStatus>> l) {
     listed = std::move(l);
@@ -274,6 +271,7 @@ TEST_F(EngineTest, TheListingCountsTheRequestsTheDeviceHasNotAnswered) {
   answered.WaitForNotification();
   launched.WaitForNotification();
   memsets.Wait();
+  ASSERT_TRUE(queued) << "the memsets never reached the device";
   ASSERT_THAT(listed, IsOk());
   EXPECT_EQ((*listed)[0].pending_requests, 3u);
 }

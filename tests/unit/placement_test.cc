@@ -69,6 +69,13 @@ TEST(ChooseDevice, OnATieTheLessBusyDeviceWins) {
   EXPECT_EQ(*best, 1u);
 }
 
+TEST(ChooseDevice, MoreFreeMemoryThanTheDeviceHasIsPassedOver) {
+  std::vector<DeviceLoad> devices = {Device(0, 500), Device(1, 20)};  // of 141 GiB
+  auto best = ChooseDevice(devices, {}, "2 daemons");
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(*best, 1u);
+}
+
 TEST(ChooseDevice, UnhealthyAndOlderDevicesArePassedOver) {
   const std::vector<DeviceLoad> devices = {Device(0, 120, 0, /*healthy=*/false),
                                            Device(1, 100, 0, true, /*cc_major=*/8),

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -522,9 +523,11 @@ std::optional<Failure> PoolDevices(const Connection& c) {
   std::vector<std::string> silent, empty;
   for (const PoolDaemonDevices& d : *listed) {
     if (!d.status.ok()) {
+      // The daemon's own words, escaped and cut short: any host a DNS
+      // answer names can send them.
       silent.push_back(absl::StrCat("daemon ", d.daemon, ": ",
                                     absl::StatusCodeToString(d.status.code()), ": ",
-                                    d.status.message()));
+                                    absl::CHexEscape(d.status.message().substr(0, 200))));
       continue;
     }
     if (d.devices.empty()) empty.push_back(d.daemon);

@@ -728,11 +728,24 @@ absl::StatusOr<std::vector<DeviceInfo>> Client::ListDevices() const {
   v1::ListDevicesResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
       state_->Status(state_->stub->ListDevices(&context, request, &response)));
+  // A host has a few devices: an answer of thousands is not one to keep.
+  constexpr int kMaxDevices = 4096;
+  if (response.devices_size() > kMaxDevices) {
+    return absl::DataLossError(absl::StrCat("gpuexec client: the daemon at ", state_->target,
+                                            " answered ", response.devices_size(),
+                                            " devices; at most ", kMaxDevices));
+  }
+  // An address is short and printable; anything else is ignored.
+  std::string address = response.daemon_address();
+  if (address.size() > 261 ||
+      !std::all_of(address.begin(), address.end(), [](char c) { return c > ' ' && c < 0x7f; })) {
+    address.clear();
+  }
   std::vector<DeviceInfo> devices;
   devices.reserve(response.devices_size());
   for (const v1::Device& d : response.devices()) {
     devices.push_back(FromProto(d));
-    devices.back().daemon_address = response.daemon_address();
+    devices.back().daemon_address = address;
   }
   return devices;
 }

@@ -178,11 +178,12 @@ struct DeviceInfo {
   // own there (resets, epoch, last_reset and healthy are then that worker's).
   uint32_t workers = 1;
   bool own_worker = false;
-  // Requests the device's workers have not answered yet, every tenant's
-  // together: a coarse figure of how busy it is.
+  // Requests the device's workers have not answered yet (its shared worker
+  // and the caller's tenant's own): a coarse figure of how busy it is.
   uint32_t pending_requests = 0;
   // The daemon serving the device, as it names itself (its
-  // --advertise_address); "" when it names none.
+  // --advertise_address: printable, at most 261 bytes, else ignored); ""
+  // when it names none.
   std::string daemon_address;
 };
 

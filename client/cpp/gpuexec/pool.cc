@@ -159,6 +159,13 @@ struct PoolState {
     }
     daemons.assign(found.begin(), found.end());
     server_names = std::move(names_found);
+    // Connections to daemons gone from the answer go (sessions holding
+    // one keep it until they end).
+    for (auto* clients : {&probes, &sessions}) {
+      for (auto it = clients->begin(); it != clients->end();) {
+        it = found.count(it->first) != 0 ? std::next(it) : clients->erase(it);
+      }
+    }
     resolved_at = absl::Now();
     return absl::OkStatus();
   }

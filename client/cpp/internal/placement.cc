@@ -38,7 +38,8 @@ absl::StatusOr<size_t> ChooseDevice(absl::Span<const DeviceLoad> devices,
   };
   for (size_t i = 0; i < devices.size(); ++i) {
     const DeviceLoad& d = devices[i];
-    if (!d.healthy) {
+    // Free memory above the total is an answer that cannot be true.
+    if (!d.healthy || d.memory_free_bytes > d.memory_total_bytes) {
       ++unhealthy;
       continue;
     }

@@ -30,6 +30,9 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 64 << 20
 # The daemon takes messages of at most 17 MiB: chunks of up to 16 MiB.
 MAX_CHUNK_BYTES = 16 << 20
+# A ListDevices answer with more devices than this is refused (a host has a
+# few; a hostile daemon could send millions).
+MAX_DEVICES = 4096
 
 _KINDS = {"cubin": pb.MODULE_KIND_CUBIN, "ptx": pb.MODULE_KIND_PTX, "fatbin": pb.MODULE_KIND_FATBIN}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
@@ -210,8 +213,9 @@ class Device:
     # While the device's worker does not answer: since when ("" otherwise);
     # memory_free_bytes is then its last figure.
     not_answering_since: str = ""
-    # Requests the device's workers have not answered yet, every tenant's
-    # together: a coarse figure of how busy it is.
+    # Requests the device's workers have not answered yet (its shared
+    # worker and the caller's tenant's own): a coarse figure of how busy it
+    # is.
     pending_requests: int = 0
     # The daemon serving it, as it names itself (gpuexecd
     # --advertise_address); "" when it names none.
@@ -371,6 +375,13 @@ class Client:
     def devices(self):
         """The host's devices: a list of Device."""
         response = self._call(self.stub.ListDevices, pb.ListDevicesRequest(), self.control_timeout)
+        if len(response.devices) > MAX_DEVICES:
+            raise Error(grpc.StatusCode.DATA_LOSS,
+                        f"gpuexec client: {self.target or 'the daemon'} answered "
+                        f"{len(response.devices)} devices; at most {MAX_DEVICES}")
+        address = response.daemon_address
+        if len(address) > 261 or not address.isprintable() or not address.isascii():
+            address = ""  # not an address: ignored
         return [Device(index=d.index, name=d.name,
                        compute_capability=(d.compute_capability_major,
                                            d.compute_capability_minor),
@@ -383,7 +394,7 @@ class Client:
                        workers=d.workers, own_worker=d.own_worker,
                        not_answering_since=d.not_answering_since,
                        pending_requests=d.pending_requests,
-                       daemon_address=response.daemon_address)
+                       daemon_address=address)
                 for d in response.devices]
 
     def session(self, device=None, *, lease=None, memory_limit=0, kernel_time_limit=None):

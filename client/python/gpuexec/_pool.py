@@ -181,6 +181,11 @@ class Pool:
             self._daemons = sorted(found)
             self._server_names = names
             self._resolved_at = time.monotonic()
+            # Connections to daemons gone from the answer go (sessions that
+            # hold one keep it until they end).
+            for clients in (self._probes, self._sessions):
+                for gone in [a for a in clients if a not in found]:
+                    del clients[gone]
 
     def _client(self, daemon, probe):
         with self._lock:
@@ -205,20 +210,12 @@ class Pool:
             clients[daemon] = client
             return client
 
-    def _drop(self, daemon):
-        """Forgets the connections to a daemon that failed (a restarted pod
-        comes back on a fresh one)."""
-        with self._lock:
-            clients = [c for c in (self._probes.pop(daemon, None),
-                                   self._sessions.pop(daemon, None)) if c is not None]
-        for c in clients:
-            c.close()
-
     def _probe(self, daemon):
         try:
             return daemon, self._client(daemon, probe=True).devices(), None
         except Error as e:
-            self._drop(daemon)
+            # The channel reconnects by itself; sessions on the daemon keep
+            # theirs (a slow answer is no reason to break them).
             return daemon, (), e
 
     def _probe_all(self, daemons):
@@ -265,6 +262,8 @@ class Pool:
                     unhealthy += 1
                 elif d.compute_capability < cc:
                     too_old += 1
+                elif d.memory_free_bytes > d.memory_total_bytes:
+                    unhealthy += 1  # an answer that cannot be true
                 else:
                     most_free = max(most_free, d.memory_free_bytes)
                     if d.memory_free_bytes < memory_limit:
