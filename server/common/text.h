@@ -5,7 +5,9 @@
 // prefix, and nothing that could end a line or forge one.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -15,6 +17,17 @@ namespace gpuexec {
 // as \xNN) and cut to at most `max` bytes of the original, with "..." when
 // cut.
 std::string Quoted(absl::string_view text, size_t max = 64);
+
+// A byte count as a person reads it, then exactly: "100 GiB (107374182400
+// bytes)", "1.5 KiB (1536 bytes)", "1.33 MiB (1398101 bytes)" (KiB to TiB,
+// at most two decimals); under 1 KiB just "512 bytes" ("1 byte").
+std::string ByteSize(uint64_t bytes);
+
+// The name among `names` nearest to `name` by edit distance (insertions,
+// deletions, substitutions and swaps of two neighbours each cost 1), if it
+// is near enough to be a typo: at most a third of the longer name's length
+// (at least 1) and less than the name's length. Empty when none is.
+std::string NearestName(absl::string_view name, const std::vector<std::string>& names);
 
 }  // namespace gpuexec
 

@@ -3,6 +3,7 @@
 #include "server/common/text.h"
 
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,6 +19,57 @@ TEST(QuotedTest, EscapesAndCuts) {
   EXPECT_EQ(Quoted("a\nb\x01\"c"), "a\\nb\\x01\\\"c");
   EXPECT_EQ(Quoted(std::string(100, 'z'), 8), "zzzzzzzz...");
   EXPECT_EQ(Quoted(std::string(1 << 20, 'z')).size(), 64u + 3);
+}
+
+// Sizes as a person reads them, then the exact bytes.
+TEST(ByteSizeTest, EachSizeReadsInItsUnitThenInBytes) {
+  struct Case {
+    uint64_t bytes;
+    std::string text;
+  };
+  const std::vector<Case> cases = {
+      {0, "0 bytes"},
+      {1, "1 byte"},
+      {1023, "1023 bytes"},
+      {1024, "1 KiB (1024 bytes)"},
+      {1536, "1.5 KiB (1536 bytes)"},
+      {48 << 10, "48 KiB (49152 bytes)"},
+      {(1 << 20) - 1, "1 MiB (1048575 bytes)"},
+      {1398101, "1.33 MiB (1398101 bytes)"},
+      {uint64_t{1} << 30, "1 GiB (1073741824 bytes)"},
+      {(uint64_t{1} << 30) + 1, "1 GiB (1073741825 bytes)"},
+      {uint64_t{4} << 30, "4 GiB (4294967296 bytes)"},
+      {107374182400, "100 GiB (107374182400 bytes)"},
+      {150000000000, "139.7 GiB (150000000000 bytes)"},
+      {uint64_t{1} << 40, "1 TiB (1099511627776 bytes)"},
+      {uint64_t{5} << 50, "5120 TiB (5629499534213120 bytes)"},
+      {~uint64_t{0}, "16777216 TiB (18446744073709551615 bytes)"},
+  };
+  for (const Case& c : cases) EXPECT_EQ(ByteSize(c.bytes), c.text) << c.bytes;
+}
+
+// A typo finds its name; a different name finds none.
+TEST(NearestNameTest, ATypoFindsItsNameAndOnlyATypoDoes) {
+  struct Case {
+    std::string name;
+    std::vector<std::string> names;
+    std::string nearest;  // empty: none
+  };
+  const std::vector<Case> cases = {
+      {"saxpi", {"saxpy", "fill"}, "saxpy"},
+      {"sxapy", {"saxpy", "fill"}, "saxpy"},  // two letters swapped
+      {"saxp", {"saxpy", "fill"}, "saxpy"},   // one left out
+      {"gx_saxpy_", {"gx_saxpy", "gx_fill"}, "gx_saxpy"},
+      {"fil", {"saxpy", "fill"}, "fill"},
+      {"saxpy", {"saxpy", "fill"}, ""},   // the name itself: no hint
+      {"matmul", {"saxpy", "fill"}, ""},  // nothing near
+      {"a", {"b"}, ""},                   // one letter off is the whole name
+      {"_Z5saxpyifPfS_", {"_Z5saxpyifPKfPf", "_Z4fillPfi"}, "_Z5saxpyifPKfPf"},
+      {"x", {}, ""},
+      {"", {"saxpy"}, ""},
+      {std::string(1000, 's'), {std::string(1000, 's') + "x"}, ""},  // too long to compare
+  };
+  for (const Case& c : cases) EXPECT_EQ(NearestName(c.name, c.names), c.nearest) << c.name;
 }
 
 TEST(LogTest, AMessageIsOneLineWhateverItHolds) {
