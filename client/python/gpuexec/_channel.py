@@ -94,6 +94,8 @@ class Recipe:
         if tls is False and (root_ca is not None or cert is not None):
             raise client_error("tls=False with root_ca or cert: TLS is what they are for")
         self.tls = bool(tls) or root_ca is not None or cert is not None
+        # The PEMs, kept for the probe that explains a failed handshake.
+        self.root_ca_pem = self.cert_pem = self.key_pem = None
         if not self.tls:
             if (self.token is not None and not allow_token_over_plain_tcp
                     and not is_local_target(target)):
@@ -104,10 +106,14 @@ class Recipe:
                     grpc.StatusCode.FAILED_PRECONDITION)
             self.credentials = None
             return
+        if root_ca is not None:
+            self.root_ca_pem = _pem(root_ca, "root CA")
+        if cert is not None:
+            self.cert_pem = _pem(cert, "client certificate")
+            self.key_pem = _pem(key, "client key")
         self.credentials = grpc.ssl_channel_credentials(
-            root_certificates=_pem(root_ca, "root CA") if root_ca is not None else None,
-            private_key=_pem(key, "client key") if key is not None else None,
-            certificate_chain=_pem(cert, "client certificate") if cert is not None else None)
+            root_certificates=self.root_ca_pem, private_key=self.key_pem,
+            certificate_chain=self.cert_pem)
 
     def channel(self, options):
         """A new channel, plain or TLS (without the token: see intercept)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from . import _commands, _host_memory, _wire
+from . import _commands, _connect, _host_memory, _wire
 from ._args import Arg, to_arg
 from ._channel import Recipe
 from ._commands import CommandStream
@@ -242,7 +242,10 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
 
     ``target`` is "host:port" or "unix:/path"; by default $GPUEXEC_TARGET,
     else 127.0.0.1:50051. Raises Error (UNAVAILABLE) if no connection is made
-    in time.
+    in time: at once, with the cause and what to do, when a failed attempt
+    is explained (nothing listening there, a TLS handshake refused: a CA
+    that did not sign the daemon's certificate, TLS on one side only, a
+    client certificate wanted); else once ``timeout`` has passed.
 
     A pool target, "pool://NAME:PORT" or "pool://HOST:PORT,HOST:PORT,...",
     gives a gpuexec.Pool instead (its ``session()`` places each session on
@@ -288,14 +291,10 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)] + list(channel_options)
     channel = recipe.channel(options)
     try:
-        grpc.channel_ready_future(channel).result(timeout=timeout)
-    except grpc.FutureTimeoutError:
+        _connect.wait_ready(channel, recipe, target, timeout, options)
+    except BaseException:
         channel.close()
-        hint = (" (TLS: is the daemon serving TLS there, signed by the root CA given, and"
-                " does it take this client's certificate?)" if recipe.tls else "")
-        raise Error(grpc.StatusCode.UNAVAILABLE,
-                    f"gpuexec client: no connection to {target} within {timeout} s"
-                    f"{hint}") from None
+        raise
     return Client(recipe.intercept(channel), chunk_bytes=chunk_bytes,
                   control_timeout=control_timeout, shm_socket=shm_socket,
                   _plain_channel=channel, _metadata=recipe.metadata(), _target=target)
