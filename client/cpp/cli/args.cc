@@ -497,4 +497,24 @@ absl::StatusOr<ArgSpec> ParseArg(absl::string_view text) {
                                 "also bytes, null, in, zeros, fill, out, inout, desc)"));
 }
 
+const char* ScalarTypeName(ScalarType type) { return TypeNameOf(type); }
+
+absl::StatusOr<PrintSpec> ParsePrint(absl::string_view text) {
+  constexpr uint64_t kMaxCount = 1 << 20;
+  PrintSpec spec;
+  const size_t colon = text.find(':');
+  if (!ParseScalarType(text.substr(0, colon), &spec.type)) {
+    return Bad(text,
+               "expected TYPE[:N], TYPE one of i8 i16 i32 i64 u8 u16 u32 u64 f16 bf16 f32 f64: "
+               "f32, u32:16");
+  }
+  if (colon != absl::string_view::npos) {
+    if (!ParseUnsigned(text.substr(colon + 1), &spec.count) || spec.count == 0 ||
+        spec.count > kMaxCount) {
+      return Bad(text, absl::StrCat("N is a whole number of elements, 1 to ", kMaxCount));
+    }
+  }
+  return spec;
+}
+
 }  // namespace gpuexec::cli

@@ -9,6 +9,7 @@
 //   null                                              a null pointer
 //   in:x.bin  zeros:4M  fill:f32:1.0:1M               buffers
 //   out:4M:y.bin  inout:y.bin[:y2.bin]                buffers saved after the run
+//   out:4M:-                                          ... to stdout
 //   BUFFER,offset=256  BUFFER,save=FILE               modifiers of any buffer
 //   desc:1000x512:BUFFER[,strides=512x1][,padding=nan]
 //                                                     a Triton host tensor descriptor
@@ -100,6 +101,16 @@ struct ArgSpec {
 };
 
 absl::StatusOr<ArgSpec> ParseArg(absl::string_view text);
+
+// --print=TYPE[:N]: the first `count` elements of each buffer saved, read
+// as `type`.
+struct PrintSpec {
+  ScalarType type = ScalarType::kU8;
+  uint64_t count = 8;
+};
+// "f32", "u32:16"; N at least 1 and at most 2^20.
+absl::StatusOr<PrintSpec> ParsePrint(absl::string_view text);
+const char* ScalarTypeName(ScalarType type);
 
 }  // namespace gpuexec::cli
 

@@ -4,7 +4,14 @@
 // The gpuexec command: subcommands devices, load, info, run and help.
 // Results go to stdout; an error is one line on stderr,
 // "gpuexec: <what failed>: <status>". Exit status: 0 on success, 1 when
-// something failed, 2 for a malformed command line.
+// something failed, 2 for a malformed command line, 130 when interrupted
+// (interrupt.h).
+//
+// The pieces: command_line (flags and help, on CLI11), help (its prose),
+// args (the syntax of kernel arguments), connect (the daemon and session),
+// module_file (what is read from a module image here), commands and run
+// (the commands), transfer (run's copies), output (how results are
+// written), interrupt (Ctrl-C).
 
 namespace gpuexec::cli {
 

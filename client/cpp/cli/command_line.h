@@ -1,0 +1,49 @@
+#ifndef GPUEXEC_CLIENT_CPP_CLI_COMMAND_LINE_H_
+#define GPUEXEC_CLIENT_CPP_CLI_COMMAND_LINE_H_
+
+// The tool's command line, read with CLI11: the commands, their flags and
+// the help generated from them. Flags go anywhere after the command (the
+// global ones also before it), as --flag=VALUE or --flag VALUE; every long
+// flag is spelt with '-' or '_' alike (--tls_ca, --tls-ca), and the values
+// are kept under the spelling in kFlags. Everything after "--" is an
+// argument. The values are checked by the commands, not here.
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/failure.h"
+
+namespace gpuexec::cli {
+
+// As gpuexecd prints its own.
+inline constexpr char kVersion[] = "gpuexec 0.1.0 (gpuexec.v1)";
+
+struct CommandLine {
+  std::string command;                  // "" when none was given
+  std::vector<std::string> positional;  // after the command
+  // By the name in kFlags; a boolean flag given alone: "true".
+  std::map<std::string, std::string> flags;
+};
+
+// What the command line asks for: a command to run, or text to print and
+// an exit status (help, --version).
+struct Parsed {
+  CommandLine cl;
+  std::optional<std::string> print;  // to stdout, then exit 0
+};
+
+// A usage failure (exit 2) saying what is wrong with the line.
+std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parsed* parsed);
+
+// The generated help of the tool ("") or of one of its commands; nullopt
+// for a command there is not.
+std::optional<std::string> HelpText(const std::string& command);
+
+// Flags of `run` only (the others are global).
+bool IsRunFlag(const std::string& name);
+
+}  // namespace gpuexec::cli
+
+#endif  // GPUEXEC_CLIENT_CPP_CLI_COMMAND_LINE_H_

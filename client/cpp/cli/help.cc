@@ -1,0 +1,153 @@
+#include "cli/help.h"
+
+namespace gpuexec::cli::help {
+
+const Text kMain = {
+    "gpuexec [GLOBAL FLAGS] COMMAND [ARGS...]\n",
+    R"(gpuexec: run CUDA kernels on a gpuexecd daemon (this host's GPUs or a remote one's).
+)",
+    R"(Global flags go before or after the command; every long flag is also spelt
+with '_' for '-' and the other way round (--tls-ca, --tls_ca); a flag's value
+follows '=' or a space. 'gpuexec help COMMAND' or 'gpuexec COMMAND --help'
+describes a command.
+
+Example (saxpy.cubin from the README: y = a*x + y on n floats):
+  gpuexec devices
+  gpuexec info saxpy.cubin
+  gpuexec info saxpy.cubin saxpy
+  gpuexec run saxpy.cubin saxpy --grid=4096 --block=256 \
+      f32:2.0 in:x.bin inout:y.bin:y_out.bin u64:1048576
+
+Ctrl-C (or SIGTERM) during 'load' or 'run' closes the session on the daemon,
+freeing all it holds, and exits with status 130.
+
+Exit status: 0 on success, 1 when something failed (the daemon's status is
+printed), 2 for a malformed command line, 130 when interrupted.
+)"};
+
+const Text kDevices = {"gpuexec devices\n", R"(
+Lists the daemon's devices: index, name, compute capability, memory total
+and free, health, multiprocessors and open sessions. With a pool target,
+every daemon's, each row led by the daemon's address; a daemon that does
+not answer within the timeout (default 500ms) gets a line saying why, and
+the command fails only when none answers.
+)",
+                       ""};
+
+const Text kLoad = {"gpuexec load FILE\n", R"(
+Uploads a module image and prints its module id, the SHA-256 of the image:
+  <sha256>  FILE  uploaded     the daemon did not hold it; it does now
+  <sha256>  FILE  cached       the daemon already held it; nothing was sent
+The kind comes from the file's first bytes, whatever its name: an ELF file is
+a cubin, a fatbin starts with its magic number, anything else is PTX. The
+daemon keeps images for later sessions while its module store has room.
+)",
+                    ""};
+
+const Text kInfo = {"gpuexec info FILE\n       gpuexec info FILE KERNEL\n", R"(
+With FILE alone: the kernels FILE holds, one name a line, read from the file
+here without a daemon (a cubin's '.text.NAME' sections, which may include
+device functions kept out of line; PTX's '.entry NAME'; the cubins a fatbin
+holds uncompressed).
+
+With KERNEL: loads FILE and prints what the driver reports for KERNEL: its
+registers, static shared memory, the largest dynamic shared memory a launch
+may ask for, max threads per block, and its parameters, one per line:
+  PARAM  OFFSET  SIZE
+  0      0       4        e.g. float a
+  1      8       8        e.g. const float* x
+'gpuexec run' takes one argument per parameter, of that size.
+)",
+                    ""};
+
+const Text kRun = {
+    "gpuexec run FILE KERNEL --grid=X[,Y[,Z]] --block=X[,Y[,Z]]\n"
+    "                   [--shared=BYTES] [--cluster=X,Y,Z [--cluster-policy=POLICY]\n"
+    "                   [--non-portable-cluster]] [--cooperative] [--pdl]\n"
+    "                   [--print=TYPE[:N]] ARG...\n"
+    "       gpuexec run --triton=META.json FILE --grid=X[,Y[,Z]] ARG...\n",
+    R"(
+Loads FILE (a cubin, PTX or fatbin, told apart by its bytes), fills the
+buffers, runs KERNEL once, waits for it and prints its GPU time; then writes
+each buffer marked for saving to its file. Everything is freed when the
+command ends (Ctrl-C included).
+
+Give one ARG per kernel parameter, in order ('gpuexec info FILE KERNEL' lists
+them); each is typed and must be the parameter's size.
+)",
+    R"(
+Scalars, TYPE:VALUE:
+  i8 i16 i32 i64 u8 u16 u32 u64  integer, decimal or 0x hex     i32:-1  u32:0xff
+  f16 bf16 f32 f64               float (f16, bf16 rounded to     f32:2.5  f64:1e-3
+                                 nearest even)
+  bytes:HEX                      by-value bytes (a struct), in memory order:
+                                 bytes:01000000_02000000 ('_' for readability)
+  bytes:@FILE                    by-value bytes read from FILE
+  null                           a null pointer
+
+Buffers (the kernel gets a device pointer):
+  in:FILE                  a buffer holding FILE's bytes
+  zeros:SIZE               SIZE zero bytes
+  fill:TYPE:VALUE:COUNT    COUNT elements of TYPE, each VALUE    fill:u32:7:1K
+  out:SIZE:FILE            SIZE zero bytes, written to FILE after the run
+  inout:FILE[:OUTFILE]     FILE's bytes, written to OUTFILE (default: back to
+                           FILE) after the run
+Appended to any buffer:
+  ,save=FILE               write the buffer to FILE after the run: zeros:4K,save=y.bin
+  ,offset=BYTES            pass the buffer's address plus BYTES: in:x.bin,offset=256
+SIZE, COUNT and BYTES are whole numbers with an optional K, M or G (x1024; KiB,
+MiB, GiB also read): 4096, 64K, 16MiB.
+A FILE to save to of '-' is stdout (one buffer at most): its bytes alone go
+there, and the lines the command prints go to stderr: out:4MiB:- | od -f
+
+--print=TYPE[:N] prints the first N (default 8) elements of each buffer saved,
+read as TYPE (one of the scalar types), one line a buffer after the run:
+  argINDEX[FIRST:END] = V V V ...
+INDEX is the argument's position, END - FIRST the elements shown (fewer than N
+when the buffer is shorter); integers in decimal, floats in the shortest form
+that reads back to the same value (inf, -inf, nan):
+  arg2[0:4] = 4.5 4.5 4.5 4.5
+
+Triton host tensor descriptors (--triton, a kernel whose metadata has
+tensordesc_meta), where the kernel takes a TensorDescriptor:
+  desc:SHAPE:BUFFER        a descriptor of SHAPE (elements, outermost first,
+                           joined by 'x') over BUFFER (any buffer above, with
+                           its modifiers; offset= is the byte offset of the
+                           first element): desc:1024x512:in:a.bin
+Appended to a descriptor:
+  ,strides=S0xS1...        strides in elements, outermost first, the last 1
+                           (default: contiguous): desc:64x64:in:a.bin,strides=512x1
+  ,padding=zero|nan        what loads out of bounds read (default zero)
+The n-th descriptor takes the block, element type and swizzle of the n-th
+tensordesc_meta entry; the kernel gets a tensor map, the shape and the strides.
+
+Triton kernels: the kernel is META's "name"; blocks have warp_size x num_warps
+threads; dynamic shared memory is META's "shared"; each program of --grid is a
+cluster of cluster_dims, or of num_ctas CTAs along x (spread, non-portable past
+8 blocks); cooperative and programmatic dependent launches as META says
+(launch_cooperative_grid, launch_pdl): --block, --shared, --cluster and the
+launch flags above come from META and are refused with --triton. The pointers
+Triton 3.x kernels take last (global scratch, profile scratch) are added for
+you: a buffer of the scratch size times the CTAs of the grid, or null when the
+size is 0. Give only the kernel's own arguments (constexpr ones are compiled
+in). docs/triton.md says how META is read.
+
+On a terminal, copies of 64 MiB or more show their progress on stderr.
+The global flags ('gpuexec --help') apply too.
+
+Example: saxpy on 1M floats, for the kernel
+  extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned long long n)
+with x.bin and y.bin holding 1048576 floats each (4 MiB):
+  gpuexec run saxpy.cubin saxpy --grid=4096 --block=256 \
+      f32:2.0 in:x.bin inout:y.bin:y_out.bin u64:1048576
+prints
+  saxpy: grid (4096,1,1) block (256,1,1) shared 0: GPU time 0.031 ms
+  saved 4194304 bytes of argument 2 to y_out.bin
+)"};
+
+const Text kHelp = {"gpuexec help [COMMAND]\n", R"(
+The tool's help, or COMMAND's (as 'gpuexec COMMAND --help').
+)",
+                    ""};
+
+}  // namespace gpuexec::cli::help
