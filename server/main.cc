@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -63,6 +64,10 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, driver, "",
           "CUDA driver library to open at run time (default: $GPUEXEC_DRIVER, else "
           "libcuda.so.1).");
+ABSL_FLAG(bool, simulator, false,
+          "Serve one simulated H200-like GPU instead of the host's GPUs: no GPU or CUDA driver "
+          "is needed, and the examples' kernels (saxpy, the Triton add_kernel) run on the host; "
+          "other kernels load but their launches are refused. Not with --driver.");
 ABSL_FLAG(uint64_t, default_lease_ms, 60000,
           "Lease of a session that asks for none; a session is closed when no call names it "
           "for this long.");
@@ -72,13 +77,15 @@ ABSL_FLAG(uint64_t, max_lease_ms, 600000,
 ABSL_FLAG(uint64_t, session_memory_limit, 0,
           "Device memory one session may hold, in bytes (0: --session_memory_share of its "
           "device).");
-ABSL_FLAG(double, session_memory_share, 0.5,
+ABSL_FLAG(std::optional<double>, session_memory_share, std::nullopt,
           "Without --session_memory_limit: the share of its device's memory one session may "
-          "hold (0: no per-session limit).");
-ABSL_FLAG(uint32_t, strike_limit, 3,
+          "hold (0: no per-session limit). Default: 0.5 with --tenants, else 1 (the whole "
+          "device).");
+ABSL_FLAG(std::optional<uint32_t>, strike_limit, std::nullopt,
           "A tenant (without tenants: a peer host) whose kernels reset a device this many times "
           "within --strike_window_s has its launches refused for --strike_cooldown_s (0: no "
-          "limit). The sessions charged are closed either way.");
+          "limit). The sessions charged are closed either way. Default: 3 with --tenants, else "
+          "no limit.");
 ABSL_FLAG(uint32_t, strike_window_s, 600, "The window of --strike_limit, in seconds.");
 ABSL_FLAG(uint32_t, strike_cooldown_s, 600,
           "How long launches are refused once --strike_limit is reached, in seconds.");
@@ -211,6 +218,12 @@ int main(int argc, char** argv) {
   options.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
   options.driver_library = absl::GetFlag(FLAGS_driver);
+  options.simulator = absl::GetFlag(FLAGS_simulator);
+  if (options.simulator && !options.driver_library.empty()) {
+    std::fprintf(stderr,
+                 "gpuexecd: --simulator and --driver both choose the driver; give one of them\n");
+    return 2;
+  }
   if (options.driver_library.empty()) {
     const char* env = std::getenv("GPUEXEC_DRIVER");
     options.driver_library = env != nullptr && *env != '\0' ? env : "libcuda.so.1";

@@ -195,6 +195,8 @@ struct SessionInfo {
   uint32_t device = 0;
   uint64_t lease_ms = 0;
   uint64_t memory_limit = 0;
+  // Set when the asked memory limit was lowered: by how much and by what.
+  std::string memory_capped;
   uint64_t kernel_time_limit_ms = 0;
 };
 

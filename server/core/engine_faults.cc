@@ -211,12 +211,17 @@ absl::Status Engine::CheckStrikes(const Session& s) {
     count = it->second.at.size();
   }
   strike_refusals_.fetch_add(1);
-  return absl::FailedPreconditionError(
-      absl::StrCat("launches of ", s.strike_key, " are refused until ",
-                   absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()),
-                   ": its kernels reset devices ", count, " times within ",
-                   absl::ToInt64Seconds(options_.strike_window),
-                   " s (the daemon's strike limit is ", options_.strike_limit, ")"));
+  // When it lifts and how to lift it sooner: strikes live in the daemon's
+  // memory only, and the limit is the daemon's flag.
+  const int64_t left_s =
+      std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(until - absl::Now(), absl::Seconds(1))));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "launches of ", s.strike_key, " are refused until ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", until, absl::UTCTimeZone()), " (in ", left_s,
+      " s): its kernels reset devices ", count, " times within ",
+      absl::ToInt64Seconds(options_.strike_window), " s (--strike_limit=", options_.strike_limit,
+      "); to lift it now, restart gpuexecd, or run it with --strike_limit=0 "
+      "(no limit) or a higher one"));
 }
 
 absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,

@@ -35,9 +35,12 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
   if (s->closed) return done(s->ClosedError());
   {
     if (s->memory_limit() != 0 && size > s->memory_limit() - s->memory_used) {
-      return done(absl::ResourceExhaustedError(
-          absl::StrCat("session memory limit: ", s->name(), " holds ", s->memory_used, " of its ",
-                       s->memory_limit(), " bytes; ", size, " more do not fit")));
+      // A limit the daemon lowered says so: the client asked for more.
+      return done(absl::ResourceExhaustedError(absl::StrCat(
+          "session memory limit: ", s->name(), " holds ", ByteSize(s->memory_used), " of its ",
+          ByteSize(s->memory_limit()), "; ", ByteSize(size), " more do not fit",
+          s->memory_capped.empty() ? "" : absl::StrCat(" (", s->memory_capped, ")"),
+          "; free buffers, or open a session with a larger memory limit")));
     }
     // The tenant's limit, reserved as the daemon's is (its sessions
     // allocate concurrently).
@@ -45,20 +48,23 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
     std::atomic<uint64_t>& tenant_used = s->usage().memory;
     if (auto held = Reserve(tenant_used, tenant_limit, size); held.has_value()) {
       return done(absl::ResourceExhaustedError(TenantLimitError(
-          caller, absl::StrCat("memory limit: its sessions hold ", *held, " of its ", tenant_limit,
-                               " bytes; ", size, " more for ", s->name(), " do not fit"))));
+          caller,
+          absl::StrCat("memory limit: its sessions hold ", ByteSize(*held), " of its ",
+                       ByteSize(tenant_limit), "; ", ByteSize(size), " more for ", s->name(),
+                       " do not fit (its memory_limit_bytes in the tenants file)"))));
     }
     if (auto held = Reserve(daemon_memory_used_, options_.daemon_memory_bytes, size);
         held.has_value()) {
       tenant_used.fetch_sub(size);
-      return done(absl::ResourceExhaustedError(absl::StrCat(
-          "daemon memory limit: sessions hold ", *held, " of the daemon's ",
-          options_.daemon_memory_bytes, " bytes; ", size, " more for ", s->name(), " do not fit")));
+      return done(absl::ResourceExhaustedError(
+          absl::StrCat("daemon memory limit: sessions hold ", ByteSize(*held), " of the daemon's ",
+                       ByteSize(options_.daemon_memory_bytes), "; ", ByteSize(size), " more for ",
+                       s->name(), " do not fit (--daemon_memory_limit)")));
     }
     s->memory_used += size;  // reserved; given back if the device says no
   }
   const std::string what =
-      absl::StrCat("a buffer of ", size, " bytes for ", s->name(), " on device ", s->device());
+      absl::StrCat("a buffer of ", ByteSize(size), " for ", s->name(), " on device ", s->device());
   port::DevicePort* dev = DeviceOf(*s);
   // Posted under the session's lock, so that it is queued before the
   // stream's destruction that a concurrent close queues.

@@ -192,10 +192,19 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
   lease_ms = std::min(lease_ms, options_.max_lease_ms);
   if (limits.max_lease_ms != 0) lease_ms = std::min(lease_ms, limits.max_lease_ms);
   uint64_t limit = options_.max_session_memory_bytes;
+  std::string cap_flag = absl::StrCat("--session_memory_limit=", limit);
   if (limit == 0 && options_.session_memory_share > 0) {
-    // No session may take the whole of a shared device by default.
+    // A session takes at most this share of its device (by default all of
+    // it without tenants, half with them).
     limit = static_cast<uint64_t>(options_.session_memory_share *
                                   static_cast<double>(devices_[index]->properties().total_memory));
+    cap_flag = absl::StrCat("--session_memory_share=", options_.session_memory_share);
+  }
+  std::string capped;
+  if (memory_limit != 0 && limit != 0 && memory_limit > limit) {
+    // What the client asked for and what it got differ: say so, and why.
+    capped = absl::StrCat(ByteSize(memory_limit), " asked, capped to ", ByteSize(limit), " by ",
+                          cap_flag);
   }
   if (memory_limit == 0) memory_limit = options_.default_session_memory_bytes;
   if (memory_limit != 0) limit = limit == 0 ? memory_limit : std::min(limit, memory_limit);
@@ -242,7 +251,7 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     ++sessions_per_peer_[PeerHost(caller.peer)];
   }
   AcquirePort(caller, index,
-              [this, caller, index, lease_ms, limit, time_limit, usage,
+              [this, caller, index, lease_ms, limit, capped, time_limit, usage,
                done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
                 if (!port.ok()) {
                   {
@@ -261,6 +270,7 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
                 auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port,
                                                          stream, lease_ms, limit);
                 session->peer_host = PeerHost(caller.peer);
+                session->memory_capped = capped;
                 // Without tenants, everyone is the implicit tenant: a peer is charged.
                 session->strike_key = caller.tenant == DefaultTenant()
                                           ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
@@ -280,11 +290,13 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
                 log::Info(
                     session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
                     " opened on device ", index, " (lease ", lease_ms, " ms, memory limit ",
-                    limit == 0 ? std::string("none") : absl::StrCat(limit, " bytes"),
-                    ", kernel time limit ",
+                    limit == 0 ? std::string("none") : ByteSize(limit), ", kernel time limit ",
                     time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"), ")");
+                if (!capped.empty()) {
+                  log::Info(session->name(), ": session memory limit: ", capped);
+                }
                 done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit,
-                                 time_limit});
+                                 capped, time_limit});
               });
 }
 

@@ -122,6 +122,10 @@ class Session {
   const std::string& tenant() const { return tenant_->name; }
   // The host it was opened from (PeerHost of the opener's address).
   std::string peer_host;
+  // When the memory limit the client asked for was lowered: "8 GiB (...)
+  // asked, capped to 4 GiB (...) by --session_memory_share=0.5". Empty
+  // otherwise. Set before the session is shared.
+  std::string memory_capped;
   // Whom a reset its kernel causes is charged to: "tenant 'NAME'", or
   // without tenants, "peer HOST".
   std::string strike_key;

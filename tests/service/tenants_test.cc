@@ -570,9 +570,10 @@ TEST_F(TenantsTest, EachTenantLimitIsRefusedWithItsFigure) {
 
   // Memory across the tenant's sessions.
   GX_ASSERT_OK_AND_ASSIGN(Buffer x, one.Allocate(2 << 20));
-  EXPECT_THAT(two.Allocate(2 << 20), StatusIs(absl::StatusCode::kResourceExhausted,
-                                              AllOf(HasSubstr("tenant 'team-a' memory limit"),
-                                                    HasSubstr("2097152 of its 3145728 bytes"))));
+  EXPECT_THAT(two.Allocate(2 << 20),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("tenant 'team-a' memory limit"),
+                             HasSubstr("2 MiB (2097152 bytes) of its 3 MiB (3145728 bytes)"))));
   GX_ASSERT_OK(x.Free());
   GX_ASSERT_OK_AND_ASSIGN(Buffer y, two.Allocate(3 << 20));
 
