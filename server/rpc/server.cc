@@ -191,9 +191,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
   }
   GPUEXEC_RETURN_IF_ERROR(CheckSecurity(options));
-  if (!(options.session_memory_share >= 0 && options.session_memory_share <= 1)) {
+  if (options.session_memory_share.has_value() &&
+      !(*options.session_memory_share >= 0 && *options.session_memory_share <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--session_memory_share ", options.session_memory_share, " is not a share (0 to 1)"));
+        "--session_memory_share ", *options.session_memory_share, " is not a share (0 to 1)"));
   }
   if (options.advertise_address.size() > 253 ||
       !std::all_of(options.advertise_address.begin(), options.advertise_address.end(),
@@ -222,9 +223,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.max_lease_ms = options.max_lease_ms;
   eo.default_session_memory_bytes = options.default_session_memory_bytes;
   eo.max_session_memory_bytes = options.max_session_memory_bytes;
-  eo.session_memory_share = options.session_memory_share;
+  // Limits meant for tenants who share a device do not bite a developer
+  // alone on their box: without a tenants file, a session may take the
+  // whole device and faulting kernels are never refused, unless asked.
+  const bool shared = !options.tenants_file.empty();
+  eo.session_memory_share = options.session_memory_share.value_or(shared ? 0.5 : 1.0);
   eo.max_sessions_per_peer = options.max_sessions_per_peer;
-  eo.strike_limit = options.strike_limit;
+  eo.strike_limit = options.strike_limit.value_or(shared ? 3 : 0);
   eo.strike_window = options.strike_window;
   eo.strike_cooldown = options.strike_cooldown;
   eo.daemon_memory_bytes = options.daemon_memory_bytes;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -71,16 +72,18 @@ struct ServerOptions {
   uint64_t default_session_memory_bytes = 0;  // 0 = the session maximum
   uint64_t max_session_memory_bytes = 0;      // 0 = the share below
   // With no per-session limit in bytes: this share of the session's
-  // device's memory (0: no per-session limit).
-  double session_memory_share = 0.5;
+  // device's memory (0: no per-session limit). Unset: 0.5 with a tenants
+  // file, else 1 (a developer alone may use the whole device).
+  std::optional<double> session_memory_share;
   // Sessions one peer host may have open at once (0: no limit).
   uint32_t max_sessions_per_peer = 256;
   // A tenant (without tenants: a peer host) whose kernels reset a device
   // this many times within strike_window has its launches refused for
   // strike_cooldown (0: no limit). The sessions charged are closed either
   // way (a reset is charged when the sessions its reason names are all of
-  // one tenant or peer).
-  uint32_t strike_limit = 3;
+  // one tenant or peer). Unset: 3 with a tenants file, else no limit (a
+  // developer's faulting kernels never lock them out of their own box).
+  std::optional<uint32_t> strike_limit;
   absl::Duration strike_window = absl::Minutes(10);
   absl::Duration strike_cooldown = absl::Minutes(10);
   uint64_t daemon_memory_bytes = 0;
