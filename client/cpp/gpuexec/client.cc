@@ -26,6 +26,7 @@
 #include "gpuexec/wire.h"
 #include "internal/channel_internal.h"
 #include "internal/command_stream.h"
+#include "internal/connect_internal.h"
 #include "internal/convert.h"
 #include "internal/status_macros_internal.h"
 #include "internal/transfer.h"
@@ -698,10 +699,9 @@ absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOp
   if (!recipe.ok()) return recipe.status();
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   std::shared_ptr<grpc::Channel> channel = internal::MakeChannel(target, *recipe, args);
-  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("gpuexec client: cannot connect to the daemon at ",
-                                               target, " within ",
-                                               absl::FormatDuration(options.connect_timeout)));
+  if (absl::Status connected = internal::WaitForDaemon(*channel, target, options);
+      !connected.ok()) {
+    return connected;
   }
   Client client(std::move(channel), options);
   client.state_->target = target;

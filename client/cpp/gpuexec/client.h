@@ -666,11 +666,23 @@ class Session {
 // A connection to one daemon. Cheap to copy; copies share the channel.
 class Client {
  public:
-  // An insecure channel to `target` ("host:port", "unix:/path"), with the
-  // message size limits raised to options.max_message_bytes. Waits up to
-  // options.connect_timeout for the connection; UNAVAILABLE naming the
-  // target if it is not made by then. Each Connect() makes its own
-  // connection.
+  // A channel to `target` ("host:port", "unix:/path"), plain or TLS as
+  // `options` say, with the message size limits raised to
+  // options.max_message_bytes. Waits up to options.connect_timeout for the
+  // connection. Each Connect() makes its own connection.
+  //
+  // A failure is UNAVAILABLE, one line that names the target, the cause
+  // and what to do: "cannot connect to 127.0.0.1:50051: connection
+  // refused: is gpuexecd running? (--target, $GPUEXEC_TARGET)". A target on
+  // this host (loopback, unix:) with nothing listening fails at once; so
+  // does, on any target, a TLS mismatch: the daemon's certificate not
+  // signed by the CA given (named), TLS against a plain-text daemon or the
+  // reverse, a daemon that wants a client certificate (mutual TLS). Other
+  // failures wait out the timeout and say what was tried. To tell these
+  // apart the library installs gRPC's log function once per process
+  // unless the application set GRPC_VERBOSITY (internal/connect_internal.h):
+  // gRPC's lines below ERROR are then dropped, and its TLS handshake lines
+  // are never printed raw.
   static absl::StatusOr<Client> Connect(const std::string& target,
                                         const ClientOptions& options = {});
   // Uses a channel made by the caller (in-process, TLS, ...).

@@ -1,0 +1,50 @@
+#ifndef GPUEXEC_CLIENT_CPP_INTERNAL_CONNECT_INTERNAL_H_
+#define GPUEXEC_CLIENT_CPP_INTERNAL_CONNECT_INTERNAL_H_
+
+// How Client::Connect waits for the daemon, and says why it could not
+// reach it.
+//
+// gRPC's own log lines: once per process, at the first Connect, and only
+// if the application has not set GRPC_VERBOSITY itself, the library
+// installs gRPC's log function (gpr_set_log_function: one per process, so
+// a later call by the application, or a gpuexec::Server started in the
+// same process, replaces it). Lines below ERROR are dropped; the TLS
+// handshake's lines, and the subchannel's "connect failed" lines, are
+// handed to the Connect calls under way (they classify the failure,
+// connect_diagnosis.h) and never printed raw; any other ERROR line goes to
+// stderr as one line "gpuexec client: grpc: MESSAGE (FILE:LINE)".
+//
+// The wait: a target on this host (loopback, unix:) is first tried with a
+// raw connect(): nothing listening fails at once. Then the channel is
+// watched: a failure the log lines already explain (a certificate, TLS
+// against plain text) fails at its first TRANSIENT_FAILURE, whatever the
+// target; on this host any TRANSIENT_FAILURE does; elsewhere the channel
+// keeps trying until connect_timeout. A failure then probes the target
+// once (a TLS ClientHello; the first bytes back say what speaks there) and
+// returns the diagnosis.
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gpuexec/client.h"
+#include "internal/connect_diagnosis.h"
+
+namespace gpuexec::internal {
+
+absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
+                           const ClientOptions& options);
+
+// The raw probe (exposed for tests): a TLS ClientHello to `target`
+// ("host:port", "[v6]:port", "unix:PATH"; dns:///, ipv4:, ipv6: prefixes
+// allowed) and what the first bytes back say. Sets `facts->refused`,
+// `no_socket_file`, `raw_error` and `probe`. Returns within about `timeout`
+// (name resolution aside).
+void ProbeTarget(const std::string& target, absl::Duration timeout, bool send_hello,
+                 ConnectFacts* facts);
+
+}  // namespace gpuexec::internal
+
+#endif  // GPUEXEC_CLIENT_CPP_INTERNAL_CONNECT_INTERNAL_H_
