@@ -10,6 +10,7 @@ the daemon and raise its error (NOT_FOUND).
 import hashlib
 import os
 import threading
+import warnings
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -19,7 +20,8 @@ from . import _commands, _connect, _host_memory, _wire
 from ._args import Arg, to_arg
 from ._channel import Recipe
 from ._commands import CommandStream
-from ._errors import Error, client_error, from_rpc_error
+from ._errors import (Error, after_fatal, client_error, closed_by_reset, from_rpc_error,
+                      reset_error, short_token)
 from ._pool import Pool, is_pool_target
 from ._tensor_map import TensorMap
 from .v1 import gpuexec_pb2 as pb
@@ -343,6 +345,9 @@ class Client:
         # data calls (copies, module loads, launches) have none.
         self.control_timeout = control_timeout
 
+    def __repr__(self):
+        return f"<gpuexec.Client {self.target or 'on a channel'}, {self.command_stream} stream>"
+
     def __enter__(self):
         return self
 
@@ -430,6 +435,9 @@ class Session:
         # Seconds; 0 means no limit.
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0
         self._closed = False
+        # The failure that ended the session on the daemon (a kernel's fault
+        # or hang: ABORTED), which later calls' errors lead with.
+        self._fatal = None
         # Launches and synchronizes: one Execute stream, opened at the first.
         self._commands = CommandStream(client, self.token)
         # The daemon's host memory socket: the client's, else the one the
@@ -445,8 +453,18 @@ class Session:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.close()
+            return
+        # The block's exception goes on unchanged; a failure to close is
+        # noted on it, never raised in its place.
+        try:
+            self.close()
+        except Exception as e:  # pylint: disable=broad-except
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"gpuexec: closing session {short_token(self.token)} then "
+                             f"failed too: {e}")
 
     @property
     def closed(self):
@@ -454,13 +472,58 @@ class Session:
         return self._closed
 
     def _control(self, method, request):
-        return self.client._call(method, request, self.client.control_timeout)
+        try:
+            return self.client._call(method, request, self.client.control_timeout)
+        except Error as e:
+            raise self._failed(e) from None
 
     def _data(self, method, request):
-        return self.client._call(method, request, None)
+        try:
+            return self.client._call(method, request, None)
+        except Error as e:
+            raise self._failed(e) from None
+
+    def _failed(self, e):
+        """The error to raise for ``e``, a failure of one of this session's
+        calls. A fault or hang of its kernel (ABORTED) ends the session on
+        the daemon, whose later answers are a bare NOT_FOUND: those lead
+        with the ABORTED. Where nobody waited for the faulting launch (it
+        was queued), the first NOT_FOUND is the ABORTED itself, rebuilt from
+        the device's last reset, which names the kernel and the CUDA error."""
+        if e.code == grpc.StatusCode.ABORTED:
+            if self._fatal is None:
+                self._fatal = e
+            return e
+        short = short_token(self.token)
+        if e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(f"session {short} "):
+            return e
+        if self._fatal is not None:
+            return after_fatal(short, self._fatal, e)
+        cause = self._reset_cause(e)
+        if cause is None:
+            return e
+        self._fatal = cause
+        return Error(cause.code, f"{cause.message}; session {short} was closed by it")
+
+    def _reset_cause(self, e):
+        """The ABORTED behind ``e`` when it says that this session's kernel
+        reset its device, from that device's last reset; else None."""
+        short = short_token(self.token)
+        reset = closed_by_reset(e, short)
+        if reset is None:
+            return None
+        device, when = reset
+        try:
+            found = [d for d in self.client.devices() if d.index == device]
+        except Error:
+            return None
+        return reset_error(short, device, when, found[0].last_reset) if found else None
 
     def close(self):
-        """Closes the session on the daemon, freeing all it holds. Idempotent."""
+        """Closes the session on the daemon, freeing all it holds. Idempotent;
+        a session the daemon ended already (a reset, its lease) is closed
+        without an error. One that a fault of its queued launches ended,
+        unreported so far, gives a RuntimeWarning with the cause."""
         if self._closed:
             return
         self._closed = True
@@ -472,14 +535,29 @@ class Session:
             mapping.take_release()
         _host_memory.drain(self, self._regions)
         self._commands.close()
-        self._control(self.client.stub.CloseSession, pb.CloseSessionRequest(session=self.token))
+        try:
+            self.client._call(self.client.stub.CloseSession,
+                              pb.CloseSessionRequest(session=self.token),
+                              self.client.control_timeout)
+        except Error as e:
+            if e.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            cause = self._reset_cause(e) if self._fatal is None else None
+            if cause is not None:
+                self._fatal = cause
+                warnings.warn(f"gpuexec: session {short_token(self.token)} was closed by the "
+                              f"daemon before close(): {cause.message}", RuntimeWarning,
+                              stacklevel=2)
 
     def _order(self):
         """Before a call outside the command stream that touches the GPU:
         the launches queued without waiting are taken first."""
         if self._regions.dead:
             _host_memory.drain(self, self._regions)
-        self._commands.order()
+        try:
+            self._commands.order()
+        except Error as e:
+            raise self._failed(e) from None
 
     def keep_alive(self):
         """Renews the lease; returns the lease granted in seconds."""
@@ -597,12 +675,13 @@ class Session:
         try:
             response = self.client.stub.LoadModule(requests(False))
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.NOT_FOUND:
-                raise from_rpc_error(e, self.client.target) from None
+            first = from_rpc_error(e, self.client.target)
+            if first.code != grpc.StatusCode.NOT_FOUND or first.message.startswith("session "):
+                raise self._failed(first) from None
             try:
                 response = self.client.stub.LoadModule(requests(True))
             except grpc.RpcError as e2:
-                raise from_rpc_error(e2, self.client.target) from None
+                raise self._failed(from_rpc_error(e2, self.client.target)) from None
         return Module(self, response.module, response.sha256, response.uploaded, kind)
 
     def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False,
@@ -611,25 +690,33 @@ class Session:
         op = function._launch_op(grid, block, args, shared, cluster, sync,
                                  _launch_attributes(cooperative, pdl, non_portable_cluster,
                                                     cluster_policy))
-        result = self._commands.submit(op, wait=True)
+        try:
+            result = self._commands.submit(op, wait=True)
+        except Error as e:
+            raise self._failed(e) from None
         return result.gpu_time_ns / 1e9 if sync else None
 
     def launch_async(self, function, grid, block, *args, shared=0, cluster=None,
                      cooperative=False, pdl=False, non_portable_cluster=False,
                      cluster_policy=None):
         """Queues ``function`` without waiting (see Function.launch_async)."""
-        self._commands.submit(
-            function._launch_op(grid, block, args, shared, cluster, False,
-                                _launch_attributes(cooperative, pdl, non_portable_cluster,
-                                                   cluster_policy)),
-            wait=False)
+        op = function._launch_op(grid, block, args, shared, cluster, False,
+                                 _launch_attributes(cooperative, pdl, non_portable_cluster,
+                                                    cluster_policy))
+        try:
+            self._commands.submit(op, wait=False)
+        except Error as e:
+            raise self._failed(e) from None
 
     def synchronize(self):
         """Waits for the session's work; returns its GPU time in seconds since
         the previous synchronize (0.0 when there was none)."""
         if self._regions.dead:
             _host_memory.drain(self, self._regions)
-        return self._commands.submit(_wire.SYNCHRONIZE_OP, wait=True).gpu_time_ns / 1e9
+        try:
+            return self._commands.submit(_wire.SYNCHRONIZE_OP, wait=True).gpu_time_ns / 1e9
+        except Error as e:
+            raise self._failed(e) from None
 
 
 def _module_kind(image, path, kind):
@@ -710,9 +797,12 @@ class Buffer:
         """A copy the daemon makes between a region and this buffer, on the
         session's command stream; returns once it has finished."""
         region, region_offset = hit
-        self.session._commands.submit(
-            _wire.region_copy_op(region, region_offset, self.handle, int(offset), size,
-                                 direction), wait=True)
+        try:
+            self.session._commands.submit(
+                _wire.region_copy_op(region, region_offset, self.handle, int(offset), size,
+                                     direction), wait=True)
+        except Error as e:
+            raise self.session._failed(e) from None
 
     def write(self, data, offset=0):
         """Copies bytes-like data or a numpy array to the buffer at ``offset``;
@@ -784,7 +874,7 @@ class Buffer:
                 view[got:got + len(data)] = data
                 got += len(data)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, self.session.client.target) from None
+            raise self.session._failed(from_rpc_error(e, self.session.client.target)) from None
         if got != size:
             raise client_error(f"read of {self!r}: got {got} of {size} bytes",
                                grpc.StatusCode.DATA_LOSS)

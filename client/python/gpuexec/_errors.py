@@ -1,5 +1,7 @@
 """The one exception type of the package."""
 
+import re
+
 import grpc
 
 
@@ -38,3 +40,48 @@ def from_rpc_error(e, daemon=None):
     details = e.details() if callable(getattr(e, "details", None)) else str(e)
     code = code or grpc.StatusCode.UNKNOWN
     return Error(code, naming_daemon(code, details or "", daemon))
+
+
+def short_token(token):
+    """A session token as the daemon's messages quote it: its first 8
+    characters, each not a hex digit shown as '?'."""
+    return "".join(c if c in "0123456789abcdefABCDEF" else "?" for c in token[:8])
+
+
+# The daemon's NOT_FOUND for a session its own kernel's fault (or hang)
+# closed: "session 85f4886a was closed: its kernel reset device 0 at
+# 2026-12-03 17:00:23.882 UTC (strike 1 of 3 ...)".
+_CLOSED_BY_RESET = re.compile(r"session ([0-9a-fA-F?]{1,8}) was closed: its kernel reset device "
+                              r"(\d+) at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? UTC)")
+
+
+def closed_by_reset(error, short):
+    """(device, when) when ``error`` is the daemon's NOT_FOUND for session
+    ``short`` closed by a reset its kernel caused; else None."""
+    if error.code != grpc.StatusCode.NOT_FOUND:
+        return None
+    m = _CLOSED_BY_RESET.match(error.message)
+    if m is None or m.group(1) != short:
+        return None
+    return int(m.group(2)), m.group(3)
+
+
+def reset_error(short, device, when, last_reset):
+    """The ABORTED a launch that waited would have raised, rebuilt from a
+    device's ``last_reset`` ("<when>: <why>", which names the kernel, its
+    session and the CUDA error): for a session whose queued launches
+    faulted with nobody waiting. None when ``last_reset`` is another
+    reset's."""
+    prefix = when + ": "
+    if not last_reset.startswith(prefix) or f"session {short}" not in last_reset:
+        return None
+    return Error(grpc.StatusCode.ABORTED,
+                 f"device {device} was reset at {when}: {last_reset[len(prefix):]}")
+
+
+def after_fatal(short, first, later):
+    """``later`` (the daemon's NOT_FOUND for a closed session) led by the
+    session's first fatal failure, which closed it."""
+    return Error(later.code,
+                 f"session {short} was closed by its earlier failure, {first.code.name}: "
+                 f"{first.message}; open a new session (the daemon: {later.message})")

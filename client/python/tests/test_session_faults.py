@@ -1,0 +1,204 @@
+"""What a session says after its kernel faults: the ABORTED that names the
+kernel and the CUDA error surfaces first, whether the launch waited or was
+queued; close() of a session the daemon ended is silent; later calls lead
+with that first failure; an exception inside ``with`` goes on unchanged.
+
+The faults run on a daemon of this module's own, without a strike limit
+(three resets by one peer would otherwise refuse the other tests' launches).
+"""
+
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+import grpc
+import pytest
+
+import gpuexec
+from conftest import start_daemon, stop_daemon
+
+# gx_fault writes to this device address, which no allocation holds.
+BAD_ADDRESS = 16
+
+
+@pytest.fixture(scope="module")
+def fault_daemon(daemon):
+    tmp = tempfile.TemporaryDirectory(prefix="gpuexec-faults-")
+    socket = os.path.join(tmp.name, "d.sock")
+    process, _ = start_daemon(daemon.binary, [f"--driver={daemon.driver}", "--listen=",
+                                              f"--unix_socket={socket}", "--strike_limit=0"],
+                              os.path.join(tmp.name, "gpuexecd.log"))
+    yield f"unix:{socket}"
+    stop_daemon(process)
+    tmp.cleanup()
+
+
+@pytest.fixture
+def fclient(fault_daemon):
+    with gpuexec.connect(fault_daemon) as c:
+        yield c
+
+
+def _session(client):
+    """A new session on device 0, once the device is back from the reset an
+    earlier test caused."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return client.session(device=0)
+        except gpuexec.Error as e:
+            if e.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _assert_names_the_fault(error):
+    assert error.code == grpc.StatusCode.ABORTED, error
+    assert "'gx_fault'" in error.message, error
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in error.message, error
+    assert "illegal memory access" in error.message, error
+
+
+def _assert_leads_with_the_fault(error, session):
+    short = session.token[:8]
+    assert error.code == grpc.StatusCode.NOT_FOUND, error
+    assert error.message.startswith(
+        f"session {short} was closed by its earlier failure, ABORTED: device 0 was reset at "), \
+        error
+    assert "'gx_fault'" in error.message and "CUDA_ERROR_ILLEGAL_ADDRESS" in error.message
+    assert "open a new session" in error.message
+    # The daemon's own words come last.
+    assert error.message.endswith(")") and f"(the daemon: session {short} was closed: its " \
+        "kernel reset device 0 at " in error.message, error
+
+
+def _wait_for_reset(client, resets_before):
+    deadline = time.monotonic() + 20
+    while client.devices()[0].resets == resets_before:
+        assert time.monotonic() < deadline, "the fault did not reset device 0"
+        time.sleep(0.01)
+
+
+def test_a_fault_inside_with_raises_the_aborted_naming_the_kernel(fclient, daemon):
+    with pytest.raises(gpuexec.Error) as e:
+        with _session(fclient) as s:
+            fault = s.load_module(daemon.cubin).function("gx_fault")
+            fault.launch(1, 1, gpuexec.u64(BAD_ADDRESS), sync=True)
+    _assert_names_the_fault(e.value)
+    # close() found the session ended by the daemon: nothing noted on the error.
+    assert not getattr(e.value, "__notes__", None)
+    assert s.closed
+    s.close()  # again: idempotent
+
+
+def test_close_of_a_session_the_daemon_ended_is_silent(fclient, daemon):
+    s = _session(fclient)
+    fault = s.load_module(daemon.cubin).function("gx_fault")
+    with pytest.raises(gpuexec.Error) as e:
+        fault.launch(1, 1, gpuexec.u64(BAD_ADDRESS))
+        s.synchronize()
+    _assert_names_the_fault(e.value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the cause was raised already: no warning either
+        s.close()
+    assert s.closed
+
+
+def test_later_calls_lead_with_the_first_fault(fclient, daemon):
+    s = _session(fclient)
+    fault = s.load_module(daemon.cubin).function("gx_fault")
+    buf = s.alloc(64)
+    with pytest.raises(gpuexec.Error) as first:
+        fault.launch(1, 1, gpuexec.u64(BAD_ADDRESS), sync=True)
+    _assert_names_the_fault(first.value)
+    for call in (s.keep_alive, s.synchronize, buf.read, lambda: s.alloc(64),
+                 lambda: buf.write(b"x" * 8), lambda: fault.launch(1, 1, 0),
+                 lambda: s.load_module(daemon.cubin)):
+        with pytest.raises(gpuexec.Error) as later:
+            call()
+        _assert_leads_with_the_fault(later.value, s)
+        assert first.value.message in later.value.message
+    s.close()
+
+
+def test_the_first_error_after_queued_launches_names_the_kernel(fclient, daemon):
+    s = _session(fclient)
+    fault = s.load_module(daemon.cubin).function("gx_fault")
+    fill = s.load_module(daemon.cubin).function("gx_fill_u32")
+    buf = s.alloc(64)
+    resets = fclient.devices()[0].resets
+    fault.launch_async(1, 1, gpuexec.u64(BAD_ADDRESS))
+    fill.launch_async(1, 16, buf, 7, 16)
+    # However the daemon learns it (the read on the faulted device, or the
+    # session it closed since), the first error is the fault's.
+    with pytest.raises(gpuexec.Error) as first:
+        buf.read()
+    _assert_names_the_fault(first.value)
+    _wait_for_reset(fclient, resets)
+    with pytest.raises(gpuexec.Error) as later:
+        s.synchronize()
+    _assert_leads_with_the_fault(later.value, s)
+    s.close()
+
+
+def test_a_queued_fault_found_after_the_session_closed_is_the_aborted(fclient, daemon):
+    """Nobody waits for the launch; the next call reaches the daemon after it
+    closed the session: the daemon's NOT_FOUND becomes the fault's ABORTED,
+    rebuilt from the device's last reset, once."""
+    s = _session(fclient)
+    fault = s.load_module(daemon.cubin).function("gx_fault")
+    resets = fclient.devices()[0].resets
+    fault.launch_async(1, 1, gpuexec.u64(BAD_ADDRESS))
+    _wait_for_reset(fclient, resets)
+    with pytest.raises(gpuexec.Error) as first:
+        s.keep_alive()
+    _assert_names_the_fault(first.value)
+    assert first.value.message.startswith("device 0 was reset at ")
+    assert first.value.message.endswith(f"; session {s.token[:8]} was closed by it")
+    with pytest.raises(gpuexec.Error) as later:
+        s.keep_alive()
+    _assert_leads_with_the_fault(later.value, s)
+    s.close()
+
+
+def test_close_warns_of_a_queued_fault_nobody_was_told_of(fclient, daemon):
+    s = _session(fclient)
+    fault = s.load_module(daemon.cubin).function("gx_fault")
+    resets = fclient.devices()[0].resets
+    with pytest.warns(RuntimeWarning) as caught:
+        with s:
+            fault.launch_async(1, 1, gpuexec.u64(BAD_ADDRESS))
+            _wait_for_reset(fclient, resets)
+    [warning] = caught
+    text = str(warning.message)
+    assert text.startswith(f"gpuexec: session {s.token[:8]} was closed by the daemon before "
+                           "close(): device 0 was reset at "), text
+    assert "'gx_fault'" in text and "CUDA_ERROR_ILLEGAL_ADDRESS" in text
+
+
+def test_an_exception_inside_with_goes_on_unchanged(daemon, tmp_path):
+    """close() fails (the daemon is gone): the block's own exception is
+    raised, the close's failure at most a note on it."""
+    socket = tmp_path / "d.sock"
+    process, _ = start_daemon(daemon.binary, [f"--driver={daemon.driver}", "--listen=",
+                                              f"--unix_socket={socket}"],
+                              tmp_path / "gpuexecd.log")
+    try:
+        client = gpuexec.connect(f"unix:{socket}")
+        mine = ValueError("the caller's own")
+        with pytest.raises(ValueError) as e:
+            with client.session() as s:
+                stop_daemon(process)
+                raise mine
+        assert e.value is mine
+        assert e.value.__context__ is None
+        if sys.version_info >= (3, 11):
+            [note] = e.value.__notes__
+            assert note.startswith(f"gpuexec: closing session {s.token[:8]} then failed too: "
+                                   "UNAVAILABLE: "), note
+        client.close()
+    finally:
+        if process.poll() is None:
+            stop_daemon(process)
