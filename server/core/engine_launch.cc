@@ -15,10 +15,27 @@
 #include "server/common/text.h"
 #include "server/common/trace.h"
 #include "server/core/engine.h"
+#include "server/core/fault_words.h"
 #include "server/core/image_check.h"
 #include "server/core/launch_check.h"
 
 namespace gpuexec::core {
+namespace {
+
+// A device reset that names one of `s`'s kernels, as its session reads it:
+// what happened to the kernel first, then what to do. The reset's detail
+// (the driver call, the other kernels in flight) is in the worker's log
+// line.
+absl::Status ForSession(absl::Status st, const Session& s, bool closed) {
+  if (st.code() != absl::StatusCode::kAborted || absl::StrContains(st.message(), " was lost: ")) {
+    return st;
+  }
+  std::optional<std::string> words = KernelFaultMessage(st.message(), s.name(), closed);
+  if (!words.has_value()) return st;
+  return absl::AbortedError(*words);
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------- launch
 
@@ -109,13 +126,16 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
             s->usage().traffic.launches.fetch_add(1);
           }
           if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
+          bool closed;
           {
             absl::MutexLock lock(&s->mu);
             --s->waiting;
             s->Touch();
             // Refused before it reached the device: as Synchronize below.
             if (!launched && !ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
+            closed = s->closed;
           }
+          if (!ns.ok()) return gpu_ns(ForSession(ns.status(), *s, closed));
           gpu_ns(std::move(ns));
         });
   }
@@ -145,12 +165,15 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   DeviceOf(*s)->Synchronize(s->stream(), work_epoch,
                             [s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
                               if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
+                              bool closed;
                               {
                                 absl::MutexLock lock(&s->mu);
                                 --s->waiting;
                                 s->Touch();
                                 if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
+                                closed = s->closed;
                               }
+                              if (!ns.ok()) return gpu_ns(ForSession(ns.status(), *s, closed));
                               gpu_ns(std::move(ns));
                             });
 }
