@@ -324,7 +324,7 @@ TEST_F(CliTest, UsageErrorsExitTwoWithOneLine) {
       {{"devices", "extra"}, "devices takes no arguments"},
       {{"devices", "--grid=1"}, "--grid applies to 'run' only"},
       {{"load"}, "load takes one FILE"},
-      {{"info", k}, "info takes FILE KERNEL"},
+      {{"info", k, "gx_saxpy", "extra"}, "info takes FILE, or FILE KERNEL"},
       {{"help", "nothing"}, "no command 'nothing'"},
       {{"run", k, "gx_saxpy", "--block=256"}, "--grid is required"},
       {{"run", k, "gx_saxpy", "--grid=1"}, "--block is required"},

@@ -1,16 +1,24 @@
 // The gpuexec tool's argument syntax without a daemon: sizes, dimensions,
-// typed arguments, Triton tensor descriptors, the launch flags, and the
-// command lines refused before any call. (The Triton loader itself:
+// typed arguments, Triton tensor descriptors, the launch flags, the command
+// lines refused before any call, flag spellings, help and --version, what
+// is read from a module image (kind, kernel names) and how results are
+// written (--print, the progress line). (The Triton loader itself:
 // tests/unit/triton_test.cc.)
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/command_line.h"
+#include "cli/module_file.h"
+#include "cli/output.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -364,6 +372,300 @@ TEST(CommandLineTest, DescriptorsAreCountedAgainstTheMetadata) {
       {"run", absl::StrCat("--triton=", TritonFile("bad_elem_type.json")), "k.cubin", "--grid=1"});
   EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_THAT(r.err, HasSubstr("tensordesc_meta[0].elem_type"));
+}
+
+// ------------------------------------------------------------ flags and help
+
+Parsed ParseWords(std::vector<std::string> words) {
+  words.insert(words.begin(), "gpuexec");
+  std::vector<const char*> argv;
+  for (const std::string& w : words) argv.push_back(w.c_str());
+  Parsed parsed;
+  std::optional<Failure> failure =
+      ParseCommandLine(static_cast<int>(argv.size()), argv.data(), &parsed);
+  EXPECT_FALSE(failure.has_value()) << (failure ? failure->message : "");
+  return parsed;
+}
+
+std::string UsageOf(std::vector<std::string> words) {
+  words.insert(words.begin(), "gpuexec");
+  std::vector<const char*> argv;
+  for (const std::string& w : words) argv.push_back(w.c_str());
+  Parsed parsed;
+  std::optional<Failure> failure =
+      ParseCommandLine(static_cast<int>(argv.size()), argv.data(), &parsed);
+  EXPECT_TRUE(failure.has_value()) << words[1] << " parsed";
+  if (!failure) return "";
+  EXPECT_EQ(failure->exit_code, kExitUsage);
+  return failure->message;
+}
+
+TEST(CommandLineTest, EveryLongFlagIsSpeltWithDashOrUnderscore) {
+  const std::vector<std::pair<std::string, std::string>> spellings = {
+      {"--tls_ca=a.pem", "tls_ca"},
+      {"--tls-ca=a.pem", "tls_ca"},
+      {"--tls_server_name=a.pem", "tls_server_name"},
+      {"--tls-server-name=a.pem", "tls_server_name"},
+      {"--token-file=a.pem", "token_file"},
+      {"--min-cc=a.pem", "min_cc"},
+  };
+  for (const auto& [flag, name] : spellings) {
+    Parsed p = ParseWords({flag, "devices"});
+    EXPECT_EQ(p.cl.command, "devices") << flag;
+    EXPECT_EQ(p.cl.flags[name], "a.pem") << flag;
+    // After the command, and with the value as the next word.
+    p = ParseWords({"devices", flag.substr(0, flag.find('=')), "a.pem"});
+    EXPECT_EQ(p.cl.flags[name], "a.pem") << flag;
+  }
+  for (const char* flag : {"--cluster-policy=spread", "--cluster_policy=spread"}) {
+    Parsed p = ParseWords({"run", "k.cubin", "k", flag, "i32:1"});
+    EXPECT_EQ(p.cl.flags["cluster-policy"], "spread") << flag;
+    EXPECT_THAT(p.cl.positional, ElementsAre("k.cubin", "k", "i32:1")) << flag;
+  }
+  for (const char* flag : {"--non-portable-cluster", "--non_portable_cluster"}) {
+    Parsed p = ParseWords({"run", flag, "k.cubin"});
+    EXPECT_EQ(p.cl.flags["non-portable-cluster"], "true") << flag;
+  }
+  // Boolean flags take no value but --flag=VALUE; "--" ends the flags.
+  Parsed p = ParseWords({"run", "--pdl=false", "k.cubin", "k", "--", "--grid=1"});
+  EXPECT_EQ(p.cl.flags["pdl"], "false");
+  EXPECT_THAT(p.cl.positional, ElementsAre("k.cubin", "k", "--grid=1"));
+  EXPECT_EQ(p.cl.flags.count("grid"), 0u);
+  // A kernel may be named like a command.
+  p = ParseWords({"run", "k.cubin", "load", "i32:-1", "--grid", "4,2"});
+  EXPECT_EQ(p.cl.command, "run");
+  EXPECT_THAT(p.cl.positional, ElementsAre("k.cubin", "load", "i32:-1"));
+  EXPECT_EQ(p.cl.flags["grid"], "4,2");
+}
+
+TEST(CommandLineTest, MalformedLinesSayWhatIsWrong) {
+  EXPECT_EQ(UsageOf({"devices", "--bogus=1"}), "unknown flag '--bogus=1' (see 'gpuexec --help')");
+  EXPECT_EQ(UsageOf({"frobnicate"}),
+            "unknown command 'frobnicate' (commands: devices, load, info, run, help)");
+  EXPECT_EQ(UsageOf({"devices", "extra"}), "devices takes no arguments");
+  EXPECT_EQ(UsageOf({"info", "k.cubin", "--grid=1"}), "--grid applies to 'run' only");
+  EXPECT_EQ(UsageOf({"--grid=1", "run"}), "--grid is a flag of 'run': give it after the command");
+  EXPECT_EQ(UsageOf({"run", "--tls-ca=a", "--tls_ca=b"}), "flag --tls_ca given twice");
+  EXPECT_EQ(UsageOf({"help", "nothing"}),
+            "help: no command 'nothing' (commands: devices, load, info, run)");
+}
+
+TEST(CommandLineTest, VersionMatchesTheDaemonsForm) {
+  Parsed p = ParseWords({"--version"});
+  ASSERT_TRUE(p.print.has_value());
+  EXPECT_EQ(*p.print, "gpuexec 0.1.0 (gpuexec.v1)\n");
+}
+
+TEST(CommandLineTest, HelpIsGeneratedForTheToolAndEachCommand) {
+  Parsed main = ParseWords({"--help"});
+  ASSERT_TRUE(main.print.has_value());
+  EXPECT_THAT(*main.print, HasSubstr("Usage: gpuexec [GLOBAL FLAGS] COMMAND [ARGS...]"));
+  // Every global flag, both spellings, and every command.
+  for (const char* s : {"--target ADDR", "--tls-ca,--tls_ca FILE", "--min-cc,--min_cc MAJOR.MINOR",
+                        "--version", "devices", "load", "info", "run", "help"}) {
+    EXPECT_THAT(*main.print, HasSubstr(s));
+  }
+  Parsed run = ParseWords({"run", "--help"});
+  ASSERT_TRUE(run.print.has_value());
+  for (const char* s :
+       {"Usage: gpuexec run FILE KERNEL", "--cluster-policy,--cluster_policy POLICY",
+        "--non-portable-cluster,--non_portable_cluster", "--print TYPE[:N]", "out:SIZE:FILE",
+        "arg2[0:4] = 4.5 4.5 4.5 4.5"}) {
+    EXPECT_THAT(*run.print, HasSubstr(s));
+  }
+  EXPECT_THAT(*run.print, ::testing::Not(HasSubstr("--tls")));  // global: in the tool's help
+  EXPECT_EQ(ParseWords({"help", "run"}).print, run.print);
+  EXPECT_EQ(HelpText("run"), run.print);
+  for (const char* command : {"devices", "load", "info", "help"}) {
+    std::optional<std::string> text = HelpText(command);
+    ASSERT_TRUE(text.has_value()) << command;
+    EXPECT_THAT(*text, HasSubstr(absl::StrCat("Usage: gpuexec ", command))) << command;
+    EXPECT_EQ(ParseWords({command, "-h"}).print, text) << command;
+  }
+  EXPECT_FALSE(HelpText("nothing").has_value());
+}
+
+TEST(CommandLineTest, VersionAndHelpExitZeroOnStdout) {
+  std::vector<std::string> words = {"gpuexec", "--version"};
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  ::testing::internal::CaptureStdout();
+  const int code = Main(static_cast<int>(argv.size()), argv.data());
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "gpuexec 0.1.0 (gpuexec.v1)\n");
+  EXPECT_EQ(code, kExitOk);
+}
+
+// ------------------------------------------------------------ results on stdout, --print
+
+TEST(ParseArgTest, AnOutputToStdout) {
+  ArgSpec s = Parse("out:4MiB:-");
+  EXPECT_EQ(s.buffer_bytes, 4u << 20);
+  EXPECT_EQ(s.save_file, "-");
+  EXPECT_EQ(Parse("zeros:64,save=-").save_file, "-");
+  const Outcome r = RunCli({"run", "k.cubin", "k", "--grid=1", "--block=1", "out:4:-", "out:8:-"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err,
+              HasSubstr("argument 1 (out:8:-) also goes to stdout ('-'); one buffer at most"));
+}
+
+TEST(ParsePrintTest, TypeAndCount) {
+  PrintSpec p = *ParsePrint("f32");
+  EXPECT_EQ(p.type, ScalarType::kF32);
+  EXPECT_EQ(p.count, 8u);
+  p = *ParsePrint("u16:100");
+  EXPECT_EQ(p.type, ScalarType::kU16);
+  EXPECT_EQ(p.count, 100u);
+  for (const char* bad : {"", "f33", "f32:", "f32:0", "f32:x", "f32:-1", "f32:2000000", ":4"}) {
+    EXPECT_FALSE(ParsePrint(bad).ok()) << bad;
+  }
+  EXPECT_THAT(std::string(ParsePrint("f33").status().message()),
+              HasSubstr("expected TYPE[:N], TYPE one of i8 i16"));
+  const Outcome r = RunCli({"run", "k.cubin", "k", "--grid=1", "--block=1", "--print=float"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("run: --print: 'float': expected TYPE[:N]"));
+}
+
+template <typename T>
+std::vector<uint8_t> Raw(const std::vector<T>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+TEST(FormatElementsTest, EachTypeExactly) {
+  EXPECT_EQ(FormatElements("y", Raw<float>({4, 4, 4, 4}), {ScalarType::kF32, 4}),
+            "y[0:4] = 4 4 4 4");
+  EXPECT_EQ(FormatElements("arg2", Raw<float>({0.1f, -2.5f, 1e30f, INFINITY}), {ScalarType::kF32}),
+            "arg2[0:4] = 0.1 -2.5 1e+30 inf");
+  EXPECT_EQ(FormatElements("a", Raw<double>({0.1, NAN}), {ScalarType::kF64}), "a[0:2] = 0.1 nan");
+  // f16 1.0, -2.0, the smallest subnormal; bf16 1.0, 3.0.
+  EXPECT_EQ(FormatElements("h", Raw<uint16_t>({0x3c00, 0xc000, 0x0001}), {ScalarType::kF16}),
+            "h[0:3] = 1 -2 5.9604645e-08");
+  EXPECT_EQ(FormatElements("b", Raw<uint16_t>({0x3f80, 0x4040}), {ScalarType::kBF16}),
+            "b[0:2] = 1 3");
+  EXPECT_EQ(FormatElements("i", Raw<int8_t>({-1, 127, -128}), {ScalarType::kI8}),
+            "i[0:3] = -1 127 -128");
+  EXPECT_EQ(FormatElements("u", Raw<uint64_t>({18446744073709551615ull}), {ScalarType::kU64}),
+            "u[0:1] = 18446744073709551615");
+  // First N only; a shorter buffer shows what it has, no partial element.
+  EXPECT_EQ(FormatElements("n", Raw<uint32_t>({1, 2, 3, 4, 5}), {ScalarType::kU32, 2}),
+            "n[0:2] = 1 2");
+  EXPECT_EQ(FormatElements("s", Raw<uint8_t>({1, 2, 3, 4, 5, 6}), {ScalarType::kU32, 8}),
+            "s[0:1] = 67305985");
+  EXPECT_EQ(FormatElements("e", Raw<uint8_t>({1, 2}), {ScalarType::kU32, 8}), "e[0:0] =");
+}
+
+TEST(ProgressTest, BytesDoneTotalAndRate) {
+  EXPECT_EQ(
+      ProgressLine("read argument 1 (out:1G:y.bin)", 64ull << 20, 256ull << 20, absl::Seconds(2)),
+      "read argument 1 (out:1G:y.bin): 64.0 MiB / 256.0 MiB, 32.0 MiB/s");
+  EXPECT_EQ(ProgressLine("fill", 0, 1ull << 30, absl::ZeroDuration()), "fill: 0 B / 1.0 GiB");
+  // Not a terminal here: nothing is shown.
+  Progress p("fill", 1ull << 30);
+  EXPECT_FALSE(p.shown());
+}
+
+// ------------------------------------------------------------ module images
+
+// A little-endian ELF64 file with the sections `names` (and its section
+// name table), as a cubin lays them out.
+std::string Elf(const std::vector<std::string>& names) {
+  std::string strtab(1, '\0');
+  std::vector<uint32_t> at;
+  for (const std::string& n : names) {
+    at.push_back(static_cast<uint32_t>(strtab.size()));
+    strtab += n + '\0';
+  }
+  const uint32_t strtab_name = static_cast<uint32_t>(strtab.size());
+  strtab += std::string(".shstrtab") + '\0';
+  std::string elf(64, '\0');
+  elf.replace(0, 4,
+              "\x7f"
+              "ELF");
+  elf[4] = 2;  // 64-bit
+  elf[5] = 1;  // little-endian
+  elf[6] = 1;
+  auto put = [&](size_t offset, uint64_t value, size_t n) {
+    for (size_t i = 0; i < n; ++i) elf[offset + i] = static_cast<char>(value >> (8 * i));
+  };
+  const uint64_t strtab_offset = elf.size();
+  elf += strtab;
+  elf.resize((elf.size() + 7) / 8 * 8, '\0');
+  const uint64_t shoff = elf.size();
+  const uint64_t shnum = names.size() + 2;  // the null section, the names
+  put(0x28, shoff, 8);
+  put(0x3A, 64, 2);
+  put(0x3C, shnum, 2);
+  put(0x3E, shnum - 1, 2);
+  elf.resize(shoff + shnum * 64, '\0');
+  for (size_t i = 0; i < names.size(); ++i) {
+    put(shoff + (i + 1) * 64, at[i], 4);
+    put(shoff + (i + 1) * 64 + 4, 1, 4);  // PROGBITS
+  }
+  const uint64_t last = shoff + (shnum - 1) * 64;
+  put(last, strtab_name, 4);
+  put(last + 4, 3, 4);  // STRTAB
+  put(last + 0x18, strtab_offset, 8);
+  put(last + 0x20, strtab.size(), 8);
+  return elf;
+}
+
+TEST(ModuleFileTest, TheKindComesFromTheBytes) {
+  EXPECT_EQ(ModuleKindOf(Elf({".text.k"})), ModuleKind::kCubin);
+  EXPECT_EQ(ModuleKindOf(std::string("\x50\xed\x55\xba\x01\x00", 6)), ModuleKind::kFatbin);
+  EXPECT_EQ(ModuleKindOf(std::string("\xb1\x43\x62\x46\x01\x00", 6)), ModuleKind::kFatbin);
+  EXPECT_EQ(ModuleKindOf("//\n// Generated by NVIDIA NVVM Compiler\n.version 8.0\n"),
+            ModuleKind::kPtx);
+  EXPECT_EQ(ModuleKindOf("\x7f"), ModuleKind::kPtx);
+  EXPECT_EQ(ModuleKindOf(""), ModuleKind::kPtx);
+  EXPECT_STREQ(ModuleKindName(ModuleKind::kFatbin), "fatbin");
+}
+
+TEST(ModuleFileTest, KernelNamesOfACubin) {
+  const std::string cubin =
+      Elf({".text.gx_saxpy", ".rela.text.gx_saxpy", ".nv.info.gx_saxpy", ".text.gx_fill_u32",
+           ".text.", ".text.gx_saxpy", ".nv.shared.gx_fill_u32"});
+  EXPECT_THAT(*KernelNames(cubin), ElementsAre("gx_saxpy", "gx_fill_u32"));
+  EXPECT_THAT(*KernelNames(Elf({".nv.info"})), ::testing::IsEmpty());
+  // Cut short: the section headers are past the end.
+  absl::StatusOr<std::vector<std::string>> cut = KernelNames(cubin.substr(0, 100));
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cut.status().message()), HasSubstr("section headers lie outside"));
+  std::string elf32 = cubin;
+  elf32[4] = 1;
+  EXPECT_THAT(std::string(KernelNames(elf32).status().message()), HasSubstr("not a 64-bit ELF"));
+  // A name table pointing past the end.
+  std::string bad_table = cubin;
+  bad_table[bad_table.size() - 64 + 0x1f] = '\x7f';
+  EXPECT_FALSE(KernelNames(bad_table).ok());
+}
+
+TEST(ModuleFileTest, KernelNamesOfPtx) {
+  const std::string ptx = R"(//
+.version 8.0
+.target sm_90
+.address_size 64
+	// .globl	gx_saxpy
+.visible .entry gx_saxpy(
+	.param .f32 gx_saxpy_param_0
+)
+.entry	gx_spin (.param .u64 p)
+.func helper(
+.visible .entryway not_a_kernel(
+.weak .entry $gx_weird.1
+)";
+  EXPECT_THAT(*KernelNames(ptx), ElementsAre("gx_saxpy", "gx_spin", "$gx_weird.1"));
+  EXPECT_THAT(*KernelNames("GXFAKE1\ngx_saxpy\n"), ::testing::IsEmpty());
+}
+
+TEST(ModuleFileTest, KernelNamesOfTheCubinsInAFatbin) {
+  std::string fatbin("\x50\xed\x55\xba\x01\x00\x10\x00", 8);
+  fatbin += std::string(56, '\0') + Elf({".text.gx_a"}) + std::string(8, '\0') +
+            Elf({".text.gx_b", ".text.gx_a"});
+  EXPECT_EQ(ModuleKindOf(fatbin), ModuleKind::kFatbin);
+  EXPECT_THAT(*KernelNames(fatbin), ElementsAre("gx_a", "gx_b"));
+  const std::string compressed = std::string("\x50\xed\x55\xba\x01\x00\x10\x00", 8) + "zzzz";
+  EXPECT_EQ(KernelNames(compressed).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

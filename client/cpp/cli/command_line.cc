@@ -94,9 +94,16 @@ const FlagDef* FindFlag(const std::string& word) {
 class Formatter : public CLI::Formatter {
  public:
   void Describe(const CLI::App* app, const help::Text* text) { texts_[app] = text; }
+  // The tool: what it is, then its usage; a command: its usage, then what
+  // it does. (CLI11's description of a command is its line in the tool's
+  // list of commands.)
+  std::string make_description(const CLI::App*) const override { return ""; }
   std::string make_usage(const CLI::App* app, std::string) const override {
     auto it = texts_.find(app);
-    return it == texts_.end() ? "" : absl::StrCat("Usage: ", it->second->usage);
+    if (it == texts_.end()) return "";
+    const std::string usage = absl::StrCat("Usage: ", it->second->usage);
+    return app->get_parent() == nullptr ? absl::StrCat(it->second->description, "\n", usage)
+                                        : absl::StrCat(usage, it->second->description);
   }
 
  private:
@@ -126,8 +133,9 @@ struct Definition {
     auto formatter = std::make_shared<Formatter>();
     formatter->column_width(34);
     app.formatter(formatter);
-    app.set_help_flag("-h,--help", "this text");
-    app.set_version_flag("--version", kVersion, "the tool's version and protocol");
+    app.set_help_flag("-h,--help", "this text")->group("Global flags");
+    app.set_version_flag("--version", kVersion, "the tool's version and protocol")
+        ->group("Global flags");
     app.footer(help::kMain.footer);
     app.allow_extras();
     app.require_subcommand(0, 1);
@@ -144,9 +152,8 @@ struct Definition {
       CLI::App* sub = app.add_subcommand(kCommands[i], summaries[i]);
       sub->fallthrough();
       sub->allow_extras();
-      sub->set_help_flag("-h,--help", "this text");
+      sub->set_help_flag("-h,--help", "this text")->group("Flags");
       sub->footer(text->footer);
-      sub->description(text->description);
       formatter->Describe(sub, text);
       if (std::string(kCommands[i]) != "devices") {
         sub->add_option("args", positional)->group("");
