@@ -171,6 +171,10 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
   }
   std::unique_ptr<Driver> driver(new Driver(library, handle, std::move(api)));
   driver->test_double_ = dlsym(handle, "gxfake_module_loads") != nullptr;
+  if (auto examples = reinterpret_cast<const char* (*)()>(dlsym(handle, "gxfake_example_kernels"));
+      driver->test_double_ && examples != nullptr && examples() != nullptr) {
+    driver->example_kernels_ = examples();
+  }
   const CUresult init = driver->api_->Init(0);
   if (init != CUDA_SUCCESS) {
     absl::Status s = driver->Error(init, "cuInit", absl::StrCat("driver library '", library, "'"));
@@ -516,8 +520,20 @@ absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, 
   }
   config.attrs = n == 0 ? nullptr : attrs;
   config.numAttrs = n;
-  GPUEXEC_CU(LaunchKernelEx, (&config, f, params, nullptr), what);
-  return absl::OkStatus();
+  const CUresult result = api_->LaunchKernelEx(&config, f, params, nullptr);
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  absl::Status error = Error(result, "cuLaunchKernelEx", what);
+  if (result != CUDA_ERROR_NOT_SUPPORTED || example_kernels_.empty()) return error;
+  // The simulator loads any kernel but runs only the ones it has a host
+  // model of: say so, and what to do, before the driver's detail.
+  absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+      what, ": the gpuexec simulator cannot run this kernel: it runs only its example kernels (",
+      example_kernels_,
+      ", with the examples' parameters); run other kernels on a GPU (gpuexecd without "
+      "--simulator, on a host with an NVIDIA driver) [",
+      error.message(), "]"));
+  refused.SetPayload(kResultPayload, absl::Cord(absl::StrCat(result)));
+  return refused;
 }
 
 absl::StatusOr<uint64_t> Driver::MaxCoResidentBlocks(Function f, const LaunchGeometry& g,

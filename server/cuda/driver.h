@@ -139,6 +139,10 @@ class Driver {
   // True when the library is gpuexec's own libcuda test double (it exports
   // gxfake_module_loads); images in its format are accepted only then.
   bool is_test_double() const { return test_double_; }
+  // The kernels of real images the test double runs (e.g. "saxpy,
+  // add_kernel"); empty for a real driver. A launch of any other kernel is
+  // refused with FAILED_PRECONDITION saying so (`gpuexecd --simulator`).
+  const std::string& example_kernels() const { return example_kernels_; }
   int version() const { return version_; }
 
   absl::StatusOr<int> DeviceCount() const;
@@ -226,6 +230,7 @@ class Driver {
   std::unique_ptr<DriverApi> api_;
   int version_ = 0;
   bool test_double_ = false;
+  std::string example_kernels_;
 };
 
 }  // namespace gpuexec::cuda

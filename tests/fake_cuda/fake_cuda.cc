@@ -21,8 +21,19 @@
 //     Like the driver's launch queue, a stream holds at most
 //     GXFAKE_STREAM_QUEUE operations (default 1024) not yet finished; an
 //     enqueue past that blocks the caller until one finishes.
-//   * Kernels are host functions that mirror tests/kernels/gx_kernels.cu.
-//     A module image "GXFAKE1\n<kernel name>\n..." names the kernels it holds.
+//   * Kernels are host functions ("models") that mirror
+//     tests/kernels/gx_kernels.cu, plus the examples' kernels (`saxpy` of
+//     client/cpp/examples/saxpy.cu, the Triton tutorial's `add_kernel`).
+//     A module image "GXFAKE1\n<kernel name>\n..." names the kernels it
+//     holds (names without a model are left out). A real cubin, PTX or
+//     fatbin is read by image_reader.h: every kernel in it loads with the
+//     image's own parameter layout; a kernel runs when a model of that name
+//     has that layout, else its launch fails with CUDA_ERROR_NOT_SUPPORTED
+//     (the daemon says the simulator runs only its example kernels).
+//   * GXFAKE_SIMULATOR=1 (set by `gpuexecd --simulator`) names the devices
+//     as simulated H200-like GPUs with 16 GiB each by default. Device memory
+//     is only a number to count against: host memory is taken per
+//     allocation, never for the whole device.
 //   * A kernel fault poisons the whole process: every later driver call
 //     returns CUDA_ERROR_ILLEGAL_ADDRESS, as on real hardware.
 //
@@ -63,6 +74,7 @@
 #include <vector>
 
 #include "server/cuda/cuda_api.h"
+#include "tests/fake_cuda/image_reader.h"
 
 #define GX_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -99,7 +111,11 @@ struct CUmemPoolHandle_st {
 
 // A kernel inside a loaded module. Owned by its CUmod_st; dies with it.
 struct CUfunc_st {
-  const KernelDef* kernel = nullptr;  // Static, never freed.
+  std::string name;
+  std::vector<gxfake::ParamSlot> params;  // As the image declares them.
+  // The host model that runs it (static, never freed); null when the
+  // double has none for this name and layout: launches are refused.
+  const KernelDef* kernel = nullptr;
   CUmod_st* module = nullptr;
   // Settable attributes (guarded by Driver::mu).
   int max_dynamic_shared = 49152;
@@ -148,6 +164,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kDriverVersion = 13000;
 constexpr uint64_t kDefaultMemoryBytes = 8ull << 30;
+constexpr uint64_t kSimulatorMemoryBytes = 16ull << 30;
+// The kernels `gpuexecd --simulator` runs, as its refusal lists them.
+constexpr char kExampleKernels[] = "saxpy, add_kernel";
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr unsigned kMaxBlockDim[3] = {1024, 1024, 64};
 constexpr unsigned kMaxGridDim[3] = {2147483647u, 65535u, 65535u};
@@ -158,9 +177,9 @@ constexpr unsigned kMaxNonPortableClusterSize = 16;
 constexpr size_t kDeviceAlignment = 256;
 constexpr size_t kHostAlignment = 4096;
 constexpr char kModuleMagic[] = "GXFAKE1\n";
-constexpr char kPtxErrorLog[] =
-    "ptxas application ptx input, line 1; error   : fake driver rejects this "
-    "PTX";
+// A failed load's JIT error log leads with this, then says what the double
+// could not read.
+constexpr char kPtxErrorLog[] = "ptxas application ptx input; error   : ";
 
 // ---------------------------------------------------------------------------
 // Process-wide state.
@@ -477,10 +496,7 @@ void TearDownContext(CUctx_st* ctx) {
 // Kernels: host implementations of tests/kernels/gx_kernels.cu.
 // ---------------------------------------------------------------------------
 
-struct ParamSlot {
-  size_t offset;
-  size_t size;
-};
+using gxfake::ParamSlot;
 
 // Everything a kernel body sees: the geometry and a copy of the argument
 // bytes taken at launch time.
@@ -714,6 +730,19 @@ bool RunAddScratch(const KernelLaunch& l) {
   return true;
 }
 
+// The Triton tutorial's add_kernel(x, y, out, n), with or without the
+// scratch pointers Triton 3.x appends (unused: it needs none).
+bool RunTritonAdd(const KernelLaunch& l) {
+  const int32_t n = l.Arg<int32_t>(24);
+  if (n <= 0) return true;
+  const float* x = DeviceSpan<const float>(l, l.Arg<uint64_t>(0), n);
+  const float* y = DeviceSpan<const float>(l, l.Arg<uint64_t>(8), n);
+  float* out = DeviceSpan<float>(l, l.Arg<uint64_t>(16), n);
+  if (x == nullptr || y == nullptr || out == nullptr) return false;
+  for (int32_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+  return true;
+}
+
 const std::vector<KernelDef>& Kernels() {
   static const std::vector<KernelDef>* const kernels = new std::vector<KernelDef>{
       {"gx_empty", {}, RunEmpty},
@@ -732,6 +761,12 @@ const std::vector<KernelDef>& Kernels() {
       {"gx_coop_count", {{0, 8}, {8, 8}}, RunCoopCount},
       {"gx_pdl_produce", {{0, 8}, {8, 4}}, RunPdlProduce},
       {"gx_pdl_consume", {{0, 8}, {8, 8}, {16, 4}}, RunPdlConsume},
+      // The examples' kernels, by the names and layouts nvcc and Triton
+      // give them.
+      {"saxpy", {{0, 4}, {8, 8}, {16, 8}, {24, 8}}, RunSaxpy},
+      {"add_kernel", {{0, 8}, {8, 8}, {16, 8}, {24, 4}}, RunTritonAdd},
+      {"add_kernel", {{0, 8}, {8, 8}, {16, 8}, {24, 4}, {32, 8}}, RunTritonAdd},
+      {"add_kernel", {{0, 8}, {8, 8}, {16, 8}, {24, 4}, {32, 8}, {40, 8}}, RunTritonAdd},
   };
   return *kernels;
 }
@@ -739,6 +774,14 @@ const std::vector<KernelDef>& Kernels() {
 const KernelDef* FindKernel(const std::string& name) {
   for (const KernelDef& k : Kernels()) {
     if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+// The model of `name` whose layout is `params`, or null.
+const KernelDef* FindModel(const std::string& name, const std::vector<ParamSlot>& params) {
+  for (const KernelDef& k : Kernels()) {
+    if (name == k.name && params == k.params) return &k;
   }
   return nullptr;
 }
@@ -879,6 +922,9 @@ CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void
       return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
   }
+
+  // A kernel the double has no model of loads but cannot run.
+  if (kernel == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
 
   // Copy the argument values now, as the driver does.
   auto launch = std::make_shared<KernelLaunch>();
@@ -1049,10 +1095,13 @@ GX_EXPORT CUresult cuInit(unsigned int Flags) {
   std::this_thread::sleep_for(std::chrono::milliseconds(EnvU64("GXFAKE_INIT_DELAY_MS", 0)));
   const uint64_t count = EnvU64("GXFAKE_DEVICE_COUNT", 1);
   if (count == 0 || count > 64) return CUDA_ERROR_NO_DEVICE;
-  const uint64_t memory = EnvU64("GXFAKE_MEMORY_BYTES", kDefaultMemoryBytes);
+  const bool simulator = EnvU64("GXFAKE_SIMULATOR", 0) == 1;
+  const uint64_t memory =
+      EnvU64("GXFAKE_MEMORY_BYTES", simulator ? kSimulatorMemoryBytes : kDefaultMemoryBytes);
   for (uint64_t i = 0; i < count; ++i) {
     auto dev = std::make_unique<Device>();
-    dev->name = "gpuexec fake GPU " + std::to_string(i);
+    dev->name = simulator ? "simulated H200-like GPU (gpuexec simulator)"
+                          : "gpuexec fake GPU " + std::to_string(i);
     dev->total_bytes = memory;
     dev->context.device = static_cast<int>(i);
     dev->pool.device = static_cast<int>(i);
@@ -1515,28 +1564,47 @@ GX_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
     return CUDA_ERROR_INVALID_VALUE;
   }
   const char* text = static_cast<const char*>(image);
-  const size_t magic_len = std::strlen(kModuleMagic);
-  if (std::strncmp(text, kModuleMagic, magic_len) != 0) {
-    const char* p = text;
-    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') ++p;
-    const bool looks_like_ptx = (p[0] == '/' && p[1] == '/') || p[0] == '.';
-    WriteJitLog(numOptions, options, optionValues, CU_JIT_ERROR_LOG_BUFFER,
-                CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, looks_like_ptx ? kPtxErrorLog : "");
-    return looks_like_ptx ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
-  }
-
   auto mod = std::make_unique<CUmod_st>();
   mod->context = ctx;
-  for (const std::string& name : ModuleKernelNames(text)) {
-    const KernelDef* kernel = FindKernel(name);
-    if (kernel == nullptr) continue;  // Unknown names are ignored.
-    bool duplicate = false;
-    for (const auto& f : mod->functions) duplicate |= (f->kernel == kernel);
-    if (duplicate) continue;
+  auto add = [&mod](std::string name, std::vector<ParamSlot> params, const KernelDef* kernel) {
+    for (const auto& f : mod->functions) {
+      if (f->name == name) return;  // The first of a name wins.
+    }
     auto f = std::make_unique<CUfunc_st>();
+    f->name = std::move(name);
+    f->params = std::move(params);
     f->kernel = kernel;
     f->module = mod.get();
     mod->functions.push_back(std::move(f));
+  };
+  if (std::strncmp(text, kModuleMagic, std::strlen(kModuleMagic)) == 0) {
+    for (const std::string& name : ModuleKernelNames(text)) {
+      const KernelDef* kernel = FindKernel(name);
+      if (kernel != nullptr) add(name, kernel->params, kernel);  // Unknown names are ignored.
+    }
+  } else {
+    const gxfake::ImageFormat format = gxfake::SniffImage(image);
+    const bool ptx = format == gxfake::ImageFormat::kPtx;
+    const size_t size =
+        format == gxfake::ImageFormat::kUnknown ? 0 : gxfake::DeclaredImageSize(image);
+    std::vector<gxfake::ImageKernel> kernels;
+    std::string error = format == gxfake::ImageFormat::kCubin
+                            ? "cubin: not a 64-bit little-endian ELF, or its headers place a "
+                              "table or section past 1 TiB"
+                        : format == gxfake::ImageFormat::kFatbin
+                            ? "fatbin: its header declares more than 1 TiB"
+                            : "not a cubin, PTX or fatbin";
+    if (size == 0 ||
+        !gxfake::ReadImage(static_cast<const uint8_t*>(image), size, &kernels, &error)) {
+      const std::string log = std::string(ptx ? kPtxErrorLog : "gpuexec driver double: ") + error;
+      WriteJitLog(numOptions, options, optionValues, CU_JIT_ERROR_LOG_BUFFER,
+                  CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, log.c_str());
+      return ptx ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
+    }
+    for (gxfake::ImageKernel& k : kernels) {
+      const KernelDef* model = FindModel(k.name, k.params);
+      add(std::move(k.name), std::move(k.params), model);
+    }
   }
   WriteJitLog(numOptions, options, optionValues, CU_JIT_ERROR_LOG_BUFFER,
               CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, "");
@@ -1572,7 +1640,7 @@ GX_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
   auto it = d.modules.find(hmod);
   if (it == d.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
   for (const auto& f : it->second->functions) {
-    if (std::strcmp(f->kernel->name, name) == 0) {
+    if (f->name == name) {
       *hfunc = f.get();
       return CUDA_SUCCESS;
     }
@@ -1586,7 +1654,7 @@ GX_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t
   Driver& d = GetDriver();
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.functions.count(func) == 0) return CUDA_ERROR_INVALID_HANDLE;
-  const std::vector<ParamSlot>& params = func->kernel->params;
+  const std::vector<ParamSlot>& params = func->params;
   if (paramIndex >= params.size()) return CUDA_ERROR_INVALID_VALUE;
   if (paramOffset != nullptr) *paramOffset = params[paramIndex].offset;
   if (paramSize != nullptr) *paramSize = params[paramIndex].size;
@@ -1945,6 +2013,10 @@ GX_EXPORT CUresult cuTensorMapEncodeTiled(
 
 // Successful cuModuleLoadDataEx calls in this process.
 GX_EXPORT uint64_t gxfake_module_loads(void) { return g_module_loads.load(); }
+
+// The kernels of real images the double runs (comma-separated), for the
+// daemon's refusal of the others.
+GX_EXPORT const char* gxfake_example_kernels(void) { return kExampleKernels; }
 
 // Device bytes currently allocated, summed over all devices.
 GX_EXPORT uint64_t gxfake_bytes_allocated(void) {

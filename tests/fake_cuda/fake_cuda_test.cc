@@ -5,6 +5,7 @@
 // child.
 
 #include <dlfcn.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +15,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,8 +99,7 @@ struct FakeCuda {
 constexpr int kDeviceCount = 2;
 constexpr uint64_t kMemoryBytes = 1ull << 30;
 constexpr char kPtxLog[] =
-    "ptxas application ptx input, line 1; error   : fake driver rejects this "
-    "PTX";
+    "ptxas application ptx input; error   : PTX: no .entry (a kernel) in the text";
 
 // The process-wide instance, configured and initialized by the environment.
 FakeCuda* g_cuda = nullptr;
@@ -528,6 +530,85 @@ TEST_F(FakeCudaContextTest, InvalidPtxWritesTheErrorLog) {
   EXPECT_CU(cu_.cuStreamSynchronize(stream_));
 }
 
+std::string ReadExample(const char* name) {
+  std::ifstream in(std::string(GXFAKE_EXAMPLES_DIR) + "/" + name, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+// The shipped nvcc-built saxpy modules load with their own layout and run
+// the saxpy model; a kernel the double has no model of (or a model's name
+// with another layout) loads, reports its layout, and cannot be launched.
+TEST_F(FakeCudaContextTest, RealImagesRunOnlyTheExampleKernels) {
+  constexpr uint64_t kN = 300;
+  std::vector<float> x(kN), y(kN, 1.0f);
+  for (uint64_t i = 0; i < kN; ++i) x[i] = float(i);
+  CUdeviceptr dx = Alloc(kN * 4), dy = Alloc(kN * 4);
+  ASSERT_CU(cu_.cuMemcpyHtoDAsync_v2(dx, x.data(), kN * 4, stream_));
+  for (const char* file : {"saxpy.cubin", "saxpy.ptx"}) {
+    SCOPED_TRACE(file);
+    const std::string image = ReadExample(file);
+    ASSERT_FALSE(image.empty());
+    ASSERT_CU(cu_.cuMemcpyHtoDAsync_v2(dy, y.data(), kN * 4, stream_));
+    CUmodule mod = nullptr;
+    ASSERT_CU(cu_.cuModuleLoadDataEx(&mod, image.c_str(), 0, nullptr, nullptr));
+    CUfunction saxpy = nullptr;
+    ASSERT_CU(cu_.cuModuleGetFunction(&saxpy, mod, "saxpy"));
+    const size_t offsets[] = {0, 8, 16, 24}, sizes[] = {4, 8, 8, 8};
+    for (size_t i = 0; i < 4; ++i) {
+      size_t offset = 0, size = 0;
+      ASSERT_CU(cu_.cuFuncGetParamInfo(saxpy, i, &offset, &size));
+      EXPECT_EQ(offset, offsets[i]);
+      EXPECT_EQ(size, sizes[i]);
+    }
+    EXPECT_EQ(cu_.cuFuncGetParamInfo(saxpy, 4, nullptr, nullptr), CUDA_ERROR_INVALID_VALUE);
+    float a = 2.0f;
+    uint64_t n = kN;
+    void* params[] = {&a, &dx, &dy, &n};
+    ASSERT_CU(cu_.cuLaunchKernel(saxpy, 2, 1, 1, 256, 1, 1, 0, stream_, params, nullptr));
+    const std::vector<float> out = Download<float>(dy, kN);
+    for (uint64_t i = 0; i < kN; ++i) ASSERT_EQ(out[i], 2.0f * x[i] + 1.0f) << i;
+    EXPECT_CU(cu_.cuModuleUnload(mod));
+  }
+
+  auto examples = reinterpret_cast<const char* (*)()>(dlsym(cu_.handle, "gxfake_example_kernels"));
+  ASSERT_NE(examples, nullptr);
+  EXPECT_STREQ(examples(), "saxpy, add_kernel");
+  const char* other =
+      ".version 8.0\n.target sm_90\n.visible .entry mine(.param .u64 p)\n{ ret; }\n"
+      ".entry saxpy(.param .u32 a)\n{ ret; }\n";
+  CUmodule mod = nullptr;
+  ASSERT_CU(cu_.cuModuleLoadDataEx(&mod, other, 0, nullptr, nullptr));
+  for (const char* name : {"mine", "saxpy"}) {
+    SCOPED_TRACE(name);
+    CUfunction f = nullptr;
+    ASSERT_CU(cu_.cuModuleGetFunction(&f, mod, name));
+    size_t offset = 1, size = 0;
+    ASSERT_CU(cu_.cuFuncGetParamInfo(f, 0, &offset, &size));
+    EXPECT_EQ(offset, 0u);
+    EXPECT_EQ(size, name[0] == 'm' ? 8u : 4u);
+    uint64_t p = 0;
+    void* params[] = {&p};
+    EXPECT_EQ(cu_.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream_, params, nullptr),
+              CUDA_ERROR_NOT_SUPPORTED);
+  }
+  EXPECT_CU(cu_.cuModuleUnload(mod));
+
+  // A malformed cubin: INVALID_IMAGE with the reason in the error log.
+  std::string cubin = ReadExample("saxpy.cubin");
+  const uint64_t far = uint64_t{1} << 41;
+  std::memcpy(&cubin[0x28], &far, 8);  // the section table far past the end
+  char log[256] = "untouched";
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log, reinterpret_cast<void*>(uintptr_t{sizeof(log)})};
+  EXPECT_EQ(cu_.cuModuleLoadDataEx(&mod, cubin.data(), 2, options, values),
+            CUDA_ERROR_INVALID_IMAGE);
+  EXPECT_THAT(std::string(log), ::testing::HasSubstr("gpuexec driver double: cubin: "));
+  ASSERT_CU(cu_.cuMemFree_v2(dx));
+  ASSERT_CU(cu_.cuMemFree_v2(dy));
+}
+
 TEST_F(FakeCudaContextTest, BigSharedNeedsTheAttribute) {
   const CUfunction kernel = LoadKernel("gx_bigshared");
   constexpr uint32_t kWords = 20000;  // 80000 bytes > 48 KiB.
@@ -816,6 +897,46 @@ TEST(FakeCudaForkTest, OutOfBoundsKernelWriteFaults) {
 
 // A second, fresh copy of the library: not initialized, then GXFAKE_FAIL_INIT
 // and the configuration variables.
+// GXFAKE_SIMULATOR=1 (gpuexecd --simulator): one device named as
+// simulated, H200-like, with 16 GiB that are only counted, never taken.
+TEST(FakeCudaForkTest, SimulatorProfile) {
+  const int rc = RunInChild([]() -> int {
+    unsetenv("GXFAKE_DEVICE_COUNT");
+    unsetenv("GXFAKE_MEMORY_BYTES");
+    setenv("GXFAKE_SIMULATOR", "1", 1);
+    char dir_template[] = "/tmp/gxfake_sim.XXXXXX";
+    CHILD_CHECK(mkdtemp(dir_template) != nullptr);
+    const std::string copy = std::string(dir_template) + "/libsim.so";
+    CHILD_CHECK(
+        std::system((std::string("cp '") + GXFAKE_LIBRARY_PATH + "' '" + copy + "'").c_str()) == 0);
+    FakeCuda cu;
+    const std::string error = cu.Load(copy.c_str());
+    std::remove(copy.c_str());
+    rmdir(dir_template);
+    CHILD_CHECK(error.empty());
+    CHILD_CU(cu.cuInit(0));
+    int count = 0, major = 0, sms = 0;
+    CHILD_CU(cu.cuDeviceGetCount(&count));
+    CHILD_CHECK(count == 1);
+    char name[128] = {0};
+    CHILD_CU(cu.cuDeviceGetName(name, sizeof(name), 0));
+    CHILD_CHECK(std::strstr(name, "simulated") != nullptr);
+    CHILD_CU(cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0));
+    CHILD_CU(cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
+    CHILD_CHECK(major == 9 && sms == 132);
+    size_t total = 0;
+    CHILD_CU(cu.cuDeviceTotalMem_v2(&total, 0));
+    CHILD_CHECK(total == (size_t{16} << 30));
+    // Nothing of the 16 GiB is resident: the process stays small.
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) CHILD_CHECK(std::stoull(line.substr(6)) < (1u << 20));
+    }
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
 TEST(FakeCudaForkTest, FreshLibraryHonoursTheEnvironment) {
   char dir_template[] = "/tmp/gxfake_test.XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
