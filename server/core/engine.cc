@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                  "; serving with no devices");
   } else {
     log::Info("CUDA driver '", options.driver_library, "' version ", info.driver_version, ": ",
-              info.device_count, " device(s)");
+              info.device_count, info.test_double ? " simulated" : "", " device(s)");
     engine->test_double_ = info.test_double;
     opened.resize(info.device_count);
     std::vector<absl::Status> failures(info.device_count);

@@ -42,6 +42,33 @@
 namespace gpuexec {
 namespace {
 
+constexpr char kSimulatorLibrary[] = "libgpuexec_fakecuda.so";
+
+// The simulator's library beside `program` (empty: this process's own):
+// in its directory, in ../lib (installed), or in ../tests/fake_cuda (the
+// build tree).
+absl::StatusOr<std::string> SimulatorLibrary(const std::string& program) {
+  std::string self = program;
+  if (self.empty()) {
+    char buf[4096];
+    const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n > 0) self.assign(buf, static_cast<size_t>(n));
+  }
+  const size_t slash = self.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
+  std::vector<std::string> tried;
+  for (const char* sub : {"/", "/../lib/", "/../tests/fake_cuda/"}) {
+    std::string path = absl::StrCat(dir, sub, kSimulatorLibrary);
+    if (access(path.c_str(), R_OK) == 0) return path;
+    tried.push_back(std::move(path));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--simulator: the simulator's library ", kSimulatorLibrary, " is not installed beside ",
+      self.empty() ? std::string("gpuexecd") : self, " (looked for ", absl::StrJoin(tried, ", "),
+      "); build it (cmake --build build --target gpuexec_fakecuda) or install gpuexec's runtime "
+      "component, which holds it"));
+}
+
 // A PEM file the TLS listener needs: it must be there and readable at start
 // (the watcher then picks up its replacements).
 absl::Status CheckPemFile(const std::string& path, absl::string_view flag) {
@@ -217,8 +244,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     log::Info("tenants: ", (*dir)->size(), " tenant(s) from ", options.tenants_file);
     impl->identity->SetDirectory(*std::move(dir));
   }
+  std::string driver_library = options.driver_library;
+  if (options.simulator) {
+    auto simulator = SimulatorLibrary(options.worker_program);
+    if (!simulator.ok()) return simulator.status();
+    driver_library = *std::move(simulator);
+    // The double reads it at cuInit, in each worker (they inherit it).
+    setenv("GXFAKE_SIMULATOR", "1", 1);
+    log::Info(
+        "gpuexecd: --simulator: no GPU is used; simulated devices run the examples' "
+        "kernels on the host (",
+        driver_library, ")");
+  }
   core::EngineOptions eo;
-  eo.driver_library = options.driver_library;
+  eo.driver_library = driver_library;
   eo.default_lease_ms = options.default_lease_ms;
   eo.max_lease_ms = options.max_lease_ms;
   eo.default_session_memory_bytes = options.default_session_memory_bytes;
@@ -264,7 +303,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // This very program, even if its file was replaced since (an upgrade):
   // front and workers speak the same private protocol.
   wo.program = options.worker_program.empty() ? "/proc/self/exe" : options.worker_program;
-  wo.driver_library = options.driver_library;
+  wo.driver_library = driver_library;
   wo.staging_bytes = options.chunk_bytes;
   wo.staging_slots = static_cast<int>(options.staging_buffers);
   wo.max_queued_launches = options.max_queued_launches;

@@ -63,6 +63,13 @@ struct ServerOptions {
   std::string metrics_address;
   // Driver library opened at run time.
   std::string driver_library = "libcuda.so.1";
+  // Instead of driver_library: the simulator, gpuexec's driver double
+  // (libgpuexec_fakecuda.so) found beside the daemon's program (then in
+  // ../lib, then in a build tree's tests/fake_cuda), with simulated
+  // H200-like devices that run the examples' kernels. Start sets
+  // GXFAKE_SIMULATOR=1 in the environment for the workers: call it before
+  // other threads read the environment.
+  bool simulator = false;
   // Leases: what a session gets when it asks for none, and the most it may
   // ask for.
   uint64_t default_lease_ms = 60'000;
