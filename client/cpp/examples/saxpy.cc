@@ -1,18 +1,38 @@
 // gpuexec-saxpy: the README's walk-through. Connects to a daemon, loads a
 // cubin that holds `saxpy(float a, const float* x, float* y, uint64 n)`,
 // runs y = a*x + y on n floats and checks the result against the host.
+// saxpy.cubin and saxpy.ptx beside this file are saxpy.cu built by nvcc
+// (regenerate_modules.sh); `gpuexecd --simulator` runs them without a GPU.
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "gpuexec/client.h"
 
-ABSL_FLAG(std::string, target, "127.0.0.1:50051", "gpuexecd address");
-ABSL_FLAG(std::string, cubin, "saxpy.cubin", "module file (.cubin, .ptx or .fatbin)");
+namespace {
+
+// $GPUEXEC_TARGET, else the daemon's default address.
+std::string DefaultTarget() {
+  const char* env = std::getenv("GPUEXEC_TARGET");
+  return env != nullptr && *env != '\0' ? env : "127.0.0.1:50051";
+}
+
+}  // namespace
+
+ABSL_FLAG(std::string, target, DefaultTarget(),
+          "gpuexecd address (host:port or unix:PATH); default: $GPUEXEC_TARGET, else "
+          "127.0.0.1:50051");
+ABSL_FLAG(std::string, cubin, "saxpy.cubin",
+          "module file (.cubin, .ptx or .fatbin) holding the kernel, e.g. the shipped "
+          "client/cpp/examples/saxpy.cubin or saxpy.ptx");
 ABSL_FLAG(std::string, kernel, "saxpy", "kernel name");
 ABSL_FLAG(uint64_t, n, 1 << 20, "number of floats");
 
@@ -26,6 +46,16 @@ int Fail(const char* what, const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists this file's flags (absl matches by program name otherwise).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "examples/saxpy.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "runs y = a*x + y on n floats with the saxpy kernel on a gpuexecd daemon and checks it.\n"
+      "Usage: gpuexec-saxpy [--target=HOST:PORT] [--cubin=client/cpp/examples/saxpy.cubin] "
+      "[--n=N]");
   absl::ParseCommandLine(argc, argv);
   const uint64_t n = absl::GetFlag(FLAGS_n);
   const float a = 2.0f;
