@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -76,6 +79,137 @@ void Write(Level level, absl::string_view message) {
   line.push_back('\n');
   // One fwrite per line keeps lines whole across threads.
   std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+namespace {
+
+absl::string_view Basename(absl::string_view path) {
+  const size_t slash = path.rfind('/');
+  return slash == absl::string_view::npos ? path : path.substr(slash + 1);
+}
+
+bool HasAny(absl::string_view text, std::initializer_list<absl::string_view> needles) {
+  for (absl::string_view n : needles) {
+    if (absl::StrContains(text, n)) return true;
+  }
+  return false;
+}
+
+// The peer of a socket error: `target_address:"ipv4:10.0.0.7:41174"`.
+std::string PeerOf(absl::string_view error) {
+  constexpr absl::string_view kKey = "target_address:\"";
+  const size_t at = error.find(kKey);
+  if (at == absl::string_view::npos) return "";
+  absl::string_view peer = error.substr(at + kKey.size());
+  peer = peer.substr(0, peer.find('"'));
+  if (!absl::ConsumePrefix(&peer, "ipv4:")) absl::ConsumePrefix(&peer, "ipv6:");
+  return std::string(peer.substr(0, 96));
+}
+
+// The TLS library's reason: "... SSL routines::wrong version number {...}".
+std::string ReasonOf(absl::string_view error) {
+  if (const size_t at = error.find("routines::"); at != absl::string_view::npos) {
+    error = error.substr(at + 10);
+  }
+  error = error.substr(0, error.find(" {"));
+  if (absl::EndsWith(error, ".")) error.remove_suffix(1);
+  return std::string(error.substr(0, 200));
+}
+
+std::string CauseOf(absl::string_view error) {
+  if (HasAny(error, {"wrong version number", "http request", "packet length too long",
+                     "unknown protocol", "record layer failure"})) {
+    return "the client spoke plain text, not TLS: it needs the CA that signed --tls_cert "
+           "(gpuexec --tls_ca)";
+  }
+  if (HasAny(error, {"peer did not return a certificate", "certificate required"})) {
+    return "the client sent no certificate, and --tls_client_ca requires one (gpuexec "
+           "--tls_cert, --tls_key)";
+  }
+  if (HasAny(error, {"certificate verify failed"})) {
+    return "the client's certificate is not signed by the CA of --tls_client_ca, or has expired";
+  }
+  if (HasAny(error, {"alert unknown ca", "alert bad certificate", "alert certificate unknown"})) {
+    return "the client does not trust the daemon's certificate: its --tls_ca must be the CA "
+           "that signed --tls_cert";
+  }
+  if (HasAny(error, {"Handshake read failed", "Socket closed", "Connection reset"})) {
+    return "the client closed the connection during the handshake (most often it does not "
+           "trust the daemon's certificate: its --tls_ca must be the CA that signed --tls_cert)";
+  }
+  if (HasAny(error, {"no shared cipher", "unsupported protocol", "no protocols available",
+                     "version too low"})) {
+    return "the client offers no TLS version or cipher this daemon takes (TLS 1.2 or 1.3)";
+  }
+  if (HasAny(error, {"Timeout", "timed out", "Deadline Exceeded"})) {
+    return "the client did not finish the handshake in time";
+  }
+  return absl::StrCat("the TLS handshake failed: ", ReasonOf(error));
+}
+
+LineBudget& GrpcBudget() {
+  static LineBudget* budget = new LineBudget(5, 20);  // never destroyed: gRPC logs at exit
+  return *budget;
+}
+
+std::string LeftOut(uint64_t n) {
+  return n == 0 ? "" : absl::StrCat(" (", n, " such line(s) left out before this one)");
+}
+
+}  // namespace
+
+HandshakeFailure DescribeHandshakeFailure(absl::string_view file, absl::string_view message,
+                                          bool handshake_details_follow) {
+  file = Basename(file);
+  HandshakeFailure out;
+  absl::string_view error;
+  if (file == "chttp2_server.cc" && absl::ConsumePrefix(&message, "Handshaking failed: ")) {
+    error = message;
+  } else if (file == "ssl_transport_security.cc" &&
+             absl::StartsWith(message, "Handshake failed with fatal error")) {
+    out.is_handshake_line = true;
+    if (handshake_details_follow) return out;  // the server's line says it with more
+    error = message;
+  } else if (file == "security_handshaker.cc" &&
+             absl::StartsWith(message, "Security handshake failed")) {
+    out.is_handshake_line = true;  // the server's line says the same
+    return out;
+  } else {
+    return out;
+  }
+  out.is_handshake_line = true;
+  // The daemon stopping ends handshakes under way: nobody's mistake.
+  if (HasAny(error, {"Shutdown", "shutdown", "Listener stopped"})) return out;
+  const std::string peer = PeerOf(error);
+  out.line = absl::StrCat("TLS handshake with ",
+                          peer.empty() ? std::string("a client (gRPC does not name its peer)")
+                                       : absl::StrCat("client ", peer),
+                          " failed: ", CauseOf(error));
+  return out;
+}
+
+void WriteGrpcLine(const GrpcLine& g, bool handshake_details_follow, bool operator_verbosity) {
+  const absl::string_view file = Basename(g.file);
+  const HandshakeFailure h = DescribeHandshakeFailure(file, g.message, handshake_details_follow);
+  uint64_t left_out = 0;
+  if (h.is_handshake_line) {
+    if (!h.line.empty() && GetLevel() <= Level::kWarning &&
+        GrpcBudget().Take(absl::Now(), &left_out)) {
+      Write(Level::kWarning, absl::StrCat(h.line, LeftOut(left_out)));
+    }
+    return;
+  }
+  Level level = Level::kDebug;
+  if (g.severity == GrpcSeverity::kError) {
+    level = Level::kError;
+  } else if (operator_verbosity) {
+    level = Level::kInfo;
+  } else if (g.severity == GrpcSeverity::kDebug) {
+    return;
+  }
+  if (GetLevel() > level) return;
+  if (level == Level::kError && !GrpcBudget().Take(absl::Now(), &left_out)) return;
+  Write(level, absl::StrCat("grpc: ", g.message, " (", file, ":", g.line, ")", LeftOut(left_out)));
 }
 
 }  // namespace gpuexec::log

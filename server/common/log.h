@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,39 @@ class LineBudget {
   uint64_t left_out_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> left_out_total_{0};
 };
+
+// gRPC's own lines, handed over by the log function the server installs
+// (gpr_set_log_function, grpc/support/log.h; this layer sees no gRPC, so
+// the server passes the fields of gpr_log_func_args). Each becomes one
+// line of this log, "grpc: MESSAGE (FILE:LINE)": ERROR as an error, INFO
+// as debug, DEBUG dropped unless `operator_verbosity` (GRPC_VERBOSITY set
+// by whoever started the daemon: then every line gRPC lets through is
+// written, at info). A failed TLS handshake, which any client can cause,
+// is one warning instead, by DescribeHandshakeFailure; those lines and
+// gRPC's errors share a budget (LineBudget: 5 a second, 20 at once).
+enum class GrpcSeverity { kDebug, kInfo, kError };
+struct GrpcLine {
+  absl::string_view file;  // as gRPC names it; only its last part is kept
+  int line = 0;
+  GrpcSeverity severity = GrpcSeverity::kInfo;
+  absl::string_view message;
+};
+// `handshake_details_follow`: gRPC logs at DEBUG, so the server's
+// "Handshaking failed" line, which can name the peer, follows the TLS
+// library's error line; that one is then left out.
+void WriteGrpcLine(const GrpcLine& line, bool handshake_details_follow, bool operator_verbosity);
+
+struct HandshakeFailure {
+  bool is_handshake_line = false;  // a line about a failed handshake
+  std::string line;                // what to write; empty: nothing
+};
+// A gRPC 1.51 line about a failed TLS handshake, in words: "TLS handshake
+// with client 10.0.0.7:41174 failed: the client sent no certificate, and
+// --tls_client_ca requires one (...)". gRPC names the peer only when the
+// socket failed (the client closed it, say); for an error of the TLS
+// library it does not, and the line says so rather than guess.
+HandshakeFailure DescribeHandshakeFailure(absl::string_view file, absl::string_view message,
+                                          bool handshake_details_follow);
 
 template <typename... Args>
 void Debug(const Args&... args) {

@@ -1,5 +1,6 @@
 #include "server/rpc/server.h"
 
+#include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
@@ -10,8 +11,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -156,6 +159,53 @@ uint64_t HostMemoryBytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
+// gRPC's own lines go through this daemon's log (log::WriteGrpcLine): at
+// DEBUG unless the operator set GRPC_VERBOSITY, so that a failed TLS
+// handshake comes with gRPC's server-side line, which can name the peer.
+// Once per process (gRPC keeps one log function: a client library in the
+// same process may install its own after this one).
+std::atomic<bool> g_grpc_details{true};
+std::atomic<bool> g_grpc_operator{false};
+
+void OnGrpcLog(gpr_log_func_args* args) {
+  log::GrpcLine line;
+  line.file = args->file != nullptr ? args->file : "";
+  line.line = args->line;
+  line.severity = args->severity == GPR_LOG_SEVERITY_ERROR  ? log::GrpcSeverity::kError
+                  : args->severity == GPR_LOG_SEVERITY_INFO ? log::GrpcSeverity::kInfo
+                                                            : log::GrpcSeverity::kDebug;
+  line.message = args->message != nullptr ? args->message : "";
+  log::WriteGrpcLine(line, g_grpc_details.load(std::memory_order_relaxed),
+                     g_grpc_operator.load(std::memory_order_relaxed));
+}
+
+void InstallGrpcLog() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* verbosity = std::getenv("GRPC_VERBOSITY");
+    g_grpc_operator = verbosity != nullptr;
+    g_grpc_details = verbosity == nullptr || absl::EqualsIgnoreCase(verbosity, "debug");
+    if (verbosity == nullptr) gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
+    gpr_set_log_function(&OnGrpcLog);
+  });
+}
+
+// With --tls_client_ca every TCP client shows a certificate: a tenant known
+// by its token alone is let in only with one whose name the file lists.
+void WarnTokenOnlyTenants(const tenants::Directory& dir, const std::string& file) {
+  const std::vector<std::string> names = dir.TokenOnlyNames();
+  if (names.empty()) return;
+  constexpr size_t kShown = 10;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) shown.push_back(Quoted(names[i]));
+  log::Warning("tenants: --tls_client_ca requires a certificate of every TCP client, and ",
+               names.size(), " tenant(s) of ", file, " have a token and no certificate_name (",
+               absl::StrJoin(shown, ", "),
+               names.size() > kShown ? absl::StrCat(" and ", names.size() - kShown, " more") : "",
+               "): they can no longer connect over TCP; give each a certificate_name that its "
+               "clients' certificates carry, or serve them on --unix_socket");
+}
+
 }  // namespace
 
 class Server::Impl {
@@ -218,6 +268,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
   }
   GPUEXEC_RETURN_IF_ERROR(CheckSecurity(options));
+  InstallGrpcLog();
   if (options.session_memory_share.has_value() &&
       !(*options.session_memory_share >= 0 && *options.session_memory_share <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -242,6 +293,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     auto dir = tenants::Directory::Load(options.tenants_file);
     if (!dir.ok()) return dir.status();
     log::Info("tenants: ", (*dir)->size(), " tenant(s) from ", options.tenants_file);
+    if (!options.tls_client_ca.empty()) WarnTokenOnlyTenants(**dir, options.tenants_file);
     impl->identity->SetDirectory(*std::move(dir));
   }
   std::string driver_library = options.driver_library;

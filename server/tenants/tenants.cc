@@ -245,6 +245,17 @@ std::vector<std::string> Directory::names() const {
   return out;
 }
 
+std::vector<std::string> Directory::TokenOnlyNames() const {
+  std::vector<bool> token(tenants_.size()), certificate(tenants_.size());
+  for (const auto& entry : tokens_) token[entry.second] = true;
+  for (const auto& entry : certificate_names_) certificate[entry.second] = true;
+  std::vector<std::string> out;
+  for (size_t i = 0; i < tenants_.size(); ++i) {
+    if (token[i] && !certificate[i]) out.push_back(tenants_[i]->name);
+  }
+  return out;
+}
+
 std::shared_ptr<const core::Tenant> Directory::Find(absl::string_view name) const {
   for (const auto& t : tenants_) {
     if (t->name == name) return t;

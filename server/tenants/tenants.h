@@ -77,6 +77,11 @@ class Directory {
 
   size_t size() const { return tenants_.size(); }
   std::vector<std::string> names() const;
+  // Tenants with a token and no certificate name, in the file's order: a
+  // daemon that requires client certificates (--tls_client_ca) lets them
+  // in over TCP only with a certificate, which then names no tenant of
+  // theirs unless the file lists its name.
+  std::vector<std::string> TokenOnlyNames() const;
   // The tenant called `name`, or null.
   std::shared_ptr<const core::Tenant> Find(absl::string_view name) const;
 
