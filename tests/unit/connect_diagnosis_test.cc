@@ -127,6 +127,14 @@ std::vector<Row> Rows() {
        Facts("127.0.0.1:50051", false, {kSocketClosed}, Wire::kTls),
        ConnectFailure::kPlainToTls,
        {"the daemon speaks TLS and the client plain text", "give --tls_ca (or $GPUEXEC_TLS_CA)"}});
+  rows.push_back({"plain text to a TLS daemon, which closed the probe without a byte",
+                  Facts("127.0.0.1:50051", false, {kSocketClosed}, Wire::kNothing),
+                  ConnectFailure::kPlainToTls,
+                  {"the daemon speaks TLS and the client plain text"}});
+  rows.push_back({"a plain daemon that closed the connection is not taken for TLS",
+                  Facts("127.0.0.1:50051", false, {kSocketClosed}, Wire::kHttp2),
+                  ConnectFailure::kUnknown,
+                  {"no connection (plain text; last attempt: the daemon closed the connection)"}});
   rows.push_back({"TLS to a plain daemon, from gRPC's line",
                   Facts("127.0.0.1:50051", true, {kWrongVersion}),
                   ConnectFailure::kTlsToPlain,

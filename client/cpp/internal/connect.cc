@@ -219,9 +219,17 @@ std::string ClientHello() {
   return record + handshake;
 }
 
+// What a plain-text gRPC client sends first: the HTTP/2 preface and an
+// empty SETTINGS frame. A gRPC server answers with its SETTINGS; a TLS
+// server closes the connection without a byte.
+std::string Http2Preface() {
+  return std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
+         std::string("\x00\x00\x00\x04\x00\x00\x00\x00\x00", 9);
+}
+
 }  // namespace
 
-void ProbeTarget(const std::string& target, absl::Duration timeout, bool send_hello,
+void ProbeTarget(const std::string& target, absl::Duration timeout, ProbeSend send,
                  ConnectFacts* facts) {
   const absl::Time deadline = absl::Now() + timeout;
   RawTarget raw;
@@ -266,9 +274,9 @@ void ProbeTarget(const std::string& target, absl::Duration timeout, bool send_he
     if (!facts->refused) facts->raw_error = std::strerror(error);
     return;
   }
-  if (send_hello) {
-    const std::string hello = ClientHello();
-    (void)!send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
+  if (send != ProbeSend::kNothing) {
+    const std::string hello = send == ProbeSend::kClientHello ? ClientHello() : Http2Preface();
+    (void)!::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
     char answer[64];
     ssize_t got = 0;
     if (WaitFd(fd, POLLIN, deadline)) got = recv(fd, answer, sizeof(answer), 0);
@@ -292,7 +300,7 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
   facts.timeout = options.connect_timeout;
   if (facts.unix_socket) {
     // A stat, no connection: nothing there fails now.
-    ProbeTarget(target, absl::Seconds(1), /*send_hello=*/false, &facts);
+    ProbeTarget(target, absl::Seconds(1), ProbeSend::kNothing, &facts);
     if (facts.no_socket_file || facts.refused) return DiagnoseConnectFailure(facts).status;
     facts.refused = false;
   }
@@ -316,9 +324,14 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
     state = channel.GetState(/*try_to_connect=*/true);
   }
   if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
-  // Once, bounded: what speaks there (its answer also lets gRPC's lines of
-  // the last attempt arrive before they are read).
-  ProbeTarget(target, absl::Seconds(1), /*send_hello=*/true, &facts);
+  facts.grpc_lines = capture.Lines();
+  Diagnosis d = DiagnoseConnectFailure(facts);
+  if (d.failure != ConnectFailure::kUnknown) return d.status;
+  // Once, bounded, and only when gRPC's lines do not say already (the
+  // daemon logs the probe's handshake too): what speaks there. Its answer
+  // also lets gRPC's lines of the last attempt arrive before they are read.
+  ProbeTarget(target, absl::Seconds(1),
+              facts.tls ? ProbeSend::kClientHello : ProbeSend::kHttp2Preface, &facts);
   facts.grpc_lines = capture.Lines();
   return DiagnoseConnectFailure(facts).status;
 }

@@ -145,7 +145,10 @@ Diagnosis DiagnoseConnectFailure(const ConnectFacts& f) {
                        ": it must be signed by the CA of the daemon's --tls_client_ca, "
                        "and not expired"));
     }
-  } else if (f.probe == Wire::kTls) {
+  } else if (f.probe == Wire::kTls ||
+             (f.probe == Wire::kNothing && AnyLineHas(f, "Socket closed"))) {
+    // A TLS daemon closes a plain-text connection without a byte; a gRPC
+    // server would have sent its SETTINGS first.
     return Make(f, ConnectFailure::kPlainToTls,
                 "the daemon speaks TLS and the client plain text: give --tls_ca (or "
                 "$GPUEXEC_TLS_CA), the CA that signed the daemon's certificate");

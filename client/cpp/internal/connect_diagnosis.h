@@ -12,9 +12,9 @@
 // ...certificate verify failed" (ssl_transport_security.cc, ERROR), and
 // "connect failed (...Connection refused...)" or "(...Secure read
 // failed...Socket closed...)" (subchannel.cc, INFO). A daemon that speaks
-// TLS to a plain-text client just closes the connection: only the probe's
-// answer (the first bytes the daemon sends back to a TLS ClientHello) tells
-// that case apart.
+// TLS closes a plain-text client's connection without a byte, where a
+// plain-text gRPC server sends its SETTINGS frame first: the probe's answer
+// to an HTTP/2 preface (connect_internal.h) tells that case apart.
 
 #include <string>
 #include <vector>
@@ -25,7 +25,7 @@
 
 namespace gpuexec::internal {
 
-// What the first bytes a daemon sent back to a TLS ClientHello say it speaks.
+// What the first bytes a daemon sent back to a probe say it speaks.
 enum class Wire {
   kNotProbed,
   kNothing,  // closed, or silent, without a byte

@@ -19,9 +19,9 @@
 // watched: a failure the log lines already explain (a certificate, TLS
 // against plain text) fails at its first TRANSIENT_FAILURE, whatever the
 // target; on this host any TRANSIENT_FAILURE does; elsewhere the channel
-// keeps trying until connect_timeout. A failure then probes the target
-// once (a TLS ClientHello; the first bytes back say what speaks there) and
-// returns the diagnosis.
+// keeps trying until connect_timeout. A failure that gRPC's lines do not
+// explain then probes the target once (ProbeTarget) and returns the
+// diagnosis.
 
 #include <grpcpp/grpcpp.h>
 
@@ -37,12 +37,15 @@ namespace gpuexec::internal {
 absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
                            const ClientOptions& options);
 
-// The raw probe (exposed for tests): a TLS ClientHello to `target`
-// ("host:port", "[v6]:port", "unix:PATH"; dns:///, ipv4:, ipv6: prefixes
-// allowed) and what the first bytes back say. Sets `facts->refused`,
-// `no_socket_file`, `raw_error` and `probe`. Returns within about `timeout`
-// (name resolution aside).
-void ProbeTarget(const std::string& target, absl::Duration timeout, bool send_hello,
+// The raw probe: a connect() to `target` ("host:port", "[v6]:port",
+// "unix:PATH"; dns:///, ipv4:, ipv6: prefixes allowed), `send` written,
+// and what the first bytes back say. A plain-text client sends the HTTP/2
+// preface (a TLS daemon then logs the probe as a plain-text client, which
+// the user's client was too), a TLS client a ClientHello. Sets
+// `facts->refused`, `no_socket_file`, `raw_error` and `probe`. Returns
+// within about `timeout` (name resolution aside).
+enum class ProbeSend { kNothing, kClientHello, kHttp2Preface };
+void ProbeTarget(const std::string& target, absl::Duration timeout, ProbeSend send,
                  ConnectFacts* facts);
 
 }  // namespace gpuexec::internal
