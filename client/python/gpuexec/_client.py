@@ -435,8 +435,10 @@ class Session:
         # Seconds; 0 means no limit.
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0
         self._closed = False
-        # The failure that ended the session on the daemon (a kernel's fault
-        # or hang: ABORTED), which later calls' errors lead with.
+        # The first ABORTED a call of the session raised (a kernel's fault
+        # or hang resets the device), and the failure known to have ended
+        # the session on the daemon, which later calls' errors lead with.
+        self._aborted = None
         self._fatal = None
         # Launches and synchronizes: one Execute stream, opened at the first.
         self._commands = CommandStream(client, self.token)
@@ -485,39 +487,47 @@ class Session:
 
     def _failed(self, e):
         """The error to raise for ``e``, a failure of one of this session's
-        calls. A fault or hang of its kernel (ABORTED) ends the session on
-        the daemon, whose later answers are a bare NOT_FOUND: those lead
-        with the ABORTED. Where nobody waited for the faulting launch (it
-        was queued), the first NOT_FOUND is the ABORTED itself, rebuilt from
-        the device's last reset, which names the kernel and the CUDA error."""
+        calls. A fault or hang of its kernel (ABORTED) resets the device and
+        ends the session on the daemon, whose later answers are a bare
+        NOT_FOUND: those lead with the ABORTED. Where nobody waited for the
+        faulting launch (it was queued), the first such NOT_FOUND becomes
+        the ABORTED itself, rebuilt from the device's last reset, which
+        names the kernel and the CUDA error."""
         if e.code == grpc.StatusCode.ABORTED:
-            if self._fatal is None:
-                self._fatal = e
+            if self._aborted is None:
+                self._aborted = e
+            return e
+        if e.code != grpc.StatusCode.NOT_FOUND:
+            return e
+        told = self._fatal is not None or self._learn_fatal(e)
+        if self._fatal is None:
             return e
         short = short_token(self.token)
-        if e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(f"session {short} "):
-            return e
-        if self._fatal is not None:
+        if told:
             return after_fatal(short, self._fatal, e)
-        cause = self._reset_cause(e)
-        if cause is None:
-            return e
-        self._fatal = cause
-        return Error(cause.code, f"{cause.message}; session {short} was closed by it")
+        return Error(self._fatal.code, f"{self._fatal.message}; session {short} was closed by it")
 
-    def _reset_cause(self, e):
-        """The ABORTED behind ``e`` when it says that this session's kernel
-        reset its device, from that device's last reset; else None."""
+    def _learn_fatal(self, e):
+        """Sets ``_fatal`` when ``e`` says that this session's kernel reset its
+        device: to the ABORTED already raised for that reset (returns True),
+        else to one rebuilt from the device's last reset (returns False:
+        nobody was told of it yet)."""
         short = short_token(self.token)
         reset = closed_by_reset(e, short)
         if reset is None:
-            return None
+            return False
         device, when = reset
+        # The daemon's ABORTED gives the time of the reset, with or without
+        # the date.
+        if self._aborted is not None and when.split(" ", 1)[-1] in self._aborted.message:
+            self._fatal = self._aborted
+            return True
         try:
             found = [d for d in self.client.devices() if d.index == device]
         except Error:
-            return None
-        return reset_error(short, device, when, found[0].last_reset) if found else None
+            return False
+        self._fatal = reset_error(short, device, when, found[0].last_reset) if found else None
+        return False
 
     def close(self):
         """Closes the session on the daemon, freeing all it holds. Idempotent;
@@ -542,11 +552,9 @@ class Session:
         except Error as e:
             if e.code != grpc.StatusCode.NOT_FOUND:
                 raise
-            cause = self._reset_cause(e) if self._fatal is None else None
-            if cause is not None:
-                self._fatal = cause
+            if self._fatal is None and not self._learn_fatal(e) and self._fatal is not None:
                 warnings.warn(f"gpuexec: session {short_token(self.token)} was closed by the "
-                              f"daemon before close(): {cause.message}", RuntimeWarning,
+                              f"daemon before close(): {self._fatal.message}", RuntimeWarning,
                               stacklevel=2)
 
     def _order(self):

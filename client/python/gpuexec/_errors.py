@@ -82,6 +82,7 @@ def reset_error(short, device, when, last_reset):
 def after_fatal(short, first, later):
     """``later`` (the daemon's NOT_FOUND for a closed session) led by the
     session's first fatal failure, which closed it."""
-    return Error(later.code,
-                 f"session {short} was closed by its earlier failure, {first.code.name}: "
-                 f"{first.message}; open a new session (the daemon: {later.message})")
+    cause = first.message.rstrip(". ")
+    todo = "" if "open a new" in cause else "; open a new session"
+    return Error(later.code, f"session {short} was closed by its earlier failure, "
+                             f"{first.code.name}: {cause}{todo} (the daemon: {later.message})")
