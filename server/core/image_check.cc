@@ -7,9 +7,13 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace gpuexec::core {
 namespace {
@@ -378,7 +382,154 @@ absl::Status CheckPtx(absl::string_view image) {
   return absl::OkStatus();
 }
 
+// A NUL-terminated name at `offset` of string table `table` (checked to end
+// in a NUL); empty when out of it.
+absl::string_view NameAt(absl::string_view table, uint64_t offset) {
+  if (offset >= table.size()) return "";
+  const absl::string_view rest = table.substr(offset);
+  return rest.substr(0, rest.find('\0'));
+}
+
+// Kernel names of a checked ELF image: its STT_FUNC symbols marked as entry
+// points (st_other's STO_CUDA_ENTRY), or, in an image that marks none, its
+// global functions that have a section ".text.<name>" of their own.
+void ElfKernels(absl::string_view elf, std::vector<std::string>* out) {
+  if (!CheckElf(elf, "image").ok()) return;
+  constexpr unsigned char kStoCudaEntry = 0x10;
+  const auto eh = ReadAt<Elf64_Ehdr>(elf, 0);
+  auto section = [&](uint32_t i) {
+    return ReadAt<Elf64_Shdr>(elf, eh.e_shoff + i * sizeof(Elf64_Shdr));
+  };
+  auto bytes_of = [&](const Elf64_Shdr& sh) { return elf.substr(sh.sh_offset, sh.sh_size); };
+  if (eh.e_shoff == 0 || eh.e_shstrndx >= eh.e_shnum) return;
+  const absl::string_view shstr = bytes_of(section(eh.e_shstrndx));
+  for (uint32_t i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr symtab = section(i);
+    if (symtab.sh_type != SHT_SYMTAB || symtab.sh_link >= eh.e_shnum) continue;
+    const absl::string_view strtab = bytes_of(section(symtab.sh_link));
+    const absl::string_view syms = bytes_of(symtab);
+    std::vector<std::string> entries;
+    std::vector<std::string> text_functions;
+    for (uint64_t at = 0; at + sizeof(Elf64_Sym) <= syms.size(); at += sizeof(Elf64_Sym)) {
+      const auto sym = ReadAt<Elf64_Sym>(syms, at);
+      if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC) continue;
+      const absl::string_view name = NameAt(strtab, sym.st_name);
+      if (name.empty()) continue;
+      if ((sym.st_other & kStoCudaEntry) != 0) {
+        entries.emplace_back(name);
+        continue;
+      }
+      if (ELF64_ST_BIND(sym.st_info) != STB_GLOBAL || sym.st_shndx >= eh.e_shnum) continue;
+      if (NameAt(shstr, section(sym.st_shndx).sh_name) == absl::StrCat(".text.", name)) {
+        text_functions.emplace_back(name);
+      }
+    }
+    std::vector<std::string>& found = entries.empty() ? text_functions : entries;
+    out->insert(out->end(), found.begin(), found.end());
+  }
+}
+
+// The names after each ".entry" directive of PTX text (comments skipped).
+void PtxKernels(absl::string_view ptx, std::vector<std::string>* out) {
+  size_t at = 0;
+  while (at < ptx.size()) {
+    if (absl::StartsWith(ptx.substr(at), "//")) {
+      at = ptx.find('\n', at);
+      continue;
+    }
+    if (absl::StartsWith(ptx.substr(at), "/*")) {
+      at = ptx.find("*/", at + 2);
+      if (at != absl::string_view::npos) at += 2;
+      continue;
+    }
+    if (absl::StartsWith(ptx.substr(at), ".entry") && at + 6 < ptx.size() &&
+        absl::ascii_isspace(ptx[at + 6]) && (at == 0 || absl::ascii_isspace(ptx[at - 1]))) {
+      size_t begin = at + 6;
+      while (begin < ptx.size() && absl::ascii_isspace(ptx[begin])) ++begin;
+      size_t end = begin;
+      while (end < ptx.size() && (absl::ascii_isalnum(ptx[end]) || ptx[end] == '_' ||
+                                  ptx[end] == '$' || ptx[end] == '%')) {
+        ++end;
+      }
+      if (end > begin) out->emplace_back(ptx.substr(begin, end - begin));
+      at = end;
+      continue;
+    }
+    ++at;
+  }
+}
+
+// Kernels of each uncompressed ELF or PTX entry of a checked fatbin.
+void FatbinKernels(absl::string_view image, std::vector<std::string>* out) {
+  if (!CheckFatbin(image).ok()) return;
+  uint64_t offset = 0;
+  while (offset + sizeof(FatbinHeader) <= image.size() &&
+         HasMagic32(image.substr(offset), kFatbinMagic)) {
+    const auto header = ReadAt<FatbinHeader>(image, offset);
+    const absl::string_view area = image.substr(offset + header.header_size, header.fat_size);
+    uint64_t at = 0;
+    while (at + sizeof(FatbinEntryHeader) <= area.size()) {
+      const auto entry = ReadAt<FatbinEntryHeader>(area, at);
+      if (entry.header_size < sizeof(FatbinEntryHeader)) break;  // the zero padding
+      const absl::string_view payload = area.substr(at + entry.header_size, entry.payload_size);
+      if (entry.compressed_size == 0) {
+        if (HasElfMagic(payload)) {
+          ElfKernels(payload, out);
+        } else if (entry.kind == 1) {
+          PtxKernels(payload.substr(0, payload.find('\0')), out);
+        }
+      }
+      at += entry.header_size + entry.payload_size;
+    }
+    offset += header.header_size + header.fat_size;
+  }
+}
+
 }  // namespace
+
+std::optional<ImageKind> KindOfImage(absl::string_view image) {
+  if (HasElfMagic(image)) return ImageKind::kCubin;
+  if (HasMagic32(image, kFatbinMagic) || HasMagic32(image, kFatbinWrapperMagic)) {
+    return ImageKind::kFatbin;
+  }
+  if (CheckPtx(image).ok()) return ImageKind::kPtx;
+  return std::nullopt;
+}
+
+absl::string_view ImageKindName(ImageKind kind) {
+  switch (kind) {
+    case ImageKind::kCubin:
+      return "a cubin";
+    case ImageKind::kPtx:
+      return "PTX";
+    case ImageKind::kFatbin:
+      return "a fatbin";
+  }
+  return "an unknown kind";
+}
+
+std::vector<std::string> ListKernels(absl::string_view image, TestDoubleImages test_images) {
+  std::vector<std::string> names;
+  if (test_images == TestDoubleImages::kAccept && absl::StartsWith(image, kTestDoubleMagic)) {
+    for (absl::string_view line : absl::StrSplit(image.substr(kTestDoubleMagic.size()), '\n')) {
+      if (!line.empty()) names.emplace_back(line);
+    }
+  } else if (HasElfMagic(image)) {
+    ElfKernels(image, &names);
+  } else if (HasMagic32(image, kFatbinMagic)) {
+    FatbinKernels(image, &names);
+  } else if (CheckPtx(image).ok()) {
+    PtxKernels(image, &names);
+  }
+  // Once each, in the order first found (a fatbin holds each kernel once
+  // per architecture).
+  absl::flat_hash_set<std::string> seen;
+  std::vector<std::string> unique;
+  for (std::string& name : names) {
+    if (seen.insert(name).second) unique.push_back(std::move(name));
+  }
+  return unique;
+}
 
 absl::Status CheckModuleImage(absl::string_view image, ImageKind kind, absl::string_view what,
                               TestDoubleImages test_images) {

@@ -36,6 +36,10 @@
 // decompress compressed fatbin payloads, whose sizes the driver bounds
 // itself. Pure function: no driver, no I/O.
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -57,6 +61,24 @@ enum class TestDoubleImages { kReject, kAccept };
 // 9000, past the 8192-byte image". An empty image is always refused.
 absl::Status CheckModuleImage(absl::string_view image, ImageKind kind, absl::string_view what,
                               TestDoubleImages test_images);
+
+// The kind the bytes say: ELF magic, a cubin; fatbin magic (0xBA55ED50) or
+// the fatbin wrapper's (0x466243B1, refused by the fatbin check), a fatbin;
+// else text that passes the PTX check (.version, .target, no NUL), PTX.
+// nullopt when it is none of them.
+std::optional<ImageKind> KindOfImage(absl::string_view image);
+
+// "a cubin", "PTX", "a fatbin", for messages.
+absl::string_view ImageKindName(ImageKind kind);
+
+// The kernel names an image defines, each once, in the order found; no
+// driver call. A cubin: its STT_FUNC symbols marked as entry points (or,
+// when none is, the global functions with a ".text.<name>" section); PTX:
+// the names its .entry directives declare; a fatbin: those of its
+// uncompressed ELF and PTX entries (a compressed entry's are not read). The
+// test double's images (with kAccept): the names they hold. Empty for an
+// image that fails CheckModuleImage or names none.
+std::vector<std::string> ListKernels(absl::string_view image, TestDoubleImages test_images);
 
 }  // namespace gpuexec::core
 
