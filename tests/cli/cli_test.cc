@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -763,6 +764,122 @@ TEST_F(CliTest, RunErrorsFromTheDaemonAreOneLine) {
   EXPECT_EQ(missing.exit_code, 1) << missing;
   EXPECT_THAT(missing.err, HasSubstr("no-such-input.bin"));
   ExpectOneErrorLine(missing);
+}
+
+// ------------------------------------------------------------ version, kinds, kernels, results
+
+TEST_F(CliTest, VersionIsTheToolsAndTheProtocols) {
+  Result r = RunRaw({"--version"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "gpuexec 0.1.0 (gpuexec.v1)\n");
+  EXPECT_EQ(r.err, "");
+}
+
+// The kind comes from the bytes: a module named anything loads, and runs.
+TEST_F(CliTest, AModuleOfAnyNameLoadsAsWhatItsBytesSay) {
+  WriteFile(Path("kern.bin"), ReadFile(KernelPath()).value_or(""));
+  Result r = RunCli({"load", Path("kern.bin")});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("kern.bin"));
+  r = RunCli({"run", Path("kern.bin"), "gx_fill_u32", "--grid=1", "--block=32",
+              absl::StrCat("out:64:", Path("kern-out.bin")), "u32:3", "u64:16"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ValuesOf<uint32_t>(ReadFile(Path("kern-out.bin")).value_or("")),
+            std::vector<uint32_t>(16, 3u));
+}
+
+// 'info FILE' reads the kernel names from the file, without a daemon (the
+// target here is one nobody serves).
+TEST_F(CliTest, InfoOfAFileListsItsKernels) {
+  WriteFile(Path("two.ptx"),
+            ".version 8.0\n.target sm_90\n.address_size 64\n"
+            ".visible .entry gx_first(\n\t.param .u64 p\n)\n{\n\tret;\n}\n"
+            ".visible .entry gx_second()\n{\n\tret;\n}\n");
+  const std::string nobody = absl::StrCat("--target=unix:", Path("nobody-here.sock"));
+  Result r = RunRaw({nobody, "info", Path("two.ptx")});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "gx_first\ngx_second\n");
+  EXPECT_EQ(r.err, "");
+  if (!fake()) {
+    // The real cubin: gx_saxpy among its kernels.
+    r = RunRaw({nobody, "info", KernelPath()});
+    EXPECT_EQ(r.exit_code, 0) << r;
+    EXPECT_THAT(r.out, HasSubstr("gx_saxpy\n"));
+  }
+  WriteFile(Path("none.ptx"), ".version 8.0\n.target sm_90\n");
+  r = RunRaw({nobody, "info", Path("none.ptx")});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("none.ptx: no kernels found in this PTX; if it is one, name a "
+                               "kernel: gpuexec info FILE KERNEL"));
+  ExpectOneErrorLine(r);
+}
+
+// out:SIZE:- puts the buffer's bytes alone on stdout; --print shows the
+// first elements of each buffer saved.
+TEST_F(CliTest, ResultsOnStdoutAndPrinted) {
+  Result r = RunCli({"run", KernelPath(), "gx_fill_u32", "--grid=1024", "--block=1024",
+                     "out:4MiB:-", "u32:7", "u64:1048576"});
+  ASSERT_EQ(r.exit_code, 0) << r.exit_code << r.err;
+  EXPECT_EQ(r.out.size(), 4u << 20);
+  EXPECT_EQ(ValuesOf<uint32_t>(r.out), std::vector<uint32_t>(1 << 20, 7u));
+  EXPECT_THAT(r.err,
+              StartsWith("gx_fill_u32: grid (1024,1,1) block (1024,1,1) shared 0: GPU time"));
+  EXPECT_THAT(r.err, HasSubstr("saved 4194304 bytes of argument 0 to stdout\n"));
+
+  r = RunCli({"run", KernelPath(), "gx_fill_u32", "--grid=1", "--block=32", "--print=u32:4",
+              absl::StrCat("out:64:", Path("printed.bin")), "u32:9", "u64:16"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("\narg0[0:4] = 9 9 9 9\nsaved 64 bytes of argument 0 to "));
+  EXPECT_EQ(r.err, "");
+
+  // f32 by default 8 elements; the buffer on stdout, the lines on stderr.
+  std::vector<float> x = {1.5f, -2.0f, 0.1f, 1e-3f};
+  WriteFile(Path("px.bin"), BytesOf(x));
+  WriteFile(Path("py.bin"), BytesOf(std::vector<float>(4, 1.0f)));
+  r = RunCli({"run", KernelPath(), "gx_saxpy", "--grid=1", "--block=32", "--print=f32", "f32:2",
+              absl::StrCat("in:", Path("px.bin")), absl::StrCat("inout:", Path("py.bin"), ":-"),
+              "u64:4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("\narg2[0:4] = 4 -3 1.2 1.002\n"));
+  EXPECT_EQ(ValuesOf<float>(r.out), (std::vector<float>{4.0f, -3.0f, 2 * 0.1f + 1, 2 * 1e-3f + 1}));
+}
+
+// ------------------------------------------------------------ Ctrl-C
+
+// The suite daemon's device 0 sessions, as `devices` lists them; -1 if it
+// cannot be read.
+int DeviceSessions(const Result& devices) {
+  std::vector<std::string> lines = absl::StrSplit(devices.out, '\n', absl::SkipEmpty());
+  if (devices.exit_code != 0 || lines.size() < 2) return -1;
+  const size_t at = lines[0].find("SESSIONS");
+  if (at == std::string::npos || at < 1 || lines[1].size() < at + 8) return -1;
+  int sessions = -1;
+  // The column is right-aligned in 8 characters, as its header is.
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(lines[1].substr(at, 8)), &sessions)) return -1;
+  return sessions;
+}
+
+TEST_F(CliTest, CtrlCClosesTheSessionAtOnce) {
+  ASSERT_EQ(DeviceSessions(RunCli({"devices"})), 0);
+  // A kernel of a minute.
+  Process cli({Env("GPUEXEC_CLI"), absl::StrCat("--target=", Target()), "run", KernelPath(),
+               "gx_spin", "--grid=1", "--block=1", "u64:60000000000"},
+              Path("spin.out"), Path("spin.err"));
+  ASSERT_TRUE(WaitFor([&] { return !cli.running() || DeviceSessions(RunCli({"devices"})) == 1; },
+                      absl::Seconds(30)));
+  ASSERT_TRUE(cli.running()) << ReadFile(Path("spin.err")).value_or("");
+
+  const absl::Time sent = absl::Now();
+  ASSERT_EQ(kill(cli.pid(), SIGINT), 0);
+  const int code = cli.Wait(absl::Seconds(1));
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(1));
+  EXPECT_EQ(code, 130);
+  EXPECT_EQ(ReadFile(Path("spin.err")).value_or(""), "gpuexec: interrupted: closing the session\n");
+  EXPECT_EQ(ReadFile(Path("spin.out")).value_or(""), "");
+  int sessions = -1;
+  EXPECT_TRUE(WaitFor([&] { return (sessions = DeviceSessions(RunCli({"devices"}))) == 0; },
+                      absl::Seconds(1) - (absl::Now() - sent)))
+      << sessions << " sessions";
 }
 
 // ------------------------------------------------------------ Triton metadata
