@@ -2,6 +2,8 @@
 # Makes the relocatable bundle for hosts without containers: the daemon, the
 # gpuexec tool, the Python package and every shared library they need
 # except glibc's own and libcuda (the host's NVIDIA driver provides it).
+# lib/ also holds the simulator (libgpuexec_fakecuda.so, installed with the
+# runtime component), so that `bin/gpuexecd --simulator` runs without a GPU.
 # The programs find lib/ through an $ORIGIN rpath, so the directory works
 # wherever it is unpacked; nothing needs LD_LIBRARY_PATH.
 #

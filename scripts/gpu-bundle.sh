@@ -37,10 +37,13 @@ for p in "${programs[@]}"; do ldd "$p"; done | awk '/=> \//{print $3}' | sort -u
   while read -r lib; do cp -L "$lib" "$OUT/lib/"; done
 strip --strip-unneeded "$OUT"/lib/*.so* 2>/dev/null || true
 cp -r "$BUILD_DIR/tests/kernels/sm_90" "$OUT/kernels/"
-# The README's walk-through kernel, and the Python package with its tests
-# and examples (the GPU host's own python3 has grpcio, numpy and Triton).
-"${CUDA_ROOT:-/usr/local/cuda}/bin/nvcc" -cubin -arch=sm_90 -o "$OUT/kernels/saxpy.cubin" \
-  client/cpp/examples/saxpy.cu
+# The README's walk-through kernel as shipped (saxpy.cubin and saxpy.ptx,
+# built from saxpy.cu by client/cpp/examples/regenerate_modules.sh), the
+# simulator beside the daemon (bin/../lib: gpuexecd --simulator), and the
+# Python package with its tests and examples (the GPU host's own python3
+# has grpcio, numpy and Triton).
+cp client/cpp/examples/saxpy.cubin client/cpp/examples/saxpy.ptx "$OUT/kernels/"
+cp "$BUILD_DIR/tests/fake_cuda/libgpuexec_fakecuda.so" "$OUT/lib/"
 mkdir -p "$OUT/python"
 cp -r "$BUILD_DIR/client/python/gpuexec" "$OUT/python/"
 cp -r client/python/tests "$OUT/python-tests"

@@ -522,16 +522,17 @@ absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, 
   config.numAttrs = n;
   const CUresult result = api_->LaunchKernelEx(&config, f, params, nullptr);
   if (result == CUDA_SUCCESS) return absl::OkStatus();
-  absl::Status error = Error(result, "cuLaunchKernelEx", what);
-  if (result != CUDA_ERROR_NOT_SUPPORTED || example_kernels_.empty()) return error;
+  if (result != CUDA_ERROR_NOT_SUPPORTED || example_kernels_.empty()) {
+    return Error(result, "cuLaunchKernelEx", what);
+  }
   // The simulator loads any kernel but runs only the ones it has a host
   // model of: say so, and what to do, before the driver's detail.
   absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
       what, ": the gpuexec simulator cannot run this kernel: it runs only its example kernels (",
       example_kernels_,
-      ", with the examples' parameters); run other kernels on a GPU (gpuexecd without "
+      ") with the examples' parameters; run other kernels on a GPU (gpuexecd without "
       "--simulator, on a host with an NVIDIA driver) [",
-      error.message(), "]"));
+      Error(result, "cuLaunchKernelEx", "it").message(), "]"));
   refused.SetPayload(kResultPayload, absl::Cord(absl::StrCat(result)));
   return refused;
 }
