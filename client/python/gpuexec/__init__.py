@@ -18,6 +18,14 @@ gives a gpuexec.Pool, whose ``session(memory_limit=...)`` places the session
 on the daemon where it fits best.
 """
 
+import os as _os
+
+# gRPC's C core logs each failed connection attempt (a TLS handshake's,
+# say) to stderr; connect() raises what went wrong in one line instead.
+# grpcio reads GRPC_VERBOSITY once, when it is first imported: a program's
+# own setting, or an import of grpc before this package's, wins.
+_os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw, u8, u16, u32,
                     u64)
 from ._client import (Buffer, Client, Device, Function, FunctionAttributes, Module, Param,

@@ -263,27 +263,40 @@ def _tls_cause(sock, recipe, server_name, budget):
         return _alert_cause(e, with_cert) or _not_tls_cause(e)
     except OSError:
         return None
-    # TLS 1.3: the daemon checks the client's certificate after the
-    # client's side of the handshake is done, and says so on the next read.
+    # TLS 1.3: the daemon checks the client's certificate once the client's
+    # side of the handshake is done. A daemon that takes the connection
+    # answers the HTTP/2 start with its SETTINGS; gRPC's closes one whose
+    # certificate it wants or refuses without a word (no TLS alert).
     with contextlib.closing(tls):
         try:
             tls.sendall(_H2_PREFACE)
-            tls.recv(9)
+            answer = tls.recv(9)
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionResetError):
+            answer = b""
         except ssl.SSLError as e:
             return _alert_cause(e, with_cert)
         except OSError:
             return None
-    return None
+    if answer:
+        return None
+    return _client_cert_cause(with_cert)
+
+
+def _client_cert_cause(with_cert):
+    if not with_cert:
+        return f"TLS: the daemon wants a client certificate (mutual TLS): {HINT_CERT}"
+    return ("TLS: the daemon refused this client's certificate: give one signed by a CA the "
+            "daemon trusts (its --tls_client_ca)")
 
 
 def _alert_cause(e, with_cert):
+    """The cause a TLS alert gives, where a daemon sends one."""
     reason = (e.reason or "").upper()
     if ("CERTIFICATE_REQUIRED" in reason or "HANDSHAKE_FAILURE" in reason) and not with_cert:
-        return f"TLS: the daemon wants a client certificate (mutual TLS): {HINT_CERT}"
+        return _client_cert_cause(False)
     if with_cert and any(w in reason for w in ("UNKNOWN_CA", "BAD_CERTIFICATE",
                                                "CERTIFICATE_UNKNOWN", "DECRYPT_ERROR")):
-        return ("TLS: the daemon refused this client's certificate: give one signed by a CA "
-                "the daemon trusts (its --tls_client_ca)")
+        return _client_cert_cause(True)
     return None
 
 
