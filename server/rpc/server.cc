@@ -197,7 +197,8 @@ void WarnTokenOnlyTenants(const tenants::Directory& dir, const std::string& file
   if (names.empty()) return;
   constexpr size_t kShown = 10;
   std::vector<std::string> shown;
-  for (size_t i = 0; i < names.size() && i < kShown; ++i) shown.push_back(Quoted(names[i]));
+  for (size_t i = 0; i < names.size() && i < kShown; ++i)
+    shown.push_back(absl::StrCat("'", Quoted(names[i]), "'"));
   log::Warning("tenants: --tls_client_ca requires a certificate of every TCP client, and ",
                names.size(), " tenant(s) of ", file, " have a token and no certificate_name (",
                absl::StrJoin(shown, ", "),

@@ -83,6 +83,13 @@ class Session;
 struct ClientOptions {
   // How long Connect() waits for the daemon to accept the connection.
   absl::Duration connect_timeout = absl::Seconds(10);
+  // With nothing listening at a target on this host (loopback, unix:),
+  // Connect() fails at once: a daemon that is not running does not start
+  // by waiting. A caller that has just started one sets this to keep
+  // trying until connect_timeout. Also on when connect_timeout is raised
+  // above its default 10 s: a caller that gives a daemon longer expects
+  // that it may still be starting.
+  bool wait_for_start = false;
   // Deadline of each control call: ListDevices, OpenSession, KeepAlive,
   // CloseSession, Allocate, Free, GetFunction.
   absl::Duration control_timeout = absl::Seconds(60);
@@ -674,8 +681,9 @@ class Client {
   // A failure is UNAVAILABLE, one line that names the target, the cause
   // and what to do: "cannot connect to 127.0.0.1:50051: connection
   // refused: is gpuexecd running? (--target, $GPUEXEC_TARGET)". A target on
-  // this host (loopback, unix:) with nothing listening fails at once; so
-  // does, on any target, a TLS mismatch: the daemon's certificate not
+  // this host (loopback, unix:) with nothing listening fails at once
+  // (unless options.wait_for_start); so does, on any target, a TLS
+  // mismatch: the daemon's certificate not
   // signed by the CA given (named), TLS against a plain-text daemon or the
   // reverse, a daemon that wants a client certificate (mutual TLS). Other
   // failures wait out the timeout and say what was tried. To tell these

@@ -298,7 +298,11 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
   facts.tls_root_ca_file = options.tls_root_ca_file;
   facts.tls_cert_file = options.tls_cert_file;
   facts.timeout = options.connect_timeout;
-  if (facts.unix_socket) {
+  // A daemon on this host that is not listening fails now, unless the
+  // caller waits for one that is starting.
+  const bool fail_fast = facts.loopback && !options.wait_for_start &&
+                         options.connect_timeout <= ClientOptions().connect_timeout;
+  if (facts.unix_socket && fail_fast) {
     // A stat, no connection: nothing there fails now.
     ProbeTarget(target, absl::Seconds(1), ProbeSend::kNothing, &facts);
     if (facts.no_socket_file || facts.refused) return DiagnoseConnectFailure(facts).status;
@@ -309,7 +313,7 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
     if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
       // On this host a failure is not one that waiting mends; elsewhere
       // only a certificate or protocol mismatch is known not to be.
-      if (facts.loopback) break;
+      if (fail_fast) break;
       facts.grpc_lines = capture.Lines();
       const Diagnosis d = DiagnoseConnectFailure(facts);
       if (d.failure != ConnectFailure::kUnknown && d.failure != ConnectFailure::kRefused) {

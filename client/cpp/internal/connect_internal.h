@@ -14,12 +14,13 @@
 // connect_diagnosis.h) and never printed raw; any other ERROR line goes to
 // stderr as one line "gpuexec client: grpc: MESSAGE (FILE:LINE)".
 //
-// The wait: a target on this host (loopback, unix:) is first tried with a
-// raw connect(): nothing listening fails at once. Then the channel is
-// watched: a failure the log lines already explain (a certificate, TLS
+// The wait: the channel is watched (a unix: target's socket file is looked
+// for first). A failure the log lines already explain (a certificate, TLS
 // against plain text) fails at its first TRANSIENT_FAILURE, whatever the
-// target; on this host any TRANSIENT_FAILURE does; elsewhere the channel
-// keeps trying until connect_timeout. A failure that gRPC's lines do not
+// target; on this host any TRANSIENT_FAILURE does (nothing listening fails
+// at once), unless the caller waits for a daemon that is starting
+// (ClientOptions::wait_for_start); elsewhere the channel keeps trying
+// until connect_timeout. A failure that gRPC's lines do not
 // explain then probes the target once (ProbeTarget) and returns the
 // diagnosis.
 
