@@ -226,7 +226,14 @@ struct ModuleResult {
   uint64_t handle = 0;
   std::string sha256;
   bool uploaded = false;
+  // The kernel names its bytes define (ListKernels), at most
+  // kMaxListedKernels of them; empty when they cannot be read (a compressed
+  // fatbin).
+  std::vector<std::string> kernels;
 };
+
+// Kernel names a LoadModule response lists at most.
+inline constexpr size_t kMaxListedKernels = 4096;
 
 struct FunctionResult {
   uint64_t handle = 0;

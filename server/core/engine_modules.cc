@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -22,6 +24,52 @@ namespace gpuexec::core {
 
 using internal::TenantLimitError;
 
+namespace {
+
+// NOT_FOUND for a kernel name the driver did not find, from the names the
+// image's bytes define: the nearest one, then (at most 16 of) them all.
+absl::Status NoSuchKernel(const std::string& name, absl::string_view module,
+                          const std::vector<std::string>& kernels,
+                          absl::string_view driver_message) {
+  std::string msg = absl::StrCat("no kernel '", Quoted(name), "' in ", module);
+  if (kernels.empty()) {
+    log::Debug(driver_message);
+    return absl::NotFoundError(
+        absl::StrCat(msg,
+                     " (its kernel names could not be read from the image; a C++ kernel needs "
+                     "extern \"C\" or its mangled name)"));
+  }
+  std::string nearest = NearestName(name, kernels);
+  bool mangled = false;
+  if (nearest.empty() && !name.empty() && name.size() < 256) {
+    // A C++ kernel asked for by its plain name: "_Z5saxpyifPKfPf".
+    const std::string encoded = absl::StrCat(name.size(), name);
+    for (const std::string& k : kernels) {
+      if (absl::StartsWith(k, "_Z") && absl::StrContains(k, encoded)) {
+        nearest = k;
+        mangled = true;
+        break;
+      }
+    }
+  }
+  if (!nearest.empty()) {
+    absl::StrAppend(&msg, ": did you mean '", Quoted(nearest), "'?",
+                    mangled ? " (its C++ name; extern \"C\" keeps a kernel's name plain)" : "");
+  }
+  constexpr size_t kListed = 16;
+  std::vector<std::string> listed;
+  for (size_t i = 0; i < kernels.size() && i < kListed; ++i) {
+    listed.push_back(absl::StrCat("'", Quoted(kernels[i], 48), "'"));
+  }
+  absl::StrAppend(&msg, nearest.empty() ? ": " : " ", "it has ", absl::StrJoin(listed, ", "),
+                  kernels.size() > kListed
+                      ? absl::StrCat(" and ", kernels.size() - kListed, " more")
+                      : std::string());
+  return absl::NotFoundError(msg);
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- modules
 
 absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Caller& caller,
@@ -35,22 +83,19 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Ca
         absl::StrCat("module header: sha256 must be 64 lower-case hex digits (",
                      std::min<size_t>(sha256.size(), 10000), " characters were sent)"));
   }
-  if (kind == ModuleKind::kUnspecified) {
-    return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12),
-                                                   ": kind is unspecified (cubin, ptx or fatbin)"));
-  }
+  // The kind may be left unspecified: the daemon tells it from the bytes.
   if (size > options_.max_module_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12), " is ", size,
-                                                   " bytes; the daemon accepts at most ",
-                                                   options_.max_module_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("module ", sha256.substr(0, 12), " is ",
+                                                   ByteSize(size), "; the daemon accepts at most ",
+                                                   ByteSize(options_.max_module_bytes)));
   }
   const TenantLimits& limits =
       caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
   if (limits.module_bytes != 0 && size > limits.module_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(TenantLimitError(caller, "module limit: module "), sha256.substr(0, 12),
-                     " is ", size, " bytes; the tenant's sessions may hold at most ",
-                     limits.module_bytes, " bytes of module images"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        TenantLimitError(caller, "module limit: module "), sha256.substr(0, 12), " is ",
+        ByteSize(size), "; the tenant's sessions may hold at most ", ByteSize(limits.module_bytes),
+        " of module images (its module_bytes in the tenants file)"));
   }
   return std::unique_ptr<ModuleUpload>(
       new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
@@ -65,10 +110,10 @@ absl::Status Engine::ChargeUpload(const Session& s, uint64_t bytes, absl::string
   if (bytes > budget - std::min(uploading_, budget) || bytes > share - std::min(mine, share)) {
     const uint64_t held = mine;
     if (mine == 0) uploading_by_.erase(s.strike_key);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("module uploads in flight: the uploads of ", s.strike_key, " under way hold ",
-                     held, " of the ", share, " bytes one may (the daemon receives at most ",
-                     budget, " at once); ", what, " must wait: retry"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "module uploads in flight: the uploads of ", s.strike_key, " under way hold ",
+        ByteSize(held), " of the ", ByteSize(share), " one may (the daemon receives at most ",
+        ByteSize(budget), " at once); ", what, " must wait: retry"));
   }
   uploading_ += bytes;
   mine += bytes;
@@ -138,22 +183,38 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
   } else {
     if (bytes_.size() != size_) {
       return done(absl::InvalidArgumentError(
-          absl::StrCat(name, ": upload ended after ", bytes_.size(), " of ", size_, " bytes")));
+          absl::StrCat(name, ": upload ended after ", bytes_.size(), " of ", ByteSize(size_))));
     }
     const std::string got = hasher_.HexDigest();
     if (got != sha256_) {
       return done(absl::DataLossError(absl::StrCat(
           name, ": the ", size_, " bytes received hash to sha256 ", got, ", not ", sha256_)));
     }
+    // The bytes say what the image is (the driver reads them so too); a
+    // kind the client declared from a file's name is only a hint.
+    const TestDoubleImages test_images =
+        engine_->test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject;
+    const std::optional<ImageKind> declared =
+        kind_ == ModuleKind::kPtx      ? std::optional<ImageKind>(ImageKind::kPtx)
+        : kind_ == ModuleKind::kFatbin ? std::optional<ImageKind>(ImageKind::kFatbin)
+        : kind_ == ModuleKind::kCubin  ? std::optional<ImageKind>(ImageKind::kCubin)
+                                       : std::nullopt;
+    std::optional<ImageKind> sniffed = KindOfImage(bytes_);
+    if (sniffed.has_value() && declared.has_value() && *sniffed != *declared) {
+      log::Info(name, " of ", session_->name(), " was declared ", ImageKindName(*declared),
+                " but its bytes are ", ImageKindName(*sniffed), ": loaded as such");
+    }
+    if (!sniffed.has_value() && !declared.has_value() &&
+        !(test_images == TestDoubleImages::kAccept && absl::StartsWith(bytes_, "GXFAKE1\n"))) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          name,
+          ": its bytes are not a module image: neither a cubin (ELF), a fatbin nor PTX "
+          "text (with .version and .target)")));
+    }
+    const ImageKind kind = sniffed.value_or(declared.value_or(ImageKind::kCubin));
     // The driver's loader takes no length: make sure every offset the
     // image's headers declare lies inside it before the driver sees it.
-    const ImageKind kind = kind_ == ModuleKind::kPtx      ? ImageKind::kPtx
-                           : kind_ == ModuleKind::kFatbin ? ImageKind::kFatbin
-                                                          : ImageKind::kCubin;
-    if (absl::Status st = CheckModuleImage(
-            bytes_, kind, name,
-            engine_->test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject);
-        !st.ok()) {
+    if (absl::Status st = CheckModuleImage(bytes_, kind, name, test_images); !st.ok()) {
       return done(st);
     }
     // Counted against the tenant before the image takes room in the store
@@ -166,7 +227,7 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     auto img = std::make_shared<port::ModuleImage>();
     img->sha256 = sha256_;
     img->bytes = std::move(bytes_);
-    img->is_ptx = kind_ == ModuleKind::kPtx;
+    img->is_ptx = kind == ImageKind::kPtx;
     absl::MutexLock lock(&engine_->modules_mu_);
     auto it = engine_->module_store_.find(sha256_);
     if (it == engine_->module_store_.end()) {
@@ -182,7 +243,15 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     it->second.last_used = ++engine_->module_store_clock_;
     image = it->second.image;
   }
-  engine_->FinishModule(session_, image, uploaded, newly_stored, reserved, std::move(done));
+  // Read from the bytes here, on the upload pool, not by the driver.
+  std::vector<std::string> kernels = ListKernels(
+      image->bytes, engine_->test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject);
+  if (kernels.size() > kMaxListedKernels) kernels.resize(kMaxListedKernels);
+  engine_->FinishModule(session_, image, uploaded, newly_stored, reserved,
+                        [kernels = std::move(kernels), done](absl::StatusOr<ModuleResult> r) {
+                          if (r.ok()) r->kernels = kernels;
+                          done(std::move(r));
+                        });
 }
 
 absl::Status Engine::MakeRoom(uint64_t bytes, absl::string_view what) {
@@ -312,28 +381,36 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
   std::string label = absl::StrCat("kernel '", Quoted(name), "'");
   std::string launch_what =
       absl::StrCat(label, " of ", session->name(), " on device ", dev->properties().ordinal);
-  dev->GetKernel(image, name, what,
-                 [session, sha, name, label = std::move(label),
-                  launch_what = std::move(launch_what), done](absl::StatusOr<port::KernelInfo> k) {
-                   if (!k.ok()) return done(k.status());
-                   absl::MutexLock lock(&session->mu);
-                   if (session->closed) return done(session->ClosedError());
-                   // One handle per kernel per session, however often it is asked
-                   // for.
-                   for (const auto& [handle, held] : session->functions) {
-                     if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
-                   }
-                   FunctionEntry f;
-                   f.handle = session->NewHandle();
-                   f.module_sha256 = sha;
-                   f.name = name;
-                   f.quoted_name = Quoted(name);
-                   f.kernel = *k;
-                   f.label = label;
-                   f.launch_what = launch_what;
-                   session->functions.emplace(f.handle, f);
-                   done(FunctionResult{f.handle, *k});
-                 });
+  const TestDoubleImages test_images =
+      test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject;
+  dev->GetKernel(
+      image, name, what,
+      [session, image, test_images, sha, name, label = std::move(label),
+       launch_what = std::move(launch_what), done](absl::StatusOr<port::KernelInfo> k) {
+        if (k.status().code() == absl::StatusCode::kNotFound &&
+            absl::StrContains(k.status().message(), "no kernel named")) {
+          return done(NoSuchKernel(name, absl::StrCat("module ", sha.substr(0, 12)),
+                                   ListKernels(image->bytes, test_images), k.status().message()));
+        }
+        if (!k.ok()) return done(k.status());
+        absl::MutexLock lock(&session->mu);
+        if (session->closed) return done(session->ClosedError());
+        // One handle per kernel per session, however often it is asked
+        // for.
+        for (const auto& [handle, held] : session->functions) {
+          if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
+        }
+        FunctionEntry f;
+        f.handle = session->NewHandle();
+        f.module_sha256 = sha;
+        f.name = name;
+        f.quoted_name = Quoted(name);
+        f.kernel = *k;
+        f.label = label;
+        f.launch_what = launch_what;
+        session->functions.emplace(f.handle, f);
+        done(FunctionResult{f.handle, *k});
+      });
 }
 
 }  // namespace gpuexec::core

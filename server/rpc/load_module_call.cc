@@ -37,6 +37,7 @@ class LoadModuleCall final : public ServerReadCall<v1::LoadModuleRequest, v1::Lo
             response_.set_module(r->handle);
             response_.set_sha256(r->sha256);
             response_.set_uploaded(r->uploaded);
+            for (const std::string& k : r->kernels) response_.add_kernels(k);
           }
           Finish(ToGrpcStatus(r.status()));
         });

@@ -469,6 +469,47 @@ TEST_F(HostileTest, RangesPastTheBufferEndAreOutOfRange) {
 
 // ------------------------------------------------------------ module uploads
 
+// A kernel name the module lacks: NOT_FOUND names the nearest and lists the
+// module's kernels, read from the image's bytes (LoadModule's response
+// lists them too). The kind comes from the bytes; bytes of no kind are
+// refused saying so.
+TEST_F(HostileTest, AnUnknownKernelNameFindsTheNearestAndTheModuleListsItsKernels) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  auto stub = RawStub();
+  const std::optional<std::string> image = ReadFile(KernelPath("cubin"));
+  ASSERT_TRUE(image.has_value());
+  // Declared unspecified: the daemon tells the kind from the bytes.
+  v1::LoadModuleRequest header =
+      Header(session.token(), Sha256Hex(*image), image->size(), ModuleKind::kCubin);
+  header.mutable_header()->set_kind(v1::MODULE_KIND_UNSPECIFIED);
+  v1::LoadModuleResponse response;
+  GX_ASSERT_OK(RawLoadModule(*stub, Upload(header, *image), &response));
+  EXPECT_THAT(response.kernels(), ::testing::IsSupersetOf({"gx_fill_u32", "gx_saxpy", "gx_fault"}));
+  EXPECT_THAT(response.kernels(), ::testing::Not(::testing::Contains("gx_fill_u3")));
+
+  GX_ASSERT_OK_AND_ASSIGN(Module module, session.LoadModuleFile(KernelPath("cubin")));
+  const absl::Status typo = module.GetFunction("gx_fill_u3").status();
+  EXPECT_THAT(typo, StatusIs(absl::StatusCode::kNotFound,
+                             AllOf(::testing::StartsWith("no kernel 'gx_fill_u3' in module "),
+                                   HasSubstr(": did you mean 'gx_fill_u32'? it has '"),
+                                   HasSubstr("'gx_saxpy'"))));
+  EXPECT_LT(typo.message().size(), 500u) << typo;
+  std::printf("a kernel name typo: %s\n", typo.ToString().c_str());
+  EXPECT_THAT(module.GetFunction("matmul").status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("no kernel 'matmul' in module "), HasSubstr(": it has '"),
+                             ::testing::Not(HasSubstr("did you mean")))));
+
+  const std::string text = "hello, not a kernel\n";
+  v1::LoadModuleRequest none =
+      Header(session.token(), Sha256Hex(text), text.size(), ModuleKind::kCubin);
+  none.mutable_header()->set_kind(v1::MODULE_KIND_UNSPECIFIED);
+  EXPECT_THAT(RawLoadModule(*stub, Upload(none, text)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("its bytes are not a module image: neither a cubin (ELF), a "
+                                 "fatbin nor PTX text")));
+}
+
 TEST_F(HostileTest, BrokenModuleUploadsAreRejected) {
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   const std::string& token = session.token();
@@ -800,7 +841,7 @@ TEST_F(HostileTest, NamesAreQuotedShortAndEscaped) {
                              HasSubstr("the kernel name is 1048576 bytes; at most 4096")));
   EXPECT_LT(huge.message().size(), 300u);
   const absl::Status long_unknown = get(std::string(4000, 'k'));
-  EXPECT_THAT(long_unknown, StatusIs(absl::StatusCode::kNotFound, HasSubstr("no kernel named")));
+  EXPECT_THAT(long_unknown, StatusIs(absl::StatusCode::kNotFound, HasSubstr("no kernel 'kkkk")));
   EXPECT_LT(long_unknown.message().size(), 400u);
   EXPECT_THAT(get(std::string("gx_fill_u32\0evil", 16)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUL byte at offset 11")));
