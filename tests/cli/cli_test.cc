@@ -12,6 +12,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -842,6 +843,71 @@ TEST_F(CliTest, ResultsOnStdoutAndPrinted) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("\narg2[0:4] = 4 -3 1.2 1.002\n"));
   EXPECT_EQ(ValuesOf<float>(r.out), (std::vector<float>{4.0f, -3.0f, 2 * 0.1f + 1, 2 * 1e-3f + 1}));
+}
+
+// ------------------------------------------------------------ progress
+
+// gpuexec ARGS... with stderr on a terminal (a pseudo-terminal read here)
+// and stdout in a file: its exit status and what the terminal got.
+Result RunOnATerminal(const std::vector<std::string>& args, const std::string& out_path) {
+  Result r;
+  int master = -1, slave = -1;
+  if (openpty(&master, &slave, nullptr, nullptr, nullptr) != 0) return r;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(master);
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0) _exit(126);
+    dup2(out, STDOUT_FILENO);
+    dup2(slave, STDERR_FILENO);
+    std::vector<std::string> argv = {Env("GPUEXEC_CLI")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> c_args;
+    for (std::string& a : argv) c_args.push_back(a.data());
+    c_args.push_back(nullptr);
+    execv(c_args[0], c_args.data());
+    _exit(127);
+  }
+  close(slave);
+  char buffer[4096];
+  for (ssize_t n; (n = read(master, buffer, sizeof(buffer))) > 0;) r.err.append(buffer, n);
+  close(master);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadFile(out_path).value_or("");
+  return r;
+}
+
+// A copy of 64 MiB shows its progress on a terminal, overwritten in place
+// and cleared at the end; elsewhere nothing.
+TEST_F(CliTest, ALargeCopyShowsProgressOnATerminalOnly) {
+  WriteFile(Path("progress.bin"), std::string(64 << 20, '\0'));
+  const std::vector<std::string> args = {
+      absl::StrCat("--target=", Target()),
+      "run",
+      KernelPath(),
+      "gx_fill_u32",
+      "--grid=1",
+      "--block=32",
+      absl::StrCat("inout:", Path("progress.bin"), ":", Path("progress-out.bin")),
+      "u32:5",
+      "u64:16"};
+  Result r = RunOnATerminal(args, Path("progress.out"));
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const std::string what =
+      absl::StrCat("inout:", Path("progress.bin"), ":", Path("progress-out.bin"));
+  // Each update rewrites the line; the last of each copy is the whole.
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("\r\033[Kfill argument 0 (", what,
+                                            "): 64.0 MiB / 64.0 MiB, ")));
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("\r\033[Kread argument 0 (", what,
+                                            "): 64.0 MiB / 64.0 MiB, ")));
+  EXPECT_THAT(r.err, ::testing::EndsWith("MiB/s\r\033[K")) << "the line is not cleared";
+  EXPECT_THAT(r.out, StartsWith("gx_fill_u32: grid (1,1,1)"));
+
+  Result plain = RunRaw(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain;
+  EXPECT_EQ(plain.err, "");
 }
 
 // ------------------------------------------------------------ Ctrl-C
