@@ -531,8 +531,8 @@ class Session:
 
     def close(self):
         """Closes the session on the daemon, freeing all it holds. Idempotent;
-        a session the daemon ended already (a reset, its lease) is closed
-        without an error. One that a fault of its queued launches ended,
+        a session the daemon says it ended already (a reset, its lease) is
+        closed without an error. One that a fault of its queued launches ended,
         unreported so far, gives a RuntimeWarning with the cause."""
         if self._closed:
             return
@@ -550,7 +550,11 @@ class Session:
                               pb.CloseSessionRequest(session=self.token),
                               self.client.control_timeout)
         except Error as e:
-            if e.code != grpc.StatusCode.NOT_FOUND:
+            # The daemon's word for a session it ended itself (a reset, a
+            # lapsed lease, a revoked tenant): nothing is left to free. Any
+            # other NOT_FOUND (a token it never gave this tenant) is raised.
+            if (e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(
+                    f"session {short_token(self.token)} was closed: ")):
                 raise
             if self._fatal is None and not self._learn_fatal(e) and self._fatal is not None:
                 warnings.warn(f"gpuexec: session {short_token(self.token)} was closed by the "
