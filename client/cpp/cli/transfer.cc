@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,9 +18,15 @@ namespace {
 // registration and page-locking, which only pay off for large ones.
 constexpr uint64_t kLocalMemoryMinBytes = 1 << 20;
 
-// With a progress line, a copy goes in parts of this size (each a call of
-// its own, itself split over the client's transfer streams).
-constexpr uint64_t kProgressPartBytes = 32ull << 20;
+// With a progress line, a copy goes in parts (a call each) so that the
+// line can move: of 32 MiB, or where the client splits a copy of 128 MiB or
+// more over its 4 transfer streams (ClientOptions' defaults on hosts of 8
+// cores or more), of 256 MiB, so that each part still goes in 4 parts of
+// 64 MiB at once.
+uint64_t ProgressPartBytes(uint64_t total) {
+  const bool split = std::thread::hardware_concurrency() >= 8 && total >= (128ull << 20);
+  return split ? 256ull << 20 : 32ull << 20;
+}
 
 std::optional<HostMemory> LocalMemory(Session& session, uint64_t bytes) {
   if (bytes < kLocalMemoryMinBytes) return std::nullopt;
@@ -32,7 +39,7 @@ std::optional<HostMemory> LocalMemory(Session& session, uint64_t bytes) {
 template <typename Copy>
 absl::Status InParts(const std::string& what, uint64_t total, Copy copy) {
   Progress progress(what, total);
-  const uint64_t part = progress.shown() ? kProgressPartBytes : total;
+  const uint64_t part = progress.shown() ? ProgressPartBytes(total) : total;
   for (uint64_t at = 0; at < total; at += part) {
     const uint64_t n = std::min(part, total - at);
     if (absl::Status st = copy(at, n); !st.ok()) return st;
