@@ -1100,8 +1100,7 @@ GX_EXPORT CUresult cuInit(unsigned int Flags) {
       EnvU64("GXFAKE_MEMORY_BYTES", simulator ? kSimulatorMemoryBytes : kDefaultMemoryBytes);
   for (uint64_t i = 0; i < count; ++i) {
     auto dev = std::make_unique<Device>();
-    dev->name =
-        simulator ? "gpuexec simulated H200-like GPU" : "gpuexec fake GPU " + std::to_string(i);
+    dev->name = simulator ? "simulated H200 (gpuexec)" : "gpuexec fake GPU " + std::to_string(i);
     dev->total_bytes = memory;
     dev->context.device = static_cast<int>(i);
     dev->pool.device = static_cast<int>(i);

@@ -128,7 +128,7 @@ TEST_F(SimulatorTest, OneSimulatedDeviceSaidSoInTheLog) {
   const std::string log = Log();
   EXPECT_THAT(log, HasSubstr("--simulator: no GPU is used"));
   EXPECT_THAT(log, HasSubstr("1 simulated device(s)"));
-  EXPECT_THAT(log, HasSubstr("device 0: gpuexec simulated H200-like GPU"));
+  EXPECT_THAT(log, HasSubstr("device 0: simulated H200 (gpuexec)"));
 }
 
 TEST_F(SimulatorTest, ShippedSaxpyCubinAndPtxRun) {
