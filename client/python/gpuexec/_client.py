@@ -20,8 +20,7 @@ from . import _commands, _connect, _host_memory, _wire
 from ._args import Arg, to_arg
 from ._channel import Recipe
 from ._commands import CommandStream
-from ._errors import (Error, after_fatal, client_error, closed_by_reset, from_rpc_error,
-                      reset_error, short_token)
+from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._pool import Pool, is_pool_target
 from ._tensor_map import TensorMap
 from .v1 import gpuexec_pb2 as pb
@@ -435,11 +434,8 @@ class Session:
         # Seconds; 0 means no limit.
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0
         self._closed = False
-        # The first ABORTED a call of the session raised (a kernel's fault
-        # or hang resets the device), and the failure known to have ended
-        # the session on the daemon, which later calls' errors lead with.
-        self._aborted = None
-        self._fatal = None
+        # What ended the session on the daemon, which later errors lead with.
+        self._fate = SessionFate(self.token)
         # Launches and synchronizes: one Execute stream, opened at the first.
         self._commands = CommandStream(client, self.token)
         # The daemon's host memory socket: the client's, else the one the
@@ -487,47 +483,8 @@ class Session:
 
     def _failed(self, e):
         """The error to raise for ``e``, a failure of one of this session's
-        calls. A fault or hang of its kernel (ABORTED) resets the device and
-        ends the session on the daemon, whose later answers are a bare
-        NOT_FOUND: those lead with the ABORTED. Where nobody waited for the
-        faulting launch (it was queued), the first such NOT_FOUND becomes
-        the ABORTED itself, rebuilt from the device's last reset, which
-        names the kernel and the CUDA error."""
-        if e.code == grpc.StatusCode.ABORTED:
-            if self._aborted is None:
-                self._aborted = e
-            return e
-        if e.code != grpc.StatusCode.NOT_FOUND:
-            return e
-        told = self._fatal is not None or self._learn_fatal(e)
-        if self._fatal is None:
-            return e
-        short = short_token(self.token)
-        if told:
-            return after_fatal(short, self._fatal, e)
-        return Error(self._fatal.code, f"{self._fatal.message}; session {short} was closed by it")
-
-    def _learn_fatal(self, e):
-        """Sets ``_fatal`` when ``e`` says that this session's kernel reset its
-        device: to the ABORTED already raised for that reset (returns True),
-        else to one rebuilt from the device's last reset (returns False:
-        nobody was told of it yet)."""
-        short = short_token(self.token)
-        reset = closed_by_reset(e, short)
-        if reset is None:
-            return False
-        device, when = reset
-        # The daemon's ABORTED gives the time of the reset, with or without
-        # the date.
-        if self._aborted is not None and when.split(" ", 1)[-1] in self._aborted.message:
-            self._fatal = self._aborted
-            return True
-        try:
-            found = [d for d in self.client.devices() if d.index == device]
-        except Error:
-            return False
-        self._fatal = reset_error(short, device, when, found[0].last_reset) if found else None
-        return False
+        calls (see SessionFate)."""
+        return self._fate.failed(e, self.client.devices)
 
     def close(self):
         """Closes the session on the daemon, freeing all it holds. Idempotent;
@@ -556,9 +513,10 @@ class Session:
             if (e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(
                     f"session {short_token(self.token)} was closed: ")):
                 raise
-            if self._fatal is None and not self._learn_fatal(e) and self._fatal is not None:
+            untold = self._fate.untold(e, self.client.devices)
+            if untold is not None:
                 warnings.warn(f"gpuexec: session {short_token(self.token)} was closed by the "
-                              f"daemon before close(): {self._fatal.message}", RuntimeWarning,
+                              f"daemon before close(): {untold.message}", RuntimeWarning,
                               stacklevel=2)
 
     def _order(self):

@@ -86,3 +86,65 @@ def after_fatal(short, first, later):
     todo = "" if "open a new" in cause else "; open a new session"
     return Error(later.code, f"session {short} was closed by its earlier failure, "
                              f"{first.code.name}: {cause}{todo} (the daemon: {later.message})")
+
+
+class SessionFate:
+    """What ended a session on the daemon, so that its errors say so.
+
+    A fault or hang of the session's kernel (ABORTED) resets the device and
+    ends the session; the daemon's later answers are a bare NOT_FOUND
+    ("session ... was closed: its kernel reset device 0 at ..."): those are
+    led by the ABORTED of that reset. Where nobody waited for the faulting
+    launch (it was queued), the first such NOT_FOUND becomes the ABORTED
+    itself, rebuilt from the device's last reset, which names the kernel and
+    the CUDA error. ``devices`` (the client's) is asked only then.
+    """
+
+    def __init__(self, token):
+        self.short = short_token(token)
+        self.aborted = None  # the first ABORTED a call of the session raised
+        self.fatal = None  # the failure known to have ended the session
+
+    def failed(self, e, devices):
+        """The error to raise for ``e``, a failure of one of the session's calls."""
+        if e.code == grpc.StatusCode.ABORTED:
+            if self.aborted is None:
+                self.aborted = e
+            return e
+        if e.code != grpc.StatusCode.NOT_FOUND:
+            return e
+        told = self.fatal is not None or self._learn(e, devices)
+        if self.fatal is None:
+            return e
+        if told:
+            return after_fatal(self.short, self.fatal, e)
+        return Error(self.fatal.code,
+                     f"{self.fatal.message}; session {self.short} was closed by it")
+
+    def untold(self, e, devices):
+        """The failure that ended the session, when ``e`` (close()'s NOT_FOUND)
+        is the first to show it: nobody was told of it yet; else None."""
+        if self.fatal is not None or self._learn(e, devices):
+            return None
+        return self.fatal
+
+    def _learn(self, e, devices):
+        """Sets ``fatal`` when ``e`` says that the session's kernel reset its
+        device: to the ABORTED already raised for that reset (returns True),
+        else to one rebuilt from the device's last reset (returns False:
+        nobody was told of it yet)."""
+        reset = closed_by_reset(e, self.short)
+        if reset is None:
+            return False
+        device, when = reset
+        # The daemon's ABORTED gives the time of the reset, with or without
+        # the date.
+        if self.aborted is not None and when.split(" ", 1)[-1] in self.aborted.message:
+            self.fatal = self.aborted
+            return True
+        try:
+            found = [d for d in devices() if d.index == device]
+        except Error:
+            return False
+        self.fatal = reset_error(self.short, device, when, found[0].last_reset) if found else None
+        return False

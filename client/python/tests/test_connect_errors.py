@@ -176,5 +176,21 @@ def test_the_example_takes_its_target_from_the_environment(daemon, tmp_path):
                             capture_output=True, timeout=120, env=env)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
-        f"UNAVAILABLE: gpuexec: cannot connect to unix:{tmp_path}/none.sock: no such socket: is gpuexecd "
-        f"running? {HINT}"), result.stderr
+        f"UNAVAILABLE: gpuexec: cannot connect to unix:{tmp_path}/none.sock: no such socket: is "
+        f"gpuexecd running? {HINT}"), result.stderr
+
+
+def test_each_public_object_has_a_repr(client, daemon):
+    assert repr(client) == f"<gpuexec.Client {daemon.target}, {client.command_stream} stream>"
+    with client.session() as s:
+        assert repr(s) == f"<gpuexec.Session {s.token[:8]} on device {s.device}>"
+        buf = s.alloc(64)
+        assert repr(buf) == f"<gpuexec.Buffer 0x{buf.handle:x}, 64 bytes>"
+        module = s.load_module(daemon.cubin)
+        assert repr(module) == f"<gpuexec.Module {module.sha256[:12]} (cubin)>"
+        fill = module.function("gx_fill_u32")
+        assert repr(fill) == "<gpuexec.Function gx_fill_u32, 3 params>"
+
+
+def test_the_package_says_it_is_typed():
+    assert os.path.isfile(os.path.join(os.path.dirname(gpuexec.__file__), "py.typed"))

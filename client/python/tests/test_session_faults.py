@@ -18,6 +18,7 @@ import pytest
 
 import gpuexec
 from conftest import start_daemon, stop_daemon
+from gpuexec._errors import SessionFate
 
 # gx_fault writes to this device address, which no allocation holds.
 BAD_ADDRESS = 16
@@ -216,3 +217,76 @@ def test_an_exception_inside_with_goes_on_unchanged(daemon, tmp_path):
     finally:
         if process.poll() is None:
             stop_daemon(process)
+
+
+# ------------------------------------------------ SessionFate alone, no daemon
+
+TOKEN = "85f4886a" + "0" * 56
+WHEN = "2026-12-03 17:00:23.882 UTC"
+CLOSED = gpuexec.Error(grpc.StatusCode.NOT_FOUND,
+                       f"session 85f4886a was closed: its kernel reset device 0 at {WHEN} "
+                       "(strike 1 for peer unix:uid=0 within 600 s)")
+WHY = ("device 0 hit a sticky fault: cuEventQuery failed for kernel 'gx_fault' of session "
+       "85f4886a on device 0: CUDA_ERROR_ILLEGAL_ADDRESS (700: an illegal memory access was "
+       "encountered)")
+
+
+class _Devices:
+    def __init__(self, last_reset):
+        self.calls = 0
+        self.last_reset = last_reset
+
+    def __call__(self):
+        self.calls += 1
+        return [type("D", (), {"index": 0, "last_reset": self.last_reset})()]
+
+
+def test_fate_rebuilds_a_queued_fault_once_then_leads_with_it():
+    fate, devices = SessionFate(TOKEN), _Devices(f"{WHEN}: {WHY}")
+    first = fate.failed(CLOSED, devices)
+    assert first.code == grpc.StatusCode.ABORTED
+    assert first.message == (f"device 0 was reset at {WHEN}: {WHY}; session 85f4886a was "
+                             "closed by it")
+    later = fate.failed(CLOSED, devices)
+    assert later.code == grpc.StatusCode.NOT_FOUND
+    assert later.message == (f"session 85f4886a was closed by its earlier failure, ABORTED: "
+                             f"device 0 was reset at {WHEN}: {WHY}; open a new session (the "
+                             f"daemon: {CLOSED.message})")
+    assert devices.calls == 1
+    assert fate.untold(CLOSED, devices) is None  # told already
+
+
+def test_fate_leads_with_the_aborted_of_the_same_reset():
+    fate, devices = SessionFate(TOKEN), _Devices("")
+    other = gpuexec.Error(grpc.StatusCode.ABORTED, "device 0 was reset at 16:59:00.000 UTC: x")
+    mine = gpuexec.Error(grpc.StatusCode.ABORTED,
+                         "kernel 'gx_fault' of session 85f4886a made an illegal memory access "
+                         "(CUDA_ERROR_ILLEGAL_ADDRESS); device 0 was reset at 17:00:23.882 UTC. "
+                         "The session was closed: open a new one")
+    assert fate.failed(other, devices) is other
+    fate.aborted = None
+    assert fate.failed(mine, devices) is mine
+    later = fate.failed(CLOSED, devices)
+    assert later.message.startswith("session 85f4886a was closed by its earlier failure, "
+                                    "ABORTED: kernel 'gx_fault' of session 85f4886a made an "
+                                    "illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS); device "
+                                    "0 was reset at 17:00:23.882 UTC. The session was closed: "
+                                    "open a new one (the daemon: session 85f4886a was closed: ")
+    assert devices.calls == 0
+
+
+def test_fate_leaves_other_errors_alone():
+    fate, devices = SessionFate(TOKEN), _Devices(f"{WHEN}: {WHY}")
+    for e in (gpuexec.Error(grpc.StatusCode.NOT_FOUND, "session 85f4886a does not exist (never "
+                            "opened, closed, or its lease lapsed)"),
+              gpuexec.Error(grpc.StatusCode.NOT_FOUND, "session 85f4886a was closed: its lease "
+                            "of 1000 ms lapsed"),
+              gpuexec.Error(grpc.StatusCode.NOT_FOUND, "session 11111111 was closed: its kernel "
+                            f"reset device 0 at {WHEN} (strike 1)"),
+              gpuexec.Error(grpc.StatusCode.UNAVAILABLE, "daemon x: gone")):
+        assert fate.failed(e, devices) is e
+    # Another reset's reason (the device was reset again since): not rebuilt.
+    fate = SessionFate(TOKEN)
+    devices = _Devices(f"2026-12-03 17:05:00.000 UTC: {WHY}")
+    assert fate.failed(CLOSED, devices) is CLOSED
+    assert fate.untold(CLOSED, devices) is None
