@@ -77,6 +77,20 @@ def test_a_unix_socket_missing_or_dead_fails_at_once(tmp_path):
     assert "not a socket" in error.message, error
 
 
+def test_a_port_that_takes_connections_and_never_answers():
+    """Something listens, nothing speaks: no failure to explain, so the
+    error comes once ``timeout`` has passed, and says what to check."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        target = f"127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        error = _refused(target, 5.0, timeout=0.5)
+        assert time.monotonic() - start >= 0.5
+    assert error.message == (f"gpuexec: cannot connect to {target}: no answer within 0.5 s: is "
+                             f"the host up, and gpuexecd listening on that port? {HINT}")
+
+
 def test_a_daemon_signed_by_another_ca(tls_daemon, pki):
     error = _refused(tls_daemon.target, 5.0, root_ca=pki.rogue_ca, token=pki.token_a,
                      timeout=30)
