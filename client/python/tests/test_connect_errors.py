@@ -17,6 +17,8 @@ from gpuexec._connect import parse_target
 # The fixtures of test_auth.py: a CA and certificates, daemons on TLS,
 # mutual TLS and plain TCP.
 from test_auth import mtls_daemon, pki, plain_daemon, tls_daemon  # noqa: F401
+from test_auth import _issue, _tenant_daemon
+from conftest import stop_daemon
 
 HINT = "(set the target with connect(target) or $GPUEXEC_TARGET)"
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -102,6 +104,26 @@ def test_a_daemon_signed_by_another_ca(tls_daemon, pki):
     error = _refused(tls_daemon.target, 5.0, tls=True, token=pki.token_a, timeout=30)
     assert "TLS: the daemon's certificate is not signed by a CA this system trusts" in \
         error.message, error
+
+
+def test_a_certificate_that_does_not_name_the_host(daemon, pki, tmp_path_factory):
+    named = _issue(pki.dir, "ca", "localhost-only", ["subjectAltName = DNS:localhost",
+                                                     "keyUsage = critical, digitalSignature",
+                                                     "extendedKeyUsage = serverAuth"], 6)
+    process, tls = _tenant_daemon(daemon, pki, tmp_path_factory, "named-tls",
+                                  f"--tls_cert={named[0]}", f"--tls_key={named[1]}")
+    try:
+        error = _refused(tls.target, 5.0, root_ca=pki.ca, token=pki.token_a, timeout=30)
+        port = tls.target.rsplit(":", 1)[1]
+        with gpuexec.connect(f"localhost:{port}", root_ca=pki.ca, token=pki.token_a) as c:
+            assert c.devices()
+    finally:
+        stop_daemon(process)
+    assert error.message.startswith(
+        f"gpuexec: cannot connect to {tls.target}: TLS: the daemon's certificate does not name "
+        "127.0.0.1 ("), error
+    assert error.message.endswith("): connect by a name it carries, or pass channel_options=[("
+                                  "\"grpc.ssl_target_name_override\", NAME)]"), error
 
 
 def test_plain_tcp_to_a_daemon_that_speaks_tls(tls_daemon):
