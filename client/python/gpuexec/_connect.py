@@ -112,7 +112,7 @@ def diagnose(recipe, target, options=(), budget=PROBE_S):
     try:
         sock = socket.create_connection((host, port), timeout=budget)
     except OSError as e:
-        return _connect_cause(e, budget)
+        return _connect_cause(e)
     with contextlib.closing(sock):
         if recipe.tls:
             return _tls_cause(sock, recipe, _server_name(host, options), budget)
@@ -181,7 +181,7 @@ def _unix_cause(path):
     return None
 
 
-def _connect_cause(e, budget):
+def _connect_cause(e):
     if isinstance(e, ConnectionRefusedError):
         return f"connection refused: is gpuexecd running? {HINT_TARGET}"
     if isinstance(e, socket.timeout):
