@@ -62,7 +62,12 @@ absl::StatusOr<std::string> SimulatorLibrary(const std::string& program) {
   std::vector<std::string> tried;
   for (const char* sub : {"/", "/../lib/", "/../tests/fake_cuda/"}) {
     std::string path = absl::StrCat(dir, sub, kSimulatorLibrary);
-    if (access(path.c_str(), R_OK) == 0) return path;
+    if (access(path.c_str(), R_OK) == 0) {
+      char* real = realpath(path.c_str(), nullptr);
+      if (real != nullptr) path = real;
+      std::free(real);
+      return path;
+    }
     tried.push_back(std::move(path));
   }
   return absl::FailedPreconditionError(absl::StrCat(
@@ -499,7 +504,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       options.worker_shared_memory ? "shared memory" : "their sockets");
   log::Info(
       "gpuexecd serving gpuexec.v1 on ", absl::StrJoin(addresses, " and "), " with ",
-      impl->engine->device_count(), " device(s); health ",
+      impl->engine->device_count(), options.simulator ? " simulated" : "", " device(s); health ",
       impl->engine->AnyDeviceHealthy() ? "SERVING" : "NOT_SERVING",
       impl->metrics_http == nullptr
           ? ""

@@ -128,6 +128,7 @@ TEST_F(SimulatorTest, OneSimulatedDeviceSaidSoInTheLog) {
   const std::string log = Log();
   EXPECT_THAT(log, HasSubstr("--simulator: no GPU is used"));
   EXPECT_THAT(log, HasSubstr("1 simulated device(s)"));
+  EXPECT_THAT(log, HasSubstr("with 1 simulated device(s); health SERVING"));
   EXPECT_THAT(log, HasSubstr("device 0: simulated H200 (gpuexec)"));
 }
 
