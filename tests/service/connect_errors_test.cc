@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon_process.h"
+#include "gpuexec/pool.h"
 #include "service_test_fixture.h"
 #include "tests/support/free_port.h"
 #include "tests/support/tls_files.h"
@@ -259,6 +260,26 @@ TEST_F(ConnectErrorsTest, MutualTlsWithoutAClientCertificate) {
                          HasSubstr("failed: the client's certificate is not signed by the CA of "
                                    "--tls_client_ca"),
                          NoRawGrpcLine()));
+}
+
+// A pool says why each daemon was passed over, in the same words, once.
+TEST_F(ConnectErrorsTest, APoolSaysWhyItsDaemonsWerePassedOver) {
+  PoolOptions options;
+  options.client = Tls("other");
+  const std::string pool = absl::StrCat("pool://", tls_daemon_->target(), ",", plain_->target());
+  GX_ASSERT_OK_AND_ASSIGN(Pool p, Pool::Connect(pool, options));
+  const absl::Status opened = p.OpenSession().status();
+  EXPECT_THAT(opened,
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("pool: no daemon answered"),
+                             HasSubstr(absl::StrCat("daemon ", tls_daemon_->target(),
+                                                    ": the daemon's certificate is not signed by "
+                                                    "the CA in ",
+                                                    tls_->Cert("other"))),
+                             HasSubstr(absl::StrCat("daemon ", plain_->target(),
+                                                    ": the client speaks TLS and the daemon plain "
+                                                    "text")),
+                             NoRawGrpcLine())));
 }
 
 TEST_F(ConnectErrorsTest, TheDaemonWarnsOfTokenOnlyTenantsUnderMutualTls) {

@@ -19,11 +19,18 @@ using ::testing::Not;
 
 // gRPC 1.51's lines, as a client captured them against real daemons.
 constexpr char kVerifyFailed[] =
-    "ssl_transport_security.cc: Handshake failed with fatal error SSL_ERROR_SSL: "
-    "error:0A000086:SSL routines::certificate verify failed.";
+    "subchannel.cc: subchannel 0x559999db8420 {address=ipv4:127.0.0.1:50051, }: connect failed "
+    "(UNKNOWN:Ssl handshake failed: SSL_ERROR_SSL: error:0A000086:SSL routines::certificate "
+    "verify failed {file:\"./src/core/lib/security/transport/security_handshaker.cc\", "
+    "file_line:393, tsi_error:\"TSI_PROTOCOL_FAILURE\", tsi_code:10}), backing off for 968 ms";
 constexpr char kWrongVersion[] =
-    "ssl_transport_security.cc: Handshake failed with fatal error SSL_ERROR_SSL: "
-    "error:0A00010B:SSL routines::wrong version number.";
+    "subchannel.cc: subchannel 0x562baa9e9390 {address=ipv4:127.0.0.1:50051, }: connect failed "
+    "(UNKNOWN:Ssl handshake failed: SSL_ERROR_SSL: error:0A00010B:SSL routines::wrong version "
+    "number {tsi_code:10}), backing off for 981 ms";
+constexpr char kRefusedV6[] =
+    "subchannel.cc: subchannel 0x55a6f3125c00 {address=ipv6:%5B::1%5D:50051, }: connect failed "
+    "(UNKNOWN:Failed to connect to remote host: Connection refused {errno:111, "
+    "target_address:\"ipv6:%5B::1%5D:50051\"}), backing off for 984 ms";
 constexpr char kSecureReadFailed[] =
     "subchannel.cc: subchannel 0x564cd2749160 {address=ipv4:127.0.0.1:50911, }: connect failed "
     "(UNKNOWN:Endpoint read failed {occurred_during_write:0, children:[UNKNOWN:Secure read failed "
@@ -104,6 +111,14 @@ std::vector<Row> Rows() {
                     {"cannot connect to gpu7.example:50051: connection refused",
                      "is gpuexecd running there, on that port?"}});
   }
+  rows.push_back({"localhost: ::1 refused, 127.0.0.1 a TLS daemon of another CA",
+                  Facts("127.0.0.1:50051", true, {kRefusedV6, kVerifyFailed}, Wire::kNotProbed),
+                  ConnectFailure::kWrongCa,
+                  {"the daemon's certificate is not signed by the CA in /etc/gx/ca.crt"}});
+  rows.push_back({"localhost: ::1 refused, 127.0.0.1 closed a plain-text client",
+                  Facts("127.0.0.1:50051", false, {kRefusedV6, kSocketClosed}, Wire::kNothing),
+                  ConnectFailure::kPlainToTls,
+                  {"the daemon speaks TLS and the client plain text"}});
   rows.push_back({"wrong CA",
                   Facts("127.0.0.1:50051", true, {kVerifyFailed}, Wire::kTls),
                   ConnectFailure::kWrongCa,
@@ -211,6 +226,48 @@ TEST(ConnectDiagnosis, RawTlsLinesNeverReachTheMessage) {
       DiagnoseConnectFailure(Facts("127.0.0.1:50051", true, {kVerifyFailed}, Wire::kTls));
   EXPECT_THAT(d.status.message(),
               AllOf(Not(HasSubstr("SSL_ERROR_SSL")), Not(HasSubstr("ssl_transport_security"))));
+}
+
+TEST(ConnectDiagnosis, LinesAreTakenOnlyAboutTheTarget) {
+  struct Case {
+    std::string target;
+    const char* line;
+    bool about;
+  };
+  const std::vector<Case> cases = {
+      {"127.0.0.1:50051", kVerifyFailed, true},
+      {"ipv4:127.0.0.1:50051", kVerifyFailed, true},
+      {"127.0.0.2:50051", kVerifyFailed, false},  // another daemon's
+      {"127.0.0.1:50052", kVerifyFailed, false},
+      {"localhost:50051", kVerifyFailed, true},  // a name: any of its addresses
+      {"localhost:50051", kRefusedV6, true},
+      {"[::1]:50051", kRefusedV6, true},
+      {"[0:0::1]:50051", kRefusedV6, true},
+      {"[::1]:50051", kVerifyFailed, false},
+      {"unix:/run/gx.sock",
+       "subchannel.cc: subchannel 0x1 {address=unix:/run/gx.sock, }: connect failed (x)", true},
+      {"unix:///run/gx.sock",
+       "subchannel.cc: subchannel 0x1 {address=unix:/run/gx.sock, }: connect failed (x)", true},
+      {"unix:/run/other.sock",
+       "subchannel.cc: subchannel 0x1 {address=unix:/run/gx.sock, }: connect failed (x)", false},
+      // Only a subchannel's "connect failed" line names its address.
+      {"127.0.0.1:50051",
+       "ssl_transport_security.cc: Handshake failed with fatal error SSL_ERROR_SSL: "
+       "error:0A000086:SSL routines::certificate verify failed.",
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.target + " / " + c.line);
+    TargetAddress target;
+    ASSERT_TRUE(ParseTargetAddress(c.target, &target));
+    EXPECT_EQ(LineIsAbout(c.line, target), c.about);
+  }
+  TargetAddress t;
+  EXPECT_FALSE(ParseTargetAddress("", &t));
+  EXPECT_FALSE(ParseTargetAddress("[::1", &t));
+  ASSERT_TRUE(ParseTargetAddress("dns:///gpu7.example", &t));
+  EXPECT_EQ(t.host, "gpu7.example");
+  EXPECT_EQ(t.port, "443");
 }
 
 TEST(ConnectDiagnosis, FirstBytesBack) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "internal/placement.h"
 
@@ -102,6 +103,38 @@ absl::StatusOr<std::vector<std::string>> Resolve(const HostPort& hp) {
   }
   freeaddrinfo(found);
   return out;
+}
+
+// Why `daemon` was passed over, in the words Client::Connect used without
+// its "cannot connect to DAEMON: " (the list names the daemon), or the code
+// and message of the call it refused; bounded.
+std::string PassedOverCause(const std::string& daemon, const absl::Status& status) {
+  absl::string_view message = status.message();
+  std::string cause =
+      absl::ConsumePrefix(&message, absl::StrCat("cannot connect to ", daemon, ": "))
+          ? std::string(message)
+          : absl::StrCat(absl::StatusCodeToString(status.code()), ": ", message);
+  constexpr size_t kMaxCause = 300;
+  if (cause.size() > kMaxCause) cause = absl::StrCat(cause.substr(0, kMaxCause), "...");
+  return cause;
+}
+
+// "daemons a, b: CAUSE; daemon c: OTHER": one cause once, however many
+// daemons it stopped (a misconfigured CA stops them all).
+std::string PassedOver(const std::vector<std::pair<std::string, std::string>>& daemon_causes) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_cause;
+  for (const auto& [daemon, cause] : daemon_causes) {
+    auto it = std::find_if(by_cause.begin(), by_cause.end(),
+                           [&cause = cause](const auto& c) { return c.first == cause; });
+    if (it == by_cause.end()) it = by_cause.insert(by_cause.end(), {cause, {}});
+    it->second.push_back(daemon);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [cause, daemons] : by_cause) {
+    parts.push_back(absl::StrCat(daemons.size() == 1 ? "daemon " : "daemons ",
+                                 absl::StrJoin(daemons, ", "), ": ", cause));
+  }
+  return absl::StrJoin(parts, "; ");
 }
 
 }  // namespace
@@ -271,11 +304,10 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
   const std::vector<absl::StatusOr<std::vector<DeviceInfo>>> answers = p.Probe(asked);
 
   std::vector<internal::DeviceLoad> devices;
-  std::vector<std::string> passed_over;
+  std::vector<std::pair<std::string, std::string>> passed_over;  // daemon, why
   for (size_t i = 0; i < asked.size(); ++i) {
     if (!answers[i].ok()) {
-      passed_over.push_back(absl::StrCat("daemon ", asked[i], ": ",
-                                         absl::StatusCodeToString(answers[i].status().code())));
+      passed_over.emplace_back(asked[i], internal::PassedOverCause(asked[i], answers[i].status()));
       continue;
     }
     for (const DeviceInfo& d : *answers[i]) {
@@ -296,7 +328,7 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
       asked.size(), " daemon(s) asked of ", p.target,
       passed_over.empty() ? ""
                           : absl::StrCat(" (", passed_over.size(),
-                                         " passed over: ", absl::StrJoin(passed_over, ", "), ")"));
+                                         " passed over: ", internal::PassedOver(passed_over), ")"));
   if (devices.empty() && !passed_over.empty()) {
     return absl::UnavailableError(absl::StrCat("pool: no daemon answered: ", what));
   }

@@ -77,7 +77,11 @@ class Pool {
 
   // Places and opens a session (see above). RESOURCE_EXHAUSTED or
   // FAILED_PRECONDITION when no device asked fits (saying why each was
-  // passed over), UNAVAILABLE when none of the daemons asked answered.
+  // passed over), UNAVAILABLE when none of the daemons asked answered,
+  // saying why in Client::Connect's words, each cause once: "pool: no
+  // daemon answered: 2 daemon(s) asked of pool://a:1,b:1 (2 passed over:
+  // daemons a:1, b:1: the daemon's certificate is not signed by the CA in
+  // ca.crt ...)".
   absl::StatusOr<Session> OpenSession(const PoolSessionOptions& options = {}) const;
 
   // Every daemon's devices, all asked at once (each within

@@ -29,10 +29,10 @@ namespace {
 
 // ------------------------------------------------------------ gRPC's lines
 
-// Collects the connect-related lines gRPC logs while it lives (one per
-// Connect under way). gRPC's lines carry no channel: with several Connect
-// calls at once each sees the others' lines too, and the subchannel lines,
-// which do name the address, are what most diagnoses rest on.
+// Collects the subchannels' "connect failed" lines gRPC logs while it
+// lives (one per Connect under way). They carry no channel: with several
+// Connect calls at once each sees the others' lines too, and keeps those
+// about its target's address (LinesAbout).
 class GrpcLogCapture {
  public:
   GrpcLogCapture();
@@ -50,7 +50,7 @@ class GrpcLogCapture {
   }
 
  private:
-  static constexpr size_t kMaxLines = 64;
+  static constexpr size_t kMaxLines = 256;
   absl::Mutex mu_;
   std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
 };
@@ -83,14 +83,24 @@ absl::string_view Basename(const char* path) {
   return slash == absl::string_view::npos ? p : p.substr(slash + 1);
 }
 
+// Its lines about `target` (LineIsAbout).
+std::vector<std::string> LinesAbout(GrpcLogCapture& capture, const std::string& target) {
+  TargetAddress address;
+  if (!ParseTargetAddress(target, &address)) return {};
+  std::vector<std::string> out;
+  for (std::string& line : capture.Lines()) {
+    if (LineIsAbout(line, address)) out.push_back(std::move(line));
+  }
+  return out;
+}
+
 void OnGrpcLog(gpr_log_func_args* args) {
   const absl::string_view file = Basename(args->file);
   const absl::string_view message = args->message != nullptr ? args->message : "";
   const bool about_connect = file == "ssl_transport_security.cc" ||
                              file == "security_handshaker.cc" ||
-                             file == "ssl_security_connector.cc" || file == "subchannel.cc" ||
-                             absl::StrContains(message, "connect failed");
-  if (about_connect) {
+                             file == "ssl_security_connector.cc" || file == "subchannel.cc";
+  if (absl::StrContains(message, "connect failed (")) {
     Captures& c = TheCaptures();
     absl::MutexLock lock(&c.mu);
     for (GrpcLogCapture* capture : c.active) {
@@ -98,6 +108,7 @@ void OnGrpcLog(gpr_log_func_args* args) {
     }
     return;
   }
+  if (about_connect) return;  // the subchannel's line says it, with the address
   if (args->severity != GPR_LOG_SEVERITY_ERROR) return;
   const std::string line = absl::StrCat("gpuexec client: grpc: ", Printable(message, 2048), " (",
                                         file, ":", args->line, ")\n");
@@ -115,44 +126,6 @@ void InstallGrpcLog() {
 }
 
 // ------------------------------------------------------------ the probe
-
-struct RawTarget {
-  bool unix_socket = false;
-  bool abstract = false;
-  std::string path;  // unix
-  std::string host;
-  std::string port;
-};
-
-bool ParseRawTarget(absl::string_view t, RawTarget* out) {
-  if (absl::ConsumePrefix(&t, "unix-abstract:")) {
-    out->unix_socket = out->abstract = true;
-    out->path = std::string(t);
-    return !t.empty();
-  }
-  if (absl::ConsumePrefix(&t, "unix:")) {
-    // "unix:///abs" and "unix:/abs" name the same path.
-    if (absl::StartsWith(t, "//")) t.remove_prefix(2);
-    out->unix_socket = true;
-    out->path = std::string(t);
-    return !t.empty();
-  }
-  absl::ConsumePrefix(&t, "dns:///") || absl::ConsumePrefix(&t, "dns:") ||
-      absl::ConsumePrefix(&t, "ipv4:") || absl::ConsumePrefix(&t, "ipv6:");
-  t = t.substr(0, t.find(','));  // a list: its first
-  if (absl::ConsumePrefix(&t, "[")) {
-    const size_t close = t.find(']');
-    if (close == absl::string_view::npos) return false;
-    out->host = std::string(t.substr(0, close));
-    t.remove_prefix(close + 1);
-    out->port = absl::ConsumePrefix(&t, ":") ? std::string(t) : "443";
-  } else {
-    const size_t colon = t.rfind(':');
-    out->host = std::string(t.substr(0, colon));
-    out->port = colon == absl::string_view::npos ? "443" : std::string(t.substr(colon + 1));
-  }
-  return !out->host.empty() && !out->port.empty();
-}
 
 // Waits for `events` on `fd` until `deadline`; false on timeout or error.
 bool WaitFd(int fd, short events, absl::Time deadline) {
@@ -232,8 +205,8 @@ std::string Http2Preface() {
 void ProbeTarget(const std::string& target, absl::Duration timeout, ProbeSend send,
                  ConnectFacts* facts) {
   const absl::Time deadline = absl::Now() + timeout;
-  RawTarget raw;
-  if (!ParseRawTarget(target, &raw)) return;
+  TargetAddress raw;
+  if (!ParseTargetAddress(target, &raw)) return;
   int fd = -1;
   int error = 0;
   if (raw.unix_socket) {
@@ -314,7 +287,7 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
       // On this host a failure is not one that waiting mends; elsewhere
       // only a certificate or protocol mismatch is known not to be.
       if (fail_fast) break;
-      facts.grpc_lines = capture.Lines();
+      facts.grpc_lines = LinesAbout(capture, target);
       const Diagnosis d = DiagnoseConnectFailure(facts);
       if (d.failure != ConnectFailure::kUnknown && d.failure != ConnectFailure::kRefused) {
         return d.status;
@@ -328,7 +301,7 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
     state = channel.GetState(/*try_to_connect=*/true);
   }
   if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
-  facts.grpc_lines = capture.Lines();
+  facts.grpc_lines = LinesAbout(capture, target);
   Diagnosis d = DiagnoseConnectFailure(facts);
   if (d.failure != ConnectFailure::kUnknown) return d.status;
   // Once, bounded, and only when gRPC's lines do not say already (the
@@ -336,7 +309,7 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
   // also lets gRPC's lines of the last attempt arrive before they are read.
   ProbeTarget(target, absl::Seconds(1),
               facts.tls ? ProbeSend::kClientHello : ProbeSend::kHttp2Preface, &facts);
-  facts.grpc_lines = capture.Lines();
+  facts.grpc_lines = LinesAbout(capture, target);
   return DiagnoseConnectFailure(facts).status;
 }
 

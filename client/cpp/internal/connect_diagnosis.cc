@@ -1,10 +1,14 @@
 #include "internal/connect_diagnosis.h"
 
+#include <arpa/inet.h>
+
 #include <cstdint>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 
 namespace gpuexec::internal {
 namespace {
@@ -54,7 +58,76 @@ Diagnosis Make(const ConnectFacts& f, ConnectFailure failure, absl::string_view 
                                                                 Printable(f.target), ": ", what))};
 }
 
+// Every attempt that failed was refused (the lines say no other cause).
+bool EveryAttemptRefused(const ConnectFacts& f) {
+  bool any = false;
+  for (const std::string& line : f.grpc_lines) {
+    if (!absl::StrContains(line, "connect failed (")) continue;
+    if (!absl::StrContains(line, "Connection refused")) return false;
+    any = true;
+  }
+  return any;
+}
+
+// "10.0.0.7" and "::1" as bytes, so that "::1" and "0:0::1" compare equal.
+std::string AddressBytes(const std::string& host) {
+  in6_addr v6;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1)
+    return std::string(reinterpret_cast<char*>(&v4), 4);
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return std::string(reinterpret_cast<char*>(&v6), 16);
+  }
+  return "";
+}
+
 }  // namespace
+
+bool ParseTargetAddress(absl::string_view t, TargetAddress* out) {
+  if (absl::ConsumePrefix(&t, "unix-abstract:")) {
+    out->unix_socket = out->abstract = true;
+    out->path = std::string(t);
+    return !t.empty();
+  }
+  if (absl::ConsumePrefix(&t, "unix:")) {
+    // "unix:///abs" and "unix:/abs" name the same path.
+    if (absl::StartsWith(t, "//")) t.remove_prefix(2);
+    out->unix_socket = true;
+    out->path = std::string(t);
+    return !t.empty();
+  }
+  absl::ConsumePrefix(&t, "dns:///") || absl::ConsumePrefix(&t, "dns:") ||
+      absl::ConsumePrefix(&t, "ipv4:") || absl::ConsumePrefix(&t, "ipv6:");
+  t = t.substr(0, t.find(','));  // a list: its first
+  if (absl::ConsumePrefix(&t, "[")) {
+    const size_t close = t.find(']');
+    if (close == absl::string_view::npos) return false;
+    out->host = std::string(t.substr(0, close));
+    t.remove_prefix(close + 1);
+    out->port = absl::ConsumePrefix(&t, ":") ? std::string(t) : "443";
+  } else {
+    const size_t colon = t.rfind(':');
+    out->host = std::string(t.substr(0, colon));
+    out->port = colon == absl::string_view::npos ? "443" : std::string(t.substr(colon + 1));
+  }
+  return !out->host.empty() && !out->port.empty();
+}
+
+bool LineIsAbout(absl::string_view line, const TargetAddress& target) {
+  if (!absl::StrContains(line, "connect failed (")) return false;
+  const size_t at = line.find("{address=");
+  if (at == absl::string_view::npos) return false;
+  absl::string_view a = line.substr(at + 9);
+  a = a.substr(0, a.find_first_of(", }"));
+  if (target.unix_socket) return !target.path.empty() && absl::StrContains(a, target.path);
+  const std::string address = absl::StrReplaceAll(a, {{"%5B", "["}, {"%5D", "]"}});
+  TargetAddress seen;
+  if (!ParseTargetAddress(address, &seen) || seen.unix_socket || seen.port != target.port) {
+    return false;
+  }
+  const std::string want = AddressBytes(target.host);
+  return want.empty() || want == AddressBytes(seen.host);  // a name: any address
+}
 
 std::string Printable(absl::string_view text, size_t max) {
   std::string out;
@@ -93,7 +166,7 @@ Diagnosis DiagnoseConnectFailure(const ConnectFacts& f) {
     return Make(f, ConnectFailure::kRefused,
                 absl::StrCat("no socket there: is gpuexecd running? ", kTargetHint));
   }
-  if (f.refused || (f.loopback && AnyLineHas(f, "Connection refused"))) {
+  if (f.refused || (f.loopback && EveryAttemptRefused(f))) {
     return Make(f, ConnectFailure::kRefused,
                 f.loopback ? absl::StrCat("connection refused: is gpuexecd running? ", kTargetHint)
                            : absl::StrCat("connection refused: is gpuexecd running there, on that "

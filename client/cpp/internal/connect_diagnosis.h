@@ -36,6 +36,26 @@ enum class Wire {
 };
 Wire ClassifyFirstBytes(absl::string_view bytes);
 
+// A target as the probe reaches it: "host:port", "[v6]:port" (dns:///,
+// ipv4:, ipv6: prefixes allowed; a list: its first), "unix:PATH",
+// "unix-abstract:NAME". False if it is none of these.
+struct TargetAddress {
+  bool unix_socket = false;
+  bool abstract = false;
+  std::string path;  // unix
+  std::string host;
+  std::string port;  // 443 when the target names none, as gRPC's default
+};
+bool ParseTargetAddress(absl::string_view target, TargetAddress* out);
+
+// Whether a gRPC line is a subchannel's "connect failed" line about
+// `target`: its address has the target's port, and its host when the
+// target names an IP address (a name may resolve to any). gRPC's other
+// connect lines (the TLS library's) name no address: with several Connect
+// calls at once they cannot be told apart, and the subchannel's line says
+// the same (its status carries the TLS library's reason).
+bool LineIsAbout(absl::string_view line, const TargetAddress& target);
+
 // What a client saw of one failed connect.
 struct ConnectFacts {
   std::string target;
@@ -51,7 +71,8 @@ struct ConnectFacts {
   bool no_socket_file = false;
   std::string raw_error;
   Wire probe = Wire::kNotProbed;
-  // gRPC's log lines during the connect, each "FILE: MESSAGE".
+  // gRPC's lines about this target during the connect (LineIsAbout), each
+  // "FILE: MESSAGE".
   std::vector<std::string> grpc_lines;
   // Whether the whole connect_timeout passed, and what it was.
   bool deadline_passed = false;
