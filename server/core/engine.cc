@@ -326,9 +326,10 @@ absl::StatusOr<bool> Engine::ReserveModule(Session& s, const std::string& sha256
   if (limits.module_bytes != 0 &&
       size > limits.module_bytes - std::min(u.module_bytes, limits.module_bytes)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("tenant '", u.name, "' module limit: its sessions hold ", u.module_bytes,
-                     " of its ", limits.module_bytes, " bytes of module images; module ",
-                     sha256.substr(0, 12), " (", size, " bytes) does not fit"));
+        absl::StrCat("tenant '", u.name, "' module limit: its sessions hold ",
+                     ByteSize(u.module_bytes), " of its ", ByteSize(limits.module_bytes),
+                     " of module images; module ", sha256.substr(0, 12), " (", ByteSize(size),
+                     ") does not fit (its module_bytes in the tenants file)"));
   }
   u.modules.emplace(sha256, std::make_pair(size, 1u));
   u.module_bytes += size;

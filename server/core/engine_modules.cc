@@ -258,9 +258,9 @@ absl::Status Engine::MakeRoom(uint64_t bytes, absl::string_view what) {
   const uint64_t budget = options_.module_store_bytes;
   if (budget == 0) return absl::OkStatus();
   if (bytes > budget) {
-    return absl::ResourceExhaustedError(absl::StrCat("module store: ", what, " is ", bytes,
-                                                     " bytes; the daemon keeps at most ", budget,
-                                                     " bytes of module images"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("module store: ", what, " is ", ByteSize(bytes), "; the daemon keeps at most ",
+                     ByteSize(budget), " of module images (--module_store_bytes)"));
   }
   while (module_store_used_ + bytes > budget) {
     // The least recently used image that no session holds (the store's
@@ -275,8 +275,9 @@ absl::Status Engine::MakeRoom(uint64_t bytes, absl::string_view what) {
     }
     if (victim == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "module store: ", what, " (", bytes, " bytes) does not fit: open sessions hold ",
-          module_store_used_, " of the ", budget, " bytes of module images the daemon keeps"));
+          "module store: ", what, " (", ByteSize(bytes), ") does not fit: open sessions hold ",
+          ByteSize(module_store_used_), " of the ", ByteSize(budget),
+          " of module images the daemon keeps (--module_store_bytes)"));
     }
     log::Info("module ", victim->substr(0, 12), " evicted from the module store");
     Unstore(*victim);
@@ -306,7 +307,7 @@ void Engine::FinishModule(std::shared_ptr<Session> s,
                           std::shared_ptr<const port::ModuleImage> image, bool uploaded,
                           bool newly_stored, bool reserved, Callback<ModuleResult> done) {
   const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
-                                        image->bytes.size(), " bytes) of ", s->name());
+                                        ByteSize(image->bytes.size()), ") of ", s->name());
   DeviceOf(*s)->LoadModule(
       image, what, [this, s, image, uploaded, newly_stored, reserved, done](absl::Status st) {
         if (!st.ok()) {

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/text.h"
 #include "server/core/engine.h"
 #include "server/core/engine_internal.h"
 #include "server/shm/region_fd.h"
@@ -92,30 +93,31 @@ void Engine::RegisterRegion(const Caller& caller, const std::string& token, int 
     }
     if (bytes > session_limit - std::min(session_limit, s->pinned_used)) {
       return done(absl::ResourceExhaustedError(absl::StrCat(
-          "session pinned memory limit: ", s->name(), " holds ", s->pinned_used, " of its ",
-          session_limit, " page-locked bytes; ", bytes, " more do not fit")));
+          "session pinned memory limit: ", s->name(), " holds ", ByteSize(s->pinned_used),
+          " of its ", ByteSize(session_limit), " page-locked; ", ByteSize(bytes),
+          " more do not fit (--max_session_pinned_bytes)")));
     }
     const uint64_t tenant_limit = caller.tenant != nullptr ? caller.tenant->limits.pinned_bytes : 0;
     std::atomic<uint64_t>& tenant_used = s->usage().pinned;
     if (auto held = Reserve(tenant_used, tenant_limit, bytes); held.has_value()) {
       return done(absl::ResourceExhaustedError(TenantLimitError(
-          caller,
-          absl::StrCat("pinned memory limit: its sessions' regions hold ", *held, " of its ",
-                       tenant_limit, " bytes; ", bytes, " more for ", s->name(), " do not fit"))));
+          caller, absl::StrCat("pinned memory limit: its sessions' regions hold ", ByteSize(*held),
+                               " of its ", ByteSize(tenant_limit), "; ", ByteSize(bytes),
+                               " more for ", s->name(), " do not fit"))));
     }
     if (auto held = Reserve(daemon_pinned_used_, options_.daemon_pinned_bytes, bytes);
         held.has_value()) {
       tenant_used.fetch_sub(bytes);
-      return done(absl::ResourceExhaustedError(
-          absl::StrCat("daemon pinned memory limit: regions hold ", *held, " of the daemon's ",
-                       options_.daemon_pinned_bytes, " bytes; ", bytes, " more for ", s->name(),
-                       " do not fit")));
+      return done(absl::ResourceExhaustedError(absl::StrCat(
+          "daemon pinned memory limit: regions hold ", ByteSize(*held), " of the daemon's ",
+          ByteSize(options_.daemon_pinned_bytes), "; ", ByteSize(bytes), " more for ", s->name(),
+          " do not fit (--pinned_memory_limit)")));
     }
     s->pinned_used += bytes;
     ++s->regions_pending;
     id = next_region_id_.fetch_add(1);
-    what = absl::StrCat("a host memory region of ", bytes, " bytes for ", s->name(), " on device ",
-                        s->device());
+    what = absl::StrCat("a host memory region of ", ByteSize(bytes), " for ", s->name(),
+                        " on device ", s->device());
   }
   port::DevicePort* dev = DeviceOf(*s);
   dev->MapRegion(
@@ -175,9 +177,9 @@ void Engine::RegionCopy(const Caller& caller, const std::string& token, const Re
   const RegionEntry& region = **r;
   const BufferEntry& buffer = **b;
   if (copy.region_offset > region.bytes || copy.size > region.bytes - copy.region_offset) {
-    return done(absl::OutOfRangeError(absl::StrCat("RegionCopy of ", copy.size, " bytes at offset ",
-                                                   copy.region_offset, " goes past the end of ",
-                                                   s->Describe(region))));
+    return done(absl::OutOfRangeError(absl::StrCat("RegionCopy of ", ByteSize(copy.size),
+                                                   " at offset ", copy.region_offset,
+                                                   " goes past the end of ", s->Describe(region))));
   }
   if (auto st = CheckRange(*s, buffer, copy.buffer_offset, copy.size, "RegionCopy"); !st.ok()) {
     return done(st);

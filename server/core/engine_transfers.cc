@@ -62,9 +62,9 @@ void WriteSink::Push(ByteSpans data, Done more) {
     BufferEntry b;
     b.handle = buffer_;
     b.size = buffer_size_;
-    error = absl::OutOfRangeError(absl::StrCat("Write of ", data.size(), " more bytes at offset ",
-                                               next_offset_, " goes past the end of ",
-                                               session_->Describe(b)));
+    error = absl::OutOfRangeError(absl::StrCat("Write of ", ByteSize(data.size()),
+                                               " more at offset ", next_offset_,
+                                               " goes past the end of ", session_->Describe(b)));
   }
   if (!error.ok()) {
     // The call ends here and enqueues no more copies; those already queued

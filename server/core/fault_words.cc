@@ -99,9 +99,9 @@ std::optional<std::string> KernelFaultMessage(absl::string_view why, absl::strin
       reset = absl::StrCat(reset_at, when);
     }
   }
-  return absl::StrCat(
-      kernel, " of ", session, " ", what, "; ", reset, ". ",
-      closed ? "The session was closed: open a new one" : "Allocate and write its buffers again");
+  return absl::StrCat(kernel, " of ", session, " ", what, "; ", reset, ". ",
+                      closed ? "The session was closed: open a new session"
+                             : "Allocate and write its buffers again");
 }
 
 }  // namespace gpuexec::core

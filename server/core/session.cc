@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/common/text.h"
 
 namespace gpuexec::core {
 
@@ -34,13 +35,13 @@ absl::Status Session::ClosedError() const {
 }
 
 std::string Session::Describe(const BufferEntry& b) const {
-  return absl::StrCat("buffer ", HandleName(b.handle), " of ", name_, " (", b.size,
-                      " bytes on device ", device_, ")");
+  return absl::StrCat("buffer ", HandleName(b.handle), " of ", name_, " (", ByteSize(b.size),
+                      " on device ", device_, ")");
 }
 
 std::string Session::Describe(const RegionEntry& r) const {
-  return absl::StrCat("host memory region ", HandleName(r.handle), " of ", name_, " (", r.bytes,
-                      " bytes)");
+  return absl::StrCat("host memory region ", HandleName(r.handle), " of ", name_, " (",
+                      ByteSize(r.bytes), ")");
 }
 
 void StagingShare::Acquire(port::StagingPool& pool, port::StagingPool::Waiter waiter) {

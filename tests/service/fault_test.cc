@@ -192,7 +192,7 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
                                  "kernel 'gx_fault' of session ", victim.token().substr(0, 8),
                                  " made an illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS); "
                                  "device 0 was reset at ")),
-                             HasSubstr("The session was closed: open a new one"))));
+                             HasSubstr("The session was closed: open a new session"))));
   EXPECT_LE(faulted.status().message().size(), 200u) << faulted.status();
 
   // The bystander's buffer went with the worker: its next use says when and

@@ -1009,8 +1009,9 @@ TEST_F(ServiceTest, ATransferThatDoesNotFitGoesWholeForTheDaemonToRefuse) {
   EXPECT_EQ(Answered(server(), "Write", "client_stream", "OUT_OF_RANGE") - refused_writes, 1);
   const double refused_reads = Answered(server(), "Read", "server_stream", "OUT_OF_RANGE");
   std::vector<uint8_t> out(8 << 20);
-  EXPECT_THAT(buffer.ReadInto(1, absl::MakeSpan(out)),
-              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("8388608 bytes at offset 1")));
+  EXPECT_THAT(
+      buffer.ReadInto(1, absl::MakeSpan(out)),
+      StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("8 MiB (8388608 bytes) at offset 1")));
   EXPECT_EQ(Answered(server(), "Read", "server_stream", "OUT_OF_RANGE") - refused_reads, 1);
   // A client made from a channel has no further connections to open: its
   // transfers go whole.

@@ -103,7 +103,9 @@ class EngineTest : public ::testing::Test {
         return absl::OkStatus();
       });
       port->AddKernel("k_fault", {{0, 8}}, [](const FakePort::KernelContext&) {
-        return absl::AbortedError("an illegal memory access was encountered");
+        return absl::AbortedError(
+            "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was "
+            "encountered)");
       });
       port->AddKernel("k_hold", {}, [this](const FakePort::KernelContext&) {
         holding_.Notify();
@@ -555,7 +557,9 @@ TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
     spec.function = fault->handle;
     spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
     spec.synchronize = true;
-    EXPECT_THAT(Launch(spec), StatusIs(absl::StatusCode::kAborted, HasSubstr("illegal")));
+    EXPECT_THAT(Launch(spec), StatusIs(absl::StatusCode::kAborted,
+                                       HasSubstr("'k_fault' of session " + s->token.substr(0, 8) +
+                                                 " made an illegal memory access")));
     EXPECT_THAT(
         engine_->KeepAlive(caller_, s->token),
         StatusIs(absl::StatusCode::kNotFound, HasSubstr(absl::StrCat("strike ", strike, " of 2"))));

@@ -58,7 +58,7 @@ TEST(FaultWords, TheSessionReadsWhatHappenedToItsKernelFirst) {
       {"its kernel faulted, among another session's", kFault, "session 5d629d64", true,
        "kernel 'gx_fault' of session 5d629d64 made an illegal memory access "
        "(CUDA_ERROR_ILLEGAL_ADDRESS); device 0 was reset at 17:00:01.234 UTC. The session was "
-       "closed: open a new one"},
+       "closed: open a new session"},
       {"the other session's kernel, kept open (charged to no one)", kFault, "session 0badcafe",
        false,
        "kernel 'gx_fill_u32' of session 0badcafe made an illegal memory access "
@@ -67,19 +67,20 @@ TEST(FaultWords, TheSessionReadsWhatHappenedToItsKernelFirst) {
       {"its kernel hung", kHang, "session 5d629d64", true,
        "kernel 'gx_spin' of session 5d629d64 ran past its kernel time limit of 500 ms (stopped "
        "after 612 ms); device 1 was reset at 17:00:02.500 UTC. The session was closed: open a "
-       "new one"},
+       "new session"},
       {"a misaligned access, the reset's time unknown",
        "kernel 'k' of session 11111111 on device 3: CUDA_ERROR_MISALIGNED_ADDRESS",
        "session 11111111", true,
        "kernel 'k' of session 11111111 made a misaligned memory access "
        "(CUDA_ERROR_MISALIGNED_ADDRESS); device 3 was reset. The session was closed: open a "
-       "new one"},
+       "new session"},
       {"a name with an escaped quote and the owner clause in it",
        "kernel 'a\\' of session 5d629d64 on device 0' of session 5d629d64 on device 0: "
        "CUDA_ERROR_ASSERT",
        "session 5d629d64", true,
        "kernel 'a\\' of session 5d629d64 on device 0' of session 5d629d64 failed a device-side "
-       "assert (CUDA_ERROR_ASSERT); device 0 was reset. The session was closed: open a new one"},
+       "assert (CUDA_ERROR_ASSERT); device 0 was reset. The session was closed: open a new "
+       "session"},
       {"no kernel of this session named", kFault, "session 22222222", true, std::nullopt},
       {"a worker that died: no kernel named",
        "device 0 was reset at 2026-12-03 17:00:01.234 UTC: worker pid 42 ended by signal 9",
