@@ -206,6 +206,14 @@ def test_the_example_takes_its_target_from_the_environment(daemon, tmp_path):
                              "gx_saxpy"], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("saxpy on 1048576 floats: "), result.stdout
+    # Without --cubin: the image shipped with the C++ client's examples
+    # (which the test double runs too).
+    shipped = os.path.join(EXAMPLES, os.pardir, os.pardir, "cpp", "examples", "saxpy.cubin")
+    if os.path.exists(shipped):
+        result = subprocess.run([sys.executable, example], capture_output=True, text=True,
+                                timeout=120, env=env)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("saxpy on 1048576 floats: "), result.stdout
     # Nothing there: the error names the target the environment gave.
     env["GPUEXEC_TARGET"] = f"unix:{tmp_path}/none.sock"
     result = subprocess.run([sys.executable, example, "--cubin", daemon.cubin], text=True,
