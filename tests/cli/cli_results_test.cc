@@ -110,7 +110,8 @@ TEST_F(CliTest, ResultsOnStdoutAndPrinted) {
 // ------------------------------------------------------------ progress
 
 // gpuexec ARGS... with stderr on a terminal (a pseudo-terminal read here)
-// and stdout in a file: its exit status and what the terminal got.
+// and stdout in a file (or on the terminal too, with an empty `out_path`):
+// its exit status and what the terminal got.
 Result RunOnATerminal(const std::vector<std::string>& args, const std::string& out_path) {
   Result r;
   int master = -1, slave = -1;
@@ -118,7 +119,8 @@ Result RunOnATerminal(const std::vector<std::string>& args, const std::string& o
   const pid_t pid = fork();
   if (pid == 0) {
     close(master);
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int out =
+        out_path.empty() ? slave : open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out < 0) _exit(126);
     dup2(out, STDOUT_FILENO);
     dup2(slave, STDERR_FILENO);
@@ -137,7 +139,7 @@ Result RunOnATerminal(const std::vector<std::string>& args, const std::string& o
   int status = 0;
   waitpid(pid, &status, 0);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = ReadFile(out_path).value_or("");
+  if (!out_path.empty()) r.out = ReadFile(out_path).value_or("");
   return r;
 }
 
@@ -172,6 +174,17 @@ TEST_F(CliTest, ALargeCopyShowsProgressOnATerminalOnly) {
   EXPECT_EQ(plain.err, "");
 }
 
+// Bytes are not written to a terminal.
+TEST_F(CliTest, ABufferIsNotWrittenToATerminal) {
+  Result r =
+      RunOnATerminal({absl::StrCat("--target=", Target()), "run", KernelPath(), "gx_fill_u32",
+                      "--grid=1", "--block=32", "out:64:-", "u32:1", "u64:16"},
+                     "");
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("gpuexec: run: argument 0 (out:64:-) goes to stdout ('-'), a "
+                               "terminal: pipe it"));
+}
+
 // ------------------------------------------------------------ Ctrl-C
 
 // The suite daemon's device 0 sessions, as `devices` lists them; -1 if it
@@ -187,27 +200,32 @@ int DeviceSessions(const Result& devices) {
   return sessions;
 }
 
-TEST_F(CliTest, CtrlCClosesTheSessionAtOnce) {
-  ASSERT_EQ(DeviceSessions(RunCli({"devices"})), 0);
-  // A kernel of a minute.
-  Process cli({Env("GPUEXEC_CLI"), absl::StrCat("--target=", Target()), "run", KernelPath(),
-               "gx_spin", "--grid=1", "--block=1", "u64:60000000000"},
-              Path("spin.out"), Path("spin.err"));
-  ASSERT_TRUE(WaitFor([&] { return !cli.running() || DeviceSessions(RunCli({"devices"})) == 1; },
-                      absl::Seconds(30)));
-  ASSERT_TRUE(cli.running()) << ReadFile(Path("spin.err")).value_or("");
+TEST_F(CliTest, CtrlCOrSigtermClosesTheSessionAtOnce) {
+  for (int signal : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(signal == SIGINT ? "SIGINT" : "SIGTERM");
+    ASSERT_EQ(DeviceSessions(RunCli({"devices"})), 0);
+    // A kernel of a minute.
+    Process cli({Env("GPUEXEC_CLI"), absl::StrCat("--target=", Target()), "run", KernelPath(),
+                 "gx_spin", "--grid=1", "--block=1", "u64:60000000000"},
+                Path("spin.out"), Path("spin.err"));
+    ASSERT_TRUE(WaitFor([&] { return !cli.running() || DeviceSessions(RunCli({"devices"})) == 1; },
+                        absl::Seconds(30)));
+    ASSERT_TRUE(cli.running()) << ReadFile(Path("spin.err")).value_or("");
 
-  const absl::Time sent = absl::Now();
-  ASSERT_EQ(kill(cli.pid(), SIGINT), 0);
-  const int code = cli.Wait(absl::Seconds(1));
-  EXPECT_LT(absl::Now() - sent, absl::Seconds(1));
-  EXPECT_EQ(code, 130);
-  EXPECT_EQ(ReadFile(Path("spin.err")).value_or(""), "gpuexec: interrupted: closing the session\n");
-  EXPECT_EQ(ReadFile(Path("spin.out")).value_or(""), "");
-  int sessions = -1;
-  EXPECT_TRUE(WaitFor([&] { return (sessions = DeviceSessions(RunCli({"devices"}))) == 0; },
-                      absl::Seconds(1) - (absl::Now() - sent)))
-      << sessions << " sessions";
+    const absl::Time sent = absl::Now();
+    ASSERT_EQ(kill(cli.pid(), signal), 0);
+    const int code = cli.Wait(absl::Seconds(1));
+    EXPECT_LT(absl::Now() - sent, absl::Seconds(1));
+    EXPECT_EQ(code, 130);
+    EXPECT_EQ(ReadFile(Path("spin.err")).value_or(""),
+              absl::StrCat("gpuexec: ", signal == SIGINT ? "interrupted" : "terminated",
+                           ": closing the session\n"));
+    EXPECT_EQ(ReadFile(Path("spin.out")).value_or(""), "");
+    int sessions = -1;
+    EXPECT_TRUE(WaitFor([&] { return (sessions = DeviceSessions(RunCli({"devices"}))) == 0; },
+                        absl::Seconds(1) - (absl::Now() - sent)))
+        << sessions << " sessions";
+  }
 }
 
 }  // namespace

@@ -97,8 +97,9 @@ Appended to any buffer:
   ,offset=BYTES            pass the buffer's address plus BYTES: in:x.bin,offset=256
 SIZE, COUNT and BYTES are whole numbers with an optional K, M or G (x1024; KiB,
 MiB, GiB also read): 4096, 64K, 16MiB.
-A FILE to save to of '-' is stdout (one buffer at most): its bytes alone go
-there, and the lines the command prints go to stderr: out:4MiB:- | od -f
+A FILE to save to of '-' is stdout (one buffer at most, and not a terminal):
+its bytes alone go there, and the lines the command prints go to stderr:
+  gpuexec run ... out:4MiB:- | od -A d -t f4
 
 --print=TYPE[:N] prints the first N (default 8) elements of each buffer saved,
 read as TYPE (one of the scalar types), one line a buffer after the run:

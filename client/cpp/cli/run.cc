@@ -1,6 +1,8 @@
 // run: a kernel on typed arguments, from the command line to the saved
 // outputs.
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -186,6 +188,11 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
       return Usage(absl::StrCat("run: argument ", i, " (", args[i].spec.text,
                                 ") also goes to stdout ('-'); one buffer at most can: save the "
                                 "others to files"));
+    }
+    if (isatty(STDOUT_FILENO) == 1) {
+      return Usage(absl::StrCat("run: argument ", i, " (", args[i].spec.text,
+                                ") goes to stdout ('-'), a terminal: pipe it (| od -A d -t f4) "
+                                "or save it to a file, and read it with --print=TYPE[:N]"));
     }
     to_stdout = true;
   }
