@@ -17,6 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "gpuexec/v1/gpuexec.grpc.pb.h"
+#include "server/common/text.h"
 #include "service_test_fixture.h"
 
 namespace gpuexec::testing {
@@ -91,6 +93,51 @@ TEST_F(ServiceTest, SessionReportsWhatWasGranted) {
   EXPECT_NE(other.token(), session.token());
   GX_EXPECT_OK(session.Close());
   GX_EXPECT_OK(other.Close());
+}
+
+// Without tenants a session may hold its whole device by default; a limit
+// the daemon lowered says so, by which flag, in the response and in the
+// refusal once the session reaches it.
+TEST_F(ServiceTest, ACappedSessionMemoryLimitSaysByWhichFlag) {
+  GX_ASSERT_OK_AND_ASSIGN(DeviceInfo device, Device());
+  const uint64_t total = device.memory_total_bytes;
+  ASSERT_GT(total, 0u);
+  auto open = [&](const Server& server, uint64_t asked) {
+    auto stub = v1::GpuExec::NewStub(
+        grpc::CreateChannel(TargetOf(server), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::OpenSessionRequest request;
+    request.set_device(kDevice);
+    request.set_memory_limit_bytes(asked);
+    v1::OpenSessionResponse response;
+    const grpc::Status st = stub->OpenSession(&context, request, &response);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return response;
+  };
+  // The suite's server: no tenants, no --session_memory_share.
+  GX_ASSERT_OK_AND_ASSIGN(Session whole, Open());
+  EXPECT_EQ(whole.memory_limit_bytes(), total);
+  GX_EXPECT_OK(whole.Close());
+
+  ServerOptions options;
+  options.session_memory_share = 0.5;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> halved, StartServer(options));
+  const v1::OpenSessionResponse capped = open(*halved, total);
+  EXPECT_EQ(capped.memory_limit_bytes(), total / 2);
+  EXPECT_THAT(capped.memory_limit_capped(),
+              AllOf(::testing::StartsWith(
+                        absl::StrCat(ByteSize(total), " asked, capped to ", ByteSize(total / 2))),
+                    ::testing::EndsWith(" by --session_memory_share=0.5")));
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*halved)));
+  SessionOptions asked;
+  asked.device = kDevice;
+  asked.memory_limit_bytes = total;
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession(asked));
+  const absl::Status refused = session.Allocate(total / 2 + 1).status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                AllOf(::testing::StartsWith("session memory limit: "),
+                                      HasSubstr(capped.memory_limit_capped()))));
+  std::printf("a capped session's refusal: %s\n", refused.ToString().c_str());
 }
 
 // ------------------------------------------------------------ kernels
