@@ -198,6 +198,11 @@ std::vector<Row> Rows() {
                     ConnectFailure::kUnknown,
                     {"TLS, the CA in /etc/gx/ca.crt", "last attempt: No route to host"}});
   }
+  rows.push_back({"no line of gRPC's: what the probe found",
+                  Facts("127.0.0.1:50051", true, {}, Wire::kTls),
+                  ConnectFailure::kUnknown,
+                  {"last attempt: a TLS server answers there, and the handshake did not "
+                   "complete"}});
   {
     ConnectFacts f = Facts(std::string("evil\nhost:1") + std::string(400, 'x'), false, {});
     f.refused = true;

@@ -233,7 +233,23 @@ Diagnosis DiagnoseConnectFailure(const ConnectFacts& f) {
                              kTargetHint));
   }
   std::string last = LastAttempt(f);
-  if (last.empty()) last = f.raw_error.empty() ? "no answer" : Printable(f.raw_error, 160);
+  if (last.empty()) {
+    // No line of gRPC's (an application that set GRPC_VERBOSITY keeps them
+    // from the library): what the probe found.
+    switch (f.probe) {
+      case Wire::kTls:
+        last = "a TLS server answers there, and the handshake did not complete";
+        break;
+      case Wire::kHttp2:
+        last = "a plain-text gRPC server answers there";
+        break;
+      case Wire::kNothing:
+        last = "the connection was accepted, then closed without a byte";
+        break;
+      default:
+        last = f.raw_error.empty() ? "no answer" : Printable(f.raw_error, 160);
+    }
+  }
   return Make(f, ConnectFailure::kUnknown,
               absl::StrCat(f.deadline_passed ? absl::StrCat("no connection within ",
                                                             absl::FormatDuration(f.timeout))
