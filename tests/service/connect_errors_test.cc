@@ -8,7 +8,10 @@
 // in words, and none of gRPC's raw lines.
 
 #include <stdio.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -159,13 +162,30 @@ TEST_F(ConnectErrorsTest, NothingListeningOnThisHostFailsAtOnceWithAHint) {
                                             ": connection refused: is gpuexecd running? (--target, "
                                             "$GPUEXEC_TARGET)"))));
   }
-  const std::string socket = tls_->Path("no-daemon.sock");
+  const std::string missing = tls_->Path("no-daemon.sock");
   const absl::Time start = absl::Now();
-  EXPECT_THAT(Client::Connect(absl::StrCat("unix:", socket)).status(),
+  EXPECT_THAT(Client::Connect(absl::StrCat("unix:", missing)).status(),
               StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr(absl::StrCat("cannot connect to unix:", socket,
+                       HasSubstr(absl::StrCat("cannot connect to unix:", missing,
                                               ": no socket there: is gpuexecd running?"))));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+
+  // A socket file left behind by a daemon that is gone: refused.
+  const std::string stale = tls_->Path("stale.sock");
+  {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", stale.c_str());
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    close(fd);
+  }
+  const absl::Time stale_start = absl::Now();
+  EXPECT_THAT(Client::Connect(absl::StrCat("unix:", stale)).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("cannot connect to unix:", stale,
+                                              ": connection refused: is gpuexecd running?"))));
+  EXPECT_LT(absl::Now() - stale_start, absl::Seconds(2));
 }
 
 TEST_F(ConnectErrorsTest, TheCliSaysTheSameAtOnce) {

@@ -220,6 +220,7 @@ void ProbeTarget(const std::string& target, absl::Duration timeout, ProbeSend se
         return;
       }
     }
+    if (send == ProbeSend::kLookOnly) return;
     std::memcpy(addr.sun_path + (raw.abstract ? 1 : 0), raw.path.data(), raw.path.size());
     const socklen_t len =
         static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + raw.path.size() + 1);
@@ -247,7 +248,7 @@ void ProbeTarget(const std::string& target, absl::Duration timeout, ProbeSend se
     if (!facts->refused) facts->raw_error = std::strerror(error);
     return;
   }
-  if (send != ProbeSend::kNothing) {
+  if (send != ProbeSend::kLookOnly) {
     const std::string hello = send == ProbeSend::kClientHello ? ClientHello() : Http2Preface();
     (void)!::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
     char answer[64];
@@ -277,9 +278,8 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
                          options.connect_timeout <= ClientOptions().connect_timeout;
   if (facts.unix_socket && fail_fast) {
     // A stat, no connection: nothing there fails now.
-    ProbeTarget(target, absl::Seconds(1), ProbeSend::kNothing, &facts);
-    if (facts.no_socket_file || facts.refused) return DiagnoseConnectFailure(facts).status;
-    facts.refused = false;
+    ProbeTarget(target, absl::Seconds(1), ProbeSend::kLookOnly, &facts);
+    if (facts.no_socket_file) return DiagnoseConnectFailure(facts).status;
   }
   grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
   while (state != GRPC_CHANNEL_READY) {

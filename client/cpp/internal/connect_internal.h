@@ -45,7 +45,9 @@ absl::Status WaitForDaemon(grpc::Channel& channel, const std::string& target,
 // the user's client was too), a TLS client a ClientHello. Sets
 // `facts->refused`, `no_socket_file`, `raw_error` and `probe`. Returns
 // within about `timeout` (name resolution aside).
-enum class ProbeSend { kNothing, kClientHello, kHttp2Preface };
+// kLookOnly: a unix: target's socket file is looked for (no connection), a
+// TCP target is connected to and left at once.
+enum class ProbeSend { kLookOnly, kClientHello, kHttp2Preface };
 void ProbeTarget(const std::string& target, absl::Duration timeout, ProbeSend send,
                  ConnectFacts* facts);
 
