@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/text.h"
 
 namespace gpuexec::core {
 
@@ -54,9 +55,10 @@ absl::Status CheckLaunchShape(const LaunchShape& shape, const port::FunctionAttr
                " threads; this kernel allows at most ", max_threads, " per block");
   }
   if (shape.shared_bytes > static_cast<uint64_t>(kernel.max_dynamic_shared_bytes)) {
-    return bad(shape.shared_bytes, " bytes of dynamic shared memory asked; at most ",
-               kernel.max_dynamic_shared_bytes, " fit beside its ", kernel.static_shared_bytes,
-               " bytes of static shared memory on device ", p.ordinal);
+    return bad(ByteSize(shape.shared_bytes), " of dynamic shared memory asked; at most ",
+               ByteSize(kernel.max_dynamic_shared_bytes), " fit beside its ",
+               ByteSize(kernel.static_shared_bytes), " of static shared memory on device ",
+               p.ordinal);
   }
   const port::LaunchGeometry geometry = GeometryOf(shape);
   if (geometry.cluster[0] != 0) {  // a cluster: every dimension at least 1

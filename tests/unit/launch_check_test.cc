@@ -91,7 +91,8 @@ TEST(LaunchCheck, EachShapeIsAcceptedOrRefusedNamingItsLimit) {
        {{1, 1, 1}, {1, 1, 1}, {0, 0, 0}, (48 << 10) + 1},
        Kernel(),
        true,
-       "49153 bytes of dynamic shared memory asked; at most 49152 fit beside its 1024 bytes"},
+       "48 KiB (49153 bytes) of dynamic shared memory asked; at most 48 KiB (49152 bytes) fit "
+       "beside its 1 KiB (1024 bytes)"},
       {"a cluster", {{8, 1, 1}, {128, 1, 1}, {2, 1, 1}, 0}, Kernel(), true, ""},
       {"a cluster, unsupported",
        {{8, 1, 1}, {128, 1, 1}, {2, 1, 1}, 0},
