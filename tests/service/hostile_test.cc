@@ -500,6 +500,22 @@ TEST_F(HostileTest, AnUnknownKernelNameFindsTheNearestAndTheModuleListsItsKernel
                        AllOf(HasSubstr("no kernel 'matmul' in module "), HasSubstr(": it has '"),
                              ::testing::Not(HasSubstr("did you mean")))));
 
+  // PTX declared a cubin (a client that went by a file's name): the bytes
+  // win. A C++ kernel asked for by its plain name gets its mangled one.
+  const std::string ptx =
+      ".version 8.0\n.target sm_90\n.address_size 64\n"
+      ".visible .entry _Z7mangledPi(.param .u64 p)\n{\n  ret;\n}\n"
+      ".visible .entry gx_plain(.param .u64 p)\n{\n  ret;\n}\n";
+  v1::LoadModuleResponse as_ptx;
+  GX_ASSERT_OK(RawLoadModule(
+      *stub, Upload(Header(session.token(), Sha256Hex(ptx), ptx.size(), ModuleKind::kCubin), ptx),
+      &as_ptx));
+  EXPECT_THAT(as_ptx.kernels(), ::testing::ElementsAre("_Z7mangledPi", "gx_plain"));
+  EXPECT_THAT(RawGetFunction(*stub, session.token(), as_ptx.module(), "mangled"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("did you mean '_Z7mangledPi'? (its C++ name; extern \"C\" keeps a "
+                                 "kernel's name plain) it has '_Z7mangledPi', 'gx_plain'")));
+
   const std::string text = "hello, not a kernel\n";
   v1::LoadModuleRequest none =
       Header(session.token(), Sha256Hex(text), text.size(), ModuleKind::kCubin);
