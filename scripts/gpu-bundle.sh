@@ -44,6 +44,13 @@ cp -r "$BUILD_DIR/tests/kernels/sm_90" "$OUT/kernels/"
 # has grpcio, numpy and Triton).
 cp client/cpp/examples/saxpy.cubin client/cpp/examples/saxpy.ptx "$OUT/kernels/"
 cp "$BUILD_DIR/tests/fake_cuda/libgpuexec_fakecuda.so" "$OUT/lib/"
+# The README and what its commands use, for tests/docs/readme_test.py
+# (run-gpu-tests.sh lays a build/ of links to bin/ beside them).
+mkdir -p "$OUT/readme/client/cpp" "$OUT/readme/client/python/examples"
+cp README.md "$OUT/readme/"
+cp -r client/cpp/examples "$OUT/readme/client/cpp/"
+cp client/python/examples/saxpy.py "$OUT/readme/client/python/examples/"
+cp tests/docs/readme_test.py "$OUT/"
 mkdir -p "$OUT/python"
 cp -r "$BUILD_DIR/client/python/gpuexec" "$OUT/python/"
 cp -r client/python/tests "$OUT/python-tests"

@@ -56,6 +56,17 @@ walkthrough() {
   od -A d -t f4 -N 16 sum.bin
 }
 run walkthrough walkthrough
+
+# The README's commands as written, on the real driver (readme_test --gpu:
+# exit statuses only; the figures and the device differ from the
+# simulator's, which CI checks line by line).
+readme="$HERE/readme"
+mkdir -p "$readme/build/server" "$readme/build/client/cpp/cli"
+ln -sfn "$HERE/bin/gpuexecd" "$readme/build/server/gpuexecd"
+ln -sfn "$HERE/bin/gpuexec" "$readme/build/client/cpp/cli/gpuexec"
+ln -sfn "$HERE/bin/gpuexec-saxpy" "$readme/build/client/cpp/gpuexec-saxpy"
+ln -sfn "$HERE/python" "$readme/build/client/python"
+run readme_test python3 "$HERE/readme_test.py" "$readme/README.md" --build "$readme/build" --gpu
 kill -TERM $daemon; wait $daemon || { echo "== gpuexecd exit status $?"; status=1; }
 cp "$work"/*.json "$LOG_DIR/" 2>/dev/null
 rm -rf "$work"

@@ -26,6 +26,7 @@ namespace gpuexec::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // ------------------------------------------------------------ help and usage
@@ -89,8 +90,12 @@ TEST_F(CliTest, AnUnreachableDaemonIsOneLineAndExitOne) {
   Result r =
       RunRaw({absl::StrCat("--target=unix:", Path("nobody-here.sock")), "--timeout=2s", "devices"});
   EXPECT_EQ(r.exit_code, 1) << r;
-  EXPECT_THAT(r.err, HasSubstr("connect to unix:"));
-  EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE"));
+  // The client library's own line, the target named once, with the remedy.
+  EXPECT_THAT(r.err, StartsWith(absl::StrCat("gpuexec: cannot connect to unix:",
+                                             Path("nobody-here.sock"), ": no socket there: ")));
+  EXPECT_THAT(r.err, HasSubstr("is gpuexecd running? (--target, $GPUEXEC_TARGET)"));
+  EXPECT_THAT(r.err,
+              Not(HasSubstr("connect to unix:" + Path("nobody-here.sock") + ": UNAVAILABLE")));
   ExpectOneErrorLine(r);
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -36,6 +37,10 @@ void Opened(Connection* c, Session session) {
 
 std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connection* c) {
   ClientOptions options;
+  // A daemon of another MAJOR.MINOR version: one line, and the command goes on.
+  options.on_warning = [](const std::string& line) {
+    std::fprintf(stderr, "gpuexec: warning: %s\n", line.c_str());
+  };
   if (auto it = cl.flags.find("timeout"); it != cl.flags.end()) {
     absl::Duration timeout;
     double seconds = 0;
@@ -129,7 +134,16 @@ std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connect
     return Usage("--min_cc places a session in a pool: give a pool:// target");
   }
   absl::StatusOr<Client> client = Client::Connect(c->target, options);
-  if (!client.ok()) return Failed(absl::StrCat("connect to ", c->target), client.status());
+  if (!client.ok()) {
+    // The client library's connect errors are one line of their own that
+    // names the target and the cause ("cannot connect to T: connection
+    // refused: is gpuexecd running? ..."): printed as they are, the target
+    // once.
+    if (absl::StartsWith(client.status().message(), "cannot connect to ")) {
+      return FailedLocally(std::string(client.status().message()));
+    }
+    return Failed(absl::StrCat("connect to ", c->target), client.status());
+  }
   c->client.emplace(*std::move(client));
   if (!open_session) return std::nullopt;
   absl::StatusOr<Session> session = c->client->OpenSession(session_options);
