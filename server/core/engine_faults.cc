@@ -15,6 +15,7 @@
 #include "server/common/text.h"
 #include "server/core/engine.h"
 #include "server/core/engine_internal.h"
+#include "server/core/fault_words.h"
 #include "server/core/image_check.h"
 #include "server/core/launch_check.h"
 
@@ -174,18 +175,24 @@ void Engine::Strike(int index, const port::ResetInfo& info,
     }
   }
   strikes_total_.fetch_add(1);
-  const std::string why = absl::StrCat(
-      "its kernel reset device ", index, " at ",
-      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", info.at, absl::UTCTimeZone()), " (strike ", count,
-      options_.strike_limit != 0 ? absl::StrCat(" of ", options_.strike_limit) : "", " for ", key,
-      " within ", absl::ToInt64Seconds(options_.strike_window), " s)");
+  const std::string strike =
+      absl::StrCat(" (strike ", count,
+                   options_.strike_limit != 0 ? absl::StrCat(" of ", options_.strike_limit) : "",
+                   " for ", key, " within ", absl::ToInt64Seconds(options_.strike_window), " s)");
   if (until != absl::InfinitePast()) {
     log::Warning("strike limit: the kernels of ", key, " reset devices ", count, " times within ",
                  absl::ToInt64Seconds(options_.strike_window),
                  " s; its launches are refused until ",
                  absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()));
   }
-  for (auto& s : named) Close(s, CloseReason::kFaulted, why, [](absl::Status) {});
+  // Each session's later calls read what its kernel did (the reason names
+  // it), not only that the device was reset.
+  for (auto& s : named) {
+    Close(s, CloseReason::kFaulted,
+          absl::StrCat(ClosedByResetWords(info.why, s->name(), index, info.at), strike,
+                       ": open a new session"),
+          [](absl::Status) {});
+  }
 }
 
 void Engine::RememberClosed(const Session& s, const std::string& why) {

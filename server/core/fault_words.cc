@@ -1,8 +1,10 @@
 #include "server/core/fault_words.h"
 
 #include <cctype>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace gpuexec::core {
@@ -46,7 +48,92 @@ absl::string_view Digits(absl::string_view text) {
   return text.substr(0, n);
 }
 
+// "kernel 'NAME'" as `why` quotes it, NAME cut to `max` characters (never
+// inside an escape), with "..." when cut.
+std::string CutLabel(absl::string_view name, size_t max) {
+  if (name.size() <= max) return absl::StrCat("kernel '", name, "'");
+  size_t keep = max;
+  // An escape is at most 4 characters ("\xNN"): do not end inside one.
+  for (size_t back = 1; back <= 3 && back <= keep; ++back) {
+    if (name[keep - back] == '\\') {
+      keep -= back;
+      break;
+    }
+  }
+  return absl::StrCat("kernel '", name.substr(0, keep), "...'");
+}
+
+// A kernel that `why` names with its owner: "kernel 'NAME' of session
+// 5d629d64 on device 0".
+struct Named {
+  absl::string_view name;   // as quoted (escaped)
+  absl::string_view owner;  // "session 5d629d64"
+};
+
+// Every kernel `why` names with its owner, each once (a fault's reason may
+// name the faulting call's kernel and then every kernel in flight).
+std::vector<Named> NamedKernels(absl::string_view why) {
+  std::vector<Named> found;
+  constexpr absl::string_view kLabel = "kernel '";
+  constexpr absl::string_view kOf = "' of session ";
+  constexpr absl::string_view kOn = " on device ";
+  for (size_t at = why.find(kLabel); at != absl::string_view::npos; at = why.find(kLabel, at)) {
+    const size_t begin = at + kLabel.size();
+    size_t end = begin;
+    // The name is escaped (an apostrophe in it is "\\'"): its end is the
+    // first apostrophe not escaped.
+    while (end < why.size() && why[end] != '\'') end += why[end] == '\\' ? 2 : 1;
+    if (end >= why.size()) break;
+    at = end;
+    if (!absl::StartsWith(why.substr(end), kOf)) continue;
+    const size_t on = why.find(kOn, end + kOf.size());
+    if (on == absl::string_view::npos || on - end > kOf.size() + 8) continue;
+    const Named k{why.substr(begin, end - begin), why.substr(end + 5, on - end - 5)};
+    bool seen = false;
+    for (const Named& f : found) seen = seen || (f.name == k.name && f.owner == k.owner);
+    if (!seen) found.push_back(k);
+  }
+  return found;
+}
+
 }  // namespace
+
+std::string ClosedByResetWords(absl::string_view why, absl::string_view session, int device,
+                               absl::Time at) {
+  const std::vector<Named> named = NamedKernels(why);
+  size_t own = 0;
+  absl::string_view own_name;
+  for (const Named& k : named) {
+    if (k.owner != session) continue;
+    own_name = k.name;
+    ++own;
+  }
+  std::string who;
+  if (own == 1 && named.size() == 1) {
+    who = absl::StrCat("its ", CutLabel(own_name, 40));
+  } else if (own != 0 && own == named.size()) {
+    who = absl::StrCat("one of its ", own, " kernels in flight");
+  } else if (own != 0) {
+    who =
+        absl::StrCat("one of the ", named.size(), " kernels in flight (", own, " of them its own)");
+  } else {
+    who = "a kernel of the session";
+  }
+
+  std::string what;
+  constexpr absl::string_view kPast = "past its kernel time limit of ";
+  if (const size_t past = why.find(kPast); past != absl::string_view::npos) {
+    what = absl::StrCat("ran past its kernel time limit of ",
+                        Digits(why.substr(past + kPast.size())), " ms");
+  } else if (absl::string_view result = ResultName(why); !result.empty()) {
+    what = absl::StrCat(FaultWords(result), " (", result, ")");
+  } else {
+    what = FaultWords("");
+  }
+  // The time of day, as the ABORTED of the same reset gives it.
+  return absl::StrCat(who, " ", what, " and reset device ", device, " at ",
+                      absl::FormatTime("%H:%M:%E3S UTC", at, absl::UTCTimeZone()));
+}
 
 std::string FaultWords(absl::string_view result_name) {
   for (const Words& w : kWords) {

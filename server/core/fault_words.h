@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace gpuexec::core {
 
@@ -28,6 +29,20 @@ std::string FaultWords(absl::string_view result_name);
 // remedy differs). nullopt when `why` names no kernel of the session.
 std::optional<std::string> KernelFaultMessage(absl::string_view why, absl::string_view session,
                                               bool closed);
+
+// Why the daemon closed `session` (its name()) for the reset of device
+// `device` at `at` whose reason is `why`, as the rest of "session 5d629d64
+// was closed: ...", which its client's later calls read (NOT_FOUND):
+//   its kernel 'saxpy' made an illegal memory access
+//   (CUDA_ERROR_ILLEGAL_ADDRESS) and reset device 0 at 17:00:01.234 UTC
+// A hang: "its kernel 'spin' ran past its kernel time limit of 500 ms and
+// reset ...". Where `why` names several kernels in flight the driver does
+// not say which faulted, so neither does this: "one of its 2 kernels in
+// flight", "one of the 3 kernels in flight (1 of them its own)"; where it
+// names none of the session's, "a kernel of the session". The kernel's
+// name, as `why` quotes it, is cut to 40 characters: at most 200 in all.
+std::string ClosedByResetWords(absl::string_view why, absl::string_view session, int device,
+                               absl::Time at);
 
 }  // namespace gpuexec::core
 

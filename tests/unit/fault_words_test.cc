@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/civil_time.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -92,6 +95,75 @@ TEST(FaultWords, TheSessionReadsWhatHappenedToItsKernelFirst) {
     EXPECT_EQ(got, c.message);
     if (got.has_value()) EXPECT_LE(got->size(), 200u);
   }
+}
+
+// The reason a session closed by its kernel's reset gives its later calls:
+// the kernel when the reset names it alone, else only what is known.
+TEST(FaultWords, TheClosedReasonSaysWhatTheKernelDid) {
+  const absl::Time at =
+      absl::FromCivil(absl::CivilSecond(2026, 12, 3, 17, 0, 1), absl::UTCTimeZone()) +
+      absl::Milliseconds(234);
+  struct Case {
+    std::string what;
+    std::string why;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {"a fault, its kernel named by the call and in flight",
+       "device 0 hit a sticky fault: cuEventQuery failed for kernel 'gx_fault' of session "
+       "5d629d64 on device 0: CUDA_ERROR_ILLEGAL_ADDRESS (700: an illegal memory access was "
+       "encountered); kernels not yet synchronized then: kernel 'gx_fault' of session 5d629d64 "
+       "on device 0 (launched 17:00:01.100 UTC)",
+       "its kernel 'gx_fault' made an illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS) and "
+       "reset device 0 at 17:00:01.234 UTC"},
+      {"a hang",
+       "kernel 'spin' of session 5d629d64 on device 0 has run for 612 ms, past its "
+       "kernel time limit of 500 ms",
+       "its kernel 'spin' ran past its kernel time limit of 500 ms and reset device 0 at "
+       "17:00:01.234 UTC"},
+      {"two of its kernels in flight",
+       "device 0 hit a sticky fault: cuStreamSynchronize: CUDA_ERROR_MISALIGNED_ADDRESS; kernels "
+       "not yet synchronized then: kernel 'a' of session 5d629d64 on device 0 (launched ...); "
+       "kernel 'b' of session 5d629d64 on device 0 (launched ...)",
+       "one of its 2 kernels in flight made a misaligned memory access "
+       "(CUDA_ERROR_MISALIGNED_ADDRESS) and reset device 0 at 17:00:01.234 UTC"},
+      {"its kernel and another session's in flight",
+       "device 0 hit a sticky fault: cuStreamSynchronize: CUDA_ERROR_ASSERT; kernels not yet "
+       "synchronized then: kernel 'a' of session 5d629d64 on device 0 (launched ...); kernel 'a' "
+       "of session 11111111 on device 0 (launched ...)",
+       "one of the 2 kernels in flight (1 of them its own) failed a device-side assert "
+       "(CUDA_ERROR_ASSERT) and reset device 0 at 17:00:01.234 UTC"},
+      {"none of its kernels named (another worker's reset under MPS)",
+       "cuMemGetInfo failed for device 0: CUDA_ERROR_ILLEGAL_ADDRESS",
+       "a kernel of the session made an illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS) and "
+       "reset device 0 at 17:00:01.234 UTC"},
+      {"no CUDA error named", "kernel 'k' of session 5d629d64 on device 0 failed",
+       "its kernel 'k' hit a sticky fault and reset device 0 at 17:00:01.234 UTC"},
+      {"a name with an escaped quote and the owner clause in it",
+       "kernel 'a\\' of session 11111111 on device 0' of session 5d629d64 on device 0: "
+       "CUDA_ERROR_ASSERT",
+       "its kernel 'a\\' of session 11111111 on device 0' failed a device-side assert "
+       "(CUDA_ERROR_ASSERT) and reset device 0 at 17:00:01.234 UTC"},
+      {"a long name, cut",
+       absl::StrCat("kernel '", std::string(60, 'x'),
+                    "' of session 5d629d64 on device 0: ", "CUDA_ERROR_ILLEGAL_ADDRESS"),
+       absl::StrCat("its kernel '", std::string(40, 'x'), "...' made an illegal memory access ",
+                    "(CUDA_ERROR_ILLEGAL_ADDRESS) and reset device 0 at 17:00:01.234 UTC")},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    EXPECT_EQ(ClosedByResetWords(c.why, "session 5d629d64", 0, at), c.words);
+  }
+  // The longest: a cut name of escapes, the longest words, device 15.
+  std::string name;
+  for (int i = 0; i < 30; ++i) name += "\\x01";
+  const std::string longest = ClosedByResetWords(
+      absl::StrCat("kernel '", name,
+                   "' of session 5d629d64 on device 15: CUDA_ERROR_LAUNCH_FAILED"),
+      "session 5d629d64", 15, at);
+  EXPECT_THAT(longest, ::testing::StartsWith("its kernel '\\x01"));
+  EXPECT_THAT(longest, ::testing::HasSubstr("\\x01...' failed while it ran"));
+  EXPECT_LE(longest.size(), 200u) << longest;
 }
 
 }  // namespace
