@@ -45,7 +45,7 @@ ALLOWED = {
 
 # Headers of the project's own small libraries, free of gRPC and of the
 # driver, that any part may use.
-ANYWHERE = ["gpuexec/sha256.h", "gpuexec/half.h"]
+ANYWHERE = ["gpuexec/sha256.h", "gpuexec/half.h", "gpuexec/version.h"]
 
 # Parts that must not see gRPC, or the public protocol's messages.
 NO_GRPC = ["server/common", "server/port", "server/cuda", "server/device", "server/worker",

@@ -13,8 +13,10 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "gpuexec/version.h"
 #include "server/common/log.h"
 #include "server/rpc/server.h"
 #include "server/tenants/tenants.h"
@@ -164,7 +166,9 @@ int main(int argc, char** argv) {
   usage.contains_help_flags = [](absl::string_view file) {
     return file == "server/main.cc" || absl::EndsWith(file, "/server/main.cc");
   };
-  usage.version_string = [] { return std::string("gpuexecd 0.1.0 (gpuexec.v1)\n"); };
+  usage.version_string = [] {
+    return absl::StrCat("gpuexecd ", gpuexec::kVersion, " (", gpuexec::kApiVersion, ")\n");
+  };
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "serves the gpuexec.v1 gRPC API (run CUDA kernels on this host's GPUs).\n"

@@ -287,6 +287,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("--advertise_address ", Quoted(options.advertise_address, 32),
                      " is not an address (host:port, at most 253 printable characters)"));
   }
+  std::string reported_version = options.reported_version;
+  if (const char* env = std::getenv("GPUEXECD_TEST_REPORTED_VERSION");
+      reported_version.empty() && env != nullptr) {
+    reported_version = env;
+  }
+  if (reported_version.size() > 64 || !std::all_of(reported_version.begin(), reported_version.end(),
+                                                   [](char c) { return c > ' ' && c < 0x7f; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the reported version ", Quoted(reported_version, 32),
+                     " is not a version (MAJOR.MINOR.PATCH, at most 64 printable characters)"));
+  }
   if (options.max_message_bytes < options.chunk_bytes + (64 << 10)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_message_bytes ", options.max_message_bytes, " leaves no room for a chunk of ",
@@ -388,7 +399,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
   impl->service = std::make_unique<rpc::GpuExecService>(
-      impl->engine.get(), impl->identity.get(), options.shm_socket, options.advertise_address);
+      impl->engine.get(), impl->identity.get(), options.shm_socket, options.advertise_address,
+      reported_version);
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
     auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry);

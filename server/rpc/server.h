@@ -33,6 +33,12 @@ struct ServerOptions {
   // What ListDevices reports as the daemon's own address (which daemon of
   // a pool answered): host:port, as clients reach it. Empty: none.
   std::string advertise_address;
+  // The version ListDevices and OpenSession report as the daemon's (a
+  // client of another MAJOR.MINOR warns). Empty: this build's,
+  // gpuexec::kVersion, unless $GPUEXECD_TEST_REPORTED_VERSION names
+  // another: the tests' way to play a daemon of another version, kept out
+  // of the flags since no deployment wants it. At most 64 printable bytes.
+  std::string reported_version;
   // Page-locked bytes of host memory regions: of the whole daemon (0: a
   // quarter of the host's memory) and of one session (0: the daemon's);
   // regions one session may hold.

@@ -34,14 +34,16 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   using ListDevices = Unary<v1::ListDevicesRequest, v1::ListDevicesResponse>;
   ListenUnary<ListDevices>(
       env, cq, &S::RequestListDevices, [](core::Engine* engine, ListDevices* call) {
-        engine->ListDevices(call->caller(),
-                            Reply<std::vector<core::DeviceStatus>>(
-                                call, [address = call->env().advertise_address](
-                                          const std::vector<core::DeviceStatus>& devices,
-                                          v1::ListDevicesResponse* r) {
-                                  for (const auto& d : devices) ToProto(d, r->add_devices());
-                                  r->set_daemon_address(address);
-                                }));
+        engine->ListDevices(
+            call->caller(),
+            Reply<std::vector<core::DeviceStatus>>(
+                call,
+                [address = call->env().advertise_address, version = call->env().daemon_version](
+                    const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
+                  for (const auto& d : devices) ToProto(d, r->add_devices());
+                  r->set_daemon_address(address);
+                  r->set_daemon_version(version);
+                }));
       });
 
   using OpenSession = Unary<v1::OpenSessionRequest, v1::OpenSessionResponse>;
@@ -54,14 +56,15 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
         // told where the host memory socket is.
         std::string shm_socket;
         if (absl::StartsWith(call->caller().peer, "unix:")) shm_socket = call->env().shm_socket;
-        engine->OpenSession(
-            call->caller(), device, request.lease_ms(), request.memory_limit_bytes(),
-            request.kernel_time_limit_ms(),
-            Reply<core::SessionInfo>(
-                call, [shm_socket](const core::SessionInfo& s, v1::OpenSessionResponse* r) {
-                  ToProto(s, r);
-                  r->set_shm_socket(shm_socket);
-                }));
+        engine->OpenSession(call->caller(), device, request.lease_ms(),
+                            request.memory_limit_bytes(), request.kernel_time_limit_ms(),
+                            Reply<core::SessionInfo>(
+                                call, [shm_socket, version = call->env().daemon_version](
+                                          const core::SessionInfo& s, v1::OpenSessionResponse* r) {
+                                  ToProto(s, r);
+                                  r->set_shm_socket(shm_socket);
+                                  r->set_daemon_version(version);
+                                }));
       });
 
   using KeepAlive = Unary<v1::KeepAliveRequest, v1::KeepAliveResponse>;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
+#include "gpuexec/version.h"
 #include "server/core/engine.h"
 #include "server/rpc/async_call.h"
 #include "server/rpc/copy_pool.h"
@@ -25,9 +26,10 @@ class GpuExecService {
   // `shm_socket`: the host memory socket's path, told to callers on the
   // daemon's Unix socket when they open a session (empty: none served).
   // `advertise_address`: what ListDevices reports as the daemon's own
-  // address (empty: not given).
+  // address (empty: not given). `daemon_version`: what ListDevices and
+  // OpenSession report as the daemon's version (empty: gpuexec::kVersion).
   GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "",
-                 std::string advertise_address = "")
+                 std::string advertise_address = "", std::string daemon_version = "")
       : engine_(engine),
         env_{&async_,
              engine,
@@ -36,7 +38,8 @@ class GpuExecService {
              &copies_,
              &uploads_,
              std::move(shm_socket),
-             std::move(advertise_address)} {}
+             std::move(advertise_address),
+             daemon_version.empty() ? std::string(kVersion) : std::move(daemon_version)} {}
 
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
@@ -63,6 +66,7 @@ class GpuExecService {
     CopyPool* uploads;
     std::string shm_socket;
     std::string advertise_address;
+    std::string daemon_version;
   };
 
  private:

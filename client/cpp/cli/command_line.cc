@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "cli/help.h"
+#include "gpuexec/version.h"
 
 namespace gpuexec::cli {
 namespace {
@@ -134,7 +135,7 @@ struct Definition {
     formatter->column_width(34);
     app.formatter(formatter);
     app.set_help_flag("-h,--help", "this text")->group("Global flags");
-    app.set_version_flag("--version", kVersion, "the tool's version and protocol")
+    app.set_version_flag("--version", VersionLine(), "the tool's version and protocol")
         ->group("Global flags");
     app.footer(help::kMain.footer);
     app.allow_extras();
@@ -193,6 +194,10 @@ std::optional<std::string> HelpText(const std::string& command) {
   return it->second->help();
 }
 
+std::string VersionLine() {
+  return absl::StrCat("gpuexec ", gpuexec::kVersion, " (", gpuexec::kApiVersion, ")");
+}
+
 std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parsed* parsed) {
   // CLI11 keeps the words after "--" from a command's arguments: they are
   // set aside here and appended to them.
@@ -216,7 +221,7 @@ std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parse
     parsed->print = command.empty() ? d.app.help() : d.commands[command]->help();
     return std::nullopt;
   } catch (const CLI::CallForVersion&) {
-    parsed->print = absl::StrCat(kVersion, "\n");
+    parsed->print = absl::StrCat(VersionLine(), "\n");
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
     return Usage(e.what());

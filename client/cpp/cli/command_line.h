@@ -17,8 +17,9 @@
 
 namespace gpuexec::cli {
 
-// As gpuexecd prints its own.
-inline constexpr char kVersion[] = "gpuexec 0.1.0 (gpuexec.v1)";
+// "gpuexec 0.1.0 (gpuexec.v1)": the tool's --version, as gpuexecd prints
+// its own (gpuexec/version.h).
+std::string VersionLine();
 
 struct CommandLine {
   std::string command;                  // "" when none was given

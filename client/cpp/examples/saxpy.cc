@@ -15,6 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gpuexec/client.h"
 
 namespace {
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "examples/saxpy.cc");
   };
+  usage.version_string = [] {
+    return absl::StrCat("gpuexec-saxpy ", gpuexec::kVersion, " (", gpuexec::kApiVersion, ")\n");
+  };
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "runs y = a*x + y on n floats with the saxpy kernel on a gpuexecd daemon and checks it.\n"
@@ -60,7 +64,12 @@ int main(int argc, char** argv) {
   const uint64_t n = absl::GetFlag(FLAGS_n);
   const float a = 2.0f;
 
-  auto client = gpuexec::Client::Connect(absl::GetFlag(FLAGS_target));
+  gpuexec::ClientOptions options;
+  // A daemon of another MAJOR.MINOR version: one line, and on we go.
+  options.on_warning = [](const std::string& line) {
+    std::fprintf(stderr, "gpuexec-saxpy: warning: %s\n", line.c_str());
+  };
+  auto client = gpuexec::Client::Connect(absl::GetFlag(FLAGS_target), options);
   if (!client.ok()) return Fail("connect", client.status());
   auto session = client->OpenSession({});  // any device; closed when it goes out of scope
   if (!session.ok()) return Fail("open session", session.status());

@@ -680,6 +680,19 @@ absl::StatusOr<absl::Duration> Session::Synchronize() {
 
 // ---------------------------------------------------------------- Client
 
+namespace {
+
+// Once per Client (its copies share the state): the daemon's version, from
+// the first answer that carries one, against this library's.
+void CheckDaemonVersion(ClientState& state, const std::string& daemon_version) {
+  if (daemon_version.empty() || state.version_checked.exchange(true)) return;
+  if (!state.options.on_warning) return;
+  const std::string warning = VersionWarning(state.target, daemon_version);
+  if (!warning.empty()) state.options.on_warning(warning);
+}
+
+}  // namespace
+
 absl::StatusOr<Client> Client::Connect(const std::string& target, const ClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -728,6 +741,7 @@ absl::StatusOr<std::vector<DeviceInfo>> Client::ListDevices() const {
   v1::ListDevicesResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
       state_->Status(state_->stub->ListDevices(&context, request, &response)));
+  CheckDaemonVersion(*state_, response.daemon_version());
   // A host has a few devices: an answer of thousands is not one to keep.
   constexpr int kMaxDevices = 4096;
   if (response.devices_size() > kMaxDevices) {
@@ -763,6 +777,7 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   v1::OpenSessionResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
       state_->Status(state_->stub->OpenSession(&context, request, &response)));
+  CheckDaemonVersion(*state_, response.daemon_version());
   auto state = std::make_shared<internal::SessionState>();
   state->client = state_;
   state->token = response.session();

@@ -43,11 +43,17 @@
 // span may be copied from by several threads at once; releasing or
 // destroying it must not race with a Write or ReadInto of its span (its
 // memory goes, as any freed memory does).
+//
+// Versions: this library's is gpuexec::kVersion (gpuexec/version.h). The
+// first ListDevices or OpenSession answer of a daemon of another
+// MAJOR.MINOR hands ClientOptions::on_warning one line, once per Client
+// (gpuexec/version_check.h); calls go on as usual.
 
 #include <grpcpp/channel.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +67,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "gpuexec/version.h"
+#include "gpuexec/version_check.h"
 
 namespace gpuexec {
 
@@ -154,6 +162,12 @@ struct ClientOptions {
   // names when it opens a session, which it does only for callers on its
   // Unix socket; a client over TCP on the daemon's host sets it here.
   std::string shm_socket;
+
+  // Told one line (no prefix, no newline) about what does not fail a call
+  // but that a person should hear of: a daemon of another MAJOR.MINOR
+  // version (VersionWarning), once per Client. Called on the thread whose
+  // call saw it. Empty: nothing is told.
+  std::function<void(const std::string& line)> on_warning;
 };
 
 // One device as the daemon sees it (the proto's Device).

@@ -54,6 +54,8 @@ struct ClientState {
   std::string target;
   grpc::ChannelArguments args;
   ChannelRecipe recipe;
+  // Set by the first answer that told the daemon's version (client.cc).
+  std::atomic<bool> version_checked{false};
 
   // A reply's status, UNAVAILABLE naming this daemon.
   absl::Status Status(const grpc::Status& status) const {
