@@ -23,6 +23,7 @@ from ._commands import CommandStream
 from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._pool import Pool, is_pool_target
 from ._tensor_map import TensorMap
+from ._version_check import DaemonVersionCheck
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
 
@@ -343,6 +344,9 @@ class Client:
         # Deadline of control calls (sessions, Allocate, Free, GetFunction);
         # data calls (copies, module loads, launches) have none.
         self.control_timeout = control_timeout
+        # The daemon's version against this client's, at the first answer
+        # that tells it (a VersionWarning when MAJOR.MINOR differ).
+        self._check_version = DaemonVersionCheck()
 
     def __repr__(self):
         return f"<gpuexec.Client {self.target or 'on a channel'}, {self.command_stream} stream>"
@@ -378,6 +382,7 @@ class Client:
     def devices(self):
         """The host's devices: a list of Device."""
         response = self._call(self.stub.ListDevices, pb.ListDevicesRequest(), self.control_timeout)
+        self._check_version(self.target, response.daemon_version)
         if len(response.devices) > MAX_DEVICES:
             raise Error(grpc.StatusCode.DATA_LOSS,
                         f"gpuexec client: {self.target or 'the daemon'} answered "
@@ -416,6 +421,7 @@ class Client:
         if device is not None:
             request.device = device
         response = self._call(self.stub.OpenSession, request, self.control_timeout)
+        self._check_version(self.target, response.daemon_version)
         return Session(self, response)
 
 
