@@ -218,10 +218,11 @@ TEST_F(FaultTest, IllegalAddressResetsTheDeviceWhichServesAgainWithinTwoSeconds)
   Record("illegal address, to a launch by a session of before", recovered);
   EXPECT_LT(recovered, absl::Seconds(2));
   // The session whose kernel faulted is closed, and says why.
-  EXPECT_THAT(
-      FillAndCheck(victim, 9),
-      StatusIs(absl::StatusCode::kNotFound,
-               AllOf(HasSubstr("was closed: its kernel reset device 0"), HasSubstr("strike 1"))));
+  EXPECT_THAT(FillAndCheck(victim, 9),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("was closed: its kernel 'gx_fault' made an illegal memory "
+                                       "access (CUDA_ERROR_ILLEGAL_ADDRESS) and reset device 0"),
+                             HasSubstr("strike 1"), HasSubstr("open a new session"))));
   GX_EXPECT_OK(ServesNewWork(kDevice, 11, fault_seen + absl::Seconds(2)));
 
   const DeviceInfo after = DeviceAt(kDevice);
@@ -279,8 +280,41 @@ TEST_F(FaultTest, HungKernelPastTheSessionTimeLimitEndsTheWorker) {
   Record("hung kernel, to new work served", absl::Now() - seen);
   EXPECT_LT(absl::Now() - seen, absl::Seconds(2));
   // The hung kernel's session is closed, and says why.
-  EXPECT_THAT(FillAndCheck(s, 6), StatusIs(absl::StatusCode::kNotFound,
-                                           HasSubstr("was closed: its kernel reset device 0")));
+  EXPECT_THAT(FillAndCheck(s, 6),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("was closed: its kernel 'gx_spin' ran past its kernel time limit "
+                                 "of 500 ms and reset device 0")));
+}
+
+// A launch queued without waiting faults, and nobody waits for it: the
+// daemon resets the device and closes the session before its client's next
+// call. That call, whichever it meets (the launch's ABORTED or the closed
+// session's NOT_FOUND), names the kernel and the CUDA error, and so does
+// every call after it.
+TEST_F(FaultTest, AQueuedFaultIsNamedByTheNextCallsWhateverTheyMeet) {
+  const DeviceInfo before = DeviceAt(kDevice);
+  GX_ASSERT_OK_AND_ASSIGN(Session s, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fault, Kernel(s, "gx_fault"));
+  GX_ASSERT_OK(s.LaunchAsync(fault, Config(1, 1), {Arg::U64(16)}));
+  EXPECT_TRUE(WaitFor([&] { return DeviceAt(kDevice).resets > before.resets; }, absl::Seconds(10)))
+      << "the queued fault did not reset device 0";
+  const auto names_the_fault = AllOf(HasSubstr("'gx_fault'"), HasSubstr("illegal memory access"),
+                                     HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  const absl::Status first = s.Synchronize().status();
+  EXPECT_THAT(first.code(),
+              ::testing::AnyOf(absl::StatusCode::kAborted, absl::StatusCode::kNotFound))
+      << first;
+  EXPECT_THAT(std::string(first.message()), names_the_fault);
+  const absl::Status later = FillAndCheck(s, 3);
+  EXPECT_THAT(later,
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(::testing::StartsWith(absl::StrCat(
+                                 "session ", s.token().substr(0, 8),
+                                 " was closed: its kernel 'gx_fault' made an illegal memory "
+                                 "access (CUDA_ERROR_ILLEGAL_ADDRESS) and reset device 0 at ")),
+                             HasSubstr("open a new session"))));
+  EXPECT_LE(later.message().size(), 250u) << later;
+  EXPECT_THAT(s.Close(), StatusIs(absl::StatusCode::kNotFound, names_the_fault));
 }
 
 TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
