@@ -490,7 +490,7 @@ class Session:
     def _failed(self, e):
         """The error to raise for ``e``, a failure of one of this session's
         calls (see SessionFate)."""
-        return self._fate.failed(e, self.client.devices)
+        return self._fate.failed(e)
 
     def close(self):
         """Closes the session on the daemon, freeing all it holds. Idempotent;
@@ -519,10 +519,10 @@ class Session:
             if (e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(
                     f"session {short_token(self.token)} was closed: ")):
                 raise
-            untold = self._fate.untold(e, self.client.devices)
+            untold = self._fate.untold(e)
             if untold is not None:
                 warnings.warn(f"gpuexec: session {short_token(self.token)} was closed by the "
-                              f"daemon before close(): {untold.message}", RuntimeWarning,
+                              f"daemon before close(): {untold}", RuntimeWarning,
                               stacklevel=2)
 
     def _order(self):

@@ -49,102 +49,71 @@ def short_token(token):
 
 
 # The daemon's NOT_FOUND for a session its own kernel's fault (or hang)
-# closed: "session 85f4886a was closed: its kernel reset device 0 at
-# 2026-12-03 17:00:23.882 UTC (strike 1 of 3 ...)".
-_CLOSED_BY_RESET = re.compile(r"session ([0-9a-fA-F?]{1,8}) was closed: its kernel reset device "
-                              r"(\d+) at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? UTC)")
+# closed, which says what the kernel did: "session 85f4886a was closed: its
+# kernel 'gx_fault' made an illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS)
+# and reset device 0 at 17:00:23.882 UTC (strike 1 of 3 ...): open a new
+# session".
+_CLOSED_BY_RESET = re.compile(r"session ([0-9a-fA-F?]{1,8}) was closed: (.+ and reset device \d+ "
+                              r"at (\d\d:\d\d:\d\d(?:\.\d+)? UTC).*)$", re.DOTALL)
 
 
 def closed_by_reset(error, short):
-    """(device, when) when ``error`` is the daemon's NOT_FOUND for session
-    ``short`` closed by a reset its kernel caused; else None."""
+    """(cause, when) when ``error`` is the daemon's NOT_FOUND for session
+    ``short`` closed by a reset its kernel caused: the daemon's words after
+    "was closed: " and the reset's time of day; else None."""
     if error.code != grpc.StatusCode.NOT_FOUND:
         return None
     m = _CLOSED_BY_RESET.match(error.message)
     if m is None or m.group(1) != short:
         return None
-    return int(m.group(2)), m.group(3)
-
-
-def reset_error(short, device, when, last_reset):
-    """The ABORTED a launch that waited would have raised, rebuilt from a
-    device's ``last_reset`` ("<when>: <why>", which names the kernel, its
-    session and the CUDA error): for a session whose queued launches
-    faulted with nobody waiting. None when ``last_reset`` is another
-    reset's."""
-    prefix = when + ": "
-    if not last_reset.startswith(prefix) or f"session {short}" not in last_reset:
-        return None
-    return Error(grpc.StatusCode.ABORTED,
-                 f"device {device} was reset at {when}: {last_reset[len(prefix):]}")
-
-
-def after_fatal(short, first, later):
-    """``later`` (the daemon's NOT_FOUND for a closed session) led by the
-    session's first fatal failure, which closed it."""
-    cause = first.message.rstrip(". ")
-    todo = "" if "open a new" in cause else "; open a new session"
-    return Error(later.code, f"session {short} was closed by its earlier failure, "
-                             f"{first.code.name}: {cause}{todo} (the daemon: {later.message})")
+    return m.group(2), m.group(3)
 
 
 class SessionFate:
     """What ended a session on the daemon, so that its errors say so.
 
-    A fault or hang of the session's kernel (ABORTED) resets the device and
-    ends the session; the daemon's later answers are a bare NOT_FOUND
-    ("session ... was closed: its kernel reset device 0 at ..."): those are
-    led by the ABORTED of that reset. Where nobody waited for the faulting
-    launch (it was queued), the first such NOT_FOUND becomes the ABORTED
-    itself, rebuilt from the device's last reset, which names the kernel and
-    the CUDA error. ``devices`` (the client's) is asked only then.
+    A fault or hang of the session's kernel resets the device and ends the
+    session: the call that waited for the kernel raises ABORTED; every later
+    call gets the daemon's NOT_FOUND, which names the kernel and what it did
+    (the CUDA error, or the time limit it ran past). Where nobody waited for
+    the faulting launch (it was queued), that NOT_FOUND is the first word of
+    the fault and is raised as the daemon gave it; once the fault was told
+    (that way or as the ABORTED), later ones read "session ... was closed by
+    its earlier failure: <the daemon's cause>".
     """
 
     def __init__(self, token):
         self.short = short_token(token)
         self.aborted = None  # the first ABORTED a call of the session raised
-        self.fatal = None  # the failure known to have ended the session
+        self.told = False  # whether the reset that ended the session was raised
 
-    def failed(self, e, devices):
+    def failed(self, e):
         """The error to raise for ``e``, a failure of one of the session's calls."""
         if e.code == grpc.StatusCode.ABORTED:
             if self.aborted is None:
                 self.aborted = e
             return e
-        if e.code != grpc.StatusCode.NOT_FOUND:
-            return e
-        told = self.fatal is not None or self._learn(e, devices)
-        if self.fatal is None:
-            return e
-        if told:
-            return after_fatal(self.short, self.fatal, e)
-        return Error(self.fatal.code,
-                     f"{self.fatal.message}; session {self.short} was closed by it")
-
-    def untold(self, e, devices):
-        """The failure that ended the session, when ``e`` (close()'s NOT_FOUND)
-        is the first to show it: nobody was told of it yet; else None."""
-        if self.fatal is not None or self._learn(e, devices):
-            return None
-        return self.fatal
-
-    def _learn(self, e, devices):
-        """Sets ``fatal`` when ``e`` says that the session's kernel reset its
-        device: to the ABORTED already raised for that reset (returns True),
-        else to one rebuilt from the device's last reset (returns False:
-        nobody was told of it yet)."""
         reset = closed_by_reset(e, self.short)
         if reset is None:
-            return False
-        device, when = reset
-        # The daemon's ABORTED gives the time of the reset, with or without
-        # the date.
-        if self.aborted is not None and when.split(" ", 1)[-1] in self.aborted.message:
-            self.fatal = self.aborted
-            return True
-        try:
-            found = [d for d in devices() if d.index == device]
-        except Error:
-            return False
-        self.fatal = reset_error(self.short, device, when, found[0].last_reset) if found else None
-        return False
+            return e
+        cause, when = reset
+        if not self._learn(when):
+            return e
+        return Error(e.code, f"session {self.short} was closed by its earlier failure: {cause}")
+
+    def untold(self, e):
+        """The daemon's cause in ``e`` (close()'s NOT_FOUND) when it is the
+        first to show the reset that ended the session: nobody was told of it
+        yet; else None."""
+        reset = closed_by_reset(e, self.short)
+        if reset is None or self._learn(reset[1]):
+            return None
+        return reset[0]
+
+    def _learn(self, when):
+        """Whether the reset at ``when`` (its time of day) that ended the
+        session was told already: an ABORTED of it was raised, or the
+        daemon's NOT_FOUND was; from now on it has been."""
+        told = self.told or (self.aborted is not None and when in self.aborted.message)
+        self.told = True
+        return told

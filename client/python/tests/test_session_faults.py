@@ -1,13 +1,15 @@
-"""What a session says after its kernel faults: the ABORTED that names the
-kernel and the CUDA error surfaces first, whether the launch waited or was
-queued; close() of a session the daemon ended is silent; later calls lead
-with that first failure; an exception inside ``with`` goes on unchanged.
+"""What a session says after its kernel faults: the first error names the
+kernel and the CUDA error, whether the launch waited (the ABORTED) or was
+queued (the ABORTED, or the daemon's NOT_FOUND for the session it closed);
+close() of a session the daemon ended is silent; later calls lead with the
+daemon's cause; an exception inside ``with`` goes on unchanged.
 
 The faults run on a daemon of this module's own, without a strike limit
 (three resets by one peer would otherwise refuse the other tests' launches).
 """
 
 import os
+import re
 import sys
 import tempfile
 import time
@@ -55,23 +57,38 @@ def _session(client):
             time.sleep(0.02)
 
 
-def _assert_names_the_fault(error, kernel="'gx_fault'"):
-    assert error.code == grpc.StatusCode.ABORTED, error
+# The first word of a queued launch's fault: its ABORTED, or the daemon's
+# NOT_FOUND for the session it closed, when that call reached it later.
+QUEUED = (grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND)
+
+
+def _assert_names_the_fault(error, kernel="'gx_fault'", codes=(grpc.StatusCode.ABORTED,)):
+    assert error.code in codes, error
     assert kernel in error.message, error
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in error.message, error
     assert "illegal memory access" in error.message, error
 
 
+# The daemon's own words for a session closed by gx_fault's reset.
+FAULT_CAUSE = ("its kernel 'gx_fault' made an illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS) "
+               "and reset device 0 at ")
+
+
 def _assert_leads_with_the_fault(error, session):
+    """``error`` leads with the daemon's cause, which names the kernel and the
+    CUDA error."""
     short = session.token[:8]
     assert error.code == grpc.StatusCode.NOT_FOUND, error
     assert error.message.startswith(
-        f"session {short} was closed by its earlier failure, ABORTED: "), error
-    assert "'gx_fault'" in error.message and "CUDA_ERROR_ILLEGAL_ADDRESS" in error.message
-    assert "open a new" in error.message
-    # The daemon's own words come last.
-    assert error.message.endswith(")") and f"(the daemon: session {short} was closed: its " \
-        "kernel reset device 0 at " in error.message, error
+        f"session {short} was closed by its earlier failure: {FAULT_CAUSE}"), error
+    assert error.message.endswith(": open a new session"), error
+
+
+def _reset_time(error):
+    """The time of day of the reset ``error`` names ("17:00:23.882 UTC")."""
+    m = re.search(r"reset device \d+ at (\d\d:\d\d:\d\d\.\d+ UTC)", error.message)
+    assert m is not None, error
+    return m.group(1)
 
 
 def _first_not_found(call):
@@ -110,7 +127,7 @@ def test_close_of_a_session_the_daemon_ended_is_silent(fclient, daemon):
     with pytest.raises(gpuexec.Error) as e:
         fault.launch(1, 1, gpuexec.u64(BAD_ADDRESS))
         s.synchronize()
-    _assert_names_the_fault(e.value)
+    _assert_names_the_fault(e.value, codes=QUEUED)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the cause was raised already: no warning either
         s.close()
@@ -130,7 +147,8 @@ def test_later_calls_lead_with_the_first_fault(fclient, daemon):
         with pytest.raises(gpuexec.Error) as later:
             call()
         _assert_leads_with_the_fault(later.value, s)
-        assert first.value.message.rstrip(". ") in later.value.message
+        # The same reset as the ABORTED's.
+        assert f"device 0 was reset at {_reset_time(later.value)}" in first.value.message
     s.close()
 
 
@@ -142,26 +160,27 @@ def test_the_first_error_after_queued_launches_names_the_kernel(fclient, daemon)
     resets = fclient.devices()[0].resets
     fault.launch_async(1, 1, gpuexec.u64(BAD_ADDRESS))
     fill.launch_async(1, 16, buf, 7, 16)
-    # However the daemon learns it (the read on the faulted device, or the
-    # session it closed since), the first error is the fault's. (Which
-    # kernel the daemon blames is the driver's word: CUDA reports a fault
-    # at the next call, which may be gx_fill_u32's.)
+    # However the daemon learns it (the read on the faulted device: ABORTED,
+    # or the session it closed since: NOT_FOUND), the first error names the
+    # kernel and the CUDA error. (Which kernel the daemon blames is the
+    # driver's word: CUDA reports a fault at the next call, which may be
+    # gx_fill_u32's.)
     with pytest.raises(gpuexec.Error) as first:
         buf.read()
-    _assert_names_the_fault(first.value, kernel="kernel 'gx_")
+    _assert_names_the_fault(first.value, kernel="kernel 'gx_", codes=QUEUED)
     _wait_for_reset(fclient, resets)
     later = _first_not_found(s.synchronize)
     assert later.code == grpc.StatusCode.NOT_FOUND, later
-    assert later.message.startswith(f"session {s.token[:8]} was closed by its earlier failure, "
-                                    "ABORTED: "), later
+    assert later.message.startswith(f"session {s.token[:8]} was closed by its earlier failure: "
+                                    "its kernel 'gx_"), later
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in later.message and "open a new" in later.message
     s.close()
 
 
-def test_a_queued_fault_found_after_the_session_closed_is_the_aborted(fclient, daemon):
+def test_a_queued_fault_found_after_the_session_closed_is_the_daemons_word(fclient, daemon):
     """Nobody waits for the launch; the next call reaches the daemon after it
-    closed the session: the daemon's NOT_FOUND becomes the fault's ABORTED,
-    rebuilt from the device's last reset, once."""
+    closed the session: the daemon's NOT_FOUND, raised as it came, names the
+    kernel and the CUDA error; later calls lead with its cause."""
     s = _session(fclient)
     fault = s.load_module(daemon.cubin).function("gx_fault")
     resets = fclient.devices()[0].resets
@@ -169,9 +188,9 @@ def test_a_queued_fault_found_after_the_session_closed_is_the_aborted(fclient, d
     _wait_for_reset(fclient, resets)
     with pytest.raises(gpuexec.Error) as first:
         s.keep_alive()
-    _assert_names_the_fault(first.value)
-    assert first.value.message.startswith("device 0 was reset at ")
-    assert first.value.message.endswith(f"; session {s.token[:8]} was closed by it")
+    _assert_names_the_fault(first.value, codes=(grpc.StatusCode.NOT_FOUND,))
+    assert first.value.message.startswith(f"session {s.token[:8]} was closed: {FAULT_CAUSE}")
+    assert first.value.message.endswith(": open a new session"), first.value
     with pytest.raises(gpuexec.Error) as later:
         s.keep_alive()
     _assert_leads_with_the_fault(later.value, s)
@@ -189,8 +208,7 @@ def test_close_warns_of_a_queued_fault_nobody_was_told_of(fclient, daemon):
     [warning] = caught
     text = str(warning.message)
     assert text.startswith(f"gpuexec: session {s.token[:8]} was closed by the daemon before "
-                           "close(): device 0 was reset at "), text
-    assert "'gx_fault'" in text and "CUDA_ERROR_ILLEGAL_ADDRESS" in text
+                           f"close(): {FAULT_CAUSE}"), text
 
 
 def test_an_exception_inside_with_goes_on_unchanged(daemon, tmp_path):
@@ -222,71 +240,46 @@ def test_an_exception_inside_with_goes_on_unchanged(daemon, tmp_path):
 # ------------------------------------------------ SessionFate alone, no daemon
 
 TOKEN = "85f4886a" + "0" * 56
-WHEN = "2026-12-03 17:00:23.882 UTC"
-CLOSED = gpuexec.Error(grpc.StatusCode.NOT_FOUND,
-                       f"session 85f4886a was closed: its kernel reset device 0 at {WHEN} "
-                       "(strike 1 for peer unix:uid=0 within 600 s)")
-WHY = ("device 0 hit a sticky fault: cuEventQuery failed for kernel 'gx_fault' of session "
-       "85f4886a on device 0: CUDA_ERROR_ILLEGAL_ADDRESS (700: an illegal memory access was "
-       "encountered)")
+CAUSE = ("its kernel 'gx_fault' made an illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS) and "
+         "reset device 0 at 17:00:23.882 UTC (strike 1 for peer unix:uid=0 within 600 s): open a "
+         "new session")
+CLOSED = gpuexec.Error(grpc.StatusCode.NOT_FOUND, f"session 85f4886a was closed: {CAUSE}")
 
 
-class _Devices:
-    def __init__(self, last_reset):
-        self.calls = 0
-        self.last_reset = last_reset
-
-    def __call__(self):
-        self.calls += 1
-        return [type("D", (), {"index": 0, "last_reset": self.last_reset})()]
-
-
-def test_fate_rebuilds_a_queued_fault_once_then_leads_with_it():
-    fate, devices = SessionFate(TOKEN), _Devices(f"{WHEN}: {WHY}")
-    first = fate.failed(CLOSED, devices)
-    assert first.code == grpc.StatusCode.ABORTED
-    assert first.message == (f"device 0 was reset at {WHEN}: {WHY}; session 85f4886a was "
-                             "closed by it")
-    later = fate.failed(CLOSED, devices)
+def test_fate_raises_the_daemons_word_first_then_leads_with_its_cause():
+    fate = SessionFate(TOKEN)
+    assert fate.failed(CLOSED) is CLOSED
+    later = fate.failed(CLOSED)
     assert later.code == grpc.StatusCode.NOT_FOUND
-    assert later.message == (f"session 85f4886a was closed by its earlier failure, ABORTED: "
-                             f"device 0 was reset at {WHEN}: {WHY}; open a new session (the "
-                             f"daemon: {CLOSED.message})")
-    assert devices.calls == 1
-    assert fate.untold(CLOSED, devices) is None  # told already
+    assert later.message == f"session 85f4886a was closed by its earlier failure: {CAUSE}"
+    assert fate.untold(CLOSED) is None  # told already
 
 
-def test_fate_leads_with_the_aborted_of_the_same_reset():
-    fate, devices = SessionFate(TOKEN), _Devices("")
+def test_fate_leads_with_the_cause_after_the_aborted_of_the_same_reset():
+    fate = SessionFate(TOKEN)
     other = gpuexec.Error(grpc.StatusCode.ABORTED, "device 0 was reset at 16:59:00.000 UTC: x")
     mine = gpuexec.Error(grpc.StatusCode.ABORTED,
                          "kernel 'gx_fault' of session 85f4886a made an illegal memory access "
                          "(CUDA_ERROR_ILLEGAL_ADDRESS); device 0 was reset at 17:00:23.882 UTC. "
-                         "The session was closed: open a new one")
-    assert fate.failed(other, devices) is other
-    fate.aborted = None
-    assert fate.failed(mine, devices) is mine
-    later = fate.failed(CLOSED, devices)
-    assert later.message.startswith("session 85f4886a was closed by its earlier failure, "
-                                    "ABORTED: kernel 'gx_fault' of session 85f4886a made an "
-                                    "illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS); device "
-                                    "0 was reset at 17:00:23.882 UTC. The session was closed: "
-                                    "open a new one (the daemon: session 85f4886a was closed: ")
-    assert devices.calls == 0
+                         "The session was closed: open a new session")
+    # Another reset's ABORTED: the NOT_FOUND is the first word of this one.
+    assert fate.failed(other) is other
+    assert fate.untold(CLOSED) == CAUSE
+    fate = SessionFate(TOKEN)
+    assert fate.failed(mine) is mine
+    later = fate.failed(CLOSED)
+    assert later.message == f"session 85f4886a was closed by its earlier failure: {CAUSE}"
+    assert fate.untold(CLOSED) is None
 
 
 def test_fate_leaves_other_errors_alone():
-    fate, devices = SessionFate(TOKEN), _Devices(f"{WHEN}: {WHY}")
+    fate = SessionFate(TOKEN)
     for e in (gpuexec.Error(grpc.StatusCode.NOT_FOUND, "session 85f4886a does not exist (never "
                             "opened, closed, or its lease lapsed)"),
               gpuexec.Error(grpc.StatusCode.NOT_FOUND, "session 85f4886a was closed: its lease "
                             "of 1000 ms lapsed"),
-              gpuexec.Error(grpc.StatusCode.NOT_FOUND, "session 11111111 was closed: its kernel "
-                            f"reset device 0 at {WHEN} (strike 1)"),
+              gpuexec.Error(grpc.StatusCode.NOT_FOUND, f"session 11111111 was closed: {CAUSE}"),
               gpuexec.Error(grpc.StatusCode.UNAVAILABLE, "daemon x: gone")):
-        assert fate.failed(e, devices) is e
-    # Another reset's reason (the device was reset again since): not rebuilt.
-    fate = SessionFate(TOKEN)
-    devices = _Devices(f"2026-12-03 17:05:00.000 UTC: {WHY}")
-    assert fate.failed(CLOSED, devices) is CLOSED
-    assert fate.untold(CLOSED, devices) is None
+        assert fate.failed(e) is e
+        assert fate.untold(e) is None
+    assert not fate.told
