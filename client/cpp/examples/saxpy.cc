@@ -64,12 +64,7 @@ int main(int argc, char** argv) {
   const uint64_t n = absl::GetFlag(FLAGS_n);
   const float a = 2.0f;
 
-  gpuexec::ClientOptions options;
-  // A daemon of another MAJOR.MINOR version: one line, and on we go.
-  options.on_warning = [](const std::string& line) {
-    std::fprintf(stderr, "gpuexec-saxpy: warning: %s\n", line.c_str());
-  };
-  auto client = gpuexec::Client::Connect(absl::GetFlag(FLAGS_target), options);
+  auto client = gpuexec::Client::Connect(absl::GetFlag(FLAGS_target));
   if (!client.ok()) return Fail("connect", client.status());
   auto session = client->OpenSession({});  // any device; closed when it goes out of scope
   if (!session.ok()) return Fail("open session", session.status());
