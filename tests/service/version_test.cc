@@ -5,6 +5,7 @@
 
 #include "gpuexec/version.h"
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -135,6 +136,33 @@ TEST_F(VersionTest, AnotherMinorIsOneWarningPerClient) {
   // Without a hook nothing is told, and nothing fails.
   GX_ASSERT_OK_AND_ASSIGN(Client silent, Client::Connect(target_));
   GX_ASSERT_OK(silent.ListDevices().status());
+}
+
+// What `program --version` prints on stdout (and its exit status).
+std::string VersionOf(const std::string& program, int* status) {
+  std::string out;
+  FILE* pipe = popen((program + " --version 2>/dev/null").c_str(), "r");
+  if (pipe == nullptr) return "";
+  char buffer[256];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  *status = pclose(pipe);
+  return out;
+}
+
+TEST(VersionOptionTest, EveryProgramSaysTheProjectsVersion) {
+  const std::string tail = absl::StrCat(" ", kVersion, " (", kApiVersion, ")\n");
+  struct Program {
+    std::string path;
+    std::string name;
+  };
+  for (const Program& p :
+       {Program{DaemonProgram(), "gpuexecd"}, Program{GPUEXEC_TEST_CLI, "gpuexec"},
+        Program{GPUEXEC_TEST_SAXPY_PROGRAM, "gpuexec-saxpy"}}) {
+    int status = -1;
+    EXPECT_EQ(VersionOf(p.path, &status), p.name + tail) << p.path;
+    EXPECT_EQ(status, 0) << p.path;
+  }
 }
 
 TEST(VersionOptionTest, AReportedVersionThatIsNotOneIsRefused) {
