@@ -288,15 +288,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                      " is not an address (host:port, at most 253 printable characters)"));
   }
   std::string reported_version = options.reported_version;
+  std::string reported_by = "the reported version";
+  std::string what_to_do;
   if (const char* env = std::getenv("GPUEXECD_TEST_REPORTED_VERSION");
       reported_version.empty() && env != nullptr) {
     reported_version = env;
+    reported_by = "$GPUEXECD_TEST_REPORTED_VERSION";
+    what_to_do = ": it is for tests only; unset it";
   }
   if (reported_version.size() > 64 || !std::all_of(reported_version.begin(), reported_version.end(),
                                                    [](char c) { return c > ' ' && c < 0x7f; })) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the reported version ", Quoted(reported_version, 32),
-                     " is not a version (MAJOR.MINOR.PATCH, at most 64 printable characters)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        reported_by, " \"", Quoted(reported_version, 32), "\"",
+        " is not a version (MAJOR.MINOR.PATCH, at most 64 printable characters)", what_to_do));
   }
   if (options.max_message_bytes < options.chunk_bytes + (64 << 10)) {
     return absl::InvalidArgumentError(absl::StrCat(
