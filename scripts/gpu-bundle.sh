@@ -53,6 +53,10 @@ cp client/python/examples/saxpy.py "$OUT/readme/client/python/examples/"
 cp tests/docs/readme_test.py "$OUT/"
 mkdir -p "$OUT/python"
 cp -r "$BUILD_DIR/client/python/gpuexec" "$OUT/python/"
+cp "$BUILD_DIR/client/python/pyproject.toml" "$OUT/python/"
+# The examples where the Python tests look for them (python-tests/../examples).
+mkdir -p "$OUT/examples"
+cp client/python/examples/saxpy.py "$OUT/examples/"
 cp -r client/python/tests "$OUT/python-tests"
 # The Triton metadata files both loaders are tested on, where the Python
 # tests look for them beside themselves (data/triton).

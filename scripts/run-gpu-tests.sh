@@ -48,7 +48,7 @@ walkthrough() {
   "$HERE/bin/gpuexec" run saxpy.cubin saxpy --grid=4096 --block=256 \
     f32:2.0 fill:f32:1.5:1048576 fill:f32:1:1048576,save=y.bin u64:1048576 &&
   od -A d -t f4 -N 16 y.bin &&
-  python3 "$HERE/saxpy.py" --target="$GPUEXEC_TARGET" &&
+  python3 "$HERE/saxpy.py" --target="$GPUEXEC_TARGET" --cubin=saxpy.cubin &&
   "$HERE/bin/gpuexec-saxpy" --target="$GPUEXEC_TARGET" --cubin=saxpy.cubin --kernel=saxpy &&
   python3 "$HERE/run_triton_kernels.py" --target="$GPUEXEC_TARGET" --out="$work" &&
   "$HERE/bin/gpuexec" run --triton=add_kernel.json add_kernel.cubin --grid=1024 \

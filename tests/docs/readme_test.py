@@ -250,8 +250,10 @@ def main():
     work = scratch_folder(root, build)
     envfile = os.path.join(work, ".readme-env")
     env = dict(os.environ)
-    # The README's `python3` is Debian's, which has grpcio, protobuf and numpy.
-    env["PATH"] = "/usr/bin:" + env.get("PATH", "")
+    # The README's `python3` is Debian's, which has grpcio, protobuf and numpy;
+    # a GPU host's own python3 (on its PATH) has them too.
+    if not args.gpu:
+        env["PATH"] = "/usr/bin:" + env.get("PATH", "")
     env.pop("GPUEXEC_TARGET", None)
     open(envfile, "w").close()
     daemon = None

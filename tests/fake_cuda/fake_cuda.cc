@@ -113,6 +113,7 @@ struct CUmemPoolHandle_st {
 struct CUfunc_st {
   std::string name;
   std::vector<gxfake::ParamSlot> params;  // As the image declares them.
+  int registers = 16;                     // Per thread: the image's, where it says.
   // The host model that runs it (static, never freed); null when the
   // double has none for this name and layout: launches are refused.
   const KernelDef* kernel = nullptr;
@@ -1565,7 +1566,8 @@ GX_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
   const char* text = static_cast<const char*>(image);
   auto mod = std::make_unique<CUmod_st>();
   mod->context = ctx;
-  auto add = [&mod](std::string name, std::vector<ParamSlot> params, const KernelDef* kernel) {
+  auto add = [&mod](std::string name, std::vector<ParamSlot> params, const KernelDef* kernel,
+                    int registers = -1) {
     for (const auto& f : mod->functions) {
       if (f->name == name) return;  // The first of a name wins.
     }
@@ -1573,6 +1575,7 @@ GX_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
     f->name = std::move(name);
     f->params = std::move(params);
     f->kernel = kernel;
+    if (registers >= 0) f->registers = registers;
     f->module = mod.get();
     mod->functions.push_back(std::move(f));
   };
@@ -1602,7 +1605,7 @@ GX_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
     }
     for (gxfake::ImageKernel& k : kernels) {
       const KernelDef* model = FindModel(k.name, k.params);
-      add(std::move(k.name), std::move(k.params), model);
+      add(std::move(k.name), std::move(k.params), model, k.registers);
     }
   }
   WriteJitLog(numOptions, options, optionValues, CU_JIT_ERROR_LOG_BUFFER,
@@ -1671,7 +1674,7 @@ GX_EXPORT CUresult cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfu
       *pi = kMaxThreadsPerBlock;
       break;
     case CU_FUNC_ATTRIBUTE_NUM_REGS:
-      *pi = 16;
+      *pi = hfunc->registers;
       break;
     case CU_FUNC_ATTRIBUTE_PTX_VERSION:
     case CU_FUNC_ATTRIBUTE_BINARY_VERSION:

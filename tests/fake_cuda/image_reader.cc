@@ -26,6 +26,7 @@ constexpr uint8_t kFormatSval = 0x04;
 constexpr uint8_t kAttrParamCbank = 0x0a;
 constexpr uint8_t kAttrKparamInfo = 0x17;
 constexpr uint8_t kAttrCbankParamSize = 0x19;
+constexpr uint8_t kAttrRegcount = 0x2f;
 constexpr size_t kFatbinHeaderBytes = 16;
 constexpr size_t kFatbinEntryHeaderBytes = 64;
 constexpr size_t kMaxParams = 4096;
@@ -230,10 +231,45 @@ bool ReadCubin(const Bytes& image, std::vector<ImageKernel>* kernels, std::strin
       add(name);
     }
   }
+  // Registers per thread: EIATTR_REGCOUNT records of the global .nv.info,
+  // each naming its kernel by the symbol index of the first symbol table.
+  std::map<std::string, int> registers;
+  for (const Section& s : sections) {
+    if (s.name != ".nv.info" || s.type == kShtNobits) continue;
+    const Section* symtab = nullptr;
+    for (const Section& t : sections) {
+      if (t.type == kShtSymtab) {
+        symtab = &t;
+        break;
+      }
+    }
+    if (symtab == nullptr || symtab->link >= shnum) continue;
+    Bytes info(nullptr, 0), symbols(nullptr, 0), strings(nullptr, 0);
+    image.Sub(s.offset, s.size, &info);
+    image.Sub(symtab->offset, symtab->size, &symbols);
+    const Section& strtab = sections[symtab->link];
+    if (strtab.type == kShtNobits || !image.Sub(strtab.offset, strtab.size, &strings)) continue;
+    uint64_t at = 0;
+    uint8_t format = 0, attribute = 0;
+    uint16_t value = 0;
+    while (info.Read(at, &format) && info.Read(at + 1, &attribute) && info.Read(at + 2, &value)) {
+      const uint64_t body = format == kFormatSval ? value : 0;
+      uint32_t symbol = 0, count = 0, name_offset = 0;
+      std::string name;
+      if (format == kFormatSval && attribute == kAttrRegcount && body >= 8 &&
+          info.Read(at + 4, &symbol) && info.Read(at + 8, &count) && count <= 255 &&
+          symbols.Read(uint64_t{symbol} * kSymbolBytes, &name_offset) &&
+          strings.String(name_offset, &name)) {
+        registers[name] = static_cast<int>(count);
+      }
+      at += 4 + body;
+    }
+  }
   kernels->clear();
   for (const std::string& name : order) {
     ImageKernel k;
     k.name = name;
+    if (auto it = registers.find(name); it != registers.end()) k.registers = it->second;
     for (const Section& s : sections) {
       if (s.name != ".nv.info." + name || s.type == kShtNobits) continue;
       Bytes info(nullptr, 0);

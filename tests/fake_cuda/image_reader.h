@@ -14,7 +14,9 @@
 //           offset, u32 flags whose bits 18..31 are the size in bytes;
 //           EIATTR_PARAM_CBANK (0x0a) and EIATTR_CBANK_PARAM_SIZE (0x19) the
 //           total size. Checked against nvcc 13's sm_90 output: records of
-//           formats 1-3 are 4 bytes (a u8 value is padded).
+//           formats 1-3 are 4 bytes (a u8 value is padded). A kernel's
+//           registers per thread come from the global `.nv.info` section's
+//           EIATTR_REGCOUNT (0x2f) records: u32 symbol index, u32 count.
 //   PTX     Text: each `.entry <name>(...)` with its `.param` list; sizes
 //           and alignments from the types (`.align N .b8 name[M]` for
 //           structs), offsets laid out as the ABI does.
@@ -42,6 +44,7 @@ struct ParamSlot {
 struct ImageKernel {
   std::string name;
   std::vector<ParamSlot> params;  // by ordinal
+  int registers = -1;             // per thread; -1 where the image does not say
 };
 
 enum class ImageFormat { kUnknown, kCubin, kPtx, kFatbin };

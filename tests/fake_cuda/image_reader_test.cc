@@ -87,6 +87,20 @@ TEST(ImageReaderTest, ShippedSaxpyModulesMatchTheSource) {
   EXPECT_EQ(expected, (std::vector<ParamSlot>{{0, 4}, {8, 8}, {16, 8}, {24, 8}}));
 }
 
+// The registers a cubin declares for its kernel (EIATTR_REGCOUNT), as the
+// driver reports them on an H200 for the shipped saxpy.cubin (10); PTX
+// declares none until it is compiled, so the double keeps its default.
+TEST(ImageReaderTest, ACubinsRegisterCountIsTheImages) {
+  std::vector<ImageKernel> kernels;
+  std::string error;
+  ASSERT_TRUE(Read(Example("saxpy.cubin"), &kernels, &error)) << error;
+  ASSERT_EQ(kernels.size(), 1u);
+  EXPECT_EQ(kernels[0].registers, 10);
+  ASSERT_TRUE(Read(Example("saxpy.ptx"), &kernels, &error)) << error;
+  ASSERT_EQ(kernels.size(), 1u);
+  EXPECT_EQ(kernels[0].registers, -1);
+}
+
 TEST(ImageReaderTest, PtxParamsFollowTheAbi) {
   const std::string ptx = R"(
 .version 8.0
