@@ -37,9 +37,9 @@ A marker comment on the line before a block changes what is done with it:
                                       oversight.
 
 By default the daemon runs the simulator (`--simulator`, whatever the README
-passes) and output lines are checked; with --gpu the README's own daemon command
-runs on the real driver and only the commands' exit status is checked (device
-names and figures differ from the simulator's).
+passes) and output lines are checked; with --gpu it runs on the real driver
+(without `--simulator`, whatever the README passes) and only the commands' exit
+status is checked (device names and figures differ from the simulator's).
 """
 
 import argparse
@@ -268,8 +268,10 @@ def main():
                 if argv[:1] != ["./scripts/run.sh"]:
                     failures.append(f"{b.where()}: the daemon block must start with ./scripts/run.sh")
                     continue
-                daemon_args = argv[1:]
-                if not args.gpu and "--simulator" not in daemon_args:
+                # The simulator here, the real driver with --gpu, whichever
+                # the README shows.
+                daemon_args = [a for a in argv[1:] if a != "--simulator"]
+                if not args.gpu:
                     daemon_args.append("--simulator")
                 daemon = Daemon(build, daemon_args, work, env)
                 with open(envfile, "a") as f:
