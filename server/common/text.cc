@@ -64,12 +64,17 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
 
 std::string NearestName(absl::string_view name, const std::vector<std::string>& names) {
   // Names are client input on one side and image contents on the other:
-  // both are bounded before the quadratic distance.
-  constexpr size_t kMaxCompared = 256;
+  // both are bounded before the quadratic distance, and so is how many are
+  // compared, so that a module of thousands of long names and a stream of
+  // typos cost the front's thread at most a few million steps each.
+  constexpr size_t kMaxCompared = 128;
+  constexpr size_t kMaxCandidates = 256;
   if (name.empty() || name.size() > kMaxCompared) return "";
   std::string best;
   size_t best_distance = 0;
+  size_t compared = 0;
   for (const std::string& candidate : names) {
+    if (compared++ == kMaxCandidates) break;
     if (candidate.empty() || candidate.size() > kMaxCompared) continue;
     const size_t longer = std::max(name.size(), candidate.size());
     const size_t allowed = std::max<size_t>(1, longer / 3);

@@ -26,7 +26,8 @@ std::string ByteSize(uint64_t bytes);
 // The name among `names` nearest to `name` by edit distance (insertions,
 // deletions, substitutions and swaps of two neighbours each cost 1), if it
 // is near enough to be a typo: at most a third of the longer name's length
-// (at least 1) and less than the name's length. Empty when none is.
+// (at least 1) and less than the name's length. Empty when none is. Only the
+// first 256 names, and names of at most 128 bytes, are compared.
 std::string NearestName(absl::string_view name, const std::vector<std::string>& names);
 
 }  // namespace gpuexec

@@ -72,6 +72,17 @@ TEST(NearestNameTest, ATypoFindsItsNameAndOnlyATypoDoes) {
   for (const Case& c : cases) EXPECT_EQ(NearestName(c.name, c.names), c.nearest) << c.name;
 }
 
+// A module may hold thousands of kernels: only the first 256 names are
+// compared (each at most 128 bytes), so a typo costs the front a bounded
+// number of steps.
+TEST(NearestNameTest, OnlyTheFirstNamesAreCompared) {
+  std::vector<std::string> names(256, std::string(128, 'a'));
+  names.push_back("saxpy");
+  EXPECT_EQ(NearestName("saxpi", names), "");
+  names.erase(names.begin());
+  EXPECT_EQ(NearestName("saxpi", names), "saxpy");
+}
+
 TEST(LogTest, AMessageIsOneLineWhateverItHolds) {
   ::testing::internal::CaptureStderr();
   log::Write(log::Level::kInfo, "kernel 'x\nI 2026-01-01T00:00:00.000Z forged' \r\x7f");
