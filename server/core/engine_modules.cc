@@ -228,6 +228,9 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     img->sha256 = sha256_;
     img->bytes = std::move(bytes_);
     img->is_ptx = kind == ImageKind::kPtx;
+    // Read from the bytes once, here on the upload pool, not by the driver.
+    img->kernels = ListKernels(img->bytes, test_images);
+    if (img->kernels.size() > kMaxListedKernels) img->kernels.resize(kMaxListedKernels);
     absl::MutexLock lock(&engine_->modules_mu_);
     auto it = engine_->module_store_.find(sha256_);
     if (it == engine_->module_store_.end()) {
@@ -243,13 +246,9 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     it->second.last_used = ++engine_->module_store_clock_;
     image = it->second.image;
   }
-  // Read from the bytes here, on the upload pool, not by the driver.
-  std::vector<std::string> kernels = ListKernels(
-      image->bytes, engine_->test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject);
-  if (kernels.size() > kMaxListedKernels) kernels.resize(kMaxListedKernels);
   engine_->FinishModule(session_, image, uploaded, newly_stored, reserved,
-                        [kernels = std::move(kernels), done](absl::StatusOr<ModuleResult> r) {
-                          if (r.ok()) r->kernels = kernels;
+                        [image, done](absl::StatusOr<ModuleResult> r) {
+                          if (r.ok()) r->kernels = image->kernels;
                           done(std::move(r));
                         });
 }
@@ -382,36 +381,33 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
   std::string label = absl::StrCat("kernel '", Quoted(name), "'");
   std::string launch_what =
       absl::StrCat(label, " of ", session->name(), " on device ", dev->properties().ordinal);
-  const TestDoubleImages test_images =
-      test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject;
-  dev->GetKernel(
-      image, name, what,
-      [session, image, test_images, sha, name, label = std::move(label),
-       launch_what = std::move(launch_what), done](absl::StatusOr<port::KernelInfo> k) {
-        if (k.status().code() == absl::StatusCode::kNotFound &&
-            absl::StrContains(k.status().message(), "no kernel named")) {
-          return done(NoSuchKernel(name, absl::StrCat("module ", sha.substr(0, 12)),
-                                   ListKernels(image->bytes, test_images), k.status().message()));
-        }
-        if (!k.ok()) return done(k.status());
-        absl::MutexLock lock(&session->mu);
-        if (session->closed) return done(session->ClosedError());
-        // One handle per kernel per session, however often it is asked
-        // for.
-        for (const auto& [handle, held] : session->functions) {
-          if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
-        }
-        FunctionEntry f;
-        f.handle = session->NewHandle();
-        f.module_sha256 = sha;
-        f.name = name;
-        f.quoted_name = Quoted(name);
-        f.kernel = *k;
-        f.label = label;
-        f.launch_what = launch_what;
-        session->functions.emplace(f.handle, f);
-        done(FunctionResult{f.handle, *k});
-      });
+  dev->GetKernel(image, name, what,
+                 [session, image, sha, name, label = std::move(label),
+                  launch_what = std::move(launch_what), done](absl::StatusOr<port::KernelInfo> k) {
+                   if (k.status().code() == absl::StatusCode::kNotFound &&
+                       absl::StrContains(k.status().message(), "no kernel named")) {
+                     return done(NoSuchKernel(name, absl::StrCat("module ", sha.substr(0, 12)),
+                                              image->kernels, k.status().message()));
+                   }
+                   if (!k.ok()) return done(k.status());
+                   absl::MutexLock lock(&session->mu);
+                   if (session->closed) return done(session->ClosedError());
+                   // One handle per kernel per session, however often it is asked
+                   // for.
+                   for (const auto& [handle, held] : session->functions) {
+                     if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
+                   }
+                   FunctionEntry f;
+                   f.handle = session->NewHandle();
+                   f.module_sha256 = sha;
+                   f.name = name;
+                   f.quoted_name = Quoted(name);
+                   f.kernel = *k;
+                   f.label = label;
+                   f.launch_what = launch_what;
+                   session->functions.emplace(f.handle, f);
+                   done(FunctionResult{f.handle, *k});
+                 });
 }
 
 }  // namespace gpuexec::core

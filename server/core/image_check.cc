@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace gpuexec::core {
 namespace {
@@ -390,10 +391,39 @@ absl::string_view NameAt(absl::string_view table, uint64_t offset) {
   return rest.substr(0, rest.find('\0'));
 }
 
-// Kernel names of a checked ELF image: its STT_FUNC symbols marked as entry
-// points (st_other's STO_CUDA_ENTRY), or, in an image that marks none, its
-// global functions that have a section ".text.<name>" of their own.
-void ElfKernels(absl::string_view elf, std::vector<std::string>* out) {
+// Kernel names as they are found in a client's image: each once, at most
+// kMaxNames, each a run of printable ASCII of at most kMaxNameBytes; others
+// are skipped. A hostile image may point thousands of symbols at one long
+// name, or at bytes that are not text: nothing is copied before it is known
+// to be new and fit, and no name goes raw into a message or a protobuf
+// string.
+class KernelNames {
+ public:
+  static constexpr size_t kMaxNames = 4096;
+  static constexpr size_t kMaxNameBytes = 1024;
+
+  bool full() const { return names_.size() >= kMaxNames; }
+  // `name` must outlive this object (a view into the image).
+  void Add(absl::string_view name) {
+    if (full() || name.empty() || name.size() > kMaxNameBytes) return;
+    for (const char c : name) {
+      const auto u = static_cast<unsigned char>(c);
+      if (u <= 0x20 || u >= 0x7f) return;
+    }
+    if (seen_.insert(name).second) names_.emplace_back(name);
+  }
+  std::vector<std::string> Take() { return std::move(names_); }
+
+ private:
+  absl::flat_hash_set<absl::string_view> seen_;
+  std::vector<std::string> names_;
+};
+
+// Kernel names of a checked ELF image: the STT_FUNC symbols of its (first)
+// symbol table marked as entry points (st_other's STO_CUDA_ENTRY), or, in an
+// image that marks none, its global functions that have a section
+// ".text.<name>" of their own.
+void ElfKernels(absl::string_view elf, KernelNames* out) {
   if (!CheckElf(elf, "image").ok()) return;
   constexpr unsigned char kStoCudaEntry = 0x10;
   const auto eh = ReadAt<Elf64_Ehdr>(elf, 0);
@@ -408,31 +438,36 @@ void ElfKernels(absl::string_view elf, std::vector<std::string>* out) {
     if (symtab.sh_type != SHT_SYMTAB || symtab.sh_link >= eh.e_shnum) continue;
     const absl::string_view strtab = bytes_of(section(symtab.sh_link));
     const absl::string_view syms = bytes_of(symtab);
-    std::vector<std::string> entries;
-    std::vector<std::string> text_functions;
+    std::vector<absl::string_view> entries;
+    std::vector<absl::string_view> text_functions;
     for (uint64_t at = 0; at + sizeof(Elf64_Sym) <= syms.size(); at += sizeof(Elf64_Sym)) {
       const auto sym = ReadAt<Elf64_Sym>(syms, at);
       if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC) continue;
       const absl::string_view name = NameAt(strtab, sym.st_name);
       if (name.empty()) continue;
+      if (name.empty() || name.size() > KernelNames::kMaxNameBytes) continue;
       if ((sym.st_other & kStoCudaEntry) != 0) {
-        entries.emplace_back(name);
+        entries.push_back(name);
         continue;
       }
-      if (ELF64_ST_BIND(sym.st_info) != STB_GLOBAL || sym.st_shndx >= eh.e_shnum) continue;
-      if (NameAt(shstr, section(sym.st_shndx).sh_name) == absl::StrCat(".text.", name)) {
-        text_functions.emplace_back(name);
+      if (!entries.empty() || ELF64_ST_BIND(sym.st_info) != STB_GLOBAL ||
+          sym.st_shndx >= eh.e_shnum) {
+        continue;
+      }
+      absl::string_view section_name = NameAt(shstr, section(sym.st_shndx).sh_name);
+      if (absl::ConsumePrefix(&section_name, ".text.") && section_name == name) {
+        text_functions.push_back(name);
       }
     }
-    std::vector<std::string>& found = entries.empty() ? text_functions : entries;
-    out->insert(out->end(), found.begin(), found.end());
+    for (absl::string_view name : entries.empty() ? text_functions : entries) out->Add(name);
+    return;  // A cubin has one symbol table.
   }
 }
 
 // The names after each ".entry" directive of PTX text (comments skipped).
-void PtxKernels(absl::string_view ptx, std::vector<std::string>* out) {
+void PtxKernels(absl::string_view ptx, KernelNames* out) {
   size_t at = 0;
-  while (at < ptx.size()) {
+  while (at < ptx.size() && !out->full()) {
     if (absl::StartsWith(ptx.substr(at), "//")) {
       at = ptx.find('\n', at);
       continue;
@@ -451,7 +486,7 @@ void PtxKernels(absl::string_view ptx, std::vector<std::string>* out) {
                                   ptx[end] == '$' || ptx[end] == '%')) {
         ++end;
       }
-      if (end > begin) out->emplace_back(ptx.substr(begin, end - begin));
+      if (end > begin) out->Add(ptx.substr(begin, end - begin));
       at = end;
       continue;
     }
@@ -460,7 +495,7 @@ void PtxKernels(absl::string_view ptx, std::vector<std::string>* out) {
 }
 
 // Kernels of each uncompressed ELF or PTX entry of a checked fatbin.
-void FatbinKernels(absl::string_view image, std::vector<std::string>* out) {
+void FatbinKernels(absl::string_view image, KernelNames* out) {
   if (!CheckFatbin(image).ok()) return;
   uint64_t offset = 0;
   while (offset + sizeof(FatbinHeader) <= image.size() &&
@@ -468,7 +503,7 @@ void FatbinKernels(absl::string_view image, std::vector<std::string>* out) {
     const auto header = ReadAt<FatbinHeader>(image, offset);
     const absl::string_view area = image.substr(offset + header.header_size, header.fat_size);
     uint64_t at = 0;
-    while (at + sizeof(FatbinEntryHeader) <= area.size()) {
+    while (at + sizeof(FatbinEntryHeader) <= area.size() && !out->full()) {
       const auto entry = ReadAt<FatbinEntryHeader>(area, at);
       if (entry.header_size < sizeof(FatbinEntryHeader)) break;  // the zero padding
       const absl::string_view payload = area.substr(at + entry.header_size, entry.payload_size);
@@ -509,10 +544,12 @@ absl::string_view ImageKindName(ImageKind kind) {
 }
 
 std::vector<std::string> ListKernels(absl::string_view image, TestDoubleImages test_images) {
-  std::vector<std::string> names;
+  // Once each, in the order first found (a fatbin holds each kernel once
+  // per architecture).
+  KernelNames names;
   if (test_images == TestDoubleImages::kAccept && absl::StartsWith(image, kTestDoubleMagic)) {
     for (absl::string_view line : absl::StrSplit(image.substr(kTestDoubleMagic.size()), '\n')) {
-      if (!line.empty()) names.emplace_back(line);
+      names.Add(line);
     }
   } else if (HasElfMagic(image)) {
     ElfKernels(image, &names);
@@ -521,14 +558,7 @@ std::vector<std::string> ListKernels(absl::string_view image, TestDoubleImages t
   } else if (CheckPtx(image).ok()) {
     PtxKernels(image, &names);
   }
-  // Once each, in the order first found (a fatbin holds each kernel once
-  // per architecture).
-  absl::flat_hash_set<std::string> seen;
-  std::vector<std::string> unique;
-  for (std::string& name : names) {
-    if (seen.insert(name).second) unique.push_back(std::move(name));
-  }
-  return unique;
+  return names.Take();
 }
 
 absl::Status CheckModuleImage(absl::string_view image, ImageKind kind, absl::string_view what,

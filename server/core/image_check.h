@@ -77,7 +77,9 @@ absl::string_view ImageKindName(ImageKind kind);
 // the names its .entry directives declare; a fatbin: those of its
 // uncompressed ELF and PTX entries (a compressed entry's are not read). The
 // test double's images (with kAccept): the names they hold. Empty for an
-// image that fails CheckModuleImage or names none.
+// image that fails CheckModuleImage or names none. At most 4096 names, each
+// printable ASCII of at most 1024 bytes (others are left out); the cost is
+// that of CheckModuleImage, so call it once per image (ModuleImage::kernels).
 std::vector<std::string> ListKernels(absl::string_view image, TestDoubleImages test_images);
 
 }  // namespace gpuexec::core

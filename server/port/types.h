@@ -107,6 +107,10 @@ struct ModuleImage {
   std::string sha256;
   std::string bytes;
   bool is_ptx = false;
+  // The kernel names the bytes define (core::ListKernels), read once when
+  // the image is stored: listed by LoadModule and by a GetFunction that
+  // names none of them.
+  std::vector<std::string> kernels;
 };
 
 struct KernelInfo {
