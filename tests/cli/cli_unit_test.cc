@@ -17,6 +17,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/command_line.h"
+#include "cli/failure.h"
 #include "cli/module_file.h"
 #include "cli/output.h"
 #include "gmock/gmock.h"
@@ -402,6 +403,17 @@ TEST(ParsePrintTest, TypeAndCount) {
   const Outcome r = RunCli({"run", "k.cubin", "k", "--grid=1", "--block=1", "--print=float"});
   EXPECT_EQ(r.exit_code, kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("run: --print: 'float': expected TYPE[:N]"));
+}
+
+// A daemon's message, or a kernel name read from a file, reaches the
+// terminal with every byte that is not printable ASCII escaped.
+TEST(PrintableTest, ControlAndHighBytesAreEscapedAndTheTextCut) {
+  EXPECT_EQ(Printable("kernel 'saxpy'"), "kernel 'saxpy'");
+  EXPECT_EQ(Printable("a\x1b]0;owned\x07\n\xe2\x80\xae"),
+            "a\\x1b]0;owned\\x07\\x0a\\xe2\\x80\\xae");
+  EXPECT_EQ(Printable(std::string(10, 'x'), 4), "xxxx...");
+  const Failure f = Failed("run k", absl::AbortedError("\x1b[2Jgone"));
+  EXPECT_EQ(f.message, "run k: ABORTED: \\x1b[2Jgone");
 }
 
 }  // namespace

@@ -64,7 +64,7 @@ std::optional<Failure> ListKernels(const std::string& file) {
     return FailedLocally(absl::StrCat("info ", file, ": no kernels found in this ", kind,
                                       "; if it is one, name a kernel: gpuexec info FILE KERNEL"));
   }
-  for (const std::string& name : *names) std::printf("%s\n", name.c_str());
+  for (const std::string& name : *names) std::printf("%s\n", Printable(name, 1024).c_str());
   return std::nullopt;
 }
 
