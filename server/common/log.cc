@@ -147,6 +147,12 @@ std::string CauseOf(absl::string_view error) {
   return absl::StrCat("the TLS handshake failed: ", ReasonOf(error));
 }
 
+// Two budgets: failed handshakes come from anyone who reaches the port, with
+// no credentials, and must not use up the lines of gRPC's own errors.
+LineBudget& HandshakeBudget() {
+  static LineBudget* budget = new LineBudget(5, 20);  // never destroyed: gRPC logs at exit
+  return *budget;
+}
 LineBudget& GrpcBudget() {
   static LineBudget* budget = new LineBudget(5, 20);  // never destroyed: gRPC logs at exit
   return *budget;
@@ -194,7 +200,7 @@ void WriteGrpcLine(const GrpcLine& g, bool handshake_details_follow, bool operat
   uint64_t left_out = 0;
   if (h.is_handshake_line) {
     if (!h.line.empty() && GetLevel() <= Level::kWarning &&
-        GrpcBudget().Take(absl::Now(), &left_out)) {
+        HandshakeBudget().Take(absl::Now(), &left_out)) {
       Write(Level::kWarning, absl::StrCat(h.line, LeftOut(left_out)));
     }
     return;

@@ -88,6 +88,10 @@ TEST(VersionWarning, BoundsAndEscapesTheDaemonsText) {
   EXPECT_THAT(told, HasSubstr("reports version \"\\x01yyy"));
   EXPECT_THAT(told, HasSubstr("...\" (not MAJOR.MINOR.PATCH)"));
   EXPECT_LT(told.size(), 400u);
+
+  // A right-to-left override (U+202E) or a C1 control in UTF-8: escaped too.
+  const std::string bidi = VersionWarning("host:50051", "0.2.0\xe2\x80\xae", "0.1.0");
+  EXPECT_THAT(bidi, HasSubstr("0.2.0\\xe2\\x80\\xae"));
 }
 
 }  // namespace

@@ -133,7 +133,7 @@ std::string Printable(absl::string_view text, size_t max) {
   std::string out;
   for (const char c : text.substr(0, max)) {
     const unsigned char u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
+    if (u < 0x20 || u >= 0x7f) {  // controls, and bytes of C1 controls or bidi marks
       absl::StrAppendFormat(&out, "\\x%02x", u);
     } else {
       out.push_back(c);
