@@ -30,6 +30,8 @@ constexpr uint8_t kAttrRegcount = 0x2f;
 constexpr size_t kFatbinHeaderBytes = 16;
 constexpr size_t kFatbinEntryHeaderBytes = 64;
 constexpr size_t kMaxParams = 4096;
+constexpr size_t kMaxNameBytes = 4096;
+constexpr size_t kMaxKernels = 4096;
 
 // A bounded view: reads past its end fail instead of happening.
 class Bytes {
@@ -52,9 +54,12 @@ class Bytes {
     return true;
   }
   // The NUL-terminated string at `offset`, which must end inside the view.
+  // Names longer than kMaxNameBytes are refused too: a hostile image may
+  // point thousands of symbols or sections at one long name.
   bool String(uint64_t offset, std::string* out) const {
     if (offset >= size_) return false;
-    const void* nul = std::memchr(data_ + offset, '\0', size_ - offset);
+    const size_t span = static_cast<size_t>(std::min<uint64_t>(size_ - offset, kMaxNameBytes + 1));
+    const void* nul = std::memchr(data_ + offset, '\0', span);
     if (nul == nullptr) return false;
     out->assign(reinterpret_cast<const char*>(data_ + offset),
                 static_cast<const uint8_t*>(nul) - (data_ + offset));
@@ -194,14 +199,16 @@ bool ReadCubin(const Bytes& image, std::vector<ImageKernel>* kernels, std::strin
   }
   for (uint16_t i = 0; i < shnum; ++i) {
     if (!names.String(name_offsets[i], &sections[i].name)) {
-      return Fail(error, "cubin: the name of section " + Num(i) +
-                             " does not end inside the section name table");
+      return Fail(error, "cubin: the name of section " + Num(i) + " is not a name of at most " +
+                             Num(kMaxNameBytes) + " bytes inside the section name table");
     }
   }
   std::vector<std::string> order;
   std::set<std::string> seen;
   auto add = [&](const std::string& name) {
-    if (!name.empty() && seen.insert(name).second) order.push_back(name);
+    if (!name.empty() && order.size() < kMaxKernels && seen.insert(name).second) {
+      order.push_back(name);
+    }
   };
   const std::string text = ".text.";
   for (const Section& s : sections) {
@@ -226,7 +233,8 @@ bool ReadCubin(const Bytes& image, std::vector<ImageKernel>* kernels, std::strin
       std::string name;
       if (!strings.String(name_offset, &name)) {
         return Fail(error, "cubin: symbol " + Num(at / kSymbolBytes) + " of section " + Num(i) +
-                               " has a name outside its string table");
+                               " has no name of at most " + Num(kMaxNameBytes) +
+                               " bytes inside its string table");
       }
       add(name);
     }
@@ -234,8 +242,11 @@ bool ReadCubin(const Bytes& image, std::vector<ImageKernel>* kernels, std::strin
   // Registers per thread: EIATTR_REGCOUNT records of the global .nv.info,
   // each naming its kernel by the symbol index of the first symbol table.
   std::map<std::string, int> registers;
+  bool registers_read = false;
   for (const Section& s : sections) {
     if (s.name != ".nv.info" || s.type == kShtNobits) continue;
+    if (registers_read) break;  // the first such section only
+    registers_read = true;
     const Section* symtab = nullptr;
     for (const Section& t : sections) {
       if (t.type == kShtSymtab) {
@@ -266,14 +277,21 @@ bool ReadCubin(const Bytes& image, std::vector<ImageKernel>* kernels, std::strin
     }
   }
   kernels->clear();
+  // Each kernel's .nv.info.<name>, found by one lookup, not a pass over
+  // every section per kernel.
+  std::multimap<std::string, const Section*> by_name;
+  for (const Section& s : sections) {
+    if (s.type != kShtNobits && s.name.compare(0, 9, ".nv.info.") == 0) {
+      by_name.emplace(s.name.substr(9), &s);
+    }
+  }
   for (const std::string& name : order) {
     ImageKernel k;
     k.name = name;
     if (auto it = registers.find(name); it != registers.end()) k.registers = it->second;
-    for (const Section& s : sections) {
-      if (s.name != ".nv.info." + name || s.type == kShtNobits) continue;
+    for (auto [it, end] = by_name.equal_range(name); it != end; ++it) {
       Bytes info(nullptr, 0);
-      image.Sub(s.offset, s.size, &info);
+      image.Sub(it->second->offset, it->second->size, &info);
       if (!ReadNvInfo(info, name, &k.params, error)) return false;
     }
     kernels->push_back(std::move(k));
