@@ -27,7 +27,10 @@ echo "bundle: $(basename "$tarball"), $(du -sh "$root" | cut -f1) unpacked"
 for p in gpuexecd gpuexec; do
   bin="$root/bin/$p"
   [[ -x $bin ]] || fail "bin/$p is missing"
-  readelf -d "$bin" | grep -q 'RPATH.*\$ORIGIN/../lib' || fail "bin/$p has no \$ORIGIN/../lib rpath"
+  # grep reads all of readelf's output (no -q): under pipefail, a grep that
+  # quits at the first match can end readelf with SIGPIPE and fail the check.
+  readelf -d "$bin" | grep 'RPATH.*\$ORIGIN/../lib' >/dev/null ||
+    fail "bin/$p has no \$ORIGIN/../lib rpath"
   # Every library resolves inside the bundle, except the C library's own.
   env -i "$(command -v ldd)" "$bin" >"$work/ldd" || fail "ldd $p"
   if grep -q "not found" "$work/ldd"; then cat "$work/ldd"; fail "bin/$p: a library is missing"; fi
