@@ -28,8 +28,10 @@ _os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw, u8, u16, u32,
                     u64)
-from ._client import (Buffer, Client, Device, Function, FunctionAttributes, Module, Param,
-                      Session, connect)
+from ._buffer import Buffer
+from ._client import Client, Device, Session
+from ._function import Function, FunctionAttributes, Module, Param
+from ._open import connect
 from ._errors import Error
 from ._host_memory import HostMemory
 from ._pool import Pool, PoolDaemon

@@ -38,6 +38,7 @@ import weakref
 
 import grpc
 
+from ._bytes import _numpy
 from ._errors import Error, client_error
 from .v1 import gpuexec_pb2 as pb
 
@@ -412,7 +413,6 @@ class HostMemory:
     def array(self, shape=None, dtype="uint8", *, offset=0):
         """A numpy array of ``dtype`` and ``shape`` over the memory from
         ``offset``; shape None: as many items as fit. Needs numpy."""
-        from ._client import _numpy  # pylint: disable=import-outside-toplevel
         np = _numpy()
         self._check("an array")
         dtype = np.dtype(dtype)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from ._client import open_client
 from ._errors import Error, client_error
 
 SCHEME = "pool://"
@@ -102,8 +103,7 @@ class Pool:
 
     def __init__(self, target, *, choices=3, probe_timeout=0.5, resolve_every=10.0,
                  timeout=10.0, channel_options=(), **connect_options):
-        from ._client import connect  # pylint: disable=import-outside-toplevel
-        self._connect = connect
+        self._connect = open_client
         self._names = parse_pool(target)
         if not isinstance(choices, int) or choices < 1:
             raise client_error(f"choices is {choices!r}; at least 1")

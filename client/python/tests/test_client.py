@@ -104,7 +104,7 @@ def test_read_into_fills_what_it_is_given(session):
 
 
 def test_read_responses_are_parsed_whole():
-    parse = gpuexec._client._parse_read_response
+    parse = gpuexec._bytes._parse_read_response
     offset, data = parse(b"\x08\x05\x12\x03abc\x19" + bytes(8))  # and an unknown 64-bit field
     assert offset == 5 and bytes(data) == b"abc"
     for truncated in (b"\x08\x05\x19\x01", b"\x12\x05ab", b"\x08\x80"):
