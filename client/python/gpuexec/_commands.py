@@ -268,6 +268,28 @@ def opener(channel, plain_channel=None, metadata=None):
     return (lambda: _IteratorCall(multicallable)), "iterator"
 
 
+class Later:
+    """The answer to come of a command queued with CommandStream.submit_later."""
+
+    __slots__ = ("_stream", "_id", "_answer")
+
+    def __init__(self, stream, command_id):
+        self._stream = stream
+        self._id = command_id
+        self._answer = None
+
+    def result(self):
+        """The command's CommandResult, once answered; raises its error."""
+        if self._answer is None:
+            try:
+                self._answer = self._stream._result_of(self._id)
+            except Error as e:
+                self._answer = e
+        if isinstance(self._answer, Error):
+            raise self._answer
+        return self._answer
+
+
 class CommandStream:
     """The Execute call of one session, opened on first use (and again after
     one breaks). Thread-safe."""
@@ -328,6 +350,38 @@ class CommandStream:
             deferred, self._deferred = self._deferred, None
         if deferred is not None:
             raise deferred
+        if isinstance(answer, Error):
+            raise answer
+        if answer.code != 0:
+            raise _error_of(answer)
+        return answer
+
+    def submit_later(self, op):
+        """Queues a command whose answer is wanted, without waiting for it:
+        returns a Later whose ``result()`` waits for the answer (the
+        CommandResult, or raises its error). Earlier commands' failures are
+        raised by the session's next waiting call, not by this one."""
+        with self._cond:
+            self._open_locked()
+            command_id = self._next_id
+            self._next_id += 1
+            self._awaited[command_id] = None
+            self._pending.append(_wire.command_field(command_id, True, op))
+            self._last_unwaited = command_id
+            if not self._sending:
+                self._flush_locked()
+        return Later(self, command_id)
+
+    def _result_of(self, command_id):
+        with self._cond:
+            self._waiters += 1
+            try:
+                answer = self._await_locked(command_id)
+            finally:
+                self._waiters -= 1
+                self._awaited.pop(command_id, None)
+                if self._sending and not self._polling:
+                    self._wake_pump_locked()
         if isinstance(answer, Error):
             raise answer
         if answer.code != 0:

@@ -152,6 +152,13 @@ def release_region_op(region):
     return field_bytes(b"\x52", pb.ReleaseRegionRequest(region=region).SerializeToString())
 
 
+def memset_op(buffer, offset, size, value):
+    """A Command's ``memset`` field (number 7): ``size`` bytes of ``buffer``
+    from ``offset`` set to the byte ``value``."""
+    request = pb.MemsetRequest(buffer=buffer, offset=offset, size=size, value=value)
+    return field_bytes(b"\x3a", request.SerializeToString())
+
+
 SYNCHRONIZE_OP = b"\x22\x00"  # Command.synchronize, an empty SynchronizeRequest
 BARRIER_OP = b""  # a Command with no operation
 
