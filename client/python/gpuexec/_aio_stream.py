@@ -29,6 +29,7 @@ import collections
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Union
 
 import grpc
+import grpc.aio
 
 from . import _wire
 from ._commands import MAX_COMMANDS_PER_MESSAGE, MAX_MESSAGE_BYTES, MAX_QUEUED, METHOD
@@ -68,8 +69,10 @@ class AsyncCommandStream:
     """The queue and Execute call of one asyncio session. Not thread-safe:
     all of its calls run on the event loop that made it."""
 
-    def __init__(self, open_call: Callable[[], Any], token: str, target: Optional[str]) -> None:
+    def __init__(self, open_call: Callable[[], Any], token: str, target: Optional[str],
+                 check_client: Callable[[], None]) -> None:
         self._open_call = open_call  # a new Execute call (grpc.aio StreamStreamCall)
+        self._check_client = check_client  # raises once the client is closed
         self._token = token
         self._target = target
         self._loop = asyncio.get_running_loop()
@@ -173,6 +176,7 @@ class AsyncCommandStream:
         self._awaited.clear()
 
     def _check_open(self) -> None:
+        self._check_client()
         if self._closed:
             raise Error(grpc.StatusCode.FAILED_PRECONDITION,
                         f"gpuexec client: session {short_token(self._token)} was closed by "
@@ -280,7 +284,7 @@ class AsyncCommandStream:
         if self._call is None:
             try:
                 self._call = self._open_call()
-            except (ValueError, RuntimeError) as e:  # a closed channel
+            except (ValueError, RuntimeError, grpc.aio.UsageError) as e:  # a closed channel
                 raise Error(grpc.StatusCode.FAILED_PRECONDITION,
                             f"gpuexec client: cannot open the session's command stream: {e}") \
                     from None
@@ -299,7 +303,9 @@ class AsyncCommandStream:
             code = await call.code()
             details = await call.details()
         except asyncio.CancelledError:
-            code, details = grpc.StatusCode.CANCELLED, "the command stream was closed"
+            code, details = grpc.StatusCode.CANCELLED, ("gpuexec client: the session's command "
+                                                        "stream was closed with its session "
+                                                        "or client")
         except grpc.RpcError as e:
             code, details = e.code() or grpc.StatusCode.UNKNOWN, e.details() or ""
         self._broken(call, code, details)

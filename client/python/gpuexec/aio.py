@@ -219,9 +219,21 @@ class AsyncClient:
             response_deserializer=None)
         self._open_execute = execute_opener(channel, metadata)
         self._check_version = DaemonVersionCheck()
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<gpuexec.aio.AsyncClient {self.target}>"
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise client_error(f"the client of {self.target[:256]} was closed by close(): "
+                               "connect again (its sessions stay open on the daemon until "
+                               "their lease lapses)", grpc.StatusCode.FAILED_PRECONDITION)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -230,10 +242,14 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Closes the channel; calls still running fail with CANCELLED."""
+        """Closes the channel; calls still running fail with CANCELLED.
+        Its sessions stay open on the daemon until their lease lapses:
+        close them first (``async with``)."""
+        self._closed = True
         await self.channel.close()
 
     async def _call(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
+        self._check_open()
         try:
             return await method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -289,7 +305,8 @@ class AsyncSession:
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0  # 0: no limit
         self._closed = False
         self._fate = SessionFate(self.token)
-        self._stream = AsyncCommandStream(client._open_execute, self.token, client.target)
+        self._stream = AsyncCommandStream(client._open_execute, self.token, client.target,
+                                          client._check_open)
 
     def __repr__(self) -> str:
         return f"<gpuexec.aio.AsyncSession {short_token(self.token)} on device {self.device}>"
@@ -417,6 +434,7 @@ class AsyncSession:
         Sends the image's SHA-256 alone first and uploads the bytes only when
         the daemon does not hold them yet. ``kind`` ("cubin", "ptx",
         "fatbin") is taken from the file name or the image when not given."""
+        self.client._check_open()
         path = None
         loop = asyncio.get_running_loop()
         if isinstance(source, (str, os.PathLike)):

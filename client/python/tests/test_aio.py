@@ -14,6 +14,12 @@ import pytest
 
 import gpuexec
 import gpuexec.aio
+# The fixtures of test_auth.py: a CA and certificates, a daemon on TLS with
+# tenants.
+import test_auth
+
+pki = test_auth.pki
+tls_daemon = test_auth.tls_daemon
 
 HINT = "(set the target with connect(target) or $GPUEXEC_TARGET)"
 
@@ -251,4 +257,79 @@ def test_what_the_client_refuses_before_any_call(daemon):
             with pytest.raises(gpuexec.Error) as shape:
                 await s.empty((2, -1))
             assert "shape" in shape.value.message
+    asyncio.run(main())
+
+
+def test_a_cancelled_call_leaves_the_session_in_order(daemon):
+    n = 64
+
+    async def main():
+        async with gpuexec.aio.connect(daemon.target) as client, client.session() as s:
+            x = await s.upload(np.ones(n, dtype=np.float32))
+            y = await s.zeros(n, np.float32)
+            saxpy = await _saxpy(s, daemon.cubin)
+            await saxpy.launch_async(1, 64, 1.0, x, y, n)
+            # A read cancelled while it waits for its turn, another after it.
+            cancelled = asyncio.ensure_future(y.get())
+            later = asyncio.ensure_future(y.get())
+            await asyncio.sleep(0)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            np.testing.assert_array_equal(await later, np.ones(n, np.float32))
+            await saxpy.launch_async(1, 64, 1.0, x, y, n)
+            np.testing.assert_array_equal(await y.get(), np.full(n, 2.0, np.float32))
+    asyncio.run(main())
+
+
+def test_calls_after_the_client_closed_say_so(daemon):
+    async def main():
+        client = await gpuexec.aio.connect(daemon.target)
+        s = await client.session()
+        b = await s.upload(b"abcd")
+        await s.close()
+        s = await client.session()
+        b = await s.upload(b"abcd")
+        await client.close()
+        assert client.closed
+        for call in (s.synchronize, b.read, client.devices, lambda: s.load_module(b"x"),
+                     s.close):
+            with pytest.raises(gpuexec.Error) as e:
+                await call()
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION, e.value
+            assert e.value.message == (
+                f"gpuexec client: the client of {daemon.target} was closed by close(): "
+                "connect again (its sessions stay open on the daemon until their lease "
+                "lapses)")
+    asyncio.run(main())
+
+
+def test_token_and_tls_as_gpuexec_connect(daemon, tls_daemon, pki):
+    n = 1 << 17  # Write and Read in several chunks
+
+    async def main():
+        x = np.arange(n, dtype=np.float32)
+        async with gpuexec.aio.connect(tls_daemon.target, token=pki.token_a,
+                                       root_ca=pki.ca, chunk_bytes=64 << 10) as client:
+            assert (await client.devices())[0].healthy
+            async with client.session() as s:
+                # Every kind of call carries the token: unary, the module
+                # load, Write, Read and the command stream.
+                saxpy = await _saxpy(s, daemon.cubin)
+                xb, yb = await s.upload(x), await s.zeros(n)
+                await saxpy.launch_async((n + 255) // 256, 256, 2.0, xb, yb, n)
+                np.testing.assert_array_equal(await yb.get(), 2.0 * x)
+        async with gpuexec.aio.connect(tls_daemon.target, root_ca=pki.ca) as client:
+            with pytest.raises(gpuexec.Error) as e:
+                await client.session()
+            assert e.value.code == grpc.StatusCode.UNAUTHENTICATED, e.value
+        with pytest.raises(gpuexec.Error) as e:
+            await gpuexec.aio.connect(tls_daemon.target, root_ca=pki.rogue_ca, timeout=30)
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE, e.value
+        assert e.value.message.startswith(
+            f"gpuexec: cannot connect to {tls_daemon.target}: TLS: the daemon's certificate "
+            "is not signed by the CA given"), e.value
+        with pytest.raises(gpuexec.Error) as e:
+            await gpuexec.aio.connect(tls_daemon.target, timeout=30)
+        assert "the daemon speaks TLS, and this client plain TCP" in e.value.message, e.value
     asyncio.run(main())
