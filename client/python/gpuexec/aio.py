@@ -384,10 +384,15 @@ class AsyncSession:
 
     async def alloc(self, nbytes: int, *, dtype: Any = None,
                     shape: Optional[Shape] = None) -> AsyncBuffer:
-        """``nbytes`` of device memory (contents undefined); ``dtype`` and
-        ``shape``, if given, are what get() returns."""
+        """``nbytes`` of device memory (contents undefined). get() returns
+        it as a numpy array of ``dtype`` (default uint8) and ``shape``
+        (default: flat, as many elements as fit)."""
         nbytes = int(nbytes)
         dims = None if shape is None else _shape_of(shape)
+        if dtype is not None:
+            dtype = _numpy().dtype(dtype)
+            if dims is None:
+                dims = (nbytes // dtype.itemsize,)
         result = await self._command(pb.Command(
             allocate=pb.AllocateRequest(size=nbytes)).SerializeToString())
         return AsyncBuffer(self, result.allocate.buffer, result.allocate.size, dtype, dims)

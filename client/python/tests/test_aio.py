@@ -85,6 +85,10 @@ def test_buffers_write_read_memset_zeros_free(daemon):
             assert got.shape == (4, 8) and got.dtype == np.int32 and not got.any()
             empty = await s.empty(3, np.float64)
             assert (empty.shape, empty.nbytes) == ((3,), 24)
+            typed = await s.alloc(18, dtype="float32")  # as many as fit
+            assert (typed.shape, typed.dtype) == ((4,), np.float32)
+            await typed.write(np.arange(4, dtype=np.float32))
+            np.testing.assert_array_equal(await typed.get(), np.arange(4, dtype=np.float32))
             await raw.free()
             with pytest.raises(gpuexec.Error) as e:
                 await raw.read()
