@@ -21,6 +21,8 @@ daemon may be starting; a target that never answers at all (no failure
 seen) is reported as such once ``timeout`` has passed.
 """
 
+from __future__ import annotations
+
 import contextlib
 import errno
 import os
@@ -29,10 +31,15 @@ import ssl
 import stat
 import threading
 import time
+from typing import Any, Optional, Tuple, Union, cast
 
 import grpc
 
+from ._channel import ChannelOptions, Recipe
 from ._errors import Error
+
+# ("unix", path) or ("tcp", host, port).
+Address = Union[Tuple[str, str], Tuple[str, str, int]]
 
 # How long a probe may take (a TCP connect, a TLS handshake, an answer).
 PROBE_S = 2.0
@@ -49,12 +56,13 @@ _HOSTNAME_MISMATCH = {62, 64}
 _EXPIRED = {9, 10}
 
 
-def unavailable(target, cause):
+def unavailable(target: str, cause: str) -> Error:
     """The Error connect raises: one line, the target, the cause, what to do."""
     return Error(grpc.StatusCode.UNAVAILABLE, f"gpuexec: cannot connect to {target}: {cause}")
 
 
-def wait_ready(channel, recipe, target, timeout, options=()):
+def wait_ready(channel: Any, recipe: Recipe, target: str, timeout: float,
+               options: ChannelOptions = ()) -> None:
     """Returns once ``channel`` is ready; raises ``unavailable`` at once
     when a probe after a failed attempt explains the failure, else once
     ``timeout`` seconds have passed."""
@@ -62,7 +70,7 @@ def wait_ready(channel, recipe, target, timeout, options=()):
     woken = threading.Event()
     failed = threading.Event()
 
-    def watch(state):
+    def watch(state: Any) -> None:
         if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
             failed.set()
             woken.set()
@@ -100,7 +108,8 @@ def wait_ready(channel, recipe, target, timeout, options=()):
     raise unavailable(target, f"no connection within {timeout:g} s{hint}")
 
 
-def diagnose(recipe, target, options=(), budget=PROBE_S):
+def diagnose(recipe: Recipe, target: str, options: ChannelOptions = (),
+             budget: float = PROBE_S) -> Optional[str]:
     """Why ``target`` takes no connection, in words with what to do, or None
     when a probe finds nothing wrong (or cannot look)."""
     address = parse_target(target)
@@ -108,7 +117,7 @@ def diagnose(recipe, target, options=(), budget=PROBE_S):
         return None
     if address[0] == "unix":
         return _unix_cause(address[1])
-    host, port = address[1], address[2]
+    _, host, port = cast(Tuple[str, str, int], address)
     try:
         sock = socket.create_connection((host, port), timeout=budget)
     except OSError as e:
@@ -119,7 +128,7 @@ def diagnose(recipe, target, options=(), budget=PROBE_S):
         return _plain_cause(sock, host, budget)
 
 
-def parse_target(target):
+def parse_target(target: str) -> Optional[Address]:
     """("unix", path) or ("tcp", host, port) for ``target``; None for a form
     this module does not probe (an abstract socket, a name without a port)."""
     t = target
@@ -149,14 +158,14 @@ def parse_target(target):
     return ("tcp", host, int(port))
 
 
-def _server_name(host, options):
+def _server_name(host: str, options: ChannelOptions) -> str:
     for key, value in options:
         if key == "grpc.ssl_target_name_override":
             return value
     return host
 
 
-def _unix_cause(path):
+def _unix_cause(path: str) -> Optional[str]:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -181,7 +190,7 @@ def _unix_cause(path):
     return None
 
 
-def _connect_cause(e):
+def _connect_cause(e: OSError) -> Optional[str]:
     if isinstance(e, ConnectionRefusedError):
         return f"connection refused: is gpuexecd running? {HINT_TARGET}"
     if isinstance(e, socket.timeout):
@@ -191,11 +200,11 @@ def _connect_cause(e):
     return f"{_words(e)} {HINT_TARGET}"
 
 
-def _words(e):
+def _words(e: OSError) -> str:
     return (e.strerror or errno.errorcode.get(e.errno, str(e))).lower()
 
 
-def _plain_cause(sock, host, budget):
+def _plain_cause(sock: socket.socket, host: str, budget: float) -> Optional[str]:
     """A daemon that answers a plain TCP client's HTTP/2 start with TLS, or
     that completes a TLS handshake, speaks TLS."""
     sock.settimeout(budget)
@@ -227,11 +236,12 @@ def _plain_cause(sock, host, budget):
     return _speaks_tls()
 
 
-def _speaks_tls():
+def _speaks_tls() -> str:
     return f"the daemon speaks TLS, and this client plain TCP: {HINT_CA}"
 
 
-def _tls_cause(sock, recipe, server_name, budget):
+def _tls_cause(sock: socket.socket, recipe: Recipe, server_name: str,
+               budget: float) -> Optional[str]:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.set_alpn_protocols(["h2"])
     if recipe.root_ca_pem is not None:
@@ -282,14 +292,14 @@ def _tls_cause(sock, recipe, server_name, budget):
     return _client_cert_cause(with_cert)
 
 
-def _client_cert_cause(with_cert):
+def _client_cert_cause(with_cert: bool) -> str:
     if not with_cert:
         return f"TLS: the daemon wants a client certificate (mutual TLS): {HINT_CERT}"
     return ("TLS: the daemon refused this client's certificate: give one signed by a CA the "
             "daemon trusts (its --tls_client_ca)")
 
 
-def _alert_cause(e, with_cert):
+def _alert_cause(e: ssl.SSLError, with_cert: bool) -> Optional[str]:
     """The cause a TLS alert gives, where a daemon sends one."""
     reason = (e.reason or "").upper()
     if ("CERTIFICATE_REQUIRED" in reason or "HANDSHAKE_FAILURE" in reason) and not with_cert:
@@ -300,7 +310,7 @@ def _alert_cause(e, with_cert):
     return None
 
 
-def _not_tls_cause(e):
+def _not_tls_cause(e: ssl.SSLError) -> Optional[str]:
     reason = (e.reason or "").upper()
     if "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER" in reason or "PACKET_LENGTH" in reason:
         return ("TLS: the daemon speaks plain TCP, not TLS: connect without root_ca and "
@@ -308,15 +318,17 @@ def _not_tls_cause(e):
     return None
 
 
-def _load_client_cert(ctx, recipe):
+def _load_client_cert(ctx: ssl.SSLContext, recipe: Recipe) -> Optional[bool]:
     """Loads the recipe's client certificate into ``ctx``: True, False (none
     given), or None when it cannot be loaded here. ``ssl`` reads files only:
     PEM bytes go through an anonymous memory file (Linux), never to disk."""
     if recipe.cert_pem is None:
         return False
+    if recipe.key_pem is None:  # a Recipe has both or neither
+        return None
     if not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
         return None
-    fds = []
+    fds: list[int] = []
     try:
         for data in (recipe.cert_pem, recipe.key_pem):
             fd = os.memfd_create("gpuexec-probe", getattr(os, "MFD_CLOEXEC", 0))

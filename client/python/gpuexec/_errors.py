@@ -1,6 +1,9 @@
 """The one exception type of the package."""
 
+from __future__ import annotations
+
 import re
+from typing import Any
 
 import grpc
 
@@ -14,18 +17,18 @@ class Error(Exception):
     with ``gpuexec client:``.
     """
 
-    def __init__(self, code, message):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
+        self.code: grpc.StatusCode = code
+        self.message: str = message
 
 
-def client_error(message, code=grpc.StatusCode.INVALID_ARGUMENT):
+def client_error(message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> Error:
     """An Error made here, not by the daemon."""
     return Error(code, "gpuexec client: " + message)
 
 
-def naming_daemon(code, message, daemon):
+def naming_daemon(code: grpc.StatusCode, message: str, daemon: str | None) -> str:
     """``message``, led by the daemon's address when ``code`` is UNAVAILABLE
     (the daemon is gone or unreachable: which one matters in a pool)."""
     if code == grpc.StatusCode.UNAVAILABLE and daemon and not message.startswith("daemon "):
@@ -33,7 +36,7 @@ def naming_daemon(code, message, daemon):
     return message
 
 
-def from_rpc_error(e, daemon=None):
+def from_rpc_error(e: Any, daemon: str | None = None) -> Error:
     """The Error for a grpc.RpcError (also a failed stream); an UNAVAILABLE
     one names ``daemon``, the address the call went to."""
     code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
@@ -42,7 +45,7 @@ def from_rpc_error(e, daemon=None):
     return Error(code, naming_daemon(code, details or "", daemon))
 
 
-def short_token(token):
+def short_token(token: str) -> str:
     """A session token as the daemon's messages quote it: its first 8
     characters, each not a hex digit shown as '?'."""
     return "".join(c if c in "0123456789abcdefABCDEF" else "?" for c in token[:8])
@@ -57,7 +60,7 @@ _CLOSED_BY_RESET = re.compile(r"session ([0-9a-fA-F?]{1,8}) was closed: (.+ and 
                               r"at (\d\d:\d\d:\d\d(?:\.\d+)? UTC).*)$", re.DOTALL)
 
 
-def closed_by_reset(error, short):
+def closed_by_reset(error: Error, short: str) -> tuple[str, str] | None:
     """(cause, when) when ``error`` is the daemon's NOT_FOUND for session
     ``short`` closed by a reset its kernel caused: the daemon's words after
     "was closed: " and the reset's time of day; else None."""
@@ -82,12 +85,12 @@ class SessionFate:
     its earlier failure: <the daemon's cause>".
     """
 
-    def __init__(self, token):
+    def __init__(self, token: str) -> None:
         self.short = short_token(token)
-        self.aborted = None  # the first ABORTED a call of the session raised
+        self.aborted: Error | None = None  # the first ABORTED a call of the session raised
         self.told = False  # whether the reset that ended the session was raised
 
-    def failed(self, e):
+    def failed(self, e: Error) -> Error:
         """The error to raise for ``e``, a failure of one of the session's calls."""
         if e.code == grpc.StatusCode.ABORTED:
             if self.aborted is None:
@@ -101,7 +104,7 @@ class SessionFate:
             return e
         return Error(e.code, f"session {self.short} was closed by its earlier failure: {cause}")
 
-    def untold(self, e):
+    def untold(self, e: Error) -> str | None:
         """The daemon's cause in ``e`` (close()'s NOT_FOUND) when it is the
         first to show the reset that ended the session: nobody was told of it
         yet; else None."""
@@ -110,7 +113,7 @@ class SessionFate:
             return None
         return reset[0]
 
-    def _learn(self, when):
+    def _learn(self, when: str) -> bool:
         """Whether the reset at ``when`` (its time of day) that ended the
         session was told already: an ABORTED of it was raised, or the
         daemon's NOT_FOUND was; from now on it has been."""

@@ -25,6 +25,8 @@ gRPC.
   lock. The memory stays mapped until then, and so cannot be reused.
 """
 
+from __future__ import annotations
+
 import bisect
 import collections
 import ctypes
@@ -35,12 +37,16 @@ import os
 import socket
 import threading
 import weakref
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
 from ._bytes import _numpy
 from ._errors import Error, client_error
 from .v1 import gpuexec_pb2 as pb
+
+if TYPE_CHECKING:
+    from ._client import Session
 
 # The protocol's granule: a region's size is a multiple of it.
 REGION_GRANULE = 4096
@@ -53,11 +59,11 @@ MAX_ECHOED_CHARS = 512
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
-_libc = None
+_libc: Optional[ctypes.CDLL] = None
 _libc_lock = threading.Lock()
 
 
-def _c():
+def _c() -> ctypes.CDLL:
     """libc's mmap and munmap, typed."""
     global _libc
     with _libc_lock:
@@ -75,7 +81,7 @@ def _c():
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _code_of_errno(error):
+def _code_of_errno(error: Optional[int]) -> grpc.StatusCode:
     if error in (errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EFBIG):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if error in (errno.EACCES, errno.EPERM):
@@ -87,22 +93,22 @@ def _code_of_errno(error):
     return grpc.StatusCode.INTERNAL
 
 
-def _os_error(e, what):
+def _os_error(e: OSError, what: str) -> Error:
     return client_error(f"{what}: {os.strerror(e.errno) if e.errno else e}",
                         _code_of_errno(e.errno))
 
 
-def _clip(text):
+def _clip(text: str) -> str:
     if len(text) <= MAX_ECHOED_CHARS:
         return text
     return text[:MAX_ECHOED_CHARS] + f"... ({len(text)} characters)"
 
 
-def round_up(nbytes):
+def round_up(nbytes: int) -> int:
     return (nbytes + REGION_GRANULE - 1) // REGION_GRANULE * REGION_GRANULE
 
 
-def make_region_fd(size):
+def make_region_fd(size: int) -> int:
     """A memfd of ``size`` bytes (a multiple of the granule), sealed as the
     daemon requires; the caller closes it."""
     what = f"a host memory region of {size} bytes"
@@ -126,7 +132,7 @@ def make_region_fd(size):
     return fd
 
 
-def map_region_fd(fd, size):
+def map_region_fd(fd: int, size: int) -> int:
     """The address of ``fd`` (``size`` bytes) mapped shared and writable."""
     address = _c().mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if address is None or address == _MAP_FAILED:
@@ -136,11 +142,12 @@ def map_region_fd(fd, size):
     return address
 
 
-def unmap(address, size):
+def unmap(address: int, size: int) -> None:
     _c().munmap(address, size)
 
 
-def register_region(path, token, fd, size, timeout):
+def register_region(path: str, token: str, fd: int, size: int,
+                    timeout: Optional[float]) -> int:
     """Registers ``fd`` (``size`` bytes) for the session ``token`` on the
     daemon's host memory socket at ``path``; returns the region's handle.
     Each step is bounded by ``timeout`` seconds (None: none). A registration
@@ -152,7 +159,7 @@ def register_region(path, token, fd, size, timeout):
                            f"socket takes at most {MAX_REGION_MESSAGE_BYTES}")
     where = f"the daemon's host memory socket {path}"
 
-    def failed(e, what):
+    def failed(e: OSError, what: str) -> Error:
         if isinstance(e, socket.timeout):
             return Error(grpc.StatusCode.DEADLINE_EXCEEDED,
                          f"gpuexec client: {what} {where}: no progress within {timeout} s")
@@ -215,7 +222,7 @@ class Mapping:
 
     __slots__ = ("address", "size", "region", "_unmap_once", "_release_once", "__weakref__")
 
-    def __init__(self, address, size, region):
+    def __init__(self, address: int, size: int, region: int) -> None:
         self.address = address
         self.size = size
         self.region = region
@@ -224,7 +231,7 @@ class Mapping:
         self._unmap_once = [True]
         self._release_once = [True]
 
-    def take_release(self):
+    def take_release(self) -> bool:
         """True the first time: the caller releases the region."""
         try:
             return self._release_once.pop()
@@ -232,14 +239,14 @@ class Mapping:
             return False
 
     @property
-    def released(self):
+    def released(self) -> bool:
         return not self._release_once
 
     @property
-    def unmapped(self):
+    def unmapped(self) -> bool:
         return not self._unmap_once
 
-    def unmap(self):
+    def unmap(self) -> None:
         try:
             self._unmap_once.pop()
         except IndexError:
@@ -247,7 +254,7 @@ class Mapping:
         unmap(self.address, self.size)
 
 
-def _gone(regions, mapping):
+def _gone(regions: HostRegions, mapping: Mapping) -> None:
     """A HostMemory's finalizer (it may run inside any call of this thread)."""
     if mapping.released:
         mapping.unmap()  # out of the lookup already
@@ -258,28 +265,28 @@ def _gone(regions, mapping):
 class HostRegions:
     """A session's live regions by address range. Thread-safe."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._starts = []  # sorted
-        self._by_start = {}  # start -> Mapping; the ranges never overlap
+        self._starts: List[int] = []  # sorted
+        self._by_start: Dict[int, Mapping] = {}  # start -> Mapping; the ranges never overlap
         # Mappings whose HostMemory went unreleased (see the module's doc).
-        self.dead = collections.deque()
+        self.dead: Deque[Mapping] = collections.deque()
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self._by_start) or bool(self.dead)
 
-    def add(self, mapping):
+    def add(self, mapping: Mapping) -> None:
         with self._lock:
             bisect.insort(self._starts, mapping.address)
             self._by_start[mapping.address] = mapping
 
-    def remove(self, mapping):
+    def remove(self, mapping: Mapping) -> None:
         with self._lock:
             if self._by_start.get(mapping.address) is mapping:
                 del self._by_start[mapping.address]
                 self._starts.pop(bisect.bisect_left(self._starts, mapping.address))
 
-    def take_all(self):
+    def take_all(self) -> List[Mapping]:
         """Empties the lookup; returns what it held."""
         with self._lock:
             mappings = list(self._by_start.values())
@@ -287,7 +294,7 @@ class HostRegions:
             self._starts.clear()
         return mappings
 
-    def find(self, address, size):
+    def find(self, address: int, size: int) -> Optional[Tuple[int, int]]:
         """(region, offset) of the region holding all of [address, address +
         size), or None (size 0 never is)."""
         if size <= 0 or not self._by_start:
@@ -303,7 +310,7 @@ class HostRegions:
         return mapping.region, offset
 
 
-def address_of(obj, view):
+def address_of(obj: Any, view: memoryview) -> Optional[int]:
     """The address of the bytes of ``obj`` (a numpy array, or else what
     ``view``, its flat byte memoryview, shows), or None when it cannot be
     told cheaply: a non-contiguous numpy array (``view`` is then a copy), a
@@ -346,7 +353,7 @@ class HostMemory:
     client's until its arrays go.
     """
 
-    def __init__(self, session, mapping):
+    def __init__(self, session: Session, mapping: Mapping) -> None:
         self.session = session
         self._mapping = mapping
         self._release_called = False
@@ -356,21 +363,21 @@ class HostMemory:
         # ctypes arrays over the memory, the bases of the arrays and views
         # handed out, by weak reference: while one lives, the memory stays
         # mapped. (ctypes arrays are not hashable: no WeakSet.)
-        self._exporters = {}
+        self._exporters: Dict[int, Any] = {}
         finalizer = weakref.finalize(self, _gone, session._regions, mapping)
         finalizer.atexit = False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = ", released" if self._mapping.released else ""
         return f"<gpuexec.HostMemory region 0x{self.region:x}, {self.size} bytes{state}>"
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.size
 
-    def __enter__(self):
+    def __enter__(self) -> HostMemory:
         return self
 
-    def __exit__(self, exc_type, *exc):
+    def __exit__(self, exc_type: Optional[type], *exc: object) -> None:
         if self._release_called:
             return
         try:
@@ -380,21 +387,21 @@ class HostMemory:
                 raise
 
     @property
-    def released(self):
+    def released(self) -> bool:
         """True once release() ran, or the session was closed."""
         return self._mapping.released
 
-    def _check(self, what):
+    def _check(self, what: str) -> None:
         if self._mapping.released:
             raise client_error(f"{what} of {self!r}: it was released before (or its session "
                                "closed)", grpc.StatusCode.FAILED_PRECONDITION)
 
-    def _exporter(self, offset, size):
-        exporter = (ctypes.c_ubyte * size).from_address(self.address + offset)
+    def _exporter(self, offset: int, size: int) -> Any:
+        exporter: Any = (ctypes.c_ubyte * size).from_address(self.address + offset)
         exporter._gpuexec_host_memory = self  # keeps this alive while arrays are
         exporters, mapping = self._exporters, self._mapping
 
-        def gone(ref):
+        def gone(ref: Any) -> None:
             # May run inside any call of this thread: takes no lock.
             exporters.pop(id(ref), None)
             if not exporters and mapping.released:
@@ -405,12 +412,13 @@ class HostMemory:
         return exporter
 
     @property
-    def view(self):
+    def view(self) -> memoryview:
         """A writable memoryview of unsigned bytes over all the memory."""
         self._check("a view")
         return memoryview(self._exporter(0, self.size)).cast("B")
 
-    def array(self, shape=None, dtype="uint8", *, offset=0):
+    def array(self, shape: Union[int, Sequence[int], None] = None, dtype: Any = "uint8", *,
+              offset: int = 0) -> Any:
         """A numpy array of ``dtype`` and ``shape`` over the memory from
         ``offset``; shape None: as many items as fit. Needs numpy."""
         np = _numpy()
@@ -438,7 +446,7 @@ class HostMemory:
         return np.frombuffer(self._exporter(offset, nbytes), dtype=dtype).reshape(shape)
 
     @staticmethod
-    def of(obj):
+    def of(obj: Any) -> Optional[HostMemory]:
         """The HostMemory that a numpy array or memoryview made by it (or a
         view of one) lies in, or None."""
         seen = 0
@@ -455,7 +463,7 @@ class HostMemory:
             seen += 1
         return None
 
-    def release(self):
+    def release(self) -> None:
         """Releases the region now (queued, see the class's doc) and unmaps
         the memory unless arrays or views over it are left. Raises the
         queueing's failure (a command stream that cannot be opened: the
@@ -475,7 +483,7 @@ class HostMemory:
         session = self.session
         # Out of the lookup first: a copy from here must not name it now.
         session._regions.remove(mapping)
-        failure = None
+        failure: Optional[Error] = None
         if not session.closed:
             try:
                 session._release_region(mapping.region)
@@ -488,7 +496,7 @@ class HostMemory:
             raise failure
 
 
-def drain(session, regions):
+def drain(session: Session, regions: HostRegions) -> None:
     """Releases the regions whose HostMemory went unreleased, then unmaps
     them (outside any lock of the session's)."""
     while True:
@@ -506,7 +514,7 @@ def drain(session, regions):
         mapping.unmap()
 
 
-def map_host_memory(session, nbytes):
+def map_host_memory(session: Session, nbytes: int) -> HostMemory:
     """Session.map_host_memory: a new region of ``session``."""
     nbytes = int(nbytes)
     if not 0 < nbytes <= MAX_REGION_BYTES:

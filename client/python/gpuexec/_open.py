@@ -1,14 +1,24 @@
 """connect(): one daemon's Client, or a Pool of daemons."""
 
-import os
+from __future__ import annotations
 
-from ._client import DEFAULT_CHUNK_BYTES, DEFAULT_TARGET, open_client
+import os
+from typing import Any, Sequence, Tuple, Union
+
+from ._client import DEFAULT_CHUNK_BYTES, DEFAULT_TARGET, Client, open_client
 from ._pool import Pool, is_pool_target
 
+# A credential: a file's path, or the PEM itself.
+PathOrPem = Union[str, "os.PathLike[str]", bytes]
 
-def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
-            control_timeout=60.0, channel_options=(), token=None, root_ca=None, cert=None,
-            key=None, tls=None, allow_token_over_plain_tcp=False, shm_socket=None):
+
+def connect(target: str | None = None, *, timeout: float = 10.0,
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES, control_timeout: float = 60.0,
+            channel_options: Sequence[Tuple[str, Any]] = (), token: str | None = None,
+            root_ca: PathOrPem | None = None, cert: PathOrPem | None = None,
+            key: PathOrPem | None = None, tls: bool | None = None,
+            allow_token_over_plain_tcp: bool = False,
+            shm_socket: str | None = None) -> Client | Pool:
     """Connects to a daemon and waits up to ``timeout`` seconds for it.
 
     ``target`` is "host:port" or "unix:/path"; by default $GPUEXEC_TARGET,
@@ -21,6 +31,8 @@ def connect(target=None, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
     A pool target, "pool://NAME:PORT" or "pool://HOST:PORT,HOST:PORT,...",
     gives a gpuexec.Pool instead (its ``session()`` places each session on
     one of the daemons; see Pool), with these options for every daemon.
+    Both are context managers with ``session()``, ``devices()`` and
+    ``close()``; code that needs one of them checks with isinstance.
 
     For a daemon with tenants:
 

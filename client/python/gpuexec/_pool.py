@@ -19,6 +19,8 @@ Over TLS each daemon's certificate must carry the DNS name its address was
 found under (a pod's certificate names the Service, not the pod's address).
 """
 
+from __future__ import annotations
+
 import concurrent.futures
 import ipaddress
 import random
@@ -26,10 +28,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
-from ._client import open_client
+from ._client import Client, Device, Session, open_client
 from ._errors import Error, client_error
 
 SCHEME = "pool://"
@@ -39,12 +42,12 @@ MAX_DAEMONS = 65536
 PROBE_THREADS = 64
 
 
-def is_pool_target(target):
+def is_pool_target(target: object) -> bool:
     """Whether ``target`` names a pool ("pool://...")."""
     return isinstance(target, str) and target.startswith(SCHEME)
 
 
-def parse_pool(target):
+def parse_pool(target: str) -> list[tuple[str, int]]:
     """[(host, port), ...] of a pool target; Error (INVALID_ARGUMENT) when
     it is malformed."""
     if not is_pool_target(target):
@@ -64,7 +67,7 @@ def parse_pool(target):
     return out
 
 
-def _is_ip(host):
+def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
         return True
@@ -72,7 +75,7 @@ def _is_ip(host):
         return False
 
 
-def _resolve(host, port):
+def _resolve(host: str, port: int) -> list[str]:
     """Every address (host, port) resolves to, as targets."""
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -91,9 +94,9 @@ def _resolve(host, port):
 @dataclass(frozen=True)
 class PoolDaemon:
     """One daemon's answer to Pool.devices()."""
-    daemon: str           # its address, as the pool reaches it
-    devices: tuple        # its Devices (empty when it did not answer)
-    error: Error = None   # why it did not answer in time; None when it did
+    daemon: str                   # its address, as the pool reaches it
+    devices: Tuple[Device, ...]   # its Devices (empty when it did not answer)
+    error: Optional[Error] = None  # why it did not answer in time; None when it did
 
 
 class Pool:
@@ -101,9 +104,11 @@ class Pool:
     every connection. ``connect`` options (token, TLS files, timeouts) apply
     to each daemon; see the module's docstring for the rest."""
 
-    def __init__(self, target, *, choices=3, probe_timeout=0.5, resolve_every=10.0,
-                 timeout=10.0, channel_options=(), **connect_options):
-        self._connect = open_client
+    def __init__(self, target: str, *, choices: int = 3, probe_timeout: float = 0.5,
+                 resolve_every: float = 10.0, timeout: float = 10.0,
+                 channel_options: Sequence[Tuple[str, Any]] = (),
+                 **connect_options: Any) -> None:
+        self._connect: Callable[..., Client] = open_client
         self._names = parse_pool(target)
         if not isinstance(choices, int) or choices < 1:
             raise client_error(f"choices is {choices!r}; at least 1")
@@ -117,30 +122,30 @@ class Pool:
         self._channel_options = tuple(channel_options)
         self._options = connect_options
         self._lock = threading.Lock()
-        self._daemons = []
-        self._server_names = {}  # address -> the DNS name it was found under
-        self._resolved_at = None
-        self._probes = {}
-        self._sessions = {}
+        self._daemons: List[str] = []
+        self._server_names: Dict[str, str] = {}  # address -> the DNS name it was found under
+        self._resolved_at: Optional[float] = None
+        self._probes: Dict[str, Client] = {}
+        self._sessions: Dict[str, Client] = {}
         self._random = random.SystemRandom()
         self._refresh()
 
-    def __enter__(self):
+    def __enter__(self) -> Pool:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<gpuexec.Pool {self.target} of {len(self.daemons)} daemon(s)>"
 
     @property
-    def daemons(self):
+    def daemons(self) -> list[str]:
         """The daemons' addresses ("10.0.0.7:50051"), as last resolved."""
         with self._lock:
             return list(self._daemons)
 
-    def close(self):
+    def close(self) -> None:
         """Closes every connection (sessions stay open until their lease
         lapses)."""
         with self._lock:
@@ -150,14 +155,16 @@ class Pool:
         for c in clients:
             c.close()
 
-    def _refresh(self):
+    def _refresh(self) -> None:
         """Resolves the names again if the last answer is old; keeps the last
         good answer when none resolves now."""
         with self._lock:
             if (self._daemons and self._resolved_at is not None
                     and time.monotonic() - self._resolved_at < self.resolve_every):
                 return
-        found, names, errors = set(), {}, []
+        found: set[str] = set()
+        names: dict[str, str] = {}
+        errors: list[str] = []
         for host, port in self._names:
             try:
                 addresses = _resolve(host, port)
@@ -187,7 +194,7 @@ class Pool:
                 for gone in [a for a in clients if a not in found]:
                     del clients[gone]
 
-    def _client(self, daemon, probe):
+    def _client(self, daemon: str, probe: bool) -> Client:
         with self._lock:
             clients = self._probes if probe else self._sessions
             if daemon in clients:
@@ -210,7 +217,7 @@ class Pool:
             clients[daemon] = client
             return client
 
-    def _probe(self, daemon):
+    def _probe(self, daemon: str) -> tuple[str, Sequence[Device], Error | None]:
         try:
             return daemon, self._client(daemon, probe=True).devices(), None
         except Error as e:
@@ -218,20 +225,22 @@ class Pool:
             # theirs (a slow answer is no reason to break them).
             return daemon, (), e
 
-    def _probe_all(self, daemons):
+    def _probe_all(self, daemons: Sequence[str]
+                   ) -> list[tuple[str, Sequence[Device], Error | None]]:
         with concurrent.futures.ThreadPoolExecutor(
                 max_workers=max(1, min(PROBE_THREADS, len(daemons)))) as pool:
             return list(pool.map(self._probe, daemons))
 
-    def devices(self):
+    def devices(self) -> list[PoolDaemon]:
         """Every daemon's devices, all asked at once: a list of PoolDaemon in
         the order of ``daemons``."""
         self._refresh()
         return [PoolDaemon(daemon=d, devices=tuple(devices), error=error)
                 for d, devices, error in self._probe_all(self.daemons)]
 
-    def session(self, *, memory_limit=0, min_compute_capability=None, lease=None,
-                kernel_time_limit=None):
+    def session(self, *, memory_limit: int = 0,
+                min_compute_capability: tuple[int, int] | None = None,
+                lease: float | None = None, kernel_time_limit: float | None = None) -> Session:
         """Places and opens a session (see the module's docstring).
 
         ``memory_limit``: the device bytes it may hold, which must be free
@@ -250,7 +259,8 @@ class Pool:
         daemons = self.daemons
         asked = self._random.sample(daemons, min(self.choices, len(daemons)))
         answers = self._probe_all(asked)
-        candidates, passed_over = [], []
+        candidates: list[tuple[str, Device]] = []
+        passed_over: list[str] = []
         unhealthy = too_old = too_full = seen = most_free = 0
         for daemon, devices, error in answers:
             if error is not None:

@@ -9,17 +9,28 @@ types and counts; the daemon checks the values against the driver's rules
 and checks that every element the map spans lies inside the buffer.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple, Union
+
 from . import _wire
 from ._args import Arg
 from ._errors import client_error
 from .v1 import gpuexec_pb2 as pb
 
+if TYPE_CHECKING:
+    from ._buffer import Buffer
+
 _TM = pb.TensorMapArg
+
+# An option's value: a name ("128b", "SWIZZLE_128B"), a byte count, or None
+# for the default.
+Option = Union[str, int, None]
 
 # Accepted spellings of each data type (lower case) -> TensorMapArg.DataType
 # name. int8 and int16 travel as their unsigned types, as Triton passes
 # them: a TMA copy moves bits.
-_DATA_TYPES = {}
+_DATA_TYPES: Dict[str, str] = {}
 for _name, _aliases in {
         "UINT8": ("uint8", "u8", "int8", "i8"),
         "UINT16": ("uint16", "u16", "int16", "i16"),
@@ -46,7 +57,7 @@ ELEMENT_BYTES = {"UINT8": 1, "UINT16": 2, "UINT32": 4, "INT32": 4, "UINT64": 8, 
 
 # Each option's accepted values (lower case; None means the first) -> its
 # enum value. Byte counts are accepted as ints too.
-_OPTIONS = {
+_OPTIONS: Dict[str, Dict[Union[str, int], int]] = {
     "interleave": {"none": _TM.INTERLEAVE_NONE, "16b": _TM.INTERLEAVE_16B,
                    "32b": _TM.INTERLEAVE_32B, 0: _TM.INTERLEAVE_NONE, 16: _TM.INTERLEAVE_16B,
                    32: _TM.INTERLEAVE_32B},
@@ -60,10 +71,10 @@ _OPTIONS = {
     "oob_fill": {"zero": _TM.OOB_FILL_ZERO, "nan": _TM.OOB_FILL_NAN_REQUEST_ZERO_FMA},
 }
 # The enum's own names are accepted as well ("SWIZZLE_128B", ...).
-for _option, _enum in (("interleave", _TM.Interleave), ("swizzle", _TM.Swizzle),
-                       ("l2_promotion", _TM.L2Promotion), ("oob_fill", _TM.OobFill)):
+for _what, _enum in (("interleave", _TM.Interleave), ("swizzle", _TM.Swizzle),
+                     ("l2_promotion", _TM.L2Promotion), ("oob_fill", _TM.OobFill)):
     for _name, _value in _enum.items():
-        _OPTIONS[_option][_name.lower()] = _value
+        _OPTIONS[_what][_name.lower()] = _value
 _OPTION_ENUMS = {"interleave": _TM.Interleave, "swizzle": _TM.Swizzle,
                  "l2_promotion": _TM.L2Promotion, "oob_fill": _TM.OobFill}
 
@@ -72,7 +83,7 @@ _U64 = (1 << 64) - 1
 MAX_RANK = 5
 
 
-def data_type_name(dtype):
+def data_type_name(dtype: Any) -> str:
     """The TensorMapArg.DataType name for ``dtype``: a name such as
     "float16", "bfloat16", "tf32" or "FLOAT16" (the enum's), or a numpy
     dtype (or anything numpy.dtype() takes)."""
@@ -96,7 +107,7 @@ def data_type_name(dtype):
     return _DATA_TYPES[name]
 
 
-def _option(what, value):
+def _option(what: str, value: Option) -> int:
     if value is None:
         value = 0 if what != "oob_fill" else "zero"
     key = value.strip().lower() if isinstance(value, str) else value
@@ -107,7 +118,7 @@ def _option(what, value):
     return _OPTIONS[what][key]
 
 
-def _ints(what, values, limit, minimum=0):
+def _ints(what: str, values: Iterable[Any], limit: int, minimum: int = 0) -> Tuple[int, ...]:
     try:
         out = tuple(v.__index__() for v in values)
     except (TypeError, AttributeError):
@@ -156,9 +167,11 @@ class TensorMap:
                  "box_dims", "element_strides", "interleave", "swizzle", "l2_promotion",
                  "oob_fill", "_field", "_key")
 
-    def __init__(self, buffer, dtype, global_dims, global_strides, box_dims,
-                 element_strides=None, *, offset=0, interleave="none", swizzle="none",
-                 l2_promotion="none", oob_fill="zero"):
+    def __init__(self, buffer: Buffer, dtype: Any, global_dims: Iterable[int],
+                 global_strides: Iterable[int], box_dims: Iterable[int],
+                 element_strides: Optional[Iterable[int]] = None, *, offset: int = 0,
+                 interleave: Option = "none", swizzle: Option = "none",
+                 l2_promotion: Option = "none", oob_fill: Option = "zero") -> None:
         handle = getattr(buffer, "handle", None)
         if not isinstance(handle, int) or isinstance(handle, bool):
             raise client_error(f"TensorMap needs a gpuexec Buffer, got {type(buffer).__name__}")
@@ -187,6 +200,7 @@ class TensorMap:
         if len(self.box_dims) != rank:
             raise client_error(f"TensorMap: box_dims {list(self.box_dims)} has "
                                f"{len(self.box_dims)} entries; the rank is {rank}")
+        self.element_strides: Tuple[int, ...]
         if element_strides is None:
             self.element_strides = ()
         else:
@@ -201,14 +215,14 @@ class TensorMap:
         self._key = (self.handle, self.offset, self.data_type, self.global_dims,
                      self.global_strides, self.box_dims, self.element_strides, self.interleave,
                      self.swizzle, self.l2_promotion, self.oob_fill)
-        self._field = None
+        self._field: Optional[bytes] = None
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name != "_field" and hasattr(self, "_key"):
             raise AttributeError("a TensorMap is immutable; make another")
         object.__setattr__(self, name, value)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         options = []
         for what, enum in _OPTION_ENUMS.items():
             value = getattr(self, what)
@@ -220,13 +234,13 @@ class TensorMap:
                 f"global_strides={list(self.global_strides)}, box_dims={list(self.box_dims)}"
                 f"{strides}{''.join(options)})")
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, TensorMap) and self._key == other._key
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self._key)
 
-    def to_proto(self):
+    def to_proto(self) -> Any:
         """The wire form (gpuexec.v1.TensorMapArg)."""
         return _TM(**{"global": pb.BufferArg(buffer=self.handle, offset=self.offset)},
                    data_type=_TM.DataType.Value(self.data_type), global_dims=self.global_dims,
@@ -234,18 +248,18 @@ class TensorMap:
                    element_strides=self.element_strides, interleave=self.interleave,
                    swizzle=self.swizzle, l2_promotion=self.l2_promotion, oob_fill=self.oob_fill)
 
-    def _wire_bytes(self):
+    def _wire_bytes(self) -> bytes:
         """The serialized gpuexec.v1.TensorMapArg."""
         return _wire.tensor_map_bytes(
             self.handle, self.offset, _TM.DataType.Value(self.data_type), self.global_dims,
             self.global_strides, self.box_dims, self.element_strides, self.interleave,
             self.swizzle, self.l2_promotion, self.oob_fill)
 
-    def _as_kernel_arg(self):
+    def _as_kernel_arg(self) -> Arg:
         return Arg("tensor_map", self)
 
     @property
-    def _launch_field(self):
+    def _launch_field(self) -> bytes:
         """This map as a LaunchRequest's argument field, made once."""
         field = self._field
         if field is None:

@@ -9,6 +9,8 @@ refused or ignored. PATCH releases are not told; an empty version (a daemon
 older than the field) says nothing.
 """
 
+from __future__ import annotations
+
 import re
 import threading
 import warnings
@@ -24,12 +26,12 @@ class VersionWarning(UserWarning):
 _MAJOR_MINOR = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})(?:[.+-]|\Z)")
 
 
-def _major_minor(version):
+def _major_minor(version: str) -> tuple[int, int] | None:
     m = _MAJOR_MINOR.match(version)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _printable(text, limit):
+def _printable(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, its control characters escaped
     (the daemon is not trusted to send printable text)."""
     out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100
@@ -37,7 +39,8 @@ def _printable(text, limit):
     return out + ("..." if len(text) > limit else "")
 
 
-def version_warning(target, daemon_version, client_version=__version__):
+def version_warning(target: str | None, daemon_version: str,
+                    client_version: str = __version__) -> str:
     """The warning for this client talking to the daemon at ``target`` that
     reports ``daemon_version``, or "" when there is none to give."""
     if not daemon_version:
@@ -60,11 +63,11 @@ class DaemonVersionCheck:
     """Once per Client: the first answer's daemon version against this
     client's, warned of with a VersionWarning when MAJOR.MINOR differ."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._checked = False
 
-    def __call__(self, target, daemon_version):
+    def __call__(self, target: str | None, daemon_version: str) -> None:
         if not daemon_version:
             return
         with self._lock:

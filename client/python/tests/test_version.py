@@ -17,12 +17,13 @@ ADVICE = ("a call or field that one of them added since the other's release may 
 
 
 def test_the_package_version_is_the_projects():
-    # Generated from project(VERSION) in the top-level CMakeLists.txt, as the
-    # pyproject's version is.
+    # gpuexec/_version.py holds project(VERSION) of the top-level
+    # CMakeLists.txt (the test python_version_current checks it), and the
+    # pyproject takes its version from there.
     assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", gpuexec.__version__)
     pyproject = os.path.join(os.path.dirname(gpuexec.__file__), os.pardir, "pyproject.toml")
     with open(pyproject) as f:
-        assert f'version = "{gpuexec.__version__}"' in f.read()
+        assert 'version = { attr = "gpuexec._version.__version__" }' in f.read()
     assert issubclass(gpuexec.VersionWarning, UserWarning)
 
 
