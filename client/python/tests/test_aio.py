@@ -7,6 +7,7 @@ import asyncio
 import os
 import socket
 import time
+import warnings
 
 import grpc
 import numpy as np
@@ -17,9 +18,12 @@ import gpuexec.aio
 # The fixtures of test_auth.py: a CA and certificates, a daemon on TLS with
 # tenants.
 import test_auth
+# test_session_faults.py's daemon without a strike limit, and its checks.
+import test_session_faults
 
 pki = test_auth.pki
 tls_daemon = test_auth.tls_daemon
+fault_daemon = test_session_faults.fault_daemon
 
 HINT = "(set the target with connect(target) or $GPUEXEC_TARGET)"
 
@@ -336,4 +340,51 @@ def test_token_and_tls_as_gpuexec_connect(daemon, tls_daemon, pki):
         with pytest.raises(gpuexec.Error) as e:
             await gpuexec.aio.connect(tls_daemon.target, timeout=30)
         assert "the daemon speaks TLS, and this client plain TCP" in e.value.message, e.value
+    asyncio.run(main())
+
+
+async def _session_on_device_0(client):
+    """A new session on device 0, once it is back from an earlier reset."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return await client.session(device=0)
+        except gpuexec.Error as e:
+            if e.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.02)
+
+
+def test_a_fault_names_the_kernel_and_later_calls_lead_with_it(fault_daemon, daemon):
+    async def main():
+        async with gpuexec.aio.connect(fault_daemon) as client:
+            s = await _session_on_device_0(client)
+            fault = await (await s.load_module(daemon.cubin)).function("gx_fault")
+            buf = await s.alloc(64)
+            with pytest.raises(gpuexec.Error) as first:
+                await fault.launch(1, 1, gpuexec.u64(test_session_faults.BAD_ADDRESS),
+                                   sync=True)
+            test_session_faults._assert_names_the_fault(first.value)
+            async def queued_then_synchronize():
+                await fault.launch_async(1, 1, 0)
+                await s.synchronize()
+
+            for call in (s.keep_alive, s.synchronize, buf.read, lambda: s.alloc(64),
+                         lambda: buf.write(b"x" * 8), lambda: fault.launch(1, 1, 0),
+                         queued_then_synchronize, lambda: s.load_module(daemon.cubin)):
+                with pytest.raises(gpuexec.Error) as later:
+                    await call()
+                test_session_faults._assert_leads_with_the_fault(later.value, s)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # told already: no warning
+                await s.close()
+            # A queued fault: the next waiting call names it.
+            s = await _session_on_device_0(client)
+            fault = await (await s.load_module(daemon.cubin)).function("gx_fault")
+            await fault.launch_async(1, 1, gpuexec.u64(test_session_faults.BAD_ADDRESS))
+            with pytest.raises(gpuexec.Error) as queued:
+                await s.synchronize()
+            test_session_faults._assert_names_the_fault(queued.value,
+                                                        codes=test_session_faults.QUEUED)
+            await s.close()
     asyncio.run(main())
