@@ -30,6 +30,8 @@ from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw,
                     u64)
 from ._buffer import Buffer
 from ._client import Client, Device, Session
+from ._dtype import (DType, bfloat16, bool_, dtype, float16, float32, float64, int8, int16, int32,
+                     int64, uint8, uint16, uint32, uint64)
 from ._function import Function, FunctionAttributes, Module, Param
 from ._open import connect
 from ._errors import Error
@@ -44,4 +46,6 @@ __all__ = [
     "Module", "Param", "Pool", "PoolDaemon", "Session", "TensorMap", "VersionWarning", "bf16",
     "connect", "f16", "f32", "f64", "i8", "i16", "i32", "i64", "null", "ptr", "raw", "u8", "u16",
     "u32", "u64",
+    "DType", "bfloat16", "bool_", "dtype", "float16", "float32", "float64", "int8", "int16",
+    "int32", "int64", "uint8", "uint16", "uint32", "uint64",
 ]

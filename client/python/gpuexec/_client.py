@@ -8,19 +8,23 @@ lives until its session closes. Calls on objects of a closed session reach
 the daemon and raise its error (NOT_FOUND).
 """
 
+from __future__ import annotations
+
 import hashlib
 import os
 import threading
 import warnings
 from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Set, Tuple, Union
 
 import grpc
 
 from . import _commands, _connect, _host_memory, _wire
-from ._buffer import Buffer
+from ._buffer import Buffer, ShapeLike, _PointerBases
 from ._bytes import _byte_view, _is_numpy_array, _numpy
 from ._channel import Recipe
 from ._commands import CommandStream
+from ._dtype import DType, count_of, dtype as _as_dtype, element_bytes, shape_of
 from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._function import Module, _launch_attributes, _module_kind
 from ._version_check import DaemonVersionCheck
@@ -37,7 +41,7 @@ MAX_CHUNK_BYTES = 16 << 20
 MAX_DEVICES = 4096
 
 
-def _seconds_to_ms(seconds, what):
+def _seconds_to_ms(seconds: Optional[float], what: str) -> int:
     if seconds is None:
         return 0
     ms = round(float(seconds) * 1000)
@@ -52,7 +56,7 @@ class Device:
     """One device as the daemon sees it."""
     index: int
     name: str
-    compute_capability: tuple
+    compute_capability: Tuple[int, int]
     memory_total_bytes: int
     memory_free_bytes: int
     healthy: bool
@@ -83,9 +87,12 @@ class Device:
 
 
 
-def open_client(target, *, timeout=10.0, chunk_bytes=DEFAULT_CHUNK_BYTES,
-            control_timeout=60.0, channel_options=(), token=None, root_ca=None, cert=None,
-            key=None, tls=None, allow_token_over_plain_tcp=False, shm_socket=None):
+def open_client(target: str, *, timeout: Optional[float] = 10.0,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES, control_timeout: Optional[float] = 60.0,
+                channel_options: Sequence[Tuple[str, Any]] = (), token: Optional[str] = None,
+                root_ca: Any = None, cert: Any = None, key: Any = None,
+                tls: Optional[bool] = None, allow_token_over_plain_tcp: bool = False,
+                shm_socket: Any = None) -> Client:
     """Connects to the daemon at ``target`` (not a pool); see connect()."""
     recipe = Recipe(target, token=token, root_ca=root_ca, cert=cert, key=key, tls=tls,
                     allow_token_over_plain_tcp=allow_token_over_plain_tcp)
@@ -116,8 +123,10 @@ class Client:
     interceptors of its own, or GPUEXEC_COMMAND_STREAM=iterator).
     """
 
-    def __init__(self, channel, *, chunk_bytes=DEFAULT_CHUNK_BYTES, control_timeout=60.0,
-                 shm_socket=None, _plain_channel=None, _metadata=None, _target=None):
+    def __init__(self, channel: grpc.Channel, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 control_timeout: Optional[float] = 60.0, shm_socket: Any = None,
+                 _plain_channel: Any = None, _metadata: Any = None,
+                 _target: Optional[str] = None) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise client_error(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}]")
         # The daemon's host memory socket given by the caller (see connect).
@@ -132,7 +141,7 @@ class Client:
         self._open_execute, self.command_stream = _commands.opener(channel, _plain_channel,
                                                                    _metadata)
         self._streams_lock = threading.Lock()
-        self._streams = set()
+        self._streams: Set[Any] = set()
         # Write and Read as the wire's bytes: a protobuf message would copy
         # each chunk's data once more each way (into and out of the message).
         self._write_call = channel.stream_unary(
@@ -149,16 +158,16 @@ class Client:
         # that tells it (a VersionWarning when MAJOR.MINOR differ).
         self._check_version = DaemonVersionCheck()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<gpuexec.Client {self.target or 'on a channel'}, {self.command_stream} stream>"
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Closes the channel (sessions stay open until their lease lapses)."""
         with self._streams_lock:
             streams = list(self._streams)
@@ -166,21 +175,21 @@ class Client:
             stream.close()
         self.channel.close()
 
-    def _stream_opened(self, stream):
+    def _stream_opened(self, stream: Any) -> None:
         with self._streams_lock:
             self._streams.add(stream)
 
-    def _stream_closed(self, stream):
+    def _stream_closed(self, stream: Any) -> None:
         with self._streams_lock:
             self._streams.discard(stream)
 
-    def _call(self, method, request, timeout):
+    def _call(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
         try:
             return method(request, timeout=timeout)
         except grpc.RpcError as e:
             raise from_rpc_error(e, self.target) from None
 
-    def devices(self):
+    def devices(self) -> List[Device]:
         """The host's devices: a list of Device."""
         response = self._call(self.stub.ListDevices, pb.ListDevicesRequest(), self.control_timeout)
         self._check_version(self.target, response.daemon_version)
@@ -206,7 +215,8 @@ class Client:
                        daemon_address=address)
                 for d in response.devices]
 
-    def session(self, device=None, *, lease=None, memory_limit=0, kernel_time_limit=None):
+    def session(self, device: Optional[int] = None, *, lease: Optional[float] = None,
+                memory_limit: int = 0, kernel_time_limit: Optional[float] = None) -> Session:
         """Opens a session; ``with`` closes it.
 
         device: index, or None for the daemon's choice. lease: seconds, None
@@ -227,9 +237,14 @@ class Client:
 
 
 class Session:
-    """A daemon session on one device: owns its buffers, modules and stream."""
+    """A daemon session on one device: owns its buffers, modules and stream.
 
-    def __init__(self, client, response):
+    Arrays: ``empty``, ``zeros``, ``full``, ``empty_like``, ``zeros_like``
+    and ``asarray`` make Buffers of a shape and dtype (numpy's names and
+    defaults, CuPy's habits); ``buf.get()`` downloads one into numpy.
+    """
+
+    def __init__(self, client: Client, response: Any) -> None:
         self.client = client
         # The daemon's address, as connect() was given it (a pool's session:
         # the daemon it was placed on).
@@ -251,14 +266,16 @@ class Session:
         # The live host memory regions, which Buffer.write and read_into
         # consult.
         self._regions = _host_memory.HostRegions()
+        # Buffer.data_ptr()'s number of each allocation.
+        self._pointer_bases = _PointerBases()
 
-    def __repr__(self):
-        return f"<gpuexec.Session {self.token[:8]} on device {self.device}>"
+    def __repr__(self) -> str:
+        return f"<gpuexec.Session {short_token(self.token)} on device {self.device}>"
 
-    def __enter__(self):
+    def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc is None:
             self.close()
             return
@@ -272,28 +289,28 @@ class Session:
                              f"failed too: {e}")
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """True once close() ran here."""
         return self._closed
 
-    def _control(self, method, request):
+    def _control(self, method: Any, request: Any) -> Any:
         try:
             return self.client._call(method, request, self.client.control_timeout)
         except Error as e:
             raise self._failed(e) from None
 
-    def _data(self, method, request):
+    def _data(self, method: Any, request: Any) -> Any:
         try:
             return self.client._call(method, request, None)
         except Error as e:
             raise self._failed(e) from None
 
-    def _failed(self, e):
+    def _failed(self, e: Error) -> Error:
         """The error to raise for ``e``, a failure of one of this session's
         calls (see SessionFate)."""
         return self._fate.failed(e)
 
-    def close(self):
+    def close(self) -> None:
         """Closes the session on the daemon, freeing all it holds. Idempotent;
         a session the daemon says it ended already (a reset, its lease) is
         closed without an error. One that a fault of its queued launches ended,
@@ -326,7 +343,7 @@ class Session:
                               f"daemon before close(): {untold}", RuntimeWarning,
                               stacklevel=2)
 
-    def _order(self):
+    def _order(self) -> None:
         """Before a call outside the command stream that touches the GPU:
         the launches queued without waiting are taken first."""
         if self._regions.dead:
@@ -336,44 +353,140 @@ class Session:
         except Error as e:
             raise self._failed(e) from None
 
-    def keep_alive(self):
+    def keep_alive(self) -> float:
         """Renews the lease; returns the lease granted in seconds."""
         response = self._control(self.client.stub.KeepAlive,
                                  pb.KeepAliveRequest(session=self.token))
         self.lease = response.lease_ms / 1000.0
         return self.lease
 
-    def alloc(self, nbytes, *, dtype=None, shape=None):
-        """Allocates ``nbytes`` of device memory (contents undefined).
-
-        dtype and shape, if given, are what read_array() returns by default.
-        """
+    def alloc(self, nbytes: int, *, dtype: Any = None,
+              shape: Optional[ShapeLike] = None) -> Buffer:
+        """Allocates ``nbytes`` of device memory, which reads as zeros until
+        written (the daemon clears it). dtype: the elements (default uint8);
+        shape: default as many elements as fit. A shape that needs more
+        bytes is refused before the call."""
+        d = None if dtype is None else _as_dtype(dtype)
+        dims = None if shape is None else shape_of(shape)
+        if dims is not None:
+            need = count_of(dims) * (1 if d is None else d.itemsize)
+            if need > nbytes:
+                raise client_error(f"alloc of {nbytes} bytes with shape {dims} of "
+                                   f"{d or 'uint8'}: that shape needs {need} bytes")
         response = self._control(self.client.stub.Allocate,
                                  pb.AllocateRequest(session=self.token, size=int(nbytes)))
-        return Buffer(self, response.buffer, response.size, dtype, shape)
+        return Buffer(self, response.buffer, response.size, d, dims)
 
-    def empty(self, shape, dtype="float32"):
-        """A buffer for a numpy array of this shape and dtype (needs numpy)."""
+    def empty(self, shape: ShapeLike, dtype: Any = "float32") -> Buffer:
+        """A buffer of ``shape`` and ``dtype`` (a name, numpy dtype or
+        gpuexec.DType); its contents are zeros (see alloc) but a program
+        should not count on that: use zeros()."""
+        d = _as_dtype(dtype)
+        dims = shape_of(shape)
+        return self.alloc(count_of(dims) * d.itemsize, dtype=d, shape=dims)
+
+    def zeros(self, shape: ShapeLike, dtype: Any = "float32") -> Buffer:
+        """A zero-filled buffer of ``shape`` and ``dtype``: one Allocate, no
+        upload (the daemon clears new memory on the session's stream)."""
+        return self.empty(shape, dtype)
+
+    def full(self, shape: ShapeLike, value: Any, dtype: Any = "float32") -> Buffer:
+        """A buffer of ``shape`` and ``dtype`` with every element ``value``.
+        Zero costs nothing more than the allocation; a value whose bytes are
+        one byte repeated (1 as int8, -1 as int32) is a memset; any other is
+        uploaded (``nbytes`` cross the network). A value the dtype cannot
+        hold (300 as uint8, 1.5 as int32) is refused before any call."""
+        d = _as_dtype(dtype)
+        dims = shape_of(shape)
+        one = element_bytes(value, d)
+        buf = self.empty(dims, d)
+        if buf.nbytes == 0 or one == bytes(len(one)):
+            return buf
+        try:
+            if one == one[:1] * len(one):
+                buf.memset(one[0])
+            else:
+                buf.write(one * count_of(dims))
+        except BaseException:
+            self._free_quietly(buf)
+            raise
+        return buf
+
+    def empty_like(self, x: Any, dtype: Any = None) -> Buffer:
+        """An empty buffer of the shape and dtype (or ``dtype``) of ``x``, a
+        Buffer or a numpy array (anything with ``shape`` and ``dtype``)."""
+        shape, d = self._like(x, dtype, "empty_like")
+        return self.empty(shape, d)
+
+    def zeros_like(self, x: Any, dtype: Any = None) -> Buffer:
+        """A zero-filled buffer of the shape and dtype (or ``dtype``) of ``x``."""
+        shape, d = self._like(x, dtype, "zeros_like")
+        return self.zeros(shape, d)
+
+    @staticmethod
+    def _like(x: Any, dtype: Any, what: str) -> Tuple[Tuple[int, ...], DType]:
+        shape, own = getattr(x, "shape", None), getattr(x, "dtype", None)
+        if shape is None or own is None:
+            raise client_error(f"{what} takes a Buffer or a numpy array, got a "
+                               f"{type(x).__name__[:40]}")
+        return shape_of(shape), _as_dtype(own if dtype is None else dtype)
+
+    def asarray(self, a: Any, dtype: Any = None) -> Buffer:
+        """``a`` as a buffer of this session: a Buffer of this session as it
+        is; a numpy array (or what numpy.asarray takes, converted to
+        ``dtype`` when given) uploaded into a new buffer of its shape and
+        dtype. Another session's Buffer is refused (copy it through the
+        host: ``session.asarray(other.get())``). Needs numpy."""
+        if isinstance(a, Buffer):
+            if a.session is not self:
+                raise client_error(f"asarray of {a!r}: it is a buffer of session "
+                                   f"{short_token(str(getattr(a.session, 'token', '')))}, not "
+                                   f"of {self!r}; copy it through the host "
+                                   "(session.asarray(buffer.get()))")
+            if dtype is not None and _as_dtype(dtype) is not a.dtype:
+                raise client_error(f"asarray of {a!r} as {_as_dtype(dtype)}: a buffer is not "
+                                   "converted on the device; reinterpret its bytes with "
+                                   "view(dtype=...) or convert a copy (get().astype())")
+            return a
         np = _numpy()
-        dtype = np.dtype(dtype)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        count = 1
-        for d in shape:
-            count *= d
-        return self.alloc(count * dtype.itemsize, dtype=dtype, shape=shape)
+        arr = np.asarray(a) if dtype is None else np.asarray(a, dtype=_as_dtype(dtype).numpy)
+        return self._upload_array(arr, _as_dtype(arr.dtype))
 
-    def upload(self, data):
-        """A new buffer holding ``data`` (bytes-like or a numpy array)."""
-        dtype = shape = None
+    def upload(self, data: Any) -> Buffer:
+        """A new buffer holding ``data``: a numpy array (its shape and dtype;
+        one of a dtype a buffer does not hold, complex or structured, as its
+        bytes: uint8) or bytes-like data (uint8)."""
         if _is_numpy_array(data):
-            dtype, shape = data.dtype, tuple(data.shape)
+            try:
+                d = _as_dtype(data.dtype)
+            except Error:
+                d = None
+            if d is not None:
+                return self._upload_array(data, d)
         view = _byte_view(data)
-        buffer = self.alloc(len(view), dtype=dtype, shape=shape)
+        return self._upload_array(view, None)
+
+    def _upload_array(self, data: Any, d: Optional[DType]) -> Buffer:
+        view = _byte_view(data)
+        shape = tuple(data.shape) if d is not None else None
+        buffer = self.alloc(len(view), dtype=d, shape=shape)
         if len(view):
-            buffer.write(view)
+            try:
+                buffer.write(view)
+            except BaseException:
+                self._free_quietly(buffer)
+                raise
         return buffer
 
-    def map_host_memory(self, nbytes):
+    def _free_quietly(self, buffer: Buffer) -> None:
+        """Frees a buffer made by a call that failed after; a failure to free
+        is not raised over the call's."""
+        try:
+            buffer.free()
+        except Error:
+            pass
+
+    def map_host_memory(self, nbytes: int) -> Any:
         """Host memory of at least ``nbytes`` (rounded up to 4 KiB), zero-filled,
         shared with the daemon as a region of this session: a HostMemory
         (see it). Only for a client on the daemon's host: the daemon must
@@ -388,26 +501,22 @@ class Session:
         by the client's control_timeout."""
         return _host_memory.map_host_memory(self, nbytes)
 
-    def host_array(self, shape, dtype="float32"):
+    def host_array(self, shape: ShapeLike, dtype: Any = "float32") -> Any:
         """A zero-filled numpy array of this shape and dtype in host memory
         shared with the daemon (a region of its own, see map_host_memory):
         Buffer.write of it, or read_into it, is copied by the daemon without
         gRPC. The region is released when the array and every view of it are
         gone, or by ``gpuexec.HostMemory.of(array).release()``. Needs numpy."""
-        np = _numpy()
-        dtype = np.dtype(dtype)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        count = 1
-        for d in shape:
-            count *= d
-        nbytes = count * dtype.itemsize
+        np_dtype = _numpy().dtype(dtype.numpy if isinstance(dtype, DType) else dtype)
+        dims = shape_of(shape)
+        nbytes = count_of(dims) * np_dtype.itemsize
         if nbytes <= 0:
-            raise client_error(f"host_array of shape {shape} and dtype {dtype} holds "
+            raise client_error(f"host_array of shape {dims} and dtype {np_dtype} holds "
                                f"{nbytes} bytes; a region holds 1 to 2^48 bytes; no call "
                                "was made")
-        return self.map_host_memory(nbytes).array(shape, dtype)
+        return self.map_host_memory(nbytes).array(dims, np_dtype)
 
-    def _region_of(self, obj, view):
+    def _region_of(self, obj: Any, view: memoryview) -> Any:
         """(region, offset) when the bytes of ``obj`` (as ``view``, flat) lie
         wholly inside a live region of this session; else None."""
         regions = self._regions
@@ -420,11 +529,12 @@ class Session:
             return None
         return regions.find(address, len(view))
 
-    def _release_region(self, region):
+    def _release_region(self, region: Any) -> None:
         """Queues a region's release on the command stream (without waiting)."""
         self._commands.submit(_wire.release_region_op(region), wait=False)
 
-    def load_module(self, source, kind=None):
+    def load_module(self, source: Union[str, "os.PathLike[str]", bytes],
+                    kind: Union[str, int, None] = None) -> Module:
         """Loads a module image: a path (.cubin, .ptx, .fatbin) or its bytes.
 
         Sends the image's SHA-256 alone first and uploads the bytes only when
@@ -461,8 +571,10 @@ class Session:
                 raise self._failed(from_rpc_error(e2, self.client.target)) from None
         return Module(self, response.module, response.sha256, response.uploaded, kind)
 
-    def launch(self, function, grid, block, *args, shared=0, cluster=None, sync=False,
-               cooperative=False, pdl=False, non_portable_cluster=False, cluster_policy=None):
+    def launch(self, function: Any, grid: Any, block: Any, *args: Any, shared: int = 0,
+               cluster: Any = None, sync: bool = False, cooperative: bool = False,
+               pdl: bool = False, non_portable_cluster: bool = False,
+               cluster_policy: Optional[str] = None) -> Optional[float]:
         """Enqueues ``function`` on the session's stream (see Function.launch)."""
         op = function._launch_op(grid, block, args, shared, cluster, sync,
                                  _launch_attributes(cooperative, pdl, non_portable_cluster,
@@ -473,9 +585,10 @@ class Session:
             raise self._failed(e) from None
         return result.gpu_time_ns / 1e9 if sync else None
 
-    def launch_async(self, function, grid, block, *args, shared=0, cluster=None,
-                     cooperative=False, pdl=False, non_portable_cluster=False,
-                     cluster_policy=None):
+    def launch_async(self, function: Any, grid: Any, block: Any, *args: Any, shared: int = 0,
+                     cluster: Any = None, cooperative: bool = False, pdl: bool = False,
+                     non_portable_cluster: bool = False,
+                     cluster_policy: Optional[str] = None) -> None:
         """Queues ``function`` without waiting (see Function.launch_async)."""
         op = function._launch_op(grid, block, args, shared, cluster, False,
                                  _launch_attributes(cooperative, pdl, non_portable_cluster,
@@ -485,7 +598,7 @@ class Session:
         except Error as e:
             raise self._failed(e) from None
 
-    def synchronize(self):
+    def synchronize(self) -> float:
         """Waits for the session's work; returns its GPU time in seconds since
         the previous synchronize (0.0 when there was none)."""
         if self._regions.dead:

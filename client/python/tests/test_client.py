@@ -60,7 +60,7 @@ def test_connect_failure_is_unavailable(tmp_path):
 def test_bytes_round_trip_crosses_chunks(session):
     data = os.urandom(3 * MiB + 12345)  # chunks are 1 MiB
     buf = session.upload(data)
-    assert buf.size == len(data)
+    assert buf.nbytes == len(data)
     assert buf.read() == data
     assert buf.read(offset=MiB - 7, size=2 * MiB) == data[MiB - 7:3 * MiB - 7]
     patch = os.urandom(MiB + 3)
@@ -116,7 +116,7 @@ def test_numpy_round_trip(session):
     rng = np.random.default_rng(1)
     a = rng.standard_normal((1024, 1500), dtype=np.float32)  # 6 MiB
     buf = session.upload(a)
-    assert buf.size == a.nbytes
+    assert buf.nbytes == a.nbytes and buf.size == a.size
     back = buf.read_array()
     assert back.dtype == np.float32 and back.shape == a.shape
     np.testing.assert_array_equal(back, a)
@@ -283,7 +283,7 @@ def test_argument_errors_name_the_parameter(session, kernels):
     cases = [
         ((gpuexec.f64(2.0), x, x, gpuexec.u64(16)), "parameter 0"),  # 8 bytes for 4
         ((gpuexec.f32(2.0), x, gpuexec.u32(1), gpuexec.u64(16)), "parameter 2"),
-        ((gpuexec.f32(2.0), x, x.ptr(x.size + 64), gpuexec.u64(16)), "parameter 2"),
+        ((gpuexec.f32(2.0), x, x.ptr(x.nbytes + 64), gpuexec.u64(16)), "parameter 2"),
         ((gpuexec.f32(2.0), x, x), "takes 4 parameters"),
         ((gpuexec.f32(2.0), x, x, gpuexec.u64(16), None), "takes 4 parameters"),
     ]
@@ -385,7 +385,7 @@ def test_memory_freed_when_session_closes(client):
         assert "daemon memory limit" in e.value.message
         s1.close()
         with s2.alloc(big) as buf:
-            assert buf.size == big
+            assert buf.nbytes == big
         with s2.alloc(big):  # and Buffer's with freed it again
             pass
 

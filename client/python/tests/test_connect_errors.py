@@ -229,7 +229,7 @@ def test_each_public_object_has_a_repr(client, daemon):
     with client.session() as s:
         assert repr(s) == f"<gpuexec.Session {s.token[:8]} on device {s.device}>"
         buf = s.alloc(64)
-        assert repr(buf) == f"<gpuexec.Buffer 0x{buf.handle:x}, 64 bytes>"
+        assert repr(buf) == f"<gpuexec.Buffer 0x{buf.handle:x} uint8[64], session {s.token[:8]}>"
         module = s.load_module(daemon.cubin)
         assert repr(module) == f"<gpuexec.Module {module.sha256[:12]} (cubin)>"
         fill = module.function("gx_fill_u32")

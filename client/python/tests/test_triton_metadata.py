@@ -115,7 +115,7 @@ class _Function:
         self.launches.append((grid, block, args, kwargs))
 
 
-def _buffer(nbytes=1 << 24, dtype=None):
+def _buffer(nbytes=1 << 24, dtype="float16"):
     return gpuexec.Buffer(None, 0xBEEF, nbytes, dtype=dtype)
 
 
@@ -377,7 +377,7 @@ def test_descriptor_refusals():
     _refused(lambda: gt.TensorDescriptor(b, [64, 64], [64]), "rank")
     _refused(lambda: gt.TensorDescriptor(b, [64, 64], dtype="float32").kernel_params(_ENTRY, 0),
              "4 bytes", "2 bytes", "FLOAT16")
-    _refused(lambda: gt.TensorDescriptor(_buffer(dtype=_NumpyLike(8)), [64, 64])
+    _refused(lambda: gt.TensorDescriptor(_buffer(dtype=gpuexec.float64), [64, 64])
              .kernel_params(_ENTRY, 1), "tensor descriptor 1", "8 bytes")
     _refused(lambda: gt.TensorDescriptor(b, [64, 64], padding="inf"), "padding")
     _refused(lambda: gt.TensorDescriptor(b, [64, 64], offset=16, element_offset=8), "not both")
@@ -392,14 +392,6 @@ def test_descriptor_refusals():
              "argument 1 is a tensor descriptor", "no tensordesc_meta")
 
 
-class _NumpyLike:
-    def __init__(self, itemsize):
-        self.itemsize = itemsize
-
-    def __str__(self):
-        return f"dtype{self.itemsize}"
-
-
 def test_descriptor_options():
     b = _buffer()
     contiguous = gt.TensorDescriptor(b, [3, 5, 7])
@@ -407,7 +399,7 @@ def test_descriptor_options():
     params = gt.TensorDescriptor(b, [1000, 512], element_offset=10,
                                  dtype="float16").kernel_params(_ENTRY, 0)
     assert getattr(params[0].to_proto(), "global").offset == 20
-    assert gt.TensorDescriptor(_buffer(dtype=_NumpyLike(2)), [64, 64]).element_size == 2
+    assert gt.TensorDescriptor(_buffer(dtype=gpuexec.float16), [64, 64]).element_size == 2
 
 
 class _TritonDescriptor:
