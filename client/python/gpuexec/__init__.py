@@ -38,12 +38,14 @@ from ._errors import Error
 from ._host_memory import HostMemory
 from ._pool import Pool, PoolDaemon
 from ._tensor_map import TensorMap
+from ._transfer import In, InOut, Out
 from ._version import __version__  # generated from the project's version (CMake)
 from ._version_check import VersionWarning
 
 __all__ = [
     "Arg", "Buffer", "Client", "Device", "Error", "Function", "FunctionAttributes", "HostMemory",
-    "Module", "Param", "Pool", "PoolDaemon", "Session", "TensorMap", "VersionWarning", "bf16",
+    "In", "InOut", "Module", "Out", "Param", "Pool", "PoolDaemon", "Session", "TensorMap",
+    "VersionWarning", "bf16",
     "connect", "f16", "f32", "f64", "i8", "i16", "i32", "i64", "null", "ptr", "raw", "u8", "u16",
     "u32", "u64",
     "DType", "bfloat16", "bool_", "dtype", "float16", "float32", "float64", "int8", "int16",

@@ -163,15 +163,16 @@ def _from_numpy(value):
     raise client_error(f"no kernel argument type for numpy {dt}")
 
 
-def _describe(index, param):
-    where = f"argument {index}"
+def _describe(index, param, kernel=None):
+    where = f"argument {index}" if kernel is None else f"argument {index} of kernel {kernel}"
     if param is not None:
         where += f" (parameter of {param[1]} bytes at offset {param[0]})"
     return where
 
 
-def to_arg(value, index, param):
-    """The Arg for launch argument ``index``; ``param`` is (offset, size) or None."""
+def to_arg(value, index, param, kernel=None):
+    """The Arg for launch argument ``index``; ``param`` is (offset, size) or
+    None; ``kernel``, the kernel's name as messages show it, or None."""
     if isinstance(value, Arg):
         return value
     as_arg = getattr(value, "_as_kernel_arg", None)
@@ -184,21 +185,25 @@ def to_arg(value, index, param):
     if type(value).__module__ == "numpy":
         if getattr(value, "ndim", 0) == 0 and hasattr(value, "dtype"):
             return _from_numpy(value)
-        raise client_error(f"{_describe(index, param)}: a numpy array is not a kernel "
-                           "argument; upload it (session.upload) and pass the Buffer")
+        where = f"argument {index}" if kernel is None else f"argument {index} of kernel {kernel}"
+        shape = tuple(getattr(value, "shape", ()))
+        raise client_error(f"{where}: a numpy array ({getattr(value, 'dtype', '?')}, shape "
+                           f"{shape if len(shape) <= 8 else '...'}) is host memory; wrap it "
+                           "as gpuexec.In(x), Out(x) or InOut(x) to copy it around the "
+                           "launch, or upload it with session.upload(x) and pass the buffer")
     size = None if param is None else param[1]
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, int):
         if size not in (1, 2, 4, 8):
-            raise client_error(f"{_describe(index, param)}: cannot pass the int {value} "
+            raise client_error(f"{_describe(index, param, kernel)}: cannot pass the int {value} "
                                "without a type; use i32(), u64() ...")
         bits = size * 8
         kind = f"i{bits}" if -(1 << (bits - 1)) <= value < (1 << (bits - 1)) else f"u{bits}"
         try:
             return _int(kind, value)
         except Exception:
-            raise client_error(f"{_describe(index, param)}: {value} does not fit in "
+            raise client_error(f"{_describe(index, param, kernel)}: {value} does not fit in "
                                f"{size} bytes") from None
     if isinstance(value, float):
         if size == 4:
@@ -206,10 +211,11 @@ def to_arg(value, index, param):
         if size == 8:
             return Arg("f64", value)
         hint = "; use f16() or bf16()" if size == 2 else ""
-        raise client_error(f"{_describe(index, param)}: cannot pass the float {value} "
+        raise client_error(f"{_describe(index, param, kernel)}: cannot pass the float {value} "
                            f"without a type{hint}")
-    raise client_error(f"{_describe(index, param)}: {type(value).__name__} is not a kernel "
-                       "argument (use a Buffer, TensorMap, None, bytes, or i32(), f32() ...)")
+    raise client_error(f"{_describe(index, param, kernel)}: {type(value).__name__[:60]} is not "
+                       "a kernel argument (use a Buffer, TensorMap, None, bytes, or i32(), "
+                       "f32() ...)")
 
 
 __all__ = ["Arg", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32",

@@ -6,16 +6,23 @@ serialized once per geometry (see Function._launch_op); the session's
 command stream carries it.
 """
 
+from __future__ import annotations
+
 import os
 from collections import namedtuple
 from dataclasses import dataclass
+from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Union
 
-from . import _wire
+from . import _transfer, _wire
 from ._args import to_arg
 from ._buffer import Buffer
-from ._errors import client_error
+from ._errors import client_error, short_token
 from ._tensor_map import TensorMap
+from ._transfer import clipped_repr
 from .v1 import gpuexec_pb2 as pb
+
+# A grid, block or cluster: an int or 1 to 3 ints.
+Dims = Union[int, Sequence[int]]
 
 _KINDS = {"cubin": pb.MODULE_KIND_CUBIN, "ptx": pb.MODULE_KIND_PTX, "fatbin": pb.MODULE_KIND_FATBIN}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
@@ -25,10 +32,11 @@ Param = namedtuple("Param", ["offset", "size"])
 Param.__doc__ = "A kernel parameter as the driver lays it out (bytes)."
 
 
-def _dim3(value, what):
+def _dim3(value: Any, what: str) -> Any:
     dims = (value,) if isinstance(value, int) else tuple(value)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and d >= 0 for d in dims):
-        raise client_error(f"{what} must be an int or 1 to 3 non-negative ints, got {value!r}")
+        raise client_error(f"{what} must be an int or 1 to 3 non-negative ints, got "
+                           f"{clipped_repr(value)}")
     dims = dims + (1,) * (3 - len(dims))
     return pb.Dim3(x=dims[0], y=dims[1], z=dims[2])
 
@@ -44,31 +52,31 @@ for _name, _value in pb.ClusterSchedulingPolicy.items():
 _NO_ATTRIBUTES = (False, False, False, 0)
 
 
-def _flag(value, what):
+def _flag(value: Any, what: str) -> bool:
     if value is True or value is False:
         return value
     if type(value).__name__ in ("bool_", "bool") or (
             isinstance(value, int) and value in (0, 1)):  # numpy's bool, 0 and 1
         return bool(value)
-    raise client_error(f"{what} must be True or False, got {value!r}")
+    raise client_error(f"{what} must be True or False, got {clipped_repr(value)}")
 
 
-def _launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy):
+def _launch_attributes(cooperative: Any, pdl: Any, non_portable_cluster: Any,
+                       cluster_policy: Any) -> Tuple[bool, bool, bool, int]:
     """The launch attributes as the wire takes them, checked; raises the
     client's error naming the argument."""
     if (cooperative is False and pdl is False and non_portable_cluster is False
             and cluster_policy is None):
         return _NO_ATTRIBUTES
-    if cluster_policy is None:
-        policy = 0
-    else:
+    policy: Optional[int] = 0
+    if cluster_policy is not None:
         policy = (_CLUSTER_POLICIES.get(cluster_policy.strip().lower().replace("-", "_"))
                   if isinstance(cluster_policy, str) else None)
         if policy is None:
             raise client_error(f"cluster_policy must be None, 'default', 'spread' or "
-                               f"'load_balancing', got {cluster_policy!r}")
+                               f"'load_balancing', got {clipped_repr(cluster_policy)}")
     return (_flag(cooperative, "cooperative"), _flag(pdl, "pdl"),
-            _flag(non_portable_cluster, "non_portable_cluster"), policy)
+            _flag(non_portable_cluster, "non_portable_cluster"), int(policy or 0))
 
 
 
@@ -86,11 +94,12 @@ class FunctionAttributes:
 
 
 
-def _module_kind(image, path, kind):
+def _module_kind(image: bytes, path: Optional[str], kind: Any) -> int:
     if kind is not None:
         if isinstance(kind, str):
             if kind.lower() not in _KINDS:
-                raise client_error(f"unknown module kind {kind!r} (cubin, ptx or fatbin)")
+                raise client_error(f"unknown module kind {clipped_repr(kind)} (cubin, ptx or "
+                                   "fatbin)")
             return _KINDS[kind.lower()]
         return int(kind)
     if path is not None:
@@ -113,19 +122,20 @@ def _module_kind(image, path, kind):
 class Module:
     """A module image loaded for a session (dropped when the session closes)."""
 
-    def __init__(self, session, handle, sha256, uploaded, kind):
+    def __init__(self, session: Any, handle: int, sha256: str, uploaded: bool,
+                 kind: Any) -> None:
         self.session = session
         self.handle = handle
         self.sha256 = sha256
         # True when this load carried the bytes; False when the daemon had them.
         self.uploaded = uploaded
         self.kind = _KIND_NAMES.get(kind, kind)
-        self._functions = {}
+        self._functions: Dict[str, Function] = {}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<gpuexec.Module {self.sha256[:12]} ({self.kind})>"
 
-    def function(self, name):
+    def function(self, name: str) -> Function:
         """The kernel ``name`` of this module, with its parameter layout."""
         function = self._functions.get(name)
         if function is None:
@@ -137,16 +147,29 @@ class Module:
         return function
 
 
-class Function:
-    """A kernel of a loaded module."""
+def _shown(name: str) -> str:
+    """A kernel's name as messages show it: quoted, bounded, escaped."""
+    if len(name) <= 128 and name.isprintable():
+        return f"'{name}'"
+    return clipped_repr(name)
 
-    def __init__(self, module, name, response):
+
+class Function:
+    """A kernel of a loaded module.
+
+    Launch it with ``launch`` (waits for the daemon), ``launch_async``
+    (queued, no round trip) or by calling it as CuPy's RawKernel is called:
+    ``f(grid, block, args)``.
+    """
+
+    def __init__(self, module: Module, name: str, response: Any) -> None:
         self.module = module
         self.session = module.session
         self.name = name
+        self._shown_name = _shown(name)
         self.handle = response.function
         self.params = [Param(p.offset, p.size) for p in response.params]
-        self._heads = {}
+        self._heads: Dict[Any, Tuple[bytes, bytes]] = {}
         a = response.attributes
         self.attributes = FunctionAttributes(
             num_registers=a.num_registers, static_shared_bytes=a.static_shared_bytes,
@@ -155,7 +178,7 @@ class Function:
             max_dynamic_shared_bytes=a.max_dynamic_shared_bytes, ptx_version=a.ptx_version,
             binary_version=a.binary_version)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<gpuexec.Function {self.name}, {len(self.params)} params>"
 
     # A launch's fixed parts serialized -- the fields before the arguments
@@ -164,10 +187,13 @@ class Function:
     # geometries.
     _MAX_HEADS = 64
 
-    def _launch_op(self, grid, block, args, shared, cluster, sync, attributes=_NO_ATTRIBUTES):
+    def _launch_op(self, grid: Any, block: Any, args: Sequence[Any], shared: int, cluster: Any,
+                   sync: bool,
+                   attributes: Tuple[bool, bool, bool, int] = _NO_ATTRIBUTES) -> bytes:
         """The launch as a Command's operation field (see _wire);
-        ``attributes`` as _launch_attributes returns them."""
-        key = (grid, block, shared, cluster, attributes)
+        ``attributes`` as _launch_attributes returns them. Raises
+        _transfer.NotWaited for an In/Out/InOut argument."""
+        key: Any = (grid, block, shared, cluster, attributes)
         try:
             fixed = self._heads.get(key)
         except TypeError:  # a list, say: not kept
@@ -185,30 +211,108 @@ class Function:
         if not args and not sync:
             return _wire.launch_op(head + tail if tail else head)
         parts = [head]
-        params = self.params
+        session = self.session
         for i, value in enumerate(args):
             kind = type(value)
-            if kind is Buffer or kind is TensorMap:
+            # The hot path: a buffer or tensor map of this session.
+            if ((kind is Buffer and value.session is session)
+                    or (kind is TensorMap and value.buffer.session is session)):
                 parts.append(value._launch_field)
             else:
-                parts.append(_wire.launch_arg_field(
-                    to_arg(value, i, params[i] if i < len(params) else None)))
+                parts.append(self._arg_field(value, i))
         if sync:
             parts.append(_wire.LAUNCH_SYNCHRONIZE)
         if tail:
             parts.append(tail)
         return _wire.launch_op(b"".join(parts))
 
-    def launch(self, grid, block, *args, shared=0, cluster=None, sync=False, cooperative=False,
-               pdl=False, non_portable_cluster=False, cluster_policy=None):
-        """Enqueues the kernel on its session's stream.
+    def _arg_field(self, value: Any, i: int) -> bytes:
+        """Launch argument ``i`` (not a buffer or tensor map of this
+        session) as a LaunchRequest's argument field; raises the client's
+        error for one that is refused."""
+        if isinstance(value, _transfer._Transfer):
+            raise _transfer.NotWaited(self._shown_name, i, value)
+        owner = value if isinstance(value, Buffer) else (
+            value.buffer if isinstance(value, TensorMap) else None)
+        if owner is not None and owner.session is not self.session:
+            if owner.session is None and type(value) in (Buffer, TensorMap):
+                return value._launch_field  # made by hand, of no session: the daemon checks it
+            if owner.session is not None:
+                self._refuse_session(owner, value, i)
+        params = self.params
+        return _wire.launch_arg_field(
+            to_arg(value, i, params[i] if i < len(params) else None, self._shown_name))
+
+    def _refuse_session(self, owner: Any, value: Any, i: int) -> NoReturn:
+        """Raises the client's error for argument ``i``, ``value``, whose
+        buffer ``owner`` is of another session."""
+        what = "Buffer" if owner is value else "TensorMap's buffer"
+        theirs, ours = short_token(owner.session.token), short_token(self.session.token)
+        raise client_error(
+            f"argument {i} of kernel {self._shown_name}: the {what} belongs to session "
+            f"{theirs}, the kernel to session {ours}; a launch takes buffers of its own "
+            f"session: load the module in session {theirs} too, or copy the data into a "
+            f"buffer of session {ours}")
+
+    def __call__(self, grid: Dims, block: Dims, args: Union[Tuple[Any, ...], Sequence[Any]], *,
+                 shared_mem: int = 0, cluster: Optional[Dims] = None, sync: bool = False,
+                 cooperative: bool = False, pdl: bool = False, non_portable_cluster: bool = False,
+                 cluster_policy: Optional[str] = None) -> Optional[float]:
+        """Launches the kernel as CuPy's RawKernel does:
+        ``f(grid, block, (a, x, y, n), shared_mem=0)``.
+
+        ``args``: a tuple or list, one value per parameter, of what
+        ``launch`` takes, and ``gpuexec.In(x)``/``Out(x)``/``InOut(x)`` of
+        numpy arrays (copied around the launch, see gpuexec.In). Their
+        count is checked before any is looked at. The launch is queued
+        like ``launch_async`` (no round trip; a failure is raised by the
+        session's next call that waits) unless an argument is
+        In/Out/InOut or ``sync`` is True: it then waits for the daemon
+        (an Out or InOut array holds the result on return). With ``sync``
+        returns the session's GPU time in seconds (see ``launch``), else
+        None. ``shared_mem`` is ``launch``'s ``shared``; the other keywords
+        are ``launch``'s.
+        """
+        if not isinstance(args, (tuple, list)):
+            raise client_error(
+                f"kernel {self._shown_name}: args must be a tuple or list of the kernel's "
+                f"arguments, got {type(args).__name__[:60]}; call it as "
+                "f(grid, block, (a, x, y, n)), with (x,) for one argument")
+        if len(args) != len(self.params):
+            raise _transfer.count_error(self._shown_name, len(self.params), len(args))
+        session = self.session
+        try:
+            if sync:
+                return session.launch(self, grid, block, *args, shared=shared_mem,
+                                      cluster=cluster, sync=True, cooperative=cooperative,
+                                      pdl=pdl, non_portable_cluster=non_portable_cluster,
+                                      cluster_policy=cluster_policy)
+            session.launch_async(self, grid, block, *args, shared=shared_mem, cluster=cluster,
+                                 cooperative=cooperative, pdl=pdl,
+                                 non_portable_cluster=non_portable_cluster,
+                                 cluster_policy=cluster_policy)
+            return None
+        except _transfer.NotWaited:  # raised before any call
+            return _transfer.launch(self, grid, block, args, shared_mem, cluster, sync,
+                                    _launch_attributes(cooperative, pdl, non_portable_cluster,
+                                                       cluster_policy))
+
+    def launch(self, grid: Dims, block: Dims, *args: Any, shared: int = 0,
+               cluster: Optional[Dims] = None, sync: bool = False, cooperative: bool = False,
+               pdl: bool = False, non_portable_cluster: bool = False,
+               cluster_policy: Optional[str] = None) -> Optional[float]:
+        """Enqueues the kernel on its session's stream and waits for the
+        daemon to take it.
 
         grid, block, cluster: an int or up to 3 ints. args: one per parameter
         (Buffer, TensorMap, None, Arg from i32()/f32()/..., numpy scalar,
-        bytes, int or float). shared: dynamic shared memory bytes (above 48
-        KiB is opted in by the daemon). With ``sync`` waits for the session's
-        work and returns its GPU time in seconds; else returns None once
-        enqueued.
+        bytes, int or float, or gpuexec.In(x)/Out(x)/InOut(x) of a numpy
+        array: copied to a temporary buffer before the launch and/or back
+        after it; see gpuexec.In). A bare numpy array is refused: it is host
+        memory. A Buffer of another session is refused. shared: dynamic
+        shared memory bytes (above 48 KiB is opted in by the daemon). With
+        ``sync`` waits for the session's work and returns its GPU time in
+        seconds; else returns None once enqueued.
 
         Launch attributes: ``cooperative``: every block resident at once, so
         that the kernel may synchronize the whole grid (a grid larger than
@@ -223,13 +327,20 @@ class Function:
         value of the wrong kind raises Error (INVALID_ARGUMENT) naming the
         argument, before any call.
         """
-        return self.session.launch(self, grid, block, *args, shared=shared, cluster=cluster,
-                                   sync=sync, cooperative=cooperative, pdl=pdl,
-                                   non_portable_cluster=non_portable_cluster,
-                                   cluster_policy=cluster_policy)
+        try:
+            return self.session.launch(self, grid, block, *args, shared=shared, cluster=cluster,
+                                       sync=sync, cooperative=cooperative, pdl=pdl,
+                                       non_portable_cluster=non_portable_cluster,
+                                       cluster_policy=cluster_policy)
+        except _transfer.NotWaited:  # raised before any call
+            return _transfer.launch(self, grid, block, args, shared, cluster, sync,
+                                    _launch_attributes(cooperative, pdl, non_portable_cluster,
+                                                       cluster_policy))
 
-    def launch_async(self, grid, block, *args, shared=0, cluster=None, cooperative=False,
-                     pdl=False, non_portable_cluster=False, cluster_policy=None):
+    def launch_async(self, grid: Dims, block: Dims, *args: Any, shared: int = 0,
+                     cluster: Optional[Dims] = None, cooperative: bool = False,
+                     pdl: bool = False, non_portable_cluster: bool = False,
+                     cluster_policy: Optional[str] = None) -> None:
         """Queues the kernel on its session's stream and returns at once,
         without a round trip to the daemon (the arguments are checked here
         against the kernel's parameters). A failure the daemon finds is
@@ -237,7 +348,9 @@ class Function:
         launch, ``synchronize()``, or a buffer's read, write, memset, copy or
         free (each waits for the launches queued before it), as CUDA
         reports asynchronous errors. The launch attributes are
-        Function.launch's."""
+        Function.launch's. gpuexec.In/Out/InOut arguments are refused: their
+        copies need a launch that waits (use ``launch`` or call the
+        function)."""
         self.session.launch_async(self, grid, block, *args, shared=shared, cluster=cluster,
                                   cooperative=cooperative, pdl=pdl,
                                   non_portable_cluster=non_portable_cluster,
