@@ -27,16 +27,23 @@ API instead (the same behaviour, a thread hop each way). GPUEXEC_COMMAND_STREAM=
 iterator forces that.
 """
 
+from __future__ import annotations
+
 import collections
 import os
 import queue
 import threading
+from typing import (TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Optional,
+                    Sequence, Tuple, Union)
 
 import grpc
 
 from . import _wire
 from ._errors import Error, naming_daemon
 from .v1 import gpuexec_pb2 as pb
+
+if TYPE_CHECKING:
+    from ._client import Client
 
 try:
     from grpc import _channel as _grpc_channel
@@ -65,13 +72,19 @@ PUMP_IDLE_S = 1.0
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _SEND, _RECV, _SEND_RECV = "send", "recv", "sendrecv"
 _STATUS, _INITIAL = "status", "initial"
+# A call's event: (tag, ok, payload): a message's bytes (or None) for a
+# receive, (code, details) for the status.
+Event = Tuple[str, bool, Any]
+# A command's answer: its gpuexec.v1.CommandResult, or the Error that ended
+# its wait.
+Answer = Any
 
 
-def _error_of(result):
+def _error_of(result: Any) -> Error:
     return Error(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
 
 
-def _text(details):
+def _text(details: Union[str, bytes, None]) -> str:
     if isinstance(details, bytes):
         return details.decode("utf-8", "replace")
     return details or ""
@@ -81,7 +94,7 @@ class _CoreCall:
     """The Execute call on grpcio's core: a call with a completion queue of
     its own, polled by whichever thread of the stream needs its next event."""
 
-    def __init__(self, channel, metadata):
+    def __init__(self, channel: Any, metadata: Optional[Tuple[Tuple[str, str], ...]]) -> None:
         c = _cygrpc
         operations = (
             ((c.SendInitialMetadataOperation(metadata, 0),
@@ -97,21 +110,21 @@ class _CoreCall:
             self._call = channel.segregated_call(*args, context, None)
         self.due = 2  # events to come; kept by the stream, under its lock
         self.ended = False  # its status came, or a send failed
-        self.why = None  # the Error it ended with
+        self.why: Optional[Error] = None  # the Error it ended with
         self.receiving = False  # a receive is asked for
 
-    def send(self, data):
+    def send(self, data: bytes) -> bool:
         return self._call.operate((_cygrpc.SendMessageOperation(data, 0),), _SEND)
 
-    def receive(self):
+    def receive(self) -> bool:
         return self._call.operate((_cygrpc.ReceiveMessageOperation(0),), _RECV)
 
-    def send_receive(self, data):
+    def send_receive(self, data: bytes) -> bool:
         """A send and a receive as one batch: one event when both are done."""
         return self._call.operate((_cygrpc.SendMessageOperation(data, 0),
                                    _cygrpc.ReceiveMessageOperation(0)), _SEND_RECV)
 
-    def next_event(self):
+    def next_event(self) -> Event:
         """Blocks for the next event: (tag, ok, payload)."""
         event = self._call.next_event()
         tag = event.tag
@@ -130,10 +143,10 @@ class _CoreCall:
             return tag, False, (grpc.StatusCode.UNKNOWN, "")
         return tag, event.success, None
 
-    def cancel(self, details):
+    def cancel(self, details: str) -> None:
         self._call.cancel(_cygrpc.StatusCode.cancelled, details)
 
-    def alive(self):
+    def alive(self) -> bool:
         """Whether the call still has events to give: grpcio (1.60 and
         later) tears a call down when a signal interrupts a wait for one."""
         try:
@@ -155,23 +168,23 @@ class _IteratorCall:
     as they come by a thread of this class's and given out one per
     receive(). Events are the same as _CoreCall's."""
 
-    def __init__(self, multicallable):
-        self._events = queue.SimpleQueue()
-        self._outgoing = queue.SimpleQueue()
+    def __init__(self, multicallable: Any) -> None:
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._outgoing: queue.SimpleQueue[Optional[bytes]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._inbox = collections.deque()  # answers read, not yet asked for
+        self._inbox: Deque[bytes] = collections.deque()  # answers read, not yet asked for
         self._wanted = 0  # receives asked for, not yet given
         self._sending = False  # a message handed over, its event not yet given
         self._over = False  # the call ended: nothing more is sent or read
         self.due = 1
         self.ended = False
-        self.why = None
+        self.why: Optional[Error] = None
         self.receiving = False
-        self.send_receive = None  # no batches of two here
+        self.send_receive: Optional[Callable[[bytes], bool]] = None  # no batches of two here
         self._responses = multicallable(self._requests())
         threading.Thread(target=self._read, name="gpuexec-execute-reader", daemon=True).start()
 
-    def _requests(self):
+    def _requests(self) -> Iterator[bytes]:
         while True:
             data = self._outgoing.get()
             if data is None:
@@ -183,7 +196,7 @@ class _IteratorCall:
                     self._sending = False
                     self._events.put((_SEND, True, None))
 
-    def _give_locked(self):
+    def _give_locked(self) -> None:
         while self._wanted and (self._inbox or self._over):
             self._wanted -= 1
             if self._inbox:
@@ -191,7 +204,7 @@ class _IteratorCall:
             else:
                 self._events.put((_RECV, False, None))
 
-    def _read(self):
+    def _read(self) -> None:
         code, details = grpc.StatusCode.OK, ""
         try:
             for message in self._responses:
@@ -210,7 +223,7 @@ class _IteratorCall:
         self._outgoing.put(None)
         self._events.put((_STATUS, True, (code, _text(details))))
 
-    def send(self, data):
+    def send(self, data: bytes) -> bool:
         with self._lock:
             if self._over:
                 return False
@@ -218,7 +231,7 @@ class _IteratorCall:
         self._outgoing.put(data)
         return True
 
-    def receive(self):
+    def receive(self) -> bool:
         with self._lock:
             if self._over and not self._inbox:
                 return False
@@ -226,17 +239,21 @@ class _IteratorCall:
             self._give_locked()
         return True
 
-    def next_event(self):
+    def next_event(self) -> Event:
         return self._events.get()
 
-    def cancel(self, details):
+    def cancel(self, details: str) -> None:
         self._responses.cancel()
 
-    def alive(self):
+    def alive(self) -> bool:
         return True
 
 
-def _core_channel(channel):
+# One Execute call, either way.
+_Call = Union[_CoreCall, _IteratorCall]
+
+
+def _core_channel(channel: Any) -> Any:
     """The cygrpc channel under a plain grpc channel, or None."""
     if _cygrpc is None or _grpc_channel is None:
         return None
@@ -252,7 +269,9 @@ def _core_channel(channel):
     return core
 
 
-def opener(channel, plain_channel=None, metadata=None):
+def opener(channel: Any, plain_channel: Any = None,
+           metadata: Optional[Sequence[Tuple[str, str]]] = None
+           ) -> Tuple[Callable[[], _Call], str]:
     """How a client's command streams open their Execute calls: on grpcio's
     core when ``plain_channel`` (``channel`` without the client's own
     interceptor, whose ``metadata`` is then sent here) or ``channel`` is a
@@ -273,12 +292,12 @@ class Later:
 
     __slots__ = ("_stream", "_id", "_answer")
 
-    def __init__(self, stream, command_id):
+    def __init__(self, stream: CommandStream, command_id: int) -> None:
         self._stream = stream
         self._id = command_id
-        self._answer = None
+        self._answer: Answer = None
 
-    def result(self):
+    def result(self) -> Any:
         """The command's CommandResult, once answered; raises its error."""
         if self._answer is None:
             try:
@@ -294,29 +313,31 @@ class CommandStream:
     """The Execute call of one session, opened on first use (and again after
     one breaks). Thread-safe."""
 
-    def __init__(self, client, token):
+    def __init__(self, client: Client, token: str) -> None:
         self._client = client
         self._token = token
         self._cond = threading.Condition(threading.Lock())
-        self._call = None  # the current call (a _CoreCall or _IteratorCall)
+        self._call: Optional[_Call] = None  # the current call
         self._first = True  # the next message opens the call (names the session)
-        self._pending = []  # commands (ExecuteRequest fields) not yet sent
+        self._pending: List[bytes] = []  # commands (ExecuteRequest fields) not yet sent
         self._next_id = 1
         # The last command queued without waiting, and the last command the
         # daemon is known to have started every command up to.
         self._last_unwaited = 0
         self._ordered_through = 0
-        self._awaited = {}  # id -> None, then its CommandResult or Error
-        self._deferred = None  # the first failure nobody waited for, not yet raised
+        self._awaited: Dict[int, Answer] = {}  # id -> None, then its CommandResult or Error
+        # The first failure nobody waited for, not yet raised.
+        self._deferred: Optional[Error] = None
         self._sending = False  # a message of the current call is on its way
         self._polling = False  # a thread waits in the call's next_event
         self._waiters = 0  # threads waiting for an answer (they poll themselves)
-        self._pump = None  # the thread that polls for queued commands' sends
+        # The thread that polls for queued commands' sends.
+        self._pump: Optional[threading.Thread] = None
         self._closing = False
 
     # ------------------------------------------------------------ commands
 
-    def submit(self, op, wait):
+    def submit(self, op: bytes, wait: bool) -> Any:
         """Sends a command (``op``: a Command's operation field, see _wire).
         With ``wait``, returns its CommandResult once answered, or raises its
         error, or first an earlier command's; without, returns None once
@@ -356,7 +377,7 @@ class CommandStream:
             raise _error_of(answer)
         return answer
 
-    def submit_later(self, op):
+    def submit_later(self, op: bytes) -> Later:
         """Queues a command whose answer is wanted, without waiting for it:
         returns a Later whose ``result()`` waits for the answer (the
         CommandResult, or raises its error). Earlier commands' failures are
@@ -372,7 +393,7 @@ class CommandStream:
                 self._flush_locked()
         return Later(self, command_id)
 
-    def _result_of(self, command_id):
+    def _result_of(self, command_id: int) -> Any:
         with self._cond:
             self._waiters += 1
             try:
@@ -388,7 +409,7 @@ class CommandStream:
             raise _error_of(answer)
         return answer
 
-    def order(self):
+    def order(self) -> None:
         """Waits until the commands queued without waiting have been started
         by the daemon (a barrier), so that a call outside the stream sees
         their effects; raises an earlier command's failure."""
@@ -402,7 +423,7 @@ class CommandStream:
         if needed:
             self.submit(_wire.BARRIER_OP, wait=True)
 
-    def close(self):
+    def close(self) -> None:
         """Ends the call (commands not yet sent are dropped) and waits until
         it has given its last event. A later command opens another."""
         with self._cond:
@@ -418,7 +439,7 @@ class CommandStream:
 
     # ------------------------------------------------------------ internals
 
-    def _open_locked(self):
+    def _open_locked(self) -> None:
         call = self._call
         if call is not None and call.ended:
             # A call that broke is replaced once it has given its last event.
@@ -436,7 +457,7 @@ class CommandStream:
             self._sending = False
             self._client._stream_opened(self)
 
-    def _drain_locked(self, call):
+    def _drain_locked(self, call: Optional[_Call]) -> None:
         """Polls ``call`` (or waits for the thread polling it) until it has
         given all its events."""
         while call is not None and self._call is call:
@@ -448,13 +469,14 @@ class CommandStream:
             else:
                 self._poll_locked(call)
 
-    def _wait_for_room_locked(self):
+    def _wait_for_room_locked(self) -> None:
         call = self._call
         self._wake_pump_locked()
-        while len(self._pending) >= MAX_QUEUED and self._call is call and not call.ended:
+        while (len(self._pending) >= MAX_QUEUED and call is not None and self._call is call
+               and not call.ended):
             self._cond.wait()
 
-    def _flush_locked(self):
+    def _flush_locked(self) -> None:
         """Sends the commands pending as one message if none is on its way."""
         call = self._call
         if self._sending or not self._pending or call is None or call.ended:
@@ -475,10 +497,11 @@ class CommandStream:
         # an answer is sure to come: someone waits for one, and what it
         # answers is sent by now. Otherwise the two go apart: queued launches
         # need the send's event as soon as it is on the wire.
-        together = (not call.receiving and call.send_receive is not None
+        send_receive = call.send_receive
+        together = (not call.receiving and send_receive is not None
                     and count == len(pending) and None in self._awaited.values())
-        if together:
-            sent = call.send_receive(data)
+        if together and send_receive is not None:
+            sent = send_receive(data)
         else:
             sent = call.send(data)
         if sent:
@@ -500,12 +523,12 @@ class CommandStream:
             call.ended = True
             self._wake_pump_locked()
 
-    def _receive_locked(self, call):
+    def _receive_locked(self, call: _Call) -> None:
         if not call.receiving and not call.ended and call.receive():
             call.due += 1
             call.receiving = True
 
-    def _await_locked(self, command_id):
+    def _await_locked(self, command_id: int) -> Answer:
         while True:
             answer = self._awaited.get(command_id)
             if answer is not None:
@@ -519,7 +542,7 @@ class CommandStream:
             else:
                 self._poll_locked(call)
 
-    def _poll_locked(self, call):
+    def _poll_locked(self, call: _Call) -> None:
         """Takes and handles one event of ``call`` (called holding the lock,
         which is let go while waiting)."""
         self._polling = True
@@ -559,7 +582,7 @@ class CommandStream:
             self._retire_locked(call)
         self._cond.notify_all()
 
-    def _answers_locked(self, call, message):
+    def _answers_locked(self, call: _Call, message: bytes) -> None:
         try:
             response = pb.ExecuteResponse.FromString(message)
         except Exception:  # pylint: disable=broad-except
@@ -574,7 +597,7 @@ class CommandStream:
             elif r.code != 0 and self._deferred is None:
                 self._deferred = _error_of(r)
 
-    def _break_locked(self, call, code, details):
+    def _break_locked(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
         call.ended = True
         if self._closing:
             why = Error(grpc.StatusCode.CANCELLED,
@@ -601,7 +624,7 @@ class CommandStream:
             self._ordered_through = self._last_unwaited
         self._pending.clear()
 
-    def _retire_locked(self, call):
+    def _retire_locked(self, call: _Call) -> None:
         if self._call is call:
             self._call = None
             self._sending = False
@@ -609,7 +632,7 @@ class CommandStream:
             self._client._stream_closed(self)
         self._cond.notify_all()
 
-    def _interrupted_locked(self, call):
+    def _interrupted_locked(self, call: _Call) -> None:
         """A signal's exception interrupted a wait for ``call``'s next event."""
         try:
             call.cancel("gpuexec client: interrupted")
@@ -627,7 +650,7 @@ class CommandStream:
 
     # ------------------------------------------------------------ the pump
 
-    def _wake_pump_locked(self):
+    def _wake_pump_locked(self) -> None:
         if self._pump is None:
             self._pump = threading.Thread(target=self._pump_loop, name="gpuexec-execute-pump",
                                           daemon=True)
@@ -635,18 +658,19 @@ class CommandStream:
         else:
             self._cond.notify_all()
 
-    def _pump_work_locked(self):
+    def _pump_work_locked(self) -> bool:
         call = self._call
         return (call is not None and call.due > 0 and (self._sending or call.ended)
                 and not self._polling and self._waiters == 0)
 
-    def _pump_loop(self):
+    def _pump_loop(self) -> None:
         me = threading.current_thread()
         with self._cond:
             while self._pump is me:
-                if self._pump_work_locked():
+                call = self._call
+                if call is not None and self._pump_work_locked():
                     try:
-                        self._poll_locked(self._call)
+                        self._poll_locked(call)
                     except BaseException:  # pylint: disable=broad-except
                         pass
                     continue
