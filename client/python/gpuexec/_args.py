@@ -10,8 +10,15 @@ becomes the signed or unsigned integer of that size, a float becomes f32 or
 f64; a 2-byte float parameter needs an explicit ``f16``/``bf16``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, SupportsFloat, SupportsIndex, Tuple
+
 from ._errors import client_error
 from .v1 import gpuexec_pb2 as pb
+
+if TYPE_CHECKING:
+    from ._buffer import Buffer
 
 _INT_RANGES = {
     "i8": (-(1 << 7), (1 << 7) - 1),
@@ -37,17 +44,17 @@ class Arg:
 
     __slots__ = ("kind", "value", "offset")
 
-    def __init__(self, kind, value=None, offset=0):
+    def __init__(self, kind: str, value: Any = None, offset: int = 0) -> None:
         self.kind = kind
         self.value = value
         self.offset = offset
 
     @property
-    def size(self):
+    def size(self) -> int:
         """Bytes the argument occupies in the kernel's parameter block."""
         return len(self.value) if self.kind == "raw" else _SIZES[self.kind]
 
-    def to_proto(self):
+    def to_proto(self) -> Any:
         """The wire form (gpuexec.v1.Arg)."""
         if self.kind == "buffer":
             return pb.Arg(buffer=pb.BufferArg(buffer=self.value, offset=self.offset))
@@ -57,7 +64,7 @@ class Arg:
             return pb.Arg(tensor_map=self.value.to_proto())
         return pb.Arg(**{_FIELDS.get(self.kind, self.kind): self.value})
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.kind == "buffer":
             return f"ptr(buffer 0x{self.value:x} + {self.offset})"
         if self.kind == "null_pointer":
@@ -66,15 +73,15 @@ class Arg:
             return repr(self.value)
         return f"{self.kind}({self.value!r})"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return (isinstance(other, Arg) and self.kind == other.kind and self.value == other.value
                 and self.offset == other.offset)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.kind, self.value, self.offset))
 
 
-def _int(kind, value):
+def _int(kind: str, value: Any) -> Arg:
     if isinstance(value, float) or not hasattr(value, "__index__"):
         raise client_error(f"{kind} needs an integer, got {type(value).__name__} {value!r}")
     value = value.__index__()
@@ -84,24 +91,54 @@ def _int(kind, value):
     return Arg(kind, value)
 
 
-def _float(kind, value):
+def _float(kind: str, value: Any) -> Arg:
     try:
         return Arg(kind, float(value))
     except (TypeError, ValueError):
         raise client_error(f"{kind} needs a number, got {type(value).__name__} {value!r}") from None
 
 
-def i8(value): return _int("i8", value)
-def i16(value): return _int("i16", value)
-def i32(value): return _int("i32", value)
-def i64(value): return _int("i64", value)
-def u8(value): return _int("u8", value)
-def u16(value): return _int("u16", value)
-def u32(value): return _int("u32", value)
-def u64(value): return _int("u64", value)
+def i8(value: SupportsIndex) -> Arg:
+    """An 8-bit signed integer; a value out of its range is an Error."""
+    return _int("i8", value)
 
 
-def f16(value):
+def i16(value: SupportsIndex) -> Arg:
+    """A 16-bit signed integer; a value out of its range is an Error."""
+    return _int("i16", value)
+
+
+def i32(value: SupportsIndex) -> Arg:
+    """A 32-bit signed integer; a value out of its range is an Error."""
+    return _int("i32", value)
+
+
+def i64(value: SupportsIndex) -> Arg:
+    """A 64-bit signed integer; a value out of its range is an Error."""
+    return _int("i64", value)
+
+
+def u8(value: SupportsIndex) -> Arg:
+    """An 8-bit unsigned integer; a value out of its range is an Error."""
+    return _int("u8", value)
+
+
+def u16(value: SupportsIndex) -> Arg:
+    """A 16-bit unsigned integer; a value out of its range is an Error."""
+    return _int("u16", value)
+
+
+def u32(value: SupportsIndex) -> Arg:
+    """A 32-bit unsigned integer; a value out of its range is an Error."""
+    return _int("u32", value)
+
+
+def u64(value: SupportsIndex) -> Arg:
+    """A 64-bit unsigned integer; a value out of its range is an Error."""
+    return _int("u64", value)
+
+
+def f16(value: SupportsFloat) -> Arg:
     """IEEE half; the daemon rounds the value (as a double) once, to nearest
     even. A numpy float16 passes its own bits."""
     if _numpy_half_bits(value) is not None:
@@ -109,7 +146,7 @@ def f16(value):
     return _float("f16", value)
 
 
-def bf16(value):
+def bf16(value: SupportsFloat) -> Arg:
     """bfloat16; the daemon rounds the value (as a double) once, to nearest
     even. An ml_dtypes bfloat16 passes its own bits."""
     bits = _numpy_half_bits(value, "bfloat16")
@@ -118,7 +155,7 @@ def bf16(value):
     return _float("bf16", value)
 
 
-def _numpy_half_bits(value, name="float16"):
+def _numpy_half_bits(value: Any, name: str = "float16") -> Optional[int]:
     """The 16 bits of a numpy scalar of dtype ``name``, else None."""
     dtype = getattr(value, "dtype", None)
     if dtype is None or getattr(dtype, "name", "") != name or dtype.itemsize != 2:
@@ -126,26 +163,32 @@ def _numpy_half_bits(value, name="float16"):
     return int.from_bytes(value.tobytes(), "little")
 
 
-def f32(value): return _float("f32", value)
-def f64(value): return _float("f64", value)
+def f32(value: SupportsFloat) -> Arg:
+    """An IEEE single (float)."""
+    return _float("f32", value)
 
 
-def raw(data):
+def f64(value: SupportsFloat) -> Arg:
+    """An IEEE double."""
+    return _float("f64", value)
+
+
+def raw(data: bytes | bytearray | memoryview) -> Arg:
     """By-value bytes: a struct, a 128-byte CUtensorMap ..."""
     return Arg("raw", bytes(data))
 
 
-def null():
+def null() -> Arg:
     """A null device pointer (8 bytes of zero)."""
     return Arg("null_pointer", True)
 
 
-def ptr(buffer, offset=0):
+def ptr(buffer: Buffer, offset: int = 0) -> Arg:
     """The device address of ``buffer`` plus ``offset`` bytes."""
     return buffer.ptr(offset)
 
 
-def _from_numpy(value):
+def _from_numpy(value: Any) -> Arg:
     dt = value.dtype
     # Halves pass their bits: no rounding at all.
     if dt.name == "float16" and dt.itemsize == 2:
@@ -163,14 +206,16 @@ def _from_numpy(value):
     raise client_error(f"no kernel argument type for numpy {dt}")
 
 
-def _describe(index, param, kernel=None):
+def _describe(index: int, param: Optional[Tuple[int, int]],
+              kernel: Optional[str] = None) -> str:
     where = f"argument {index}" if kernel is None else f"argument {index} of kernel {kernel}"
     if param is not None:
         where += f" (parameter of {param[1]} bytes at offset {param[0]})"
     return where
 
 
-def to_arg(value, index, param, kernel=None):
+def to_arg(value: Any, index: int, param: Optional[Tuple[int, int]],
+           kernel: Optional[str] = None) -> Arg:
     """The Arg for launch argument ``index``; ``param`` is (offset, size) or
     None; ``kernel``, the kernel's name as messages show it, or None."""
     if isinstance(value, Arg):
