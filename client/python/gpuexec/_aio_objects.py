@@ -12,7 +12,7 @@ import grpc
 
 from ._args import Arg
 from ._bytes import _byte_view, _numpy, _parse_read_response, varint as _varint
-from ._errors import Error, client_error, from_rpc_error
+from ._errors import Error, client_error, from_rpc_error, short_token
 from ._function import Function, FunctionAttributes, Param, _KIND_NAMES, _launch_attributes
 from .v1 import gpuexec_pb2 as pb
 
@@ -41,6 +41,7 @@ class AsyncBuffer:
         self.dtype = dtype
         self.shape = shape if shape is not None else (nbytes,)
         self._freed = False
+        self._arg = Arg("buffer", handle, 0)  # as a kernel argument
 
     def __repr__(self) -> str:
         return f"<gpuexec.aio.AsyncBuffer 0x{self.handle:x}, {self.nbytes} bytes>"
@@ -65,7 +66,7 @@ class AsyncBuffer:
         return Arg("buffer", self.handle, int(offset))
 
     def _as_kernel_arg(self) -> Arg:
-        return self.ptr(0)
+        return self._arg
 
     async def free(self) -> None:
         """Frees the allocation, after the work queued before this call."""
@@ -222,6 +223,13 @@ class AsyncFunction:
     def _op(self, grid: Dims, block: Dims, args: tuple, shared: int, cluster: Optional[Dims],
             sync: bool, cooperative: bool, pdl: bool, non_portable_cluster: bool,
             cluster_policy: Optional[str]) -> bytes:
+        for i, value in enumerate(args):
+            if type(value) is AsyncBuffer and value.session is not self.session:
+                raise client_error(
+                    f"argument {i} of kernel {self._encoder._shown_name}: the buffer belongs to "
+                    f"session {short_token(value.session.token)}, the kernel to session "
+                    f"{short_token(self.session.token)}; a launch takes buffers of its own "
+                    "session: upload the data in this one")
         return self._encoder._launch_op(
             grid, block, args, shared, cluster, sync,
             _launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy))

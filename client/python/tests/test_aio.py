@@ -265,6 +265,15 @@ def test_what_the_client_refuses_before_any_call(daemon):
             with pytest.raises(gpuexec.Error) as shape:
                 await s.empty((2, -1))
             assert "shape" in shape.value.message
+            async with client.session() as other:
+                theirs = await other.zeros(4, np.float32)
+                with pytest.raises(gpuexec.Error) as foreign:
+                    await saxpy.launch_async(1, 4, 1.0, x, theirs, 4)
+                assert foreign.value.code == grpc.StatusCode.INVALID_ARGUMENT
+                assert foreign.value.message == (
+                    f"gpuexec client: argument 2 of kernel 'gx_saxpy': the buffer belongs to "
+                    f"session {other.token[:8]}, the kernel to session {s.token[:8]}; a launch "
+                    "takes buffers of its own session: upload the data in this one")
     asyncio.run(main())
 
 
