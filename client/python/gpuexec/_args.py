@@ -235,7 +235,7 @@ def to_arg(value: Any, index: int, param: Optional[Tuple[int, int]],
         raise client_error(f"{where}: a numpy array ({getattr(value, 'dtype', '?')}, shape "
                            f"{shape if len(shape) <= 8 else '...'}) is host memory; wrap it "
                            "as gpuexec.In(x), Out(x) or InOut(x) to copy it around the "
-                           "launch, or upload it with session.upload(x) and pass the buffer")
+                           "launch, or upload it with session.asarray(x) and pass the buffer")
     size = None if param is None else param[1]
     if isinstance(value, bool):
         value = int(value)

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Union
 
 from . import _transfer, _wire
-from ._args import to_arg
+from ._args import Arg, to_arg
 from ._buffer import Buffer
 from ._errors import client_error, short_token
 from ._tensor_map import TensorMap
 from ._transfer import clipped_repr
 from .v1 import gpuexec_pb2 as pb
 
+# Arguments that are neither buffers nor host arrays: to_arg types them.
+_PLAIN = frozenset((int, float, bool, bytes, type(None)))
 # A grid, block or cluster: an int or 1 to 3 ints.
 Dims = Union[int, Sequence[int]]
 
@@ -214,10 +216,12 @@ class Function:
         session = self.session
         for i, value in enumerate(args):
             kind = type(value)
-            # The hot path: a buffer or tensor map of this session.
+            # The hot path: a buffer or tensor map of this session, an Arg.
             if ((kind is Buffer and value.session is session)
                     or (kind is TensorMap and value.buffer.session is session)):
                 parts.append(value._launch_field)
+            elif kind is Arg:
+                parts.append(_wire.launch_arg_field(value))
             else:
                 parts.append(self._arg_field(value, i))
         if sync:
@@ -230,6 +234,10 @@ class Function:
         """Launch argument ``i`` (not a buffer or tensor map of this
         session) as a LaunchRequest's argument field; raises the client's
         error for one that is refused."""
+        params = self.params
+        if type(value) in _PLAIN:
+            return _wire.launch_arg_field(
+                to_arg(value, i, params[i] if i < len(params) else None, self._shown_name))
         if isinstance(value, _transfer._Transfer):
             raise _transfer.NotWaited(self._shown_name, i, value)
         owner = value if isinstance(value, Buffer) else (
@@ -239,7 +247,6 @@ class Function:
                 return value._launch_field  # made by hand, of no session: the daemon checks it
             if owner.session is not None:
                 self._refuse_session(owner, value, i)
-        params = self.params
         return _wire.launch_arg_field(
             to_arg(value, i, params[i] if i < len(params) else None, self._shown_name))
 
@@ -251,8 +258,8 @@ class Function:
         raise client_error(
             f"argument {i} of kernel {self._shown_name}: the {what} belongs to session "
             f"{theirs}, the kernel to session {ours}; a launch takes buffers of its own "
-            f"session: load the module in session {theirs} too, or copy the data into a "
-            f"buffer of session {ours}")
+            f"session: copy the data through the host into session {ours} "
+            f"(session.asarray(buffer.get())), or load the module in session {theirs} too")
 
     def __call__(self, grid: Dims, block: Dims, args: Union[Tuple[Any, ...], Sequence[Any]], *,
                  shared_mem: int = 0, cluster: Optional[Dims] = None, sync: bool = False,

@@ -139,14 +139,15 @@ def test_a_bare_numpy_array_is_refused_with_what_to_do(session, kernels):
     yb = session.alloc(64)
     expected = ("gpuexec client: argument 1 of kernel 'gx_saxpy': a numpy array (float32, "
                 "shape (16,)) is host memory; wrap it as gpuexec.In(x), Out(x) or InOut(x) to "
-                "copy it around the launch, or upload it with session.")
+                "copy it around the launch, or upload it with session.asarray(x) and pass the "
+                "buffer")
     for launch in (lambda: saxpy(1, 32, (2.0, x, yb, 16)),
                    lambda: saxpy.launch(1, 32, 2.0, x, yb, 16),
                    lambda: saxpy.launch_async(1, 32, 2.0, x, yb, 16)):
         with pytest.raises(gpuexec.Error) as e:
             launch()
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert e.value.message.startswith(expected), e.value.message
+        assert e.value.message == expected
     # Nothing was queued: the session's next wait finds no failure.
     session.synchronize()
     # A numpy scalar and a 0-d array are scalar arguments.
@@ -220,8 +221,17 @@ def test_another_sessions_buffer_is_refused_naming_both(client, session, kernels
             assert e.value.message == (
                 f"gpuexec client: argument 2 of kernel 'gx_saxpy': the Buffer belongs to "
                 f"session {a}, the kernel to session {b}; a launch takes buffers of its own "
-                f"session: load the module in session {a} too, or copy the data into a buffer "
-                f"of session {b}")
+                f"session: copy the data through the host into session {b} "
+                f"(session.asarray(buffer.get())), or load the module in session {a} too")
+        # A view of their buffer, and a tensor map over it, are theirs too.
+        for arg, what in [(theirs[8:], "Buffer"),
+                          (gpuexec.TensorMap(theirs, "float32", [16], [], [16]),
+                           "TensorMap's buffer")]:
+            with pytest.raises(gpuexec.Error) as e:
+                saxpy(1, 16, (2.0, mine, arg, 16))
+            assert e.value.message.startswith(
+                f"gpuexec client: argument 2 of kernel 'gx_saxpy': the {what} belongs to "
+                f"session {a}, the kernel to session {b};"), e.value.message
         # Nothing reached the daemon: the session has no failure queued.
         session.synchronize()
 
