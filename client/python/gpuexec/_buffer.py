@@ -429,7 +429,7 @@ class Buffer:
             raise client_error(f"{what} of {self!r}: its elements are not contiguous; copy "
                                "through a contiguous view (or its owner)")
         at = _index(offset, f"{what}'s offset")
-        limit = self._capacity if self._owner is None else self._span
+        limit = self._span
         n = max(limit - at, 0) if size is None else _index(size, f"{what}'s size")
         if at < 0 or n < 0 or at + n > limit:
             raise client_error(f"{what} of {self!r}: bytes [{at}, {at + n}) are past the end "

@@ -380,10 +380,11 @@ class Session:
     def empty(self, shape: ShapeLike, dtype: Any = "float32") -> Buffer:
         """A buffer of ``shape`` and ``dtype`` (a name, numpy dtype or
         gpuexec.DType); its contents are zeros (see alloc) but a program
-        should not count on that: use zeros()."""
+        should not count on that: use zeros(). An array of no elements
+        holds one byte of the daemon's (it allocates no less)."""
         d = _as_dtype(dtype)
         dims = shape_of(shape)
-        return self.alloc(count_of(dims) * d.itemsize, dtype=d, shape=dims)
+        return self.alloc(max(count_of(dims) * d.itemsize, 1), dtype=d, shape=dims)
 
     def zeros(self, shape: ShapeLike, dtype: Any = "float32") -> Buffer:
         """A zero-filled buffer of ``shape`` and ``dtype``: one Allocate, no
@@ -468,8 +469,8 @@ class Session:
 
     def _upload_array(self, data: Any, d: Optional[DType]) -> Buffer:
         view = _byte_view(data)
-        shape = tuple(data.shape) if d is not None else None
-        buffer = self.alloc(len(view), dtype=d, shape=shape)
+        shape = tuple(data.shape) if d is not None else (len(view),)
+        buffer = self.alloc(max(len(view), 1), dtype=d, shape=shape)
         if len(view):
             try:
                 buffer.write(view)

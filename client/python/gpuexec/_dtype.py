@@ -256,7 +256,8 @@ def element_bytes(value: Any, d: DType) -> bytes:
     (little-endian; bfloat16 rounded to nearest even). Raises the client's
     error for a value the type cannot hold. Needs no numpy."""
     import struct  # pylint: disable=import-outside-toplevel
-    shown = _clip(repr(value))
+    shown = repr(value)
+    shown = shown if len(shown) <= _MAX_NAME else shown[:_MAX_NAME - 3] + "..."
     if d.is_floating_point:
         try:
             v = float(value)
