@@ -32,6 +32,24 @@ def test_call_queues_like_launch_async(session, kernels):
                                   saxpy_expected(2.0, x, saxpy_expected(2.0, x, y)))
 
 
+def test_call_without_sync_does_not_wait_for_the_daemon(session, kernels):
+    fill = kernels.function("gx_fill_u32")
+    buf = session.alloc(1024)
+    buf.free()
+    # Found by the daemon, not here: the call returns at once...
+    assert fill(1, 32, (buf, 1, 32)) is None
+    # ...and the session's next waiting call raises it.
+    with pytest.raises(gpuexec.Error) as e:
+        session.synchronize()
+    assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+    assert "parameter 0" in e.value.message and "gx_fill_u32" in e.value.message
+    # With sync=True the call itself raises it.
+    with pytest.raises(gpuexec.Error) as e:
+        fill(1, 32, (buf, 1, 32), sync=True)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+    assert session.synchronize() == 0.0
+
+
 def test_call_with_sync_returns_gpu_time(session, kernels):
     saxpy = kernels.function("gx_saxpy")
     n = 256
