@@ -39,7 +39,7 @@ from ._host_memory import HostMemory
 from ._pool import Pool, PoolDaemon
 from ._tensor_map import TensorMap
 from ._transfer import In, InOut, Out
-from ._version import __version__  # generated from the project's version (CMake)
+from ._version import __version__  # the project's version (test python_version_current)
 from ._version_check import VersionWarning
 
 __all__ = [

@@ -43,6 +43,9 @@ class Arg:
     """One typed kernel argument; make it with i32(), f32(), ptr(), raw() ..."""
 
     __slots__ = ("kind", "value", "offset")
+    kind: str  # "i32", "f32", "buffer", "raw", "tensor_map" ...
+    value: Any  # the number, the buffer's handle, the bytes, the TensorMap
+    offset: int  # bytes past a buffer's address
 
     def __init__(self, kind: str, value: Any = None, offset: int = 0) -> None:
         self.kind = kind
