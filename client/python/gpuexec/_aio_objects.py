@@ -12,6 +12,7 @@ import grpc
 
 from ._args import Arg
 from ._bytes import _byte_view, _numpy, _parse_read_response, varint as _varint
+from ._dtype import DType, count_of, dtype as _as_dtype, uint8
 from ._errors import Error, client_error, from_rpc_error, short_token
 from ._function import Function, FunctionAttributes, Param, _KIND_NAMES, _launch_attributes
 from .v1 import gpuexec_pb2 as pb
@@ -22,32 +23,62 @@ if TYPE_CHECKING:  # pragma: no cover
 Dims = Union[int, Tuple[int, ...]]
 
 
+def _index(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise client_error(f"{what} must be an int, got a {type(value).__name__[:40]}")
+    return int(value.__index__())
+
+
 def _op(field: str, request: Any) -> bytes:
     """A Command's operation field ``field`` holding ``request``."""
     return pb.Command(**{field: request}).SerializeToString()
 
 
 class AsyncBuffer:
-    """Device memory of an AsyncSession: ``nbytes`` bytes, read back by
-    get() as a numpy array of ``shape`` and ``dtype`` (a flat array of
-    uint8 when it was made by alloc()). ``async with`` frees it at the end
-    of the block; otherwise it lives until free() or its session's close."""
+    """Device memory of an AsyncSession, as an array: ``shape``, ``dtype``
+    (a gpuexec.DType; uint8 for alloc() without one), ``size`` (elements)
+    and ``nbytes``, as gpuexec.Buffer's. get() reads it back as a numpy
+    array of that shape and dtype. ``async with`` frees it at the end of
+    the block; otherwise it lives until free() or its session's close."""
 
-    def __init__(self, session: "AsyncSession", handle: int, nbytes: int, dtype: Any = None,
+    def __init__(self, session: "AsyncSession", handle: int, capacity: int, dtype: Any = None,
                  shape: Optional[Tuple[int, ...]] = None) -> None:
         self.session = session
         self.handle = handle
-        self.nbytes = nbytes
-        self.dtype = dtype
-        self.shape = shape if shape is not None else (nbytes,)
+        self.dtype: DType = uint8 if dtype is None else _as_dtype(dtype)
+        self.shape: Tuple[int, ...] = ((capacity // self.dtype.itemsize,) if shape is None
+                                       else shape)
+        self._capacity = capacity  # the allocation's bytes
         self._freed = False
         self._arg = Arg("buffer", handle, 0)  # as a kernel argument
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its elements (size * itemsize)."""
+        return count_of(self.shape) * self.dtype.itemsize
+
+    @property
+    def size(self) -> int:
+        """Elements (numpy's meaning; ``nbytes`` is the bytes)."""
+        return count_of(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions of its shape."""
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of an element."""
+        return self.dtype.itemsize
+
     def __repr__(self) -> str:
-        return f"<gpuexec.aio.AsyncBuffer 0x{self.handle:x}, {self.nbytes} bytes>"
+        dims = ", ".join(map(str, self.shape))
+        return (f"<gpuexec.aio.AsyncBuffer 0x{self.handle:x} {self.dtype}[{dims}], session "
+                f"{short_token(self.session.token)}>")
 
     def __len__(self) -> int:
-        return self.nbytes
+        return self.shape[0] if self.shape else 1
 
     async def __aenter__(self) -> "AsyncBuffer":
         return self
@@ -68,6 +99,18 @@ class AsyncBuffer:
     def _as_kernel_arg(self) -> Arg:
         return self._arg
 
+    def _range(self, what: str, offset: Any, size: Any) -> Tuple[int, int]:
+        """(offset, bytes) of ``size`` bytes (None: to the end) at
+        ``offset``; raises before any call for a range past the end."""
+        at = _index(offset, f"{what}'s offset")
+        limit = self.nbytes
+        n = max(limit - at, 0) if size is None else _index(size, f"{what}'s size")
+        if at < 0 or n < 0 or at + n > limit:
+            raise client_error(f"{what} of {self!r}: bytes [{at}, {at + n}) are past the end "
+                               f"of its {limit} bytes; ask for a range inside it",
+                               grpc.StatusCode.OUT_OF_RANGE)
+        return at, n
+
     async def free(self) -> None:
         """Frees the allocation, after the work queued before this call."""
         self._freed = True
@@ -76,33 +119,38 @@ class AsyncBuffer:
     async def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
         """Sets ``size`` bytes (None: to the end) from ``offset`` to the byte
         ``value``, after the work queued before this call."""
-        if size == 0:  # on the wire, 0 means "to the end"
+        at, n = self._range("memset", offset, size)
+        if n == 0:  # on the wire, 0 means "to the end"
             return
         await self.session._command(_op("memset", pb.MemsetRequest(
-            buffer=self.handle, offset=int(offset), size=int(size or 0), value=int(value))))
+            buffer=self.handle, offset=at, size=n, value=int(value))))
 
     async def copy_from(self, src: "AsyncBuffer", size: Optional[int] = None, *,
                         src_offset: int = 0, dst_offset: int = 0) -> None:
         """Device-to-device copy from ``src`` (a buffer of the same session);
         ``size`` None copies what fits from ``src_offset`` to src's end."""
         if size is None:
-            size = min(src.nbytes - src_offset, self.nbytes - dst_offset)
+            size = max(min(src.nbytes - src_offset, self.nbytes - dst_offset), 0)
+        at, n = self._range("copy_from", dst_offset, size)
+        src_at, _ = src._range("copy_from's source", src_offset, size)
+        if n == 0:
+            return
         await self.session._command(_op("copy_buffer", pb.CopyBufferRequest(
-            dst=self.handle, dst_offset=int(dst_offset), src=src.handle,
-            src_offset=int(src_offset), size=int(size))))
+            dst=self.handle, dst_offset=at, src=src.handle, src_offset=src_at, size=n)))
 
     async def write(self, data: Any, offset: int = 0) -> int:
         """Copies bytes-like data or a numpy array to the buffer at
         ``offset``, after the work queued before this call; returns the
         bytes written."""
         view = _byte_view(data)
+        at, _ = self._range("write", offset, len(view))
         session = self.session
         gate = session._stream.gate(reading=False)
         try:
             await gate.turn
             chunk = session.client.chunk_bytes
             first = pb.WriteRequest(session=session.token, buffer=self.handle,
-                                    offset=int(offset)).SerializeToString()
+                                    offset=at).SerializeToString()
             call = session.client._write_call(metadata=session.client._metadata)
             try:
                 if len(view) == 0:
@@ -121,14 +169,26 @@ class AsyncBuffer:
             gate.finish()
         return int(response.bytes_written)
 
-    async def read(self, *, offset: int = 0, size: Optional[int] = None) -> bytes:
-        """The buffer's bytes (from ``offset``, ``size`` bytes or to the
-        end), after the work queued before this call."""
-        if size is None:
-            size = max(self.nbytes - offset, 0)
+    async def read(self, dtype: Any = None, *, offset: int = 0,
+                   size: Optional[int] = None) -> Any:
+        """Copies ``size`` bytes (None: to the end) from ``offset`` to the
+        host, after the work queued before this call: bytes, or a flat
+        numpy array of ``dtype`` when given."""
+        offset, size = self._range("read", offset, size)
+        np_dtype = None
+        if dtype is not None:
+            np_dtype = _as_dtype(dtype).numpy  # numpy's absence is raised before the call
+            if size % np_dtype.itemsize:
+                raise client_error(f"read of {self!r}: {size} bytes are not a whole number of "
+                                   f"{np_dtype.name} ({np_dtype.itemsize} bytes)")
+        data = await self._read(offset, size)
+        if np_dtype is None:
+            return bytes(data)
+        return _numpy().frombuffer(data, dtype=np_dtype)
+
+    async def _read(self, offset: int, size: int) -> bytearray:
         if size == 0:  # on the wire, 0 means "to the end"
-            return b""
-        size = int(size)
+            return bytearray()
         session = self.session
         out = bytearray(size)
         got = 0
@@ -161,18 +221,32 @@ class AsyncBuffer:
         if got != size:
             raise client_error(f"read of {self!r}: got {got} of {size} bytes",
                                grpc.StatusCode.DATA_LOSS)
-        return bytes(out)
+        return out
 
     async def get(self) -> Any:
-        """The buffer as a numpy array of its shape and dtype (needs numpy),
-        after the work queued before this call."""
+        """The buffer as a new numpy array of its shape and dtype (needs
+        numpy), after the work queued before this call."""
+        np_dtype = self.dtype.numpy
+        data = await self._read(0, self.nbytes)
+        return _numpy().frombuffer(data, dtype=np_dtype).reshape(self.shape)
+
+    async def set(self, array: Any) -> None:
+        """Writes ``array`` (a numpy array or what numpy.asarray takes) into
+        the buffer: the same shape; its dtype converted to the buffer's
+        where numpy's assignment would (casting "same_kind")."""
         np = _numpy()
-        dtype = np.dtype(self.dtype if self.dtype is not None else np.uint8)
-        count = 1
-        for d in self.shape:
-            count *= d
-        data = await self.read(size=count * dtype.itemsize)
-        return np.frombuffer(bytearray(data), dtype=dtype).reshape(self.shape)
+        target = self.dtype.numpy
+        a = np.asarray(array)
+        if tuple(a.shape) != self.shape:
+            raise client_error(f"set of {self!r}: an array of shape {tuple(a.shape)[:33]}; "
+                               f"the buffer's is {self.shape} (reshape one of them)")
+        if a.dtype != target:
+            if not np.can_cast(a.dtype, target, casting="same_kind"):
+                raise client_error(f"set of {self!r}: {a.dtype.name} values do not convert "
+                                   f"safely to {self.dtype} (numpy's same_kind rule); convert "
+                                   f"them yourself, e.g. a.astype('{self.dtype}')")
+            a = a.astype(target)
+        await self.write(a)
 
 
 class AsyncModule:

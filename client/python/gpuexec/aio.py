@@ -50,6 +50,7 @@ from ._bytes import _byte_view, _is_numpy_array, _numpy
 from ._channel import Recipe
 from ._client import (DEFAULT_CHUNK_BYTES, DEFAULT_TARGET, MAX_CHUNK_BYTES, MAX_DEVICES,
                       MAX_MESSAGE_BYTES, Device, _seconds_to_ms)
+from ._dtype import DType, count_of, dtype as _as_dtype, shape_of
 from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._function import _module_kind
 from ._pool import is_pool_target
@@ -283,14 +284,6 @@ class AsyncClient:
         return _Opening(opening)
 
 
-def _shape_of(shape: Shape) -> Tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(d, int) and d >= 0 for d in dims):
-        raise client_error(f"shape {str(shape)[:64]} must be an int or a sequence of "
-                           "non-negative ints")
-    return dims
-
-
 class AsyncSession:
     """A daemon session on one device (made by AsyncClient.session): owns
     its buffers and modules, freed when it closes. See the module's text
@@ -384,54 +377,79 @@ class AsyncSession:
 
     async def alloc(self, nbytes: int, *, dtype: Any = None,
                     shape: Optional[Shape] = None) -> AsyncBuffer:
-        """``nbytes`` of device memory (contents undefined). get() returns
-        it as a numpy array of ``dtype`` (default uint8) and ``shape``
-        (default: flat, as many elements as fit)."""
-        nbytes = int(nbytes)
-        dims = None if shape is None else _shape_of(shape)
-        if dtype is not None:
-            dtype = _numpy().dtype(dtype)
-            if dims is None:
-                dims = (nbytes // dtype.itemsize,)
+        """``nbytes`` of device memory, which reads as zeros until written
+        (the daemon clears it). dtype: the elements (default uint8); shape:
+        default as many elements as fit. A shape that needs more bytes is
+        refused before the call."""
+        d = None if dtype is None else _as_dtype(dtype)
+        dims = None if shape is None else shape_of(shape)
+        if dims is not None:
+            need = count_of(dims) * (1 if d is None else d.itemsize)
+            if need > nbytes:
+                raise client_error(f"alloc of {nbytes} bytes with shape {dims} of "
+                                   f"{d or 'uint8'}: that shape needs {need} bytes")
         result = await self._command(pb.Command(
-            allocate=pb.AllocateRequest(size=nbytes)).SerializeToString())
-        return AsyncBuffer(self, result.allocate.buffer, result.allocate.size, dtype, dims)
+            allocate=pb.AllocateRequest(size=int(nbytes))).SerializeToString())
+        return AsyncBuffer(self, result.allocate.buffer, result.allocate.size, d, dims)
 
     async def empty(self, shape: Shape, dtype: Any = "float32") -> AsyncBuffer:
-        """A buffer for a numpy array of this shape and dtype (contents
-        undefined; needs numpy)."""
-        np = _numpy()
-        dt = np.dtype(dtype)
-        dims = _shape_of(shape)
-        count = 1
-        for d in dims:
-            count *= d
-        return await self.alloc(count * dt.itemsize, dtype=dt, shape=dims)
+        """A buffer of ``shape`` and ``dtype`` (a name, numpy dtype or
+        gpuexec.DType); its contents are zeros (see alloc), but a program
+        should not count on that: use zeros()."""
+        d = _as_dtype(dtype)
+        dims = shape_of(shape)
+        return await self.alloc(max(count_of(dims) * d.itemsize, 1), dtype=d, shape=dims)
 
     async def zeros(self, shape: Shape, dtype: Any = "float32") -> AsyncBuffer:
-        """A zero-filled buffer for a numpy array of this shape and dtype
-        (needs numpy). The memset is queued without a round trip of its own."""
-        buffer = await self.empty(shape, dtype)
-        if buffer.nbytes:
-            await self._unwaited(pb.Command(memset=pb.MemsetRequest(
-                buffer=buffer.handle, size=buffer.nbytes, value=0)).SerializeToString())
-        return buffer
+        """A zero-filled buffer of ``shape`` and ``dtype``: one allocation,
+        no upload (the daemon clears new memory on the session's stream)."""
+        return await self.empty(shape, dtype)
 
     async def upload(self, data: Any) -> AsyncBuffer:
-        """A new buffer holding ``data`` (bytes-like or a numpy array, whose
-        shape and dtype the buffer keeps)."""
-        dtype = shape = None
+        """A new buffer holding ``data``: a numpy array (its shape and dtype;
+        one of a dtype a buffer does not hold, complex or structured, as its
+        bytes: uint8) or bytes-like data (uint8)."""
         if _is_numpy_array(data):
-            dtype, shape = data.dtype, tuple(data.shape)
-        view = _byte_view(data)
-        buffer = await self.alloc(len(view), dtype=dtype, shape=shape)
-        if len(view):
-            await buffer.write(view)
-        return buffer
+            try:
+                d = _as_dtype(data.dtype)
+            except Error:
+                d = None
+            if d is not None:
+                return await self._upload(data, d)
+        return await self._upload(_byte_view(data), None)
 
-    async def asarray(self, data: Any) -> AsyncBuffer:
-        """upload(): a new buffer holding ``data``."""
-        return await self.upload(data)
+    async def asarray(self, a: Any, dtype: Any = None) -> AsyncBuffer:
+        """``a`` as a buffer of this session: an AsyncBuffer of this session
+        as it is; a numpy array (or what numpy.asarray takes, converted to
+        ``dtype`` when given) uploaded into a new buffer of its shape and
+        dtype. Needs numpy."""
+        if isinstance(a, AsyncBuffer):
+            if a.session is not self:
+                raise client_error(f"asarray of {a!r}: it is a buffer of session "
+                                   f"{short_token(a.session.token)}, not of {self!r}; copy it "
+                                   "through the host (await session.asarray(await buffer.get()))")
+            if dtype is not None and _as_dtype(dtype) is not a.dtype:
+                raise client_error(f"asarray of {a!r} as {_as_dtype(dtype)}: a buffer is not "
+                                   "converted on the device; convert a copy (get().astype())")
+            return a
+        np = _numpy()
+        arr = np.asarray(a) if dtype is None else np.asarray(a, dtype=_as_dtype(dtype).numpy)
+        return await self._upload(arr, _as_dtype(arr.dtype))
+
+    async def _upload(self, data: Any, d: Optional[DType]) -> AsyncBuffer:
+        view = _byte_view(data)
+        shape = tuple(data.shape) if d is not None else (len(view),)
+        buffer = await self.alloc(max(len(view), 1), dtype=d, shape=shape)
+        if len(view):
+            try:
+                await buffer.write(view)
+            except BaseException:
+                try:
+                    await buffer.free()
+                except Exception:  # pylint: disable=broad-except
+                    pass  # the write's error is the one to raise
+                raise
+        return buffer
 
     async def load_module(self, source: Union[str, "os.PathLike[str]", bytes],
                           kind: Optional[str] = None) -> AsyncModule:

@@ -58,7 +58,7 @@ def test_saxpy_matches_numpy(daemon):
     async def main():
         async with gpuexec.aio.connect(daemon.target) as client, client.session() as s:
             xb, yb = await s.upload(x), await s.asarray(y)
-            assert (xb.shape, xb.dtype, xb.nbytes) == ((n,), np.float32, 4 * n)
+            assert (xb.shape, xb.dtype, xb.size, xb.nbytes) == ((n,), gpuexec.float32, n, 4 * n)
             saxpy = await _saxpy(s, daemon.cubin)
             assert saxpy.params == [(0, 4), (8, 8), (16, 8), (24, 8)]
             assert await saxpy.launch((n + 255) // 256, 256, gpuexec.f32(3.0), xb, yb,
@@ -79,7 +79,8 @@ def test_buffers_write_read_memset_zeros_free(daemon):
     async def main():
         async with gpuexec.aio.connect(daemon.target) as client, client.session() as s:
             raw = await s.alloc(64)
-            assert (raw.nbytes, raw.shape, raw.dtype) == (64, (64,), None)
+            assert (raw.nbytes, raw.shape, raw.dtype) == (64, (64,), gpuexec.uint8)
+            assert not (await raw.get()).any()  # the daemon clears new memory
             assert await raw.write(bytes(range(64))) == 64
             assert await raw.read(offset=60) == bytes(range(60, 64))
             await raw.memset(7, offset=8, size=8)
@@ -90,9 +91,28 @@ def test_buffers_write_read_memset_zeros_free(daemon):
             empty = await s.empty(3, np.float64)
             assert (empty.shape, empty.nbytes) == ((3,), 24)
             typed = await s.alloc(18, dtype="float32")  # as many as fit
-            assert (typed.shape, typed.dtype) == ((4,), np.float32)
-            await typed.write(np.arange(4, dtype=np.float32))
-            np.testing.assert_array_equal(await typed.get(), np.arange(4, dtype=np.float32))
+            assert (typed.shape, typed.dtype, typed.nbytes) == ((4,), gpuexec.float32, 16)
+            await typed.set([1, 2, 3, 4])  # converted to the buffer's dtype
+            np.testing.assert_array_equal(await typed.get(), np.arange(1, 5, dtype=np.float32))
+            np.testing.assert_array_equal(await typed.read("int32", offset=4, size=8),
+                                          np.array([2.0, 3.0], np.float32).view(np.int32))
+            # Ranges past the end are refused before any call.
+            with pytest.raises(gpuexec.Error) as past:
+                await typed.read(offset=8, size=12)
+            assert past.value.code == grpc.StatusCode.OUT_OF_RANGE, past.value
+            assert past.value.message == (
+                f"gpuexec client: read of {typed!r}: bytes [8, 20) are past the end of its 16 "
+                "bytes; ask for a range inside it")
+            with pytest.raises(gpuexec.Error):
+                await typed.write(bytes(17))
+            # asarray: a buffer of the session as it is; data converted.
+            assert await s.asarray(typed) is typed
+            ints = await s.asarray([[1, 2], [3, 4]], dtype="int16")
+            assert (ints.shape, ints.dtype) == ((2, 2), gpuexec.int16)
+            np.testing.assert_array_equal(await ints.get(), [[1, 2], [3, 4]])
+            # A numpy dtype a buffer does not hold travels as its bytes.
+            c = await s.upload(np.ones(2, np.complex64))
+            assert (c.shape, c.dtype) == ((16,), gpuexec.uint8)
             await raw.free()
             with pytest.raises(gpuexec.Error) as e:
                 await raw.read()
