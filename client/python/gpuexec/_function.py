@@ -160,8 +160,10 @@ class Function:
     """A kernel of a loaded module.
 
     Launch it with ``launch`` (waits for the daemon), ``launch_async``
-    (queued, no round trip) or by calling it as CuPy's RawKernel is called:
-    ``f(grid, block, args)``.
+    (queued, no round trip), by calling it as CuPy's RawKernel is called,
+    ``f(grid, block, args)``, or as Numba's kernels are, ``f[grid,
+    block](*args)``. Host arrays go in as gpuexec.In/Out/InOut (copied
+    around the launch).
     """
 
     def __init__(self, module: Module, name: str, response: Any) -> None:
@@ -304,6 +306,23 @@ class Function:
                                     _launch_attributes(cooperative, pdl, non_portable_cluster,
                                                        cluster_policy))
 
+    def __getitem__(self, config: Tuple[Any, ...]) -> Configured:
+        """Numba's launch configuration: ``f[grid, block](a, x, y, n)``, or
+        ``f[grid, block, stream, shared_mem]``, where stream is 0 or None
+        (a session has one stream). The call is ``f(grid, block, args,
+        shared_mem=...)``."""
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise client_error(
+                f"kernel {self._shown_name}: a launch configuration is f[grid, block] or "
+                f"f[grid, block, stream, shared_mem], got f[{clipped_repr(config)}]")
+        stream = config[2] if len(config) > 2 else None
+        if stream is not None and not (isinstance(stream, int) and stream == 0):
+            raise client_error(
+                f"kernel {self._shown_name}: stream {clipped_repr(stream)} in f[grid, block, "
+                "stream, ...]: a session has one stream, its launches run in order; pass 0 "
+                "or None, and a second session for work that may overlap")
+        return Configured(self, config[0], config[1], config[3] if len(config) > 3 else 0)
+
     def launch(self, grid: Dims, block: Dims, *args: Any, shared: int = 0,
                cluster: Optional[Dims] = None, sync: bool = False, cooperative: bool = False,
                pdl: bool = False, non_portable_cluster: bool = False,
@@ -362,3 +381,24 @@ class Function:
                                   cooperative=cooperative, pdl=pdl,
                                   non_portable_cluster=non_portable_cluster,
                                   cluster_policy=cluster_policy)
+
+
+class Configured:
+    """A Function with its grid, block and shared memory (``f[grid,
+    block]``); calling it launches as ``f(grid, block, args)`` does."""
+
+    __slots__ = ("function", "grid", "block", "shared_mem")
+
+    def __init__(self, function: Function, grid: Dims, block: Dims, shared_mem: int) -> None:
+        self.function = function
+        self.grid = grid
+        self.block = block
+        self.shared_mem = shared_mem
+
+    def __repr__(self) -> str:
+        return (f"<gpuexec.Function {self.function._shown_name}[{clipped_repr(self.grid)}, "
+                f"{clipped_repr(self.block)}]>")
+
+    def __call__(self, *args: Any) -> None:
+        """Launches the kernel with ``args`` (see Function.__call__)."""
+        self.function(self.grid, self.block, args, shared_mem=self.shared_mem)

@@ -89,6 +89,33 @@ def test_in_and_inout_round_trip(session, kernels):
     np.testing.assert_array_equal(y, saxpy_expected(3.0, x, y2))
 
 
+def test_numba_configuration(session, kernels):
+    saxpy = kernels.function("gx_saxpy")
+    n = 1000
+    x, y = data(n)
+    y0 = y.copy()
+    configured = saxpy[(n + 255) // 256, 256]
+    assert repr(configured) == "<gpuexec.Function 'gx_saxpy'[4, 256]>"
+    assert configured(np.float32(2.0), gpuexec.In(x), gpuexec.InOut(y), np.uint64(n)) is None
+    np.testing.assert_array_equal(y, saxpy_expected(2.0, x, y0))
+    yb = session.upload(y0)
+    saxpy[(n + 255) // 256, 256, 0, 64](2.0, gpuexec.In(x), yb, n)
+    np.testing.assert_array_equal(yb.read_array(), saxpy_expected(2.0, x, y0))
+    for config, needle in [((1,), "a launch configuration is f[grid, block] or "
+                                   "f[grid, block, stream, shared_mem], got f[(1,)]"),
+                           (1, "a launch configuration is f[grid, block] or "
+                               "f[grid, block, stream, shared_mem], got f[1]"),
+                           ((1, 32, 7), "stream 7 in f[grid, block, stream, ...]: a session "
+                                        "has one stream")]:
+        with pytest.raises(gpuexec.Error) as e:
+            saxpy[config]
+        assert e.value.message.startswith("gpuexec client: kernel 'gx_saxpy': " + needle), \
+            e.value.message
+    with pytest.raises(gpuexec.Error) as e:
+        saxpy[1, 32](2.0, x, yb, 16)
+    assert "a numpy array (float32, shape (1000,)) is host memory" in e.value.message
+
+
 def test_out_is_read_back_and_in_is_left_alone(session, kernels):
     fill = kernels.function("gx_fill_u32")
     out = np.zeros(100, dtype=np.uint32)
