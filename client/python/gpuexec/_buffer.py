@@ -11,7 +11,6 @@ made without a call or a copy.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -20,7 +19,9 @@ from . import _wire
 from ._args import Arg
 from ._bytes import (_byte_view, _numpy, _parse_read_response, _writable_byte_view,
                      varint as _varint)
-from ._dtype import DType, count_of, dtype as _as_dtype, shape_of, uint8
+from ._dtype import (DType, contiguous_strides as _contiguous_strides, count_of,
+                     dtype as _as_dtype, extent as _extent, is_contiguous as _is_contiguous,
+                     shape_of, uint8)
 from ._errors import Error, client_error, from_rpc_error, short_token
 from .v1 import gpuexec_pb2 as pb
 
@@ -58,58 +59,18 @@ class _PointerBases:
             self.used.discard(self.by_handle.pop(handle, None))
 
 
-_SESSION_BASES: "weakref.WeakKeyDictionary[Any, _PointerBases]" = weakref.WeakKeyDictionary()
-_NO_SESSION_BASES = _PointerBases()  # buffers made without a session (tests)
-_BASES_LOCK = threading.Lock()
+_NO_SESSION_BASES = _PointerBases()  # buffers made without a Session (tests)
 
 
 def _pointer_bases(session: Any) -> _PointerBases:
     own = getattr(session, "_pointer_bases", None)
-    if isinstance(own, _PointerBases):
-        return own
-    if session is None:
-        return _NO_SESSION_BASES
-    with _BASES_LOCK:
-        try:
-            bases = _SESSION_BASES.get(session)
-            if bases is None:
-                bases = _SESSION_BASES[session] = _PointerBases()
-        except TypeError:  # not weakly referenceable
-            return _NO_SESSION_BASES
-    return bases
+    return own if isinstance(own, _PointerBases) else _NO_SESSION_BASES
 
 
 def _index(value: Any, what: str) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise client_error(f"{what} must be an int, got a {type(value).__name__[:40]}")
     return int(value.__index__())
-
-
-def _contiguous_strides(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
-    strides = []
-    step = itemsize
-    for d in reversed(shape):
-        strides.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(strides))
-
-
-def _is_contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
-    if 0 in shape:
-        return True
-    step = itemsize
-    for d, s in zip(reversed(shape), reversed(strides)):
-        if d != 1 and s != step:
-            return False
-        step *= d
-    return True
-
-
-def _extent(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> int:
-    """Bytes from an array's first element to the end of its last."""
-    if 0 in shape:
-        return 0
-    return sum((d - 1) * s for d, s in zip(shape, strides)) + itemsize
 
 
 class Buffer:
@@ -405,6 +366,14 @@ class Buffer:
         to 256 bytes, so data_ptr() % 16 is the view's offset % 16 (what
         Triton specializes on and checks)."""
         return _pointer_bases(self.session).base(self.handle) + self.offset
+
+    def _free_quietly(self) -> None:
+        """Frees a buffer made by a call that failed after; a failure to free
+        is not raised over the call's."""
+        try:
+            self.free()
+        except Error:
+            pass
 
     def free(self) -> None:
         """Frees the allocation now (stream-ordered after enqueued work).

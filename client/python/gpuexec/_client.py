@@ -15,7 +15,7 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import grpc
 
@@ -24,7 +24,7 @@ from ._buffer import Buffer, ShapeLike, _PointerBases
 from ._bytes import _byte_view, _is_numpy_array, _numpy
 from ._channel import Recipe
 from ._commands import CommandStream
-from ._dtype import DType, count_of, dtype as _as_dtype, element_bytes, shape_of
+from ._dtype import DType, count_of, dtype as _as_dtype, element_bytes, like, shape_of
 from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._function import Module, _launch_attributes, _module_kind
 from ._version_check import DaemonVersionCheck
@@ -87,7 +87,7 @@ class Device:
 
 
 
-def open_client(target: str, *, timeout: Optional[float] = 10.0,
+def open_client(target: str, *, timeout: float = 10.0,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, control_timeout: Optional[float] = 60.0,
                 channel_options: Sequence[Tuple[str, Any]] = (), token: Optional[str] = None,
                 root_ca: Any = None, cert: Any = None, key: Any = None,
@@ -409,28 +409,20 @@ class Session:
             else:
                 buf.write(one * count_of(dims))
         except BaseException:
-            self._free_quietly(buf)
+            buf._free_quietly()
             raise
         return buf
 
     def empty_like(self, x: Any, dtype: Any = None) -> Buffer:
         """An empty buffer of the shape and dtype (or ``dtype``) of ``x``, a
         Buffer or a numpy array (anything with ``shape`` and ``dtype``)."""
-        shape, d = self._like(x, dtype, "empty_like")
+        shape, d = like(x, dtype, "empty_like")
         return self.empty(shape, d)
 
     def zeros_like(self, x: Any, dtype: Any = None) -> Buffer:
         """A zero-filled buffer of the shape and dtype (or ``dtype``) of ``x``."""
-        shape, d = self._like(x, dtype, "zeros_like")
+        shape, d = like(x, dtype, "zeros_like")
         return self.zeros(shape, d)
-
-    @staticmethod
-    def _like(x: Any, dtype: Any, what: str) -> Tuple[Tuple[int, ...], DType]:
-        shape, own = getattr(x, "shape", None), getattr(x, "dtype", None)
-        if shape is None or own is None:
-            raise client_error(f"{what} takes a Buffer or a numpy array, got a "
-                               f"{type(x).__name__[:40]}")
-        return shape_of(shape), _as_dtype(own if dtype is None else dtype)
 
     def asarray(self, a: Any, dtype: Any = None) -> Buffer:
         """``a`` as a buffer of this session: a Buffer of this session as it
@@ -475,17 +467,9 @@ class Session:
             try:
                 buffer.write(view)
             except BaseException:
-                self._free_quietly(buffer)
+                buffer._free_quietly()
                 raise
         return buffer
-
-    def _free_quietly(self, buffer: Buffer) -> None:
-        """Frees a buffer made by a call that failed after; a failure to free
-        is not raised over the call's."""
-        try:
-            buffer.free()
-        except Error:
-            pass
 
     def map_host_memory(self, nbytes: int) -> Any:
         """Host memory of at least ``nbytes`` (rounded up to 4 KiB), zero-filled,
@@ -554,7 +538,7 @@ class Session:
         header = pb.ModuleHeader(session=self.token, sha256=digest, size=len(image), kind=kind)
         chunk = self.client.chunk_bytes
 
-        def requests(with_image):
+        def requests(with_image: bool) -> Iterator[Any]:
             yield pb.LoadModuleRequest(header=header)
             if with_image:
                 for i in range(0, len(image), chunk):

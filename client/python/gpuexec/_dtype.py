@@ -36,6 +36,7 @@ class DType:
     is_floating_point: bool
     is_signed: bool
     triton: str
+    _kind: str
 
     def __init__(self, name: str, itemsize: int, kind: str, triton: str) -> None:
         for attr, value in (("name", name), ("itemsize", itemsize),
@@ -72,7 +73,7 @@ class DType:
         np = _numpy_module()
         if self._kind == "f" and self.name not in ("float16", "float32", "float64"):
             try:
-                import ml_dtypes  # type: ignore[import-not-found,import-untyped,unused-ignore]
+                import ml_dtypes  # type: ignore
             except ImportError:
                 bits = "uint16" if self.itemsize == 2 else "uint8"
                 raise client_error(
@@ -232,6 +233,15 @@ def shape_of(shape: Any, what: str = "shape") -> Tuple[int, ...]:
     return tuple(out)
 
 
+def like(x: Any, dtype_: Any, what: str) -> Tuple[Tuple[int, ...], DType]:
+    """The shape of ``x`` (a Buffer or numpy array) and ``dtype_`` or its dtype."""
+    shape, own = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is None or own is None:
+        raise client_error(f"{what} takes a Buffer or a numpy array, got a "
+                           f"{_clip(type(x).__name__)}")
+    return shape_of(shape), dtype(own if dtype_ is None else dtype_)
+
+
 def count_of(shape: Tuple[int, ...]) -> int:
     """Elements of an array of ``shape``."""
     n = 1
@@ -243,6 +253,35 @@ def count_of(shape: Tuple[int, ...]) -> int:
 __all__ = ["DType", "bfloat16", "bool_", "dtype", "float16", "float32", "float64",
            "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int8",
            "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+def contiguous_strides(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
+    """Byte strides of a row-major (C) array of ``shape``."""
+    strides = []
+    step = itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
+    """Whether byte ``strides`` pack an array of ``shape`` in row-major order."""
+    if 0 in shape:
+        return True
+    step = itemsize
+    for d, s in zip(reversed(shape), reversed(strides)):
+        if d != 1 and s != step:
+            return False
+        step *= d
+    return True
+
+
+def extent(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> int:
+    """Bytes from an array's first element to the end of its last."""
+    if 0 in shape:
+        return 0
+    return sum((d - 1) * s for d, s in zip(shape, strides)) + itemsize
 
 
 _STRUCT_CODES = {"bool": "?", "int8": "b", "int16": "h", "int32": "i", "int64": "q",
