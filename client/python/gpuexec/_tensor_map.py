@@ -136,7 +136,8 @@ class TensorMap:
     ``const __grid_constant__ CUtensorMap`` parameter (128 bytes by value).
 
     - ``buffer``: the Buffer holding the tensor; ``offset``: the byte offset
-      of its first element (16-byte aligned).
+      of its first element from the buffer's (a view's) first byte (16-byte
+      aligned in the allocation).
     - ``dtype``: "uint8", "uint16", "uint32", "int32", "uint64", "int64",
       "float16", "float32", "float64", "bfloat16", "float32_ftz", "tf32",
       "tf32_ftz" (or Triton's short names "fp16", "bf16" ..., the
@@ -179,7 +180,7 @@ class TensorMap:
             raise client_error(f"TensorMap: offset must be a non-negative int, got {offset!r}")
         self.buffer = buffer
         self.handle = handle
-        self.offset = offset.__index__()
+        self.offset = offset.__index__() + getattr(buffer, "offset", 0)  # a view's start
         self.data_type = data_type_name(dtype)
         self.global_dims = _ints("global_dims", global_dims, _U64)
         rank = len(self.global_dims)

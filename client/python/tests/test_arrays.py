@@ -330,3 +330,10 @@ def test_an_empty_buffer(session):
     assert e.size == 0 and e.nbytes == 0 and len(e) == 0
     assert e.get().shape == (0, 3)
     assert e.read() == b""
+
+
+def test_a_tensor_map_over_a_view_starts_at_the_view(session):
+    b = session.zeros((64, 64), "float32")
+    view = b[16:]
+    m = gpuexec.TensorMap(view, view.dtype, [64, 48], [256], [16, 16], offset=256)
+    assert m.handle == b.handle and m.offset == view.offset + 256 == 16 * 256 + 256
