@@ -67,6 +67,19 @@ def _pointer_bases(session: Any) -> _PointerBases:
     return own if isinstance(own, _PointerBases) else _NO_SESSION_BASES
 
 
+def _numpy_dtype(x: Any) -> Any:
+    """The numpy dtype of ``x``: a DType's, or any numpy takes (complex,
+    structured) for reads of bytes as such."""
+    try:
+        return _as_dtype(x).numpy
+    except Error as e:
+        np = _numpy()
+        try:
+            return np.dtype(x.numpy if type(x) is DType else x)
+        except (TypeError, Error):
+            raise e from None
+
+
 def _index(value: Any, what: str) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise client_error(f"{what} must be an int, got a {type(value).__name__[:40]}")
@@ -481,10 +494,11 @@ class Buffer:
 
     def read(self, dtype: Any = None, *, offset: int = 0, size: Optional[int] = None) -> Any:
         """Copies ``size`` bytes (None: to the end) from ``offset`` to the
-        host: bytes, or a flat numpy array of ``dtype`` when given."""
+        host: bytes, or a flat numpy array of ``dtype`` when given (any
+        numpy dtype: complex and structured ones too)."""
         start, n = self._range("read", offset, size)
         if dtype is not None:
-            np_dtype = _as_dtype(dtype).numpy  # numpy's absence is raised before the call
+            np_dtype = _numpy_dtype(dtype)  # numpy's absence is raised before the call
             if n % np_dtype.itemsize:
                 raise client_error(f"read of {self!r}: {n} bytes are not a whole number of "
                                    f"{np_dtype.name} ({np_dtype.itemsize} bytes)")
@@ -515,13 +529,21 @@ class Buffer:
         """A numpy array of ``dtype`` and ``shape`` read from ``offset``
         (default: the buffer's own dtype, and its shape when the dtype is
         its own and offset 0; else a flat array to the end)."""
-        d = self.dtype if dtype is None else _as_dtype(dtype)
-        if shape is None and d is self.dtype and offset == 0:
-            return self.get()
+        own = dtype is None
+        if not own:
+            try:
+                own = _as_dtype(dtype) is self.dtype
+            except Error:  # a numpy dtype no buffer holds: read as such
+                pass
+        if own:
+            if shape is None and offset == 0:
+                return self.get()
+            dtype = self.dtype
         if shape is None:
-            return self.read(d, offset=offset)
+            return self.read(dtype, offset=offset)
         dims = shape_of(shape)
-        return self.read(d, offset=offset, size=count_of(dims) * d.itemsize).reshape(dims)
+        size = count_of(dims) * _numpy_dtype(dtype).itemsize
+        return self.read(dtype, offset=offset, size=size).reshape(dims)
 
     def get(self) -> Any:
         """Downloads the buffer (a network copy): a new numpy array of its
@@ -542,8 +564,8 @@ class Buffer:
     def set(self, array: Any) -> None:
         """Uploads ``array`` (a numpy array or what numpy.asarray takes) into
         the buffer: the same shape; its dtype converted to the buffer's
-        where numpy's assignment would (casting "same_kind": float64 into
-        float32 yes, float into int no)."""
+        where numpy.copyto would (casting "same_kind": float64 into float32
+        yes, float into int no)."""
         np = _numpy()
         target = self.dtype.numpy
         a = np.asarray(array)

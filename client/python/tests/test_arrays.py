@@ -337,3 +337,16 @@ def test_a_tensor_map_over_a_view_starts_at_the_view(session):
     view = b[16:]
     m = gpuexec.TensorMap(view, view.dtype, [64, 48], [256], [16, 16], offset=256)
     assert m.handle == b.handle and m.offset == view.offset + 256 == 16 * 256 + 256
+
+
+def test_read_array_keeps_its_old_defaults(session):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = session.upload(a)
+    for got in (b.read_array(), b.read_array(np.float32), b.read_array("float32")):
+        assert got.shape == (3, 4)
+        np.testing.assert_array_equal(got, a)
+    assert b.read_array(np.uint32).shape == (12,)  # another dtype: flat, to the end
+    # Bytes read as a numpy dtype no buffer holds.
+    pairs = b.read(np.complex64)
+    np.testing.assert_array_equal(pairs, a.reshape(-1).view(np.complex64))
+    assert b.read_array(np.complex64, (2, 3)).shape == (2, 3)
