@@ -21,7 +21,7 @@ from ._bytes import (_byte_view, _numpy, _parse_read_response, _writable_byte_vi
                      varint as _varint)
 from ._dtype import (DType, contiguous_strides as _contiguous_strides, count_of,
                      dtype as _as_dtype, extent as _extent, is_contiguous as _is_contiguous,
-                     shape_of, uint8)
+                     numpy_dtype, shape_of, uint8)
 from ._errors import Error, client_error, from_rpc_error, short_token
 from .v1 import gpuexec_pb2 as pb
 
@@ -65,19 +65,6 @@ _NO_SESSION_BASES = _PointerBases()  # buffers made without a Session (tests)
 def _pointer_bases(session: Any) -> _PointerBases:
     own = getattr(session, "_pointer_bases", None)
     return own if isinstance(own, _PointerBases) else _NO_SESSION_BASES
-
-
-def _numpy_dtype(x: Any) -> Any:
-    """The numpy dtype of ``x``: a DType's, or any numpy takes (complex,
-    structured) for reads of bytes as such."""
-    try:
-        return _as_dtype(x).numpy
-    except Error as e:
-        np = _numpy()
-        try:
-            return np.dtype(x.numpy if type(x) is DType else x)
-        except (TypeError, Error):
-            raise e from None
 
 
 def _index(value: Any, what: str) -> int:
@@ -498,7 +485,7 @@ class Buffer:
         numpy dtype: complex and structured ones too)."""
         start, n = self._range("read", offset, size)
         if dtype is not None:
-            np_dtype = _numpy_dtype(dtype)  # numpy's absence is raised before the call
+            np_dtype = numpy_dtype(dtype)  # numpy's absence is raised before the call
             if n % np_dtype.itemsize:
                 raise client_error(f"read of {self!r}: {n} bytes are not a whole number of "
                                    f"{np_dtype.name} ({np_dtype.itemsize} bytes)")
@@ -542,7 +529,7 @@ class Buffer:
         if shape is None:
             return self.read(dtype, offset=offset)
         dims = shape_of(shape)
-        size = count_of(dims) * _numpy_dtype(dtype).itemsize
+        size = count_of(dims) * numpy_dtype(dtype).itemsize
         return self.read(dtype, offset=offset, size=size).reshape(dims)
 
     def get(self) -> Any:

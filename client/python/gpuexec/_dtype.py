@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from ._errors import client_error
+from ._errors import Error, client_error
 
 
 class DType:
@@ -210,6 +210,19 @@ def _numpy_name(x: Any) -> Optional[str]:
     except TypeError:
         return None
     return str(d.name) if d.isnative else f"{d.name} ({d.byteorder}, not native byte order)"
+
+
+def numpy_dtype(x: Any) -> Any:
+    """The numpy dtype of ``x``: a DType's, or any numpy takes (complex,
+    structured) for reads of bytes as such."""
+    try:
+        return dtype(x).numpy
+    except Error as e:
+        np = _numpy_module()
+        try:
+            return np.dtype(x.numpy if type(x) is DType else x)
+        except (TypeError, Error):
+            raise e from None
 
 
 def shape_of(shape: Any, what: str = "shape") -> Tuple[int, ...]:
