@@ -63,6 +63,8 @@ cp -r client/python/tests "$OUT/python-tests"
 mkdir -p "$OUT/python-tests/data"
 cp -r tests/data/triton "$OUT/python-tests/data/"
 cp client/python/examples/saxpy.py client/python/examples/triton/run_triton_kernels.py "$OUT/"
+cp client/python/examples/triton/programs.py "$OUT/triton_programs.py"
+cp bench/triton_launch_bench.py "$OUT/"
 find "$OUT" -name __pycache__ -prune -exec rm -rf {} +
 cp scripts/run-gpu-tests.sh scripts/soak.py "$OUT/"
 # The benchmark's Python rows: its script beside it (it finds the package

@@ -57,6 +57,14 @@ walkthrough() {
 }
 run walkthrough walkthrough
 
+# Unchanged Triton programs through gpuexec's Triton driver, then the same
+# with every import of torch failing and no libcuda in the client; then what
+# a kernel[grid](...) call costs against Triton's own launcher here.
+run triton_programs python3 "$HERE/triton_programs.py" --target="$GPUEXEC_TARGET"
+run triton_programs_no_torch python3 "$HERE/triton_programs.py" --target="$GPUEXEC_TARGET" \
+  --no-torch
+run triton_launch_bench python3 "$HERE/triton_launch_bench.py" --target="$GPUEXEC_TARGET"
+
 # The README's commands as written, on the real driver (readme_test --gpu:
 # exit statuses only; the figures and the device differ from the
 # simulator's, which CI checks line by line).
