@@ -10,7 +10,9 @@ pip reaches no index here), it installs the package with
 directory checks that the installed package is the source's (every file of
 gpuexec/, py.typed and the stubs in gpuexec/v1 included, the version the
 project's), runs the shipped saxpy on `gpuexecd --simulator` through it,
-and runs stubs_serve.py (the installed stubs serving connect()). It also builds the wheel and checks that it is pure Python (py3-none-any)
+runs stubs_serve.py (the installed stubs serving connect()), and, where
+there is mypy, checks typed_usage.py with `mypy --strict` against the
+installed package. It also builds the wheel and checks that it is pure Python (py3-none-any)
 and carries py.typed and the stubs.
 """
 
@@ -26,6 +28,7 @@ import zipfile
 
 import pkgtest
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 SAXPY_CUBIN = os.path.join(pkgtest.ROOT, "client", "cpp", "examples", "saxpy.cubin")
 SERVING = re.compile(r"gpuexecd serving gpuexec\.v1 on ")
 READY_TIMEOUT_S = 30
@@ -160,11 +163,20 @@ def main():
             process.terminate()
             process.wait(timeout=20)
         # The installed stubs serve, too (a server of their own, no daemon).
-        run([python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs_serve.py")],
-            env=env, cwd=neutral)
+        run([python, os.path.join(HERE, "stubs_serve.py")], env=env, cwd=neutral)
+        # A user's program type-checks against the installed package (its
+        # py.typed), where this Python has mypy.
+        if importlib.util.find_spec("mypy") is not None:
+            run([sys.executable, "-m", "mypy", "--strict", "--python-executable", python,
+                 "--cache-dir", os.path.join(tmp, "mypy-cache"),
+                 os.path.join(HERE, "typed_usage.py")], env=env, cwd=neutral)
+            typed = "; a user's program passes mypy --strict against it"
+        else:
+            print("(no mypy for this Python: typed_usage.py not checked)")
+            typed = ""
     pkgtest.ok(f"pip installed gpuexec {version} from client/python alone; it ran saxpy on "
-               "gpuexecd --simulator, and its stubs served; the wheel is py3-none-any with "
-               "py.typed")
+               f"gpuexecd --simulator, and its stubs served{typed}; the wheel is py3-none-any "
+               "with py.typed")
 
 
 main()
