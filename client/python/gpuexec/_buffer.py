@@ -243,7 +243,8 @@ class Buffer:
         end = offset + _extent(shape, strides, d.itemsize)
         if offset < 0 or end > root._capacity:
             raise client_error(f"{what} of {self!r}: bytes [{offset}, {end}) of the "
-                               f"allocation; it holds [0, {root._capacity})",
+                               f"allocation; it holds [0, {root._capacity}): choose an "
+                               "offset and shape inside it",
                                grpc.StatusCode.OUT_OF_RANGE)
         if offset % d.itemsize:
             raise client_error(f"{what} of {self!r}: {d} elements at byte {offset} of the "
