@@ -389,8 +389,9 @@ def _summarize(times: List[float], quantiles: Optional[Sequence[float]],
         return out[0] if len(out) == 1 else out
     if return_mode == "all":
         return times
-    return {"min": min, "max": max, "mean": statistics.mean,
-            "median": statistics.median}[return_mode](times)
+    reduce: Dict[str, Callable[[List[float]], float]] = {
+        "min": min, "max": max, "mean": statistics.mean, "median": statistics.median}
+    return reduce[return_mode](times)
 
 
 def do_bench(fn: Callable[[], Any], warmup: float = 25, rep: float = 100,
