@@ -321,7 +321,8 @@ def element_bytes(value: Any, d: DType) -> bytes:
             try:
                 bits = struct.unpack("<I", struct.pack("<f", v))[0]
             except OverflowError:
-                raise client_error(f"{shown} is out of the range of {d}") from None
+                raise client_error(f"{shown} is out of the range of {d}: give a value it "
+                                   "holds, or another dtype") from None
             return struct.pack("<H", (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
         code = _STRUCT_CODES.get(d.name)
         if code is None:
@@ -331,7 +332,8 @@ def element_bytes(value: Any, d: DType) -> bytes:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not hasattr(value, "__index__"):
-            raise client_error(f"a {d} value must be an integer, got {shown}")
+            raise client_error(f"a {d} value must be an integer, got {shown} (or choose a "
+                               "float dtype)")
         v = value.__index__()
         if d is bool_ and v not in (0, 1):
             raise client_error(f"a bool value must be True, False, 0 or 1, got {shown}")
@@ -339,4 +341,5 @@ def element_bytes(value: Any, d: DType) -> bytes:
     try:
         return struct.pack("<" + code, v)
     except (OverflowError, struct.error):
-        raise client_error(f"{shown} is out of the range of {d}") from None
+        raise client_error(f"{shown} is out of the range of {d}: give a value it holds, "
+                           "or another dtype") from None
