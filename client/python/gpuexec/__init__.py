@@ -49,5 +49,5 @@ __all__ = [
     "connect", "f16", "f32", "f64", "i8", "i16", "i32", "i64", "null", "ptr", "raw", "u8", "u16",
     "u32", "u64",
     "DType", "bfloat16", "bool_", "dtype", "float16", "float32", "float64", "int8", "int16",
-    "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "int32", "int64", "uint8", "uint16", "uint32", "uint64", "__version__",
 ]
