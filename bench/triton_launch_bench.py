@@ -72,6 +72,8 @@ def main():
     parser.add_argument("--target", required=True)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--round-trips", type=int, default=2000)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print where a kernel[grid] call's host time goes")
     args = parser.parse_args()
     rows = {}
 
@@ -120,6 +122,18 @@ def main():
         rows["function_launch_async"] = _enqueue(launch_async, s.synchronize, args.calls)
         rows["function_launch_sync"] = _round_trips(launch_sync, lambda: None,
                                                     args.round_trips)
+        rows["function_async_then_sync"] = _round_trips(launch_async, s.synchronize,
+                                                        args.round_trips)
+        if args.profile:
+            import cProfile  # pylint: disable=import-outside-toplevel
+            import pstats  # pylint: disable=import-outside-toplevel
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(3000):
+                call()
+            profile.disable()
+            s.synchronize()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(18)
 
     print(f"Triton {triton.__version__}, gpuexec {gpuexec.__version__}, {N} floats, "
           f"grid {GRID[0]}, {args.calls} calls x 5 rounds")
@@ -142,6 +156,10 @@ def main():
               "(goal <= 1.0)")
     print(f"ratio host cost, gpuexec driver / Function.launch_async: "
           f"{rows['gpuexec_driver_enqueue'][0] / rows['function_launch_async'][0]:.2f}")
+    p50, p99 = rows["function_async_then_sync"]
+    print(f"Function.launch_async then synchronize: p50 {p50:.1f} us, p99 {p99:.1f} us")
+    print(f"ratio launch+sync p50, gpuexec driver / Function.launch_async + synchronize: "
+          f"{rows['gpuexec_driver_sync'][0] / p50:.2f}")
     print(f"ratio launch+sync p50, gpuexec driver / Function.launch(sync=True): "
           f"{rows['gpuexec_driver_sync'][0] / rows['function_launch_sync'][0]:.2f} "
           "(goal <= 1.2)")

@@ -366,7 +366,11 @@ class Buffer:
         It keeps the alignment of the real address: allocations are aligned
         to 256 bytes, so data_ptr() % 16 is the view's offset % 16 (what
         Triton specializes on and checks)."""
-        return _pointer_bases(self.session).base(self.handle) + self.offset
+        ptr = self.__dict__.get("_data_ptr")  # Triton asks at every launch
+        if ptr is None:
+            ptr = self.__dict__["_data_ptr"] = (
+                _pointer_bases(self.session).base(self.handle) + self.offset)
+        return ptr
 
     def _free_quietly(self) -> None:
         """Frees a buffer made by a call that failed after; a failure to free

@@ -144,7 +144,7 @@ class Kernel:
         if nbytes == 0:
             return None
         buf = getattr(self, attr)
-        if buf is None or buf.size < nbytes:
+        if buf is None or buf.nbytes < nbytes:
             if buf is not None:
                 buf.free()  # stream-ordered: earlier launches still see it
                 setattr(self, attr, None)

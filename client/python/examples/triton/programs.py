@@ -301,7 +301,7 @@ def global_scratch(s):
     size = getattr(kernel.metadata, "global_scratch_size", 0)
     print(f"    global scratch: {size} bytes per program")
     assert size > 0, "the kernel was compiled without global scratch"
-    return _max_error(out.get(), 3 * x.astype(np.float64)), 0.0
+    return _max_error(out.get(), x * np.float32(3.0)), 0.0
 
 
 def two_ctas(s):
@@ -351,12 +351,16 @@ def main():
             if not ok:
                 failed.append(name)
     if args.no_torch:
-        print(f"torch imports attempted: {len(TORCH_IMPORTS)}")
-        for name, where in TORCH_IMPORTS[:3]:
+        # Triton's own argument specializer tries torch once (and goes on
+        # without it); an attempt from gpuexec's code would be a failure.
+        ours = [(n, w) for n, w in TORCH_IMPORTS if "gpuexec" in w]
+        print(f"torch imports attempted: {len(TORCH_IMPORTS)} ({len(ours)} from gpuexec); "
+              f"torch in sys.modules: {'torch' in sys.modules}")
+        for name, where in TORCH_IMPORTS[:2]:
             print(f"  {name} from:\n{where}")
         mapped = _libcuda_mapped()
         print(f"libcuda mapped in this process: {mapped or 'none'}")
-        if TORCH_IMPORTS or mapped or "torch" in sys.modules:
+        if ours or mapped or "torch" in sys.modules:
             failed.append("no-torch")
     print("all programs passed" if not failed else f"FAILED: {', '.join(failed)}")
     return 1 if failed else 0
