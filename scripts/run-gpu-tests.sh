@@ -63,7 +63,7 @@ run walkthrough walkthrough
 run triton_programs python3 "$HERE/triton_programs.py" --target="$GPUEXEC_TARGET"
 run triton_programs_no_torch python3 "$HERE/triton_programs.py" --target="$GPUEXEC_TARGET" \
   --no-torch
-run triton_launch_bench python3 "$HERE/triton_launch_bench.py" --target="$GPUEXEC_TARGET"
+run triton_launch_bench python3 "$HERE/triton_launch_bench.py" --target="$GPUEXEC_TARGET" --profile
 
 # The README's commands as written, on the real driver (readme_test --gpu:
 # exit statuses only; the figures and the device differ from the
