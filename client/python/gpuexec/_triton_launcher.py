@@ -30,6 +30,9 @@ _SCALARS: dict = {
     "u1": u8, "u8": u8, "u16": u16, "u32": u32, "u64": u64,
     "fp16": f16, "bf16": bf16, "fp32": f32, "f32": f32, "fp64": f64,
 }
+# Argument types whose values make a launch's bytes (see Launcher.__call__).
+_KEYABLE = frozenset((Buffer, int, bool, type(None)))
+_MAX_OPS = 64
 _TENSORDESC = re.compile(r"tensordesc<([^[>]*)\[([^]]*)\]")
 
 
@@ -103,6 +106,7 @@ class Launcher:
         self._shared = md.shared
         self._scratch_specs = md.scratches
         self._scratch: dict = {}
+        self._ops: dict = {}  # launch bytes by (grid, function, arguments)
 
     def __repr__(self) -> str:
         return f"<gpuexec Triton launcher {self.name} in session {short_token(self.session.token)}>"
@@ -210,6 +214,7 @@ class Launcher:
             if buf is not None:
                 buf.free()  # stream-ordered: launches queued before still see it
                 self._scratch.pop(what, None)
+                self._ops.clear()  # they name the buffer freed
             buf = self.session.alloc(nbytes)
             self._scratch[what] = buf
         return buf
@@ -236,25 +241,35 @@ class Launcher:
                 out.append(made)
         return out
 
-    def launch(self, grid: Tuple[int, int, int], function: Any, args: Sequence[Any],
-               sync: bool = False) -> Optional[float]:
-        """Queues the launch of the Triton ``grid`` (3 ints); with ``sync``
-        waits and returns the GPU seconds."""
+    def _op(self, grid: Tuple[int, int, int], function: Any, args: Sequence[Any],
+            sync: bool) -> Optional[bytes]:
+        """The launch as the command stream takes it; None for an empty grid."""
         params = self.kernel_args(args)
         c = self.metadata.cluster
         cuda_grid = (grid[0] * c[0], grid[1] * c[1], grid[2] * c[2])
         ctas = cuda_grid[0] * cuda_grid[1] * cuda_grid[2]
         if ctas == 0:
-            return 0.0 if sync else None
+            return None
         for what, spec in self._scratch_specs:
             params.append(self._scratch_buffer(what, spec.bytes_for(ctas)))
+        return function._launch_op(cuda_grid, self._block, params, self._shared, self._cluster,
+                                   sync, self._attributes)
+
+    def _submit(self, op: bytes, sync: bool) -> Any:
         session = self.session
-        op = function._launch_op(cuda_grid, self._block, params, self._shared, self._cluster,
-                                 sync, self._attributes)
         try:
-            result = session._commands.submit(op, wait=sync)
+            return session._commands.submit(op, wait=sync)
         except Error as e:
             raise session._failed(e) from None
+
+    def launch(self, grid: Tuple[int, int, int], function: Any, args: Sequence[Any],
+               sync: bool = False) -> Optional[float]:
+        """Queues the launch of the Triton ``grid`` (3 ints); with ``sync``
+        waits and returns the GPU seconds."""
+        op = self._op(grid, function, args, sync)
+        if op is None:
+            return 0.0 if sync else None
+        result = self._submit(op, sync)
         return result.gpu_time_ns / 1e9 if sync else None
 
     def __call__(self, gridX: int, gridY: int, gridZ: int, stream: Any, function: Any,
@@ -263,6 +278,28 @@ class Launcher:
         launch_metadata, enter_hook, exit_hook = rest[1], rest[2], rest[3]
         if enter_hook is not None:
             enter_hook(launch_metadata)
-        self.launch((gridX, gridY, gridZ), function, rest[4:])
+        args = rest[4:]
+        # A program launches a kernel again and again with the same buffers
+        # and sizes: the launch's bytes are kept by its arguments when every
+        # one is a buffer, an int or None (their identity or value gives the
+        # same bytes; a float's would not: -0.0 == 0.0).
+        key: Any = None
+        op = None
+        for a in args:
+            if type(a) not in _KEYABLE:
+                break
+        else:
+            key = (gridX, gridY, gridZ, function, args)
+            op = self._ops.get(key)
+        if op is None:
+            op = self._op((gridX, gridY, gridZ), function, args, False)
+            if op is None:
+                op = b""  # an empty grid: nothing is launched
+            if key is not None:
+                if len(self._ops) >= _MAX_OPS:
+                    self._ops.clear()
+                self._ops[key] = op
+        if op:
+            self._submit(op, False)
         if exit_hook is not None:
             exit_hook(launch_metadata)

@@ -249,3 +249,25 @@ def test_an_unsupported_triton_is_named(session, monkeypatch):
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "Triton 3.1.0 is not supported" in e.value.message
     assert "supported are 3.6" in e.value.message
+
+
+def test_repeated_launches_reuse_their_bytes_until_scratch_moves(session, daemon, driver):
+    launcher, function = _kernel(driver, daemon, global_scratch_size=64, global_scratch_align=64)
+    n = 3000
+    x, y, xb, yb, out = _inputs(session, n)
+    for _ in range(3):
+        launcher(1, 1, 1, 0, function, None, None, None, None, xb, yb, out, 1024, 1024)
+    assert len(launcher._ops) == 1
+    first = launcher._scratch["global"]
+    # A larger grid needs a larger scratch buffer: the old one is freed, and
+    # no kept launch may name it any more.
+    launcher(3, 1, 1, 0, function, None, None, None, None, xb, yb, out, n, 1024)
+    assert launcher._scratch["global"] is not first and len(launcher._ops) == 1
+    launcher(1, 1, 1, 0, function, None, None, None, None, xb, yb, out, 1024, 1024)
+    session.synchronize()  # a launch naming the freed buffer would fail here
+    np.testing.assert_array_equal(out.get(), x + y)
+    # Only buffers, ints and None make keys: a numpy scalar (or a float,
+    # whose -0.0 == 0.0) is converted at each launch.
+    kept = len(launcher._ops)
+    launcher(1, 1, 1, 0, function, None, None, None, None, xb, yb, out, np.int32(16), 1024)
+    assert len(launcher._ops) == kept
