@@ -4,13 +4,15 @@ passes, and a ReadResponse parsed from the wire's bytes without a copy.
 numpy is optional: _numpy() raises the client's error when it is missing.
 """
 
+from typing import Any, Tuple
+
 import grpc
 
 from . import _wire
 from ._errors import client_error
 
 
-def _numpy():
+def _numpy() -> Any:
     try:
         import numpy
     except ImportError:
@@ -19,14 +21,14 @@ def _numpy():
     return numpy
 
 
-def _is_numpy_array(obj):
+def _is_numpy_array(obj: Any) -> bool:
     return type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and hasattr(obj, "shape")
 
 
 varint = _wire.varint
 
 
-def _read_varint(view, at):
+def _read_varint(view: memoryview, at: int) -> Tuple[int, int]:
     value = shift = 0
     while True:
         if at >= len(view) or shift > 63:
@@ -39,7 +41,7 @@ def _read_varint(view, at):
         shift += 7
 
 
-def _parse_read_response(raw):
+def _parse_read_response(raw: Any) -> Tuple[int, memoryview]:
     """The offset and data (a view into ``raw``) of a ReadResponse's bytes."""
     view = memoryview(raw)
     at, offset, data = 0, 0, view[0:0]
@@ -66,7 +68,7 @@ def _parse_read_response(raw):
     return offset, data
 
 
-def _writable_byte_view(out):
+def _writable_byte_view(out: Any) -> memoryview:
     """A flat, writable memoryview of unsigned bytes over all of ``out``."""
     unfit = client_error(f"cannot read into a {type(out).__name__}: expected a contiguous, "
                          "writable bytes-like object or numpy array")
@@ -84,7 +86,7 @@ def _writable_byte_view(out):
         raise unfit from None
 
 
-def _byte_view(data):
+def _byte_view(data: Any) -> memoryview:
     """A flat, contiguous memoryview of unsigned bytes over ``data``."""
     if _is_numpy_array(data):
         np = _numpy()

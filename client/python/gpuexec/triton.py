@@ -49,6 +49,7 @@ Loading by hand imports neither Triton nor torch.
 """
 
 import os
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 from ._errors import client_error
 from ._triton_compile import Compiled, compile  # pylint: disable=redefined-builtin
@@ -59,7 +60,8 @@ from ._triton_metadata import (LaunchConfig, Metadata, Scratch, TensorDescMeta, 
 
 # --------------------------------------------------------------- launching
 
-def load(session, cubin, metadata=None, *, kind=None):
+def load(session: Any, cubin: Union[str, os.PathLike, bytes], metadata: Any = None, *,
+         kind: Any = None) -> "Kernel":
     """Loads a Triton kernel into ``session``.
 
     cubin: a path or the image bytes (``compiled.asm["cubin"]``). metadata: a
@@ -81,7 +83,7 @@ def load(session, cubin, metadata=None, *, kind=None):
 class Kernel:
     """A Triton kernel loaded in a session; launch with ``launch`` or ``kernel[grid](...)``."""
 
-    def __init__(self, function, metadata):
+    def __init__(self, function: Any, metadata: Any) -> None:
         self.function = function
         self.session = function.session
         md = self.metadata = read_metadata(metadata)
@@ -117,17 +119,17 @@ class Kernel:
         self.global_scratch = None
         self.profile_scratch = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<gpuexec.triton.Kernel {self.name}: {self.num_args} args, "
                 f"{self.num_warps} warps, {self.shared} B shared>")
 
-    def __enter__(self):
+    def __enter__(self) -> "Kernel":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Frees the scratch buffers (the session's close frees them too)."""
         for attr in ("global_scratch", "profile_scratch"):
             buf = getattr(self, attr)
@@ -135,11 +137,11 @@ class Kernel:
             if buf is not None and not self.session.closed:
                 buf.free()
 
-    def __getitem__(self, grid):
+    def __getitem__(self, grid: Any) -> Callable[..., Optional[float]]:
         """``kernel[grid](*args, sync=False)``, as in Triton."""
         return lambda *args, sync=False: self.launch(grid, *args, sync=sync)
 
-    def _scratch(self, what, nbytes):
+    def _scratch(self, what: str, nbytes: int) -> Any:
         attr = what + "_scratch"
         if nbytes == 0:
             return None
@@ -152,11 +154,11 @@ class Kernel:
             setattr(self, attr, buf)
         return buf
 
-    def cuda_grid(self, grid):
+    def cuda_grid(self, grid: Any) -> Tuple[int, int, int]:
         """The CUDA grid for a Triton grid (times the cluster shape)."""
         return self.metadata.launch_config(grid).grid
 
-    def _prepare(self, grid, args):
+    def _prepare(self, grid: Any, args: Sequence[Any]) -> Tuple[Any, Any, Any]:
         if len(args) != self.num_args:
             descriptors = len(self.metadata.tensordesc_meta)
             counted = (f", each of its {descriptors} tensor descriptors counted once"
@@ -173,7 +175,7 @@ class Kernel:
         hidden = [self._scratch(what, nbytes) for what, nbytes in config.scratch]
         return config, kernel_args, hidden
 
-    def launch(self, grid, *args, sync=False):
+    def launch(self, grid: Any, *args: Any, sync: bool = False) -> Optional[float]:
         """Launches over the Triton ``grid`` (programs) with the kernel's
         non-constexpr arguments (a TensorDescriptor where the kernel takes a
         host tensor descriptor). Returns the GPU time in seconds with
@@ -187,7 +189,7 @@ class Kernel:
             non_portable_cluster=config.non_portable_cluster,
             cluster_policy=config.cluster_policy)
 
-    def launch_async(self, grid, *args):
+    def launch_async(self, grid: Any, *args: Any) -> None:
         """Queues the launch and returns at once (see Function.launch_async)."""
         config, kernel_args, hidden = self._prepare(grid, args)
         if config is None:
