@@ -12,8 +12,6 @@ Needs triton (3.x), numpy, and the gpuexec package on the path.
 """
 
 import argparse
-import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -73,31 +71,11 @@ if triton is not None:
         tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def _jsonable(value):
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    return str(value)
-
-
 def compile_kernel(fn, signature, constexprs, aligned, options, arch, out_dir):
     """Compiles ``fn`` for sm_<arch>; writes <name>.cubin and <name>.json."""
-    from triton.backends.compiler import GPUTarget
-
-    names = list(signature)
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
-                                       attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    metadata = json.loads(json.dumps(compiled.metadata._asdict(), default=_jsonable))
-    name = metadata["name"]
-    cubin_path = os.path.join(out_dir, name + ".cubin")
-    with open(cubin_path, "wb") as f:
-        f.write(compiled.asm["cubin"])
-    with open(os.path.join(out_dir, name + ".json"), "w") as f:
-        json.dump(metadata, f, indent=1)
-    return cubin_path, metadata
+    compiled = gt.compile(fn, signature, constexprs, target=arch, aligned=aligned,
+                          options=options)
+    return compiled.save(out_dir), compiled.metadata
 
 
 def start_daemon(path, directory):
