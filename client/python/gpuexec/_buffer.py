@@ -318,6 +318,8 @@ class Buffer:
         buffers only); one dimension may be -1 (what is left)."""
         if len(shape) == 1 and not hasattr(shape[0], "__index__"):
             shape = tuple(shape[0])
+        if len(shape) > 64:
+            raise client_error(f"reshape of {self!r}: {len(shape)} dimensions; at most 64")
         dims = [_index(d, "reshape's dimension") for d in shape]
         if not self._contiguous:
             raise client_error(f"reshape of {self!r}: not contiguous; reshape its owner or a "
@@ -368,6 +370,7 @@ class Buffer:
         Triton specializes on and checks)."""
         ptr = self.__dict__.get("_data_ptr")  # Triton asks at every launch
         if ptr is None:
+            self._live("data_ptr of")
             ptr = self.__dict__["_data_ptr"] = (
                 _pointer_bases(self.session).base(self.handle) + self.offset)
         return ptr
@@ -387,6 +390,8 @@ class Buffer:
             raise client_error(f"free of {self!r}: a view is part of {self._owner!r}; free its "
                                "owner (the allocation is freed as a whole)")
         self._freed = True
+        # Kept Triton launches naming buffers of the session are dropped.
+        self.session._frees = getattr(self.session, "_frees", 0) + 1
         _pointer_bases(self.session).forget(self.handle)
         self.session._order()
         self.session._control(self.session.client.stub.Free,

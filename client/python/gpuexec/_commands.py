@@ -290,20 +290,22 @@ def opener(channel: Any, plain_channel: Any = None,
 class Later:
     """The answer to come of a command queued with CommandStream.submit_later."""
 
-    __slots__ = ("_stream", "_id", "_answer")
+    __slots__ = ("_stream", "_id", "_answer", "_lock")
 
     def __init__(self, stream: CommandStream, command_id: int) -> None:
         self._stream = stream
         self._id = command_id
         self._answer: Answer = None
+        self._lock = threading.Lock()  # one thread collects the answer
 
     def result(self) -> Any:
         """The command's CommandResult, once answered; raises its error."""
-        if self._answer is None:
-            try:
-                self._answer = self._stream._result_of(self._id)
-            except Error as e:
-                self._answer = e
+        with self._lock:
+            if self._answer is None:
+                try:
+                    self._answer = self._stream._result_of(self._id)
+                except Error as e:
+                    self._answer = e
         if isinstance(self._answer, Error):
             raise self._answer
         return self._answer
@@ -395,6 +397,10 @@ class CommandStream:
 
     def _result_of(self, command_id: int) -> Any:
         with self._cond:
+            if command_id not in self._awaited:  # taken already (an interrupted wait)
+                raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"gpuexec client: command {command_id}'s answer is no longer "
+                            "held (a wait for it was interrupted)")
             self._waiters += 1
             try:
                 answer = self._await_locked(command_id)

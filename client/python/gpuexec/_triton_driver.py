@@ -56,6 +56,7 @@ _CACHE_BYTES = 256 << 20
 _MIN_CACHE_BYTES = 16 << 20
 
 _MAX_UNANSWERED = 4096
+_MAX_MARKS = 100000  # kept for elapsed_time; older events are refused
 _numbers = itertools.count(1 << 20)  # device numbers of ours (far from real ones)
 
 
@@ -75,6 +76,11 @@ def _import_triton() -> Any:
                            f"set {_ANY_VERSION_ENV}=1 to try this one anyway",
                            _failed_precondition())
     return triton
+
+
+def _resource_exhausted() -> Any:
+    import grpc  # pylint: disable=import-outside-toplevel
+    return grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def _failed_precondition() -> Any:
@@ -172,6 +178,10 @@ class _State:
     def mark(self) -> int:
         with self._lock:
             self._marks.append(_Mark(self))
+            if len(self._marks) > _MAX_MARKS:
+                drop = len(self._marks) - _MAX_MARKS
+                del self._marks[:drop]  # each waited for already (see below)
+                self._first_mark += drop
             index = self._first_mark + len(self._marks) - 1
             # At most _MAX_UNANSWERED marks wait for their answers.
             behind = self._marks[-_MAX_UNANSWERED - 1] if len(self._marks) > _MAX_UNANSWERED \
@@ -189,16 +199,13 @@ class _State:
     def seconds_between(self, start: int, end: int) -> float:
         with self._lock:
             base = self._first_mark
-            marks = self._marks[start - base + 1:end - base + 1]
+            marks = self._marks[max(start - base, 0):end - base + 1]
             if start < base:
                 raise client_error("elapsed_time: the start event is too old (more than "
                                    "100000 events were recorded since)")
-        total = sum(m.wait() for m in marks)
-        with self._lock:  # keep a bounded history
-            drop = len(self._marks) - 100000
-            if drop > 0:
-                del self._marks[:drop]
-                self._first_mark += drop
+        total = sum(m.wait() for m in marks[1:])
+        if marks:
+            marks[0].wait()  # collected, so that the stream keeps no answer
         return total
 
 
@@ -265,7 +272,9 @@ class DriverMethods:
                 try:
                     self._cache = self.session.alloc(nbytes)
                     break
-                except Error:
+                except Error as e:
+                    if e.code != _resource_exhausted():
+                        raise
                     nbytes //= 2
                     if nbytes < _MIN_CACHE_BYTES:
                         self._cache = False  # the session holds none: not cleared
@@ -324,12 +333,19 @@ _classes: Dict[int, type] = {}
 
 
 def make_driver(session: Any) -> Any:
-    """A Triton driver for ``session`` (Triton is imported and checked)."""
+    """The Triton driver of ``session``, made at its first use and kept on
+    the session (Triton is imported and checked): activating a session
+    again reuses its modules, launchers, scratch and benchmark buffers."""
     triton = _import_triton()
+    driver = getattr(session, "_triton_driver", None)
+    if driver is not None:
+        return driver
     cls = _classes.get(id(triton))
     if cls is None:
         cls = _classes[id(triton)] = _driver_class(triton)
-    return cls(session)
+    driver = cls(session)
+    session._triton_driver = driver
+    return driver
 
 
 def activate(session: Any) -> Any:

@@ -22,6 +22,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from ._args import Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, u8, u16, u32, u64
 from ._buffer import Buffer
 from ._errors import Error, client_error, short_token
+from ._function import _shown
 from ._triton_metadata import Metadata, TensorDescriptor, read_metadata
 
 # The scalar types of a Triton signature and the argument each becomes.
@@ -66,6 +67,7 @@ class Launcher:
         meta = metadata._asdict() if hasattr(metadata, "_asdict") else dict(metadata)
         self.metadata: Metadata = read_metadata(meta)
         self.name = self.metadata.name
+        self._shown = _shown(self.name)  # quoted, bounded and escaped for messages
         names = list(getattr(getattr(src, "fn", None), "arg_names", None) or [])
         signature = list(src.signature.items())
         self._names = [n for n, _ in signature] or names
@@ -89,11 +91,11 @@ class Launcher:
             elif ty in _SCALARS:
                 self._convert.append(self._scalar(_SCALARS[ty], ty))
             else:
-                raise client_error(f"Triton kernel '{self.name}': parameter {index} has type "
+                raise client_error(f"Triton kernel {self._shown}: parameter {index} has type "
                                    f"{str(ty)[:40]!r}, which gpuexec cannot pass")
         self._flat_types = flat
         if self.metadata.tensordesc_meta and descriptors != len(self.metadata.tensordesc_meta):
-            raise client_error(f"Triton kernel '{self.name}': {descriptors} tensor descriptor "
+            raise client_error(f"Triton kernel {self._shown}: {descriptors} tensor descriptor "
                                f"parameters, {len(self.metadata.tensordesc_meta)} in its metadata")
         md = self.metadata
         c = md.cluster
@@ -107,9 +109,11 @@ class Launcher:
         self._scratch_specs = md.scratches
         self._scratch: dict = {}
         self._ops: dict = {}  # launch bytes by (grid, function, arguments)
+        self._frees = getattr(session, "_frees", 0)  # the session's count when _ops was right
 
     def __repr__(self) -> str:
-        return f"<gpuexec Triton launcher {self.name} in session {short_token(self.session.token)}>"
+        return (f"<gpuexec Triton launcher {self._shown} in session "
+                f"{short_token(self.session.token)}>")
 
     # ------------------------------------------------------- converters
 
@@ -130,24 +134,24 @@ class Launcher:
         what = self._arg_name(index)
         if type(value).__module__ == "numpy":
             raise client_error(
-                f"{what} of Triton kernel '{self.name}' is a numpy array: host memory, which "
+                f"{what} of Triton kernel {self._shown} is a numpy array: host memory, which "
                 "the GPU cannot read; upload it with session.asarray(x) and pass the buffer")
         if isinstance(value, int):
             raise client_error(
-                f"{what} of Triton kernel '{self.name}' is an int where the kernel takes a "
+                f"{what} of Triton kernel {self._shown} is an int where the kernel takes a "
                 "pointer; pass the gpuexec buffer itself (a buffer's data_ptr() names it for "
                 "Triton's specialization only, it is not a device address)")
         if hasattr(value, "data_ptr"):
             raise client_error(
-                f"{what} of Triton kernel '{self.name}' is a {_describe(value)}, not gpuexec "
+                f"{what} of Triton kernel {self._shown} is a {_describe(value)}, not gpuexec "
                 "memory (a torch tensor lives on this process's GPU, not the daemon's); "
                 "use a buffer of the session: session.asarray(...) or session.empty(...)")
-        raise client_error(f"{what} of Triton kernel '{self.name}' is a {_describe(value)}; "
+        raise client_error(f"{what} of Triton kernel {self._shown} is a {_describe(value)}; "
                            "the kernel takes a pointer: pass a gpuexec buffer or None")
 
     def _other_session(self, value: Buffer, index: int) -> None:
         raise client_error(
-            f"{self._arg_name(index)} of Triton kernel '{self.name}' is a buffer of session "
+            f"{self._arg_name(index)} of Triton kernel {self._shown} is a buffer of session "
             f"{short_token(value.session.token)}; the kernel runs in session "
             f"{short_token(self.session.token)} (the active one): a session's buffers are "
             "its own")
@@ -157,8 +161,9 @@ class Launcher:
             try:
                 return make(value)
             except (Error, TypeError, ValueError, OverflowError) as e:
-                raise client_error(f"{self._arg_name(index)} of Triton kernel '{self.name}' "
-                                   f"(type {ty}): {getattr(e, 'message', e)}") from None
+                why = str(getattr(e, "message", e))
+                raise client_error(f"{self._arg_name(index)} of Triton kernel {self._shown} "
+                                   f"(type {ty}): {why[:200]}") from None
         return convert
 
     def _descriptor(self, n: int, ty: str) -> Callable[[Any, int], Any]:
@@ -171,14 +176,14 @@ class Launcher:
                 base = value.base
                 if not isinstance(base, Buffer):
                     raise client_error(
-                        f"{self._arg_name(index)} of Triton kernel '{self.name}' is a tensor "
+                        f"{self._arg_name(index)} of Triton kernel {self._shown} is a tensor "
                         f"descriptor over a {_describe(base)}; its base must be a gpuexec "
                         "buffer of the session")
                 if base.session is not self.session:
                     self._other_session(base, index)
                 desc = TensorDescriptor.from_triton(value)
             if desc is None:
-                raise client_error(f"{self._arg_name(index)} of Triton kernel '{self.name}' "
+                raise client_error(f"{self._arg_name(index)} of Triton kernel {self._shown} "
                                    f"is a {_describe(value)}; the kernel takes a tensor "
                                    "descriptor (triton.tools.tensor_descriptor."
                                    "TensorDescriptor over a gpuexec buffer)")
@@ -188,7 +193,7 @@ class Launcher:
             # Lowered without TMA: the base pointer, shape and strides (i64),
             # the padding flag, then shape (i32) and strides (i64) again.
             if len(desc.shape) != rank:
-                raise client_error(f"{self._arg_name(index)} of Triton kernel '{self.name}': "
+                raise client_error(f"{self._arg_name(index)} of Triton kernel {self._shown}: "
                                    f"a descriptor of rank {len(desc.shape)}; the kernel's has "
                                    f"rank {rank}")
             parts: list = [self._pointer(desc.base, index)]
@@ -223,7 +228,7 @@ class Launcher:
         """The kernel's parameters for ``args`` (every parameter of the
         @triton.jit function, constexprs included)."""
         if len(args) != len(self._types):
-            raise client_error(f"Triton kernel '{self.name}' takes {len(self._types)} "
+            raise client_error(f"Triton kernel {self._shown} takes {len(self._types)} "
                                f"arguments (constexprs included), got {len(args)}")
         if self._has_tuples:
             flat: list = []
@@ -244,6 +249,11 @@ class Launcher:
     def _op(self, grid: Tuple[int, int, int], function: Any, args: Sequence[Any],
             sync: bool) -> Optional[bytes]:
         """The launch as the command stream takes it; None for an empty grid."""
+        if function.session is not self.session:
+            raise client_error(
+                f"Triton kernel {self._shown} was loaded in session "
+                f"{short_token(function.session.token)}, its launcher belongs to session "
+                f"{short_token(self.session.token)}: activate the session the kernel runs in")
         params = self.kernel_args(args)
         c = self.metadata.cluster
         cuda_grid = (grid[0] * c[0], grid[1] * c[1], grid[2] * c[2])
@@ -285,6 +295,10 @@ class Launcher:
         # same bytes; a float's would not: -0.0 == 0.0).
         key: Any = None
         op = None
+        frees = getattr(self.session, "_frees", 0)
+        if frees != self._frees:  # a buffer was freed: a kept launch may name it
+            self._ops.clear()
+            self._frees = frees
         for a in args:
             if type(a) not in _KEYABLE:
                 break

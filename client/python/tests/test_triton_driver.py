@@ -271,3 +271,47 @@ def test_repeated_launches_reuse_their_bytes_until_scratch_moves(session, daemon
     kept = len(launcher._ops)
     launcher(1, 1, 1, 0, function, None, None, None, None, xb, yb, out, np.int32(16), 1024)
     assert len(launcher._ops) == kept
+
+
+def test_a_freed_buffer_drops_the_kept_launches(session, daemon, driver):
+    launcher, function = _kernel(driver, daemon)
+    n = 2048
+    x, y, xb, yb, out = _inputs(session, n)
+    launcher(2, 1, 1, 0, function, None, None, None, None, xb, yb, out, n, 1024)
+    assert len(launcher._ops) == 1
+    spare = session.empty(16, "float32")
+    spare.free()
+    launcher(2, 1, 1, 0, function, None, None, None, None, xb, yb, out, n, 1024)
+    assert len(launcher._ops) == 1  # made again after the free
+    np.testing.assert_array_equal(out.get(), x + y)
+
+
+def test_a_kernel_of_another_session_is_named(client, session, daemon, driver):
+    launcher, _ = _kernel(driver, daemon)
+    _, _, xb, yb, out = _inputs(session, 16)
+    with client.session() as other:
+        with open(daemon.cubin, "rb") as f:
+            _, foreign, *_ = td.DriverMethods(other).utils.load_binary(
+                "gx_add_scratch", f.read(), 0, 0)
+        with pytest.raises(gpuexec.Error) as e:
+            launcher(1, 1, 1, 0, foreign, None, None, None, None, xb, yb, out, 16, 1024)
+    assert f"was loaded in session {other.token[:8]}" in e.value.message
+
+
+def test_an_answer_is_collected_once_and_a_lost_one_is_an_error(session):
+    later = session._commands.submit_later(gpuexec._wire.SYNCHRONIZE_OP)
+    first = later.result()
+    assert later.result() is first  # kept, not asked for again
+    lost = session._commands.submit_later(gpuexec._wire.SYNCHRONIZE_OP)
+    lost.result()
+    with pytest.raises(gpuexec.Error, match="no longer held"):
+        session._commands._result_of(lost._id)  # as after an interrupted wait
+
+
+def test_a_long_name_from_the_metadata_is_bounded_in_messages(session, daemon, driver):
+    with open(daemon.cubin, "rb") as f:
+        _, function, *_ = driver.utils.load_binary("gx_add_scratch", f.read(), 0, 0)
+    launcher = Launcher(session, _source(), _metadata(name="k" * 5000))
+    with pytest.raises(gpuexec.Error) as e:
+        launcher(1, 1, 1, 0, function, None, None, None, None, "x", None, None, 1, 1024)
+    assert len(e.value.message) < 600
