@@ -12,7 +12,7 @@ import grpc
 
 from ._args import Arg
 from ._bytes import _byte_view, _numpy, _parse_read_response, varint as _varint
-from ._dtype import DType, count_of, dtype as _as_dtype, uint8
+from ._dtype import ArrayFacts, DType, dtype as _as_dtype, uint8
 from ._errors import Error, client_error, from_rpc_error, short_token
 from ._function import Function, FunctionAttributes, Param, _KIND_NAMES, _launch_attributes
 from .v1 import gpuexec_pb2 as pb
@@ -34,7 +34,7 @@ def _op(field: str, request: Any) -> bytes:
     return pb.Command(**{field: request}).SerializeToString()
 
 
-class AsyncBuffer:
+class AsyncBuffer(ArrayFacts):
     """Device memory of an AsyncSession, as an array: ``shape``, ``dtype``
     (a gpuexec.DType; uint8 for alloc() without one), ``size`` (elements)
     and ``nbytes``, as gpuexec.Buffer's. get() reads it back as a numpy
@@ -51,26 +51,6 @@ class AsyncBuffer:
         self._capacity = capacity  # the allocation's bytes
         self._freed = False
         self._arg = Arg("buffer", handle, 0)  # as a kernel argument
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of its elements (size * itemsize)."""
-        return count_of(self.shape) * self.dtype.itemsize
-
-    @property
-    def size(self) -> int:
-        """Elements (numpy's meaning; ``nbytes`` is the bytes)."""
-        return count_of(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        """Dimensions of its shape."""
-        return len(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes of an element."""
-        return self.dtype.itemsize
 
     def __repr__(self) -> str:
         dims = ", ".join(map(str, self.shape))

@@ -19,7 +19,7 @@ from . import _wire
 from ._args import Arg
 from ._bytes import (_byte_view, _numpy, _parse_read_response, _writable_byte_view,
                      varint as _varint)
-from ._dtype import (DType, contiguous_strides as _contiguous_strides, count_of,
+from ._dtype import (ArrayFacts, DType, contiguous_strides as _contiguous_strides, count_of,
                      dtype as _as_dtype, extent as _extent, is_contiguous as _is_contiguous,
                      numpy_dtype, shape_of, uint8)
 from ._errors import Error, client_error, from_rpc_error, short_token
@@ -73,7 +73,7 @@ def _index(value: Any, what: str) -> int:
     return int(value.__index__())
 
 
-class Buffer:
+class Buffer(ArrayFacts):
     """Device memory of a session, as an array: ``shape``, ``dtype`` (a
     gpuexec.DType) and ``strides`` (bytes), numpy's and CuPy's meaning.
     ``with`` frees it at the end of the block.
@@ -137,24 +137,6 @@ class Buffer:
         self._span = _extent(shape, strides, d.itemsize)
 
     # ------------------------------------------------------------ array facts
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of its elements (size * itemsize)."""
-        return count_of(self.shape) * self.dtype.itemsize
-
-    @property
-    def size(self) -> int:
-        """Elements (numpy's meaning; ``nbytes`` is the bytes)."""
-        return count_of(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
 
     def element_size(self) -> int:
         """Bytes of an element (torch's name)."""

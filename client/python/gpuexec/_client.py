@@ -86,6 +86,29 @@ class Device:
     daemon_address: str = ""
 
 
+def devices_of(response: Any, target: Optional[str]) -> List[Device]:
+    """A ListDevices answer as Device values (both clients' devices());
+    DATA_LOSS for more devices than MAX_DEVICES, and a daemon address that
+    is not one (too long, not printable ASCII) dropped."""
+    if len(response.devices) > MAX_DEVICES:
+        raise Error(grpc.StatusCode.DATA_LOSS,
+                    f"gpuexec client: {target or 'the daemon'} answered "
+                    f"{len(response.devices)} devices; at most {MAX_DEVICES}")
+    address = response.daemon_address
+    if len(address) > 261 or not address.isprintable() or not address.isascii():
+        address = ""  # not an address: ignored
+    return [Device(index=d.index, name=d.name,
+                   compute_capability=(d.compute_capability_major, d.compute_capability_minor),
+                   memory_total_bytes=d.memory_total_bytes,
+                   memory_free_bytes=d.memory_free_bytes, healthy=d.healthy,
+                   multiprocessor_count=d.multiprocessor_count, modules_loaded=d.modules_loaded,
+                   module_loads_total=d.module_loads_total, sessions=d.sessions,
+                   resets=d.resets, epoch=d.epoch, last_reset=d.last_reset, workers=d.workers,
+                   own_worker=d.own_worker, not_answering_since=d.not_answering_since,
+                   pending_requests=d.pending_requests, daemon_address=address)
+            for d in response.devices]
+
+
 
 def open_client(target: str, *, timeout: float = 10.0,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, control_timeout: Optional[float] = 60.0,
@@ -193,27 +216,7 @@ class Client:
         """The host's devices: a list of Device."""
         response = self._call(self.stub.ListDevices, pb.ListDevicesRequest(), self.control_timeout)
         self._check_version(self.target, response.daemon_version)
-        if len(response.devices) > MAX_DEVICES:
-            raise Error(grpc.StatusCode.DATA_LOSS,
-                        f"gpuexec client: {self.target or 'the daemon'} answered "
-                        f"{len(response.devices)} devices; at most {MAX_DEVICES}")
-        address = response.daemon_address
-        if len(address) > 261 or not address.isprintable() or not address.isascii():
-            address = ""  # not an address: ignored
-        return [Device(index=d.index, name=d.name,
-                       compute_capability=(d.compute_capability_major,
-                                           d.compute_capability_minor),
-                       memory_total_bytes=d.memory_total_bytes,
-                       memory_free_bytes=d.memory_free_bytes, healthy=d.healthy,
-                       multiprocessor_count=d.multiprocessor_count,
-                       modules_loaded=d.modules_loaded,
-                       module_loads_total=d.module_loads_total, sessions=d.sessions,
-                       resets=d.resets, epoch=d.epoch, last_reset=d.last_reset,
-                       workers=d.workers, own_worker=d.own_worker,
-                       not_answering_since=d.not_answering_since,
-                       pending_requests=d.pending_requests,
-                       daemon_address=address)
-                for d in response.devices]
+        return devices_of(response, self.target)
 
     def session(self, device: Optional[int] = None, *, lease: Optional[float] = None,
                 memory_limit: int = 0, kernel_time_limit: Optional[float] = None) -> Session:

@@ -263,6 +263,34 @@ def count_of(shape: Tuple[int, ...]) -> int:
     return n
 
 
+class ArrayFacts:
+    """What an array's ``shape`` and ``dtype`` tell, numpy's meanings:
+    gpuexec.Buffer's and gpuexec.aio.AsyncBuffer's."""
+
+    shape: Tuple[int, ...]
+    dtype: DType
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its elements (size * itemsize)."""
+        return count_of(self.shape) * self.dtype.itemsize
+
+    @property
+    def size(self) -> int:
+        """Elements (numpy's meaning; ``nbytes`` is the bytes)."""
+        return count_of(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions of its shape."""
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of an element."""
+        return self.dtype.itemsize
+
+
 __all__ = ["DType", "bfloat16", "bool_", "dtype", "float16", "float32", "float64",
            "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int8",
            "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]

@@ -118,16 +118,12 @@ class Launcher:
     # ------------------------------------------------------- converters
 
     def _pointer(self, value: Any, index: int) -> Any:
-        if type(value) is Buffer:  # pylint: disable=unidiomatic-typecheck
+        if isinstance(value, Buffer):
             if value.session is not self.session:
                 self._other_session(value, index)
             return value
         if value is None:
             return null()
-        if isinstance(value, Buffer):
-            if value.session is not self.session:
-                self._other_session(value, index)
-            return value
         base = getattr(value, "base", None)  # triton.reinterpret's TensorWrapper
         if isinstance(base, Buffer) and hasattr(value, "data_ptr"):
             return self._pointer(base, index)

@@ -48,8 +48,8 @@ from ._aio_objects import AsyncBuffer, AsyncFunction, AsyncModule
 from ._aio_stream import AsyncCommandStream, execute_opener
 from ._bytes import _byte_view, _is_numpy_array, _numpy
 from ._channel import Recipe
-from ._client import (DEFAULT_CHUNK_BYTES, DEFAULT_TARGET, MAX_CHUNK_BYTES, MAX_DEVICES,
-                      MAX_MESSAGE_BYTES, Device, _seconds_to_ms)
+from ._client import (DEFAULT_CHUNK_BYTES, DEFAULT_TARGET, MAX_CHUNK_BYTES, MAX_MESSAGE_BYTES,
+                      Device, _seconds_to_ms, devices_of)
 from ._dtype import DType, count_of, dtype as _as_dtype, shape_of
 from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._function import _module_kind
@@ -176,27 +176,6 @@ async def _wait_ready(channel: Any, recipe: Recipe, target: str, timeout: float,
     raise _connect.unavailable(target, f"no connection within {timeout:g} s{hint}")
 
 
-def _devices(response: Any, target: str) -> List[Device]:
-    """ListDevices' answer as Device values (as gpuexec.Client.devices)."""
-    if len(response.devices) > MAX_DEVICES:
-        raise Error(grpc.StatusCode.DATA_LOSS,
-                    f"gpuexec client: {target} answered {len(response.devices)} devices; "
-                    f"at most {MAX_DEVICES}")
-    address = response.daemon_address
-    if len(address) > 261 or not address.isprintable() or not address.isascii():
-        address = ""  # not an address: ignored
-    return [Device(index=d.index, name=d.name,
-                   compute_capability=(d.compute_capability_major, d.compute_capability_minor),
-                   memory_total_bytes=d.memory_total_bytes,
-                   memory_free_bytes=d.memory_free_bytes, healthy=d.healthy,
-                   multiprocessor_count=d.multiprocessor_count, modules_loaded=d.modules_loaded,
-                   module_loads_total=d.module_loads_total, sessions=d.sessions,
-                   resets=d.resets, epoch=d.epoch, last_reset=d.last_reset, workers=d.workers,
-                   own_worker=d.own_worker, not_answering_since=d.not_answering_since,
-                   pending_requests=d.pending_requests, daemon_address=address)
-            for d in response.devices]
-
-
 class AsyncClient:
     """A grpc.aio connection to one daemon (made by gpuexec.aio.connect);
     ``async with`` closes it. Its sessions stay open on the daemon until
@@ -261,7 +240,7 @@ class AsyncClient:
         response = await self._call(self._stub.ListDevices, pb.ListDevicesRequest(),
                                     self.control_timeout)
         self._check_version(self.target, response.daemon_version)
-        return _devices(response, self.target)
+        return devices_of(response, self.target)
 
     def session(self, device: Optional[int] = None, *, lease: Optional[float] = None,
                 memory_limit: int = 0,
