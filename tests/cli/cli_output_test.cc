@@ -52,6 +52,23 @@ TEST(FormatElementsTest, EachTypeExactly) {
   EXPECT_EQ(FormatElements("e", Raw<uint8_t>({1, 2}), {ScalarType::kU32, 8}), "e[0:0] =");
 }
 
+TEST(PrintDevicesTest, ADaemonsStringsAreEscapedNotPrintedRaw) {
+  // A daemon of a pool may be hostile: its device name, reset reason and
+  // its own address must not reach the terminal as control sequences.
+  DeviceInfo d;
+  d.name = "H200\x1b]0;owned\x07";
+  d.last_reset = "fault\n\x1b[2Jdevice 1 healthy";
+  d.healthy = true;
+  ::testing::internal::CaptureStdout();
+  PrintDevices({{"evil\x1b[31m:1", d}}, /*daemons=*/true);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+  EXPECT_EQ(out.find('\x07'), std::string::npos) << out;
+  EXPECT_THAT(out, HasSubstr("H200\\x1b]0;owned\\x07"));
+  EXPECT_THAT(out, HasSubstr("last reset fault\\x0a\\x1b[2Jdevice 1 healthy\n"));
+  EXPECT_THAT(out, HasSubstr("evil\\x1b[31m:1"));
+}
+
 TEST(ProgressTest, BytesDoneTotalAndRate) {
   EXPECT_EQ(
       ProgressLine("read argument 1 (out:1G:y.bin)", 64ull << 20, 256ull << 20, absl::Seconds(2)),

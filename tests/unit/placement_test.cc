@@ -76,6 +76,15 @@ TEST(ChooseDevice, MoreFreeMemoryThanTheDeviceHasIsPassedOver) {
   EXPECT_EQ(*best, 1u);
 }
 
+TEST(ChooseDevice, ATotalNoGpuHasIsPassedOver) {
+  // A daemon claiming 2^63 bytes free of 2^63 would win every placement.
+  std::vector<DeviceLoad> devices = {Device(0, 20), Device(1, 30)};
+  devices[0].memory_free_bytes = devices[0].memory_total_bytes = uint64_t{1} << 63;
+  auto best = ChooseDevice(devices, {}, "2 daemons");
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(*best, 1u);
+}
+
 TEST(ChooseDevice, UnhealthyAndOlderDevicesArePassedOver) {
   const std::vector<DeviceLoad> devices = {Device(0, 120, 0, /*healthy=*/false),
                                            Device(1, 100, 0, true, /*cc_major=*/8),

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/failure.h"
 
 namespace gpuexec::cli {
 namespace {
@@ -94,34 +95,44 @@ std::string Bytes(uint64_t n) {
 std::string Dims(const Dim3& d) { return absl::StrCat("(", d.x, ",", d.y, ",", d.z, ")"); }
 
 void PrintDevices(const std::vector<std::pair<std::string, DeviceInfo>>& rows, bool daemons) {
+  // Every string here comes from a daemon, which may be another's (a pool):
+  // escaped and cut, so that none moves the cursor or forges a line.
+  std::vector<std::string> names;
+  names.reserve(rows.size());
   size_t width = 6;
-  for (const auto& [daemon, d] : rows) width = std::max(width, daemon.size());
+  for (const auto& [daemon, d] : rows) {
+    names.push_back(Printable(daemon, 256));
+    width = std::max(width, names.back().size());
+  }
   if (daemons) std::printf("%-*s ", static_cast<int>(width), "DAEMON");
   std::printf("%-6s %-28s %-4s %12s %12s %-10s %4s %8s %6s %s\n", "DEVICE", "NAME", "CC", "MEMORY",
               "FREE", "HEALTH", "SMS", "SESSIONS", "RESETS", "WORKERS");
-  for (const auto& [daemon, d] : rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const DeviceInfo& d = rows[i].second;
     const std::string cc =
         absl::StrCat(d.compute_capability_major, ".", d.compute_capability_minor);
     // "3 (own)": the device runs 3 workers, one of them the caller's tenant's
     // own (whose resets the RESETS column then counts).
     const std::string workers = absl::StrCat(d.workers, d.own_worker ? " (own)" : "");
-    if (daemons) std::printf("%-*s ", static_cast<int>(width), daemon.c_str());
-    std::printf("%-6u %-28s %-4s %12s %12s %-10s %4u %8u %6llu %s\n", d.index, d.name.c_str(),
-                cc.c_str(), Bytes(d.memory_total_bytes).c_str(), Bytes(d.memory_free_bytes).c_str(),
+    if (daemons) std::printf("%-*s ", static_cast<int>(width), names[i].c_str());
+    std::printf("%-6u %-28s %-4s %12s %12s %-10s %4u %8u %6llu %s\n", d.index,
+                Printable(d.name, 128).c_str(), cc.c_str(), Bytes(d.memory_total_bytes).c_str(),
+                Bytes(d.memory_free_bytes).c_str(),
                 !d.not_answering_since.empty() ? "silent"
                 : d.healthy                    ? "healthy"
                                                : "restarting",
                 d.multiprocessor_count, d.sessions, static_cast<unsigned long long>(d.resets),
                 workers.c_str());
   }
-  for (const auto& [daemon, d] : rows) {
-    const std::string where = daemons ? absl::StrCat("daemon ", daemon, " device ", d.index)
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const DeviceInfo& d = rows[i].second;
+    const std::string where = daemons ? absl::StrCat("daemon ", names[i], " device ", d.index)
                                       : absl::StrCat("device ", d.index);
     if (!d.last_reset.empty())
-      std::printf("%s last reset %s\n", where.c_str(), d.last_reset.c_str());
+      std::printf("%s last reset %s\n", where.c_str(), Printable(d.last_reset, 1024).c_str());
     if (!d.not_answering_since.empty()) {
       std::printf("%s has not answered since %s (its figures are the last it gave)\n",
-                  where.c_str(), d.not_answering_since.c_str());
+                  where.c_str(), Printable(d.not_answering_since, 64).c_str());
     }
   }
 }

@@ -307,15 +307,24 @@ absl::StatusOr<std::vector<uint8_t>> Buffer::Read(uint64_t offset, uint64_t size
   if (!session_) return Unusable("Buffer");
   GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
   std::vector<uint8_t> out;
-  // Reserve only what the buffer can hold; the daemon judges the range.
+  // Reserve only what the buffer can hold; the daemon judges the range. It
+  // may not send more than that (nor than asked): a daemon that does is
+  // refused, not followed until memory runs out.
   const uint64_t expected = size != 0 ? size : size_ - std::min(offset, size_);
-  if (offset <= size_ && expected <= size_ - offset) out.reserve(expected);
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(ReadCall(*session_, session_->client->channel, handle_, offset,
-                                          size, /*group=*/nullptr,
-                                          [&out](uint64_t, std::string_view data) {
-                                            out.insert(out.end(), data.begin(), data.end());
-                                            return absl::OkStatus();
-                                          }));
+  const bool in_range = offset <= size_ && expected <= size_ - offset;
+  const uint64_t limit = in_range ? expected : size;
+  if (in_range) out.reserve(expected);
+  GPUEXEC_CLIENT_RETURN_IF_ERROR(ReadCall(
+      *session_, session_->client->channel, handle_, offset, size, /*group=*/nullptr,
+      [&](uint64_t, std::string_view data) {
+        if (data.size() > limit - out.size()) {
+          return absl::DataLossError(absl::StrCat("gpuexec client: Read of buffer ", handle_,
+                                                  " at offset ", offset, " returned more than the ",
+                                                  limit, " bytes the buffer holds there"));
+        }
+        out.insert(out.end(), data.begin(), data.end());
+        return absl::OkStatus();
+      }));
   return out;
 }
 

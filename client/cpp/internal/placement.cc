@@ -38,8 +38,10 @@ absl::StatusOr<size_t> ChooseDevice(absl::Span<const DeviceLoad> devices,
   };
   for (size_t i = 0; i < devices.size(); ++i) {
     const DeviceLoad& d = devices[i];
-    // Free memory above the total is an answer that cannot be true.
-    if (!d.healthy || d.memory_free_bytes > d.memory_total_bytes) {
+    // Free memory above the total, or a total no GPU has, is an answer that
+    // cannot be true.
+    if (!d.healthy || d.memory_free_bytes > d.memory_total_bytes ||
+        d.memory_total_bytes > kMostDeviceBytes) {
       ++unhealthy;
       continue;
     }

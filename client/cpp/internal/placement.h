@@ -31,6 +31,10 @@ struct DeviceLoad {
   uint32_t cc_minor = 0;
 };
 
+// More device memory than any GPU has (16 TiB): a daemon that reports it
+// (a broken or hostile one, in a pool) is passed over, not preferred.
+inline constexpr uint64_t kMostDeviceBytes = uint64_t{1} << 44;
+
 // What the session needs of its device.
 struct PlacementNeeds {
   // Free device memory the session will use (its memory limit); 0: any.

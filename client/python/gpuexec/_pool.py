@@ -40,6 +40,9 @@ SCHEME = "pool://"
 MAX_DAEMONS = 65536
 # Daemons asked at once by a listing of the whole pool.
 PROBE_THREADS = 64
+# More device memory than any GPU has (16 TiB): a daemon that reports it (a
+# broken or hostile one) is passed over, not preferred.
+_MOST_DEVICE_BYTES = 1 << 44
 
 
 def is_pool_target(target: object) -> bool:
@@ -272,7 +275,8 @@ class Pool:
                     unhealthy += 1
                 elif d.compute_capability < cc:
                     too_old += 1
-                elif d.memory_free_bytes > d.memory_total_bytes:
+                elif (d.memory_free_bytes > d.memory_total_bytes
+                      or d.memory_total_bytes > _MOST_DEVICE_BYTES):
                     unhealthy += 1  # an answer that cannot be true
                 else:
                     most_free = max(most_free, d.memory_free_bytes)
