@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""What holds device memory once a daemon's sessions are gone.
+
+Starts a gpuexecd of its own (loopback, port 0), then runs one kind of work
+at a time and reads the device memory in use (ListDevices: total less free)
+before it, right after its sessions end, and again once it settles (no
+change for 1 s, at most --settle_s). Each row is one kind of work; its
+"kept" column is what stayed in use after it, so the row that keeps memory
+names what holds it.
+
+  /usr/bin/python3 scripts/device_memory_probe.py --build build
+  python3 scripts/device_memory_probe.py --daemon B/bin/gpuexecd --driver libcuda.so.1 \\
+      --kernels B/kernels/sm_90 --python_package B/python
+
+Exit status 1 when, after every row, the device holds more than --margin MiB
+above the start (the check the soak makes), else 0. Bounded: each row's work
+is fixed, and each wait is at most --settle_s.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from soak import Daemon, resolve_paths  # noqa: E402  (the same daemon and paths as the soak)
+
+MIB = 1 << 20
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default=None)
+    p.add_argument("--daemon", default=None)
+    p.add_argument("--driver", default=None)
+    p.add_argument("--kernels", default=None)
+    p.add_argument("--python_package", default=None)
+    p.add_argument("--daemon_arg", action="append", default=[])
+    p.add_argument("--settle_s", type=float, default=10.0,
+                   help="longest wait for device memory to settle after each row")
+    p.add_argument("--margin", type=float, default=16.0,
+                   help="MiB above the start the device may hold after every row")
+    return p.parse_args(argv)
+
+
+def main(argv):
+    args = parse_args(argv)
+    daemon_path, driver, cubin, package, _ = resolve_paths(args)
+    sys.path.insert(0, package)
+    import gpuexec
+    import numpy as np
+
+    work = tempfile.mkdtemp(prefix="gpuexec-memprobe-")
+    argv_d = [daemon_path, "--listen=127.0.0.1:0", f"--driver={driver}",
+              "--default_lease_ms=2000", "--log_level=info"] + args.daemon_arg
+    daemon = Daemon(argv_d, dict(os.environ), os.path.join(work, "gpuexecd.log"))
+    target = f"127.0.0.1:{daemon.port}"
+    control = gpuexec.connect(target, timeout=30)
+
+    def in_use():
+        d = control.devices()[0]
+        return (d.memory_total_bytes - d.memory_free_bytes) / MIB, d.sessions
+
+    def settle():
+        """Device MiB in use once no session is open and the figure held for 1 s."""
+        deadline = time.time() + args.settle_s
+        last, since = None, time.time()
+        while True:
+            used, sessions = in_use()
+            if used != last or sessions != 0:
+                last, since = used, time.time()
+            if time.time() - since >= 1.0 or time.time() > deadline:
+                return used, time.time() - (deadline - args.settle_s)
+            time.sleep(0.1)
+
+    def empty_session():
+        with control.session() as s:
+            s.synchronize()
+
+    def alloc_free():
+        with control.session() as s:
+            bufs = [s.alloc(16 * MIB) for _ in range(64)]
+            for b in bufs:
+                b.free()
+
+    def kernels():
+        with control.session() as s:
+            mod = s.load_module(cubin)
+            fill, saxpy = mod.function("gx_fill_u32"), mod.function("gx_saxpy")
+            n = 1 << 20
+            b = s.alloc(n * 4)
+            fill.launch(n // 256, 256, b, gpuexec.u32(7), gpuexec.u64(n), sync=True)
+            y = s.alloc(n * 4)
+            saxpy.launch(n // 256, 256, gpuexec.f32(2.0), b, y, gpuexec.u64(n), sync=True)
+
+    def transfers():
+        with control.session() as s:
+            data = np.arange(16 * MIB // 4, dtype=np.uint32)
+            b = s.alloc(data.nbytes)
+            b.write(data)
+            b.memset(3)
+            c = s.alloc(data.nbytes)
+            c.copy_from(b)
+            c.read()
+
+    def many_sessions():
+        errors = []
+
+        def one():
+            try:
+                with gpuexec.connect(target, timeout=30) as c, c.session() as s:
+                    b = s.alloc(8 * MIB)
+                    b.write(np.ones(2 * MIB, np.uint32))
+                    b.read()
+            except Exception as e:  # reported below
+                errors.append(e)
+        threads = [threading.Thread(target=one) for _ in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def abandoned():
+        # A client that vanishes: its session lapses with its lease.
+        c = gpuexec.connect(target, timeout=30)
+        s = c.session(lease=1.0)
+        s.alloc(64 * MIB)
+        time.sleep(3.0)
+
+    rows = [("an empty session", empty_session),
+            ("64 x 16 MiB allocated and freed", alloc_free),
+            ("gx_kernels loaded, gx_fill_u32 and gx_saxpy run", kernels),
+            ("the same kernels again (module kept loaded)", kernels),
+            ("16 MiB written, memset, copied, read", transfers),
+            ("64 sessions at once, 8 MiB written and read each", many_sessions),
+            ("a session left to lapse (64 MiB)", abandoned)]
+    start, _ = settle()
+    print(f"device memory in use at the start: {start:.1f} MiB")
+    print(f"| work | before MiB | right after | settled | kept (vs before) | vs start | settle s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    failed = False
+    for name, work_fn in rows:
+        before, _ = settle()
+        try:
+            work_fn()
+        except gpuexec.Error as e:
+            print(f"| {name} | failed: {e} |")
+            failed = True
+            continue
+        right_after, _ = in_use()
+        settled, took = settle()
+        print(f"| {name} | {before:.1f} | {right_after:.1f} | {settled:.1f} | "
+              f"{settled - before:+.1f} | {settled - start:+.1f} | {took:.1f} |", flush=True)
+    end, _ = settle()
+    print(f"device memory in use at the end: {end:.1f} MiB ({end - start:+.1f} against the start; "
+          f"margin {args.margin:g})")
+    control.close()
+    rc = daemon.stop()
+    if rc != 0:
+        print(f"gpuexecd exited with {rc}")
+        failed = True
+    return 1 if failed or end - start > args.margin else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
