@@ -141,7 +141,7 @@ def main(argv):
             ("a session left to lapse (64 MiB)", abandoned)]
     start, _ = settle()
     print(f"device memory in use at the start: {start:.1f} MiB")
-    print(f"| work | before MiB | right after | settled | kept (vs before) | vs start | settle s |")
+    print("| work | before MiB | right after | settled | kept (vs before) | vs start | settle s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     failed = False
     for name, work_fn in rows:
