@@ -38,7 +38,8 @@ class StagingPool {
 
   // Calls `waiter` with a free slot: now, on this thread, if one is free, or
   // later on the thread of the Release() that frees one. The callee must
-  // Release() the slot exactly once.
+  // Release() the slot exactly once. Release() zeroes the slot's
+  // `capacity` bytes before anyone else gets it.
   void Acquire(Waiter waiter);
   void Release(StagingSlot slot);
   size_t free_slots() const;
