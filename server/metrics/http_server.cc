@@ -34,7 +34,8 @@ absl::Status Errno(absl::string_view what, const std::string& address) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address,
-                                                              Registry* registry) {
+                                                              Registry* registry,
+                                                              const Limits& limits) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(
@@ -85,12 +86,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     ::close(fd);
     return Errno("make a wake-up pipe for", address);
   }
-  return std::unique_ptr<HttpServer>(new HttpServer(fd, wake[0], wake[1], bound_port, registry));
+  return std::unique_ptr<HttpServer>(
+      new HttpServer(fd, wake[0], wake[1], bound_port, registry, limits));
 }
 
 struct HttpServer::Connection {
   int fd = -1;
   std::string peer;
+  std::string network;  // the peer's /24 (IPv4) or /64 (IPv6)
+  uint64_t order = 0;   // when it was accepted, in accepts
   absl::Time deadline;
   std::string in;
   std::string out;  // the answer, once the request is whole
@@ -121,27 +125,42 @@ std::string Answer(absl::string_view status, absl::string_view type, absl::strin
   return response;
 }
 
-std::string PeerOf(int fd) {
+// The peer's address, and its network: the /24 of an IPv4 address (and of
+// an IPv4-mapped IPv6 one), the /64 of an IPv6 address.
+std::pair<std::string, std::string> PeerOf(int fd) {
   sockaddr_storage a{};
   socklen_t len = sizeof a;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return {"", ""};
   char host[INET6_ADDRSTRLEN] = {};
-  const void* where =
-      a.ss_family == AF_INET6
-          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr)
-          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&a)->sin_addr);
-  ::inet_ntop(a.ss_family, where, host, sizeof host);
-  return host;
+  if (a.ss_family == AF_INET6) {
+    const in6_addr& six = reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr;
+    ::inet_ntop(AF_INET6, &six, host, sizeof host);
+    if (IN6_IS_ADDR_V4MAPPED(&six)) {
+      return {host,
+              absl::StrCat(six.s6_addr[12], ".", six.s6_addr[13], ".", six.s6_addr[14], ".0/24")};
+    }
+    in6_addr net = six;
+    std::memset(net.s6_addr + 8, 0, 8);
+    char prefix[INET6_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET6, &net, prefix, sizeof prefix);
+    return {host, absl::StrCat(prefix, "/64")};
+  }
+  const in_addr four = reinterpret_cast<sockaddr_in*>(&a)->sin_addr;
+  ::inet_ntop(AF_INET, &four, host, sizeof host);
+  const uint32_t net = ntohl(four.s_addr);
+  return {host, absl::StrCat(net >> 24, ".", (net >> 16) & 0xff, ".", (net >> 8) & 0xff, ".0/24")};
 }
 
 }  // namespace
 
-HttpServer::HttpServer(int listen_fd, int wake_read, int wake_write, int port, Registry* registry)
+HttpServer::HttpServer(int listen_fd, int wake_read, int wake_write, int port, Registry* registry,
+                       const Limits& limits)
     : listen_fd_(listen_fd),
       wake_read_(wake_read),
       wake_write_(wake_write),
       port_(port),
-      registry_(registry) {
+      registry_(registry),
+      limits_(limits) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -157,11 +176,41 @@ HttpServer::~HttpServer() {
 void HttpServer::Loop() {
   std::vector<std::unique_ptr<Connection>> conns;
   absl::flat_hash_map<std::string, int> per_peer;
+  absl::flat_hash_map<std::string, int> per_network;
+  uint64_t accepted = 0;
   auto drop = [&](size_t i) {
     if (--per_peer[conns[i]->peer] == 0) per_peer.erase(conns[i]->peer);
+    if (--per_network[conns[i]->network] == 0) per_network.erase(conns[i]->network);
     ::close(conns[i]->fd);
     conns[i] = std::move(conns.back());
     conns.pop_back();
+  };
+  // Makes room for a connection of `peer` in `network`: for each limit it
+  // would pass, the oldest connection within that limit that has sent
+  // nothing goes. False when one of them has no such connection.
+  auto make_room = [&](const std::string& peer, const std::string& network) {
+    enum Scope { kPeer, kNetwork, kAll };
+    for (Scope scope : {kPeer, kNetwork, kAll}) {
+      const bool full =
+          scope == kPeer ? limits_.max_per_peer > 0 && per_peer[peer] >= limits_.max_per_peer
+          : scope == kNetwork
+              ? limits_.max_per_network > 0 && per_network[network] >= limits_.max_per_network
+              : limits_.max_connections > 0 &&
+                    static_cast<int>(conns.size()) >= limits_.max_connections;
+      if (!full) continue;
+      size_t oldest = conns.size();
+      for (size_t i = 0; i < conns.size(); ++i) {
+        const Connection& c = *conns[i];
+        if (!c.in.empty() || !c.out.empty()) continue;
+        if ((scope == kPeer && c.peer != peer) || (scope == kNetwork && c.network != network)) {
+          continue;
+        }
+        if (oldest == conns.size() || c.order < conns[oldest]->order) oldest = i;
+      }
+      if (oldest == conns.size()) return false;
+      drop(oldest);
+    }
+    return true;
   };
   std::vector<pollfd> fds;
   for (;;) {
@@ -221,16 +270,20 @@ void HttpServer::Loop() {
       for (;;) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
-        std::string peer = PeerOf(fd);
-        if (static_cast<int>(conns.size()) >= kMaxConnections || per_peer[peer] >= kMaxPerPeer) {
+        auto [peer, network] = PeerOf(fd);
+        if (!make_room(peer, network)) {
           if (per_peer[peer] == 0) per_peer.erase(peer);
+          if (per_network[network] == 0) per_network.erase(network);
           ::close(fd);
           continue;
         }
         ++per_peer[peer];
+        ++per_network[network];
         auto c = std::make_unique<Connection>();
         c->fd = fd;
+        c->order = ++accepted;
         c->peer = std::move(peer);
+        c->network = std::move(network);
         c->deadline = absl::Now() + absl::Milliseconds(kRequestTimeoutMs);
         conns.push_back(std::move(c));
       }
@@ -272,7 +325,12 @@ void HttpServer::OnReadable(Connection& c) {
   if (request->method != "GET" && !head) {
     c.out = Answer("405 Method Not Allowed", "text/plain", "GET only\n", false);
   } else if (request->path == "/metrics") {
-    c.out = Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", registry_->Render(), head);
+    const absl::Time now = absl::Now();
+    if (limits_.cache_ms <= 0 || now - rendered_at_ >= absl::Milliseconds(limits_.cache_ms)) {
+      rendered_ = registry_->Render();
+      rendered_at_ = now;
+    }
+    c.out = Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", rendered_, head);
   } else if (request->path == "/") {
     c.out = Answer("200 OK", "text/plain; charset=utf-8",
                    "gpuexecd: metrics in the Prometheus text format at /metrics\n", head);

@@ -9,10 +9,18 @@
 // non-blocking sockets: a peer that connects and says nothing, or trickles
 // its request a byte at a time, holds only its own connection. Each
 // connection has kRequestTimeout to send its request and as long again to
-// take the answer; at most kMaxConnections are open, kMaxPerPeer from one
-// address (more are closed at once). The exposition is rendered on the loop
-// thread: the registry's collectors must not wait long (the engine's does
-// not wait for a worker that does not answer).
+// take the answer. At most Limits::max_connections are open, max_per_peer
+// from one address and max_per_network from one network (/24 for IPv4,
+// /64 for IPv6). A connection that would pass a limit takes the place of
+// the oldest one within that limit that has sent nothing yet; with none
+// such, it is closed at once. So idle connections never keep a scrape out,
+// even from the scraper's own address.
+//
+// The exposition is rendered on the loop thread, at most once per
+// Limits::cache_ms (scrapes within it get the same text): the registry's
+// collectors must not wait long (the engine's does not wait for a worker
+// that does not answer), and a flood of scrapes costs the engine one
+// render a second.
 
 #include <memory>
 #include <string>
@@ -20,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "server/metrics/metrics.h"
 
 namespace gpuexec::metrics {
@@ -33,12 +42,23 @@ struct HttpRequest {
 // blank line); INVALID_ARGUMENT if it is not "METHOD TARGET VERSION".
 absl::StatusOr<HttpRequest> ParseHttpRequest(absl::string_view request);
 
+// What one endpoint holds at once (see the top of this file).
+struct HttpLimits {
+  int max_connections = 256;
+  int max_per_peer = 32;
+  int max_per_network = 64;
+  int cache_ms = 1000;  // 0: a render per scrape
+};
+
 class HttpServer {
  public:
+  using Limits = HttpLimits;
+
   // Binds `address` ("host:port"; port 0 picks one; "[::1]:port" for IPv6)
   // and serves `registry`, which must outlive the server.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
-                                                           Registry* registry);
+                                                           Registry* registry,
+                                                           const Limits& limits = Limits());
   ~HttpServer();  // stops serving
 
   HttpServer(const HttpServer&) = delete;
@@ -46,13 +66,12 @@ class HttpServer {
 
   int port() const { return port_; }
 
-  static constexpr int kMaxConnections = 256;
-  static constexpr int kMaxPerPeer = 32;
   static constexpr int kRequestTimeoutMs = 2000;
 
  private:
   struct Connection;
-  HttpServer(int listen_fd, int wake_read, int wake_write, int port, Registry* registry);
+  HttpServer(int listen_fd, int wake_read, int wake_write, int port, Registry* registry,
+             const Limits& limits);
   void Loop();
   // Reads what `c` sent; once its request is whole, makes the answer.
   void OnReadable(Connection& c);
@@ -61,6 +80,10 @@ class HttpServer {
   int wake_read_, wake_write_;
   int port_;
   Registry* registry_;
+  const Limits limits_;
+  // The last exposition rendered and when (the loop thread's own).
+  std::string rendered_;
+  absl::Time rendered_at_ = absl::InfinitePast();
   std::thread thread_;
 };
 

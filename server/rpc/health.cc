@@ -1,10 +1,12 @@
 #include "server/rpc/health.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/common/text.h"
+#include "server/core/tenant.h"
 
 namespace gpuexec::rpc {
 
@@ -73,16 +75,36 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
   AsyncCall* Next() override { return new Watch(health_); }
   void OnStart() override {
     absl::MutexLock lock(&health_->mu_);
-    if (health_->shut_down_ || health_->watches_.size() >= kMaxWatches) {
+    peer_ = core::PeerHost(ctx_.peer());
+    std::optional<grpc::Status> refused;
+    if (health_->shut_down_) {
+      refused = grpc::Status(grpc::StatusCode::UNAVAILABLE, "health: shutting down");
+    } else if (health_->max_watches_ > 0 &&
+               static_cast<int>(health_->watches_.size()) >= health_->max_watches_) {
+      refused = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("health: Watch of '", Quoted(name(), 64),
+                       "' refused: ", health_->max_watches_,
+                       " watches are open already, the daemon's limit "
+                       "(--health_max_watches); use Check, or try again once watches end"));
+    } else if (auto it = health_->watches_per_peer_.find(peer_);
+               health_->max_watches_per_peer_ > 0 && it != health_->watches_per_peer_.end() &&
+               it->second >= health_->max_watches_per_peer_) {
+      refused = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("health: Watch of '", Quoted(name(), 64), "' refused: peer ",
+                       Quoted(peer_, 64), " has ", it->second,
+                       " watches open, the limit of one peer (--health_max_watches_per_peer); "
+                       "watch each name once, or end watches no longer needed"));
+    }
+    if (refused.has_value()) {
+      peer_.clear();
       absl::MutexLock own(&mu_);
       finished_ = true;
-      return Finish(
-          health_->shut_down_
-              ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "health: shutting down")
-              : grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                             absl::StrCat("health: ", kMaxWatches, " watches are open already")));
+      return Finish(*refused);
     }
     health_->watches_.push_back(this);
+    ++health_->watches_per_peer_[peer_];
     Update(health_->StatusLocked(name()));
   }
   void OnWriteDone(bool ok) override {
@@ -95,7 +117,14 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
     {
       absl::MutexLock lock(&health_->mu_);
       auto& w = health_->watches_;
-      w.erase(std::remove(w.begin(), w.end(), this), w.end());
+      const auto gone = std::remove(w.begin(), w.end(), this);
+      if (gone != w.end()) {
+        w.erase(gone, w.end());
+        auto it = health_->watches_per_peer_.find(peer_);
+        if (it != health_->watches_per_peer_.end() && --it->second <= 0) {
+          health_->watches_per_peer_.erase(it);
+        }
+      }
     }
     delete this;
   }
@@ -118,6 +147,7 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
   }
 
   HealthService* health_;
+  std::string peer_;  // the peer host counted for it, once admitted
   absl::Mutex mu_;
   HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
   ServingStatus last_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;

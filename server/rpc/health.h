@@ -24,6 +24,15 @@ class HealthService {
   using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
   grpc::Service* service() { return &async_; }
+  // Watches open at once, in all and of one peer host (core::PeerHost: an
+  // IP address; each Unix-socket connection is a peer of its own, and the
+  // Unix socket bounds those); more are RESOURCE_EXHAUSTED. Each costs a
+  // little memory until its client goes and a status change or shutdown
+  // finds it gone. Set before Listen.
+  void SetWatchLimits(int total, int per_peer) {
+    max_watches_ = total;
+    max_watches_per_peer_ = per_peer;
+  }
   void Listen(grpc::ServerCompletionQueue* cq);
 
   // Sets the status of `name` ("" is the server as a whole) and tells its
@@ -43,15 +52,15 @@ class HealthService {
   friend class Watch;
   // The status of `name`; SERVICE_UNKNOWN when it was never set.
   ServingStatus StatusLocked(const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Watches open at once, at most (each costs a little memory until its
-  // client goes and a status change or shutdown finds it gone).
-  static constexpr int kMaxWatches = 1024;
+  int max_watches_ = 1024;
+  int max_watches_per_peer_ = 16;
 
   grpc::health::v1::Health::AsyncService async_;
   CallCounter calls_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, ServingStatus> status_ ABSL_GUARDED_BY(mu_);
   std::vector<Watch*> watches_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> watches_per_peer_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -33,6 +33,7 @@
 #include "server/core/engine.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/front_limits.h"
 #include "server/rpc/health.h"
 #include "server/rpc/identity.h"
 #include "server/rpc/observability.h"
@@ -75,72 +76,6 @@ absl::StatusOr<std::string> SimulatorLibrary(const std::string& program) {
       self.empty() ? std::string("gpuexecd") : self, " (looked for ", absl::StrJoin(tried, ", "),
       "); build it (cmake --build build --target gpuexec_fakecuda) or install gpuexec's runtime "
       "component, which holds it"));
-}
-
-// A PEM file the TLS listener needs: it must be there and readable at start
-// (the watcher then picks up its replacements).
-absl::Status CheckPemFile(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path);
-  std::string first;
-  if (!in || !std::getline(in, first)) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
-  }
-  if (first.rfind("-----BEGIN ", 0) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a PEM file"));
-  }
-  return absl::OkStatus();
-}
-
-// What the daemon needs to know before it serves anyone: the TLS files, the
-// tenants file, and whether the listen address may be served as configured.
-absl::Status CheckSecurity(const ServerOptions& o) {
-  if (o.tls_cert.empty() != o.tls_key.empty()) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
-  }
-  const bool tls = !o.tls_cert.empty();
-  if (!o.tls_client_ca.empty() && !tls) {
-    return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
-  }
-  if (tls && o.listen_address.empty()) {
-    return absl::InvalidArgumentError("--tls_cert: there is no TCP listener (--listen is empty)");
-  }
-  if (tls) {
-    GPUEXEC_RETURN_IF_ERROR(CheckPemFile(o.tls_cert, "--tls_cert"));
-    GPUEXEC_RETURN_IF_ERROR(CheckPemFile(o.tls_key, "--tls_key"));
-    if (!o.tls_client_ca.empty()) {
-      GPUEXEC_RETURN_IF_ERROR(CheckPemFile(o.tls_client_ca, "--tls_client_ca"));
-    }
-  }
-  if (o.listen_address.empty() || IsLoopbackAddress(o.listen_address) || o.allow_unauthenticated) {
-    return absl::OkStatus();
-  }
-  const bool identity = !o.tenants_file.empty() || !o.tls_client_ca.empty();
-  if (tls && identity) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--listen=", o.listen_address, " is not a loopback address, and ",
-      tls ? "no identity is configured: give --tenants (bearer tokens) or --tls_client_ca "
-            "(client certificates)"
-          : "it has no TLS: give --tls_cert and --tls_key, and --tenants or --tls_client_ca",
-      "; or --allow_unauthenticated to let anyone who reaches it use the GPUs"));
-}
-
-std::shared_ptr<grpc::ServerCredentials> TlsCredentials(const ServerOptions& o,
-                                                        rpc::Identity* identity) {
-  const unsigned interval =
-      static_cast<unsigned>(std::max<int64_t>(1, absl::ToInt64Seconds(o.tls_reload_interval)));
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      o.tls_key, o.tls_cert, o.tls_client_ca.empty() ? std::string() : o.tls_client_ca, interval);
-  grpc::experimental::TlsServerCredentialsOptions tls(provider);
-  tls.watch_identity_key_cert_pairs();
-  if (!o.tls_client_ca.empty()) {
-    tls.watch_root_certs();
-    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  } else {
-    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  }
-  std::shared_ptr<grpc::ServerCredentials> creds = grpc::experimental::TlsServerCredentials(tls);
-  creds->SetAuthMetadataProcessor(identity->MakeProcessor());
-  return creds;
 }
 
 // The MPS control daemon's pipe directory, as its clients look for it.
@@ -273,7 +208,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.listen_address.empty() && options.unix_socket.empty()) {
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
   }
-  GPUEXEC_RETURN_IF_ERROR(CheckSecurity(options));
+  GPUEXEC_RETURN_IF_ERROR(rpc::CheckSecurity(options));
   InstallGrpcLog();
   if (options.session_memory_share.has_value() &&
       !(*options.session_memory_share >= 0 && *options.session_memory_share <= 1)) {
@@ -356,15 +291,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.daemon_pinned_bytes = options.pinned_bytes != 0 ? options.pinned_bytes : HostMemoryBytes() / 4;
   eo.max_session_pinned_bytes = options.max_session_pinned_bytes;
   eo.max_regions_per_session = options.max_regions_per_session;
-  if (options.isolation == "tenant" ||
-      (options.isolation.empty() && !options.tenants_file.empty())) {
-    eo.isolation = core::EngineOptions::Isolation::kTenant;
-  } else if (options.isolation == "device" || options.isolation.empty()) {
-    eo.isolation = core::EngineOptions::Isolation::kDevice;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("--isolation must be 'tenant' or 'device', not ",
-                                                   Quoted(options.isolation, 32)));
-  }
+  GPUEXEC_ASSIGN_OR_RETURN(const rpc::IsolationChoice isolation, rpc::ChooseIsolation(options));
+  eo.isolation = isolation.isolation;
   eo.worker_idle = options.worker_idle;
   eo.max_workers_per_device = options.max_workers_per_device;
   const int busy_poll_us = options.busy_poll_us >= 0
@@ -402,12 +330,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto engine = core::Engine::Create(eo, open_device);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
+  GPUEXEC_RETURN_IF_ERROR(rpc::CheckDescriptorBudget(
+      options, eo.isolation, eo.max_workers_per_device, impl->engine->device_count()));
   impl->service = std::make_unique<rpc::GpuExecService>(
       impl->engine.get(), impl->identity.get(), options.shm_socket, options.advertise_address,
       reported_version);
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
-    auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry);
+    metrics::HttpServer::Limits limits;
+    limits.max_connections = static_cast<int>(options.metrics_max_connections);
+    limits.max_per_peer = static_cast<int>(options.metrics_max_per_peer);
+    limits.max_per_network = static_cast<int>(options.metrics_max_per_network);
+    limits.cache_ms = static_cast<int>(options.metrics_cache_ms);
+    auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry, limits);
     if (!http.ok()) return http.status();
     impl->metrics_http = std::move(http).value();
   }
@@ -418,7 +353,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     builder.AddListeningPort(options.listen_address,
                              options.tls_cert.empty()
                                  ? grpc::InsecureServerCredentials()
-                                 : TlsCredentials(options, impl->identity.get()),
+                                 : rpc::TlsCredentials(options, impl->identity.get()),
                              &impl->port);
   }
   // Chunks are 1 MiB by default; leave room for clients that send larger.
@@ -427,6 +362,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(64 << 20);
+  const rpc::FrontLimits front = rpc::ResolveFrontLimits(options.front, HostMemoryBytes());
+  rpc::ApplyFrontLimits(front, &builder);
+  impl->health.SetWatchLimits(static_cast<int>(options.health_max_watches),
+                              static_cast<int>(options.health_max_watches_per_peer));
   builder.RegisterService(impl->service->service());
   builder.RegisterService(impl->health.service());
   // One queue: with gRPC's epoll poller, whichever thread polls reads
@@ -445,8 +384,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         " (address in use or not valid?)"));
   }
   if (!options.unix_socket.empty()) {
+    rpc::UnixListener::Limits limits;
+    limits.max_connections = options.unix_max_connections;
+    limits.max_per_uid = options.unix_max_connections_per_uid;
     auto listener = rpc::UnixListener::Start(options.unix_socket, options.unix_socket_group,
-                                             impl->server.get(), impl->identity.get());
+                                             impl->server.get(), impl->identity.get(), limits);
     if (!listener.ok()) {
       impl->server->Shutdown();
       return listener.status();
@@ -512,7 +454,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                "process of their own (at most ",
                                eo.max_workers_per_device, " per device, ended ",
                                absl::ToInt64Seconds(eo.worker_idle), " s after their last session)")
-                : std::string("by device: one worker process per device for every session"));
+                : std::string("by device: one worker process per device for every session"),
+            "; chosen by ", isolation.why);
+  if (!isolation.warning.empty()) log::Warning("gpuexecd: ", isolation.warning);
+  log::Info("gpuexecd: ", rpc::DescribeFrontLimits(front), "; health watches ",
+            options.health_max_watches, " (", options.health_max_watches_per_peer,
+            " per peer); Unix-socket connections ", options.unix_max_connections, " (",
+            options.unix_max_connections_per_uid, " per uid)");
   log::Info(
       "gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s", "; busy polling ",
       busy_poll_us == 0 ? std::string("off") : absl::StrCat(busy_poll_us, " us after each message"),

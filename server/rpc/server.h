@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/rpc/front_limits.h"
 
 namespace gpuexec {
 
@@ -57,7 +58,9 @@ struct ServerOptions {
   // empty: every caller is one implicit tenant. Reloaded by ReloadTenants().
   std::string tenants_file;
   // "tenant": a worker process per tenant per device; "device": one per
-  // device for all; empty: "tenant" with a tenants file, else "device".
+  // device for all; empty: "tenant" wherever callers can be several
+  // identities (a tenants file, client certificates, a Unix socket that a
+  // group may reach), else "device".
   std::string isolation;
   absl::Duration worker_idle = absl::Minutes(5);
   uint32_t max_workers_per_device = 16;
@@ -143,6 +146,24 @@ struct ServerOptions {
   // than one adds latency (they take turns reading the connections); more
   // help many clients that stream bulk data at once.
   uint32_t rpc_threads = 1;
+  // What any peer, credentials or not, may make the front hold: streams
+  // per connection, gRPC's memory, handshake, idle and ping limits.
+  rpc::FrontLimits front;
+  // Connections the Unix socket holds at once, in all and of one uid
+  // (0: no bound); more are closed as they come.
+  uint32_t unix_max_connections = 1024;
+  uint32_t unix_max_connections_per_uid = 256;
+  // Health Watch streams open at once, in all and of one peer (an IP
+  // address, a Unix-socket connection); more are RESOURCE_EXHAUSTED.
+  uint32_t health_max_watches = 1024;
+  uint32_t health_max_watches_per_peer = 16;
+  // The metrics endpoint: connections at once, in all, of one address and
+  // of one network (/24 for IPv4, /64 for IPv6); how long a rendered
+  // exposition is served again (0: rendered for every scrape).
+  uint32_t metrics_max_connections = 256;
+  uint32_t metrics_max_per_peer = 32;
+  uint32_t metrics_max_per_network = 64;
+  uint32_t metrics_cache_ms = 1000;
   // How often leases are checked.
   absl::Duration reaper_interval = absl::Milliseconds(200);
 };

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/common/log.h"
+#include "server/rpc/front_limits.h"
 
 namespace gpuexec::rpc {
 namespace {
@@ -88,7 +90,8 @@ absl::StatusOr<int> BindUnixSocket(const std::string& path, const std::string& g
 absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::string& path,
                                                                   const std::string& group,
                                                                   grpc::Server* server,
-                                                                  Identity* identity) {
+                                                                  Identity* identity,
+                                                                  const Limits& limits) {
   absl::StatusOr<int> bound = BindUnixSocket(path, group, SOCK_STREAM);
   if (!bound.ok()) return bound.status();
   const int fd = *bound;
@@ -99,12 +102,17 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::str
     close(fd);
     return s;
   }
-  return std::unique_ptr<UnixListener>(new UnixListener(path, fd, wake, server, identity));
+  return std::unique_ptr<UnixListener>(new UnixListener(path, fd, wake, server, identity, limits));
 }
 
 UnixListener::UnixListener(std::string path, int fd, int wake_fd, grpc::Server* server,
-                           Identity* identity)
-    : path_(std::move(path)), fd_(fd), wake_fd_(wake_fd), server_(server), identity_(identity) {
+                           Identity* identity, const Limits& limits)
+    : path_(std::move(path)),
+      fd_(fd),
+      wake_fd_(wake_fd),
+      server_(server),
+      identity_(identity),
+      limits_(limits) {
   thread_ = std::thread(&UnixListener::AcceptLoop, this);
 }
 
@@ -115,6 +123,36 @@ UnixListener::~UnixListener() {
   unlink(path_.c_str());
   close(fd_);
   close(wake_fd_);
+}
+
+std::string UnixListener::Refusal(int conn, uid_t uid) {
+  // Still open: the same descriptor number on the same socket.
+  uint32_t of_uid = 0;
+  size_t kept = 0;
+  for (const Open& o : open_) {
+    struct stat st;
+    if (fstat(o.fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != o.dev ||
+        static_cast<uint64_t>(st.st_ino) != o.ino || o.fd == conn) {
+      continue;
+    }
+    if (o.uid == uid) ++of_uid;
+    open_[kept++] = o;
+  }
+  open_.resize(kept);
+  if (InDescriptorReserve(conn, kDescriptorReserve)) {
+    return absl::StrCat("the daemon has fewer than ", kDescriptorReserve,
+                        " file descriptors left (its limit is ", DescriptorLimit(),
+                        "; LimitNOFILE= in the systemd unit), kept for its workers");
+  }
+  if (limits_.max_connections != 0 && open_.size() >= limits_.max_connections) {
+    return absl::StrCat(open_.size(),
+                        " connections are open, the socket's limit (--unix_max_connections)");
+  }
+  if (limits_.max_per_uid != 0 && of_uid >= limits_.max_per_uid) {
+    return absl::StrCat("uid ", uid, " has ", of_uid,
+                        " connections open, the limit of one uid (--unix_max_connections_per_uid)");
+  }
+  return "";
 }
 
 void UnixListener::AcceptLoop() {
@@ -142,6 +180,23 @@ void UnixListener::AcceptLoop() {
       log::Warning("Unix socket ", path_, ": SO_PEERCRED: ", std::strerror(errno));
       close(conn);
       continue;
+    }
+    if (const std::string why = Refusal(conn, cred.uid); !why.empty()) {
+      close(conn);
+      const int64_t now = absl::ToUnixSeconds(absl::Now());
+      if (now - last_warning_s_ >= 60) {
+        last_warning_s_ = now;
+        log::Warning("Unix socket ", path_, ": a connection of uid ", cred.uid, " (pid ", cred.pid,
+                     ") was closed at once: ", why,
+                     "; clients should share connections (more are closed likewise, logged at "
+                     "most once a minute)");
+      }
+      continue;
+    }
+    struct stat st;
+    if (fstat(conn, &st) == 0) {
+      open_.push_back(
+          Open{conn, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), cred.uid});
     }
     // Recorded before gRPC can read a byte of the connection.
     identity_->SetUnixPeer(conn, tenants::PeerCredentials{cred.uid, cred.gid, cred.pid});

@@ -3,9 +3,13 @@
 // text format (checked by tests/service/check_exposition.py, which uses the
 // Prometheus project's own parser).
 
+#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -70,6 +74,8 @@ std::string Rpc(const std::string& method, const std::string& code) {
 TEST(MetricsEndpointTest, CountsTheWorkDoneAndConformsToTheFormat) {
   ServerOptions options;
   options.metrics_address = "127.0.0.1:0";
+  // Each scrape sees the work done just before it (no cached exposition).
+  options.metrics_cache_ms = 0;
   auto server = StartServer(options);
   if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
   if ((*server)->device_count() == 0) GTEST_SKIP() << "no device";
@@ -207,6 +213,110 @@ TEST(MetricsEndpointTest, ABusyMetricsAddressFailsTheStart) {
   if (!first.ok()) GTEST_SKIP() << "backend cannot serve: " << first.status();
   options.metrics_address = absl::StrCat("127.0.0.1:", (*first)->metrics_port());
   EXPECT_THAT(StartServer(options), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("metrics")));
+}
+
+// A connection to 127.0.0.1:`port` from source address `from` (another
+// loopback address plays another host); -1 if it failed.
+int ConnectFrom(const std::string& from, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(static_cast<uint16_t>(port));
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// How many of `fds` the server still holds open (the others read as
+// closed, or reset).
+int StillOpen(const std::vector<int>& fds) {
+  int open = 0;
+  for (int fd : fds) {
+    char byte;
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) ++open;
+  }
+  return open;
+}
+
+// The GPU tier's leftover: 200 idle connections from the scraper's own
+// address made its scrape's connection reset (the address's share was
+// full, and the newcomer was the one closed). Now the oldest idle
+// connection within the share gives way, so the scrape is answered.
+TEST(MetricsEndpointTest, TwoHundredIdleConnectionsDoNotFailAScrapeFromTheirAddress) {
+  ServerOptions options;
+  options.metrics_address = "127.0.0.1:0";
+  auto server = StartServer(options);
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  const int port = (*server)->metrics_port();
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ConnectFrom("127.0.0.1", port);
+    ASSERT_GE(fd, 0) << i;
+    idle.push_back(fd);
+  }
+  for (int i = 0; i < 5; ++i) {
+    const std::string scrape = Scrape(port);
+    EXPECT_THAT(scrape, HasSubstr("gpuexec_sessions ")) << "scrape " << i;
+  }
+  // The address keeps its share, no more.
+  EXPECT_TRUE(
+      WaitFor([&] { return StillOpen(idle) <= static_cast<int>(options.metrics_max_per_peer); },
+              absl::Seconds(10)))
+      << StillOpen(idle) << " of 200 idle connections still open";
+  for (int fd : idle) ::close(fd);
+}
+
+// N20: many addresses of one /24 hold that network's share, no more; a
+// scrape from another network is answered all the while.
+TEST(MetricsEndpointTest, ANetworkHoldsItsShareOfConnectionsAndNoMore) {
+  ServerOptions options;
+  options.metrics_address = "127.0.0.1:0";
+  auto server = StartServer(options);
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  const int port = (*server)->metrics_port();
+  std::vector<int> idle;
+  for (int host = 1; host <= 10; ++host) {
+    for (int i = 0; i < 25; ++i) {
+      const int fd = ConnectFrom(absl::StrCat("127.0.9.", host), port);
+      ASSERT_GE(fd, 0);
+      idle.push_back(fd);
+    }
+  }
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_THAT(Scrape(port), HasSubstr("gpuexec_sessions ")) << "scrape " << i;
+  }
+  EXPECT_TRUE(
+      WaitFor([&] { return StillOpen(idle) <= static_cast<int>(options.metrics_max_per_network); },
+              absl::Seconds(10)))
+      << StillOpen(idle) << " of 250 connections from 127.0.9.0/24 still open";
+  for (int fd : idle) ::close(fd);
+}
+
+// N20: scrapes within --metrics_cache_ms get the exposition rendered for
+// the first of them (a flood of scrapes costs the engine one render per
+// period); RenderMetrics, the daemon's own, is never cached.
+TEST(MetricsEndpointTest, ScrapesWithinTheCachePeriodShareOneRender) {
+  ServerOptions options;
+  options.metrics_address = "127.0.0.1:0";
+  options.metrics_cache_ms = 600'000;
+  auto server = StartServer(options);
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  if ((*server)->device_count() == 0) GTEST_SKIP() << "no device";
+  const int port = (*server)->metrics_port();
+  EXPECT_EQ(Samples(Scrape(port)).at("gpuexec_sessions"), 0);
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(**server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({}));
+  EXPECT_EQ(Samples(Scrape(port)).at("gpuexec_sessions"), 0) << "rendered again within the period";
+  EXPECT_EQ(Samples((*server)->RenderMetrics()).at("gpuexec_sessions"), 1);
+  GX_ASSERT_OK(session.Close());
 }
 
 TEST(MetricsEndpointTest, NoEndpointUnlessAsked) {
