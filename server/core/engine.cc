@@ -110,7 +110,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   {
     absl::MutexLock lock(&engine->sessions_mu_);
     engine->sessions_per_device_.assign(engine->devices_.size(), 0);
-    engine->reset_culprit_.assign(engine->devices_.size(), "");
     engine->mps_windows_.resize(engine->devices_.size());
   }
   {

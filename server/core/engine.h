@@ -30,6 +30,7 @@
 #include "server/core/args.h"
 #include "server/core/byte_spans.h"
 #include "server/core/chunk_pool.h"
+#include "server/core/fault_words.h"
 #include "server/core/session.h"
 #include "server/port/device_port.h"
 #include "server/port/staging.h"
@@ -64,8 +65,15 @@ struct EngineOptions {
   // With no per-session limit in bytes: this share of its device's memory
   // (0: none).
   double session_memory_share = 0.5;
-  // Sessions one peer host may have open at once (0: no limit).
+  // Sessions one tenant may have open at once from one peer (PeerHost:
+  // a Unix uid, loopback, an IPv4 host, an IPv6 /64) (0: no limit). Counted
+  // per tenant and peer: one tenant behind a shared address (loopback, a
+  // NAT) never refuses another's sessions.
   uint32_t max_sessions_per_peer = 256;
+  // Sessions a named tenant whose entry sets no max_sessions may have open
+  // at once; 0: a quarter of max_sessions (none when that is 0). The
+  // implicit tenant (no tenants file) is bounded by max_sessions alone.
+  uint32_t tenant_max_sessions = 0;
   // A tenant (without tenants: a peer host) whose kernels reset a device
   // strike_limit times within strike_window has its launches refused for
   // strike_cooldown (0: no limit).
@@ -112,6 +120,9 @@ struct EngineOptions {
   uint64_t daemon_pinned_bytes = 0;
   uint64_t max_session_pinned_bytes = 0;
   uint32_t max_regions_per_session = 64;
+  // Handles one session may hold: buffers, modules, functions and regions
+  // together (0: no bound).
+  uint32_t max_handles_per_session = 65536;
 };
 
 struct DeviceStatus {
@@ -558,18 +569,47 @@ class Engine {
   absl::Status CheckStrikes(const Session& s);
   // Sessions counted against the limits and not yet in sessions_.
   size_t opening_ ABSL_GUARDED_BY(sessions_mu_) = 0;
-  // Open sessions by peer host (see PeerHost).
+  // Open sessions by tenant and peer host (see PeerHost): PeerKey's.
   absl::flat_hash_map<std::string, uint32_t> sessions_per_peer_ ABSL_GUARDED_BY(sessions_mu_);
+  static std::string PeerKey(const std::string& tenant, const std::string& peer_host) {
+    return tenant + '\n' + peer_host;
+  }
   absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
       ABSL_GUARDED_BY(sessions_mu_);
-  // Per device: the tenant whose session the last reset's reason names
-  // (empty: none), so that only it sees that reason in ListDevices.
-  std::vector<std::string> reset_culprit_ ABSL_GUARDED_BY(sessions_mu_);
+  // The kernels the last reset of each port named (by stream and kernel
+  // id, port::ResetInfo::kernels), resolved to their sessions when it came
+  // (the sessions may close since): each reader is told its own kernels by
+  // name and every other tenant's as "another tenant's kernel". Every
+  // named tenant is kept, not the last one. Entries go with their port.
+  struct NamedKernel {
+    std::string tenant;
+    std::string token;         // of the session
+    std::string session_name;  // "session 3f2a91c0"
+    std::string quoted_name;   // the kernel's, as messages quote it
+  };
+  struct ResetNames {
+    uint64_t epoch = 0;
+    KernelReset facts;
+    std::vector<NamedKernel> kernels;
+    size_t unknown = 0;  // named kernels whose session had gone
+  };
+  absl::flat_hash_map<const port::DevicePort*, ResetNames> reset_names_
+      ABSL_GUARDED_BY(sessions_mu_);
+  // `st` (a failure of `s`'s Launch or Synchronize) in words for `s`: what
+  // its kernel did, where the port's last reset names one of them; else
+  // `st` as it is (its text names no kernel or session).
+  absl::Status FaultFor(absl::Status st, const Session& s, bool closed);
+  // A port's last reset as `caller` reads it (ListDevices' last_reset).
+  std::string ResetTextFor(const Caller& caller, const port::DevicePort* port,
+                           const port::ResetInfo& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sessions_mu_);
   // With EngineOptions::mps, per device: the fault window the device's
-  // first reset opened, and the sessions its resets named so far.
+  // first reset opened, the sessions that first reset named (the tenant
+  // whose worker reported the fault first: the reaching faults come
+  // later), and the sessions its resets named so far.
   struct MpsWindow {
     bool open = false;
     port::ResetInfo first;
+    std::vector<std::shared_ptr<Session>> first_named;
     std::vector<std::shared_ptr<Session>> named;
   };
   std::vector<MpsWindow> mps_windows_ ABSL_GUARDED_BY(sessions_mu_);
@@ -578,7 +618,9 @@ class Engine {
   // the fault reached and so resets it) at once and a few times within the
   // window, then settles the window.
   void WatchMpsWindow(int index, const port::DevicePort* reset);
-  // Charges the window's named sessions if they are of one tenant or peer.
+  // Charges the sessions the window's first reset named, if they are of
+  // one tenant or peer; where it named none, the window's named sessions
+  // if they are of one.
   void SettleMpsWindow(int index);
 
   // Daemon-wide device memory held by sessions.

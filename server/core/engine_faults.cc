@@ -21,7 +21,20 @@
 
 namespace gpuexec::core {
 
-using internal::NamesKernelOf;
+namespace {
+
+KernelReset FactsOf(const port::ResetInfo& info) {
+  KernelReset f;
+  f.device = info.device;
+  f.at = info.at;
+  f.hang = info.hang;
+  f.result = info.result;
+  f.limit_ms = info.limit_ms;
+  f.ran_ms = info.ran_ms;
+  return f;
+}
+
+}  // namespace
 
 void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::ResetInfo& info) {
   std::vector<std::shared_ptr<Session>> affected;
@@ -32,27 +45,42 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
   bool opened = false;
   {
     absl::MutexLock lock(&sessions_mu_);
-    std::string culprit;
+    ResetNames names;
+    names.epoch = info.epoch;
+    names.facts = FactsOf(info);
+    names.unknown = info.kernels.size();
     for (auto& [token, s] : sessions_) {
       // Only the sessions this port served: a tenant's own worker takes
       // its tenant's buffers with it and nobody else's.
       if (s->device() != index || s->port() != port) continue;
       affected.push_back(s);
-      // The reason names the session whose kernel faulted or hung, if any
-      // (for a fault: every session with kernels not yet synchronized).
-      if (NamesKernelOf(info.why, s->name())) {
-        culprit = s->tenant();
-        named.push_back(s);
+      // The reset names kernels by the stream they were launched on (a
+      // session's own on its port) and their id: for a fault, every
+      // kernel not yet synchronized; for a hang, the one that hung.
+      bool is_named = false;
+      for (const port::ResetKernel& k : info.kernels) {
+        if (k.stream != s->stream()) continue;
+        is_named = true;
+        --names.unknown;
+        std::string quoted = "?";
+        absl::MutexLock session_lock(&s->mu);
+        for (const auto& [handle, f] : s->functions) {
+          if (f.kernel.id == k.kernel) {
+            quoted = f.quoted_name;
+            break;
+          }
+        }
+        names.kernels.push_back(NamedKernel{s->tenant(), s->token(), s->name(), std::move(quoted)});
       }
+      if (is_named) named.push_back(s);
     }
-    // A session named but gone: no tenant reads the reason.
-    if (culprit.empty() && absl::StrContains(info.why, "session ")) culprit = "?";
-    if (port == devices_[index].get()) reset_culprit_[index] = culprit;
+    reset_names_[port] = std::move(names);
     if (options_.mps) {
       MpsWindow& w = mps_windows_[index];
       if (!w.open) {
         w.open = true;
         w.first = info;
+        w.first_named = named;
         opened = true;
       }
       w.named.insert(w.named.end(), named.begin(), named.end());
@@ -81,6 +109,54 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
     return;
   }
   if (!named.empty()) Strike(index, info, std::move(named));
+}
+
+absl::Status Engine::FaultFor(absl::Status st, const Session& s, bool closed) {
+  if (st.code() != absl::StatusCode::kAborted || absl::StrContains(st.message(), " was lost: ")) {
+    return st;
+  }
+  KernelReset facts;
+  std::vector<std::string> own;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    auto it = reset_names_.find(s.port());
+    if (it == reset_names_.end()) return st;
+    for (const NamedKernel& k : it->second.kernels) {
+      if (k.token == s.token()) own.push_back(k.quoted_name);
+    }
+    facts = it->second.facts;
+  }
+  if (own.empty()) return st;
+  return absl::AbortedError(KernelFaultMessage(facts, own, s.name(), closed));
+}
+
+std::string Engine::ResetTextFor(const Caller& caller, const port::DevicePort* port,
+                                 const port::ResetInfo& r) {
+  std::string text = absl::StrCat(
+      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r.at, absl::UTCTimeZone()), ": ", r.why);
+  auto it = reset_names_.find(port);
+  if (it == reset_names_.end() || it->second.epoch != r.epoch) return text;
+  const ResetNames& names = it->second;
+  // The reader's own kernels by name; every other tenant's only counted.
+  std::vector<std::string> shown;
+  size_t others = names.unknown;
+  for (const NamedKernel& k : names.kernels) {
+    if (caller.sees_all || k.tenant == caller.tenant_name()) {
+      shown.push_back(
+          absl::StrCat("kernel '", k.quoted_name.substr(0, 64), "' of ", k.session_name));
+    } else {
+      ++others;
+    }
+  }
+  if (others != 0) {
+    shown.push_back(others == 1 ? std::string("another tenant's kernel")
+                                : absl::StrCat(others,
+                                               " kernels of other tenants or closed "
+                                               "sessions"));
+  }
+  if (shown.empty()) return text;
+  return absl::StrCat(text, names.facts.hang ? "; the kernel: " : "; kernels in flight: ",
+                      absl::StrJoin(shown, ", "));
 }
 
 void Engine::WatchMpsWindow(int index, const port::DevicePort* reset) {
@@ -125,16 +201,22 @@ void Engine::WatchMpsWindow(int index, const port::DevicePort* reset) {
 void Engine::SettleMpsWindow(int index) {
   port::ResetInfo first;
   std::vector<std::shared_ptr<Session>> named;
+  std::vector<std::shared_ptr<Session>> first_named;
   {
     absl::MutexLock lock(&sessions_mu_);
     MpsWindow& w = mps_windows_[index];
     first = w.first;
     named.swap(w.named);
+    first_named.swap(w.first_named);
     w = MpsWindow();
   }
-  // One tenant (or peer) named: it is charged, as without MPS. Several:
-  // which kernel faulted first, MPS does not say (each client it reached
-  // sees the same error), so none is (Strike says so in the log).
+  // Each client the fault reached sees the same error, and a busy
+  // bystander's worker names its own kernels: the tenant charged is the
+  // one whose worker reported the fault first (the reaching faults come
+  // later), as without MPS. Where that report named no kernel (an idle
+  // worker found it first), the window's named sessions, if they are of
+  // one tenant (or peer); several: none (Strike says so in the log).
+  if (!first_named.empty()) return Strike(index, first, std::move(first_named));
   if (!named.empty()) Strike(index, first, std::move(named));
 }
 
@@ -185,11 +267,24 @@ void Engine::Strike(int index, const port::ResetInfo& info,
                  " s; its launches are refused until ",
                  absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", until, absl::UTCTimeZone()));
   }
-  // Each session's later calls read what its kernel did (the reason names
+  // Each session's later calls read what its kernel did (the reset names
   // it), not only that the device was reset.
+  const KernelReset facts = FactsOf(info);
   for (auto& s : named) {
+    std::vector<std::string> own;
+    {
+      absl::MutexLock lock(&s->mu);
+      for (const port::ResetKernel& k : info.kernels) {
+        if (k.stream != s->stream()) continue;
+        std::string quoted = "?";
+        for (const auto& [handle, f] : s->functions) {
+          if (f.kernel.id == k.kernel) quoted = f.quoted_name;
+        }
+        own.push_back(std::move(quoted));
+      }
+    }
     Close(s, CloseReason::kFaulted,
-          absl::StrCat(ClosedByResetWords(info.why, s->name(), index, info.at), strike,
+          absl::StrCat(ClosedByResetWords(facts, own, info.kernels.size()), strike,
                        ": open a new session"),
           [](absl::Status) {});
   }

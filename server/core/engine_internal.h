@@ -28,18 +28,6 @@ inline std::string ShortToken(const std::string& token) {
   return out;
 }
 
-// Whether a reset's reason names session `name` as the owner of a kernel
-// ("kernel '<name>' of session 3f2a91c0 on device 0"). The kernel's name
-// is the client's and comes quoted, its quote marks escaped: text in it
-// that looks the same is preceded by a backslash, and does not count.
-inline bool NamesKernelOf(absl::string_view why, absl::string_view name) {
-  const std::string owner = absl::StrCat("' of ", name, " on device ");
-  for (size_t at = why.find(owner); at != absl::string_view::npos; at = why.find(owner, at + 1)) {
-    if (at == 0 || why[at - 1] != '\\') return true;
-  }
-  return false;
-}
-
 inline std::string TenantLimitError(const Caller& caller, absl::string_view what) {
   return absl::StrCat("tenant '", caller.tenant_name(), "' ", what);
 }

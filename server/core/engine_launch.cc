@@ -20,23 +20,6 @@
 #include "server/core/launch_check.h"
 
 namespace gpuexec::core {
-namespace {
-
-// A device reset that names one of `s`'s kernels, as its session reads it:
-// what happened to the kernel first, then what to do. The reset's detail
-// (the driver call, the other kernels in flight) is in the worker's log
-// line.
-absl::Status ForSession(absl::Status st, const Session& s, bool closed) {
-  if (st.code() != absl::StatusCode::kAborted || absl::StrContains(st.message(), " was lost: ")) {
-    return st;
-  }
-  std::optional<std::string> words = KernelFaultMessage(st.message(), s.name(), closed);
-  if (!words.has_value()) return st;
-  return absl::AbortedError(*words);
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------- launch
 
 void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns) {
@@ -120,7 +103,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     GPUEXEC_TRACE(kFrontChecked);
     dev->LaunchAndSynchronize(
         s->stream(), std::move(op), epoch, work_epoch,
-        [s, traffic, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns, bool launched) {
+        [this, s, traffic, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns, bool launched) {
           if (launched) {
             traffic->launches.fetch_add(1);
             s->usage().traffic.launches.fetch_add(1);
@@ -135,7 +118,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
             if (!launched && !ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
             closed = s->closed;
           }
-          if (!ns.ok()) return gpu_ns(ForSession(ns.status(), *s, closed));
+          if (!ns.ok()) return gpu_ns(FaultFor(ns.status(), *s, closed));
           gpu_ns(std::move(ns));
         });
   }
@@ -163,7 +146,7 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   const uint64_t work_epoch = s->work_epoch;
   s->work_epoch = 0;
   DeviceOf(*s)->Synchronize(s->stream(), work_epoch,
-                            [s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
+                            [this, s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
                               if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
                               bool closed;
                               {
@@ -173,7 +156,7 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
                                 if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
                                 closed = s->closed;
                               }
-                              if (!ns.ok()) return gpu_ns(ForSession(ns.status(), *s, closed));
+                              if (!ns.ok()) return gpu_ns(FaultFor(ns.status(), *s, closed));
                               gpu_ns(std::move(ns));
                             });
 }

@@ -84,19 +84,12 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
         st.resets = own[i]->resets();
         st.epoch = own[i]->epoch();
         if (auto r = own[i]->last_reset(); r.has_value()) {
-          st.last_reset =
-              absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()),
-                           ": ", r->why);
+          st.last_reset = ResetTextFor(caller, own[i].get(), *r);
         }
       } else if (auto r = d.last_reset(); r.has_value()) {
-        // The reason names a kernel and a session: only their tenant
-        // reads it.
-        const std::string& culprit = reset_culprit_[i];
-        st.last_reset = absl::StrCat(
-            absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", r->at, absl::UTCTimeZone()), ": ",
-            caller.sees_all || culprit.empty() || culprit == caller.tenant_name()
-                ? r->why
-                : std::string("a kernel of another tenant faulted or ran past its time limit"));
+        // The reason names no kernel; the reader is told its own by name,
+        // every other tenant's as another tenant's.
+        st.last_reset = ResetTextFor(caller, &d, *r);
       }
     }
   }
@@ -231,12 +224,17 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
       return done(absl::ResourceExhaustedError(
           absl::StrCat("daemon session limit: ", options_.max_sessions, " sessions are open")));
     }
+    const std::string peer_host = PeerHost(caller.peer);
     if (options_.max_sessions_per_peer != 0) {
-      auto it = sessions_per_peer_.find(PeerHost(caller.peer));
+      auto it = sessions_per_peer_.find(PeerKey(caller.tenant_name(), peer_host));
       if (it != sessions_per_peer_.end() && it->second >= options_.max_sessions_per_peer) {
-        return done(absl::ResourceExhaustedError(absl::StrCat(
-            "peer session limit: ", it->second, " sessions are open from ", Quoted(it->first, 80),
-            " (at most ", options_.max_sessions_per_peer, ")")));
+        return done(absl::ResourceExhaustedError(
+            absl::StrCat("peer session limit: tenant '", caller.tenant_name(), "' has ", it->second,
+                         " sessions open from ", Quoted(peer_host, 80),
+                         ", the most one tenant may have from "
+                         "one peer (--max_sessions_per_peer=",
+                         options_.max_sessions_per_peer,
+                         "); close sessions it no longer uses, or raise the flag")));
       }
     }
     usage = UsageOf(caller.tenant_name());
@@ -245,59 +243,77 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
           caller, absl::StrCat("session limit: ", usage->sessions.load(), " of its ",
                                limits.max_sessions, " sessions are open"))));
     }
+    // A named tenant whose entry sets no limit gets a share of the daemon's
+    // sessions: one tenant never takes them all.
+    const uint32_t tenant_default = options_.tenant_max_sessions != 0 ? options_.tenant_max_sessions
+                                                                      : options_.max_sessions / 4;
+    if (limits.max_sessions == 0 && caller.tenant != nullptr && caller.tenant != DefaultTenant() &&
+        tenant_default != 0 && usage->sessions.load() >= tenant_default) {
+      return done(absl::ResourceExhaustedError(TenantLimitError(
+          caller,
+          absl::StrCat("session limit: ", usage->sessions.load(), " of its ", tenant_default,
+                       " sessions are open (its tenants-file entry sets no max_sessions, so the "
+                       "daemon's default applies: ",
+                       options_.tenant_max_sessions != 0
+                           ? absl::StrCat("--tenant_max_sessions=", options_.tenant_max_sessions)
+                           : absl::StrCat("a quarter of --max_sessions=", options_.max_sessions),
+                       "); close sessions it no longer uses, or set max_sessions in its "
+                       "entry"))));
+    }
     // Counted now, so that concurrent opens cannot pass the limits together.
     usage->sessions.fetch_add(1);
     ++opening_;
-    ++sessions_per_peer_[PeerHost(caller.peer)];
+    ++sessions_per_peer_[PeerKey(caller.tenant_name(), peer_host)];
   }
-  AcquirePort(caller, index,
-              [this, caller, index, lease_ms, limit, capped, time_limit, usage,
-               done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
-                if (!port.ok()) {
-                  {
-                    absl::MutexLock lock(&sessions_mu_);
-                    usage->sessions.fetch_sub(1);
-                    --opening_;
-                    if (auto peer = sessions_per_peer_.find(PeerHost(caller.peer));
-                        peer != sessions_per_peer_.end() && --peer->second == 0) {
-                      sessions_per_peer_.erase(peer);
-                    }
-                  }
-                  return done(port.status());
-                }
-                // The stream comes to be in the worker with the session's first work.
-                const port::StreamId stream = (*port)->CreateStream(absl::Milliseconds(time_limit));
-                auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port,
-                                                         stream, lease_ms, limit);
-                session->peer_host = PeerHost(caller.peer);
-                session->memory_capped = capped;
-                // Without tenants, everyone is the implicit tenant: a peer is charged.
-                session->strike_key = caller.tenant == DefaultTenant()
-                                          ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
-                                          : absl::StrCat("tenant '", caller.tenant_name(), "'");
-                {
-                  absl::MutexLock lock(&session->mu);
-                  session->Touch();
-                }
-                {
-                  absl::MutexLock lock(&sessions_mu_);
-                  sessions_.emplace(session->token(), session);
-                  --opening_;
-                  ++sessions_per_device_[index];
-                }
-                sessions_opened_.fetch_add(1);
-                usage->sessions_opened.fetch_add(1);
-                log::Info(
-                    session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
-                    " opened on device ", index, " (lease ", lease_ms, " ms, memory limit ",
-                    limit == 0 ? std::string("none") : ByteSize(limit), ", kernel time limit ",
-                    time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"), ")");
-                if (!capped.empty()) {
-                  log::Info(session->name(), ": session memory limit: ", capped);
-                }
-                done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit,
-                                 capped, time_limit});
-              });
+  AcquirePort(
+      caller, index,
+      [this, caller, index, lease_ms, limit, capped, time_limit, usage,
+       done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
+        if (!port.ok()) {
+          {
+            absl::MutexLock lock(&sessions_mu_);
+            usage->sessions.fetch_sub(1);
+            --opening_;
+            if (auto peer =
+                    sessions_per_peer_.find(PeerKey(caller.tenant_name(), PeerHost(caller.peer)));
+                peer != sessions_per_peer_.end() && --peer->second == 0) {
+              sessions_per_peer_.erase(peer);
+            }
+          }
+          return done(port.status());
+        }
+        // The stream comes to be in the worker with the session's first work.
+        const port::StreamId stream = (*port)->CreateStream(absl::Milliseconds(time_limit));
+        auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream,
+                                                 lease_ms, limit);
+        session->peer_host = PeerHost(caller.peer);
+        session->memory_capped = capped;
+        // Without tenants, everyone is the implicit tenant: a peer is charged.
+        session->strike_key = caller.tenant == DefaultTenant()
+                                  ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
+                                  : absl::StrCat("tenant '", caller.tenant_name(), "'");
+        {
+          absl::MutexLock lock(&session->mu);
+          session->Touch();
+        }
+        {
+          absl::MutexLock lock(&sessions_mu_);
+          sessions_.emplace(session->token(), session);
+          --opening_;
+          ++sessions_per_device_[index];
+        }
+        sessions_opened_.fetch_add(1);
+        usage->sessions_opened.fetch_add(1);
+        log::Info(session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
+                  " opened on device ", index, " (lease ", lease_ms, " ms, memory limit ",
+                  limit == 0 ? std::string("none") : ByteSize(limit), ", kernel time limit ",
+                  time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"), ")");
+        if (!capped.empty()) {
+          log::Info(session->name(), ": session memory limit: ", capped);
+        }
+        done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, capped,
+                         time_limit});
+      });
 }
 
 absl::StatusOr<uint64_t> Engine::KeepAlive(const Caller& caller, const std::string& token) {
@@ -342,7 +358,7 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     sessions_.erase(it);
     --sessions_per_device_[s->device()];
     s->usage().sessions.fetch_sub(1);
-    if (auto peer = sessions_per_peer_.find(s->peer_host);
+    if (auto peer = sessions_per_peer_.find(PeerKey(s->tenant(), s->peer_host));
         peer != sessions_per_peer_.end() && --peer->second == 0) {
       sessions_per_peer_.erase(peer);
     }

@@ -1,5 +1,8 @@
 #include "server/core/tenant.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <utility>
 
 namespace gpuexec::core {
@@ -22,9 +25,35 @@ std::shared_ptr<const Tenant> DefaultTenant() {
 
 std::string PeerHost(const std::string& peer) {
   if (peer.rfind("unix:", 0) == 0) return peer.substr(0, peer.find(','));
-  if (peer.rfind("ipv4:", 0) == 0 || peer.rfind("ipv6:", 0) == 0) {
+  if (peer.rfind("ipv4:", 0) == 0) {
     const size_t colon = peer.rfind(':');
-    if (colon > 5) return peer.substr(0, colon);
+    const std::string host = colon > 5 ? peer.substr(5, colon - 5) : peer.substr(5);
+    in_addr a{};
+    if (inet_pton(AF_INET, host.c_str(), &a) != 1) return peer;
+    if ((ntohl(a.s_addr) >> 24) == 127) return "loopback";
+    return "ipv4:" + host;
+  }
+  if (peer.rfind("ipv6:", 0) == 0) {
+    // "ipv6:[addr]:port" (or "ipv6:[addr%zone]:port").
+    const size_t open = peer.find('[');
+    const size_t close = peer.find(']');
+    if (open == std::string::npos || close == std::string::npos || close < open) return peer;
+    std::string host = peer.substr(open + 1, close - open - 1);
+    host = host.substr(0, host.find('%'));
+    in6_addr a{};
+    if (inet_pton(AF_INET6, host.c_str(), &a) != 1) return peer;
+    if (IN6_IS_ADDR_LOOPBACK(&a)) return "loopback";
+    if (IN6_IS_ADDR_V4MAPPED(&a)) {
+      if (a.s6_addr[12] == 127) return "loopback";
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &a.s6_addr[12], text, sizeof(text));
+      return std::string("ipv4:") + text;
+    }
+    // The /64 a host chooses its addresses from.
+    for (int i = 8; i < 16; ++i) a.s6_addr[i] = 0;
+    char text[INET6_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET6, &a, text, sizeof(text));
+    return std::string("ipv6:[") + text + "]/64";
   }
   return peer;
 }

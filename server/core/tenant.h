@@ -53,9 +53,18 @@ struct Caller {
   const std::string& tenant_name() const;
 };
 
-// The host part of a peer address, the unit per-peer limits count:
-// "ipv4:10.0.3.7:34780" -> "ipv4:10.0.3.7", "ipv6:[::1]:5" -> "ipv6:[::1]",
-// "unix:uid=1000,gid=1000,pid=42" -> "unix:uid=1000".
+// The principal a peer address stands for, the unit that per-peer limits
+// and (without tenants) strikes count: something a caller cannot multiply
+// by choosing its source address.
+//   "unix:uid=1000,gid=1000,pid=42"   -> "unix:uid=1000" (the kernel says)
+//   "ipv4:127.0.0.9:34780", "ipv6:[::1]:5", "ipv6:[::ffff:127.0.0.1]:5"
+//                                     -> "loopback" (any local user: one
+//                                        principal; the Unix socket tells
+//                                        local users apart)
+//   "ipv4:10.0.3.7:34780"             -> "ipv4:10.0.3.7"
+//   "ipv6:[2001:db8:1:2:a:b:c:d]:5"   -> "ipv6:[2001:db8:1:2::]/64" (a
+//                                        host holds a /64 to choose from)
+// Anything else is returned as it is.
 std::string PeerHost(const std::string& peer);
 
 // The implicit tenant, without limits of its own.

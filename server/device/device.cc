@@ -26,6 +26,7 @@ struct Device::StreamState {
   // Synchronize, and when: what a fault report names.
   // (Shared with the launch's watch: one copy of the name per launch.)
   std::shared_ptr<const std::string> last_launch;
+  KernelId last_kernel = 0;
   absl::Time last_launch_at;
   // Recorded before the first work after the last Synchronize; null when
   // no work was enqueued since.
@@ -51,6 +52,7 @@ struct Device::StreamState {
     // unwatched work ahead of it run). The stream's timing start when that
     // was recorded right before it.
     std::shared_ptr<cuda::Event> start;
+    KernelId kernel = 0;
   };
   std::deque<Watch> watches;
   absl::Time head_since;
@@ -292,13 +294,20 @@ bool Device::PollWatches() {
     if (s.time_limit > absl::ZeroDuration() && running > s.time_limit &&
         now - s.last_hung_report >= absl::Seconds(1)) {
       s.last_hung_report = now;
-      const std::string message = absl::StrCat(
-          *s.watches.front().what, " has run for ", absl::ToInt64Milliseconds(running),
-          " ms, past its kernel time limit of ", absl::ToInt64Milliseconds(s.time_limit), " ms");
+      HungReport hung;
+      hung.stream = *it;
+      hung.kernel = s.watches.front().kernel;
+      hung.ran_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(running));
+      hung.limit_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(s.time_limit));
+      const std::string past =
+          absl::StrCat(" has run for ", hung.ran_ms, " ms, past its kernel time limit of ",
+                       hung.limit_ms, " ms");
+      hung.detail = absl::StrCat(*s.watches.front().what, past);
+      hung.reason = absl::StrCat("a kernel on device ", props_.ordinal, past);
       if (options_.on_hung) {
-        options_.on_hung(*it, message);
+        options_.on_hung(hung);
       } else {
-        log::Error(message);
+        log::Error(hung.detail);
       }
     }
     ++it;
@@ -382,22 +391,40 @@ absl::Status Device::fault() const {
 absl::Status Device::Check(absl::Status status) {
   if (!cuda::IsSticky(status)) return status;
   bool first = false;
+  FaultReport report;
   {
     absl::MutexLock lock(&fault_mu_);
     if (fault_.ok()) {
       // Runs on the executor (every driver call does), so the streams can be
-      // read: name the kernels that were in flight.
+      // read: the kernels that were in flight, for the log and as facts.
       std::string in_flight;
       for (const auto& [id, s] : streams_) {
         if (s->last_launch == nullptr) continue;
+        report.kernels.emplace_back(id, s->last_kernel);
         absl::StrAppend(&in_flight, in_flight.empty() ? "" : "; ", *s->last_launch, " (launched ",
                         absl::FormatTime("%H:%M:%E3S", s->last_launch_at, absl::UTCTimeZone()),
                         " UTC)");
       }
-      fault_ = absl::AbortedError(absl::StrCat(
-          "device ", props_.ordinal, " hit a sticky fault: ", status.message(),
+      // The driver's message names the call's object (a launch's kernel and
+      // session, maybe another session's): the words every operation fails
+      // with are the CUresult's, from its name on (the last one: the
+      // object comes before it).
+      const absl::string_view message = status.message();
+      const size_t result_at = message.rfind(": CUDA_ERROR_");
+      std::string words = "an unnamed sticky error";
+      if (result_at != absl::string_view::npos) {
+        words = std::string(message.substr(result_at + 2));
+        report.result =
+            words.substr(0, words.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789"));
+      }
+      report.reason = absl::StrCat("device ", props_.ordinal, " hit a sticky fault: ", words,
+                                   "; the device's memory and queued work are lost until it is "
+                                   "reset");
+      report.detail = absl::StrCat(
+          "device ", props_.ordinal, " hit a sticky fault: ", message,
           in_flight.empty() ? "" : absl::StrCat("; kernels not yet synchronized then: ", in_flight),
-          "; the device's memory and queued work are lost until it is reset"));
+          "; the device's memory and queued work are lost until it is reset");
+      fault_ = absl::AbortedError(report.reason);
       first = true;
     }
     status = fault_;
@@ -408,9 +435,9 @@ absl::Status Device::Check(absl::Status status) {
     executor_.Post([this] { ReleaseAllHeld(); });
     // With a hook, its owner reports the event (one line for it).
     if (options_.on_fault) {
-      options_.on_fault(status);
+      options_.on_fault(report);
     } else {
-      log::Error(status.message());
+      log::Error(report.detail);
     }
   }
   FailPending(status);
@@ -983,6 +1010,7 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
     if (s.last_launch == nullptr || *s.last_launch != op.what) {
       s.last_launch = std::make_shared<const std::string>(std::move(op.what));
     }
+    s.last_kernel = op.kernel;
     s.last_launch_at = absl::Now();
     GPUEXEC_TRACE(kWorkerLaunch);
     st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
@@ -1094,7 +1122,8 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
     s.work_end = e;
   }
   if (s.watches.empty()) s.head_since = absl::Now();
-  s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start)});
+  s.watches.push_back(
+      StreamState::Watch{std::move(e), std::move(what), std::move(start), s.last_kernel});
   watched_.insert(id);
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -51,6 +52,31 @@ using port::StagingPool;
 using port::StagingSlot;
 using port::StreamId;
 
+// A sticky fault, as the device's owner reports it. `detail` is for the
+// operator's log: it names the driver call and every kernel in flight, with
+// their sessions. `reason` names none of them (the CUresult and the
+// driver's words): it is what the operations that fail for the fault say,
+// and what any session may read. `kernels`: the streams with a kernel not
+// yet synchronized then, each with its last kernel (the driver does not
+// say which one faulted).
+struct FaultReport {
+  std::string detail;
+  std::string reason;
+  std::string result;  // the CUresult's name ("CUDA_ERROR_ILLEGAL_ADDRESS")
+  std::vector<std::pair<StreamId, KernelId>> kernels;
+};
+
+// A launch past its stream's kernel time limit: `detail` names it and its
+// session (for the log), `reason` neither.
+struct HungReport {
+  StreamId stream = 0;
+  KernelId kernel = 0;
+  std::string detail;
+  std::string reason;
+  uint64_t limit_ms = 0;
+  uint64_t ran_ms = 0;
+};
+
 struct DeviceOptions {
   size_t staging_bytes = 1 << 20;  // per slot
   int staging_slots = 8;
@@ -59,10 +85,10 @@ struct DeviceOptions {
   // cuMemHostRegister instead of allocating pinned memory of its own.
   uint8_t* staging_memory = nullptr;
   // Called once, on the executor, when the first sticky fault is seen.
-  std::function<void(const absl::Status&)> on_fault;
+  std::function<void(const FaultReport&)> on_fault;
   // Called on the executor when a launch has run past its stream's kernel
   // time limit (again at most once a second while it keeps running).
-  std::function<void(StreamId, const std::string&)> on_hung;
+  std::function<void(const HungReport&)> on_hung;
   // Where the executor reads requests from itself (see ExecutorInput); none
   // when its fd is -1.
   ExecutorInput input;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,11 +37,31 @@ struct DriverInfo {
   bool test_double = false;
 };
 
+// A kernel a reset names, as the device knows it: the stream it was
+// launched on and its id, both the core's (the core knows whose they are).
+struct ResetKernel {
+  StreamId stream = 0;
+  KernelId kernel = 0;
+};
+
+// A reset. `why` names no kernel and no session (every session the reset
+// reaches may read it); which kernels it names, and what they did, come as
+// facts of their own, for the core to charge and to tell each reader its
+// own part.
 struct ResetInfo {
   int device = 0;
   uint64_t epoch = 0;  // the new epoch
   absl::Time at;
   std::string why;
+  // A kernel's fault or hang (not the worker's own failure).
+  bool kernel_caused = false;
+  // A fault: every kernel in flight then (the driver does not say which
+  // one faulted); a hang: the one that ran past its limit.
+  std::vector<ResetKernel> kernels;
+  bool hang = false;
+  std::string result;     // a fault's CUresult name, where known
+  uint64_t limit_ms = 0;  // a hang's time limit
+  uint64_t ran_ms = 0;    // and how long it had run
 };
 
 struct Allocation {

@@ -204,9 +204,11 @@ class RemoteDevice final : public port::DevicePort {
   std::vector<ReplyFn> DetachLocked(const std::shared_ptr<Connection>& conn, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `conn`'s worker (if it is still the current one) and starts over.
-  // `kernel_caused`: a kernel's fault or hang (not the worker's failure).
+  // `kernel`: a kernel's fault or hang (not the worker's failure), with
+  // the kernels it names and what they did (its `why` is ignored), and
+  // `detail`, the worker's full text, for the log.
   void Reset(const std::shared_ptr<Connection>& conn, const std::string& why, bool kill,
-             bool kernel_caused = false);
+             const ResetInfo* kernel = nullptr, const std::string& detail = "");
 
   // Sends `request` (prefixed by whatever the stream needs in this worker)
   // and calls `fn` with the reply, or with a failure if the request cannot

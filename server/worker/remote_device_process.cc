@@ -400,12 +400,33 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       }
       return;
     }
-    case Event::kFault:
-      Reset(conn, e.fault().message(), /*kill=*/true, /*kernel_caused=*/true);
+    case Event::kFault: {
+      // The charge and each reader's words follow these facts; the text
+      // is the log's (a worker that sends no reason is a stale one: its
+      // message names no session since kernels came as facts).
+      ResetInfo facts;
+      facts.kernel_caused = true;
+      facts.result = e.fault().result();
+      for (const InFlight& k : e.fault().kernels()) {
+        facts.kernels.push_back(port::ResetKernel{k.stream(), k.kernel()});
+      }
+      const std::string& reason =
+          e.fault().reason().empty() ? e.fault().message() : e.fault().reason();
+      Reset(conn, reason, /*kill=*/true, &facts, e.fault().message());
       return;
-    case Event::kHung:
-      Reset(conn, e.hung().message(), /*kill=*/true, /*kernel_caused=*/true);
+    }
+    case Event::kHung: {
+      ResetInfo facts;
+      facts.kernel_caused = true;
+      facts.hang = true;
+      facts.kernels.push_back(port::ResetKernel{e.hung().stream(), e.hung().kernel()});
+      facts.limit_ms = e.hung().limit_ms();
+      facts.ran_ms = e.hung().ran_ms();
+      const std::string& reason =
+          e.hung().reason().empty() ? e.hung().message() : e.hung().reason();
+      Reset(conn, reason, /*kill=*/true, &facts, e.hung().message());
       return;
+    }
     case Event::EVENT_NOT_SET:
       return;
   }
@@ -423,7 +444,8 @@ std::vector<RemoteDevice::ReplyFn> RemoteDevice::DetachLocked(
 }
 
 void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::string& why,
-                         bool kill_worker, bool kernel_caused) {
+                         bool kill_worker, const ResetInfo* kernel, const std::string& detail) {
+  const bool kernel_caused = kernel != nullptr;
   std::vector<ReplyFn> failed;
   std::function<void(const ResetInfo&)> listener;
   std::function<void()> on_state;
@@ -462,7 +484,11 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
       ++epoch_;
       ++resets_;
       reset_at_ = now;
-      info = ResetInfo{options_.ordinal, epoch_, now, why};
+      if (kernel != nullptr) info = *kernel;
+      info.device = options_.ordinal;
+      info.epoch = epoch_;
+      info.at = now;
+      info.why = why;
       last_reset_ = info;
       history_.push_back(info);
       if (history_.size() > 64) history_.erase(history_.begin());
@@ -486,11 +512,11 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
     for (auto& fn : failed) fn(r, 0);
     return;
   }
-  log::Error(Label(), " reset (epoch ", info.epoch, "): ", why, "; worker pid ", conn->pid,
-             kill_worker ? " killed" : " gone", ", its buffers are lost; restarting",
-             delay > absl::ZeroDuration()
-                 ? absl::StrCat(" in ", absl::ToInt64Milliseconds(delay), " ms")
-                 : std::string(""));
+  log::Error(
+      Label(), " reset (epoch ", info.epoch, "): ", detail.empty() ? why : detail, "; worker pid ",
+      conn->pid, kill_worker ? " killed" : " gone", ", its buffers are lost; restarting",
+      delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::ToInt64Milliseconds(delay), " ms")
+                                   : std::string(""));
   if (listener) listener(info);
   if (on_state) on_state();
   ToProto(absl::AbortedError(absl::StrCat("device ", options_.ordinal, " was reset at ",

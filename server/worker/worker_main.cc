@@ -406,15 +406,28 @@ int RunWorker(int argc, char** argv) {
   options.max_queued_launches = args.max_queued_launches;
   options.input.busy_poll = absl::Microseconds(args.busy_poll_us);
   options.staging_memory = static_cast<uint8_t*>(mapped);
-  options.on_fault = [&channel](const absl::Status& st) {
+  options.on_fault = [&channel](const device::FaultReport& report) {
     Event e;
-    e.mutable_fault()->set_message(std::string(st.message()));
+    Fault* f = e.mutable_fault();
+    f->set_message(report.detail);
+    f->set_reason(report.reason);
+    f->set_result(report.result);
+    for (const auto& [stream, kernel] : report.kernels) {
+      InFlight* k = f->add_kernels();
+      k->set_stream(stream);
+      k->set_kernel(kernel);
+    }
     SendEvent(&channel, e);
   };
-  options.on_hung = [&channel](device::StreamId stream, const std::string& message) {
+  options.on_hung = [&channel](const device::HungReport& report) {
     Event e;
-    e.mutable_hung()->set_stream(stream);
-    e.mutable_hung()->set_message(message);
+    Hung* h = e.mutable_hung();
+    h->set_stream(report.stream);
+    h->set_message(report.detail);
+    h->set_kernel(report.kernel);
+    h->set_reason(report.reason);
+    h->set_limit_ms(report.limit_ms);
+    h->set_ran_ms(report.ran_ms);
     SendEvent(&channel, e);
   };
   // Requests are read by the device's executor itself, between its

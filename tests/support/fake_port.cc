@@ -107,7 +107,8 @@ void FakePort::Reset(const std::string& why) {
   for (auto& fn : after) fn();
 }
 
-void FakePort::ResetLocked(const std::string& why, std::vector<std::function<void()>>* after) {
+void FakePort::ResetLocked(const std::string& why, std::vector<std::function<void()>>* after,
+                           const port::ResetInfo* kernel) {
   ++epoch_;
   ++resets_;
   blocks_.clear();
@@ -116,7 +117,11 @@ void FakePort::ResetLocked(const std::string& why, std::vector<std::function<voi
   modules_.clear();
   for (auto& [id, r] : regions_) munmap(r.first, r.second);
   regions_.clear();
-  last_reset_ = port::ResetInfo{options_.ordinal, epoch_, absl::Now(), why};
+  last_reset_ = kernel != nullptr ? *kernel : port::ResetInfo();
+  last_reset_->device = options_.ordinal;
+  last_reset_->epoch = epoch_;
+  last_reset_->at = absl::Now();
+  last_reset_->why = why;
   if (on_reset_) {
     auto listener = on_reset_;
     auto info = *last_reset_;
@@ -501,7 +506,7 @@ void FakePort::GetKernel(std::shared_ptr<const port::ModuleImage> image, std::st
   });
 }
 
-absl::Status FakePort::RunLaunch(port::LaunchOp& op, uint64_t epoch) {
+absl::Status FakePort::RunLaunch(port::StreamId stream, port::LaunchOp& op, uint64_t epoch) {
   KernelFn fn;
   std::vector<std::function<void()>> after;
   absl::Status st;
@@ -522,11 +527,21 @@ absl::Status FakePort::RunLaunch(port::LaunchOp& op, uint64_t epoch) {
                     }};
   st = fn(ctx);
   if (!st.ok()) {
-    // A kernel's fault resets the device, naming the kernel.
-    const std::string why = absl::StrCat(op.what, " failed: ", st.message());
+    // A kernel's fault resets the device, naming the kernel by its facts
+    // and the CUresult its error names.
+    port::ResetInfo facts;
+    facts.kernel_caused = true;
+    facts.kernels.push_back(port::ResetKernel{stream, op.kernel});
+    const size_t result = st.message().find("CUDA_ERROR_");
+    if (result != absl::string_view::npos) {
+      const absl::string_view rest = st.message().substr(result);
+      facts.result = std::string(rest.substr(0, rest.find_first_of(" :;(")));
+    }
+    const std::string why =
+        absl::StrCat("a kernel on device ", options_.ordinal, " failed: ", st.message());
     {
       absl::MutexLock lock(&mu_);
-      ResetLocked(why, &after);
+      ResetLocked(why, &after, &facts);
     }
     for (auto& f : after) f();
     return absl::AbortedError(why);
@@ -534,9 +549,9 @@ absl::Status FakePort::RunLaunch(port::LaunchOp& op, uint64_t epoch) {
   return absl::OkStatus();
 }
 
-void FakePort::Launch(port::StreamId, port::LaunchOp op, uint64_t epoch, port::Done done) {
-  Post([this, op = std::move(op), epoch, done = std::move(done)]() mutable {
-    done(RunLaunch(op, epoch));
+void FakePort::Launch(port::StreamId stream, port::LaunchOp op, uint64_t epoch, port::Done done) {
+  Post([this, stream, op = std::move(op), epoch, done = std::move(done)]() mutable {
+    done(RunLaunch(stream, op, epoch));
   });
 }
 
@@ -552,10 +567,10 @@ void FakePort::Synchronize(port::StreamId, uint64_t work_epoch, port::Callback<u
   });
 }
 
-void FakePort::LaunchAndSynchronize(port::StreamId, port::LaunchOp op, uint64_t epoch,
+void FakePort::LaunchAndSynchronize(port::StreamId stream, port::LaunchOp op, uint64_t epoch,
                                     uint64_t work_epoch, port::LaunchedAndSynchronized done) {
-  Post([this, op = std::move(op), epoch, work_epoch, done = std::move(done)]() mutable {
-    absl::Status st = RunLaunch(op, epoch);
+  Post([this, stream, op = std::move(op), epoch, work_epoch, done = std::move(done)]() mutable {
+    absl::Status st = RunLaunch(stream, op, epoch);
     if (!st.ok()) return done(st, false);
     {
       absl::MutexLock lock(&mu_);

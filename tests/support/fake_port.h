@@ -15,7 +15,9 @@
 //   * Reset() is a device reset: memory is gone, the epoch rises, the reset
 //     listener hears of it, and operations that name memory of an earlier
 //     epoch fail with LostError's status. A kernel that returns an error
-//     resets the device so, with the kernel's `what` in the reason.
+//     resets the device so, naming the kernel as a worker does: by its
+//     stream and id, with the CUresult its error names (the reason text
+//     names no kernel).
 
 #include <cstdint>
 #include <deque>
@@ -141,9 +143,11 @@ class FakePort final : public port::DevicePort {
   absl::Status EpochCheck(uint64_t epoch, const std::string& what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint8_t* MemoryLocked(port::DevicePtr ptr, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RunLaunch(port::LaunchOp& op, uint64_t epoch);
-  void ResetLocked(const std::string& why, std::vector<std::function<void()>>* after)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RunLaunch(port::StreamId stream, port::LaunchOp& op, uint64_t epoch);
+  // `kernel`: a kernel's fault, with the facts it names (its `why` is
+  // ignored).
+  void ResetLocked(const std::string& why, std::vector<std::function<void()>>* after,
+                   const port::ResetInfo* kernel = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   port::DeviceProperties props_;

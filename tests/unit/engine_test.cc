@@ -36,6 +36,7 @@ using ::gpuexec::testing::WaitFor;
 using ::testing::_;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Runs an asynchronous engine call and waits for its completion.
 template <typename T>
@@ -67,7 +68,9 @@ absl::Status AwaitDone(const std::function<void(Done)>& call) {
 
 // k_fill(u32* out, u32 value, u64 n): out[i] = value for i < n.
 // k_hold(): runs until the test releases it (EngineTest::release_).
-constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\nk_hold\n";
+// k_fault(u64) and `k\\` (a name that ends in a backslash, which messages
+// escape to two): fault.
+constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\nk_hold\nk\\\n";
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -106,6 +109,9 @@ class EngineTest : public ::testing::Test {
         return absl::AbortedError(
             "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was "
             "encountered)");
+      });
+      port->AddKernel("k\\", {{0, 8}}, [](const FakePort::KernelContext&) {
+        return absl::AbortedError("cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS");
       });
       port->AddKernel("k_hold", {}, [this](const FakePort::KernelContext&) {
         holding_.Notify();
@@ -585,6 +591,210 @@ TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
   ASSERT_THAT(Close(s->token), IsOk());
 }
 
+// A kernel named so that its quoted name ends in an escaped backslash
+// ("k\\'") is charged all the same: the reset names it by its stream and
+// kernel id, not in text; the strike limit stops its loop.
+TEST_F(EngineTest, AKernelNamedWithATrailingBackslashIsChargedAndStoppedByTheLimit) {
+  EngineOptions options;
+  options.strike_limit = 2;
+  options.strike_window = absl::Minutes(1);
+  options.strike_cooldown = absl::Minutes(1);
+  Start(options);
+  for (int strike = 1; strike <= 2; ++strike) {
+    SCOPED_TRACE(strike);
+    auto s = Open();
+    ASSERT_THAT(s, IsOk());
+    auto evil = KernelOf(s->token, "k\\");
+    ASSERT_THAT(evil, IsOk());
+    LaunchSpec spec;
+    spec.session = s->token;
+    spec.function = evil->handle;
+    spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
+    spec.synchronize = true;
+    EXPECT_THAT(Launch(spec),
+                StatusIs(absl::StatusCode::kAborted,
+                         HasSubstr("kernel 'k\\\\' of session " + s->token.substr(0, 8) +
+                                   " made an illegal memory access")));
+    EXPECT_THAT(engine_->KeepAlive(caller_, s->token).status(),
+                StatusIs(absl::StatusCode::kNotFound,
+                         AllOf(HasSubstr("its kernel 'k\\\\' made an illegal memory access"),
+                               HasSubstr(absl::StrCat("strike ", strike, " of 2")))));
+  }
+  EXPECT_EQ(engine_->Stats().strikes, 2u);
+  auto s = Open();
+  ASSERT_THAT(s, IsOk());
+  auto evil = KernelOf(s->token, "k\\");
+  ASSERT_THAT(evil, IsOk());
+  LaunchSpec spec;
+  spec.session = s->token;
+  spec.function = evil->handle;
+  spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
+  spec.synchronize = true;
+  EXPECT_THAT(Launch(spec),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("refused until")));
+  EXPECT_EQ(port_->resets(), 2u) << "the loop went on past the limit";
+  ASSERT_THAT(Close(s->token), IsOk());
+}
+
+// Two tenants on one shared worker (--isolation=device): a reset that names
+// tenant a's kernel is told to a by name and to b as another tenant's, in
+// ListDevices' last_reset and in the lost buffer's error alike; neither
+// sees the other's kernel name or session prefix.
+TEST_F(EngineTest, EachReaderSeesItsOwnKernelsByNameAndOthersAsAnotherTenants) {
+  EngineOptions options;
+  options.isolation = EngineOptions::Isolation::kDevice;
+  options.strike_limit = 0;
+  Start(options);
+  const Caller a = TenantCaller("a");
+  const Caller b = TenantCaller("b");
+  auto sa = Open(0, 0, a);
+  auto sb = Open(0, 0, b);
+  ASSERT_THAT(sa, IsOk());
+  ASSERT_THAT(sb, IsOk());
+  caller_ = b;
+  auto kept = Allocate(sb->token, 4096);
+  ASSERT_THAT(kept, IsOk());
+  caller_ = a;
+  auto fault = KernelOf(sa->token, "k_fault");
+  ASSERT_THAT(fault, IsOk());
+  LaunchSpec spec;
+  spec.session = sa->token;
+  spec.function = fault->handle;
+  spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
+  spec.synchronize = true;
+  EXPECT_THAT(Launch(spec), StatusIs(absl::StatusCode::kAborted, HasSubstr("'k_fault'")));
+  const std::string a_prefix = sa->token.substr(0, 8);
+  auto listed_as = [&](const Caller& c) {
+    auto listed = Await<std::vector<DeviceStatus>>(
+        [&](Callback<std::vector<DeviceStatus>> cb) { engine_->ListDevices(c, cb); });
+    EXPECT_THAT(listed, IsOk());
+    return listed.ok() ? (*listed)[0].last_reset : std::string();
+  };
+  EXPECT_THAT(listed_as(a), AllOf(HasSubstr("kernel 'k_fault' of session " + a_prefix),
+                                  HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
+  const std::string seen_by_b = listed_as(b);
+  EXPECT_THAT(seen_by_b,
+              AllOf(HasSubstr("another tenant's kernel"), HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"),
+                    Not(HasSubstr("k_fault")), Not(HasSubstr(a_prefix))));
+  caller_ = b;
+  const absl::Status lost = ReadAll(sb->token, kept->handle, 4096).status();
+  EXPECT_THAT(lost, StatusIs(absl::StatusCode::kAborted,
+                             AllOf(HasSubstr("was lost"), Not(HasSubstr("k_fault")),
+                                   Not(HasSubstr(a_prefix)))));
+  std::printf("tenant b reads: %s\nand: %s\n", seen_by_b.c_str(), lost.ToString().c_str());
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(b, sb->token, d); }), IsOk());
+  (void)AwaitDone([&](Done d) { engine_->CloseSession(a, sa->token, d); });
+}
+
+// The principal a peer address stands for: nothing a caller can multiply
+// by choosing its source address.
+TEST(PeerHostTest, APeerIsAPrincipalItCannotMultiply) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"unix:uid=1000,gid=1000,pid=42", "unix:uid=1000"},
+      {"ipv4:127.0.0.1:34780", "loopback"},
+      {"ipv4:127.9.8.7:1", "loopback"},
+      {"ipv6:[::1]:5", "loopback"},
+      {"ipv6:[::ffff:127.0.0.2]:5", "loopback"},
+      {"ipv4:10.0.3.7:34780", "ipv4:10.0.3.7"},
+      {"ipv6:[::ffff:10.0.3.7]:9", "ipv4:10.0.3.7"},
+      {"ipv6:[2001:db8:1:2:a:b:c:d]:5", "ipv6:[2001:db8:1:2::]/64"},
+      {"ipv6:[2001:db8:1:2::ffff]:6", "ipv6:[2001:db8:1:2::]/64"},
+      {"ipv6:[fe80::1%eth0]:7", "ipv6:[fe80::]/64"},
+      {"in-process", "in-process"},
+      {"ipv4:not-an-address:1", "ipv4:not-an-address:1"},
+  };
+  for (const auto& [peer, host] : cases) EXPECT_EQ(PeerHost(peer), host) << peer;
+}
+
+// Without tenants, every loopback address is one peer: sessions from
+// 127.0.0.2 and 127.0.0.3 count with 127.0.0.1's, and a fault from any of
+// them is charged to "peer loopback".
+TEST_F(EngineTest, LoopbackAddressesAreOnePeerForLimitsAndStrikes) {
+  EngineOptions options;
+  options.max_sessions_per_peer = 2;
+  options.strike_limit = 1;
+  options.strike_window = absl::Minutes(1);
+  options.strike_cooldown = absl::Minutes(1);
+  Start(options);
+  auto s1 = Open(0, 0, DefaultCaller("ipv4:127.0.0.1:5000"));
+  auto s2 = Open(0, 0, DefaultCaller("ipv4:127.0.0.2:5000"));
+  ASSERT_THAT(s1, IsOk());
+  ASSERT_THAT(s2, IsOk());
+  EXPECT_THAT(Open(0, 0, DefaultCaller("ipv6:[::1]:5000")),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("has 2 sessions open from loopback"),
+                             HasSubstr("--max_sessions_per_peer=2"))));
+  // Another host is another peer.
+  auto remote = Open(0, 0, DefaultCaller("ipv4:10.1.2.3:5000"));
+  ASSERT_THAT(remote, IsOk());
+  caller_ = DefaultCaller("ipv4:127.0.0.2:5000");
+  auto fault = KernelOf(s2->token, "k_fault");
+  ASSERT_THAT(fault, IsOk());
+  LaunchSpec spec;
+  spec.session = s2->token;
+  spec.function = fault->handle;
+  spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
+  spec.synchronize = true;
+  EXPECT_THAT(Launch(spec), StatusIs(absl::StatusCode::kAborted, _));
+  EXPECT_THAT(
+      engine_->KeepAlive(caller_, s2->token).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("strike 1 of 1 for peer loopback")));
+  // Struck out from 127.0.0.2, refused from 127.0.0.1 too.
+  caller_ = DefaultCaller("ipv4:127.0.0.1:5000");
+  auto fill = KernelOf(s1->token, "k_fill");
+  ASSERT_THAT(fill, IsOk());
+  auto buffer = Allocate(s1->token, 1024);
+  ASSERT_THAT(buffer, IsOk());
+  EXPECT_THAT(Launch(Fill(s1->token, fill->handle, buffer->handle, 1, 256)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("launches of peer loopback are refused until")));
+  caller_ = DefaultCaller("ipv4:10.1.2.3:5000");
+  ASSERT_THAT(Close(remote->token), IsOk());
+  caller_ = DefaultCaller("ipv4:127.0.0.1:5000");
+  ASSERT_THAT(Close(s1->token), IsOk());
+}
+
+// With tenants, the per-peer count is per tenant and peer: one tenant's
+// sessions from loopback never refuse another tenant's. A tenant whose
+// entry sets no max_sessions gets a quarter of --max_sessions.
+TEST_F(EngineTest, ThePeerLimitIsPerTenantAndATenantWithoutALimitGetsAShare) {
+  EngineOptions options;
+  options.max_sessions_per_peer = 2;
+  options.max_sessions = 12;
+  Start(options);
+  auto as = [](const std::string& tenant, const std::string& peer) {
+    Caller c = TenantCaller(tenant);
+    c.peer = peer;
+    return c;
+  };
+  std::vector<std::pair<Caller, std::string>> open;
+  for (int i = 0; i < 2; ++i) {
+    auto s = Open(0, 0, as("a", "ipv4:127.0.0.1:1"));
+    ASSERT_THAT(s, IsOk());
+    open.emplace_back(as("a", "ipv4:127.0.0.1:1"), s->token);
+  }
+  EXPECT_THAT(Open(0, 0, as("a", "ipv4:127.0.0.5:1")),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("tenant 'a' has 2 sessions open from loopback")));
+  for (int i = 0; i < 2; ++i) {
+    auto s = Open(0, 0, as("b", "ipv4:127.0.0.1:1"));
+    ASSERT_THAT(s, IsOk()) << "tenant a's sessions refused tenant b's";
+    open.emplace_back(as("b", "ipv4:127.0.0.1:1"), s->token);
+  }
+  // Tenant a, from other hosts: 3 sessions (12 / 4) in all.
+  auto third = Open(0, 0, as("a", "ipv4:10.0.0.7:1"));
+  ASSERT_THAT(third, IsOk());
+  open.emplace_back(as("a", "ipv4:10.0.0.7:1"), third->token);
+  EXPECT_THAT(Open(0, 0, as("a", "ipv4:10.0.0.8:1")),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("tenant 'a' session limit: 3 of its 3 sessions are open"),
+                             HasSubstr("a quarter of --max_sessions=12"),
+                             HasSubstr("set max_sessions in its entry"))));
+  for (const auto& [c, token] : open) {
+    ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(c, token, d); }), IsOk());
+  }
+}
+
 // With --isolation=tenant each tenant's sessions on a device are served by
 // a port (a worker) of the tenant's own: a reset of one takes that tenant's
 // buffers only.
@@ -713,8 +923,8 @@ TEST_F(EngineTest, ADeviceDedicatedToAnotherTenantIsRefused) {
 // fault of one reaches them all. A reset of one worker opens a fault window
 // on its device: the other workers are checked (a memory query each), so
 // that those it reached restart at once, and when the window closes the
-// sessions its resets named are charged if they are of one tenant, else
-// none is: the reached clients see the same error as the faulting one.
+// sessions its first reset named are charged (the tenant whose worker
+// reported the fault first; the reached clients see the same error later).
 class MpsTest : public TenantIsolationTest {
  protected:
   void SetUp() override {
@@ -782,28 +992,39 @@ TEST_F(MpsTest, AFaultHasTheOtherWorkersCheckedAndIsChargedToItsTenantAlone) {
 }
 
 // A bystander whose kernel was in flight when the fault reached it is
-// named by its own worker's reset, maybe before the faulting worker's:
-// with two tenants named in the window, neither is charged, whichever
-// reported first.
-TEST_F(MpsTest, WithTwoTenantsNamedInTheWindowNeitherIsCharged) {
+// named by its own worker's reset, after the faulting worker's (the
+// reaching faults come later): the tenant whose worker reported the fault
+// first is charged, the bystander never, so the loop stops at the limit
+// however busy the bystander is.
+TEST_F(MpsTest, TheTenantWhoseWorkerReportedFirstIsChargedNotTheBystanderItReached) {
   const Caller a = TenantCaller("a");
   const Caller b = TenantCaller("b");
-  auto sa = OpenAs(a);
   auto sb = OpenAs(b);
-  ASSERT_THAT(sa, IsOk());
   ASSERT_THAT(sb, IsOk());
-  for (int round = 0; round < 4; ++round) {
-    SCOPED_TRACE(round);
-    // The victim's worker reports first, naming its own kernel; then the
-    // attacker's, naming its own.
-    FaultAs(b, sb->token);
+  for (int strike = 1; strike <= 3; ++strike) {
+    SCOPED_TRACE(strike);
+    auto sa = OpenAs(a);
+    ASSERT_THAT(sa, IsOk());
+    // The attacker's worker reports first, naming its kernel; then the
+    // bystander's, naming its own kernel in flight.
     FaultAs(a, sa->token);
+    FaultAs(b, sb->token);
     Settle();
-    EXPECT_THAT(engine_->KeepAlive(a, sa->token), IsOk());
+    EXPECT_THAT(engine_->KeepAlive(a, sa->token),
+                StatusIs(absl::StatusCode::kNotFound,
+                         HasSubstr(absl::StrCat("strike ", strike, " of 3 for tenant 'a'"))));
     EXPECT_THAT(engine_->KeepAlive(b, sb->token), IsOk());
+    EXPECT_EQ(engine_->Stats().strikes, static_cast<uint64_t>(strike));
   }
-  EXPECT_EQ(engine_->Stats().strikes, 0u);
-  // Neither is refused: the victim is never struck out by the attacker.
+  // The attacker is refused; the bystander launches as ever.
+  auto sa = OpenAs(a);
+  ASSERT_THAT(sa, IsOk());
+  caller_ = a;
+  auto fault = KernelOf(sa->token, "k_fault");
+  ASSERT_THAT(fault, IsOk());
+  EXPECT_THAT(Launch(FaultOf(sa->token, fault->handle)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("launches of tenant 'a' are refused until")));
   caller_ = b;
   auto fill = KernelOf(sb->token, "k_fill");
   ASSERT_THAT(fill, IsOk());
