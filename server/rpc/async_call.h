@@ -104,6 +104,9 @@ class AsyncCall {
     void (Self::*fn_)(bool);
   };
 
+  // The completion queue the call is served on (set before OnStart).
+  grpc::ServerCompletionQueue* cq() const { return cq_; }
+
   grpc::ServerContext ctx_;
   CallCounter* const counter_;
 

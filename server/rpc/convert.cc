@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/common/text.h"
 
 namespace gpuexec::rpc {
 
@@ -139,6 +140,13 @@ absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index) {
 }
 
 absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& r) {
+  if (r.args_size() > kMaxLaunchArgs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Launch of function ", core::HandleName(r.function()), " of session ",
+        Quoted(r.session(), 8), ": ", r.args_size(), " arguments, at most ", kMaxLaunchArgs,
+        " (a kernel's parameters fit in 32764 bytes); pass one argument per "
+        "parameter of the kernel, and larger data in a buffer"));
+  }
   core::LaunchSpec spec;
   spec.session = r.session();
   spec.function = r.function();

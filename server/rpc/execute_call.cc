@@ -1,4 +1,6 @@
 // Execute: the command stream, many operations in flight on one call.
+#include <grpcpp/alarm.h>
+
 #include "server/common/trace.h"
 #include "server/rpc/service_calls.h"
 
@@ -73,6 +75,12 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
       } else {
         st = env_->engine->KeepAlive(caller_, request_.session()).status();
       }
+      if (st.ok()) {
+        auto ticket =
+            env_->budget->Admit(CallBudget::Kind::kStream, "Execute", caller_, request_.session());
+        if (ticket.ok()) ticket_ = std::move(ticket).value();
+        st = ticket.status();
+      }
       if (!st.ok()) {
         absl::MutexLock lock(&mu_);
         reads_done_ = true;
@@ -97,9 +105,36 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
       absl::MutexLock lock(&mu_);
       in_flight_ += request_.commands_size();
     }
-    for (const v1::Command& c : request_.commands()) Dispatch(c);
+    next_command_ = 0;
+    DispatchSome();
+  }
+
+  // Dispatches the message's next kDispatchTurn commands; then, if some
+  // are left, queues the rest behind what the completion queue holds
+  // already (other calls' messages, every tenant's), so that one stream's
+  // large messages take turns with everyone else's calls on the polling
+  // thread. The next read starts once the whole message is dispatched.
+  void DispatchSome() {
+    const int n = request_.commands_size();
+    const int end = std::min(n, next_command_ + kDispatchTurn);
+    for (; next_command_ < end; ++next_command_) Dispatch(request_.commands(next_command_));
+    if (next_command_ < n) {
+      Begin();
+      turn_.Set(cq(), gpr_time_0(GPR_CLOCK_MONOTONIC), &next_turn_);
+      return;
+    }
     absl::MutexLock lock(&mu_);
     ResumeOrParkLocked(/*after_read=*/true);
+  }
+
+  void NextTurn(bool ok) {
+    if (ok) return DispatchSome();
+    // The server is shutting down: the rest of the message is not run.
+    absl::MutexLock lock(&mu_);
+    in_flight_ -= request_.commands_size() - next_command_;
+    next_command_ = request_.commands_size();
+    reads_done_ = true;
+    MaybeFinishLocked();
   }
 
   void OnWriteDone(bool ok) override {
@@ -122,6 +157,9 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   static constexpr int kMaxOutstanding = 8192;
   // Commands one message may carry (the C++ client sends at most 1024).
   static constexpr int kMaxCommandsPerMessage = 4096;
+  // Commands dispatched in one turn of the polling thread: a message of
+  // the C++ client's goes in one.
+  static constexpr int kDispatchTurn = 1024;
 
   void Dispatch(const v1::Command& c) {
     const uint64_t id = c.id();
@@ -253,7 +291,9 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   // resumes when enough has drained.
   void ResumeOrParkLocked(bool after_read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reads_done_) return;
-    const bool full = in_flight_ + pending_.results_size() >= kMaxOutstanding;
+    // The stream's bound, or its share of its tenant's when that is less.
+    const int bound = env_->budget->CommandShare(caller_, kMaxOutstanding);
+    const bool full = in_flight_ + pending_.results_size() >= bound;
     if (after_read) {
       if (full) {
         parked_ = true;
@@ -270,6 +310,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
     if (finished_ || !reads_done_ || in_flight_ != 0 || writing_) return;
     if (!broken_ && pending_.results_size() != 0) return;
     finished_ = true;
+    ticket_.reset();  // given back before the client hears the end
     Finish(end_);
   }
 
@@ -280,6 +321,13 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   std::string session_;         // set by the first message; read-only after
   grpc::ByteBuffer in_;         // the message read
   v1::ExecuteRequest request_;  // parsed from it
+  int next_command_ = 0;        // of request_: the next to dispatch
+  // The next turn of a message's dispatch (DispatchSome).
+  grpc::Alarm turn_;
+  OpTag<ExecuteCall> next_turn_{this, &ExecuteCall::NextTurn};
+  // The stream's hold on its session's budget (set with session_; given
+  // back as the call finishes).
+  std::unique_ptr<CallBudget::Ticket> ticket_;
 
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/log.h"
+#include "server/rpc/observability.h"
 
 namespace gpuexec::rpc {
 namespace {
@@ -69,7 +70,12 @@ class Identity::Processor final : public grpc::AuthMetadataProcessor {
     }
     auto tenant = identity_->Resolve(credentials, /*count_refusals=*/true);
     if (!tenant.ok()) {
-      log::Info("refused a call on the TLS listener: UNAUTHENTICATED: ", tenant.status().message());
+      // Any peer can send these as fast as it likes: one line under the
+      // failed calls' budget, whose left-out lines the metrics count
+      // (gpuexec_log_failure_lines_left_out_total). gRPC tells the
+      // processor nothing of the peer's address.
+      LogFailure("a call on the TLS listener", "a peer without valid credentials",
+                 absl::UnauthenticatedError(tenant.status().message()));
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           std::string(tenant.status().message()));
     }

@@ -28,6 +28,17 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
       return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "Read: the request is not a gpuexec.v1.ReadRequest"));
     }
+    // Admitted for what it may hold at most: its messages in hand and the
+    // chunks the engine fetches ahead, each a chunk (or the whole read,
+    // when smaller).
+    const core::EngineOptions& eo = env_->engine->options();
+    uint64_t chunk =
+        r.chunk_size() == 0 ? eo.chunk_bytes : std::min(r.chunk_size(), eo.chunk_bytes);
+    if (r.size() != 0) chunk = std::min<uint64_t>(chunk, r.size());
+    auto ticket = env_->budget->Admit(CallBudget::Kind::kData, "Read", *caller, r.session(),
+                                      chunk * (kChunks + kFetchedAhead));
+    if (!ticket.ok()) return Finish(ToGrpcStatus(ticket.status()));
+    ticket_ = std::move(ticket).value();
     auto source = env_->engine->BeginRead(*caller, r.session(), r.buffer(), r.offset(), r.size(),
                                           r.chunk_size());
     if (!source.ok()) return Finish(ToGrpcStatus(source.status()));
@@ -84,7 +95,12 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
         });
       });
     }
-    if (finish) Finish(ToGrpcStatus(status));
+    if (finish) {
+      // Given back before the client hears the end, so that its next call
+      // finds the room this one held.
+      ticket_.reset();
+      Finish(ToGrpcStatus(status));
+    }
   }
 
   void Fetched(int slot, const absl::Status& st) {
@@ -102,7 +118,11 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
 
   const Env* env_;
   std::shared_ptr<core::ReadSource> source_;  // set before the first Pump
+  // The call's hold on its session's and tenant's budgets.
+  std::unique_ptr<CallBudget::Ticket> ticket_;
   static constexpr int kChunks = 3;
+  // Chunks ReadSource fetches ahead of the one it delivers.
+  static constexpr int kFetchedAhead = 2;
   grpc::ByteBuffer out_[kChunks];  // serialized chunks
   absl::Mutex mu_;
   int writing_ ABSL_GUARDED_BY(mu_) = -1;       // the message on the wire

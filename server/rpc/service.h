@@ -15,6 +15,7 @@
 #include "gpuexec/version.h"
 #include "server/core/engine.h"
 #include "server/rpc/async_call.h"
+#include "server/rpc/call_budget.h"
 #include "server/rpc/copy_pool.h"
 #include "server/rpc/identity.h"
 
@@ -28,15 +29,20 @@ class GpuExecService {
   // `advertise_address`: what ListDevices reports as the daemon's own
   // address (empty: not given). `daemon_version`: what ListDevices and
   // OpenSession report as the daemon's version (empty: gpuexec::kVersion).
+  // `limits`: what one session's and one tenant's streaming calls may hold
+  // (call_budget.h).
   GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "",
-                 std::string advertise_address = "", std::string daemon_version = "")
+                 std::string advertise_address = "", std::string daemon_version = "",
+                 CallLimits limits = {})
       : engine_(engine),
+        budget_(limits),
         env_{&async_,
              engine,
              identity,
              &calls_,
              &copies_,
              &uploads_,
+             &budget_,
              std::move(shm_socket),
              std::move(advertise_address),
              daemon_version.empty() ? std::string(kVersion) : std::move(daemon_version)} {}
@@ -48,6 +54,8 @@ class GpuExecService {
   // Blocks until every call has ended; after the server's Shutdown, while
   // its completion queues are still polled.
   void WaitForCalls() { calls_.WaitForZero(); }
+  // What the streaming calls hold now (tests).
+  const CallBudget& budget() const { return budget_; }
 
   // What every call of the service shares.
   // Write, Read and Execute are served raw (write_call.cc, read_call.cc,
@@ -64,6 +72,8 @@ class GpuExecService {
     // Module uploads' hashing and checks: off the polling thread, and off
     // the copies' threads.
     CopyPool* uploads;
+    // Streaming calls per session and their buffered bytes per tenant.
+    CallBudget* budget;
     std::string shm_socket;
     std::string advertise_address;
     std::string daemon_version;
@@ -73,6 +83,7 @@ class GpuExecService {
   core::Engine* engine_;  // not owned; outlives the service
   AsyncService async_;
   CallCounter calls_;
+  CallBudget budget_;
   CopyPool copies_{2};
   CopyPool uploads_{2};
   Env env_;

@@ -61,15 +61,31 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       } else {
         if (sink_ == nullptr) {
           const WriteMessage& first = messages_[got];
-          auto sink = env_->engine->BeginWrite(caller_, first.session, first.buffer, first.offset);
+          // Admitted for the bytes it holds at most (a message larger than
+          // that grows the reservation below).
+          auto ticket = env_->budget->Admit(CallBudget::Kind::kData, "Write", caller_,
+                                            first.session, kMaxHeldBytes);
+          absl::StatusOr<std::shared_ptr<core::WriteSink>> sink =
+              ticket.ok()
+                  ? env_->engine->BeginWrite(caller_, first.session, first.buffer, first.offset)
+                  : ticket.status();
           if (!sink.ok()) {
             done_ = true;
             lock.Release();
             return Finish(ToGrpcStatus(sink.status()));
           }
+          ticket_ = std::move(ticket).value();
           sink_ = std::move(sink).value();
         }
         ready_.push_back(got);
+        if (absl::Status room = ticket_->ReserveAtLeast(HeldBytesLocked()); !room.ok()) {
+          // The message is dropped; what was read before it is written.
+          ready_.pop_back();
+          slices_[got].clear();
+          messages_[got].data.Clear();
+          bad_ = room;
+          eof_ = true;
+        }
       }
     }
     Pump();
@@ -116,18 +132,32 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       });
     }
     if (!finish) return;
-    if (!bad.ok()) return Finish(ToGrpcStatus(bad));
     if (sink == nullptr) {
       return Finish(ToGrpcStatus(
-          absl::InvalidArgumentError("Write: the stream ended before its first message")));
+          !bad.ok()
+              ? bad
+              : absl::InvalidArgumentError("Write: the stream ended before its first message")));
     }
+    if (!bad.ok()) return FinishAfterCopies(sink, bad);
     sink->Finish([this](absl::StatusOr<uint64_t> n) {
       if (n.ok()) {
         v1::WriteResponse r;
         r.set_bytes_written(*n);
         (void)Serialize(r, &response_);
       }
+      ticket_.reset();
       Finish(ToGrpcStatus(n.status()));
+    });
+  }
+
+  // Ends the call with `error` once the copies it queued have finished and
+  // the buffer is no longer marked in use, so that a Free the client sends
+  // on hearing the error finds the buffer free. (Copies already queued come
+  // before that Free in stream order either way.)
+  void FinishAfterCopies(const std::shared_ptr<core::WriteSink>& sink, absl::Status error) {
+    sink->Finish([this, error](absl::StatusOr<uint64_t>) {
+      ticket_.reset();
+      Finish(ToGrpcStatus(error));
     });
   }
 
@@ -140,8 +170,10 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   }
 
   void Pushed(absl::Status st) {
+    std::shared_ptr<core::WriteSink> sink;
     {
       absl::MutexLock lock(&mu_);
+      sink = sink_;
       if (pushing_ >= 0) {
         slices_[pushing_].clear();
         messages_[pushing_].data.Clear();
@@ -155,7 +187,7 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
         done_ = true;
       }
     }
-    if (!st.ok()) return Finish(ToGrpcStatus(st));
+    if (!st.ok()) return FinishAfterCopies(sink, st);
     Pump();
   }
 
@@ -180,6 +212,9 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
   absl::Mutex mu_;
   absl::Status bad_ ABSL_GUARDED_BY(mu_);  // a message did not parse
   std::shared_ptr<core::WriteSink> sink_ ABSL_GUARDED_BY(mu_);
+  // The call's hold on its session's and tenant's budgets; set with sink_,
+  // dropped just before the call's status is sent.
+  std::unique_ptr<CallBudget::Ticket> ticket_;
   int reading_ ABSL_GUARDED_BY(mu_) = -1;       // the message a read fills
   int pushing_ ABSL_GUARDED_BY(mu_) = -1;       // the message being pushed
   std::deque<int> ready_ ABSL_GUARDED_BY(mu_);  // read, not yet pushed

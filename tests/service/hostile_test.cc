@@ -4,6 +4,8 @@
 // nothing leaks (ServiceTest::TearDown checks the device's sessions and
 // memory after every test).
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -953,6 +955,60 @@ TEST_F(HostileTest, OversizedMessagesAndCommandFloodsAreRefused) {
                    .code() == absl::StatusCode::kDataLoss;
       },
       absl::Seconds(5)));
+}
+
+// A Write that fails on a message that does not parse lets go of its buffer
+// before its client hears so: a Free sent on the answer finds the buffer
+// free, never "in use by a Write or Read in progress".
+TEST_F(HostileTest, AFreeRightAfterAFailedWriteFindsTheBufferFree) {
+  GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
+  auto stub = RawStub();
+  grpc::GenericStub generic(grpc::CreateChannel(target(), grpc::InsecureChannelCredentials()));
+  auto bytes_of = [](const std::string& s) {
+    grpc::Slice slice(s.data(), s.size());
+    return grpc::ByteBuffer(&slice, 1);
+  };
+  for (int round = 0; round < 20; ++round) {
+    uint64_t handle = 0;
+    {
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      v1::AllocateRequest request;
+      request.set_session(session.token());
+      request.set_size(1 << 20);
+      v1::AllocateResponse response;
+      ASSERT_TRUE(stub->Allocate(&context, request, &response).ok());
+      handle = response.buffer();
+    }
+    grpc::CompletionQueue cq;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    auto call = generic.PrepareCall(&context, "/gpuexec.v1.GpuExec/Write", &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    v1::WriteRequest first;
+    first.set_session(session.token());
+    first.set_buffer(handle);
+    first.set_data(std::string(256 << 10, 'w'));
+    call->Write(bytes_of(first.SerializeAsString()), reinterpret_cast<void*>(2));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    call->WriteLast(bytes_of(std::string("\xff\xff\xff\x01", 4)), grpc::WriteOptions(),
+                    reinterpret_cast<void*>(3));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(4));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    grpc::ClientContext free_context;
+    SetDeadline(&free_context);
+    v1::FreeRequest free;
+    free.set_session(session.token());
+    free.set_buffer(handle);
+    v1::FreeResponse freed;
+    GX_EXPECT_OK(FromGrpcStatus(stub->Free(&free_context, free, &freed))) << "round " << round;
+  }
 }
 
 TEST_F(HostileTest, DaemonServesAfterHostileClients) {
