@@ -238,6 +238,7 @@ EngineStats Engine::Stats() const {
             [](const auto& a, const auto& b) { return a.name < b.name; });
   st.strikes = strikes_total_.load();
   st.strike_refusals = strike_refusals_.load();
+  st.session_lines_left_out = session_lines_left_out_.load();
   st.sessions_opened = sessions_opened_.load();
   st.sessions_closed = sessions_closed_.load();
   st.sessions_expired = sessions_expired_.load();

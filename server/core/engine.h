@@ -27,6 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gpuexec/sha256.h"
+#include "server/common/log.h"
 #include "server/core/args.h"
 #include "server/core/byte_spans.h"
 #include "server/core/chunk_pool.h"
@@ -193,6 +194,9 @@ struct EngineStats {
   uint64_t sessions_expired = 0;
   uint64_t strikes = 0;          // resets charged to a tenant or peer
   uint64_t strike_refusals = 0;  // launches refused for it
+  // Session open and close lines not written, past their tenant's (or
+  // peer's) budget.
+  uint64_t session_lines_left_out = 0;
   uint32_t modules_stored = 0;
   uint64_t module_store_bytes = 0;
   uint64_t module_uploads = 0;  // images whose bytes came over the wire
@@ -569,6 +573,19 @@ class Engine {
   absl::Status CheckStrikes(const Session& s);
   // Sessions counted against the limits and not yet in sessions_.
   size_t opening_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+  // Session open and close lines: a budget per tenant (without tenants,
+  // per peer: Session::strike_key), so that one caller opening and closing
+  // sessions in a loop neither fills the log nor uses up everyone's lines.
+  // Refused lines are counted (Stats::session_lines_left_out), and the next
+  // line of the key says how many went before it. Takes session_lines_mu_
+  // (innermost).
+  bool TakeSessionLine(const std::string& key, std::string* left_out_note);
+  static constexpr double kSessionLinesPerSecond = 10;
+  static constexpr double kSessionLinesBurst = 100;
+  absl::Mutex session_lines_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<log::LineBudget>> session_lines_
+      ABSL_GUARDED_BY(session_lines_mu_);
+  std::atomic<uint64_t> session_lines_left_out_{0};
   // Open sessions by tenant and peer host (see PeerHost): PeerKey's.
   absl::flat_hash_map<std::string, uint32_t> sessions_per_peer_ ABSL_GUARDED_BY(sessions_mu_);
   static std::string PeerKey(const std::string& tenant, const std::string& peer_host) {

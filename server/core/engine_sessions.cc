@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -304,12 +305,14 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
         }
         sessions_opened_.fetch_add(1);
         usage->sessions_opened.fetch_add(1);
-        log::Info(session->name(), " of tenant '", caller.tenant_name(), "' from ", caller.peer,
-                  " opened on device ", index, " (lease ", lease_ms, " ms, memory limit ",
-                  limit == 0 ? std::string("none") : ByteSize(limit), ", kernel time limit ",
-                  time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"), ")");
-        if (!capped.empty()) {
-          log::Info(session->name(), ": session memory limit: ", capped);
+        if (std::string more; TakeSessionLine(session->strike_key, &more)) {
+          log::Info(session->name(), " of tenant '", caller.tenant_name(), "' from ",
+                    Quoted(caller.peer, 96), " opened on device ", index, " (lease ", lease_ms,
+                    " ms, memory limit ", limit == 0 ? std::string("none") : ByteSize(limit),
+                    ", kernel time limit ",
+                    time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"),
+                    capped.empty() ? "" : absl::StrCat("; session memory limit: ", capped), ")",
+                    more);
         }
         done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, capped,
                          time_limit});
@@ -386,10 +389,41 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     for (const auto& [handle, image] : s->modules) ReleaseModule(*s, image->sha256);
     s->modules.clear();
   }
-  log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers,
-            " buffer(s), ", freed, " bytes");
+  if (std::string more; TakeSessionLine(s->strike_key, &more)) {
+    log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers,
+              " buffer(s), ", freed, " bytes", more);
+  }
   dev->DestroyStream(s->stream(), [done](absl::Status st) { done(absl::OkStatus()); });
   ReleasePort(*s);
+}
+
+bool Engine::TakeSessionLine(const std::string& key, std::string* left_out_note) {
+  // A steady clock: a step of the wall clock must not stop the refill.
+  const absl::Time now =
+      absl::FromUnixNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count());
+  uint64_t left_out = 0;
+  bool take;
+  {
+    absl::MutexLock lock(&session_lines_mu_);
+    // Keys are tenants and peer principals; past this many (peers from
+    // everywhere), the budgets start over rather than grow.
+    if (session_lines_.size() >= 4096 && !session_lines_.contains(key)) session_lines_.clear();
+    std::unique_ptr<log::LineBudget>& budget = session_lines_[key];
+    if (budget == nullptr) {
+      budget = std::make_unique<log::LineBudget>(kSessionLinesPerSecond, kSessionLinesBurst);
+    }
+    take = budget->Take(now, &left_out);
+  }
+  if (!take) {
+    session_lines_left_out_.fetch_add(1);
+    return false;
+  }
+  *left_out_note = left_out == 0 ? std::string()
+                                 : absl::StrCat(" (", left_out, " session line(s) of ", key,
+                                                " left out before this one)");
+  return true;
 }
 
 }  // namespace gpuexec::core

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -736,9 +737,8 @@ TEST_F(EngineTest, LoopbackAddressesAreOnePeerForLimitsAndStrikes) {
   spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
   spec.synchronize = true;
   EXPECT_THAT(Launch(spec), StatusIs(absl::StatusCode::kAborted, _));
-  EXPECT_THAT(
-      engine_->KeepAlive(caller_, s2->token).status(),
-      StatusIs(absl::StatusCode::kNotFound, HasSubstr("strike 1 of 1 for peer loopback")));
+  EXPECT_THAT(engine_->KeepAlive(caller_, s2->token).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("strike 1 of 1 for peer loopback")));
   // Struck out from 127.0.0.2, refused from 127.0.0.1 too.
   caller_ = DefaultCaller("ipv4:127.0.0.1:5000");
   auto fill = KernelOf(s1->token, "k_fill");
@@ -793,6 +793,56 @@ TEST_F(EngineTest, ThePeerLimitIsPerTenantAndATenantWithoutALimitGetsAShare) {
   for (const auto& [c, token] : open) {
     ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(c, token, d); }), IsOk());
   }
+}
+
+// A tenant opening and closing sessions in a loop writes a bounded number
+// of log lines (its own budget: 10 a second, 100 at once); the rest are
+// counted, and another tenant's lines still get through.
+TEST_F(EngineTest, TenThousandOpensAndClosesWriteABoundedNumberOfLines) {
+  char path[] = "/tmp/gpuexec-engine-log-XXXXXX";
+  const int log_fd = mkstemp(path);
+  ASSERT_GE(log_fd, 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  ASSERT_GE(saved, 0);
+  ASSERT_EQ(dup2(log_fd, 2), 2);
+  const Caller a = TenantCaller("a");
+  const Caller b = TenantCaller("b");
+  const absl::Time start = absl::Now();
+  absl::Status failed;
+  for (int i = 0; i < 10000 && failed.ok(); ++i) {
+    auto s = Open(0, 0, a);
+    if (!s.ok()) {
+      failed = s.status();
+      break;
+    }
+    failed = AwaitDone([&](Done d) { engine_->CloseSession(a, s->token, d); });
+  }
+  const absl::Duration took = absl::Now() - start;
+  auto other = Open(0, 0, b);
+  std::fflush(stderr);
+  ASSERT_EQ(dup2(saved, 2), 2);
+  close(saved);
+  ASSERT_THAT(failed, IsOk());
+  ASSERT_THAT(other, IsOk());
+  std::ifstream in(path);
+  std::string line;
+  size_t a_lines = 0, b_lines = 0;
+  while (std::getline(in, line)) {
+    if (line.find("of tenant 'a'") != std::string::npos) ++a_lines;
+    if (line.find("of tenant 'b'") != std::string::npos) ++b_lines;
+  }
+  close(log_fd);
+  unlink(path);
+  const double bound = 100 + 10 * absl::ToDoubleSeconds(took) + 2;
+  std::printf("10000 opens and closes in %s: %zu lines of tenant a (at most %.0f), %llu left out\n",
+              absl::FormatDuration(took).c_str(), a_lines, bound,
+              static_cast<unsigned long long>(engine_->Stats().session_lines_left_out));
+  EXPECT_LE(static_cast<double>(a_lines), bound);
+  EXPECT_GE(a_lines, 100u) << "the burst is written";
+  EXPECT_EQ(engine_->Stats().session_lines_left_out, 20000u - a_lines);
+  EXPECT_EQ(b_lines, 1u) << "tenant a's loop used up tenant b's lines";
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(b, other->token, d); }), IsOk());
 }
 
 // With --isolation=tenant each tenant's sessions on a device are served by
