@@ -33,36 +33,53 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
   if (size == 0) return done(absl::InvalidArgumentError("Allocate: size must be positive"));
   absl::MutexLock lock(&s->mu);
   if (s->closed) return done(s->ClosedError());
+  if (auto st = s->CheckHandles(options_.max_handles_per_session,
+                                absl::StrCat("a buffer of ", ByteSize(size)));
+      !st.ok()) {
+    return done(st);
+  }
+  if (size > ~0ull - kAllocationGranularity) {
+    return done(absl::ResourceExhaustedError(
+        absl::StrCat("Allocate of ", ByteSize(size), " for ", s->name(),
+                     ": more than any device has; allocate what the data needs")));
+  }
+  // The limits count what the device's pool takes: whole granules.
+  const uint64_t charged = ChargedBytes(size);
+  const std::string amount = charged == size
+                                 ? ByteSize(size)
+                                 : absl::StrCat(ByteSize(size), " (counted as ", ByteSize(charged),
+                                                ": allocations count in whole ",
+                                                kAllocationGranularity, "-byte granules)");
   {
-    if (s->memory_limit() != 0 && size > s->memory_limit() - s->memory_used) {
+    if (s->memory_limit() != 0 && charged > s->memory_limit() - s->memory_used) {
       // A limit the daemon lowered says so: the client asked for more.
-      return done(absl::ResourceExhaustedError(absl::StrCat(
-          "session memory limit: ", s->name(), " holds ", ByteSize(s->memory_used), " of its ",
-          ByteSize(s->memory_limit()), "; ", ByteSize(size), " more do not fit",
-          s->memory_capped.empty() ? "" : absl::StrCat(" (", s->memory_capped, ")"),
-          "; free buffers, or open a session with a larger memory limit")));
+      return done(absl::ResourceExhaustedError(
+          absl::StrCat("session memory limit: ", s->name(), " holds ", ByteSize(s->memory_used),
+                       " of its ", ByteSize(s->memory_limit()), "; ", amount, " more do not fit",
+                       s->memory_capped.empty() ? "" : absl::StrCat(" (", s->memory_capped, ")"),
+                       "; free buffers, or open a session with a larger memory limit")));
     }
     // The tenant's limit, reserved as the daemon's is (its sessions
     // allocate concurrently).
     const uint64_t tenant_limit = caller.tenant != nullptr ? caller.tenant->limits.memory_bytes : 0;
     std::atomic<uint64_t>& tenant_used = s->usage().memory;
-    if (auto held = Reserve(tenant_used, tenant_limit, size); held.has_value()) {
+    if (auto held = Reserve(tenant_used, tenant_limit, charged); held.has_value()) {
       return done(absl::ResourceExhaustedError(TenantLimitError(
-          caller,
-          absl::StrCat("memory limit: its sessions hold ", ByteSize(*held), " of its ",
-                       ByteSize(tenant_limit), "; ", ByteSize(size), " more for ", s->name(),
-                       " do not fit (its memory_limit_bytes in the tenants file)"))));
+          caller, absl::StrCat("memory limit: its sessions hold ", ByteSize(*held), " of its ",
+                               ByteSize(tenant_limit), "; ", amount, " more for ", s->name(),
+                               " do not fit (its memory_limit_bytes in the tenants file)"))));
     }
-    if (auto held = Reserve(daemon_memory_used_, options_.daemon_memory_bytes, size);
+    if (auto held = Reserve(daemon_memory_used_, options_.daemon_memory_bytes, charged);
         held.has_value()) {
-      tenant_used.fetch_sub(size);
+      tenant_used.fetch_sub(charged);
       return done(absl::ResourceExhaustedError(
           absl::StrCat("daemon memory limit: sessions hold ", ByteSize(*held), " of the daemon's ",
-                       ByteSize(options_.daemon_memory_bytes), "; ", ByteSize(size), " more for ",
+                       ByteSize(options_.daemon_memory_bytes), "; ", amount, " more for ",
                        s->name(), " do not fit (--daemon_memory_limit)")));
     }
-    s->memory_used += size;  // reserved; given back if the device says no
+    s->memory_used += charged;  // reserved; given back if the device says no
   }
+  ++s->handles_pending;
   const std::string what =
       absl::StrCat("a buffer of ", ByteSize(size), " for ", s->name(), " on device ", s->device());
   port::DevicePort* dev = DeviceOf(*s);
@@ -70,11 +87,12 @@ void Engine::Allocate(const Caller& caller, const std::string& token, uint64_t s
   // stream's destruction that a concurrent close queues.
   dev->Allocate(
       s->stream(), size, what,
-      [this, s, size, dev, what, done](absl::StatusOr<port::Allocation> p) {
+      [this, s, size, charged, dev, what, done](absl::StatusOr<port::Allocation> p) {
         absl::MutexLock lock(&s->mu);
+        --s->handles_pending;
         if (!p.ok()) {
           // A close in between already gave the whole session's memory back.
-          if (!s->closed) ReleaseMemory(*s, size);
+          if (!s->closed) ReleaseMemory(*s, charged);
           absl::Status st = p.status();
           if (st.code() == absl::StatusCode::kResourceExhausted) {
             st = absl::ResourceExhaustedError(absl::StrCat("device memory: ", st.message()));
@@ -118,7 +136,7 @@ void Engine::Free(const Caller& caller, const std::string& token, uint64_t buffe
   }
   BufferEntry entry = **b;
   s->buffers.erase(buffer);
-  ReleaseMemory(*s, entry.size);
+  ReleaseMemory(*s, entry.charged());
   // Answered now, like cuMemFreeAsync: the handle is gone and its bytes are
   // the session's again; the memory itself goes back in stream order, after
   // the work queued before. Its failure can only be the device's, which

@@ -308,7 +308,7 @@ void Engine::FinishModule(std::shared_ptr<Session> s,
   const std::string what = absl::StrCat("module ", image->sha256.substr(0, 12), " (",
                                         ByteSize(image->bytes.size()), ") of ", s->name());
   DeviceOf(*s)->LoadModule(
-      image, what, [this, s, image, uploaded, newly_stored, reserved, done](absl::Status st) {
+      image, what, [this, s, image, uploaded, newly_stored, reserved, what, done](absl::Status st) {
         if (!st.ok()) {
           if (reserved) ReleaseModule(*s, image->sha256);
           // An image the driver rejects as such is not kept. (Other failures,
@@ -334,6 +334,10 @@ void Engine::FinishModule(std::shared_ptr<Session> s,
           if (held->sha256 == image->sha256) r.handle = handle;
         }
         if (r.handle == 0) {
+          if (auto full = s->CheckHandles(options_.max_handles_per_session, what); !full.ok()) {
+            if (reserved) ReleaseModule(*s, image->sha256);
+            return done(full);
+          }
           r.handle = s->NewHandle();
           s->modules.emplace(r.handle, image);
           // A session that loaded the image meanwhile holds it already.
@@ -382,8 +386,9 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
   std::string launch_what =
       absl::StrCat(label, " of ", session->name(), " on device ", dev->properties().ordinal);
   dev->GetKernel(image, name, what,
-                 [session, image, sha, name, label = std::move(label),
-                  launch_what = std::move(launch_what), done](absl::StatusOr<port::KernelInfo> k) {
+                 [session, image, sha, name, limit = options_.max_handles_per_session,
+                  label = std::move(label), launch_what = std::move(launch_what),
+                  done](absl::StatusOr<port::KernelInfo> k) {
                    if (k.status().code() == absl::StatusCode::kNotFound &&
                        absl::StrContains(k.status().message(), "no kernel named")) {
                      return done(NoSuchKernel(name, absl::StrCat("module ", sha.substr(0, 12)),
@@ -396,6 +401,9 @@ void Engine::GetFunction(const Caller& caller, const std::string& token, uint64_
                    // for.
                    for (const auto& [handle, held] : session->functions) {
                      if (held.kernel.id == k->id) return done(FunctionResult{handle, *k});
+                   }
+                   if (auto full = session->CheckHandles(limit, label); !full.ok()) {
+                     return done(full);
                    }
                    FunctionEntry f;
                    f.handle = session->NewHandle();

@@ -1,7 +1,11 @@
 #include "server/core/session.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
-#include <random>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,6 +30,15 @@ uint64_t Session::NewHandle() {
     const uint64_t h = absl::Uniform<uint64_t>(bitgen_);
     if (h != 0 && !buffers.contains(h) && !modules.contains(h) && !functions.contains(h)) return h;
   }
+}
+
+absl::Status Session::CheckHandles(uint32_t limit, absl::string_view what) const {
+  if (limit == 0 || handles() < limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "session handle limit: ", name_, " holds ", handles(),
+      " handles (buffers, modules, functions, host memory regions), at most ", limit,
+      " (--max_handles_per_session); ", what,
+      " more does not fit. Free what it no longer uses (one buffer can hold many arrays)"));
 }
 
 void Session::Touch() { deadline = absl::Now() + absl::Milliseconds(lease_ms_); }
@@ -82,9 +95,23 @@ void BufferUse::Release() {
 }
 
 std::string NewSessionToken() {
-  std::random_device rd;  // getrandom(2) on Linux
+  // Straight from the kernel's generator: std::random_device promises no
+  // source (libstdc++ may pick rdrand, or fall back to a pseudo-random one).
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      // Only a kernel without getrandom(2) (before 3.17) says so; a
+      // session token must never be guessable, so the daemon stops.
+      std::perror("getrandom");
+      std::abort();
+    }
+  }
   std::string token;
-  for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&token, "%08x", rd());
+  for (unsigned char b : bytes) absl::StrAppendFormat(&token, "%02x", b);
   return token;
 }
 

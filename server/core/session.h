@@ -54,10 +54,20 @@ struct TenantUsage {
   uint64_t module_bytes ABSL_GUARDED_BY(mu) = 0;
 };
 
+// What an allocation is counted as against the memory limits: its size
+// rounded up to this. The device's pool hands out no less, and without it a
+// tenant under a 1 MiB limit held 245,760 one-byte buffers.
+inline constexpr uint64_t kAllocationGranularity = 512;
+inline uint64_t ChargedBytes(uint64_t size) {
+  return (size + kAllocationGranularity - 1) / kAllocationGranularity * kAllocationGranularity;
+}
+
 struct BufferEntry {
   uint64_t handle = 0;
   port::DevicePtr ptr = 0;
   uint64_t size = 0;
+  // What the buffer counts for against the memory limits.
+  uint64_t charged() const { return ChargedBytes(size); }
   // The device epoch the memory belongs to; once the device was reset the
   // buffer is lost: its handle stays, to say so, until freed.
   uint64_t epoch = 0;
@@ -162,6 +172,19 @@ class Session {
   uint64_t work_epoch ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, FunctionEntry> functions ABSL_GUARDED_BY(mu);
 
+  // Allocations under way: each will be a handle.
+  uint32_t handles_pending ABSL_GUARDED_BY(mu) = 0;
+  // Handles the session holds (buffers, modules, functions, regions) and
+  // will hold once the allocations under way are done: what
+  // EngineOptions::max_handles_per_session bounds.
+  size_t handles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return buffers.size() + modules.size() + functions.size() + regions.size() + handles_pending;
+  }
+  // RESOURCE_EXHAUSTED naming `what` (a buffer, a function) when the
+  // session holds `limit` handles already (0: no bound).
+  absl::Status CheckHandles(uint32_t limit, absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   // A fresh nonzero handle not used in this session.
   uint64_t NewHandle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void Touch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -207,7 +230,7 @@ class BufferUse {
   std::atomic<bool> released_{false};
 };
 
-// 128 random bits as 32 hex characters, from the OS's generator.
+// 128 random bits as 32 hex characters, from getrandom(2).
 std::string NewSessionToken();
 std::string HandleName(uint64_t handle);  // "0x1f2e..."
 

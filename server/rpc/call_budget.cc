@@ -13,7 +13,7 @@ namespace {
 // characters), escaped: the token is the client's until the engine has
 // found it.
 std::string SessionName(const std::string& token) {
-  return absl::StrCat("session ", Quoted(token, 8));
+  return absl::StrCat("session ", Quoted(token.substr(0, 8)));
 }
 
 }  // namespace

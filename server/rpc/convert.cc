@@ -141,11 +141,12 @@ absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index) {
 
 absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& r) {
   if (r.args_size() > kMaxLaunchArgs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Launch of function ", core::HandleName(r.function()), " of session ",
-        Quoted(r.session(), 8), ": ", r.args_size(), " arguments, at most ", kMaxLaunchArgs,
-        " (a kernel's parameters fit in 32764 bytes); pass one argument per "
-        "parameter of the kernel, and larger data in a buffer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Launch of function ", core::HandleName(r.function()), " of session ",
+                     Quoted(r.session().substr(0, 8)), ": ", r.args_size(), " arguments, at most ",
+                     kMaxLaunchArgs,
+                     " (a kernel's parameters fit in 32764 bytes); pass one argument per "
+                     "parameter of the kernel, and larger data in a buffer"));
   }
   core::LaunchSpec spec;
   spec.session = r.session();

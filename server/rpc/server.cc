@@ -291,6 +291,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.daemon_pinned_bytes = options.pinned_bytes != 0 ? options.pinned_bytes : HostMemoryBytes() / 4;
   eo.max_session_pinned_bytes = options.max_session_pinned_bytes;
   eo.max_regions_per_session = options.max_regions_per_session;
+  eo.max_handles_per_session = options.max_handles_per_session;
   GPUEXEC_ASSIGN_OR_RETURN(const rpc::IsolationChoice isolation, rpc::ChooseIsolation(options));
   eo.isolation = isolation.isolation;
   eo.worker_idle = options.worker_idle;
@@ -332,9 +333,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->engine = std::move(engine).value();
   GPUEXEC_RETURN_IF_ERROR(rpc::CheckDescriptorBudget(
       options, eo.isolation, eo.max_workers_per_device, impl->engine->device_count()));
+  rpc::CallLimits call_limits;
+  call_limits.data_calls_per_session = options.max_data_calls_per_session;
+  call_limits.streams_per_session = options.max_streams_per_session;
+  call_limits.tenant_transfer_bytes = options.tenant_transfer_bytes;
+  call_limits.tenant_commands = options.tenant_execute_commands;
+  call_limits.upload_idle = options.upload_idle;
   impl->service = std::make_unique<rpc::GpuExecService>(
       impl->engine.get(), impl->identity.get(), options.shm_socket, options.advertise_address,
-      reported_version);
+      reported_version, call_limits);
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
     metrics::HttpServer::Limits limits;

@@ -46,6 +46,21 @@ struct ServerOptions {
   uint64_t pinned_bytes = 0;
   uint64_t max_session_pinned_bytes = 0;
   uint32_t max_regions_per_session = 64;
+  // What one session's and one tenant's streaming calls may make the front
+  // hold (rpc/call_budget.h; 0: no bound): Read and Write calls of a
+  // session in flight; Execute and LoadModule streams of a session; bytes
+  // the Read and Write calls of a tenant (of the implicit tenant: a peer
+  // host) may buffer; commands a tenant's Execute streams may have
+  // outstanding, shared among them. A LoadModule stream idle this long is
+  // ended (0: never).
+  uint32_t max_data_calls_per_session = 16;
+  uint32_t max_streams_per_session = 16;
+  uint64_t tenant_transfer_bytes = 64ull << 20;
+  uint32_t tenant_execute_commands = 32768;
+  absl::Duration upload_idle = absl::Seconds(30);
+  // Handles (buffers, modules, functions, regions) one session may hold
+  // (0: no bound).
+  uint32_t max_handles_per_session = 65536;
   // TLS on the TCP listener: PEM files, watched and reloaded (replace them
   // atomically, by rename) every `tls_reload_interval`. With
   // `tls_client_ca`, clients must present a certificate it signed (mutual

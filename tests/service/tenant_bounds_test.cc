@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon_process.h"
 #include "gpuexec/grpc_status.h"
+#include "gpuexec/sha256.h"
 #include "server/rpc/call_budget.h"
 #include "service_test_fixture.h"
 
@@ -267,6 +269,121 @@ TEST(TenantBoundsTest, UnconsumedReadsAreRefusedPastTheCapsAndTheFrontStaysSmall
   std::cerr << "front RSS with 260 unconsumed Reads of 8 MiB: " << rss_before / kMiB << " -> "
             << rss_during / kMiB << " MiB\n";
   Abandon(all);
+}
+
+// N18: handles per session are bounded, and allocations count in whole
+// granules (before: 245,760 one-byte buffers under a 1 MiB limit).
+TEST(TenantBoundsTest, HandlesPerSessionAreBoundedAndAllocationsCountInGranules) {
+  ServerOptions options;
+  options.max_handles_per_session = 40;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  if (server->device_count() == 0) GTEST_SKIP() << "no device";
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*server)));
+  {
+    SessionOptions small;
+    small.device = kDevice;
+    small.memory_limit_bytes = 4096;
+    GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession(small));
+    std::vector<Buffer> bytes;
+    for (int i = 0; i < 8; ++i) {
+      GX_ASSERT_OK_AND_ASSIGN(Buffer b, session.Allocate(1));
+      bytes.push_back(std::move(b));
+    }
+    EXPECT_THAT(session.Allocate(1).status(),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("session memory limit"), HasSubstr("holds 4 KiB"),
+                               HasSubstr("1 byte (counted as 512 bytes"))));
+  }
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({kDevice}));
+  std::vector<Buffer> buffers;
+  absl::Status refused;
+  for (int i = 0; i < 100 && refused.ok(); ++i) {
+    auto b = session.Allocate(16);
+    if (b.ok()) {
+      buffers.push_back(std::move(b).value());
+    } else {
+      refused = b.status();
+    }
+  }
+  EXPECT_EQ(buffers.size(), 40u);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                AllOf(HasSubstr("session handle limit"), HasSubstr("holds 40"),
+                                      HasSubstr("at most 40 (--max_handles_per_session)"),
+                                      HasSubstr("a buffer of 16 bytes more does not fit"))));
+  // Modules and functions count too; a buffer freed makes room.
+  const std::string kernels = absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin");
+  EXPECT_THAT(session.LoadModuleFile(kernels).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("session handle limit")));
+  buffers.pop_back();
+  GX_ASSERT_OK_AND_ASSIGN(Module module, session.LoadModuleFile(kernels));
+  EXPECT_THAT(module.GetFunction("gx_empty").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("kernel 'gx_empty' more does not fit")));
+  buffers.pop_back();
+  GX_EXPECT_OK(module.GetFunction("gx_empty").status());
+}
+
+// N23: an upload that stops sending is ended, and its bytes of the upload
+// budget given back (before: held for as long as the client liked).
+TEST(TenantBoundsTest, AnUploadThatStallsIsEndedAndItsBudgetGivenBack) {
+  ServerOptions options;
+  options.upload_idle = absl::Seconds(1);
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  if (server->device_count() == 0) GTEST_SKIP() << "no device";
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({kDevice}));
+  auto stub = v1::GpuExec::NewStub(client.channel());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  v1::LoadModuleResponse response;
+  auto writer = stub->LoadModule(&context, &response);
+  v1::LoadModuleRequest header;
+  header.mutable_header()->set_session(session.token());
+  header.mutable_header()->set_sha256(std::string(64, 'd'));
+  header.mutable_header()->set_size(4 << 20);
+  header.mutable_header()->set_kind(v1::MODULE_KIND_CUBIN);
+  ASSERT_TRUE(writer->Write(header));
+  v1::LoadModuleRequest chunk;
+  chunk.set_chunk(std::string(1 << 20, 'x'));
+  ASSERT_TRUE(writer->Write(chunk));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(server->RenderMetrics(),
+                                 "gpuexec_module_upload_bytes_in_flight 1048576\n");
+      },
+      absl::Seconds(10)));
+  // Then nothing: the daemon ends the call.
+  EXPECT_THAT(FromGrpcStatus(writer->Finish()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("LoadModule of module dddddddddddd of session "),
+                             HasSubstr("nothing arrived for 1s (--upload_idle_s)"),
+                             HasSubstr("the 1 MiB (1048576 bytes) received are dropped"))));
+  EXPECT_THAT(server->RenderMetrics(), HasSubstr("gpuexec_module_upload_bytes_in_flight 0\n"));
+  // An upload that keeps sending is not cut, however long it takes.
+  std::string image;
+  {
+    std::ifstream in(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin"),
+                     std::ios::binary);
+    image.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  grpc::ClientContext slow_context;
+  v1::LoadModuleResponse loaded;
+  auto slow = stub->LoadModule(&slow_context, &loaded);
+  v1::LoadModuleRequest h;
+  h.mutable_header()->set_session(session.token());
+  h.mutable_header()->set_sha256(Sha256Hex(image));
+  h.mutable_header()->set_size(image.size());
+  h.mutable_header()->set_kind(v1::MODULE_KIND_CUBIN);
+  ASSERT_TRUE(slow->Write(h));
+  const size_t part = (image.size() + 3) / 4;
+  for (size_t at = 0; at < image.size(); at += part) {
+    absl::SleepFor(absl::Milliseconds(400));
+    v1::LoadModuleRequest c;
+    c.set_chunk(image.substr(at, part));
+    ASSERT_TRUE(slow->Write(c));
+  }
+  slow->WritesDone();
+  GX_EXPECT_OK(FromGrpcStatus(slow->Finish()));
 }
 
 // ------------------------------------------------------------ the suite's server
