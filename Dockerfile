@@ -17,8 +17,8 @@
 # Mount directories, not single files: a file mounted alone keeps its old
 # contents when it is replaced by rename.
 #
-#   docker build -t gpuexec .
-#   docker run --gpus all -p 50051:50051 -p 9464:9464 \
+#   docker build -t gpuexec:0.1.0 .
+#   docker run --gpus all -p 50051:50051 -p 127.0.0.1:9464:9464 \
 #       -v /etc/gpuexec/tls:/etc/gpuexec/tls:ro \
 #       -v /etc/gpuexec/tenants:/etc/gpuexec/tenants:ro gpuexec
 #
@@ -26,15 +26,24 @@
 # /run/gpuexec/gpuexec.sock (the ENTRYPOINT serves it, whatever CMD says), as
 # the image's user, uid 10001; the tenants file must name that uid:
 #   tenant { name: "probe" uid: 10001 }
-# Metrics on 9464 are plain HTTP.
+# Metrics on 9464 are plain HTTP, with tenant names: publish them on the
+# host's loopback only (as above), or behind a network policy.
+#
+# Base images by a point release of Debian 12, not the moving "12": a
+# rebuild takes the same system until this line changes. To pin further,
+# name each by digest (debian:12.11@sha256:..., from `docker buildx
+# imagetools inspect debian:12.11`).
 
-FROM debian:12 AS build
+FROM debian:12.11 AS build
 WORKDIR /src
 COPY . .
+# The programs as `cmake --install` makes them, not the build tree's: the
+# installed ones search only $ORIGIN/../lib for libraries
+# (tests/deploy/check_rpath.sh checks both).
 RUN ./scripts/setup.sh && ctest --test-dir build -L unit --output-on-failure \
-    && strip build/server/gpuexecd build/client/cpp/cli/gpuexec
+    && cmake --install build --prefix /opt/gpuexec --component runtime --strip
 
-FROM debian:12-slim
+FROM debian:12.11-slim
 # Only the runtime libraries of gRPC and Protobuf (they bring Abseil, c-ares,
 # RE2, OpenSSL and zlib); no compilers, no -dev packages, no CUDA.
 RUN apt-get update \
@@ -44,8 +53,8 @@ RUN apt-get update \
     && useradd --system --uid 10001 --gid gpuexec --no-create-home gpuexec \
     && install -d -o gpuexec -g gpuexec -m 0755 /run/gpuexec \
     && install -d -m 0755 /etc/gpuexec /etc/gpuexec/tls /etc/gpuexec/tenants
-COPY --from=build /src/build/server/gpuexecd /usr/local/bin/gpuexecd
-COPY --from=build /src/build/client/cpp/cli/gpuexec /usr/local/bin/gpuexec
+COPY --from=build /opt/gpuexec/bin/gpuexecd /usr/local/bin/gpuexecd
+COPY --from=build /opt/gpuexec/bin/gpuexec /usr/local/bin/gpuexec
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER gpuexec

@@ -23,8 +23,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 froms=$(grep -E '^FROM ' "$dockerfile")
 (($(wc -l <<<"$froms") == 2)) || fail "expected two stages (build, runtime), found: ${froms//$'\n'/; }"
 first_from=$(head -1 <<<"$froms")
-[[ $first_from =~ ^FROM\ +debian:12\ +[Aa][Ss]\ +build\ *$ ]] ||
-  fail "the build stage is '$first_from', not 'FROM debian:12 AS build'"
+[[ $first_from =~ ^FROM\ +debian:12\.[0-9]+\ +[Aa][Ss]\ +build\ *$ ]] ||
+  fail "the build stage is '$first_from', not 'FROM debian:12.N AS build' (a point release, not the moving 12)"
 build=$(awk '/^FROM /{n++} n==1' "$dockerfile")
 grep -Eq '^RUN .*\./scripts/setup\.sh' <<<"$build" || fail "the build stage does not run scripts/setup.sh"
 # setup.sh reuses a configured build: one from the checkout must not reach it.
@@ -33,7 +33,8 @@ grep -qxE '/?build/?' "$(dirname "$dockerfile")/.dockerignore" 2>/dev/null ||
 cuda=$(grep -Ev '^[[:space:]]*#' "$dockerfile" | grep -Ei 'nvidia/cuda|/usr/local/cuda|CUDA_ROOT|CUDAToolkit' || true)
 [[ -z $cuda ]] || fail "the build brings in a CUDA toolkit, which it needs not: $cuda"
 last_from=$(grep -E '^FROM ' "$dockerfile" | tail -1)
-[[ $last_from == "FROM debian:12-slim"* ]] || fail "the runtime stage is '$last_from', not debian:12-slim"
+[[ $last_from =~ ^FROM\ +debian:12\.[0-9]+-slim ]] ||
+  fail "the runtime stage is '$last_from', not debian:12.N-slim (a point release, not the moving 12)"
 runtime=$(awk '/^FROM /{stage=""} {stage = stage $0 "\n"} END{printf "%s", stage}' "$dockerfile")
 user=$(grep -E '^USER ' <<<"$runtime" | tail -1 | awk '{print $2}')
 [[ -n $user && $user != root && $user != 0 ]] || fail "the runtime stage runs as '${user:-root}'"
@@ -65,7 +66,10 @@ done
 ((${#missing[@]} == 0)) || fail "the runtime stage lacks: ${missing[*]}"
 
 grep -q 'COPY --from=build .*gpuexecd' <<<"$runtime" || fail "the runtime stage does not copy gpuexecd"
-grep -q 'COPY --from=build .*cli/gpuexec ' <<<"$runtime" || fail "the runtime stage does not copy the gpuexec tool"
+grep -q 'COPY --from=build .*bin/gpuexec ' <<<"$runtime" || fail "the runtime stage does not copy the gpuexec tool"
+# Installed programs (cmake --install), whose only search path is $ORIGIN/../lib.
+grep -q 'COPY --from=build .*/src/build/' <<<"$runtime" &&
+  fail "the runtime stage copies from the build tree, not from cmake --install's prefix"
 
 # The runtime stage's instructions, continued lines joined.
 joined=$(sed -e ':a' -e '/\\$/N; s/\\\n//; ta' <<<"$runtime")
