@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-grpc-tools
   python3-prometheus-client python3-yaml openssl ca-certificates nodejs npm

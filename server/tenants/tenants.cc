@@ -277,9 +277,7 @@ absl::StatusOr<std::shared_ptr<const core::Tenant>> Directory::Identify(const Cr
     // Every digest is compared in full: the time taken says nothing about
     // which one, if any, matched.
     for (const auto& [known, index] : tokens_) {
-      uint8_t diff = 0;
-      for (size_t i = 0; i < known.size(); ++i) diff |= known[i] ^ digest[i];
-      by_token = diff == 0 ? index : by_token;
+      by_token = DigestsEqual(known.data(), digest.data(), digest.size()) ? index : by_token;
     }
     if (by_token == kNone) {
       return Unauthenticated(Refusal::kUnknownToken, why, "unknown or revoked bearer token");

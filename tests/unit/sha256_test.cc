@@ -1,6 +1,7 @@
 #include "gpuexec/sha256.h"
 
 #include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -32,6 +33,28 @@ TEST(Sha256, HexValidation) {
   EXPECT_FALSE(IsSha256Hex("abc"));
   EXPECT_FALSE(IsSha256Hex(std::string(64, 'G')));
   EXPECT_FALSE(IsSha256Hex(std::string(64, 'A')));  // lower case only
+}
+
+// A hasher moves with its state (an upload keeps one per call).
+TEST(Sha256, MovesWithItsState) {
+  Sha256 a;
+  a.Update("ab");
+  Sha256 b(std::move(a));
+  b.Update("c");
+  Sha256 c;
+  c = std::move(b);
+  EXPECT_EQ(c.HexDigest(), Sha256Hex("abc"));
+}
+
+TEST(Sha256, DigestsEqual) {
+  const std::string x = Sha256Hex("x"), y = Sha256Hex("y");
+  EXPECT_TRUE(DigestsEqual(x.data(), Sha256Hex("x").data(), x.size()));
+  EXPECT_FALSE(DigestsEqual(x.data(), y.data(), x.size()));
+  // A difference in the last byte only.
+  std::string z = x;
+  z.back() ^= 1;
+  EXPECT_FALSE(DigestsEqual(x.data(), z.data(), x.size()));
+  EXPECT_TRUE(DigestsEqual(x.data(), z.data(), x.size() - 1));
 }
 
 }  // namespace
