@@ -26,7 +26,8 @@ ALLOWED = {
     "server/worker": ["server/common", "server/port", "server/shm", "server/worker/channel.h",
                       "server/worker/convert.h", "server/worker/remote_device.h",
                       "server/worker/remote_device_internal.h", "server/worker/ring.h",
-                      "server/worker/worker_main.h", "server/worker/worker.pb.h"],
+                      "server/worker/sandbox.h", "server/worker/worker_main.h",
+                      "server/worker/worker.pb.h"],
     # The worker's own side: its main owns the device.
     "server/worker/worker_main.cc": ["server/common", "server/port", "server/shm", "server/cuda",
                                      "server/device", "server/worker"],
@@ -38,7 +39,7 @@ ALLOWED = {
                    "server/metrics", "server/worker/remote_device.h",
                    "server/worker/worker_main.h", "gpuexec/"],
     "server/main.cc": ["server/common", "server/rpc", "server/tenants",
-                       "server/worker/worker_main.h"],
+                       "server/worker/sandbox.h", "server/worker/worker_main.h"],
     # Clients know the protocol, never the daemon.
     "client": ["gpuexec/", "client/"],
 }
