@@ -70,10 +70,14 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
 
  private:
   void Request(grpc::ServerCompletionQueue* cq, Tag* tag) override {
+    // Delivered once the call has started and then ended, however it ends:
+    // a cancelled watch gives its place back at once.
+    ctx_.AsyncNotifyWhenDone(&call_done_);
     health_->async_.RequestWatch(&ctx_, &request_, &writer_, cq, cq, tag);
   }
   AsyncCall* Next() override { return new Watch(health_); }
   void OnStart() override {
+    Begin();  // call_done_'s, which comes for every call that started
     absl::MutexLock lock(&health_->mu_);
     peer_ = core::PeerHost(ctx_.peer());
     std::optional<grpc::Status> refused;
@@ -116,17 +120,27 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
   void OnDone() override {
     {
       absl::MutexLock lock(&health_->mu_);
-      auto& w = health_->watches_;
-      const auto gone = std::remove(w.begin(), w.end(), this);
-      if (gone != w.end()) {
-        w.erase(gone, w.end());
-        auto it = health_->watches_per_peer_.find(peer_);
-        if (it != health_->watches_per_peer_.end() && --it->second <= 0) {
-          health_->watches_per_peer_.erase(it);
-        }
-      }
+      ForgetLocked();
     }
     delete this;
+  }
+  // The call has ended (the client cancelled it or went away, or it
+  // finished): it no longer counts against its peer, and it is ended here
+  // if it was still open.
+  void OnCallDone(bool) {
+    absl::MutexLock lock(&health_->mu_);
+    ForgetLocked();
+    Close();
+  }
+  void ForgetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_->mu_) {
+    auto& w = health_->watches_;
+    const auto gone = std::remove(w.begin(), w.end(), this);
+    if (gone == w.end()) return;
+    w.erase(gone, w.end());
+    auto it = health_->watches_per_peer_.find(peer_);
+    if (it != health_->watches_per_peer_.end() && --it->second <= 0) {
+      health_->watches_per_peer_.erase(it);
+    }
   }
 
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -147,6 +161,7 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
   }
 
   HealthService* health_;
+  OpTag<Watch> call_done_{this, &Watch::OnCallDone};
   std::string peer_;  // the peer host counted for it, once admitted
   absl::Mutex mu_;
   HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
