@@ -26,6 +26,20 @@ using internal::TenantLimitError;
 
 namespace {
 
+constexpr char kDefaultModuleShareNote[] =
+    "a quarter of --module_store_bytes, the share of a tenant whose entry sets no module_bytes; "
+    "set module_bytes in the tenants file for more";
+
+// A tenant's module limit refusal, saying where a default share came from.
+absl::Status NoteModuleShare(absl::Status st, const TenantLimits& limits, uint64_t store_bytes) {
+  if (st.code() != absl::StatusCode::kResourceExhausted || store_bytes == 0 ||
+      limits.module_bytes != std::max<uint64_t>(1, store_bytes / 4)) {
+    return st;
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat(st.message(), " (", kDefaultModuleShareNote, ")"));
+}
+
 // NOT_FOUND for a kernel name the driver did not find, from the names the
 // image's bytes define: the nearest one, then (at most 16 of) them all.
 absl::Status NoSuchKernel(const std::string& name, absl::string_view module,
@@ -89,13 +103,21 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Ca
                                                    ByteSize(size), "; the daemon accepts at most ",
                                                    ByteSize(options_.max_module_bytes)));
   }
-  const TenantLimits& limits =
-      caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
+  TenantLimits limits = caller.tenant != nullptr ? caller.tenant->limits : DefaultTenant()->limits;
+  // A named tenant whose entry sets no module_bytes may hold a quarter of
+  // the store: without it one tenant's sessions could hold the whole store
+  // for as long as they renew their leases, and nobody else could load a
+  // module. (The implicit tenant, everyone of a daemon without tenants,
+  // keeps the whole store.)
+  const bool default_share = limits.module_bytes == 0 && options_.module_store_bytes != 0 &&
+                             caller.tenant_name() != kDefaultTenant;
+  if (default_share) limits.module_bytes = std::max<uint64_t>(1, options_.module_store_bytes / 4);
   if (limits.module_bytes != 0 && size > limits.module_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         TenantLimitError(caller, "module limit: module "), sha256.substr(0, 12), " is ",
         ByteSize(size), "; the tenant's sessions may hold at most ", ByteSize(limits.module_bytes),
-        " of module images (its module_bytes in the tenants file)"));
+        " of module images (",
+        default_share ? kDefaultModuleShareNote : "its module_bytes in the tenants file", ")"));
   }
   return std::unique_ptr<ModuleUpload>(
       new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
@@ -176,7 +198,8 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
           name, " (sha256 ", sha256_, ") is not held by the daemon; upload its bytes")));
     }
     auto r = engine_->ReserveModule(*session_, sha256_, it->second.image->bytes.size(), limits_);
-    if (!r.ok()) return done(r.status());
+    if (!r.ok())
+      return done(NoteModuleShare(r.status(), limits_, engine_->options_.module_store_bytes));
     reserved = *r;
     it->second.last_used = ++engine_->module_store_clock_;
     image = it->second.image;
@@ -220,7 +243,8 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     // Counted against the tenant before the image takes room in the store
     // or on the device.
     auto r = engine_->ReserveModule(*session_, sha256_, bytes_.size(), limits_);
-    if (!r.ok()) return done(r.status());
+    if (!r.ok())
+      return done(NoteModuleShare(r.status(), limits_, engine_->options_.module_store_bytes));
     reserved = *r;
     engine_->module_uploads_.fetch_add(1);
     engine_->module_upload_bytes_.fetch_add(bytes_.size());

@@ -5,6 +5,7 @@
 // RESOURCE_EXHAUSTED (or INVALID_ARGUMENT for a malformed launch) naming
 // the limit and its flag.
 
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -384,6 +385,51 @@ TEST(TenantBoundsTest, AnUploadThatStallsIsEndedAndItsBudgetGivenBack) {
   }
   slow->WritesDone();
   GX_EXPECT_OK(FromGrpcStatus(slow->Finish()));
+}
+
+// N12: a tenant whose entry sets no module_bytes holds at most a quarter of
+// the module store (before: one tenant's sessions held all of it, and no one
+// else could load a module).
+TEST(TenantBoundsTest, ATenantWithoutModuleBytesHoldsAQuarterOfTheStore) {
+  const std::string kTokenA = "token-of-team-a-bounds-0123456789";
+  const std::string kTokenB = "token-of-team-b-bounds-9876543210";
+  const std::string path = absl::StrCat(::testing::TempDir(), "tenant-bounds-", getpid(), ".txt");
+  {
+    std::ofstream out(path);
+    out << "tenant {\n  name: \"team-a\"\n  token_sha256: \"" << Sha256Hex(kTokenA)
+        << "\"\n}\ntenant {\n  name: \"team-b\"\n  token_sha256: \"" << Sha256Hex(kTokenB)
+        << "\"\n}\n";
+  }
+  const std::string base =
+      ReadFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin")).value_or("");
+  if (!TestBackend().fake) GTEST_SKIP() << "sized for the test double's images";
+  ASSERT_FALSE(base.empty());
+  auto image = [&](int n) { return absl::StrCat(base, "gx_bounds_image_", n, "\n"); };
+  // Room for 8 images; a quarter: 2.
+  ServerOptions options;
+  options.tenants_file = path;
+  options.module_store_bytes = 8 * image(10).size() + 4;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  if (server->device_count() == 0) GTEST_SKIP() << "no device";
+  ClientOptions as_a;
+  as_a.token = kTokenA;
+  ClientOptions as_b;
+  as_b.token = kTokenB;
+  GX_ASSERT_OK_AND_ASSIGN(Client a, Client::Connect(TargetOf(*server), as_a));
+  GX_ASSERT_OK_AND_ASSIGN(Client b, Client::Connect(TargetOf(*server), as_b));
+  GX_ASSERT_OK_AND_ASSIGN(Session sa, a.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session sb, b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Module a1, sa.LoadModule(image(10), ModuleKind::kCubin));
+  GX_ASSERT_OK_AND_ASSIGN(Module a2, sa.LoadModule(image(11), ModuleKind::kCubin));
+  EXPECT_THAT(sa.LoadModule(image(12), ModuleKind::kCubin).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("tenant 'team-a' module limit"),
+                             HasSubstr("a quarter of --module_store_bytes"),
+                             HasSubstr("set module_bytes in the tenants file"))));
+  // The other tenant still loads.
+  GX_EXPECT_OK(sb.LoadModule(image(13), ModuleKind::kCubin).status());
+  GX_EXPECT_OK(sb.LoadModule(image(14), ModuleKind::kCubin).status());
+  std::remove(path.c_str());
 }
 
 // ------------------------------------------------------------ the suite's server
