@@ -602,6 +602,50 @@ TEST_F(TenantsTest, EachTenantLimitIsRefusedWithItsFigure) {
   EXPECT_THAT(metrics, HasSubstr("gpuexec_tenant_sessions{tenant=\"team-b\"} 1"));
 }
 
+// Every local TCP client is one peer (loopback): the per-peer session limit
+// counts per tenant and peer, so one tenant at its limit from 127.0.0.1
+// never refuses another tenant's sessions from there. A tenant whose entry
+// sets no max_sessions gets a quarter of --max_sessions.
+TEST_F(TenantsTest, OneTenantAtThePeerLimitDoesNotRefuseAnothersSessions) {
+  WriteTenants(TwoTenants());
+  ServerOptions options;
+  options.max_sessions_per_peer = 2;
+  options.max_sessions = 12;
+  Start(options);
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
+  GX_ASSERT_OK_AND_ASSIGN(Session a1, a.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session a2, a.OpenSession({kDevice}));
+  const absl::Status refused = a.OpenSession({kDevice}).status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                AllOf(HasSubstr("tenant 'team-a' has 2 sessions open from "
+                                                "loopback"),
+                                      HasSubstr("--max_sessions_per_peer=2"))));
+  std::printf("the refusal: %s\n", refused.ToString().c_str());
+  GX_ASSERT_OK_AND_ASSIGN(Session b1, b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Session b2, b.OpenSession({kDevice}));
+  GX_EXPECT_OK(a1.Close());
+  GX_EXPECT_OK(a2.Close());
+  GX_EXPECT_OK(b1.Close());
+  GX_EXPECT_OK(b2.Close());
+
+  // No per-peer limit: team-a's own default, 12 / 4 sessions.
+  server_->Shutdown(absl::Seconds(10));
+  options.max_sessions_per_peer = 0;
+  Start(options);
+  GX_ASSERT_OK_AND_ASSIGN(Client a_again, As(kTokenA));
+  std::vector<Session> held;
+  for (int i = 0; i < 3; ++i) {
+    GX_ASSERT_OK_AND_ASSIGN(Session s, a_again.OpenSession({kDevice}));
+    held.push_back(std::move(s));
+  }
+  EXPECT_THAT(a_again.OpenSession({kDevice}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("tenant 'team-a' session limit: 3 of its 3"),
+                             HasSubstr("a quarter of --max_sessions=12"))));
+  for (Session& s : held) GX_EXPECT_OK(s.Close());
+}
+
 TEST_F(TenantsTest, ATenantFileCheckNamesTheLineAndField) {
   auto bad = [&](const std::string& text) {
     WriteTenants(text);
