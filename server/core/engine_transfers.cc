@@ -18,6 +18,16 @@
 #include "server/core/launch_check.h"
 
 namespace gpuexec::core {
+namespace {
+
+// On a worker several tenants share, the session's staging share joins its
+// tenant's (or peer's) there (see StagingShare).
+void JoinTenantStaging(Session& s, port::DevicePort* shared) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (s.port() != shared || s.staging.joined()) return;
+  s.staging.Join(TenantStaging(&shared->staging(), s.strike_key));
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------- Write
 
@@ -28,6 +38,7 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const Caller& call
   absl::MutexLock lock(&s->mu);
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, 0, "Write"));
+  JoinTenantStaging(*s, devices_[s->device()].get());
   std::shared_ptr<WriteSink> sink(new WriteSink(s, buffer, offset));
   sink->device_ = DeviceOf(*s);
   sink->traffic_ = &traffic_[s->device()];
@@ -197,6 +208,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const Caller& call
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   if (size == 0 && offset <= b->size) size = b->size - offset;
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, size, "Read"));
+  JoinTenantStaging(*s, devices_[s->device()].get());
   port::DevicePort* dev = DeviceOf(*s);
   if (chunk == 0) chunk = options_.chunk_bytes;
   chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, dev->staging().capacity()));

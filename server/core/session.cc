@@ -58,7 +58,8 @@ std::string Session::Describe(const RegionEntry& r) const {
 }
 
 void StagingShare::Acquire(port::StagingPool& pool, port::StagingPool::Waiter waiter) {
-  const int share = std::max(2, static_cast<int>(pool.size() / 4));
+  const int share = std::max(2, static_cast<int>(pool.size() * fraction_));
+  std::shared_ptr<StagingShare> parent;
   {
     absl::MutexLock lock(&mu_);
     if (held_ >= share) {
@@ -66,13 +67,24 @@ void StagingShare::Acquire(port::StagingPool& pool, port::StagingPool::Waiter wa
       return;
     }
     ++held_;
+    parent = parent_;
   }
   // Unlocked: the pool may run the waiter at once.
+  if (parent != nullptr) return parent->Acquire(pool, std::move(waiter));
   pool.Acquire(std::move(waiter));
 }
 
 void StagingShare::Release(port::StagingPool& pool, port::StagingSlot slot) {
-  pool.Release(slot);
+  std::shared_ptr<StagingShare> parent;
+  {
+    absl::MutexLock lock(&mu_);
+    parent = parent_;
+  }
+  if (parent != nullptr) {
+    parent->Release(pool, slot);
+  } else {
+    pool.Release(slot);
+  }
   port::StagingPool::Waiter next;
   {
     absl::MutexLock lock(&mu_);
@@ -84,7 +96,41 @@ void StagingShare::Release(port::StagingPool& pool, port::StagingSlot slot) {
     next = std::move(waiting_.front());
     waiting_.pop_front();
   }
+  if (parent != nullptr) return parent->Acquire(pool, std::move(next));
   pool.Acquire(std::move(next));
+}
+
+void StagingShare::Join(std::shared_ptr<StagingShare> parent) {
+  absl::MutexLock lock(&mu_);
+  if (parent_ == nullptr && held_ == 0) parent_ = std::move(parent);
+}
+
+bool StagingShare::joined() const {
+  absl::MutexLock lock(&mu_);
+  return parent_ != nullptr;
+}
+
+int StagingShare::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
+}
+
+std::shared_ptr<StagingShare> TenantStaging(const port::StagingPool* pool, const std::string& key) {
+  static absl::Mutex mu;
+  static auto* shares = new absl::flat_hash_map<std::pair<const port::StagingPool*, std::string>,
+                                                std::weak_ptr<StagingShare>>();
+  absl::MutexLock lock(&mu);
+  // Those of tenants gone are dropped as new ones come.
+  if (shares->size() > 64) {
+    absl::erase_if(*shares, [](const auto& entry) { return entry.second.expired(); });
+  }
+  std::weak_ptr<StagingShare>& slot = (*shares)[{pool, key}];
+  std::shared_ptr<StagingShare> share = slot.lock();
+  if (share == nullptr) {
+    share = std::make_shared<StagingShare>(0.5);
+    slot = share;
+  }
+  return share;
 }
 
 void BufferUse::Release() {

@@ -108,16 +108,38 @@ struct FunctionEntry {
 // session's copies parked behind its own long kernel never hold every
 // buffer of the device. A transfer past the share waits for the session's
 // own next release.
+//
+// On a worker several tenants share (the implicit tenant's, or every
+// session's under --isolation=device), a session's share also joins its
+// tenant's (of the implicit tenant: its peer host's; TenantStaging): all the
+// tenant's sessions there together hold at most half of the buffers (2 at
+// least), so that one tenant opening more sessions cannot pin every buffer
+// behind its kernels (issue 35, N13: 4 sessions pinned all 8).
 class StagingShare {
  public:
+  // `fraction`: the part of the pool's buffers this share may hold (at
+  // least 2).
+  explicit StagingShare(double fraction = 0.25) : fraction_(fraction) {}
   void Acquire(port::StagingPool& pool, port::StagingPool::Waiter waiter);
   void Release(port::StagingPool& pool, port::StagingSlot slot);
+  // From now on, buffers this share takes are also taken from `parent`'s
+  // (the tenant's); once only, before the first Acquire.
+  void Join(std::shared_ptr<StagingShare> parent);
+  bool joined() const;
+  // Buffers held or being acquired now (tests).
+  int held() const;
 
  private:
-  absl::Mutex mu_;
+  const double fraction_;
+  mutable absl::Mutex mu_;
   int held_ ABSL_GUARDED_BY(mu_) = 0;  // buffers held, or being acquired
   std::deque<port::StagingPool::Waiter> waiting_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<StagingShare> parent_ ABSL_GUARDED_BY(mu_);
 };
+
+// The share of the staging buffers of `pool` that tenant (or peer) `key`
+// holds, made at its first use and kept while a session holds it.
+std::shared_ptr<StagingShare> TenantStaging(const port::StagingPool* pool, const std::string& key);
 
 class Session {
  public:

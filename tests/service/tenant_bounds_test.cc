@@ -21,6 +21,8 @@
 #include "daemon_process.h"
 #include "gpuexec/grpc_status.h"
 #include "gpuexec/sha256.h"
+#include "server/core/session.h"
+#include "server/port/staging.h"
 #include "server/rpc/call_budget.h"
 #include "service_test_fixture.h"
 
@@ -126,6 +128,57 @@ TEST(CallBudgetTest, ATenantsExecuteStreamsShareItsCommandBound) {
   EXPECT_EQ(budget.CommandShare(caller, 8192), rpc::CallBudget::kMinCommandShare);
   streams.clear();
   EXPECT_EQ(budget.CommandShare(caller, 8192), 4096);
+}
+
+// ------------------------------------------------------------ staging shares
+
+// N13: on a shared worker, a tenant's (or peer's) sessions together hold at
+// most half of the device's staging buffers, each at most a quarter (before:
+// 4 sessions of one client pinned all 8 behind their kernels).
+TEST(StagingShareTest, ATenantsSessionsTogetherHoldHalfOfASharedPool) {
+  std::vector<std::vector<uint8_t>> memory(8, std::vector<uint8_t>(64));
+  std::vector<uint8_t*> buffers;
+  for (auto& m : memory) buffers.push_back(m.data());
+  port::StagingPool pool;
+  pool.Reset(buffers, 64);
+  std::vector<std::unique_ptr<core::StagingShare>> sessions;
+  for (int i = 0; i < 4; ++i) {
+    sessions.push_back(std::make_unique<core::StagingShare>());
+    sessions.back()->Join(core::TenantStaging(&pool, "peer ipv4:10.0.0.1"));
+  }
+  // Each session asks for 3: the first two sessions get 2 each, and the
+  // peer's half is then taken; nothing more of it is handed out.
+  std::vector<std::pair<int, port::StagingSlot>> got;
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      sessions[i]->Acquire(pool, [&got, i](port::StagingSlot slot) { got.emplace_back(i, slot); });
+    }
+  }
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(pool.free_slots(), 4u);
+  // Another peer's session still gets its quarter at once.
+  core::StagingShare other;
+  other.Join(core::TenantStaging(&pool, "peer ipv4:10.0.0.2"));
+  std::vector<port::StagingSlot> others;
+  for (int j = 0; j < 2; ++j)
+    other.Acquire(pool, [&](port::StagingSlot s) { others.push_back(s); });
+  EXPECT_EQ(others.size(), 2u);
+  // A release of the first peer goes to its next waiter, not to the pool.
+  const auto [who, slot] = got.front();
+  sessions[who]->Release(pool, slot);
+  EXPECT_EQ(got.size(), 5u);
+  EXPECT_EQ(pool.free_slots(), 2u);
+  // Every slot given back (each release hands it on while a session of the
+  // peer waits): all 12 asked for were served, and nothing is held.
+  for (const auto& o : others) other.Release(pool, o);
+  for (size_t next = 1; next < got.size(); ++next) {
+    const auto [i, s] = got[next];
+    sessions[i]->Release(pool, s);
+  }
+  EXPECT_EQ(got.size(), 12u);
+  EXPECT_EQ(pool.free_slots(), 8u);
+  for (const auto& share : sessions) EXPECT_EQ(share->held(), 0);
+  EXPECT_EQ(other.held(), 0);
 }
 
 // ------------------------------------------------------------ a daemon
