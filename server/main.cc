@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,8 +19,10 @@
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/version.h"
 #include "server/common/log.h"
+#include "server/common/text.h"
 #include "server/rpc/server.h"
 #include "server/tenants/tenants.h"
+#include "server/worker/sandbox.h"
 #include "server/worker/worker_main.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -148,6 +151,12 @@ ABSL_FLAG(uint32_t, rpc_threads, 1,
           "Threads serving gRPC calls. One answers soonest; more help many clients streaming "
           "bulk data at once.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_FLAG(std::string, worker_sandbox, "on",
+          "on: each device worker runs without capabilities, with no_new_privs and a seccomp "
+          "filter that refuses the calls a worker never makes (ptrace, mounts, namespaces, "
+          "module loading, bpf, perf_event_open, ...). off: none of these, for diagnosis (a "
+          "profiler in a worker needs perf_event_open and ptrace); also "
+          "GPUEXEC_WORKER_SANDBOX=off.");
 
 int main(int argc, char** argv) {
   // Abseil built without NDEBUG (as Debian's is) checks every Mutex
@@ -181,6 +190,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   gpuexec::log::SetLevel(level);
+  // Before any thread starts: no other process of this uid (a worker that
+  // runs a tenant's code) may open this one's /proc/<pid>/fd or /mem.
+  if (absl::Status st = gpuexec::worker::sandbox::ConfineFront(); !st.ok()) {
+    std::fprintf(stderr, "gpuexecd: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  if (const std::string sandbox = absl::GetFlag(FLAGS_worker_sandbox); sandbox == "off") {
+    setenv("GPUEXEC_WORKER_SANDBOX", "off", 1);  // the workers read it
+  } else if (sandbox != "on") {
+    std::fprintf(stderr, "gpuexecd: --worker_sandbox must be on or off, not '%s'\n",
+                 gpuexec::Quoted(sandbox).c_str());
+    return 2;
+  }
 
   if (const std::string file = absl::GetFlag(FLAGS_check_tenants); !file.empty()) {
     auto dir = gpuexec::tenants::Directory::Load(file);
@@ -231,6 +253,20 @@ int main(int argc, char** argv) {
   if (options.driver_library.empty()) {
     const char* env = std::getenv("GPUEXEC_DRIVER");
     options.driver_library = env != nullptr && *env != '\0' ? env : "libcuda.so.1";
+  }
+  // A relative path is resolved once, here: the workers open the library
+  // by its absolute path, wherever they run. (A bare name is looked up in
+  // the loader's own directories, never the working directory.)
+  if (const std::string& d = options.driver_library;
+      d.find('/') != std::string::npos && d.front() != '/') {
+    char* absolute = realpath(d.c_str(), nullptr);
+    if (absolute == nullptr) {
+      std::fprintf(stderr, "gpuexecd: --driver=%s: %s; give the driver library's absolute path\n",
+                   gpuexec::Quoted(d, 256).c_str(), std::strerror(errno));
+      return 2;
+    }
+    options.driver_library = absolute;
+    std::free(absolute);
   }
   options.default_lease_ms = absl::GetFlag(FLAGS_default_lease_ms);
   options.max_lease_ms = absl::GetFlag(FLAGS_max_lease_ms);

@@ -20,6 +20,7 @@
 #include "server/worker/convert.h"
 #include "server/worker/remote_device.h"
 #include "server/worker/remote_device_internal.h"
+#include "server/worker/sandbox.h"
 #include "server/worker/worker_main.h"
 #include "worker.pb.h"
 
@@ -38,7 +39,8 @@ using internal::kRestartTimeout;
 
 void RemoteDevice::Spawn() {
   int sv[2];
-  int rv[2] = {-1, -1};  // the descriptor socket (regions' memfds)
+  int rv[2] = {-1, -1};   // the descriptor socket (regions' memfds)
+  int out[2] = {-1, -1};  // the worker's stdout (device printf), read by sandbox::WorkerOutput
   absl::Status error;
   pid_t pid = 0;
   RingFds worker_rings;  // the worker's side, closed here once it has them
@@ -72,7 +74,14 @@ void RemoteDevice::Spawn() {
     error = absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
     close(sv[0]);
     close(sv[1]);
+  } else if (pipe2(out, O_CLOEXEC) != 0) {
+    error = absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    close(sv[0]);
+    close(sv[1]);
+    close(rv[0]);
+    close(rv[1]);
   } else {
+    out[1] = HighFd(out[1]);
     sv[0] = HighFd(sv[0]);
     sv[1] = HighFd(sv[1]);
     rv[0] = HighFd(rv[0]);
@@ -108,9 +117,15 @@ void RemoteDevice::Spawn() {
     argv.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
+    // The child gets exactly the descriptors worker_main.h lists: its
+    // socket, its own staging, its rings, its descriptor socket; stdin from
+    // /dev/null, stdout to the front's reader; stderr (its log) as ours.
     int rc = posix_spawn_file_actions_adddup2(&fa, sv[1], kSocketFd);
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, staging_fd_, kStagingFd);
-    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, rv[1], kRegionFd);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    if (rc == 0) {
+      rc = posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    }
     if (rings != nullptr) {
       for (auto [from, to] : {std::pair{worker_rings.memory, kRingMemoryFd},
                               std::pair{worker_rings.in_data, kRingInDataFd},
@@ -120,12 +135,23 @@ void RemoteDevice::Spawn() {
         if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, from, to);
       }
     }
+    // Last: a source above may sit on kRegionFd itself (HighFd gives 10 and up).
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, rv[1], kRegionFd);
+    // Nothing else of the front's reaches a worker, whatever a library of
+    // ours left without close-on-exec (another tenant's memfd above all).
+    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&fa, kRegionFd + 1);
     if (rc == 0) {
       rc = posix_spawn(&pid, options_.program.c_str(), &fa, nullptr, argv.data(), environ);
     }
     posix_spawn_file_actions_destroy(&fa);
     close(sv[1]);
     close(rv[1]);
+    close(out[1]);
+    if (rc == 0) {
+      sandbox::WorkerOutput::Get().Add(out[0], absl::StrCat(Label(), " worker (pid ", pid, ")"));
+    } else {
+      close(out[0]);
+    }
     if (rc != 0) {
       close(sv[0]);
       close(rv[0]);

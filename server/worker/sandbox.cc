@@ -294,7 +294,7 @@ struct WorkerOutput::State {
     }
     s.tokens -= 1;
     Report(s);
-    log::Info(s.label, " printed: ", Quoted(line, kLineBytes));
+    log::Info(s.label, " printed: \"", Quoted(line, kLineBytes), "\"");
     logged.fetch_add(1, std::memory_order_relaxed);
   }
   static void Report(Source& s) {

@@ -24,6 +24,7 @@
 #include "server/shm/region_fd.h"
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
+#include "server/worker/sandbox.h"
 #include "worker.pb.h"
 
 namespace gpuexec::worker {
@@ -388,6 +389,20 @@ int RunWorker(int argc, char** argv) {
     SendEvent(&channel, ready_event);
     return 1;
   };
+  // Confined before the driver (and whatever an image makes it run) is
+  // loaded; device printf reaches the front's reader line by line.
+  (void)setvbuf(stdout, nullptr, _IOLBF, 0);
+  const bool sandbox_off = sandbox::WorkerSandboxOff();
+  absl::StatusOr<sandbox::Confinement> confined = sandbox::ConfineWorker(sandbox_off);
+  if (!confined.ok()) {
+    return fail(absl::Status(confined.status().code(), absl::StrCat("device ", args.device, ": ",
+                                                                    confined.status().message())));
+  }
+  if (sandbox_off) {
+    log::Warning("device ", args.device,
+                 " worker: no sandbox (GPUEXEC_WORKER_SANDBOX=off): no seccomp filter, "
+                 "capabilities kept");
+  }
   if (mapped == MAP_FAILED) {
     return fail(absl::InternalError(
         absl::StrCat("device ", args.device, ": cannot map the shared staging memory")));
