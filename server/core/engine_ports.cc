@@ -148,6 +148,12 @@ void Engine::RetireIdlePorts(absl::Time now) {
             if (ports_closed_ && closed_at == absl::InfiniteFuture()) closed_at = absl::Now();
             if (absl::Now() - closed_at > absl::Seconds(10)) break;  // shutting down
           }
+          {
+            // What its last reset named goes with it (before its address
+            // can be another port's).
+            absl::MutexLock lock(&sessions_mu_);
+            reset_names_.erase(port.get());
+          }
           port.reset();
           absl::MutexLock lock(&ports_mu_);
           --draining_[i];
