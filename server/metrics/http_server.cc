@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -123,6 +124,15 @@ std::string Answer(absl::string_view status, absl::string_view type, absl::strin
                    "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
   if (!head) absl::StrAppend(&response, body);
   return response;
+}
+
+// Whether accepted descriptor `fd` is among the process's last 64 (accept
+// returns the lowest free number): those are kept for the daemon's workers,
+// so a scrape then waits for its next try.
+bool NearDescriptorLimit(int fd) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return false;
+  return static_cast<uint64_t>(fd) + 64 >= static_cast<uint64_t>(rl.rlim_cur);
 }
 
 // The peer's address, and its network: the /24 of an IPv4 address (and of
@@ -270,6 +280,10 @@ void HttpServer::Loop() {
       for (;;) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
+        if (NearDescriptorLimit(fd)) {
+          ::close(fd);
+          continue;
+        }
         auto [peer, network] = PeerOf(fd);
         if (!make_room(peer, network)) {
           if (per_peer[peer] == 0) per_peer.erase(peer);

@@ -14,7 +14,8 @@
 // /64 for IPv6). A connection that would pass a limit takes the place of
 // the oldest one within that limit that has sent nothing yet; with none
 // such, it is closed at once. So idle connections never keep a scrape out,
-// even from the scraper's own address.
+// even from the scraper's own address. A connection accepted into the
+// process's last 64 descriptors (kept for the daemon's workers) is closed.
 //
 // The exposition is rendered on the loop thread, at most once per
 // Limits::cache_ms (scrapes within it get the same text): the registry's
