@@ -311,6 +311,27 @@ TEST(FloodTest, HealthWatchesAreCappedPerPeer) {
   (*server)->Shutdown();
 }
 
+// --rpc_connection_idle_ms closes a connection with no call open; the
+// client reconnects at its next call and its session is still there
+// (sessions are named by their token, not by a connection).
+TEST(FloodTest, ASessionOutlivesItsIdleConnection) {
+  ServerOptions options;
+  options.front.connection_idle_ms = 300;
+  auto server = StartServer(options);
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  if ((*server)->device_count() == 0) GTEST_SKIP() << "no device";
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(**server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(4096));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // idle past the limit
+  GX_ASSERT_OK(buffer.Write(std::vector<uint32_t>(1024, 7)));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> back, buffer.ReadAs<uint32_t>(1024));
+  EXPECT_EQ(back.front(), 7u);
+  GX_ASSERT_OK(session.KeepAlive().status());
+  GX_ASSERT_OK(buffer.Free());
+  GX_ASSERT_OK(session.Close());
+}
+
 int ConnectUnix(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
