@@ -155,8 +155,10 @@ FloodFigures RapidReset(const std::vector<std::string>& args, const char* label)
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   f.rss_before_kb = StatusKb(d.pid(), "VmRSS");
   const int before = tenant.answered();
-  H2Flooder a(port, "/gpuexec.v1.GpuExec/ListDevices");
-  H2Flooder b(port, "/gpuexec.v1.GpuExec/OpenSession");
+  // Another method by hand: GPUEXEC_FLOOD_PATH=/grpc.health.v1.Health/Check.
+  const char* path = std::getenv("GPUEXEC_FLOOD_PATH");
+  H2Flooder a(port, path != nullptr ? path : "/gpuexec.v1.GpuExec/ListDevices");
+  H2Flooder b(port, path != nullptr ? path : "/gpuexec.v1.GpuExec/OpenSession");
   std::thread ta([&] { a.Run(FloodTime()); });
   std::thread tb([&] { b.Run(FloodTime()); });
   ta.join();
