@@ -73,11 +73,14 @@ absl::StatusOr<std::unique_ptr<CallBudget::Ticket>> CallBudget::Admit(Kind kind,
   ++n;
   TenantCount& t = tenants_[tenant];
   t.bytes += reserve;
-  const bool execute = kind == Kind::kStream && method == "Execute";
-  if (execute) ++t.executes;
-  std::unique_ptr<Ticket> ticket(new Ticket(this, kind, session, std::move(tenant),
-                                            execute ? "Execute" : std::string(method)));
+  std::unique_ptr<Ticket> ticket(
+      new Ticket(this, kind, session, std::move(tenant), std::string(method)));
   ticket->reserved_ = reserve;
+  if (kind == Kind::kStream && method == "Execute") {
+    if (t.executes == nullptr) t.executes = std::make_shared<std::atomic<uint32_t>>(0);
+    t.executes->fetch_add(1, std::memory_order_relaxed);
+    ticket->executes_ = t.executes;
+  }
   return ticket;
 }
 
@@ -111,26 +114,39 @@ void CallBudget::Release(Ticket* ticket) {
   if (auto it = tenants_.find(ticket->tenant_); it != tenants_.end()) {
     TenantCount& t = it->second;
     t.bytes -= std::min(t.bytes, ticket->reserved_);
-    if (ticket->method_ == "Execute" && ticket->kind_ == Kind::kStream && t.executes > 0) {
-      --t.executes;
-    }
-    if (t.bytes == 0 && t.executes == 0) tenants_.erase(it);
+    if (ticket->executes_ != nullptr) ticket->executes_->fetch_sub(1, std::memory_order_relaxed);
+    if (t.bytes == 0 && (t.executes == nullptr || t.executes->load() == 0)) tenants_.erase(it);
   }
 }
 
+namespace {
+
+int Share(uint32_t tenant_commands, uint32_t streams, int stream_bound) {
+  if (tenant_commands == 0) return stream_bound;
+  const int share =
+      std::max<int>(CallBudget::kMinCommandShare,
+                    static_cast<int>(tenant_commands / std::max<uint32_t>(1, streams)));
+  return std::min(stream_bound, share);
+}
+
+}  // namespace
+
+int CallBudget::Ticket::CommandShare(int stream_bound) const {
+  if (executes_ == nullptr) return stream_bound;
+  return Share(budget_->limits_.tenant_commands, executes_->load(std::memory_order_relaxed),
+               stream_bound);
+}
+
 int CallBudget::CommandShare(const core::Caller& caller, int stream_bound) const {
-  if (limits_.tenant_commands == 0) return stream_bound;
   const std::string tenant = TenantKey(caller);
-  uint32_t streams = 1;
+  uint32_t streams = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = tenants_.find(tenant); it != tenants_.end()) {
-      streams = std::max<uint32_t>(1, it->second.executes);
+    if (auto it = tenants_.find(tenant); it != tenants_.end() && it->second.executes != nullptr) {
+      streams = it->second.executes->load();
     }
   }
-  const int share =
-      std::max<int>(kMinCommandShare, static_cast<int>(limits_.tenant_commands / streams));
-  return std::min(stream_bound, share);
+  return Share(limits_.tenant_commands, streams, stream_bound);
 }
 
 uint64_t CallBudget::TenantBytes(const core::Caller& caller) const {

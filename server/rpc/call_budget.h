@@ -20,6 +20,7 @@
 //
 // Thread-safe; the budget's lock is innermost (nothing is taken under it).
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,6 +76,10 @@ class CallBudget {
     // has no room for the difference.
     absl::Status ReserveAtLeast(uint64_t bytes);
     uint64_t reserved() const;
+    // Of an Execute stream: what it may have outstanding now, its equal
+    // part of CallLimits::tenant_commands (at least kMinCommandShare), or
+    // `stream_bound` when that is less. Lock-free: asked at every answer.
+    int CommandShare(int stream_bound) const;
 
    private:
     friend class CallBudget;
@@ -91,6 +96,8 @@ class CallBudget {
     const std::string tenant_;
     const std::string method_;
     uint64_t reserved_ = 0;  // under budget_->mu_
+    // Of an Execute stream: its tenant's count of Execute streams.
+    std::shared_ptr<std::atomic<uint32_t>> executes_;
   };
 
   explicit CallBudget(CallLimits limits = {}) : limits_(limits) {}
@@ -126,7 +133,8 @@ class CallBudget {
   };
   struct TenantCount {
     uint64_t bytes = 0;
-    uint32_t executes = 0;  // Execute streams (CommandShare)
+    // Execute streams open (CommandShare); shared with their tickets.
+    std::shared_ptr<std::atomic<uint32_t>> executes;
   };
   void Release(Ticket* ticket);
   absl::Status TenantRoomLocked(const std::string& tenant, absl::string_view method,

@@ -292,7 +292,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   void ResumeOrParkLocked(bool after_read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reads_done_) return;
     // The stream's bound, or its share of its tenant's when that is less.
-    const int bound = env_->budget->CommandShare(caller_, kMaxOutstanding);
+    const int bound = ticket_ != nullptr ? ticket_->CommandShare(kMaxOutstanding) : kMaxOutstanding;
     const bool full = in_flight_ + pending_.results_size() >= bound;
     if (after_read) {
       if (full) {
