@@ -936,8 +936,8 @@ TEST_F(HostileTest, OversizedMessagesAndCommandFloodsAreRefused) {
                                             ModuleKind::kCubin),
                                      Chunk(mib), Chunk(mib)}),
                 StatusIs(absl::StatusCode::kResourceExhausted,
-                         AllOf(HasSubstr("module uploads in flight"),
-                               HasSubstr("peer loopback"), HasSubstr("must wait"))));
+                         AllOf(HasSubstr("module uploads in flight"), HasSubstr("peer loopback"),
+                               HasSubstr("must wait"))));
     // A header alone holds nothing, however large it says the image is.
     EXPECT_THAT(RawLoadModule(*raw, {Header(uploader.token(), std::string(64, 'c'), 400 << 20,
                                             ModuleKind::kCubin)}),
