@@ -306,6 +306,11 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   sink.Sample("gpuexec_strikes_total", {}, static_cast<double>(st.strikes));
   counter("gpuexec_strike_refusals_total", "Launches refused while their tenant cooled down.");
   sink.Sample("gpuexec_strike_refusals_total", {}, static_cast<double>(st.strike_refusals));
+  counter("gpuexec_log_session_lines_left_out_total",
+          "Session open and close lines not logged: past 10 a second (100 at once) of one tenant "
+          "(without tenants, one peer); each logged line says how many before it were left out.");
+  sink.Sample("gpuexec_log_session_lines_left_out_total", {},
+              static_cast<double>(st.session_lines_left_out));
   gauge("gpuexec_module_store_images", "Module images in the daemon's store.");
   sink.Sample("gpuexec_module_store_images", {}, st.modules_stored);
   gauge("gpuexec_pinned_bytes", "Page-locked bytes of the sessions' host memory regions.");
