@@ -616,6 +616,8 @@ class Engine {
   // its kernel did, where the port's last reset names one of them; else
   // `st` as it is (its text names no kernel or session).
   absl::Status FaultFor(absl::Status st, const Session& s, bool closed);
+  // The same, with `s`'s own word on whether it is closed (takes its mu).
+  absl::Status FaultFor(absl::Status st, Session& s);
   // A port's last reset as `caller` reads it (ListDevices' last_reset).
   std::string ResetTextFor(const Caller& caller, const port::DevicePort* port,
                            const port::ResetInfo& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sessions_mu_);

@@ -130,6 +130,15 @@ absl::Status Engine::FaultFor(absl::Status st, const Session& s, bool closed) {
   return absl::AbortedError(KernelFaultMessage(facts, own, s.name(), closed));
 }
 
+absl::Status Engine::FaultFor(absl::Status st, Session& s) {
+  bool closed;
+  {
+    absl::MutexLock lock(&s.mu);
+    closed = s.closed;
+  }
+  return FaultFor(std::move(st), s, closed);
+}
+
 std::string Engine::ResetTextFor(const Caller& caller, const port::DevicePort* port,
                                  const port::ResetInfo& r) {
   std::string text = absl::StrCat(

@@ -51,8 +51,10 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const Caller& call
   sink->max_in_flight_ = std::max<int>(2, static_cast<int>(sink->device_->staging().size() / 4));
   // Staging buffers are taken only once the work queued before this Write
   // is done: none waits behind a long kernel while other sessions need it.
-  sink->device_->AfterQueued(s->stream(), b->epoch, sink->what_,
-                             [sink](absl::Status st) { sink->OpenGate(st); });
+  // A reset that took the work names the session's own kernel to it.
+  sink->device_->AfterQueued(s->stream(), b->epoch, sink->what_, [this, sink, s](absl::Status st) {
+    sink->OpenGate(st.ok() ? st : FaultFor(std::move(st), *s));
+  });
   return sink;
 }
 
@@ -221,8 +223,9 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const Caller& call
   src->what_ = absl::StrCat("Read of ", s->Describe(*b));
   src->use_ = std::make_unique<BufferUse>(s.get(), b);
   // As for Write: no staging buffer waits behind work queued before.
-  dev->AfterQueued(s->stream(), b->epoch, src->what_,
-                   [src](absl::Status st) { src->OpenGate(st); });
+  dev->AfterQueued(s->stream(), b->epoch, src->what_, [this, src, s](absl::Status st) {
+    src->OpenGate(st.ok() ? st : FaultFor(std::move(st), *s));
+  });
   return src;
 }
 
