@@ -61,10 +61,12 @@ class WriteCall final : public ServerReadCall<grpc::ByteBuffer, grpc::ByteBuffer
       } else {
         if (sink_ == nullptr) {
           const WriteMessage& first = messages_[got];
-          // Admitted for the bytes it holds at most (a message larger than
-          // that grows the reservation below).
-          auto ticket = env_->budget->Admit(CallBudget::Kind::kData, "Write", caller_,
-                                            first.session, kMaxHeldBytes);
+          // Admitted for the bytes it holds at most with messages of a
+          // chunk each, as the clients send them (a larger message grows
+          // the reservation below).
+          auto ticket =
+              env_->budget->Admit(CallBudget::Kind::kData, "Write", caller_, first.session,
+                                  kMaxHeldBytes + env_->engine->options().chunk_bytes);
           absl::StatusOr<std::shared_ptr<core::WriteSink>> sink =
               ticket.ok()
                   ? env_->engine->BeginWrite(caller_, first.session, first.buffer, first.offset)

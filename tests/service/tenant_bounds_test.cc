@@ -327,6 +327,42 @@ TEST(TenantBoundsTest, UnconsumedReadsAreRefusedPastTheCapsAndTheFrontStaysSmall
   Abandon(all);
 }
 
+// A Write is admitted for what it holds with chunk-sized messages; one of
+// larger messages grows its reservation while the tenant has room, and is
+// refused (its buffer free at once) when it has none.
+TEST(TenantBoundsTest, AWriteOfMessagesLargerThanItsReservationNeedsTheTenantsRoom) {
+  ServerOptions options;
+  options.tenant_transfer_bytes = 12 * kMiB;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
+  if (server->device_count() == 0) GTEST_SKIP() << "no device";
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(TargetOf(*server)));
+  GX_ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(32 * kMiB));
+  // Chunk-sized messages: fits.
+  GX_EXPECT_OK(buffer.Write(0, std::vector<uint8_t>(8 * kMiB, 1)));
+  auto stub = v1::GpuExec::NewStub(client.channel());
+  auto write_in = [&](size_t message) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    v1::WriteResponse response;
+    auto writer = stub->Write(&context, &response);
+    v1::WriteRequest request;
+    request.set_session(session.token());
+    request.set_buffer(buffer.handle());
+    request.set_data(std::string(message, 'm'));
+    for (int i = 0; i < 2 && writer->Write(request); ++i) request.clear_session();
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  };
+  // 8 MiB messages: the reservation grows to them, within the 12 MiB.
+  GX_EXPECT_OK(write_in(8 * kMiB));
+  // 16 MiB: more than the tenant may hold at all.
+  EXPECT_THAT(write_in(16 * kMiB),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("Write: peer "), HasSubstr("--tenant_transfer_bytes"))));
+  GX_EXPECT_OK(buffer.Free());
+}
+
 // N18: handles per session are bounded, and allocations count in whole
 // granules (before: 245,760 one-byte buffers under a 1 MiB limit).
 TEST(TenantBoundsTest, HandlesPerSessionAreBoundedAndAllocationsCountInGranules) {
