@@ -368,7 +368,7 @@ absl::Status Engine::CheckAlive(Session& s, BufferEntry& b) {
 bool Engine::MarkLost(Session& s, BufferEntry& b) {
   if (b.lost) return false;
   b.lost = true;
-  ReleaseMemory(s, b.size);
+  ReleaseMemory(s, b.charged());
   return true;
 }
 
