@@ -47,6 +47,23 @@ ABSL_FLAG(uint64_t, pinned_memory_limit, 0,
 ABSL_FLAG(uint64_t, max_session_pinned_bytes, 0,
           "Page-locked bytes of one session's host memory regions (0: --pinned_memory_limit).");
 ABSL_FLAG(uint32_t, max_regions_per_session, 64, "Host memory regions one session may hold.");
+ABSL_FLAG(uint32_t, max_data_calls_per_session, 16,
+          "Read and Write calls one session may have in flight at once (0: no bound).");
+ABSL_FLAG(uint32_t, max_streams_per_session, 16,
+          "Execute and LoadModule streams one session may have open at once (0: no bound).");
+ABSL_FLAG(uint64_t, tenant_transfer_bytes, 64ull << 20,
+          "Bytes the Read and Write calls of one tenant (without tenants: one peer host) may "
+          "hold in the daemon at once; a call that would pass it is refused (0: no bound).");
+ABSL_FLAG(uint32_t, tenant_execute_commands, 32768,
+          "Commands the Execute streams of one tenant (without tenants: one peer host) may have "
+          "outstanding, shared equally among its streams (each keeps at least 256; 0: 8192 per "
+          "stream only).");
+ABSL_FLAG(uint32_t, upload_idle_s, 30,
+          "A LoadModule stream that sends nothing for this many seconds is ended and its upload "
+          "budget given back (0: never).");
+ABSL_FLAG(uint32_t, max_handles_per_session, 65536,
+          "Buffers, modules, functions and host memory regions one session may hold together "
+          "(0: no bound).");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of the TCP listener (TLS). Watched: replace it atomically "
           "(rename) and it is picked up without a restart.");
@@ -94,9 +111,12 @@ ABSL_FLAG(std::optional<uint32_t>, strike_limit, std::nullopt,
 ABSL_FLAG(uint32_t, strike_window_s, 600, "The window of --strike_limit, in seconds.");
 ABSL_FLAG(uint32_t, strike_cooldown_s, 600,
           "How long launches are refused once --strike_limit is reached, in seconds.");
+ABSL_FLAG(uint32_t, tenant_max_sessions, 0,
+          "Sessions a tenant whose entry sets no max_sessions may have open at once (0: a "
+          "quarter of --max_sessions).");
 ABSL_FLAG(uint32_t, max_sessions_per_peer, 256,
-          "Sessions one peer host (an IP address, a Unix-socket uid) may have open at once (0: no "
-          "limit).");
+          "Sessions one tenant may have open at once from one peer (a Unix-socket uid, loopback, "
+          "an IPv4 address, an IPv6 /64; 0: no limit).");
 ABSL_FLAG(uint64_t, daemon_memory_limit, 0,
           "Device memory all sessions together may hold, in bytes (0: the devices' own).");
 ABSL_FLAG(uint32_t, chunk_bytes, 1 << 20,
@@ -108,7 +128,9 @@ ABSL_FLAG(std::string, isolation, "",
           "Who shares a GPU address space: 'tenant' (each tenant's sessions on a device are "
           "served by a worker process of the tenant's own, so one tenant's kernels can neither "
           "read another's memory nor reset its work) or 'device' (one worker per device for "
-          "every session). Empty: 'tenant' with --tenants, else 'device'.");
+          "every session). Empty: 'tenant' when callers can be several tenants (--tenants, or "
+          "--tls_client_ca with each certificate name a tenant), else 'device'; the daemon "
+          "logs what it chose and why.");
 ABSL_FLAG(uint32_t, worker_idle_s, 300,
           "With --isolation=tenant: a tenant's worker with no session on its device for this "
           "many seconds is ended.");
@@ -150,6 +172,43 @@ ABSL_FLAG(bool, worker_shared_memory, true,
 ABSL_FLAG(uint32_t, rpc_threads, 1,
           "Threads serving gRPC calls. One answers soonest; more help many clients streaming "
           "bulk data at once.");
+ABSL_FLAG(uint32_t, rpc_max_streams, 128,
+          "HTTP/2 streams one connection may have open at once (0: gRPC's own, no bound).");
+ABSL_FLAG(std::optional<uint64_t>, rpc_memory_bytes, std::nullopt,
+          "Bytes gRPC may hold for all connections and calls (its resource quota); under "
+          "pressure it closes idle connections. Default: a quarter of the host's memory, at most "
+          "1 GiB; 0: no quota.");
+ABSL_FLAG(int64_t, rpc_handshake_timeout_ms, 10000,
+          "A connection that has not finished its HTTP/2 (and TLS) handshake within this long "
+          "is closed.");
+ABSL_FLAG(int64_t, rpc_connection_idle_ms, 300000,
+          "A connection with no call open for this long is closed (clients reconnect; sessions "
+          "do not depend on a connection). 0: never.");
+ABSL_FLAG(int64_t, rpc_connection_age_ms, 0,
+          "A connection older than this is told to go, with --rpc_connection_age_grace_ms for "
+          "its calls to end (0: no age limit; a session's command stream lives as long as the "
+          "session).");
+ABSL_FLAG(int64_t, rpc_connection_age_grace_ms, 60000, "See --rpc_connection_age_ms.");
+ABSL_FLAG(int64_t, rpc_min_ping_interval_ms, 60000,
+          "Pings a client sends without data: no more often than this (two too early close the "
+          "connection).");
+ABSL_FLAG(uint32_t, unix_max_connections, 1024,
+          "Connections the Unix socket holds at once (0: no bound); more are closed as they "
+          "come.");
+ABSL_FLAG(uint32_t, unix_max_connections_per_uid, 256,
+          "Connections one uid may hold on the Unix socket at once (0: no bound).");
+ABSL_FLAG(uint32_t, health_max_watches, 1024, "Health Watch streams open at once.");
+ABSL_FLAG(uint32_t, health_max_watches_per_peer, 16,
+          "Health Watch streams one peer host (an IP address) may hold open at once.");
+ABSL_FLAG(uint32_t, metrics_max_connections, 256,
+          "Connections the metrics endpoint holds at once.");
+ABSL_FLAG(uint32_t, metrics_max_per_peer, 32,
+          "Metrics connections of one address; past it, the oldest of that address that sent "
+          "nothing yet gives way (else the new one is closed).");
+ABSL_FLAG(uint32_t, metrics_max_per_network, 64,
+          "Metrics connections of one network (/24 for IPv4, /64 for IPv6), likewise.");
+ABSL_FLAG(uint32_t, metrics_cache_ms, 1000,
+          "A rendered /metrics is served again for this long (0: rendered for every scrape).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(std::string, worker_sandbox, "on",
           "on: each device worker runs without capabilities, with no_new_privs and a seccomp "
@@ -233,6 +292,12 @@ int main(int argc, char** argv) {
   options.pinned_bytes = absl::GetFlag(FLAGS_pinned_memory_limit);
   options.max_session_pinned_bytes = absl::GetFlag(FLAGS_max_session_pinned_bytes);
   options.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);
+  options.max_data_calls_per_session = absl::GetFlag(FLAGS_max_data_calls_per_session);
+  options.max_streams_per_session = absl::GetFlag(FLAGS_max_streams_per_session);
+  options.tenant_transfer_bytes = absl::GetFlag(FLAGS_tenant_transfer_bytes);
+  options.tenant_execute_commands = absl::GetFlag(FLAGS_tenant_execute_commands);
+  options.upload_idle = absl::Seconds(absl::GetFlag(FLAGS_upload_idle_s));
+  options.max_handles_per_session = absl::GetFlag(FLAGS_max_handles_per_session);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -273,6 +338,7 @@ int main(int argc, char** argv) {
   options.max_session_memory_bytes = absl::GetFlag(FLAGS_session_memory_limit);
   options.session_memory_share = absl::GetFlag(FLAGS_session_memory_share);
   options.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
+  options.tenant_max_sessions = absl::GetFlag(FLAGS_tenant_max_sessions);
   options.strike_limit = absl::GetFlag(FLAGS_strike_limit);
   options.strike_window = absl::Seconds(absl::GetFlag(FLAGS_strike_window_s));
   options.strike_cooldown = absl::Seconds(absl::GetFlag(FLAGS_strike_cooldown_s));
@@ -290,6 +356,21 @@ int main(int argc, char** argv) {
   options.busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   options.worker_shared_memory = absl::GetFlag(FLAGS_worker_shared_memory);
   options.worker_log_level = absl::GetFlag(FLAGS_log_level);
+  options.front.max_concurrent_streams = absl::GetFlag(FLAGS_rpc_max_streams);
+  options.front.memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
+  options.front.handshake_timeout_ms = absl::GetFlag(FLAGS_rpc_handshake_timeout_ms);
+  options.front.connection_idle_ms = absl::GetFlag(FLAGS_rpc_connection_idle_ms);
+  options.front.connection_age_ms = absl::GetFlag(FLAGS_rpc_connection_age_ms);
+  options.front.connection_age_grace_ms = absl::GetFlag(FLAGS_rpc_connection_age_grace_ms);
+  options.front.min_ping_interval_ms = absl::GetFlag(FLAGS_rpc_min_ping_interval_ms);
+  options.unix_max_connections = absl::GetFlag(FLAGS_unix_max_connections);
+  options.unix_max_connections_per_uid = absl::GetFlag(FLAGS_unix_max_connections_per_uid);
+  options.health_max_watches = absl::GetFlag(FLAGS_health_max_watches);
+  options.health_max_watches_per_peer = absl::GetFlag(FLAGS_health_max_watches_per_peer);
+  options.metrics_max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+  options.metrics_max_per_peer = absl::GetFlag(FLAGS_metrics_max_per_peer);
+  options.metrics_max_per_network = absl::GetFlag(FLAGS_metrics_max_per_network);
+  options.metrics_cache_ms = absl::GetFlag(FLAGS_metrics_cache_ms);
 
   auto server = gpuexec::Server::Start(options);
   if (!server.ok()) {

@@ -276,6 +276,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const bool shared = !options.tenants_file.empty();
   eo.session_memory_share = options.session_memory_share.value_or(shared ? 0.5 : 1.0);
   eo.max_sessions_per_peer = options.max_sessions_per_peer;
+  eo.tenant_max_sessions = options.tenant_max_sessions;
   eo.strike_limit = options.strike_limit.value_or(shared ? 3 : 0);
   eo.strike_window = options.strike_window;
   eo.strike_cooldown = options.strike_cooldown;

@@ -108,6 +108,9 @@ struct ServerOptions {
   std::optional<double> session_memory_share;
   // Sessions one peer host may have open at once (0: no limit).
   uint32_t max_sessions_per_peer = 256;
+  // Sessions a tenant whose entry sets no max_sessions may hold (0: a
+  // quarter of max_sessions).
+  uint32_t tenant_max_sessions = 0;
   // A tenant (without tenants: a peer host) whose kernels reset a device
   // this many times within strike_window has its launches refused for
   // strike_cooldown (0: no limit). The sessions charged are closed either
