@@ -208,7 +208,8 @@ ABSL_FLAG(uint32_t, metrics_max_per_peer, 32,
 ABSL_FLAG(uint32_t, metrics_max_per_network, 64,
           "Metrics connections of one network (/24 for IPv4, /64 for IPv6), likewise.");
 ABSL_FLAG(uint32_t, metrics_cache_ms, 1000,
-          "A rendered /metrics is served again for this long (0: rendered for every scrape).");
+          "Past 8 renders of /metrics within this period, scrapes get the last one until it "
+          "ends (0: rendered for every scrape).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(std::string, worker_sandbox, "on",
           "on: each device worker runs without capabilities, with no_new_privs and a seccomp "

@@ -340,9 +340,13 @@ void HttpServer::OnReadable(Connection& c) {
     c.out = Answer("405 Method Not Allowed", "text/plain", "GET only\n", false);
   } else if (request->path == "/metrics") {
     const absl::Time now = absl::Now();
-    if (limits_.cache_ms <= 0 || now - rendered_at_ >= absl::Milliseconds(limits_.cache_ms)) {
+    if (now - period_start_ >= absl::Milliseconds(limits_.cache_ms)) {
+      period_start_ = now;
+      renders_in_period_ = 0;
+    }
+    if (limits_.cache_ms <= 0 || renders_in_period_ < kFreshRendersPerPeriod) {
       rendered_ = registry_->Render();
-      rendered_at_ = now;
+      ++renders_in_period_;
     }
     c.out = Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", rendered_, head);
   } else if (request->path == "/") {

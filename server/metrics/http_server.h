@@ -17,11 +17,13 @@
 // even from the scraper's own address. A connection accepted into the
 // process's last 64 descriptors (kept for the daemon's workers) is closed.
 //
-// The exposition is rendered on the loop thread, at most once per
-// Limits::cache_ms (scrapes within it get the same text): the registry's
-// collectors must not wait long (the engine's does not wait for a worker
-// that does not answer), and a flood of scrapes costs the engine one
-// render a second.
+// The exposition is rendered on the loop thread, at most
+// kFreshRendersPerPeriod times per Limits::cache_ms (later scrapes within it
+// get the last text): the registry's collectors must not wait long (the
+// engine's does not wait for a worker that does not answer), and a flood of
+// scrapes costs the engine a few renders a second, while a scraper (or an
+// operator's curl right after a call) that asks now and then reads figures
+// of the moment.
 
 #include <memory>
 #include <string>
@@ -50,6 +52,9 @@ struct HttpLimits {
   int max_per_network = 64;
   int cache_ms = 1000;  // 0: a render per scrape
 };
+
+// Renders one period allows before scrapes share the last one.
+inline constexpr int kFreshRendersPerPeriod = 8;
 
 class HttpServer {
  public:
@@ -84,7 +89,8 @@ class HttpServer {
   const Limits limits_;
   // The last exposition rendered and when (the loop thread's own).
   std::string rendered_;
-  absl::Time rendered_at_ = absl::InfinitePast();
+  absl::Time period_start_ = absl::InfinitePast();
+  int renders_in_period_ = 0;
   std::thread thread_;
 };
 

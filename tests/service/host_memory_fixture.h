@@ -49,6 +49,7 @@ class Daemon {
                                      absl::StrCat("--unix_socket=", socket_),
                                      absl::StrCat("--driver=", TestBackend().driver),
                                      absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
+                                     "--metrics_cache_ms=0",
                                      "--log_level=warning"};
     if (shm) args.push_back(absl::StrCat("--shm_socket=", shm_socket_));
     for (std::string& a : extra) args.push_back(std::move(a));

@@ -79,7 +79,7 @@ def shm_daemon(daemon, tmp_path_factory):
     process, addresses = start_daemon(
         daemon.binary,
         [f"--driver={daemon.driver}", "--listen=127.0.0.1:0", f"--unix_socket={unix}",
-         f"--shm_socket={shm}", f"--metrics_listen=127.0.0.1:{port}",
+         f"--shm_socket={shm}", f"--metrics_listen=127.0.0.1:{port}", "--metrics_cache_ms=0",
          f"--daemon_memory_limit={DAEMON_MEMORY_LIMIT}",
          f"--max_session_pinned_bytes={SESSION_PINNED_LIMIT}"], d / "gpuexecd.log")
     tcp = [a for a in addresses if not a.startswith("unix:")]
