@@ -27,6 +27,7 @@ run tenants_test "$HERE/bin/tenants_test"
 run host_memory_test "$HERE/bin/host_memory_test"
 run shm_socket_test "$HERE/bin/shm_socket_test"
 run shm_attack_test "$HERE/bin/shm_attack_test"
+run tenant_bounds_test "$HERE/bin/tenant_bounds_test"
 GPUEXEC_CLI="$HERE/bin/gpuexec" run cli_test "$HERE/bin/cli_test"
 export PYTHONPATH="$HERE/python" PYTHONDONTWRITEBYTECODE=1 GPUEXEC_DAEMON="$HERE/bin/gpuexecd"
 GPUEXEC_CLI="$HERE/bin/gpuexec" run python_client python3 -m pytest -q -rs -p no:cacheprovider "$HERE/python-tests"
@@ -84,6 +85,10 @@ for b in "$HERE"/bin/*bench*; do
   [[ -x "$b" ]] && run "$(basename "$b")" "$b"
 done
 run fault_test "$HERE/bin/fault_test"
+# What holds device memory once every session has gone, one kind of work at
+# a time.
+run device_memory_probe python3 "$HERE/device_memory_probe.py" --daemon "$HERE/bin/gpuexecd" \
+  --driver libcuda.so.1 --kernels "$HERE/kernels/sm_90" --python_package "$HERE/python"
 
 # Under MPS, where the host has its control daemon and none serves yet: one
 # of our own, for the tenants' figures with kernels of two tenants running
