@@ -103,7 +103,9 @@ if [[ ${GPUEXEC_MPS:-1} != 0 && -z ${CUDA_MPS_PIPE_DIRECTORY:-} ]] &&
   if nvidia-cuda-mps-control -d; then
     bench=$(ls "$HERE"/bin/*bench* | head -1)
     run bench_tenants_mps "$bench" --tenants_only
-    run fault_test_mps "$HERE/bin/fault_test" --gtest_filter='*Tenant*:*Mps*'
+    # The tests of the implicit tenant's strikes expect charges at once, which
+    # MPS settles at its fault window's end: not theirs to run here.
+    run fault_test_mps "$HERE/bin/fault_test" --gtest_filter='*Tenant*:*Mps*:-*WithoutTenants*'
     echo quit | nvidia-cuda-mps-control
     sleep 1
     cat "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null | tail -20

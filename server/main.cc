@@ -51,7 +51,7 @@ ABSL_FLAG(uint32_t, max_data_calls_per_session, 16,
           "Read and Write calls one session may have in flight at once (0: no bound).");
 ABSL_FLAG(uint32_t, max_streams_per_session, 16,
           "Execute and LoadModule streams one session may have open at once (0: no bound).");
-ABSL_FLAG(uint64_t, tenant_transfer_bytes, 64ull << 20,
+ABSL_FLAG(uint64_t, tenant_transfer_bytes, 512ull << 20,
           "Bytes the Read and Write calls of one tenant (without tenants: one peer host) may "
           "hold in the daemon at once; a call that would pass it is refused (0: no bound).");
 ABSL_FLAG(uint32_t, tenant_execute_commands, 32768,

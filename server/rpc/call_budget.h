@@ -43,7 +43,7 @@ struct CallLimits {
   uint32_t streams_per_session = 16;
   // Bytes the Read and Write calls of one tenant (of the implicit tenant:
   // one peer host) may hold in the front at once (0: no bound).
-  uint64_t tenant_transfer_bytes = 64ull << 20;
+  uint64_t tenant_transfer_bytes = 512ull << 20;
   // Commands one tenant's Execute streams may have outstanding in all
   // (started and not answered, or answered and not yet written); each
   // stream gets an equal share of it, at least kMinCommandShare (0: the

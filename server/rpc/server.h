@@ -55,7 +55,7 @@ struct ServerOptions {
   // ended (0: never).
   uint32_t max_data_calls_per_session = 16;
   uint32_t max_streams_per_session = 16;
-  uint64_t tenant_transfer_bytes = 64ull << 20;
+  uint64_t tenant_transfer_bytes = 512ull << 20;
   uint32_t tenant_execute_commands = 32768;
   absl::Duration upload_idle = absl::Seconds(30);
   // Handles (buffers, modules, functions, regions) one session may hold

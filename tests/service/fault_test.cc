@@ -571,7 +571,9 @@ TEST_F(FaultTest, AnExplicitStrikeLimitWithoutTenantsRefusesSayingHowToLiftIt) {
   GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(options));
   GX_ASSERT_OK_AND_ASSIGN(Client c, Client::Connect(TargetOf(*server)));
   const std::string cubin = KernelPath("cubin");
-  const uint64_t resets_before = (*c.ListDevices())[kDevice].resets;
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, c.ListDevices());
+  ASSERT_GT(devices.size(), static_cast<size_t>(kDevice)) << "the daemon serves no device";
+  const uint64_t resets_before = devices[kDevice].resets;
   for (int strike = 1; strike <= 2; ++strike) {
     SCOPED_TRACE(strike);
     GX_ASSERT_OK_AND_ASSIGN(Session s, c.OpenSession({kDevice}));

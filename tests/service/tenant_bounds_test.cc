@@ -252,9 +252,9 @@ void Abandon(std::vector<std::unique_ptr<ParkedRead>>& reads) {
 // The probe of issue 35 (N5): hundreds of Reads of one buffer, never
 // consumed. Before, each held about 4 MiB in the front (400 took it from
 // 25 MiB to 1.6 GiB); now a session has at most 16 in flight and a peer's
-// together hold at most 64 MiB.
+// together hold at most 64 MiB (here; 512 by default).
 TEST(TenantBoundsTest, UnconsumedReadsAreRefusedPastTheCapsAndTheFrontStaysSmall) {
-  DaemonProcess daemon({});
+  DaemonProcess daemon({"--tenant_transfer_bytes=67108864"});
   ClientOptions options;
   options.connect_timeout = absl::Seconds(20);
   GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
