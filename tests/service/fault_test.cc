@@ -340,13 +340,6 @@ TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
   const int worker = server().worker_pid(kDevice);
   ASSERT_GT(worker, 0);
 
-  std::atomic<bool> started{false};
-  absl::Status written;
-  std::thread writer([&] {
-    started = true;
-    written = buffer.Write(0, data);
-  });
-  while (!started) absl::SleepFor(absl::Milliseconds(1));
   // Kill once the daemon has copied some of the Write to the device.
   auto written_so_far = [&] {
     const std::string m = server().RenderMetrics();
@@ -356,7 +349,12 @@ TEST_F(FaultTest, WorkerKilledMidWriteFailsTheWriteAndTheDeviceComesBack) {
                                    : std::strtoull(m.c_str() + at + key.size(), nullptr, 10);
   };
   const uint64_t before_write = written_so_far();
-  ASSERT_TRUE(WaitFor([&] { return written_so_far() > before_write; }, absl::Seconds(20)));
+  absl::Status written;
+  std::thread writer([&] { written = buffer.Write(0, data); });
+  if (!WaitFor([&] { return written_so_far() > before_write; }, absl::Seconds(20))) {
+    writer.join();  // a failed assertion must not leave the thread running
+    FAIL() << "the Write copied nothing to the device within 20 s: " << written;
+  }
   ASSERT_EQ(kill(worker, SIGKILL), 0);
   const absl::Time killed = absl::Now();
   writer.join();
