@@ -212,7 +212,8 @@ ABSL_FLAG(uint32_t, metrics_cache_ms, 1000,
           "ends (0: rendered for every scrape).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(std::string, worker_sandbox, "on",
-          "on: each device worker runs without capabilities, with no_new_privs and a seccomp "
+          "on: each device worker drops every capability but the file ones a root-run driver may "
+          "need on its device nodes, and runs with no_new_privs and a seccomp "
           "filter that refuses the calls a worker never makes (ptrace, mounts, namespaces, "
           "module loading, bpf, perf_event_open, ...). off: none of these, for diagnosis (a "
           "profiler in a worker needs perf_event_open and ptrace); also "

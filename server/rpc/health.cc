@@ -18,6 +18,17 @@ HealthService::ServingStatus HealthService::StatusLocked(const std::string& name
   return it == status_.end() ? HealthCheckResponse::SERVICE_UNKNOWN : it->second;
 }
 
+// The longest service name asked about: the names this daemon serves are
+// short, and a Watch keeps its request for as long as it is open.
+constexpr size_t kMaxServiceName = 256;
+
+grpc::Status NameTooLong(absl::string_view call, absl::string_view name) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("health: ", call, " of a service name of ", name.size(),
+                                   " bytes refused: at most ", kMaxServiceName,
+                                   " ('', 'gpuexec.v1.GpuExec', 'device/N', 'liveness')"));
+}
+
 // A Check call: the status now; NOT_FOUND for a name never set.
 class HealthService::Check final : public UnaryCall<HealthCheckRequest, HealthCheckResponse> {
  public:
@@ -29,6 +40,11 @@ class HealthService::Check final : public UnaryCall<HealthCheckRequest, HealthCh
   }
   AsyncCall* Next() override { return new Check(health_); }
   void OnStart() override {
+    if (request_.service().size() > kMaxServiceName) {
+      const grpc::Status refused = NameTooLong("Check", request_.service());
+      request_.clear_service();
+      return Finish(refused);
+    }
     ServingStatus status;
     {
       absl::MutexLock lock(&health_->mu_);
@@ -83,6 +99,9 @@ class HealthService::Watch final : public ServerWriteCall<HealthCheckRequest, He
     std::optional<grpc::Status> refused;
     if (health_->shut_down_) {
       refused = grpc::Status(grpc::StatusCode::UNAVAILABLE, "health: shutting down");
+    } else if (name().size() > kMaxServiceName) {
+      refused = NameTooLong("Watch", name());
+      request_.clear_service();
     } else if (health_->max_watches_ > 0 &&
                static_cast<int>(health_->watches_.size()) >= health_->max_watches_) {
       refused = grpc::Status(

@@ -313,6 +313,36 @@ TEST(FloodTest, HealthWatchesAreCappedPerPeer) {
   (*server)->Shutdown();
 }
 
+// A health call of a long service name (a Watch would keep it as long as it
+// is open) is INVALID_ARGUMENT, Check and Watch alike; the names served
+// are short.
+TEST(FloodTest, HealthCallsOfLongServiceNamesAreRefused) {
+  auto server = StartServer({});
+  if (!server.ok()) GTEST_SKIP() << "backend cannot serve: " << server.status();
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(TargetOf(**server), grpc::InsecureChannelCredentials()));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(std::string(1 << 20, 'x'));
+  {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status st = stub->Check(&ctx, req, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_THAT(st.error_message(), HasSubstr("of 1048576 bytes refused: at most 256"));
+    EXPECT_LT(st.error_message().size(), 200u);
+  }
+  {
+    grpc::ClientContext ctx;
+    auto watch = stub->Watch(&ctx, req);
+    HealthStatus r;
+    EXPECT_FALSE(watch->Read(&r));
+    const grpc::Status st = watch->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_THAT(st.error_message(), HasSubstr("health: Watch of a service name of 1048576 bytes"));
+  }
+  (*server)->Shutdown();
+}
+
 // --rpc_connection_idle_ms closes a connection with no call open; the
 // client reconnects at its next call and its session is still there
 // (sessions are named by their token, not by a connection).
