@@ -80,6 +80,14 @@ class DaemonProcess {
   // What a client connects to: "unix:PATH" or the TCP address.
   const std::string& target() const { return target_; }
   // SIGTERM, then the exit status (or -1 if it did not exit within 10 s).
+  // The exit status of a daemon that ends by itself (a refused start), -1
+  // if it is still running after `limit`; no signal is sent.
+  int WaitExit(absl::Duration limit) {
+    int status = 0;
+    if (!WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, limit)) return -1;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
   int Stop() {
     kill(pid_, SIGTERM);
     int status = 0;
