@@ -216,25 +216,6 @@ TEST(MetricsEndpointTest, ABusyMetricsAddressFailsTheStart) {
   EXPECT_THAT(StartServer(options), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("metrics")));
 }
 
-// A connection to 127.0.0.1:`port` from source address `from` (another
-// loopback address plays another host); -1 if it failed.
-int ConnectFrom(const std::string& from, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_port = htons(static_cast<uint16_t>(port));
-  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // How many of `fds` the server still holds open (the others read as
 // closed, or reset).
 int StillOpen(const std::vector<int>& fds) {

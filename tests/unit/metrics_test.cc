@@ -177,25 +177,6 @@ TEST(HttpServerTest, AnswersOtherRequestsWithErrors) {
   EXPECT_THAT(Fetch(port, "GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK"));
 }
 
-// A connection to 127.0.0.1:`port` from source address `from` (another
-// loopback address, to play another host); -1 if it failed.
-int ConnectFrom(const char* from, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from, &src.sin_addr);
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_port = htons(static_cast<uint16_t>(port));
-  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Peers that connect and say nothing, and peers that trickle their request
 // a byte at a time, hold only their own connections: a scrape from
 // elsewhere is answered at once all the while.
@@ -211,13 +192,13 @@ TEST(HttpServerTest, IdleAndTricklingPeersDoNotHoldUpAScrape) {
   for (int host = 0; host < 10; ++host) {
     const std::string from = absl::StrCat("127.0.1.", host + 1);
     for (int i = 0; i < 20; ++i) {
-      const int fd = ConnectFrom(from.c_str(), port);
+      const int fd = testing::ConnectFrom(from.c_str(), port);
       ASSERT_GE(fd, 0);
       idle.push_back(fd);
     }
   }
   for (int i = 0; i < 100; ++i) {
-    const int fd = ConnectFrom("127.0.2.1", port);
+    const int fd = testing::ConnectFrom("127.0.2.1", port);
     if (fd >= 0) idle.push_back(fd);
   }
   std::atomic<bool> stop{false};
@@ -225,7 +206,7 @@ TEST(HttpServerTest, IdleAndTricklingPeersDoNotHoldUpAScrape) {
   for (int t = 0; t < 5; ++t) {
     tricklers.emplace_back([&, t] {
       while (!stop.load()) {
-        const int fd = ConnectFrom(absl::StrCat("127.0.3.", t + 1).c_str(), port);
+        const int fd = testing::ConnectFrom(absl::StrCat("127.0.3.", t + 1).c_str(), port);
         if (fd < 0) return;
         for (char c : std::string("GET /metrics HTTP/1.1\r\n")) {
           if (stop.load() || ::send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
