@@ -28,8 +28,9 @@ ABSL_FLAG(bool, quick, false, "small sizes and few iterations: a smoke test, not
 ABSL_FLAG(int, clients, 16, "concurrent clients for the aggregate figures");
 ABSL_FLAG(std::vector<std::string>, daemon_args, {},
           "extra gpuexecd flags, comma-separated (e.g. --staging_buffers=16)");
-ABSL_FLAG(int, rpc_threads, 1,
-          "gRPC threads of the echo server and of gpuexecd (passed on as --rpc_threads)");
+ABSL_FLAG(int, rpc_threads, 0,
+          "gRPC threads of the echo server and of gpuexecd (passed on as --rpc_threads; 0: "
+          "the daemon's default, and one for the echo server)");
 ABSL_FLAG(std::string, serve_echo, "",
           "internal: serve the echo service, writing its TCP port to DIR/port and listening "
           "on DIR/echo.sock, until killed");

@@ -169,9 +169,10 @@ ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "
           "as before; for comparison).");
-ABSL_FLAG(uint32_t, rpc_threads, 1,
+ABSL_FLAG(uint32_t, rpc_threads, 0,
           "Threads serving gRPC calls. One answers soonest; more help many clients streaming "
-          "bulk data at once.");
+          "bulk data at once, and TLS, whose decryption runs on them. 0: 1 for plain TCP, 4 "
+          "with TLS on a host of 16 or more cores (2 on 8 to 15).");
 ABSL_FLAG(uint32_t, rpc_max_streams, 128,
           "HTTP/2 streams one connection may have open at once (0: gRPC's own, no bound).");
 ABSL_FLAG(std::optional<uint64_t>, rpc_memory_bytes, std::nullopt,

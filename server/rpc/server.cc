@@ -204,6 +204,11 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Server::~Server() { Shutdown(absl::Seconds(1)); }
 
+uint32_t DefaultRpcThreads(bool tls, unsigned hardware_threads) {
+  if (!tls || hardware_threads < 8) return 1;
+  return hardware_threads >= 16 ? 4 : 2;
+}
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (options.listen_address.empty() && options.unix_socket.empty()) {
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
@@ -417,7 +422,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   impl->service->Listen(impl->queue.get());
   impl->health.Listen(impl->queue.get());
-  const uint32_t rpc_threads = std::max<uint32_t>(1, options.rpc_threads);
+  const uint32_t rpc_threads =
+      options.rpc_threads != 0
+          ? options.rpc_threads
+          : DefaultRpcThreads(!options.tls_cert.empty(), std::thread::hardware_concurrency());
   for (uint32_t i = 0; i < rpc_threads; ++i) {
     impl->pollers.emplace_back([cq = impl->queue.get()] {
       NameThisThread("gx-rpc");
