@@ -436,6 +436,9 @@ class Engine {
   // Closes every session of `tenant` (removed from the tenants file), with
   // `why` in the log; returns how many.
   size_t CloseTenant(const std::string& tenant, const std::string& why);
+  // Closes the sessions of `tenant` (as the tenants file now has it) on
+  // devices it may no longer use; returns how many.
+  size_t CloseTenantOffLimits(const Tenant& tenant);
 
   absl::StatusOr<std::unique_ptr<ModuleUpload>> BeginModuleUpload(const Caller& caller,
                                                                   const std::string& token,

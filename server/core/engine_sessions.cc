@@ -127,11 +127,7 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
     return std::find(limits.excluded_devices.begin(), limits.excluded_devices.end(), i) !=
            limits.excluded_devices.end();
   };
-  auto allowed = [&limits, &excluded](size_t i) {
-    return !excluded(i) &&
-           (limits.devices.empty() ||
-            std::find(limits.devices.begin(), limits.devices.end(), i) != limits.devices.end());
-  };
+  auto allowed = [&limits](size_t i) { return MayUseDevice(limits, static_cast<uint32_t>(i)); };
   // A tenant with workers of its own does not wait for the device's shared
   // worker to come back from another's fault.
   const bool own_worker = options_.isolation == EngineOptions::Isolation::kTenant &&
@@ -341,6 +337,26 @@ size_t Engine::CloseTenant(const std::string& tenant, const std::string& why) {
   }
   for (auto& s : theirs) Close(s, CloseReason::kRevoked, why, [](absl::Status) {});
   return theirs.size();
+}
+
+size_t Engine::CloseTenantOffLimits(const Tenant& tenant) {
+  std::vector<std::shared_ptr<Session>> off;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [token, s] : sessions_) {
+      if (s->tenant() == tenant.name &&
+          !MayUseDevice(tenant.limits, static_cast<uint32_t>(s->device()))) {
+        off.push_back(s);
+      }
+    }
+  }
+  for (auto& s : off) {
+    Close(s, CloseReason::kRevoked,
+          absl::StrCat("its tenant may no longer use device ", s->device(),
+                       " (the tenants file was reloaded)"),
+          [](absl::Status) {});
+  }
+  return off.size();
 }
 
 void Engine::ReleaseMemory(Session& s, uint64_t bytes) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace gpuexec::core {
@@ -10,6 +11,13 @@ namespace gpuexec::core {
 const std::string& Caller::tenant_name() const {
   static const std::string* const kNone = new std::string(kDefaultTenant);
   return tenant == nullptr ? *kNone : tenant->name;
+}
+
+bool MayUseDevice(const TenantLimits& limits, uint32_t index) {
+  auto has = [index](const std::vector<uint32_t>& v) {
+    return std::find(v.begin(), v.end(), index) != v.end();
+  };
+  return !has(limits.excluded_devices) && (limits.devices.empty() || has(limits.devices));
 }
 
 std::shared_ptr<const Tenant> DefaultTenant() {

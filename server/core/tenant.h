@@ -38,6 +38,11 @@ struct Tenant {
   TenantLimits limits;
 };
 
+// Whether a tenant with these limits may open sessions on device `index`:
+// not one dedicated to another tenant, and one of its `devices` if it
+// names any.
+bool MayUseDevice(const TenantLimits& limits, uint32_t index);
+
 // The tenant of a daemon that has none configured: everyone who may reach
 // it (loopback and the Unix socket, by default) is this one tenant.
 inline constexpr char kDefaultTenant[] = "default";

@@ -518,7 +518,9 @@ absl::Status Server::ReloadTenants() {
             " tenant(s), in force for new calls");
   std::shared_ptr<const tenants::Directory> now = *std::move(dir);
   impl_->identity->SetDirectory(now);
-  // A tenant taken out of the file loses its sessions with it.
+  // A tenant taken out of the file loses its sessions with it; one that
+  // may no longer use a device (its devices, or one dedicated to another
+  // tenant now) loses its sessions there.
   if (old != nullptr) {
     for (const std::string& name : old->names()) {
       if (now->Find(name) != nullptr) continue;
@@ -526,6 +528,15 @@ absl::Status Server::ReloadTenants() {
           impl_->engine->CloseTenant(name, "its tenant was removed from the tenants file");
       if (closed != 0)
         log::Info("tenants: closed ", closed, " session(s) of removed tenant '", name, "'");
+    }
+  }
+  for (const std::string& name : now->names()) {
+    const std::shared_ptr<const core::Tenant> tenant = now->Find(name);
+    if (tenant == nullptr) continue;
+    const size_t closed = impl_->engine->CloseTenantOffLimits(*tenant);
+    if (closed != 0) {
+      log::Info("tenants: closed ", closed, " session(s) of tenant '", name,
+                "' on devices it may no longer use");
     }
   }
   return absl::OkStatus();

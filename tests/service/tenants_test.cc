@@ -17,97 +17,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gpuexec/sha256.h"
-#include "service_test_fixture.h"
-#include "tests/support/tls_files.h"
+#include "tenants_fixture.h"
 
 namespace gpuexec::testing {
 namespace {
-
-#define GPUEXEC_TEST_ASSIGN(lhs, expr)                                          \
-  auto GX_CONCAT_(r_, __LINE__) = (expr);                                       \
-  if (!GX_CONCAT_(r_, __LINE__).ok()) return GX_CONCAT_(r_, __LINE__).status(); \
-  lhs = *std::move(GX_CONCAT_(r_, __LINE__))
 
 using ::testing::_;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-constexpr char kTokenA[] = "token-of-team-a-0123456789abcdef";
-constexpr char kTokenB[] = "token-of-team-b-fedcba9876543210";
-
-std::string Digest(const std::string& token) { return Sha256Hex(token); }
-
-// A tenants file and a server that reads it, on loopback plain TCP (and
-// optionally TLS and a Unix socket).
-class TenantsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // On a real driver, a host without one skips (the double always loads).
-    void* driver = dlopen(TestBackend().driver.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (driver == nullptr) {
-      const char* why = dlerror();
-      GTEST_SKIP() << "driver " << TestBackend().driver
-                   << " cannot be loaded: " << (why != nullptr ? why : "");
-    }
-    dlclose(driver);
-    ASSERT_FALSE(files_.dir().empty());
-    tenants_file_ = files_.Path("tenants.textproto");
-  }
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(absl::Seconds(10));
-  }
-
-  void WriteTenants(const std::string& text) {
-    std::ofstream out(tenants_file_ + ".new");
-    out << text;
-    out.close();
-    ASSERT_EQ(rename((tenants_file_ + ".new").c_str(), tenants_file_.c_str()), 0);
-  }
-
-  // team-a (token A, certificate name team-a.clients) with the limits
-  // given, team-b (token B, and this process's uid when `with_uid`).
-  std::string TwoTenants(const std::string& a_limits = "", bool with_uid = false) {
-    return absl::StrCat("tenant {\n  name: \"team-a\"\n  token_sha256: \"", Digest(kTokenA),
-                        "\"\n  certificate_name: \"team-a.clients\"\n", a_limits,
-                        "}\n"
-                        "tenant {\n  name: \"team-b\"\n  token_sha256: \"",
-                        Digest(kTokenB), "\"\n",
-                        with_uid ? absl::StrCat("  uid: ", getuid(), "\n") : "", "}\n");
-  }
-
-  void Start(ServerOptions options = {}) {
-    options.tenants_file = tenants_file_;
-    auto server = StartServer(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    ASSERT_GE(server_->device_count(), 1);
-  }
-
-  std::string target() const { return TargetOf(*server_); }
-
-  absl::StatusOr<Client> As(const std::string& token, ClientOptions options = {}) {
-    options.token = token;
-    return Client::Connect(target(), options);
-  }
-
-  // A client and a session of each tenant.
-  struct Both {
-    Client a, b;
-    Session sa, sb;
-  };
-  absl::StatusOr<Both> OpenBoth() {
-    GPUEXEC_TEST_ASSIGN(Client a, As(kTokenA));
-    GPUEXEC_TEST_ASSIGN(Client b, As(kTokenB));
-    GPUEXEC_TEST_ASSIGN(Session sa, a.OpenSession({kDevice}));
-    GPUEXEC_TEST_ASSIGN(Session sb, b.OpenSession({kDevice}));
-    return Both{std::move(a), std::move(b), std::move(sa), std::move(sb)};
-  }
-
-  TlsFiles files_;
-  std::string tenants_file_;
-  std::unique_ptr<Server> server_;
-};
 
 // ------------------------------------------------------------ who is calling
 
@@ -485,39 +403,6 @@ TEST_F(TenantsTest, AnImageByHashIsNotFoundForATenantThatNeverUploadedIt) {
   EXPECT_THAT(server_->RenderMetrics(), HasSubstr("gpuexec_module_store_images 1\n"));
   GX_ASSERT_OK_AND_ASSIGN(Function f, mb.GetFunction("gx_fill_u32"));
   (void)f;
-}
-
-TEST_F(TenantsTest, ARevokedTokenEndsTheStreamsItOpenedAndARemovedTenantItsSessions) {
-  constexpr char kTokenA2[] = "second-token-of-team-a-00000000";
-  WriteTenants(absl::StrCat(TwoTenants(), "tenant { name: \"team-c\" token_sha256: \"",
-                            Digest(kTokenA2), "\" }\n"));
-  Start();
-  GX_ASSERT_OK_AND_ASSIGN(Both both, OpenBoth());
-  auto& [a, b, sa, sb] = both;
-  // The session's command stream is open (Allocate travels on it).
-  GX_ASSERT_OK_AND_ASSIGN(Buffer kept, sa.Allocate(4096));
-  GX_ASSERT_OK_AND_ASSIGN(Buffer b_kept, sb.Allocate(4096));
-  GX_ASSERT_OK(b_kept.Memset(0x42));
-
-  // team-a's token taken out (team-a itself too): its open stream ends,
-  // its sessions close; team-b's go on.
-  WriteTenants(
-      absl::StrCat("tenant { name: \"team-b\" token_sha256: \"", Digest(kTokenB), "\" }\n"));
-  GX_ASSERT_OK(server_->ReloadTenants());
-  auto more = sa.Allocate(4096);
-  EXPECT_FALSE(more.ok());
-  EXPECT_THAT(more.status().code(),
-              ::testing::AnyOf(absl::StatusCode::kUnauthenticated, absl::StatusCode::kNotFound));
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        return absl::StrContains(server_->RenderMetrics(),
-                                 "gpuexec_tenant_sessions{tenant=\"team-a\"} 0");
-      },
-      absl::Seconds(5)));
-  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, b_kept.Read());
-  EXPECT_EQ(std::count(back.begin(), back.end(), 0x42), 4096);
-  GX_EXPECT_OK(sb.Allocate(4096).status());
-  kept.Release();
 }
 
 TEST_F(TenantsTest, ATenantOverItsModuleLimitTakesNoRoomInTheStore) {
