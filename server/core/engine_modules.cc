@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Ca
   if (!IsSha256Hex(sha256)) {
     return absl::InvalidArgumentError(
         absl::StrCat("module header: sha256 must be 64 lower-case hex digits (",
-                     std::min<size_t>(sha256.size(), 10000), " characters were sent)"));
+                     sha256.size(), " bytes were sent)"));
   }
   // The kind may be left unspecified: the daemon tells it from the bytes.
   if (size > options_.max_module_bytes) {
