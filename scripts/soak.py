@@ -650,6 +650,16 @@ def main(argv):
         time.sleep(0.5)
         sessions = live_sessions()
     drained_in = time.time() - (start + end["t"])
+    # How soon device memory is back within --device_margin of the start
+    # once the last session has gone (the pool is trimmed as each closes).
+    device_back_in = None
+    if sessions == 0:
+        last_gone = time.time()
+        while time.time() - last_gone <= 10.0:
+            if devices()[1] - samples[0]["device"] <= args.device_margin:
+                device_back_in = time.time() - last_gone
+                break
+            time.sleep(0.25)
     time.sleep(args.settle_s)
     after = record("after")
     after_smaps = smaps_rollup(daemon.pid) if args.smaps else None
@@ -730,7 +740,11 @@ def main(argv):
                             f"above {after_limit:.1f}")
     device_kept = after["device"] - samples[0]["device"]
     print(f"soak: device memory in use: {samples[0]['device']:.1f} MiB at the start, peak "
-          f"{max(s['device'] for s in run_samples):.1f}, after the sessions {after['device']:.1f}")
+          f"{max(s['device'] for s in run_samples):.1f}, after the sessions {after['device']:.1f}; "
+          + (f"within {args.device_margin:g} MiB of the start {device_back_in:.2f} s after the "
+             "last session went" if device_back_in is not None
+             else f"not within {args.device_margin:g} MiB of the start 10 s after the last "
+             "session went"))
     if died is None and device_kept > args.device_margin:
         failures.append(f"(c) {device_kept:.1f} MiB more device memory in use after the sessions "
                         f"than at the start (limit {args.device_margin:g})")
