@@ -338,8 +338,8 @@ absl::Status Engine::CheckStrikes(const Session& s) {
 absl::Status Engine::CheckRange(const Session& s, const BufferEntry& b, uint64_t offset,
                                 uint64_t size, absl::string_view op) {
   if (offset > b.size) {
-    return absl::OutOfRangeError(absl::StrCat(op, " at offset ", offset, " starts past the end of ",
-                                              s.Describe(b)));
+    return absl::OutOfRangeError(
+        absl::StrCat(op, " at offset ", offset, " starts past the end of ", s.Describe(b)));
   }
   if (size > b.size - offset) {
     return absl::OutOfRangeError(absl::StrCat(op, " of ", ByteSize(size), " at offset ", offset,

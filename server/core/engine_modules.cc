@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Ca
   GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   if (!IsSha256Hex(sha256)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("module header: sha256 must be 64 lower-case hex digits (",
-                     sha256.size(), " bytes were sent)"));
+        absl::StrCat("module header: sha256 must be 64 lower-case hex digits (", sha256.size(),
+                     " bytes were sent)"));
   }
   // The kind may be left unspecified: the daemon tells it from the bytes.
   if (size > options_.max_module_bytes) {

@@ -69,11 +69,10 @@ TEST_F(TenantsTest, AReloadThatTakesADeviceAwayClosesTheTenantsSessionsThere) {
                                  "gpuexec_tenant_sessions{tenant=\"team-a\"} 0");
       },
       absl::Seconds(5)));
-  EXPECT_THAT(sa.KeepAlive(), StatusIs(absl::StatusCode::kNotFound,
-                                       HasSubstr("may no longer use device")));
-  EXPECT_THAT(a.OpenSession({kDevice}),
-              StatusIs(absl::StatusCode::kPermissionDenied,
-                       HasSubstr("it is dedicated to another tenant")));
+  EXPECT_THAT(sa.KeepAlive(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("may no longer use device")));
+  EXPECT_THAT(a.OpenSession({kDevice}), StatusIs(absl::StatusCode::kPermissionDenied,
+                                                 HasSubstr("it is dedicated to another tenant")));
   GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, b_kept.Read());
   EXPECT_EQ(std::count(back.begin(), back.end(), 0x42), 4096);
   a_kept.Release();
