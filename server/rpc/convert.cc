@@ -173,4 +173,96 @@ absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& r) {
   return spec;
 }
 
+absl::StatusOr<core::Command> FromProto(const v1::Command& c) {
+  core::Command out;
+  out.id = c.id();
+  out.reply = c.reply();
+  switch (c.op_case()) {
+    case v1::Command::kLaunch: {
+      auto spec = FromProto(c.launch());
+      if (!spec.ok()) return spec.status();
+      out.op = *std::move(spec);
+      break;
+    }
+    case v1::Command::kSynchronize:
+      out.op = core::Command::Synchronize{};
+      break;
+    case v1::Command::kAllocate:
+      out.op = core::Command::Allocate{c.allocate().size()};
+      break;
+    case v1::Command::kFree:
+      out.op = core::Command::Free{c.free().buffer()};
+      break;
+    case v1::Command::kMemset: {
+      const v1::MemsetRequest& m = c.memset();
+      out.op = core::Command::Memset{m.buffer(), m.offset(), m.size(), m.value()};
+      break;
+    }
+    case v1::Command::kCopyBuffer: {
+      const v1::CopyBufferRequest& r = c.copy_buffer();
+      out.op =
+          core::Command::CopyBuffer{r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size()};
+      break;
+    }
+    case v1::Command::kRegionCopy: {
+      const v1::RegionCopyRequest& r = c.region_copy();
+      if (r.direction() != v1::RegionCopyRequest::TO_BUFFER &&
+          r.direction() != v1::RegionCopyRequest::TO_REGION) {
+        return absl::InvalidArgumentError("RegionCopy: direction must be TO_BUFFER or TO_REGION");
+      }
+      core::RegionCopySpec spec;
+      spec.region = r.region();
+      spec.region_offset = r.region_offset();
+      spec.buffer = r.buffer();
+      spec.buffer_offset = r.buffer_offset();
+      spec.size = r.size();
+      spec.to_buffer = r.direction() == v1::RegionCopyRequest::TO_BUFFER;
+      out.op = spec;
+      break;
+    }
+    case v1::Command::kReleaseRegion:
+      out.op = core::Command::ReleaseRegion{c.release_region().region()};
+      break;
+    case v1::Command::OP_NOT_SET:
+      out.op = core::Command::Barrier{};
+      break;
+  }
+  return out;
+}
+
+const char* CommandName(const v1::Command& c) {
+  switch (c.op_case()) {
+    case v1::Command::kLaunch:
+      return "Launch";
+    case v1::Command::kSynchronize:
+      return "Synchronize";
+    case v1::Command::kAllocate:
+      return "Allocate";
+    case v1::Command::kFree:
+      return "Free";
+    case v1::Command::kMemset:
+      return "Memset";
+    case v1::Command::kCopyBuffer:
+      return "CopyBuffer";
+    case v1::Command::kRegionCopy:
+      return "RegionCopy";
+    case v1::Command::kReleaseRegion:
+      return "ReleaseRegion";
+    case v1::Command::OP_NOT_SET:
+      break;
+  }
+  return "barrier";
+}
+
+void ToProto(const core::CommandResult& in, v1::CommandResult* out) {
+  out->set_id(in.id);
+  out->set_code(static_cast<int>(in.status.code()));
+  if (!in.status.ok()) out->set_message(std::string(in.status.message()));
+  if (in.status.ok() && in.gpu_time_ns != 0) out->set_gpu_time_ns(in.gpu_time_ns);
+  if (in.allocated.has_value()) {
+    out->mutable_allocate()->set_buffer(in.allocated->handle);
+    out->mutable_allocate()->set_size(in.allocated->size);
+  }
+}
+
 }  // namespace gpuexec::rpc

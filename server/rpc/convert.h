@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpuexec/v1/gpuexec.pb.h"
+#include "server/core/commands.h"
 #include "server/core/engine.h"
 
 namespace gpuexec::rpc {
@@ -25,6 +26,15 @@ inline constexpr int kMaxLaunchArgs = 4096;
 // INVALID_ARGUMENT for more than kMaxLaunchArgs arguments, before any is
 // converted.
 absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& request);
+
+// A command of the Execute stream; INVALID_ARGUMENT for a launch that does
+// not convert or a RegionCopy with no direction.
+absl::StatusOr<core::Command> FromProto(const v1::Command& command);
+// The name of a command's kind, as core::CommandName gives it.
+const char* CommandName(const v1::Command& command);
+// The result as the stream carries it (the caller has decided it is
+// answered).
+void ToProto(const core::CommandResult& in, v1::CommandResult* out);
 
 }  // namespace gpuexec::rpc
 

@@ -161,98 +161,26 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   // the C++ client's goes in one.
   static constexpr int kDispatchTurn = 1024;
 
+  // Converts a command and runs it as every transport does
+  // (core::RunCommand); a command that does not convert is refused at its
+  // index.
   void Dispatch(const v1::Command& c) {
-    const uint64_t id = c.id();
-    const bool reply = c.reply();
-    switch (c.op_case()) {
-      case v1::Command::kLaunch: {
-        auto spec = FromProto(c.launch());
-        if (!spec.ok()) return Complete(id, spec.status(), true, {}, "Launch");
-        spec->session = session_;
-        const bool sync = spec->synchronize;
-        env_->engine->Launch(caller_, std::move(spec).value(),
-                             [this, id, reply, sync](absl::StatusOr<uint64_t> ns) {
-                               v1::CommandResult r;
-                               if (ns.ok() && sync) r.set_gpu_time_ns(*ns);
-                               Complete(id, ns.status(), reply || sync, std::move(r), "Launch");
-                             });
-        return;
-      }
-      case v1::Command::kSynchronize:
-        env_->engine->Synchronize(caller_, session_, [this, id](absl::StatusOr<uint64_t> ns) {
-          v1::CommandResult r;
-          if (ns.ok()) r.set_gpu_time_ns(*ns);
-          Complete(id, ns.status(), true, std::move(r), "Synchronize");
-        });
-        return;
-      case v1::Command::kAllocate:
-        env_->engine->Allocate(caller_, session_, c.allocate().size(),
-                               [this, id](absl::StatusOr<core::BufferInfo> b) {
-                                 v1::CommandResult r;
-                                 if (b.ok()) {
-                                   r.mutable_allocate()->set_buffer(b->handle);
-                                   r.mutable_allocate()->set_size(b->size);
-                                 }
-                                 Complete(id, b.status(), true, std::move(r), "Allocate");
-                               });
-        return;
-      case v1::Command::kFree:
-        env_->engine->Free(
-            caller_, session_, c.free().buffer(),
-            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Free"); });
-        return;
-      case v1::Command::kMemset: {
-        const v1::MemsetRequest& m = c.memset();
-        env_->engine->Memset(
-            caller_, session_, m.buffer(), m.offset(), m.size(), m.value(),
-            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "Memset"); });
-        return;
-      }
-      case v1::Command::kCopyBuffer: {
-        const v1::CopyBufferRequest& r = c.copy_buffer();
-        env_->engine->CopyBuffer(
-            caller_, session_, r.dst(), r.dst_offset(), r.src(), r.src_offset(), r.size(),
-            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "CopyBuffer"); });
-        return;
-      }
-      case v1::Command::kRegionCopy: {
-        const v1::RegionCopyRequest& r = c.region_copy();
-        if (r.direction() != v1::RegionCopyRequest::TO_BUFFER &&
-            r.direction() != v1::RegionCopyRequest::TO_REGION) {
-          return Complete(
-              id,
-              absl::InvalidArgumentError("RegionCopy: direction must be TO_BUFFER or TO_REGION"),
-              true, {}, "RegionCopy");
-        }
-        core::RegionCopySpec spec;
-        spec.region = r.region();
-        spec.region_offset = r.region_offset();
-        spec.buffer = r.buffer();
-        spec.buffer_offset = r.buffer_offset();
-        spec.size = r.size();
-        spec.to_buffer = r.direction() == v1::RegionCopyRequest::TO_BUFFER;
-        // Answered always, once the copy has finished: the client's
-        // memory is not its own to touch again before.
-        env_->engine->RegionCopy(caller_, session_, spec, [this, id](absl::Status st) {
-          Complete(id, st, true, {}, "RegionCopy");
-        });
-        return;
-      }
-      case v1::Command::kReleaseRegion:
-        env_->engine->ReleaseRegion(
-            caller_, session_, c.release_region().region(),
-            [this, id, reply](absl::Status st) { Complete(id, st, reply, {}, "ReleaseRegion"); });
-        return;
-      case v1::Command::OP_NOT_SET:
-        // A barrier: every earlier command has been started by now.
-        return Complete(id, absl::OkStatus(), true, {}, "barrier");
+    auto command = FromProto(c);
+    if (!command.ok()) {
+      core::CommandResult r;
+      r.id = c.id();
+      r.status = command.status();
+      r.answer = true;
+      r.op = CommandName(c);
+      return Complete(std::move(r));
     }
+    core::RunCommand(*env_->engine, caller_, session_, *std::move(command),
+                     [this](core::CommandResult r) { Complete(std::move(r)); });
   }
 
-  void Complete(uint64_t id, const absl::Status& status, bool answer, v1::CommandResult r,
-                const char* op) {
+  void Complete(core::CommandResult result) {
     GPUEXEC_TRACE(kFrontComplete);
-    if (!status.ok()) LogFailure(op, peer_, status);
+    if (!result.status.ok()) LogFailure(result.op, peer_, result.status);
     // Runs on engine threads, outside any operation of the call: without a
     // hold of its own, the Finish below could complete and delete the call
     // before this thread has let go of mu_.
@@ -260,12 +188,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
     {
       absl::MutexLock lock(&mu_);
       --in_flight_;
-      if (!status.ok() || answer) {
-        r.set_id(id);
-        r.set_code(static_cast<int>(status.code()));
-        if (!status.ok()) r.set_message(std::string(status.message()));
-        if (!broken_) *pending_.add_results() = std::move(r);
-      }
+      if (result.answer && !broken_) ToProto(result, pending_.add_results());
       WriteLocked();
       ResumeOrParkLocked(/*after_read=*/false);
       MaybeFinishLocked();

@@ -1,0 +1,91 @@
+#include "server/core/commands.h"
+
+#include <memory>
+#include <utility>
+
+namespace gpuexec::core {
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+}  // namespace
+
+const char* CommandName(const Command& command) {
+  return std::visit(Overloaded{[](const Command::Barrier&) { return "barrier"; },
+                               [](const LaunchSpec&) { return "Launch"; },
+                               [](const Command::Synchronize&) { return "Synchronize"; },
+                               [](const Command::Allocate&) { return "Allocate"; },
+                               [](const Command::Free&) { return "Free"; },
+                               [](const Command::Memset&) { return "Memset"; },
+                               [](const Command::CopyBuffer&) { return "CopyBuffer"; },
+                               [](const RegionCopySpec&) { return "RegionCopy"; },
+                               [](const Command::ReleaseRegion&) { return "ReleaseRegion"; }},
+                    command.op);
+}
+
+void RunCommand(Engine& engine, const Caller& caller, const std::string& session, Command command,
+                std::function<void(CommandResult)> done) {
+  const uint64_t id = command.id;
+  const bool reply = command.reply;
+  const char* op = CommandName(command);
+  // A result of this command: answered on failure, or when `answer`.
+  auto finish = [done = std::move(done), id, op](absl::Status status, bool answer,
+                                                 uint64_t gpu_ns = 0,
+                                                 std::optional<BufferInfo> allocated = {}) {
+    CommandResult r;
+    r.id = id;
+    r.answer = answer || !status.ok();
+    r.status = std::move(status);
+    r.gpu_time_ns = gpu_ns;
+    r.allocated = std::move(allocated);
+    r.op = op;
+    done(std::move(r));
+  };
+  auto status_only = [finish, reply](absl::Status st) { finish(std::move(st), reply); };
+  std::visit(
+      Overloaded{[&](Command::Barrier&) { finish(absl::OkStatus(), true); },
+                 [&](LaunchSpec& spec) {
+                   spec.session = session;
+                   const bool sync = spec.synchronize;
+                   engine.Launch(caller, std::move(spec),
+                                 [finish, reply, sync](absl::StatusOr<uint64_t> ns) {
+                                   finish(ns.status(), reply || sync, ns.ok() && sync ? *ns : 0);
+                                 });
+                 },
+                 [&](Command::Synchronize&) {
+                   engine.Synchronize(caller, session, [finish](absl::StatusOr<uint64_t> ns) {
+                     finish(ns.status(), true, ns.ok() ? *ns : 0);
+                   });
+                 },
+                 [&](Command::Allocate& a) {
+                   engine.Allocate(caller, session, a.size, [finish](absl::StatusOr<BufferInfo> b) {
+                     if (!b.ok()) return finish(b.status(), true);
+                     finish(absl::OkStatus(), true, 0, *b);
+                   });
+                 },
+                 [&](Command::Free& f) { engine.Free(caller, session, f.buffer, status_only); },
+                 [&](Command::Memset& m) {
+                   engine.Memset(caller, session, m.buffer, m.offset, m.size, m.value, status_only);
+                 },
+                 [&](Command::CopyBuffer& c) {
+                   engine.CopyBuffer(caller, session, c.dst, c.dst_offset, c.src, c.src_offset,
+                                     c.size, status_only);
+                 },
+                 [&](RegionCopySpec& spec) {
+                   // Answered always, once the copy has finished: the client's
+                   // memory is not its own to touch again before.
+                   engine.RegionCopy(caller, session, spec,
+                                     [finish](absl::Status st) { finish(std::move(st), true); });
+                 },
+                 [&](Command::ReleaseRegion& r) {
+                   engine.ReleaseRegion(caller, session, r.region, status_only);
+                 }},
+      command.op);
+}
+
+}  // namespace gpuexec::core
