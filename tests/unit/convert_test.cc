@@ -178,5 +178,70 @@ TEST(Convert, LaunchRequestDimensions) {
   EXPECT_EQ(FromProto(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Convert, Commands) {
+  v1::Command barrier;
+  barrier.set_id(9);
+  auto b = FromProto(barrier);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->id, 9u);
+  EXPECT_TRUE(std::holds_alternative<core::Command::Barrier>(b->op));
+  EXPECT_STREQ(CommandName(barrier), "barrier");
+  EXPECT_STREQ(core::CommandName(*b), "barrier");
+
+  v1::Command memset;
+  memset.set_id(3);
+  memset.set_reply(true);
+  memset.mutable_memset()->set_buffer(4);
+  memset.mutable_memset()->set_offset(8);
+  memset.mutable_memset()->set_size(16);
+  memset.mutable_memset()->set_value(0xab);
+  auto m = FromProto(memset);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->reply);
+  const auto& op = std::get<core::Command::Memset>(m->op);
+  EXPECT_EQ(op.buffer, 4u);
+  EXPECT_EQ(op.offset, 8u);
+  EXPECT_EQ(op.size, 16u);
+  EXPECT_EQ(op.value, 0xabu);
+  EXPECT_STREQ(core::CommandName(*m), "Memset");
+
+  v1::Command copy;
+  copy.mutable_region_copy()->set_region(1);
+  EXPECT_THAT(FromProto(copy).status().message(), HasSubstr("direction must be"));
+  EXPECT_STREQ(CommandName(copy), "RegionCopy");
+  copy.mutable_region_copy()->set_direction(v1::RegionCopyRequest::TO_REGION);
+  auto c = FromProto(copy);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(std::get<core::RegionCopySpec>(c->op).to_buffer);
+
+  // A result: the allocation and GPU time of a success; the message of a
+  // failure.
+  core::CommandResult synced;
+  synced.id = 4;
+  synced.gpu_time_ns = 1234;
+  v1::CommandResult t;
+  ToProto(synced, &t);
+  EXPECT_EQ(t.id(), 4u);
+  EXPECT_EQ(t.gpu_time_ns(), 1234u);
+  core::CommandResult ok;
+  ok.id = 5;
+  ok.allocated = core::BufferInfo{};
+  ok.allocated->handle = 77;
+  ok.allocated->size = 4096;
+  v1::CommandResult p;
+  ToProto(ok, &p);
+  EXPECT_EQ(p.id(), 5u);
+  EXPECT_EQ(p.code(), 0);
+  EXPECT_EQ(p.allocate().buffer(), 77u);
+  EXPECT_EQ(p.allocate().size(), 4096u);
+  core::CommandResult failed;
+  failed.id = 6;
+  failed.status = absl::NotFoundError("buffer 3 does not exist");
+  v1::CommandResult q;
+  ToProto(failed, &q);
+  EXPECT_EQ(q.code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_EQ(q.message(), "buffer 3 does not exist");
+}
+
 }  // namespace
 }  // namespace gpuexec::rpc
