@@ -46,7 +46,8 @@ ALLOWED = {
 
 # Headers of the project's own small libraries, free of gRPC and of the
 # driver, that any part may use.
-ANYWHERE = ["gpuexec/sha256.h", "gpuexec/half.h", "gpuexec/version.h"]
+ANYWHERE = ["gpuexec/sha256.h", "gpuexec/half.h", "gpuexec/version.h",
+            "gpuexec/command_ring.h"]
 
 # Parts that must not see gRPC, or the public protocol's messages.
 NO_GRPC = ["server/common", "server/port", "server/cuda", "server/device", "server/worker",
