@@ -433,6 +433,13 @@ class Engine {
                    Callback<SessionInfo> done);
   absl::StatusOr<uint64_t> KeepAlive(const Caller& caller, const std::string& token);
   void CloseSession(const Caller& caller, const std::string& token, Done done);
+  // Calls `on_close` once, with the reason in words, when the caller's
+  // session `token` closes for any reason (on the closing thread, holding
+  // no lock of the engine's); NOT_FOUND as for any call when the session is
+  // not the caller's or has closed. CancelCloseWatch takes it back.
+  absl::StatusOr<uint64_t> WatchClose(const Caller& caller, const std::string& token,
+                                      std::function<void(const std::string& why)> on_close);
+  void CancelCloseWatch(const Caller& caller, const std::string& token, uint64_t watch);
   // Closes every session of `tenant` (removed from the tenants file), with
   // `why` in the log; returns how many.
   size_t CloseTenant(const std::string& tenant, const std::string& why);

@@ -327,6 +327,23 @@ void Engine::CloseSession(const Caller& caller, const std::string& token, Done d
         std::move(done));
 }
 
+absl::StatusOr<uint64_t> Engine::WatchClose(const Caller& caller, const std::string& token,
+                                            std::function<void(const std::string&)> on_close) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
+  absl::MutexLock lock(&s->mu);
+  if (s->closed) return FindSession(caller, token).status();
+  const uint64_t watch = ++s->next_close_watch;
+  s->close_watches.emplace(watch, std::move(on_close));
+  return watch;
+}
+
+void Engine::CancelCloseWatch(const Caller& caller, const std::string& token, uint64_t watch) {
+  auto s = FindSession(caller, token);
+  if (!s.ok()) return;  // closed: its watches were told, or dropped
+  absl::MutexLock lock(&(*s)->mu);
+  (*s)->close_watches.erase(watch);
+}
+
 size_t Engine::CloseTenant(const std::string& tenant, const std::string& why) {
   std::vector<std::shared_ptr<Session>> theirs;
   {
@@ -389,9 +406,11 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
   port::DevicePort* dev = DeviceOf(*s);
   uint64_t freed = 0;
   size_t buffers = 0;
+  absl::flat_hash_map<uint64_t, std::function<void(const std::string&)>> watches;
   {
     absl::MutexLock lock(&s->mu);
     s->closed = true;
+    watches.swap(s->close_watches);
     for (auto& [handle, b] : s->buffers) {
       if (b.lost) continue;  // went with its device's worker
       dev->Free(s->stream(), b.ptr, b.epoch, s->Describe(b), [](absl::Status) {});
@@ -405,6 +424,7 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     for (const auto& [handle, image] : s->modules) ReleaseModule(*s, image->sha256);
     s->modules.clear();
   }
+  for (auto& [id, on_close] : watches) on_close(why);
   if (std::string more; TakeSessionLine(s->strike_key, &more)) {
     log::Info(s->name(), " of tenant '", s->tenant(), "' closed: ", why, "; freed ", buffers,
               " buffer(s), ", freed, " bytes", more);

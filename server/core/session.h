@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -189,6 +190,11 @@ class Session {
       ABSL_GUARDED_BY(mu);
   // Synchronize calls waiting: the lease does not lapse under them.
   int waiting ABSL_GUARDED_BY(mu) = 0;
+  // Told once, with the reason in words, when the session closes
+  // (Engine::WatchClose): a command ring serving it, for one.
+  absl::flat_hash_map<uint64_t, std::function<void(const std::string&)>> close_watches
+      ABSL_GUARDED_BY(mu);
+  uint64_t next_close_watch ABSL_GUARDED_BY(mu) = 0;
   // The device epoch of the oldest work queued since the last Synchronize
   // (0: none): a Synchronize after a reset says that work was lost.
   uint64_t work_epoch ABSL_GUARDED_BY(mu) = 0;

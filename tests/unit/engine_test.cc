@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gpuexec/sha256.h"
 #include "gtest/gtest.h"
+#include "tests/support/await.h"
 #include "tests/support/fake_port.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/wait.h"
@@ -30,6 +31,7 @@
 namespace gpuexec::core {
 namespace {
 
+using ::gpuexec::testing::Await;
 using ::gpuexec::testing::FakePort;
 using ::gpuexec::testing::IsOk;
 using ::gpuexec::testing::StatusIs;
@@ -38,21 +40,6 @@ using ::testing::_;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// Runs an asynchronous engine call and waits for its completion.
-template <typename T>
-absl::StatusOr<T> Await(const std::function<void(Callback<T>)>& call) {
-  absl::Notification done;
-  absl::StatusOr<T> result = absl::UnknownError("no completion");
-  call([&](absl::StatusOr<T> r) {
-    result = std::move(r);
-    done.Notify();
-  });
-  if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) {
-    return absl::DeadlineExceededError("the completion never came");
-  }
-  return result;
-}
 
 absl::Status AwaitDone(const std::function<void(Done)>& call) {
   return Await<bool>([&](Callback<bool> cb) {

@@ -1,0 +1,245 @@
+#include "server/core/command_ring_runner.h"
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstring>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gpuexec/command_ring.h"
+#include "server/common/thread_name.h"
+#include "server/core/ring_decode.h"
+#include "server/shm/command_ring_view.h"
+
+namespace gpuexec::core {
+namespace {
+
+// The slots one completion may take: its head and the longest message.
+constexpr uint64_t kCompletionSlots =
+    (ring::kCompleteHeadBytes + ring::kMaxMessageBytes + ring::kSlot - 1) / ring::kSlot;
+// Empty wake-ups in a row after which each park waits a little first.
+constexpr int kStormWakes = 64;
+
+// A spinning thread's hint to its core.
+inline void Relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+RingMapping::~RingMapping() {
+  if (base != nullptr && base != MAP_FAILED) munmap(base, bytes);
+}
+
+struct CommandRingRunner::State {
+  Engine* engine;
+  Caller caller;
+  std::string session;
+  std::unique_ptr<RingMapping> mapping;
+  std::unique_ptr<shm::CommandRingView> view;
+  CommandRingOptions options;
+  uint64_t bound = 0;  // commands in flight, at most
+
+  std::atomic<bool> stop{false};
+  std::atomic<bool> ended{false};
+  // Set by the ring's thread when it parked for want of room or of a free
+  // place in flight: an answer then wakes it.
+  std::atomic<bool> admission_waits{false};
+
+  absl::Mutex post_mu;  // one producer into the completion ring
+  uint64_t in_flight ABSL_GUARDED_BY(post_mu) = 0;
+
+  // Posts `head` and `message` keeping a head's room for each other
+  // command in flight; `admitted`: the command was counted in flight.
+  void Answer(ring::CompleteHead head, absl::string_view message, bool admitted) {
+    {
+      absl::MutexLock lock(&post_mu);
+      if (admitted) --in_flight;
+      // Admission kept this room: a failure here is a broken completion
+      // head, which the next admission finds and closes the ring for.
+      (void)view->Post(head, message, in_flight);
+    }
+    view->WakeClientIfParked();
+    if (admission_waits.load()) view->WakeDaemon();
+  }
+  void Done(bool admitted) {
+    {
+      absl::MutexLock lock(&post_mu);
+      if (admitted) --in_flight;
+    }
+    if (admission_waits.load()) view->WakeDaemon();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CommandRingRunner>> CommandRingRunner::Start(
+    Engine* engine, Caller caller, std::string session, std::unique_ptr<RingMapping> mapping,
+    uint64_t sq_bytes, uint64_t cq_bytes, CommandRingOptions options) {
+  auto view = shm::CommandRingView::Open(mapping->base, mapping->bytes, sq_bytes, cq_bytes);
+  if (!view.ok()) return view.status();
+  auto state = std::make_shared<State>();
+  state->engine = engine;
+  state->caller = std::move(caller);
+  state->session = std::move(session);
+  state->mapping = std::move(mapping);
+  state->view = *std::move(view);
+  const uint64_t cq_slots = cq_bytes / ring::kSlot;
+  state->bound = std::min<uint64_t>(options.max_in_flight, cq_slots - kCompletionSlots);
+  if (state->bound == 0) state->bound = 1;
+  if (options.turn_records < 1) options.turn_records = 1;
+  state->options = std::move(options);
+  std::unique_ptr<CommandRingRunner> runner(new CommandRingRunner(std::move(state)));
+  runner->thread_ = std::thread([r = runner.get()] { r->Loop(); });
+  return runner;
+}
+
+CommandRingRunner::CommandRingRunner(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+CommandRingRunner::~CommandRingRunner() {
+  Stop(absl::CancelledError("the daemon stopped serving the command ring"));
+  if (thread_.joinable()) thread_.join();
+}
+
+void CommandRingRunner::Stop(const absl::Status& reason) {
+  state_->view->Close(reason.code(), reason.message());
+  state_->stop.store(true);
+  state_->view->WakeDaemon();
+}
+
+bool CommandRingRunner::ended() const { return state_->ended.load(); }
+
+uint64_t CommandRingRunner::in_flight() const {
+  absl::MutexLock lock(&state_->post_mu);
+  return state_->in_flight;
+}
+
+uint64_t CommandRingRunner::max_in_flight() const { return state_->bound; }
+
+void CommandRingRunner::Loop() {
+  NameThisThread("gx-ring");
+  // Held by each command's answer too: the mapping outlives this thread
+  // while commands are in flight.
+  std::shared_ptr<State> st = state_;
+  shm::CommandRingView& view = *st->view;
+  auto scratch = std::make_unique<shm::RecordScratch>();
+  int empty_wakes = 0;
+  auto close = [&](const absl::Status& why) {
+    view.Close(why.code(), why.message());
+    if (st->options.on_close) st->options.on_close(why);
+  };
+  while (!st->stop.load()) {
+    int taken = 0;
+    bool blocked = false;
+    while (taken < st->options.turn_records && !st->stop.load()) {
+      // Admission: a place in flight, and a completion head's room for
+      // this command beside those kept for the others.
+      uint64_t in_flight;
+      absl::StatusOr<uint64_t> room;
+      {
+        absl::MutexLock lock(&st->post_mu);
+        in_flight = st->in_flight;
+        room = view.CompletionRoomSlots();
+      }
+      if (!room.ok()) {
+        close(absl::InvalidArgumentError(
+            absl::StrCat("command ring closed: ", room.status().message())));
+        st->ended.store(true);
+        return;
+      }
+      if (in_flight >= st->bound || *room < in_flight + 1) {
+        // Said before a last look, so that an answer in between either is
+        // seen here or wakes the park below.
+        st->admission_waits.store(true);
+        bool admissible;
+        {
+          absl::MutexLock lock(&st->post_mu);
+          room = view.CompletionRoomSlots();
+          admissible = room.ok() && st->in_flight < st->bound && *room >= st->in_flight + 1;
+        }
+        if (!room.ok()) continue;  // the look above closes the ring
+        if (!admissible) {
+          blocked = true;
+          break;
+        }
+        st->admission_waits.store(false);
+      }
+      shm::NextRecord next = view.Next(*scratch);
+      if (next.kind == shm::NextRecord::kEmpty) break;
+      if (next.kind == shm::NextRecord::kBroken) {
+        view.PublishHead();
+        close(absl::InvalidArgumentError(absl::StrCat(
+            "command ring closed: ", next.why,
+            "; the ring's records must follow gpuexec/command_ring.h: register a new ring")));
+        st->ended.store(true);
+        return;
+      }
+      ++taken;
+      ring::SubmitHead head;
+      std::memcpy(&head, scratch->bytes, sizeof(head));
+      ring::CompleteHead answer{};
+      answer.kind = head.kind;
+      answer.id = head.id;
+      answer.seq = head.seq;
+      absl::StatusOr<Command> command = DecodeRingRecord(scratch->bytes, next.bytes);
+      if (!command.ok()) {
+        answer.code = static_cast<int32_t>(command.status().code());
+        if (st->options.on_failure) {
+          CommandResult r;
+          r.id = head.id;
+          r.status = command.status();
+          r.answer = true;
+          r.op = "command ring record";
+          st->options.on_failure(r);
+        }
+        st->Answer(answer, command.status().message(), false);
+        continue;
+      }
+      {
+        absl::MutexLock lock(&st->post_mu);
+        ++st->in_flight;
+      }
+      RunCommand(*st->engine, st->caller, st->session, *std::move(command),
+                 [st, answer](CommandResult r) mutable {
+                   if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
+                   if (!r.answer) return st->Done(true);
+                   answer.code = static_cast<int32_t>(r.status.code());
+                   answer.gpu_time_ns = r.gpu_time_ns;
+                   if (r.allocated.has_value()) {
+                     answer.value0 = r.allocated->handle;
+                     answer.value1 = r.allocated->size;
+                   }
+                   st->Answer(answer, r.status.message(), true);
+                 });
+    }
+    if (taken > 0) {
+      view.PublishHead();
+      view.WakeClientIfParked();
+      empty_wakes = 0;
+      if (!blocked && taken == st->options.turn_records) continue;  // more may be there
+    }
+    if (st->options.spin > absl::ZeroDuration() && !blocked) {
+      const absl::Time until = absl::Now() + st->options.spin;
+      bool more = false;
+      while (!st->stop.load() && absl::Now() < until) {
+        if (ring::Load<uint64_t>(st->mapping->base, ring::header::kSqTail) != view.sq_head()) {
+          more = true;
+          break;
+        }
+        Relax();
+      }
+      if (more) continue;
+    }
+    if (taken == 0 && ++empty_wakes > kStormWakes) absl::SleepFor(absl::Milliseconds(1));
+    view.ParkDaemon(absl::InfiniteDuration());
+    st->admission_waits.store(false);
+  }
+  st->ended.store(true);
+}
+
+}  // namespace gpuexec::core
