@@ -42,6 +42,11 @@ ABSL_FLAG(std::string, shm_socket, "",
           "Serve host memory regions on this Unix socket path (SOCK_SEQPACKET, made like "
           "--unix_socket, with --unix_socket_group): same-host clients pass sealed memfds there "
           "and copy between them and buffers at DMA speed. Empty: off.");
+ABSL_FLAG(bool, command_rings, false,
+          "Also serve command rings on --shm_socket: same-host clients post a session's "
+          "commands through shared memory instead of gRPC (a thread per ring).");
+ABSL_FLAG(int32_t, max_command_rings, 256,
+          "Command rings served at once (each one thread), at most 16 of them a tenant's.");
 ABSL_FLAG(uint64_t, pinned_memory_limit, 0,
           "Page-locked bytes of all host memory regions (0: a quarter of the host's memory).");
 ABSL_FLAG(uint64_t, max_session_pinned_bytes, 0,
@@ -291,6 +296,8 @@ int main(int argc, char** argv) {
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.unix_socket_group = absl::GetFlag(FLAGS_unix_socket_group);
   options.shm_socket = absl::GetFlag(FLAGS_shm_socket);
+  options.command_rings = absl::GetFlag(FLAGS_command_rings);
+  options.max_command_rings = absl::GetFlag(FLAGS_max_command_rings);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.pinned_bytes = absl::GetFlag(FLAGS_pinned_memory_limit);
   options.max_session_pinned_bytes = absl::GetFlag(FLAGS_max_session_pinned_bytes);

@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "gpuexec/address.h"
+#include "gpuexec/command_ring.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
@@ -33,6 +34,7 @@
 #include "server/core/engine.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/command_ring_server.h"
 #include "server/rpc/front_limits.h"
 #include "server/rpc/health.h"
 #include "server/rpc/identity.h"
@@ -169,6 +171,8 @@ class Server::Impl {
   // Hands its connections to `server`: goes before it.
   std::unique_ptr<rpc::UnixListener> unix_listener;
   std::unique_ptr<rpc::ShmListener> shm_listener;
+  // Goes after the listener that hands it rings, before the engine.
+  std::unique_ptr<rpc::CommandRingServer> command_rings;
   int port = 0;
   absl::Mutex health_mu;
   bool last_serving ABSL_GUARDED_BY(health_mu) = false;
@@ -347,7 +351,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   call_limits.upload_idle = options.upload_idle;
   impl->service = std::make_unique<rpc::GpuExecService>(
       impl->engine.get(), impl->identity.get(), options.shm_socket, options.advertise_address,
-      reported_version, call_limits);
+      reported_version, call_limits,
+      options.command_rings && !options.shm_socket.empty() ? ring::kVersion : 0);
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
     metrics::HttpServer::Limits limits;
@@ -408,9 +413,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     impl->unix_listener = *std::move(listener);
   }
+  if (!options.shm_socket.empty() && options.command_rings) {
+    rpc::CommandRingServer::Options ro;
+    ro.max_rings = options.max_command_rings;
+    auto rings = rpc::CommandRingServer::Start(impl->engine.get(), ro);
+    if (!rings.ok()) {
+      impl->unix_listener.reset();
+      impl->server->Shutdown();
+      return rings.status();
+    }
+    impl->command_rings = *std::move(rings);
+  }
   if (!options.shm_socket.empty()) {
-    auto listener = rpc::ShmListener::Start(options.shm_socket, options.unix_socket_group,
-                                            impl->engine.get(), impl->identity.get());
+    auto listener =
+        rpc::ShmListener::Start(options.shm_socket, options.unix_socket_group, impl->engine.get(),
+                                impl->identity.get(), impl->command_rings.get());
     if (!listener.ok()) {
       impl->unix_listener.reset();
       impl->server->Shutdown();
@@ -419,6 +436,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->shm_listener = *std::move(listener);
     log::Info("host memory regions: served on ", options.shm_socket, ", up to ",
               eo.daemon_pinned_bytes, " page-locked bytes in all");
+    if (impl->command_rings != nullptr) {
+      log::Info("command rings: served on ", options.shm_socket, ", up to ",
+                options.max_command_rings, " at once");
+    }
   }
   impl->service->Listen(impl->queue.get());
   impl->health.Listen(impl->queue.get());
@@ -566,6 +587,7 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->health.Shutdown();      // every name NOT_SERVING; watches end
   impl_->unix_listener.reset();  // no new connections
   impl_->shm_listener.reset();
+  impl_->command_rings.reset();
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
   // Calls may still wait for the engine; their queues serve them until the

@@ -31,6 +31,10 @@ struct ServerOptions {
   // sealed memfds there for copies at DMA speed. Empty: host memory
   // regions are off.
   std::string shm_socket;
+  // Command rings on `shm_socket` (same-host commands through shared
+  // memory, docs/command-ring-plan.md), and how many the daemon serves.
+  bool command_rings = false;
+  int max_command_rings = 256;
   // What ListDevices reports as the daemon's own address (which daemon of
   // a pool answered): host:port, as clients reach it. Empty: none.
   std::string advertise_address;

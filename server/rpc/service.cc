@@ -55,16 +55,22 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
         // Only a caller on the daemon's Unix socket is on its host, and
         // told where the host memory socket is.
         std::string shm_socket;
-        if (absl::StartsWith(call->caller().peer, "unix:")) shm_socket = call->env().shm_socket;
-        engine->OpenSession(call->caller(), device, request.lease_ms(),
-                            request.memory_limit_bytes(), request.kernel_time_limit_ms(),
-                            Reply<core::SessionInfo>(
-                                call, [shm_socket, version = call->env().daemon_version](
-                                          const core::SessionInfo& s, v1::OpenSessionResponse* r) {
-                                  ToProto(s, r);
-                                  r->set_shm_socket(shm_socket);
-                                  r->set_daemon_version(version);
-                                }));
+        uint32_t ring_version = 0;
+        if (absl::StartsWith(call->caller().peer, "unix:")) {
+          shm_socket = call->env().shm_socket;
+          ring_version = call->env().command_ring_version;
+        }
+        engine->OpenSession(
+            call->caller(), device, request.lease_ms(), request.memory_limit_bytes(),
+            request.kernel_time_limit_ms(),
+            Reply<core::SessionInfo>(
+                call, [shm_socket, ring_version, version = call->env().daemon_version](
+                          const core::SessionInfo& s, v1::OpenSessionResponse* r) {
+                  ToProto(s, r);
+                  r->set_shm_socket(shm_socket);
+                  r->set_command_ring_version(ring_version);
+                  r->set_daemon_version(version);
+                }));
       });
 
   using KeepAlive = Unary<v1::KeepAliveRequest, v1::KeepAliveResponse>;

@@ -30,10 +30,11 @@ class GpuExecService {
   // address (empty: not given). `daemon_version`: what ListDevices and
   // OpenSession report as the daemon's version (empty: gpuexec::kVersion).
   // `limits`: what one session's and one tenant's streaming calls may hold
-  // (call_budget.h).
+  // (call_budget.h). `command_ring_version`: the command ring layout served
+  // on `shm_socket` (0: none), told with it.
   GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "",
                  std::string advertise_address = "", std::string daemon_version = "",
-                 CallLimits limits = {})
+                 CallLimits limits = {}, uint32_t command_ring_version = 0)
       : engine_(engine),
         budget_(limits),
         env_{&async_,
@@ -45,7 +46,8 @@ class GpuExecService {
              &budget_,
              std::move(shm_socket),
              std::move(advertise_address),
-             daemon_version.empty() ? std::string(kVersion) : std::move(daemon_version)} {}
+             daemon_version.empty() ? std::string(kVersion) : std::move(daemon_version),
+             command_ring_version} {}
 
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
@@ -77,6 +79,7 @@ class GpuExecService {
     std::string shm_socket;
     std::string advertise_address;
     std::string daemon_version;
+    uint32_t command_ring_version = 0;
   };
 
  private:

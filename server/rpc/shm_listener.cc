@@ -50,7 +50,8 @@ struct Pending {
 absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::Start(const std::string& path,
                                                                 const std::string& group,
                                                                 core::Engine* engine,
-                                                                Identity* identity) {
+                                                                Identity* identity,
+                                                                CommandRingServer* rings) {
   absl::StatusOr<int> bound = BindUnixSocket(path, group, SOCK_SEQPACKET);
   if (!bound.ok()) {
     return absl::Status(bound.status().code(),
@@ -63,12 +64,17 @@ absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::Start(const std::strin
     close(*bound);
     return absl::UnavailableError(absl::StrCat("--shm_socket: eventfd: ", std::strerror(e)));
   }
-  return std::unique_ptr<ShmListener>(new ShmListener(path, *bound, wake, engine, identity));
+  return std::unique_ptr<ShmListener>(new ShmListener(path, *bound, wake, engine, identity, rings));
 }
 
 ShmListener::ShmListener(std::string path, int fd, int wake_fd, core::Engine* engine,
-                         Identity* identity)
-    : path_(std::move(path)), fd_(fd), wake_fd_(wake_fd), engine_(engine), identity_(identity) {
+                         Identity* identity, CommandRingServer* rings)
+    : path_(std::move(path)),
+      fd_(fd),
+      wake_fd_(wake_fd),
+      engine_(engine),
+      identity_(identity),
+      rings_(rings) {
   thread_ = std::thread(&ShmListener::AcceptLoop, this);
 }
 
@@ -192,6 +198,31 @@ void ShmListener::Serve(int conn, ucred peer) {
     if (!refused.ok()) {
       if (fd >= 0) close(fd);
       Answer(conn, refused, 0, 0);
+      continue;
+    }
+    if (request.has_command_ring()) {
+      absl::Status st =
+          rings_ == nullptr
+              ? absl::FailedPreconditionError(
+                    "this daemon serves no command rings (gpuexecd --command_rings); use the "
+                    "Execute stream")
+              : rings_->Adopt(*caller, request.session(), conn, fd, request.bytes(),
+                              request.command_ring(),
+                              [](int c, const v1::RegisterRegionResponse& r) {
+                                const std::string out = r.SerializeAsString();
+                                (void)::send(c, out.data(), out.size(), MSG_NOSIGNAL);
+                              });
+      close(fd);  // mapped, if served
+      if (st.ok()) {
+        // The connection is the ring's lifeline now, no longer this
+        // listener's: it stops counting against the registration slots.
+        absl::MutexLock lock(&mu_);
+        conns_.erase(std::find(conns_.begin(), conns_.end(), conn));
+        --serving_;
+        if (--serving_uid_[peer.uid] == 0) serving_uid_.erase(peer.uid);
+        return;
+      }
+      Answer(conn, st, 0, 0);
       continue;
     }
     auto pending = std::make_shared<Pending>();

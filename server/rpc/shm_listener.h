@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/core/engine.h"
+#include "server/rpc/command_ring_server.h"
 #include "server/rpc/identity.h"
 
 namespace gpuexec::rpc {
@@ -45,18 +46,21 @@ class ShmListener {
   // region takes tens of milliseconds per GiB).
   static constexpr absl::Duration kRegisterTimeout = absl::Seconds(60);
 
-  // `engine` and `identity` outlive the listener.
+  // `engine`, `identity` and `rings` outlive the listener; `rings` (may be
+  // null: none served) takes the registrations of command rings.
   static absl::StatusOr<std::unique_ptr<ShmListener>> Start(const std::string& path,
                                                             const std::string& group,
                                                             core::Engine* engine,
-                                                            Identity* identity);
+                                                            Identity* identity,
+                                                            CommandRingServer* rings = nullptr);
   ~ShmListener();
 
   ShmListener(const ShmListener&) = delete;
   ShmListener& operator=(const ShmListener&) = delete;
 
  private:
-  ShmListener(std::string path, int fd, int wake_fd, core::Engine* engine, Identity* identity);
+  ShmListener(std::string path, int fd, int wake_fd, core::Engine* engine, Identity* identity,
+              CommandRingServer* rings);
   void AcceptLoop();
   void Serve(int conn, ucred peer);
 
@@ -65,6 +69,7 @@ class ShmListener {
   const int wake_fd_;  // an eventfd: written to stop the loop
   core::Engine* const engine_;
   Identity* const identity_;
+  CommandRingServer* const rings_;
   std::thread thread_;
 
   absl::Mutex mu_;

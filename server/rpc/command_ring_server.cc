@@ -1,0 +1,292 @@
+#include "server/rpc/command_ring_server.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gpuexec/command_ring.h"
+#include "server/common/log.h"
+#include "server/common/thread_name.h"
+#include "server/rpc/observability.h"
+#include "server/shm/region_fd.h"
+
+namespace gpuexec::rpc {
+
+struct CommandRingServer::Ring {
+  uint64_t id = 0;
+  core::Caller caller;
+  std::string session;
+  std::string tenant;
+  bool close_session_on_hangup = false;
+  // Set once Adopt has finished: the runner, lifeline and watch are in.
+  bool adopted = false;
+  bool ended = false;
+  absl::Status reason;  // why it ended, when it ended before adoption
+  int conn = -1;
+  uint64_t watch = 0;
+  std::unique_ptr<core::CommandRingRunner> runner;
+};
+
+namespace {
+
+std::string Short(const std::string& token) { return token.substr(0, 8); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CommandRingServer>> CommandRingServer::Start(core::Engine* engine,
+                                                                            Options options) {
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) return absl::UnavailableError(absl::StrCat("epoll_create1: ", strerror(errno)));
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;
+  if (wake < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, wake, &ev) != 0) {
+    const int e = errno;
+    if (wake >= 0) close(wake);
+    close(ep);
+    return absl::UnavailableError(absl::StrCat("command rings: eventfd: ", strerror(e)));
+  }
+  return std::unique_ptr<CommandRingServer>(new CommandRingServer(engine, options, ep, wake));
+}
+
+CommandRingServer::CommandRingServer(core::Engine* engine, Options options, int epoll_fd,
+                                     int wake_fd)
+    : engine_(engine), options_(options), epoll_fd_(epoll_fd), wake_fd_(wake_fd) {
+  thread_ = std::thread(&CommandRingServer::WatchLoop, this);
+}
+
+CommandRingServer::~CommandRingServer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, ring] : rings_) {
+      ring->ended = true;
+      if (ring->runner != nullptr) {
+        ring->runner->Stop(absl::UnavailableError("the daemon is stopping"));
+      }
+    }
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  thread_.join();
+  Reap();
+  close(epoll_fd_);
+  close(wake_fd_);
+}
+
+size_t CommandRingServer::rings() const {
+  absl::MutexLock lock(&mu_);
+  return rings_.size();
+}
+
+absl::Status CommandRingServer::Adopt(
+    const core::Caller& caller, const std::string& session, int conn, int memfd, uint64_t bytes,
+    const v1::CommandRingRequest& request,
+    const std::function<void(int, const v1::RegisterRegionResponse&)>& answer) {
+  if (request.layout_version() != ring::kVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("command ring layout version ", request.layout_version(),
+                     " is not served: this daemon serves version ", ring::kVersion,
+                     "; use a client library of this daemon's release"));
+  }
+  const uint64_t sq = request.submission_bytes(), cq = request.completion_bytes();
+  if (sq > ring::kMaxSubmissionBytes || cq > ring::kMaxCompletionBytes ||
+      bytes != ring::kHeaderBytes + sq + cq) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("command ring of ", bytes, " bytes for a submission ring of ", sq,
+                     " bytes and a completion ring of ", cq, " bytes: it must be ",
+                     ring::kHeaderBytes, " + submission + completion bytes, with at most ",
+                     ring::kMaxSubmissionBytes, " and ", ring::kMaxCompletionBytes));
+  }
+  if (absl::Status st = shm::CheckRegionFd(memfd, bytes, shm::RegionLimits{bytes}); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("command ring: ", st.message()));
+  }
+  const std::string tenant = caller.tenant_name();
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the daemon is stopping");
+    if (by_session_.contains(session)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "session ", Short(session),
+          " has a command ring already: one ring per session; use that one, or open another "
+          "session"));
+    }
+    if (static_cast<int>(rings_.size()) >= options_.max_rings) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the daemon serves ", options_.max_rings,
+                       " command rings already (--max_command_rings); use the Execute stream, "
+                       "or try again when rings have closed"));
+    }
+    if (per_tenant_[tenant] >= kMaxRingsPerTenant) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant '", tenant, "' has ", kMaxRingsPerTenant,
+                       " command rings already, the most a tenant may have; close a session "
+                       "that has one, or use the Execute stream"));
+    }
+    id = ++next_id_;
+    auto r = std::make_unique<Ring>();
+    r->id = id;
+    r->caller = caller;
+    r->session = session;
+    r->tenant = tenant;
+    r->close_session_on_hangup = request.close_session_on_hangup();
+    rings_.emplace(id, std::move(r));
+    by_session_.emplace(session, id);
+    ++per_tenant_[tenant];
+  }
+  // Undoes the reservation above on a refusal.
+  auto refuse = [&](absl::Status st) {
+    absl::MutexLock lock(&mu_);
+    rings_.erase(id);
+    by_session_.erase(session);
+    if (--per_tenant_[tenant] == 0) per_tenant_.erase(tenant);
+    return st;
+  };
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (base == MAP_FAILED) {
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat("command ring: mapping ", bytes, " bytes failed: ", strerror(errno))));
+  }
+  core::CommandRingOptions ro;
+  ro.max_in_flight = options_.max_in_flight;
+  ro.spin = options_.spin;
+  const std::string peer = caller.peer;
+  ro.on_failure = [peer](const core::CommandResult& r) {
+    LogFailure(absl::StrCat("command ring ", r.op), peer, r.status);
+  };
+  ro.on_close = [this, id](const absl::Status& why) { End(id, why, false); };
+  auto runner = core::CommandRingRunner::Start(engine_, caller, session,
+                                               std::make_unique<core::RingMapping>(base, bytes), sq,
+                                               cq, std::move(ro));
+  if (!runner.ok()) return refuse(runner.status());
+  // Also checks that the session is the caller's.
+  absl::StatusOr<uint64_t> watch =
+      engine_->WatchClose(caller, session, [this, id](const std::string& why) {
+        End(id,
+            absl::FailedPreconditionError(
+                absl::StrCat("the command ring's session was closed: ", why)),
+            false);
+      });
+  if (!watch.ok()) {
+    runner->reset();
+    return refuse(watch.status());
+  }
+  v1::RegisterRegionResponse response;
+  response.set_bytes(bytes);
+  v1::CommandRingResponse* c = response.mutable_command_ring();
+  c->set_ring(id);
+  c->set_max_in_flight(static_cast<uint32_t>((*runner)->max_in_flight()));
+  c->set_max_record_bytes(ring::kMaxRecordBytes);
+  answer(conn, response);
+  epoll_event ev{};
+  ev.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+  ev.data.u64 = id;
+  const bool watched = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn, &ev) == 0;
+  bool reap = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Ring& r = *rings_.at(id);
+    r.runner = *std::move(runner);
+    r.conn = conn;
+    r.watch = *watch;
+    r.adopted = true;
+    if (!watched && !r.ended) {
+      r.ended = true;
+      r.runner->Stop(absl::UnavailableError("the daemon could not watch the ring's lifeline"));
+    } else if (r.ended) {
+      r.runner->Stop(r.reason);
+    }
+    reap = r.ended;
+  }
+  log::Info("command ring ", id, " serves session ", Short(session), " of tenant '", tenant, "' (",
+            sq, " + ", cq, " bytes)");
+  if (reap) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+  return absl::OkStatus();
+}
+
+void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_session) {
+  core::Caller caller;
+  std::string session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = rings_.find(id);
+    if (it == rings_.end() || it->second->ended) return;
+    Ring& r = *it->second;
+    r.ended = true;
+    r.reason = reason;
+    if (r.runner != nullptr) r.runner->Stop(reason);
+    if (close_session && r.close_session_on_hangup) {
+      caller = r.caller;
+      session = r.session;
+    }
+    log::Info("command ring ", id, " of session ", Short(r.session), " ended: ", reason.message());
+  }
+  if (!session.empty()) engine_->CloseSession(caller, session, [](absl::Status) {});
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void CommandRingServer::Reap() {
+  std::vector<std::unique_ptr<Ring>> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = rings_.begin(); it != rings_.end();) {
+      Ring& r = *it->second;
+      if (r.ended && r.adopted) {
+        by_session_.erase(r.session);
+        if (--per_tenant_[r.tenant] == 0) per_tenant_.erase(r.tenant);
+        done.push_back(std::move(it->second));
+        rings_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& r : done) {
+    engine_->CancelCloseWatch(r->caller, r->session, r->watch);
+    r->runner.reset();  // joins its thread
+    if (r->conn >= 0) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, r->conn, nullptr);
+      close(r->conn);
+    }
+  }
+}
+
+void CommandRingServer::WatchLoop() {
+  NameThisThread("gx-ring-watch");
+  epoll_event events[64];
+  while (true) {
+    const int n = epoll_wait(epoll_fd_, events, 64, -1);
+    if (n < 0 && errno != EINTR) {
+      log::Error("command rings: epoll_wait: ", strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == 0) {
+        uint64_t count;
+        (void)!read(wake_fd_, &count, sizeof(count));
+        continue;
+      }
+      End(events[i].data.u64, absl::CancelledError("the client hung up the ring's lifeline"), true);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    Reap();
+  }
+}
+
+}  // namespace gpuexec::rpc

@@ -1,0 +1,94 @@
+#ifndef GPUEXEC_SERVER_RPC_COMMAND_RING_SERVER_H_
+#define GPUEXEC_SERVER_RPC_COMMAND_RING_SERVER_H_
+
+// The command rings the daemon serves (gpuexecd --command_rings, on the
+// host memory socket; docs/command-ring-plan.md): what a registration is
+// checked against, each ring's runner (core::CommandRingRunner, a thread
+// of its own), and the ends of a ring:
+// - its lifeline (the socket it was registered on) hangs up: one thread
+//   watches every lifeline in an epoll set; the ring stops, and with
+//   close_session_on_hangup the session is closed too;
+// - its session closes (client, lease, fault, reload, shutdown): told by
+//   Engine::WatchClose, the ring is closed with the reason;
+// - the ring breaks its framing: the runner closes it itself;
+// - the daemon stops: the destructor closes every ring.
+// A ring that ended is reaped by the watch thread (its runner joined, its
+// lifeline closed); its mapping goes with the last command it started.
+//
+// Limits, each refusal naming it: one ring per session, kMaxRingsPerTenant
+// per tenant, `max_rings` in all.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gpuexec/v1/gpuexec.pb.h"
+#include "server/core/command_ring_runner.h"
+#include "server/core/engine.h"
+
+namespace gpuexec::rpc {
+
+class CommandRingServer {
+ public:
+  static constexpr int kMaxRingsPerTenant = 16;
+  struct Options {
+    int max_rings = 256;
+    uint64_t max_in_flight = 1024;  // per ring
+    absl::Duration spin = absl::ZeroDuration();
+  };
+
+  // `engine` outlives the server.
+  static absl::StatusOr<std::unique_ptr<CommandRingServer>> Start(core::Engine* engine,
+                                                                  Options options);
+  ~CommandRingServer();
+  CommandRingServer(const CommandRingServer&) = delete;
+  CommandRingServer& operator=(const CommandRingServer&) = delete;
+
+  // Serves `memfd` (of `bytes`, checked as a region's descriptor is) as the
+  // command ring `request` describes, for `caller`'s `session`. On success
+  // it sends `answer` on `conn` first, then owns `conn` (the lifeline); on
+  // a refusal it sends nothing (the caller answers with the status) and
+  // leaves `conn` to the caller. `memfd` stays the caller's either way (the
+  // mapping outlives it).
+  absl::Status Adopt(
+      const core::Caller& caller, const std::string& session, int conn, int memfd, uint64_t bytes,
+      const v1::CommandRingRequest& request,
+      const std::function<void(int conn, const v1::RegisterRegionResponse&)>& answer);
+
+  // Rings being served (not yet reaped).
+  size_t rings() const;
+
+ private:
+  struct Ring;
+  CommandRingServer(core::Engine* engine, Options options, int epoll_fd, int wake_fd);
+  void WatchLoop();
+  // Stops ring `id` with `reason` and has the watch thread reap it.
+  void End(uint64_t id, const absl::Status& reason, bool close_session);
+  void Reap();
+
+  core::Engine* const engine_;
+  const Options options_;
+  const int epoll_fd_;
+  const int wake_fd_;  // an eventfd: reap, or stop
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Ring>> rings_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> by_session_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpuexec::rpc
+
+#endif  // GPUEXEC_SERVER_RPC_COMMAND_RING_SERVER_H_
