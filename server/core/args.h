@@ -108,6 +108,13 @@ struct PackedArgs {
 // bytes).
 inline constexpr uint64_t kMaxParamBlockBytes = 32764;
 
+// The most arguments a launch may pass, whatever carries it: a kernel's
+// parameters take at least a byte each of a parameter block the driver
+// bounds at kMaxParamBlockBytes, and no real kernel comes near. Each
+// transport checks it before it converts any argument, so that a request of
+// millions of arguments costs its parse only.
+inline constexpr int kMaxLaunchArgs = 4096;
+
 // Checks `args` against `params` (count, each size, integer ranges, tensor
 // maps) and returns the packed parameter block (a tensor map's bytes left
 // zero, for the device to encode). `kernel` names the kernel in errors. A

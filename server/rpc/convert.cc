@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/common/text.h"
+#include "server/core/args.h"
 
 namespace gpuexec::rpc {
 
@@ -140,11 +141,11 @@ absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index) {
 }
 
 absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& r) {
-  if (r.args_size() > kMaxLaunchArgs) {
+  if (r.args_size() > core::kMaxLaunchArgs) {
     return absl::InvalidArgumentError(
         absl::StrCat("Launch of function ", core::HandleName(r.function()), " of session ",
                      Quoted(r.session().substr(0, 8)), ": ", r.args_size(), " arguments, at most ",
-                     kMaxLaunchArgs,
+                     core::kMaxLaunchArgs,
                      " (a kernel's parameters fit in 32764 bytes); pass one argument per "
                      "parameter of the kernel, and larger data in a buffer"));
   }

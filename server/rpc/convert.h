@@ -18,13 +18,8 @@ core::ModuleKind FromProto(v1::ModuleKind kind);
 // INVALID_ARGUMENT naming the argument when it carries no value.
 absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index);
 
-// The most arguments a launch may pass: a kernel's parameters take at
-// least a byte each of a parameter block the driver bounds at 32764 bytes,
-// and no real kernel comes near. Checked before any argument is converted,
-// so that a message of millions of arguments costs its parse only.
-inline constexpr int kMaxLaunchArgs = 4096;
-// INVALID_ARGUMENT for more than kMaxLaunchArgs arguments, before any is
-// converted.
+// INVALID_ARGUMENT for more than core::kMaxLaunchArgs arguments, before any
+// is converted.
 absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& request);
 
 // A command of the Execute stream; INVALID_ARGUMENT for a launch that does

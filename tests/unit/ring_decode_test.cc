@@ -184,6 +184,14 @@ TEST(RingDecode, EachMalformedFieldIsRefusedNamingIt) {
   past_rank.rank = 1;
   past_rank.dims[2] = 5;
   ring::SubmitHead reserved{ring::kBarrier, 1, 0, 1, 17, 0, 3};
+  ring::TensorMapBody rank0{};
+  ring::ArgSlot arg_reserved = Arg(ring::kArgU32, 1);
+  arg_reserved.reserved = 1;
+  ring::LaunchBody launch_reserved{};
+  launch_reserved.reserved = 2;
+  // Checked before the body's size: no record of the ring is this large.
+  ring::LaunchBody too_many_args{};
+  too_many_args.nargs = 4097;
   const struct {
     std::string record;
     std::vector<std::string> says;
@@ -215,12 +223,29 @@ TEST(RingDecode, EachMalformedFieldIsRefusedNamingIt) {
        {"argument 0 (tensor map): rank 9", "1 to 5"}},
       {Record(ring::kLaunch, LaunchBody({Arg(ring::kArgTensorMap, 0)}, Bytes(past_rank))),
        {"entries past its rank 1 are not 0"}},
+      {Record(ring::kLaunch, LaunchBody({Arg(ring::kArgTensorMap, 0)}, Bytes(rank0))),
+       {"argument 0 (tensor map): rank 0"}},
+      {Record(ring::kLaunch,
+              LaunchBody({Arg(ring::kArgTensorMap, 0, 0, 152)}, Bytes(ring::TensorMapBody{}))),
+       {"aux is 152, where a tensor map has 0"}},
+      {Record(ring::kLaunch,
+              LaunchBody({Arg(ring::kArgRaw, 0, 0, 32765)}, std::string(32768, 'r'))),
+       {"(Launch)", "more than 32764 bytes in all"}},
+      {Record(ring::kLaunch, LaunchBody({arg_reserved})), {"argument 0: its reserved field"}},
+      {Record(ring::kLaunch, Bytes(launch_reserved)), {"(Launch)", "launch's reserved field"}},
+      {Record(ring::kLaunch, Bytes(too_many_args)), {"4097 arguments, at most 4096"}},
+      {Record(ring::kRegionCopy, Bytes(ring::RegionCopyBody{1, 0, 2, 0, 4, ring::kToBuffer, 1})),
+       {"(RegionCopy)", "copy's reserved field"}},
+      {Record(ring::kCopyBuffer, std::string(48, '\0')), {"(CopyBuffer)", "body of 48", "has 40"}},
+      {Record(32, ""), {"kind 32", "kinds 2 to 10"}},
   };
   for (const auto& c : cases) {
     auto got = Decode(c.record);
     ASSERT_FALSE(got.ok()) << c.says[0];
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.says[0];
-    for (const std::string& s : c.says) EXPECT_THAT(got.status().message(), HasSubstr(s));
+    for (const std::string& s : c.says) {
+      EXPECT_THAT(std::string(got.status().message()), HasSubstr(s));
+    }
   }
   // A record shorter than its head, and a body past the record.
   EXPECT_THAT(DecodeRingRecord("abc", 3).status().message(), HasSubstr("shorter than its"));
