@@ -39,6 +39,9 @@ RingMapping::~RingMapping() {
 }
 
 struct CommandRingRunner::State {
+  ~State() {
+    if (options.on_release) options.on_release();
+  }
   Engine* engine;
   Caller caller;
   std::string session;
@@ -59,12 +62,20 @@ struct CommandRingRunner::State {
   // Posts `head` and `message` keeping a head's room for each other
   // command in flight; `admitted`: the command was counted in flight.
   void Answer(ring::CompleteHead head, absl::string_view message, bool admitted) {
+    absl::Status posted;
     {
       absl::MutexLock lock(&post_mu);
       if (admitted) --in_flight;
-      // Admission kept this room: a failure here is a broken completion
-      // head, which the next admission finds and closes the ring for.
-      (void)view->Post(head, message, in_flight);
+      // Admission kept this room: only a completion head the client moved
+      // where no honest client could fails here.
+      posted = view->Post(head, message, in_flight);
+    }
+    if (!posted.ok()) {
+      view->Close(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("command ring closed: ", posted.message()));
+      stop.store(true);
+      view->WakeDaemon();
+      return;
     }
     view->WakeClientIfParked();
     if (admission_waits.load()) view->WakeDaemon();
@@ -236,7 +247,8 @@ void CommandRingRunner::Loop() {
       if (more) continue;
     }
     if (taken == 0 && ++empty_wakes > kStormWakes) absl::SleepFor(absl::Milliseconds(1));
-    view.ParkDaemon(absl::InfiniteDuration());
+    // Bounded: see kRingParkLimit. A time-out is no wake-up of the client's.
+    if (view.ParkDaemon(kRingParkLimit) == shm::Park::kTimedOut) empty_wakes = 0;
     st->admission_waits.store(false);
   }
   st->ended.store(true);

@@ -45,7 +45,17 @@ struct CommandRingOptions {
   // Told once, on the ring's thread, when the ring closed itself (a broken
   // framing); not when Stop closed it.
   std::function<void(const absl::Status&)> on_close;
+  // Called once when the ring's last reference goes: the runner and every
+  // command it started are done (on whichever thread dropped it last). What
+  // the ring counts against limits is given back here, not at Stop.
+  std::function<void()> on_release;
 };
+
+// The longest the ring's thread sleeps before it looks at its stop flag
+// again: the futex word it sleeps on is in the client's memory, and a
+// client can move a sleeper off it (FUTEX_CMP_REQUEUE) where no wake-up
+// reaches.
+inline constexpr absl::Duration kRingParkLimit = absl::Milliseconds(250);
 
 // The memory of one ring: mapped by the caller, unmapped (munmap) by
 // whoever drops the last reference, which may be an engine thread

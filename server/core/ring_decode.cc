@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpuexec/command_ring.h"
+#include "server/core/args.h"
 
 namespace gpuexec::core {
 namespace {
@@ -56,7 +57,7 @@ absl::Status BodyAs(const ring::SubmitHead& h, const unsigned char* body, T* out
 
 absl::StatusOr<ArgValue> DecodeTensorMap(const ring::SubmitHead& h, size_t index,
                                          const unsigned char* at) {
-  ring::TensorMapBody t;
+  ring::TensorMapBody t{};
   std::memcpy(&t, at, sizeof(t));
   const auto bad = [&](absl::string_view what) {
     return Bad(h, absl::StrCat("argument ", index, " (tensor map): ", what));
@@ -159,7 +160,7 @@ absl::StatusOr<ArgValue> DecodeArg(const ring::SubmitHead& h, size_t index, cons
 }
 
 absl::StatusOr<LaunchSpec> DecodeLaunch(const ring::SubmitHead& h, const unsigned char* body) {
-  ring::LaunchBody l;
+  ring::LaunchBody l{};
   if (h.body_bytes < sizeof(l)) {
     return Bad(
         h, absl::StrCat("a body of ", h.body_bytes, " bytes, shorter than a launch's ", sizeof(l)));
@@ -169,6 +170,11 @@ absl::StatusOr<LaunchSpec> DecodeLaunch(const ring::SubmitHead& h, const unsigne
   if ((l.flags & ~ring::kLaunchFlags) != 0) {
     return Bad(h,
                absl::StrCat("unknown launch flags 0x", absl::Hex(l.flags & ~ring::kLaunchFlags)));
+  }
+  if (l.nargs > kMaxLaunchArgs) {
+    return Bad(h, absl::StrCat(l.nargs, " arguments, at most ", kMaxLaunchArgs,
+                               " (a kernel's parameters fit in ", kMaxParamBlockBytes,
+                               " bytes); pass larger data in a buffer"));
   }
   const uint64_t want = ring::LaunchBodyBytes(l.nargs, l.blob_bytes);
   if (want != h.body_bytes) {
@@ -190,11 +196,21 @@ absl::StatusOr<LaunchSpec> DecodeLaunch(const ring::SubmitHead& h, const unsigne
   const unsigned char* slots = body + sizeof(l);
   const unsigned char* blob = slots + size_t{l.nargs} * sizeof(ring::ArgSlot);
   spec.args.reserve(l.nargs);
+  // Raw arguments may share blob bytes: what they add up to is bounded by a
+  // parameter block, so that one record cannot make the decoder copy its
+  // blob many times over.
+  uint64_t blob_uses = 0;
   for (size_t i = 0; i < l.nargs; ++i) {
-    ring::ArgSlot a;
+    ring::ArgSlot a{};
     std::memcpy(&a, slots + i * sizeof(a), sizeof(a));
     auto arg = DecodeArg(h, i, a, blob, l.blob_bytes);
     if (!arg.ok()) return arg.status();
+    if (a.kind == ring::kArgRaw) blob_uses += a.aux;
+    if (a.kind == ring::kArgTensorMap) blob_uses += 128;  // a CUtensorMap in the block
+    if (blob_uses > kMaxParamBlockBytes) {
+      return Bad(h, absl::StrCat("raw arguments and tensor maps of more than ", kMaxParamBlockBytes,
+                                 " bytes in all, more than a kernel's parameters can hold"));
+    }
     spec.args.push_back(*std::move(arg));
   }
   return spec;
@@ -203,7 +219,7 @@ absl::StatusOr<LaunchSpec> DecodeLaunch(const ring::SubmitHead& h, const unsigne
 }  // namespace
 
 absl::StatusOr<Command> DecodeRingRecord(const void* record, size_t bytes) {
-  ring::SubmitHead h;
+  ring::SubmitHead h{};
   if (bytes < sizeof(h)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "command ring record of ", bytes, " bytes, shorter than its ", sizeof(h), "-byte head"));
@@ -233,32 +249,32 @@ absl::StatusOr<Command> DecodeRingRecord(const void* record, size_t bytes) {
       }
       return c;
     case ring::kAllocate: {
-      ring::AllocateBody b;
+      ring::AllocateBody b{};
       if (absl::Status st = BodyAs(h, body, &b); !st.ok()) return st;
       c.op = Command::Allocate{b.size};
       return c;
     }
     case ring::kFree: {
-      ring::FreeBody b;
+      ring::FreeBody b{};
       if (absl::Status st = BodyAs(h, body, &b); !st.ok()) return st;
       c.op = Command::Free{b.buffer};
       return c;
     }
     case ring::kMemset: {
-      ring::MemsetBody b;
+      ring::MemsetBody b{};
       if (absl::Status st = BodyAs(h, body, &b); !st.ok()) return st;
       if (b.reserved != 0) return Bad(h, "the memset's reserved field is not 0");
       c.op = Command::Memset{b.buffer, b.offset, b.size, b.value};
       return c;
     }
     case ring::kCopyBuffer: {
-      ring::CopyBufferBody b;
+      ring::CopyBufferBody b{};
       if (absl::Status st = BodyAs(h, body, &b); !st.ok()) return st;
       c.op = Command::CopyBuffer{b.dst, b.dst_offset, b.src, b.src_offset, b.size};
       return c;
     }
     case ring::kRegionCopy: {
-      ring::RegionCopyBody b;
+      ring::RegionCopyBody b{};
       if (absl::Status st = BodyAs(h, body, &b); !st.ok()) return st;
       if (b.reserved != 0) return Bad(h, "the copy's reserved field is not 0");
       if (b.direction != ring::kToBuffer && b.direction != ring::kToRegion) {
@@ -276,7 +292,7 @@ absl::StatusOr<Command> DecodeRingRecord(const void* record, size_t bytes) {
       return c;
     }
     case ring::kReleaseRegion: {
-      ring::ReleaseRegionBody b;
+      ring::ReleaseRegionBody b{};
       if (absl::Status st = BodyAs(h, body, &b); !st.ok()) return st;
       c.op = Command::ReleaseRegion{b.region};
       return c;

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "gpuexec/command_ring.h"
 #include "server/common/log.h"
@@ -18,6 +19,24 @@
 #include "server/shm/region_fd.h"
 
 namespace gpuexec::rpc {
+
+struct CommandRingServer::Ledger {
+  absl::Mutex mu;
+  // Counted from registration until the ring's last command is done.
+  int total ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_set<std::string> sessions ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, int> per_peer ABSL_GUARDED_BY(mu);
+  // The server while it lives, and the calls into it under way.
+  CommandRingServer* server ABSL_GUARDED_BY(mu) = nullptr;
+  int active ABSL_GUARDED_BY(mu) = 0;
+
+  void Release(const std::string& session, const std::string& peer_key) {
+    absl::MutexLock lock(&mu);
+    --total;
+    sessions.erase(session);
+    if (--per_peer[peer_key] == 0) per_peer.erase(peer_key);
+  }
+};
 
 struct CommandRingServer::Ring {
   uint64_t id = 0;
@@ -59,11 +78,40 @@ absl::StatusOr<std::unique_ptr<CommandRingServer>> CommandRingServer::Start(core
 
 CommandRingServer::CommandRingServer(core::Engine* engine, Options options, int epoll_fd,
                                      int wake_fd)
-    : engine_(engine), options_(options), epoll_fd_(epoll_fd), wake_fd_(wake_fd) {
+    : engine_(engine),
+      options_(options),
+      epoll_fd_(epoll_fd),
+      wake_fd_(wake_fd),
+      ledger_(std::make_shared<Ledger>()) {
+  {
+    absl::MutexLock lock(&ledger_->mu);
+    ledger_->server = this;
+  }
   thread_ = std::thread(&CommandRingServer::WatchLoop, this);
 }
 
+void CommandRingServer::EndVia(const std::shared_ptr<Ledger>& ledger, uint64_t id,
+                               const absl::Status& why, bool close_session) {
+  CommandRingServer* server;
+  {
+    absl::MutexLock lock(&ledger->mu);
+    server = ledger->server;
+    if (server == nullptr) return;  // gone, and every ring with it
+    ++ledger->active;
+  }
+  server->End(id, why, close_session);
+  absl::MutexLock lock(&ledger->mu);
+  --ledger->active;
+}
+
 CommandRingServer::~CommandRingServer() {
+  {
+    // No watch or ring calls in from here on; wait out those under way.
+    absl::MutexLock lock(&ledger_->mu);
+    ledger_->server = nullptr;
+    ledger_->mu.Await(absl::Condition(
+        +[](int* active) { return *active == 0; }, &ledger_->active));
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -109,28 +157,49 @@ absl::Status CommandRingServer::Adopt(
   if (absl::Status st = shm::CheckRegionFd(memfd, bytes, shm::RegionLimits{bytes}); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("command ring: ", st.message()));
   }
+  if (caller.tenant != nullptr && !caller.tenant->limits.host_memory) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "tenant '", caller.tenant_name(),
+        "' may not register command rings (its entry in the tenants file does not allow "
+        "host_memory)"));
+  }
+  // The session must be the caller's before anything is spent on it.
+  if (absl::StatusOr<uint64_t> lease = engine_->KeepAlive(caller, session); !lease.ok()) {
+    return lease.status();
+  }
   const std::string tenant = caller.tenant_name();
-  uint64_t id;
+  const std::string principal = core::PeerHost(caller.peer);
+  const std::string peer_key = absl::StrCat(tenant, "/", principal);
   {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the daemon is stopping");
-    if (by_session_.contains(session)) {
+    absl::MutexLock lock(&ledger_->mu);
+    if (ledger_->sessions.contains(session)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "session ", Short(session),
           " has a command ring already: one ring per session; use that one, or open another "
           "session"));
     }
-    if (static_cast<int>(rings_.size()) >= options_.max_rings) {
+    if (ledger_->total >= options_.max_rings) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the daemon serves ", options_.max_rings,
                        " command rings already (--max_command_rings); use the Execute stream, "
                        "or try again when rings have closed"));
     }
-    if (per_tenant_[tenant] >= kMaxRingsPerTenant) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("tenant '", tenant, "' has ", kMaxRingsPerTenant,
-                       " command rings already, the most a tenant may have; close a session "
-                       "that has one, or use the Execute stream"));
+    if (ledger_->per_peer[peer_key] >= kMaxRingsPerPeer) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", tenant, "' has ", kMaxRingsPerPeer, " command rings from ", principal,
+          " already, the most one peer may have; close a session that has one, or use the "
+          "Execute stream"));
+    }
+    ++ledger_->total;
+    ledger_->sessions.insert(session);
+    ++ledger_->per_peer[peer_key];
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      ledger_->Release(session, peer_key);
+      return absl::UnavailableError("the daemon is stopping");
     }
     id = ++next_id_;
     auto r = std::make_unique<Ring>();
@@ -140,15 +209,14 @@ absl::Status CommandRingServer::Adopt(
     r->tenant = tenant;
     r->close_session_on_hangup = request.close_session_on_hangup();
     rings_.emplace(id, std::move(r));
-    by_session_.emplace(session, id);
-    ++per_tenant_[tenant];
   }
-  // Undoes the reservation above on a refusal.
+  // Undoes the reservation above on a refusal before the runner holds it.
   auto refuse = [&](absl::Status st) {
-    absl::MutexLock lock(&mu_);
-    rings_.erase(id);
-    by_session_.erase(session);
-    if (--per_tenant_[tenant] == 0) per_tenant_.erase(tenant);
+    {
+      absl::MutexLock lock(&mu_);
+      rings_.erase(id);
+    }
+    ledger_->Release(session, peer_key);
     return st;
   };
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
@@ -163,22 +231,26 @@ absl::Status CommandRingServer::Adopt(
   ro.on_failure = [peer](const core::CommandResult& r) {
     LogFailure(absl::StrCat("command ring ", r.op), peer, r.status);
   };
-  ro.on_close = [this, id](const absl::Status& why) { End(id, why, false); };
+  std::shared_ptr<Ledger> ledger = ledger_;
+  ro.on_close = [ledger, id](const absl::Status& why) { EndVia(ledger, id, why, false); };
+  // Once the runner holds the ring, its last reference gives the place back.
+  ro.on_release = [ledger, session, peer_key] { ledger->Release(session, peer_key); };
   auto runner = core::CommandRingRunner::Start(engine_, caller, session,
                                                std::make_unique<core::RingMapping>(base, bytes), sq,
                                                cq, std::move(ro));
-  if (!runner.ok()) return refuse(runner.status());
-  // Also checks that the session is the caller's.
+  if (!runner.ok()) return refuse(runner.status());  // no runner: nothing released it
   absl::StatusOr<uint64_t> watch =
-      engine_->WatchClose(caller, session, [this, id](const std::string& why) {
-        End(id,
-            absl::FailedPreconditionError(
-                absl::StrCat("the command ring's session was closed: ", why)),
-            false);
+      engine_->WatchClose(caller, session, [ledger, id](const std::string& why) {
+        EndVia(ledger, id,
+               absl::FailedPreconditionError(
+                   absl::StrCat("the command ring's session was closed: ", why)),
+               false);
       });
   if (!watch.ok()) {
-    runner->reset();
-    return refuse(watch.status());
+    runner->reset();  // its release gives the place back
+    absl::MutexLock lock(&mu_);
+    rings_.erase(id);
+    return watch.status();
   }
   v1::RegisterRegionResponse response;
   response.set_bytes(bytes);
@@ -207,8 +279,8 @@ absl::Status CommandRingServer::Adopt(
     }
     reap = r.ended;
   }
-  log::Info("command ring ", id, " serves session ", Short(session), " of tenant '", tenant, "' (",
-            sq, " + ", cq, " bytes)");
+  log::Debug("command ring ", id, " serves session ", Short(session), " of tenant '", tenant, "' (",
+             sq, " + ", cq, " bytes)");
   if (reap) {
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
@@ -231,7 +303,7 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_
       caller = r.caller;
       session = r.session;
     }
-    log::Info("command ring ", id, " of session ", Short(r.session), " ended: ", reason.message());
+    log::Debug("command ring ", id, " of session ", Short(r.session), " ended: ", reason.message());
   }
   if (!session.empty()) engine_->CloseSession(caller, session, [](absl::Status) {});
   const uint64_t one = 1;
@@ -245,8 +317,6 @@ void CommandRingServer::Reap() {
     for (auto it = rings_.begin(); it != rings_.end();) {
       Ring& r = *it->second;
       if (r.ended && r.adopted) {
-        by_session_.erase(r.session);
-        if (--per_tenant_[r.tenant] == 0) per_tenant_.erase(r.tenant);
         done.push_back(std::move(it->second));
         rings_.erase(it++);
       } else {

@@ -13,10 +13,14 @@
 // - the ring breaks its framing: the runner closes it itself;
 // - the daemon stops: the destructor closes every ring.
 // A ring that ended is reaped by the watch thread (its runner joined, its
-// lifeline closed); its mapping goes with the last command it started.
+// lifeline closed); its mapping goes with the last command it started, and
+// only then does it stop counting against the limits.
 //
-// Limits, each refusal naming it: one ring per session, kMaxRingsPerTenant
-// per tenant, `max_rings` in all.
+// Limits, each refusal naming it: one ring per session, kMaxRingsPerPeer
+// per tenant and peer (a local user, without a tenants file), `max_rings`
+// in all; a tenant whose entry does not allow host_memory has none.
+// Not bounded yet: the CPU a ring's thread spends on what its client posts
+// (docs/command-ring-plan.md: run slots).
 
 #include <sys/types.h>
 
@@ -39,7 +43,7 @@ namespace gpuexec::rpc {
 
 class CommandRingServer {
  public:
-  static constexpr int kMaxRingsPerTenant = 16;
+  static constexpr int kMaxRingsPerPeer = 16;
   struct Options {
     int max_rings = 256;
     uint64_t max_in_flight = 1024;  // per ring
@@ -69,7 +73,11 @@ class CommandRingServer {
 
  private:
   struct Ring;
+  struct Ledger;
   CommandRingServer(core::Engine* engine, Options options, int epoll_fd, int wake_fd);
+  // Calls End through the ledger, which knows whether this server lives.
+  static void EndVia(const std::shared_ptr<Ledger>& ledger, uint64_t id, const absl::Status& why,
+                     bool close_session);
   void WatchLoop();
   // Stops ring `id` with `reason` and has the watch thread reap it.
   void End(uint64_t id, const absl::Status& reason, bool close_session);
@@ -80,13 +88,14 @@ class CommandRingServer {
   const int epoll_fd_;
   const int wake_fd_;  // an eventfd: reap, or stop
   std::thread thread_;
+  // Shared with every ring's release hook and close watch, which may run
+  // after this server has gone.
+  const std::shared_ptr<Ledger> ledger_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Ring>> rings_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, uint64_t> by_session_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpuexec::rpc

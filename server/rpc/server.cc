@@ -170,9 +170,9 @@ class Server::Impl {
   std::unique_ptr<grpc::Server> server;
   // Hands its connections to `server`: goes before it.
   std::unique_ptr<rpc::UnixListener> unix_listener;
-  std::unique_ptr<rpc::ShmListener> shm_listener;
-  // Goes after the listener that hands it rings, before the engine.
+  // Outlives the listener that hands it rings; goes before the engine.
   std::unique_ptr<rpc::CommandRingServer> command_rings;
+  std::unique_ptr<rpc::ShmListener> shm_listener;
   int port = 0;
   absl::Mutex health_mu;
   bool last_serving ABSL_GUARDED_BY(health_mu) = false;
@@ -587,7 +587,6 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->health.Shutdown();      // every name NOT_SERVING; watches end
   impl_->unix_listener.reset();  // no new connections
   impl_->shm_listener.reset();
-  impl_->command_rings.reset();
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
   // Calls may still wait for the engine; their queues serve them until the
@@ -596,8 +595,9 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->health.WaitForCalls();
   impl_->queue->Shutdown();
   for (std::thread& t : impl_->pollers) t.join();
-  impl_->metrics_http.reset();  // its scrapes read the engine
-  impl_->engine.reset();        // closes sessions, releases devices
+  impl_->command_rings.reset();  // rings post into the engine
+  impl_->metrics_http.reset();   // its scrapes read the engine
+  impl_->engine.reset();         // closes sessions, releases devices
   log::Info("gpuexecd stopped");
   impl_->done.Notify();
 }

@@ -161,10 +161,12 @@ TEST_F(CommandRingTest, HangingUpTheLifelineStopsTheRingAndClosesTheSessionWhenA
   EXPECT_EQ(again.answer().code(), 0) << again.answer().message();
 }
 
-class CommandRingOffTest : public HostMemoryTest {};
+class CommandRingOffTest : public HostMemoryTest {
+ protected:
+  void SetUp() override { Start(true); }
+};
 
 TEST_F(CommandRingOffTest, ADaemonWithoutRingsRefusesOneAndSaysHowToServeThem) {
-  Start(true);
   RegisteredRing r(daemon().shm_socket(), session().token());
   EXPECT_EQ(r.answer().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(r.answer().message(), HasSubstr("--command_rings"));
