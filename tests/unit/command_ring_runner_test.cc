@@ -7,6 +7,11 @@
 // ring's thread without anything queuing; Stop closes it with a reason.
 #include "server/core/command_ring_runner.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -247,6 +252,25 @@ TEST_F(CommandRingRunnerTest, StopClosesTheRingWithItsReasonAndEndsAParkedThread
   ring.Publish();
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(ring.Completions(0, absl::ZeroDuration()).size(), 0u);
+}
+
+TEST_F(CommandRingRunnerTest, AThreadRequeuedOffItsFutexStillStops) {
+  RawCommandRing ring;
+  Serve(ring);
+  // Let the thread park on daemon_wait, then move it, as a hostile client
+  // can, onto a futex word nobody will ever wake.
+  ASSERT_TRUE(
+      WaitFor([&] { return ring::Load<uint32_t>(ring.base(), ring::header::kDaemonWait) == 1; },
+              absl::Seconds(20)));
+  absl::SleepFor(absl::Milliseconds(20));
+  uint32_t nowhere = 0;
+  syscall(SYS_futex, ring.base() + ring::header::kDaemonWait, FUTEX_CMP_REQUEUE, 0, INT_MAX,
+          &nowhere, 1);
+  const absl::Time stopped = absl::Now();
+  runner_->Stop(absl::CancelledError("the client hung up"));
+  ASSERT_TRUE(WaitFor([&] { return runner_->ended(); }, absl::Seconds(20)));
+  EXPECT_LT(absl::Now() - stopped, kRingParkLimit + absl::Seconds(1));
+  runner_.reset();  // joins
 }
 
 }  // namespace
