@@ -19,7 +19,7 @@ namespace {
 
 // The slots one completion may take: its head and the longest message.
 constexpr uint64_t kCompletionSlots =
-    (ring::kCompleteHeadBytes + ring::kMaxMessageBytes + ring::kSlot - 1) / ring::kSlot;
+    ring::SlotsFor(uint64_t{ring::kCompleteHeadBytes} + ring::kMaxMessageBytes);
 // Empty wake-ups in a row after which each park waits a little first.
 constexpr int kStormWakes = 64;
 
@@ -149,13 +149,20 @@ void CommandRingRunner::Loop() {
     bool blocked = false;
     while (taken < st->options.turn_records && !st->stop.load()) {
       // Admission: a place in flight, and a completion head's room for
-      // this command beside those kept for the others.
-      uint64_t in_flight;
+      // this command beside those kept for the others. A second look comes
+      // after saying so, so that an answer in between either is seen there
+      // or wakes the park below.
       absl::StatusOr<uint64_t> room;
-      {
+      auto admissible = [&] {
         absl::MutexLock lock(&st->post_mu);
-        in_flight = st->in_flight;
         room = view.CompletionRoomSlots();
+        return room.ok() && st->in_flight < st->bound && *room >= st->in_flight + 1;
+      };
+      bool admit = admissible();
+      if (!admit && room.ok()) {
+        st->admission_waits.store(true);
+        admit = admissible();
+        if (admit) st->admission_waits.store(false);
       }
       if (!room.ok()) {
         close(absl::InvalidArgumentError(
@@ -163,22 +170,9 @@ void CommandRingRunner::Loop() {
         st->ended.store(true);
         return;
       }
-      if (in_flight >= st->bound || *room < in_flight + 1) {
-        // Said before a last look, so that an answer in between either is
-        // seen here or wakes the park below.
-        st->admission_waits.store(true);
-        bool admissible;
-        {
-          absl::MutexLock lock(&st->post_mu);
-          room = view.CompletionRoomSlots();
-          admissible = room.ok() && st->in_flight < st->bound && *room >= st->in_flight + 1;
-        }
-        if (!room.ok()) continue;  // the look above closes the ring
-        if (!admissible) {
-          blocked = true;
-          break;
-        }
-        st->admission_waits.store(false);
+      if (!admit) {
+        blocked = true;
+        break;
       }
       shm::NextRecord next = view.Next(*scratch);
       if (next.kind == shm::NextRecord::kEmpty) break;

@@ -42,7 +42,6 @@ struct CommandRingServer::Ring {
   uint64_t id = 0;
   core::Caller caller;
   std::string session;
-  std::string tenant;
   bool close_session_on_hangup = false;
   // Set once Adopt has finished: the runner, lifeline and watch are in.
   bool adopted = false;
@@ -206,7 +205,6 @@ absl::Status CommandRingServer::Adopt(
     r->id = id;
     r->caller = caller;
     r->session = session;
-    r->tenant = tenant;
     r->close_session_on_hangup = request.close_session_on_hangup();
     rings_.emplace(id, std::move(r));
   }

@@ -26,6 +26,11 @@ namespace v1 = ::gpuexec::v1;
 // The longest request taken: a session token and a size need far less.
 constexpr size_t kMaxRequestBytes = 1024;
 
+void Send(int conn, const v1::RegisterRegionResponse& r) {
+  const std::string out = r.SerializeAsString();
+  (void)::send(conn, out.data(), out.size(), MSG_NOSIGNAL);
+}
+
 void Answer(int conn, const absl::Status& status, uint64_t region, uint64_t bytes) {
   v1::RegisterRegionResponse r;
   r.set_code(static_cast<int>(status.code()));
@@ -33,8 +38,7 @@ void Answer(int conn, const absl::Status& status, uint64_t region, uint64_t byte
   r.set_message(std::string(status.message().substr(0, 2048)));
   r.set_region(region);
   r.set_bytes(bytes);
-  const std::string out = r.SerializeAsString();
-  (void)::send(conn, out.data(), out.size(), MSG_NOSIGNAL);
+  Send(conn, r);
 }
 
 // One registration's answer, which may come after the connection's
@@ -207,11 +211,7 @@ void ShmListener::Serve(int conn, ucred peer) {
                     "this daemon serves no command rings (gpuexecd --command_rings); use the "
                     "Execute stream")
               : rings_->Adopt(*caller, request.session(), conn, fd, request.bytes(),
-                              request.command_ring(),
-                              [](int c, const v1::RegisterRegionResponse& r) {
-                                const std::string out = r.SerializeAsString();
-                                (void)::send(c, out.data(), out.size(), MSG_NOSIGNAL);
-                              });
+                              request.command_ring(), Send);
       close(fd);  // mapped, if served
       if (st.ok()) {
         // The connection is the ring's lifeline now, no longer this

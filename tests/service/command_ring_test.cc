@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "host_memory_fixture.h"
+#include "server/shm/region_fd.h"
 #include "tests/support/raw_command_ring.h"
 
 namespace gpuexec::testing {
@@ -34,7 +35,6 @@ class RegisteredRing {
     timeval tv{20, 0};
     setsockopt(conn_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     if (connect(conn_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
-    const int fd = ring_.fd();
     v1::RegisterRegionRequest r;
     r.set_session(session);
     r.set_bytes(ring_.bytes());
@@ -44,19 +44,7 @@ class RegisteredRing {
     c->set_completion_bytes(ring_.cq_bytes());
     c->set_close_session_on_hangup(close_on_hangup);
     const std::string message = r.SerializeAsString();
-    iovec iov{const_cast<char*>(message.data()), message.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    if (sendmsg(conn_, &msg, MSG_NOSIGNAL) < 0) return;
+    if (!shm::SendWithDescriptor(conn_, message.data(), message.size(), ring_.fd()).ok()) return;
     char buffer[4096];
     const ssize_t n = recv(conn_, buffer, sizeof(buffer), 0);
     if (n > 0) answer_.ParseFromArray(buffer, static_cast<int>(n));

@@ -98,6 +98,20 @@ void FakePort::AddKernel(const std::string& name, std::vector<port::ParamInfo> p
   kernels_[name] = Kernel{std::move(params), std::move(fn)};
 }
 
+void FakePort::AddFillKernel(const std::string& name) {
+  AddKernel(name, {{0, 8}, {8, 4}, {16, 8}}, [name](const KernelContext& k) {
+    uint64_t out, n;
+    uint32_t value;
+    std::memcpy(&out, k.op.param_block.data(), 8);
+    std::memcpy(&value, k.op.param_block.data() + 8, 4);
+    std::memcpy(&n, k.op.param_block.data() + 16, 8);
+    uint8_t* p = k.memory(out, n * 4);
+    if (p == nullptr) return absl::InternalError(absl::StrCat(name, ": out of bounds"));
+    for (uint64_t i = 0; i < n; ++i) std::memcpy(p + i * 4, &value, 4);
+    return absl::OkStatus();
+  });
+}
+
 void FakePort::Reset(const std::string& why) {
   std::vector<std::function<void()>> after;
   {

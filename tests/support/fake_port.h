@@ -60,6 +60,9 @@ class FakePort final : public port::DevicePort {
 
   // Test controls. Thread-safe.
   void AddKernel(const std::string& name, std::vector<port::ParamInfo> params, KernelFn fn);
+  // `name`(u32* out, u32 value, u64 n): out[i] = value for i < n; fails
+  // out of bounds.
+  void AddFillKernel(const std::string& name);
   void Reset(const std::string& why);
   // The next memory query finds the device faulted (as a worker finds that
   // another MPS client's fatal fault reached it): it resets with `why`.

@@ -52,18 +52,7 @@ class CommandRingRunnerTest : public ::testing::Test {
       o.memory_bytes = 64 << 20;
       o.staging_bytes = 64 << 10;
       auto port = std::make_unique<FakePort>(o);
-      // k_fill(u32* out, u32 value, u64 n): out[i] = value for i < n.
-      port->AddKernel("k_fill", {{0, 8}, {8, 4}, {16, 8}}, [](const FakePort::KernelContext& k) {
-        uint64_t out, n;
-        uint32_t value;
-        std::memcpy(&out, k.op.param_block.data(), 8);
-        std::memcpy(&value, k.op.param_block.data() + 8, 4);
-        std::memcpy(&n, k.op.param_block.data() + 16, 8);
-        uint8_t* p = k.memory(out, n * 4);
-        if (p == nullptr) return absl::InternalError("k_fill: out of bounds");
-        for (uint64_t i = 0; i < n; ++i) std::memcpy(p + i * 4, &value, 4);
-        return absl::OkStatus();
-      });
+      port->AddFillKernel("k_fill");
       return std::unique_ptr<port::DevicePort>(std::move(port));
     };
     auto engine = Engine::Create(options, open);
