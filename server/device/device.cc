@@ -622,6 +622,10 @@ void Device::DestroyStream(StreamId stream, Done done) {
         auto it = streams_.find(stream);
         if (it != streams_.end()) {
           held.swap(it->second->held);
+          // The stream's work is done; waiting on it lets the pool see its
+          // frees complete, so that the trim below can release them.
+          if (healthy())
+            (void)driver_->SynchronizeStream(it->second->stream.get(), "a session's frees");
           streams_.erase(it);
         }
         // What arrived after the stream's end finds no stream.
@@ -631,7 +635,7 @@ void Device::DestroyStream(StreamId stream, Done done) {
         }
         // Give the session's freed memory back to the device, so that free
         // memory reads as it did before the session.
-        if (props_.memory_pools && healthy()) (void)driver_->TrimMemoryPool(props_.ordinal);
+        GiveBackFreed(nullptr);
         done(st);
       });
     };
@@ -640,6 +644,16 @@ void Device::DestroyStream(StreamId stream, Done done) {
         WhenDone(*s, erase, absl::StrCat("closing a session stream on device ", props_.ordinal));
     if (!st.ok()) erase(st);
   });
+}
+
+void Device::GiveBackFreed(CUstream_st* stream) {
+  if (!props_.memory_pools || !healthy()) return;
+  // The pool keeps a free whose completion the host has not seen as
+  // allocated, and a trim cannot release it: wait for `stream` first (the
+  // legacy stream when null: it holds only the frees of sessions already
+  // gone, as every session stream is non-blocking).
+  (void)driver_->SynchronizeStream(stream, "the memory pool's frees");
+  (void)driver_->TrimMemoryPool(props_.ordinal);
 }
 
 void Device::AfterQueued(StreamId stream, std::string what, Done done) {
@@ -688,7 +702,10 @@ void Device::Free(StreamId stream, DevicePtr ptr, std::string what, Done done) {
         auto it = streams_.find(stream);
         CUstream_st* s = it == streams_.end() ? nullptr : it->second->stream.get();
         if (s != nullptr) it->second->work_end_passed = it->second->work_end != nullptr;
-        done(Check(driver_->FreeAsync(ptr, s, what)));
+        absl::Status st = Check(driver_->FreeAsync(ptr, s, what));
+        // No session's close trims the pool after this free: do it here.
+        if (s == nullptr && st.ok()) GiveBackFreed(nullptr);
+        done(st);
       },
       done);
 }

@@ -282,6 +282,9 @@ class Device {
                      std::shared_ptr<cuda::Event> recorded = nullptr);
   absl::StatusOr<LoadedModule*> EnsureModule(const std::shared_ptr<const ModuleImage>& image,
                                              const std::string& what);
+  // Gives the pool's freed memory back to the device once the frees on
+  // `stream` (the legacy stream when null) have completed.
+  void GiveBackFreed(CUstream_st* stream);
   // Runs `fn` with the status of the stream's work once all that is queued
   // on it now has finished.
   absl::Status WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
