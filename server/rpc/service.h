@@ -31,12 +31,16 @@ class GpuExecService {
   // OpenSession report as the daemon's version (empty: gpuexec::kVersion).
   // `limits`: what one session's and one tenant's streaming calls may hold
   // (call_budget.h). `command_ring_version`: the command ring layout served
-  // on `shm_socket` (0: none), told with it.
+  // on `shm_socket` (0: none), told with it. `copy_threads`: the threads
+  // that copy Write data into staging and serialize and send Read chunks
+  // (with TLS, a Read's encryption runs on them: give them as many as the
+  // threads that decrypt).
   GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "",
                  std::string advertise_address = "", std::string daemon_version = "",
-                 CallLimits limits = {}, uint32_t command_ring_version = 0)
+                 CallLimits limits = {}, uint32_t command_ring_version = 0, int copy_threads = 2)
       : engine_(engine),
         budget_(limits),
+        copies_(copy_threads),
         env_{&async_,
              engine,
              identity,
@@ -87,7 +91,7 @@ class GpuExecService {
   AsyncService async_;
   CallCounter calls_;
   CallBudget budget_;
-  CopyPool copies_{2};
+  CopyPool copies_;
   CopyPool uploads_{2};
   Env env_;
 };
