@@ -2,6 +2,7 @@
 // of a listed device, launch dimensions, flags and module kinds, tensor map
 // arguments, each call kind's deadline, and the refusal of an empty object.
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "gmock/gmock.h"
@@ -215,6 +216,22 @@ TEST(ClientConvert, AnEmptyObjectIsRefusedWithoutACall) {
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(st.message()), HasSubstr("Session is empty"));
   EXPECT_THAT(std::string(st.message()), HasSubstr("no call was made"));
+}
+
+// Not a conversion, but the other choice the client makes from its options
+// alone: how many parts a large transfer goes in.
+TEST(ClientOptionsChoice, TransferStreamsFollowTheHostAndTls) {
+  ClientOptions options;
+  options.transfer_streams = 3;
+  EXPECT_EQ(TransferStreams(options), 3u);
+  options.transfer_streams = 0;
+  const unsigned cores = std::thread::hardware_concurrency();
+  EXPECT_EQ(TransferStreams(options), cores >= 8 ? 4u : 1u);
+  options.tls = true;
+  EXPECT_EQ(TransferStreams(options), cores >= 16 ? 8u : cores >= 8 ? 4u : 1u);
+  options.tls = false;
+  options.tls_root_ca_file = "ca.pem";  // a root CA is TLS too
+  EXPECT_EQ(TransferStreams(options), cores >= 16 ? 8u : cores >= 8 ? 4u : 1u);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "internal/transfer.h"
 
+#include <thread>
+
 namespace gpuexec {
 namespace internal {
 namespace {
@@ -64,7 +66,7 @@ absl::Status InParts(const SessionState& session, uint64_t buffer_size, uint64_t
   const ClientOptions& options = session.options();
   const uint64_t chunk = std::max<uint64_t>(1, options.chunk_bytes);
   const uint64_t smallest = std::max<uint64_t>(chunk, options.transfer_part_bytes);
-  uint64_t parts = std::min<uint64_t>(options.transfer_streams, size / smallest);
+  uint64_t parts = std::min<uint64_t>(TransferStreams(options), size / smallest);
   // A range outside the buffer goes whole: the daemon's error then names
   // the range the caller gave.
   const bool in_range = offset <= buffer_size && size <= buffer_size - offset;
@@ -219,4 +221,14 @@ absl::Status WriteCall(const SessionState& session, const std::shared_ptr<grpc::
 }
 
 }  // namespace internal
+
+uint32_t TransferStreams(const ClientOptions& options) {
+  if (options.transfer_streams != 0) return options.transfer_streams;
+  const unsigned cores = std::thread::hardware_concurrency();
+  const bool tls =
+      options.tls || !options.tls_root_ca_file.empty() || !options.tls_cert_file.empty();
+  if (tls && cores >= 16) return 8;
+  return cores >= 8 ? 4 : 1;
+}
+
 }  // namespace gpuexec
