@@ -55,6 +55,7 @@ ABSL_DECLARE_FLAG(std::string, target);
 ABSL_DECLARE_FLAG(std::vector<std::string>, figures);
 ABSL_DECLARE_FLAG(int, repeat);
 ABSL_DECLARE_FLAG(int, spin_wait_us);
+ABSL_DECLARE_FLAG(uint32_t, chunk_bytes);
 ABSL_DECLARE_FLAG(int, transfer_streams);
 ABSL_DECLARE_FLAG(bool, tenants_only);
 ABSL_DECLARE_FLAG(int, neighbour_kernel_us);

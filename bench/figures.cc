@@ -23,6 +23,7 @@ ClientOptions BenchClientOptions() {
   if (absl::GetFlag(FLAGS_spin_wait_us) >= 0) {
     options.spin_wait = absl::Microseconds(absl::GetFlag(FLAGS_spin_wait_us));
   }
+  if (absl::GetFlag(FLAGS_chunk_bytes) > 0) options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   if (absl::GetFlag(FLAGS_transfer_streams) >= 0) {
     options.transfer_streams = static_cast<uint32_t>(absl::GetFlag(FLAGS_transfer_streams));
   }
@@ -88,7 +89,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     // where that is more than one stream, one stream, from a client of its
     // own.
     ClientOptions one_stream = BenchClientOptions();
-    out.transfer_streams = one_stream.transfer_streams;
+    out.transfer_streams = TransferStreams(one_stream);
     one_stream.transfer_streams = 1;
     std::optional<Client> single;
     std::optional<Session> single_session;

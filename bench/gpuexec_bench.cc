@@ -46,10 +46,17 @@ ABSL_FLAG(int, spin_wait_us, -1,
 ABSL_FLAG(int, transfer_streams, -1,
           "the gpuexec client's ClientOptions::transfer_streams (-1: its default); where it "
           "is more than 1, Write and Read are measured on one stream too");
+ABSL_FLAG(uint32_t, chunk_bytes, 0,
+          "the gpuexec client's ClientOptions::chunk_bytes (0: its default)");
 ABSL_FLAG(bool, tenants_only, false,
           "measure only the tenants section (a worker per tenant; run it again under MPS)");
 ABSL_FLAG(int, neighbour_kernel_us, 200,
           "the tenants section: how long each of the second tenant's kernels runs");
+ABSL_FLAG(bool, tls_only, false,
+          "only Write and Read over plain TCP and over TLS + token, --repeat times each "
+          "(a daemon of each), with their ratios: to choose the TLS settings");
+ABSL_FLAG(std::vector<std::string>, tls_daemon_args, {},
+          "with --tls_only: flags for the TLS daemon only, after --daemon_args");
 ABSL_FLAG(bool, transport_variants, false,
           "only measure the bare transport under several channel and server settings "
           "(how the daemon's and the client's settings were chosen)");
@@ -65,6 +72,46 @@ ABSL_FLAG(std::string, python_path, "",
 
 namespace gpuexec::bench {
 namespace {
+
+// Write and Read over plain TCP and over TLS + token, alternating, each
+// from a daemon of its own with the same flags.
+int RunTlsOnly(const Plan& plan, const std::string& daemon, const std::string& driver,
+               const std::string& cubin) {
+  const std::string dir = MakeTlsFiles();
+  if (dir.empty()) Die("no TLS files: the openssl command is missing or failed");
+  std::printf(
+      "gpuexec_bench: TLS against plain TCP, daemon flags %s, TLS daemon's %s, client "
+      "transfer_streams %u, chunk_bytes %u\n",
+      absl::StrJoin(absl::GetFlag(FLAGS_daemon_args), " ").c_str(),
+      absl::StrJoin(absl::GetFlag(FLAGS_tls_daemon_args), " ").c_str(),
+      TransferStreams(BenchClientOptions()), BenchClientOptions().chunk_bytes);
+  Daemon plain(daemon, driver, "plain");
+  std::vector<std::string> tls_args = {"--tls_cert=" + dir + "/server.crt",
+                                       "--tls_key=" + dir + "/server.key",
+                                       "--tenants=" + dir + "/tenants.textproto"};
+  for (const std::string& a : absl::GetFlag(FLAGS_tls_daemon_args)) tls_args.push_back(a);
+  Daemon tls(daemon, driver, "tls", tls_args);
+  std::vector<double> write_ratio, read_ratio;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_repeat)); ++i) {
+    g_credentials = ClientOptions();
+    const GpuexecFigures p = RunGpuexec(plan, plain.tcp(), cubin, 0, /*tls_figures_only=*/true);
+    g_credentials.token = kBenchToken;
+    g_credentials.tls_root_ca_file = dir + "/ca.crt";
+    const GpuexecFigures t = RunGpuexec(plan, tls.tcp(), cubin, 0, /*tls_figures_only=*/true);
+    write_ratio.push_back(t.write / p.write);
+    read_ratio.push_back(t.read / p.read);
+    Note(absl::StrFormat("TLS / plain: Write %.2fx, Read %.2fx", write_ratio.back(),
+                         read_ratio.back()));
+  }
+  std::sort(write_ratio.begin(), write_ratio.end());
+  std::sort(read_ratio.begin(), read_ratio.end());
+  Note(
+      absl::StrFormat("TLS / plain over %zu runs: Write min %.2fx median %.2fx, Read min %.2fx "
+                      "median %.2fx",
+                      write_ratio.size(), write_ratio.front(), write_ratio[write_ratio.size() / 2],
+                      read_ratio.front(), read_ratio[read_ratio.size() / 2]));
+  return 0;
+}
 
 int Main() {
   if (!absl::GetFlag(FLAGS_serve_echo).empty()) return ServeEcho(absl::GetFlag(FLAGS_serve_echo));
@@ -94,6 +141,7 @@ int Main() {
     RunTenants(plan, daemon, driver, cubin);
     return 0;
   }
+  if (absl::GetFlag(FLAGS_tls_only)) return RunTlsOnly(plan, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {
     Die("--figures goes with --target: the full run measures every figure for its table");
   }
