@@ -18,7 +18,8 @@ again), and fails (exit 1) when:
   (c) once the sessions are gone (ListDevices counts none), the RSS is not
       back within the warm-up's highest sample + --after_margin MiB +
       --after_frac of it; device memory in use is above the start's by more
-      than --device_margin MiB; or sessions are still open --drain_s after
+      than --device_margin MiB (the start: after the warm-up sessions, see
+      --warmup_sessions); or sessions are still open --drain_s after
       the run. On the test double, whose "device" memory is the worker's
       heap, the workers may also keep the run's peak of device memory. With
       --heap (needs gdb), also when the front's live heap (malloc_stats'
@@ -103,6 +104,13 @@ def parse_args(argv):
     p.add_argument("--device_margin", type=float, default=64.0,
                    help="MiB more device memory in use (ListDevices) after the sessions than at "
                         "the start that fails the run")
+    p.add_argument("--warmup_sessions", type=int, default=None,
+                   help="before the start sample: one session that loads the module and runs "
+                        "its kernels, then this many sessions open at once (default --clients), "
+                        "each with a launch; device memory is sampled before and after each "
+                        "step, which says what the daemon keeps once it has served (its "
+                        "module cache, the driver's per-stream resources at their high-water "
+                        "mark). 0: none")
     p.add_argument("--heap", action="store_true",
                    help="with gdb: the front's live heap (malloc_stats) at the start and after "
                         "the sessions, then malloc_trim(0) and a 'trimmed' sample (a measurement "
@@ -376,6 +384,39 @@ def client_main(slot, target, cubin, big_mib, lease_s, deadline, stop, counters,
 
 # ---------------------------------------------------------------- the run
 
+def warm_up(control, gpuexec, cubin, sessions, devices):
+    """Device memory in use (MiB) before any session, after one that loaded
+    the module and ran its kernels, and after `sessions` at once; None when
+    `sessions` is 0."""
+    if sessions <= 0:
+        return None
+    import numpy as np
+    cold = devices()[1]
+    s = control.session()
+    mod = s.load_module(cubin)
+    fill, saxpy = mod.function("gx_fill_u32"), mod.function("gx_saxpy")
+    x, y = s.alloc(1 << 20, dtype=np.float32), s.alloc(1 << 20, dtype=np.float32)
+    fill.launch(1024, 256, x, gpuexec.u32(0), gpuexec.u64(1 << 18))
+    saxpy.launch(1024, 256, gpuexec.f32(2.0), x, y, gpuexec.u64(1 << 18), sync=True)
+    s.close()
+    module = devices()[1]
+    opened = []
+    try:
+        for _ in range(sessions):
+            o = control.session()
+            opened.append(o)
+            b = o.alloc(4096)
+            o.load_module(cubin).function("gx_fill_u32").launch(1, 256, b, gpuexec.u32(1),
+                                                                 gpuexec.u64(1024))
+        for o in opened:
+            o.synchronize()
+    finally:
+        for o in opened:
+            o.close()
+    time.sleep(0.5)
+    return cold, module, devices()[1]
+
+
 class Daemon:
     def __init__(self, argv, env, logpath):
         self.log = open(logpath, "wb")
@@ -475,6 +516,24 @@ def main(argv):
         return (sum(d.sessions for d in ds),
                 sum(d.memory_total_bytes - d.memory_free_bytes for d in ds) / MIB)
 
+    def device_detail():
+        """What may hold device memory: modules, workers, and each process's
+        share as nvidia-smi sees it (on a driver)."""
+        try:
+            ds = control.devices()
+        except gpuexec.Error as e:
+            return f"ListDevices failed: {e.code.name}"
+        text = "; ".join(f"device {d.index}: {d.modules_loaded} modules loaded, "
+                         f"{d.workers} workers, "
+                         f"{(d.memory_total_bytes - d.memory_free_bytes) / MIB:.1f} MiB in use"
+                         for d in ds)
+        if shutil.which("nvidia-smi"):
+            smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                  "--format=csv,noheader"], capture_output=True, text=True)
+            text += "; nvidia-smi per process: " + (
+                ", ".join(smi.stdout.split("\n")).strip(", ") or "(none)")
+        return text
+
     def live_sessions():
         return devices()[0]
 
@@ -563,6 +622,8 @@ def main(argv):
         measure_heap("start")
     if not args.quiet:
         print(header)
+    warmup = warm_up(control, gpuexec, cubin, args.clients if args.warmup_sessions is None
+                     else args.warmup_sessions, devices)
     record("start")
     t0[0] = start = time.time()
     deadline = start + args.seconds
@@ -662,12 +723,14 @@ def main(argv):
             time.sleep(0.25)
     time.sleep(args.settle_s)
     after = record("after")
+    print("soak: after the sessions: " + device_detail(), flush=True)
     after_smaps = smaps_rollup(daemon.pid) if args.smaps else None
     if args.hold_s > 0:
         print(f"soak: holding the idle daemon (pid {daemon.pid}, workers "
               f"{children_of(daemon.pid)}) for {args.hold_s:g} s", flush=True)
         time.sleep(args.hold_s)
         record("held")
+        print("soak: held: " + device_detail(), flush=True)
     if args.heap and died is None:
         measure_heap("after", trim=True)
         if "after" in heap:
@@ -738,6 +801,12 @@ def main(argv):
         if after[key] > after_limit:
             failures.append(f"(c) {key} holds {after[key]:.1f} MiB after the sessions went, "
                             f"above {after_limit:.1f}")
+    if warmup:
+        cold, module, streams = warmup
+        print(f"soak: device memory before any session {cold:.1f} MiB; after one session that "
+              f"loaded the module and ran its kernels {module:.1f} ({module - cold:+.1f}); after "
+              f"{args.clients if args.warmup_sessions is None else args.warmup_sessions} "
+              f"sessions at once {streams:.1f} ({streams - module:+.1f}): the start")
     device_kept = after["device"] - samples[0]["device"]
     print(f"soak: device memory in use: {samples[0]['device']:.1f} MiB at the start, peak "
           f"{max(s['device'] for s in run_samples):.1f}, after the sessions {after['device']:.1f}; "
