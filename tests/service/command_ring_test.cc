@@ -68,7 +68,9 @@ class RegisteredRing {
 
 class CommandRingTest : public HostMemoryTest {
  protected:
-  void SetUp() override { Start(true, {"--command_rings"}); }
+  // The session's own client stays off the ring: these tests register
+  // rings by hand.
+  void SetUp() override { Start(true, {"--command_rings"}, /*client_ring=*/false); }
 };
 
 TEST_F(CommandRingTest, ASessionsCommandsRunThroughItsRingInOrderWithItsCalls) {

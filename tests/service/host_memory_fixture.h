@@ -172,12 +172,15 @@ class HostMemoryTest : public ::testing::Test {
   }
 
   // Starts a daemon with a host memory socket (or, for the tests that need
-  // one without, `shm` false) and opens a session on it.
-  void Start(bool shm = true, std::vector<std::string> extra = {}) {
+  // one without, `shm` false) and opens a session on it, whose client posts
+  // its commands on a command ring where the daemon serves one and
+  // `client_ring` is set.
+  void Start(bool shm = true, std::vector<std::string> extra = {}, bool client_ring = true) {
     daemon_.emplace(shm, std::move(extra));
     GX_ASSERT_OK(daemon_->WaitUntilListening(absl::Seconds(20)));
     ClientOptions options;
     options.connect_timeout = absl::Seconds(20);
+    options.command_ring = client_ring;
     GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->target(), options));
     GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> devices, client.ListDevices());
     if (devices.empty()) GTEST_SKIP() << "driver " << TestBackend().driver << " has no device";

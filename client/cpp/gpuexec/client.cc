@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -28,6 +29,7 @@
 #include "internal/command_stream.h"
 #include "internal/connect_internal.h"
 #include "internal/convert.h"
+#include "internal/session_commands.h"
 #include "internal/status_macros_internal.h"
 #include "internal/transfer.h"
 
@@ -794,10 +796,23 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   state->memory_limit_bytes = response.memory_limit_bytes();
   state->kernel_time_limit_ms = response.kernel_time_limit_ms();
   state->lease_ms.store(response.lease_ms());
-  state->commands = std::make_unique<internal::CommandStream>(
-      state_->stub.get(), state->token, state_->options.spin_wait, state_->target);
   state->shm_socket =
       !state_->options.shm_socket.empty() ? state_->options.shm_socket : response.shm_socket();
+  auto stream = std::make_unique<internal::CommandStream>(
+      state_->stub.get(), state->token, state_->options.spin_wait, state_->target);
+  std::function<absl::StatusOr<std::unique_ptr<internal::CommandRing>>()> open_ring;
+  const char* env = std::getenv("GPUEXEC_COMMAND_RING");
+  if (state_->options.command_ring && response.command_ring_version() >= 1 &&
+      !state->shm_socket.empty() && (env == nullptr || std::string(env) != "0")) {
+    internal::CommandRing::Options ro;
+    ro.socket_path = state->shm_socket;
+    ro.token = state->token;
+    ro.spin_wait = state_->options.spin_wait;
+    ro.timeout = state_->options.control_timeout;
+    open_ring = [ro] { return internal::CommandRing::Open(ro); };
+  }
+  state->commands = std::make_unique<internal::SessionCommands>(
+      std::move(stream), std::move(open_ring), state_->options.on_debug);
   return Session(std::move(state));
 }
 

@@ -157,6 +157,16 @@ struct ClientOptions {
   // FAILED_PRECONDITION.
   bool allow_token_over_plain_tcp = false;
 
+  // Post each session's commands (launches, synchronizes, allocations,
+  // frees, copies in stream order) through a command ring in shared memory
+  // where the daemon serves one (gpuexecd --command_rings, on its host
+  // memory socket): no gRPC call per command. The ring is registered at a
+  // session's first command; where that fails, or for a command the ring
+  // cannot carry, the Execute stream carries them as before, and
+  // `on_debug` is told why. The environment variable
+  // GPUEXEC_COMMAND_RING=0 turns it off too.
+  bool command_ring = true;
+
   // The daemon's host memory socket (gpuexecd --shm_socket), a path on
   // this host, for Session::MapHostMemory. Empty: the path the daemon
   // names when it opens a session, which it does only for callers on its
@@ -168,6 +178,11 @@ struct ClientOptions {
   // version (VersionWarning), once per Client. Called on the thread whose
   // call saw it. Empty: nothing is told.
   std::function<void(const std::string& line)> on_warning;
+  // Told one line (no prefix, no newline) about a choice the client made
+  // that changes no result: whether a session's commands go through a
+  // command ring, and why not. Called on the thread of the call that made
+  // it. Empty: nothing is told.
+  std::function<void(const std::string& line)> on_debug;
 };
 
 // The parts a large transfer of a client with `options` goes in at most:

@@ -33,6 +33,7 @@
 #include "internal/blocking_stream.h"
 #include "internal/channel_internal.h"
 #include "internal/client_state.h"
+#include "internal/commands.h"
 #include "internal/host_memory.h"
 #include "internal/status_macros_internal.h"
 
@@ -46,14 +47,14 @@ namespace internal {
 // (LaunchAsync) go to a sender thread, started by the first of them, so
 // that everything queued while a message is on the wire goes out together
 // in the next one.
-class CommandStream {
+class CommandStream final : public Commands {
  public:
   // `daemon` (its target; may be empty) names the daemon in the errors of
   // a stream that ended.
   CommandStream(v1::GpuExec::Stub* stub, std::string token, absl::Duration spin_wait,
                 std::string daemon = "")
       : stub_(stub), token_(std::move(token)), daemon_(std::move(daemon)), spin_wait_(spin_wait) {}
-  ~CommandStream() {
+  ~CommandStream() override {
     Shutdown();
     if (watchdog_.joinable()) watchdog_.join();
     if (sender_.joinable()) sender_.join();
@@ -67,7 +68,7 @@ class CommandStream {
   // `report_deferred` (launches and synchronizes, as CUDA reports
   // asynchronous errors).
   absl::StatusOr<v1::CommandResult> Submit(v1::Command command, bool wait, absl::Duration timeout,
-                                           bool report_deferred) {
+                                           bool report_deferred) override {
     absl::MutexLock lock(&mu_);
     if (!wait) {
       // A bounded queue: a caller that outruns the wire waits for it.
@@ -121,7 +122,7 @@ class CommandStream {
   // Makes calls outside the stream (Write, Read, ...) run after the commands
   // queued so far: a barrier round trip when some were queued without
   // waiting and are not known to have started.
-  absl::Status Order(absl::Duration timeout) {
+  absl::Status Order(absl::Duration timeout) override {
     {
       absl::MutexLock lock(&mu_);
       if (rw_ == nullptr || last_unwaited_ <= ordered_through_) return absl::OkStatus();
@@ -130,7 +131,7 @@ class CommandStream {
   }
 
   // Ends the stream; commands still queued are dropped.
-  void Shutdown() {
+  void Shutdown() override {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
@@ -388,8 +389,9 @@ struct SessionState {
   // Set once Close() ran (or was attempted): destructors of the session's
   // objects then skip their cleanup calls.
   std::atomic<bool> closed{false};
-  // Launches and synchronizes; opened on first use.
-  std::unique_ptr<CommandStream> commands;
+  // Launches, synchronizes and the other commands: the Execute stream,
+  // opened on first use, or a command ring with the stream beside it.
+  std::unique_ptr<Commands> commands;
   // The daemon's host memory socket (ClientOptions::shm_socket, else what
   // OpenSession's answer named; empty: none known).
   std::string shm_socket;

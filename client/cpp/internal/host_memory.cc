@@ -91,8 +91,9 @@ absl::StatusOr<void*> MapRegionFd(int fd, uint64_t bytes) {
   return data;
 }
 
-absl::StatusOr<uint64_t> RegisterRegion(const std::string& socket_path, const std::string& token,
-                                        int fd, uint64_t bytes, absl::Duration timeout) {
+absl::StatusOr<v1::RegisterRegionResponse> RegisterOnSocket(
+    const std::string& socket_path, const v1::RegisterRegionRequest& request, int fd,
+    absl::Duration timeout, UniqueFd* keep) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (socket_path.size() >= sizeof(address.sun_path)) {
@@ -102,9 +103,6 @@ absl::StatusOr<uint64_t> RegisterRegion(const std::string& socket_path, const st
   }
   std::memcpy(address.sun_path, socket_path.data(), socket_path.size());
 
-  v1::RegisterRegionRequest request;
-  request.set_session(token);
-  request.set_bytes(bytes);
   const std::string message = request.SerializeAsString();
   if (message.size() > kMaxRegionMessageBytes) {
     return absl::InvalidArgumentError(
@@ -114,7 +112,8 @@ absl::StatusOr<uint64_t> RegisterRegion(const std::string& socket_path, const st
 
   // A connection per registration: registrations are rare (each pins
   // memory, which costs far more than a connect), and a connection kept
-  // for later would have to notice a daemon that restarted.
+  // for later would have to notice a daemon that restarted. A command ring
+  // keeps its connection as the ring's lifeline.
   UniqueFd socket(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (socket.get() < 0) {
     return ErrnoError(errno, "socket(AF_UNIX, SOCK_SEQPACKET) for the host memory socket");
@@ -180,12 +179,23 @@ absl::StatusOr<uint64_t> RegisterRegion(const std::string& socket_path, const st
   if (response.code() != 0) {
     return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
   }
-  if (response.region() == 0 || response.bytes() != bytes) {
+  if (keep != nullptr) *keep = std::move(socket);
+  return response;
+}
+
+absl::StatusOr<uint64_t> RegisterRegion(const std::string& socket_path, const std::string& token,
+                                        int fd, uint64_t bytes, absl::Duration timeout) {
+  v1::RegisterRegionRequest request;
+  request.set_session(token);
+  request.set_bytes(bytes);
+  auto response = RegisterOnSocket(socket_path, request, fd, timeout, /*keep=*/nullptr);
+  if (!response.ok()) return response.status();
+  if (response->region() == 0 || response->bytes() != bytes) {
     return absl::DataLossError(absl::StrCat(
-        "gpuexec client: the daemon registered region ", response.region(), " of ",
-        response.bytes(), " bytes for a memfd of ", bytes, " bytes (on ", socket_path, ")"));
+        "gpuexec client: the daemon registered region ", response->region(), " of ",
+        response->bytes(), " bytes for a memfd of ", bytes, " bytes (on ", socket_path, ")"));
   }
-  return response.region();
+  return response->region();
 }
 
 void HostRegions::Add(const void* data, uint64_t size, uint64_t region) {

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "gpuexec/v1/gpuexec.pb.h"
 
 namespace gpuexec {
 namespace internal {
@@ -72,6 +73,14 @@ absl::StatusOr<void*> MapRegionFd(int fd, uint64_t bytes);
 // region then lives, unknown to the client, until the session ends.
 absl::StatusOr<uint64_t> RegisterRegion(const std::string& socket_path, const std::string& token,
                                         int fd, uint64_t bytes, absl::Duration timeout);
+
+// The registration RegisterRegion makes, for any request (a command ring's
+// too): sends `request` with `fd` on a new connection to `socket_path` and
+// returns the daemon's answer, or its code and message when it refused.
+// With `keep`, the connection is kept there (a command ring's lifeline).
+absl::StatusOr<v1::RegisterRegionResponse> RegisterOnSocket(
+    const std::string& socket_path, const v1::RegisterRegionRequest& request, int fd,
+    absl::Duration timeout, UniqueFd* keep);
 
 // Where a span lies in a region.
 struct RegionHit {

@@ -1,0 +1,155 @@
+// The C++ client on a command ring (ClientOptions::command_ring), against a
+// daemon process serving rings (gpuexecd --command_rings): a session's
+// commands go through its ring and give the results the Execute stream
+// gives; a failure of one posted without waiting is reported at the next
+// synchronize; a command the ring cannot carry goes on the stream after
+// the ring's earlier ones; and where the daemon serves no rings, or the
+// client is told not to use them, the stream carries everything.
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "host_memory_fixture.h"
+
+namespace gpuexec::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+LaunchConfig Blocks(uint32_t grid, uint32_t block) {
+  LaunchConfig c;
+  c.grid.x = grid;
+  c.block.x = block;
+  return c;
+}
+
+class CommandRingClientTest : public HostMemoryTest {
+ protected:
+  // A client of its own on the daemon, telling its debug lines to lines_.
+  Client RingClient(bool ring = true) {
+    ClientOptions options;
+    options.connect_timeout = absl::Seconds(20);
+    options.command_ring = ring;
+    options.on_debug = [this](const std::string& line) {
+      absl::MutexLock lock(&mu_);
+      lines_.push_back(line);
+    };
+    auto client = Client::Connect(daemon().target(), options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(client).value();
+  }
+  std::vector<std::string> Lines() {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+  absl::StatusOr<Function> Fill(Session& s) {
+    auto module = s.LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin"));
+    if (!module.ok()) return module.status();
+    module_ = std::move(module).value();
+    return module_->GetFunction("gx_fill_u32");
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+  std::optional<Module> module_;
+};
+
+TEST_F(CommandRingClientTest, ASessionsCommandsGoThroughItsRing) {
+  Start(true, {"--command_rings"});
+  Client client = RingClient();
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
+  ASSERT_THAT(Lines(), ::testing::ElementsAre(HasSubstr("carries this session's commands")));
+
+  GX_ASSERT_OK(
+      s.LaunchAndWait(fill, Blocks(4, 256), {Arg::Ptr(a), Arg::U32(0x01020304), Arg::U64(1024)})
+          .status());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, a.Read(0, 8));
+  EXPECT_EQ(got, (std::vector<uint8_t>{4, 3, 2, 1, 4, 3, 2, 1}));
+
+  // Many queued without waiting, in order: the last fill wins.
+  for (uint32_t i = 0; i < 500; ++i) {
+    GX_ASSERT_OK(s.LaunchAsync(fill, Blocks(4, 256), {Arg::Ptr(a), Arg::U32(i), Arg::U64(1024)}));
+  }
+  GX_ASSERT_OK(s.Synchronize().status());
+  GX_ASSERT_OK_AND_ASSIGN(got, a.Read(0, 4));
+  EXPECT_EQ(got, (std::vector<uint8_t>{499 & 0xff, 499 >> 8, 0, 0}));
+
+  // Memset, a copy between buffers, and frees, all on the ring.
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b, s.Allocate(4096));
+  GX_ASSERT_OK(a.Memset(0x7e));
+  GX_ASSERT_OK(b.CopyFrom(a, 16, 0, 64));
+  GX_ASSERT_OK_AND_ASSIGN(got, b.Read(0, 64));
+  EXPECT_EQ(got, std::vector<uint8_t>(64, 0x7e));
+  GX_ASSERT_OK(a.FreeAsync());
+  GX_ASSERT_OK(b.Free());
+  GX_ASSERT_OK(s.Close());
+  EXPECT_EQ(Lines().size(), 1u) << "the ring was not left for the stream";
+}
+
+TEST_F(CommandRingClientTest, AFailureQueuedWithoutWaitingIsToldAtTheNextSynchronize) {
+  Start(true, {"--command_rings"});
+  Client client = RingClient();
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
+  GX_ASSERT_OK(s.LaunchAsync(fill, Blocks(1, 256), {Arg::Ptr(a), Arg::U32(1), Arg::U64(256)}));
+  // An offset past the buffer's end: refused by the daemon, after the
+  // call returned.
+  GX_ASSERT_OK(
+      s.LaunchAsync(fill, Blocks(1, 256), {Arg::Ptr(a, 1 << 20), Arg::U32(2), Arg::U64(256)}));
+  const absl::Status st = s.Synchronize().status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("offset"));
+  // Told once: the session goes on.
+  GX_EXPECT_OK(s.Synchronize().status());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, a.Read(0, 4));
+  EXPECT_EQ(got, (std::vector<uint8_t>{1, 0, 0, 0}));
+}
+
+TEST_F(CommandRingClientTest, ACommandTheRingCannotCarryGoesOnTheStreamAfterTheRingsOwn) {
+  Start(true, {"--command_rings"});
+  Client client = RingClient();
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(1 << 20));
+  GX_ASSERT_OK(s.LaunchAsync(fill, Blocks(1024, 256),
+                             {Arg::Ptr(a), Arg::U32(0x55555555), Arg::U64(256 * 1024)}));
+  // 2,000 arguments take more than a record's 40 KiB: the stream carries
+  // it, and the daemon's answer is the one the stream always gave.
+  std::vector<Arg> many(2000, Arg::U32(7));
+  const absl::Status st = s.Launch(fill, Blocks(1, 1), many);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("2000 arguments"));
+  // The ring's fill ran before the stream's command, and both go on.
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, a.Read((1 << 20) - 4, 4));
+  EXPECT_EQ(got, std::vector<uint8_t>(4, 0x55));
+  GX_ASSERT_OK(
+      s.LaunchAndWait(fill, Blocks(1, 256), {Arg::Ptr(a), Arg::U32(9), Arg::U64(1)}).status());
+  GX_ASSERT_OK_AND_ASSIGN(got, a.Read(0, 4));
+  EXPECT_EQ(got, (std::vector<uint8_t>{9, 0, 0, 0}));
+}
+
+TEST_F(CommandRingClientTest, WithoutRingsServedOrWantedTheStreamCarriesEverything) {
+  Start(true);  // rings not served: OpenSession tells version 0
+  {
+    Client client = RingClient();
+    GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+    GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+    GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
+    GX_ASSERT_OK(
+        s.LaunchAndWait(fill, Blocks(1, 256), {Arg::Ptr(a), Arg::U32(3), Arg::U64(4)}).status());
+    EXPECT_THAT(Lines(), IsEmpty());
+  }
+  Start(true, {"--command_rings"});
+  Client client = RingClient(/*ring=*/false);
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
+  GX_ASSERT_OK(a.Memset(1));
+  EXPECT_THAT(Lines(), IsEmpty());
+}
+
+}  // namespace
+}  // namespace gpuexec::testing
