@@ -198,6 +198,12 @@ ABSL_FLAG(int64_t, rpc_connection_age_grace_ms, 60000, "See --rpc_connection_age
 ABSL_FLAG(int64_t, rpc_min_ping_interval_ms, 60000,
           "Pings a client sends without data: no more often than this (two too early close the "
           "connection).");
+ABSL_FLAG(uint32_t, rpc_max_connections, 8192,
+          "TCP connections the gRPC port holds at once (0: no bound); more are closed as they "
+          "come, as are any that would take the descriptors kept for workers.");
+ABSL_FLAG(uint32_t, rpc_max_connections_per_peer, 1024,
+          "TCP connections one source (an IPv4 address, an IPv6 /64) may hold on the gRPC port "
+          "at once (0: no bound).");
 ABSL_FLAG(uint32_t, unix_max_connections, 1024,
           "Connections the Unix socket holds at once (0: no bound); more are closed as they "
           "come.");
@@ -373,6 +379,8 @@ int main(int argc, char** argv) {
   options.front.connection_age_ms = absl::GetFlag(FLAGS_rpc_connection_age_ms);
   options.front.connection_age_grace_ms = absl::GetFlag(FLAGS_rpc_connection_age_grace_ms);
   options.front.min_ping_interval_ms = absl::GetFlag(FLAGS_rpc_min_ping_interval_ms);
+  options.rpc_max_connections = absl::GetFlag(FLAGS_rpc_max_connections);
+  options.rpc_max_connections_per_peer = absl::GetFlag(FLAGS_rpc_max_connections_per_peer);
   options.unix_max_connections = absl::GetFlag(FLAGS_unix_max_connections);
   options.unix_max_connections_per_uid = absl::GetFlag(FLAGS_unix_max_connections_per_uid);
   options.health_max_watches = absl::GetFlag(FLAGS_health_max_watches);

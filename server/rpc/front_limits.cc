@@ -275,7 +275,8 @@ absl::Status CheckDescriptorBudget(const ServerOptions& options,
                 ? std::string()
                 : absl::StrCat(" (raised from ", budget->soft_before, ")"),
             ", ", budget->open, " open, ", needed,
-            " kept for workers and listeners; gRPC's TCP connections take the rest");
+            " kept for workers and listeners; TCP connections take the rest but the last ",
+            kDescriptorReserve);
   return absl::OkStatus();
 }
 

@@ -41,6 +41,7 @@
 #include "server/rpc/observability.h"
 #include "server/rpc/service.h"
 #include "server/rpc/shm_listener.h"
+#include "server/rpc/tcp_listener.h"
 #include "server/rpc/unix_listener.h"
 #include "server/tenants/tenants.h"
 #include "server/worker/remote_device.h"
@@ -169,6 +170,7 @@ class Server::Impl {
   std::vector<std::thread> pollers;
   std::unique_ptr<grpc::Server> server;
   // Hands its connections to `server`: goes before it.
+  std::unique_ptr<rpc::TcpListener> tcp_listener;
   std::unique_ptr<rpc::UnixListener> unix_listener;
   // Outlives the listener that hands it rings; goes before the engine.
   std::unique_ptr<rpc::CommandRingServer> command_rings;
@@ -375,12 +377,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tcp_acceptor;
   if (!options.listen_address.empty()) {
-    builder.AddListeningPort(options.listen_address,
-                             options.tls_cert.empty()
-                                 ? grpc::InsecureServerCredentials()
-                                 : rpc::TlsCredentials(options, impl->identity.get()),
-                             &impl->port);
+    // The port is the daemon's own (tcp_listener.h): gRPC serves what it
+    // accepts, with the port's credentials.
+    auto listener = rpc::TcpListener::Bind(options.listen_address);
+    if (!listener.ok()) return listener.status();
+    impl->tcp_listener = *std::move(listener);
+    impl->port = impl->tcp_listener->port();
+    tcp_acceptor = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        options.tls_cert.empty() ? grpc::InsecureServerCredentials()
+                                 : rpc::TlsCredentials(options, impl->identity.get()));
   }
   // Chunks are 1 MiB by default; leave room for clients that send larger.
   // A second daemon on the same port is a mistake to report, not a load
@@ -408,6 +416,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.listen_address.empty() ? "" : absl::StrCat("'", options.listen_address, "'"),
         options.unix_socket.empty() ? "" : absl::StrCat(" unix:", options.unix_socket),
         " (address in use or not valid?)"));
+  }
+  if (impl->tcp_listener != nullptr) {
+    rpc::TcpLimits limits;
+    limits.max_connections = options.rpc_max_connections;
+    limits.max_per_peer = options.rpc_max_connections_per_peer;
+    impl->tcp_listener->Start(std::move(tcp_acceptor), limits);
   }
   if (!options.unix_socket.empty()) {
     rpc::UnixListener::Limits limits;
@@ -588,8 +602,9 @@ void Server::Shutdown(absl::Duration deadline) {
     absl::MutexLock lock(&impl_->health_mu);
     impl_->health_stopped = true;
   }
-  impl_->health.Shutdown();      // every name NOT_SERVING; watches end
-  impl_->unix_listener.reset();  // no new connections
+  impl_->health.Shutdown();     // every name NOT_SERVING; watches end
+  impl_->tcp_listener.reset();  // no new connections
+  impl_->unix_listener.reset();
   impl_->shm_listener.reset();
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();

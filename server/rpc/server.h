@@ -174,6 +174,10 @@ struct ServerOptions {
   rpc::FrontLimits front;
   // Connections the Unix socket holds at once, in all and of one uid
   // (0: no bound); more are closed as they come.
+  // TCP connections of the gRPC port at once, and from one source (an
+  // IPv4 address, an IPv6 /64); 0: no bound (tcp_listener.h).
+  uint32_t rpc_max_connections = 8192;
+  uint32_t rpc_max_connections_per_peer = 1024;
   uint32_t unix_max_connections = 1024;
   uint32_t unix_max_connections_per_uid = 256;
   // Health Watch streams open at once, in all and of one peer (an IP
