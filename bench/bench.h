@@ -331,10 +331,10 @@ ClientOptions BenchClientOptions();
 // Whether --figures selects `name` (all when it is empty).
 bool Selected(const std::string& name);
 
-// `tls_figures_only`: launch + synchronize and the default Write and Read
-// only (the rows the TLS daemon adds).
+// `only`: these figures alone (the TLS daemon's rows: launch and copy;
+// the command ring's: launch, async, answered); empty: --figures says.
 GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std::string& cubin,
-                          int clients, bool tls_figures_only = false);
+                          int clients, const std::vector<std::string>& only = {});
 
 // A fresh daemon, one big Write, its peak RSS.
 std::pair<uint64_t, uint64_t> RunRss(const Plan& plan, const std::string& daemon_path,

@@ -23,6 +23,8 @@ ClientOptions BenchClientOptions() {
   if (absl::GetFlag(FLAGS_spin_wait_us) >= 0) {
     options.spin_wait = absl::Microseconds(absl::GetFlag(FLAGS_spin_wait_us));
   }
+  // Where a session's commands go through a command ring, and why not.
+  options.on_debug = [](const std::string& line) { Note(line); };
   if (absl::GetFlag(FLAGS_chunk_bytes) > 0) options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   if (absl::GetFlag(FLAGS_transfer_streams) >= 0) {
     options.transfer_streams = static_cast<uint32_t>(absl::GetFlag(FLAGS_transfer_streams));
@@ -36,10 +38,10 @@ bool Selected(const std::string& name) {
 }
 
 GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std::string& cubin,
-                          int clients, bool tls_figures_only) {
+                          int clients, const std::vector<std::string>& only) {
   GpuexecFigures out;
-  auto want = [tls_figures_only](const std::string& name) {
-    if (tls_figures_only) return name == "launch" || name == "copy";
+  auto want = [&only](const std::string& name) {
+    if (!only.empty()) return std::find(only.begin(), only.end(), name) != only.end();
     return Selected(name);
   };
   const std::string image = ReadFileOrDie(cubin);
@@ -94,7 +96,7 @@ GpuexecFigures RunGpuexec(const Plan& plan, const std::string& target, const std
     std::optional<Client> single;
     std::optional<Session> single_session;
     std::vector<Session*> sessions = {&session};
-    if (out.transfer_streams > 1 && !tls_figures_only) {
+    if (out.transfer_streams > 1 && only.empty()) {
       single.emplace(Must(Client::Connect(target, one_stream), "connect"));
       single_session.emplace(Must(single->OpenSession({}), "open a session"));
       sessions.push_back(&*single_session);

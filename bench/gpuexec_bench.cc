@@ -81,10 +81,16 @@ int RunTlsOnly(const Plan& plan, const std::string& daemon, const std::string& d
   if (dir.empty()) Die("no TLS files: the openssl command is missing or failed");
   std::printf(
       "gpuexec_bench: TLS against plain TCP, daemon flags %s, TLS daemon's %s, client "
-      "transfer_streams %u, chunk_bytes %u\n",
+      "transfer_streams %u plain, %u over TLS, chunk_bytes %u\n",
       absl::StrJoin(absl::GetFlag(FLAGS_daemon_args), " ").c_str(),
       absl::StrJoin(absl::GetFlag(FLAGS_tls_daemon_args), " ").c_str(),
-      TransferStreams(BenchClientOptions()), BenchClientOptions().chunk_bytes);
+      TransferStreams(BenchClientOptions()),
+      [] {
+        ClientOptions tls = BenchClientOptions();
+        tls.tls = true;
+        return TransferStreams(tls);
+      }(),
+      BenchClientOptions().chunk_bytes);
   Daemon plain(daemon, driver, "plain");
   std::vector<std::string> tls_args = {"--tls_cert=" + dir + "/server.crt",
                                        "--tls_key=" + dir + "/server.key",
@@ -94,10 +100,10 @@ int RunTlsOnly(const Plan& plan, const std::string& daemon, const std::string& d
   std::vector<double> write_ratio, read_ratio;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_repeat)); ++i) {
     g_credentials = ClientOptions();
-    const GpuexecFigures p = RunGpuexec(plan, plain.tcp(), cubin, 0, /*tls_figures_only=*/true);
+    const GpuexecFigures p = RunGpuexec(plan, plain.tcp(), cubin, 0, {"launch", "copy"});
     g_credentials.token = kBenchToken;
     g_credentials.tls_root_ca_file = dir + "/ca.crt";
-    const GpuexecFigures t = RunGpuexec(plan, tls.tcp(), cubin, 0, /*tls_figures_only=*/true);
+    const GpuexecFigures t = RunGpuexec(plan, tls.tcp(), cubin, 0, {"launch", "copy"});
     write_ratio.push_back(t.write / p.write);
     read_ratio.push_back(t.read / p.read);
     Note(absl::StrFormat("TLS / plain: Write %.2fx, Read %.2fx", write_ratio.back(),
@@ -186,9 +192,18 @@ int Main() {
               "--tenants=" + dir + "/tenants.textproto"});
     g_credentials.token = kBenchToken;
     g_credentials.tls_root_ca_file = dir + "/ca.crt";
-    g_tls = RunGpuexec(plan, d.tcp(), cubin, 0, /*tls_figures_only=*/true);
+    g_tls = RunGpuexec(plan, d.tcp(), cubin, 0, {"launch", "copy"});
     g_credentials = ClientOptions();
     tls_measured = true;
+  }
+  // Same host, the session's commands through a command ring on the host
+  // memory socket instead of the Execute stream (the client takes the ring
+  // where the daemon serves one).
+  Section("gpuexec through a command ring (a daemon with --command_rings, Unix socket)");
+  GpuexecFigures g_ring;
+  {
+    Daemon d(daemon, driver, "ring", {"--command_rings"});
+    g_ring = RunGpuexec(plan, d.uds(), cubin, 0, {"launch", "async", "answered"});
   }
   Section("tenants: a worker per tenant on device 0 (a third gpuexecd)");
   const TenantFigures tenants = RunTenants(plan, daemon, driver, cubin);
@@ -239,6 +254,21 @@ int Main() {
                       Ratio(g_tls.launch_sync.p50 / g_tcp.launch_sync.p50) + " of plain TCP", "",
                       ""});
   }
+  g_rows.push_back({"launch + synchronize through a command ring, p50 (p99)", "",
+                    Us(g_ring.launch_sync.p50) + " (" + Us(g_ring.launch_sync.p99) + ")",
+                    "native " + Us(native.launch_sync.p50) + " (" + Us(native.launch_sync.p99) +
+                        "); gRPC on the Unix socket " + Us(g_uds.launch_sync.p50),
+                    Ratio(g_ring.launch_sync.p50 / native.launch_sync.p50) + " (" +
+                        Ratio(g_ring.launch_sync.p99 / native.launch_sync.p99) + ") of native",
+                    "<= 1.5x native p50, <= 2x native p99",
+                    Met(g_ring.launch_sync.p50 <= 1.5 * native.launch_sync.p50 &&
+                        g_ring.launch_sync.p99 <= 2 * native.launch_sync.p99)});
+  g_rows.push_back(
+      {"async launches through a command ring, one client", "", Rate(g_ring.async_rate),
+       "native " + Rate(1e6 / native.async_launch_us) + "; gRPC on the Unix socket " +
+           Rate(g_uds.async_rate),
+       Ratio(g_ring.async_rate * native.async_launch_us / 1e6) + " of native", ">= 0.9x native",
+       Met(g_ring.async_rate * native.async_launch_us / 1e6 >= 0.9)});
   g_rows.push_back(
       {absl::StrFormat("launch + synchronize, one tenant beside another's %d us kernels, p50",
                        absl::GetFlag(FLAGS_neighbour_kernel_us)),
