@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+
 namespace gpuexec::core {
 
 const std::string& Caller::tenant_name() const {
@@ -42,11 +44,24 @@ std::string PeerHost(const std::string& peer) {
     return "ipv4:" + host;
   }
   if (peer.rfind("ipv6:", 0) == 0) {
-    // "ipv6:[addr]:port" (or "ipv6:[addr%zone]:port").
-    const size_t open = peer.find('[');
-    const size_t close = peer.find(']');
+    // "ipv6:[addr]:port" (or "ipv6:[addr%zone]:port"); gRPC writes the
+    // brackets and the zone's '%' percent-encoded ("ipv6:%5B::1%5D:443").
+    std::string decoded;
+    for (size_t i = 0; i < peer.size(); ++i) {
+      if (peer[i] == '%' && i + 2 < peer.size()) {
+        const std::string code = absl::AsciiStrToUpper(peer.substr(i + 1, 2));
+        if (code == "5B" || code == "5D" || code == "25") {
+          decoded += code == "5B" ? '[' : code == "5D" ? ']' : '%';
+          i += 2;
+          continue;
+        }
+      }
+      decoded += peer[i];
+    }
+    const size_t open = decoded.find('[');
+    const size_t close = decoded.find(']');
     if (open == std::string::npos || close == std::string::npos || close < open) return peer;
-    std::string host = peer.substr(open + 1, close - open - 1);
+    std::string host = decoded.substr(open + 1, close - open - 1);
     host = host.substr(0, host.find('%'));
     in6_addr a{};
     if (inet_pton(AF_INET6, host.c_str(), &a) != 1) return peer;

@@ -678,6 +678,11 @@ TEST(PeerHostTest, APeerIsAPrincipalItCannotMultiply) {
       {"ipv6:[2001:db8:1:2:a:b:c:d]:5", "ipv6:[2001:db8:1:2::]/64"},
       {"ipv6:[2001:db8:1:2::ffff]:6", "ipv6:[2001:db8:1:2::]/64"},
       {"ipv6:[fe80::1%eth0]:7", "ipv6:[fe80::]/64"},
+      // As gRPC writes them: brackets and the zone's '%' percent-encoded.
+      {"ipv6:%5B::1%5D:443", "loopback"},
+      {"ipv6:%5B2001:db8:1:2:a:b:c:d%5D:5", "ipv6:[2001:db8:1:2::]/64"},
+      {"ipv6:%5b2001:db8:1:2::9%5d:5", "ipv6:[2001:db8:1:2::]/64"},
+      {"ipv6:%5Bfe80::1%25eth0%5D:7", "ipv6:[fe80::]/64"},
       {"in-process", "in-process"},
       {"ipv4:not-an-address:1", "ipv4:not-an-address:1"},
   };
