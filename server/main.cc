@@ -45,6 +45,10 @@ ABSL_FLAG(std::string, shm_socket, "",
 ABSL_FLAG(bool, command_rings, false,
           "Also serve command rings on --shm_socket: same-host clients post a session's "
           "commands through shared memory instead of gRPC (a thread per ring).");
+ABSL_FLAG(int32_t, ring_spin_us, -1,
+          "How long a command ring's thread keeps looking for its client's next record before "
+          "it sleeps, in microseconds: a client that posts within it costs no wake-up. -1: as "
+          "--busy_poll_us.");
 ABSL_FLAG(int32_t, max_command_rings, 256,
           "Command rings served at once (each one thread), at most 16 of them a tenant's.");
 ABSL_FLAG(uint64_t, pinned_memory_limit, 0,
@@ -199,8 +203,10 @@ ABSL_FLAG(int64_t, rpc_min_ping_interval_ms, 60000,
           "Pings a client sends without data: no more often than this (two too early close the "
           "connection).");
 ABSL_FLAG(uint32_t, rpc_max_connections, 8192,
-          "TCP connections the gRPC port holds at once (0: no bound); more are closed as they "
-          "come, as are any that would take the descriptors kept for workers.");
+          "TCP connections the gRPC port holds at once (0: as many as the descriptor limit "
+          "leaves once the workers' and listeners' are counted, which also caps a larger "
+          "value); more are closed as they come, as are any that would take the last 64 "
+          "descriptors.");
 ABSL_FLAG(uint32_t, rpc_max_connections_per_peer, 1024,
           "TCP connections one source (an IPv4 address, an IPv6 /64) may hold on the gRPC port "
           "at once (0: no bound).");
@@ -304,6 +310,7 @@ int main(int argc, char** argv) {
   options.shm_socket = absl::GetFlag(FLAGS_shm_socket);
   options.command_rings = absl::GetFlag(FLAGS_command_rings);
   options.max_command_rings = absl::GetFlag(FLAGS_max_command_rings);
+  options.ring_spin_us = absl::GetFlag(FLAGS_ring_spin_us);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.pinned_bytes = absl::GetFlag(FLAGS_pinned_memory_limit);
   options.max_session_pinned_bytes = absl::GetFlag(FLAGS_max_session_pinned_bytes);

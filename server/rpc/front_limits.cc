@@ -253,9 +253,9 @@ absl::StatusOr<DescriptorBudget> RaiseDescriptorLimit(uint64_t needed, const std
   return budget;
 }
 
-absl::Status CheckDescriptorBudget(const ServerOptions& options,
-                                   core::EngineOptions::Isolation isolation,
-                                   uint32_t max_workers_per_device, int device_count) {
+absl::StatusOr<uint64_t> CheckDescriptorBudget(const ServerOptions& options,
+                                               core::EngineOptions::Isolation isolation,
+                                               uint32_t max_workers_per_device, int device_count) {
   const uint64_t per_device = isolation == core::EngineOptions::Isolation::kTenant
                                   ? (max_workers_per_device == 0 ? 64 : max_workers_per_device)
                                   : 1;
@@ -277,7 +277,8 @@ absl::Status CheckDescriptorBudget(const ServerOptions& options,
             ", ", budget->open, " open, ", needed,
             " kept for workers and listeners; TCP connections take the rest but the last ",
             kDescriptorReserve);
-  return absl::OkStatus();
+  const uint64_t used = budget->open + needed;
+  return budget->limit > used ? budget->limit - used : 0;
 }
 
 bool InDescriptorReserve(int fd, uint64_t reserve) {

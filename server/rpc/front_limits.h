@@ -112,9 +112,11 @@ absl::StatusOr<DescriptorBudget> RaiseDescriptorLimit(uint64_t needed, const std
 // RaiseDescriptorLimit for what `o` configures: the workers of
 // `device_count` devices (about 8 descriptors each in the front), the Unix
 // socket's and metrics' connections, kDescriptorReserve and gRPC's own;
-// logs the limit in force.
-absl::Status CheckDescriptorBudget(const ServerOptions& o, core::EngineOptions::Isolation isolation,
-                                   uint32_t max_workers_per_device, int device_count);
+// logs the limit in force. Returns the descriptors left over for TCP
+// connections.
+absl::StatusOr<uint64_t> CheckDescriptorBudget(const ServerOptions& o,
+                                               core::EngineOptions::Isolation isolation,
+                                               uint32_t max_workers_per_device, int device_count);
 
 // The soft RLIMIT_NOFILE now (0 if unknown).
 uint64_t DescriptorLimit();

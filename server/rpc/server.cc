@@ -343,8 +343,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto engine = core::Engine::Create(eo, open_device);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
-  GPUEXEC_RETURN_IF_ERROR(rpc::CheckDescriptorBudget(
-      options, eo.isolation, eo.max_workers_per_device, impl->engine->device_count()));
+  auto tcp_descriptors = rpc::CheckDescriptorBudget(
+      options, eo.isolation, eo.max_workers_per_device, impl->engine->device_count());
+  if (!tcp_descriptors.ok()) return tcp_descriptors.status();
   rpc::CallLimits call_limits;
   call_limits.data_calls_per_session = options.max_data_calls_per_session;
   call_limits.streams_per_session = options.max_streams_per_session;
@@ -419,7 +420,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (impl->tcp_listener != nullptr) {
     rpc::TcpLimits limits;
-    limits.max_connections = options.rpc_max_connections;
+    // Never more connections than the descriptors left once the workers'
+    // and listeners' are counted.
+    uint64_t most =
+        options.rpc_max_connections == 0 ? *tcp_descriptors : options.rpc_max_connections;
+    if (most > *tcp_descriptors) {
+      most = *tcp_descriptors;
+      log::Info(
+          "gpuexecd: at most ", most,
+          " TCP connections at once: the descriptors left by the limit (--rpc_max_connections ",
+          options.rpc_max_connections, ")");
+    }
+    limits.max_connections = static_cast<uint32_t>(std::min<uint64_t>(most, UINT32_MAX));
+    if (limits.max_connections == 0) limits.max_connections = 1;
     limits.max_per_peer = options.rpc_max_connections_per_peer;
     impl->tcp_listener->Start(std::move(tcp_acceptor), limits);
   }
@@ -430,6 +443,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     auto listener = rpc::UnixListener::Start(options.unix_socket, options.unix_socket_group,
                                              impl->server.get(), impl->identity.get(), limits);
     if (!listener.ok()) {
+      impl->tcp_listener.reset();
       impl->server->Shutdown();
       return listener.status();
     }
@@ -438,8 +452,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.shm_socket.empty() && options.command_rings) {
     rpc::CommandRingServer::Options ro;
     ro.max_rings = options.max_command_rings;
+    ro.spin = absl::Microseconds(options.ring_spin_us >= 0 ? options.ring_spin_us : busy_poll_us);
     auto rings = rpc::CommandRingServer::Start(impl->engine.get(), ro);
     if (!rings.ok()) {
+      impl->tcp_listener.reset();
       impl->unix_listener.reset();
       impl->server->Shutdown();
       return rings.status();
@@ -451,6 +467,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         rpc::ShmListener::Start(options.shm_socket, options.unix_socket_group, impl->engine.get(),
                                 impl->identity.get(), impl->command_rings.get());
     if (!listener.ok()) {
+      impl->tcp_listener.reset();
       impl->unix_listener.reset();
       impl->server->Shutdown();
       return listener.status();

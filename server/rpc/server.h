@@ -35,6 +35,9 @@ struct ServerOptions {
   // memory, docs/command-ring-plan.md), and how many the daemon serves.
   bool command_rings = false;
   int max_command_rings = 256;
+  // How long a ring's thread looks for more records before it sleeps, in
+  // microseconds; -1: as busy_poll_us.
+  int32_t ring_spin_us = -1;
   // What ListDevices reports as the daemon's own address (which daemon of
   // a pool answered): host:port, as clients reach it. Empty: none.
   std::string advertise_address;
@@ -174,8 +177,9 @@ struct ServerOptions {
   rpc::FrontLimits front;
   // Connections the Unix socket holds at once, in all and of one uid
   // (0: no bound); more are closed as they come.
-  // TCP connections of the gRPC port at once, and from one source (an
-  // IPv4 address, an IPv6 /64); 0: no bound (tcp_listener.h).
+  // TCP connections of the gRPC port at once (never more than the
+  // descriptor limit leaves for them; 0: that), and from one source (an
+  // IPv4 address, an IPv6 /64; 0: no bound) (tcp_listener.h).
   uint32_t rpc_max_connections = 8192;
   uint32_t rpc_max_connections_per_peer = 1024;
   uint32_t unix_max_connections = 1024;

@@ -84,9 +84,11 @@ absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Bind(const std::string
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     if (a->ai_family != found->ai_family) both_families = true;
   }
+  // As gRPC did: an address that cannot be bound (IPv6 disabled in a
+  // container, say) is passed over while another binds.
   std::vector<int> fds;
   absl::Status failed;
-  for (addrinfo* a = found; a != nullptr && failed.ok(); a = a->ai_next) {
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
     sockaddr_storage at{};
     std::memcpy(&at, a->ai_addr, a->ai_addrlen);
@@ -98,19 +100,26 @@ absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Bind(const std::string
     }
     const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
-      failed = Errno("socket", address);
-      break;
+      if (failed.ok()) failed = Errno("socket", address);
+      continue;
     }
-    const int one = 1;
+    const int one = 1, zero = 0;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (a->ai_family == AF_INET6 && both_families) {
-      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (a->ai_family == AF_INET6) {
+      // Beside an IPv4 address of the same name, IPv6 only; alone (as
+      // "[::]"), both, whatever the host's bindv6only says.
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, both_families ? &one : &zero, sizeof(one));
     }
-    if (bind(fd, reinterpret_cast<sockaddr*>(&at), a->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
-      failed = Errno("bind", address);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&at), a->ai_addrlen) != 0) {
+      if (failed.ok()) failed = Errno("bind", address);
       close(fd);
-      break;
+      continue;
+    }
+    if (listen(fd, 1024) != 0) {
+      if (failed.ok()) failed = Errno("listen", address);
+      close(fd);
+      continue;
     }
     fds.push_back(fd);
     if (port == 0) {
@@ -122,15 +131,16 @@ absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Bind(const std::string
     }
   }
   freeaddrinfo(found);
-  const int wake = failed.ok() ? eventfd(0, EFD_CLOEXEC) : -1;
-  if (failed.ok() && (fds.empty() || wake < 0)) {
-    failed = fds.empty() ? absl::InvalidArgumentError(absl::StrCat("cannot listen on '", address,
-                                                                   "': no IPv4 or IPv6 address"))
-                         : Errno("eventfd", address);
+  if (fds.empty()) {
+    return failed.ok() ? absl::InvalidArgumentError(absl::StrCat("cannot listen on '", address,
+                                                                 "': no IPv4 or IPv6 address"))
+                       : failed;
   }
-  if (!failed.ok()) {
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  if (wake < 0) {
+    absl::Status st = Errno("eventfd", address);
     for (int fd : fds) close(fd);
-    return failed;
+    return st;
   }
   return std::unique_ptr<TcpListener>(
       new TcpListener(address, std::move(fds), wake, static_cast<int>(port)));
@@ -156,7 +166,15 @@ void TcpListener::Start(std::unique_ptr<grpc::experimental::ExternalConnectionAc
   thread_ = std::thread(&TcpListener::AcceptLoop, this);
 }
 
-std::string TcpListener::Refusal(int conn, const std::string& peer) {
+bool TcpListener::WarnNow(Warned reason) {
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  int64_t& last = last_warning_s_[static_cast<int>(reason)];
+  if (now - last < 60) return false;
+  last = now;
+  return true;
+}
+
+std::string TcpListener::Refusal(int conn, const std::string& peer, Warned* reason) {
   uint32_t of_peer = 0;
   size_t kept = 0;
   for (size_t i = 0; i < open_.size(); ++i) {
@@ -172,15 +190,18 @@ std::string TcpListener::Refusal(int conn, const std::string& peer) {
   }
   open_.resize(kept);
   if (InDescriptorReserve(conn, kDescriptorReserve)) {
+    *reason = Warned::kReserve;
     return absl::StrCat("the daemon has fewer than ", kDescriptorReserve,
                         " file descriptors left (its limit is ", DescriptorLimit(),
                         "; LimitNOFILE= in the systemd unit), kept for its workers");
   }
   if (limits_.max_connections != 0 && open_.size() >= limits_.max_connections) {
+    *reason = Warned::kTotal;
     return absl::StrCat(open_.size(),
                         " connections are open, the port's limit (--rpc_max_connections)");
   }
   if (limits_.max_per_peer != 0 && of_peer >= limits_.max_per_peer) {
+    *reason = Warned::kPeer;
     return absl::StrCat(of_peer, " connections from ", peer,
                         " are open, the limit of one source (--rpc_max_connections_per_peer)");
   }
@@ -193,9 +214,12 @@ void TcpListener::AcceptLoop() {
   fds.push_back({wake_fd_, POLLIN, 0});
   while (true) {
     if (poll(fds.data(), fds.size(), -1) < 0) {
-      if (errno == EINTR) continue;
-      log::Error("TCP port ", address_, ": poll: ", std::strerror(errno));
-      return;
+      if (errno != EINTR) {
+        // Out of memory, say: the port must not stop accepting for good.
+        log::Error("TCP port ", address_, ": poll: ", std::strerror(errno), "; trying again");
+        poll(nullptr, 0, 100);
+      }
+      continue;
     }
     if (fds.back().revents != 0) return;
     for (size_t i = 0; i + 1 < fds.size(); ++i) {
@@ -206,17 +230,19 @@ void TcpListener::AcceptLoop() {
                                SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (conn < 0) {
         if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-          log::Warning("TCP port ", address_, ": accept: ", std::strerror(errno));
+          if (WarnNow(Warned::kAccept)) {
+            log::Warning("TCP port ", address_, ": accept: ", std::strerror(errno),
+                         " (logged at most once a minute)");
+          }
           poll(nullptr, 0, 100);  // out of descriptors, say: do not spin
         }
         continue;
       }
       const std::string key = PeerKey(peer);
-      if (const std::string why = Refusal(conn, key); !why.empty()) {
+      Warned reason = Warned::kAccept;
+      if (const std::string why = Refusal(conn, key, &reason); !why.empty()) {
         close(conn);
-        const int64_t now = absl::ToUnixSeconds(absl::Now());
-        if (now - last_warning_s_ >= 60) {
-          last_warning_s_ = now;
+        if (WarnNow(reason)) {
           log::Warning("TCP port ", address_, ": a connection from ", key,
                        " was closed at once: ", why,
                        " (more are closed likewise, logged at most once a minute)");

@@ -59,11 +59,16 @@ class TcpListener {
     uint64_t dev, ino;
     std::string peer;
   };
+  // What a warning is about: each kind is logged at most once a minute,
+  // so that one cannot hide another.
+  enum class Warned { kAccept, kReserve, kTotal, kPeer, kCount };
   TcpListener(std::string address, std::vector<int> fds, int wake_fd, int port);
   void AcceptLoop();
-  // Why a new connection from `peer` is refused; empty if it is not.
-  // Forgets the connections gRPC has closed since.
-  std::string Refusal(int conn, const std::string& peer);
+  // Why a new connection from `peer` is refused (and which kind of
+  // refusal), empty if it is not. Forgets the connections gRPC has closed
+  // since.
+  std::string Refusal(int conn, const std::string& peer, Warned* reason);
+  bool WarnNow(Warned reason);
 
   const std::string address_;
   const std::vector<int> fds_;
@@ -72,7 +77,7 @@ class TcpListener {
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
   TcpLimits limits_;
   std::vector<Open> open_;  // the accept thread's only
-  int64_t last_warning_s_ = 0;
+  int64_t last_warning_s_[static_cast<int>(Warned::kCount)] = {};
   std::thread thread_;
 };
 
