@@ -136,7 +136,8 @@ TEST_F(CommandRingClientTest, ACommandTheRingCannotCarryGoesOnTheStreamAfterTheR
 }
 
 TEST_F(CommandRingClientTest, WithoutRingsServedOrWantedTheStreamCarriesEverything) {
-  Start(true);  // rings not served: OpenSession tells version 0
+  // Rings not served: OpenSession tells version 0.
+  Start(true);
   if (IsSkipped() || HasFatalFailure()) return;  // no device here
   {
     Client client = RingClient();
