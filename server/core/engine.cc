@@ -362,7 +362,7 @@ absl::Status Engine::CheckAlive(Session& s, BufferEntry& b) {
   port::DevicePort* dev = DeviceOf(s);
   if (!b.lost && b.epoch == dev->epoch()) return absl::OkStatus();
   MarkLost(s, b);
-  return dev->LostError(b.epoch, s.Describe(b));
+  return LostTo(s, b.epoch, dev->LostError(b.epoch, s.Describe(b)));
 }
 
 bool Engine::MarkLost(Session& s, BufferEntry& b) {

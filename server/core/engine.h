@@ -624,10 +624,24 @@ class Engine {
       ABSL_GUARDED_BY(sessions_mu_);
   // `st` (a failure of `s`'s Launch or Synchronize) in words for `s`: what
   // its kernel did, where the port's last reset names one of them; else
-  // `st` as it is (its text names no kernel or session).
-  absl::Status FaultFor(absl::Status st, const Session& s, bool closed);
+  // `st` as it is (its text names no kernel or session). `work_epoch` is
+  // the epoch of the work a Synchronize waited for (0: none): where `st`
+  // says that work was lost to a reset that names `s`'s own kernels, the
+  // answer is what those kernels did, read from the device's own record of
+  // the reset (the engine's names may not be in yet).
+  absl::Status FaultFor(absl::Status st, Session& s, bool closed, uint64_t work_epoch = 0);
   // The same, with `s`'s own word on whether it is closed (takes its mu).
   absl::Status FaultFor(absl::Status st, Session& s);
+  // The quoted names of `s`'s kernels that `info` names.
+  static std::vector<std::string> OwnKernels(const port::ResetInfo& info, Session& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // `lost` (what `s` had at `epoch` was lost to a reset) in the words of
+  // `s`'s own kernels, where the reset that ended that epoch names them
+  // (not under MPS, where a fault reaches other clients' kernels):
+  // the device records the reset before its new epoch shows, so this needs
+  // no wait for OnDeviceReset.
+  absl::Status LostTo(Session& s, uint64_t epoch, absl::Status lost)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // A port's last reset as `caller` reads it (ListDevices' last_reset).
   std::string ResetTextFor(const Caller& caller, const port::DevicePort* port,
                            const port::ResetInfo& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sessions_mu_);

@@ -57,22 +57,16 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
       // The reset names kernels by the stream they were launched on (a
       // session's own on its port) and their id: for a fault, every
       // kernel not yet synchronized; for a hang, the one that hung.
-      bool is_named = false;
-      for (const port::ResetKernel& k : info.kernels) {
-        if (k.stream != s->stream()) continue;
-        is_named = true;
-        --names.unknown;
-        std::string quoted = "?";
+      std::vector<std::string> own;
+      {
         absl::MutexLock session_lock(&s->mu);
-        for (const auto& [handle, f] : s->functions) {
-          if (f.kernel.id == k.kernel) {
-            quoted = f.quoted_name;
-            break;
-          }
-        }
+        own = OwnKernels(info, *s);
+      }
+      names.unknown -= own.size();
+      for (std::string& quoted : own) {
         names.kernels.push_back(NamedKernel{s->tenant(), s->token(), s->name(), std::move(quoted)});
       }
-      if (is_named) named.push_back(s);
+      if (!own.empty()) named.push_back(s);
     }
     reset_names_[port] = std::move(names);
     if (options_.mps) {
@@ -111,9 +105,42 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
   if (!named.empty()) Strike(index, info, std::move(named));
 }
 
-absl::Status Engine::FaultFor(absl::Status st, const Session& s, bool closed) {
-  if (st.code() != absl::StatusCode::kAborted || absl::StrContains(st.message(), " was lost: ")) {
-    return st;
+std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session& s) {
+  std::vector<std::string> own;
+  for (const port::ResetKernel& k : info.kernels) {
+    if (k.stream != s.stream()) continue;
+    std::string quoted = "?";
+    for (const auto& [handle, f] : s.functions) {
+      if (f.kernel.id == k.kernel) {
+        quoted = f.quoted_name;
+        break;
+      }
+    }
+    own.push_back(std::move(quoted));
+  }
+  return own;
+}
+
+absl::Status Engine::LostTo(Session& s, uint64_t epoch, absl::Status lost) {
+  // Under MPS another client's fault reaches this one's kernels in flight:
+  // the fault window settles whose it was, not this.
+  if (options_.mps) return lost;
+  std::optional<port::ResetInfo> info = DeviceOf(s)->last_reset();
+  if (!info.has_value() || info->epoch != epoch + 1) return lost;
+  std::vector<std::string> own = OwnKernels(*info, s);
+  if (own.empty()) return lost;
+  return absl::AbortedError(KernelFaultMessage(FactsOf(*info), own, s.name(), s.closed));
+}
+
+absl::Status Engine::FaultFor(absl::Status st, Session& s, bool closed, uint64_t work_epoch) {
+  if (st.code() != absl::StatusCode::kAborted) return st;
+  if (absl::StrContains(st.message(), " was lost: ")) {
+    // Work queued before a reset, refused once the device's epoch moved on:
+    // the device records the reset (and the kernels it names) before the
+    // new epoch shows, so this needs no wait for OnDeviceReset.
+    if (work_epoch == 0) return st;
+    absl::MutexLock lock(&s.mu);
+    return LostTo(s, work_epoch, std::move(st));
   }
   KernelReset facts;
   std::vector<std::string> own;

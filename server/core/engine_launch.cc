@@ -118,7 +118,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
             if (!launched && !ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
             closed = s->closed;
           }
-          if (!ns.ok()) return gpu_ns(FaultFor(ns.status(), *s, closed));
+          if (!ns.ok()) return gpu_ns(FaultFor(ns.status(), *s, closed, work_epoch));
           gpu_ns(std::move(ns));
         });
   }
@@ -156,7 +156,8 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
                                 if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
                                 closed = s->closed;
                               }
-                              if (!ns.ok()) return gpu_ns(FaultFor(ns.status(), *s, closed));
+                              if (!ns.ok())
+                                return gpu_ns(FaultFor(ns.status(), *s, closed, work_epoch));
                               gpu_ns(std::move(ns));
                             });
 }
