@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -58,6 +59,22 @@ struct CommandRingRunner::State {
 
   absl::Mutex post_mu;  // one producer into the completion ring
   uint64_t in_flight ABSL_GUARDED_BY(post_mu) = 0;
+  // Stop's reason, written into the header once no command is in flight:
+  // a client then reads every started command's own answer (a launch's
+  // fault naming its kernel, say) before the ring's end.
+  std::optional<absl::Status> closing ABSL_GUARDED_BY(post_mu);
+  bool closed ABSL_GUARDED_BY(post_mu) = false;
+
+  void CloseIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(post_mu) {
+    if (closed || !closing.has_value() || in_flight != 0) return;
+    closed = true;
+    view->Close(closing->code(), closing->message());
+  }
+  void CloseWhenIdle(const absl::Status& reason) {
+    absl::MutexLock lock(&post_mu);
+    if (!closing.has_value()) closing = reason;
+    CloseIfIdleLocked();
+  }
 
   // Posts `head` and `message` keeping a head's room for each other
   // command in flight; `admitted`: the command was counted in flight.
@@ -69,6 +86,7 @@ struct CommandRingRunner::State {
       // Admission kept this room: only a completion head the client moved
       // where no honest client could fails here.
       posted = view->Post(head, message, in_flight);
+      if (posted.ok()) CloseIfIdleLocked();
     }
     if (!posted.ok()) {
       view->Close(absl::StatusCode::kInvalidArgument,
@@ -84,6 +102,7 @@ struct CommandRingRunner::State {
     {
       absl::MutexLock lock(&post_mu);
       if (admitted) --in_flight;
+      CloseIfIdleLocked();
     }
     if (admission_waits.load()) view->WakeDaemon();
   }
@@ -118,7 +137,7 @@ CommandRingRunner::~CommandRingRunner() {
 }
 
 void CommandRingRunner::Stop(const absl::Status& reason) {
-  state_->view->Close(reason.code(), reason.message());
+  state_->CloseWhenIdle(reason);
   state_->stop.store(true);
   state_->view->WakeDaemon();
 }

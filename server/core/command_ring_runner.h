@@ -85,7 +85,8 @@ class CommandRingRunner {
 
   // Closes the ring with `reason` (the client reads it in the header) and
   // stops taking records; returns at once. Records not yet taken are
-  // dropped; started ones finish.
+  // dropped; started ones finish, and are answered, before the header says
+  // closed.
   void Stop(const absl::Status& reason);
   // Whether the thread has ended (closed by Stop, or broken).
   bool ended() const;

@@ -238,10 +238,11 @@ absl::Status CommandRingServer::Adopt(
                                                cq, std::move(ro));
   if (!runner.ok()) return refuse(runner.status());  // no runner: nothing released it
   absl::StatusOr<uint64_t> watch =
-      engine_->WatchClose(caller, session, [ledger, id](const std::string& why) {
+      engine_->WatchClose(caller, session, [ledger, id, session](const std::string& why) {
+        // The words of a closed session's gRPC calls, which clients
+        // recognize ("session 5d629d64 was closed: <why>").
         EndVia(ledger, id,
-               absl::FailedPreconditionError(
-                   absl::StrCat("the command ring's session was closed: ", why)),
+               absl::NotFoundError(absl::StrCat("session ", Short(session), " was closed: ", why)),
                false);
       });
   if (!watch.ok()) {

@@ -129,8 +129,9 @@ TEST_F(CommandRingTest, ClosingTheSessionClosesItsRingSayingWhy) {
   ASSERT_EQ(r.answer().code(), 0) << r.answer().message();
   GX_ASSERT_OK(session().Close());
   ASSERT_TRUE(WaitFor([&] { return r.ring().state() == ring::kClosed; }, absl::Seconds(20)));
-  EXPECT_EQ(r.ring().close_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(r.ring().close_message(), HasSubstr("session was closed"));
+  EXPECT_EQ(r.ring().close_code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(r.ring().close_message(),
+              HasSubstr(absl::StrCat("session ", session().token().substr(0, 8), " was closed: ")));
 }
 
 TEST_F(CommandRingTest, HangingUpTheLifelineStopsTheRingAndClosesTheSessionWhenAsked) {
