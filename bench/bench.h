@@ -383,6 +383,7 @@ struct PythonRun {
 struct PythonFigures {
   std::string python;  // the interpreter
   PythonRun tcp, uds;
+  PythonRun ring;  // launches through a command ring (python_bench.py --ring_only)
 };
 
 // A flat JSON object (string and number values) into `out`.
@@ -395,6 +396,7 @@ PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_
 
 // The table's Python rows, beside the C++ client's and the bare transport's.
 void PythonRows(const PythonFigures& py, const GpuexecFigures& tcp, const GpuexecFigures& uds,
+                const GpuexecFigures& ring, const NativeFigures& native,
                 const TransportFigures& t_tcp, const TransportFigures& t_uds, const Plan& plan);
 
 // The interpreter and its grpcio and protobuf versions, for the notes.

@@ -396,7 +396,7 @@ int Main() {
                     absl::StrFormat("%.0f MiB before it", rss_before / 1048576.0), "", "<= 256 MiB",
                     Met(rss_peak <= (256ull << 20))});
 
-  PythonRows(python, g_tcp, g_uds, t_tcp, t_uds, plan);
+  PythonRows(python, g_tcp, g_uds, g_ring, native, t_tcp, t_uds, plan);
 
   Section("results (TCP / Unix socket)");
   std::printf("| measurement | TCP | Unix socket | compared with | ratio | target | met |\n");

@@ -172,8 +172,12 @@ PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_
   if (made == nullptr) Die("mkdtemp");
   const std::string dir = made;
   auto run = [&](const std::string& target, const std::string& echo_target, PythonRun* r) {
-    std::vector<std::string> argv = {out.python, script, "--target=" + target,
-                                     "--echo=" + echo_target, "--image=" + cubin};
+    std::vector<std::string> argv = {out.python, script, "--target=" + target, "--image=" + cubin};
+    if (echo_target.empty()) {
+      argv.push_back("--ring_only");
+    } else {
+      argv.push_back("--echo=" + echo_target);
+    }
     if (quick) argv.push_back("--quick");
     // The same sizes as the C++ rows' where the issue names none: Write and
     // Read of the plan's size, median of its trials.
@@ -202,7 +206,13 @@ PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_
     } else {
       r->measured = true;
     }
-    if (r->measured) {
+    if (r->measured && echo_target.empty()) {
+      Note(
+          absl::StrFormat("%s through a command ring: launch+sync p50 %.1f us p99 %.1f us; %.0fk "
+                          "async launches/s",
+                          target, r->Get("launch_sync_p50"), r->Get("launch_sync_p99"),
+                          r->Get("async_rate") / 1e3));
+    } else if (r->measured) {
       Note(absl::StrFormat(
           "%s: launch+sync p50 %.1f us p99 %.1f us (unary Launch p50 %.1f us); %.0fk async "
           "launches/s; Write %.2f GB/s, Read %.2f GB/s; bare stream round trip p50 %.1f us "
@@ -220,12 +230,21 @@ PythonFigures RunPython(const Plan& plan, bool quick, const std::string& daemon_
   } else {
     out.uds.why = out.tcp.why;  // the same interpreter: missing there too
   }
+  if (out.uds.measured) {
+    // The session's commands through a command ring: a daemon that serves
+    // them, on its Unix socket.
+    Daemon ring(daemon_path, driver, "python-ring", {"--command_rings"});
+    run(ring.uds(), "", &out.ring);
+  } else {
+    out.ring.why = out.uds.why;
+  }
   std::string rm = absl::StrCat("rm -rf ", dir);
   (void)!std::system(rm.c_str());
   return out;
 }
 
 void PythonRows(const PythonFigures& py, const GpuexecFigures& tcp, const GpuexecFigures& uds,
+                const GpuexecFigures& ring, const NativeFigures& native,
                 const TransportFigures& t_tcp, const TransportFigures& t_uds, const Plan& plan) {
   const PythonRun& a = py.tcp;
   const PythonRun& b = py.uds;
@@ -286,6 +305,27 @@ void PythonRows(const PythonFigures& py, const GpuexecFigures& tcp, const Gpuexe
        "C++ client on one stream " + Gbps(tcp.read_one) + " / " + Gbps(uds.read_one),
        ratio2(a.Get("read_gbps"), tcp.read_one, b.Get("read_gbps"), uds.read_one) + " of C++", "",
        ""});
+  if (py.ring.measured) {
+    const PythonRun& r = py.ring;
+    const double p50 = r.Get("launch_sync_p50");
+    g_rows.push_back({"Python through a command ring: launch + synchronize, p50 (p99)", "",
+                      Us(p50) + " (" + Us(r.Get("launch_sync_p99")) + ")",
+                      "C++ through the ring " + Us(ring.launch_sync.p50) + "; native " +
+                          Us(native.launch_sync.p50) + "; Python on the Execute stream " +
+                          Us(sync_b),
+                      Ratio(p50 / native.launch_sync.p50) + " of native; " + Ratio(p50 / sync_b) +
+                          " of the Execute stream",
+                      "<= 25 us", Met(p50 <= 25 && r.Get("on_ring") == 1)});
+    g_rows.push_back({"Python through a command ring: async launches, one client", "",
+                      Rate(r.Get("async_rate")),
+                      "C++ through the ring " + Rate(ring.async_rate) + "; native " +
+                          Rate(1e6 / native.async_launch_us),
+                      Ratio(r.Get("async_rate") * native.async_launch_us / 1e6) + " of native",
+                      ">= 150k/s", Met(r.Get("async_rate") >= 150e3 && r.Get("on_ring") == 1)});
+  } else {
+    g_rows.push_back(
+        {"Python through a command ring", "", "not measured", py.ring.why, "", "", ""});
+  }
   auto [ba, bb] = both("bare_stream_p50", Us);
   g_rows.push_back({"Python: bare stream round trip (grpcio's streaming API), p50", ba, bb,
                     "the caller-polled core call " + Us(a.Get("bare_core_stream_p50")) + " / " +

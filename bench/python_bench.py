@@ -23,6 +23,11 @@ The figures (latencies in microseconds, rates per second, GB/s of 1e9):
                         the caller (how the package's command stream runs)
   bare_unary_p50/p99    Echo.Unary of an empty message
 
+With --ring_only (a daemon serving command rings, gpuexecd --command_rings,
+on its Unix socket) only launch_sync_p50/p99 and async_rate are measured,
+through the session's command ring; ``on_ring`` is 1 when the ring carried
+them (else ``ring_why`` says why not).
+
 Where grpcio (or the package) cannot be imported, it prints {"missing": why}
 and exits 0: the benchmark then says so in its rows.
 """
@@ -168,6 +173,46 @@ def core_stream(channel, message):
     return round_trip, end
 
 
+def async_launches(launch_async, synchronize, n):
+    """Launches per second of ``n`` launch_async, in rounds of at most
+    ASYNC_ROUND each ended by a synchronize: the daemon refuses launches
+    beyond 8192 waiting behind a session's stream (RESOURCE_EXHAUSTED), and
+    on the driver test double a client can outrun the device."""
+    def launches(n):
+        while n > 0:
+            k = min(n, ASYNC_ROUND)
+            for _ in range(k):
+                launch_async(1, 1)
+            synchronize()
+            n -= k
+
+    launches(max(1, n // 10))
+    t0 = time.perf_counter()
+    launches(n)
+    return n / (time.perf_counter() - t0)
+
+
+def ring(gpuexec, args):
+    """The launch figures through the session's command ring."""
+    out = {}
+    with gpuexec.connect(args.target) as client, client.session() as session:
+        empty = session.load_module(args.image).function(args.kernel)
+        empty.launch(1, 1, sync=True)
+        commands = session._commands
+        if getattr(commands, "_ring", None) is None:
+            return {"missing": "a command ring: the daemon served none to this session"}
+        got = measure(args.iters, {"launch_sync": lambda: empty.launch(1, 1, sync=True)})
+        for name, (p50, p99) in got.items():
+            out[name + "_p50"], out[name + "_p99"] = p50, p99
+        out["async_rate"] = async_launches(empty.launch_async, session.synchronize,
+                                           args.async_launches)
+        out["async_launches"] = args.async_launches
+        # Nothing went on the Execute stream.
+        out["on_ring"] = int(commands._ring is not None and commands._stream._call is None)
+    out["iters"] = args.iters
+    return out
+
+
 def run(args):
     version = platform.python_version()
     try:
@@ -188,6 +233,8 @@ def run(args):
     out = {"python": version, "grpcio": grpc.__version__,
            "protobuf": f"{google.protobuf.__version__} ({protobuf_impl})"}
     iters = args.iters
+    if args.ring_only:
+        return dict(out, **ring(gpuexec, args))
     with gpuexec.connect(args.target) as client, client.session() as session:
         out["command_stream"] = getattr(client, "command_stream", "iterator")
         empty = session.load_module(args.image).function(args.kernel)
@@ -204,25 +251,8 @@ def run(args):
         for name, (p50, p99) in got.items():
             out[name + "_p50"], out[name + "_p99"] = p50, p99
 
-        # In rounds of at most ASYNC_ROUND launches, each ended by a
-        # synchronize: the daemon refuses launches beyond 8192 waiting
-        # behind a session's stream (RESOURCE_EXHAUSTED), and on the driver
-        # test double a client can outrun the device.
-        launch_async = empty.launch_async
-        synchronize = session.synchronize
-
-        def launches(n):
-            while n > 0:
-                k = min(n, ASYNC_ROUND)
-                for _ in range(k):
-                    launch_async(1, 1)
-                synchronize()
-                n -= k
-
-        launches(max(1, args.async_launches // 10))
-        t0 = time.perf_counter()
-        launches(args.async_launches)
-        out["async_rate"] = args.async_launches / (time.perf_counter() - t0)
+        out["async_rate"] = async_launches(empty.launch_async, session.synchronize,
+                                           args.async_launches)
         out["async_launches"] = args.async_launches
 
         data = host_array(args.copy_bytes)
@@ -255,6 +285,8 @@ def main():
     parser.add_argument("--async_launches", type=int, default=None)
     parser.add_argument("--copy_bytes", type=int, default=None)
     parser.add_argument("--copy_trials", type=int, default=None)
+    parser.add_argument("--ring_only", action="store_true",
+                        help="only the launch figures, through a command ring")
     args = parser.parse_args()
     defaults = (50, 500, 32 << 20, 1) if args.quick else (2000, 100000, 1 << 30, 3)
     for name, value in zip(("iters", "async_launches", "copy_bytes", "copy_trials"), defaults):

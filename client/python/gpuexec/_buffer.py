@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import grpc
 
-from . import _wire
+from . import _ring, _ring_records, _wire
 from ._args import Arg
 from ._bytes import (_byte_view, _numpy, _parse_read_response, _writable_byte_view,
                      varint as _varint)
@@ -343,6 +343,14 @@ class Buffer(ArrayFacts):
             field = self.__dict__["_field"] = _wire.launch_arg_field(self.ptr(0))
         return field
 
+    @property
+    def _ring_slot(self) -> bytes:
+        """This buffer as a command ring record's argument slot, made once."""
+        slot = self.__dict__.get("_slot")
+        if slot is None:
+            slot = self.__dict__["_slot"] = _ring_records.buffer_slot(self.handle, self.offset)
+        return slot
+
     def data_ptr(self) -> int:
         """A number for this buffer's first byte, NOT a device address (the
         client never learns one): stable for the session's life, distinct
@@ -405,7 +413,10 @@ class Buffer(ArrayFacts):
         try:
             self.session._commands.submit(
                 _wire.region_copy_op(region, region_offset, self.handle, start, size,
-                                     direction), wait=True)
+                                     direction), wait=True,
+                record=(_ring.REGION_COPY,
+                        _ring_records.region_copy(region, region_offset, self.handle, start,
+                                                  size, direction)))
         except Error as e:
             raise self.session._failed(e) from None
 

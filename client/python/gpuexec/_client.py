@@ -11,6 +11,7 @@ the daemon and raise its error (NOT_FOUND).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 import warnings
@@ -19,7 +20,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import grpc
 
-from . import _commands, _connect, _host_memory, _wire
+from . import _commands, _connect, _host_memory, _ring, _ring_records, _wire
 from ._buffer import Buffer, ShapeLike, _PointerBases
 from ._bytes import _byte_view, _is_numpy_array, _numpy
 from ._channel import Recipe
@@ -27,6 +28,7 @@ from ._commands import CommandStream
 from ._dtype import DType, count_of, dtype as _as_dtype, element_bytes, like, shape_of
 from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._function import Module, _launch_attributes, _module_kind
+from ._session_commands import SessionCommands
 from ._version_check import DaemonVersionCheck
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
@@ -39,6 +41,12 @@ MAX_CHUNK_BYTES = 16 << 20
 # A ListDevices answer with more devices than this is refused (a host has a
 # few; a hostile daemon could send millions).
 MAX_DEVICES = 4096
+# How long a call waiting on a command ring polls it before it sleeps: a
+# launch and synchronize answers within it on an idle daemon.
+RING_SPIN_WAIT_S = 200e-6
+ENV_COMMAND_RING = "GPUEXEC_COMMAND_RING"
+_SYNCHRONIZE_RECORD = (_ring.SYNCHRONIZE, b"")
+_log = logging.getLogger("gpuexec")
 
 
 def _seconds_to_ms(seconds: Optional[float], what: str) -> int:
@@ -115,7 +123,7 @@ def open_client(target: str, *, timeout: float = 10.0,
                 channel_options: Sequence[Tuple[str, Any]] = (), token: Optional[str] = None,
                 root_ca: Any = None, cert: Any = None, key: Any = None,
                 tls: Optional[bool] = None, allow_token_over_plain_tcp: bool = False,
-                shm_socket: Any = None) -> Client:
+                shm_socket: Any = None, command_ring: Optional[bool] = None) -> Client:
     """Connects to the daemon at ``target`` (not a pool); see connect()."""
     recipe = Recipe(target, token=token, root_ca=root_ca, cert=cert, key=key, tls=tls,
                     allow_token_over_plain_tcp=allow_token_over_plain_tcp)
@@ -129,7 +137,7 @@ def open_client(target: str, *, timeout: float = 10.0,
         raise
     return Client(recipe.intercept(channel), chunk_bytes=chunk_bytes,
                   control_timeout=control_timeout, shm_socket=shm_socket,
-                  _plain_channel=channel, _metadata=recipe.metadata(), _target=target)
+                  command_ring=command_ring, _plain_channel=channel, _metadata=recipe.metadata(), _target=target)
 
 
 
@@ -148,12 +156,18 @@ class Client:
 
     def __init__(self, channel: grpc.Channel, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  control_timeout: Optional[float] = 60.0, shm_socket: Any = None,
-                 _plain_channel: Any = None, _metadata: Any = None,
-                 _target: Optional[str] = None) -> None:
+                 command_ring: Optional[bool] = None, _plain_channel: Any = None,
+                 _metadata: Any = None, _target: Optional[str] = None) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise client_error(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}]")
         # The daemon's host memory socket given by the caller (see connect).
         self.shm_socket = os.fspath(shm_socket) if shm_socket else None
+        # Sessions post launches and synchronizes on a command ring where the
+        # daemon serves one on the host memory socket (see connect).
+        if command_ring is None:
+            command_ring = os.environ.get(ENV_COMMAND_RING, "1") != "0"
+        self.command_ring = bool(command_ring)
+        self.ring_spin_wait = RING_SPIN_WAIT_S
         # The address connect() was given; UNAVAILABLE errors name it.
         self.target = _target
         self.channel = channel
@@ -261,11 +275,14 @@ class Session:
         self._closed = False
         # What ended the session on the daemon, which later errors lead with.
         self._fate = SessionFate(self.token)
-        # Launches and synchronizes: one Execute stream, opened at the first.
-        self._commands = CommandStream(client, self.token)
         # The daemon's host memory socket: the client's, else the one the
         # daemon named (to callers on its Unix socket only); "" if none.
         self.shm_socket = client.shm_socket or response.shm_socket
+        # Launches and synchronizes: the session's command ring where the
+        # daemon serves one on that socket, else one Execute stream; either
+        # opened at the first.
+        self._commands = SessionCommands(CommandStream(client, self.token),
+                                         self._ring_opener(response))
         # The live host memory regions, which Buffer.write and read_into
         # consult.
         self._regions = _host_memory.HostRegions()
@@ -274,6 +291,24 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<gpuexec.Session {short_token(self.token)} on device {self.device}>"
+
+    def _ring_opener(self, response: Any) -> Any:
+        """What registers this session's command ring, or None where none
+        is to be tried (said on the "gpuexec" logger at DEBUG)."""
+        client = self.client
+        why = None
+        if not client.command_ring:
+            why = "off (connect(command_ring=False) or GPUEXEC_COMMAND_RING=0)"
+        elif response.command_ring_version < _ring.VERSION or not self.shm_socket:
+            why = "the daemon serves none to this client (gpuexecd --command_rings)"
+        else:
+            why = _ring.supported()
+        if why is not None:
+            _log.debug("command ring: %s; using the Execute stream", why)
+            return None
+        socket_path, token = self.shm_socket, self.token
+        return lambda: _ring.CommandRing(socket_path, token, client.control_timeout,
+                                         client.ring_spin_wait)
 
     def __enter__(self) -> Session:
         return self
@@ -330,21 +365,25 @@ class Session:
         _host_memory.drain(self, self._regions)
         self._commands.close()
         try:
-            self.client._call(self.client.stub.CloseSession,
-                              pb.CloseSessionRequest(session=self.token),
-                              self.client.control_timeout)
-        except Error as e:
-            # The daemon's word for a session it ended itself (a reset, a
-            # lapsed lease, a revoked tenant): nothing is left to free. Any
-            # other NOT_FOUND (a token it never gave this tenant) is raised.
-            if (e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(
-                    f"session {short_token(self.token)} was closed: ")):
-                raise
-            untold = self._fate.untold(e)
-            if untold is not None:
-                warnings.warn(f"gpuexec: session {short_token(self.token)} was closed by the "
-                              f"daemon before close(): {untold}", RuntimeWarning,
-                              stacklevel=2)
+            try:
+                self.client._call(self.client.stub.CloseSession,
+                                  pb.CloseSessionRequest(session=self.token),
+                                  self.client.control_timeout)
+            except Error as e:
+                # The daemon's word for a session it ended itself (a reset, a
+                # lapsed lease, a revoked tenant): nothing is left to free. Any
+                # other NOT_FOUND (a token it never gave this tenant) is raised.
+                if (e.code != grpc.StatusCode.NOT_FOUND or not e.message.startswith(
+                        f"session {short_token(self.token)} was closed: ")):
+                    raise
+                untold = self._fate.untold(e)
+                if untold is not None:
+                    warnings.warn(f"gpuexec: session {short_token(self.token)} was closed by the "
+                                  f"daemon before close(): {untold}", RuntimeWarning,
+                                  stacklevel=2)
+        finally:
+            # The ring's lifeline last: its end closes the session too.
+            self._commands.finish()
 
     def _order(self) -> None:
         """Before a call outside the command stream that touches the GPU:
@@ -519,7 +558,8 @@ class Session:
 
     def _release_region(self, region: Any) -> None:
         """Queues a region's release on the command stream (without waiting)."""
-        self._commands.submit(_wire.release_region_op(region), wait=False)
+        self._commands.submit(_wire.release_region_op(region), wait=False,
+                              record=(_ring.RELEASE_REGION, _ring_records.one(region)))
 
     def load_module(self, source: Union[str, "os.PathLike[str]", bytes],
                     kind: Union[str, int, None] = None) -> Module:
@@ -564,11 +604,17 @@ class Session:
                pdl: bool = False, non_portable_cluster: bool = False,
                cluster_policy: Optional[str] = None) -> Optional[float]:
         """Enqueues ``function`` on the session's stream (see Function.launch)."""
-        op = function._launch_op(grid, block, args, shared, cluster, sync,
-                                 _launch_attributes(cooperative, pdl, non_portable_cluster,
-                                                    cluster_policy))
+        attributes = _launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy)
+        commands = self._commands
         try:
-            result = self._commands.submit(op, wait=True)
+            ring = commands.ring()
+            body = None if ring is None else function._ring_launch(grid, block, args, shared,
+                                                                   cluster, sync, attributes)
+            if ring is not None and body is not None:
+                result = commands.post(ring, _ring.LAUNCH, body, True)
+            else:
+                result = commands.submit(function._launch_op(grid, block, args, shared, cluster,
+                                                             sync, attributes), wait=True)
         except Error as e:
             raise self._failed(e) from None
         return result.gpu_time_ns / 1e9 if sync else None
@@ -578,11 +624,17 @@ class Session:
                      non_portable_cluster: bool = False,
                      cluster_policy: Optional[str] = None) -> None:
         """Queues ``function`` without waiting (see Function.launch_async)."""
-        op = function._launch_op(grid, block, args, shared, cluster, False,
-                                 _launch_attributes(cooperative, pdl, non_portable_cluster,
-                                                    cluster_policy))
+        attributes = _launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy)
+        commands = self._commands
         try:
-            self._commands.submit(op, wait=False)
+            ring = commands.ring()
+            body = None if ring is None else function._ring_launch(grid, block, args, shared,
+                                                                   cluster, False, attributes)
+            if ring is not None and body is not None:
+                commands.post(ring, _ring.LAUNCH, body, False)
+            else:
+                commands.submit(function._launch_op(grid, block, args, shared, cluster, False,
+                                                    attributes), wait=False)
         except Error as e:
             raise self._failed(e) from None
 
@@ -592,7 +644,8 @@ class Session:
         if self._regions.dead:
             _host_memory.drain(self, self._regions)
         try:
-            return self._commands.submit(_wire.SYNCHRONIZE_OP, wait=True).gpu_time_ns / 1e9
+            return self._commands.submit(_wire.SYNCHRONIZE_OP, wait=True,
+                                         record=_SYNCHRONIZE_RECORD).gpu_time_ns / 1e9
         except Error as e:
             raise self._failed(e) from None
 

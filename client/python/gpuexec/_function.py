@@ -13,7 +13,7 @@ from collections import namedtuple
 from dataclasses import dataclass
 from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Union
 
-from . import _transfer, _wire
+from . import _ring_records, _transfer, _wire
 from ._args import Arg, to_arg
 from ._buffer import Buffer
 from ._errors import client_error, short_token
@@ -34,13 +34,18 @@ Param = namedtuple("Param", ["offset", "size"])
 Param.__doc__ = "A kernel parameter as the driver lays it out (bytes)."
 
 
-def _dim3(value: Any, what: str) -> Any:
+def _dims(value: Any, what: str) -> Tuple[int, int, int]:
     dims = (value,) if isinstance(value, int) else tuple(value)
-    if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and d >= 0 for d in dims):
-        raise client_error(f"{what} must be an int or 1 to 3 non-negative ints, got "
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and 0 <= d < 1 << 32
+                                          for d in dims):
+        raise client_error(f"{what} must be an int or 1 to 3 ints in [0, 2^32), got "
                            f"{clipped_repr(value)}")
-    dims = dims + (1,) * (3 - len(dims))
-    return pb.Dim3(x=dims[0], y=dims[1], z=dims[2])
+    return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
+
+
+def _dim3(value: Any, what: str) -> Any:
+    x, y, z = _dims(value, what)
+    return pb.Dim3(x=x, y=y, z=z)
 
 
 # cluster_policy's accepted values (lower case) -> ClusterSchedulingPolicy.
@@ -174,6 +179,7 @@ class Function:
         self.handle = response.function
         self.params = [Param(p.offset, p.size) for p in response.params]
         self._heads: Dict[Any, Tuple[bytes, bytes]] = {}
+        self._ring_heads: Dict[Any, bytes] = {}
         a = response.attributes
         self.attributes = FunctionAttributes(
             num_registers=a.num_registers, static_shared_bytes=a.static_shared_bytes,
@@ -232,25 +238,94 @@ class Function:
             parts.append(tail)
         return _wire.launch_op(b"".join(parts))
 
+    def _ring_launch(self, grid: Any, block: Any, args: Sequence[Any], shared: int,
+                     cluster: Any, sync: bool,
+                     attributes: Tuple[bool, bool, bool, int] = _NO_ATTRIBUTES
+                     ) -> Optional[bytes]:
+        """The launch as a command ring record's body (see _ring_records),
+        or None where a record cannot hold it; raises as _launch_op does."""
+        key: Any = (grid, block, shared, cluster, attributes, sync)
+        try:
+            fixed = self._ring_heads.get(key)
+        except TypeError:  # a list, say: not kept
+            key, fixed = None, None
+        if fixed is None:
+            fixed = _ring_records.launch_fixed(
+                self.handle, _dims(grid, "grid"), _dims(block, "block"),
+                None if cluster is None else _dims(cluster, "cluster"), int(shared), attributes,
+                sync)
+            if key is not None:
+                if len(self._ring_heads) >= self._MAX_HEADS:
+                    self._ring_heads.clear()
+                self._ring_heads[key] = fixed
+        slots = []
+        blob: list = []
+        blob_at = [0]
+        session = self.session
+        for i, value in enumerate(args):
+            kind = type(value)
+            if kind is Buffer and value.session is session:
+                slots.append(value._ring_slot)
+                continue
+            if kind is int:
+                slot = self._ring_int(i, value)
+                if slot is not None:
+                    slots.append(slot)
+                    continue
+                arg = self._arg(value, i)
+            elif kind is Arg:
+                arg = value
+            elif kind is TensorMap and value.buffer.session is session:
+                arg = value._as_kernel_arg()
+            else:
+                arg = self._arg(value, i)
+            slot = _ring_records.arg_slot(arg, blob, blob_at)
+            if slot is None:
+                return None
+            slots.append(slot)
+        return _ring_records.launch_body(fixed, slots, blob, blob_at[0])
+
+    def _ring_int(self, i: int, value: int) -> Optional[bytes]:
+        """A plain int for parameter ``i`` as its slot, typed by the
+        parameter's size as to_arg types it; None where to_arg is to say
+        what is wrong."""
+        params = self.params
+        if i >= len(params):
+            return None
+        bits = params[i].size * 8
+        if bits not in (8, 16, 32, 64):
+            return None
+        if -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+            return _ring_records.int_slot(bits, True, value)
+        if 0 <= value < (1 << bits):
+            return _ring_records.int_slot(bits, False, value)
+        return None
+
     def _arg_field(self, value: Any, i: int) -> bytes:
         """Launch argument ``i`` (not a buffer or tensor map of this
         session) as a LaunchRequest's argument field; raises the client's
         error for one that is refused."""
+        if type(value) in (Buffer, TensorMap):
+            owner = value if type(value) is Buffer else value.buffer
+            if owner.session is None:
+                return value._launch_field  # made by hand, of no session: the daemon checks it
+        return _wire.launch_arg_field(self._arg(value, i))
+
+    def _arg(self, value: Any, i: int) -> Arg:
+        """Launch argument ``i`` (not a buffer or tensor map of this
+        session) as an Arg; raises the client's error for one that is
+        refused."""
         params = self.params
         if type(value) in _PLAIN:
-            return _wire.launch_arg_field(
-                to_arg(value, i, params[i] if i < len(params) else None, self._shown_name))
+            return to_arg(value, i, params[i] if i < len(params) else None, self._shown_name)
         if isinstance(value, _transfer._Transfer):
             raise _transfer.NotWaited(self._shown_name, i, value)
         owner = value if isinstance(value, Buffer) else (
             value.buffer if isinstance(value, TensorMap) else None)
-        if owner is not None and owner.session is not self.session:
-            if owner.session is None and type(value) in (Buffer, TensorMap):
-                return value._launch_field  # made by hand, of no session: the daemon checks it
-            if owner.session is not None:
-                self._refuse_session(owner, value, i)
-        return _wire.launch_arg_field(
-            to_arg(value, i, params[i] if i < len(params) else None, self._shown_name))
+        if owner is not None and owner.session is not self.session and \
+                owner.session is not None:
+            self._refuse_session(owner, value, i)
+        return to_arg(value, i, params[i] if i < len(params) else None, self._shown_name)
 
     def _refuse_session(self, owner: Any, value: Any, i: int) -> NoReturn:
         """Raises the client's error for argument ``i``, ``value``, whose

@@ -153,7 +153,25 @@ def register_region(path: str, token: str, fd: int, size: int,
     Each step is bounded by ``timeout`` seconds (None: none). A registration
     that times out may still be made by the daemon: the region then lives,
     unknown here, until the session ends."""
-    message = pb.RegisterRegionRequest(session=token, bytes=size).SerializeToString()
+    request = pb.RegisterRegionRequest(session=token, bytes=size)
+    # A connection per registration: registrations are rare (each pins
+    # memory), and a connection kept for later would have to notice a
+    # daemon that restarted.
+    response, _ = register_on_socket(path, request, fd, timeout, keep=False)
+    if response.region == 0 or response.bytes != size:
+        raise client_error(f"the daemon registered region {response.region} of "
+                           f"{response.bytes} bytes for a memfd of {size} bytes (on {path})",
+                           grpc.StatusCode.DATA_LOSS)
+    return response.region
+
+
+def register_on_socket(path: str, request: Any, fd: int, timeout: Optional[float],
+                       keep: bool) -> Tuple[Any, Optional[socket.socket]]:
+    """Sends ``request`` (a RegisterRegionRequest) with ``fd`` on a new
+    connection to the host memory socket at ``path``; returns the daemon's
+    answer (its refusal raised as an Error) and, with ``keep``, the
+    connection (a command ring's lifeline), else None."""
+    message = request.SerializeToString()
     if len(message) > MAX_REGION_MESSAGE_BYTES:
         raise client_error(f"a region's registration is {len(message)} bytes; the host memory "
                            f"socket takes at most {MAX_REGION_MESSAGE_BYTES}")
@@ -167,15 +185,12 @@ def register_region(path: str, token: str, fd: int, size: int,
                      f"gpuexec client: {what} {where}: "
                      f"{os.strerror(e.errno) if e.errno else e}")
 
-    # A connection per registration: registrations are rare (each pins
-    # memory), and a connection kept for later would have to notice a
-    # daemon that restarted.
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     except OSError as e:
         raise _os_error(e, "socket(AF_UNIX, SOCK_SEQPACKET) for the host memory socket") \
             from None
-    with sock:
+    try:
         # Bounds connect, send, and the wait for the answer (which includes
         # the daemon's pinning of the region).
         sock.settimeout(timeout)
@@ -194,27 +209,30 @@ def register_region(path: str, token: str, fd: int, size: int,
             data, _, flags, _ = sock.recvmsg(MAX_REGION_MESSAGE_BYTES)
         except OSError as e:
             raise failed(e, "no answer to a region's registration from") from None
-    if not data:
-        raise Error(grpc.StatusCode.UNAVAILABLE,
-                    f"gpuexec client: {where} closed the connection without answering a "
-                    "region's registration")
-    if flags & socket.MSG_TRUNC:
-        raise client_error(f"the answer to a region's registration on {path} is longer than "
-                           f"the protocol's {MAX_REGION_MESSAGE_BYTES} bytes",
-                           grpc.StatusCode.DATA_LOSS)
-    try:
-        response = pb.RegisterRegionResponse.FromString(data)
-    except Exception:  # pylint: disable=broad-except
-        raise client_error(f"the answer to a region's registration on {path} ({len(data)} "
-                           "bytes) is not a RegisterRegionResponse",
-                           grpc.StatusCode.DATA_LOSS) from None
-    if response.code != 0:
-        raise Error(_CODES.get(response.code, grpc.StatusCode.UNKNOWN), _clip(response.message))
-    if response.region == 0 or response.bytes != size:
-        raise client_error(f"the daemon registered region {response.region} of "
-                           f"{response.bytes} bytes for a memfd of {size} bytes (on {path})",
-                           grpc.StatusCode.DATA_LOSS)
-    return response.region
+        if not data:
+            raise Error(grpc.StatusCode.UNAVAILABLE,
+                        f"gpuexec client: {where} closed the connection without answering a "
+                        "region's registration")
+        if flags & socket.MSG_TRUNC:
+            raise client_error(f"the answer to a region's registration on {path} is longer "
+                               f"than the protocol's {MAX_REGION_MESSAGE_BYTES} bytes",
+                               grpc.StatusCode.DATA_LOSS)
+        try:
+            response = pb.RegisterRegionResponse.FromString(data)
+        except Exception:  # pylint: disable=broad-except
+            raise client_error(f"the answer to a region's registration on {path} ({len(data)} "
+                               "bytes) is not a RegisterRegionResponse",
+                               grpc.StatusCode.DATA_LOSS) from None
+        if response.code != 0:
+            raise Error(_CODES.get(response.code, grpc.StatusCode.UNKNOWN),
+                        _clip(response.message))
+    except BaseException:
+        sock.close()
+        raise
+    if not keep:
+        sock.close()
+        return response, None
+    return response, sock
 
 
 class Mapping:

@@ -18,7 +18,7 @@ def connect(target: str | None = None, *, timeout: float = 10.0,
             root_ca: PathOrPem | None = None, cert: PathOrPem | None = None,
             key: PathOrPem | None = None, tls: bool | None = None,
             allow_token_over_plain_tcp: bool = False,
-            shm_socket: str | None = None) -> Client | Pool:
+            shm_socket: str | None = None, command_ring: bool | None = None) -> Client | Pool:
     """Connects to a daemon and waits up to ``timeout`` seconds for it.
 
     ``target`` is "host:port" or "unix:/path"; by default $GPUEXEC_TARGET,
@@ -60,6 +60,14 @@ def connect(target: str | None = None, *, timeout: float = 10.0,
     ``Session.map_host_memory``. None: the path the daemon names when it
     opens a session, which it does only for callers on its Unix socket; a
     client over TCP on the daemon's host passes it here.
+
+    ``command_ring``: where the daemon serves command rings on that socket
+    (gpuexecd --command_rings), each session posts its launches and
+    synchronizes through shared memory instead of gRPC (a few microseconds
+    each way instead of tens); anything the ring cannot carry, and every
+    session where it is not served, goes on the session's Execute stream.
+    None: on unless $GPUEXEC_COMMAND_RING is 0. Why a session does not use
+    one is logged on the "gpuexec" logger at DEBUG.
     """
     target = target or os.environ.get("GPUEXEC_TARGET") or DEFAULT_TARGET
     if is_pool_target(target):
@@ -72,4 +80,4 @@ def connect(target: str | None = None, *, timeout: float = 10.0,
                        control_timeout=control_timeout, channel_options=channel_options,
                        token=token, root_ca=root_ca, cert=cert, key=key, tls=tls,
                        allow_token_over_plain_tcp=allow_token_over_plain_tcp,
-                       shm_socket=shm_socket)
+                       shm_socket=shm_socket, command_ring=command_ring)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple, Union
 
-from . import _wire
+from . import _ring_records, _wire
 from ._args import Arg
 from ._errors import client_error
 from .v1 import gpuexec_pb2 as pb
@@ -258,6 +258,11 @@ class TensorMap:
 
     def _as_kernel_arg(self) -> Arg:
         return Arg("tensor_map", self)
+
+    def _ring_body(self) -> Optional[bytes]:
+        """This map as a command ring record's TensorMapBody, or None where
+        the record's fixed form does not hold it."""
+        return _ring_records.tensor_map_body(self, _TM.DataType.Value(self.data_type))
 
     @property
     def _launch_field(self) -> bytes:

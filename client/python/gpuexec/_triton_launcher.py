@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from . import _ring
 from ._args import Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, u8, u16, u32, u64
 from ._buffer import Buffer
 from ._errors import Error, client_error, short_token
@@ -108,7 +109,9 @@ class Launcher:
         self._shared = md.shared
         self._scratch_specs = md.scratches
         self._scratch: dict = {}
-        self._ops: dict = {}  # launch bytes by (grid, function, arguments)
+        # Launches made, by (grid, function, arguments, whether on a ring):
+        # ("ring", a ring record's body) or ("stream", the stream's bytes).
+        self._ops: dict = {}
         self._frees = getattr(session, "_frees", 0)  # the session's count when _ops was right
 
     def __repr__(self) -> str:
@@ -243,8 +246,10 @@ class Launcher:
         return out
 
     def _op(self, grid: Tuple[int, int, int], function: Any, args: Sequence[Any],
-            sync: bool) -> Optional[bytes]:
-        """The launch as the command stream takes it; None for an empty grid."""
+            sync: bool, ring: bool = False) -> Optional[Tuple[str, bytes]]:
+        """The launch as ("ring", a record's body) where ``ring`` and a
+        record holds it, else ("stream", the command stream's bytes); None
+        for an empty grid."""
         if function.session is not self.session:
             raise client_error(
                 f"Triton kernel {self._shown} was loaded in session "
@@ -258,13 +263,22 @@ class Launcher:
             return None
         for what, spec in self._scratch_specs:
             params.append(self._scratch_buffer(what, spec.bytes_for(ctas)))
-        return function._launch_op(cuda_grid, self._block, params, self._shared, self._cluster,
-                                   sync, self._attributes)
+        if ring:
+            body = function._ring_launch(cuda_grid, self._block, params, self._shared,
+                                         self._cluster, sync, self._attributes)
+            if body is not None:
+                return ("ring", body)
+        return ("stream", function._launch_op(cuda_grid, self._block, params, self._shared,
+                                              self._cluster, sync, self._attributes))
 
-    def _submit(self, op: bytes, sync: bool) -> Any:
+    def _submit(self, op: Tuple[str, bytes], sync: bool, ring: Any) -> Any:
+        """Sends ``op`` (from _op) on ``ring`` (the session's, for a
+        ring's record) or the command stream."""
         session = self.session
         try:
-            return session._commands.submit(op, wait=sync)
+            if op[0] == "ring":
+                return session._commands.post(ring, _ring.LAUNCH, op[1], sync)
+            return session._commands.submit(op[1], wait=sync)
         except Error as e:
             raise session._failed(e) from None
 
@@ -272,10 +286,11 @@ class Launcher:
                sync: bool = False) -> Optional[float]:
         """Queues the launch of the Triton ``grid`` (3 ints); with ``sync``
         waits and returns the GPU seconds."""
-        op = self._op(grid, function, args, sync)
+        ring = self.session._commands.ring()
+        op = self._op(grid, function, args, sync, ring is not None)
         if op is None:
             return 0.0 if sync else None
-        result = self._submit(op, sync)
+        result = self._submit(op, sync, ring)
         return result.gpu_time_ns / 1e9 if sync else None
 
     def __call__(self, gridX: int, gridY: int, gridZ: int, stream: Any, function: Any,
@@ -295,21 +310,22 @@ class Launcher:
         if frees != self._frees:  # a buffer was freed: a kept launch may name it
             self._ops.clear()
             self._frees = frees
+        ring = self.session._commands.ring()
         for a in args:
             if type(a) not in _KEYABLE:
                 break
         else:
-            key = (gridX, gridY, gridZ, function, args)
+            key = (gridX, gridY, gridZ, function, args, ring is not None)
             op = self._ops.get(key)
         if op is None:
-            op = self._op((gridX, gridY, gridZ), function, args, False)
+            op = self._op((gridX, gridY, gridZ), function, args, False, ring is not None)
             if op is None:
-                op = b""  # an empty grid: nothing is launched
+                op = ("", b"")  # an empty grid: nothing is launched
             if key is not None:
                 if len(self._ops) >= _MAX_OPS:
                     self._ops.clear()
                 self._ops[key] = op
-        if op:
-            self._submit(op, False)
+        if op[0]:
+            self._submit(op, False, ring)
         if exit_hook is not None:
             exit_hook(launch_metadata)

@@ -21,6 +21,8 @@ import pytest
 
 import gpuexec
 from gpuexec._channel import is_local_target
+from gpuexec._commands import CommandStream
+from gpuexec._session_commands import SessionCommands
 from conftest import start_daemon, stop_daemon
 
 MiB = 1 << 20
@@ -170,7 +172,9 @@ def _borrow(client, session):
     other = copy.copy(session)
     other.client = client
     other._closed = False
-    other._commands = type(session._commands)(client, session.token)  # its own, through `client`
+    # Its own commands, through `client` (on its stream: a ring would be
+    # registered on the host memory socket, outside gRPC's credentials).
+    other._commands = SessionCommands(CommandStream(client, session.token), None)
     return other
 
 

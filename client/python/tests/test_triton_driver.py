@@ -305,7 +305,7 @@ def test_an_answer_is_collected_once_and_a_lost_one_is_an_error(session):
     lost = session._commands.submit_later(gpuexec._wire.SYNCHRONIZE_OP)
     lost.result()
     with pytest.raises(gpuexec.Error, match="no longer held"):
-        session._commands._result_of(lost._id)  # as after an interrupted wait
+        session._commands._stream._result_of(lost._id)  # as after an interrupted wait
 
 
 def test_a_long_name_from_the_metadata_is_bounded_in_messages(session, daemon, driver):
