@@ -69,6 +69,17 @@ struct CommandRingRunner::State {
     if (closed || !closing.has_value() || in_flight != 0) return;
     closed = true;
     view->Close(closing->code(), closing->message());
+    if (options.on_header_closed) options.on_header_closed();
+  }
+  // The ring's own close (a broken framing, a completion it could not
+  // post): at once, whatever is in flight.
+  void CloseNow(const absl::Status& why) {
+    absl::MutexLock lock(&post_mu);
+    if (!closing.has_value()) closing = why;
+    if (closed) return;
+    closed = true;
+    view->Close(why.code(), why.message());
+    if (options.on_header_closed) options.on_header_closed();
   }
   void CloseWhenIdle(const absl::Status& reason) {
     absl::MutexLock lock(&post_mu);
@@ -89,8 +100,7 @@ struct CommandRingRunner::State {
       if (posted.ok()) CloseIfIdleLocked();
     }
     if (!posted.ok()) {
-      view->Close(absl::StatusCode::kInvalidArgument,
-                  absl::StrCat("command ring closed: ", posted.message()));
+      CloseNow(absl::InvalidArgumentError(absl::StrCat("command ring closed: ", posted.message())));
       stop.store(true);
       view->WakeDaemon();
       return;
@@ -144,6 +154,11 @@ void CommandRingRunner::Stop(const absl::Status& reason) {
 
 bool CommandRingRunner::ended() const { return state_->ended.load(); }
 
+bool CommandRingRunner::header_closed() const {
+  absl::MutexLock lock(&state_->post_mu);
+  return state_->closed;
+}
+
 uint64_t CommandRingRunner::in_flight() const {
   absl::MutexLock lock(&state_->post_mu);
   return state_->in_flight;
@@ -160,7 +175,7 @@ void CommandRingRunner::Loop() {
   auto scratch = std::make_unique<shm::RecordScratch>();
   int empty_wakes = 0;
   auto close = [&](const absl::Status& why) {
-    view.Close(why.code(), why.message());
+    st->CloseNow(why);
     if (st->options.on_close) st->options.on_close(why);
   };
   while (!st->stop.load()) {

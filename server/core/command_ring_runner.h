@@ -45,6 +45,10 @@ struct CommandRingOptions {
   // Told once, on the ring's thread, when the ring closed itself (a broken
   // framing); not when Stop closed it.
   std::function<void(const absl::Status&)> on_close;
+  // Called once when the header says closed (Stop's reason written once
+  // no command was in flight, or the ring's own close), on whichever
+  // thread wrote it, holding the ring's answer lock: it may only signal.
+  std::function<void()> on_header_closed;
   // Called once when the ring's last reference goes: the runner and every
   // command it started are done (on whichever thread dropped it last). What
   // the ring counts against limits is given back here, not at Stop.
@@ -90,6 +94,9 @@ class CommandRingRunner {
   void Stop(const absl::Status& reason);
   // Whether the thread has ended (closed by Stop, or broken).
   bool ended() const;
+  // Whether the header says closed: every started command was answered
+  // before it (a lifeline closed earlier would end the client's wait first).
+  bool header_closed() const;
   // Commands admitted and not yet answered.
   uint64_t in_flight() const;
   // The largest number of commands in flight this ring allows.

@@ -124,7 +124,8 @@ std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session
 absl::Status Engine::LostTo(Session& s, uint64_t epoch, absl::Status lost) {
   // Under MPS another client's fault reaches this one's kernels in flight:
   // the fault window settles whose it was, not this.
-  if (options_.mps) return lost;
+  // A closed session's functions are gone: its kernels have no names here.
+  if (options_.mps || s.closed) return lost;
   std::optional<port::ResetInfo> info = DeviceOf(s)->last_reset();
   if (!info.has_value() || info->epoch != epoch + 1) return lost;
   std::vector<std::string> own = OwnKernels(*info, s);
@@ -139,6 +140,20 @@ absl::Status Engine::FaultFor(absl::Status st, Session& s, bool closed, uint64_t
     // the device records the reset (and the kernels it names) before the
     // new epoch shows, so this needs no wait for OnDeviceReset.
     if (work_epoch == 0) return st;
+    {
+      // OnDeviceReset's names, where it has run (a closed session's own
+      // functions are gone by now).
+      absl::MutexLock lock(&sessions_mu_);
+      auto it = reset_names_.find(s.port());
+      if (it != reset_names_.end() && it->second.epoch == work_epoch + 1) {
+        std::vector<std::string> own;
+        for (const NamedKernel& k : it->second.kernels) {
+          if (k.token == s.token()) own.push_back(k.quoted_name);
+        }
+        if (own.empty() || options_.mps) return st;
+        return absl::AbortedError(KernelFaultMessage(it->second.facts, own, s.name(), closed));
+      }
+    }
     absl::MutexLock lock(&s.mu);
     return LostTo(s, work_epoch, std::move(st));
   }

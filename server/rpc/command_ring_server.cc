@@ -29,6 +29,16 @@ struct CommandRingServer::Ledger {
   // The server while it lives, and the calls into it under way.
   CommandRingServer* server ABSL_GUARDED_BY(mu) = nullptr;
   int active ABSL_GUARDED_BY(mu) = 0;
+  int wake_fd ABSL_GUARDED_BY(mu) = -1;  // the server's, while it lives
+
+  // Has the watch thread look at its rings again (a ring's header closed:
+  // its lifeline may go). Takes only this lock: it runs under a ring's.
+  void Wake() {
+    absl::MutexLock lock(&mu);
+    if (wake_fd < 0) return;
+    const uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  }
 
   void Release(const std::string& session, const std::string& peer_key) {
     absl::MutexLock lock(&mu);
@@ -85,6 +95,7 @@ CommandRingServer::CommandRingServer(core::Engine* engine, Options options, int 
   {
     absl::MutexLock lock(&ledger_->mu);
     ledger_->server = this;
+    ledger_->wake_fd = wake_fd;
   }
   thread_ = std::thread(&CommandRingServer::WatchLoop, this);
 }
@@ -108,6 +119,7 @@ CommandRingServer::~CommandRingServer() {
     // No watch or ring calls in from here on; wait out those under way.
     absl::MutexLock lock(&ledger_->mu);
     ledger_->server = nullptr;
+    ledger_->wake_fd = -1;
     ledger_->mu.Await(absl::Condition(
         +[](int* active) { return *active == 0; }, &ledger_->active));
   }
@@ -124,7 +136,7 @@ CommandRingServer::~CommandRingServer() {
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
-  Reap();
+  Reap(true);
   close(epoll_fd_);
   close(wake_fd_);
 }
@@ -231,6 +243,9 @@ absl::Status CommandRingServer::Adopt(
   };
   std::shared_ptr<Ledger> ledger = ledger_;
   ro.on_close = [ledger, id](const absl::Status& why) { EndVia(ledger, id, why, false); };
+  // The lifeline is closed only after the header says closed, so that a
+  // client reads its started commands' answers before the ring's end.
+  ro.on_header_closed = [ledger] { ledger->Wake(); };
   // Once the runner holds the ring, its last reference gives the place back.
   ro.on_release = [ledger, session, peer_key] { ledger->Release(session, peer_key); };
   auto runner = core::CommandRingRunner::Start(engine_, caller, session,
@@ -298,6 +313,9 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_
     r.ended = true;
     r.reason = reason;
     if (r.runner != nullptr) r.runner->Stop(reason);
+    // Its lifeline stays open until the header says closed, but is watched
+    // no more: a hung-up one would wake the watch thread again and again.
+    if (r.conn >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, r.conn, nullptr);
     if (close_session && r.close_session_on_hangup) {
       caller = r.caller;
       session = r.session;
@@ -309,13 +327,17 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
-void CommandRingServer::Reap() {
+void CommandRingServer::Reap(bool all) {
   std::vector<std::unique_ptr<Ring>> done;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = rings_.begin(); it != rings_.end();) {
       Ring& r = *it->second;
-      if (r.ended && r.adopted) {
+      // A ring whose started commands are still to be answered keeps its
+      // lifeline until its header says closed (on_header_closed wakes
+      // this thread then), except at shutdown.
+      if (r.ended && r.adopted &&
+          (all || r.runner == nullptr || r.runner->header_closed())) {
         done.push_back(std::move(it->second));
         rings_.erase(it++);
       } else {

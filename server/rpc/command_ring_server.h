@@ -81,7 +81,9 @@ class CommandRingServer {
   void WatchLoop();
   // Stops ring `id` with `reason` and has the watch thread reap it.
   void End(uint64_t id, const absl::Status& reason, bool close_session);
-  void Reap();
+  // Closes and forgets the rings that ended and whose header says closed
+  // (`all`: every ring that ended, at shutdown).
+  void Reap(bool all = false);
 
   core::Engine* const engine_;
   const Options options_;

@@ -98,7 +98,7 @@ def test_the_layout_is_the_headers():
 
 def test_launches_and_synchronizes_ride_the_ring(client, daemon, caplog):
     caplog.set_level(logging.DEBUG, logger="gpuexec")
-    with client.session() as s:
+    with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
         with s.alloc(4 * 64) as buf:
             assert fill.launch(1, 64, buf, 7, 64, sync=True) >= 0.0
@@ -120,7 +120,7 @@ def test_launches_and_synchronizes_ride_the_ring(client, daemon, caplog):
 
 
 def test_a_queued_launchs_refusal_comes_back_at_its_place(client, daemon):
-    with client.session() as s:
+    with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
         buf = s.alloc(256)
         gone = s.alloc(256)
@@ -172,7 +172,7 @@ def test_off_the_stream_carries_everything(ring_daemon, daemon, caplog, monkeypa
     for off in ({"command_ring": False}, {}):
         if not off:
             monkeypatch.setenv("GPUEXEC_COMMAND_RING", "0")
-        with gpuexec.connect(ring_daemon, **off) as c, c.session() as s:
+        with gpuexec.connect(ring_daemon, **off) as c, _session(c) as s:
             fill = s.load_module(daemon.cubin).function("gx_fill_u32")
             with s.alloc(64) as buf:
                 fill.launch(1, 16, buf, 3, 16, sync=True)
@@ -183,7 +183,7 @@ def test_off_the_stream_carries_everything(ring_daemon, daemon, caplog, monkeypa
 
 def test_a_daemon_without_rings_leaves_the_stream(daemon, caplog):
     caplog.set_level(logging.DEBUG, logger="gpuexec")
-    with gpuexec.connect(daemon.target) as c, c.session() as s:
+    with gpuexec.connect(daemon.target) as c, _session(c) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
         with s.alloc(64) as buf:
             fill.launch(1, 16, buf, 4, 16, sync=True)
@@ -193,7 +193,7 @@ def test_a_daemon_without_rings_leaves_the_stream(daemon, caplog):
 
 
 def test_a_ring_the_daemon_closed_falls_back_to_the_stream(client, daemon):
-    with client.session() as s:
+    with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
         buf = s.alloc(64)
         fill.launch(1, 16, buf, 1, 16, sync=True)
@@ -254,7 +254,7 @@ def test_a_killed_client_ends_its_session(client, daemon, ring_daemon):
         assert time.monotonic() < deadline, "the killed client's session lives on"
         time.sleep(0.02)
     # The daemon serves others as before.
-    with client.session() as s:
+    with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
         with s.alloc(64) as buf:
             fill.launch(1, 16, buf, 8, 16, sync=True)
@@ -264,7 +264,7 @@ def test_a_killed_client_ends_its_session(client, daemon, ring_daemon):
 
 def test_threads_share_a_sessions_ring(client, daemon):
     import threading  # pylint: disable=import-outside-toplevel
-    with client.session() as s:
+    with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
         bufs = [s.alloc(256) for _ in range(4)]
         errors = []
