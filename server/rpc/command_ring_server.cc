@@ -336,8 +336,7 @@ void CommandRingServer::Reap(bool all) {
       // A ring whose started commands are still to be answered keeps its
       // lifeline until its header says closed (on_header_closed wakes
       // this thread then), except at shutdown.
-      if (r.ended && r.adopted &&
-          (all || r.runner == nullptr || r.runner->header_closed())) {
+      if (r.ended && r.adopted && (all || r.runner == nullptr || r.runner->header_closed())) {
         done.push_back(std::move(it->second));
         rings_.erase(it++);
       } else {
