@@ -3,10 +3,11 @@ serves them (gpuexecd --shm_socket --command_rings) posts its launches and
 synchronizes through shared memory, with the same results and the same
 errors as on the Execute stream.
 
-The launch tests of test_client.py, test_calls.py and
-test_launch_attributes.py run here a second time, on sessions of this
-module's daemon (the ``client`` fixture below replaces conftest's), so every
-argument kind and attribute goes through a ring record too.
+The launch tests of test_client.py, test_calls.py,
+test_launch_attributes.py and test_triton_driver.py run here a second time,
+on sessions of this module's daemon (the ``client`` fixture below replaces
+conftest's), so every argument kind and attribute, and Triton's launcher,
+go through ring records too.
 """
 
 import logging
@@ -38,6 +39,12 @@ from test_calls import (  # noqa: F401  pylint: disable=unused-import
     test_call_queues_like_launch_async, test_call_with_sync_returns_gpu_time,
     test_in_and_inout_round_trip, test_numba_configuration)
 from test_session_faults import _session  # a session once device 0 is back from a reset
+from test_triton_driver import (  # noqa: F401  pylint: disable=unused-import
+    _inputs, _kernel, driver, test_a_freed_buffer_drops_the_kept_launches,
+    test_a_launch_as_triton_makes_it, test_an_empty_grid_launches_nothing,
+    test_do_bench_reports_gpu_milliseconds, test_events_time_the_work_between_two_records,
+    test_repeated_launches_reuse_their_bytes_until_scratch_moves, test_scratch_and_clusters,
+    test_views_are_pointers_at_their_offset)
 from test_launch_attributes import (  # noqa: F401  pylint: disable=unused-import
     test_bad_tensor_maps_are_refused_by_the_daemon, test_cooperative_launch,
     test_programmatic_dependent_launch, test_tensor_map_copy,
@@ -303,3 +310,15 @@ def test_records_hold_what_the_stream_would_name():
     s = _ring_records.arg_slot(gpuexec.raw(b"abc"), blob, at)
     assert struct.unpack("<HHIQQ", s) == (17, 0, 3, 0, 0) and b"".join(blob) == b"abc" + bytes(5)
     assert at == [8]
+
+
+def test_triton_launches_ride_the_ring(session, daemon, driver):
+    launcher, function = _kernel(driver, daemon)
+    n = 4096
+    x, y, xb, yb, out = _inputs(session, n)
+    for _ in range(3):
+        launcher(4, 1, 1, 0, function, None, None, None, None, xb, yb, out, n, 1024)
+    assert launcher.launch((4, 1, 1), function, (xb, yb, out, n, 1024), sync=True) >= 0.0
+    assert [op[0] for op in launcher._ops.values()] == ["ring"]
+    np.testing.assert_array_equal(out.get(), x + y)
+    assert session._commands._ring is not None
