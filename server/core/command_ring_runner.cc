@@ -147,8 +147,8 @@ CommandRingRunner::~CommandRingRunner() {
 }
 
 void CommandRingRunner::Stop(const absl::Status& reason) {
-  state_->CloseWhenIdle(reason);
   state_->stop.store(true);
+  state_->CloseWhenIdle(reason);
   state_->view->WakeDaemon();
 }
 
@@ -239,10 +239,15 @@ void CommandRingRunner::Loop() {
         st->Answer(answer, command.status().message(), false);
         continue;
       }
+      bool closing = false;
       {
         absl::MutexLock lock(&st->post_mu);
-        ++st->in_flight;
+        // Stop's reason is in: the header may say closed already (a record
+        // taken as it came is dropped, as those not yet taken are).
+        closing = st->closing.has_value();
+        if (!closing) ++st->in_flight;
       }
+      if (closing) break;
       RunCommand(*st->engine, st->caller, st->session, *std::move(command),
                  [st, answer](CommandResult r) mutable {
                    if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);

@@ -629,7 +629,8 @@ class Engine {
   // says that work was lost to a reset that names `s`'s own kernels, the
   // answer is what those kernels did, read from the device's own record of
   // the reset (the engine's names may not be in yet).
-  absl::Status FaultFor(absl::Status st, Session& s, bool closed, uint64_t work_epoch = 0);
+  absl::Status FaultFor(absl::Status st, Session& s, bool closed, uint64_t work_epoch = 0)
+      ABSL_LOCKS_EXCLUDED(sessions_mu_, s.mu);
   // The same, with `s`'s own word on whether it is closed (takes its mu).
   absl::Status FaultFor(absl::Status st, Session& s);
   // The quoted names of `s`'s kernels that `info` names.

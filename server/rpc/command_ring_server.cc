@@ -273,10 +273,6 @@ absl::Status CommandRingServer::Adopt(
   c->set_max_in_flight(static_cast<uint32_t>((*runner)->max_in_flight()));
   c->set_max_record_bytes(ring::kMaxRecordBytes);
   answer(conn, response);
-  epoll_event ev{};
-  ev.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
-  ev.data.u64 = id;
-  const bool watched = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn, &ev) == 0;
   bool reap = false;
   {
     absl::MutexLock lock(&mu_);
@@ -285,6 +281,16 @@ absl::Status CommandRingServer::Adopt(
     r.conn = conn;
     r.watch = *watch;
     r.adopted = true;
+    // Watched only while it serves: a ring that ended meanwhile (its
+    // session closed) keeps its lifeline unwatched until it is reaped, or a
+    // hang-up would wake the watch thread again and again until then.
+    bool watched = true;
+    if (!r.ended) {
+      epoll_event ev{};
+      ev.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+      ev.data.u64 = id;
+      watched = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn, &ev) == 0;
+    }
     if (!watched && !r.ended) {
       r.ended = true;
       r.runner->Stop(absl::UnavailableError("the daemon could not watch the ring's lifeline"));
@@ -308,14 +314,15 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_
   {
     absl::MutexLock lock(&mu_);
     auto it = rings_.find(id);
-    if (it == rings_.end() || it->second->ended) return;
+    if (it == rings_.end()) return;
     Ring& r = *it->second;
-    r.ended = true;
-    r.reason = reason;
-    if (r.runner != nullptr) r.runner->Stop(reason);
     // Its lifeline stays open until the header says closed, but is watched
     // no more: a hung-up one would wake the watch thread again and again.
     if (r.conn >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, r.conn, nullptr);
+    if (r.ended) return;
+    r.ended = true;
+    r.reason = reason;
+    if (r.runner != nullptr) r.runner->Stop(reason);
     if (close_session && r.close_session_on_hangup) {
       caller = r.caller;
       session = r.session;
