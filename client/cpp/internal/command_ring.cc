@@ -290,7 +290,10 @@ void CommandRing::DrainLocked() {
     }
   }
   ring::Store<uint64_t>(base_, h::kCqHead, cq_head_, __ATOMIC_SEQ_CST);
-  WakeDaemon();
+  // Room in the completion ring is what a daemon waits for only while
+  // records are left to start (it parks for room before taking one); one
+  // that took them all waits for records, and the next post wakes it.
+  if (Load64(h::kSqHead) < tail_) WakeDaemon();
   CheckClosedLocked();
 }
 

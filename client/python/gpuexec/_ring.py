@@ -471,8 +471,12 @@ class CommandRing:
                 self._deferred = error_of(code, message)
         self._cq_head = head
         self._cq_head_word.value = head
-        # Room in the completion ring may be what the daemon waits for.
-        self._wake_daemon()
+        # Room in the completion ring is what the daemon waits for only
+        # while records are left to start (it parks for room before taking
+        # one); one that took them all waits for records, and the next post
+        # wakes it.
+        if self._sq_head_word.value < self._tail:
+            self._wake_daemon()
         self._check_closed_locked()
 
     def _check_closed_locked(self) -> None:
