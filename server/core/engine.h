@@ -371,6 +371,7 @@ class ReadSource : public std::enable_shared_from_this<ReadSource> {
   void Deliver();
 
   std::shared_ptr<Session> session_;
+  Engine* engine_ = nullptr;  // a failed copy's words (FaultFor)
   port::DevicePort* device_ = nullptr;
   TrafficCounters* traffic_ = nullptr;
   const uint64_t buffer_;

@@ -215,6 +215,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const Caller& call
   if (chunk == 0) chunk = options_.chunk_bytes;
   chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, dev->staging().capacity()));
   std::shared_ptr<ReadSource> src(new ReadSource(s, buffer, offset, size, chunk));
+  src->engine_ = this;
   src->device_ = dev;
   src->traffic_ = &traffic_[s->device()];
   src->chunks_ = read_chunks_;
@@ -307,7 +308,9 @@ void ReadSource::Fetch(uint64_t offset, uint64_t n) {
             [self, slot, offset, n](absl::Status st) {
               if (!st.ok()) {
                 self->session_->staging.Release(self->device_->staging(), slot);
-                return self->Ready(offset, st);
+                // A fault found by this copy (the gate opened before it):
+                // in the words of the session's kernel that caused it.
+                return self->Ready(offset, self->engine_->FaultFor(std::move(st), *self->session_));
               }
               // Copied out at once, so that the staging buffer goes back
               // now: a chunk waits here for the caller for as long as its
