@@ -65,21 +65,22 @@ struct CommandRingRunner::State {
   std::optional<absl::Status> closing ABSL_GUARDED_BY(post_mu);
   bool closed ABSL_GUARDED_BY(post_mu) = false;
 
-  void CloseIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(post_mu) {
-    if (closed || !closing.has_value() || in_flight != 0) return;
+  // Writes `why` into the header as the ring's end, once.
+  void WriteClosedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(post_mu) {
+    if (closed) return;
     closed = true;
-    view->Close(closing->code(), closing->message());
+    view->Close(why.code(), why.message());
     if (options.on_header_closed) options.on_header_closed();
+  }
+  void CloseIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(post_mu) {
+    if (closing.has_value() && in_flight == 0) WriteClosedLocked(*closing);
   }
   // The ring's own close (a broken framing, a completion it could not
   // post): at once, whatever is in flight.
   void CloseNow(const absl::Status& why) {
     absl::MutexLock lock(&post_mu);
     if (!closing.has_value()) closing = why;
-    if (closed) return;
-    closed = true;
-    view->Close(why.code(), why.message());
-    if (options.on_header_closed) options.on_header_closed();
+    WriteClosedLocked(why);
   }
   void CloseWhenIdle(const absl::Status& reason) {
     absl::MutexLock lock(&post_mu);

@@ -634,6 +634,11 @@ class Engine {
       ABSL_LOCKS_EXCLUDED(sessions_mu_, s.mu);
   // The same, with `s`'s own word on whether it is closed (takes its mu).
   absl::Status FaultFor(absl::Status st, Session& s);
+  // The facts of the port's last reset as OnDeviceReset recorded them, and
+  // the quoted names of `s`'s kernels among them; false where none is
+  // recorded (or, `epoch` not 0, none of that epoch).
+  bool RecordedNames(const Session& s, uint64_t epoch, KernelReset* facts,
+                     std::vector<std::string>* own) ABSL_LOCKS_EXCLUDED(sessions_mu_);
   // The quoted names of `s`'s kernels that `info` names.
   static std::vector<std::string> OwnKernels(const port::ResetInfo& info, Session& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);

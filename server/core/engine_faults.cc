@@ -130,46 +130,40 @@ absl::Status Engine::LostTo(Session& s, uint64_t epoch, absl::Status lost) {
   if (!info.has_value() || info->epoch != epoch + 1) return lost;
   std::vector<std::string> own = OwnKernels(*info, s);
   if (own.empty()) return lost;
-  return absl::AbortedError(KernelFaultMessage(FactsOf(*info), own, s.name(), s.closed));
+  return absl::AbortedError(KernelFaultMessage(FactsOf(*info), own, s.name(), /*closed=*/false));
+}
+
+bool Engine::RecordedNames(const Session& s, uint64_t epoch, KernelReset* facts,
+                           std::vector<std::string>* own) {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = reset_names_.find(s.port());
+  if (it == reset_names_.end() || (epoch != 0 && it->second.epoch != epoch)) return false;
+  for (const NamedKernel& k : it->second.kernels) {
+    if (k.token == s.token()) own->push_back(k.quoted_name);
+  }
+  *facts = it->second.facts;
+  return true;
 }
 
 absl::Status Engine::FaultFor(absl::Status st, Session& s, bool closed, uint64_t work_epoch) {
   if (st.code() != absl::StatusCode::kAborted) return st;
-  if (absl::StrContains(st.message(), " was lost: ")) {
-    // Work queued before a reset, refused once the device's epoch moved on:
-    // the device records the reset (and the kernels it names) before the
-    // new epoch shows, so this needs no wait for OnDeviceReset.
-    if (work_epoch == 0) return st;
-    {
-      // OnDeviceReset's names, where it has run (a closed session's own
-      // functions are gone by now).
-      absl::MutexLock lock(&sessions_mu_);
-      auto it = reset_names_.find(s.port());
-      if (it != reset_names_.end() && it->second.epoch == work_epoch + 1) {
-        std::vector<std::string> own;
-        for (const NamedKernel& k : it->second.kernels) {
-          if (k.token == s.token()) own.push_back(k.quoted_name);
-        }
-        if (own.empty() || options_.mps) return st;
-        return absl::AbortedError(KernelFaultMessage(it->second.facts, own, s.name(), closed));
-      }
-    }
-    absl::MutexLock lock(&s.mu);
-    return LostTo(s, work_epoch, std::move(st));
-  }
+  // Work queued before a reset, refused once the device's epoch moved on:
+  // the words of the reset that ended the epoch it waited for, or none.
+  const bool lost = absl::StrContains(st.message(), " was lost: ");
+  if (lost && work_epoch == 0) return st;
   KernelReset facts;
   std::vector<std::string> own;
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    auto it = reset_names_.find(s.port());
-    if (it == reset_names_.end()) return st;
-    for (const NamedKernel& k : it->second.kernels) {
-      if (k.token == s.token()) own.push_back(k.quoted_name);
-    }
-    facts = it->second.facts;
+  // OnDeviceReset's names, where it has run (a closed session's own
+  // functions are gone by then).
+  if (RecordedNames(s, lost ? work_epoch + 1 : 0, &facts, &own)) {
+    if (own.empty() || (lost && options_.mps)) return st;
+    return absl::AbortedError(KernelFaultMessage(facts, own, s.name(), closed));
   }
-  if (own.empty()) return st;
-  return absl::AbortedError(KernelFaultMessage(facts, own, s.name(), closed));
+  if (!lost) return st;
+  // Not yet: the device records the reset (and the kernels it names)
+  // before the new epoch shows, so this needs no wait for OnDeviceReset.
+  absl::MutexLock lock(&s.mu);
+  return LostTo(s, work_epoch, std::move(st));
 }
 
 absl::Status Engine::FaultFor(absl::Status st, Session& s) {
