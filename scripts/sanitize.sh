@@ -26,7 +26,7 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
     { cat "$BUILD_DIR.configure.log" >&2; exit 1; }
 fi
 cmake --build "$BUILD_DIR" --target gpuexecd gpuexec_fakecuda service_test fault_test \
-  shm_socket_test shm_attack_test sandbox_test tenant_bounds_test command_ring_test command_ring_client_test \
+  shm_socket_test shm_attack_test sandbox_test tenant_bounds_test command_ring_test command_ring_client_test command_ring_hostile_test \
   command_ring_runner_test command_ring_view_test ring_decode_test -j"$(nproc)"
 echo "sanitize: built in $(($(date +%s) - start)) s"
 
@@ -36,6 +36,6 @@ export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:detect_stack_use_after_retur
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export LSAN_OPTIONS="suppressions=$PWD/tests/sanitize/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 ctest --test-dir "$BUILD_DIR" --output-on-failure \
-  -R '^(service_test|fault_test|shm_socket_test|shm_attack_test|sandbox_test|tenant_bounds_test|command_ring_test|command_ring_client_test|command_ring_runner_test|command_ring_view_test|ring_decode_test)$' \
+  -R '^(service_test|fault_test|shm_socket_test|shm_attack_test|sandbox_test|tenant_bounds_test|command_ring_test|command_ring_client_test|command_ring_hostile_test|command_ring_runner_test|command_ring_view_test|ring_decode_test)$' \
   "$@"
 echo "sanitize: done in $(($(date +%s) - start)) s"

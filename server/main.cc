@@ -49,6 +49,10 @@ ABSL_FLAG(int32_t, ring_spin_us, -1,
           "How long a command ring's thread keeps looking for its client's next record before "
           "it sleeps, in microseconds: a client that posts within it costs no wake-up. -1: as "
           "--busy_poll_us.");
+ABSL_FLAG(int32_t, ring_threads, 0,
+          "Cores the command rings' threads may use at once, however many rings and however "
+          "hard their clients post (a ring's thread holds one while it takes records or spins, "
+          "none while it sleeps). 0: a quarter of the host's cores, at least 1.");
 ABSL_FLAG(int32_t, max_command_rings, 256,
           "Command rings served at once (each one thread), at most 16 of them a tenant's.");
 ABSL_FLAG(uint64_t, pinned_memory_limit, 0,
@@ -311,6 +315,7 @@ int main(int argc, char** argv) {
   options.command_rings = absl::GetFlag(FLAGS_command_rings);
   options.max_command_rings = absl::GetFlag(FLAGS_max_command_rings);
   options.ring_spin_us = absl::GetFlag(FLAGS_ring_spin_us);
+  options.ring_threads = absl::GetFlag(FLAGS_ring_threads);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.pinned_bytes = absl::GetFlag(FLAGS_pinned_memory_limit);
   options.max_session_pinned_bytes = absl::GetFlag(FLAGS_max_session_pinned_bytes);

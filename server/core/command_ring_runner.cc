@@ -153,6 +153,20 @@ void CommandRingRunner::Stop(const absl::Status& reason) {
   state_->view->WakeDaemon();
 }
 
+void CommandRingRunner::CloseWithoutWaiting() {
+  absl::MutexLock lock(&state_->post_mu);
+  if (state_->closed) return;
+  absl::Status why =
+      state_->closing.value_or(absl::CancelledError("the daemon stopped serving the command ring"));
+  if (state_->in_flight > 0) {
+    const uint64_t n = state_->in_flight;
+    why = absl::Status(why.code(),
+                       absl::StrCat(why.message(), " (", n, n == 1 ? " command" : " commands",
+                                    " still running ", n == 1 ? "was" : "were", " not answered)"));
+  }
+  state_->WriteClosedLocked(why);
+}
+
 bool CommandRingRunner::ended() const { return state_->ended.load(); }
 
 bool CommandRingRunner::header_closed() const {
@@ -182,103 +196,110 @@ void CommandRingRunner::Loop() {
   while (!st->stop.load()) {
     int taken = 0;
     bool blocked = false;
-    while (taken < st->options.turn_records && !st->stop.load()) {
-      // Admission: a place in flight, and a completion head's room for
-      // this command beside those kept for the others. A second look comes
-      // after saying so, so that an answer in between either is seen there
-      // or wakes the park below.
-      absl::StatusOr<uint64_t> room;
-      auto admissible = [&] {
-        absl::MutexLock lock(&st->post_mu);
-        room = view.CompletionRoomSlots();
-        return room.ok() && st->in_flight < st->bound && *room >= st->in_flight + 1;
-      };
-      bool admit = admissible();
-      if (!admit && room.ok()) {
-        st->admission_waits.store(true);
-        admit = admissible();
-        if (admit) st->admission_waits.store(false);
-      }
-      if (!room.ok()) {
-        close(absl::InvalidArgumentError(
-            absl::StrCat("command ring closed: ", room.status().message())));
-        st->ended.store(true);
-        return;
-      }
-      if (!admit) {
-        blocked = true;
-        break;
-      }
-      shm::NextRecord next = view.Next(*scratch);
-      if (next.kind == shm::NextRecord::kEmpty) break;
-      if (next.kind == shm::NextRecord::kBroken) {
-        view.PublishHead();
-        close(absl::InvalidArgumentError(absl::StrCat(
-            "command ring closed: ", next.why,
-            "; the ring's records must follow gpuexec/command_ring.h: register a new ring")));
-        st->ended.store(true);
-        return;
-      }
-      ++taken;
-      ring::SubmitHead head;
-      std::memcpy(&head, scratch->bytes, sizeof(head));
-      ring::CompleteHead answer{};
-      answer.kind = head.kind;
-      answer.id = head.id;
-      answer.seq = head.seq;
-      absl::StatusOr<Command> command = DecodeRingRecord(scratch->bytes, next.bytes);
-      if (!command.ok()) {
-        answer.code = static_cast<int32_t>(command.status().code());
-        if (st->options.on_failure) {
-          CommandResult r;
-          r.id = head.id;
-          r.status = command.status();
-          r.answer = true;
-          r.op = "command ring record";
-          st->options.on_failure(r);
+    {
+      // A run slot for this turn and its spin; given back before parking.
+      RunSlots::Held held(st->options.slots, kRingParkLimit);
+      if (!held.ok()) continue;  // looks at the stop flag, and asks again
+      while (taken < st->options.turn_records && !st->stop.load()) {
+        // Admission: a place in flight, and a completion head's room for
+        // this command beside those kept for the others. A second look comes
+        // after saying so, so that an answer in between either is seen there
+        // or wakes the park below.
+        absl::StatusOr<uint64_t> room;
+        auto admissible = [&] {
+          absl::MutexLock lock(&st->post_mu);
+          room = view.CompletionRoomSlots();
+          return room.ok() && st->in_flight < st->bound && *room >= st->in_flight + 1;
+        };
+        bool admit = admissible();
+        if (!admit && room.ok()) {
+          st->admission_waits.store(true);
+          admit = admissible();
+          if (admit) st->admission_waits.store(false);
         }
-        st->Answer(answer, command.status().message(), false);
-        continue;
-      }
-      bool closing = false;
-      {
-        absl::MutexLock lock(&st->post_mu);
-        // Stop's reason is in: the header may say closed already (a record
-        // taken as it came is dropped, as those not yet taken are).
-        closing = st->closing.has_value();
-        if (!closing) ++st->in_flight;
-      }
-      if (closing) break;
-      RunCommand(*st->engine, st->caller, st->session, *std::move(command),
-                 [st, answer](CommandResult r) mutable {
-                   if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
-                   if (!r.answer) return st->Done(true);
-                   answer.code = static_cast<int32_t>(r.status.code());
-                   answer.gpu_time_ns = r.gpu_time_ns;
-                   if (r.allocated.has_value()) {
-                     answer.value0 = r.allocated->handle;
-                     answer.value1 = r.allocated->size;
-                   }
-                   st->Answer(answer, r.status.message(), true);
-                 });
-    }
-    if (taken > 0) {
-      view.PublishHead();
-      view.WakeClientIfParked();
-      empty_wakes = 0;
-      if (!blocked && taken == st->options.turn_records) continue;  // more may be there
-    }
-    if (st->options.spin > absl::ZeroDuration() && !blocked) {
-      const absl::Time until = absl::Now() + st->options.spin;
-      bool more = false;
-      while (!st->stop.load() && absl::Now() < until) {
-        if (ring::Load<uint64_t>(st->mapping->base, ring::header::kSqTail) != view.sq_head()) {
-          more = true;
+        if (!room.ok()) {
+          close(absl::InvalidArgumentError(
+              absl::StrCat("command ring closed: ", room.status().message())));
+          st->ended.store(true);
+          return;
+        }
+        if (!admit) {
+          blocked = true;
           break;
         }
-        Relax();
+        shm::NextRecord next = view.Next(*scratch);
+        if (next.kind == shm::NextRecord::kEmpty) break;
+        if (next.kind == shm::NextRecord::kBroken) {
+          view.PublishHead();
+          close(absl::InvalidArgumentError(absl::StrCat(
+              "command ring closed: ", next.why,
+              "; the ring's records must follow gpuexec/command_ring.h: register a new ring")));
+          st->ended.store(true);
+          return;
+        }
+        ++taken;
+        ring::SubmitHead head;
+        std::memcpy(&head, scratch->bytes, sizeof(head));
+        ring::CompleteHead answer{};
+        answer.kind = head.kind;
+        answer.id = head.id;
+        answer.seq = head.seq;
+        absl::StatusOr<Command> command = DecodeRingRecord(scratch->bytes, next.bytes);
+        if (!command.ok()) {
+          answer.code = static_cast<int32_t>(command.status().code());
+          if (st->options.on_failure) {
+            CommandResult r;
+            r.id = head.id;
+            r.status = command.status();
+            r.answer = true;
+            r.op = "command ring record";
+            st->options.on_failure(r);
+          }
+          st->Answer(answer, command.status().message(), false);
+          continue;
+        }
+        bool closing = false;
+        {
+          absl::MutexLock lock(&st->post_mu);
+          // Stop's reason is in: the header may say closed already (a record
+          // taken as it came is dropped, as those not yet taken are).
+          closing = st->closing.has_value();
+          if (!closing) ++st->in_flight;
+        }
+        if (closing) break;
+        RunCommand(*st->engine, st->caller, st->session, *std::move(command),
+                   [st, answer](CommandResult r) mutable {
+                     if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
+                     if (!r.answer) return st->Done(true);
+                     answer.code = static_cast<int32_t>(r.status.code());
+                     answer.gpu_time_ns = r.gpu_time_ns;
+                     if (r.allocated.has_value()) {
+                       answer.value0 = r.allocated->handle;
+                       answer.value1 = r.allocated->size;
+                     }
+                     st->Answer(answer, r.status.message(), true);
+                   });
       }
-      if (more) continue;
+      if (taken > 0) {
+        view.PublishHead();
+        view.WakeClientIfParked();
+        empty_wakes = 0;
+        if (!blocked && taken == st->options.turn_records) continue;  // more may be there
+      }
+      if (st->options.spin > absl::ZeroDuration() && !blocked) {
+        const absl::Time until = absl::Now() + st->options.spin;
+        bool more = false;
+        // Not while another ring waits for a slot: this one parks instead.
+        while (!st->stop.load() && absl::Now() < until &&
+               (st->options.slots == nullptr || !st->options.slots->Contended())) {
+          if (ring::Load<uint64_t>(st->mapping->base, ring::header::kSqTail) != view.sq_head()) {
+            more = true;
+            break;
+          }
+          Relax();
+        }
+        if (more) continue;
+      }
     }
     if (taken == 0 && ++empty_wakes > kStormWakes) absl::SleepFor(absl::Milliseconds(1));
     // Bounded: see kRingParkLimit. A time-out is no wake-up of the client's.

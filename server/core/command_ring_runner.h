@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "server/core/commands.h"
 #include "server/core/engine.h"
+#include "server/core/run_slots.h"
 
 namespace gpuexec::core {
 
@@ -40,6 +41,9 @@ struct CommandRingOptions {
   // How long the thread spins for more records after its last, before it
   // parks (0: parks at once).
   absl::Duration spin = absl::ZeroDuration();
+  // Shared by every ring of the daemon (outlives the runner); none: no
+  // bound. A slot is held for each turn and its spin, never while parked.
+  RunSlots* slots = nullptr;
   // Told of each failed command (for the log), on the answering thread.
   std::function<void(const CommandResult&)> on_failure;
   // Told once, on the ring's thread, when the ring closed itself (a broken
@@ -92,6 +96,11 @@ class CommandRingRunner {
   // dropped; started ones finish, and are answered, before the header says
   // closed.
   void Stop(const absl::Status& reason);
+  // After Stop: writes the header's end now, though commands are still in
+  // flight, saying how many (their answers, if they come, are still
+  // posted). For a ring no client reads any more (its lifeline hung up), or
+  // one whose commands outlast the server's grace.
+  void CloseWithoutWaiting();
   // Whether the thread has ended (closed by Stop, or broken).
   bool ended() const;
   // Whether the header says closed: every started command was answered

@@ -56,6 +56,7 @@ struct CommandRingServer::Ring {
   // Set once Adopt has finished: the runner, lifeline and watch are in.
   bool adopted = false;
   bool ended = false;
+  absl::Time ended_at;
   absl::Status reason;  // why it ended, when it ended before adoption
   int conn = -1;
   uint64_t watch = 0;
@@ -89,6 +90,7 @@ CommandRingServer::CommandRingServer(core::Engine* engine, Options options, int 
                                      int wake_fd)
     : engine_(engine),
       options_(options),
+      slots_(options.ring_threads),
       epoll_fd_(epoll_fd),
       wake_fd_(wake_fd),
       ledger_(std::make_shared<Ledger>()) {
@@ -101,7 +103,7 @@ CommandRingServer::CommandRingServer(core::Engine* engine, Options options, int 
 }
 
 void CommandRingServer::EndVia(const std::shared_ptr<Ledger>& ledger, uint64_t id,
-                               const absl::Status& why, bool close_session) {
+                               const absl::Status& why, bool hung_up) {
   CommandRingServer* server;
   {
     absl::MutexLock lock(&ledger->mu);
@@ -109,7 +111,7 @@ void CommandRingServer::EndVia(const std::shared_ptr<Ledger>& ledger, uint64_t i
     if (server == nullptr) return;  // gone, and every ring with it
     ++ledger->active;
   }
-  server->End(id, why, close_session);
+  server->End(id, why, hung_up);
   absl::MutexLock lock(&ledger->mu);
   --ledger->active;
 }
@@ -237,6 +239,7 @@ absl::Status CommandRingServer::Adopt(
   core::CommandRingOptions ro;
   ro.max_in_flight = options_.max_in_flight;
   ro.spin = options_.spin;
+  ro.slots = &slots_;
   const std::string peer = caller.peer;
   ro.on_failure = [peer](const core::CommandResult& r) {
     LogFailure(absl::StrCat("command ring ", r.op), peer, r.status);
@@ -308,7 +311,7 @@ absl::Status CommandRingServer::Adopt(
   return absl::OkStatus();
 }
 
-void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_session) {
+void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool hung_up) {
   core::Caller caller;
   std::string session;
   {
@@ -321,9 +324,16 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_
     if (r.conn >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, r.conn, nullptr);
     if (r.ended) return;
     r.ended = true;
+    r.ended_at = absl::Now();
     r.reason = reason;
-    if (r.runner != nullptr) r.runner->Stop(reason);
-    if (close_session && r.close_session_on_hangup) {
+    if (r.runner != nullptr) {
+      r.runner->Stop(reason);
+      // Nobody reads the answers of a ring whose lifeline hung up: its
+      // header says closed now, and it is reaped now (what it counts
+      // against the limits stays counted until its last command is done).
+      if (hung_up) r.runner->CloseWithoutWaiting();
+    }
+    if (hung_up && r.close_session_on_hangup) {
       caller = r.caller;
       session = r.session;
     }
@@ -334,19 +344,26 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool close_
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
-void CommandRingServer::Reap(bool all) {
+bool CommandRingServer::Reap(bool all) {
   std::vector<std::unique_ptr<Ring>> done;
+  bool waiting = false;
   {
     absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
     for (auto it = rings_.begin(); it != rings_.end();) {
       Ring& r = *it->second;
       // A ring whose started commands are still to be answered keeps its
       // lifeline until its header says closed (on_header_closed wakes
-      // this thread then), except at shutdown.
+      // this thread then), for kEndGrace at most, except at shutdown.
+      if (r.ended && r.adopted && r.runner != nullptr && !all && !r.runner->header_closed() &&
+          now - r.ended_at >= kEndGrace) {
+        r.runner->CloseWithoutWaiting();
+      }
       if (r.ended && r.adopted && (all || r.runner == nullptr || r.runner->header_closed())) {
         done.push_back(std::move(it->second));
         rings_.erase(it++);
       } else {
+        waiting = waiting || (r.ended && r.adopted);
         ++it;
       }
     }
@@ -359,13 +376,15 @@ void CommandRingServer::Reap(bool all) {
       close(r->conn);
     }
   }
+  return waiting;
 }
 
 void CommandRingServer::WatchLoop() {
   NameThisThread("gx-ring-watch");
   epoll_event events[64];
+  bool waiting = false;  // a ring that ended waits for its commands' answers
   while (true) {
-    const int n = epoll_wait(epoll_fd_, events, 64, -1);
+    const int n = epoll_wait(epoll_fd_, events, 64, waiting ? 1000 : -1);
     if (n < 0 && errno != EINTR) {
       log::Error("command rings: epoll_wait: ", strerror(errno));
       return;
@@ -382,7 +401,7 @@ void CommandRingServer::WatchLoop() {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
-    Reap();
+    waiting = Reap();
   }
 }
 

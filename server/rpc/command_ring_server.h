@@ -19,8 +19,8 @@
 // Limits, each refusal naming it: one ring per session, kMaxRingsPerPeer
 // per tenant and peer (a local user, without a tenants file), `max_rings`
 // in all; a tenant whose entry does not allow host_memory has none.
-// Not bounded yet: the CPU a ring's thread spends on what its client posts
-// (docs/command-ring-plan.md: run slots).
+// The rings' threads share `ring_threads` run slots (core::RunSlots): the
+// cores they take between them, however many rings post.
 
 #include <sys/types.h>
 
@@ -38,16 +38,21 @@
 #include "gpuexec/v1/gpuexec.pb.h"
 #include "server/core/command_ring_runner.h"
 #include "server/core/engine.h"
+#include "server/core/run_slots.h"
 
 namespace gpuexec::rpc {
 
 class CommandRingServer {
  public:
   static constexpr int kMaxRingsPerPeer = 16;
+  // How long a ring that ended waits for its started commands' answers
+  // before its header says closed without them.
+  static constexpr absl::Duration kEndGrace = absl::Seconds(5);
   struct Options {
     int max_rings = 256;
     uint64_t max_in_flight = 1024;  // per ring
     absl::Duration spin = absl::ZeroDuration();
+    int ring_threads = 1;  // run slots: cores the rings' threads share
   };
 
   // `engine` outlives the server.
@@ -70,6 +75,7 @@ class CommandRingServer {
 
   // Rings being served (not yet reaped).
   size_t rings() const;
+  int ring_threads() const { return slots_.slots(); }
 
  private:
   struct Ring;
@@ -77,16 +83,22 @@ class CommandRingServer {
   CommandRingServer(core::Engine* engine, Options options, int epoll_fd, int wake_fd);
   // Calls End through the ledger, which knows whether this server lives.
   static void EndVia(const std::shared_ptr<Ledger>& ledger, uint64_t id, const absl::Status& why,
-                     bool close_session);
+                     bool hung_up);
   void WatchLoop();
-  // Stops ring `id` with `reason` and has the watch thread reap it.
-  void End(uint64_t id, const absl::Status& reason, bool close_session);
+  // Stops ring `id` with `reason` and has the watch thread reap it;
+  // `hung_up`: its lifeline did (its header says closed at once, and its
+  // session is closed where the registration asked for that).
+  void End(uint64_t id, const absl::Status& reason, bool hung_up);
   // Closes and forgets the rings that ended and whose header says closed
-  // (`all`: every ring that ended, at shutdown).
-  void Reap(bool all = false);
+  // (`all`: every ring that ended, at shutdown); a ring that ended more
+  // than kEndGrace ago has its header closed first. Returns whether an
+  // ended ring is left waiting for its commands.
+  bool Reap(bool all = false);
 
   core::Engine* const engine_;
   const Options options_;
+  // Every runner's; runners are joined before the server goes.
+  core::RunSlots slots_;
   const int epoll_fd_;
   const int wake_fd_;  // an eventfd: reap, or stop
   std::thread thread_;

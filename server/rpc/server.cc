@@ -453,6 +453,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     rpc::CommandRingServer::Options ro;
     ro.max_rings = options.max_command_rings;
     ro.spin = absl::Microseconds(options.ring_spin_us >= 0 ? options.ring_spin_us : busy_poll_us);
+    ro.ring_threads = options.ring_threads > 0
+                          ? options.ring_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 4);
     auto rings = rpc::CommandRingServer::Start(impl->engine.get(), ro);
     if (!rings.ok()) {
       impl->tcp_listener.reset();
@@ -477,7 +480,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
               eo.daemon_pinned_bytes, " page-locked bytes in all");
     if (impl->command_rings != nullptr) {
       log::Info("command rings: served on ", options.shm_socket, ", up to ",
-                options.max_command_rings, " at once");
+                options.max_command_rings, " at once, their threads on at most ",
+                impl->command_rings->ring_threads(), " cores (--ring_threads)");
     }
   }
   impl->service->Listen(impl->queue.get());

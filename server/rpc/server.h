@@ -38,6 +38,9 @@ struct ServerOptions {
   // How long a ring's thread looks for more records before it sleeps, in
   // microseconds; -1: as busy_poll_us.
   int32_t ring_spin_us = -1;
+  // Cores the rings' threads may use at once; 0: a quarter of the host's,
+  // at least 1.
+  int32_t ring_threads = 0;
   // What ListDevices reports as the daemon's own address (which daemon of
   // a pool answered): host:port, as clients reach it. Empty: none.
   std::string advertise_address;

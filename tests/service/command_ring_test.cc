@@ -4,67 +4,16 @@
 // a layout version or size that does not fit), commands of a session run
 // through its ring in order with those of its gRPC calls, and the ends of a
 // ring: its session closing, and its client hanging up the lifeline.
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "host_memory_fixture.h"
-#include "server/shm/region_fd.h"
-#include "tests/support/raw_command_ring.h"
+#include "registered_ring.h"
 
 namespace gpuexec::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A command ring registered on the host memory socket; the connection
-// stays open as its lifeline until Hangup or destruction.
-class RegisteredRing {
- public:
-  RegisteredRing(const std::string& path, const std::string& session, bool close_on_hangup = false,
-                 uint32_t version = ring::kVersion)
-      : ring_(64 << 10, 16 << 10) {
-    conn_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    timeval tv{20, 0};
-    setsockopt(conn_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (connect(conn_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
-    v1::RegisterRegionRequest r;
-    r.set_session(session);
-    r.set_bytes(ring_.bytes());
-    v1::CommandRingRequest* c = r.mutable_command_ring();
-    c->set_layout_version(version);
-    c->set_submission_bytes(ring_.sq_bytes());
-    c->set_completion_bytes(ring_.cq_bytes());
-    c->set_close_session_on_hangup(close_on_hangup);
-    const std::string message = r.SerializeAsString();
-    if (!shm::SendWithDescriptor(conn_, message.data(), message.size(), ring_.fd()).ok()) return;
-    char buffer[4096];
-    const ssize_t n = recv(conn_, buffer, sizeof(buffer), 0);
-    if (n > 0) answer_.ParseFromArray(buffer, static_cast<int>(n));
-    answered_ = n > 0;
-  }
-  ~RegisteredRing() { Hangup(); }
-  void Hangup() {
-    if (conn_ >= 0) close(conn_);
-    conn_ = -1;
-  }
-  bool answered() const { return answered_; }
-  const v1::RegisterRegionResponse& answer() const { return answer_; }
-  RawCommandRing& ring() { return ring_; }
-
- private:
-  RawCommandRing ring_;
-  int conn_ = -1;
-  bool answered_ = false;
-  v1::RegisterRegionResponse answer_;
-};
 
 class CommandRingTest : public HostMemoryTest {
  protected:
@@ -119,7 +68,9 @@ TEST_F(CommandRingTest, RegistrationsAreRefusedNamingTheLimitOrTheObject) {
   EXPECT_EQ(nobody.answer().code(), static_cast<int>(absl::StatusCode::kNotFound))
       << nobody.answer().message();
   GX_ASSERT_OK_AND_ASSIGN(Session other, client().OpenSession({}));
-  RegisteredRing version(daemon().shm_socket(), other.token(), false, 7);
+  RingShape v7;
+  v7.version = 7;
+  RegisteredRing version(daemon().shm_socket(), other.token(), v7);
   EXPECT_EQ(version.answer().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(version.answer().message(), HasSubstr("layout version 7 is not served"));
 }
@@ -136,8 +87,10 @@ TEST_F(CommandRingTest, ClosingTheSessionClosesItsRingSayingWhy) {
 
 TEST_F(CommandRingTest, HangingUpTheLifelineStopsTheRingAndClosesTheSessionWhenAsked) {
   GX_ASSERT_OK_AND_ASSIGN(Session kept, client().OpenSession({}));
-  RegisteredRing closing(daemon().shm_socket(), session().token(), true);
-  RegisteredRing keeping(daemon().shm_socket(), kept.token(), false);
+  RingShape closes;
+  closes.close_session_on_hangup = true;
+  RegisteredRing closing(daemon().shm_socket(), session().token(), closes);
+  RegisteredRing keeping(daemon().shm_socket(), kept.token());
   ASSERT_EQ(closing.answer().code(), 0) << closing.answer().message();
   ASSERT_EQ(keeping.answer().code(), 0) << keeping.answer().message();
   closing.Hangup();

@@ -8,6 +8,7 @@
 // path), with a metrics endpoint whose counters tell a copy through a
 // region from one through the gRPC streams, and a session on it.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -131,6 +132,18 @@ class Daemon {
   std::string shm_socket_;
   int metrics_port_ = 0;
 };
+
+// Descriptors open in process `pid`; -1 if it cannot be read.
+inline int OpenFds(pid_t pid) {
+  int n = 0;
+  DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
 
 // A memfd of `bytes` (named `name`, as /proc/PID/maps shows it) with
 // `seals` added; -1 if it cannot be made.

@@ -125,17 +125,6 @@ uint64_t MappedBytes(const std::vector<pid_t>& pids, const std::string& name) {
   return total;
 }
 
-int OpenFds(pid_t pid) {
-  int n = 0;
-  DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
-  if (d == nullptr) return -1;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  closedir(d);
-  return n;
-}
-
 class ShmAttackTest : public HostMemoryTest {
  protected:
   Answer Register(int fd, uint64_t bytes, const std::string& token = "") {

@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -116,9 +117,9 @@ class RawCommandRing {
     return Append(kind, &body, sizeof(body), id, flags);
   }
   // Writes `head` and `body` at the tail as given, and moves the tail past
-  // head.slots slots.
+  // head.slots slots (one, where it says none, so that the daemon reads it).
   void Raw(const ring::SubmitHead& head, const void* body, uint32_t body_bytes) {
-    std::vector<unsigned char> out(uint64_t{head.slots} * ring::kSlot, 0);
+    std::vector<unsigned char> out(uint64_t{std::max<uint16_t>(head.slots, 1)} * ring::kSlot, 0);
     std::memcpy(out.data(), &head, sizeof(head));
     if (body_bytes > 0) {
       std::memcpy(out.data() + sizeof(head), body,
@@ -134,6 +135,11 @@ class RawCommandRing {
   void Publish() {
     ring::Store<uint64_t>(base_, ring::header::kSqTail, tail_, __ATOMIC_SEQ_CST);
     WakeDaemon();
+  }
+  // Stores the tail and wakes nobody, as a client that never calls
+  // FUTEX_WAKE does.
+  void PublishQuietly() {
+    ring::Store<uint64_t>(base_, ring::header::kSqTail, tail_, __ATOMIC_SEQ_CST);
   }
   void SetWord(size_t offset, uint64_t value) { ring::Store<uint64_t>(base_, offset, value); }
 
@@ -176,8 +182,7 @@ class RawCommandRing {
     return std::string(reinterpret_cast<const char*>(base_ + ring::header::kCloseMessage), n);
   }
   uint64_t sq_head() const { return ring::Load<uint64_t>(base_, ring::header::kSqHead); }
-
- private:
+  // Wakes a parked daemon, as a client does after it stored the tail.
   void WakeDaemon() {
     if (ring::Load<uint32_t>(base_, ring::header::kDaemonWait, __ATOMIC_SEQ_CST) != 0 &&
         ring::Exchange<uint32_t>(base_, ring::header::kDaemonWait, 0) != 0) {
@@ -185,6 +190,7 @@ class RawCommandRing {
     }
   }
 
+ private:
   uint64_t sq_bytes_, cq_bytes_;
   size_t bytes_ = 0;
   int fd_ = -1;
