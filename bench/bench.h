@@ -233,6 +233,7 @@ class ServerProcess {
 
   std::string tcp() const { return absl::StrCat("127.0.0.1:", port_); }
   std::string uds() const { return "unix:" + dir_ + "/server.sock"; }
+  pid_t pid() const { return pid_; }
   // Peak resident memory so far (VmHWM), bytes.
   uint64_t PeakRss() const {
     std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
@@ -363,6 +364,20 @@ struct TenantFigures {
   double neighbour_kernels_per_s = 0;
   bool mps = false;
 };
+
+// The front's CPU beside command rings (bench/ring_cpu.cc), from its
+// /proc stat: per 100k async launches through rings and through the
+// Execute stream of the same daemon, and idle beside sessions holding
+// rings; the client's own CPU for the same launches.
+struct RingCpuFigures {
+  double ring_front_ms = 0, stream_front_ms = 0;    // per 100k launches
+  double ring_client_ms = 0, stream_client_ms = 0;  // per 100k launches
+  int idle_rings = 0;
+  double idle_front_ms_per_s = 0;
+};
+
+RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::string& target,
+                          const std::string& cubin);
 
 TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                          const std::string& driver, const std::string& cubin);

@@ -201,9 +201,11 @@ int Main() {
   // where the daemon serves one).
   Section("gpuexec through a command ring (a daemon with --command_rings, Unix socket)");
   GpuexecFigures g_ring;
+  RingCpuFigures ring_cpu;
   {
     Daemon d(daemon, driver, "ring", {"--command_rings"});
     g_ring = RunGpuexec(plan, d.uds(), cubin, 0, {"launch", "async", "answered"});
+    ring_cpu = RunRingCpu(plan, quick, d.pid(), d.uds(), cubin);
   }
   Section("tenants: a worker per tenant on device 0 (a third gpuexecd)");
   const TenantFigures tenants = RunTenants(plan, daemon, driver, cubin);
@@ -269,6 +271,18 @@ int Main() {
            Rate(g_uds.async_rate),
        Ratio(g_ring.async_rate * native.async_launch_us / 1e6) + " of native", ">= 0.9x native",
        Met(g_ring.async_rate * native.async_launch_us / 1e6 >= 0.9)});
+  g_rows.push_back(
+      {"front CPU per 100k async launches: command ring (Execute stream)", "",
+       absl::StrFormat("%.0f ms (%.0f ms)", ring_cpu.ring_front_ms, ring_cpu.stream_front_ms),
+       absl::StrFormat("the client's own: %.0f ms (%.0f ms)", ring_cpu.ring_client_ms,
+                       ring_cpu.stream_client_ms),
+       ring_cpu.stream_front_ms > 0
+           ? Ratio(ring_cpu.ring_front_ms / ring_cpu.stream_front_ms) + " of the stream's"
+           : "",
+       "", ""});
+  g_rows.push_back({absl::StrFormat("front CPU idle beside %d command rings", ring_cpu.idle_rings),
+                    "", absl::StrFormat("%.1f ms/s", ring_cpu.idle_front_ms_per_s), "", "", "0",
+                    Met(ring_cpu.idle_front_ms_per_s == 0)});
   g_rows.push_back(
       {absl::StrFormat("launch + synchronize, one tenant beside another's %d us kernels, p50",
                        absl::GetFlag(FLAGS_neighbour_kernel_us)),

@@ -1,0 +1,106 @@
+// The front's CPU beside command rings (issue 36: "front CPU per 100k
+// launches and idle"): the daemon's user + system time from /proc/PID/stat
+// around a run of async launches through a ring and through the Execute
+// stream of the same daemon, and over seconds of quiet beside sessions that
+// each hold a ring. The client's CPU is this process's (getrusage).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "bench.h"
+
+namespace gpuexec::bench {
+namespace {
+
+// User + system time of `pid`, in milliseconds.
+double ProcessCpuMs(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  const std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  double ticks = 0;
+  // Fields 3.. follow the name; utime and stime are the 14th and 15th.
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  }
+  return ticks * 1e3 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double SelfCpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
+struct Spent {
+  double front_ms, client_ms;
+};
+
+// Front and client CPU per 100k async launches of gx_empty on a session of
+// a client with `ring` set as told.
+Spent PerLaunches(int launches, pid_t front, const std::string& target, const std::string& image,
+                  bool ring) {
+  ClientOptions options = BenchClientOptions();
+  options.command_ring = ring;
+  Client client = Must(Client::Connect(target, options), "connect");
+  Session session = Must(client.OpenSession({}), "open a session");
+  Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
+  Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
+  const double front0 = ProcessCpuMs(front), client0 = SelfCpuMs();
+  for (int i = 0; i < launches; ++i) Must(session.LaunchAsync(empty, One(), {}), "launch");
+  Must(session.Synchronize(), "sync");
+  const double scale = 1e5 / launches;
+  return {(ProcessCpuMs(front) - front0) * scale, (SelfCpuMs() - client0) * scale};
+}
+
+}  // namespace
+
+RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::string& target,
+                          const std::string& cubin) {
+  RingCpuFigures out;
+  const std::string image = ReadFileOrDie(cubin);
+  // Enough launches that the clock's 10 ms ticks are a small part (100k
+  // in the full plan).
+  const int launches = plan.async_launches * 5;
+  const Spent ring = PerLaunches(launches, front, target, image, true);
+  const Spent stream = PerLaunches(launches, front, target, image, false);
+  out.ring_front_ms = ring.front_ms;
+  out.ring_client_ms = ring.client_ms;
+  out.stream_front_ms = stream.front_ms;
+  out.stream_client_ms = stream.client_ms;
+
+  // 64 sessions, each of which took its ring with one launch, then quiet.
+  out.idle_rings = quick ? 8 : 64;
+  Client client = Must(Client::Connect(target, BenchClientOptions()), "connect");
+  std::vector<Session> sessions;
+  for (int i = 0; i < out.idle_rings; ++i) {
+    sessions.push_back(Must(client.OpenSession({}), "open a session"));
+    Module module = Must(sessions.back().LoadModule(image, ModuleKind::kCubin), "load");
+    Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
+    Must(sessions.back().LaunchAndWait(empty, One(), {}), "launch and wait");
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // past every spin window
+  const double idle0 = ProcessCpuMs(front);
+  const absl::Duration quiet = quick ? absl::Seconds(1) : absl::Seconds(5);
+  absl::SleepFor(quiet);
+  out.idle_front_ms_per_s = (ProcessCpuMs(front) - idle0) / absl::ToDoubleSeconds(quiet);
+  Note(absl::StrFormat(
+      "front CPU per 100k async launches: %.0f ms through rings, %.0f ms through the Execute "
+      "stream; the client's %.0f and %.0f ms; idle beside %d rings: %.1f ms/s",
+      out.ring_front_ms, out.stream_front_ms, out.ring_client_ms, out.stream_client_ms,
+      out.idle_rings, out.idle_front_ms_per_s));
+  return out;
+}
+
+}  // namespace gpuexec::bench
