@@ -31,6 +31,8 @@ struct TenantLimits {
   // (0: the daemon's limits alone). The implicit tenant may.
   bool host_memory = false;
   uint64_t pinned_bytes = 0;
+  // Command rings of all its sessions at once (0: a fixed number per peer).
+  uint32_t max_command_rings = 0;
 };
 
 struct Tenant {

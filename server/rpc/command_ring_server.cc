@@ -26,6 +26,7 @@ struct CommandRingServer::Ledger {
   int total ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_set<std::string> sessions ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, int> per_peer ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, int> per_tenant ABSL_GUARDED_BY(mu);
   // The server while it lives, and the calls into it under way.
   CommandRingServer* server ABSL_GUARDED_BY(mu) = nullptr;
   int active ABSL_GUARDED_BY(mu) = 0;
@@ -40,11 +41,12 @@ struct CommandRingServer::Ledger {
     (void)!write(wake_fd, &one, sizeof(one));
   }
 
-  void Release(const std::string& session, const std::string& peer_key) {
+  void Release(const std::string& session, const std::string& tenant, const std::string& peer_key) {
     absl::MutexLock lock(&mu);
     --total;
     sessions.erase(session);
     if (--per_peer[peer_key] == 0) per_peer.erase(peer_key);
+    if (--per_tenant[tenant] == 0) per_tenant.erase(tenant);
   }
 };
 
@@ -197,7 +199,18 @@ absl::Status CommandRingServer::Adopt(
                        " command rings already (--max_command_rings); use the Execute stream, "
                        "or try again when rings have closed"));
     }
-    if (ledger_->per_peer[peer_key] >= kMaxRingsPerPeer) {
+    const uint32_t tenant_limit =
+        caller.tenant != nullptr ? caller.tenant->limits.max_command_rings : 0;
+    if (tenant_limit > 0) {
+      // The tenants file's figure, from all of the tenant's peers together.
+      if (ledger_->per_tenant[tenant] >= static_cast<int>(tenant_limit)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "tenant '", tenant, "' command ring limit: ", ledger_->per_tenant[tenant], " of its ",
+            tenant_limit,
+            " command rings are served (max_command_rings in the tenants file); close a session "
+            "that has one, or use the Execute stream"));
+      }
+    } else if (ledger_->per_peer[peer_key] >= kMaxRingsPerPeer) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "tenant '", tenant, "' has ", kMaxRingsPerPeer, " command rings from ", principal,
           " already, the most one peer may have; close a session that has one, or use the "
@@ -206,12 +219,13 @@ absl::Status CommandRingServer::Adopt(
     ++ledger_->total;
     ledger_->sessions.insert(session);
     ++ledger_->per_peer[peer_key];
+    ++ledger_->per_tenant[tenant];
   }
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
-      ledger_->Release(session, peer_key);
+      ledger_->Release(session, tenant, peer_key);
       return absl::UnavailableError("the daemon is stopping");
     }
     id = ++next_id_;
@@ -228,7 +242,7 @@ absl::Status CommandRingServer::Adopt(
       absl::MutexLock lock(&mu_);
       rings_.erase(id);
     }
-    ledger_->Release(session, peer_key);
+    ledger_->Release(session, tenant, peer_key);
     return st;
   };
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
@@ -250,7 +264,9 @@ absl::Status CommandRingServer::Adopt(
   // client reads its started commands' answers before the ring's end.
   ro.on_header_closed = [ledger] { ledger->Wake(); };
   // Once the runner holds the ring, its last reference gives the place back.
-  ro.on_release = [ledger, session, peer_key] { ledger->Release(session, peer_key); };
+  ro.on_release = [ledger, session, tenant, peer_key] {
+    ledger->Release(session, tenant, peer_key);
+  };
   auto runner = core::CommandRingRunner::Start(engine_, caller, session,
                                                std::make_unique<core::RingMapping>(base, bytes), sq,
                                                cq, std::move(ro));

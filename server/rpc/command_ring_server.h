@@ -16,9 +16,11 @@
 // lifeline closed); its mapping goes with the last command it started, and
 // only then does it stop counting against the limits.
 //
-// Limits, each refusal naming it: one ring per session, kMaxRingsPerPeer
-// per tenant and peer (a local user, without a tenants file), `max_rings`
-// in all; a tenant whose entry does not allow host_memory has none.
+// Limits, each refusal naming it: one ring per session, a tenant's
+// max_command_rings from all its peers where the tenants file sets one,
+// else kMaxRingsPerPeer per tenant and peer (a local user, without a
+// tenants file), `max_rings` in all; a tenant whose entry does not allow
+// host_memory has none.
 // The rings' threads share `ring_threads` run slots (core::RunSlots): the
 // cores they take between them, however many rings post.
 

@@ -224,6 +224,7 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
     tenant->limits.module_bytes = t.module_bytes();
     tenant->limits.host_memory = t.host_memory();
     tenant->limits.pinned_bytes = t.pinned_bytes();
+    tenant->limits.max_command_rings = t.max_command_rings();
     made.push_back(std::move(tenant));
   }
   // Each tenant is kept off the devices dedicated to the others.

@@ -16,8 +16,8 @@
 
 #include <atomic>
 #include <climits>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -88,9 +88,8 @@ class CommandRingHostileTest : public HostMemoryTest {
   // answers a synchronize through a ring of its own.
   void ExpectOthersServed() {
     Session other = Open();
-    GX_ASSERT_OK_AND_ASSIGN(
-        Module module,
-        other.LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin")));
+    GX_ASSERT_OK_AND_ASSIGN(Module module, other.LoadModuleFile(absl::StrCat(
+                                               TestBackend().kernels_dir, "/gx_kernels.cubin")));
     GX_ASSERT_OK_AND_ASSIGN(Function fill, module.GetFunction("gx_fill_u32"));
     GX_ASSERT_OK_AND_ASSIGN(Buffer out, other.Allocate(256 * 4));
     LaunchConfig config;
@@ -155,9 +154,17 @@ TEST_F(CommandRingHostileTest, GarbageBodiesAreAnsweredAtTheirSeqAndTheRingGoesO
   // framing is the ring's, not a command's): each is a command of this
   // session's or a refusal at its seq, and the ring stays open.
   std::mt19937_64 random(7);
-  const uint16_t kinds[] = {ring::kBarrier, ring::kLaunch, ring::kAllocate, ring::kFree,
-                            ring::kMemset,  ring::kCopyBuffer, ring::kRegionCopy,
-                            ring::kReleaseRegion, 11, 0, 4000};
+  const uint16_t kinds[] = {ring::kBarrier,
+                            ring::kLaunch,
+                            ring::kAllocate,
+                            ring::kFree,
+                            ring::kMemset,
+                            ring::kCopyBuffer,
+                            ring::kRegionCopy,
+                            ring::kReleaseRegion,
+                            11,
+                            0,
+                            4000};
   uint64_t sent = 0, last_seq = 4;
   for (int i = 0; i < 2000; ++i) {
     std::string body(random() % 600, '\0');
@@ -500,7 +507,8 @@ TEST_F(CommandRingHostileTest, MemfdGamesAreRefusedAtRegistration) {
     huge.sq_bytes = ring::kMaxSubmissionBytes * 2;
     RegisteredRing r(daemon().shm_socket(), session().token(), huge);
     EXPECT_EQ(r.answer().code(), kInvalid);
-    EXPECT_THAT(r.answer().message(), HasSubstr(absl::StrCat("at most ", ring::kMaxSubmissionBytes)));
+    EXPECT_THAT(r.answer().message(),
+                HasSubstr(absl::StrCat("at most ", ring::kMaxSubmissionBytes)));
   }
   {
     // A submission ring whose size is no power of two.
@@ -530,9 +538,9 @@ TEST_F(CommandRingHostileTest, RingsAreLimitedPerPeerNamingTheLimit) {
   }
   RegisteredRing over(daemon().shm_socket(), session().token());
   EXPECT_EQ(over.answer().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
-  EXPECT_THAT(over.answer().message(),
-              HasSubstr(absl::StrCat(rpc::CommandRingServer::kMaxRingsPerPeer,
-                                     " command rings from")));
+  EXPECT_THAT(
+      over.answer().message(),
+      HasSubstr(absl::StrCat(rpc::CommandRingServer::kMaxRingsPerPeer, " command rings from")));
   // A ring given back makes room: its lifeline hung up, it is reaped.
   rings.back()->Hangup();
   ASSERT_TRUE(WaitFor(
@@ -592,6 +600,31 @@ TEST_F(CommandRingHostileTest, ARingWhoseSessionClosedSaysSoWithinItsGraceThough
   EXPECT_THAT(r.ring().close_message(),
               HasSubstr(absl::StrCat("session ", session().token().substr(0, 8), " was closed")));
   ExpectOthersServed();
+}
+
+TEST_F(CommandRingHostileTest, ATenantsRingsAreLimitedByItsEntry) {
+  const std::string tenants =
+      WriteTenants("gx-ring-tenants", "host_memory: true max_command_rings: 2");
+  ASSERT_NO_FATAL_FAILURE(StartRings({"--tenants=" + tenants}));
+  if (IsSkipped()) return;
+  Session second = Open(), third = Open();
+  RegisteredRing a(daemon().shm_socket(), session().token());
+  RegisteredRing b(daemon().shm_socket(), second.token());
+  ASSERT_EQ(a.answer().code(), 0) << a.answer().message();
+  ASSERT_EQ(b.answer().code(), 0) << b.answer().message();
+  RegisteredRing c(daemon().shm_socket(), third.token());
+  EXPECT_EQ(c.answer().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(c.answer().message(),
+              HasSubstr("tenant 'me' command ring limit: 2 of its 2 command rings are served "
+                        "(max_command_rings in the tenants file)"));
+  // Given back when a ring goes.
+  a.Hangup();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        RegisteredRing again(daemon().shm_socket(), third.token());
+        return again.answer().code() == 0;
+      },
+      absl::Seconds(20)));
 }
 
 TEST_F(CommandRingHostileTest, RingThreadsShareTheirRunSlots) {

@@ -52,8 +52,8 @@ class RegisteredRing {
   RawCommandRing& ring() { return ring_; }
 
  private:
-  void Register(const std::string& path, const std::string& session, const RingShape& shape,
-                int fd, uint64_t bytes) {
+  void Register(const std::string& path, const std::string& session, const RingShape& shape, int fd,
+                uint64_t bytes) {
     conn_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
