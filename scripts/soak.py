@@ -53,8 +53,9 @@ MIB = 1 << 20
 # A client's state, shared with the parent so that it can kill one while it
 # is inside a Write or a Read.
 IDLE, WRITING, READING = 0, 1, 2
-# Shared counters per client slot: operations, errors, mismatches.
-N_COUNTERS = 3
+# Shared counters per client slot: operations, errors, mismatches, and the
+# sessions whose commands went through a command ring.
+N_COUNTERS = 4
 
 
 def parse_args(argv):
@@ -79,6 +80,10 @@ def parse_args(argv):
                    help="how often a client is SIGKILLed, mid-Write/Read when it can be "
                         "caught in one within 3 s (0: never)")
     p.add_argument("--max_kills", type=int, default=10000, help="kills in all, at most")
+    p.add_argument("--ring_share", type=float, default=0.0,
+                   help="share of the clients' connections made on the daemon's Unix socket "
+                        "with command rings (the daemon then serves a Unix socket, a host "
+                        "memory socket and rings); the rest use TCP and the Execute stream")
     p.add_argument("--big_mib", type=int, default=16,
                    help="largest transfer in MiB (4%% of operations are 4 MiB to this)")
     p.add_argument("--lease_ms", type=int, default=5000,
@@ -234,8 +239,8 @@ class Mismatch(Exception):
     pass
 
 
-def client_main(slot, target, cubin, big_mib, lease_s, deadline, stop, counters, states, errdir,
-                seed):
+def client_main(slot, target, ring_target, ring_share, cubin, big_mib, lease_s, deadline, stop,
+                counters, states, errdir, seed):
     """One client process: sessions of mixed work until ``deadline`` or ``stop``."""
     import numpy as np
     import gpuexec
@@ -361,13 +366,20 @@ def client_main(slot, target, cubin, big_mib, lease_s, deadline, stop, counters,
                 op()
         finally:
             states[slot] = IDLE
+            # Whether the session's commands rode its ring (the package's
+            # own record of it; a ring the daemon closed counts too).
+            commands = getattr(s, "_commands", None)
+            if getattr(commands, "_ring", None) is not None:
+                counters[base + 3] += 1
             if not abandon:
                 s.close()
                 op()
 
     while not stop.value and time.time() < deadline:
         try:
-            with gpuexec.connect(target, timeout=30) as client:
+            on_ring = ring_target is not None and rng.random() < ring_share
+            with gpuexec.connect(ring_target if on_ring else target, timeout=30,
+                                 command_ring=on_ring) as client:
                 for _ in range(rng.randint(1, 5)):
                     if stop.value or time.time() > deadline:
                         break
@@ -498,6 +510,11 @@ def main(argv):
     # At info: the line that names the port is an info line.
     argv_d = [daemon_path, "--listen=127.0.0.1:0", f"--driver={driver}",
               f"--default_lease_ms={args.lease_ms}", "--log_level=info"] + args.daemon_arg
+    ring_target = None
+    if args.ring_share > 0:
+        argv_d += [f"--unix_socket={work}/gx.sock", f"--shm_socket={work}/shm.sock",
+                   "--command_rings"]
+        ring_target = f"unix:{work}/gx.sock"
     daemon = Daemon(argv_d, env, os.path.join(work, "gpuexecd.log"))
     target = f"127.0.0.1:{daemon.port}"
     print(f"soak: gpuexecd pid {daemon.pid} on {target}, driver {os.path.basename(driver)}, "
@@ -572,8 +589,9 @@ def main(argv):
 
     def spawn(slot, deadline):
         p = ctx.Process(target=client_main, daemon=True,
-                        args=(slot, target, cubin, args.big_mib, args.lease_ms / 1000, deadline,
-                              stop, counters, states, errdir, rng.randrange(1 << 62)))
+                        args=(slot, target, ring_target, args.ring_share, cubin, args.big_mib,
+                              args.lease_ms / 1000, deadline, stop, counters, states, errdir,
+                              rng.randrange(1 << 62)))
         p.start()
         procs[slot] = p
 
@@ -589,14 +607,14 @@ def main(argv):
     def sample(label=None):
         front = proc_status_kib(daemon.pid, ("VmRSS", "RssAnon", "RssShmem")) or {}
         workers = [w for w in (proc_status_kib(c) for c in children_of(daemon.pid)) if w]
-        ops, errors, mismatches = totals()
+        ops, errors, mismatches, on_rings = totals()
         sessions, device_mib = devices()
         return {"t": time.time() - t0[0], "label": label,
                 "front": front.get("VmRSS", 0) / 1024, "anon": front.get("RssAnon", 0) / 1024,
                 "shmem": front.get("RssShmem", 0) / 1024,
                 "workers": sum(w["VmRSS"] for w in workers) / 1024,
                 "device": device_mib, "sessions": sessions, "ops": ops,
-                "errors": errors + mismatches,
+                "errors": errors + mismatches, "on_rings": on_rings,
                 "kills": kills["mid"] + kills["other"]}
 
     header = (f"{'t (s)':>7} {'front MiB':>9} {'(anon)':>7} {'(shm)':>6} {'workers MiB':>11} "
@@ -745,6 +763,8 @@ def main(argv):
     print(f"soak: {total_ops} operations, {total_errors} errors, {kills['mid']} clients killed "
           f"mid-transfer and {kills['other']} between operations; sessions gone "
           f"{drained_in:.1f} s after the run; daemon exit status {rc}")
+    if ring_target is not None:
+        print(f"soak: {after['on_rings']} sessions ran their commands through a command ring")
     print(header)
     for s in samples:
         print(row(s))
@@ -766,6 +786,8 @@ def main(argv):
                         f"{died[1]}" + (f" (signal {-died[1]})" if died[1] < 0 else ""))
     elif rc != 0:
         failures.append(f"(a) gpuexecd exited with {rc}")
+    if ring_target is not None and after["on_rings"] == 0:
+        failures.append("(a) no session's commands went through a command ring")
     if sessions != 0 and died is None:
         failures.append(f"(c) {sessions} sessions still open {args.drain_s:g} s after the run")
     warm_end = args.warmup_frac * args.seconds
