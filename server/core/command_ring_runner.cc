@@ -44,7 +44,9 @@ struct CommandRingRunner::State {
     if (options.on_release) options.on_release();
   }
   Engine* engine;
-  Caller caller;
+  // Who the commands run as; swapped when the tenants file is reloaded.
+  absl::Mutex caller_mu;
+  Caller caller ABSL_GUARDED_BY(caller_mu);
   std::string session;
   std::unique_ptr<RingMapping> mapping;
   std::unique_ptr<shm::CommandRingView> view;
@@ -126,7 +128,10 @@ absl::StatusOr<std::unique_ptr<CommandRingRunner>> CommandRingRunner::Start(
   if (!view.ok()) return view.status();
   auto state = std::make_shared<State>();
   state->engine = engine;
-  state->caller = std::move(caller);
+  {
+    absl::MutexLock lock(&state->caller_mu);
+    state->caller = std::move(caller);
+  }
   state->session = std::move(session);
   state->mapping = std::move(mapping);
   state->view = *std::move(view);
@@ -167,6 +172,11 @@ void CommandRingRunner::CloseWithoutWaiting() {
   state_->WriteClosedLocked(why);
 }
 
+void CommandRingRunner::SetCaller(Caller caller) {
+  absl::MutexLock lock(&state_->caller_mu);
+  state_->caller = std::move(caller);
+}
+
 bool CommandRingRunner::ended() const { return state_->ended.load(); }
 
 bool CommandRingRunner::header_closed() const {
@@ -200,6 +210,13 @@ void CommandRingRunner::Loop() {
       // A run slot for this turn and its spin; given back before parking.
       RunSlots::Held held(st->options.slots, kRingParkLimit);
       if (!held.ok()) continue;  // looks at the stop flag, and asks again
+      // The caller as it stands at the turn's start (a reload may change
+      // its tenant's limits between turns).
+      Caller caller;
+      {
+        absl::MutexLock lock(&st->caller_mu);
+        caller = st->caller;
+      }
       while (taken < st->options.turn_records && !st->stop.load()) {
         // Admission: a place in flight, and a completion head's room for
         // this command beside those kept for the others. A second look comes
@@ -267,7 +284,7 @@ void CommandRingRunner::Loop() {
           if (!closing) ++st->in_flight;
         }
         if (closing) break;
-        RunCommand(*st->engine, st->caller, st->session, *std::move(command),
+        RunCommand(*st->engine, caller, st->session, *std::move(command),
                    [st, answer](CommandResult r) mutable {
                      if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
                      if (!r.answer) return st->Done(true);

@@ -101,6 +101,9 @@ class CommandRingRunner {
   // posted). For a ring no client reads any more (its lifeline hung up), or
   // one whose commands outlast the server's grace.
   void CloseWithoutWaiting();
+  // Runs the ring's next turns as `caller` (its tenant as a reloaded
+  // tenants file has it).
+  void SetCaller(Caller caller);
   // Whether the thread has ended (closed by Stop, or broken).
   bool ended() const;
   // Whether the header says closed: every started command was answered

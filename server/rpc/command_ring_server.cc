@@ -327,6 +327,39 @@ absl::Status CommandRingServer::Adopt(
   return absl::OkStatus();
 }
 
+void CommandRingServer::Reidentify(
+    const std::function<std::shared_ptr<const core::Tenant>(const std::string&)>& find) {
+  std::vector<std::pair<uint64_t, absl::Status>> ends;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, ring] : rings_) {
+      Ring& r = *ring;
+      // The implicit tenant is no entry of the file.
+      if (r.ended || r.caller.tenant == nullptr || r.caller.tenant == core::DefaultTenant()) {
+        continue;
+      }
+      const std::string& name = r.caller.tenant->name;
+      std::shared_ptr<const core::Tenant> now = find(name);
+      if (now == nullptr) {
+        ends.emplace_back(id, absl::PermissionDeniedError(absl::StrCat(
+                                  "tenant '", name, "' was removed from the tenants file")));
+        continue;
+      }
+      if (!now->limits.host_memory) {
+        ends.emplace_back(
+            id, absl::PermissionDeniedError(absl::StrCat(
+                    "tenant '", name,
+                    "' may no longer use command rings (its entry in the tenants file no longer "
+                    "allows host_memory); its session serves on through the Execute stream")));
+        continue;
+      }
+      r.caller.tenant = now;
+      if (r.runner != nullptr) r.runner->SetCaller(r.caller);
+    }
+  }
+  for (const auto& [id, why] : ends) End(id, why, false);
+}
+
 void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool hung_up) {
   core::Caller caller;
   std::string session;

@@ -75,6 +75,12 @@ class CommandRingServer {
       const v1::CommandRingRequest& request,
       const std::function<void(int conn, const v1::RegisterRegionResponse&)>& answer);
 
+  // After the tenants file was reloaded: each ring's commands run as its
+  // tenant as `find` now has it (by name); a ring whose tenant is gone, or
+  // may no longer register host memory, is ended saying so.
+  void Reidentify(
+      const std::function<std::shared_ptr<const core::Tenant>(const std::string&)>& find);
+
   // Rings being served (not yet reaped).
   size_t rings() const;
   int ring_threads() const { return slots_.slots(); }

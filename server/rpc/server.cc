@@ -578,6 +578,11 @@ absl::Status Server::ReloadTenants() {
             " tenant(s), in force for new calls");
   std::shared_ptr<const tenants::Directory> now = *std::move(dir);
   impl_->identity->SetDirectory(now);
+  // Command rings were identified once, at registration: their commands
+  // run as the tenant as the file now has it from here on.
+  if (impl_->command_rings != nullptr) {
+    impl_->command_rings->Reidentify([&now](const std::string& name) { return now->Find(name); });
+  }
   // A tenant taken out of the file loses its sessions with it; one that
   // may no longer use a device (its devices, or one dedicated to another
   // tenant now) loses its sessions there.

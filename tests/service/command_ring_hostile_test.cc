@@ -627,6 +627,53 @@ TEST_F(CommandRingHostileTest, ATenantsRingsAreLimitedByItsEntry) {
       absl::Seconds(20)));
 }
 
+TEST_F(CommandRingHostileTest, ARingRunsAsItsTenantAsAReloadedFileHasIt) {
+  const std::string tenants =
+      WriteTenants("gx-ring-reload", "host_memory: true memory_limit_bytes: 1048576");
+  ASSERT_NO_FATAL_FAILURE(StartRings({"--tenants=" + tenants}));
+  if (IsSkipped()) return;
+  RegisteredRing r(daemon().shm_socket(), session().token());
+  ASSERT_EQ(r.answer().code(), 0) << r.answer().message();
+  uint64_t id = 0;
+  auto allocate = [&](uint64_t bytes) {
+    ring::AllocateBody body{bytes};
+    EXPECT_TRUE(r.ring().AppendBody(ring::kAllocate, body, ++id));
+    r.ring().Publish();
+    auto answers = r.ring().Completions(1);
+    EXPECT_EQ(answers.size(), 1u);
+    return answers.empty() ? RawCommandRing::Completion{} : answers[0];
+  };
+  RawCommandRing::Completion first = allocate(512 << 10);
+  ASSERT_EQ(first.head.code, 0) << first.message;
+  // The tenant's memory limit lowered: the ring's next Allocate is held to
+  // the new one.
+  WriteTenants("gx-ring-reload", "host_memory: true memory_limit_bytes: 65536");
+  kill(daemon().pid(), SIGHUP);
+  // In force once a gRPC call (identified afresh at each call) is refused
+  // a KiB; each one allowed before holds only that.
+  std::vector<Buffer> held;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<Buffer> b = session().Allocate(1024);
+        if (!b.ok()) return true;
+        held.push_back(*std::move(b));
+        return false;
+      },
+      absl::Seconds(20)));
+  // 4 KiB more: within the old limit, past the new one.
+  const RawCommandRing::Completion refused = allocate(4096);
+  EXPECT_EQ(refused.head.code, static_cast<int>(absl::StatusCode::kResourceExhausted))
+      << refused.message;
+  EXPECT_THAT(refused.message, HasSubstr("tenant 'me' memory limit"));
+  // host_memory taken away: the ring ends saying so; the session serves on.
+  WriteTenants("gx-ring-reload", "");
+  kill(daemon().pid(), SIGHUP);
+  ASSERT_TRUE(WaitFor([&] { return r.ring().state() == ring::kClosed; }, absl::Seconds(20)));
+  EXPECT_EQ(r.ring().close_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(r.ring().close_message(), HasSubstr("tenant 'me' may no longer use command rings"));
+  GX_ASSERT_OK(session().Synchronize());
+}
+
 TEST_F(CommandRingHostileTest, RingThreadsShareTheirRunSlots) {
   // One slot, and a spin of 2 s after each record: without slots each ring
   // would keep a core busy for 2 s after each command.
