@@ -23,6 +23,8 @@ constexpr uint64_t kCompletionSlots =
     ring::SlotsFor(uint64_t{ring::kCompleteHeadBytes} + ring::kMaxMessageBytes);
 // Empty wake-ups in a row after which each park waits a little first.
 constexpr int kStormWakes = 64;
+// The longest a turn takes records while holding a run slot.
+constexpr absl::Duration kTurnTime = absl::Microseconds(50);
 
 // A spinning thread's hint to its core.
 inline void Relax() {
@@ -156,13 +158,17 @@ void CommandRingRunner::Stop(const absl::Status& reason) {
   state_->stop.store(true);
   state_->CloseWhenIdle(reason);
   state_->view->WakeDaemon();
+  if (state_->options.slots != nullptr) state_->options.slots->Wake();
 }
 
 void CommandRingRunner::CloseWithoutWaiting() {
   absl::MutexLock lock(&state_->post_mu);
   if (state_->closed) return;
-  absl::Status why =
-      state_->closing.value_or(absl::CancelledError("the daemon stopped serving the command ring"));
+  // Nothing more is admitted once the header says closed.
+  if (!state_->closing.has_value()) {
+    state_->closing = absl::CancelledError("the daemon stopped serving the command ring");
+  }
+  absl::Status why = *state_->closing;
   if (state_->in_flight > 0) {
     const uint64_t n = state_->in_flight;
     why = absl::Status(why.code(),
@@ -199,6 +205,9 @@ void CommandRingRunner::Loop() {
   shm::CommandRingView& view = *st->view;
   auto scratch = std::make_unique<shm::RecordScratch>();
   int empty_wakes = 0;
+  // The last turn ended full (its records or its time): the next one may
+  // spin though it finds none.
+  bool after_records = false;
   auto close = [&](const absl::Status& why) {
     st->CloseNow(why);
     if (st->options.on_close) st->options.on_close(why);
@@ -206,9 +215,13 @@ void CommandRingRunner::Loop() {
   while (!st->stop.load()) {
     int taken = 0;
     bool blocked = false;
-    {
+    // Nothing posted: park again without a slot (a park that timed out,
+    // or an empty wake-up, needs none, and takes no spinner's).
+    const bool posted =
+        ring::Load<uint64_t>(st->mapping->base, ring::header::kSqTail) != view.sq_head();
+    if (posted || after_records) {
       // A run slot for this turn and its spin; given back before parking.
-      RunSlots::Held held(st->options.slots, kRingParkLimit);
+      RunSlots::Held held(st->options.slots, kRingParkLimit, &st->stop);
       if (!held.ok()) continue;  // looks at the stop flag, and asks again
       // The caller as it stands at the turn's start (a reload may change
       // its tenant's limits between turns).
@@ -217,7 +230,14 @@ void CommandRingRunner::Loop() {
         absl::MutexLock lock(&st->caller_mu);
         caller = st->caller;
       }
-      while (taken < st->options.turn_records && !st->stop.load()) {
+      const uint64_t bound = st->options.share
+                                 ? std::max<uint64_t>(1, std::min(st->bound, st->options.share()))
+                                 : st->bound;
+      // A turn ends after turn_records records or kTurnTime, whichever
+      // comes first, so that waiters for a slot get theirs.
+      const absl::Time turn_ends = absl::Now() + kTurnTime;
+      while (taken < st->options.turn_records && !st->stop.load() &&
+             (taken == 0 || absl::Now() < turn_ends)) {
         // Admission: a place in flight, and a completion head's room for
         // this command beside those kept for the others. A second look comes
         // after saying so, so that an answer in between either is seen there
@@ -226,7 +246,7 @@ void CommandRingRunner::Loop() {
         auto admissible = [&] {
           absl::MutexLock lock(&st->post_mu);
           room = view.CompletionRoomSlots();
-          return room.ok() && st->in_flight < st->bound && *room >= st->in_flight + 1;
+          return room.ok() && st->in_flight < bound && *room >= st->in_flight + 1;
         };
         bool admit = admissible();
         if (!admit && room.ok()) {
@@ -301,9 +321,15 @@ void CommandRingRunner::Loop() {
         view.PublishHead();
         view.WakeClientIfParked();
         empty_wakes = 0;
-        if (!blocked && taken == st->options.turn_records) continue;  // more may be there
+        if (!blocked && (taken == st->options.turn_records || absl::Now() >= turn_ends)) {
+          after_records = true;
+          continue;  // more may be there
+        }
       }
-      if (st->options.spin > absl::ZeroDuration() && !blocked) {
+      // Spinning follows records: an empty wake-up parks again at once.
+      const bool spin = !blocked && (taken > 0 || after_records);
+      after_records = false;
+      if (st->options.spin > absl::ZeroDuration() && spin) {
         const absl::Time until = absl::Now() + st->options.spin;
         bool more = false;
         // Not while another ring waits for a slot: this one parks instead.

@@ -44,6 +44,10 @@ struct CommandRingOptions {
   // Shared by every ring of the daemon (outlives the runner); none: no
   // bound. A slot is held for each turn and its spin, never while parked.
   RunSlots* slots = nullptr;
+  // The commands in flight the ring may have now, below max_in_flight:
+  // its part of what its tenant's command streams may have outstanding
+  // together (asked at each turn; none: max_in_flight alone).
+  std::function<uint64_t()> share;
   // Told of each failed command (for the log), on the answering thread.
   std::function<void(const CommandResult&)> on_failure;
   // Told once, on the ring's thread, when the ring closed itself (a broken

@@ -8,8 +8,14 @@
 // and holds none while it sleeps. However many rings are served and
 // however hard their clients post, their threads take at most this many
 // cores between them (the engine's answering threads aside).
+//
+// Slots go to waiters in the order they asked: a slot given back while
+// threads wait is handed to the oldest of them, never taken again by the
+// thread that gave it back. So a tenant flooding its rings gets one turn
+// per ring in each round, and a quiet ring waits one round at most.
 
 #include <atomic>
+#include <list>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -21,11 +27,51 @@ class RunSlots {
  public:
   explicit RunSlots(int slots) : free_(slots < 1 ? 1 : slots), slots_(free_) {}
   RunSlots(const RunSlots&) = delete;
+  RunSlots& operator=(const RunSlots&) = delete;
+
+  // Takes a slot, waiting `timeout` at most and no longer than `cancel`
+  // is false (Wake has it looked at); false if none came.
+  bool Acquire(absl::Duration timeout, const std::atomic<bool>* cancel = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (free_ > 0 && waiters_.empty()) {
+      --free_;
+      return true;
+    }
+    Waiter me{false, cancel};
+    auto at = waiters_.insert(waiters_.end(), &me);
+    waiting_.store(static_cast<int>(waiters_.size()), std::memory_order_relaxed);
+    mu_.AwaitWithTimeout(absl::Condition(&Waiter::Done, &me), timeout);
+    if (!me.granted) {
+      waiters_.erase(at);
+      waiting_.store(static_cast<int>(waiters_.size()), std::memory_order_relaxed);
+    }
+    return me.granted;
+  }
+  // Gives a slot back: to the oldest waiter, if any.
+  void Release() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (waiters_.empty()) {
+      ++free_;
+      return;
+    }
+    waiters_.front()->granted = true;
+    waiters_.pop_front();
+    waiting_.store(static_cast<int>(waiters_.size()), std::memory_order_relaxed);
+  }
+  // Has every waiter look at its `cancel` flag again.
+  void Wake() ABSL_LOCKS_EXCLUDED(mu_) { absl::MutexLock lock(&mu_); }
+  // Whether a thread waits for a slot: a spinner gives its own back then.
+  // One relaxed load, for a spin loop.
+  bool Contended() const { return waiters() > 0; }
+  int waiters() const { return waiting_.load(std::memory_order_relaxed); }
+  int slots() const { return slots_; }
+
   // A slot held for a scope; ok() says whether it came.
   class Held {
    public:
-    Held(RunSlots* slots, absl::Duration timeout)
-        : slots_(slots), ok_(slots == nullptr || slots->Acquire(timeout)) {}
+    Held(RunSlots* slots, absl::Duration timeout, const std::atomic<bool>* cancel = nullptr)
+        : slots_(slots), ok_(slots == nullptr || slots->Acquire(timeout, cancel)) {}
     ~Held() {
       if (slots_ != nullptr && ok_) slots_->Release();
     }
@@ -38,32 +84,19 @@ class RunSlots {
     const bool ok_;
   };
 
-  RunSlots& operator=(const RunSlots&) = delete;
-
-  // Takes a slot, waiting `timeout` at most; false if none came.
-  bool Acquire(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    waiting_.fetch_add(1, std::memory_order_relaxed);
-    const bool got = mu_.AwaitWithTimeout(absl::Condition(this, &RunSlots::HasFree), timeout);
-    waiting_.fetch_sub(1, std::memory_order_relaxed);
-    if (got) --free_;
-    return got;
-  }
-  void Release() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    ++free_;
-  }
-  // Whether a thread waits for a slot: a spinner gives its own back then.
-  // One relaxed load, for a spin loop.
-  bool Contended() const { return waiting_.load(std::memory_order_relaxed) > 0; }
-  int slots() const { return slots_; }
-
  private:
-  bool HasFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return free_ > 0; }
+  struct Waiter {
+    bool granted;
+    const std::atomic<bool>* cancel;
+    static bool Done(Waiter* w) {
+      return w->granted || (w->cancel != nullptr && w->cancel->load(std::memory_order_relaxed));
+    }
+  };
 
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   int free_ ABSL_GUARDED_BY(mu_);
-  std::atomic<int> waiting_{0};
+  std::list<Waiter*> waiters_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::atomic<int> waiting_{0};                      // waiters_.size(), for Contended
   const int slots_;
 };
 

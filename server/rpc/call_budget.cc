@@ -76,7 +76,9 @@ absl::StatusOr<std::unique_ptr<CallBudget::Ticket>> CallBudget::Admit(Kind kind,
   std::unique_ptr<Ticket> ticket(
       new Ticket(this, kind, session, std::move(tenant), std::string(method)));
   ticket->reserved_ = reserve;
-  if (kind == Kind::kStream && method == "Execute") {
+  // A command ring is a stream of commands too: it takes its part of the
+  // tenant's commands in flight.
+  if (kind == Kind::kStream && (method == "Execute" || method == "CommandRing")) {
     if (t.executes == nullptr) t.executes = std::make_shared<std::atomic<uint32_t>>(0);
     t.executes->fetch_add(1, std::memory_order_relaxed);
     ticket->executes_ = t.executes;

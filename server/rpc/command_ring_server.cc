@@ -203,7 +203,7 @@ absl::Status CommandRingServer::Adopt(
         caller.tenant != nullptr ? caller.tenant->limits.max_command_rings : 0;
     if (tenant_limit > 0) {
       // The tenants file's figure, from all of the tenant's peers together.
-      if (ledger_->per_tenant[tenant] >= static_cast<int>(tenant_limit)) {
+      if (static_cast<uint32_t>(ledger_->per_tenant[tenant]) >= tenant_limit) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "tenant '", tenant, "' command ring limit: ", ledger_->per_tenant[tenant], " of its ",
             tenant_limit,
@@ -245,6 +245,14 @@ absl::Status CommandRingServer::Adopt(
     ledger_->Release(session, tenant, peer_key);
     return st;
   };
+  // A command stream of its session, as an Execute stream is.
+  std::shared_ptr<CallBudget::Ticket> ticket;
+  if (options_.budget != nullptr) {
+    auto admitted =
+        options_.budget->Admit(CallBudget::Kind::kStream, "CommandRing", caller, session);
+    if (!admitted.ok()) return refuse(admitted.status());
+    ticket = *std::move(admitted);
+  }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   if (base == MAP_FAILED) {
     return refuse(absl::ResourceExhaustedError(
@@ -254,6 +262,10 @@ absl::Status CommandRingServer::Adopt(
   ro.max_in_flight = options_.max_in_flight;
   ro.spin = options_.spin;
   ro.slots = &slots_;
+  if (ticket != nullptr) {
+    const int bound = static_cast<int>(options_.max_in_flight);
+    ro.share = [ticket, bound] { return static_cast<uint64_t>(ticket->CommandShare(bound)); };
+  }
   const std::string peer = caller.peer;
   ro.on_failure = [peer](const core::CommandResult& r) {
     LogFailure(absl::StrCat("command ring ", r.op), peer, r.status);
@@ -264,7 +276,9 @@ absl::Status CommandRingServer::Adopt(
   // client reads its started commands' answers before the ring's end.
   ro.on_header_closed = [ledger] { ledger->Wake(); };
   // Once the runner holds the ring, its last reference gives the place back.
-  ro.on_release = [ledger, session, tenant, peer_key] {
+  // The ticket goes with the ring's last reference too.
+  ro.on_release = [ledger, session, tenant, peer_key, ticket]() mutable {
+    ticket.reset();
     ledger->Release(session, tenant, peer_key);
   };
   auto runner = core::CommandRingRunner::Start(engine_, caller, session,
@@ -312,6 +326,7 @@ absl::Status CommandRingServer::Adopt(
     }
     if (!watched && !r.ended) {
       r.ended = true;
+      r.ended_at = absl::Now();
       r.runner->Stop(absl::UnavailableError("the daemon could not watch the ring's lifeline"));
     } else if (r.ended) {
       r.runner->Stop(r.reason);

@@ -41,6 +41,7 @@
 #include "server/core/command_ring_runner.h"
 #include "server/core/engine.h"
 #include "server/core/run_slots.h"
+#include "server/rpc/call_budget.h"
 
 namespace gpuexec::rpc {
 
@@ -55,6 +56,10 @@ class CommandRingServer {
     uint64_t max_in_flight = 1024;  // per ring
     absl::Duration spin = absl::ZeroDuration();
     int ring_threads = 1;  // run slots: cores the rings' threads share
+    // Each ring is admitted as a command stream of its session (counted
+    // against --max_streams_per_session) and takes its part of its
+    // tenant's commands in flight; none: rings are counted here only.
+    CallBudget* budget = nullptr;
   };
 
   // `engine` outlives the server.

@@ -452,6 +452,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.shm_socket.empty() && options.command_rings) {
     rpc::CommandRingServer::Options ro;
     ro.max_rings = options.max_command_rings;
+    ro.budget = impl->service->mutable_budget();
     ro.spin = absl::Microseconds(options.ring_spin_us >= 0 ? options.ring_spin_us : busy_poll_us);
     ro.ring_threads = options.ring_threads > 0
                           ? options.ring_threads

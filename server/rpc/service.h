@@ -62,6 +62,8 @@ class GpuExecService {
   void WaitForCalls() { calls_.WaitForZero(); }
   // What the streaming calls hold now (tests).
   const CallBudget& budget() const { return budget_; }
+  // For the command rings, which are admitted as command streams.
+  CallBudget* mutable_budget() { return &budget_; }
 
   // What every call of the service shares.
   // Write, Read and Execute are served raw (write_call.cc, read_call.cc,

@@ -674,6 +674,24 @@ TEST_F(CommandRingHostileTest, ARingRunsAsItsTenantAsAReloadedFileHasIt) {
   GX_ASSERT_OK(session().Synchronize());
 }
 
+TEST_F(CommandRingHostileTest, ARingIsACommandStreamOfItsSession) {
+  // One command stream a session: the ring is it, and an Execute stream
+  // beside it is refused (and the other way round).
+  ASSERT_NO_FATAL_FAILURE(StartRings({"--max_streams_per_session=1"}));
+  if (IsSkipped()) return;
+  RegisteredRing r(daemon().shm_socket(), session().token());
+  ASSERT_EQ(r.answer().code(), 0) << r.answer().message();
+  const absl::Status refused = session().Synchronize().status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("--max_streams_per_session"));
+  // A session whose Execute stream is open has no room for a ring.
+  Session second = Open();
+  GX_ASSERT_OK(second.Synchronize());
+  RegisteredRing refused_ring(daemon().shm_socket(), second.token());
+  EXPECT_EQ(refused_ring.answer().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused_ring.answer().message(), HasSubstr("--max_streams_per_session"));
+}
+
 TEST_F(CommandRingHostileTest, RingThreadsShareTheirRunSlots) {
   // One slot, and a spin of 2 s after each record: without slots each ring
   // would keep a core busy for 2 s after each command.
@@ -700,6 +718,44 @@ TEST_F(CommandRingHostileTest, RingThreadsShareTheirRunSlots) {
   std::printf("a record beside another ring's spin was answered in %s\n",
               absl::FormatDuration(waited).c_str());
   EXPECT_LT(waited, absl::Seconds(1));
+  // Two rings flooded with records from two threads: a third ring's record
+  // still gets a slot (slots go to waiters in turn; a turn is short).
+  std::atomic<bool> done{false};
+  std::vector<std::thread> flooders;
+  for (int i = 0; i < 2; ++i) {
+    flooders.emplace_back([&, i] {
+      RawCommandRing& q = rings[i]->ring();
+      uint64_t id = 100;
+      while (!done.load()) {
+        while (q.Append(ring::kBarrier, nullptr, 0u, ++id)) {
+        }
+        q.Publish();
+        q.Completions(0, absl::ZeroDuration());
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time posted = absl::Now();
+  ASSERT_TRUE(AppendSync(rings[2]->ring(), 3));
+  rings[2]->ring().Publish();
+  const size_t answered = rings[2]->ring().Completions(1).size();
+  const absl::Duration beside_flood = absl::Now() - posted;
+  done.store(true);
+  for (std::thread& t : flooders) t.join();
+  ASSERT_EQ(answered, 1u);
+  std::printf("a record beside two flooded rings on one slot was answered in %s\n",
+              absl::FormatDuration(beside_flood).c_str());
+  EXPECT_LT(beside_flood, absl::Seconds(2));
+  for (int i = 0; i < 2; ++i) {
+    // What the flood left is answered before the next part.
+    RawCommandRing& q = rings[i]->ring();
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          q.Completions(0, absl::ZeroDuration());
+          return q.sq_head() == ring::Load<uint64_t>(q.base(), ring::header::kSqTail);
+        },
+        absl::Seconds(20)));
+  }
   // Three rings that each spin for 2 s take one core between them.
   const int64_t before = CpuTicks(daemon().pid());
   for (int i = 0; i < 3; ++i) {

@@ -40,6 +40,50 @@ TEST(RunSlotsTest, AWaiterIsContentionAndGetsTheSlotGivenBack) {
   EXPECT_FALSE(slots.Acquire(absl::ZeroDuration()));
 }
 
+TEST(RunSlotsTest, ASlotGivenBackGoesToTheOldestWaiterNotBackToTheGiver) {
+  RunSlots slots(1);
+  ASSERT_TRUE(slots.Acquire(absl::ZeroDuration()));
+  std::atomic<int> order{0}, first{0}, second{0};
+  std::thread a([&] {
+    ASSERT_TRUE(slots.Acquire(absl::Seconds(30)));
+    first = ++order;
+    slots.Release();
+  });
+  while (!slots.Contended()) std::this_thread::yield();
+  std::thread b([&] {
+    ASSERT_TRUE(slots.Acquire(absl::Seconds(30)));
+    second = ++order;
+    slots.Release();
+  });
+  // b waits behind a.
+  while (slots.waiters() < 2) std::this_thread::yield();
+  slots.Release();
+  // The giver asks at once: the slot went to a, and b is next.
+  EXPECT_TRUE(slots.Acquire(absl::Seconds(30)));
+  a.join();
+  b.join();
+  EXPECT_EQ(first.load(), 1);
+  EXPECT_EQ(second.load(), 2);
+  slots.Release();
+}
+
+TEST(RunSlotsTest, AWaiterWhoseCancelIsSetStopsWaitingWhenWoken) {
+  RunSlots slots(1);
+  ASSERT_TRUE(slots.Acquire(absl::ZeroDuration()));
+  std::atomic<bool> cancel{false}, got{true};
+  const absl::Time start = absl::Now();
+  std::thread waiter([&] { got = slots.Acquire(absl::Seconds(30), &cancel); });
+  while (!slots.Contended()) std::this_thread::yield();
+  cancel = true;
+  slots.Wake();
+  waiter.join();
+  EXPECT_FALSE(got.load());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_FALSE(slots.Contended());
+  slots.Release();
+  EXPECT_TRUE(slots.Acquire(absl::ZeroDuration()));
+}
+
 TEST(RunSlotsTest, HeldGivesItsSlotBackAndSaysWhetherItCame) {
   RunSlots slots(1);
   {
