@@ -159,9 +159,11 @@ absl::Status Engine::FaultFor(absl::Status st, Session& s, bool closed, uint64_t
     if (own.empty() || (lost && options_.mps)) return st;
     return absl::AbortedError(KernelFaultMessage(facts, own, s.name(), closed));
   }
-  if (!lost) return st;
-  // Not yet: the device records the reset (and the kernels it names)
-  // before the new epoch shows, so this needs no wait for OnDeviceReset.
+  // Work of an epoch the reset ended, refused ("was lost") or failed with
+  // the reset's own words ("was reset at"): not yet named by
+  // OnDeviceReset, but the device records the reset (and the kernels it
+  // names) before the new epoch shows, so this needs no wait for it.
+  if (work_epoch == 0) return st;
   absl::MutexLock lock(&s.mu);
   return LostTo(s, work_epoch, std::move(st));
 }
