@@ -208,6 +208,10 @@ void CommandRingRunner::Loop() {
   // The last turn ended full (its records or its time): the next one may
   // spin though it finds none.
   bool after_records = false;
+  // Whether the client's tail is past what this thread has taken.
+  auto posted = [&] {
+    return ring::Load<uint64_t>(st->mapping->base, ring::header::kSqTail) != view.sq_head();
+  };
   auto close = [&](const absl::Status& why) {
     st->CloseNow(why);
     if (st->options.on_close) st->options.on_close(why);
@@ -217,9 +221,7 @@ void CommandRingRunner::Loop() {
     bool blocked = false;
     // Nothing posted: park again without a slot (a park that timed out,
     // or an empty wake-up, needs none, and takes no spinner's).
-    const bool posted =
-        ring::Load<uint64_t>(st->mapping->base, ring::header::kSqTail) != view.sq_head();
-    if (posted || after_records) {
+    if (posted() || after_records) {
       // A run slot for this turn and its spin; given back before parking.
       RunSlots::Held held(st->options.slots, kRingParkLimit, &st->stop);
       if (!held.ok()) continue;  // looks at the stop flag, and asks again
@@ -335,7 +337,7 @@ void CommandRingRunner::Loop() {
         // Not while another ring waits for a slot: this one parks instead.
         while (!st->stop.load() && absl::Now() < until &&
                (st->options.slots == nullptr || !st->options.slots->Contended())) {
-          if (ring::Load<uint64_t>(st->mapping->base, ring::header::kSqTail) != view.sq_head()) {
+          if (posted()) {
             more = true;
             break;
           }

@@ -110,6 +110,13 @@ class CommandRingHostileTest : public HostMemoryTest {
     EXPECT_EQ(answers[0].head.id, 42u);
   }
 
+  // Whether a ring registered for `token` now is served (it is hung up
+  // at once).
+  bool Registers(const std::string& token) {
+    RegisteredRing r(daemon().shm_socket(), token);
+    return r.answer().code() == 0;
+  }
+
   // The front holds no more descriptors and no ring mapping than `fds`
   // and none: every ring that went was reaped and unmapped.
   void ExpectRingsGone(int fds) {
@@ -391,15 +398,7 @@ TEST_F(CommandRingHostileTest, AClientKilledMidCommandLeavesNothingBehind) {
     RegisteredRing r(path, token, shape);
     if (r.answer().code() != 0) _exit(2);
     // Half a second of "GPU" work first, then 1000 launches behind it.
-    ring::LaunchBody wait{};
-    wait.function = spin.handle();
-    wait.grid[0] = wait.block[0] = 1;
-    wait.nargs = 1;
-    ring::ArgSlot ns{};
-    ns.kind = ring::kArgU64;
-    ns.a = 500'000'000;
-    std::string body(reinterpret_cast<const char*>(&wait), sizeof(wait));
-    body.append(reinterpret_cast<const char*>(&ns), sizeof(ns));
+    const std::string body = SpinLaunchBody(spin.handle(), 500'000'000, 0);
     if (!r.ring().Append(ring::kLaunch, body.data(), static_cast<uint32_t>(body.size()), 1)) {
       _exit(3);
     }
@@ -543,12 +542,7 @@ TEST_F(CommandRingHostileTest, RingsAreLimitedPerPeerNamingTheLimit) {
       HasSubstr(absl::StrCat(rpc::CommandRingServer::kMaxRingsPerPeer, " command rings from")));
   // A ring given back makes room: its lifeline hung up, it is reaped.
   rings.back()->Hangup();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        RegisteredRing again(daemon().shm_socket(), session().token());
-        return again.answer().code() == 0;
-      },
-      absl::Seconds(20)));
+  ASSERT_TRUE(WaitFor([&] { return Registers(session().token()); }, absl::Seconds(20)));
 }
 
 TEST_F(CommandRingHostileTest, RingsAreLimitedInAllByTheFlag) {
@@ -575,16 +569,7 @@ TEST_F(CommandRingHostileTest, ARingWhoseSessionClosedSaysSoWithinItsGraceThough
   ASSERT_EQ(r.answer().code(), 0) << r.answer().message();
   // 12 s of "GPU" work, to be answered when it is done: longer than the
   // grace, short enough for the other sessions of the test to wait for.
-  ring::LaunchBody wait{};
-  wait.function = spin.handle();
-  wait.grid[0] = wait.block[0] = 1;
-  wait.flags = ring::kLaunchSynchronize;
-  wait.nargs = 1;
-  ring::ArgSlot ns{};
-  ns.kind = ring::kArgU64;
-  ns.a = 12'000'000'000;
-  std::string body(reinterpret_cast<const char*>(&wait), sizeof(wait));
-  body.append(reinterpret_cast<const char*>(&ns), sizeof(ns));
+  const std::string body = SpinLaunchBody(spin.handle(), 12'000'000'000, ring::kLaunchSynchronize);
   ASSERT_TRUE(r.ring().Append(ring::kLaunch, body.data(), static_cast<uint32_t>(body.size()), 1));
   r.ring().Publish();
   ASSERT_TRUE(WaitFor([&] { return r.ring().sq_head() > 0; }, absl::Seconds(20)));
@@ -619,12 +604,7 @@ TEST_F(CommandRingHostileTest, ATenantsRingsAreLimitedByItsEntry) {
                         "(max_command_rings in the tenants file)"));
   // Given back when a ring goes.
   a.Hangup();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        RegisteredRing again(daemon().shm_socket(), third.token());
-        return again.answer().code() == 0;
-      },
-      absl::Seconds(20)));
+  ASSERT_TRUE(WaitFor([&] { return Registers(third.token()); }, absl::Seconds(20)));
 }
 
 TEST_F(CommandRingHostileTest, ARingRunsAsItsTenantAsAReloadedFileHasIt) {

@@ -47,6 +47,22 @@ inline std::string FillLaunchBody(uint64_t function, uint64_t buffer, uint32_t v
   return body;
 }
 
+// A launch record's body: gx_spin (`function`) on one thread for `ns`
+// nanoseconds of "GPU" time, with launch `flags`.
+inline std::string SpinLaunchBody(uint64_t function, uint64_t ns, uint32_t flags) {
+  ring::LaunchBody launch{};
+  launch.function = function;
+  launch.grid[0] = launch.block[0] = 1;
+  launch.flags = flags;
+  launch.nargs = 1;
+  ring::ArgSlot arg{};
+  arg.kind = ring::kArgU64;
+  arg.a = ns;
+  std::string body(reinterpret_cast<const char*>(&launch), sizeof(launch));
+  body.append(reinterpret_cast<const char*>(&arg), sizeof(arg));
+  return body;
+}
+
 class RawCommandRing {
  public:
   struct Completion {
