@@ -42,9 +42,10 @@ ABSL_FLAG(std::string, shm_socket, "",
           "Serve host memory regions on this Unix socket path (SOCK_SEQPACKET, made like "
           "--unix_socket, with --unix_socket_group): same-host clients pass sealed memfds there "
           "and copy between them and buffers at DMA speed. Empty: off.");
-ABSL_FLAG(bool, command_rings, false,
-          "Also serve command rings on --shm_socket: same-host clients post a session's "
-          "commands through shared memory instead of gRPC (a thread per ring).");
+ABSL_FLAG(bool, command_rings, true,
+          "With --shm_socket, also serve command rings there: same-host clients post a "
+          "session's commands through shared memory instead of gRPC (a thread per ring, "
+          "sleeping while its client posts nothing). false: host memory regions only.");
 ABSL_FLAG(int32_t, ring_spin_us, -1,
           "How long a command ring's thread keeps looking for its client's next record before "
           "it sleeps, in microseconds: a client that posts within it costs no wake-up. -1: as "

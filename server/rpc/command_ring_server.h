@@ -1,8 +1,9 @@
 #ifndef GPUEXEC_SERVER_RPC_COMMAND_RING_SERVER_H_
 #define GPUEXEC_SERVER_RPC_COMMAND_RING_SERVER_H_
 
-// The command rings the daemon serves (gpuexecd --command_rings, on the
-// host memory socket; docs/command-ring-plan.md): what a registration is
+// The command rings the daemon serves on its host memory socket
+// (gpuexecd --shm_socket, unless --command_rings=false;
+// docs/command-ring-plan.md): what a registration is
 // checked against, each ring's runner (core::CommandRingRunner, a thread
 // of its own), and the ends of a ring:
 // - its lifeline (the socket it was registered on) hangs up: one thread

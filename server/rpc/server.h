@@ -33,7 +33,8 @@ struct ServerOptions {
   std::string shm_socket;
   // Command rings on `shm_socket` (same-host commands through shared
   // memory, docs/command-ring-plan.md), and how many the daemon serves.
-  bool command_rings = false;
+  // Served wherever `shm_socket` is, unless turned off.
+  bool command_rings = true;
   int max_command_rings = 256;
   // How long a ring's thread looks for more records before it sleeps, in
   // microseconds; -1: as busy_poll_us.

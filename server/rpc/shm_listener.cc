@@ -205,13 +205,12 @@ void ShmListener::Serve(int conn, ucred peer) {
       continue;
     }
     if (request.has_command_ring()) {
-      absl::Status st =
-          rings_ == nullptr
-              ? absl::FailedPreconditionError(
-                    "this daemon serves no command rings (gpuexecd --command_rings); use the "
-                    "Execute stream")
-              : rings_->Adopt(*caller, request.session(), conn, fd, request.bytes(),
-                              request.command_ring(), Send);
+      absl::Status st = rings_ == nullptr
+                            ? absl::FailedPreconditionError(
+                                  "this daemon serves no command rings (it runs with "
+                                  "--command_rings=false); use the Execute stream")
+                            : rings_->Adopt(*caller, request.session(), conn, fd, request.bytes(),
+                                            request.command_ring(), Send);
       close(fd);  // mapped, if served
       if (st.ok()) {
         // The connection is the ring's lifeline now, no longer this

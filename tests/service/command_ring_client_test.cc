@@ -56,7 +56,7 @@ class CommandRingClientTest : public HostMemoryTest {
 };
 
 TEST_F(CommandRingClientTest, ASessionsCommandsGoThroughItsRing) {
-  Start(true, {"--command_rings"});
+  Start(true);  // rings are served wherever the host memory socket is
   if (IsSkipped() || HasFatalFailure()) return;  // no device here
   Client client = RingClient();
   GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
@@ -137,7 +137,7 @@ TEST_F(CommandRingClientTest, ACommandTheRingCannotCarryGoesOnTheStreamAfterTheR
 
 TEST_F(CommandRingClientTest, WithoutRingsServedOrWantedTheStreamCarriesEverything) {
   // Rings not served: OpenSession tells version 0.
-  Start(true);
+  Start(true, {"--command_rings=false"});
   if (IsSkipped() || HasFatalFailure()) return;  // no device here
   {
     Client client = RingClient();

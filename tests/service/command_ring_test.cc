@@ -1,5 +1,5 @@
 // Command rings on the daemon's host memory socket (gpuexecd
-// --command_rings), against a daemon process: registration and its
+// --shm_socket), against a daemon process: registration and its
 // refusals (no rings served, one per session, a session not the caller's,
 // a layout version or size that does not fit), commands of a session run
 // through its ring in order with those of its gRPC calls, and the ends of a
@@ -107,7 +107,7 @@ TEST_F(CommandRingTest, HangingUpTheLifelineStopsTheRingAndClosesTheSessionWhenA
 
 class CommandRingOffTest : public HostMemoryTest {
  protected:
-  void SetUp() override { Start(true); }
+  void SetUp() override { Start(true, {"--command_rings=false"}); }
 };
 
 TEST_F(CommandRingOffTest, ADaemonWithoutRingsRefusesOneAndSaysHowToServeThem) {

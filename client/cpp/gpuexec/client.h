@@ -159,11 +159,10 @@ struct ClientOptions {
 
   // Post each session's commands (launches, synchronizes, allocations,
   // frees, copies in stream order) through a command ring in shared memory
-  // where the daemon serves one (gpuexecd --command_rings, on its host
-  // memory socket): no gRPC call per command. The ring is registered at a
-  // session's first command; where that fails, or for a command the ring
-  // cannot carry, the Execute stream carries them as before, and
-  // `on_debug` is told why. The environment variable
+  // where the daemon serves one (on its host memory socket, gpuexecd
+  // --shm_socket, unless --command_rings=false): no gRPC call per command. The ring is registered
+  // at a session's first command; where that fails, or for a command the ring cannot carry, the
+  // Execute stream carries them as before, and `on_debug` is told why. The environment variable
   // GPUEXEC_COMMAND_RING=0 turns it off too.
   bool command_ring = true;
 

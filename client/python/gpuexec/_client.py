@@ -300,7 +300,7 @@ class Session:
         if not client.command_ring:
             why = "off (connect(command_ring=False) or GPUEXEC_COMMAND_RING=0)"
         elif response.command_ring_version < _ring.VERSION or not self.shm_socket:
-            why = "the daemon serves none to this client (gpuexecd --command_rings)"
+            why = "the daemon serves none to this client (no --shm_socket, or --command_rings=false)"
         else:
             why = _ring.supported()
         if why is not None:

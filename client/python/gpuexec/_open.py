@@ -62,7 +62,7 @@ def connect(target: str | None = None, *, timeout: float = 10.0,
     client over TCP on the daemon's host passes it here.
 
     ``command_ring``: where the daemon serves command rings on that socket
-    (gpuexecd --command_rings), each session posts its launches and
+    (gpuexecd --shm_socket serves them there), each session posts its launches and
     synchronizes through shared memory instead of gRPC (a few microseconds
     each way instead of tens); anything the ring cannot carry, and every
     session where it is not served, goes on the session's Execute stream.
