@@ -1,7 +1,7 @@
 // Kernel argument packing (server/core/args.h) against random parameter
 // layouts: the arguments come from a client, the layout from the device's
 // worker, which computes param_bytes as the end of the last parameter
-// (server/device/device.cc); parameters may be unaligned and may overlap.
+// (server/device/device_launch.cc); parameters may be unaligned and may overlap.
 //
 // Checked:
 //   * PackArgs succeeds exactly when the argument count, every argument's

@@ -1,0 +1,108 @@
+#ifndef GPUEXEC_SERVER_DEVICE_DEVICE_INTERNAL_H_
+#define GPUEXEC_SERVER_DEVICE_DEVICE_INTERNAL_H_
+
+// The Device's private state shared by its files (device.cc: its life and
+// faults; device_streams.cc: streams, events, watches and held work;
+// device_memory.cc: memory, regions and copies; device_launch.cc: modules,
+// kernels and launches). Only those files include it.
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "server/device/device.h"
+
+namespace gpuexec::device {
+
+struct Device::StreamState {
+  cuda::Stream stream;
+  // The last kernel launched on the stream since its last completed
+  // Synchronize, and when: what a fault report names.
+  // (Shared with the launch's watch: one copy of the name per launch.)
+  std::shared_ptr<const std::string> last_launch;
+  KernelId last_kernel = 0;
+  absl::Time last_launch_at;
+  // Recorded before the first work after the last Synchronize; null when
+  // no work was enqueued since.
+  std::shared_ptr<cuda::Event> timing_start;
+  // A timing event recorded right after the latest work since the last
+  // Synchronize (a launch's watch, or its own), where a Synchronize's time
+  // ends: the GPU time of the work, not of the wait for a Synchronize that
+  // came later. Null when none was recorded after it. `work_end_passed`:
+  // something untimed (an allocation's clearing, a free) was queued after
+  // it, so a Synchronize waits on an event of its own.
+  std::shared_ptr<cuda::Event> work_end;
+  bool work_end_passed = false;
+  // The kernel time limit (zero: none) and the launches watched for it, in
+  // stream order: each with an event recorded after it. The first one's
+  // clock starts when the launch before it is seen done.
+  absl::Duration time_limit;
+  struct Watch {
+    // Its own event, or the Synchronize's end recorded right after it.
+    std::shared_ptr<cuda::Event> done;
+    std::shared_ptr<const std::string> what;
+    // For a launch with nothing watched ahead of it: recorded just before
+    // it, so that its clock starts when it can start (not while copies or
+    // unwatched work ahead of it run). The stream's timing start when that
+    // was recorded right before it.
+    std::shared_ptr<cuda::Event> start;
+    KernelId kernel = 0;
+  };
+  std::deque<Watch> watches;
+  absl::Time head_since;
+  absl::Time last_hung_report = absl::InfinitePast();
+  // Operations that arrived behind a launch held by the bound on queued
+  // launches (that launch first), in the order they arrived.
+  struct Held {
+    OpKind kind;
+    size_t bytes;
+    std::function<void()> op;
+    std::function<void(absl::Status)> refuse;
+  };
+  std::deque<Held> held;
+};
+
+struct Device::KernelEntry {
+  cuda::Function function = nullptr;
+  KernelInfo info;
+  // The dynamic shared memory the kernel is opted in to so far.
+  int dynamic_shared_limit = 0;
+  // Opted in to clusters of more than 8 blocks.
+  bool non_portable_clusters = false;
+  // Blocks resident at once, by block, shared memory and cluster shape (the
+  // most a cooperative launch may have); a few shapes, so bounded.
+  absl::flat_hash_map<std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t>, uint64_t>
+      co_resident;
+};
+
+struct Device::LoadedModule {
+  cuda::Module module;
+  absl::flat_hash_map<std::string, std::unique_ptr<KernelEntry>> kernels;
+};
+
+// A completion handed to the driver with cuLaunchHostFunc. Owned by the
+// driver until the trampoline runs; if a fault fails it first, the
+// trampoline only frees it.
+struct Device::HostTask {
+  Device* device;
+  std::function<void(absl::Status)> fn;
+};
+
+// Every public operation of a Device runs its body on the executor.
+#define GPUEXEC_ON_EXECUTOR(...) executor_.Post([=, this]() mutable { __VA_ARGS__ })
+
+namespace internal {
+// What a held operation is counted as, beside its parameters and name.
+inline constexpr size_t kSmallOpBytes = 256;
+}  // namespace internal
+
+}  // namespace gpuexec::device
+
+#endif  // GPUEXEC_SERVER_DEVICE_DEVICE_INTERNAL_H_

@@ -1,0 +1,453 @@
+// A device's streams: their creation and end, the events that time and
+// watch their work, the launches held behind the bound on queued ones, and
+// Synchronize.
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+#include "server/common/trace.h"
+#include "server/device/device.h"
+#include "server/device/device_internal.h"
+
+namespace gpuexec::device {
+
+using internal::kSmallOpBytes;
+
+bool Device::PollEvents() {
+  const bool watching = PollWatches();
+  if (event_waits_.empty()) return watching;
+  // Completions may add waits (a new Synchronize): take the list first.
+  std::vector<EventWait> waits;
+  waits.swap(event_waits_);
+  std::vector<EventWait> still;
+  for (EventWait& w : waits) {
+    absl::StatusOr<bool> done = driver_->EventDone(*w.event, *w.what);
+    if (done.ok() && !*done) {
+      still.push_back(std::move(w));
+      continue;
+    }
+    w.fn(done.ok() ? absl::OkStatus() : Check(done.status()));
+  }
+  for (EventWait& w : still) event_waits_.push_back(std::move(w));
+  return watching || !event_waits_.empty();
+}
+
+bool Device::PollWatches() {
+  if (watched_.empty() || faulted_.load()) return false;
+  const absl::Time now = absl::Now();
+  // Streams whose held operations may run now (after the loop: they may
+  // launch, which changes watched_).
+  absl::InlinedVector<StreamId, 4> release;
+  for (auto it = watched_.begin(); it != watched_.end();) {
+    auto sit = streams_.find(*it);
+    if (sit == streams_.end()) {
+      watched_.erase(it++);
+      continue;
+    }
+    StreamState& s = *sit->second;
+    if (!s.held.empty()) release.push_back(*it);
+    if (!s.watches.empty() && s.watches.front().start != nullptr) {
+      // The head launch's clock starts once the work ahead of it is done.
+      StreamState::Watch& head = s.watches.front();
+      absl::StatusOr<bool> started = driver_->EventDone(*head.start, *head.what);
+      if (!started.ok()) {
+        (void)Check(started.status());
+        return false;
+      }
+      if (!*started) {
+        ++it;
+        continue;
+      }
+      head.start.reset();
+      s.head_since = now;
+    }
+    if (s.watches.size() > 1) {
+      // In stream order: once the newest is done, every one is. Under a
+      // stream of short launches this is one query per poll, not one per
+      // launch.
+      absl::StatusOr<bool> done =
+          driver_->EventDone(*s.watches.back().done, *s.watches.back().what);
+      if (!done.ok()) {
+        (void)Check(done.status());
+        return false;
+      }
+      if (*done) {
+        s.watches.clear();  // their events go back to the spares
+        s.head_since = now;
+      }
+    }
+    while (!s.watches.empty()) {
+      absl::StatusOr<bool> done =
+          driver_->EventDone(*s.watches.front().done, *s.watches.front().what);
+      if (!done.ok()) {
+        (void)Check(done.status());
+        return false;
+      }
+      if (!*done) break;
+      s.watches.pop_front();
+      // The next launch could start only now. (Only a launch watched
+      // when nothing else was has a start event: never one behind another.)
+      s.head_since = now;
+    }
+    if (s.watches.empty()) {
+      watched_.erase(it++);
+      continue;
+    }
+    const absl::Duration running = now - s.head_since;
+    if (s.time_limit > absl::ZeroDuration() && running > s.time_limit &&
+        now - s.last_hung_report >= absl::Seconds(1)) {
+      s.last_hung_report = now;
+      HungReport hung;
+      hung.stream = *it;
+      hung.kernel = s.watches.front().kernel;
+      hung.ran_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(running));
+      hung.limit_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(s.time_limit));
+      const std::string past =
+          absl::StrCat(" has run for ", hung.ran_ms, " ms, past its kernel time limit of ",
+                       hung.limit_ms, " ms");
+      hung.detail = absl::StrCat(*s.watches.front().what, past);
+      hung.reason = absl::StrCat("a kernel on device ", props_.ordinal, past);
+      if (options_.on_hung) {
+        options_.on_hung(hung);
+      } else {
+        log::Error(hung.detail);
+      }
+    }
+    ++it;
+  }
+  for (StreamId id : release) ReleaseHeld(id);
+  return !watched_.empty();
+}
+
+bool Device::Watched(const StreamState& s) const {
+  return s.time_limit > absl::ZeroDuration() || options_.max_queued_launches > 0;
+}
+
+bool Device::QueueFull(const StreamState& s) const {
+  return options_.max_queued_launches > 0 && !stopping_ && !faulted_.load() &&
+         s.watches.size() >= static_cast<size_t>(options_.max_queued_launches);
+}
+
+void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<void()> op,
+                      std::function<void(absl::Status)> refuse) {
+  executor_.Post(
+      [this, stream, kind, bytes, op = std::move(op), refuse = std::move(refuse)]() mutable {
+        auto it = streams_.find(stream);
+        if (it != streams_.end()) {
+          StreamState& s = *it->second;
+          if (!s.held.empty() || (kind == OpKind::kLaunch && QueueFull(s))) {
+            if (kind != OpKind::kRelease && (s.held.size() >= options_.max_held_per_stream ||
+                                             held_bytes_ + bytes > options_.max_held_bytes)) {
+              return refuse(absl::ResourceExhaustedError(absl::StrCat(
+                  "device ", props_.ordinal, ": the session's stream has ", s.held.size(),
+                  " operations waiting behind its ", s.watches.size(),
+                  " queued launches, the most it may hold (", options_.max_held_per_stream,
+                  " a stream, ", options_.max_held_bytes >> 20,
+                  " MiB on the device); wait for its work (Synchronize) and retry")));
+            }
+            held_bytes_ += bytes;
+            s.held.push_back(StreamState::Held{kind, bytes, std::move(op), std::move(refuse)});
+            return;
+          }
+        }
+        op();
+      });
+}
+
+void Device::ReleaseHeld(StreamId stream) {
+  for (;;) {
+    // Looked up each time: an operation run here may end the stream.
+    auto it = streams_.find(stream);
+    if (it == streams_.end() || it->second->held.empty()) return;
+    StreamState& s = *it->second;
+    if (s.held.front().kind == OpKind::kLaunch && QueueFull(s)) return;
+    std::function<void()> op = std::move(s.held.front().op);
+    held_bytes_ -= s.held.front().bytes;
+    s.held.pop_front();
+    op();
+  }
+}
+
+void Device::ReleaseAllHeld() {
+  std::vector<StreamId> ids;
+  for (const auto& [id, s] : streams_) {
+    if (!s->held.empty()) ids.push_back(id);
+  }
+  for (StreamId id : ids) ReleaseHeld(id);
+}
+
+void Device::QueueDepthOf(StreamId stream, Callback<QueueDepth> done) {
+  executor_.Post([this, stream, done = std::move(done)] {
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) {
+      return done(absl::NotFoundError(absl::StrCat("stream ", stream, " does not exist")));
+    }
+    done(QueueDepth{it->second->watches.size(), it->second->held.size()});
+  });
+}
+
+
+void Device::HostTrampoline(void* data) {
+  auto* task = static_cast<HostTask*>(data);
+  Device* device = task->device;
+  std::function<void(absl::Status)> fn;
+  {
+    absl::MutexLock lock(&device->pending_mu_);
+    if (device->pending_.erase(task) == 1) fn = std::move(task->fn);
+  }
+  delete task;
+  if (!fn) return;  // a fault failed it already
+  fn(absl::OkStatus());
+  // This is a driver callback thread, where no driver call may be made; the
+  // completion's captures (events, say) are released on the executor.
+  device->executor_.Post([fn = std::move(fn)] {});
+}
+
+absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> fn,
+                              const std::string& what) {
+  auto* task = new HostTask{this, std::move(fn)};
+  {
+    absl::MutexLock lock(&pending_mu_);
+    pending_.insert(task);
+  }
+  absl::Status st = driver_->LaunchHostFunc(s.stream.get(), &Device::HostTrampoline, task, what);
+  if (!st.ok()) {
+    {
+      absl::MutexLock lock(&pending_mu_);
+      pending_.erase(task);
+    }
+    delete task;
+    return Check(st);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Device::StreamState*> Device::ReadyStream(StreamId id) {
+  GPUEXEC_RETURN_IF_ERROR(Usable());
+  if (stopping_) {
+    return absl::UnavailableError(absl::StrCat("device ", props_.ordinal, " is shutting down"));
+  }
+  auto it = streams_.find(id);
+  if (it == streams_.end()) {
+    return absl::InternalError(
+        absl::StrCat("stream ", id, " does not exist on device ", props_.ordinal));
+  }
+  return it->second.get();
+}
+
+std::vector<cuda::Event>& Device::Spares(bool timing) {
+  return timing ? spare_timing_events_ : spare_plain_events_;
+}
+
+absl::StatusOr<cuda::Event> Device::SpareEvent(bool timing, const std::string& what) {
+  std::vector<cuda::Event>& spares = Spares(timing);
+  if (spares.empty()) return driver_->CreateEvent(timing, what);
+  cuda::Event e = std::move(spares.back());
+  spares.pop_back();
+  return e;
+}
+
+absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
+                                                                 const std::string& what) {
+  absl::StatusOr<cuda::Event> e = SpareEvent(timing, what);
+  if (!e.ok()) return Check(e.status());
+  std::vector<cuda::Event>* spares = &Spares(timing);
+  // Released on the executor (holders live in its state and its
+  // operations); the spares outlive every holder.
+  return std::shared_ptr<cuda::Event>(new cuda::Event(std::move(e).value()),
+                                      [spares](cuda::Event* p) {
+                                        spares->push_back(std::move(*p));
+                                        delete p;
+                                      });
+}
+
+absl::Status Device::MarkWork(StreamState& s) {
+  // The work about to be queued ends the time now, once it records its end.
+  s.work_end.reset();
+  s.work_end_passed = false;
+  if (s.timing_start != nullptr) return absl::OkStatus();
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, timing_what_));
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), timing_what_)));
+  s.timing_start = std::move(e);
+  return absl::OkStatus();
+}
+
+absl::Status Device::EndWork(StreamState& s, const std::string& what) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, what));
+  GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), what)));
+  s.work_end = std::move(e);
+  return absl::OkStatus();
+}
+
+
+
+void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    if (streams_.contains(id)) {
+      return done(absl::InternalError(
+          absl::StrCat("stream ", id, " already exists on device ", props_.ordinal)));
+    }
+    auto stream =
+        driver_->CreateStream(absl::StrCat("a session stream on device ", props_.ordinal));
+    if (!stream.ok()) return done(Check(stream.status()));
+    auto state = std::make_unique<StreamState>();
+    state->stream = std::move(stream).value();
+    state->time_limit = kernel_time_limit;
+    streams_.emplace(id, std::move(state));
+    done(absl::OkStatus());
+  });
+}
+
+void Device::DestroyStream(StreamId stream, Done done) {
+  // Not behind the stream's held operations: those never run now (the
+  // session is gone), except its frees, which run at once (stream-ordered
+  // after the launches already queued).
+  executor_.Post([=, this]() mutable {
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) return done(absl::OkStatus());  // already gone
+    StreamState* s = it->second.get();
+    std::deque<StreamState::Held> held;
+    held.swap(s->held);
+    for (StreamState::Held& h : held) {
+      held_bytes_ -= h.bytes;
+      if (h.kind == OpKind::kRelease) {
+        h.op();
+      } else {
+        h.refuse(absl::AbortedError(absl::StrCat("device ", props_.ordinal,
+                                                 ": the session's stream ended before this ran")));
+      }
+    }
+    it = streams_.find(stream);
+    if (it == streams_.end()) return done(absl::OkStatus());
+    s = it->second.get();
+    auto erase = [this, stream, done](absl::Status st) {
+      executor_.Post([this, stream, done, st] {
+        std::deque<StreamState::Held> held;
+        auto it = streams_.find(stream);
+        if (it != streams_.end()) {
+          held.swap(it->second->held);
+          // The stream's work is done; waiting on it lets the pool see its
+          // frees complete, so that the trim below can release them.
+          if (healthy())
+            (void)driver_->SynchronizeStream(it->second->stream.get(), "a session's frees");
+          streams_.erase(it);
+        }
+        // What arrived after the stream's end finds no stream.
+        for (StreamState::Held& h : held) {
+          held_bytes_ -= h.bytes;
+          h.op();
+        }
+        // Give the session's freed memory back to the device, so that free
+        // memory reads as it did before the session.
+        GiveBackFreed(nullptr);
+        done(st);
+      });
+    };
+    if (faulted_.load()) return erase(Usable());
+    absl::Status st =
+        WhenDone(*s, erase, absl::StrCat("closing a session stream on device ", props_.ordinal));
+    if (!st.ok()) erase(st);
+  });
+}
+
+void Device::GiveBackFreed(CUstream_st* stream) {
+  if (!props_.memory_pools || !healthy()) return;
+  // The pool keeps a free whose completion the host has not seen as
+  // allocated, and a trim cannot release it: wait for `stream` first (the
+  // legacy stream when null: it holds only the frees of sessions already
+  // gone, as every session stream is non-blocking).
+  (void)driver_->SynchronizeStream(stream, "the memory pool's frees");
+  (void)driver_->TrimMemoryPool(props_.ordinal);
+}
+
+void Device::AfterQueued(StreamId stream, std::string what, Done done) {
+  OnStream(
+      stream, OpKind::kOther, kSmallOpBytes + what.size(),
+      [=, this]() mutable {
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return done(ready.status());
+        absl::Status st = WhenDone(**ready, done, what);
+        if (!st.ok()) done(st);
+      },
+      done);
+}
+
+
+void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
+  OnStream(
+      stream, OpKind::kOther, kSmallOpBytes,
+      [this, stream, gpu_ns]() mutable {
+        auto ready = ReadyStream(stream);
+        if (!ready.ok()) return gpu_ns(ready.status());
+        SynchronizeOn(stream, **ready, std::move(gpu_ns));
+      },
+      [gpu_ns](absl::Status st) { gpu_ns(st); });
+}
+
+void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,
+                           std::shared_ptr<cuda::Event>* recorded) {
+  const std::string& what = sync_what_;
+  std::shared_ptr<cuda::Event> start = std::move(s.timing_start);
+  // The time ends where the last work did (its end event), however long
+  // after it this Synchronize came.
+  std::shared_ptr<cuda::Event> work_end = std::move(s.work_end);
+  const bool passed = s.work_end_passed;
+  s.work_end_passed = false;
+  // The event waited on: the work's end, unless something was queued after
+  // it or none was recorded; then one recorded now (timed only when it ends
+  // the time). With no work since the last Synchronize it still waits for
+  // the stream, in case that one's wait was abandoned.
+  std::shared_ptr<cuda::Event> end = work_end;
+  if (end == nullptr || passed) {
+    auto e = SharedEvent(/*timing=*/start != nullptr && work_end == nullptr, what);
+    if (!e.ok()) return gpu_ns(e.status());
+    end = std::move(e).value();
+    absl::Status st = Check(driver_->Record(*end, s.stream.get(), what));
+    if (!st.ok()) return gpu_ns(st);
+  }
+  if (recorded != nullptr) *recorded = end;
+  std::shared_ptr<cuda::Event> timed_end = work_end != nullptr ? std::move(work_end) : end;
+  const absl::Time requested = absl::Now();
+  event_waits_.push_back(EventWait{end,
+                                   [this, stream, requested, start, end = std::move(timed_end),
+                                    gpu_ns = std::move(gpu_ns)](absl::Status done) {
+                                     const std::string& what = sync_what_;
+                                     GPUEXEC_TRACE(kWorkerDone);
+                                     if (!done.ok()) return gpu_ns(done);
+                                     if (start == nullptr) return gpu_ns(uint64_t{0});
+                                     auto ms = driver_->ElapsedMs(*start, *end, what);
+                                     if (!ms.ok()) return gpu_ns(Check(ms.status()));
+                                     // Kernels launched before this Synchronize are known to be
+                                     // done.
+                                     auto it = streams_.find(stream);
+                                     if (it != streams_.end() &&
+                                         it->second->last_launch_at <= requested) {
+                                       it->second->last_launch.reset();
+                                     }
+                                     gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
+                                   },
+                                   &sync_what_});
+}
+
+absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
+                           std::shared_ptr<cuda::Event> start,
+                           std::shared_ptr<cuda::Event> recorded) {
+  std::shared_ptr<cuda::Event> e = std::move(recorded);
+  if (e == nullptr) {
+    // Timed: it is also where the stream's work ends for a Synchronize.
+    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/true, *what));
+    GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), *what)));
+    s.work_end = e;
+  }
+  if (s.watches.empty()) s.head_since = absl::Now();
+  s.watches.push_back(
+      StreamState::Watch{std::move(e), std::move(what), std::move(start), s.last_kernel});
+  watched_.insert(id);
+  return absl::OkStatus();
+}
+
+}  // namespace gpuexec::device
