@@ -145,6 +145,15 @@ ABSL_FLAG(std::string, isolation, "",
           "every session). Empty: 'tenant' when callers can be several tenants (--tenants, or "
           "--tls_client_ca with each certificate name a tenant), else 'device'; the daemon "
           "logs what it chose and why.");
+ABSL_FLAG(std::string, mps, "auto",
+          "How tenants' workers (--isolation=tenant) share a GPU: 'external' (as clients of the "
+          "MPS control daemon serving CUDA_MPS_PIPE_DIRECTORY, or the daemon does not start), "
+          "'off' (time-sliced: one tenant's long kernels delay every other's), or 'auto' "
+          "(external when one serves, else off). Compute shares need MPS.");
+ABSL_FLAG(std::string, default_compute_share, "",
+          "The compute share of each tenant whose entry in the tenants file has none: a fraction "
+          "of each device's SMs (0.25) or a count (16sm). Empty: those tenants share what the "
+          "others' shares leave.");
 ABSL_FLAG(uint32_t, worker_idle_s, 300,
           "With --isolation=tenant: a tenant's worker with no session on its device for this "
           "many seconds is ended.");
@@ -333,6 +342,8 @@ int main(int argc, char** argv) {
   options.tls_reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_s));
   options.tenants_file = absl::GetFlag(FLAGS_tenants);
   options.isolation = absl::GetFlag(FLAGS_isolation);
+  options.mps = absl::GetFlag(FLAGS_mps);
+  options.default_compute_share = absl::GetFlag(FLAGS_default_compute_share);
   options.worker_idle = absl::Seconds(absl::GetFlag(FLAGS_worker_idle_s));
   options.max_workers_per_device = absl::GetFlag(FLAGS_max_workers_per_device);
   options.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);

@@ -163,6 +163,16 @@ Engine::~Engine() {
   devices_.clear();  // each worker drains, releases its context and exits
 }
 
+std::vector<ShareDevice> Engine::ShareDevices() const {
+  std::vector<ShareDevice> out;
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const port::DeviceProperties& p = devices_[i]->properties();
+    out.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(p.multiprocessors), p.cc_major,
+                   p.cc_minor});
+  }
+  return out;
+}
+
 bool Engine::AnyDeviceHealthy() const {
   for (const auto& d : devices_) {
     if (d->healthy()) return true;

@@ -31,6 +31,7 @@
 #include "server/core/args.h"
 #include "server/core/byte_spans.h"
 #include "server/core/chunk_pool.h"
+#include "server/core/compute_shares.h"
 #include "server/core/fault_words.h"
 #include "server/core/session.h"
 #include "server/port/device_port.h"
@@ -408,6 +409,8 @@ class Engine {
 
   const EngineOptions& options() const { return options_; }
   int device_count() const { return static_cast<int>(devices_.size()); }
+  // Each device's size, as compute shares are planned on it.
+  std::vector<ShareDevice> ShareDevices() const;
   bool AnyDeviceHealthy() const;
   // Whether device `index` serves now (false while its worker restarts).
   bool DeviceHealthy(int index) const { return devices_[index]->healthy(); }

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "server/core/compute_shares.h"
+
 namespace gpuexec::core {
 
 struct TenantLimits {
@@ -33,6 +35,9 @@ struct TenantLimits {
   uint64_t pinned_bytes = 0;
   // Command rings of all its sessions at once (0: a fixed number per peer).
   uint32_t max_command_rings = 0;
+  // Its part of each device's SMs (none: the rest, with the others
+  // without one).
+  ComputeShare compute_share;
 };
 
 struct Tenant {

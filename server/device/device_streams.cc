@@ -188,7 +188,6 @@ void Device::QueueDepthOf(StreamId stream, Callback<QueueDepth> done) {
   });
 }
 
-
 void Device::HostTrampoline(void* data) {
   auto* task = static_cast<HostTask*>(data);
   Device* device = task->device;
@@ -280,8 +279,6 @@ absl::Status Device::EndWork(StreamState& s, const std::string& what) {
   s.work_end = std::move(e);
   return absl::OkStatus();
 }
-
-
 
 void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done done) {
   GPUEXEC_ON_EXECUTOR({
@@ -375,7 +372,6 @@ void Device::AfterQueued(StreamId stream, std::string what, Done done) {
       },
       done);
 }
-
 
 void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
   OnStream(

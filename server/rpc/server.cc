@@ -35,6 +35,7 @@
 #include "server/metrics/http_server.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/command_ring_server.h"
+#include "server/rpc/compute_plan.h"
 #include "server/rpc/front_limits.h"
 #include "server/rpc/health.h"
 #include "server/rpc/identity.h"
@@ -159,6 +160,11 @@ class Server::Impl {
   metrics::Registry registry;
   std::string tenants_file;
   std::unique_ptr<rpc::Identity> identity;
+  // The compute shares in force; each worker's start reads it.
+  std::shared_ptr<rpc::ComputePlan> compute_plan = std::make_shared<rpc::ComputePlan>();
+  core::ComputeShare default_share;
+  core::EngineOptions::Isolation isolation = core::EngineOptions::Isolation::kDevice;
+  bool mps = false;
   std::unique_ptr<core::Engine> engine;
   std::unique_ptr<metrics::HttpServer> metrics_http;
   std::unique_ptr<rpc::GpuExecService> service;
@@ -182,6 +188,19 @@ class Server::Impl {
   absl::Mutex shutdown_mu;
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
   absl::Notification done;
+
+  // Plans the compute shares of `dir` on the devices and puts them in
+  // force, or says why they cannot be honoured (and keeps those in force).
+  absl::Status PlanShares(const tenants::Directory* dir) {
+    auto plans = rpc::ComputePlan::Make(dir, engine->ShareDevices(), default_share);
+    if (!plans.ok()) return plans.status();
+    GPUEXEC_RETURN_IF_ERROR(rpc::ComputePlan::CheckMechanism(*plans, isolation, mps));
+    compute_plan->Set(*std::move(plans));
+    for (const std::string& line : compute_plan->Describe()) {
+      log::Info("compute shares: ", line);
+    }
+    return absl::OkStatus();
+  }
 
   void SetHealth(bool serving) {
     health.SetServingStatus("", serving);
@@ -326,23 +345,46 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.log_level = options.worker_log_level;
   wo.busy_poll = absl::Microseconds(busy_poll_us);
   wo.ring_bytes = options.worker_shared_memory ? wo.ring_bytes : 0;
+  GPUEXEC_ASSIGN_OR_RETURN(const rpc::MpsMode mps_mode, rpc::ParseMpsMode(options.mps));
+  GPUEXEC_ASSIGN_OR_RETURN(impl->default_share, rpc::ParseShareFlag(options.default_compute_share));
+  // Workers inherit the environment: with an MPS control daemon serving the
+  // host they are its clients.
+  const std::optional<std::string> mps_pipes =
+      mps_mode == rpc::MpsMode::kOff ? std::nullopt : MpsControlPipes();
+  if (mps_mode == rpc::MpsMode::kExternal && !mps_pipes.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--mps=external, but no MPS control daemon serves ", MpsPipeDirectory(),
+        " (no control pipe there); start one (nvidia-cuda-mps-control -d, with the same "
+        "CUDA_MPS_PIPE_DIRECTORY as the daemon's) or run with --mps=off"));
+  }
+  if (mps_mode == rpc::MpsMode::kOff && MpsControlPipes().has_value()) {
+    // The workers would find the control daemon by themselves.
+    setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/gpuexec-mps-off", 1);
+  }
+  std::shared_ptr<rpc::ComputePlan> plan = impl->compute_plan;
   auto open_device =
-      [wo](int ordinal, const std::string& tenant,
-           port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
+      [wo, plan](int ordinal, const std::string& tenant,
+                 port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
     worker::WorkerOptions o = wo;
     o.ordinal = ordinal;
     o.tenant = tenant;
+    // An MPS client held to its tenant's share, for the worker's life.
+    if (const uint32_t percent = plan->PercentFor(ordinal, tenant); percent != 0) {
+      o.environment.push_back(absl::StrCat("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", percent));
+    }
     auto dev = worker::RemoteDevice::Start(o, info);
     if (!dev.ok()) return dev.status();
     return std::unique_ptr<port::DevicePort>(std::move(dev).value());
   };
-  // Workers inherit the environment: with an MPS control daemon serving the
-  // host they are its clients.
-  const std::optional<std::string> mps_pipes = MpsControlPipes();
   eo.mps = mps_pipes.has_value();
+  impl->isolation = eo.isolation;
+  impl->mps = eo.mps;
   auto engine = core::Engine::Create(eo, open_device);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(engine).value();
+  // Shares are planned on the devices as their workers found them (the
+  // devices' shared workers start before, and serve no tenant of a file).
+  GPUEXEC_RETURN_IF_ERROR(impl->PlanShares(impl->identity->directory().get()));
   auto tcp_descriptors = rpc::CheckDescriptorBudget(
       options, eo.isolation, eo.max_workers_per_device, impl->engine->device_count());
   if (!tcp_descriptors.ok()) return tcp_descriptors.status();
@@ -578,6 +620,11 @@ absl::Status Server::ReloadTenants() {
   log::Info("tenants: reloaded ", impl_->tenants_file, ": ", (*dir)->size(),
             " tenant(s), in force for new calls");
   std::shared_ptr<const tenants::Directory> now = *std::move(dir);
+  if (absl::Status shares = impl_->PlanShares(now.get()); !shares.ok()) {
+    log::Error("tenants: not reloaded, the ", before,
+               " tenant(s) in force stay: ", shares.message());
+    return shares;
+  }
   impl_->identity->SetDirectory(now);
   // Command rings were identified once, at registration: their commands
   // run as the tenant as the file now has it from here on.

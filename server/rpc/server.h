@@ -88,6 +88,12 @@ struct ServerOptions {
   // identities (a tenants file, client certificates, a Unix socket that a
   // group may reach), else "device".
   std::string isolation;
+  // How workers reach MPS: "auto" (one that serves already, else none),
+  // "external" (one must serve), "off".
+  std::string mps = "auto";
+  // The compute share of a tenant whose entry has none: "0.25" or "16sm";
+  // empty: such tenants share what the others' shares leave.
+  std::string default_compute_share;
   absl::Duration worker_idle = absl::Minutes(5);
   uint32_t max_workers_per_device = 16;
   // Serve a TCP address that is not loopback without TLS and an identity

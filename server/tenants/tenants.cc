@@ -136,17 +136,20 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
     const TextFormat::ParseInfoTree* nested = tree.GetTreeForNested(tenant_field, i);
     // "file:LINE: tenant 'a' FIELD: why", LINE of the field's value (of the
     // tenant when the field is absent).
-    auto error = [&](absl::string_view field, int index, absl::string_view why) {
+    auto where = [&](absl::string_view field, int index) {
       int line = tree.GetLocation(tenant_field, i).line;
       const FieldDescriptor* f = desc->FindFieldByName(std::string(field));
       if (nested != nullptr && f != nullptr) {
         const int at = nested->GetLocation(f, f->is_repeated() ? index : -1).line;
         if (at >= 0) line = at;
       }
-      return absl::InvalidArgumentError(absl::StrCat(
+      return absl::StrCat(
           file, ":", line + 1, ": tenant ",
           t.name().empty() ? absl::StrCat("#", i + 1) : absl::StrCat("'", Quoted(t.name()), "'"),
-          " ", field, ": ", why));
+          " ", field);
+    };
+    auto error = [&](absl::string_view field, int index, absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat(where(field, index), ": ", why));
     };
     if (!ValidName(t.name())) {
       return error("name", -1,
@@ -206,6 +209,20 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
                                   "' already (a device is given to one tenant at most)"));
       }
     }
+    if (t.has_compute_share()) {
+      const config::v1::ComputeShare& c = t.compute_share();
+      if (c.amount_case() == config::v1::ComputeShare::kFraction &&
+          !(c.fraction() > 0 && c.fraction() <= 1)) {
+        return error("compute_share", -1,
+                     absl::StrCat("the fraction ", c.fraction(), " is not in (0, 1]"));
+      }
+      if (c.amount_case() == config::v1::ComputeShare::kSms && c.sms() == 0) {
+        return error("compute_share", -1, "0 SMs is no share; leave it out");
+      }
+      if (c.amount_case() == config::v1::ComputeShare::AMOUNT_NOT_SET) {
+        return error("compute_share", -1, "says neither a fraction nor sms");
+      }
+    }
     auto tenant = std::make_shared<core::Tenant>();
     tenant->name = t.name();
     tenant->limits.devices.assign(t.devices().begin(), t.devices().end());
@@ -225,6 +242,12 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
     tenant->limits.host_memory = t.host_memory();
     tenant->limits.pinned_bytes = t.pinned_bytes();
     tenant->limits.max_command_rings = t.max_command_rings();
+    if (t.has_compute_share()) {
+      tenant->limits.compute_share.fraction = t.compute_share().fraction();
+      tenant->limits.compute_share.sms = t.compute_share().sms();
+      // Where a device that cannot honour it will say it was written.
+      tenant->limits.compute_share.where = where("compute_share", -1);
+    }
     made.push_back(std::move(tenant));
   }
   // Each tenant is kept off the devices dedicated to the others.

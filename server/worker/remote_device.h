@@ -81,6 +81,10 @@ struct WorkerOptions {
   uint64_t ring_bytes = 1 << 20;
   // How long the first start may take.
   absl::Duration start_timeout = absl::Seconds(120);
+  // NAME=value settings of the worker's environment, in place of the
+  // daemon's own of those names (an MPS client's thread percentage and
+  // pipe directory).
+  std::vector<std::string> environment;
 };
 
 using port::DriverInfo;

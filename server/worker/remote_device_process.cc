@@ -115,6 +115,13 @@ void RemoteDevice::Spawn() {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    // The daemon's environment, with the worker's own settings (its MPS
+    // share) in place of any the daemon has.
+    std::vector<std::string> env_storage =
+        internal::WorkerEnvironment(environ, options_.environment);
+    std::vector<char*> envp;
+    for (auto& e : env_storage) envp.push_back(e.data());
+    envp.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     // The child gets exactly the descriptors worker_main.h lists: its
@@ -141,7 +148,7 @@ void RemoteDevice::Spawn() {
     // ours left without close-on-exec (another tenant's memfd above all).
     if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&fa, kRegionFd + 1);
     if (rc == 0) {
-      rc = posix_spawn(&pid, options_.program.c_str(), &fa, nullptr, argv.data(), environ);
+      rc = posix_spawn(&pid, options_.program.c_str(), &fa, nullptr, argv.data(), envp.data());
     }
     posix_spawn_file_actions_destroy(&fa);
     close(sv[1]);

@@ -186,6 +186,32 @@ TEST(DirectoryParseTest, ADedicatedDeviceIsKeptFromEveryOtherTenant) {
                         "tenant 'a' already"));
 }
 
+TEST(DirectoryParseTest, ComputeSharesAreReadAndChecked) {
+  auto dir = Directory::Parse(
+      "tenant { name: \"a\" uid: 1\n compute_share { fraction: 0.25 } }\n"
+      "tenant { name: \"b\" uid: 2 compute_share { sms: 16 } }\n"
+      "tenant { name: \"c\" uid: 3 }\n",
+      "t.textproto");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const auto a = (*dir)->Find("a");
+  EXPECT_EQ(a->limits.compute_share.fraction, 0.25);
+  EXPECT_EQ(a->limits.compute_share.sms, 0u);
+  // Where a device that cannot honour it will say the share was written.
+  EXPECT_EQ(a->limits.compute_share.where, "t.textproto:2: tenant 'a' compute_share");
+  EXPECT_EQ((*dir)->Find("b")->limits.compute_share.sms, 16u);
+  EXPECT_TRUE((*dir)->Find("c")->limits.compute_share.empty());
+  auto error = [](const std::string& text) {
+    return std::string(Directory::Parse(text, "t.textproto").status().message());
+  };
+  EXPECT_THAT(error("tenant { name: \"a\" uid: 1\n compute_share { fraction: 1.5 } }"),
+              HasSubstr("t.textproto:2: tenant 'a' compute_share: the fraction 1.5 is not in "
+                        "(0, 1]"));
+  EXPECT_THAT(error("tenant { name: \"a\" uid: 1 compute_share { sms: 0 } }"),
+              HasSubstr("compute_share: 0 SMs is no share"));
+  EXPECT_THAT(error("tenant { name: \"a\" uid: 1 compute_share { } }"),
+              HasSubstr("compute_share: says neither a fraction nor sms"));
+}
+
 TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
   Credentials none;
   EXPECT_EQ(IdentifyWithoutFile(none).value()->name, core::kDefaultTenant);

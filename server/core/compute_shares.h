@@ -1,0 +1,103 @@
+#ifndef GPUEXEC_SERVER_CORE_COMPUTE_SHARES_H_
+#define GPUEXEC_SERVER_CORE_COMPUTE_SHARES_H_
+
+// Compute shares: the part of a device's SMs a tenant keeps for itself,
+// whatever the other tenants run (docs/fair-shares-plan.md). One policy,
+// two mechanisms: with a worker per tenant, each worker is an MPS client
+// whose active thread percentage is its share; with one worker per
+// device, each tenant's streams belong to a green context of its share.
+// Either way the device is cut into disjoint parts: one per tenant with a
+// share, and the rest, which the tenants without one use together.
+//
+// This file is the arithmetic only (pure, no driver): what a share in the
+// tenants file (a fraction of the SMs, or a count) comes to on a device of
+// a given size and compute capability, and the refusals of a plan that
+// cannot be honoured, each naming the line and field it came from.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gpuexec::core {
+
+// A tenant's share as it was written: a fraction of the device's SMs, or a
+// count of them; neither: none.
+struct ComputeShare {
+  double fraction = 0;  // in (0, 1]
+  uint32_t sms = 0;
+  // Where it was written, for refusals ("tenants.txt:12: tenant 'a'
+  // compute_share"; "--default_compute_share").
+  std::string where;
+
+  bool empty() const { return fraction == 0 && sms == 0; }
+};
+
+// How finely a device's SMs can be cut into green contexts: each part has
+// at least `min` SMs and a multiple of `step` (cuDevSmResourceSplitByCount
+// rounds up to these).
+struct SmGranularity {
+  uint32_t min = 1;
+  uint32_t step = 1;
+};
+SmGranularity GranularityOf(int cc_major, int cc_minor);
+
+// A device, as the plan needs it.
+struct ShareDevice {
+  uint32_t index = 0;
+  uint32_t sms = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+};
+
+// A tenant that may use the device, and its share (empty: none of its own).
+struct ShareClaim {
+  std::string tenant;
+  ComputeShare share;
+};
+
+// One device cut into parts.
+struct DeviceShares {
+  struct Part {
+    std::string tenant;
+    uint32_t sms = 0;
+    // The MPS active thread percentage of the part (1-100): its SMs as a
+    // percentage of the device's, rounded down, so that the parts and the
+    // rest never come to more than the device.
+    uint32_t percent = 0;
+  };
+  uint32_t device = 0;
+  uint32_t device_sms = 0;
+  std::vector<Part> parts;  // the tenants with a share, in the claims' order
+  // What the tenants without a share use together (0 when the parts take
+  // the whole device and no tenant is left without one).
+  uint32_t rest_sms = 0;
+  uint32_t rest_percent = 0;  // 100 less the parts' percentages
+
+  // The part of `tenant`, or null: it runs in the rest.
+  const Part* Find(const std::string& tenant) const;
+  // The SMs and percentage `tenant` may use: its part's, or the rest's.
+  uint32_t SmsOf(const std::string& tenant) const;
+  uint32_t PercentOf(const std::string& tenant) const;
+  bool any() const { return !parts.empty(); }
+};
+
+// Cuts `device` for `claims`: a fraction becomes the nearest multiple of
+// the granularity's step (at least its minimum); a count must be such a
+// multiple already. `fallback` is the share of a claim without one
+// (--default_compute_share; empty: those claims use the rest). Refused,
+// INVALID_ARGUMENT naming the share's `where` and the device: a count that
+// is not a multiple of the step or below the minimum, more SMs than the
+// device has, and shares that take the whole device while a claim without
+// one is left (the rest must be a part of at least the minimum too).
+absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
+                                        const std::vector<ShareClaim>& claims,
+                                        const ComputeShare& fallback);
+
+// "16 SMs (12%)" for logs and listings.
+std::string DescribeShare(uint32_t sms, uint32_t percent);
+
+}  // namespace gpuexec::core
+
+#endif  // GPUEXEC_SERVER_CORE_COMPUTE_SHARES_H_

@@ -1,0 +1,124 @@
+#include "server/rpc/compute_plan.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace gpuexec::rpc {
+
+absl::StatusOr<MpsMode> ParseMpsMode(absl::string_view text) {
+  if (text.empty() || text == "auto") return MpsMode::kAuto;
+  if (text == "external") return MpsMode::kExternal;
+  if (text == "off") return MpsMode::kOff;
+  return absl::InvalidArgumentError(
+      "--mps must be auto, external or off (the value given is none of them)");
+}
+
+absl::StatusOr<core::ComputeShare> ParseShareFlag(absl::string_view text) {
+  core::ComputeShare share;
+  share.where = "--default_compute_share";
+  text = absl::StripAsciiWhitespace(text);
+  if (text.empty()) return share;
+  const absl::Status bad = absl::InvalidArgumentError(
+      "--default_compute_share must be a fraction of each device's SMs in (0, 1], such as 0.25, "
+      "or a count of SMs, such as 16sm");
+  if (absl::ConsumeSuffix(&text, "sm")) {
+    uint32_t sms = 0;
+    if (!absl::SimpleAtoi(text, &sms) || sms == 0) return bad;
+    share.sms = sms;
+    return share;
+  }
+  double fraction = 0;
+  if (!absl::SimpleAtod(text, &fraction) || !(fraction > 0 && fraction <= 1)) return bad;
+  share.fraction = fraction;
+  return share;
+}
+
+absl::StatusOr<std::vector<core::DeviceShares>> ComputePlan::Make(
+    const tenants::Directory* dir, const std::vector<core::ShareDevice>& devices,
+    const core::ComputeShare& fallback) {
+  std::vector<core::DeviceShares> plans;
+  for (const core::ShareDevice& d : devices) {
+    std::vector<core::ShareClaim> claims;
+    if (dir != nullptr) {
+      for (const std::string& name : dir->names()) {
+        std::shared_ptr<const core::Tenant> t = dir->Find(name);
+        if (t == nullptr || !core::MayUseDevice(t->limits, d.index)) continue;
+        claims.push_back({t->name, t->limits.compute_share});
+      }
+    }
+    absl::StatusOr<core::DeviceShares> plan = core::PlanShares(d, claims, fallback);
+    if (!plan.ok()) return plan.status();
+    plans.push_back(*std::move(plan));
+  }
+  return plans;
+}
+
+absl::Status ComputePlan::CheckMechanism(const std::vector<core::DeviceShares>& plans,
+                                         core::EngineOptions::Isolation isolation, bool mps) {
+  const core::DeviceShares* with = nullptr;
+  for (const core::DeviceShares& p : plans) {
+    if (p.any()) {
+      with = &p;
+      break;
+    }
+  }
+  if (with == nullptr) return absl::OkStatus();
+  const std::string whose = absl::StrCat("tenant '", with->parts.front().tenant, "' has a ",
+                                         "compute share of device ", with->device);
+  if (isolation == core::EngineOptions::Isolation::kDevice) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        whose,
+        ", but with --isolation=device every tenant runs in one worker, where shares need green "
+        "contexts, which this daemon does not serve yet; run with --isolation=tenant and MPS "
+        "(each tenant's worker an MPS client held to its share), or take the shares out"));
+  }
+  if (!mps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        whose,
+        ", but no MPS control daemon serves this host (or --mps=off), so the tenants' "
+        "workers would be time-sliced, not held to their shares; start one "
+        "(nvidia-cuda-mps-control -d, with the daemon's CUDA_MPS_PIPE_DIRECTORY) and run with "
+        "--mps=external, or take the shares out"));
+  }
+  return absl::OkStatus();
+}
+
+void ComputePlan::Set(std::vector<core::DeviceShares> plans) {
+  absl::MutexLock lock(&mu_);
+  plans_ = std::move(plans);
+}
+
+uint32_t ComputePlan::PercentFor(int ordinal, const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  for (const core::DeviceShares& p : plans_) {
+    if (static_cast<int>(p.device) != ordinal || !p.any()) continue;
+    // (At least 1: the rest may be empty, and 0 would be no limit at all.)
+    return std::max<uint32_t>(1, tenant.empty() ? p.rest_percent : p.PercentOf(tenant));
+  }
+  return 0;
+}
+
+std::vector<std::string> ComputePlan::Describe() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const core::DeviceShares& p : plans_) {
+    if (!p.any()) continue;
+    std::vector<std::string> parts;
+    for (const core::DeviceShares::Part& part : p.parts) {
+      parts.push_back(
+          absl::StrCat("tenant '", part.tenant, "' ", core::DescribeShare(part.sms, part.percent)));
+    }
+    parts.push_back(absl::StrCat("the rest ", core::DescribeShare(p.rest_sms, p.rest_percent)));
+    out.push_back(absl::StrCat("device ", p.device, ": ", absl::StrJoin(parts, ", ")));
+  }
+  return out;
+}
+
+}  // namespace gpuexec::rpc

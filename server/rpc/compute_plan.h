@@ -1,0 +1,69 @@
+#ifndef GPUEXEC_SERVER_RPC_COMPUTE_PLAN_H_
+#define GPUEXEC_SERVER_RPC_COMPUTE_PLAN_H_
+
+// The compute shares in force (docs/fair-shares-plan.md): planned from the
+// tenants file for the daemon's devices at start and at each reload
+// (core::PlanShares), and read where a worker starts. With
+// --isolation=tenant each worker is an MPS client held to its tenant's
+// share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, fixed for the worker's life:
+// a reload applies to the workers started after it).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/core/compute_shares.h"
+#include "server/core/engine.h"
+#include "server/tenants/tenants.h"
+
+namespace gpuexec::rpc {
+
+// How the daemon's workers reach MPS (gpuexecd --mps).
+enum class MpsMode {
+  kAuto,      // a control daemon that serves already is used, else none
+  kExternal,  // one serves already, or the daemon does not start
+  kOff,       // none: tenants' workers are time-sliced
+};
+absl::StatusOr<MpsMode> ParseMpsMode(absl::string_view text);
+
+// --default_compute_share: "0.25" (a fraction of each device's SMs) or
+// "16sm" (a count); empty: none.
+absl::StatusOr<core::ComputeShare> ParseShareFlag(absl::string_view text);
+
+class ComputePlan {
+ public:
+  // Every device's shares: the tenants of `dir` that may use it, in the
+  // file's order (none without a file), and `fallback` for those without
+  // a share of their own. Refused with the line and field of the share a
+  // device cannot honour.
+  static absl::StatusOr<std::vector<core::DeviceShares>> Make(
+      const tenants::Directory* dir, const std::vector<core::ShareDevice>& devices,
+      const core::ComputeShare& fallback);
+
+  // Whether `plans` can be honoured with this isolation and MPS: shares
+  // need MPS with a worker per tenant; the reason and what to do if not.
+  static absl::Status CheckMechanism(const std::vector<core::DeviceShares>& plans,
+                                     core::EngineOptions::Isolation isolation, bool mps);
+
+  void Set(std::vector<core::DeviceShares> plans);
+  // The MPS active thread percentage for the worker of `tenant` (empty:
+  // the device's shared worker) on device `ordinal`: its part's, or the
+  // rest's; 0 where no share is in force there (no limit).
+  uint32_t PercentFor(int ordinal, const std::string& tenant) const;
+  // One line a device: "device 0: tenant 'a' 16 SMs (12%), the rest 116
+  // SMs (88%)"; empty without shares.
+  std::vector<std::string> Describe() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<core::DeviceShares> plans_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpuexec::rpc
+
+#endif  // GPUEXEC_SERVER_RPC_COMPUTE_PLAN_H_
