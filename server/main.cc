@@ -148,8 +148,12 @@ ABSL_FLAG(std::string, isolation, "",
 ABSL_FLAG(std::string, mps, "auto",
           "How tenants' workers (--isolation=tenant) share a GPU: 'external' (as clients of the "
           "MPS control daemon serving CUDA_MPS_PIPE_DIRECTORY, or the daemon does not start), "
-          "'off' (time-sliced: one tenant's long kernels delay every other's), or 'auto' "
-          "(external when one serves, else off). Compute shares need MPS.");
+          "'own' (the daemon runs --mps_control as its child, its pipe and log directories "
+          "private, started before the first worker and stopped after the last), 'off' "
+          "(time-sliced: one tenant's long kernels delay every other's), or 'auto' (external "
+          "when one serves, else off). Compute shares need MPS.");
+ABSL_FLAG(std::string, mps_control, "nvidia-cuda-mps-control",
+          "With --mps=own: NVIDIA's MPS control program (a path, or a name on PATH).");
 ABSL_FLAG(std::string, default_compute_share, "",
           "The compute share of each tenant whose entry in the tenants file has none: a fraction "
           "of each device's SMs (0.25) or a count (16sm). Empty: those tenants share what the "
@@ -343,6 +347,7 @@ int main(int argc, char** argv) {
   options.tenants_file = absl::GetFlag(FLAGS_tenants);
   options.isolation = absl::GetFlag(FLAGS_isolation);
   options.mps = absl::GetFlag(FLAGS_mps);
+  options.mps_control = absl::GetFlag(FLAGS_mps_control);
   options.default_compute_share = absl::GetFlag(FLAGS_default_compute_share);
   options.worker_idle = absl::Seconds(absl::GetFlag(FLAGS_worker_idle_s));
   options.max_workers_per_device = absl::GetFlag(FLAGS_max_workers_per_device);

@@ -48,14 +48,14 @@ uint32_t PercentOfDevice(uint32_t sms, uint32_t device_sms) {
 // The SMs `share` comes to on `device`, or why it cannot be honoured.
 absl::StatusOr<uint32_t> SmsFor(const ComputeShare& share, const ShareDevice& device,
                                 SmGranularity g) {
-  const std::string on = absl::StrCat(" on device ", device.index, " (", device.sms,
-                                      " SMs, parts of at least ", g.min, " and a multiple of ",
-                                      g.step, ")");
+  const std::string on =
+      absl::StrCat(" on device ", device.index, " (", device.sms, " SMs, parts of at least ", g.min,
+                   " and a multiple of ", g.step, ")");
   if (share.sms != 0) {
     if (share.sms < g.min || share.sms % g.step != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          share.where, ": ", share.sms, " SMs cannot be a part of its own", on,
-          "; give a multiple of ", g.step, " of at least ", g.min, ", or a fraction"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(share.where, ": ", share.sms, " SMs cannot be a part of its own", on,
+                       "; give a multiple of ", g.step, " of at least ", g.min, ", or a fraction"));
     }
     if (share.sms > device.sms) {
       return absl::InvalidArgumentError(
@@ -72,9 +72,8 @@ absl::StatusOr<uint32_t> SmsFor(const ComputeShare& share, const ShareDevice& de
   uint32_t sms = static_cast<uint32_t>(steps) * g.step;
   sms = std::max(sms, (g.min + g.step - 1) / g.step * g.step);
   if (sms > device.sms) {
-    return absl::InvalidArgumentError(absl::StrCat(share.where, ": the fraction ",
-                                                   share.fraction, " is more than the device has",
-                                                   on));
+    return absl::InvalidArgumentError(absl::StrCat(share.where, ": the fraction ", share.fraction,
+                                                   " is more than the device has", on));
   }
   return sms;
 }
@@ -100,10 +99,10 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
     if (!sms.ok()) return sms.status();
     taken += *sms;
     if (taken > device.sms) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          share.where, ": the shares of device ", device.index, " come to ", taken,
-          " SMs with this one (of tenant '", c.tenant, "'), more than its ", device.sms,
-          "; lower the shares of the tenants that may use it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(share.where, ": the shares of device ", device.index, " come to ", taken,
+                       " SMs with this one (of tenant '", c.tenant, "'), more than its ",
+                       device.sms, "; lower the shares of the tenants that may use it"));
     }
     plan.parts.push_back({c.tenant, *sms, PercentOfDevice(*sms, device.sms)});
   }
@@ -125,7 +124,8 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
   // whole device and no more.
   uint32_t parts_percent = 0;
   for (const DeviceShares::Part& p : plan.parts) parts_percent += p.percent;
-  plan.rest_percent = plan.rest_sms == 0 ? 0 : std::max<uint32_t>(1, 100 - std::min(100u, parts_percent));
+  plan.rest_percent =
+      plan.rest_sms == 0 ? 0 : std::max<uint32_t>(1, 100 - std::min(100u, parts_percent));
   return plan;
 }
 

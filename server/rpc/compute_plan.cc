@@ -5,19 +5,20 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 
 namespace gpuexec::rpc {
 
 absl::StatusOr<MpsMode> ParseMpsMode(absl::string_view text) {
   if (text.empty() || text == "auto") return MpsMode::kAuto;
+  if (text == "own") return MpsMode::kOwn;
   if (text == "external") return MpsMode::kExternal;
   if (text == "off") return MpsMode::kOff;
   return absl::InvalidArgumentError(
-      "--mps must be auto, external or off (the value given is none of them)");
+      "--mps must be auto, own, external or off (the value given is none of them)");
 }
 
 absl::StatusOr<core::ComputeShare> ParseShareFlag(absl::string_view text) {
@@ -83,9 +84,9 @@ absl::Status ComputePlan::CheckMechanism(const std::vector<core::DeviceShares>& 
     return absl::FailedPreconditionError(absl::StrCat(
         whose,
         ", but no MPS control daemon serves this host (or --mps=off), so the tenants' "
-        "workers would be time-sliced, not held to their shares; start one "
-        "(nvidia-cuda-mps-control -d, with the daemon's CUDA_MPS_PIPE_DIRECTORY) and run with "
-        "--mps=external, or take the shares out"));
+        "workers would be time-sliced, not held to their shares; run with --mps=own (the "
+        "daemon starts a control daemon of its own), or start one and run with --mps=external, "
+        "or take the shares out"));
   }
   return absl::OkStatus();
 }

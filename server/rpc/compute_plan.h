@@ -26,6 +26,7 @@ namespace gpuexec::rpc {
 // How the daemon's workers reach MPS (gpuexecd --mps).
 enum class MpsMode {
   kAuto,      // a control daemon that serves already is used, else none
+  kOwn,       // the daemon runs a control daemon of its own (rpc::MpsControl)
   kExternal,  // one serves already, or the daemon does not start
   kOff,       // none: tenants' workers are time-sliced
 };

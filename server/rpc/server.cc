@@ -39,6 +39,7 @@
 #include "server/rpc/front_limits.h"
 #include "server/rpc/health.h"
 #include "server/rpc/identity.h"
+#include "server/rpc/mps_control.h"
 #include "server/rpc/observability.h"
 #include "server/rpc/service.h"
 #include "server/rpc/shm_listener.h"
@@ -160,6 +161,8 @@ class Server::Impl {
   metrics::Registry registry;
   std::string tenants_file;
   std::unique_ptr<rpc::Identity> identity;
+  // With --mps=own: stopped after the engine (and so every worker) is gone.
+  std::unique_ptr<rpc::MpsControl> mps_control;
   // The compute shares in force; each worker's start reads it.
   std::shared_ptr<rpc::ComputePlan> compute_plan = std::make_shared<rpc::ComputePlan>();
   core::ComputeShare default_share;
@@ -349,8 +352,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   GPUEXEC_ASSIGN_OR_RETURN(impl->default_share, rpc::ParseShareFlag(options.default_compute_share));
   // Workers inherit the environment: with an MPS control daemon serving the
   // host they are its clients.
-  const std::optional<std::string> mps_pipes =
+  std::optional<std::string> mps_pipes =
       mps_mode == rpc::MpsMode::kOff ? std::nullopt : MpsControlPipes();
+  std::vector<std::string> mps_environment;
+  if (mps_mode == rpc::MpsMode::kOwn) {
+    GPUEXEC_ASSIGN_OR_RETURN(impl->mps_control, rpc::MpsControl::Start(options.mps_control));
+    mps_pipes = impl->mps_control->pipe_directory();
+    mps_environment = {"CUDA_MPS_PIPE_DIRECTORY=" + impl->mps_control->pipe_directory(),
+                       "CUDA_MPS_LOG_DIRECTORY=" + impl->mps_control->log_directory()};
+  }
   if (mps_mode == rpc::MpsMode::kExternal && !mps_pipes.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--mps=external, but no MPS control daemon serves ", MpsPipeDirectory(),
@@ -359,9 +369,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (mps_mode == rpc::MpsMode::kOff && MpsControlPipes().has_value()) {
     // The workers would find the control daemon by themselves.
-    setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/gpuexec-mps-off", 1);
+    mps_environment = {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off"};
   }
   std::shared_ptr<rpc::ComputePlan> plan = impl->compute_plan;
+  wo.environment = mps_environment;
   auto open_device =
       [wo, plan](int ordinal, const std::string& tenant,
                  port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {

@@ -89,8 +89,10 @@ struct ServerOptions {
   // group may reach), else "device".
   std::string isolation;
   // How workers reach MPS: "auto" (one that serves already, else none),
-  // "external" (one must serve), "off".
+  // "own" (the daemon runs `mps_control` as its child), "external" (one
+  // must serve), "off".
   std::string mps = "auto";
+  std::string mps_control = "nvidia-cuda-mps-control";
   // The compute share of a tenant whose entry has none: "0.25" or "16sm";
   // empty: such tenants share what the others' shares leave.
   std::string default_compute_share;

@@ -197,5 +197,55 @@ TEST_F(ComputeSharesTest, AReloadThatCannotBeHonouredKeepsTheSharesInForce) {
   EXPECT_EQ(EnvOf(wb, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "52");
 }
 
+// --mps=own: the daemon's own control daemon (a stand-in for NVIDIA's
+// here), in private directories, its workers its clients, gone with it.
+TEST_F(ComputeSharesTest, AControlDaemonOfItsOwnServesItsWorkersAndGoesWithIt) {
+  unsetenv("CUDA_MPS_PIPE_DIRECTORY");  // not the host's: its own
+  const std::string record = files_.Path("mps-record");
+  setenv("GPUEXEC_TEST_MPS_RECORD", record.c_str(), 1);
+  WriteTenants(TwoTenants("  compute_share { sms: 32 }\n"));
+  ServerOptions o = ByTenant("own");
+  o.mps_control = GPUEXEC_TEST_MPS_CONTROL;
+  Start(o);
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  std::optional<Session> sa;
+  const pid_t wa = WorkerStartedBy([&] { sa = a.OpenSession({kDevice}).value(); });
+  const std::string pipes = EnvOf(wa, "CUDA_MPS_PIPE_DIRECTORY");
+  EXPECT_THAT(pipes, HasSubstr("/gpuexec-mps-"));
+  EXPECT_EQ(EnvOf(wa, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "24");
+  EXPECT_FALSE(EnvOf(wa, "CUDA_MPS_LOG_DIRECTORY").empty());
+  struct stat st;
+  ASSERT_EQ(stat(pipes.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  sa.reset();
+  server_->Shutdown(absl::Seconds(10));
+  server_.reset();
+  std::ifstream in(record);
+  std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, absl::StrCat("started ", pipes, " 700\nquit\n"));
+  // Its directories went with it.
+  EXPECT_NE(stat(pipes.c_str(), &st), 0);
+  unsetenv("GPUEXEC_TEST_MPS_RECORD");
+}
+
+TEST_F(ComputeSharesTest, AControlDaemonThatDoesNotServeStopsTheStartSayingWhy) {
+  WriteTenants(TwoTenants("  compute_share { sms: 32 }\n"));
+  ServerOptions o = ByTenant("own");
+  o.tenants_file = tenants_file_;
+  o.mps_control = files_.Path("no-such-program");
+  auto server = StartServer(o);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("could not be started"));
+  EXPECT_THAT(server.status().message(), HasSubstr("--mps_control"));
+  setenv("GPUEXEC_TEST_MPS_FAIL", "1", 1);
+  o.mps_control = GPUEXEC_TEST_MPS_CONTROL;
+  server = StartServer(o);
+  unsetenv("GPUEXEC_TEST_MPS_FAIL");
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(),
+              HasSubstr("ended before it served (exit status 3); its log: "));
+  EXPECT_THAT(server.status().message(), HasSubstr("told to fail"));
+}
+
 }  // namespace
 }  // namespace gpuexec::testing

@@ -43,12 +43,12 @@ TEST(ComputePlanTest, PlansTheTenantsThatMayUseEachDevice) {
   ASSERT_TRUE(plans.ok()) << plans.status();
   ComputePlan plan;
   plan.Set(*plans);
-  EXPECT_EQ(plan.PercentFor(0, "a"), 24u);   // 32 of 132
-  EXPECT_EQ(plan.PercentFor(0, "b"), 48u);   // 64 of 132
-  EXPECT_EQ(plan.PercentFor(0, "c"), 28u);   // the rest: 36 SMs
-  EXPECT_EQ(plan.PercentFor(1, "c"), 52u);   // a may not use device 1
-  EXPECT_EQ(plan.PercentFor(0, ""), 28u);    // the device's shared worker: the rest
-  EXPECT_EQ(plan.PercentFor(2, "a"), 0u);    // no such device: no limit
+  EXPECT_EQ(plan.PercentFor(0, "a"), 24u);  // 32 of 132
+  EXPECT_EQ(plan.PercentFor(0, "b"), 48u);  // 64 of 132
+  EXPECT_EQ(plan.PercentFor(0, "c"), 28u);  // the rest: 36 SMs
+  EXPECT_EQ(plan.PercentFor(1, "c"), 52u);  // a may not use device 1
+  EXPECT_EQ(plan.PercentFor(0, ""), 28u);   // the device's shared worker: the rest
+  EXPECT_EQ(plan.PercentFor(2, "a"), 0u);   // no such device: no limit
   EXPECT_THAT(plan.Describe(),
               ElementsAre("device 0: tenant 'a' 32 SMs (24%), tenant 'b' 64 SMs (48%), the rest "
                           "36 SMs (28%)",
