@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace gpuexec::core {
 
@@ -33,7 +35,7 @@ uint32_t DeviceShares::SmsOf(const std::string& tenant) const {
 
 uint32_t DeviceShares::PercentOf(const std::string& tenant) const {
   const Part* p = Find(tenant);
-  return p != nullptr ? p->percent : rest_percent;
+  return p != nullptr ? p->percent : rest_each_percent;
 }
 
 namespace {
@@ -70,6 +72,8 @@ absl::StatusOr<uint32_t> SmsFor(const ComputeShare& share, const ShareDevice& de
   const double exact = share.fraction * device.sms;
   const double steps = std::round(exact / g.step);
   uint32_t sms = static_cast<uint32_t>(steps) * g.step;
+  // Rounded past the device (0.99 or 1 of 132 SMs): the whole steps it has.
+  sms = std::min(sms, device.sms / g.step * g.step);
   sms = std::max(sms, (g.min + g.step - 1) / g.step * g.step);
   if (sms > device.sms) {
     return absl::InvalidArgumentError(absl::StrCat(share.where, ": the fraction ", share.fraction,
@@ -88,11 +92,10 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
   plan.device = device.index;
   plan.device_sms = device.sms;
   uint64_t taken = 0;
-  bool left_without = false;
   for (const ShareClaim& c : claims) {
     const ComputeShare& share = c.share.empty() ? fallback : c.share;
     if (share.empty()) {
-      left_without = true;
+      ++plan.rest_tenants;
       continue;
     }
     absl::StatusOr<uint32_t> sms = SmsFor(share, device, g);
@@ -107,6 +110,7 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
     plan.parts.push_back({c.tenant, *sms, PercentOfDevice(*sms, device.sms)});
   }
   plan.rest_sms = static_cast<uint32_t>(device.sms - taken);
+  const bool left_without = plan.rest_tenants != 0;
   if (left_without && plan.any() && plan.rest_sms < g.min) {
     const DeviceShares::Part& last = plan.parts.back();
     const ShareClaim* claim = nullptr;
@@ -126,11 +130,68 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
   for (const DeviceShares::Part& p : plan.parts) parts_percent += p.percent;
   plan.rest_percent =
       plan.rest_sms == 0 ? 0 : std::max<uint32_t>(1, 100 - std::min(100u, parts_percent));
+  plan.rest_each_percent =
+      plan.rest_tenants <= 1 ? plan.rest_percent : plan.rest_percent / plan.rest_tenants;
+  if (plan.any() && plan.rest_tenants > 1 && plan.rest_each_percent == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", device.index, ": ", plan.rest_tenants, " tenants without a compute share ",
+        "would each be held to less than 1% of it (the rest is ", plan.rest_percent,
+        "%); lower the shares, or give those tenants shares of their own"));
+  }
   return plan;
 }
 
 std::string DescribeShare(uint32_t sms, uint32_t percent) {
   return absl::StrCat(sms, " SMs (", percent, "%)");
+}
+
+void SharePlan::Set(std::vector<DeviceShares> plans) {
+  absl::MutexLock lock(&mu_);
+  plans_ = std::move(plans);
+}
+
+uint32_t SharePlan::PercentFor(int ordinal, const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  for (const DeviceShares& p : plans_) {
+    if (static_cast<int>(p.device) != ordinal || !p.any()) continue;
+    // (At least 1: the rest may be empty, and 0 would be no limit at all.)
+    return std::max<uint32_t>(1, tenant.empty() ? p.rest_each_percent : p.PercentOf(tenant));
+  }
+  return 0;
+}
+
+std::optional<SharePlan::Use> SharePlan::UseOf(int ordinal, const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  for (const DeviceShares& p : plans_) {
+    if (static_cast<int>(p.device) != ordinal || !p.any()) continue;
+    return Use{p.SmsOf(tenant), p.Find(tenant) != nullptr};
+  }
+  return std::nullopt;
+}
+
+std::vector<DeviceShares> SharePlan::plans() const {
+  absl::MutexLock lock(&mu_);
+  return plans_;
+}
+
+std::vector<std::string> SharePlan::Describe() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const DeviceShares& p : plans_) {
+    if (!p.any()) continue;
+    std::vector<std::string> parts;
+    for (const DeviceShares::Part& part : p.parts) {
+      parts.push_back(
+          absl::StrCat("tenant '", part.tenant, "' ", DescribeShare(part.sms, part.percent)));
+    }
+    parts.push_back(absl::StrCat("the rest ", DescribeShare(p.rest_sms, p.rest_percent)));
+    if (p.rest_tenants > 1) {
+      absl::StrAppend(&parts.back(), ", ", p.rest_each_percent, "% for each of its ",
+                      p.rest_tenants, " tenants");
+    }
+    out.push_back(absl::StrCat("device ", p.device, ": ", absl::StrJoin(parts, ", ")));
+  }
+  return out;
 }
 
 }  // namespace gpuexec::core

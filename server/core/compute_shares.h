@@ -15,10 +15,13 @@
 // cannot be honoured, each naming the line and field it came from.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpuexec::core {
 
@@ -74,10 +77,17 @@ struct DeviceShares {
   // the whole device and no tenant is left without one).
   uint32_t rest_sms = 0;
   uint32_t rest_percent = 0;  // 100 less the parts' percentages
+  // MPS holds each client to a percentage, not to a set of SMs: the
+  // tenants without a share (each a worker of its own) are held to an
+  // equal part of the rest between them, so that together they stay in it.
+  uint32_t rest_tenants = 0;
+  uint32_t rest_each_percent = 0;
 
   // The part of `tenant`, or null: it runs in the rest.
   const Part* Find(const std::string& tenant) const;
-  // The SMs and percentage `tenant` may use: its part's, or the rest's.
+  // The SMs `tenant` may use: its part's, or the rest's (shared); and the
+  // MPS percentage of its worker: its part's, or its equal part of the
+  // rest's.
   uint32_t SmsOf(const std::string& tenant) const;
   uint32_t PercentOf(const std::string& tenant) const;
   bool any() const { return !parts.empty(); }
@@ -97,6 +107,34 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
 
 // "16 SMs (12%)" for logs and listings.
 std::string DescribeShare(uint32_t sms, uint32_t percent);
+
+// The shares in force, swapped whole at start and at each reload; read
+// where a worker starts (its MPS percentage) and where devices are listed.
+class SharePlan {
+ public:
+  void Set(std::vector<DeviceShares> plans);
+  // The MPS active thread percentage for the worker of `tenant` (empty:
+  // the device's shared worker) on device `ordinal`: its part's, or the
+  // rest's, at least 1; 0 where no share is in force there (no limit).
+  uint32_t PercentFor(int ordinal, const std::string& tenant) const;
+  // The SMs `tenant` may use on device `ordinal` while shares are in force
+  // there, and whether they are a part of its own; nullopt: no shares
+  // there (the whole device, shared).
+  struct Use {
+    uint32_t sms = 0;
+    bool own = false;
+  };
+  std::optional<Use> UseOf(int ordinal, const std::string& tenant) const;
+  // Every device with shares, for the operator's metrics.
+  std::vector<DeviceShares> plans() const;
+  // One line a device: "device 0: tenant 'a' 16 SMs (12%), the rest 116
+  // SMs (88%)"; empty without shares.
+  std::vector<std::string> Describe() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<DeviceShares> plans_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace gpuexec::core
 

@@ -98,6 +98,9 @@ struct EngineOptions {
   // worker per device), or only a tenant's own (kTenant: each named tenant
   // gets a worker of its own on each device it uses, started with its first
   // session there; the implicit tenant keeps the device's shared one).
+  // The compute shares in force (set at start and at each reload), for
+  // the listing of devices; null: none.
+  std::shared_ptr<const SharePlan> shares;
   enum class Isolation { kDevice, kTenant };
   Isolation isolation = Isolation::kDevice;
   // A tenant's worker with no session for this long is ended.
@@ -136,6 +139,11 @@ struct DeviceStatus {
   uint64_t memory_free = 0;
   bool healthy = false;
   uint32_t multiprocessors = 0;
+  // While compute shares are in force on the device: the SMs the caller's
+  // tenant may use there, and whether they are a part of its own (else
+  // the rest, with the tenants without one). 0: no shares there.
+  uint32_t share_sms = 0;
+  bool share_own = false;
   uint32_t modules_loaded = 0;
   uint64_t module_loads_total = 0;
   uint32_t sessions = 0;

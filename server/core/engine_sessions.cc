@@ -68,6 +68,13 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
       st.memory_total = p.total_memory;
       st.healthy = d.healthy();
       st.multiprocessors = p.multiprocessors;
+      // Its own share only: other tenants' are the operator's to know.
+      if (options_.shares != nullptr && !caller.sees_all) {
+        if (auto use = options_.shares->UseOf(static_cast<int>(i), caller.tenant_name())) {
+          st.share_sms = use->sms;
+          st.share_own = use->own;
+        }
+      }
       st.modules_loaded = d.modules_loaded() + tenant_modules[i];
       st.module_loads_total = d.module_loads_total() + tenant_module_loads[i];
       st.sessions = mine[i];

@@ -91,35 +91,4 @@ absl::Status ComputePlan::CheckMechanism(const std::vector<core::DeviceShares>& 
   return absl::OkStatus();
 }
 
-void ComputePlan::Set(std::vector<core::DeviceShares> plans) {
-  absl::MutexLock lock(&mu_);
-  plans_ = std::move(plans);
-}
-
-uint32_t ComputePlan::PercentFor(int ordinal, const std::string& tenant) const {
-  absl::MutexLock lock(&mu_);
-  for (const core::DeviceShares& p : plans_) {
-    if (static_cast<int>(p.device) != ordinal || !p.any()) continue;
-    // (At least 1: the rest may be empty, and 0 would be no limit at all.)
-    return std::max<uint32_t>(1, tenant.empty() ? p.rest_percent : p.PercentOf(tenant));
-  }
-  return 0;
-}
-
-std::vector<std::string> ComputePlan::Describe() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  for (const core::DeviceShares& p : plans_) {
-    if (!p.any()) continue;
-    std::vector<std::string> parts;
-    for (const core::DeviceShares::Part& part : p.parts) {
-      parts.push_back(
-          absl::StrCat("tenant '", part.tenant, "' ", core::DescribeShare(part.sms, part.percent)));
-    }
-    parts.push_back(absl::StrCat("the rest ", core::DescribeShare(p.rest_sms, p.rest_percent)));
-    out.push_back(absl::StrCat("device ", p.device, ": ", absl::StrJoin(parts, ", ")));
-  }
-  return out;
-}
-
 }  // namespace gpuexec::rpc

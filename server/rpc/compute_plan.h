@@ -13,10 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "server/core/compute_shares.h"
 #include "server/core/engine.h"
 #include "server/tenants/tenants.h"
@@ -36,6 +34,8 @@ absl::StatusOr<MpsMode> ParseMpsMode(absl::string_view text);
 // "16sm" (a count); empty: none.
 absl::StatusOr<core::ComputeShare> ParseShareFlag(absl::string_view text);
 
+// Plans of the tenants file's shares (the shares in force are a
+// core::SharePlan).
 class ComputePlan {
  public:
   // Every device's shares: the tenants of `dir` that may use it, in the
@@ -50,19 +50,6 @@ class ComputePlan {
   // need MPS with a worker per tenant; the reason and what to do if not.
   static absl::Status CheckMechanism(const std::vector<core::DeviceShares>& plans,
                                      core::EngineOptions::Isolation isolation, bool mps);
-
-  void Set(std::vector<core::DeviceShares> plans);
-  // The MPS active thread percentage for the worker of `tenant` (empty:
-  // the device's shared worker) on device `ordinal`: its part's, or the
-  // rest's; 0 where no share is in force there (no limit).
-  uint32_t PercentFor(int ordinal, const std::string& tenant) const;
-  // One line a device: "device 0: tenant 'a' 16 SMs (12%), the rest 116
-  // SMs (88%)"; empty without shares.
-  std::vector<std::string> Describe() const;
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<core::DeviceShares> plans_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpuexec::rpc

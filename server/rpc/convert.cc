@@ -16,6 +16,8 @@ void ToProto(const core::DeviceStatus& in, v1::Device* out) {
   out->set_memory_free_bytes(in.memory_free);
   out->set_healthy(in.healthy);
   out->set_multiprocessor_count(in.multiprocessors);
+  out->set_compute_share_sms(in.share_sms);
+  out->set_compute_share_own(in.share_own);
   out->set_modules_loaded(in.modules_loaded);
   out->set_module_loads_total(in.module_loads_total);
   out->set_sessions(in.sessions);

@@ -32,10 +32,9 @@ std::vector<std::string> ControlEnvironment(const std::string& pipes, const std:
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string entry(*e);
-    if (entry.rfind("CUDA_MPS_PIPE_DIRECTORY=", 0) == 0 ||
-        entry.rfind("CUDA_MPS_LOG_DIRECTORY=", 0) == 0) {
-      continue;
-    }
+    // None of the daemon's own MPS settings (a thread percentage there
+    // would lower every share).
+    if (entry.rfind("CUDA_MPS_", 0) == 0) continue;
     env.push_back(entry);
   }
   env.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipes);
@@ -65,15 +64,23 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv_s,
   sigfillset(&all);
   if (rc == 0) rc = posix_spawnattr_setsigmask(&attr, &none);
   if (rc == 0) rc = posix_spawnattr_setsigdefault(&attr, &all);
-  if (rc == 0) rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  // A group of its own: a Ctrl-C or a stop of the daemon's group reaches
+  // the daemon, which tells it to quit once its workers are gone.
+  if (rc == 0) rc = posix_spawnattr_setpgroup(&attr, 0);
+  if (rc == 0) {
+    rc = posix_spawnattr_setflags(
+        &attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  }
+  // Nothing else of the daemon's reaches it (it outlives every call).
+  if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&fa, STDERR_FILENO + 1);
   pid_t pid = -1;
   if (rc == 0) rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--mps=own: ", Quoted(argv_s[0]), " could not be started (",
-                     std::strerror(rc), "); install NVIDIA's MPS (nvidia-cuda-mps-control, "
+        absl::StrCat("--mps=own: ", Quoted(argv_s[0]), " could not be started (", std::strerror(rc),
+                     "); install NVIDIA's MPS (nvidia-cuda-mps-control, "
                      "with the driver) or name it with --mps_control"));
   }
   return pid;
@@ -117,8 +124,7 @@ absl::StatusOr<std::unique_ptr<MpsControl>> MpsControl::Start(const std::string&
     const int e = errno;
     std::error_code ignored;
     std::filesystem::remove_all(root, ignored);
-    return absl::FailedPreconditionError(
-        absl::StrCat("--mps=own: ", root, ": ", std::strerror(e)));
+    return absl::FailedPreconditionError(absl::StrCat("--mps=own: ", root, ": ", std::strerror(e)));
   }
   auto pid = Spawn({program, "-f"}, ControlEnvironment(pipes, logs), -1);
   if (!pid.ok()) {
@@ -133,22 +139,38 @@ absl::StatusOr<std::unique_ptr<MpsControl>> MpsControl::Start(const std::string&
     int status = 0;
     if (waitpid(*pid, &status, WNOHANG) == *pid) {
       control->pid_ = -1;
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--mps=own: ", Quoted(program), " ended before it served (",
-          WIFEXITED(status) ? absl::StrCat("exit status ", WEXITSTATUS(status))
-                            : absl::StrCat("signal ", WTERMSIG(status)),
-          "); its log: ", LogTail(logs)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--mps=own: ", Quoted(program), " ended before it served (",
+                       WIFEXITED(status) ? absl::StrCat("exit status ", WEXITSTATUS(status))
+                                         : absl::StrCat("signal ", WTERMSIG(status)),
+                       "); its log: ", LogTail(logs)));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "--mps=own: ", Quoted(program), " made no control pipe in ",
-          absl::FormatDuration(timeout), "; its log: ", LogTail(logs)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("--mps=own: ", Quoted(program), " made no control pipe in ",
+                       absl::FormatDuration(timeout), "; its log: ", LogTail(logs)));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
   log::Info("gpuexecd: MPS control daemon of its own (pid ", *pid, "), pipes in ", pipes,
             ", its logs in ", logs);
   return control;
+}
+
+bool MpsControl::Serving() const {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return false;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    ended_ = true;
+    log::Error("gpuexecd: the MPS control daemon of its own (pid ", pid_, ") ended (",
+               WIFEXITED(status) ? absl::StrCat("exit status ", WEXITSTATUS(status))
+                                 : absl::StrCat("signal ", WTERMSIG(status)),
+               "): no tenant worker with a compute share starts until gpuexecd is restarted");
+    return false;
+  }
+  struct stat st;
+  return stat((pipes_ + "/control").c_str(), &st) == 0;
 }
 
 MpsControl::MpsControl(std::string program, std::string root, pid_t pid)
@@ -178,7 +200,12 @@ absl::Status MpsControl::Command(const std::string& line, absl::Duration timeout
 }
 
 MpsControl::~MpsControl() {
-  if (pid_ > 0) {
+  bool ended = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ended = ended_;
+  }
+  if (pid_ > 0 && !ended) {
     const absl::Status quit = Command("quit", absl::Seconds(5));
     int status = 0;
     if (!quit.ok() || !WaitUntil(pid_, absl::Now() + absl::Seconds(10), &status)) {

@@ -14,7 +14,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace gpuexec::rpc {
@@ -35,6 +37,9 @@ class MpsControl {
   const std::string& pipe_directory() const { return pipes_; }
   const std::string& log_directory() const { return logs_; }
   pid_t pid() const { return pid_; }
+  // Whether it still serves (its process lives and its control pipe is
+  // there); logs once when it ended.
+  bool Serving() const;
 
  private:
   MpsControl(std::string program, std::string root, pid_t pid);
@@ -47,6 +52,8 @@ class MpsControl {
   std::string pipes_;
   std::string logs_;
   pid_t pid_ = -1;
+  mutable absl::Mutex mu_;
+  mutable bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace gpuexec::rpc

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -89,11 +90,16 @@ std::string MpsPipeDirectory() {
   return env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
 }
 
-// That directory, if an MPS control daemon serves there.
+// That directory, if an MPS control daemon serves there: its control pipe
+// a FIFO of root's or the daemon's own user (a file anyone could make in
+// /tmp is no control daemon).
 std::optional<std::string> MpsControlPipes() {
   const std::string pipes = MpsPipeDirectory();
   struct stat st;
-  if (stat(absl::StrCat(pipes, "/control").c_str(), &st) != 0) return std::nullopt;
+  if (lstat(absl::StrCat(pipes, "/control").c_str(), &st) != 0 || !S_ISFIFO(st.st_mode) ||
+      (st.st_uid != 0 && st.st_uid != geteuid())) {
+    return std::nullopt;
+  }
   return pipes;
 }
 
@@ -164,7 +170,7 @@ class Server::Impl {
   // With --mps=own: stopped after the engine (and so every worker) is gone.
   std::unique_ptr<rpc::MpsControl> mps_control;
   // The compute shares in force; each worker's start reads it.
-  std::shared_ptr<rpc::ComputePlan> compute_plan = std::make_shared<rpc::ComputePlan>();
+  std::shared_ptr<core::SharePlan> share_plan = std::make_shared<core::SharePlan>();
   core::ComputeShare default_share;
   core::EngineOptions::Isolation isolation = core::EngineOptions::Isolation::kDevice;
   bool mps = false;
@@ -198,8 +204,8 @@ class Server::Impl {
     auto plans = rpc::ComputePlan::Make(dir, engine->ShareDevices(), default_share);
     if (!plans.ok()) return plans.status();
     GPUEXEC_RETURN_IF_ERROR(rpc::ComputePlan::CheckMechanism(*plans, isolation, mps));
-    compute_plan->Set(*std::move(plans));
-    for (const std::string& line : compute_plan->Describe()) {
+    share_plan->Set(*std::move(plans));
+    for (const std::string& line : share_plan->Describe()) {
       log::Info("compute shares: ", line);
     }
     return absl::OkStatus();
@@ -350,6 +356,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.ring_bytes = options.worker_shared_memory ? wo.ring_bytes : 0;
   GPUEXEC_ASSIGN_OR_RETURN(const rpc::MpsMode mps_mode, rpc::ParseMpsMode(options.mps));
   GPUEXEC_ASSIGN_OR_RETURN(impl->default_share, rpc::ParseShareFlag(options.default_compute_share));
+  if (!impl->default_share.empty() && options.tenants_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--default_compute_share is the share of each tenant of the tenants file without one of "
+        "its own; without a tenants file (--tenants) there is none to give it to");
+  }
   // Workers inherit the environment: with an MPS control daemon serving the
   // host they are its clients.
   std::optional<std::string> mps_pipes =
@@ -371,16 +382,32 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     // The workers would find the control daemon by themselves.
     mps_environment = {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off"};
   }
-  std::shared_ptr<rpc::ComputePlan> plan = impl->compute_plan;
+  std::shared_ptr<core::SharePlan> plan = impl->share_plan;
+  // Whether MPS still serves when a worker held to a share starts: a client
+  // that finds no control daemon runs unheld, so such a worker is refused.
+  std::function<bool()> mps_serving;
+  if (impl->mps_control != nullptr) {
+    mps_serving = [control = impl->mps_control.get()] { return control->Serving(); };
+  } else if (mps_pipes.has_value()) {
+    mps_serving = [] { return MpsControlPipes().has_value(); };
+  }
   wo.environment = mps_environment;
   auto open_device =
-      [wo, plan](int ordinal, const std::string& tenant,
-                 port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
+      [wo, plan, mps_serving](
+          int ordinal, const std::string& tenant,
+          port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
     worker::WorkerOptions o = wo;
     o.ordinal = ordinal;
     o.tenant = tenant;
     // An MPS client held to its tenant's share, for the worker's life.
     if (const uint32_t percent = plan->PercentFor(ordinal, tenant); percent != 0) {
+      if (!mps_serving || !mps_serving()) {
+        return absl::UnavailableError(absl::StrCat(
+            "compute shares are in force on device ", ordinal,
+            ", but no MPS control daemon serves any longer, so this worker would not be held "
+            "to its share; restart gpuexecd (with --mps=own it starts a control daemon of its "
+            "own)"));
+      }
       o.environment.push_back(absl::StrCat("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", percent));
     }
     auto dev = worker::RemoteDevice::Start(o, info);
@@ -388,6 +415,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return std::unique_ptr<port::DevicePort>(std::move(dev).value());
   };
   eo.mps = mps_pipes.has_value();
+  eo.shares = impl->share_plan;
   impl->isolation = eo.isolation;
   impl->mps = eo.mps;
   auto engine = core::Engine::Create(eo, open_device);

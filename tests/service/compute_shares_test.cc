@@ -49,9 +49,15 @@ std::set<pid_t> Workers() {
   return out;
 }
 
-// The value of `name` in `pid`'s environment ("" if not set).
+// The value of `name` in `pid`'s environment ("" if not set). A worker is
+// not dumpable: reading it takes CAP_SYS_PTRACE (root has it).
 std::string EnvOf(pid_t pid, const std::string& name) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/environ"));
+  if (!in) {
+    ADD_FAILURE() << "cannot read worker " << pid
+                  << "'s environment (run as root, or with CAP_SYS_PTRACE)";
+    return "";
+  }
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (absl::string_view entry : absl::StrSplit(text, '\0')) {
     if (absl::ConsumePrefix(&entry, name + "=")) return std::string(entry);
@@ -226,6 +232,36 @@ TEST_F(ComputeSharesTest, AControlDaemonOfItsOwnServesItsWorkersAndGoesWithIt) {
   // Its directories went with it.
   EXPECT_NE(stat(pipes.c_str(), &st), 0);
   unsetenv("GPUEXEC_TEST_MPS_RECORD");
+}
+
+// A control daemon that ends leaves no worker unheld: the next worker with
+// a share is refused, saying why, and the daemon serves on.
+TEST_F(ComputeSharesTest, NoWorkerStartsUnheldOnceTheControlDaemonEnded) {
+  unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string record = files_.Path("mps-record");
+  setenv("GPUEXEC_TEST_MPS_RECORD", record.c_str(), 1);
+  WriteTenants(TwoTenants("  compute_share { sms: 32 }\n"));
+  ServerOptions o = ByTenant("own");
+  o.mps_control = GPUEXEC_TEST_MPS_CONTROL;
+  Start(o);
+  unsetenv("GPUEXEC_TEST_MPS_RECORD");
+  std::ifstream pid_file(record + ".pid");
+  pid_t control = 0;
+  ASSERT_TRUE(pid_file >> control);
+  ASSERT_EQ(kill(control, SIGKILL), 0);
+  // Dead (a zombie until the daemon reaps it) before the next worker.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::ifstream stat(absl::StrCat("/proc/", control, "/stat"));
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        return text.empty() || absl::StrContains(text, ") Z ");
+      },
+      absl::Seconds(10)));
+  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
+  absl::StatusOr<Session> sb = b.OpenSession({kDevice});
+  ASSERT_FALSE(sb.ok());
+  EXPECT_EQ(sb.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(sb.status().message(), HasSubstr("no MPS control daemon serves any longer"));
 }
 
 TEST_F(ComputeSharesTest, AControlDaemonThatDoesNotServeStopsTheStartSayingWhy) {

@@ -10,6 +10,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -697,7 +698,8 @@ TEST_F(FaultTest, TheMpsDoubleChargesTheTenantWhoseWorkerReportedTheFaultFirst) 
   char dir_template[] = "/tmp/gpuexec-mps-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
-  std::ofstream(dir + "/control") << "";
+  // A FIFO of this user's, as a control daemon's pipe is.
+  ASSERT_EQ(mkfifo((dir + "/control").c_str(), 0600), 0);
   const std::string reached = dir + "/reached";
   setenv("CUDA_MPS_PIPE_DIRECTORY", dir.c_str(), 1);
   struct Cleanup {

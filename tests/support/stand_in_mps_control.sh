@@ -16,6 +16,7 @@ if [ "${1:-}" = "-f" ]; then
   fi
   mkfifo -m 600 "$pipes/control"
   record "started $pipes $(stat -c %a "$pipes")"
+  if [ -n "${GPUEXEC_TEST_MPS_RECORD:-}" ]; then echo $$ > "$GPUEXEC_TEST_MPS_RECORD.pid"; fi
   while :; do
     while read -r line; do
       record "$line"

@@ -41,7 +41,7 @@ TEST(ComputePlanTest, PlansTheTenantsThatMayUseEachDevice) {
   ASSERT_TRUE(dir.ok()) << dir.status();
   auto plans = ComputePlan::Make(dir->get(), {{0, 132, 9, 0}, {1, 132, 9, 0}}, {});
   ASSERT_TRUE(plans.ok()) << plans.status();
-  ComputePlan plan;
+  core::SharePlan plan;
   plan.Set(*plans);
   EXPECT_EQ(plan.PercentFor(0, "a"), 24u);  // 32 of 132
   EXPECT_EQ(plan.PercentFor(0, "b"), 48u);  // 64 of 132
@@ -63,7 +63,7 @@ TEST(ComputePlanTest, PlansTheTenantsThatMayUseEachDevice) {
 TEST(ComputePlanTest, WithoutSharesNothingIsHeldAndAnyMechanismDoes) {
   auto plans = ComputePlan::Make(nullptr, {{0, 132, 9, 0}}, {});
   ASSERT_TRUE(plans.ok());
-  ComputePlan plan;
+  core::SharePlan plan;
   plan.Set(*plans);
   EXPECT_EQ(plan.PercentFor(0, "anyone"), 0u);
   EXPECT_TRUE(plan.Describe().empty());

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -137,6 +138,32 @@ TEST(PlanSharesTest, SharesThatLeaveTooLittleForTheOthersAreRefused) {
                         "of its 132 SMs to the tenants without a share (at least 8 are needed)"));
   // With nobody left without a share, the whole device may be shares.
   EXPECT_TRUE(PlanShares(kH200, {{"a", Sms(128)}}, {}).ok());
+}
+
+TEST(PlanSharesTest, AWholeFractionIsTheWholeStepsOfTheDevice) {
+  // 132 SMs: 16.5 steps of 8 would round to 136; the device has 128 in whole steps.
+  auto plan = PlanShares(kH200, {{"a", Fraction(1)}}, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->parts[0].sms, 128u);
+  EXPECT_TRUE(PlanShares(kH200, {{"a", Fraction(0.99)}}, {}).ok());
+}
+
+// MPS holds each worker to a percentage, not to SMs of its own: tenants
+// without a share are held to an equal part of the rest, so that together
+// they cannot pass it.
+TEST(PlanSharesTest, TenantsWithoutAShareSplitTheRestsPercentage) {
+  auto plan = PlanShares(kH200, {{"a", Fraction(0.5)}, {"b", {}}, {"c", {}}}, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->parts[0].percent, 48u);  // 64 SMs
+  EXPECT_EQ(plan->rest_percent, 52u);
+  EXPECT_EQ(plan->PercentOf("b"), 26u);
+  EXPECT_EQ(plan->PercentOf("c"), 26u);
+  EXPECT_LE(plan->parts[0].percent + plan->PercentOf("b") + plan->PercentOf("c"), 100u);
+  EXPECT_EQ(plan->SmsOf("b"), 68u);  // the rest, shared
+  // Eight tenants in a rest of 6% cannot each have 1%.
+  std::vector<ShareClaim> claims = {{"a", Sms(128)}};
+  for (int i = 0; i < 8; ++i) claims.push_back({absl::StrCat("t", i), {}});
+  EXPECT_FALSE(PlanShares({0, 136, 9, 0}, claims, {}).ok());
 }
 
 TEST(PlanSharesTest, DescribesAShare) { EXPECT_EQ(DescribeShare(16, 12), "16 SMs (12%)"); }
