@@ -115,6 +115,13 @@ TEST_F(ComputeSharesTest, EachTenantsWorkerIsAnMpsClientHeldToItsShare) {
   EXPECT_EQ(EnvOf(wa, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "12");
   EXPECT_EQ(EnvOf(wb, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "88");
   EXPECT_EQ(EnvOf(wa, "CUDA_MPS_PIPE_DIRECTORY"), pipes_);
+  // Each tenant is told its own share, and no other's.
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> da, a.ListDevices());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> db, b.ListDevices());
+  EXPECT_EQ(da[kDevice].compute_share_sms, 16u);
+  EXPECT_TRUE(da[kDevice].compute_share_own);
+  EXPECT_EQ(db[kDevice].compute_share_sms, 116u);
+  EXPECT_FALSE(db[kDevice].compute_share_own);
   // Both still work.
   GX_EXPECT_OK(sa->Allocate(4096).status());
   GX_EXPECT_OK(sb->Allocate(4096).status());
@@ -135,6 +142,8 @@ TEST_F(ComputeSharesTest, WithoutSharesNoWorkerIsHeld) {
   WriteTenants(TwoTenants());
   Start(ByTenant());
   GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> da, a.ListDevices());
+  EXPECT_EQ(da[kDevice].compute_share_sms, 0u);
   std::optional<Session> sa;
   const pid_t wa = WorkerStartedBy([&] { sa = a.OpenSession({kDevice}).value(); });
   EXPECT_EQ(EnvOf(wa, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "");

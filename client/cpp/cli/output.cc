@@ -128,6 +128,12 @@ void PrintDevices(const std::vector<std::pair<std::string, DeviceInfo>>& rows, b
     const DeviceInfo& d = rows[i].second;
     const std::string where = daemons ? absl::StrCat("daemon ", names[i], " device ", d.index)
                                       : absl::StrCat("device ", d.index);
+    if (d.compute_share_sms != 0) {
+      std::printf("%s compute share %u of its %u SMs (%s)\n", where.c_str(), d.compute_share_sms,
+                  d.multiprocessor_count,
+                  d.compute_share_own ? "kept for this tenant"
+                                      : "the rest, shared with the tenants without a share");
+    }
     if (!d.last_reset.empty())
       std::printf("%s last reset %s\n", where.c_str(), Printable(d.last_reset, 1024).c_str());
     if (!d.not_answering_since.empty()) {

@@ -224,6 +224,11 @@ struct DeviceInfo {
   // Requests the device's workers have not answered yet (its shared worker
   // and the caller's tenant's own): a coarse figure of how busy it is.
   uint32_t pending_requests = 0;
+  // While compute shares are in force on the device: the SMs kept for the
+  // caller's tenant there, and whether they are a part of its own (else
+  // the rest, shared with the tenants without one). 0: no shares there.
+  uint32_t compute_share_sms = 0;
+  bool compute_share_own = false;
   // The daemon serving the device, as it names itself (its
   // --advertise_address: printable, at most 261 bytes, else ignored); ""
   // when it names none.

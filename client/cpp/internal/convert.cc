@@ -82,6 +82,8 @@ DeviceInfo FromProto(const v1::Device& d) {
   info.not_answering_since = d.not_answering_since();
   info.workers = d.workers();
   info.own_worker = d.own_worker();
+  info.compute_share_sms = d.compute_share_sms();
+  info.compute_share_own = d.compute_share_own();
   info.pending_requests = d.pending_requests();
   return info;
 }
