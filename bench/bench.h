@@ -59,6 +59,9 @@ ABSL_DECLARE_FLAG(uint32_t, chunk_bytes);
 ABSL_DECLARE_FLAG(int, transfer_streams);
 ABSL_DECLARE_FLAG(bool, tenants_only);
 ABSL_DECLARE_FLAG(int, neighbour_kernel_us);
+ABSL_DECLARE_FLAG(std::string, tenant_share);
+ABSL_DECLARE_FLAG(int, neighbour_blocks);
+ABSL_DECLARE_FLAG(std::string, tenants_mps);
 ABSL_DECLARE_FLAG(bool, transport_variants);
 ABSL_DECLARE_FLAG(std::string, python);
 ABSL_DECLARE_FLAG(std::string, python_bench);
@@ -361,8 +364,12 @@ constexpr char kNeighbourToken[] = "gpuexec-bench-neighbour-token-fedcba98";
 
 struct TenantFigures {
   Latency alone, beside;
+  // The neighbour's kernels a second while the measured tenant idles, and
+  // while it measures beside them.
+  double neighbour_alone_per_s = 0;
   double neighbour_kernels_per_s = 0;
   bool mps = false;
+  std::string share;  // the measured tenant's compute_share; "" none
 };
 
 // The front's CPU beside command rings (bench/ring_cpu.cc), from its

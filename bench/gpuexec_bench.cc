@@ -52,6 +52,14 @@ ABSL_FLAG(bool, tenants_only, false,
           "measure only the tenants section (a worker per tenant; run it again under MPS)");
 ABSL_FLAG(int, neighbour_kernel_us, 200,
           "the tenants section: how long each of the second tenant's kernels runs");
+ABSL_FLAG(std::string, tenant_share, "",
+          "the tenants section: the measured tenant's compute_share, a fraction (0.1) or a "
+          "count (16sm); empty: none (needs MPS: --tenants_mps)");
+ABSL_FLAG(int, neighbour_blocks, 1,
+          "the tenants section: blocks of each of the second tenant's kernels (one spinning "
+          "thread each; 528 fill an H200's 132 SMs four deep)");
+ABSL_FLAG(std::string, tenants_mps, "auto",
+          "the tenants section: the daemon's --mps (auto, own, external, off)");
 ABSL_FLAG(bool, tls_only, false,
           "only Write and Read over plain TCP and over TLS + token, --repeat times each "
           "(a daemon of each), with their ratios: to choose the TLS settings");
@@ -287,9 +295,12 @@ int Main() {
       {absl::StrFormat("launch + synchronize, one tenant beside another's %d us kernels, p50",
                        absl::GetFlag(FLAGS_neighbour_kernel_us)),
        Us(tenants.beside.p50), "",
-       absl::StrFormat("the same tenant alone %s (p99 %s beside, %s alone)%s",
+       absl::StrFormat("the same tenant alone %s (p99 %s beside, %s alone)%s%s; the "
+                       "neighbour's kernels %.0f/s beside, %.0f/s alone",
                        Us(tenants.alone.p50), Us(tenants.beside.p99), Us(tenants.alone.p99),
-                       tenants.mps ? ", under MPS" : ", time-sliced (no MPS)"),
+                       tenants.mps ? ", under MPS" : ", time-sliced (no MPS)",
+                       tenants.share.empty() ? "" : ", its compute share " + tenants.share,
+                       tenants.neighbour_kernels_per_s, tenants.neighbour_alone_per_s),
        Ratio(tenants.beside.p50 / tenants.alone.p50) + " of alone", "", ""});
   g_rows.push_back({"launch + synchronize, p99", Us(g_tcp.launch_sync.p99),
                     Us(g_uds.launch_sync.p99),

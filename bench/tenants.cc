@@ -1,4 +1,6 @@
 // Two tenants, a worker each: one's launches beside the other's kernels.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "bench.h"
 
 namespace gpuexec::bench {
@@ -6,19 +8,29 @@ namespace gpuexec::bench {
 TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                          const std::string& driver, const std::string& cubin) {
   TenantFigures out;
+  const std::string mps = absl::GetFlag(FLAGS_tenants_mps);
   const char* pipes = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  out.mps = pipes != nullptr && *pipes != '\0';
+  out.mps = mps == "own" || (mps != "off" && pipes != nullptr && *pipes != '\0');
+  out.share = absl::GetFlag(FLAGS_tenant_share);
+  std::string share_entry;
+  if (!out.share.empty()) {
+    absl::string_view s = out.share;
+    share_entry = absl::ConsumeSuffix(&s, "sm")
+                      ? absl::StrCat(" compute_share { sms: ", s, " }")
+                      : absl::StrCat(" compute_share { fraction: ", s, " }");
+  }
   char templ[] = "/tmp/gpuexec-bench-tenants-XXXXXX";
   const char* made = mkdtemp(templ);
   if (made == nullptr) Die("mkdtemp");
   const std::string file = std::string(made) + "/tenants.textproto";
   {
     std::ofstream f(file);
-    f << "tenant { name: \"bench\" token_sha256: \"" << gpuexec::Sha256Hex(kBenchToken)
-      << "\" }\ntenant { name: \"neighbour\" token_sha256: \""
+    f << "tenant { name: \"bench\" token_sha256: \"" << gpuexec::Sha256Hex(kBenchToken) << "\""
+      << share_entry << " }\ntenant { name: \"neighbour\" token_sha256: \""
       << gpuexec::Sha256Hex(kNeighbourToken) << "\" }\n";
   }
-  Daemon d(daemon_path, driver, "tenants", {"--tenants=" + file, "--isolation=tenant"});
+  Daemon d(daemon_path, driver, "tenants",
+           {"--tenants=" + file, "--isolation=tenant", "--mps=" + mps});
   const std::string image = ReadFileOrDie(cubin);
   ClientOptions mine = BenchClientOptions();
   mine.token = kBenchToken;
@@ -36,20 +48,27 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   Module busy_module = Must(busy.LoadModule(image, ModuleKind::kCubin), "load the module");
   Function spin = Must(busy_module.GetFunction("gx_spin"), "gx_spin");
   const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
+  LaunchConfig flood = One();
+  flood.grid.x = static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_neighbour_blocks)));
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> kernels{0};
   std::thread load([&] {
     // Keeps a few of its kernels queued all the time.
     while (!stop.load()) {
       for (int i = 0; i < 8; ++i) {
-        Must(busy.LaunchAsync(spin, One(), {Arg::U64(spin_ns)}), "the neighbour's launch");
+        Must(busy.LaunchAsync(spin, flood, {Arg::U64(spin_ns)}), "the neighbour's launch");
       }
       Must(busy.Synchronize(), "the neighbour's synchronize");
       kernels += 8;
     }
   });
-  // Its worker is started and busy before the measurement begins.
+  // Its worker is started and busy before the measurement begins; its rate
+  // alone over a second, then beside the measured tenant.
   while (kernels.load() < 16) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint64_t a0 = kernels.load();
+  const auto alone_t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  out.neighbour_alone_per_s = (kernels.load() - a0) / Seconds(alone_t0, Clock::now());
   const uint64_t k0 = kernels.load();
   const auto t0 = Clock::now();
   out.beside = Measure(plan.latency_iters, launch_sync);
@@ -60,11 +79,15 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   Must(session.Close(), "close the session");
   Note(absl::StrFormat(
       "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
-      "'neighbour' (its own worker, %d us kernels, %.0f of them a second meanwhile): p50 %.1f "
-      "us p99 %.1f us%s",
+      "'neighbour' (its own worker, %d us kernels of %d blocks, %.0f of them a second meanwhile, "
+      "%.0f "
+      "alone): p50 %.1f us p99 %.1f us%s%s",
       out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
-      out.neighbour_kernels_per_s, out.beside.p50, out.beside.p99,
-      out.mps ? " (under MPS)" : " (no MPS: the two contexts are time-sliced)"));
+      absl::GetFlag(FLAGS_neighbour_blocks), out.neighbour_kernels_per_s, out.neighbour_alone_per_s,
+      out.beside.p50, out.beside.p99,
+      out.mps ? " (under MPS)" : " (no MPS: the two contexts are time-sliced)",
+      out.share.empty() ? ""
+                        : absl::StrCat("; tenant 'bench' holds a compute share of ", out.share)));
   std::remove(file.c_str());
   rmdir(made);
   return out;
