@@ -117,4 +117,19 @@ if [[ ${GPUEXEC_MPS:-1} != 0 && -z ${CUDA_MPS_PIPE_DIRECTORY:-} ]] &&
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
+
+# Compute shares: the measured tenant with a tenth of the SMs beside a
+# neighbour's kernels that fill the GPU (1 ms and 2 ms), both workers held
+# by the daemon's own MPS control daemon (--mps=own); then the same without
+# a share, for the difference.
+if [[ ${GPUEXEC_MPS:-1} != 0 && -z ${CUDA_MPS_PIPE_DIRECTORY:-} ]] &&
+  command -v nvidia-cuda-mps-control >/dev/null; then
+  bench=$(ls "$HERE"/bin/*bench* | head -1)
+  for us in 1000 2000; do
+    for share in 0.1 ""; do
+      run "bench_tenants_share${share:+_$share}_${us}us" "$bench" --tenants_only \
+        --tenants_mps=own --tenant_share="$share" --neighbour_blocks=528 --neighbour_kernel_us=$us
+    done
+  done
+fi
 exit $status
