@@ -92,6 +92,7 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
   plan.device = device.index;
   plan.device_sms = device.sms;
   uint64_t taken = 0;
+  const std::string* last_where = nullptr;  // of the last part's share
   for (const ShareClaim& c : claims) {
     const ComputeShare& share = c.share.empty() ? fallback : c.share;
     if (share.empty()) {
@@ -108,19 +109,12 @@ absl::StatusOr<DeviceShares> PlanShares(const ShareDevice& device,
                        device.sms, "; lower the shares of the tenants that may use it"));
     }
     plan.parts.push_back({c.tenant, *sms, PercentOfDevice(*sms, device.sms)});
+    last_where = &share.where;
   }
   plan.rest_sms = static_cast<uint32_t>(device.sms - taken);
-  const bool left_without = plan.rest_tenants != 0;
-  if (left_without && plan.any() && plan.rest_sms < g.min) {
-    const DeviceShares::Part& last = plan.parts.back();
-    const ShareClaim* claim = nullptr;
-    for (const ShareClaim& c : claims) {
-      if (c.tenant == last.tenant) claim = &c;
-    }
-    const std::string& where =
-        claim != nullptr && !claim->share.empty() ? claim->share.where : fallback.where;
+  if (plan.rest_tenants != 0 && plan.any() && plan.rest_sms < g.min) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the shares of device ", device.index, " leave ", plan.rest_sms, " of its ",
+        *last_where, ": the shares of device ", device.index, " leave ", plan.rest_sms, " of its ",
         device.sms, " SMs to the tenants without a share (at least ", g.min,
         " are needed); lower the shares, or give those tenants shares of their own"));
   }

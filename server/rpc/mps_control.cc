@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/common/environment.h"
 #include "server/common/log.h"
 #include "server/common/text.h"
 
@@ -27,19 +28,12 @@ extern char** environ;
 namespace gpuexec::rpc {
 namespace {
 
-// The daemon's environment with the control daemon's directories set.
+// The daemon's environment with the control daemon's directories set, and
+// none of the daemon's own MPS settings (a thread percentage there would
+// lower every share).
 std::vector<std::string> ControlEnvironment(const std::string& pipes, const std::string& logs) {
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string entry(*e);
-    // None of the daemon's own MPS settings (a thread percentage there
-    // would lower every share).
-    if (entry.rfind("CUDA_MPS_", 0) == 0) continue;
-    env.push_back(entry);
-  }
-  env.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipes);
-  env.push_back("CUDA_MPS_LOG_DIRECTORY=" + logs);
-  return env;
+  return ChildEnvironment(
+      environ, {"CUDA_MPS_PIPE_DIRECTORY=" + pipes, "CUDA_MPS_LOG_DIRECTORY=" + logs}, "CUDA_MPS_");
 }
 
 // Starts `argv` with `env`, stdin from `stdin_fd` (or /dev/null when -1).

@@ -38,23 +38,6 @@ inline int HighFd(int fd) {
   return high;
 }
 
-// A worker's environment: `inherited` (NAME=value entries, null-ended)
-// less the names `own` sets, then `own`.
-inline std::vector<std::string> WorkerEnvironment(char* const* inherited,
-                                                  const std::vector<std::string>& own) {
-  auto name = [](const std::string& entry) { return entry.substr(0, entry.find('=') + 1); };
-  std::vector<std::string> env;
-  for (char* const* e = inherited; e != nullptr && *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const std::string n = name(entry);
-    if (std::none_of(own.begin(), own.end(), [&](const std::string& o) { return name(o) == n; })) {
-      env.push_back(entry);
-    }
-  }
-  env.insert(env.end(), own.begin(), own.end());
-  return env;
-}
-
 // The `what` of a request (what it is about, for messages); "" if none.
 // Requests that give something back (or only ask after the worker) go
 // even past the bound on unsent requests: refusing them would leak.

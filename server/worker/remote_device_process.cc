@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/environment.h"
 #include "server/common/log.h"
 #include "server/common/thread_name.h"
 #include "server/common/trace.h"
@@ -117,8 +118,7 @@ void RemoteDevice::Spawn() {
     argv.push_back(nullptr);
     // The daemon's environment, with the worker's own settings (its MPS
     // share) in place of any the daemon has.
-    std::vector<std::string> env_storage =
-        internal::WorkerEnvironment(environ, options_.environment);
+    std::vector<std::string> env_storage = ChildEnvironment(environ, options_.environment);
     std::vector<char*> envp;
     for (auto& e : env_storage) envp.push_back(e.data());
     envp.push_back(nullptr);

@@ -30,20 +30,27 @@ namespace {
 
 using ::testing::HasSubstr;
 
+std::string TextOf(std::istream& in) {
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string TextOf(const std::string& path) {
+  std::ifstream in(path);
+  return TextOf(in);
+}
+
 // The worker processes this process started (gpuexecd __worker).
 std::set<pid_t> Workers() {
   std::set<pid_t> out;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     pid_t pid = 0;
     if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::string text = TextOf(e.path() / "stat");
     const size_t close = text.rfind(')');
     if (close == std::string::npos) continue;
     std::vector<std::string> fields = absl::StrSplit(text.substr(close + 2), ' ');
     if (fields.size() < 2 || fields[1] != std::to_string(getpid())) continue;
-    std::ifstream cmdline(e.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    const std::string args = TextOf(e.path() / "cmdline");
     if (absl::StrContains(args, "__worker")) out.insert(pid);
   }
   return out;
@@ -58,7 +65,7 @@ std::string EnvOf(pid_t pid, const std::string& name) {
                   << "'s environment (run as root, or with CAP_SYS_PTRACE)";
     return "";
   }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = TextOf(in);
   for (absl::string_view entry : absl::StrSplit(text, '\0')) {
     if (absl::ConsumePrefix(&entry, name + "=")) return std::string(entry);
   }
@@ -235,9 +242,7 @@ TEST_F(ComputeSharesTest, AControlDaemonOfItsOwnServesItsWorkersAndGoesWithIt) {
   sa.reset();
   server_->Shutdown(absl::Seconds(10));
   server_.reset();
-  std::ifstream in(record);
-  std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(got, absl::StrCat("started ", pipes, " 700\nquit\n"));
+  EXPECT_EQ(TextOf(record), absl::StrCat("started ", pipes, " 700\nquit\n"));
   // Its directories went with it.
   EXPECT_NE(stat(pipes.c_str(), &st), 0);
   unsetenv("GPUEXEC_TEST_MPS_RECORD");
@@ -261,8 +266,7 @@ TEST_F(ComputeSharesTest, NoWorkerStartsUnheldOnceTheControlDaemonEnded) {
   // Dead (a zombie until the daemon reaps it) before the next worker.
   ASSERT_TRUE(WaitFor(
       [&] {
-        std::ifstream stat(absl::StrCat("/proc/", control, "/stat"));
-        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        const std::string text = TextOf(absl::StrCat("/proc/", control, "/stat"));
         return text.empty() || absl::StrContains(text, ") Z ");
       },
       absl::Seconds(10)));
