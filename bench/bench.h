@@ -58,6 +58,7 @@ ABSL_DECLARE_FLAG(int, spin_wait_us);
 ABSL_DECLARE_FLAG(uint32_t, chunk_bytes);
 ABSL_DECLARE_FLAG(int, transfer_streams);
 ABSL_DECLARE_FLAG(bool, tenants_only);
+ABSL_DECLARE_FLAG(uint32_t, green_only);
 ABSL_DECLARE_FLAG(int, neighbour_kernel_us);
 ABSL_DECLARE_FLAG(std::string, tenant_share);
 ABSL_DECLARE_FLAG(int, neighbour_blocks);
@@ -170,6 +171,10 @@ struct NativeFigures {
 };
 
 NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const std::string& cubin);
+// --green_only (green.cc): green contexts on the driver in this process, a
+// part of `part_sms` SMs beside a neighbour of `neighbour_us` kernels.
+void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::string& cubin,
+                    uint32_t part_sms, int neighbour_us);
 
 // ------------------------------------------------------------------ transport
 

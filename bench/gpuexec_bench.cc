@@ -50,6 +50,9 @@ ABSL_FLAG(uint32_t, chunk_bytes, 0,
           "the gpuexec client's ClientOptions::chunk_bytes (0: its default)");
 ABSL_FLAG(bool, tenants_only, false,
           "measure only the tenants section (a worker per tenant; run it again under MPS)");
+ABSL_FLAG(uint32_t, green_only, 0,
+          "only the green contexts' facts, on the driver in this process: a part of this many "
+          "SMs beside a neighbour on the rest (--neighbour_kernel_us)");
 ABSL_FLAG(int, neighbour_kernel_us, 200,
           "the tenants section: how long each of the second tenant's kernels runs");
 ABSL_FLAG(std::string, tenant_share, "",
@@ -147,6 +150,10 @@ int Main() {
       Die(absl::StrCat("--figures: no figure named '", f, "' (", absl::StrJoin(kFigures, ", "),
                        ")"));
     }
+  }
+  if (const uint32_t sms = absl::GetFlag(FLAGS_green_only); sms > 0) {
+    RunGreenNative(plan, driver, cubin, sms, absl::GetFlag(FLAGS_neighbour_kernel_us));
+    return 0;
   }
   if (absl::GetFlag(FLAGS_tenants_only)) {
     std::printf("gpuexec_bench%s: the tenants section only, driver %s, daemon %s\n",

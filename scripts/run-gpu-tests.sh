@@ -20,6 +20,9 @@ run() {  # run NAME CMD...: tee to a log, remember failures
   "$@" 2>&1 | grep -vE '^[0-9T:.-]+Z I session [0-9a-f]+ (opened|closed)' | tee "$LOG_DIR/$name.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "== $name FAILED"; status=1; }
 }
+# Green contexts on the driver itself: a part of 16 SMs beside a neighbour
+# on the rest (the facts the shared worker's compute shares rest on).
+run green_contexts "$(ls "$HERE"/bin/*bench* | head -1)" --green_only=16 --neighbour_kernel_us=1000
 run service_test "$HERE/bin/service_test"
 run daemon_test "$HERE/bin/daemon_test"
 run metrics_endpoint_test "$HERE/bin/metrics_endpoint_test"

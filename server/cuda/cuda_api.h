@@ -52,6 +52,12 @@ using CUfunction = CUfunc_st*;
 using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
 using CUmemoryPool = CUmemPoolHandle_st*;
+// Green contexts (CUDA 12.4+): a context confined to a part of the SMs, and
+// the descriptor of the resources one is made of.
+struct CUgreenCtx_st;
+struct CUdevResourceDesc_st;
+using CUgreenCtx = CUgreenCtx_st*;
+using CUdevResourceDesc = CUdevResourceDesc_st*;
 
 // A host function queued on a stream (cuLaunchHostFunc).
 using CUhostFn = void (*)(void* userData);
@@ -114,6 +120,8 @@ enum CUresult {
   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
   CUDA_ERROR_TIMEOUT = 909,
   CUDA_ERROR_INVALID_CLUSTER_SIZE = 912,
+  CUDA_ERROR_INVALID_RESOURCE_TYPE = 914,
+  CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION = 915,
   CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -251,6 +259,36 @@ struct CUlaunchConfig {
   unsigned int numAttrs;
 };
 
+// --- Green contexts (cuDeviceGetDevResource, cuDevSmResourceSplitByCount) ---
+
+enum CUdevResourceType {
+  CU_DEV_RESOURCE_TYPE_INVALID = 0,
+  CU_DEV_RESOURCE_TYPE_SM = 1,
+};
+
+enum CUgreenCtxCreate_flags {
+  CU_GREEN_CTX_DEFAULT_STREAM = 1,  // required by cuGreenCtxCreate
+};
+
+// A device's streaming multiprocessors. CUDA 12.x drivers fill smCount
+// alone; 13.0 adds the partition rules (0 where the driver leaves them).
+struct CUdevSmResource {
+  unsigned int smCount;
+  unsigned int minSmPartitionSize;
+  unsigned int smCoscheduledAlignment;
+};
+
+// A tagged resource: 144 bytes, the driver's ABI version 1. Only the API
+// that made one may write it.
+struct CUdevResource {
+  CUdevResourceType type;
+  unsigned char _internal_padding[92];
+  union {
+    CUdevSmResource sm;
+    unsigned char _oversize[48];
+  };
+};
+
 // --- Tensor maps (cuTensorMapEncodeTiled) ---
 
 // An encoded TMA descriptor: 128 opaque bytes. CUDA 12 aligns it to 64
@@ -362,6 +400,22 @@ typedef CUresult (*PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor)(int* blocks,
                                                                     size_t dynamic_shared_bytes);
 typedef CUresult (*PFN_cuOccupancyMaxActiveClusters)(int* clusters, CUfunction function,
                                                      const CUlaunchConfig* config);
+
+typedef CUresult (*PFN_cuDeviceGetDevResource)(CUdevice device, CUdevResource* resource,
+                                               CUdevResourceType type);
+typedef CUresult (*PFN_cuDevSmResourceSplitByCount)(CUdevResource* result, unsigned int* groups,
+                                                    const CUdevResource* input,
+                                                    CUdevResource* remaining, unsigned int flags,
+                                                    unsigned int min_count);
+typedef CUresult (*PFN_cuDevResourceGenerateDesc)(CUdevResourceDesc* desc, CUdevResource* resources,
+                                                  unsigned int count);
+typedef CUresult (*PFN_cuGreenCtxCreate)(CUgreenCtx* context, CUdevResourceDesc desc,
+                                         CUdevice device, unsigned int flags);
+typedef CUresult (*PFN_cuGreenCtxDestroy)(CUgreenCtx context);
+typedef CUresult (*PFN_cuGreenCtxGetDevResource)(CUgreenCtx context, CUdevResource* resource,
+                                                 CUdevResourceType type);
+typedef CUresult (*PFN_cuGreenCtxStreamCreate)(CUstream* stream, CUgreenCtx context,
+                                               unsigned int flags, int priority);
 
 typedef CUresult (*PFN_cuTensorMapEncodeTiled)(
     CUtensorMap* map, CUtensorMapDataType data_type, cuuint32_t rank, void* address,

@@ -63,6 +63,10 @@ constexpr ResultEntry kResults[] = {
      absl::StatusCode::kInvalidArgument, false},
     {CUDA_ERROR_INVALID_CLUSTER_SIZE, "CUDA_ERROR_INVALID_CLUSTER_SIZE",
      absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_INVALID_RESOURCE_TYPE, "CUDA_ERROR_INVALID_RESOURCE_TYPE",
+     absl::StatusCode::kInvalidArgument, false},
+    {CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION",
+     absl::StatusCode::kInvalidArgument, false},
     {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
      absl::StatusCode::kInvalidArgument, false},
     {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", absl::StatusCode::kAborted, true},
@@ -125,12 +129,6 @@ absl::StatusCode CodeForResult(int result) {
   return e != nullptr ? e->code : absl::StatusCode::kInternal;
 }
 
-#define GPUEXEC_CU(call, args, what)                                                      \
-  do {                                                                                    \
-    const CUresult gpuexec_result_ = api_->call args;                                     \
-    if (gpuexec_result_ != CUDA_SUCCESS) return Error(gpuexec_result_, "cu" #call, what); \
-  } while (0)
-
 absl::Status Driver::Error(int result, absl::string_view call, absl::string_view what) const {
   const char* name = nullptr;
   const char* text = nullptr;
@@ -162,6 +160,10 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load(const std::string& library)
   if (api->member == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", symbol);
   GPUEXEC_DRIVER_ENTRY_POINTS(GPUEXEC_RESOLVE_ENTRY)
 #undef GPUEXEC_RESOLVE_ENTRY
+#define GPUEXEC_RESOLVE_OPTIONAL(member, symbol, fn) \
+  api->member = reinterpret_cast<decltype(api->member)>(dlsym(handle, symbol));
+  GPUEXEC_DRIVER_OPTIONAL_ENTRY_POINTS(GPUEXEC_RESOLVE_OPTIONAL)
+#undef GPUEXEC_RESOLVE_OPTIONAL
   if (!missing.empty()) {
     dlclose(handle);
     return absl::UnavailableError(absl::StrCat("the CUDA driver library '", library,

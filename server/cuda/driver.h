@@ -30,6 +30,7 @@ struct CUfunc_st;
 struct CUstream_st;
 struct CUevent_st;
 struct CUmemPoolHandle_st;
+struct CUgreenCtx_st;
 
 namespace gpuexec::cuda {
 
@@ -100,11 +101,13 @@ void ReleaseModule(const Driver* d, CUmod_st* m);
 void ReleaseStream(const Driver* d, CUstream_st* s);
 void ReleaseEvent(const Driver* d, CUevent_st* e);
 void ReleasePinned(const Driver* d, void* p);
+void ReleaseGreenContext(const Driver* d, CUgreenCtx_st* g);
 
 using Module = Owned<CUmod_st*, &ReleaseModule>;
 using Stream = Owned<CUstream_st*, &ReleaseStream>;
 using Event = Owned<CUevent_st*, &ReleaseEvent>;
 using PinnedMemory = Owned<void*, &ReleasePinned>;
+using GreenContext = Owned<CUgreenCtx_st*, &ReleaseGreenContext>;
 using Function = CUfunc_st*;  // owned by its module
 
 // The primary context of one device, retained for the owner's lifetime.
@@ -126,6 +129,20 @@ class PrimaryContext {
 };
 
 using HostCallback = void (*)(void* user_data);
+
+// A device's streaming multiprocessors as green contexts see them: how many,
+// and the rules of a part (0 where the driver does not say: before 13.0).
+struct SmResources {
+  uint32_t sms = 0;
+  uint32_t min_part = 0;
+  uint32_t step = 0;
+};
+
+// One part of a device's SMs: a green context and the SMs it was given.
+struct GreenPart {
+  GreenContext context;
+  uint32_t sms = 0;
+};
 
 class Driver {
  public:
@@ -204,6 +221,22 @@ class Driver {
   // Encodes `map` (checked by the caller) into the 128 bytes at `out`.
   absl::Status EncodeTensorMap(const port::TensorMapEncoding& map, void* out,
                                absl::string_view what) const;
+
+  // Green contexts (green_contexts.cc). Whether the driver has every entry
+  // point they need (CUDA 12.5 and newer).
+  bool has_green_contexts() const;
+  absl::StatusOr<SmResources> DeviceSms(int ordinal) const;
+  // Splits device `ordinal`'s SMs into parts of `sms[i]` SMs each, in order,
+  // and a last part of the SMs left (none when no SM is left): a green
+  // context each. Fails, making none, when the driver refuses a part (its
+  // size off the device's rules, or more SMs than are left).
+  absl::StatusOr<std::vector<GreenPart>> CreateGreenContexts(int ordinal,
+                                                             const std::vector<uint32_t>& sms,
+                                                             absl::string_view what) const;
+  // A stream whose work runs on `part`'s SMs alone; `priority` as
+  // cuStreamCreateWithPriority's (0: the default).
+  absl::StatusOr<Stream> CreateGreenStream(const GreenContext& part, int priority,
+                                           absl::string_view what) const;
 
   absl::Status SynchronizeContext(absl::string_view what) const;
   // Blocks the calling thread until `stream`'s work has finished.

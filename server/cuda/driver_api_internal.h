@@ -62,11 +62,32 @@ namespace gpuexec::cuda {
   X(MemPoolSetAttribute, "cuMemPoolSetAttribute", cuMemPoolSetAttribute)                      \
   X(MemPoolTrimTo, "cuMemPoolTrimTo", cuMemPoolTrimTo)
 
+// Entry points a driver may lack: resolved where present, null otherwise.
+// Green contexts: CUDA 12.4 (cuGreenCtxStreamCreate 12.5); compute shares
+// with --isolation=device need them all.
+#define GPUEXEC_DRIVER_OPTIONAL_ENTRY_POINTS(X)                                            \
+  X(DeviceGetDevResource, "cuDeviceGetDevResource", cuDeviceGetDevResource)                \
+  X(DevSmResourceSplitByCount, "cuDevSmResourceSplitByCount", cuDevSmResourceSplitByCount) \
+  X(DevResourceGenerateDesc, "cuDevResourceGenerateDesc", cuDevResourceGenerateDesc)       \
+  X(GreenCtxCreate, "cuGreenCtxCreate", cuGreenCtxCreate)                                  \
+  X(GreenCtxDestroy, "cuGreenCtxDestroy", cuGreenCtxDestroy)                               \
+  X(GreenCtxGetDevResource, "cuGreenCtxGetDevResource", cuGreenCtxGetDevResource)          \
+  X(GreenCtxStreamCreate, "cuGreenCtxStreamCreate", cuGreenCtxStreamCreate)
+
 struct DriverApi {
 #define GPUEXEC_DECLARE_ENTRY(member, symbol, fn) PFN_##fn member = nullptr;
   GPUEXEC_DRIVER_ENTRY_POINTS(GPUEXEC_DECLARE_ENTRY)
+  GPUEXEC_DRIVER_OPTIONAL_ENTRY_POINTS(GPUEXEC_DECLARE_ENTRY)
 #undef GPUEXEC_DECLARE_ENTRY
 };
+
+// Inside a Driver member: runs api_->call args and returns the status of a
+// failure, naming the call and `what`.
+#define GPUEXEC_CU(call, args, what)                                                      \
+  do {                                                                                    \
+    const CUresult gpuexec_result_ = api_->call args;                                     \
+    if (gpuexec_result_ != CUDA_SUCCESS) return Error(gpuexec_result_, "cu" #call, what); \
+  } while (0)
 
 }  // namespace gpuexec::cuda
 

@@ -194,4 +194,21 @@ __global__ void gx_pdl_consume(const uint32_t* data, uint32_t* out, uint32_t n) 
   }
 }
 
+// Block b spins `ns` nanoseconds (so that the blocks spread over every SM
+// they may run on), then writes the SM it ran on to out[b]: how many SMs a
+// stream's kernels reach.
+__global__ void gx_sm_ids(uint32_t* out, uint64_t ns) {
+  uint64_t start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  uint64_t now = start;
+  while (now - start < ns) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  }
+  if (threadIdx.x == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    out[blockIdx.x] = sm;
+  }
+}
+
 }  // extern "C"

@@ -69,12 +69,15 @@ namespace {
   X(CUmemPool_attribute) X(CUstream_flags) X(CUevent_flags)                 \
   X(CUclusterSchedulingPolicy) X(CUlaunchAttributeID) X(CUtensorMapDataType) \
   X(CUtensorMapInterleave) X(CUtensorMapSwizzle) X(CUtensorMapL2promotion)  \
-  X(CUtensorMapFloatOOBfill)
+  X(CUtensorMapFloatOOBfill) X(CUdevResourceType) X(CUgreenCtxCreate_flags)
 // clang-format on
-#define GX_AGGREGATES(X) \
-  X(CUlaunchAttributeValue) X(CUlaunchAttribute) X(CUlaunchConfig) X(CUtensorMap)
-#define GX_OPAQUE(X) \
-  X(CUctx_st) X(CUmod_st) X(CUfunc_st) X(CUstream_st) X(CUevent_st) X(CUmemPoolHandle_st)
+#define GX_AGGREGATES(X)    \
+  X(CUlaunchAttributeValue) \
+  X(CUlaunchAttribute) X(CUlaunchConfig) X(CUtensorMap) X(CUdevSmResource) X(CUdevResource)
+#define GX_OPAQUE(X)                                                                           \
+  X(CUctx_st)                                                                                  \
+  X(CUmod_st) X(CUfunc_st) X(CUstream_st) X(CUevent_st) X(CUmemPoolHandle_st) X(CUgreenCtx_st) \
+      X(CUdevResourceDesc_st)
 
 // Theirs<T>::type is T with each of our nominal types replaced by the
 // toolkit's of the same name. A nominal type without a mapping stays ours,
@@ -166,6 +169,11 @@ struct Checker {
 
 void CheckConstants(Checker& c) {
   GX_CONSTANT(CUDA_SUCCESS);
+  GX_CONSTANT(CUDA_ERROR_INVALID_RESOURCE_TYPE);
+  GX_CONSTANT(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  GX_CONSTANT(CU_DEV_RESOURCE_TYPE_INVALID);
+  GX_CONSTANT(CU_DEV_RESOURCE_TYPE_SM);
+  GX_CONSTANT(CU_GREEN_CTX_DEFAULT_STREAM);
   GX_CONSTANT(CUDA_ERROR_INVALID_VALUE);
   GX_CONSTANT(CUDA_ERROR_OUT_OF_MEMORY);
   GX_CONSTANT(CUDA_ERROR_NOT_INITIALIZED);
@@ -315,6 +323,8 @@ void CheckTypes(Checker& c) {
   GX_ALIAS(CUevent);
   GX_ALIAS(CUmemoryPool);
   GX_ALIAS(CUhostFn);
+  GX_ALIAS(CUgreenCtx);
+  GX_ALIAS(CUdevResourceDesc);
 }
 
 // A struct's size and alignment; a field's offset, size and type (a
@@ -369,6 +379,17 @@ void CheckAggregates(Checker& c) {
   // stricter, which serves both.
   GX_AGGREGATE(CUtensorMap, true);
   GX_FIELD(CUtensorMap, opaque);
+
+  GX_AGGREGATE(CUdevSmResource, false);
+  GX_FIELD(CUdevSmResource, smCount);
+  GX_FIELD(CUdevSmResource, minSmPartitionSize);
+  GX_FIELD(CUdevSmResource, smCoscheduledAlignment);
+
+  GX_AGGREGATE(CUdevResource, false);
+  GX_FIELD(CUdevResource, type);
+  GX_FIELD(CUdevResource, _internal_padding);
+  GX_FIELD(CUdevResource, sm);
+  GX_FIELD(CUdevResource, _oversize);
 }
 
 #define GX_STR(x) GX_STR_(x)
@@ -391,6 +412,7 @@ bool OlderSymbolOnPurpose(const std::string& symbol) {
 
 void CheckEntryPoints(Checker& c) {
   GPUEXEC_DRIVER_ENTRY_POINTS(GX_ENTRY)
+  GPUEXEC_DRIVER_OPTIONAL_ENTRY_POINTS(GX_ENTRY)
   // Served by the driver double only.
   c.ExpectSameType<ours::PFN_cuLaunchKernel, decltype(&::cuLaunchKernel)>("PFN_cuLaunchKernel");
 }
@@ -418,6 +440,7 @@ std::set<std::string> DeclaredNames(const std::string& path) {
   static const std::regex kEntry(R"(^typedef \w+ \(\*(PFN_\w+)\))");
   static const std::regex kNestedOpen(R"(^\s+(?:struct|union) \{)");
   static const std::regex kNestedClose(R"(^\s+\} (\w+);)");
+  static const std::regex kAnonymousClose(R"(^\s+\};)");
   static const std::regex kField(R"(^\s+[\w\s\*]+?\b(\w+)(?:\[[^\]]*\])?;)");
   std::set<std::string> names;
   std::string aggregate;            // the struct or union being read
@@ -434,6 +457,11 @@ std::set<std::string> DeclaredNames(const std::string& path) {
     } else if (!aggregate.empty()) {
       if (line.rfind("};", 0) == 0) {
         aggregate.clear();
+        nested = false;
+      } else if (nested && std::regex_search(line, m, kAnonymousClose)) {
+        // An anonymous union's members are the aggregate's own.
+        for (const std::string& field : inside) names.insert(aggregate + "." + field);
+        nested = false;
       } else if (std::regex_search(line, m, kNestedOpen)) {
         nested = true;
         inside.clear();
