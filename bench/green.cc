@@ -67,6 +67,43 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
     return;
   }
   Note("a primary-context module's kernel on a green stream: runs");
+  // What else the device layer does on a session stream, each with the
+  // primary context current: its events, stream-ordered memory, copies and
+  // host functions.
+  {
+    auto check = [&](const char* what, const absl::Status& s) {
+      Note(absl::StrFormat("  %s on a green stream: %s", what, s.ok() ? "runs" : s.ToString()));
+    };
+    auto e0 = Must(d.CreateEvent(true, "e0"), "event");
+    auto e1 = Must(d.CreateEvent(true, "e1"), "event");
+    absl::Status rec = d.Record(e0, part.get(), "e0");
+    if (rec.ok()) rec = d.Launch(empty, one, nullptr, part.get(), "gx_empty");
+    check("a primary-context event's record", rec);
+    uint64_t ns = 100000;
+    void* params[] = {&ns};
+    absl::Status timed = d.Launch(spin, one, params, part.get(), "gx_spin");
+    if (timed.ok()) timed = d.Record(e1, part.get(), "e1");
+    if (timed.ok()) timed = d.SynchronizeStream(part.get(), "sync");
+    absl::StatusOr<float> ms = timed.ok() ? d.ElapsedMs(e0, e1, "elapsed") : timed;
+    check("timing between its events", ms.status());
+    if (ms.ok()) Note(absl::StrFormat("  (a 100 us kernel timed at %.3f ms)", *ms));
+    Must(d.ConfigureMemoryPool(kDev), "memory pool");
+    absl::StatusOr<port::DevicePtr> p = d.AllocAsync(1 << 20, part.get(), "alloc");
+    absl::Status mem = p.status();
+    if (mem.ok()) mem = d.MemsetAsync(*p, 0, 1 << 20, part.get(), "memset");
+    std::vector<uint8_t> host(1 << 20, 1);
+    if (mem.ok()) mem = d.CopyHtoDAsync(*p, host.data(), host.size(), part.get(), "h2d");
+    if (mem.ok()) mem = d.CopyDtoHAsync(host.data(), *p, host.size(), part.get(), "d2h");
+    if (mem.ok()) mem = d.FreeAsync(*p, part.get(), "free");
+    if (mem.ok()) mem = d.SynchronizeStream(part.get(), "sync");
+    check("cuMemAllocAsync, memset, copies, cuMemFreeAsync", mem);
+    static std::atomic<int> ran{0};
+    absl::Status host_fn = d.LaunchHostFunc(
+        part.get(), [](void*) { ran.fetch_add(1); }, nullptr, "host function");
+    if (host_fn.ok()) host_fn = d.SynchronizeStream(part.get(), "sync");
+    check(ran.load() == 1 ? "cuLaunchHostFunc (it ran)" : "cuLaunchHostFunc (it did not run)",
+          host_fn);
+  }
   const unsigned blocks = sms.sms * 4;
   Note(absl::StrFormat("gx_sm_ids, %u blocks: %d SMs on the primary stream, %d on part 1 (%u SMs)",
                        blocks, SmsReached(d, sm_ids, primary.get(), blocks),
