@@ -48,9 +48,8 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
   auto t0 = Clock::now();
   std::vector<cuda::GreenPart> parts =
       Must(d.CreateGreenContexts(kDev, {part_sms}, "device 0"), "green contexts");
-  Note(absl::StrFormat("split into %zu parts (%u and %u SMs): %.0f us", parts.size(),
-                       parts[0].sms, parts.size() > 1 ? parts[1].sms : 0,
-                       Seconds(t0, Clock::now()) * 1e6));
+  Note(absl::StrFormat("split into %zu parts (%u and %u SMs): %.0f us", parts.size(), parts[0].sms,
+                       parts.size() > 1 ? parts[1].sms : 0, Seconds(t0, Clock::now()) * 1e6));
   const std::string image = ReadFileOrDie(cubin);
   auto module = Must(d.LoadModule(image, false, "gx_kernels"), "load the module");
   cuda::Function empty = Must(d.GetFunction(module, "gx_empty", "gx_empty"), "gx_empty");
@@ -116,9 +115,10 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
   };
   const Latency alone_primary = launch_sync(primary.get());
   const Latency alone_part = launch_sync(part.get());
-  Note(absl::StrFormat("launch + sync alone: primary p50 %.1f p99 %.1f us; part 1 p50 %.1f p99 "
-                       "%.1f us",
-                       alone_primary.p50, alone_primary.p99, alone_part.p50, alone_part.p99));
+  Note(
+      absl::StrFormat("launch + sync alone: primary p50 %.1f p99 %.1f us; part 1 p50 %.1f p99 "
+                      "%.1f us",
+                      alone_primary.p50, alone_primary.p99, alone_part.p50, alone_part.p99));
   if (parts.size() < 2) return;
   // A neighbour on the rest: gx_spin blocks that fill every SM of the rest
   // (and would fill part 1's too were it not apart), kept queued.
@@ -143,10 +143,11 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
     const Latency beside = launch_sync(part.get());
     stop = true;
     flood.join();
-    Note(absl::StrFormat("launch + sync on part 1 beside %u-block %d us kernels on %s: p50 %.1f "
-                         "p99 %.1f us (%.2fx / %.2fx alone)",
-                         sms.sms * 4, neighbour_us, name, beside.p50, beside.p99,
-                         beside.p50 / alone_part.p50, beside.p99 / alone_part.p99));
+    Note(
+        absl::StrFormat("launch + sync on part 1 beside %u-block %d us kernels on %s: p50 %.1f "
+                        "p99 %.1f us (%.2fx / %.2fx alone)",
+                        sms.sms * 4, neighbour_us, name, beside.p50, beside.p99,
+                        beside.p50 / alone_part.p50, beside.p99 / alone_part.p99));
   }
 }
 

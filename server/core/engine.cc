@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -55,6 +56,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     log::Info("CUDA driver '", options.driver_library, "' version ", info.driver_version, ": ",
               info.device_count, info.test_double ? " simulated" : "", " device(s)");
     engine->test_double_ = info.test_double;
+    engine->green_contexts_ = info.green_contexts;
     opened.resize(info.device_count);
     std::vector<absl::Status> failures(info.device_count);
     if (first.ok()) {
@@ -171,6 +173,49 @@ std::vector<ShareDevice> Engine::ShareDevices() const {
                    p.cc_minor});
   }
   return out;
+}
+
+namespace {
+
+std::vector<port::ComputePart> PartsOf(const std::vector<DeviceShares>& plans, size_t device) {
+  std::vector<port::ComputePart> parts;
+  for (const DeviceShares& p : plans) {
+    if (p.device != device) continue;
+    for (const DeviceShares::Part& part : p.parts) parts.push_back({part.tenant, part.sms});
+  }
+  return parts;
+}
+
+}  // namespace
+
+absl::Status Engine::SetComputeParts(const std::vector<DeviceShares>& plans,
+                                     const std::vector<DeviceShares>& before) {
+  if (options_.isolation != EngineOptions::Isolation::kDevice) return absl::OkStatus();
+  // One device at a time: a refusal leaves the others as they were.
+  auto cut = [this](size_t i, std::vector<port::ComputePart> parts) {
+    absl::Mutex mu;
+    std::optional<absl::Status> answer;
+    devices_[i]->SetComputeParts(std::move(parts), [&](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      answer = std::move(s);
+    });
+    // A port always answers: a worker that stops is restarted, failing
+    // what it had not answered.
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](std::optional<absl::Status>* a) { return a->has_value(); }, &answer));
+    return *answer;
+  };
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    absl::Status s = cut(i, PartsOf(plans, i));
+    if (s.ok()) continue;
+    for (size_t j = 0; j < i; ++j) cut(j, PartsOf(before, j)).IgnoreError();
+    return absl::Status(s.code(), absl::StrCat("device ", i,
+                                               " cannot be cut into the tenants' "
+                                               "compute shares: ",
+                                               s.message()));
+  }
+  return absl::OkStatus();
 }
 
 bool Engine::AnyDeviceHealthy() const {

@@ -419,6 +419,16 @@ class Engine {
   int device_count() const { return static_cast<int>(devices_.size()); }
   // Each device's size, as compute shares are planned on it.
   std::vector<ShareDevice> ShareDevices() const;
+  // Whether the driver can cut a device into green contexts.
+  bool GreenContexts() const { return green_contexts_; }
+  // With --isolation=device: cuts each device's SMs by `plans` (a green
+  // context per tenant with a share and one of the rest; a device without
+  // a plan is not cut) for the sessions opened after it. Waits for every
+  // device's answer; the first refusal, naming the device, and the devices
+  // cut before it are cut back by `before`. OK at once with a worker per
+  // tenant (MPS holds those to their shares).
+  absl::Status SetComputeParts(const std::vector<DeviceShares>& plans,
+                               const std::vector<DeviceShares>& before);
   bool AnyDeviceHealthy() const;
   // Whether device `index` serves now (false while its worker restarts).
   bool DeviceHealthy(int index) const { return devices_[index]->healthy(); }
@@ -562,7 +572,8 @@ class Engine {
 
   const EngineOptions options_;
   absl::Status driver_status_;
-  bool test_double_ = false;  // the driver is the test double
+  bool test_double_ = false;     // the driver is the test double
+  bool green_contexts_ = false;  // the driver has them
   std::vector<std::shared_ptr<port::DevicePort>> devices_;
 
   mutable absl::Mutex sessions_mu_;

@@ -287,7 +287,9 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
           return done(port.status());
         }
         // The stream comes to be in the worker with the session's first work.
-        const port::StreamId stream = (*port)->CreateStream(absl::Milliseconds(time_limit));
+        // On the tenant's part of the SMs where the device is cut into parts.
+        const port::StreamId stream =
+            (*port)->CreateStream(absl::Milliseconds(time_limit), caller.tenant_name());
         auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream,
                                                  lease_ms, limit);
         session->peer_host = PeerHost(caller.peer);

@@ -13,10 +13,11 @@
 namespace gpuexec::cuda {
 
 bool Driver::has_green_contexts() const {
-  return api_->DeviceGetDevResource != nullptr && api_->DevSmResourceSplitByCount != nullptr &&
-         api_->DevResourceGenerateDesc != nullptr && api_->GreenCtxCreate != nullptr &&
-         api_->GreenCtxDestroy != nullptr && api_->GreenCtxGetDevResource != nullptr &&
-         api_->GreenCtxStreamCreate != nullptr;
+  // 12.4 has green contexts, 12.5 their streams.
+  return version_ >= 12050 && api_->DeviceGetDevResource != nullptr &&
+         api_->DevSmResourceSplitByCount != nullptr && api_->DevResourceGenerateDesc != nullptr &&
+         api_->GreenCtxCreate != nullptr && api_->GreenCtxDestroy != nullptr &&
+         api_->GreenCtxGetDevResource != nullptr && api_->GreenCtxStreamCreate != nullptr;
 }
 
 namespace {
@@ -45,8 +46,9 @@ absl::StatusOr<SmResources> Driver::DeviceSms(int ordinal) const {
   return out;
 }
 
-absl::StatusOr<std::vector<GreenPart>> Driver::CreateGreenContexts(
-    int ordinal, const std::vector<uint32_t>& sms, absl::string_view what) const {
+absl::StatusOr<std::vector<GreenPart>> Driver::CreateGreenContexts(int ordinal,
+                                                                   const std::vector<uint32_t>& sms,
+                                                                   absl::string_view what) const {
   if (!has_green_contexts()) return NoGreenContexts(*this);
   // Each part is split from what is left; what is left becomes a green
   // context of its own before the next split (the driver splits the SMs of
@@ -80,14 +82,13 @@ absl::StatusOr<std::vector<GreenPart>> Driver::CreateGreenContexts(
       break;
     }
     GPUEXEC_ASSIGN_OR_RETURN(GreenPart rest, make(&remaining, absl::StrCat(what, ": the rest")));
-    GPUEXEC_CU(GreenCtxGetDevResource, (rest.context.get(), &left, CU_DEV_RESOURCE_TYPE_SM),
-               what);
+    GPUEXEC_CU(GreenCtxGetDevResource, (rest.context.get(), &left, CU_DEV_RESOURCE_TYPE_SM), what);
     between.push_back(std::move(rest));
   }
   if (parts.size() < sms.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": no SMs are left for part ", parts.size() + 1, " of ", sms[parts.size()],
-        " SMs; the shares ask for more SMs than the device has"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": no SMs are left for part ", parts.size() + 1, " of ",
+                     sms[parts.size()], " SMs; the shares ask for more SMs than the device has"));
   }
   if (left.sm.smCount > 0) {
     GPUEXEC_ASSIGN_OR_RETURN(GreenPart rest, make(&left, absl::StrCat(what, ": the rest")));

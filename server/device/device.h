@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -133,7 +134,15 @@ class Device {
   // Creates the stream `id` (chosen by the caller, unique on this device).
   // A nonzero `kernel_time_limit` makes each launch on it watched: one still
   // running after that long is reported to DeviceOptions::on_hung.
-  void CreateStream(StreamId id, absl::Duration kernel_time_limit, Done done);
+  // The stream runs on the part of `tenant` while the device is cut into
+  // parts (SetComputeParts), on the rest's if it has none.
+  void CreateStream(StreamId id, absl::Duration kernel_time_limit, std::string tenant, Done done);
+  // Cuts the SMs into a green context per part and one of the rest, for
+  // the streams created after it (those before keep theirs, and their
+  // green contexts live while they do). Empty: no parts. Refused, keeping
+  // the parts in force: a driver without green contexts, or a part the
+  // driver cannot make.
+  void SetComputeParts(std::vector<port::ComputePart> parts, Done done);
   // Runs `done` once the stream's queued work has finished and the stream is
   // gone.
   void DestroyStream(StreamId stream, Done done);
@@ -330,6 +339,15 @@ class Device {
   void DropRegion(Region& r, const std::string& what);
   bool registered_ = false;  // options_.staging_memory is page-locked
   absl::flat_hash_map<StreamId, std::unique_ptr<StreamState>> streams_;
+  // The parts of SetComputeParts (executor thread): each tenant's green
+  // context and the rest's (null when no SM is left for it); none: the
+  // streams use the primary context.
+  struct ComputeParts {
+    absl::flat_hash_map<std::string, std::shared_ptr<cuda::GreenContext>> of_tenant;
+    std::shared_ptr<cuda::GreenContext> rest;
+    uint32_t rest_sms = 0;
+  };
+  std::optional<ComputeParts> parts_;
   absl::flat_hash_map<std::string, std::unique_ptr<LoadedModule>> modules_;
   absl::flat_hash_map<KernelId, KernelEntry*> kernels_;
   // Synchronizes waiting for their events, polled by the executor: a GPU

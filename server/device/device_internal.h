@@ -22,6 +22,9 @@
 namespace gpuexec::device {
 
 struct Device::StreamState {
+  // The green context the stream belongs to (null: the primary context);
+  // declared first so that it outlives the stream.
+  std::shared_ptr<cuda::GreenContext> part;
   cuda::Stream stream;
   // The last kernel launched on the stream since its last completed
   // Synchronize, and when: what a fault report names.

@@ -280,7 +280,8 @@ absl::Status Device::EndWork(StreamState& s, const std::string& what) {
   return absl::OkStatus();
 }
 
-void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done done) {
+void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, std::string tenant,
+                          Done done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
@@ -288,13 +289,54 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, Done do
       return done(absl::InternalError(
           absl::StrCat("stream ", id, " already exists on device ", props_.ordinal)));
     }
-    auto stream =
-        driver_->CreateStream(absl::StrCat("a session stream on device ", props_.ordinal));
-    if (!stream.ok()) return done(Check(stream.status()));
     auto state = std::make_unique<StreamState>();
+    const std::string what = absl::StrCat("a session stream on device ", props_.ordinal);
+    absl::StatusOr<cuda::Stream> stream;
+    if (parts_.has_value()) {
+      auto own = parts_->of_tenant.find(tenant);
+      state->part = own != parts_->of_tenant.end() ? own->second : parts_->rest;
+      if (state->part == nullptr) {
+        return done(absl::FailedPreconditionError(absl::StrCat(
+            "device ", props_.ordinal,
+            " has no SMs left for tenants without a compute share: the shares take them all; "
+            "give this tenant a share, or make the others' smaller")));
+      }
+      stream = driver_->CreateGreenStream(*state->part, 0, what);
+    } else {
+      stream = driver_->CreateStream(what);
+    }
+    if (!stream.ok()) return done(Check(stream.status()));
     state->stream = std::move(stream).value();
     state->time_limit = kernel_time_limit;
     streams_.emplace(id, std::move(state));
+    done(absl::OkStatus());
+  });
+}
+
+void Device::SetComputeParts(std::vector<port::ComputePart> parts, Done done) {
+  GPUEXEC_ON_EXECUTOR({
+    absl::Status u = Usable();
+    if (!u.ok()) return done(u);
+    if (parts.empty()) {
+      parts_.reset();
+      return done(absl::OkStatus());
+    }
+    std::vector<uint32_t> sms;
+    sms.reserve(parts.size());
+    for (const port::ComputePart& p : parts) sms.push_back(p.sms);
+    auto made = driver_->CreateGreenContexts(
+        props_.ordinal, sms, absl::StrCat("the compute shares of device ", props_.ordinal));
+    if (!made.ok()) return done(Check(made.status()));
+    ComputeParts next;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      next.of_tenant[parts[i].tenant] =
+          std::make_shared<cuda::GreenContext>(std::move((*made)[i].context));
+    }
+    if (made->size() > parts.size()) {
+      next.rest_sms = made->back().sms;
+      next.rest = std::make_shared<cuda::GreenContext>(std::move(made->back().context));
+    }
+    parts_ = std::move(next);
     done(absl::OkStatus());
   });
 }

@@ -35,6 +35,8 @@ struct DriverInfo {
   int driver_version = 0;
   int device_count = 0;
   bool test_double = false;
+  // The driver can cut a device's SMs into green contexts (CUDA 12.5+).
+  bool green_contexts = false;
 };
 
 // A kernel a reset names, as the device knows it: the stream it was
@@ -106,8 +108,15 @@ class DevicePort {
   // Requests sent to the device and not yet answered.
   virtual uint32_t pending_requests() const = 0;
 
-  // Names a stream; it is made on the device when first used.
-  virtual StreamId CreateStream(absl::Duration kernel_time_limit) = 0;
+  // Cuts the device's SMs into `parts` and a rest (green contexts) for the
+  // streams named after it: a stream of a tenant with a part runs on its
+  // part's SMs alone, any other on the rest's. Streams named before keep
+  // what they had; a device that restarts cuts itself by the parts last
+  // set. Empty: no parts (every stream may use every SM). `done` once the
+  // device has cut itself, or with why it cannot (and keeps what it had).
+  virtual void SetComputeParts(std::vector<ComputePart> parts, Done done) = 0;
+  // Names a stream of `tenant`; it is made on the device when first used.
+  virtual StreamId CreateStream(absl::Duration kernel_time_limit, std::string tenant) = 0;
   virtual void DestroyStream(StreamId stream, Done done) = 0;
   // `done` once everything queued on `stream` has finished; `epoch`: of
   // the buffer the caller will copy (0: none).

@@ -93,6 +93,12 @@ struct TensorMapEncoding {
   uint32_t oob_fill = 0;
 };
 
+// A tenant's part of a device's SMs (a compute share), by the SMs it keeps.
+struct ComputePart {
+  std::string tenant;
+  uint32_t sms = 0;
+};
+
 // Streams and kernels are named by ids the front process chooses.
 using StreamId = uint64_t;
 using KernelId = uint64_t;

@@ -62,7 +62,8 @@ absl::StatusOr<std::vector<core::DeviceShares>> ComputePlan::Make(
 }
 
 absl::Status ComputePlan::CheckMechanism(const std::vector<core::DeviceShares>& plans,
-                                         core::EngineOptions::Isolation isolation, bool mps) {
+                                         core::EngineOptions::Isolation isolation, bool mps,
+                                         bool green_contexts) {
   const core::DeviceShares* with = nullptr;
   for (const core::DeviceShares& p : plans) {
     if (p.any()) {
@@ -74,11 +75,13 @@ absl::Status ComputePlan::CheckMechanism(const std::vector<core::DeviceShares>& 
   const std::string whose = absl::StrCat("tenant '", with->parts.front().tenant, "' has a ",
                                          "compute share of device ", with->device);
   if (isolation == core::EngineOptions::Isolation::kDevice) {
+    if (green_contexts) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
         whose,
         ", but with --isolation=device every tenant runs in one worker, where shares need green "
-        "contexts, which this daemon does not serve yet; run with --isolation=tenant and MPS "
-        "(each tenant's worker an MPS client held to its share), or take the shares out"));
+        "contexts, which this CUDA driver lacks (they need a driver for CUDA 12.5 or newer); "
+        "update the driver, or run with --isolation=tenant and MPS (each tenant's worker an MPS "
+        "client held to its share), or take the shares out"));
   }
   if (!mps) {
     return absl::FailedPreconditionError(absl::StrCat(

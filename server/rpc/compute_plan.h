@@ -46,10 +46,13 @@ class ComputePlan {
       const tenants::Directory* dir, const std::vector<core::ShareDevice>& devices,
       const core::ComputeShare& fallback);
 
-  // Whether `plans` can be honoured with this isolation and MPS: shares
-  // need MPS with a worker per tenant; the reason and what to do if not.
+  // Whether `plans` can be honoured with this isolation, MPS and driver:
+  // with a worker per tenant shares need MPS; with one worker a device,
+  // green contexts (`green_contexts`: the driver has them). The reason and
+  // what to do if not.
   static absl::Status CheckMechanism(const std::vector<core::DeviceShares>& plans,
-                                     core::EngineOptions::Isolation isolation, bool mps);
+                                     core::EngineOptions::Isolation isolation, bool mps,
+                                     bool green_contexts);
 };
 
 }  // namespace gpuexec::rpc

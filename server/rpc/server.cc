@@ -203,7 +203,10 @@ class Server::Impl {
   absl::Status PlanShares(const tenants::Directory* dir) {
     auto plans = rpc::ComputePlan::Make(dir, engine->ShareDevices(), default_share);
     if (!plans.ok()) return plans.status();
-    GPUEXEC_RETURN_IF_ERROR(rpc::ComputePlan::CheckMechanism(*plans, isolation, mps));
+    GPUEXEC_RETURN_IF_ERROR(
+        rpc::ComputePlan::CheckMechanism(*plans, isolation, mps, engine->GreenContexts()));
+    // With one worker a device, the workers cut their devices now.
+    GPUEXEC_RETURN_IF_ERROR(engine->SetComputeParts(*plans, share_plan->plans()));
     share_plan->Set(*std::move(plans));
     for (const std::string& line : share_plan->Describe()) {
       log::Info("compute shares: ", line);
@@ -392,15 +395,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     mps_serving = [] { return MpsControlPipes().has_value(); };
   }
   wo.environment = mps_environment;
+  // With one worker a device, that worker holds each tenant to its share
+  // itself (green contexts): no MPS limit on it.
+  const bool per_tenant = eo.isolation == core::EngineOptions::Isolation::kTenant;
   auto open_device =
-      [wo, plan, mps_serving](
+      [wo, plan, mps_serving, per_tenant](
           int ordinal, const std::string& tenant,
           port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
     worker::WorkerOptions o = wo;
     o.ordinal = ordinal;
     o.tenant = tenant;
     // An MPS client held to its tenant's share, for the worker's life.
-    if (const uint32_t percent = plan->PercentFor(ordinal, tenant); percent != 0) {
+    if (const uint32_t percent = per_tenant ? plan->PercentFor(ordinal, tenant) : 0; percent != 0) {
       if (!mps_serving || !mps_serving()) {
         return absl::UnavailableError(absl::StrCat(
             "compute shares are in force on device ", ordinal,

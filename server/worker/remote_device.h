@@ -139,7 +139,8 @@ class RemoteDevice final : public port::DevicePort {
   uint32_t pending_requests() const override;
   static constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
   // Streams are created in the worker when first used; this only names one.
-  StreamId CreateStream(absl::Duration kernel_time_limit) override;
+  StreamId CreateStream(absl::Duration kernel_time_limit, std::string tenant) override;
+  void SetComputeParts(std::vector<port::ComputePart> parts, Done done) override;
   void DestroyStream(StreamId stream, Done done) override;
   void AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done) override;
   void Allocate(StreamId stream, uint64_t size, std::string what,
@@ -268,7 +269,15 @@ class RemoteDevice final : public port::DevicePort {
   absl::flat_hash_set<std::string> live_modules_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> live_kernels_ ABSL_GUARDED_BY(mu_);
   // For all workers: streams and their time limits, kernels and their ids.
-  absl::flat_hash_map<StreamId, absl::Duration> streams_ ABSL_GUARDED_BY(mu_);
+  struct StreamSpec {
+    absl::Duration time_limit;
+    std::string tenant;
+  };
+  absl::flat_hash_map<StreamId, StreamSpec> streams_ ABSL_GUARDED_BY(mu_);
+  // The compute parts last set, and whether this worker has them (a new
+  // worker is sent them before its first stream).
+  std::vector<port::ComputePart> parts_ ABSL_GUARDED_BY(mu_);
+  bool parts_live_ ABSL_GUARDED_BY(mu_) = true;
   StreamId next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, KernelRecord> kernels_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> kernel_ids_ ABSL_GUARDED_BY(mu_);

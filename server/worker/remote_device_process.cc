@@ -370,6 +370,7 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
         driver_info_.driver_version = e.ready().driver_version();
         driver_info_.device_count = e.ready().device_count();
         driver_info_.test_double = e.ready().test_double();
+        driver_info_.green_contexts = e.ready().green_contexts();
         if (!st.ok()) {
           start_status_ = st;
           return;
@@ -528,6 +529,7 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
       down_ = absl::UnavailableError(
           absl::StrCat("device ", options_.ordinal, " is restarting: ", why));
       live_streams_.clear();
+      parts_live_ = parts_.empty();
       live_modules_.clear();
       live_kernels_.clear();
       ping_out_ = false;

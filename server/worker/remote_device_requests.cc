@@ -30,6 +30,21 @@ using internal::WhatOf;
 
 // ------------------------------------------------------------ requests
 
+namespace {
+
+Request PartsRequest(const std::vector<port::ComputePart>& parts) {
+  Request r;
+  auto* set = r.mutable_set_compute_parts();  // set even when empty: no parts
+  for (const port::ComputePart& p : parts) {
+    auto* part = set->add_parts();
+    part->set_tenant(p.tenant);
+    part->set_sms(p.sms);
+  }
+  return r;
+}
+
+}  // namespace
+
 void RemoteDevice::Defer(std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
   deferred_.push_back(std::move(fn));
@@ -41,12 +56,18 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
   // not created again: the worker runs such a request on no stream.
   auto it = streams_.find(stream);
   if (stream != 0 && !live_streams_.contains(stream) && it != streams_.end()) {
-    const absl::Duration limit = it->second;
+    if (!parts_live_) {  // a new worker: the parts first
+      Request r = PartsRequest(parts_);
+      r.set_id(next_id_++);
+      prefix->push_back(std::move(r));
+      parts_live_ = true;
+    }
     Request r;
     r.set_id(next_id_++);
     r.mutable_create_stream()->set_stream(stream);
     r.mutable_create_stream()->set_kernel_time_limit_ms(
-        static_cast<uint64_t>(absl::ToInt64Milliseconds(limit)));
+        static_cast<uint64_t>(absl::ToInt64Milliseconds(it->second.time_limit)));
+    r.mutable_create_stream()->set_tenant(it->second.tenant);
     prefix->push_back(std::move(r));
     live_streams_.insert(stream);
   }
@@ -205,11 +226,28 @@ void RemoteDevice::QueryMemory(Callback<port::MemoryInfo> done) {
   });
 }
 
-port::StreamId RemoteDevice::CreateStream(absl::Duration kernel_time_limit) {
+port::StreamId RemoteDevice::CreateStream(absl::Duration kernel_time_limit, std::string tenant) {
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
-  streams_.emplace(id, kernel_time_limit);
+  streams_.emplace(id, StreamSpec{kernel_time_limit, std::move(tenant)});
   return id;
+}
+
+void RemoteDevice::SetComputeParts(std::vector<port::ComputePart> parts, Done done) {
+  Request r = PartsRequest(parts);
+  std::vector<port::ComputePart> before;
+  {
+    absl::MutexLock lock(&mu_);
+    before = std::exchange(parts_, std::move(parts));
+  }
+  // A worker that refuses them keeps its parts, and so does this side.
+  Call(r, 0, 0, 0, StatusTo([this, before = std::move(before), done](absl::Status s) mutable {
+         if (!s.ok()) {
+           absl::MutexLock lock(&mu_);
+           parts_ = std::move(before);
+         }
+         done(std::move(s));
+       }));
 }
 
 void RemoteDevice::DestroyStream(StreamId stream, Done done) {

@@ -190,8 +190,15 @@ void Worker::Handle(Request& r) {
       return;
     case Request::kCreateStream:
       dev_->CreateStream(r.create_stream().stream(),
-                         absl::Milliseconds(r.create_stream().kernel_time_limit_ms()), Done(id));
+                         absl::Milliseconds(r.create_stream().kernel_time_limit_ms()),
+                         r.create_stream().tenant(), Done(id));
       return;
+    case Request::kSetComputeParts: {
+      std::vector<port::ComputePart> parts;
+      for (const auto& p : r.set_compute_parts().parts()) parts.push_back({p.tenant(), p.sms()});
+      dev_->SetComputeParts(std::move(parts), Done(id));
+      return;
+    }
     case Request::kDestroyStream:
       dev_->DestroyStream(r.destroy_stream().stream(), Done(id));
       return;
@@ -411,6 +418,7 @@ int RunWorker(int argc, char** argv) {
   if (!driver.ok()) return fail(driver.status());
   ready->set_driver_version((*driver)->version());
   ready->set_test_double((*driver)->is_test_double());
+  ready->set_green_contexts((*driver)->has_green_contexts());
   auto count = (*driver)->DeviceCount();
   if (!count.ok()) return fail(count.status());
   ready->set_device_count(*count);

@@ -8,6 +8,7 @@
 //   * Devices are configured from the environment at the first successful
 //     cuInit: GXFAKE_DEVICE_COUNT (default 1), GXFAKE_MEMORY_BYTES per device
 //     (default 8 GiB), GXFAKE_FAIL_INIT=1 (cuInit fails with NO_DEVICE),
+//     GXFAKE_DRIVER_VERSION (what cuDriverGetVersion says; default 13000),
 //     GXFAKE_INIT_DELAY_MS (cuInit takes that long), GXFAKE_INIT_NOT_READY_FILE
 //     (while that file exists, cuInit fails with MPS_SERVER_NOT_READY, as
 //     under MPS while the server takes down the clients of a fatal fault),
@@ -34,6 +35,13 @@
 //     as simulated H200-like GPUs with 16 GiB each by default. Device memory
 //     is only a number to count against: host memory is taken per
 //     allocation, never for the whole device.
+//   * Green contexts: a device is SMs 0..131; cuDevSmResourceSplitByCount
+//     cuts ranges of consecutive SMs (at least 8, multiples of 8, as on
+//     compute capability 9.0). A green context's stream belongs to the
+//     device's primary context (which the green context retains) and
+//     carries the range to its kernels (KernelLaunch; gx_sm_ids reports
+//     it); once the green context is destroyed, every call with the stream
+//     fails with CUDA_ERROR_CONTEXT_IS_DESTROYED (not sticky).
 //   * A kernel fault poisons the whole process: every later driver call
 //     returns CUDA_ERROR_ILLEGAL_ADDRESS, as on real hardware.
 //
@@ -144,12 +152,34 @@ struct CUevent_st {
   std::chrono::steady_clock::time_point time;
 };
 
+// A green context: SMs [first_sm, first_sm + sm_count) of a device. Shared
+// between Driver::green_contexts (until cuGreenCtxDestroy) and the streams
+// made in it, which refuse every call once `destroyed` is set.
+struct CUgreenCtx_st {
+  int device = 0;
+  unsigned first_sm = 0;
+  unsigned sm_count = 0;
+  std::atomic<bool> destroyed{false};
+};
+
+// A resource descriptor (cuDevResourceGenerateDesc): the same SM range.
+// Owned by Driver::resource_descs and never freed (the driver has no call
+// to destroy one).
+struct CUdevResourceDesc_st {
+  int device = 0;
+  unsigned first_sm = 0;
+  unsigned sm_count = 0;
+};
+
 // A stream with its worker thread. Shared between Driver::streams (until
 // cuStreamDestroy) and callers that are waiting on it; the worker thread is
 // joined by whoever removes the stream from the table.
 struct CUstream_st {
   CUctx_st* context = nullptr;
   unsigned int flags = 0;
+  // Set for cuGreenCtxStreamCreate: its kernels run on the green context's
+  // SMs (the others on the whole device).
+  std::shared_ptr<const CUgreenCtx_st> green;
   std::mutex mu;
   std::condition_variable cv;  // Signals both new work and completed work.
   std::deque<StreamOp> queue;  // Guarded by mu.
@@ -225,6 +255,8 @@ struct Driver {
   std::unordered_map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
   std::unordered_map<CUmod_st*, std::unique_ptr<CUmod_st>> modules;
   std::unordered_set<CUfunc_st*> functions;
+  std::unordered_map<CUgreenCtx_st*, std::shared_ptr<CUgreenCtx_st>> green_contexts;
+  std::unordered_map<CUdevResourceDesc_st*, std::unique_ptr<CUdevResourceDesc_st>> resource_descs;
 };
 
 // Leaked on purpose: see the file comment.
@@ -454,6 +486,9 @@ CUresult ResolveStream(CUstream h, CUctx_st* ctx, std::shared_ptr<CUstream_st>* 
   if (ctx != nullptr && it->second->context != ctx) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  // A stream whose green context is gone refuses work (not sticky).
+  const auto& green = it->second->green;
+  if (green != nullptr && green->destroyed.load()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   *out = it->second;
   return CUDA_SUCCESS;
 }
@@ -508,6 +543,9 @@ struct KernelLaunch {
   unsigned shared_bytes = 0;
   unsigned cluster[3] = {1, 1, 1};
   bool cooperative = false;
+  // The SMs the stream's kernels run on: [first_sm, first_sm + sm_count).
+  unsigned first_sm = 0;
+  unsigned sm_count = 0;
   std::vector<uint8_t> args;
 
   template <typename T>
@@ -744,6 +782,17 @@ bool RunTritonAdd(const KernelLaunch& l) {
   return true;
 }
 
+// gx_sm_ids(out, ns): block b writes the SM it ran on; the blocks go round
+// the stream's SMs in order. The blocks spin side by side: one `ns` in all.
+bool RunSmIds(const KernelLaunch& l) {
+  const uint64_t blocks = uint64_t{l.grid[0]} * l.grid[1] * l.grid[2];
+  uint32_t* out = DeviceSpan<uint32_t>(l, l.Arg<uint64_t>(0), blocks);
+  if (out == nullptr) return false;
+  std::this_thread::sleep_for(std::chrono::nanoseconds(l.Arg<uint64_t>(8)));
+  for (uint64_t b = 0; b < blocks; ++b) out[b] = l.first_sm + b % l.sm_count;
+  return true;
+}
+
 const std::vector<KernelDef>& Kernels() {
   static const std::vector<KernelDef>* const kernels = new std::vector<KernelDef>{
       {"gx_empty", {}, RunEmpty},
@@ -762,6 +811,7 @@ const std::vector<KernelDef>& Kernels() {
       {"gx_coop_count", {{0, 8}, {8, 8}}, RunCoopCount},
       {"gx_pdl_produce", {{0, 8}, {8, 4}}, RunPdlProduce},
       {"gx_pdl_consume", {{0, 8}, {8, 8}, {16, 4}}, RunPdlConsume},
+      {"gx_sm_ids", {{0, 8}, {8, 8}}, RunSmIds},
       // The examples' kernels, by the names and layouts nvcc and Triton
       // give them.
       {"saxpy", {{0, 4}, {8, 8}, {16, 8}, {24, 8}}, RunSaxpy},
@@ -915,10 +965,16 @@ CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void
   for (int i = 0; i < 3; ++i) {
     if (r.grid[i] % r.cluster[i] != 0) return CUDA_ERROR_INVALID_VALUE;
   }
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(r.stream, ctx, &stream));
+  // A green context's stream runs on its SMs.
+  const CUgreenCtx_st* green = stream ? stream->green.get() : nullptr;
+  const unsigned first_sm = green ? green->first_sm : 0;
+  const unsigned sm_count = green ? green->sm_count : kFakeMultiprocessors;
   if (r.cooperative) {
     const uint64_t resident =
         uint64_t{static_cast<unsigned>(FakeBlocksPerMultiprocessor(threads, r.shared_bytes))} *
-        kFakeMultiprocessors / cluster_size * cluster_size;
+        sm_count / cluster_size * cluster_size;
     if (uint64_t{r.grid[0]} * r.grid[1] * r.grid[2] > resident) {
       return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
@@ -937,6 +993,8 @@ CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void
   }
   launch->shared_bytes = r.shared_bytes;
   launch->cooperative = r.cooperative;
+  launch->first_sm = first_sm;
+  launch->sm_count = sm_count;
   launch->args.assign(kernel->ArgBytes(), 0);
   if (!kernel->params.empty()) {
     if (kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -947,8 +1005,6 @@ CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void
     }
   }
 
-  std::shared_ptr<CUstream_st> stream;
-  GX_RETURN_IF_ERROR(ResolveStream(r.stream, ctx, &stream));
   StreamOp op;
   op.run = [kernel, launch] {
     if (!kernel->body(*launch)) Poison(kernel->name);
@@ -1050,6 +1106,8 @@ constexpr ErrorInfo kErrors[] = {
              "operation not permitted when stream is capturing"),
     GX_ERROR(CUDA_ERROR_TIMEOUT, "the wait operation has timed out"),
     GX_ERROR(CUDA_ERROR_INVALID_CLUSTER_SIZE, "invalid cluster size"),
+    GX_ERROR(CUDA_ERROR_INVALID_RESOURCE_TYPE, "invalid resource type"),
+    GX_ERROR(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "invalid resource configuration"),
     GX_ERROR(CUDA_ERROR_UNKNOWN, "unknown error"),
 };
 
@@ -1116,7 +1174,9 @@ GX_EXPORT CUresult cuDriverGetVersion(int* driverVersion) {
   if (t_in_driver_callback) return CUDA_ERROR_NOT_PERMITTED;
   if (driverVersion == nullptr) return CUDA_ERROR_INVALID_VALUE;
   GX_RETURN_IF_ERROR(StickyStatus());
-  *driverVersion = kDriverVersion;
+  // GXFAKE_DRIVER_VERSION: an older driver's number (what the daemon
+  // refuses on it; the entry points stay).
+  *driverVersion = static_cast<int>(EnvU64("GXFAKE_DRIVER_VERSION", kDriverVersion));
   return CUDA_SUCCESS;
 }
 
@@ -1763,6 +1823,7 @@ GX_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
     d.streams.erase(it);
   }
   StopStream(s.get());
+  if (s->green != nullptr && s->green->destroyed.load()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   return StickyStatus();
 }
 
@@ -2011,6 +2072,224 @@ GX_EXPORT CUresult cuTensorMapEncodeTiled(
   return CUDA_SUCCESS;
 }
 
+// --- Green contexts ---
+//
+// A device is SMs 0..131. A CUdevResource of the double is a range of them:
+// smCount from its first SM, which _internal_padding holds with the device,
+// a marker and whether it may be split (only the API writes a resource, so
+// the padding is the driver's own). Parts follow compute capability 9.0
+// whatever the flags: at least 8 SMs, multiples of 8. As the driver
+// documents, a green context retains its device's primary context, and
+// the parts a split makes cannot be split again (only a device's or a
+// green context's SMs can).
+
+namespace {
+
+constexpr unsigned kDeviceSms = kFakeMultiprocessors;
+// minSmPartitionSize and smCoscheduledAlignment of compute capability 9.0.
+constexpr unsigned kSmPartStep = 8;
+constexpr uint64_t kFakeSmMagic = 0x47585245534d3100;  // "GXRESM1"
+
+struct FakeSmResource {
+  uint64_t magic;
+  int32_t device;
+  uint32_t first_sm;
+  uint32_t splittable;  // From cuDeviceGetDevResource or cuGreenCtxGetDevResource.
+};
+static_assert(sizeof(FakeSmResource) <= sizeof(CUdevResource::_internal_padding));
+
+// A descriptor is exactly an SM range.
+using SmRange = CUdevResourceDesc_st;
+
+void WriteSmResource(CUdevResource* r, const SmRange& range, bool splittable) {
+  std::memset(r, 0, sizeof(*r));
+  r->type = CU_DEV_RESOURCE_TYPE_SM;
+  const FakeSmResource f{kFakeSmMagic, range.device, range.first_sm, splittable};
+  std::memcpy(r->_internal_padding, &f, sizeof(f));
+  r->sm.smCount = range.sm_count;
+  r->sm.minSmPartitionSize = kSmPartStep;
+  r->sm.smCoscheduledAlignment = kSmPartStep;
+}
+
+// The range of an SM resource the double made.
+CUresult ReadSmResource(const CUdevResource* r, SmRange* out, bool* splittable = nullptr) {
+  if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (r->type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+  FakeSmResource f;
+  std::memcpy(&f, r->_internal_padding, sizeof(f));
+  if (f.magic != kFakeSmMagic || uint64_t{f.first_sm} + r->sm.smCount > kDeviceSms ||
+      CheckDevice(f.device) != CUDA_SUCCESS) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *out = {f.device, f.first_sm, r->sm.smCount};
+  if (splittable != nullptr) *splittable = f.splittable != 0;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+GX_EXPORT CUresult cuDeviceGetDevResource(CUdevice device, CUdevResource* resource,
+                                          CUdevResourceType type) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (resource == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GX_RETURN_IF_ERROR(CheckDevice(device));
+  if (type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+  WriteSmResource(resource, {device, 0, kDeviceSms}, /*splittable=*/true);
+  return CUDA_SUCCESS;
+}
+
+// Groups of minCount SMs (rounded up to a multiple of 8) in order from the
+// input's first SM; with result null, only counts the groups that fit.
+GX_EXPORT CUresult cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* nbGroups,
+                                               const CUdevResource* input, CUdevResource* remaining,
+                                               unsigned int useFlags, unsigned int minCount) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  // 1: IGNORE_SM_COSCHEDULING, 2: MAX_POTENTIAL_CLUSTER_SIZE (no effect here).
+  if (nbGroups == nullptr || useFlags > 2 || (result != nullptr && *nbGroups == 0)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  SmRange in;
+  bool splittable = false;
+  GX_RETURN_IF_ERROR(ReadSmResource(input, &in, &splittable));
+  if (!splittable) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+  const uint64_t size = std::max<uint64_t>(
+      kSmPartStep, (uint64_t{minCount} + kSmPartStep - 1) / kSmPartStep * kSmPartStep);
+  if (size > in.sm_count) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+  const unsigned fit = static_cast<unsigned>(in.sm_count / size);
+  if (result == nullptr) {
+    *nbGroups = fit;
+    return CUDA_SUCCESS;
+  }
+  const unsigned made = std::min(*nbGroups, fit);
+  const unsigned used = made * static_cast<unsigned>(size);
+  for (unsigned i = 0; i < made; ++i) {
+    WriteSmResource(
+        &result[i],
+        {in.device, in.first_sm + i * static_cast<unsigned>(size), static_cast<unsigned>(size)},
+        /*splittable=*/false);
+  }
+  *nbGroups = made;
+  if (remaining != nullptr) {
+    WriteSmResource(remaining, {in.device, in.first_sm + used, in.sm_count - used},
+                    /*splittable=*/false);
+  }
+  return CUDA_SUCCESS;
+}
+
+// SM resources of one device whose SMs, in order of their first SM, follow
+// each other without a gap (else INVALID_RESOURCE_CONFIGURATION; the driver
+// asks for the outputs of one split, which the double does not track): the
+// descriptor is their union.
+GX_EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc* phDesc, CUdevResource* resources,
+                                             unsigned int nbResources) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (phDesc == nullptr || resources == nullptr || nbResources == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::vector<SmRange> ranges(nbResources);
+  for (unsigned int i = 0; i < nbResources; ++i) {
+    GX_RETURN_IF_ERROR(ReadSmResource(&resources[i], &ranges[i]));
+    if (ranges[i].sm_count == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (ranges[i].device != ranges[0].device) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const SmRange& a, const SmRange& b) { return a.first_sm < b.first_sm; });
+  auto desc = std::make_unique<CUdevResourceDesc_st>(ranges[0]);
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first_sm != desc->first_sm + desc->sm_count) {
+      return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+    }
+    desc->sm_count += ranges[i].sm_count;
+  }
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *phDesc = desc.get();
+  d.resource_descs.emplace(desc.get(), std::move(desc));
+  return CUDA_SUCCESS;
+}
+
+// Retains the device's primary context until cuGreenCtxDestroy.
+GX_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev,
+                                    unsigned int flags) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (phCtx == nullptr || flags != CU_GREEN_CTX_DEFAULT_STREAM) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Device* device = DeviceLocked(d, dev);
+  if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  auto it = d.resource_descs.find(desc);
+  if (it == d.resource_descs.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (it->second->device != dev) return CUDA_ERROR_INVALID_VALUE;
+  ++device->context.retain_count;
+  device->context.active.store(true, std::memory_order_release);
+  auto g = std::make_shared<CUgreenCtx_st>();
+  g->device = dev;
+  g->first_sm = it->second->first_sm;
+  g->sm_count = it->second->sm_count;
+  *phCtx = g.get();
+  d.green_contexts.emplace(g.get(), std::move(g));
+  return CUDA_SUCCESS;
+}
+
+// Releases the primary context (the last release tears it down). Streams
+// made in it live on, but every later call with one fails with
+// CONTEXT_IS_DESTROYED (cuStreamDestroy still destroys it).
+GX_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hCtx) {
+  GX_RETURN_IF_ERROR(InitStatus());
+  Driver& d = GetDriver();
+  CUctx_st* to_tear_down = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.green_contexts.find(hCtx);
+    if (it == d.green_contexts.end()) return CUDA_ERROR_INVALID_HANDLE;
+    it->second->destroyed.store(true);
+    CUctx_st& ctx = d.devices[hCtx->device]->context;
+    d.green_contexts.erase(it);
+    if (--ctx.retain_count == 0) {
+      ctx.active.store(false, std::memory_order_release);
+      to_tear_down = &ctx;
+    }
+  }
+  if (to_tear_down != nullptr) TearDownContext(to_tear_down);
+  return StickyStatus();
+}
+
+GX_EXPORT CUresult cuGreenCtxGetDevResource(CUgreenCtx hCtx, CUdevResource* resource,
+                                            CUdevResourceType type) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (resource == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.green_contexts.find(hCtx);
+  if (it == d.green_contexts.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+  WriteSmResource(resource, {hCtx->device, hCtx->first_sm, hCtx->sm_count},
+                  /*splittable=*/true);
+  return CUDA_SUCCESS;
+}
+
+// The stream belongs to the primary context of the green context's device
+// (which the green context retains), so that its memory and modules work
+// with it. The priority is accepted and ignored.
+GX_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx,
+                                          unsigned int flags, int priority) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (phStream == nullptr || flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.green_contexts.find(greenCtx);
+  if (it == d.green_contexts.end()) return CUDA_ERROR_INVALID_HANDLE;
+  CUctx_st* ctx = &d.devices[greenCtx->device]->context;
+  auto s = std::make_shared<CUstream_st>();
+  s->context = ctx;
+  s->flags = flags;
+  s->green = it->second;
+  s->worker = std::thread(StreamWorkerMain, s.get());
+  *phStream = s.get();
+  d.streams.emplace(s.get(), std::move(s));
+  return CUDA_SUCCESS;
+}
+
 // --- Test-only exports ---
 
 // Successful cuModuleLoadDataEx calls in this process.
@@ -2019,6 +2298,13 @@ GX_EXPORT uint64_t gxfake_module_loads(void) { return g_module_loads.load(); }
 // The kernels of real images the double runs (comma-separated), for the
 // daemon's refusal of the others.
 GX_EXPORT const char* gxfake_example_kernels(void) { return kExampleKernels; }
+
+// Live green contexts (made and not yet destroyed).
+GX_EXPORT uint64_t gxfake_green_contexts(void) {
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.green_contexts.size();
+}
 
 // Device bytes currently allocated, summed over all devices.
 GX_EXPORT uint64_t gxfake_bytes_allocated(void) {
@@ -2087,4 +2373,11 @@ GX_CHECK_SIGNATURE(cuOccupancyMaxActiveBlocksPerMultiprocessor,
                    cuOccupancyMaxActiveBlocksPerMultiprocessor);
 GX_CHECK_SIGNATURE(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters);
 GX_CHECK_SIGNATURE(cuTensorMapEncodeTiled, cuTensorMapEncodeTiled);
+GX_CHECK_SIGNATURE(cuDeviceGetDevResource, cuDeviceGetDevResource);
+GX_CHECK_SIGNATURE(cuDevSmResourceSplitByCount, cuDevSmResourceSplitByCount);
+GX_CHECK_SIGNATURE(cuDevResourceGenerateDesc, cuDevResourceGenerateDesc);
+GX_CHECK_SIGNATURE(cuGreenCtxCreate, cuGreenCtxCreate);
+GX_CHECK_SIGNATURE(cuGreenCtxDestroy, cuGreenCtxDestroy);
+GX_CHECK_SIGNATURE(cuGreenCtxGetDevResource, cuGreenCtxGetDevResource);
+GX_CHECK_SIGNATURE(cuGreenCtxStreamCreate, cuGreenCtxStreamCreate);
 #undef GX_CHECK_SIGNATURE

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -58,7 +59,13 @@ namespace {
   X(cuMemHostRegister_v2, cuMemHostRegister) X(cuMemHostUnregister, cuMemHostUnregister)    \
   X(cuLaunchKernelEx, cuLaunchKernelEx) X(cuLaunchKernel, cuLaunchKernel)                   \
   X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool)                                   \
-  X(cuMemPoolSetAttribute, cuMemPoolSetAttribute) X(cuMemPoolTrimTo, cuMemPoolTrimTo)
+  X(cuMemPoolSetAttribute, cuMemPoolSetAttribute) X(cuMemPoolTrimTo, cuMemPoolTrimTo)        \
+  X(cuDeviceGetDevResource, cuDeviceGetDevResource)                                         \
+  X(cuDevSmResourceSplitByCount, cuDevSmResourceSplitByCount)                               \
+  X(cuDevResourceGenerateDesc, cuDevResourceGenerateDesc)                                   \
+  X(cuGreenCtxCreate, cuGreenCtxCreate) X(cuGreenCtxDestroy, cuGreenCtxDestroy)             \
+  X(cuGreenCtxGetDevResource, cuGreenCtxGetDevResource)                                     \
+  X(cuGreenCtxStreamCreate, cuGreenCtxStreamCreate)
 // clang-format on
 
 // The entry points of one loaded copy of the library. The handle is never
@@ -72,6 +79,7 @@ struct FakeCuda {
   PFN_cuEventElapsedTime cuEventElapsedTime_v1 = nullptr;
   uint64_t (*gxfake_module_loads)() = nullptr;
   uint64_t (*gxfake_bytes_allocated)() = nullptr;
+  uint64_t (*gxfake_green_contexts)() = nullptr;
 
   // Returns an empty string on success, else what went wrong.
   std::string Load(const char* path) {
@@ -89,6 +97,9 @@ struct FakeCuda {
         reinterpret_cast<decltype(gxfake_module_loads)>(dlsym(handle, "gxfake_module_loads"));
     gxfake_bytes_allocated =
         reinterpret_cast<decltype(gxfake_bytes_allocated)>(dlsym(handle, "gxfake_bytes_allocated"));
+    gxfake_green_contexts =
+        reinterpret_cast<decltype(gxfake_green_contexts)>(dlsym(handle, "gxfake_green_contexts"));
+    if (gxfake_green_contexts == nullptr) missing += " gxfake_green_contexts";
     if (cuEventElapsedTime_v1 == nullptr) missing += " cuEventElapsedTime";
     if (gxfake_module_loads == nullptr) missing += " gxfake_module_loads";
     if (gxfake_bytes_allocated == nullptr) missing += " gxfake_bytes_allocated";
@@ -828,6 +839,226 @@ TEST_F(FakeCudaContextTest, ConcurrentStreamsOnManyThreads) {
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(cu_.gxfake_bytes_allocated(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Green contexts: parts of device 0's 132 SMs.
+// ---------------------------------------------------------------------------
+
+CUdevResource DeviceSms(const FakeCuda& cu) {
+  CUdevResource r{};
+  EXPECT_CU(cu.cuDeviceGetDevResource(0, &r, CU_DEV_RESOURCE_TYPE_SM));
+  return r;
+}
+
+// A green context of device 0 made of `r`.
+CUgreenCtx MakeGreen(const FakeCuda& cu, CUdevResource* r) {
+  CUdevResourceDesc desc = nullptr;
+  EXPECT_CU(cu.cuDevResourceGenerateDesc(&desc, r, 1));
+  CUgreenCtx g = nullptr;
+  EXPECT_CU(cu.cuGreenCtxCreate(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+  return g;
+}
+
+TEST(FakeCudaTest, GreenDeviceResource) {
+  const FakeCuda& cu = *g_cuda;
+  const CUdevResource r = DeviceSms(cu);
+  EXPECT_EQ(r.type, CU_DEV_RESOURCE_TYPE_SM);
+  EXPECT_EQ(r.sm.smCount, 132u);
+  EXPECT_EQ(r.sm.minSmPartitionSize, 8u);
+  EXPECT_EQ(r.sm.smCoscheduledAlignment, 8u);
+  CUdevResource other{};
+  EXPECT_EQ(cu.cuDeviceGetDevResource(0, &other, CU_DEV_RESOURCE_TYPE_INVALID),
+            CUDA_ERROR_INVALID_RESOURCE_TYPE);
+  EXPECT_EQ(cu.cuDeviceGetDevResource(kDeviceCount, &other, CU_DEV_RESOURCE_TYPE_SM),
+            CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(cu.cuDeviceGetDevResource(0, nullptr, CU_DEV_RESOURCE_TYPE_SM),
+            CUDA_ERROR_INVALID_VALUE);
+  const char* name = nullptr;
+  EXPECT_CU(cu.cuGetErrorName(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, &name));
+}
+
+TEST(FakeCudaTest, GreenSplitByCount) {
+  const FakeCuda& cu = *g_cuda;
+  const CUdevResource device = DeviceSms(cu);
+  CUdevResource parts[4]{}, rest{};
+  unsigned int groups = 1;
+  ASSERT_CU(cu.cuDevSmResourceSplitByCount(parts, &groups, &device, &rest, 0, 16));
+  EXPECT_EQ(groups, 1u);
+  EXPECT_EQ(parts[0].sm.smCount, 16u);
+  EXPECT_EQ(rest.sm.smCount, 116u);
+  // Rounded up to a multiple of 8; no more groups than fit.
+  groups = 4;
+  ASSERT_CU(cu.cuDevSmResourceSplitByCount(parts, &groups, &device, &rest, 0, 33));
+  EXPECT_EQ(groups, 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(parts[i].sm.smCount, 40u);
+  EXPECT_EQ(rest.sm.smCount, 12u);
+  // A query: how many groups fit (at least 8 SMs each).
+  ASSERT_CU(cu.cuDevSmResourceSplitByCount(nullptr, &groups, &device, nullptr, 0, 16));
+  EXPECT_EQ(groups, 8u);
+  ASSERT_CU(cu.cuDevSmResourceSplitByCount(nullptr, &groups, &device, nullptr, 1, 0));
+  EXPECT_EQ(groups, 16u);
+
+  // Refused: more than the input has, unknown flags, resources the double
+  // did not make, and the parts of a split (split a green context's SMs).
+  groups = 1;
+  EXPECT_EQ(cu.cuDevSmResourceSplitByCount(parts, &groups, &device, &rest, 0, 129),
+            CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  EXPECT_EQ(cu.cuDevSmResourceSplitByCount(parts, &groups, &device, &rest, 3, 16),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.cuDevSmResourceSplitByCount(parts, nullptr, &device, &rest, 0, 16),
+            CUDA_ERROR_INVALID_VALUE);
+  CUdevResource forged{};
+  forged.type = CU_DEV_RESOURCE_TYPE_SM;
+  forged.sm.smCount = 132;
+  EXPECT_EQ(cu.cuDevSmResourceSplitByCount(parts, &groups, &forged, &rest, 0, 16),
+            CUDA_ERROR_INVALID_VALUE);
+  forged.type = CU_DEV_RESOURCE_TYPE_INVALID;
+  EXPECT_EQ(cu.cuDevSmResourceSplitByCount(parts, &groups, &forged, &rest, 0, 16),
+            CUDA_ERROR_INVALID_RESOURCE_TYPE);
+  const CUdevResource first = parts[0];
+  EXPECT_EQ(cu.cuDevSmResourceSplitByCount(parts, &groups, &first, &rest, 0, 8),
+            CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+}
+
+TEST_F(FakeCudaContextTest, GreenContextsCountAndDescriptors) {
+  const uint64_t before = cu_.gxfake_green_contexts();
+  const CUdevResource device = DeviceSms(cu_);
+  CUdevResource both[2]{};
+  unsigned int groups = 1;
+  ASSERT_CU(cu_.cuDevSmResourceSplitByCount(&both[0], &groups, &device, &both[1], 0, 16));
+  const CUgreenCtx part = MakeGreen(cu_, &both[0]);
+  EXPECT_EQ(cu_.gxfake_green_contexts(), before + 1);
+  // It retains the primary context: the fixture's release leaves the
+  // context's memory alone while the green context lives.
+  Alloc(64);
+  ASSERT_CU(cu_.cuDevicePrimaryCtxRelease_v2(0));
+  EXPECT_EQ(cu_.gxfake_bytes_allocated(), 64u);
+  CUcontext again = nullptr;
+  ASSERT_CU(cu_.cuDevicePrimaryCtxRetain(&again, 0));
+  CUdevResource r{};
+  ASSERT_CU(cu_.cuGreenCtxGetDevResource(part, &r, CU_DEV_RESOURCE_TYPE_SM));
+  EXPECT_EQ(r.sm.smCount, 16u);
+  EXPECT_EQ(cu_.cuGreenCtxGetDevResource(part, &r, CU_DEV_RESOURCE_TYPE_INVALID),
+            CUDA_ERROR_INVALID_RESOURCE_TYPE);
+
+  // Part and rest together: the whole device, in either order.
+  std::swap(both[0], both[1]);
+  CUdevResourceDesc desc = nullptr;
+  ASSERT_CU(cu_.cuDevResourceGenerateDesc(&desc, both, 2));
+  CUgreenCtx whole = nullptr;
+  EXPECT_EQ(cu_.cuGreenCtxCreate(&whole, desc, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.cuGreenCtxCreate(&whole, desc, 1, CU_GREEN_CTX_DEFAULT_STREAM),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu_.cuGreenCtxCreate(&whole, reinterpret_cast<CUdevResourceDesc>(&r), 0,
+                                 CU_GREEN_CTX_DEFAULT_STREAM),
+            CUDA_ERROR_INVALID_HANDLE);
+  ASSERT_CU(cu_.cuGreenCtxCreate(&whole, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+  EXPECT_EQ(cu_.gxfake_green_contexts(), before + 2);
+  ASSERT_CU(cu_.cuGreenCtxGetDevResource(whole, &r, CU_DEV_RESOURCE_TYPE_SM));
+  EXPECT_EQ(r.sm.smCount, 132u);
+  // SMs with a gap between them make no descriptor.
+  CUdevResource gap[3]{};
+  groups = 3;
+  ASSERT_CU(cu_.cuDevSmResourceSplitByCount(gap, &groups, &device, nullptr, 0, 8));
+  std::swap(gap[1], gap[2]);
+  EXPECT_EQ(cu_.cuDevResourceGenerateDesc(&desc, gap, 2),
+            CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  EXPECT_EQ(cu_.cuDevResourceGenerateDesc(&desc, gap, 0), CUDA_ERROR_INVALID_VALUE);
+
+  CUstream s = nullptr;
+  EXPECT_EQ(cu_.cuGreenCtxStreamCreate(&s, part, CU_STREAM_DEFAULT, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_CU(cu_.cuGreenCtxDestroy(part));
+  EXPECT_CU(cu_.cuGreenCtxDestroy(whole));
+  EXPECT_EQ(cu_.gxfake_green_contexts(), before);
+  EXPECT_EQ(cu_.cuGreenCtxDestroy(part), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu_.cuGreenCtxGetDevResource(part, &r, CU_DEV_RESOURCE_TYPE_SM),
+            CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cu_.cuGreenCtxStreamCreate(&s, part, CU_STREAM_NON_BLOCKING, 0),
+            CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_F(FakeCudaContextTest, GreenStreamRunsOnItsSms) {
+  CUmodule mod = nullptr;
+  ASSERT_CU(cu_.cuModuleLoadDataEx(&mod, "GXFAKE1\ngx_fill_u32\ngx_sm_ids\n", 0, nullptr, nullptr));
+  CUfunction fill = nullptr, sm_ids = nullptr;
+  ASSERT_CU(cu_.cuModuleGetFunction(&fill, mod, "gx_fill_u32"));
+  ASSERT_CU(cu_.cuModuleGetFunction(&sm_ids, mod, "gx_sm_ids"));
+  // A part of 16 SMs, then a part of 16 split from the rest's green context
+  // (as the daemon splits: SMs 16..31).
+  const CUdevResource device = DeviceSms(cu_);
+  CUdevResource part{}, rest{}, second{};
+  unsigned int groups = 1;
+  ASSERT_CU(cu_.cuDevSmResourceSplitByCount(&part, &groups, &device, &rest, 0, 16));
+  const CUgreenCtx green = MakeGreen(cu_, &part);
+  const CUgreenCtx rest_green = MakeGreen(cu_, &rest);
+  ASSERT_CU(cu_.cuGreenCtxGetDevResource(rest_green, &rest, CU_DEV_RESOURCE_TYPE_SM));
+  ASSERT_CU(cu_.cuDevSmResourceSplitByCount(&second, &groups, &rest, nullptr, 0, 16));
+  const CUgreenCtx second_green = MakeGreen(cu_, &second);
+  CUstream gs = nullptr, gs2 = nullptr;
+  ASSERT_CU(cu_.cuGreenCtxStreamCreate(&gs, green, CU_STREAM_NON_BLOCKING, -5));
+  ASSERT_CU(cu_.cuGreenCtxStreamCreate(&gs2, second_green, CU_STREAM_NON_BLOCKING, 0));
+
+  // Primary-context memory and modules work on a green context's stream.
+  constexpr uint64_t kN = 64;
+  CUdeviceptr buf = Alloc(kN * 4);
+  uint32_t value = 42;
+  uint64_t n = kN;
+  void* fill_params[] = {&buf, &value, &n};
+  ASSERT_CU(cu_.cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, gs, fill_params, nullptr));
+  ASSERT_CU(cu_.cuStreamSynchronize(gs));
+  EXPECT_EQ(Download<uint32_t>(buf, kN), std::vector<uint32_t>(kN, 42));
+
+  // The SMs the blocks of gx_sm_ids report, on each stream.
+  constexpr unsigned kBlocks = 528;
+  CUdeviceptr ids = Alloc(kBlocks * 4);
+  const auto sms_of = [&](CUstream s) {
+    uint64_t ns = 0;
+    void* params[] = {&ids, &ns};
+    EXPECT_CU(cu_.cuLaunchKernel(sm_ids, kBlocks, 1, 1, 32, 1, 1, 0, s, params, nullptr));
+    EXPECT_CU(cu_.cuStreamSynchronize(s));
+    const std::vector<uint32_t> got = Download<uint32_t>(ids, kBlocks);
+    return std::set<uint32_t>(got.begin(), got.end());
+  };
+  const std::set<uint32_t> on_part = sms_of(gs);
+  EXPECT_EQ(on_part.size(), 16u);
+  EXPECT_EQ(*on_part.begin(), 0u);
+  EXPECT_EQ(*on_part.rbegin(), 15u);
+  const std::set<uint32_t> on_second = sms_of(gs2);
+  EXPECT_EQ(on_second.size(), 16u);
+  EXPECT_EQ(*on_second.begin(), 16u);
+  const std::set<uint32_t> on_device = sms_of(stream_);
+  EXPECT_EQ(on_device.size(), 132u);
+  EXPECT_EQ(*on_device.rbegin(), 131u);
+
+  EXPECT_CU(cu_.cuStreamDestroy_v2(gs));
+  EXPECT_CU(cu_.cuStreamDestroy_v2(gs2));
+  for (CUgreenCtx g : {green, rest_green, second_green}) EXPECT_CU(cu_.cuGreenCtxDestroy(g));
+}
+
+// A lifetime bug: the green context goes before its stream. Calls with the
+// stream fail; the process stays usable.
+TEST_F(FakeCudaContextTest, DestroyedGreenContextRefusesItsStreams) {
+  const CUfunction fill = LoadKernel("gx_fill_u32");
+  CUdevResource device = DeviceSms(cu_);
+  const CUgreenCtx green = MakeGreen(cu_, &device);
+  CUstream gs = nullptr;
+  ASSERT_CU(cu_.cuGreenCtxStreamCreate(&gs, green, CU_STREAM_NON_BLOCKING, 0));
+  CUdeviceptr buf = Alloc(16);
+  uint32_t value = 7;
+  uint64_t n = 4;
+  void* params[] = {&buf, &value, &n};
+  ASSERT_CU(cu_.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, gs, params, nullptr));
+  ASSERT_CU(cu_.cuGreenCtxDestroy(green));
+  EXPECT_EQ(cu_.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, gs, params, nullptr),
+            CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  EXPECT_EQ(cu_.cuStreamSynchronize(gs), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  // Not sticky: other streams work.
+  value = 9;
+  ASSERT_CU(cu_.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, stream_, params, nullptr));
+  EXPECT_EQ(Download<uint32_t>(buf, 4), std::vector<uint32_t>(4, 9));
+  EXPECT_EQ(cu_.cuStreamDestroy_v2(gs), CUDA_ERROR_CONTEXT_IS_DESTROYED);  // Destroyed anyway.
+  EXPECT_EQ(cu_.cuStreamDestroy_v2(gs), CUDA_ERROR_INVALID_HANDLE);
 }
 
 // ---------------------------------------------------------------------------

@@ -167,13 +167,18 @@ TEST_F(ComputeSharesTest, SharesWithoutMpsAreRefusedAtStart) {
               HasSubstr("tenant 'team-a' has a compute share of device 0, but no MPS control "
                         "daemon serves this host (or --mps=off), so the tenants' workers would be "
                         "time-sliced, not held to their shares"));
-  // With one worker for every tenant, shares need green contexts.
+  // With one worker for every tenant, shares need green contexts, which a
+  // driver before 12.5 lacks.
+  setenv("GXFAKE_DRIVER_VERSION", "12040", 1);
   o = ByTenant();
   o.isolation = "device";
   o.tenants_file = tenants_file_;
   server = StartServer(o);
+  unsetenv("GXFAKE_DRIVER_VERSION");
   ASSERT_FALSE(server.ok());
-  EXPECT_THAT(server.status().message(), HasSubstr("--isolation=device"));
+  EXPECT_THAT(server.status().message(),
+              HasSubstr("but with --isolation=device every tenant runs in one worker, where "
+                        "shares need green contexts, which this CUDA driver lacks"));
   // --mps=external needs one serving.
   unsetenv("CUDA_MPS_PIPE_DIRECTORY");
   setenv("CUDA_MPS_PIPE_DIRECTORY", files_.Path("nothing-here").c_str(), 1);

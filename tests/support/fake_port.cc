@@ -252,11 +252,31 @@ uint64_t FakePort::memory_queries() const {
   return memory_queries_;
 }
 
-port::StreamId FakePort::CreateStream(absl::Duration) {
+port::StreamId FakePort::CreateStream(absl::Duration, std::string tenant) {
   absl::MutexLock lock(&mu_);
   const port::StreamId id = next_stream_++;
   streams_[id] = true;
+  stream_tenants_[id] = std::move(tenant);
   return id;
+}
+
+void FakePort::SetComputeParts(std::vector<port::ComputePart> parts, port::Done done) {
+  {
+    absl::MutexLock lock(&mu_);
+    parts_ = std::move(parts);
+  }
+  done(absl::OkStatus());
+}
+
+std::vector<port::ComputePart> FakePort::compute_parts() const {
+  absl::MutexLock lock(&mu_);
+  return parts_;
+}
+
+std::string FakePort::stream_tenant(port::StreamId stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = stream_tenants_.find(stream);
+  return it != stream_tenants_.end() ? it->second : "";
 }
 
 void FakePort::DestroyStream(port::StreamId stream, port::Done done) {

@@ -97,7 +97,12 @@ class FakePort final : public port::DevicePort {
   uint64_t unsent_bytes() const override { return 0; }
   // Operations posted to the port's thread that have not run yet.
   uint32_t pending_requests() const override;
-  port::StreamId CreateStream(absl::Duration kernel_time_limit) override;
+  port::StreamId CreateStream(absl::Duration kernel_time_limit, std::string tenant) override;
+  // Records the parts (compute_parts()); streams take no part of them here.
+  void SetComputeParts(std::vector<port::ComputePart> parts, port::Done done) override;
+  std::vector<port::ComputePart> compute_parts() const;
+  // The tenant each stream was named for, by stream.
+  std::string stream_tenant(port::StreamId stream) const;
   void DestroyStream(port::StreamId stream, port::Done done) override;
   void AfterQueued(port::StreamId stream, uint64_t epoch, std::string what,
                    port::Done done) override;
@@ -179,6 +184,8 @@ class FakePort final : public port::DevicePort {
   absl::flat_hash_map<port::RegionId, std::pair<uint8_t*, uint64_t>> regions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> unloaded_ ABSL_GUARDED_BY(mu_);
   std::vector<port::LaunchOp> launches_ ABSL_GUARDED_BY(mu_);
+  std::vector<port::ComputePart> parts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<port::StreamId, std::string> stream_tenants_ ABSL_GUARDED_BY(mu_);
   std::function<void(const port::ResetInfo&)> on_reset_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex queue_mu_;

@@ -53,11 +53,18 @@ TEST(ComputePlanTest, PlansTheTenantsThatMayUseEachDevice) {
               ElementsAre("device 0: tenant 'a' 32 SMs (24%), tenant 'b' 64 SMs (48%), the rest "
                           "36 SMs (28%)",
                           "device 1: tenant 'b' 64 SMs (48%), the rest 68 SMs (52%)"));
-  EXPECT_TRUE(ComputePlan::CheckMechanism(*plans, Isolation::kTenant, true).ok());
-  EXPECT_EQ(ComputePlan::CheckMechanism(*plans, Isolation::kTenant, false).code(),
+  EXPECT_TRUE(ComputePlan::CheckMechanism(*plans, Isolation::kTenant, true, false).ok());
+  EXPECT_EQ(ComputePlan::CheckMechanism(*plans, Isolation::kTenant, false, true).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(ComputePlan::CheckMechanism(*plans, Isolation::kDevice, true).message()),
+  // One worker a device: green contexts, where the driver has them (MPS
+  // or not).
+  EXPECT_TRUE(ComputePlan::CheckMechanism(*plans, Isolation::kDevice, false, true).ok());
+  const absl::Status no_green =
+      ComputePlan::CheckMechanism(*plans, Isolation::kDevice, true, false);
+  EXPECT_EQ(no_green.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(no_green.message()),
               HasSubstr("tenant 'a' has a compute share of device 0, but with --isolation=device"));
+  EXPECT_THAT(std::string(no_green.message()), HasSubstr("CUDA 12.5 or newer"));
 }
 
 TEST(ComputePlanTest, WithoutSharesNothingIsHeldAndAnyMechanismDoes) {
@@ -67,7 +74,7 @@ TEST(ComputePlanTest, WithoutSharesNothingIsHeldAndAnyMechanismDoes) {
   plan.Set(*plans);
   EXPECT_EQ(plan.PercentFor(0, "anyone"), 0u);
   EXPECT_TRUE(plan.Describe().empty());
-  EXPECT_TRUE(ComputePlan::CheckMechanism(*plans, Isolation::kDevice, false).ok());
+  EXPECT_TRUE(ComputePlan::CheckMechanism(*plans, Isolation::kDevice, false, false).ok());
 }
 
 }  // namespace

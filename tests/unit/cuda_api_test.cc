@@ -74,10 +74,11 @@ namespace {
 #define GX_AGGREGATES(X)    \
   X(CUlaunchAttributeValue) \
   X(CUlaunchAttribute) X(CUlaunchConfig) X(CUtensorMap) X(CUdevSmResource) X(CUdevResource)
-#define GX_OPAQUE(X)                                                                           \
-  X(CUctx_st)                                                                                  \
-  X(CUmod_st) X(CUfunc_st) X(CUstream_st) X(CUevent_st) X(CUmemPoolHandle_st) X(CUgreenCtx_st) \
-      X(CUdevResourceDesc_st)
+#define GX_OPAQUE(X) \
+  X(CUctx_st)        \
+  X(CUmod_st)        \
+  X(CUfunc_st)       \
+  X(CUstream_st) X(CUevent_st) X(CUmemPoolHandle_st) X(CUgreenCtx_st) X(CUdevResourceDesc_st)
 
 // Theirs<T>::type is T with each of our nominal types replaced by the
 // toolkit's of the same name. A nominal type without a mapping stays ours,

@@ -2,6 +2,7 @@
 // device, operations in, completions out.
 #include "server/device/device.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -72,7 +73,7 @@ class DeviceTest : public ::testing::Test {
     device_ = std::move(dev).value();
     stream_ = 7;
     absl::Status created =
-        AwaitDone([&](Done d) { device_->CreateStream(stream_, absl::ZeroDuration(), d); });
+        AwaitDone([&](Done d) { device_->CreateStream(stream_, absl::ZeroDuration(), "", d); });
     ASSERT_TRUE(created.ok()) << created;
   }
 
@@ -250,6 +251,40 @@ TEST_F(DeviceTest, OneDriverLoadPerImage) {
   EXPECT_TRUE(device_->healthy());
 }
 
+// Compute parts: a green context per part and one of the rest; a stream
+// keeps its part's green context alive after the device is cut again.
+TEST_F(DeviceTest, StreamsKeepTheirPartWhileTheDeviceIsCutAgain) {
+  void* lib = dlopen(GXFAKE_LIBRARY_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto green = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_green_contexts"));
+  ASSERT_NE(green, nullptr);
+  const uint64_t before = green();
+  auto cut = [&](std::vector<port::ComputePart> parts) {
+    return AwaitDone([&](Done d) { device_->SetComputeParts(parts, d); });
+  };
+  ASSERT_TRUE(cut({{"a", 16}}).ok());
+  EXPECT_EQ(green(), before + 2);  // a's part and the rest
+  for (StreamId id : {StreamId{8}, StreamId{9}}) {
+    const std::string tenant = id == 8 ? "a" : "b";
+    ASSERT_TRUE(AwaitDone([&](Done d) {
+                  device_->CreateStream(id, absl::ZeroDuration(), tenant, d);
+                }).ok());
+  }
+  // Cut again (no parts): the streams keep theirs.
+  ASSERT_TRUE(cut({}).ok());
+  EXPECT_EQ(green(), before + 2);
+  // A part the driver cannot make is refused by its size; the device serves.
+  const absl::Status odd = cut({{"a", 12}});
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(odd.message()), HasSubstr("part 1 of 12 SMs"));
+  EXPECT_TRUE(device_->healthy());
+  for (StreamId id : {StreamId{8}, StreamId{9}}) {
+    EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+  }
+  EXPECT_EQ(green(), before);
+  dlclose(lib);
+}
+
 TEST_F(DeviceTest, LaunchesWithPackedParamsAndReportsGpuTime) {
   auto image = Image("GXFAKE1\ngx_saxpy\ngx_bigshared\n");
   auto k = Await<KernelInfo>(
@@ -372,7 +407,7 @@ class QueuedLaunchTest : public DeviceTest {
 TEST_F(QueuedLaunchTest, LaunchesPastTheBoundWaitWithoutStallingOtherStreams) {
   const StreamId other = 8;
   ASSERT_TRUE(
-      AwaitDone([&](Done d) { device_->CreateStream(other, absl::ZeroDuration(), d); }).ok());
+      AwaitDone([&](Done d) { device_->CreateStream(other, absl::ZeroDuration(), "", d); }).ok());
   auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
     device_->Allocate(other, 4096, "buffer of the other stream", cb);
   });
@@ -488,7 +523,7 @@ TEST_F(HeldBoundTest, HeldOperationsAreBoundedAndEndWithTheirStream) {
 
   const StreamId closing = 9;
   ASSERT_TRUE(
-      AwaitDone([&](Done d) { device_->CreateStream(closing, absl::ZeroDuration(), d); }).ok());
+      AwaitDone([&](Done d) { device_->CreateStream(closing, absl::ZeroDuration(), "", d); }).ok());
   auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
     device_->Allocate(closing, 4096, "buffer of the closing stream", cb);
   });
