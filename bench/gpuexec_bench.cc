@@ -63,6 +63,9 @@ ABSL_FLAG(int, neighbour_blocks, 1,
           "thread each; 528 fill an H200's 132 SMs four deep)");
 ABSL_FLAG(std::string, tenants_mps, "auto",
           "the tenants section: the daemon's --mps (auto, own, external, off)");
+ABSL_FLAG(std::string, tenants_isolation, "tenant",
+          "the tenants section's daemon: a worker per tenant (tenant) or one for both (device; a "
+          "compute share is then a green context)");
 ABSL_FLAG(bool, tls_only, false,
           "only Write and Read over plain TCP and over TLS + token, --repeat times each "
           "(a daemon of each), with their ratios: to choose the TLS settings");
@@ -158,7 +161,8 @@ int Main() {
   if (absl::GetFlag(FLAGS_tenants_only)) {
     std::printf("gpuexec_bench%s: the tenants section only, driver %s, daemon %s\n",
                 quick ? " (quick: not a measurement)" : "", driver.c_str(), daemon.c_str());
-    Section("tenants: a worker per tenant on device 0");
+    Section(
+        absl::StrCat("tenants on device 0, --isolation=", absl::GetFlag(FLAGS_tenants_isolation)));
     RunTenants(plan, daemon, driver, cubin);
     return 0;
   }

@@ -1,4 +1,5 @@
-// Two tenants, a worker each: one's launches beside the other's kernels.
+// Two tenants, a worker each (or one for both: --tenants_isolation=device):
+// one's launches beside the other's kernels.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "bench.h"
@@ -29,8 +30,11 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
       << share_entry << " }\ntenant { name: \"neighbour\" token_sha256: \""
       << gpuexec::Sha256Hex(kNeighbourToken) << "\" }\n";
   }
+  // A worker each (MPS holds them to their shares), or one for both (green
+  // contexts do).
+  const std::string isolation = absl::GetFlag(FLAGS_tenants_isolation);
   Daemon d(daemon_path, driver, "tenants",
-           {"--tenants=" + file, "--isolation=tenant", "--mps=" + mps});
+           {"--tenants=" + file, "--isolation=" + isolation, "--mps=" + mps});
   const std::string image = ReadFileOrDie(cubin);
   ClientOptions mine = BenchClientOptions();
   mine.token = kBenchToken;
@@ -77,17 +81,21 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   load.join();
   Must(busy.Close(), "close the neighbour's session");
   Must(session.Close(), "close the session");
+  const bool one_worker = isolation == "device";
+  const char* how = one_worker ? " (one worker for both: their streams share a context)"
+                    : out.mps  ? " (a worker each, under MPS)"
+                               : " (a worker each, no MPS: the two contexts are time-sliced)";
   Note(absl::StrFormat(
       "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
-      "'neighbour' (its own worker, %d us kernels of %d blocks, %.0f of them a second meanwhile, "
-      "%.0f "
-      "alone): p50 %.1f us p99 %.1f us%s%s",
+      "'neighbour' (%d us kernels of %d blocks, %.0f of them a second meanwhile, %.0f alone): "
+      "p50 %.1f us p99 %.1f us%s%s",
       out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
       absl::GetFlag(FLAGS_neighbour_blocks), out.neighbour_kernels_per_s, out.neighbour_alone_per_s,
-      out.beside.p50, out.beside.p99,
-      out.mps ? " (under MPS)" : " (no MPS: the two contexts are time-sliced)",
-      out.share.empty() ? ""
-                        : absl::StrCat("; tenant 'bench' holds a compute share of ", out.share)));
+      out.beside.p50, out.beside.p99, how,
+      out.share.empty()
+          ? ""
+          : absl::StrCat("; tenant 'bench' holds a compute share of ", out.share,
+                         one_worker ? " (a green context)" : " (an MPS percentage)")));
   std::remove(file.c_str());
   rmdir(made);
   return out;

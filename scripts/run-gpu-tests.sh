@@ -121,6 +121,14 @@ if [[ ${GPUEXEC_MPS:-1} != 0 && -z ${CUDA_MPS_PIPE_DIRECTORY:-} ]] &&
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
+# Compute shares with one worker for both tenants: green contexts (no MPS).
+bench=$(ls "$HERE"/bin/*bench* | head -1)
+for share in 0.1 ""; do
+  run "bench_tenants_green${share:+_$share}_1000us" "$bench" --tenants_only \
+    --tenants_isolation=device --tenants_mps=off --tenant_share="$share" --neighbour_blocks=528 \
+    --neighbour_kernel_us=1000
+done
+
 # Compute shares: the measured tenant with a tenth of the SMs beside a
 # neighbour's kernels that fill the GPU (1 ms and 2 ms), both workers held
 # by the daemon's own MPS control daemon (--mps=own); then the same without
