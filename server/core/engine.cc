@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
@@ -191,28 +193,47 @@ std::vector<port::ComputePart> PartsOf(const std::vector<DeviceShares>& plans, s
 absl::Status Engine::SetComputeParts(const std::vector<DeviceShares>& plans,
                                      const std::vector<DeviceShares>& before) {
   if (options_.isolation != EngineOptions::Isolation::kDevice) return absl::OkStatus();
-  // One device at a time: a refusal leaves the others as they were.
   auto cut = [this](size_t i, std::vector<port::ComputePart> parts) {
-    absl::Mutex mu;
-    std::optional<absl::Status> answer;
-    devices_[i]->SetComputeParts(std::move(parts), [&](absl::Status s) {
-      absl::MutexLock lock(&mu);
-      answer = std::move(s);
+    // A port always answers (a worker that stops is restarted, failing
+    // what it had not answered); the answer's state outlives this frame.
+    struct Answer {
+      absl::Notification done;
+      absl::Status status;
+    };
+    auto answer = std::make_shared<Answer>();
+    devices_[i]->SetComputeParts(std::move(parts), [answer](absl::Status s) {
+      answer->status = std::move(s);
+      answer->done.Notify();
     });
-    // A port always answers: a worker that stops is restarted, failing
-    // what it had not answered.
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](std::optional<absl::Status>* a) { return a->has_value(); }, &answer));
-    return *answer;
+    answer->done.WaitForNotification();
+    return answer->status;
   };
+  auto same = [](const std::vector<port::ComputePart>& x, const std::vector<port::ComputePart>& y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                      [](const port::ComputePart& a, const port::ComputePart& b) {
+                        return a.tenant == b.tenant && a.sms == b.sms;
+                      });
+  };
+  // One device at a time, only those whose parts change: a refusal puts
+  // the ones cut before it back.
+  std::vector<size_t> cut_so_far;
   for (size_t i = 0; i < devices_.size(); ++i) {
+    if (same(PartsOf(plans, i), PartsOf(before, i))) continue;
     absl::Status s = cut(i, PartsOf(plans, i));
-    if (s.ok()) continue;
-    for (size_t j = 0; j < i; ++j) cut(j, PartsOf(before, j)).IgnoreError();
+    if (s.ok()) {
+      cut_so_far.push_back(i);
+      continue;
+    }
+    for (size_t j : cut_so_far) {
+      if (absl::Status back = cut(j, PartsOf(before, j)); !back.ok()) {
+        log::Warning("device ", j,
+                     " could not be cut back into the compute shares in force: ", back.message(),
+                     "; it is cut again before its next session's stream");
+      }
+    }
     return absl::Status(s.code(), absl::StrCat("device ", i,
-                                               " cannot be cut into the tenants' "
-                                               "compute shares: ",
+                                               " cannot be cut into the tenants' compute "
+                                               "shares: ",
                                                s.message()));
   }
   return absl::OkStatus();

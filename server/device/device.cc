@@ -111,6 +111,9 @@ void Device::OnStop() {
   }
   waits.clear();  // their events go back to the spares, cleared below
   streams_.clear();
+  unmade_streams_.clear();
+  parts_.reset();  // the green contexts hold the primary context
+  parts_refused_ = absl::OkStatus();
   kernels_.clear();
   modules_.clear();
   pinned_.clear();

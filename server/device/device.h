@@ -348,6 +348,13 @@ class Device {
     uint32_t rest_sms = 0;
   };
   std::optional<ComputeParts> parts_;
+  // Why the parts last asked for could not be made while the device had
+  // none (a new worker): its streams are refused rather than made on every
+  // SM, until parts are set again.
+  absl::Status parts_refused_;
+  // Why each stream that could not be made was not, for the operations
+  // that name it (bounded by the streams named; gone with DestroyStream).
+  absl::flat_hash_map<StreamId, absl::Status> unmade_streams_;
   absl::flat_hash_map<std::string, std::unique_ptr<LoadedModule>> modules_;
   absl::flat_hash_map<KernelId, KernelEntry*> kernels_;
   // Synchronizes waiting for their events, polled by the executor: a GPU

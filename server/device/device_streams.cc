@@ -230,6 +230,9 @@ absl::StatusOr<Device::StreamState*> Device::ReadyStream(StreamId id) {
   }
   auto it = streams_.find(id);
   if (it == streams_.end()) {
+    if (auto unmade = unmade_streams_.find(id); unmade != unmade_streams_.end()) {
+      return unmade->second;
+    }
     return absl::InternalError(
         absl::StrCat("stream ", id, " does not exist on device ", props_.ordinal));
   }
@@ -291,21 +294,28 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, std::st
     }
     auto state = std::make_unique<StreamState>();
     const std::string what = absl::StrCat("a session stream on device ", props_.ordinal);
+    // A stream that cannot be made says why to every operation on it (the
+    // front names streams before they are made, and does not wait).
+    auto unmade = [this, id, &done](absl::Status why) {
+      unmade_streams_[id] = why;
+      done(std::move(why));
+    };
+    if (!parts_refused_.ok()) return unmade(parts_refused_);
     absl::StatusOr<cuda::Stream> stream;
     if (parts_.has_value()) {
       auto own = parts_->of_tenant.find(tenant);
       state->part = own != parts_->of_tenant.end() ? own->second : parts_->rest;
       if (state->part == nullptr) {
-        return done(absl::FailedPreconditionError(absl::StrCat(
+        return unmade(absl::FailedPreconditionError(absl::StrCat(
             "device ", props_.ordinal,
-            " has no SMs left for tenants without a compute share: the shares take them all; "
-            "give this tenant a share, or make the others' smaller")));
+            " has no SMs left for this tenant's sessions: the compute shares in force take them "
+            "all; ask the operator to give this tenant a share")));
       }
       stream = driver_->CreateGreenStream(*state->part, 0, what);
     } else {
       stream = driver_->CreateStream(what);
     }
-    if (!stream.ok()) return done(Check(stream.status()));
+    if (!stream.ok()) return unmade(Check(stream.status()));
     state->stream = std::move(stream).value();
     state->time_limit = kernel_time_limit;
     streams_.emplace(id, std::move(state));
@@ -319,6 +329,7 @@ void Device::SetComputeParts(std::vector<port::ComputePart> parts, Done done) {
     if (!u.ok()) return done(u);
     if (parts.empty()) {
       parts_.reset();
+      parts_refused_ = absl::OkStatus();
       return done(absl::OkStatus());
     }
     std::vector<uint32_t> sms;
@@ -326,7 +337,19 @@ void Device::SetComputeParts(std::vector<port::ComputePart> parts, Done done) {
     for (const port::ComputePart& p : parts) sms.push_back(p.sms);
     auto made = driver_->CreateGreenContexts(
         props_.ordinal, sms, absl::StrCat("the compute shares of device ", props_.ordinal));
-    if (!made.ok()) return done(Check(made.status()));
+    if (!made.ok()) {
+      absl::Status why = Check(made.status());
+      // With parts in force they stay; with none (a new worker), its
+      // streams must not run on every SM instead.
+      if (!parts_.has_value()) {
+        parts_refused_ = absl::FailedPreconditionError(absl::StrCat(
+            "device ", props_.ordinal,
+            " could not be cut into the compute shares in force, so no session stream is made "
+            "there until it is: ",
+            why.message()));
+      }
+      return done(std::move(why));
+    }
     ComputeParts next;
     for (size_t i = 0; i < parts.size(); ++i) {
       next.of_tenant[parts[i].tenant] =
@@ -337,6 +360,7 @@ void Device::SetComputeParts(std::vector<port::ComputePart> parts, Done done) {
       next.rest = std::make_shared<cuda::GreenContext>(std::move(made->back().context));
     }
     parts_ = std::move(next);
+    parts_refused_ = absl::OkStatus();
     done(absl::OkStatus());
   });
 }
@@ -346,6 +370,7 @@ void Device::DestroyStream(StreamId stream, Done done) {
   // session is gone), except its frees, which run at once (stream-ordered
   // after the launches already queued).
   executor_.Post([=, this]() mutable {
+    unmade_streams_.erase(stream);
     auto it = streams_.find(stream);
     if (it == streams_.end()) return done(absl::OkStatus());  // already gone
     StreamState* s = it->second.get();

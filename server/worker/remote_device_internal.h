@@ -39,11 +39,12 @@ inline int HighFd(int fd) {
 }
 
 // The `what` of a request (what it is about, for messages); "" if none.
-// Requests that give something back (or only ask after the worker) go
-// even past the bound on unsent requests: refusing them would leak.
+// Requests that give something back (or only ask after the worker, or come
+// from the operator: the compute parts) go even past the bound on unsent
+// requests: refusing them would leak, or let a tenant block a reload.
 inline bool Releases(const Request& r) {
   return r.has_free() || r.has_destroy_stream() || r.has_unload_module() || r.has_ping() ||
-         r.has_query_memory() || r.has_unmap_region();
+         r.has_query_memory() || r.has_unmap_region() || r.has_set_compute_parts();
 }
 
 inline std::string WhatOf(const Request& r) {

@@ -238,13 +238,23 @@ void RemoteDevice::SetComputeParts(std::vector<port::ComputePart> parts, Done do
   std::vector<port::ComputePart> before;
   {
     absl::MutexLock lock(&mu_);
+    if (conn_ == nullptr) {
+      // No worker now: the next one is cut by these before its first
+      // stream (and refuses its streams if it cannot be).
+      parts_ = std::move(parts);
+      parts_live_ = parts_.empty();
+      deferred_.push_back([done] { done(absl::OkStatus()); });
+      return;
+    }
     before = std::exchange(parts_, std::move(parts));
   }
-  // A worker that refuses them keeps its parts, and so does this side.
+  // A worker that refuses them keeps its parts, and so does this side;
+  // they are sent again before the next stream, in case it has none.
   Call(r, 0, 0, 0, StatusTo([this, before = std::move(before), done](absl::Status s) mutable {
          if (!s.ok()) {
            absl::MutexLock lock(&mu_);
            parts_ = std::move(before);
+           parts_live_ = false;
          }
          done(std::move(s));
        }));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tenants_fixture.h"
+#include "tests/support/wait.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -117,6 +118,32 @@ TEST_F(GreenSharesTest, AReloadCutsTheDeviceAgainForSessionsOpenedAfterIt) {
   GX_ASSERT_OK_AND_ASSIGN(Session whole, a.OpenSession({kDevice}));
   GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> all, SmsReached(whole, DeviceSms()));
   EXPECT_GT(all.size(), 32u);
+}
+
+// A worker that restarts (here after a tenant's kernel faulted) is cut
+// again before its first stream: no session of the new worker runs on
+// every SM.
+TEST_F(GreenSharesTest, ARestartedWorkerIsCutAgainBeforeItsFirstStream) {
+  StartOneWorker("  compute_share { sms: 16 }\n");
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(Session faulting, a.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(Module module,
+                          faulting.LoadModuleFile(TestBackend().kernels_dir + "/gx_kernels.cubin"));
+  GX_ASSERT_OK_AND_ASSIGN(Function fault, module.GetFunction("gx_fault"));
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> before, a.ListDevices());
+  const uint64_t resets = before[kDevice].resets;
+  LaunchConfig one;
+  // Address 16 is never mapped on any device.
+  EXPECT_FALSE(faulting.LaunchAndWait(fault, one, {Arg::U64(16)}).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<std::vector<DeviceInfo>> all = a.ListDevices();
+        return all.ok() && (*all)[kDevice].healthy && (*all)[kDevice].resets > resets;
+      },
+      absl::Seconds(30)));
+  GX_ASSERT_OK_AND_ASSIGN(Session after, a.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> sms, SmsReached(after, DeviceSms()));
+  ExpectPart(sms, 16);
 }
 
 TEST_F(GreenSharesTest, SharesThatLeaveTheOthersNothingAreRefusedAtStart) {

@@ -285,6 +285,30 @@ TEST_F(DeviceTest, StreamsKeepTheirPartWhileTheDeviceIsCutAgain) {
   dlclose(lib);
 }
 
+// A device with no parts that cannot be cut into those asked for (a new
+// worker, say) refuses its streams rather than make them on every SM, and
+// each operation on such a stream says why.
+TEST_F(DeviceTest, ADeviceThatCannotBeCutRefusesItsStreams) {
+  auto cut = [&](std::vector<port::ComputePart> parts) {
+    return AwaitDone([&](Done d) { device_->SetComputeParts(parts, d); });
+  };
+  auto create = [&](StreamId id) {
+    return AwaitDone([&](Done d) { device_->CreateStream(id, absl::ZeroDuration(), "a", d); });
+  };
+  EXPECT_EQ(cut({{"a", 12}}).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status refused = create(10);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("could not be cut into the compute shares in force"));
+  auto sync = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(10, cb); });
+  EXPECT_EQ(sync.status(), refused);
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(10, d); }).ok());
+  // Parts set again (here: none) serve new streams.
+  ASSERT_TRUE(cut({}).ok());
+  ASSERT_TRUE(create(11).ok());
+  EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(11, d); }).ok());
+}
+
 TEST_F(DeviceTest, LaunchesWithPackedParamsAndReportsGpuTime) {
   auto image = Image("GXFAKE1\ngx_saxpy\ngx_bigshared\n");
   auto k = Await<KernelInfo>(
