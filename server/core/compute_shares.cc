@@ -144,6 +144,16 @@ void SharePlan::Set(std::vector<DeviceShares> plans) {
   plans_ = std::move(plans);
 }
 
+void SharePlan::SetLowPriority(std::vector<std::string> tenants) {
+  absl::MutexLock lock(&mu_);
+  low_priority_ = std::move(tenants);
+}
+
+bool SharePlan::LowPriority(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  return std::find(low_priority_.begin(), low_priority_.end(), tenant) != low_priority_.end();
+}
+
 uint32_t SharePlan::PercentFor(int ordinal, const std::string& tenant) const {
   absl::MutexLock lock(&mu_);
   for (const DeviceShares& p : plans_) {

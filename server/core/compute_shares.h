@@ -117,6 +117,10 @@ class SharePlan {
   // the device's shared worker) on device `ordinal`: its part's, or the
   // rest's, at least 1; 0 where no share is in force there (no limit).
   uint32_t PercentFor(int ordinal, const std::string& tenant) const;
+  // The tenants whose priority is LOW (their workers are MPS clients of
+  // below-normal priority), swapped whole with the plan.
+  void SetLowPriority(std::vector<std::string> tenants);
+  bool LowPriority(const std::string& tenant) const;
   // The SMs `tenant` may use on device `ordinal` while shares are in force
   // there, and whether they are a part of its own; nullopt: no shares
   // there (the whole device, shared).
@@ -134,6 +138,7 @@ class SharePlan {
  private:
   mutable absl::Mutex mu_;
   std::vector<DeviceShares> plans_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> low_priority_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpuexec::core

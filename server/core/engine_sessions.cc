@@ -287,9 +287,11 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
           return done(port.status());
         }
         // The stream comes to be in the worker with the session's first work.
-        // On the tenant's part of the SMs where the device is cut into parts.
-        const port::StreamId stream =
-            (*port)->CreateStream(absl::Milliseconds(time_limit), caller.tenant_name());
+        // On the tenant's part of the SMs where the device is cut into
+        // parts, behind the others' work where its priority is low.
+        const port::StreamId stream = (*port)->CreateStream(
+            absl::Milliseconds(time_limit),
+            {caller.tenant_name(), caller.tenant != nullptr && caller.tenant->limits.low_priority});
         auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream,
                                                  lease_ms, limit);
         session->peer_host = PeerHost(caller.peer);

@@ -38,6 +38,9 @@ struct TenantLimits {
   // Its part of each device's SMs (none: the rest, with the others
   // without one).
   ComputeShare compute_share;
+  // Its work yields to the other tenants' (priority LOW): a lower MPS client
+  // priority for its workers, a lower stream priority in a shared worker.
+  bool low_priority = false;
 };
 
 struct Tenant {

@@ -377,6 +377,9 @@ typedef CUresult (*PFN_cuFuncSetAttribute)(CUfunction function, CUfunction_attri
                                            int value);
 
 typedef CUresult (*PFN_cuStreamCreate)(CUstream* stream, unsigned int flags);
+typedef CUresult (*PFN_cuStreamCreateWithPriority)(CUstream* stream, unsigned int flags,
+                                                   int priority);
+typedef CUresult (*PFN_cuCtxGetStreamPriorityRange)(int* least, int* greatest);
 typedef CUresult (*PFN_cuStreamDestroy)(CUstream stream);
 typedef CUresult (*PFN_cuStreamSynchronize)(CUstream stream);
 typedef CUresult (*PFN_cuLaunchHostFunc)(CUstream stream, CUhostFn fn, void* user_data);

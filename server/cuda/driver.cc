@@ -374,6 +374,18 @@ absl::StatusOr<Stream> Driver::CreateStream(absl::string_view what) const {
   return Stream(this, s);
 }
 
+absl::StatusOr<Stream> Driver::CreateStream(int priority, absl::string_view what) const {
+  CUstream s = nullptr;
+  GPUEXEC_CU(StreamCreateWithPriority, (&s, CU_STREAM_NON_BLOCKING, priority), what);
+  return Stream(this, s);
+}
+
+absl::StatusOr<Driver::PriorityRange> Driver::StreamPriorities() const {
+  PriorityRange r;
+  GPUEXEC_CU(CtxGetStreamPriorityRange, (&r.least, &r.greatest), "the stream priorities");
+  return r;
+}
+
 absl::StatusOr<Event> Driver::CreateEvent(bool timing, absl::string_view what) const {
   CUevent e = nullptr;
   GPUEXEC_CU(EventCreate, (&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING), what);

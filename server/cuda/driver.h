@@ -182,6 +182,14 @@ class Driver {
   absl::Status SetMaxDynamicShared(Function f, int bytes, absl::string_view what) const;
 
   absl::StatusOr<Stream> CreateStream(absl::string_view what) const;
+  // A stream of `priority`, within StreamPriorities' range (lower numbers
+  // are served first).
+  absl::StatusOr<Stream> CreateStream(int priority, absl::string_view what) const;
+  struct PriorityRange {
+    int least = 0;
+    int greatest = 0;
+  };
+  absl::StatusOr<PriorityRange> StreamPriorities() const;
   absl::StatusOr<Event> CreateEvent(bool timing, absl::string_view what) const;
   absl::Status Record(const Event& event, CUstream_st* stream, absl::string_view what) const;
   // OK, or UNAVAILABLE-free "not ready" as false.

@@ -38,6 +38,8 @@ namespace gpuexec::cuda {
   X(FuncGetAttribute, "cuFuncGetAttribute", cuFuncGetAttribute)                               \
   X(FuncSetAttribute, "cuFuncSetAttribute", cuFuncSetAttribute)                               \
   X(StreamCreate, "cuStreamCreate", cuStreamCreate)                                           \
+  X(StreamCreateWithPriority, "cuStreamCreateWithPriority", cuStreamCreateWithPriority)       \
+  X(CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange", cuCtxGetStreamPriorityRange)    \
   X(StreamDestroy, "cuStreamDestroy_v2", cuStreamDestroy)                                     \
   X(LaunchHostFunc, "cuLaunchHostFunc", cuLaunchHostFunc)                                     \
   X(EventCreate, "cuEventCreate", cuEventCreate)                                              \

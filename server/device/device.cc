@@ -50,6 +50,7 @@ void Device::OnStart() {
   absl::Status status = [&]() -> absl::Status {
     GPUEXEC_ASSIGN_OR_RETURN(context_, driver_->RetainPrimaryContext(props_.ordinal));
     GPUEXEC_RETURN_IF_ERROR(driver_->SetCurrent(context_.get(), props_.ordinal));
+    GPUEXEC_ASSIGN_OR_RETURN(priorities_, driver_->StreamPriorities());
     if (props_.memory_pools) {
       GPUEXEC_RETURN_IF_ERROR(driver_->ConfigureMemoryPool(props_.ordinal));
     }

@@ -136,7 +136,10 @@ class Device {
   // running after that long is reported to DeviceOptions::on_hung.
   // The stream runs on the part of `tenant` while the device is cut into
   // parts (SetComputeParts), on the rest's if it has none.
-  void CreateStream(StreamId id, absl::Duration kernel_time_limit, std::string tenant, Done done);
+  // A stream of a low-priority owner gets the driver's least priority, any
+  // other its greatest: the block scheduler serves the others first.
+  void CreateStream(StreamId id, absl::Duration kernel_time_limit, port::StreamOwner owner,
+                    Done done);
   // Cuts the SMs into a green context per part and one of the rest, for
   // the streams created after it (those before keep theirs, and their
   // green contexts live while they do). Empty: no parts. Refused, keeping
@@ -348,6 +351,7 @@ class Device {
     uint32_t rest_sms = 0;
   };
   std::optional<ComputeParts> parts_;
+  cuda::Driver::PriorityRange priorities_;  // read at the start
   // Why the parts last asked for could not be made while the device had
   // none (a new worker): its streams are refused rather than made on every
   // SM, until parts are set again.

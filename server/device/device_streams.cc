@@ -283,7 +283,7 @@ absl::Status Device::EndWork(StreamState& s, const std::string& what) {
   return absl::OkStatus();
 }
 
-void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, std::string tenant,
+void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, port::StreamOwner owner,
                           Done done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
@@ -301,9 +301,10 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, std::st
       done(std::move(why));
     };
     if (!parts_refused_.ok()) return unmade(parts_refused_);
+    const int priority = owner.low_priority ? priorities_.least : priorities_.greatest;
     absl::StatusOr<cuda::Stream> stream;
     if (parts_.has_value()) {
-      auto own = parts_->of_tenant.find(tenant);
+      auto own = parts_->of_tenant.find(owner.tenant);
       state->part = own != parts_->of_tenant.end() ? own->second : parts_->rest;
       if (state->part == nullptr) {
         return unmade(absl::FailedPreconditionError(absl::StrCat(
@@ -311,9 +312,9 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, std::st
             " has no SMs left for this tenant's sessions: the compute shares in force take them "
             "all; ask the operator to give this tenant a share")));
       }
-      stream = driver_->CreateGreenStream(*state->part, 0, what);
+      stream = driver_->CreateGreenStream(*state->part, priority, what);
     } else {
-      stream = driver_->CreateStream(what);
+      stream = driver_->CreateStream(priority, what);
     }
     if (!stream.ok()) return unmade(Check(stream.status()));
     state->stream = std::move(stream).value();

@@ -115,8 +115,8 @@ class DevicePort {
   // set. Empty: no parts (every stream may use every SM). `done` once the
   // device has cut itself, or with why it cannot (and keeps what it had).
   virtual void SetComputeParts(std::vector<ComputePart> parts, Done done) = 0;
-  // Names a stream of `tenant`; it is made on the device when first used.
-  virtual StreamId CreateStream(absl::Duration kernel_time_limit, std::string tenant) = 0;
+  // Names a stream of `owner`; it is made on the device when first used.
+  virtual StreamId CreateStream(absl::Duration kernel_time_limit, StreamOwner owner) = 0;
   virtual void DestroyStream(StreamId stream, Done done) = 0;
   // `done` once everything queued on `stream` has finished; `epoch`: of
   // the buffer the caller will copy (0: none).

@@ -99,6 +99,13 @@ struct ComputePart {
   uint32_t sms = 0;
 };
 
+// Whose a stream is: the tenant whose part of the SMs it runs on, and
+// whether its work yields to the others' (the tenant's priority is LOW).
+struct StreamOwner {
+  std::string tenant;
+  bool low_priority = false;
+};
+
 // Streams and kernels are named by ids the front process chooses.
 using StreamId = uint64_t;
 using KernelId = uint64_t;

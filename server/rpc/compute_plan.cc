@@ -61,6 +61,26 @@ absl::StatusOr<std::vector<core::DeviceShares>> ComputePlan::Make(
   return plans;
 }
 
+absl::StatusOr<std::vector<std::string>> ComputePlan::LowPriorityTenants(
+    const tenants::Directory* dir, core::EngineOptions::Isolation isolation, bool mps) {
+  std::vector<std::string> low;
+  if (dir == nullptr) return low;
+  for (const std::string& name : dir->names()) {
+    std::shared_ptr<const core::Tenant> t = dir->Find(name);
+    if (t == nullptr || !t->limits.low_priority) continue;
+    if (isolation == core::EngineOptions::Isolation::kTenant && !mps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tenant '", name,
+          "' has priority LOW, but no MPS control daemon serves this host (or --mps=off), so the "
+          "tenants' workers are time-sliced and a priority would change nothing; run with "
+          "--mps=own or --mps=external, or with --isolation=device (stream priorities), or take "
+          "the priority out"));
+    }
+    low.push_back(name);
+  }
+  return low;
+}
+
 absl::Status ComputePlan::CheckMechanism(const std::vector<core::DeviceShares>& plans,
                                          core::EngineOptions::Isolation isolation, bool mps,
                                          bool green_contexts) {

@@ -205,9 +205,12 @@ class Server::Impl {
     if (!plans.ok()) return plans.status();
     GPUEXEC_RETURN_IF_ERROR(
         rpc::ComputePlan::CheckMechanism(*plans, isolation, mps, engine->GreenContexts()));
+    GPUEXEC_ASSIGN_OR_RETURN(std::vector<std::string> low,
+                             rpc::ComputePlan::LowPriorityTenants(dir, isolation, mps));
     // With one worker a device, the workers cut their devices now.
     GPUEXEC_RETURN_IF_ERROR(engine->SetComputeParts(*plans, share_plan->plans()));
     share_plan->Set(*std::move(plans));
+    share_plan->SetLowPriority(std::move(low));
     for (const std::string& line : share_plan->Describe()) {
       log::Info("compute shares: ", line);
     }
@@ -415,6 +418,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             "own)"));
       }
       o.environment.push_back(absl::StrCat("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", percent));
+    }
+    // Below normal among the MPS clients (checked at start: MPS serves).
+    if (per_tenant && plan->LowPriority(tenant)) {
+      o.environment.push_back("CUDA_MPS_CLIENT_PRIORITY=1");
     }
     auto dev = worker::RemoteDevice::Start(o, info);
     if (!dev.ok()) return dev.status();

@@ -242,6 +242,7 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
     tenant->limits.host_memory = t.host_memory();
     tenant->limits.pinned_bytes = t.pinned_bytes();
     tenant->limits.max_command_rings = t.max_command_rings();
+    tenant->limits.low_priority = t.priority() == config::v1::Tenant::LOW;
     if (t.has_compute_share()) {
       tenant->limits.compute_share.fraction = t.compute_share().fraction();
       tenant->limits.compute_share.sms = t.compute_share().sms();

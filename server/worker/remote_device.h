@@ -139,7 +139,7 @@ class RemoteDevice final : public port::DevicePort {
   uint32_t pending_requests() const override;
   static constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
   // Streams are created in the worker when first used; this only names one.
-  StreamId CreateStream(absl::Duration kernel_time_limit, std::string tenant) override;
+  StreamId CreateStream(absl::Duration kernel_time_limit, port::StreamOwner owner) override;
   void SetComputeParts(std::vector<port::ComputePart> parts, Done done) override;
   void DestroyStream(StreamId stream, Done done) override;
   void AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done) override;
@@ -271,7 +271,7 @@ class RemoteDevice final : public port::DevicePort {
   // For all workers: streams and their time limits, kernels and their ids.
   struct StreamSpec {
     absl::Duration time_limit;
-    std::string tenant;
+    port::StreamOwner owner;
   };
   absl::flat_hash_map<StreamId, StreamSpec> streams_ ABSL_GUARDED_BY(mu_);
   // The compute parts last set, and whether this worker has them (a new

@@ -67,7 +67,8 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
     r.mutable_create_stream()->set_stream(stream);
     r.mutable_create_stream()->set_kernel_time_limit_ms(
         static_cast<uint64_t>(absl::ToInt64Milliseconds(it->second.time_limit)));
-    r.mutable_create_stream()->set_tenant(it->second.tenant);
+    r.mutable_create_stream()->set_tenant(it->second.owner.tenant);
+    r.mutable_create_stream()->set_low_priority(it->second.owner.low_priority);
     prefix->push_back(std::move(r));
     live_streams_.insert(stream);
   }
@@ -226,10 +227,11 @@ void RemoteDevice::QueryMemory(Callback<port::MemoryInfo> done) {
   });
 }
 
-port::StreamId RemoteDevice::CreateStream(absl::Duration kernel_time_limit, std::string tenant) {
+port::StreamId RemoteDevice::CreateStream(absl::Duration kernel_time_limit,
+                                          port::StreamOwner owner) {
   absl::MutexLock lock(&mu_);
   const StreamId id = next_stream_++;
-  streams_.emplace(id, StreamSpec{kernel_time_limit, std::move(tenant)});
+  streams_.emplace(id, StreamSpec{kernel_time_limit, std::move(owner)});
   return id;
 }
 

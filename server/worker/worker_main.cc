@@ -191,7 +191,7 @@ void Worker::Handle(Request& r) {
     case Request::kCreateStream:
       dev_->CreateStream(r.create_stream().stream(),
                          absl::Milliseconds(r.create_stream().kernel_time_limit_ms()),
-                         r.create_stream().tenant(), Done(id));
+                         {r.create_stream().tenant(), r.create_stream().low_priority()}, Done(id));
       return;
     case Request::kSetComputeParts: {
       std::vector<port::ComputePart> parts;

@@ -180,6 +180,7 @@ struct CUstream_st {
   // Set for cuGreenCtxStreamCreate: its kernels run on the green context's
   // SMs (the others on the whole device).
   std::shared_ptr<const CUgreenCtx_st> green;
+  int priority = 0;  // in [kGreatestPriority, 0]; lower is served first
   std::mutex mu;
   std::condition_variable cv;  // Signals both new work and completed work.
   std::deque<StreamOp> queue;  // Guarded by mu.
@@ -194,6 +195,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kDriverVersion = 13000;
+// cuCtxGetStreamPriorityRange, as an H100's: least 0, greatest -5.
+constexpr int kGreatestPriority = -5;
 constexpr uint64_t kDefaultMemoryBytes = 8ull << 30;
 constexpr uint64_t kSimulatorMemoryBytes = 16ull << 30;
 // The kernels `gpuexecd --simulator` runs, as its refusal lists them.
@@ -1790,7 +1793,24 @@ GX_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute att
 
 // --- Streams ---
 
+GX_EXPORT CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  CUctx_st* ctx = nullptr;
+  GX_RETURN_IF_ERROR(CurrentContext(&ctx));
+  if (leastPriority != nullptr) *leastPriority = 0;
+  if (greatestPriority != nullptr) *greatestPriority = kGreatestPriority;
+  return CUDA_SUCCESS;
+}
+
+GX_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority);
+
 GX_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  return cuStreamCreateWithPriority(phStream, Flags, 0);
+}
+
+// Like the driver, a priority outside the range is clamped into it.
+GX_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int Flags,
+                                              int priority) {
   GX_RETURN_IF_ERROR(EntryStatus());
   CUctx_st* ctx = nullptr;
   GX_RETURN_IF_ERROR(CurrentContext(&ctx));
@@ -1801,6 +1821,7 @@ GX_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
   auto s = std::make_shared<CUstream_st>();
   s->context = ctx;
   s->flags = Flags;
+  s->priority = std::clamp(priority, kGreatestPriority, 0);
   s->worker = std::thread(StreamWorkerMain, s.get());
   Driver& d = GetDriver();
   std::lock_guard<std::mutex> lock(d.mu);
@@ -2270,7 +2291,7 @@ GX_EXPORT CUresult cuGreenCtxGetDevResource(CUgreenCtx hCtx, CUdevResource* reso
 
 // The stream belongs to the primary context of the green context's device
 // (which the green context retains), so that its memory and modules work
-// with it. The priority is accepted and ignored.
+// with it. The priority is clamped into the range, as cuStreamCreateWithPriority's.
 GX_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx,
                                           unsigned int flags, int priority) {
   GX_RETURN_IF_ERROR(EntryStatus());
@@ -2284,6 +2305,7 @@ GX_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
   s->context = ctx;
   s->flags = flags;
   s->green = it->second;
+  s->priority = std::clamp(priority, kGreatestPriority, 0);
   s->worker = std::thread(StreamWorkerMain, s.get());
   *phStream = s.get();
   d.streams.emplace(s.get(), std::move(s));
@@ -2291,6 +2313,15 @@ GX_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
 }
 
 // --- Test-only exports ---
+
+// Live streams of `priority` in this process.
+GX_EXPORT uint64_t gxfake_streams_at_priority(int priority) {
+  Driver& d = GetDriver();
+  std::lock_guard<std::mutex> lock(d.mu);
+  uint64_t n = 0;
+  for (const auto& [handle, s] : d.streams) n += s->priority == priority ? 1 : 0;
+  return n;
+}
 
 // Successful cuModuleLoadDataEx calls in this process.
 GX_EXPORT uint64_t gxfake_module_loads(void) { return g_module_loads.load(); }
@@ -2358,6 +2389,8 @@ GX_CHECK_SIGNATURE(cuFuncGetParamInfo, cuFuncGetParamInfo);
 GX_CHECK_SIGNATURE(cuFuncGetAttribute, cuFuncGetAttribute);
 GX_CHECK_SIGNATURE(cuFuncSetAttribute, cuFuncSetAttribute);
 GX_CHECK_SIGNATURE(cuStreamCreate, cuStreamCreate);
+GX_CHECK_SIGNATURE(cuStreamCreateWithPriority, cuStreamCreateWithPriority);
+GX_CHECK_SIGNATURE(cuCtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange);
 GX_CHECK_SIGNATURE(cuStreamDestroy_v2, cuStreamDestroy);
 GX_CHECK_SIGNATURE(cuStreamSynchronize, cuStreamSynchronize);
 GX_CHECK_SIGNATURE(cuLaunchHostFunc, cuLaunchHostFunc);

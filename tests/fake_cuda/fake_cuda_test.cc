@@ -46,7 +46,9 @@ namespace {
   X(cuMemGetInfo_v2, cuMemGetInfo) X(cuModuleLoadDataEx, cuModuleLoadDataEx)                \
   X(cuModuleUnload, cuModuleUnload) X(cuModuleGetFunction, cuModuleGetFunction)             \
   X(cuFuncGetParamInfo, cuFuncGetParamInfo) X(cuFuncGetAttribute, cuFuncGetAttribute)       \
-  X(cuFuncSetAttribute, cuFuncSetAttribute) X(cuStreamCreate, cuStreamCreate)               \
+  X(cuFuncSetAttribute, cuFuncSetAttribute) X(cuStreamCreate, cuStreamCreate) \
+  X(cuStreamCreateWithPriority, cuStreamCreateWithPriority)                               \
+  X(cuCtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange)               \
   X(cuStreamDestroy_v2, cuStreamDestroy) X(cuStreamSynchronize, cuStreamSynchronize)        \
   X(cuLaunchHostFunc, cuLaunchHostFunc) X(cuEventCreate, cuEventCreate)                     \
   X(cuEventRecord, cuEventRecord) X(cuEventQuery, cuEventQuery)                             \

@@ -189,6 +189,31 @@ TEST_F(ComputeSharesTest, SharesWithoutMpsAreRefusedAtStart) {
   EXPECT_THAT(server.status().message(), HasSubstr("--mps=external, but no MPS control daemon"));
 }
 
+// A tenant of priority LOW: its worker is an MPS client of below-normal
+// priority, the other's of normal; without MPS nothing would honour it.
+TEST_F(ComputeSharesTest, ALowPriorityTenantsWorkerIsABelowNormalMpsClient) {
+  WriteTenants(TwoTenants("  priority: LOW\n"));
+  Start(ByTenant());
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
+  std::optional<Session> sa, sb;
+  const pid_t wa = WorkerStartedBy([&] { sa = a.OpenSession({kDevice}).value(); });
+  const pid_t wb = WorkerStartedBy([&] { sb = b.OpenSession({kDevice}).value(); });
+  EXPECT_EQ(EnvOf(wa, "CUDA_MPS_CLIENT_PRIORITY"), "1");
+  EXPECT_EQ(EnvOf(wb, "CUDA_MPS_CLIENT_PRIORITY"), "");
+  GX_EXPECT_OK(sa->Allocate(4096).status());
+  server_->Shutdown(absl::Seconds(10));
+  server_.reset();
+
+  ServerOptions o = ByTenant("off");
+  o.tenants_file = tenants_file_;
+  auto refused = StartServer(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("tenant 'team-a' has priority LOW, but no MPS control daemon serves"));
+}
+
 TEST_F(ComputeSharesTest, AShareTheDeviceCannotHonourIsRefusedNamingItsLine) {
   WriteTenants(TwoTenants("  compute_share { sms: 12 }\n"));
   ServerOptions o = ByTenant();

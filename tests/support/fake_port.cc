@@ -252,11 +252,11 @@ uint64_t FakePort::memory_queries() const {
   return memory_queries_;
 }
 
-port::StreamId FakePort::CreateStream(absl::Duration, std::string tenant) {
+port::StreamId FakePort::CreateStream(absl::Duration, port::StreamOwner owner) {
   absl::MutexLock lock(&mu_);
   const port::StreamId id = next_stream_++;
   streams_[id] = true;
-  stream_tenants_[id] = std::move(tenant);
+  stream_tenants_[id] = std::move(owner.tenant);
   return id;
 }
 

@@ -97,7 +97,7 @@ class FakePort final : public port::DevicePort {
   uint64_t unsent_bytes() const override { return 0; }
   // Operations posted to the port's thread that have not run yet.
   uint32_t pending_requests() const override;
-  port::StreamId CreateStream(absl::Duration kernel_time_limit, std::string tenant) override;
+  port::StreamId CreateStream(absl::Duration kernel_time_limit, port::StreamOwner owner) override;
   // Records the parts (compute_parts()); streams take no part of them here.
   void SetComputeParts(std::vector<port::ComputePart> parts, port::Done done) override;
   std::vector<port::ComputePart> compute_parts() const;

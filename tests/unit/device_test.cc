@@ -73,7 +73,7 @@ class DeviceTest : public ::testing::Test {
     device_ = std::move(dev).value();
     stream_ = 7;
     absl::Status created =
-        AwaitDone([&](Done d) { device_->CreateStream(stream_, absl::ZeroDuration(), "", d); });
+        AwaitDone([&](Done d) { device_->CreateStream(stream_, absl::ZeroDuration(), {}, d); });
     ASSERT_TRUE(created.ok()) << created;
   }
 
@@ -267,7 +267,7 @@ TEST_F(DeviceTest, StreamsKeepTheirPartWhileTheDeviceIsCutAgain) {
   for (StreamId id : {StreamId{8}, StreamId{9}}) {
     const std::string tenant = id == 8 ? "a" : "b";
     ASSERT_TRUE(AwaitDone([&](Done d) {
-                  device_->CreateStream(id, absl::ZeroDuration(), tenant, d);
+                  device_->CreateStream(id, absl::ZeroDuration(), {tenant}, d);
                 }).ok());
   }
   // Cut again (no parts): the streams keep theirs.
@@ -285,6 +285,34 @@ TEST_F(DeviceTest, StreamsKeepTheirPartWhileTheDeviceIsCutAgain) {
   dlclose(lib);
 }
 
+// Stream priorities: a low-priority owner's stream gets the driver's least,
+// any other its greatest (the double's range is 0 to -5).
+TEST_F(DeviceTest, ALowPriorityOwnersStreamYields) {
+  void* lib = dlopen(GXFAKE_LIBRARY_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto at = reinterpret_cast<uint64_t (*)(int)>(dlsym(lib, "gxfake_streams_at_priority"));
+  ASSERT_NE(at, nullptr);
+  const uint64_t least = at(0), greatest = at(-5);
+  ASSERT_TRUE(AwaitDone([&](Done d) {
+                device_->CreateStream(20, absl::ZeroDuration(), {"b", true}, d);
+              }).ok());
+  ASSERT_TRUE(AwaitDone([&](Done d) {
+                device_->CreateStream(21, absl::ZeroDuration(), {"w", false}, d);
+              }).ok());
+  EXPECT_EQ(at(0), least + 1);
+  EXPECT_EQ(at(-5), greatest + 1);
+  // On a part of the SMs too.
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->SetComputeParts({{"b", 16}}, d); }).ok());
+  ASSERT_TRUE(AwaitDone([&](Done d) {
+                device_->CreateStream(22, absl::ZeroDuration(), {"b", true}, d);
+              }).ok());
+  EXPECT_EQ(at(0), least + 2);
+  for (StreamId id : {StreamId{20}, StreamId{21}, StreamId{22}}) {
+    EXPECT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+  }
+  dlclose(lib);
+}
+
 // A device with no parts that cannot be cut into those asked for (a new
 // worker, say) refuses its streams rather than make them on every SM, and
 // each operation on such a stream says why.
@@ -293,7 +321,7 @@ TEST_F(DeviceTest, ADeviceThatCannotBeCutRefusesItsStreams) {
     return AwaitDone([&](Done d) { device_->SetComputeParts(parts, d); });
   };
   auto create = [&](StreamId id) {
-    return AwaitDone([&](Done d) { device_->CreateStream(id, absl::ZeroDuration(), "a", d); });
+    return AwaitDone([&](Done d) { device_->CreateStream(id, absl::ZeroDuration(), {"a"}, d); });
   };
   EXPECT_EQ(cut({{"a", 12}}).code(), absl::StatusCode::kInvalidArgument);
   const absl::Status refused = create(10);
@@ -431,7 +459,7 @@ class QueuedLaunchTest : public DeviceTest {
 TEST_F(QueuedLaunchTest, LaunchesPastTheBoundWaitWithoutStallingOtherStreams) {
   const StreamId other = 8;
   ASSERT_TRUE(
-      AwaitDone([&](Done d) { device_->CreateStream(other, absl::ZeroDuration(), "", d); }).ok());
+      AwaitDone([&](Done d) { device_->CreateStream(other, absl::ZeroDuration(), {}, d); }).ok());
   auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
     device_->Allocate(other, 4096, "buffer of the other stream", cb);
   });
@@ -547,7 +575,7 @@ TEST_F(HeldBoundTest, HeldOperationsAreBoundedAndEndWithTheirStream) {
 
   const StreamId closing = 9;
   ASSERT_TRUE(
-      AwaitDone([&](Done d) { device_->CreateStream(closing, absl::ZeroDuration(), "", d); }).ok());
+      AwaitDone([&](Done d) { device_->CreateStream(closing, absl::ZeroDuration(), {}, d); }).ok());
   auto buffer = Await<DevicePtr>([&](Callback<DevicePtr> cb) {
     device_->Allocate(closing, 4096, "buffer of the closing stream", cb);
   });

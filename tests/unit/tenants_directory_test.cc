@@ -212,6 +212,20 @@ TEST(DirectoryParseTest, ComputeSharesAreReadAndChecked) {
               HasSubstr("compute_share: says neither a fraction nor sms"));
 }
 
+TEST(DirectoryParseTest, APriorityIsReadByName) {
+  auto dir = Directory::Parse(
+      "tenant { name: \"batch\" uid: 1 priority: LOW }\n"
+      "tenant { name: \"web\" uid: 2 priority: NORMAL }\n"
+      "tenant { name: \"other\" uid: 3 }\n",
+      "t.textproto");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_TRUE((*dir)->Find("batch")->limits.low_priority);
+  EXPECT_FALSE((*dir)->Find("web")->limits.low_priority);
+  EXPECT_FALSE((*dir)->Find("other")->limits.low_priority);
+  EXPECT_FALSE(
+      Directory::Parse("tenant { name: \"a\" uid: 1 priority: HIGHEST }", "t.textproto").ok());
+}
+
 TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
   Credentials none;
   EXPECT_EQ(IdentifyWithoutFile(none).value()->name, core::kDefaultTenant);
