@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "server/common/log.h"
+#include "server/core/compute_shares.h"
 
 namespace gpuexec::rpc {
 namespace {
@@ -354,6 +355,25 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   per_tenant("gpuexec_tenant_write_bytes_total", [](const auto& t) { return t.bytes_written; });
   counter("gpuexec_tenant_read_bytes_total", "Bytes the tenant copied from devices by Read.");
   per_tenant("gpuexec_tenant_read_bytes_total", [](const auto& t) { return t.bytes_read; });
+
+  // Compute shares in force (the tenants file's, as planned on each device):
+  // each tenant's part and the rest the others share; none without shares.
+  if (const auto& shares = engine->options().shares; shares != nullptr) {
+    gauge("gpuexec_tenant_compute_share_sms",
+          "SMs of the device kept for the tenant (its compute share).");
+    gauge("gpuexec_device_compute_share_rest_sms",
+          "SMs of the device the tenants without a compute share use together.");
+    for (const core::DeviceShares& p : shares->plans()) {
+      if (!p.any()) continue;
+      const std::string device = absl::StrCat(p.device);
+      for (const core::DeviceShares::Part& part : p.parts) {
+        sink.Sample("gpuexec_tenant_compute_share_sms",
+                    {{"tenant", part.tenant}, {"device", device}}, static_cast<double>(part.sms));
+      }
+      sink.Sample("gpuexec_device_compute_share_rest_sms", {{"device", device}},
+                  static_cast<double>(p.rest_sms));
+    }
+  }
 
   counter("gpuexec_log_failure_lines_left_out_total",
           "Lines of failed calls and commands not logged: past 20 a second (200 at once), each "

@@ -82,10 +82,16 @@ TEST_F(GreenSharesTest, EachTenantsKernelsRunOnItsPartAlone) {
   // team-b, without a share, runs on the rest: every SM but team-a's 16.
   ExpectPart(b_sms, DeviceSms() - 16);
   EXPECT_TRUE(Disjoint(a_sms, b_sms));
-  // Each tenant is told its own part.
+  // Each tenant is told its own part; the operator sees every part.
   GX_ASSERT_OK_AND_ASSIGN(std::vector<DeviceInfo> da, both.a.ListDevices());
   EXPECT_EQ(da[kDevice].compute_share_sms, 16u);
   EXPECT_TRUE(da[kDevice].compute_share_own);
+  const std::string metrics = server_->RenderMetrics();
+  EXPECT_THAT(metrics,
+              HasSubstr("gpuexec_tenant_compute_share_sms{tenant=\"team-a\",device=\"0\"} 16"));
+  EXPECT_THAT(metrics,
+              HasSubstr(absl::StrCat("gpuexec_device_compute_share_rest_sms{device=\"0\"} ",
+                                     DeviceSms() - 16)));
 }
 
 TEST_F(GreenSharesTest, WithoutSharesEveryStreamMayUseEverySm) {
