@@ -208,18 +208,13 @@ absl::Status Engine::SetComputeParts(const std::vector<DeviceShares>& plans,
     answer->done.WaitForNotification();
     return answer->status;
   };
-  auto same = [](const std::vector<port::ComputePart>& x, const std::vector<port::ComputePart>& y) {
-    return std::equal(x.begin(), x.end(), y.begin(), y.end(),
-                      [](const port::ComputePart& a, const port::ComputePart& b) {
-                        return a.tenant == b.tenant && a.sms == b.sms;
-                      });
-  };
   // One device at a time, only those whose parts change: a refusal puts
   // the ones cut before it back.
   std::vector<size_t> cut_so_far;
   for (size_t i = 0; i < devices_.size(); ++i) {
-    if (same(PartsOf(plans, i), PartsOf(before, i))) continue;
-    absl::Status s = cut(i, PartsOf(plans, i));
+    std::vector<port::ComputePart> parts = PartsOf(plans, i);
+    if (parts == PartsOf(before, i)) continue;
+    absl::Status s = cut(i, std::move(parts));
     if (s.ok()) {
       cut_so_far.push_back(i);
       continue;

@@ -348,7 +348,6 @@ class Device {
   struct ComputeParts {
     absl::flat_hash_map<std::string, std::shared_ptr<cuda::GreenContext>> of_tenant;
     std::shared_ptr<cuda::GreenContext> rest;
-    uint32_t rest_sms = 0;
   };
   std::optional<ComputeParts> parts_;
   cuda::Driver::PriorityRange priorities_;  // read at the start

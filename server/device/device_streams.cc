@@ -357,7 +357,6 @@ void Device::SetComputeParts(std::vector<port::ComputePart> parts, Done done) {
           std::make_shared<cuda::GreenContext>(std::move((*made)[i].context));
     }
     if (made->size() > parts.size()) {
-      next.rest_sms = made->back().sms;
       next.rest = std::make_shared<cuda::GreenContext>(std::move(made->back().context));
     }
     parts_ = std::move(next);

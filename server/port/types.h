@@ -97,6 +97,7 @@ struct TensorMapEncoding {
 struct ComputePart {
   std::string tenant;
   uint32_t sms = 0;
+  bool operator==(const ComputePart& o) const { return tenant == o.tenant && sms == o.sms; }
 };
 
 // Whose a stream is: the tenant whose part of the SMs it runs on, and

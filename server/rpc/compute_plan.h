@@ -46,15 +46,15 @@ class ComputePlan {
       const tenants::Directory* dir, const std::vector<core::ShareDevice>& devices,
       const core::ComputeShare& fallback);
 
-  // Whether `plans` can be honoured with this isolation, MPS and driver:
-  // with a worker per tenant shares need MPS; with one worker a device,
-  // green contexts (`green_contexts`: the driver has them). The reason and
-  // what to do if not.
   // The tenants of `dir` whose priority is LOW; refused, naming the first,
   // where nothing would honour it: a worker per tenant without MPS.
   static absl::StatusOr<std::vector<std::string>> LowPriorityTenants(
       const tenants::Directory* dir, core::EngineOptions::Isolation isolation, bool mps);
 
+  // Whether `plans` can be honoured with this isolation, MPS and driver:
+  // with a worker per tenant shares need MPS; with one worker a device,
+  // green contexts (`green_contexts`: the driver has them). The reason and
+  // what to do if not.
   static absl::Status CheckMechanism(const std::vector<core::DeviceShares>& plans,
                                      core::EngineOptions::Isolation isolation, bool mps,
                                      bool green_contexts);

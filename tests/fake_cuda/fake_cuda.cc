@@ -1283,6 +1283,25 @@ GX_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
 
 // --- Primary contexts ---
 
+namespace {
+
+// A retain of a primary context (by cuDevicePrimaryCtxRetain or a green
+// context). Driver::mu held.
+void RetainLocked(CUctx_st& ctx) {
+  ++ctx.retain_count;
+  ctx.active.store(true, std::memory_order_release);
+}
+
+// A release; true when it was the last, and the caller tears the context
+// down (TearDownContext, without Driver::mu). Driver::mu held.
+bool ReleaseLocked(CUctx_st& ctx) {
+  if (--ctx.retain_count != 0) return false;
+  ctx.active.store(false, std::memory_order_release);
+  return true;
+}
+
+}  // namespace
+
 GX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   GX_RETURN_IF_ERROR(EntryStatus());
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1290,8 +1309,7 @@ GX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   std::lock_guard<std::mutex> lock(d.mu);
   Device* device = DeviceLocked(d, dev);
   if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
-  ++device->context.retain_count;
-  device->context.active.store(true, std::memory_order_release);
+  RetainLocked(device->context);
   *pctx = &device->context;
   return CUDA_SUCCESS;
 }
@@ -1307,10 +1325,7 @@ GX_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     Device* device = DeviceLocked(d, dev);
     if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
     if (device->context.retain_count == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (--device->context.retain_count == 0) {
-      device->context.active.store(false, std::memory_order_release);
-      to_tear_down = &device->context;
-    }
+    if (ReleaseLocked(device->context)) to_tear_down = &device->context;
   }
   if (to_tear_down != nullptr) TearDownContext(to_tear_down);
   return StickyStatus();
@@ -1809,6 +1824,26 @@ GX_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
 }
 
 // Like the driver, a priority outside the range is clamped into it.
+namespace {
+
+// A new stream of `ctx` (on `green`'s SMs where set), its priority clamped
+// into the range as the driver does, its worker started, in the stream
+// table. Driver::mu held.
+CUstream AddStreamLocked(Driver& d, CUctx_st* ctx, unsigned int flags, int priority,
+                         std::shared_ptr<const CUgreenCtx_st> green) {
+  auto s = std::make_shared<CUstream_st>();
+  s->context = ctx;
+  s->flags = flags;
+  s->green = std::move(green);
+  s->priority = std::clamp(priority, kGreatestPriority, 0);
+  s->worker = std::thread(StreamWorkerMain, s.get());
+  CUstream handle = s.get();
+  d.streams.emplace(handle, std::move(s));
+  return handle;
+}
+
+}  // namespace
+
 GX_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int Flags,
                                               int priority) {
   GX_RETURN_IF_ERROR(EntryStatus());
@@ -1818,15 +1853,9 @@ GX_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int F
   if (Flags != CU_STREAM_DEFAULT && Flags != CU_STREAM_NON_BLOCKING) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  auto s = std::make_shared<CUstream_st>();
-  s->context = ctx;
-  s->flags = Flags;
-  s->priority = std::clamp(priority, kGreatestPriority, 0);
-  s->worker = std::thread(StreamWorkerMain, s.get());
   Driver& d = GetDriver();
   std::lock_guard<std::mutex> lock(d.mu);
-  *phStream = s.get();
-  d.streams.emplace(s.get(), std::move(s));
+  *phStream = AddStreamLocked(d, ctx, Flags, priority, nullptr);
   return CUDA_SUCCESS;
 }
 
@@ -2241,8 +2270,7 @@ GX_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
   auto it = d.resource_descs.find(desc);
   if (it == d.resource_descs.end()) return CUDA_ERROR_INVALID_HANDLE;
   if (it->second->device != dev) return CUDA_ERROR_INVALID_VALUE;
-  ++device->context.retain_count;
-  device->context.active.store(true, std::memory_order_release);
+  RetainLocked(device->context);
   auto g = std::make_shared<CUgreenCtx_st>();
   g->device = dev;
   g->first_sm = it->second->first_sm;
@@ -2266,10 +2294,7 @@ GX_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hCtx) {
     it->second->destroyed.store(true);
     CUctx_st& ctx = d.devices[hCtx->device]->context;
     d.green_contexts.erase(it);
-    if (--ctx.retain_count == 0) {
-      ctx.active.store(false, std::memory_order_release);
-      to_tear_down = &ctx;
-    }
+    if (ReleaseLocked(ctx)) to_tear_down = &ctx;
   }
   if (to_tear_down != nullptr) TearDownContext(to_tear_down);
   return StickyStatus();
@@ -2300,15 +2325,8 @@ GX_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
   std::lock_guard<std::mutex> lock(d.mu);
   auto it = d.green_contexts.find(greenCtx);
   if (it == d.green_contexts.end()) return CUDA_ERROR_INVALID_HANDLE;
-  CUctx_st* ctx = &d.devices[greenCtx->device]->context;
-  auto s = std::make_shared<CUstream_st>();
-  s->context = ctx;
-  s->flags = flags;
-  s->green = it->second;
-  s->priority = std::clamp(priority, kGreatestPriority, 0);
-  s->worker = std::thread(StreamWorkerMain, s.get());
-  *phStream = s.get();
-  d.streams.emplace(s.get(), std::move(s));
+  *phStream =
+      AddStreamLocked(d, &d.devices[greenCtx->device]->context, flags, priority, it->second);
   return CUDA_SUCCESS;
 }
 
