@@ -231,6 +231,19 @@ absl::Status Engine::SetComputeParts(const std::vector<DeviceShares>& plans,
                                                "shares: ",
                                                s.message()));
   }
+  // A stream keeps the green context it was made on: the sessions of a
+  // device cut again go, rather than run beside the new parts on the old.
+  for (size_t i : cut_so_far) {
+    const size_t closed = CloseDeviceSessions(
+        static_cast<int>(i),
+        absl::StrCat("the compute shares of device ", i,
+                     " changed (the tenants file was reloaded); open a new session, whose "
+                     "streams run on the new ones"));
+    if (closed != 0) {
+      log::Info("compute shares: closed ", closed, " session(s) on device ", i,
+                ", whose streams ran on its old shares");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -423,10 +423,13 @@ class Engine {
   bool GreenContexts() const { return green_contexts_; }
   // With --isolation=device: cuts each device's SMs by `plans` (a green
   // context per tenant with a share and one of the rest; a device without
-  // a plan is not cut) for the sessions opened after it. Waits for every
-  // device's answer; the first refusal, naming the device, and the devices
-  // cut before it are cut back by `before`. OK at once with a worker per
-  // tenant (MPS holds those to their shares).
+  // a plan is not cut). Waits for every device's answer; the first
+  // refusal, naming the device, and the devices cut before it are cut back
+  // by `before`. Once every device is cut, the sessions open on a device
+  // whose cut changed are closed (their streams run on the old cut, which
+  // may overlap another tenant's new part), each told why on its next
+  // call. OK at once with a worker per tenant (MPS holds those to their
+  // shares).
   absl::Status SetComputeParts(const std::vector<DeviceShares>& plans,
                                const std::vector<DeviceShares>& before);
   bool AnyDeviceHealthy() const;
@@ -468,6 +471,9 @@ class Engine {
   // Closes the sessions of `tenant` (as the tenants file now has it) on
   // devices it may no longer use; returns how many.
   size_t CloseTenantOffLimits(const Tenant& tenant);
+  // Closes every session open on device `device`, with `why` told to each
+  // client's next call and logged; returns how many.
+  size_t CloseDeviceSessions(int device, const std::string& why);
 
   absl::StatusOr<std::unique_ptr<ModuleUpload>> BeginModuleUpload(const Caller& caller,
                                                                   const std::string& token,

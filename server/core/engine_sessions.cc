@@ -387,6 +387,18 @@ size_t Engine::CloseTenantOffLimits(const Tenant& tenant) {
   return off.size();
 }
 
+size_t Engine::CloseDeviceSessions(int device, const std::string& why) {
+  std::vector<std::shared_ptr<Session>> on;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [token, s] : sessions_) {
+      if (s->device() == device) on.push_back(s);
+    }
+  }
+  for (auto& s : on) Close(s, CloseReason::kRevoked, why, [](absl::Status) {});
+  return on.size();
+}
+
 void Engine::ReleaseMemory(Session& s, uint64_t bytes) {
   s.memory_used -= bytes;
   s.usage().memory.fetch_sub(bytes);

@@ -102,26 +102,38 @@ TEST_F(GreenSharesTest, WithoutSharesEveryStreamMayUseEverySm) {
   EXPECT_GT(a_sms.size(), 16u);
 }
 
-TEST_F(GreenSharesTest, AReloadCutsTheDeviceAgainForSessionsOpenedAfterIt) {
+TEST_F(GreenSharesTest, AReloadCutsTheDeviceAgainAndClosesTheSessionsOnTheOldCut) {
   StartOneWorker("  compute_share { sms: 16 }\n");
-  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
-  GX_ASSERT_OK_AND_ASSIGN(Session before, a.OpenSession({kDevice}));
-  GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> first, SmsReached(before, DeviceSms()));
+  GX_ASSERT_OK_AND_ASSIGN(Both both, OpenBoth());
+  GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> first, SmsReached(both.sa, DeviceSms()));
   ExpectPart(first, 16);
 
   WriteTenants(TwoTenants("  compute_share { sms: 32 }\n"));
   GX_ASSERT_OK(server_->ReloadTenants());
-  GX_ASSERT_OK_AND_ASSIGN(Session after, a.OpenSession({kDevice}));
+  // Both sessions ran on the old cut (team-b's on the old rest, which
+  // overlaps team-a's new part): they are closed, and told why.
+  for (Session* old : {&both.sa, &both.sb}) {
+    absl::StatusOr<Buffer> refused = old->Allocate(64);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_THAT(refused.status().message(), HasSubstr("compute shares of device 0 changed"));
+  }
+  GX_ASSERT_OK_AND_ASSIGN(Session after, both.a.OpenSession({kDevice}));
   GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> second, SmsReached(after, DeviceSms()));
   ExpectPart(second, 32);
-  // The session opened before keeps the part it had.
-  GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> again, SmsReached(before, DeviceSms()));
-  ExpectPart(again, 16);
+  GX_ASSERT_OK_AND_ASSIGN(Session b_after, both.b.OpenSession({kDevice}));
+  GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> rest, SmsReached(b_after, DeviceSms()));
+  ExpectPart(rest, DeviceSms() - 32);
+  EXPECT_TRUE(Disjoint(second, rest));
+
+  // A reload that leaves the cut as it is closes nothing.
+  GX_ASSERT_OK(server_->ReloadTenants());
+  GX_ASSERT_OK(after.Allocate(64).status());
 
   // Shares taken out: new sessions use every SM again.
   WriteTenants(TwoTenants(""));
   GX_ASSERT_OK(server_->ReloadTenants());
-  GX_ASSERT_OK_AND_ASSIGN(Session whole, a.OpenSession({kDevice}));
+  EXPECT_FALSE(after.Allocate(64).ok());
+  GX_ASSERT_OK_AND_ASSIGN(Session whole, both.a.OpenSession({kDevice}));
   GX_ASSERT_OK_AND_ASSIGN(std::set<uint32_t> all, SmsReached(whole, DeviceSms()));
   EXPECT_GT(all.size(), 32u);
 }
