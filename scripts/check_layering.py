@@ -34,6 +34,8 @@ ALLOWED = {
     "server/core": ["server/common", "server/port", "server/shm"],
     "server/tenants": ["server/common", "server/core", "gpuexec/config/"],
     "server/metrics": ["server/common"],
+    # The compile process and its front: NVRTC's declarations stay here.
+    "server/compile": ["server/common"],
     # The composition root and the gRPC layer: everything above the driver.
     "server/rpc": ["server/common", "server/port", "server/shm", "server/core", "server/tenants",
                    "server/metrics", "server/worker/remote_device.h",
@@ -51,7 +53,7 @@ ANYWHERE = ["gpuexec/sha256.h", "gpuexec/half.h", "gpuexec/version.h",
 
 # Parts that must not see gRPC, or the public protocol's messages.
 NO_GRPC = ["server/common", "server/port", "server/cuda", "server/device", "server/worker",
-           "server/core", "server/tenants", "server/metrics"]
+           "server/core", "server/tenants", "server/metrics", "server/compile"]
 NO_PUBLIC_PROTO = NO_GRPC
 # Where the driver's declarations may be included: the project's own
 # (server/cuda/cuda_api.h, and the entry-point table built on it) or a
@@ -59,6 +61,10 @@ NO_PUBLIC_PROTO = NO_GRPC
 CUDA_HEADERS = ("cuda_api.h", "driver_api_internal.h", "cuda.h", "cudaTypedefs.h",
                 "cuda_runtime.h", "cuda_runtime_api.h")
 CUDA_ALLOWED = ["server/cuda", "tests/fake_cuda", "tests/unit/cuda_api_test.cc"]
+# NVRTC's declarations likewise: the project's own (server/compile/nvrtc_api.h)
+# in the compile process, the NVRTC double and the check of the header.
+NVRTC_HEADERS = ("nvrtc_api.h", "nvrtc.h")
+NVRTC_ALLOWED = ["server/compile", "tests/fake_nvrtc", "tests/unit/nvrtc_api_test.cc"]
 
 SOURCES = ("server", "client/cpp", "tests", "bench")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
@@ -108,6 +114,9 @@ def check_file(root, path):
         where = f"{path}:{n}: includes {kind}{inc}{'>' if kind == '<' else kind}"
         if os.path.basename(inc) in CUDA_HEADERS and part_of(path, CUDA_ALLOWED) is None:
             problems.append(f"{where}: the driver's declarations belong in server/cuda only")
+            continue
+        if os.path.basename(inc) in NVRTC_HEADERS and part_of(path, NVRTC_ALLOWED) is None:
+            problems.append(f"{where}: NVRTC's declarations belong in server/compile only")
             continue
         if below_rpc is not None:
             if inc.startswith(("grpcpp/", "grpc/", "grpc++/")) or inc.endswith(".grpc.pb.h"):
