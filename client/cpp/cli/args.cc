@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -410,6 +411,20 @@ absl::StatusOr<ClusterSchedulingPolicy> ParseClusterPolicy(absl::string_view tex
   if (text == "load_balancing") return ClusterSchedulingPolicy::kLoadBalancing;
   return absl::InvalidArgumentError(
       absl::StrCat("'", text, "' is not a cluster policy (default, spread, load_balancing)"));
+}
+
+absl::StatusOr<absl::Duration> ParseDurationFlag(absl::string_view text) {
+  absl::Duration duration;
+  double seconds = 0;
+  if (absl::SimpleAtod(text, &seconds) && seconds > 0 && seconds < 1e9) {
+    return absl::Seconds(seconds);
+  }
+  if (!absl::ParseDuration(text, &duration) || duration <= absl::ZeroDuration() ||
+      duration == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", absl::CHexEscape(text.substr(0, 64)),
+                                                   "' is not a duration (30s, 500ms, 2m)"));
+  }
+  return duration;
 }
 
 absl::StatusOr<bool> ParseFlagBool(absl::string_view text) {

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "gpuexec/client.h"
 
 namespace gpuexec::cli {
@@ -57,6 +58,11 @@ absl::StatusOr<Scalar> ParseScalar(ScalarType type, absl::string_view value);
 
 // "default", "spread" or "load_balancing".
 absl::StatusOr<ClusterSchedulingPolicy> ParseClusterPolicy(absl::string_view text);
+
+// A duration flag's value: "30s", "500ms", "2m", "1h30m", or a number of
+// seconds ("2.5"); more than zero. INVALID_ARGUMENT "'X' is not a duration
+// (30s, 500ms, 2m)".
+absl::StatusOr<absl::Duration> ParseDurationFlag(absl::string_view text);
 
 // A boolean flag's value: "" (the flag alone), "true", "false", "1", "0".
 absl::StatusOr<bool> ParseFlagBool(absl::string_view text);

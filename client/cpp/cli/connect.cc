@@ -42,17 +42,11 @@ std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connect
     std::fprintf(stderr, "gpuexec: warning: %s\n", line.c_str());
   };
   if (auto it = cl.flags.find("timeout"); it != cl.flags.end()) {
-    absl::Duration timeout;
-    double seconds = 0;
-    if (absl::SimpleAtod(it->second, &seconds) && seconds > 0) {
-      timeout = absl::Seconds(seconds);
-    } else if (!absl::ParseDuration(it->second, &timeout) || timeout <= absl::ZeroDuration()) {
-      return Usage(
-          absl::StrCat("--timeout: '", it->second, "' is not a duration (30s, 500ms, 2m)"));
-    }
-    options.connect_timeout = timeout;
-    options.control_timeout = timeout;
-    options.data_timeout = timeout;
+    absl::StatusOr<absl::Duration> timeout = ParseDurationFlag(it->second);
+    if (!timeout.ok()) return Usage(absl::StrCat("--timeout: ", timeout.status().message()));
+    options.connect_timeout = *timeout;
+    options.control_timeout = *timeout;
+    options.data_timeout = *timeout;
   }
   auto flag_or_env = [&cl](const char* flag, const char* env) -> std::string {
     if (auto it = cl.flags.find(flag); it != cl.flags.end()) return it->second;
