@@ -84,13 +84,18 @@ TEST(CommandLineTest, EveryLongFlagIsSpeltWithDashOrUnderscore) {
 TEST(CommandLineTest, MalformedLinesSayWhatIsWrong) {
   EXPECT_EQ(UsageOf({"devices", "--bogus=1"}), "unknown flag '--bogus=1' (see 'gpuexec --help')");
   EXPECT_EQ(UsageOf({"frobnicate"}),
-            "unknown command 'frobnicate' (commands: devices, load, info, run, help)");
+            "unknown command 'frobnicate' (commands: devices, load, info, run, top, help)");
   EXPECT_EQ(UsageOf({"devices", "extra"}), "devices takes no arguments");
   EXPECT_EQ(UsageOf({"info", "k.cubin", "--grid=1"}), "--grid applies to 'run' only");
   EXPECT_EQ(UsageOf({"--grid=1", "run"}), "--grid is a flag of 'run': give it after the command");
+  EXPECT_EQ(UsageOf({"run", "k.cubin", "--frames=1"}), "--frames applies to 'top' only");
+  EXPECT_EQ(UsageOf({"top", "--grid=1"}), "--grid applies to 'run' only");
+  EXPECT_EQ(UsageOf({"--metrics=h:1", "top"}),
+            "--metrics is a flag of 'top': give it after the command");
+  EXPECT_EQ(UsageOf({"top", "extra"}), "top takes no arguments");
   EXPECT_EQ(UsageOf({"run", "--tls-ca=a", "--tls_ca=b"}), "flag --tls_ca given twice");
   EXPECT_EQ(UsageOf({"help", "nothing"}),
-            "help: no command 'nothing' (commands: devices, load, info, run)");
+            "help: no command 'nothing' (commands: devices, load, info, run, top)");
 }
 
 TEST(CommandLineTest, VersionMatchesTheDaemonsForm) {
@@ -105,7 +110,7 @@ TEST(CommandLineTest, HelpIsGeneratedForTheToolAndEachCommand) {
   EXPECT_THAT(*main.print, HasSubstr("Usage: gpuexec [GLOBAL FLAGS] COMMAND [ARGS...]"));
   // Every global flag, both spellings, and every command.
   for (const char* s : {"--target ADDR", "--tls-ca,--tls_ca FILE", "--min-cc,--min_cc MAJOR.MINOR",
-                        "--version", "devices", "load", "info", "run", "help"}) {
+                        "--version", "devices", "load", "info", "run", "top", "help"}) {
     EXPECT_THAT(*main.print, HasSubstr(s));
   }
   Parsed run = ParseWords({"run", "--help"});
@@ -119,7 +124,19 @@ TEST(CommandLineTest, HelpIsGeneratedForTheToolAndEachCommand) {
   EXPECT_THAT(*run.print, ::testing::Not(HasSubstr("--tls")));  // global: in the tool's help
   EXPECT_EQ(ParseWords({"help", "run"}).print, run.print);
   EXPECT_EQ(HelpText("run"), run.print);
-  for (const char* command : {"devices", "load", "info", "help"}) {
+  Parsed top = ParseWords({"top", "--metrics", "[::1]:9464", "--interval=1s", "--frames=3"});
+  EXPECT_EQ(top.cl.command, "top");
+  EXPECT_EQ(top.cl.flags["metrics"], "[::1]:9464");
+  EXPECT_EQ(top.cl.flags["interval"], "1s");
+  EXPECT_EQ(top.cl.flags["frames"], "3");
+  std::optional<std::string> top_help = HelpText("top");
+  ASSERT_TRUE(top_help.has_value());
+  for (const char* s : {"--metrics HOST:PORT", "--interval DURATION", "--frames N", "GPU %",
+                        "gpuexec top --frames=1 | cat"}) {
+    EXPECT_THAT(*top_help, HasSubstr(s));
+  }
+  EXPECT_THAT(*top_help, ::testing::Not(HasSubstr("--grid")));
+  for (const char* command : {"devices", "load", "info", "top", "help"}) {
     std::optional<std::string> text = HelpText(command);
     ASSERT_TRUE(text.has_value()) << command;
     EXPECT_THAT(*text, HasSubstr(absl::StrCat("Usage: gpuexec ", command))) << command;

@@ -2,7 +2,9 @@
 #define GPUEXEC_TESTS_CLI_CLI_FIXTURE_H_
 
 // The fixture of the gpuexec tool's end-to-end tests (cli_test.cc,
-// cli_results_test.cc, cli_triton_test.cc): a gpuexecd process, and the
+// cli_results_test.cc, cli_triton_test.cc, cli_top_test.cc): a gpuexecd
+// process (a suite may start it with flags and a tenants file of its own:
+// StartSuiteDaemon), its metrics endpoint on a loopback port, and the
 // gpuexec binary run as a process against it, its stdout, stderr, exit
 // status and files checked. The environment picks the pieces:
 //   GPUEXEC_CLI           the gpuexec binary
@@ -160,8 +162,16 @@ inline std::ostream& operator<<(std::ostream& os, const Result& r) {
 // The suite's daemon, started once.
 class CliTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(absl::StrCat(::testing::TempDir(), "gpuexec-cli-test-", getpid()));
+  static void SetUpTestSuite() { StartSuiteDaemon({}, ""); }
+
+  // Starts the suite's daemon with `extra_flags` and, when `tenants` is not
+  // empty, a tenants file of that text. Each start has a directory of its
+  // own.
+  static void StartSuiteDaemon(const std::vector<std::string>& extra_flags,
+                               const std::string& tenants) {
+    static int started = 0;
+    dir_ = new std::string(
+        absl::StrCat(::testing::TempDir(), "gpuexec-cli-test-", getpid(), "-", started++));
     mkdir(dir_->c_str(), 0755);
     skip_ = new std::string;
     failure_ = new std::string;
@@ -196,12 +206,18 @@ class CliTest : public ::testing::Test {
     daemon_log_ = new std::string(absl::StrCat(*dir_, "/gpuexecd.log"));
     metrics_port_ = FreePort();
     // With a host memory socket: `run` moves large files through it.
-    daemon_ = new Process(
-        {Env("GPUEXEC_TEST_DAEMON"), "--listen=", absl::StrCat("--unix_socket=", *socket_),
-         absl::StrCat("--shm_socket=", *dir_, "/shm.sock"),
-         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
-         absl::StrCat("--driver=", driver)},
-        absl::StrCat(*dir_, "/gpuexecd.out"), *daemon_log_);
+    std::vector<std::string> argv = {Env("GPUEXEC_TEST_DAEMON"),
+                                     "--listen=",
+                                     absl::StrCat("--unix_socket=", *socket_),
+                                     absl::StrCat("--shm_socket=", *dir_, "/shm.sock"),
+                                     absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
+                                     absl::StrCat("--driver=", driver)};
+    if (!tenants.empty()) {
+      WriteFile(Path("tenants.textproto"), tenants);
+      argv.push_back(absl::StrCat("--tenants=", Path("tenants.textproto")));
+    }
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    daemon_ = new Process(argv, absl::StrCat(*dir_, "/gpuexecd.out"), *daemon_log_);
     // Ready once it says so on stderr.
     const bool ready = WaitFor(
         [] {
@@ -249,6 +265,8 @@ class CliTest : public ::testing::Test {
     return sum;
   }
   static std::string Target() { return absl::StrCat("unix:", *socket_); }
+  // The daemon's --metrics_listen address.
+  static std::string MetricsAddress() { return absl::StrCat("127.0.0.1:", metrics_port_); }
   static std::string Path(absl::string_view name) { return absl::StrCat(*dir_, "/", name); }
 
   // gpuexec --target=<the suite's daemon> ARGS...

@@ -29,6 +29,7 @@ int Main(int argc, char** argv) {
     if (cl.command == "load") failure = Load(cl);
     if (cl.command == "info") failure = Info(cl);
     if (cl.command == "run") failure = RunKernel(cl);
+    if (cl.command == "top") failure = Top(cl);
   }
   // An interrupt ends the process from its own thread; this one, whose
   // call the closed session made fail, says nothing.

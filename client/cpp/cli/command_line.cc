@@ -2,7 +2,7 @@
 // given (so that a flag given twice, or a value of the wrong shape, is
 // refused by the command with a message of its own), and words CLI11 does
 // not know are kept as extras and named here: an unknown flag, a flag of
-// 'run' given to another command, a word too many.
+// one command ('run', 'top') given to another, a word too many.
 
 #include "cli/command_line.h"
 
@@ -25,7 +25,7 @@ struct FlagDef {
   const char* name;   // as stored in CommandLine::flags
   const char* value;  // "": a boolean flag, given alone or as --flag=false
   const char* description;
-  bool run = false;  // a flag of 'run' only
+  const char* command = nullptr;  // the command it belongs to; nullptr: global
 };
 
 const FlagDef kFlags[] = {
@@ -55,23 +55,30 @@ const FlagDef kFlags[] = {
     {"tls_server_name", "NAME",
      "the name the daemon's certificate must carry (default: the target's\n"
      "host; a pool's daemons: the name resolved)"},
-    {"grid", "X[,Y[,Z]]", "blocks in the grid (Triton: programs); required", true},
-    {"block", "X[,Y[,Z]]", "threads per block; required (not with --triton)", true},
-    {"shared", "BYTES", "dynamic shared memory per block (default 0)", true},
-    {"cluster", "X[,Y[,Z]]", "thread block cluster shape (default: no clusters)", true},
+    {"grid", "X[,Y[,Z]]", "blocks in the grid (Triton: programs); required", "run"},
+    {"block", "X[,Y[,Z]]", "threads per block; required (not with --triton)", "run"},
+    {"shared", "BYTES", "dynamic shared memory per block (default 0)", "run"},
+    {"cluster", "X[,Y[,Z]]", "thread block cluster shape (default: no clusters)", "run"},
     {"cluster-policy", "POLICY",
      "how a cluster's blocks are placed: default, spread or load_balancing\n(with --cluster)",
-     true},
+     "run"},
     {"non-portable-cluster", "", "allow a cluster of over 8 blocks, up to 16 (with --cluster)",
-     true},
-    {"cooperative", "", "a cooperative launch: the whole grid resident at once", true},
-    {"pdl", "", "a programmatic dependent launch (compute capability 9.0+)", true},
+     "run"},
+    {"cooperative", "", "a cooperative launch: the whole grid resident at once", "run"},
+    {"pdl", "", "a programmatic dependent launch (compute capability 9.0+)", "run"},
     {"triton", "META.json",
-     "a Triton-compiled kernel; META.json is the metadata Triton writes next\nto its cubin", true},
+     "a Triton-compiled kernel; META.json is the metadata Triton writes next\nto its cubin", "run"},
     {"print", "TYPE[:N]",
      "print the first N (default 8) elements of each buffer saved, as TYPE\n"
      "(i8 ... f64): arg2[0:4] = 4.5 4.5 4.5 4.5",
-     true},
+     "run"},
+    {"metrics", "HOST:PORT",
+     "the daemon's metrics endpoint, as given to gpuexecd --metrics_listen:\n"
+     "HOST:PORT, [IPV6]:PORT or http://HOST:PORT[/PATH] (default:\n"
+     "$GPUEXEC_METRICS, else 127.0.0.1:9464)",
+     "top"},
+    {"interval", "DURATION", "time between frames: 500ms, 2s, 1m (default 2s; 100ms to 1h)", "top"},
+    {"frames", "N", "print N frames, then exit 0 (default: until interrupted)", "top"},
 };
 
 // "tls-ca", "--tls_ca=x" -> "tls_ca": the spelling both forms share.
@@ -117,11 +124,19 @@ const help::Text* TextOf(const std::string& command) {
   if (command == "load") return &help::kLoad;
   if (command == "info") return &help::kInfo;
   if (command == "run") return &help::kRun;
+  if (command == "top") return &help::kTop;
   if (command == "help") return &help::kHelp;
   return nullptr;
 }
 
-constexpr const char* kCommands[] = {"devices", "load", "info", "run", "help"};
+constexpr const char* kCommands[] = {"devices", "load", "info", "run", "top", "help"};
+
+// "devices, load, info, run, top" (and ", help" with `help`): for messages.
+std::string CommandList(bool help) {
+  std::vector<std::string> names(std::begin(kCommands), std::end(kCommands));
+  if (!help) names.pop_back();
+  return absl::StrJoin(names, ", ");
+}
 
 // The tool's CLI11 definition and where it puts what it reads.
 struct Definition {
@@ -146,6 +161,7 @@ struct Definition {
         "upload a module; print its SHA-256 and whether the daemon had it",
         "the kernels a module holds, or one kernel's parameters and attributes",
         "run a kernel on typed arguments, print its GPU time, save its outputs",
+        "a live view of the daemon from its metrics endpoint: devices and tenants",
         "the tool's help, or a command's",
     };
     for (size_t i = 0; i < std::size(kCommands); ++i) {
@@ -156,7 +172,7 @@ struct Definition {
       sub->set_help_flag("-h,--help", "this text")->group("Flags");
       sub->footer(text->footer);
       formatter->Describe(sub, text);
-      if (std::string(kCommands[i]) != "devices") {
+      if (std::string(kCommands[i]) != "devices" && std::string(kCommands[i]) != "top") {
         sub->add_option("args", positional)->group("");
       }
       commands[kCommands[i]] = sub;
@@ -166,7 +182,7 @@ struct Definition {
       const std::string underscores = absl::StrReplaceAll(f.name, {{"-", "_"}});
       std::string names = absl::StrCat("--", dashes);
       if (underscores != dashes) absl::StrAppend(&names, ",--", underscores);
-      CLI::App* owner = f.run ? commands["run"] : &app;
+      CLI::App* owner = f.command != nullptr ? commands[f.command] : &app;
       std::vector<std::string>* into = &values[f.name];
       CLI::Option* option = *f.value == '\0' ? owner->add_flag(names, *into, f.description)
                                              : owner->add_option(names, *into, f.description)
@@ -174,16 +190,16 @@ struct Definition {
                                                    ->allow_extra_args(false)
                                                    ->option_text(f.value);
       option->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-      option->group(f.run ? "Flags" : "Global flags");
+      option->group(f.command != nullptr ? "Flags" : "Global flags");
     }
   }
 };
 
 }  // namespace
 
-bool IsRunFlag(const std::string& name) {
+const char* FlagCommand(const std::string& name) {
   const FlagDef* f = FindFlag(name);
-  return f != nullptr && f->run;
+  return f != nullptr ? f->command : nullptr;
 }
 
 std::optional<std::string> HelpText(const std::string& command) {
@@ -241,15 +257,18 @@ std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parse
     if (extra.size() < 2 || extra[0] != '-') {
       if (cl.command.empty()) {
         return Usage(absl::StrCat("unknown command '", extra.substr(0, 64),
-                                  "' (commands: devices, load, info, run, help)"));
+                                  "' (commands: ", CommandList(/*help=*/true), ")"));
       }
       return Usage(absl::StrCat(cl.command, " takes no arguments"));
     }
     const FlagDef* f = FindFlag(extra);
-    if (f != nullptr && f->run && cl.command == "run") {
-      return Usage(absl::StrCat("--", f->name, " is a flag of 'run': give it after the command"));
+    if (f != nullptr && f->command != nullptr && cl.command == f->command) {
+      return Usage(absl::StrCat("--", f->name, " is a flag of '", f->command,
+                                "': give it after the command"));
     }
-    if (f != nullptr && f->run) return Usage(absl::StrCat("--", f->name, " applies to 'run' only"));
+    if (f != nullptr && f->command != nullptr) {
+      return Usage(absl::StrCat("--", f->name, " applies to '", f->command, "' only"));
+    }
     return Usage(absl::StrCat("unknown flag '", extra.substr(0, 64), "' (see 'gpuexec --help')"));
   }
   for (auto& [name, given] : d.values) {
@@ -261,7 +280,7 @@ std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parse
     std::optional<std::string> text = HelpText(topic == "help" ? "help" : topic);
     if (!text || cl.positional.size() > 1) {
       return Usage(absl::StrCat("help: no command '", topic.substr(0, 64),
-                                "' (commands: devices, load, info, run)"));
+                                "' (commands: ", CommandList(/*help=*/false), ")"));
     }
     parsed->print = *std::move(text);
   }

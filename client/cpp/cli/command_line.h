@@ -42,8 +42,9 @@ std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parse
 // for a command there is not.
 std::optional<std::string> HelpText(const std::string& command);
 
-// Flags of `run` only (the others are global).
-bool IsRunFlag(const std::string& name);
+// The command a flag belongs to ("run", "top"); nullptr for a global flag
+// or one there is not.
+const char* FlagCommand(const std::string& name);
 
 }  // namespace gpuexec::cli
 

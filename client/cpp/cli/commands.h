@@ -15,6 +15,7 @@ std::optional<Failure> Devices(const CommandLine& cl);
 std::optional<Failure> Load(const CommandLine& cl);
 std::optional<Failure> Info(const CommandLine& cl);
 std::optional<Failure> RunKernel(const CommandLine& cl);  // run.cc
+std::optional<Failure> Top(const CommandLine& cl);        // top.cc
 
 }  // namespace gpuexec::cli
 

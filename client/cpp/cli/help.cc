@@ -18,6 +18,8 @@ Example (saxpy.cubin from the README: y = a*x + y on n floats):
   gpuexec run saxpy.cubin saxpy --grid=4096 --block=256 \
       f32:2.0 in:x.bin inout:y.bin:y_out.bin u64:1048576
 
+  gpuexec top --metrics=127.0.0.1:9464     # the daemon's devices and tenants, live
+
 Ctrl-C (or SIGTERM) during 'load' or 'run' closes the session on the daemon,
 freeing all it holds, and exits with status 130.
 
@@ -144,6 +146,37 @@ with x.bin and y.bin holding 1048576 floats each (4 MiB):
 prints
   saxpy: grid (4096,1,1) block (256,1,1) shared 0: GPU time 0.031 ms
   saved 4194304 bytes of argument 2 to y_out.bin
+)"};
+
+const Text kTop = {"gpuexec top [--metrics=HOST:PORT] [--interval=DURATION] [--frames=N]\n",
+                   R"(
+The operator's live view of a daemon, read from its Prometheus endpoint (GET
+/metrics on the address given to gpuexecd --metrics_listen) every interval:
+every device and every tenant, as the endpoint shows them (the gRPC API shows
+a tenant only itself; the endpoint's own access control applies).
+)",
+                   R"(
+Devices: index, name, health (healthy; restarting while its worker restarts;
+silent while its worker does not answer), device memory used / total,
+sessions, workers, buffers, resets, and the SMs left to the tenants without a
+compute share (REST SMS; '-' without compute shares).
+
+Tenants (each that has opened a session, or has a compute share), busiest
+first: sessions, workers, device memory held, compute share as DEVICE:SMS
+('-' without one), GPU % and launches per second over the last interval
+('-' on the first frame). GPU % is GPU time per wall second, x100, as
+Synchronize reports it: a kernel counts once it has been waited for.
+
+On a terminal each frame replaces the last; otherwise frames follow one
+another, a blank line between them, so that 'gpuexec top --frames=1 | cat'
+gives one. A scrape takes at most --timeout (default 5s). When the endpoint
+does not answer the first time, the command fails (exit 1) and says what to
+do; after that, a failed scrape is a line of the frame and the next one is
+tried (a daemon that restarts comes back). Ctrl-C ends it (exit 130).
+
+Example:
+  gpuexec top --metrics=127.0.0.1:9464 --interval=1s
+  gpuexec top --frames=1 | cat
 )"};
 
 const Text kHelp = {"gpuexec help [COMMAND]\n", R"(

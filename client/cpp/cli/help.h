@@ -18,6 +18,7 @@ extern const Text kDevices;
 extern const Text kLoad;
 extern const Text kInfo;
 extern const Text kRun;
+extern const Text kTop;
 extern const Text kHelp;
 
 }  // namespace gpuexec::cli::help
