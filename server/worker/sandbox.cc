@@ -1,15 +1,10 @@
-// The worker's confinement (sandbox.h). The seccomp filter is written here
-// as a few lines of classic BPF rather than through libseccomp: a deny list
-// of about fifty calls is two instructions each, and the daemon, its image
-// and its CI then need no library beyond the C library for it.
+// The worker's confinement (sandbox.h); the seccomp filter is the daemon's
+// shared deny list (server/common/seccomp.h).
 #include "server/worker/sandbox.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/audit.h>
 #include <linux/capability.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -32,152 +27,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/common/log.h"
+#include "server/common/seccomp.h"
 #include "server/common/text.h"
 #include "server/common/thread_name.h"
 
 namespace gpuexec::worker::sandbox {
 namespace {
-
-#if defined(__x86_64__)
-constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
-#else
-#error "the worker's seccomp filter knows x86_64 and aarch64 only"
-#endif
-
-// LeakSanitizer stops the world at exit by ptrace-attaching to the
-// process's own threads: a sanitized worker keeps ptrace (the front stays
-// out of its reach through dumpable 0 and the dropped CAP_SYS_PTRACE).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kKeepPtrace = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(leak_sanitizer)
-constexpr bool kKeepPtrace = true;
-#else
-constexpr bool kKeepPtrace = false;
-#endif
-#else
-constexpr bool kKeepPtrace = false;
-#endif
-
-// Calls a worker never makes: each answers EPERM.
-const std::vector<int>& DeniedCalls() {
-  static const std::vector<int>* const calls = [] {
-    auto* v = new std::vector<int>{
-        __NR_process_vm_readv,
-        __NR_process_vm_writev,
-        __NR_kexec_load,
-        __NR_init_module,
-        __NR_finit_module,
-        __NR_delete_module,
-        __NR_mount,
-        __NR_umount2,
-        __NR_pivot_root,
-        __NR_chroot,
-        __NR_unshare,
-        __NR_setns,
-        __NR_bpf,
-        __NR_perf_event_open,
-        __NR_keyctl,
-        __NR_add_key,
-        __NR_request_key,
-        __NR_userfaultfd,
-        __NR_open_by_handle_at,
-        __NR_name_to_handle_at,
-        __NR_swapon,
-        __NR_swapoff,
-        __NR_reboot,
-        __NR_acct,
-        __NR_quotactl,
-        __NR_settimeofday,
-        __NR_clock_settime,
-        __NR_adjtimex,
-        __NR_clock_adjtime,
-        __NR_vhangup,
-        __NR_kcmp,
-        __NR_sethostname,
-        __NR_setdomainname,
-        __NR_fanotify_init,
-        __NR_syslog,
-#ifdef __NR_kexec_file_load
-        __NR_kexec_file_load,
-#endif
-#ifdef __NR_pidfd_getfd
-        __NR_pidfd_getfd,
-#endif
-#ifdef __NR_io_uring_setup
-        __NR_io_uring_setup,
-        __NR_io_uring_enter,
-        __NR_io_uring_register,
-#endif
-#ifdef __NR_fsopen
-        __NR_fsopen,
-        __NR_fsconfig,
-        __NR_fsmount,
-        __NR_fspick,
-        __NR_move_mount,
-        __NR_open_tree,
-#endif
-#ifdef __NR_mount_setattr
-        __NR_mount_setattr,
-#endif
-#ifdef __NR_quotactl_fd
-        __NR_quotactl_fd,
-#endif
-#ifdef __NR_iopl
-        __NR_iopl,
-        __NR_ioperm,
-#endif
-#ifdef __NR_uselib
-        __NR_uselib,
-#endif
-#ifdef __NR__sysctl
-        __NR__sysctl,
-#endif
-#ifdef __NR_lookup_dcookie
-        __NR_lookup_dcookie,
-#endif
-    };
-    if (!kKeepPtrace) v->push_back(__NR_ptrace);
-    return v;
-  }();
-  return *calls;
-}
-
-std::vector<sock_filter> Filter() {
-  constexpr uint32_t kDeny = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
-  constexpr uint32_t kNamespaces = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
-                                   CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP;
-  std::vector<sock_filter> f;
-  // Another ABI (i386 through int 0x80) numbers its calls otherwise.
-  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)));
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0));
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
-  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)));
-#if defined(__x86_64__)
-  // x32 calls (bit 30) reach the same kernel code under other numbers.
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1));
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
-#endif
-  for (int nr : DeniedCalls()) {
-    f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1));
-    f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
-  }
-#ifdef __NR_clone3
-  // clone3's flags are behind a pointer the filter cannot read: the C
-  // library falls back to clone on ENOSYS, whose flags it can.
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, 0, 1));
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)));
-#endif
-  // clone with a new namespace is unshare by another name.
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, 3));
-  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])));
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, kNamespaces, 0, 1));
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
-  return f;
-}
 
 // What a driver run as root may still need on its device nodes and pinned
 // memory; every other capability leaves the worker.
@@ -253,13 +108,7 @@ absl::StatusOr<Confinement> ConfineWorker(bool sandbox_off) {
   c.capabilities_dropped = *dropped;
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Refused("PR_SET_NO_NEW_PRIVS 1");
   c.no_new_privs = true;
-  std::vector<sock_filter> filter = Filter();
-  sock_fprog prog{static_cast<unsigned short>(filter.size()), filter.data()};
-  // Every thread of the process (the worker has one or two here).
-  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0 &&
-      (errno != ENOSYS || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0)) {
-    return Refused("the seccomp filter");
-  }
+  if (!seccomp::DenyCalls({}).ok()) return Refused("the seccomp filter");
   c.seccomp = true;
   return c;
 }
