@@ -38,9 +38,11 @@ ALLOWED = {
     "server/compile": ["server/common"],
     # The composition root and the gRPC layer: everything above the driver.
     "server/rpc": ["server/common", "server/port", "server/shm", "server/core", "server/tenants",
-                   "server/metrics", "server/worker/remote_device.h",
+                   "server/metrics", "server/compile/compile_service.h",
+                   "server/compile/compile_request.h", "server/compile/compiler.h",
+                   "server/compile/compile_sandbox.h", "server/worker/remote_device.h",
                    "server/worker/worker_main.h", "gpuexec/"],
-    "server/main.cc": ["server/common", "server/rpc", "server/tenants",
+    "server/main.cc": ["server/common", "server/rpc", "server/tenants", "server/compile/compile_main.h",
                        "server/worker/sandbox.h", "server/worker/worker_main.h"],
     # Clients know the protocol, never the daemon.
     "client": ["gpuexec/", "client/"],

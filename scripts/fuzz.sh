@@ -18,7 +18,7 @@ SECONDS_PER_TARGET="${1:-60}"
 shift || true
 TARGETS=("$@")
 if ((${#TARGETS[@]} == 0)); then
-  TARGETS=(wire_fuzz args_fuzz image_check_fuzz metrics_http_fuzz worker_frames_fuzz worker_ring_fuzz
+  TARGETS=(wire_fuzz args_fuzz image_check_fuzz compile_request_fuzz metrics_http_fuzz worker_frames_fuzz worker_ring_fuzz
     command_ring_view_fuzz command_ring_record_fuzz tenants_fuzz)
 fi
 BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}"

@@ -20,6 +20,7 @@
 #include "gpuexec/version.h"
 #include "server/common/log.h"
 #include "server/common/text.h"
+#include "server/compile/compile_main.h"
 #include "server/rpc/server.h"
 #include "server/tenants/tenants.h"
 #include "server/worker/sandbox.h"
@@ -152,6 +153,21 @@ ABSL_FLAG(std::string, mps, "auto",
           "private, started before the first worker and stopped after the last), 'off' "
           "(time-sliced: one tenant's long kernels delay every other's), or 'auto' (external "
           "when one serves, else off). Compute shares need MPS.");
+ABSL_FLAG(bool, compile, true,
+          "Compile CUDA C++ sent with CompileModule (NVRTC, in a sandboxed process per compile). "
+          "Without an NVRTC the daemon serves on, and CompileModule says what to install.");
+ABSL_FLAG(std::string, nvrtc, "",
+          "NVRTC's library (a file, or a name the dynamic loader finds); empty: libnvrtc.so.13, "
+          ".12, libnvrtc.so, then the toolkit's /usr/local/cuda/lib64.");
+ABSL_FLAG(uint64_t, compile_memory_bytes, 4ull << 30,
+          "Address space one compile may use; past it the compile is refused "
+          "(RESOURCE_EXHAUSTED).");
+ABSL_FLAG(uint32_t, compile_cpu_s, 60, "CPU seconds one compile may use.");
+ABSL_FLAG(uint32_t, compile_time_limit_s, 60,
+          "Wall-clock seconds one compile may take before it is stopped (DEADLINE_EXCEEDED).");
+ABSL_FLAG(uint32_t, max_compiles, 2, "Compiles at once on the daemon; 64 more may wait.");
+ABSL_FLAG(uint32_t, max_compiles_per_tenant, 1,
+          "Compiles one tenant may have running or waiting at once; past it, refused at once.");
 ABSL_FLAG(std::string, mps_control, "nvidia-cuda-mps-control",
           "With --mps=own: NVIDIA's MPS control program (a path, or a name on PATH).");
 ABSL_FLAG(std::string, default_compute_share, "",
@@ -266,6 +282,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], gpuexec::worker::kWorkerArg) == 0) {
     return gpuexec::worker::RunWorker(argc, argv);
   }
+  // So is each compile of a kernel from source (server/compile).
+  if (argc > 1 && std::strcmp(argv[1], gpuexec::compile::kCompileArg) == 0) {
+    return gpuexec::compile::RunCompiler(argc, argv);
+  }
   // --help lists the flags of this file (absl matches by program name
   // otherwise, and this file is not named after the program).
   absl::FlagsUsageConfig usage;
@@ -347,6 +367,13 @@ int main(int argc, char** argv) {
   options.tenants_file = absl::GetFlag(FLAGS_tenants);
   options.isolation = absl::GetFlag(FLAGS_isolation);
   options.mps = absl::GetFlag(FLAGS_mps);
+  options.compile = absl::GetFlag(FLAGS_compile);
+  options.nvrtc = absl::GetFlag(FLAGS_nvrtc);
+  options.compile_memory_bytes = absl::GetFlag(FLAGS_compile_memory_bytes);
+  options.compile_cpu_s = absl::GetFlag(FLAGS_compile_cpu_s);
+  options.compile_time_limit_s = absl::GetFlag(FLAGS_compile_time_limit_s);
+  options.max_compiles = absl::GetFlag(FLAGS_max_compiles);
+  options.max_compiles_per_tenant = absl::GetFlag(FLAGS_max_compiles_per_tenant);
   options.mps_control = absl::GetFlag(FLAGS_mps_control);
   options.default_compute_share = absl::GetFlag(FLAGS_default_compute_share);
   options.worker_idle = absl::Seconds(absl::GetFlag(FLAGS_worker_idle_s));

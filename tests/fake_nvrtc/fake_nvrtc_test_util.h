@@ -29,7 +29,6 @@ namespace gxnvrtc_test {
 using gxfake::ImageKernel;
 using gxfake::ParamSlot;
 
-
 struct Api {
 #define GX_MEMBER(name) PFN_##name name = nullptr;
   GPUEXEC_NVRTC_ENTRY_POINTS(GX_MEMBER)
@@ -135,7 +134,8 @@ inline std::vector<ImageKernel> Read(const std::string& image) {
   return kernels;
 }
 
-inline std::map<std::string, std::vector<ParamSlot>> Layouts(const std::vector<ImageKernel>& kernels) {
+inline std::map<std::string, std::vector<ParamSlot>> Layouts(
+    const std::vector<ImageKernel>& kernels) {
   std::map<std::string, std::vector<ParamSlot>> out;
   for (const ImageKernel& k : kernels) out[k.name] = k.params;
   return out;

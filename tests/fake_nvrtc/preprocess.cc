@@ -47,8 +47,6 @@ std::string StripComments(std::string_view line, bool* in_comment) {
   return out;
 }
 
-
-
 // --- #if expressions: || && ! == != < > <= >= ( ) defined, numbers,
 // macro names (their value if it is a number, else 0). ---
 

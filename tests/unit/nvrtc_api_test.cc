@@ -47,7 +47,8 @@ struct Theirs<R (*)(A...)> {
 
 TEST(NvrtcApiTest, ResultCodesHaveTheToolkitsValues) {
   EXPECT_EQ(sizeof(ours::nvrtcResult), sizeof(::nvrtcResult));
-#define GX_SAME_CODE(name) EXPECT_EQ(static_cast<int>(ours::name), static_cast<int>(::name)) << #name;
+#define GX_SAME_CODE(name) \
+  EXPECT_EQ(static_cast<int>(ours::name), static_cast<int>(::name)) << #name;
   GX_SAME_CODE(NVRTC_SUCCESS)
   GX_SAME_CODE(NVRTC_ERROR_OUT_OF_MEMORY)
   GX_SAME_CODE(NVRTC_ERROR_PROGRAM_CREATION_FAILURE)
@@ -69,7 +70,7 @@ TEST(NvrtcApiTest, TheProgramHandleIsTheToolkits) {
 
 TEST(NvrtcApiTest, EachEntryPointHasTheToolkitsSignature) {
   int checked = 0;
-#define GX_SAME_ENTRY(name)                                                                    \
+#define GX_SAME_ENTRY(name)                                                             \
   EXPECT_TRUE((std::is_same_v<TheirsT<ours::PFN_##name>, decltype(&::name)>)) << #name; \
   ++checked;
   GPUEXEC_NVRTC_ENTRY_POINTS(GX_SAME_ENTRY)

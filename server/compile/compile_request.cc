@@ -1,0 +1,418 @@
+// The checks of a compile request, its options and its cache key.
+// compile_request.h says what is refused and why.
+
+#include "server/compile/compile_request.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gpuexec/sha256.h"
+#include "server/common/text.h"
+
+namespace gpuexec::compile {
+namespace {
+
+// Client text in a message: short, escaped, in quotes.
+std::string Q(absl::string_view text, size_t max = 64) {
+  return absl::StrCat("'", Quoted(text, max), "'");
+}
+
+constexpr char kAllowedOptions[] =
+    "-std=c++11|c++14|c++17|c++20, -DNAME[=VALUE], -UNAME, --use_fast_math, -lineinfo, "
+    "-maxrregcount=N, --ftz=, --prec-div=, --prec-sqrt=, --fmad= (true or false), "
+    "-default-device, --extra-device-vectorization, -restrict, -G, -w";
+
+bool IsIdentifier(absl::string_view s) {
+  if (s.empty() || s.size() > 64) return false;
+  if (!absl::ascii_isalpha(s[0]) && s[0] != '_') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isalnum(c) || c == '_'; });
+}
+
+bool IsPrintable(absl::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+// "NAME" or "NAME=VALUE" of -D: a macro name, and a value without control
+// characters (a newline would end the definition and start a directive).
+bool IsDefinition(absl::string_view def) {
+  const size_t eq = def.find('=');
+  const absl::string_view name = def.substr(0, eq);
+  if (!IsIdentifier(name)) return false;
+  return eq == absl::string_view::npos || IsPrintable(def.substr(eq + 1));
+}
+
+bool IsBool(absl::string_view v) { return v == "true" || v == "false"; }
+
+// The option's value after one of `prefixes`, if it starts with one.
+bool AfterPrefix(absl::string_view option, std::initializer_list<absl::string_view> prefixes,
+                 absl::string_view* value) {
+  for (absl::string_view p : prefixes) {
+    if (absl::StartsWith(option, p)) {
+      *value = option.substr(p.size());
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status CheckOption(size_t i, const std::string& option, const Limits& limits) {
+  const std::string what = absl::StrCat("option ", i, " ", Q(option));
+  if (option.size() > limits.max_option_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is ", option.size(), " bytes, over the limit of ",
+                     limits.max_option_bytes));
+  }
+  static const std::set<std::string> kFlags = {
+      "--use_fast_math", "-use_fast_math", "-lineinfo", "--generate-line-info",
+      "-default-device", "--device-as-default-execution-space", "--extra-device-vectorization",
+      "-extra-device-vectorization", "-restrict", "--restrict", "-G", "--device-debug", "-w",
+      "--disable-warnings"};
+  if (kFlags.count(option) != 0) return absl::OkStatus();
+  absl::string_view v;
+  if (AfterPrefix(option, {"-std=", "--std="}, &v)) {
+    if (v == "c++11" || v == "c++14" || v == "c++17" || v == "c++20") return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the standard must be c++11, c++14, c++17 or c++20"));
+  }
+  if (AfterPrefix(option, {"--define-macro=", "-D"}, &v)) {
+    if (IsDefinition(v)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": a definition is -DNAME or -DNAME=VALUE, NAME a C identifier of at most 64 "
+              "bytes and VALUE printable ASCII on one line"));
+  }
+  if (AfterPrefix(option, {"--undefine-macro=", "-U"}, &v)) {
+    if (IsIdentifier(v)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(what, ": -U takes a C identifier"));
+  }
+  if (AfterPrefix(option, {"--maxrregcount=", "-maxrregcount="}, &v)) {
+    int n = 0;
+    if (absl::SimpleAtoi(v, &n) && n >= 16 && n <= 255) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the register count must be 16 to 255"));
+  }
+  if (AfterPrefix(option,
+                  {"--ftz=", "-ftz=", "--prec-div=", "-prec-div=", "--prec-sqrt=", "-prec-sqrt=",
+                   "--fmad=", "-fmad="},
+                  &v)) {
+    if (IsBool(v)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the value must be true or false"));
+  }
+  if (AfterPrefix(option, {"-arch", "--gpu-architecture", "-code", "--gpu-code"}, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the architecture is the device's own, which the daemon gives; leave it out"));
+  }
+  if (AfterPrefix(option, {"-I", "--include-path", "-include", "--pre-include", "-isystem"}, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": nothing of the daemon's file system can be included; give the file in "
+              "headers (a name -> content map) and include it by that name"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " is not allowed; the options allowed: ", kAllowedOptions));
+}
+
+// Whether an included name stays among the given headers and the
+// compiler's own: relative, with no ".." component.
+bool IsReachableName(absl::string_view name) {
+  if (name.empty() || name.size() > 256 || name[0] == '/' || !IsPrintable(name)) return false;
+  if (absl::StrContains(name, '\\')) return false;
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
+// The text as the preprocessor's directives see it, one logical line at
+// a time: backslash-newlines spliced, each comment one space, literals
+// kept (an include's name is one). `first_line` is the physical line the
+// logical one starts on.
+struct LogicalLine {
+  size_t first_line = 1;
+  std::string text;
+};
+
+bool IsIdentChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
+
+// The identifier (or number) `text` ends with; empty when it ends with
+// anything else.
+absl::string_view WordBefore(const std::string& text) {
+  size_t k = text.size();
+  while (k > 0 && IsIdentChar(text[k - 1])) --k;
+  return absl::string_view(text).substr(k);
+}
+
+std::vector<LogicalLine> LogicalLines(absl::string_view in) {
+  std::vector<LogicalLine> lines(1);
+  size_t line = 1;
+  auto cur = [&lines]() -> std::string& { return lines.back().text; };
+  size_t i = 0;
+  auto at = [&](size_t k) { return k < in.size() ? in[k] : '\0'; };
+  // Skips backslash-newlines from i on.
+  auto splice = [&]() {
+    while (at(i) == '\\' && (at(i + 1) == '\n' || (at(i + 1) == '\r' && at(i + 2) == '\n'))) {
+      i += at(i + 1) == '\n' ? 2 : 3;
+      ++line;
+    }
+  };
+  auto newline = [&]() {
+    ++line;
+    lines.push_back({line, ""});
+  };
+  while (true) {
+    splice();
+    if (i >= in.size()) break;
+    const char c = in[i];
+    if (c == '\n') {
+      ++i;
+      newline();
+      continue;
+    }
+    if (c == '/' && at(i + 1) == '/') {  // to the end of the logical line
+      while (i < in.size() && in[i] != '\n') {
+        ++i;
+        splice();
+      }
+      cur().push_back(' ');
+      continue;
+    }
+    if (c == '/' && at(i + 1) == '*') {
+      i += 2;
+      while (i < in.size() && !(in[i] == '*' && at(i + 1) == '/')) {
+        if (in[i] == '\n') ++line;
+        ++i;
+      }
+      i += 2;
+      cur().push_back(' ');
+      continue;
+    }
+    const absl::string_view word = WordBefore(cur());
+    if (c == '"' && (word == "R" || word == "u8R" || word == "uR" || word == "UR" || word == "LR")) {
+      // A raw string, R"delim( ... )delim": its content is no directive.
+      const size_t open = in.find('(', i);
+      if (open == absl::string_view::npos || open - i > 17) {
+        cur().append(in.data() + i, in.size() - i);
+        break;
+      }
+      const std::string close = absl::StrCat(")", in.substr(i + 1, open - i - 1), "\"");
+      const size_t end = in.find(close, open);
+      const size_t stop = end == absl::string_view::npos ? in.size() : end + close.size();
+      for (size_t k = i; k < stop; ++k) line += in[k] == '\n';
+      cur().append("\"\"");
+      i = stop;
+      continue;
+    }
+    // A quote after a digit is a digit separator (1'000), not a literal.
+    const bool char_literal =
+        c == '\'' && (word.empty() || word == "u" || word == "U" || word == "L" || word == "u8");
+    if (c == '"' || char_literal) {
+      cur().push_back(c);
+      ++i;
+      while (true) {
+        splice();
+        if (i >= in.size() || in[i] == '\n') break;  // unterminated: the line ends it
+        cur().push_back(in[i]);
+        if (in[i] == '\\' && i + 1 < in.size() && in[i + 1] != '\n') {
+          cur().push_back(in[i + 1]);
+          i += 2;
+          continue;
+        }
+        if (in[i++] == c) break;
+      }
+      continue;
+    }
+    cur().push_back(c);
+    ++i;
+  }
+  return lines;
+}
+
+// The literal name at `rest` ("name" or <name>), or false.
+bool LiteralName(absl::string_view rest, absl::string_view* name) {
+  rest = absl::StripLeadingAsciiWhitespace(rest);
+  if (rest.empty() || (rest[0] != '"' && rest[0] != '<')) return false;
+  const char close = rest[0] == '"' ? '"' : '>';
+  const size_t end = rest.find(close, 1);
+  if (end == absl::string_view::npos) return false;
+  *name = rest.substr(1, end - 1);
+  return true;
+}
+
+absl::Status CheckIncludes(absl::string_view text, const std::string& what) {
+  for (const LogicalLine& l : LogicalLines(text)) {
+    absl::string_view s = absl::StripLeadingAsciiWhitespace(l.text);
+    if (s.empty() || s[0] != '#') continue;
+    s = absl::StripLeadingAsciiWhitespace(s.substr(1));
+    size_t n = 0;
+    while (n < s.size() && IsIdentChar(s[n])) ++n;
+    const absl::string_view directive = s.substr(0, n);
+    const absl::string_view rest = s.substr(n);
+    const std::string where = absl::StrCat(what, " line ", l.first_line);
+    absl::string_view name;
+    if (directive == "include" || directive == "include_next" || directive == "import") {
+      if (!LiteralName(rest, &name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": #", directive, " of something other than a literal name (",
+            Q(rest, 32), "); include a header by its name: #include \"util.cuh\""));
+      }
+      if (!IsReachableName(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": #", directive, " ", Q(name),
+            " names a path outside the given headers (absolute, or with a '..' component); "
+            "nothing of the daemon's file system can be included: give the file in headers"));
+      }
+      continue;
+    }
+    if (directive != "if" && directive != "elif" && directive != "ifdef" &&
+        directive != "ifndef") {
+      continue;
+    }
+    for (size_t at = rest.find("__has_include"); at != absl::string_view::npos;
+         at = rest.find("__has_include", at + 1)) {
+      absl::string_view after = rest.substr(at + strlen("__has_include"));
+      if (absl::StartsWith(after, "_next")) after.remove_prefix(5);
+      after = absl::StripLeadingAsciiWhitespace(after);
+      if (after.empty() || after[0] != '(') continue;  // `#ifdef __has_include`
+      if (!LiteralName(after.substr(1), &name) || !IsReachableName(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": __has_include of ", Q(after.substr(1), 32),
+            ": only a literal, relative name without '..' may be asked after"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckText(absl::string_view text, const std::string& what) {
+  if (const size_t nul = text.find('\0'); nul != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " holds a NUL byte at offset ", nul, "; send the text alone"));
+  }
+  return CheckIncludes(text, what);
+}
+
+void AppendField(std::string* out, absl::string_view field) {
+  absl::StrAppend(out, field.size(), ":", field, ";");
+}
+
+}  // namespace
+
+bool IsPlainName(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name[0] == '/') return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '-' && c != '.' && c != '+' && c != '/') {
+      return false;
+    }
+  }
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
+}
+
+absl::Status Check(const CompileInput& input, const Limits& limits) {
+  if (input.source.empty()) {
+    return absl::InvalidArgumentError("the source is empty; send CUDA C++ with a __global__ function");
+  }
+  if (input.source.size() > limits.max_source_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the source is ", ByteSize(input.source.size()),
+                                                     ", over the limit of ",
+                                                     ByteSize(limits.max_source_bytes)));
+  }
+  if (!input.source_name.empty() && !IsPlainName(input.source_name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the source's name ", Q(input.source_name),
+        " is not a plain relative name (1 to 128 bytes of letters, digits and _-.+/)"));
+  }
+  const std::string source_what =
+      absl::StrCat("the source ", Q(input.source_name.empty() ? "kernel.cu" : input.source_name));
+  if (absl::Status s = CheckText(input.source, source_what); !s.ok()) return s;
+  if (input.headers.size() > limits.max_headers) {
+    return absl::ResourceExhaustedError(absl::StrCat(input.headers.size(),
+                                                     " headers sent, over the limit of ",
+                                                     limits.max_headers));
+  }
+  size_t header_bytes = 0;
+  std::set<std::string> names;
+  for (size_t i = 0; i < input.headers.size(); ++i) {
+    const Header& h = input.headers[i];
+    const std::string what = absl::StrCat("header ", i, " ", Q(h.name));
+    if (!IsPlainName(h.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": a header's name is a plain relative name (1 to 128 bytes of letters, digits "
+                "and _-.+/, no '.' or '..' component), as the source includes it"));
+    }
+    if (!names.insert(h.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is given twice"));
+    }
+    header_bytes += h.content.size();
+    if (header_bytes > limits.max_header_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the headers hold over ", ByteSize(limits.max_header_bytes), " together (at ", what,
+          "), the limit"));
+    }
+    if (absl::Status s = CheckText(h.content, what); !s.ok()) return s;
+  }
+  if (input.options.size() > limits.max_options) {
+    return absl::ResourceExhaustedError(absl::StrCat(input.options.size(),
+                                                     " options sent, over the limit of ",
+                                                     limits.max_options));
+  }
+  for (size_t i = 0; i < input.options.size(); ++i) {
+    if (absl::Status s = CheckOption(i, input.options[i], limits); !s.ok()) return s;
+  }
+  if (input.name_expressions.size() > limits.max_name_expressions) {
+    return absl::ResourceExhaustedError(absl::StrCat(input.name_expressions.size(),
+                                                     " name expressions sent, over the limit of ",
+                                                     limits.max_name_expressions));
+  }
+  for (size_t i = 0; i < input.name_expressions.size(); ++i) {
+    const std::string& e = input.name_expressions[i];
+    if (e.empty() || e.size() > limits.max_name_expression_bytes || !IsPrintable(e)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name expression ", i, " ", Q(e), " must be 1 to ",
+          limits.max_name_expression_bytes,
+          " bytes of printable ASCII on one line, naming a __global__ function: saxpy<float>"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ArchName(int cc_major, int cc_minor) { return absl::StrCat("sm_", cc_major, cc_minor); }
+
+std::vector<std::string> CompileOptions(const CompileInput& input, int cc_major, int cc_minor) {
+  std::vector<std::string> options = input.options;
+  options.push_back(absl::StrCat("-arch=", ArchName(cc_major, cc_minor)));
+  return options;
+}
+
+std::string CacheKey(const CompileInput& input, const std::string& compiler_version,
+                     const std::string& arch) {
+  std::string all = "gpuexec compile key 1;";
+  AppendField(&all, compiler_version);
+  AppendField(&all, arch);
+  AppendField(&all, input.source_name.empty() ? "kernel.cu" : input.source_name);
+  AppendField(&all, input.source);
+  std::vector<const Header*> headers;
+  for (const Header& h : input.headers) headers.push_back(&h);
+  std::sort(headers.begin(), headers.end(),
+            [](const Header* a, const Header* b) { return a->name < b->name; });
+  absl::StrAppend(&all, "headers ", headers.size(), ";");
+  for (const Header* h : headers) {
+    AppendField(&all, h->name);
+    AppendField(&all, h->content);
+  }
+  absl::StrAppend(&all, "options ", input.options.size(), ";");
+  for (const std::string& o : input.options) AppendField(&all, o);
+  absl::StrAppend(&all, "names ", input.name_expressions.size(), ";");
+  for (const std::string& e : input.name_expressions) AppendField(&all, e);
+  return Sha256Hex(all);
+}
+
+}  // namespace gpuexec::compile

@@ -1,0 +1,154 @@
+// The compile process's confinement (compile_sandbox.h). Landlock is
+// reached through its three system calls: Debian 12 packages no library for
+// it, and its headers (Linux 6.1) know only ABI 1 and 2, so the later
+// rights (truncate, device ioctls, TCP) are named here, with the ruleset
+// struct in its later shape (the kernel takes the size it knows).
+
+#include "server/compile/compile_sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/seccomp.h"
+
+namespace gpuexec::compile::sandbox {
+namespace {
+
+// Landlock's ABI (include/uapi/linux/landlock.h).
+struct RulesetAttr {
+  uint64_t handled_access_fs;
+  uint64_t handled_access_net;  // ABI 4
+};
+struct __attribute__((packed)) PathBeneathAttr {
+  uint64_t allowed_access;
+  int32_t parent_fd;
+};
+constexpr uint32_t kCreateRulesetVersion = 1u << 0;
+constexpr int kRulePathBeneath = 1;
+constexpr uint64_t kFsExecute = 1ull << 0;
+constexpr uint64_t kFsWriteFile = 1ull << 1;
+constexpr uint64_t kFsReadFile = 1ull << 2;
+constexpr uint64_t kFsReadDir = 1ull << 3;
+constexpr uint64_t kFsRemoveDir = 1ull << 4;
+constexpr uint64_t kFsRemoveFile = 1ull << 5;
+constexpr uint64_t kFsMakeDir = 1ull << 7;
+constexpr uint64_t kFsMakeReg = 1ull << 8;
+constexpr uint64_t kFsAbi1 = (1ull << 13) - 1;  // execute .. make_sym
+constexpr uint64_t kFsRefer = 1ull << 13;       // ABI 2
+constexpr uint64_t kFsTruncate = 1ull << 14;    // ABI 3
+constexpr uint64_t kFsIoctlDev = 1ull << 15;    // ABI 5
+constexpr uint64_t kNetBindTcp = 1ull << 0;     // ABI 4
+constexpr uint64_t kNetConnectTcp = 1ull << 1;
+
+#ifndef __NR_landlock_create_ruleset
+#define __NR_landlock_create_ruleset 444
+#define __NR_landlock_add_rule 445
+#define __NR_landlock_restrict_self 446
+#endif
+
+absl::Status Refused(const std::string& step) {
+  return absl::InternalError(absl::StrCat("the compile sandbox: the kernel refused ", step, ": ",
+                                          strerror(errno)));
+}
+
+absl::Status Limit(int resource, const char* name, uint64_t soft, uint64_t hard) {
+  rlimit r{static_cast<rlim_t>(soft), static_cast<rlim_t>(hard)};
+  if (setrlimit(resource, &r) != 0) return Refused(name);
+  return absl::OkStatus();
+}
+
+// Every file-system right the kernel's ABI handles.
+uint64_t HandledFs(int abi) {
+  uint64_t fs = kFsAbi1;
+  if (abi >= 2) fs |= kFsRefer;
+  if (abi >= 3) fs |= kFsTruncate;
+  if (abi >= 5) fs |= kFsIoctlDev;
+  return fs;
+}
+
+absl::Status AllowBeneath(int ruleset, const std::string& dir, uint64_t access) {
+  const int fd = open(dir.c_str(), O_PATH | O_CLOEXEC | O_DIRECTORY);
+  if (fd < 0) return Refused(absl::StrCat("opening ", dir, " for its Landlock rule"));
+  PathBeneathAttr rule{access, fd};
+  const long added = syscall(__NR_landlock_add_rule, ruleset, kRulePathBeneath, &rule, 0);
+  const int error = errno;
+  close(fd);
+  errno = error;
+  if (added != 0) return Refused(absl::StrCat("the Landlock rule of ", dir));
+  return absl::OkStatus();
+}
+
+// Returns the ABI in force, or 0 where the kernel has no Landlock.
+absl::StatusOr<int> RestrictFiles(const std::vector<std::string>& readable,
+                                  const std::string& writable) {
+  const long abi = syscall(__NR_landlock_create_ruleset, nullptr, 0, kCreateRulesetVersion);
+  if (abi < 1) return 0;
+  RulesetAttr attr{HandledFs(static_cast<int>(abi)), kNetBindTcp | kNetConnectTcp};
+  const size_t size = abi >= 4 ? sizeof(attr) : sizeof(attr.handled_access_fs);
+  const long ruleset = syscall(__NR_landlock_create_ruleset, &attr, size, 0);
+  if (ruleset < 0) return Refused("the Landlock ruleset");
+  const int fd = static_cast<int>(ruleset);
+  absl::Status s;
+  const uint64_t read = kFsReadFile | kFsReadDir;
+  for (const std::string& dir : readable) {
+    if (s.ok()) s = AllowBeneath(fd, dir, read);
+  }
+  const uint64_t write = read | kFsWriteFile | kFsRemoveDir | kFsRemoveFile | kFsMakeDir |
+                         kFsMakeReg | (abi >= 3 ? kFsTruncate : 0);
+  if (s.ok() && !writable.empty()) s = AllowBeneath(fd, writable, write);
+  if (s.ok() && syscall(__NR_landlock_restrict_self, fd, 0) != 0) s = Refused("landlock_restrict_self");
+  close(fd);
+  if (!s.ok()) return s;
+  (void)kFsExecute;  // handled, never allowed: a compile runs no program
+  return static_cast<int>(abi);
+}
+
+}  // namespace
+
+absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std::string>& readable,
+                                    const std::string& writable) {
+  Confinement c;
+  // AddressSanitizer reserves terabytes of shadow address space: a build
+  // with it runs compiles without the address-space limit.
+#if !defined(__SANITIZE_ADDRESS__)
+  if (absl::Status s = Limit(RLIMIT_AS, "RLIMIT_AS", limits.memory_bytes, limits.memory_bytes);
+      !s.ok()) {
+    return s;
+  }
+#endif
+  if (absl::Status s =
+          Limit(RLIMIT_CPU, "RLIMIT_CPU", limits.cpu_seconds, uint64_t{limits.cpu_seconds} + 1);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Limit(RLIMIT_FSIZE, "RLIMIT_FSIZE", limits.file_bytes, limits.file_bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Limit(RLIMIT_NOFILE, "RLIMIT_NOFILE", limits.open_files, limits.open_files);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Limit(RLIMIT_CORE, "RLIMIT_CORE", 0, 0); !s.ok()) return s;
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Refused("PR_SET_DUMPABLE 0");
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Refused("PR_SET_NO_NEW_PRIVS 1");
+  c.no_new_privs = true;
+  absl::StatusOr<int> abi = RestrictFiles(readable, writable);
+  if (!abi.ok()) return abi.status();
+  c.landlock_abi = *abi;
+  std::vector<int> extra = {__NR_socket, __NR_connect, __NR_bind,   __NR_listen,
+                            __NR_accept, __NR_accept4, __NR_execve, __NR_execveat};
+  if (absl::Status s = seccomp::DenyCalls(extra); !s.ok()) return s;
+  c.seccomp = true;
+  return c;
+}
+
+}  // namespace gpuexec::compile::sandbox

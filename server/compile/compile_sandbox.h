@@ -1,0 +1,52 @@
+#ifndef GPUEXEC_SERVER_COMPILE_COMPILE_SANDBOX_H_
+#define GPUEXEC_SERVER_COMPILE_COMPILE_SANDBOX_H_
+
+// The compile process's confinement. NVRTC parses a client's C++: a bug in
+// it, or a source built to exhaust it, must cost the compile process alone.
+// Called in the compile process once NVRTC is loaded, before it sees the
+// source:
+//   - rlimits: address space (RLIMIT_AS: allocations past it fail), CPU
+//     seconds (RLIMIT_CPU: SIGXCPU, then SIGKILL a second later), bytes of
+//     a file written (RLIMIT_FSIZE), open descriptors, no core dumps;
+//   - PR_SET_DUMPABLE 0 and PR_SET_NO_NEW_PRIVS 1;
+//   - the daemon's seccomp deny list (server/common/seccomp.h), and the
+//     network (socket, connect, bind, listen, accept) and exec, which a
+//     compile never needs: the answer goes back on the socket it inherited;
+//   - Landlock where the kernel has it (Linux 5.13 and newer): no file of
+//     the host may be opened but those beneath `readable` (NVRTC's own
+//     directory) for reading and beneath `writable` (a private temporary
+//     directory of this compile) for reading and writing; with Landlock ABI
+//     4 and newer, no TCP bind or connect either. Without Landlock the
+//     daemon's check of the source's includes (compile_request.h) is what
+//     keeps the host's files out, and the daemon says so when it starts.
+// The front kills a compile past its wall-clock limit (compiler.h).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gpuexec::compile::sandbox {
+
+struct Limits {
+  uint64_t memory_bytes = uint64_t{4} << 30;
+  uint32_t cpu_seconds = 60;
+  uint64_t file_bytes = uint64_t{64} << 20;
+  uint32_t open_files = 64;
+};
+
+struct Confinement {
+  bool no_new_privs = false;
+  bool seccomp = false;
+  int landlock_abi = 0;  // 0: the kernel has no Landlock
+};
+
+// Confines the calling process; an error names the step the kernel
+// refused. A kernel without Landlock is not an error (landlock_abi 0).
+absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std::string>& readable,
+                                    const std::string& writable);
+
+}  // namespace gpuexec::compile::sandbox
+
+#endif  // GPUEXEC_SERVER_COMPILE_COMPILE_SANDBOX_H_

@@ -1,0 +1,153 @@
+// Compiles once per source, bounded (compile_service.h).
+
+#include "server/compile/compile_service.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/text.h"
+
+namespace gpuexec::compile {
+
+absl::StatusOr<std::unique_ptr<CompileService>> CompileService::Start(
+    CompileServiceOptions options) {
+  absl::StatusOr<std::unique_ptr<Compiler>> compiler = Compiler::Start(options.compiler);
+  if (!compiler.ok()) return compiler.status();
+  return std::unique_ptr<CompileService>(
+      new CompileService(std::move(options), *std::move(compiler)));
+}
+
+CompileService::CompileService(CompileServiceOptions options, std::unique_ptr<Compiler> compiler)
+    : options_(std::move(options)), compiler_(std::move(compiler)) {
+  const int threads = std::max(1, options_.compiler.max_running);
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+CompileService::~CompileService() {
+  std::deque<Job> left;
+  std::vector<Done> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    left.swap(queue_);
+    for (const Job& job : left) {
+      auto it = inflight_.find(job.key);
+      if (it == inflight_.end()) continue;
+      for (Done& d : it->second.waiters) failed.push_back(std::move(d));
+      inflight_.erase(it);
+    }
+    work_.SignalAll();
+  }
+  for (Done& d : failed) d(absl::UnavailableError("the daemon is stopping; no compile ran"));
+  for (std::thread& t : threads_) t.join();
+}
+
+void CompileService::Compile(const std::string& tenant, CompileInput input, int cc_major,
+                             int cc_minor, Done done) {
+  if (absl::Status s = Check(input, options_.request_limits); !s.ok()) return done(s);
+  std::string key = CacheKey(input, compiler_->nvrtc_version(), ArchName(cc_major, cc_minor));
+  // Answered at once (a refusal, a hit) after the lock, or queued.
+  std::optional<absl::StatusOr<CompileAnswer>> now;
+  {
+    absl::MutexLock lock(&mu_);
+    auto hit = cache_.find(key);
+    auto joined = inflight_.find(key);
+    int& mine = per_tenant_[tenant];
+    if (stopping_) {
+      now = absl::UnavailableError("the daemon is stopping; no compile ran");
+    } else if (hit != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, hit->second.lru);
+      ++stats_.cache_hits;
+      now = CompileAnswer{hit->second.module, true};
+    } else if (joined != inflight_.end()) {
+      joined->second.waiters.push_back(std::move(done));
+      ++stats_.joined;
+    } else if (mine >= options_.max_per_tenant) {
+      now = absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", Quoted(tenant), "' has ", mine, " compiles running or queued, its limit (",
+          options_.per_tenant_flag, "); retry when one has ended"));
+    } else if (queue_.size() >= options_.max_queued) {
+      now = absl::ResourceExhaustedError(absl::StrCat(
+          options_.max_queued, " compiles are queued, the daemon's limit; retry shortly"));
+    } else {
+      ++mine;
+      inflight_[key].waiters.push_back(std::move(done));
+      queue_.push_back(Job{std::move(key), tenant, std::move(input), cc_major, cc_minor});
+      work_.Signal();
+    }
+    if (mine == 0) per_tenant_.erase(tenant);
+  }
+  if (now) done(*std::move(now));
+}
+
+void CompileService::Run() {
+  while (true) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      while (queue_.empty() && !stopping_) work_.Wait(&mu_);
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::StatusOr<Compiled> result = compiler_->Compile(job.input, job.cc_major, job.cc_minor);
+    Finish(job, std::move(result));
+  }
+}
+
+void CompileService::Finish(const Job& job, absl::StatusOr<Compiled> result) {
+  absl::StatusOr<CompileAnswer> answer = absl::UnknownError("not compiled");
+  if (!result.ok()) {
+    answer = result.status();
+  } else {
+    auto module = std::make_shared<CompiledModule>();
+    module->image = std::move(result->image);
+    module->image_is_ptx = result->image_is_ptx;
+    module->log = std::move(result->log);
+    module->log_bytes = result->log_bytes;
+    module->lowered_names = std::move(result->lowered_names);
+    module->took = result->took;
+    module->arch = ArchName(job.cc_major, job.cc_minor);
+    answer = CompileAnswer{std::move(module), false};
+  }
+  std::vector<Done> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.compiles;
+    if (!result.ok()) ++stats_.failed;
+    if (auto it = per_tenant_.find(job.tenant); it != per_tenant_.end() && --it->second <= 0) {
+      per_tenant_.erase(it);
+    }
+    if (auto it = inflight_.find(job.key); it != inflight_.end()) {
+      waiters = std::move(it->second.waiters);
+      inflight_.erase(it);
+    }
+    if (answer.ok()) InsertLocked(job.key, answer->module);
+  }
+  for (Done& d : waiters) d(answer);
+}
+
+void CompileService::InsertLocked(const std::string& key,
+                                  std::shared_ptr<const CompiledModule> module) {
+  const uint64_t bytes = module->image.size() + module->log.size();
+  if (bytes > options_.cache_bytes || options_.cache_entries == 0) return;
+  lru_.push_front(key);
+  cache_[key] = Entry{std::move(module), lru_.begin()};
+  stats_.cached_bytes += bytes;
+  while (cache_.size() > options_.cache_entries || stats_.cached_bytes > options_.cache_bytes) {
+    auto oldest = cache_.find(lru_.back());
+    stats_.cached_bytes -= oldest->second.module->image.size() + oldest->second.module->log.size();
+    cache_.erase(oldest);
+    lru_.pop_back();
+  }
+}
+
+CompileService::Stats CompileService::stats() const {
+  absl::MutexLock lock(&mu_);
+  Stats s = stats_;
+  s.cached = cache_.size();
+  return s;
+}
+
+}  // namespace gpuexec::compile

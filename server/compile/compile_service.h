@@ -1,0 +1,126 @@
+#ifndef GPUEXEC_SERVER_COMPILE_COMPILE_SERVICE_H_
+#define GPUEXEC_SERVER_COMPILE_COMPILE_SERVICE_H_
+
+// Compiles for the daemon's callers, once per source: a request is checked
+// (compile_request.h), then answered from the cache when a compile of the
+// same key (source, headers, options, name expressions, NVRTC version,
+// architecture) is held, joined to a compile of that key under way, or
+// queued for one of the compile threads, each of which runs one compile
+// process at a time (compiler.h). N clients compiling the same source cause
+// one compilation per architecture, whichever tenants they are.
+//
+// Bounded: compiles at once (the threads), compiles queued (past it a
+// request is refused at once), compiles at once of one tenant (its own and
+// the ones it queued; one that joins another's compile costs it nothing),
+// and the cache's entries and bytes (least recently used first out).
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/compile/compile_request.h"
+#include "server/compile/compiler.h"
+
+namespace gpuexec::compile {
+
+// What a compile made; shared by every caller of its key.
+struct CompiledModule {
+  std::string image;
+  bool image_is_ptx = false;
+  std::string log;
+  uint64_t log_bytes = 0;
+  std::vector<std::pair<std::string, std::string>> lowered_names;  // expression, lowered
+  absl::Duration took;  // of the compile that made it
+  std::string arch;     // "sm_90"
+};
+
+struct CompileAnswer {
+  std::shared_ptr<const CompiledModule> module;
+  bool cached = false;  // from the cache: no compile ran for this call
+};
+
+struct CompileServiceOptions {
+  CompilerOptions compiler;  // its max_running is the number of threads
+  Limits request_limits;
+  size_t max_queued = 64;
+  int max_per_tenant = 2;
+  size_t cache_entries = 1024;
+  uint64_t cache_bytes = uint64_t{256} << 20;
+  std::string per_tenant_flag = "--max_compiles_per_tenant";
+};
+
+class CompileService {
+ public:
+  using Done = std::function<void(absl::StatusOr<CompileAnswer>)>;
+
+  // Probes NVRTC (Compiler::Start): FAILED_PRECONDITION, saying what to
+  // install, where there is none.
+  static absl::StatusOr<std::unique_ptr<CompileService>> Start(CompileServiceOptions options);
+  // Fails what is queued (UNAVAILABLE), waits for the compiles under way.
+  ~CompileService();
+
+  const Compiler& compiler() const { return *compiler_; }
+
+  // Calls `done` once, on this thread (a refusal, a cache hit) or on a
+  // compile thread.
+  void Compile(const std::string& tenant, CompileInput input, int cc_major, int cc_minor,
+               Done done);
+
+  struct Stats {
+    uint64_t compiles = 0;   // compile processes run
+    uint64_t cache_hits = 0;
+    uint64_t joined = 0;     // requests that shared a compile under way
+    uint64_t failed = 0;
+    size_t cached = 0;       // entries held
+    uint64_t cached_bytes = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Job {
+    std::string key;
+    std::string tenant;
+    CompileInput input;
+    int cc_major = 0, cc_minor = 0;
+  };
+  struct Inflight {
+    std::vector<Done> waiters;
+  };
+  struct Entry {
+    std::shared_ptr<const CompiledModule> module;
+    std::list<std::string>::iterator lru;
+  };
+
+  CompileService(CompileServiceOptions options, std::unique_ptr<Compiler> compiler);
+  void Run();
+  void Finish(const Job& job, absl::StatusOr<Compiled> result);
+  void InsertLocked(const std::string& key, std::shared_ptr<const CompiledModule> module)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CompileServiceOptions options_;
+  std::unique_ptr<Compiler> compiler_;
+  mutable absl::Mutex mu_;
+  absl::CondVar work_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Inflight> inflight_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Entry> cache_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // most recent first
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace gpuexec::compile
+
+#endif  // GPUEXEC_SERVER_COMPILE_COMPILE_SERVICE_H_

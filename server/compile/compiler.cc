@@ -1,0 +1,299 @@
+// The daemon's side of compiling (compiler.h).
+
+#include "server/compile/compiler.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "compile.pb.h"
+#include "server/common/status_macros.h"
+#include "server/common/text.h"
+#include "server/compile/compile_main.h"
+#include "server/compile/frame.h"
+#include "server/compile/nvrtc.h"
+
+extern char** environ;
+
+namespace gpuexec::compile {
+namespace {
+
+// The log in a status: the first kStatusLogBytes, control characters but
+// the newline escaped (the log quotes the client's own source back to it).
+constexpr size_t kStatusLogBytes = 2048;
+
+std::string LogForStatus(const std::string& log) {
+  std::string out;
+  for (size_t i = 0; i < log.size() && out.size() < kStatusLogBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(log[i]);
+    if (c == '\n' || (c >= 0x20 && c < 0x7f)) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  if (out.size() < log.size()) out += "\n...";
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// The compile process's environment: nothing of the daemon's but what
+// finds libraries, and the test doubles' own knobs (GXFAKE_*).
+std::vector<std::string> ChildEnvironment(const std::string& dir) {
+  std::vector<std::string> env = {"PATH=/usr/bin:/bin", absl::StrCat("TMPDIR=", dir),
+                                  absl::StrCat("HOME=", dir), "LANG=C"};
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (absl::StartsWith(*e, "LD_LIBRARY_PATH=") || absl::StartsWith(*e, "GXFAKE_")) {
+      env.emplace_back(*e);
+    }
+  }
+  return env;
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", sig);
+}
+
+}  // namespace
+
+struct Compiler::Outcome {
+  absl::StatusOr<std::string> reply = absl::UnknownError("no reply");
+  int wait_status = 0;
+  rusage usage{};
+  bool timed_out = false;
+  absl::Duration took;
+};
+
+absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& request) {
+  std::string root = options_.tmp_root;
+  if (root.empty()) {
+    const char* t = std::getenv("TMPDIR");
+    root = t != nullptr && *t != '\0' ? t : "/tmp";
+  }
+  std::string dir = absl::StrCat(root, "/gpuexec-compile-XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("cannot make the compile's directory in ", root, ": ", strerror(errno)));
+  }
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_dir{dir};
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+  }
+  const std::vector<std::string> args = {
+      options_.program, kCompileArg, absl::StrCat("--memory_bytes=", options_.limits.memory_bytes),
+      absl::StrCat("--cpu_s=", options_.limits.cpu_seconds), absl::StrCat("--tmp=", dir)};
+  const std::vector<std::string> env = ChildEnvironment(dir);
+  std::vector<char*> argv, envp;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  argv.push_back(nullptr);
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], kCompileSocketFd);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGPIPE, SIGXCPU, SIGXFSZ, SIGTERM, SIGINT, SIGHUP}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = 0;
+  const absl::Time start = absl::Now();
+  const int spawned =
+      posix_spawn(&pid, options_.program.c_str(), &actions, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  close(sv[1]);
+  if (spawned != 0) {
+    close(sv[0]);
+    return absl::InternalError(absl::StrCat("cannot start the compile process (",
+                                            options_.program, "): ", strerror(spawned)));
+  }
+  Outcome out;
+  const absl::Time deadline = start + options_.time_limit;
+  absl::Status sent = WriteFrame(sv[0], request, deadline);
+  if (sent.ok()) {
+    out.reply = ReadFrame(sv[0], options_.max_image_bytes + options_.max_log_bytes + (1 << 20),
+                          deadline);
+  } else {
+    out.reply = sent;
+  }
+  if (!out.reply.ok() && absl::IsDeadlineExceeded(out.reply.status())) {
+    out.timed_out = true;
+    kill(pid, SIGKILL);
+  }
+  close(sv[0]);
+  while (wait4(pid, &out.wait_status, 0, &out.usage) < 0 && errno == EINTR) {
+  }
+  out.took = absl::Now() - start;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions options) {
+  if (options.nvrtc.empty()) options.nvrtc = DefaultNvrtcCandidates();
+  std::unique_ptr<Compiler> c(new Compiler(std::move(options)));
+  wire::Request probe;
+  for (const std::string& p : c->options_.nvrtc) probe.add_nvrtc(p);
+  std::string bytes;
+  probe.SerializeToString(&bytes);
+  absl::StatusOr<Outcome> out = c->RunProcess(bytes);
+  if (!out.ok()) return out.status();
+  wire::Reply reply;
+  if (!out->reply.ok() || !reply.ParseFromString(*out->reply)) {
+    return absl::InternalError(absl::StrCat(
+        "the compile process did not answer its probe (",
+        out->reply.ok() ? "an answer that does not parse" : out->reply.status().message(), ")"));
+  }
+  if (reply.nvrtc_path().empty()) {
+    std::vector<std::string> tried(reply.nvrtc_tried().begin(), reply.nvrtc_tried().end());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no NVRTC library could be loaded (", absl::StrJoin(tried, "; "),
+        "): install NVRTC of CUDA 12 or newer (the toolkit's libnvrtc.so, or the "
+        "cuda-nvrtc package) or give its file with --nvrtc=PATH"));
+  }
+  if (reply.outcome() != wire::Reply::OK) {
+    return absl::InternalError(absl::StrCat("the compile process cannot run: ", reply.message()));
+  }
+  c->path_ = reply.nvrtc_path();
+  c->options_.nvrtc = {c->path_};
+  c->version_ = reply.nvrtc_version();
+  c->archs_.assign(reply.archs().begin(), reply.archs().end());
+  c->landlock_ = reply.landlock();
+  return c;
+}
+
+absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_major,
+                                           int cc_minor) {
+  const std::string what = absl::StrCat(
+      "the compile of '", Quoted(input.source_name.empty() ? "kernel.cu" : input.source_name),
+      "'");
+  if (running_.fetch_add(1) >= options_.max_running) {
+    running_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_running, " compiles are running, the daemon's limit (", options_.running_flag,
+        "); retry when one has ended"));
+  }
+  struct Release {
+    std::atomic<int>* running;
+    ~Release() { running->fetch_sub(1); }
+  } release{&running_};
+  const int arch = cc_major * 10 + cc_minor;
+  if (!archs_.empty() && std::find(archs_.begin(), archs_.end(), arch) == archs_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NVRTC ", version_, " cannot compile for ", ArchName(cc_major, cc_minor),
+                     ", the device's architecture; the daemon's operator can give a newer NVRTC "
+                     "with --nvrtc"));
+  }
+  wire::Request req;
+  req.add_nvrtc(path_);
+  req.set_source(input.source);
+  req.set_source_name(input.source_name);
+  for (const Header& h : input.headers) {
+    wire::Header* out = req.add_headers();
+    out->set_name(h.name);
+    out->set_content(h.content);
+  }
+  for (const std::string& o : CompileOptions(input, cc_major, cc_minor)) req.add_options(o);
+  for (const std::string& e : input.name_expressions) req.add_name_expressions(e);
+  req.set_max_log_bytes(options_.max_log_bytes);
+  req.set_max_image_bytes(options_.max_image_bytes);
+  std::string bytes;
+  req.SerializeToString(&bytes);
+  GPUEXEC_ASSIGN_OR_RETURN(Outcome out, RunProcess(bytes));
+  const std::string memory = absl::StrCat("its memory limit of ", ByteSize(options_.limits.memory_bytes),
+                                          " (", options_.memory_flag, ")");
+  if (out.timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " ran past its time limit of ", absl::FormatDuration(options_.time_limit), " (",
+        options_.time_flag,
+        ") and was stopped; simplify the source (deep template recursion, large unrolled loops)"));
+  }
+  wire::Reply reply;
+  if (!out.reply.ok() || !reply.ParseFromString(*out.reply)) {
+    const double cpu = absl::ToDoubleSeconds(absl::DurationFromTimeval(out.usage.ru_utime) +
+                                             absl::DurationFromTimeval(out.usage.ru_stime));
+    if (WIFSIGNALED(out.wait_status)) {
+      const int sig = WTERMSIG(out.wait_status);
+      if (sig == SIGXCPU || (sig == SIGKILL && cpu + 0.5 >= options_.limits.cpu_seconds)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            what, " used its CPU time limit of ", options_.limits.cpu_seconds, " s (",
+            options_.cpu_flag, ") and was stopped; simplify the source"));
+      }
+      if (static_cast<uint64_t>(out.usage.ru_maxrss) * 1024 >= options_.limits.memory_bytes / 2) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(what, " ran out of ", memory, " and was stopped"));
+      }
+      return absl::InternalError(absl::StrCat(
+          "NVRTC ", version_, " crashed (", SignalName(sig), ") in ", what,
+          "; the daemon and other compiles are unaffected; a change to the source may avoid it"));
+    }
+    return absl::InternalError(absl::StrCat(
+        what, " failed: the compile process ",
+        WIFEXITED(out.wait_status) ? absl::StrCat("exited with code ", WEXITSTATUS(out.wait_status))
+                                   : std::string("ended"),
+        " without an answer"));
+  }
+  const std::string log = LogForStatus(reply.log());
+  switch (reply.outcome()) {
+    case wire::Reply::OK:
+      break;
+    case wire::Reply::COMPILE_ERROR:
+      return absl::InvalidArgumentError(absl::StrCat(what, " failed; NVRTC's log:\n", log));
+    case wire::Reply::INVALID_OPTION:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " failed: NVRTC refused an option; its log:\n", log));
+    case wire::Reply::NAME_EXPRESSION:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " failed: a name expression names no __global__ function of the source (",
+          reply.message(), "); NVRTC's log:\n", log));
+    case wire::Reply::OUT_OF_MEMORY:
+      return absl::ResourceExhaustedError(absl::StrCat(what, " ran out of ", memory));
+    case wire::Reply::TOO_LARGE:
+      return absl::ResourceExhaustedError(absl::StrCat(what, " made a module past the limit of ",
+                                                       ByteSize(options_.max_image_bytes), ": ",
+                                                       reply.message()));
+    default:
+      return absl::InternalError(absl::StrCat(what, " failed: ", reply.message()));
+  }
+  Compiled c;
+  c.image = std::move(*reply.mutable_image());
+  c.image_is_ptx = reply.image_is_ptx();
+  c.log = std::move(*reply.mutable_log());
+  c.log_bytes = reply.log_bytes();
+  for (const wire::LoweredName& l : reply.lowered_names()) {
+    c.lowered_names.emplace_back(l.expression(), l.lowered());
+  }
+  c.took = out.took;
+  return c;
+}
+
+}  // namespace gpuexec::compile

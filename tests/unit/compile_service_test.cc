@@ -1,0 +1,156 @@
+// Compiles once per source (server/compile/compile_service.h), on the NVRTC
+// double: a second request of the same key is a cache hit, concurrent ones
+// share one compile, and the per-tenant and queue bounds refuse at once.
+
+#include "server/compile/compile_service.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+namespace gpuexec::compile {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kSaxpy[] =
+    "extern \"C\" __global__ void gx_saxpy(float a, const float* x, float* y, unsigned n) {}\n";
+
+#define GX_ASSERT_SERVICE(name, expr)                                  \
+  absl::StatusOr<std::unique_ptr<CompileService>> name##_or = (expr); \
+  ASSERT_TRUE(name##_or.ok()) << name##_or.status();                  \
+  std::unique_ptr<CompileService> name = *std::move(name##_or)
+
+CompileServiceOptions Options() {
+  CompileServiceOptions o;
+  o.compiler.program = GPUEXEC_COMPILE_CHILD;
+  o.compiler.nvrtc = {GPUEXEC_FAKE_NVRTC};
+  return o;
+}
+
+CompileInput Source(const std::string& text) {
+  CompileInput in;
+  in.source = text;
+  in.source_name = "k.cu";
+  return in;
+}
+
+// Runs one compile and waits for it.
+absl::StatusOr<CompileAnswer> CompileNow(CompileService& s, const std::string& tenant,
+                                         CompileInput in, int major = 9, int minor = 0) {
+  absl::Notification done;
+  absl::StatusOr<CompileAnswer> out = absl::UnknownError("not answered");
+  s.Compile(tenant, std::move(in), major, minor, [&](absl::StatusOr<CompileAnswer> a) {
+    out = std::move(a);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return out;
+}
+
+TEST(CompileServiceTest, TheSameSourceIsCompiledOncePerArchitecture) {
+  GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+  absl::StatusOr<CompileAnswer> first = CompileNow(*s, "team-a", Source(kSaxpy));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->cached);
+  EXPECT_EQ(first->module->arch, "sm_90");
+  // Another tenant, the same source: a hit, the same module.
+  absl::StatusOr<CompileAnswer> again = CompileNow(*s, "team-b", Source(kSaxpy));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->cached);
+  EXPECT_EQ(again->module, first->module);
+  // Another architecture, or another option: compiled again.
+  absl::StatusOr<CompileAnswer> other = CompileNow(*s, "team-a", Source(kSaxpy), 8, 0);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_FALSE(other->cached);
+  EXPECT_EQ(other->module->arch, "sm_80");
+  CompileInput fast = Source(kSaxpy);
+  fast.options = {"--use_fast_math"};
+  EXPECT_FALSE(CompileNow(*s, "team-a", fast)->cached);
+  EXPECT_EQ(s->stats().compiles, 3u);
+  EXPECT_EQ(s->stats().cache_hits, 1u);
+}
+
+TEST(CompileServiceTest, ConcurrentRequestsOfOneSourceShareOneCompile) {
+  GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+  const std::string slow = absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=400\n", kSaxpy);
+  constexpr int kClients = 8;
+  std::atomic<int> answered{0}, ok{0};
+  absl::Notification all;
+  for (int i = 0; i < kClients; ++i) {
+    s->Compile(absl::StrCat("tenant-", i), Source(slow), 9, 0,
+               [&](absl::StatusOr<CompileAnswer> a) {
+                 if (a.ok()) ok.fetch_add(1);
+                 if (answered.fetch_add(1) + 1 == kClients) all.Notify();
+               });
+  }
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(ok.load(), kClients);
+  EXPECT_EQ(s->stats().compiles, 1u);
+  EXPECT_EQ(s->stats().joined, kClients - 1u);
+}
+
+TEST(CompileServiceTest, ATenantPastItsLimitIsRefusedAtOnce) {
+  CompileServiceOptions o = Options();
+  o.max_per_tenant = 1;
+  GX_ASSERT_SERVICE(s, CompileService::Start(o));
+  absl::Notification first_done;
+  s->Compile("team-a", Source(absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=500\n", kSaxpy)), 9, 0,
+             [&](absl::StatusOr<CompileAnswer> a) {
+               EXPECT_TRUE(a.ok()) << a.status();
+               first_done.Notify();
+             });
+  absl::StatusOr<CompileAnswer> refused =
+      CompileNow(*s, "team-a", Source(absl::StrCat("// another\n", kSaxpy)));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("tenant 'team-a' has 1 compiles running or queued, its limit "
+                        "(--max_compiles_per_tenant)"));
+  // Another tenant is not held back by team-a's compile.
+  EXPECT_TRUE(CompileNow(*s, "team-b", Source(absl::StrCat("// b\n", kSaxpy))).ok());
+  first_done.WaitForNotification();
+  EXPECT_TRUE(CompileNow(*s, "team-a", Source(absl::StrCat("// again\n", kSaxpy))).ok());
+}
+
+TEST(CompileServiceTest, ARequestTheChecksRefuseNeverReachesACompiler) {
+  GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+  CompileInput in = Source(absl::StrCat("#include \"/etc/passwd\"\n", kSaxpy));
+  absl::StatusOr<CompileAnswer> out = CompileNow(*s, "team-a", in);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->stats().compiles, 0u);
+}
+
+TEST(CompileServiceTest, AFailedCompileIsNotCached) {
+  GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+  CompileInput bad = Source("extern \"C\" __global__ void f(widget* w) {}\n");
+  EXPECT_EQ(CompileNow(*s, "team-a", bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CompileNow(*s, "team-a", bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->stats().compiles, 2u);
+  EXPECT_EQ(s->stats().failed, 2u);
+  EXPECT_EQ(s->stats().cached, 0u);
+}
+
+TEST(CompileServiceTest, TheCacheKeepsItsBoundsLeastRecentlyUsedFirstOut) {
+  CompileServiceOptions o = Options();
+  o.cache_entries = 2;
+  GX_ASSERT_SERVICE(s, CompileService::Start(o));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(CompileNow(*s, "t", Source(absl::StrCat("// ", i, "\n", kSaxpy))).ok());
+  }
+  EXPECT_EQ(s->stats().cached, 2u);
+  EXPECT_TRUE(CompileNow(*s, "t", Source(absl::StrCat("// 2\n", kSaxpy)))->cached);
+  EXPECT_FALSE(CompileNow(*s, "t", Source(absl::StrCat("// 0\n", kSaxpy)))->cached);
+}
+
+}  // namespace
+}  // namespace gpuexec::compile

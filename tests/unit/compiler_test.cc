@@ -1,0 +1,256 @@
+// The compile process and its front (server/compile/compiler.h), with the
+// NVRTC double (tests/fake_nvrtc) and, where a toolkit's libnvrtc is found,
+// the real NVRTC: a compile gives a module image and lowered names; a source
+// that does not compile, a compile past the time, CPU or memory limit, and a
+// crash of the compiler each answer their status and leave the next compile
+// unaffected; the sandbox keeps the host's files out of reach even of a
+// source the daemon's check would have refused.
+
+#include "server/compile/compiler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace gpuexec::compile {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kSaxpy[] =
+    "extern \"C\" __global__ void gx_saxpy(float a, const float* x, float* y, unsigned n) {\n"
+    "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) y[i] = a * x[i] + y[i];\n"
+    "}\n";
+
+constexpr char kTemplate[] =
+    "template <typename T>\n"
+    "__global__ void scale(T a, T* x, unsigned n) {\n"
+    "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) x[i] = a * x[i];\n"
+    "}\n";
+
+CompileInput Source(const std::string& text, const std::string& name = "saxpy.cu") {
+  CompileInput in;
+  in.source = text;
+  in.source_name = name;
+  return in;
+}
+
+CompilerOptions Options(const std::string& nvrtc) {
+  CompilerOptions o;
+  o.program = GPUEXEC_COMPILE_CHILD;
+  o.nvrtc = {nvrtc};
+  o.time_limit = absl::Seconds(30);
+  return o;
+}
+
+// The tests run once on the double and once on the real NVRTC.
+class CompilerTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    nvrtc_ = GetParam();
+    if (nvrtc_ == "real") {
+      nvrtc_ = std::getenv("GPUEXEC_TEST_NVRTC") != nullptr ? std::getenv("GPUEXEC_TEST_NVRTC")
+                                                              : GPUEXEC_TOOLKIT_NVRTC;
+      if (nvrtc_.empty() || access(nvrtc_.c_str(), R_OK) != 0) {
+        GTEST_SKIP() << "no toolkit libnvrtc here (GPUEXEC_TEST_NVRTC)";
+      }
+    }
+    fake_ = nvrtc_ == GPUEXEC_FAKE_NVRTC;
+  }
+  std::unique_ptr<Compiler> Start(CompilerOptions o) {
+    absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(std::move(o));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  std::string nvrtc_;
+  bool fake_ = false;
+};
+
+TEST_P(CompilerTest, TheProbeNamesTheCompilerAndItsSandbox) {
+  std::unique_ptr<Compiler> c = Start(Options(nvrtc_));
+  ASSERT_NE(c, nullptr);
+  EXPECT_THAT(c->nvrtc_version(), testing::MatchesRegex("1[2-9]\\.[0-9]+"));
+  EXPECT_EQ(c->nvrtc_path(), nvrtc_);
+  EXPECT_THAT(c->archs(), testing::Contains(90));
+}
+
+TEST_P(CompilerTest, ACompileGivesACubinOfTheDevicesArchitecture) {
+  std::unique_ptr<Compiler> c = Start(Options(nvrtc_));
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<Compiled> out = c->Compile(Source(kSaxpy), 9, 0);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->image_is_ptx);
+  EXPECT_THAT(out->image, StartsWith("\x7f" "ELF"));
+  EXPECT_NE(out->image.find("gx_saxpy"), std::string::npos);
+  EXPECT_GT(out->took, absl::ZeroDuration());
+}
+
+TEST_P(CompilerTest, NameExpressionsAreAnsweredWithTheirLoweredNames) {
+  std::unique_ptr<Compiler> c = Start(Options(nvrtc_));
+  ASSERT_NE(c, nullptr);
+  CompileInput in = Source(kTemplate, "scale.cu");
+  in.name_expressions = {"scale<float>", "scale<double>"};
+  absl::StatusOr<Compiled> out = c->Compile(in, 9, 0);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->lowered_names.size(), 2u);
+  EXPECT_EQ(out->lowered_names[0].first, "scale<float>");
+  EXPECT_EQ(out->lowered_names[0].second, "_Z5scaleIfEvT_PS0_j");
+  EXPECT_EQ(out->lowered_names[1].second, "_Z5scaleIdEvT_PS0_j");
+  EXPECT_NE(out->image.find("_Z5scaleIdEvT_PS0_j"), std::string::npos);
+}
+
+TEST_P(CompilerTest, ASourceThatDoesNotCompileAnswersWithTheLog) {
+  std::unique_ptr<Compiler> c = Start(Options(nvrtc_));
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<Compiled> out =
+      c->Compile(Source("extern \"C\" __global__ void f(widget* w) {}\n", "bad.cu"), 9, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), HasSubstr("the compile of 'bad.cu' failed; NVRTC's log:"));
+  EXPECT_THAT(out.status().message(), HasSubstr("bad.cu(1): error"));
+  EXPECT_THAT(out.status().message(), HasSubstr("\"widget\" is undefined"));
+  // The next compile is unaffected.
+  EXPECT_TRUE(c->Compile(Source(kSaxpy), 9, 0).ok());
+}
+
+// The daemon's check refuses this include before a compile; the sandbox
+// keeps the file out of reach all the same.
+TEST_P(CompilerTest, TheSandboxKeepsTheHostsFilesOutOfReach) {
+  std::unique_ptr<Compiler> c = Start(Options(nvrtc_));
+  ASSERT_NE(c, nullptr);
+  if (!c->landlock()) GTEST_SKIP() << "the kernel has no Landlock";
+  if (fake_) GTEST_SKIP() << "the double opens no file";
+  absl::StatusOr<Compiled> out =
+      c->Compile(Source(absl::StrCat("#include \"/etc/passwd\"\n", kSaxpy)), 9, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("cannot open source file \"/etc/passwd\""));
+}
+
+TEST_P(CompilerTest, AnArchitectureTheCompilerDoesNotKnowIsRefused) {
+  std::unique_ptr<Compiler> c = Start(Options(nvrtc_));
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<Compiled> out = c->Compile(Source(kSaxpy), 1, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out.status().message(), HasSubstr("cannot compile for sm_10"));
+}
+
+TEST_P(CompilerTest, NoCompilerIsFailedPreconditionSayingWhatToInstall) {
+  CompilerOptions o = Options("/nonexistent/libnvrtc.so.13");
+  o.nvrtc.push_back("libnvrtc-that-is-not-there.so");
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(c.status().message(), HasSubstr("/nonexistent/libnvrtc.so.13"));
+  EXPECT_THAT(c.status().message(), HasSubstr("libnvrtc-that-is-not-there.so"));
+  EXPECT_THAT(c.status().message(), HasSubstr("--nvrtc=PATH"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Nvrtc, CompilerTest, ::testing::Values(GPUEXEC_FAKE_NVRTC, "real"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "real" ? "Real" : "Double";
+                         });
+
+// The limits, on the double's markers (tests/fake_nvrtc): a compile that
+// spins, allocates without end or crashes.
+class CompilerLimitsTest : public ::testing::Test {
+ protected:
+  static CompilerOptions Fake() { return Options(GPUEXEC_FAKE_NVRTC); }
+  static absl::StatusOr<Compiled> CompileWith(CompilerOptions o, const std::string& marker) {
+    absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(std::move(o));
+    if (!c.ok()) return c.status();
+    return (*c)->Compile(Source(absl::StrCat("// ", marker, "\n", kSaxpy), "bomb.cu"), 9, 0);
+  }
+};
+
+TEST_F(CompilerLimitsTest, ACompilePastItsTimeLimitIsStopped) {
+  CompilerOptions o = Fake();
+  o.time_limit = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Compiled> out = CompileWith(o, "GXFAKE_COMPILE_SPIN");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("the compile of 'bomb.cu' ran past its time limit of 500ms "
+                        "(--compile_time_limit_s) and was stopped"));
+}
+
+TEST_F(CompilerLimitsTest, ACompilePastItsCpuLimitIsStopped) {
+  CompilerOptions o = Fake();
+  o.limits.cpu_seconds = 1;
+  absl::StatusOr<Compiled> out = CompileWith(o, "GXFAKE_COMPILE_SPIN");
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("used its CPU time limit of 1 s (--compile_cpu_s) and was stopped"));
+}
+
+TEST_F(CompilerLimitsTest, ACompilePastItsMemoryLimitIsRefused) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory leaves no room for an address-space limit";
+#endif
+  CompilerOptions o = Fake();
+  o.limits.memory_bytes = uint64_t{1} << 30;
+  absl::StatusOr<Compiled> out = CompileWith(o, "GXFAKE_COMPILE_ALLOC");
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("ran out of its memory limit of 1 GiB (1073741824 bytes) "
+                        "(--compile_memory_bytes)"));
+}
+
+TEST_F(CompilerLimitsTest, ACompilerCrashCostsThatCompileAlone) {
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Fake());
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Compiled> out =
+      (*c)->Compile(Source(absl::StrCat("// GXFAKE_COMPILE_CRASH\n", kSaxpy), "crash.cu"), 9, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(out.status().message(), HasSubstr("crashed (SIGSEGV) in the compile of 'crash.cu'"));
+  EXPECT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
+}
+
+TEST_F(CompilerLimitsTest, CompilesPastTheDaemonsLimitAreRefusedAtOnce) {
+  CompilerOptions o = Fake();
+  o.max_running = 1;
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::thread slow([&] {
+    EXPECT_TRUE(
+        (*c)->Compile(Source(absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=1500\n", kSaxpy)), 9, 0)
+            .ok());
+  });
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while ((*c)->running() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  absl::StatusOr<Compiled> refused = (*c)->Compile(Source(kSaxpy), 9, 0);
+  slow.join();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("1 compiles are running, the daemon's limit (--max_compiles)"));
+  EXPECT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
+}
+
+TEST_F(CompilerLimitsTest, TheLogIsCutToItsLimit) {
+  CompilerOptions o = Fake();
+  o.max_log_bytes = 40;
+  absl::StatusOr<Compiled> out = CompileWith(o, "GXFAKE_COMPILE_WARN");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->log.size(), 40u);
+  EXPECT_GT(out->log_bytes, 40u);
+}
+
+}  // namespace
+}  // namespace gpuexec::compile
