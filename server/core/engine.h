@@ -479,6 +479,10 @@ class Engine {
                                                                   const std::string& token,
                                                                   const std::string& sha256,
                                                                   uint64_t size, ModuleKind kind);
+  // The compute capability of the device session `token` is on (a compile
+  // for it is made for that architecture); NOT_FOUND as for any call.
+  absl::StatusOr<std::pair<int, int>> SessionComputeCapability(const Caller& caller,
+                                                               const std::string& token);
   void GetFunction(const Caller& caller, const std::string& token, uint64_t module,
                    const std::string& name, Callback<FunctionResult> done);
 

@@ -123,6 +123,13 @@ absl::StatusOr<std::unique_ptr<ModuleUpload>> Engine::BeginModuleUpload(const Ca
       new ModuleUpload(this, std::move(s), limits, sha256, size, kind));
 }
 
+absl::StatusOr<std::pair<int, int>> Engine::SessionComputeCapability(const Caller& caller,
+                                                                     const std::string& token) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
+  const port::DeviceProperties& p = devices_[s->device()]->properties();
+  return std::make_pair(p.cc_major, p.cc_minor);
+}
+
 absl::Status Engine::ChargeUpload(const Session& s, uint64_t bytes, absl::string_view what) {
   const uint64_t budget = options_.module_upload_budget_bytes;
   if (budget == 0) return absl::OkStatus();

@@ -176,6 +176,9 @@ class Server::Impl {
   bool mps = false;
   std::unique_ptr<core::Engine> engine;
   std::unique_ptr<metrics::HttpServer> metrics_http;
+  // Outlives the service's calls (their compiles answer into them); goes
+  // before the engine, which its compiles' modules load into.
+  std::unique_ptr<compile::CompileService> compiles;
   std::unique_ptr<rpc::GpuExecService> service;
   rpc::HealthService health;
   // The completion queue the services' calls run on, and the threads that
@@ -458,6 +461,33 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       reported_version, call_limits,
       options.command_rings && !options.shm_socket.empty() ? ring::kVersion : 0,
       static_cast<int>(std::max<uint32_t>(2, rpc_threads)));
+  impl->service->SetCompiler(nullptr,
+                             "it was started without compiling (gpuexecd --compile=false)");
+  if (options.compile) {
+    compile::CompileServiceOptions co;
+    co.compiler.program =
+        options.worker_program.empty() ? "/proc/self/exe" : options.worker_program;
+    if (!options.nvrtc.empty()) co.compiler.nvrtc = {options.nvrtc};
+    co.compiler.limits.memory_bytes = options.compile_memory_bytes;
+    co.compiler.limits.cpu_seconds = std::max<uint32_t>(1, options.compile_cpu_s);
+    co.compiler.time_limit = absl::Seconds(std::max<uint32_t>(1, options.compile_time_limit_s));
+    co.compiler.max_running = static_cast<int>(std::max<uint32_t>(1, options.max_compiles));
+    co.max_per_tenant = static_cast<int>(std::max<uint32_t>(1, options.max_compiles_per_tenant));
+    auto compiles = compile::CompileService::Start(co);
+    if (compiles.ok()) {
+      impl->compiles = *std::move(compiles);
+      const compile::Compiler& c = impl->compiles->compiler();
+      log::Info("kernels from source: NVRTC ", c.nvrtc_version(), " (", c.nvrtc_path(), "), ",
+                co.compiler.max_running, " compile(s) at once, ",
+                c.landlock() ? "the file system shut by Landlock"
+                             : "WITHOUT a file-system sandbox (the kernel has no Landlock; "
+                               "the daemon's check of each source's includes stays)");
+      impl->service->SetCompiler(impl->compiles.get(), "");
+    } else {
+      log::Warning("kernels from source are off: ", compiles.status().message());
+      impl->service->SetCompiler(nullptr, std::string(compiles.status().message()));
+    }
+  }
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   if (!options.metrics_address.empty()) {
     metrics::HttpServer::Limits limits;
@@ -734,6 +764,9 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->shm_listener.reset();
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
+  // Queued compiles are failed, running ones end (within the compile time
+  // limit) and answer their calls.
+  impl_->compiles.reset();
   // Calls may still wait for the engine; their queues serve them until the
   // last one ends.
   impl_->service->WaitForCalls();

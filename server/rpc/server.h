@@ -171,6 +171,17 @@ struct ServerOptions {
   // process's own executable, which must then be gpuexecd).
   std::string worker_program;
   std::string worker_log_level = "info";
+  // Kernels from source (CompileModule): each compile runs worker_program
+  // as `__compile`, with NVRTC from `nvrtc` (a file or a library name;
+  // empty: the usual places). gpuexecd turns it on (--compile); a daemon
+  // that finds no NVRTC serves on without it, and CompileModule says why.
+  bool compile = false;
+  std::string nvrtc;
+  uint64_t compile_memory_bytes = 4ull << 30;
+  uint32_t compile_cpu_s = 60;
+  uint32_t compile_time_limit_s = 60;
+  uint32_t max_compiles = 2;
+  uint32_t max_compiles_per_tenant = 1;
   // How long each device's worker, and the daemon's reader of its replies,
   // keep looking for the next message before sleeping (0: not at all; -1:
   // 300 on hosts with 8 or more cores, where a spinning thread does not

@@ -30,6 +30,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   calls::ListenWrite(env, cq);
   calls::ListenRead(env, cq);
   calls::ListenLoadModule(env, cq);
+  calls::ListenCompileModule(env, cq);
 
   using ListDevices = Unary<v1::ListDevicesRequest, v1::ListDevicesResponse>;
   ListenUnary<ListDevices>(
@@ -38,11 +39,17 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
             call->caller(),
             Reply<std::vector<core::DeviceStatus>>(
                 call,
-                [address = call->env().advertise_address, version = call->env().daemon_version](
+                [address = call->env().advertise_address, version = call->env().daemon_version,
+                 compiles = call->env().compiles, unavailable = call->env().compile_unavailable](
                     const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
                   for (const auto& d : devices) ToProto(d, r->add_devices());
                   r->set_daemon_address(address);
                   r->set_daemon_version(version);
+                  if (compiles != nullptr) {
+                    r->set_nvrtc_version(compiles->compiler().nvrtc_version());
+                  } else {
+                    r->set_compile_unavailable(unavailable);
+                  }
                 }));
       });
 

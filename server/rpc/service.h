@@ -13,6 +13,7 @@
 
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "gpuexec/version.h"
+#include "server/compile/compile_service.h"
 #include "server/core/engine.h"
 #include "server/rpc/async_call.h"
 #include "server/rpc/call_budget.h"
@@ -53,6 +54,13 @@ class GpuExecService {
              daemon_version.empty() ? std::string(kVersion) : std::move(daemon_version),
              command_ring_version} {}
 
+  // Kernels from source: `compiles` (outlives the service's calls), or
+  // null and why there is none. Before Listen.
+  void SetCompiler(compile::CompileService* compiles, std::string unavailable) {
+    env_.compiles = compiles;
+    env_.compile_unavailable = std::move(unavailable);
+  }
+
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
   // Listens for calls of every method on `cq` (after the server started).
@@ -86,6 +94,10 @@ class GpuExecService {
     std::string advertise_address;
     std::string daemon_version;
     uint32_t command_ring_version = 0;
+    // Kernels from source (CompileModule): the daemon's compile service, or
+    // null and why not.
+    compile::CompileService* compiles = nullptr;
+    std::string compile_unavailable = "the daemon was started without a compiler";
   };
 
  private:

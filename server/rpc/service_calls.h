@@ -142,6 +142,7 @@ void ListenExecute(const GpuExecService::Env* env, grpc::ServerCompletionQueue* 
 void ListenWrite(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
 void ListenRead(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
 void ListenLoadModule(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
+void ListenCompileModule(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
 
 }  // namespace calls
 }  // namespace gpuexec::rpc

@@ -487,6 +487,33 @@ class Module {
   ModuleKind kind_ = ModuleKind::kCubin;
 };
 
+// CUDA C++ for Session::CompileModule.
+struct CompileSpec {
+  std::string source;
+  std::string name = "kernel.cu";  // as NVRTC's log names it
+  // Files the source may #include, by name: {"util.cuh", "..."}.
+  std::vector<std::pair<std::string, std::string>> headers;
+  // From the daemon's allow-list: "-std=c++17", "-DN=4", "--use_fast_math".
+  std::vector<std::string> options;
+  // Template instantiations to compile: "saxpy<float>".
+  std::vector<std::string> name_expressions;
+};
+
+struct CompiledModule {
+  Module module;
+  bool cached = false;  // the daemon had compiled this source before
+  std::string log;      // NVRTC's warnings, if any
+  uint64_t log_bytes = 0;
+  // Each name expression's lowered name: what GetFunction takes.
+  std::vector<std::pair<std::string, std::string>> lowered_names;
+  std::vector<std::string> kernels;
+  std::string arch;           // "sm_90"
+  std::string nvrtc_version;  // "13.0"
+  absl::Duration compile_time;
+  // The lowered name of `name_expression`; empty when it was not asked.
+  std::string LoweredName(std::string_view name_expression) const;
+};
+
 // Device memory of a session. Owns the daemon allocation: the destructor
 // frees it (best effort, errors ignored) unless Free() or Release() ran or
 // the session is closed. Move-only.
@@ -676,6 +703,13 @@ class Session {
   absl::StatusOr<Module> LoadModule(std::string_view image, ModuleKind kind);
   // Reads a .cubin, .ptx or .fatbin file and loads it.
   absl::StatusOr<Module> LoadModuleFile(const std::string& path);
+  // Has the daemon compile CUDA C++ for the session's device (NVRTC, in a
+  // sandbox) and load the module; compiled once per source, whichever
+  // session asks (see CompiledModule::cached). A source that does not
+  // compile is INVALID_ARGUMENT with NVRTC's log; a daemon without NVRTC,
+  // FAILED_PRECONDITION saying why (compile.cc). Bounded by
+  // ClientOptions::data_timeout.
+  absl::StatusOr<CompiledModule> CompileModule(const CompileSpec& spec);
 
   // Enqueues a kernel on the session's stream; returns once the daemon has
   // enqueued it (or said why not).

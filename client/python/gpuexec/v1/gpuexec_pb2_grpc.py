@@ -39,6 +39,11 @@ class GpuExecStub(object):
                 request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.LoadModuleRequest.SerializeToString,
                 response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.LoadModuleResponse.FromString,
                 )
+        self.CompileModule = channel.unary_unary(
+                '/gpuexec.v1.GpuExec/CompileModule',
+                request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.CompileModuleRequest.SerializeToString,
+                response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.CompileModuleResponse.FromString,
+                )
         self.GetFunction = channel.unary_unary(
                 '/gpuexec.v1.GpuExec/GetFunction',
                 request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.GetFunctionRequest.SerializeToString,
@@ -124,6 +129,17 @@ class GpuExecServicer(object):
         daemon already holds the image with that SHA-256, the image bytes in
         chunks. A header alone for a hash the daemon does not hold is NOT_FOUND,
         so a client may always try the cheap way first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompileModule(self, request, context):
+        """CUDA C++ source compiled by the daemon for the session's device (NVRTC,
+        in a sandboxed process of its own) and loaded as a module of the
+        session, as LoadModule's. Compiled once per source: the same source,
+        headers, options and name expressions for the same architecture are
+        answered from the daemon's cache, whichever session asks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -248,6 +264,11 @@ def add_GpuExecServicer_to_server(servicer, server):
                     servicer.LoadModule,
                     request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.LoadModuleRequest.FromString,
                     response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.LoadModuleResponse.SerializeToString,
+            ),
+            'CompileModule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompileModule,
+                    request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.CompileModuleRequest.FromString,
+                    response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.CompileModuleResponse.SerializeToString,
             ),
             'GetFunction': grpc.unary_unary_rpc_method_handler(
                     servicer.GetFunction,
@@ -391,6 +412,23 @@ class GpuExec(object):
         return grpc.experimental.stream_unary(request_iterator, target, '/gpuexec.v1.GpuExec/LoadModule',
             gpuexec_dot_v1_dot_gpuexec__pb2.LoadModuleRequest.SerializeToString,
             gpuexec_dot_v1_dot_gpuexec__pb2.LoadModuleResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CompileModule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/gpuexec.v1.GpuExec/CompileModule',
+            gpuexec_dot_v1_dot_gpuexec__pb2.CompileModuleRequest.SerializeToString,
+            gpuexec_dot_v1_dot_gpuexec__pb2.CompileModuleResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

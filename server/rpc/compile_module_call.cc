@@ -1,0 +1,86 @@
+// CompileModule: source compiled by the daemon's compile service
+// (server/compile), then stored and loaded as any uploaded image is.
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gpuexec/sha256.h"
+#include "server/compile/compile_service.h"
+#include "server/rpc/service_calls.h"
+
+namespace gpuexec::rpc {
+namespace calls {
+namespace {
+
+using CompileModule = Unary<v1::CompileModuleRequest, v1::CompileModuleResponse>;
+
+compile::CompileInput FromProto(const v1::CompileModuleRequest& r) {
+  compile::CompileInput in;
+  in.source = r.source();
+  in.source_name = r.source_name();
+  for (const v1::CompileHeader& h : r.headers()) in.headers.push_back({h.name(), h.content()});
+  in.options.assign(r.options().begin(), r.options().end());
+  in.name_expressions.assign(r.name_expressions().begin(), r.name_expressions().end());
+  return in;
+}
+
+// The compiled image, stored and loaded into the call's session.
+void LoadCompiled(core::Engine* engine, CompileModule* call,
+                  std::shared_ptr<const compile::CompiledModule> module, bool cached) {
+  const std::string& image = module->image;
+  auto upload =
+      engine->BeginModuleUpload(call->caller(), call->request().session(), Sha256Hex(image),
+                                image.size(), module->image_is_ptx ? core::ModuleKind::kPtx
+                                                                   : core::ModuleKind::kCubin);
+  if (!upload.ok()) return call->Finish(upload.status());
+  if (absl::Status added = (*upload)->AddChunk(image); !added.ok()) return call->Finish(added);
+  core::ModuleUpload* raw = upload->get();
+  raw->Finish([call, module, cached, upload = std::shared_ptr<core::ModuleUpload>(
+                                         std::move(*upload))](
+                  absl::StatusOr<core::ModuleResult> loaded) {
+    if (loaded.ok()) {
+      v1::CompileModuleResponse* r = call->response();
+      r->set_module(loaded->handle);
+      r->set_sha256(loaded->sha256);
+      r->set_cached(cached);
+      r->set_log(module->log);
+      r->set_log_bytes(module->log_bytes);
+      for (const auto& [expression, lowered] : module->lowered_names) {
+        v1::LoweredName* l = r->add_lowered_names();
+        l->set_name_expression(expression);
+        l->set_lowered_name(lowered);
+      }
+      for (const std::string& k : loaded->kernels) r->add_kernels(k);
+      r->set_arch(module->arch);
+      r->set_nvrtc_version(call->env().compiles->compiler().nvrtc_version());
+      r->set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(module->took)));
+    }
+    call->Finish(loaded.status());
+  });
+}
+
+}  // namespace
+
+void ListenCompileModule(const Env* env, grpc::ServerCompletionQueue* cq) {
+  ListenUnary<CompileModule>(
+      env, cq, &AsyncService::RequestCompileModule, [](core::Engine* engine, CompileModule* call) {
+        if (call->env().compiles == nullptr) {
+          return call->Finish(absl::FailedPreconditionError(absl::StrCat(
+              "this daemon cannot compile kernels from source: ", call->env().compile_unavailable,
+              "; compile elsewhere and send the cubin with LoadModule")));
+        }
+        auto cc = engine->SessionComputeCapability(call->caller(), call->request().session());
+        if (!cc.ok()) return call->Finish(cc.status());
+        call->env().compiles->Compile(
+            call->caller().tenant_name(), FromProto(call->request()), cc->first, cc->second,
+            [engine, call](absl::StatusOr<compile::CompileAnswer> answer) {
+              if (!answer.ok()) return call->Finish(answer.status());
+              LoadCompiled(engine, call, answer->module, answer->cached);
+            });
+      });
+}
+
+}  // namespace calls
+}  // namespace gpuexec::rpc
