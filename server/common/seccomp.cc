@@ -171,8 +171,8 @@ absl::Status DenyCalls(const std::vector<int>& extra) {
   // Every thread of the process.
   if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0 &&
       (errno != ENOSYS || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0)) {
-    return absl::InternalError(absl::StrCat("the kernel refused the seccomp filter: ",
-                                            strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("the kernel refused the seccomp filter: ", strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -66,15 +66,23 @@ bool AfterPrefix(absl::string_view option, std::initializer_list<absl::string_vi
 absl::Status CheckOption(size_t i, const std::string& option, const Limits& limits) {
   const std::string what = absl::StrCat("option ", i, " ", Q(option));
   if (option.size() > limits.max_option_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is ", option.size(), " bytes, over the limit of ",
-                     limits.max_option_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is ", option.size(), " bytes, over the limit of ", limits.max_option_bytes));
   }
-  static const std::set<std::string> kFlags = {
-      "--use_fast_math", "-use_fast_math", "-lineinfo", "--generate-line-info",
-      "-default-device", "--device-as-default-execution-space", "--extra-device-vectorization",
-      "-extra-device-vectorization", "-restrict", "--restrict", "-G", "--device-debug", "-w",
-      "--disable-warnings"};
+  static const std::set<std::string> kFlags = {"--use_fast_math",
+                                               "-use_fast_math",
+                                               "-lineinfo",
+                                               "--generate-line-info",
+                                               "-default-device",
+                                               "--device-as-default-execution-space",
+                                               "--extra-device-vectorization",
+                                               "-extra-device-vectorization",
+                                               "-restrict",
+                                               "--restrict",
+                                               "-G",
+                                               "--device-debug",
+                                               "-w",
+                                               "--disable-warnings"};
   if (kFlags.count(option) != 0) return absl::OkStatus();
   absl::string_view v;
   if (AfterPrefix(option, {"-std=", "--std="}, &v)) {
@@ -84,9 +92,10 @@ absl::Status CheckOption(size_t i, const std::string& option, const Limits& limi
   }
   if (AfterPrefix(option, {"--define-macro=", "-D"}, &v)) {
     if (IsDefinition(v)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": a definition is -DNAME or -DNAME=VALUE, NAME a C identifier of at most 64 "
-              "bytes and VALUE printable ASCII on one line"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": a definition is -DNAME or -DNAME=VALUE, NAME a C identifier of at most 64 "
+                     "bytes and VALUE printable ASCII on one line"));
   }
   if (AfterPrefix(option, {"--undefine-macro=", "-U"}, &v)) {
     if (IsIdentifier(v)) return absl::OkStatus();
@@ -95,8 +104,7 @@ absl::Status CheckOption(size_t i, const std::string& option, const Limits& limi
   if (AfterPrefix(option, {"--maxrregcount=", "-maxrregcount="}, &v)) {
     int n = 0;
     if (absl::SimpleAtoi(v, &n) && n >= 16 && n <= 255) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": the register count must be 16 to 255"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the register count must be 16 to 255"));
   }
   if (AfterPrefix(option,
                   {"--ftz=", "-ftz=", "--prec-div=", "-prec-div=", "--prec-sqrt=", "-prec-sqrt=",
@@ -110,9 +118,10 @@ absl::Status CheckOption(size_t i, const std::string& option, const Limits& limi
         what, ": the architecture is the device's own, which the daemon gives; leave it out"));
   }
   if (AfterPrefix(option, {"-I", "--include-path", "-include", "--pre-include", "-isystem"}, &v)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": nothing of the daemon's file system can be included; give the file in "
-              "headers (a name -> content map) and include it by that name"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": nothing of the daemon's file system can be included; give the file in "
+                     "headers (a name -> content map) and include it by that name"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat(what, " is not allowed; the options allowed: ", kAllowedOptions));
@@ -193,7 +202,8 @@ std::vector<LogicalLine> LogicalLines(absl::string_view in) {
       continue;
     }
     const absl::string_view word = WordBefore(cur());
-    if (c == '"' && (word == "R" || word == "u8R" || word == "uR" || word == "UR" || word == "LR")) {
+    if (c == '"' &&
+        (word == "R" || word == "u8R" || word == "uR" || word == "UR" || word == "LR")) {
       // A raw string, R"delim( ... )delim": its content is no directive.
       const size_t open = in.find('(', i);
       if (open == absl::string_view::npos || open - i > 17) {
@@ -257,9 +267,9 @@ absl::Status CheckIncludes(absl::string_view text, const std::string& what) {
     absl::string_view name;
     if (directive == "include" || directive == "include_next" || directive == "import") {
       if (!LiteralName(rest, &name)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": #", directive, " of something other than a literal name (",
-            Q(rest, 32), "); include a header by its name: #include \"util.cuh\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": #", directive, " of something other than a literal name (",
+                         Q(rest, 32), "); include a header by its name: #include \"util.cuh\""));
       }
       if (!IsReachableName(name)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -269,8 +279,7 @@ absl::Status CheckIncludes(absl::string_view text, const std::string& what) {
       }
       continue;
     }
-    if (directive != "if" && directive != "elif" && directive != "ifdef" &&
-        directive != "ifndef") {
+    if (directive != "if" && directive != "elif" && directive != "ifdef" && directive != "ifndef") {
       continue;
     }
     for (size_t at = rest.find("__has_include"); at != absl::string_view::npos;
@@ -280,9 +289,9 @@ absl::Status CheckIncludes(absl::string_view text, const std::string& what) {
       after = absl::StripLeadingAsciiWhitespace(after);
       if (after.empty() || after[0] != '(') continue;  // `#ifdef __has_include`
       if (!LiteralName(after.substr(1), &name) || !IsReachableName(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": __has_include of ", Q(after.substr(1), 32),
-            ": only a literal, relative name without '..' may be asked after"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": __has_include of ", Q(after.substr(1), 32),
+                         ": only a literal, relative name without '..' may be asked after"));
       }
     }
   }
@@ -318,12 +327,13 @@ bool IsPlainName(const std::string& name) {
 
 absl::Status Check(const CompileInput& input, const Limits& limits) {
   if (input.source.empty()) {
-    return absl::InvalidArgumentError("the source is empty; send CUDA C++ with a __global__ function");
+    return absl::InvalidArgumentError(
+        "the source is empty; send CUDA C++ with a __global__ function");
   }
   if (input.source.size() > limits.max_source_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("the source is ", ByteSize(input.source.size()),
-                                                     ", over the limit of ",
-                                                     ByteSize(limits.max_source_bytes)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the source is ", ByteSize(input.source.size()), ", over the limit of ",
+                     ByteSize(limits.max_source_bytes)));
   }
   if (!input.source_name.empty() && !IsPlainName(input.source_name)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -334,9 +344,8 @@ absl::Status Check(const CompileInput& input, const Limits& limits) {
       absl::StrCat("the source ", Q(input.source_name.empty() ? "kernel.cu" : input.source_name));
   if (absl::Status s = CheckText(input.source, source_what); !s.ok()) return s;
   if (input.headers.size() > limits.max_headers) {
-    return absl::ResourceExhaustedError(absl::StrCat(input.headers.size(),
-                                                     " headers sent, over the limit of ",
-                                                     limits.max_headers));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        input.headers.size(), " headers sent, over the limit of ", limits.max_headers));
   }
   size_t header_bytes = 0;
   std::set<std::string> names;
@@ -345,24 +354,24 @@ absl::Status Check(const CompileInput& input, const Limits& limits) {
     const std::string what = absl::StrCat("header ", i, " ", Q(h.name));
     if (!IsPlainName(h.name)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": a header's name is a plain relative name (1 to 128 bytes of letters, digits "
-                "and _-.+/, no '.' or '..' component), as the source includes it"));
+          what,
+          ": a header's name is a plain relative name (1 to 128 bytes of letters, digits "
+          "and _-.+/, no '.' or '..' component), as the source includes it"));
     }
     if (!names.insert(h.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(what, " is given twice"));
     }
     header_bytes += h.content.size();
     if (header_bytes > limits.max_header_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the headers hold over ", ByteSize(limits.max_header_bytes), " together (at ", what,
-          "), the limit"));
+      return absl::ResourceExhaustedError(absl::StrCat("the headers hold over ",
+                                                       ByteSize(limits.max_header_bytes),
+                                                       " together (at ", what, "), the limit"));
     }
     if (absl::Status s = CheckText(h.content, what); !s.ok()) return s;
   }
   if (input.options.size() > limits.max_options) {
-    return absl::ResourceExhaustedError(absl::StrCat(input.options.size(),
-                                                     " options sent, over the limit of ",
-                                                     limits.max_options));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        input.options.size(), " options sent, over the limit of ", limits.max_options));
   }
   for (size_t i = 0; i < input.options.size(); ++i) {
     if (absl::Status s = CheckOption(i, input.options[i], limits); !s.ok()) return s;
@@ -376,8 +385,7 @@ absl::Status Check(const CompileInput& input, const Limits& limits) {
     const std::string& e = input.name_expressions[i];
     if (e.empty() || e.size() > limits.max_name_expression_bytes || !IsPrintable(e)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "name expression ", i, " ", Q(e), " must be 1 to ",
-          limits.max_name_expression_bytes,
+          "name expression ", i, " ", Q(e), " must be 1 to ", limits.max_name_expression_bytes,
           " bytes of printable ASCII on one line, naming a __global__ function: saxpy<float>"));
     }
   }

@@ -55,8 +55,8 @@ constexpr uint64_t kNetConnectTcp = 1ull << 1;
 #endif
 
 absl::Status Refused(const std::string& step) {
-  return absl::InternalError(absl::StrCat("the compile sandbox: the kernel refused ", step, ": ",
-                                          strerror(errno)));
+  return absl::InternalError(
+      absl::StrCat("the compile sandbox: the kernel refused ", step, ": ", strerror(errno)));
 }
 
 absl::Status Limit(int resource, const char* name, uint64_t soft, uint64_t hard) {
@@ -104,7 +104,8 @@ absl::StatusOr<int> RestrictFiles(const std::vector<std::string>& readable,
   const uint64_t write = read | kFsWriteFile | kFsRemoveDir | kFsRemoveFile | kFsMakeDir |
                          kFsMakeReg | (abi >= 3 ? kFsTruncate : 0);
   if (s.ok() && !writable.empty()) s = AllowBeneath(fd, writable, write);
-  if (s.ok() && syscall(__NR_landlock_restrict_self, fd, 0) != 0) s = Refused("landlock_restrict_self");
+  if (s.ok() && syscall(__NR_landlock_restrict_self, fd, 0) != 0)
+    s = Refused("landlock_restrict_self");
   close(fd);
   if (!s.ok()) return s;
   (void)kFsExecute;  // handled, never allowed: a compile runs no program

@@ -40,8 +40,8 @@ struct CompiledModule {
   std::string log;
   uint64_t log_bytes = 0;
   std::vector<std::pair<std::string, std::string>> lowered_names;  // expression, lowered
-  absl::Duration took;  // of the compile that made it
-  std::string arch;     // "sm_90"
+  absl::Duration took;                                             // of the compile that made it
+  std::string arch;                                                // "sm_90"
 };
 
 struct CompileAnswer {
@@ -77,11 +77,11 @@ class CompileService {
                Done done);
 
   struct Stats {
-    uint64_t compiles = 0;   // compile processes run
+    uint64_t compiles = 0;  // compile processes run
     uint64_t cache_hits = 0;
-    uint64_t joined = 0;     // requests that shared a compile under way
+    uint64_t joined = 0;  // requests that shared a compile under way
     uint64_t failed = 0;
-    size_t cached = 0;       // entries held
+    size_t cached = 0;  // entries held
     uint64_t cached_bytes = 0;
   };
   Stats stats() const;

@@ -135,15 +135,15 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
   close(sv[1]);
   if (spawned != 0) {
     close(sv[0]);
-    return absl::InternalError(absl::StrCat("cannot start the compile process (",
-                                            options_.program, "): ", strerror(spawned)));
+    return absl::InternalError(absl::StrCat("cannot start the compile process (", options_.program,
+                                            "): ", strerror(spawned)));
   }
   Outcome out;
   const absl::Time deadline = start + options_.time_limit;
   absl::Status sent = WriteFrame(sv[0], request, deadline);
   if (sent.ok()) {
-    out.reply = ReadFrame(sv[0], options_.max_image_bytes + options_.max_log_bytes + (1 << 20),
-                          deadline);
+    out.reply =
+        ReadFrame(sv[0], options_.max_image_bytes + options_.max_log_bytes + (1 << 20), deadline);
   } else {
     out.reply = sent;
   }
@@ -175,10 +175,10 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   }
   if (reply.nvrtc_path().empty()) {
     std::vector<std::string> tried(reply.nvrtc_tried().begin(), reply.nvrtc_tried().end());
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no NVRTC library could be loaded (", absl::StrJoin(tried, "; "),
-        "): install NVRTC of CUDA 12 or newer (the toolkit's libnvrtc.so, or the "
-        "cuda-nvrtc package) or give its file with --nvrtc=PATH"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no NVRTC library could be loaded (", absl::StrJoin(tried, "; "),
+                     "): install NVRTC of CUDA 12 or newer (the toolkit's libnvrtc.so, or the "
+                     "cuda-nvrtc package) or give its file with --nvrtc=PATH"));
   }
   if (reply.outcome() != wire::Reply::OK) {
     return absl::InternalError(absl::StrCat("the compile process cannot run: ", reply.message()));
@@ -191,16 +191,14 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   return c;
 }
 
-absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_major,
-                                           int cc_minor) {
+absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_major, int cc_minor) {
   const std::string what = absl::StrCat(
-      "the compile of '", Quoted(input.source_name.empty() ? "kernel.cu" : input.source_name),
-      "'");
+      "the compile of '", Quoted(input.source_name.empty() ? "kernel.cu" : input.source_name), "'");
   if (running_.fetch_add(1) >= options_.max_running) {
     running_.fetch_sub(1);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        options_.max_running, " compiles are running, the daemon's limit (", options_.running_flag,
-        "); retry when one has ended"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(options_.max_running, " compiles are running, the daemon's limit (",
+                     options_.running_flag, "); retry when one has ended"));
   }
   struct Release {
     std::atomic<int>* running;
@@ -229,8 +227,9 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
   std::string bytes;
   req.SerializeToString(&bytes);
   GPUEXEC_ASSIGN_OR_RETURN(Outcome out, RunProcess(bytes));
-  const std::string memory = absl::StrCat("its memory limit of ", ByteSize(options_.limits.memory_bytes),
-                                          " (", options_.memory_flag, ")");
+  const std::string memory =
+      absl::StrCat("its memory limit of ", ByteSize(options_.limits.memory_bytes), " (",
+                   options_.memory_flag, ")");
   if (out.timed_out) {
     return absl::DeadlineExceededError(absl::StrCat(
         what, " ran past its time limit of ", absl::FormatDuration(options_.time_limit), " (",
@@ -244,9 +243,9 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
     if (WIFSIGNALED(out.wait_status)) {
       const int sig = WTERMSIG(out.wait_status);
       if (sig == SIGXCPU || (sig == SIGKILL && cpu + 0.5 >= options_.limits.cpu_seconds)) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            what, " used its CPU time limit of ", options_.limits.cpu_seconds, " s (",
-            options_.cpu_flag, ") and was stopped; simplify the source"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat(what, " used its CPU time limit of ", options_.limits.cpu_seconds, " s (",
+                         options_.cpu_flag, ") and was stopped; simplify the source"));
       }
       if (static_cast<uint64_t>(out.usage.ru_maxrss) * 1024 >= options_.limits.memory_bytes / 2) {
         return absl::ResourceExhaustedError(

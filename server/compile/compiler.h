@@ -57,8 +57,8 @@ struct CompilerOptions {
 struct Compiled {
   std::string image;
   bool image_is_ptx = false;
-  std::string log;         // cut to max_log_bytes
-  uint64_t log_bytes = 0;  // before the cut
+  std::string log;                                                 // cut to max_log_bytes
+  uint64_t log_bytes = 0;                                          // before the cut
   std::vector<std::pair<std::string, std::string>> lowered_names;  // expression, lowered
   absl::Duration took;
 };

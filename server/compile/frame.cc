@@ -73,8 +73,8 @@ absl::StatusOr<std::string> ReadFrame(int fd, size_t max, absl::Time deadline) {
   if (absl::Status s = ReadExactly(fd, reinterpret_cast<char*>(header), 4, deadline); !s.ok()) {
     return s;
   }
-  const size_t size = header[0] | (header[1] << 8) | (header[2] << 16) |
-                      (static_cast<size_t>(header[3]) << 24);
+  const size_t size =
+      header[0] | (header[1] << 8) | (header[2] << 16) | (static_cast<size_t>(header[3]) << 24);
   if (size > max) {
     return absl::OutOfRangeError(
         absl::StrCat("a message of ", size, " bytes, over the limit of ", max));

@@ -37,15 +37,15 @@ absl::StatusOr<std::unique_ptr<Nvrtc>> Nvrtc::Open(const std::string& path) {
   std::unique_ptr<Nvrtc> n(new Nvrtc());
   n->handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (n->handle_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot load NVRTC from ", path, ": ",
-                                                      DlError()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load NVRTC from ", path, ": ", DlError()));
   }
   n->api_ = std::make_unique<Api>();
-#define GX_NVRTC_RESOLVE(name)                                                                 \
-  n->api_->name = reinterpret_cast<PFN_##name>(dlsym(n->handle_, #name));                     \
-  if (n->api_->name == nullptr) {                                                              \
-    return absl::FailedPreconditionError(                                                      \
-        absl::StrCat(path, " is not NVRTC (CUDA 12 or newer): it has no ", #name));            \
+#define GX_NVRTC_RESOLVE(name)                                                      \
+  n->api_->name = reinterpret_cast<PFN_##name>(dlsym(n->handle_, #name));           \
+  if (n->api_->name == nullptr) {                                                   \
+    return absl::FailedPreconditionError(                                           \
+        absl::StrCat(path, " is not NVRTC (CUDA 12 or newer): it has no ", #name)); \
   }
   GPUEXEC_NVRTC_ENTRY_POINTS(GX_NVRTC_RESOLVE)
 #undef GX_NVRTC_RESOLVE
@@ -95,9 +95,9 @@ CompileResult Nvrtc::Compile(const CompileInput& input,
   for (const std::string& o : options) option_texts.push_back(o.c_str());
   const std::string name = input.source_name.empty() ? "kernel.cu" : input.source_name;
   nvrtcProgram prog = nullptr;
-  nvrtcResult res = api_->nvrtcCreateProgram(
-      &prog, input.source.c_str(), name.c_str(), static_cast<int>(header_texts.size()),
-      header_texts.data(), header_names.data());
+  nvrtcResult res = api_->nvrtcCreateProgram(&prog, input.source.c_str(), name.c_str(),
+                                             static_cast<int>(header_texts.size()),
+                                             header_texts.data(), header_names.data());
   if (res != NVRTC_SUCCESS) return failed(res, "nvrtcCreateProgram");
   struct Destroy {
     const Api* api;

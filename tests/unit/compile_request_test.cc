@@ -39,8 +39,8 @@ TEST(CompileRequestTest, APlainRequestPasses) {
   in.headers.push_back({"util.cuh", "#pragma once\n#include \"detail/math.h\"\n"});
   in.headers.push_back({"detail/math.h", "inline __device__ float sq(float x) { return x*x; }\n"});
   in.source = absl::StrCat("#include \"util.cuh\"\n#include <cuda_fp16.h>\n", kSaxpy);
-  in.options = {"-std=c++17", "-DBLOCK=256", "--use_fast_math", "-lineinfo", "-maxrregcount=64",
-                "--ftz=true", "-UNDEBUG"};
+  in.options = {"-std=c++17",       "-DBLOCK=256", "--use_fast_math", "-lineinfo",
+                "-maxrregcount=64", "--ftz=true",  "-UNDEBUG"};
   in.name_expressions = {"saxpy<float>", "&scale<double, 4>"};
   EXPECT_TRUE(Check(in, Limits()).ok()) << Check(in, Limits());
 }
@@ -52,7 +52,7 @@ TEST(CompileRequestTest, IncludesOutsideTheHeadersAreRefused) {
            "  #  include \"../secret.h\"\n",
            "#include \"a/../../b.h\"\n",
            "#include_next \"/usr/include/stdio.h\"\n",
-           "#inc\\\nlude \"/etc/shadow\"\n",         // spliced
+           "#inc\\\nlude \"/etc/shadow\"\n",            // spliced
            "#/* a comment */include \"/etc/hosts\"\n",  // a comment is one space
            "#include MACRO\n",
            "#define P \"/etc/passwd\"\n#include P\n",

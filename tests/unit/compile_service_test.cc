@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 constexpr char kSaxpy[] =
     "extern \"C\" __global__ void gx_saxpy(float a, const float* x, float* y, unsigned n) {}\n";
 
-#define GX_ASSERT_SERVICE(name, expr)                                  \
+#define GX_ASSERT_SERVICE(name, expr)                                 \
   absl::StatusOr<std::unique_ptr<CompileService>> name##_or = (expr); \
   ASSERT_TRUE(name##_or.ok()) << name##_or.status();                  \
   std::unique_ptr<CompileService> name = *std::move(name##_or)

@@ -61,7 +61,7 @@ class CompilerTest : public ::testing::TestWithParam<const char*> {
     nvrtc_ = GetParam();
     if (nvrtc_ == "real") {
       nvrtc_ = std::getenv("GPUEXEC_TEST_NVRTC") != nullptr ? std::getenv("GPUEXEC_TEST_NVRTC")
-                                                              : GPUEXEC_TOOLKIT_NVRTC;
+                                                            : GPUEXEC_TOOLKIT_NVRTC;
       if (nvrtc_.empty() || access(nvrtc_.c_str(), R_OK) != 0) {
         GTEST_SKIP() << "no toolkit libnvrtc here (GPUEXEC_TEST_NVRTC)";
       }
@@ -91,7 +91,8 @@ TEST_P(CompilerTest, ACompileGivesACubinOfTheDevicesArchitecture) {
   absl::StatusOr<Compiled> out = c->Compile(Source(kSaxpy), 9, 0);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_FALSE(out->image_is_ptx);
-  EXPECT_THAT(out->image, StartsWith("\x7f" "ELF"));
+  EXPECT_THAT(out->image, StartsWith("\x7f"
+                                     "ELF"));
   EXPECT_NE(out->image.find("gx_saxpy"), std::string::npos);
   EXPECT_GT(out->took, absl::ZeroDuration());
 }
