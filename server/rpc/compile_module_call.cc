@@ -30,35 +30,34 @@ compile::CompileInput FromProto(const v1::CompileModuleRequest& r) {
 void LoadCompiled(core::Engine* engine, CompileModule* call,
                   std::shared_ptr<const compile::CompiledModule> module, bool cached) {
   const std::string& image = module->image;
-  auto upload =
-      engine->BeginModuleUpload(call->caller(), call->request().session(), Sha256Hex(image),
-                                image.size(), module->image_is_ptx ? core::ModuleKind::kPtx
-                                                                   : core::ModuleKind::kCubin);
+  auto upload = engine->BeginModuleUpload(
+      call->caller(), call->request().session(), Sha256Hex(image), image.size(),
+      module->image_is_ptx ? core::ModuleKind::kPtx : core::ModuleKind::kCubin);
   if (!upload.ok()) return call->Finish(upload.status());
   if (absl::Status added = (*upload)->AddChunk(image); !added.ok()) return call->Finish(added);
   core::ModuleUpload* raw = upload->get();
-  raw->Finish([call, module, cached, upload = std::shared_ptr<core::ModuleUpload>(
-                                         std::move(*upload))](
-                  absl::StatusOr<core::ModuleResult> loaded) {
-    if (loaded.ok()) {
-      v1::CompileModuleResponse* r = call->response();
-      r->set_module(loaded->handle);
-      r->set_sha256(loaded->sha256);
-      r->set_cached(cached);
-      r->set_log(module->log);
-      r->set_log_bytes(module->log_bytes);
-      for (const auto& [expression, lowered] : module->lowered_names) {
-        v1::LoweredName* l = r->add_lowered_names();
-        l->set_name_expression(expression);
-        l->set_lowered_name(lowered);
-      }
-      for (const std::string& k : loaded->kernels) r->add_kernels(k);
-      r->set_arch(module->arch);
-      r->set_nvrtc_version(call->env().compiles->compiler().nvrtc_version());
-      r->set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(module->took)));
-    }
-    call->Finish(loaded.status());
-  });
+  raw->Finish(
+      [call, module, cached, upload = std::shared_ptr<core::ModuleUpload>(std::move(*upload))](
+          absl::StatusOr<core::ModuleResult> loaded) {
+        if (loaded.ok()) {
+          v1::CompileModuleResponse* r = call->response();
+          r->set_module(loaded->handle);
+          r->set_sha256(loaded->sha256);
+          r->set_cached(cached);
+          r->set_log(module->log);
+          r->set_log_bytes(module->log_bytes);
+          for (const auto& [expression, lowered] : module->lowered_names) {
+            v1::LoweredName* l = r->add_lowered_names();
+            l->set_name_expression(expression);
+            l->set_lowered_name(lowered);
+          }
+          for (const std::string& k : loaded->kernels) r->add_kernels(k);
+          r->set_arch(module->arch);
+          r->set_nvrtc_version(call->env().compiles->compiler().nvrtc_version());
+          r->set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(module->took)));
+        }
+        call->Finish(loaded.status());
+      });
 }
 
 }  // namespace

@@ -84,10 +84,10 @@ TEST_F(CompileModuleTest, SourceIsCompiledLoadedAndRun) {
   LaunchConfig config;
   config.grid = {4, 1, 1};
   config.block = {256, 1, 1};
-  GX_ASSERT_OK(session
-                   .LaunchAndWait(saxpy, config,
-                                  {Arg::F32(2.0f), Arg::Ptr(dx), Arg::Ptr(dy), Arg::U64(n)})
-                   .status());
+  GX_ASSERT_OK(
+      session
+          .LaunchAndWait(saxpy, config, {Arg::F32(2.0f), Arg::Ptr(dx), Arg::Ptr(dy), Arg::U64(n)})
+          .status());
   GX_ASSERT_OK_AND_ASSIGN(std::vector<float> out, dy.ReadAs<float>(n));
   for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], 2.0f * i + 1.0f) << i;
 }
@@ -181,9 +181,8 @@ TEST_F(CompileModuleTest, ACompileBombIsStoppedWhileOtherSessionsRunOn) {
     config.grid = {1, 1, 1};
     config.block = {128, 1, 1};
     while (bombing.load()) {
-      ASSERT_TRUE(bystander
-                      .LaunchAndWait(f, config, {Arg::Ptr(out), Arg::U32(7), Arg::U64(1024)})
-                      .ok());
+      ASSERT_TRUE(
+          bystander.LaunchAndWait(f, config, {Arg::Ptr(out), Arg::U32(7), Arg::U64(1024)}).ok());
       launches.fetch_add(1);
     }
   });
