@@ -248,14 +248,16 @@ TEST_F(CommandRingHostileTest, PositionsOutOfRangeCloseTheRing) {
   ASSERT_NO_FATAL_FAILURE(StartRings());
   if (IsSkipped()) return;
   Session second = Open();
-  // A tail more than a ring ahead of the daemon's head.
+  // A tail more than a ring ahead of the daemon's head: of the tail the
+  // client published (the daemon's head is never past it; the head it
+  // published may lag behind the completion the client saw).
   RegisteredRing ahead(daemon().shm_socket(), session().token());
   ASSERT_EQ(ahead.answer().code(), 0) << ahead.answer().message();
   ASSERT_TRUE(AppendSync(ahead.ring(), 1));
   ahead.ring().Publish();
   ASSERT_EQ(ahead.ring().Completions(1).size(), 1u);
   ahead.ring().SetWord(ring::header::kSqTail,
-                       ahead.ring().sq_head() + ahead.ring().sq_bytes() + ring::kSlot);
+                       ahead.ring().sq_tail() + ahead.ring().sq_bytes() + ring::kSlot);
   ahead.ring().WakeDaemon();
   // A completion head past the daemon's tail.
   RegisteredRing past(daemon().shm_socket(), second.token());

@@ -198,6 +198,7 @@ class RawCommandRing {
     return std::string(reinterpret_cast<const char*>(base_ + ring::header::kCloseMessage), n);
   }
   uint64_t sq_head() const { return ring::Load<uint64_t>(base_, ring::header::kSqHead); }
+  uint64_t sq_tail() const { return ring::Load<uint64_t>(base_, ring::header::kSqTail); }
   // Wakes a parked daemon, as a client does after it stored the tail.
   void WakeDaemon() {
     if (ring::Load<uint32_t>(base_, ring::header::kDaemonWait, __ATOMIC_SEQ_CST) != 0 &&
