@@ -168,6 +168,10 @@ ABSL_FLAG(uint32_t, compile_time_limit_s, 60,
 ABSL_FLAG(uint32_t, max_compiles, 2, "Compiles at once on the daemon; 64 more may wait.");
 ABSL_FLAG(uint32_t, max_compiles_per_tenant, 1,
           "Compiles one tenant may have running or waiting at once; past it, refused at once.");
+ABSL_FLAG(bool, share_compiles_across_tenants, false,
+          "One tenant's compile answers another tenant's request of the same source (a pool of "
+          "trusted tenants). Off: a cache per tenant, so that no tenant learns from a cache hit "
+          "what another compiled.");
 ABSL_FLAG(std::string, mps_control, "nvidia-cuda-mps-control",
           "With --mps=own: NVIDIA's MPS control program (a path, or a name on PATH).");
 ABSL_FLAG(std::string, default_compute_share, "",
@@ -374,6 +378,7 @@ int main(int argc, char** argv) {
   options.compile_time_limit_s = absl::GetFlag(FLAGS_compile_time_limit_s);
   options.max_compiles = absl::GetFlag(FLAGS_max_compiles);
   options.max_compiles_per_tenant = absl::GetFlag(FLAGS_max_compiles_per_tenant);
+  options.share_compiles_across_tenants = absl::GetFlag(FLAGS_share_compiles_across_tenants);
   options.mps_control = absl::GetFlag(FLAGS_mps_control);
   options.default_compute_share = absl::GetFlag(FLAGS_default_compute_share);
   options.worker_idle = absl::Seconds(absl::GetFlag(FLAGS_worker_idle_s));

@@ -127,8 +127,26 @@ const std::vector<int>& DeniedCalls() {
   return *calls;
 }
 
-std::vector<sock_filter> Filter(const std::vector<int>& extra) {
-  constexpr uint32_t kDeny = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
+constexpr uint32_t kDeny = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
+
+// Lets call `nr` through only when its first argument (a process id) is
+// `self`, or also 0 (the caller) with `zero`; any other target is EPERM.
+void OnlyOnSelf(std::vector<sock_filter>* f, int nr, pid_t self, bool zero) {
+  const uint8_t body = zero ? 7 : 6;
+  const uint32_t lo = offsetof(seccomp_data, args[0]);
+  const uint32_t hi = lo + 4;  // little-endian: x86_64 and aarch64
+  f->push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, body));
+  f->push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, hi));
+  f->push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, static_cast<uint8_t>(zero ? 3 : 2)));
+  f->push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, lo));
+  f->push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(self),
+                        static_cast<uint8_t>(zero ? 2 : 1), 0));
+  if (zero) f->push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0));
+  f->push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
+  f->push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+}
+
+std::vector<sock_filter> Filter(const Rules& rules) {
   constexpr uint32_t kNamespaces = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
                                    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP;
   std::vector<sock_filter> f;
@@ -143,22 +161,38 @@ std::vector<sock_filter> Filter(const std::vector<int>& extra) {
   f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
 #endif
   std::vector<int> denied = DeniedCalls();
-  denied.insert(denied.end(), extra.begin(), extra.end());
+  denied.insert(denied.end(), rules.extra.begin(), rules.extra.end());
+  if (rules.threads_only) {
+#ifdef __NR_fork
+    denied.push_back(__NR_fork);
+#endif
+#ifdef __NR_vfork
+    denied.push_back(__NR_vfork);
+#endif
+  }
   for (int nr : denied) {
     f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1));
     f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
   }
+  for (int nr : rules.own_pid_only) OnlyOnSelf(&f, nr, rules.self, /*zero=*/false);
+  for (int nr : rules.zero_or_own_pid) OnlyOnSelf(&f, nr, rules.self, /*zero=*/true);
 #ifdef __NR_clone3
   // clone3's flags are behind a pointer the filter cannot read: the C
   // library falls back to clone on ENOSYS, whose flags it can.
   f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, 0, 1));
   f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)));
 #endif
-  // clone with a new namespace is unshare by another name.
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, 3));
+  // clone with a new namespace is unshare by another name; with
+  // threads_only, a clone that is not a thread is a fork.
+  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, rules.threads_only ? 6 : 3));
   f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])));
   f.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, kNamespaces, 0, 1));
   f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
+  if (rules.threads_only) {
+    f.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1));
+    f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
+  }
   f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
   return f;
 }
@@ -166,7 +200,13 @@ std::vector<sock_filter> Filter(const std::vector<int>& extra) {
 }  // namespace
 
 absl::Status DenyCalls(const std::vector<int>& extra) {
-  std::vector<sock_filter> filter = Filter(extra);
+  Rules rules;
+  rules.extra = extra;
+  return Install(rules);
+}
+
+absl::Status Install(const Rules& rules) {
+  std::vector<sock_filter> filter = Filter(rules);
   sock_fprog prog{static_cast<unsigned short>(filter.size()), filter.data()};
   // Every thread of the process.
   if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0 &&

@@ -15,11 +15,30 @@
 // and the daemon, its image and its CI then need no library beyond the C
 // library for it.
 
+#include <sys/types.h>
+
 #include <vector>
 
 #include "absl/status/status.h"
 
 namespace gpuexec::seccomp {
+
+// What a process adds to the shared list.
+struct Rules {
+  std::vector<int> extra;  // denied outright
+  // Allowed only on the process itself (the first argument, a process id,
+  // is `self`): kill, tgkill, rt_sigqueueinfo ...
+  std::vector<int> own_pid_only;
+  // Allowed only on the caller (0) or the process itself: prlimit64,
+  // sched_setaffinity ...
+  std::vector<int> zero_or_own_pid;
+  pid_t self = 0;
+  // No new processes: fork, vfork and a clone without CLONE_THREAD are
+  // refused; threads may still be made.
+  bool threads_only = false;
+};
+
+absl::Status Install(const Rules& rules);
 
 // Installs the filter on every thread of the process (no_new_privs must be
 // set first, or the caller must hold CAP_SYS_ADMIN). An error names the

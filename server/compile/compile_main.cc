@@ -32,10 +32,13 @@ namespace {
 
 constexpr size_t kMaxRequestBytes = size_t{64} << 20;
 constexpr absl::Duration kIoTimeout = absl::Seconds(30);
+// Lowered names of one compile, together.
+constexpr size_t kMaxLoweredBytes = size_t{64} << 10;
 
 struct Flags {
   sandbox::Limits limits;
   std::string tmp;
+  pid_t parent = 0;  // the daemon
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -47,6 +50,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->tmp = std::string(a);
     } else if (absl::ConsumePrefix(&a, "--memory_bytes=") && absl::SimpleAtoi(a, &v)) {
       f->limits.memory_bytes = v;
+    } else if (absl::ConsumePrefix(&a, "--parent=") && absl::SimpleAtoi(a, &v) && v > 1) {
+      f->parent = static_cast<pid_t>(v);
     } else if (absl::ConsumePrefix(&a, "--cpu_s=") && absl::SimpleAtoi(a, &v) && v > 0) {
       f->limits.cpu_seconds = static_cast<uint32_t>(std::min<uint64_t>(v, 86400));
     } else {
@@ -98,10 +103,8 @@ wire::Reply Run(const Flags& flags, const wire::Request& req) {
     reply.set_message(absl::StrCat("cannot enter the compile's directory: ", strerror(errno)));
     return reply;
   }
-  std::vector<std::string> readable;
-  if (!nvrtc->directory().empty()) readable.push_back(nvrtc->directory());
   absl::StatusOr<sandbox::Confinement> confined =
-      sandbox::Confine(flags.limits, readable, flags.tmp);
+      sandbox::Confine(flags.limits, nvrtc->files(), flags.tmp);
   if (!confined.ok()) {
     reply.set_outcome(wire::Reply::FAILED);
     reply.set_message(std::string(confined.status().message()));
@@ -110,6 +113,11 @@ wire::Reply Run(const Flags& flags, const wire::Request& req) {
   reply.set_landlock(confined->landlock_abi > 0);
   reply.set_seccomp(confined->seccomp);
   if (req.source().empty()) return reply;  // a probe
+  if (confined->landlock_abi == 0) {
+    reply.set_outcome(wire::Reply::FAILED);
+    reply.set_message("the kernel has no Landlock to shut the file system; no compile runs");
+    return reply;
+  }
 
   CompileInput input;
   input.source = req.source();
@@ -133,6 +141,15 @@ wire::Reply Run(const Flags& flags, const wire::Request& req) {
   }
   reply.set_image(std::move(r.image));
   reply.set_image_is_ptx(r.image_is_ptx);
+  size_t lowered_bytes = 0;
+  for (const auto& [expression, lowered] : r.lowered_names) lowered_bytes += lowered.size();
+  if (lowered_bytes > kMaxLoweredBytes) {
+    reply.set_outcome(wire::Reply::TOO_LARGE);
+    reply.set_message(
+        absl::StrCat("the lowered names are ", lowered_bytes, " bytes, over ", kMaxLoweredBytes));
+    reply.clear_image();
+    return reply;
+  }
   for (auto& [expression, lowered] : r.lowered_names) {
     wire::LoweredName* l = reply.add_lowered_names();
     l->set_expression(expression);
@@ -144,13 +161,16 @@ wire::Reply Run(const Flags& flags, const wire::Request& req) {
 }  // namespace
 
 int RunCompiler(int argc, char** argv) {
-  // Gone with the daemon; no descriptor but the socket and the standard
-  // ones.
+  // Out of other processes' reach first; gone with the daemon; no
+  // descriptor but the socket and the standard ones.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  if (getppid() == 1) return 1;
-  syscall(SYS_close_range, kCompileSocketFd + 1, ~0u, 0);
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
+  if (flags.parent != 0 && getppid() != flags.parent) return 1;
+  if (syscall(SYS_close_range, kCompileSocketFd + 1, ~0u, 0) != 0) {
+    for (int fd = kCompileSocketFd + 1; fd < 65536; ++fd) close(fd);
+  }
   const absl::Time deadline = absl::Now() + kIoTimeout;
   absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, kMaxRequestBytes, deadline);
   if (!bytes.ok()) return 3;

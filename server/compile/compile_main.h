@@ -2,7 +2,7 @@
 #define GPUEXEC_SERVER_COMPILE_COMPILE_MAIN_H_
 
 // The compile process: gpuexecd starts it as `gpuexecd __compile
-// --memory_bytes=B --cpu_s=S --tmp=DIR` for each compile (and once at start,
+// --memory_bytes=B --cpu_s=S --tmp=DIR --parent=PID` for each compile (and once at start,
 // to probe NVRTC), with its end of a socket pair on fd 3 and /dev/null on 0
 // to 2. It reads one Request (compile.proto), loads NVRTC, confines itself
 // (compile_sandbox.h: DIR is its private, writable directory), compiles,

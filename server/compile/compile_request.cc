@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gpuexec/sha256.h"
 #include "server/common/text.h"
 
@@ -46,7 +47,10 @@ bool IsDefinition(absl::string_view def) {
   const size_t eq = def.find('=');
   const absl::string_view name = def.substr(0, eq);
   if (!IsIdentifier(name)) return false;
-  return eq == absl::string_view::npos || IsPrintable(def.substr(eq + 1));
+  if (eq == absl::string_view::npos) return true;
+  const absl::string_view value = def.substr(eq + 1);
+  return IsPrintable(value) && !absl::StrContains(value, "__has_include") &&
+         !absl::StrContains(value, "__has_embed");
 }
 
 bool IsBool(absl::string_view v) { return v == "true" || v == "false"; }
@@ -157,7 +161,66 @@ absl::string_view WordBefore(const std::string& text) {
   return absl::string_view(text).substr(k);
 }
 
-std::vector<LogicalLine> LogicalLines(absl::string_view in) {
+// Whether `text` ends inside a preprocessing number (1'000, 0x1p+R): its
+// letters, digits, dots and exponent signs back to a digit (or a dot and a
+// digit). A quote there is a digit separator or ends the number, never a
+// literal's prefix.
+bool EndsInPpNumber(const std::string& text) {
+  size_t k = text.size();
+  while (k > 0) {
+    const char p = text[k - 1];
+    if (IsIdentChar(p) || p == '.' || p == '\'') {
+      --k;
+    } else if ((p == '+' || p == '-') && k >= 2 &&
+               absl::string_view("eEpP").find(text[k - 2]) != absl::string_view::npos) {
+      k -= 2;
+    } else {
+      break;
+    }
+  }
+  if (k == text.size()) return false;
+  return absl::ascii_isdigit(text[k]) ||
+         (text[k] == '.' && k + 1 < text.size() && absl::ascii_isdigit(text[k + 1]));
+}
+
+// Lexical forms that would let a directive hide from the reading below, or
+// that a compiler may read otherwise than it does: refused outright (no
+// kernel needs them).
+absl::Status RefuseTricks(absl::string_view in, const std::string& what) {
+  if (absl::StartsWith(in, "\xEF\xBB\xBF")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " starts with a UTF-8 byte-order mark; send the text without it"));
+  }
+  size_t line = 1;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (c == '\n') ++line;
+    const std::string where = absl::StrCat(what, " line ", line);
+    if (c == '\r' && (i + 1 == in.size() || in[i + 1] != '\n')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": a carriage return not followed by a newline; end lines with \\n"));
+    }
+    if (c == '?' && i + 2 < in.size() && in[i + 1] == '?' &&
+        absl::string_view("=/'()!<>-").find(in[i + 2]) != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": a trigraph (??",
+                                                     std::string(1, in[i + 2]),
+                                                     "); write the character it stands for"));
+    }
+    if (c == '\\') {
+      size_t k = i + 1;
+      while (k < in.size() && (in[k] == ' ' || in[k] == '\t')) ++k;
+      if (k > i + 1 && k < in.size() && (in[k] == '\n' || in[k] == '\r')) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         ": a backslash followed by blanks before the end of the line; remove the "
+                         "blanks (or the backslash)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<LogicalLine> LogicalLines(absl::string_view in, bool* malformed_raw) {
   std::vector<LogicalLine> lines(1);
   size_t line = 1;
   auto cur = [&lines]() -> std::string& { return lines.back().text; };
@@ -201,14 +264,27 @@ std::vector<LogicalLine> LogicalLines(absl::string_view in) {
       cur().push_back(' ');
       continue;
     }
-    const absl::string_view word = WordBefore(cur());
+    if (c != '"' && c != '\'') {
+      cur().push_back(c);
+      ++i;
+      continue;
+    }
+    const bool in_number = EndsInPpNumber(cur());
+    const absl::string_view word = in_number ? absl::string_view() : WordBefore(cur());
     if (c == '"' &&
         (word == "R" || word == "u8R" || word == "uR" || word == "UR" || word == "LR")) {
-      // A raw string, R"delim( ... )delim": its content is no directive.
-      const size_t open = in.find('(', i);
-      if (open == absl::string_view::npos || open - i > 17) {
-        cur().append(in.data() + i, in.size() - i);
-        break;
+      // A raw string, R"delim( ... )delim": its content is no directive. A
+      // delimiter of more than 16 characters, or of one a compiler would
+      // not take, is refused.
+      size_t open = i + 1;
+      while (open < in.size() && open - i <= 17 && in[open] != '(' &&
+             absl::ascii_isgraph(in[open]) && in[open] != ')' && in[open] != '\\' &&
+             in[open] != '"') {
+        ++open;
+      }
+      if (open >= in.size() || in[open] != '(') {
+        *malformed_raw = true;
+        return lines;
       }
       const std::string close = absl::StrCat(")", in.substr(i + 1, open - i - 1), "\"");
       const size_t end = in.find(close, open);
@@ -218,9 +294,8 @@ std::vector<LogicalLine> LogicalLines(absl::string_view in) {
       i = stop;
       continue;
     }
-    // A quote after a digit is a digit separator (1'000), not a literal.
-    const bool char_literal =
-        c == '\'' && (word.empty() || word == "u" || word == "U" || word == "L" || word == "u8");
+    // A quote inside a number is a digit separator (1'000), not a literal.
+    const bool char_literal = c == '\'' && !in_number;
     if (c == '"' || char_literal) {
       cur().push_back(c);
       ++i;
@@ -255,16 +330,41 @@ bool LiteralName(absl::string_view rest, absl::string_view* name) {
 }
 
 absl::Status CheckIncludes(absl::string_view text, const std::string& what) {
-  for (const LogicalLine& l : LogicalLines(text)) {
+  if (absl::Status s = RefuseTricks(text, what); !s.ok()) return s;
+  bool malformed_raw = false;
+  const std::vector<LogicalLine> lines = LogicalLines(text, &malformed_raw);
+  if (malformed_raw) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " line ", lines.back().first_line,
+        ": a raw string literal whose delimiter is not 0 to 16 printable characters before "
+        "its '('"));
+  }
+  for (const LogicalLine& l : lines) {
     absl::string_view s = absl::StripLeadingAsciiWhitespace(l.text);
-    if (s.empty() || s[0] != '#') continue;
-    s = absl::StripLeadingAsciiWhitespace(s.substr(1));
+    const std::string where = absl::StrCat(what, " line ", l.first_line);
+    const bool directive_line = absl::StartsWith(s, "#") || absl::StartsWith(s, "%:");
+    absl::string_view name;
+    if (!directive_line) {
+      // C++20 header units: import "x"; / export import <x>;
+      absl::string_view t = s;
+      if (absl::ConsumePrefix(&t, "export")) t = absl::StripLeadingAsciiWhitespace(t);
+      if (absl::ConsumePrefix(&t, "import") && LiteralName(t, &name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": an imported header unit; #include a header by its name"));
+      }
+      if (absl::StrContains(s, "__has_include") || absl::StrContains(s, "__has_embed")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         ": __has_include outside an #if or #elif line; write it there, with a "
+                         "literal name"));
+      }
+      continue;
+    }
+    s = absl::StripLeadingAsciiWhitespace(s.substr(s[0] == '#' ? 1 : 2));
     size_t n = 0;
     while (n < s.size() && IsIdentChar(s[n])) ++n;
     const absl::string_view directive = s.substr(0, n);
     const absl::string_view rest = s.substr(n);
-    const std::string where = absl::StrCat(what, " line ", l.first_line);
-    absl::string_view name;
     if (directive == "include" || directive == "include_next" || directive == "import") {
       if (!LiteralName(rest, &name)) {
         return absl::InvalidArgumentError(
@@ -279,19 +379,32 @@ absl::Status CheckIncludes(absl::string_view text, const std::string& what) {
       }
       continue;
     }
-    if (directive != "if" && directive != "elif" && directive != "ifdef" && directive != "ifndef") {
-      continue;
+    if (directive == "embed" || (directive == "line" && absl::StrContains(rest, '"'))) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": #", directive,
+                                                     directive == "line" ? " with a file name" : "",
+                                                     " is not allowed in a compiled source"));
     }
-    for (size_t at = rest.find("__has_include"); at != absl::string_view::npos;
-         at = rest.find("__has_include", at + 1)) {
-      absl::string_view after = rest.substr(at + strlen("__has_include"));
-      if (absl::StartsWith(after, "_next")) after.remove_prefix(5);
-      after = absl::StripLeadingAsciiWhitespace(after);
-      if (after.empty() || after[0] != '(') continue;  // `#ifdef __has_include`
-      if (!LiteralName(after.substr(1), &name) || !IsReachableName(name)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": __has_include of ", Q(after.substr(1), 32),
-                         ": only a literal, relative name without '..' may be asked after"));
+    const bool condition = directive == "if" || directive == "elif" || directive == "ifdef" ||
+                           directive == "ifndef" || directive == "elifdef" ||
+                           directive == "elifndef";
+    for (const absl::string_view probe : {"__has_include", "__has_embed"}) {
+      for (size_t at = rest.find(probe); at != absl::string_view::npos;
+           at = rest.find(probe, at + 1)) {
+        absl::string_view after = rest.substr(at + probe.size());
+        if (absl::StartsWith(after, "_next")) after.remove_prefix(5);
+        after = absl::StripLeadingAsciiWhitespace(after);
+        if (after.empty() || after[0] != '(') {
+          if (directive == "ifdef" || directive == "ifndef") continue;  // `#ifdef __has_include`
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": ", probe, " must be called with a literal name"));
+        }
+        if (!condition || probe == "__has_embed" || !LiteralName(after.substr(1), &name) ||
+            !IsReachableName(name)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": ", probe, " of ", Q(after.substr(1), 32),
+                           ": only __has_include of a literal, relative name without '..', "
+                           "on an #if or #elif line, may be asked"));
+        }
       }
     }
   }

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -74,8 +75,11 @@ uint64_t HandledFs(int abi) {
   return fs;
 }
 
-absl::Status AllowBeneath(int ruleset, const std::string& dir, uint64_t access) {
-  const int fd = open(dir.c_str(), O_PATH | O_CLOEXEC | O_DIRECTORY);
+// `path`: a directory (`access` beneath it) or a file (the file rights of
+// `access` on it).
+absl::Status AllowBeneath(int ruleset, const std::string& path, uint64_t access) {
+  const std::string& dir = path;
+  const int fd = open(path.c_str(), O_PATH | O_CLOEXEC);
   if (fd < 0) return Refused(absl::StrCat("opening ", dir, " for its Landlock rule"));
   PathBeneathAttr rule{access, fd};
   const long added = syscall(__NR_landlock_add_rule, ruleset, kRulePathBeneath, &rule, 0);
@@ -97,10 +101,10 @@ absl::StatusOr<int> RestrictFiles(const std::vector<std::string>& readable,
   if (ruleset < 0) return Refused("the Landlock ruleset");
   const int fd = static_cast<int>(ruleset);
   absl::Status s;
-  const uint64_t read = kFsReadFile | kFsReadDir;
-  for (const std::string& dir : readable) {
-    if (s.ok()) s = AllowBeneath(fd, dir, read);
+  for (const std::string& file : readable) {
+    if (s.ok()) s = AllowBeneath(fd, file, kFsReadFile);
   }
+  const uint64_t read = kFsReadFile | kFsReadDir;
   const uint64_t write = read | kFsWriteFile | kFsRemoveDir | kFsRemoveFile | kFsMakeDir |
                          kFsMakeReg | (abi >= 3 ? kFsTruncate : 0);
   if (s.ok() && !writable.empty()) s = AllowBeneath(fd, writable, write);
@@ -110,6 +114,18 @@ absl::StatusOr<int> RestrictFiles(const std::vector<std::string>& readable,
   if (!s.ok()) return s;
   (void)kFsExecute;  // handled, never allowed: a compile runs no program
   return static_cast<int>(abi);
+}
+
+// Every capability leaves the process (a daemon run as root): from the
+// bounding set where it may (CAP_SETPCAP), and from the other sets.
+void DropCapabilities() {
+  for (int cap = 0; cap < 64; ++cap) {
+    if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1) (void)prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+  }
+  (void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  (void)syscall(SYS_capset, &header, data);
 }
 
 }  // namespace
@@ -140,14 +156,30 @@ absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std:
   }
   if (absl::Status s = Limit(RLIMIT_CORE, "RLIMIT_CORE", 0, 0); !s.ok()) return s;
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Refused("PR_SET_DUMPABLE 0");
+  DropCapabilities();
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Refused("PR_SET_NO_NEW_PRIVS 1");
   c.no_new_privs = true;
   absl::StatusOr<int> abi = RestrictFiles(readable, writable);
   if (!abi.ok()) return abi.status();
   c.landlock_abi = *abi;
-  std::vector<int> extra = {__NR_socket, __NR_connect, __NR_bind,   __NR_listen,
-                            __NR_accept, __NR_accept4, __NR_execve, __NR_execveat};
-  if (absl::Status s = seccomp::DenyCalls(extra); !s.ok()) return s;
+  // Another process of the daemon's uid (the daemon, its workers, other
+  // compiles) is out of reach: no signal, rlimit or scheduling call on any
+  // process but this one, and no new process.
+  seccomp::Rules rules;
+  rules.extra = {__NR_socket,        __NR_connect,           __NR_bind,       __NR_listen,
+                 __NR_accept,        __NR_accept4,           __NR_execve,     __NR_execveat,
+                 __NR_tkill,         __NR_setpriority,       __NR_ioprio_set, __NR_memfd_create,
+#ifdef __NR_pidfd_open
+                 __NR_pidfd_open,    __NR_pidfd_send_signal,
+#endif
+                 __NR_migrate_pages, __NR_move_pages};
+  rules.own_pid_only = {__NR_kill, __NR_tgkill, __NR_rt_sigqueueinfo, __NR_rt_tgsigqueueinfo};
+  rules.zero_or_own_pid = {__NR_prlimit64, __NR_sched_setaffinity, __NR_sched_setscheduler,
+                           __NR_sched_setparam, __NR_sched_setattr};
+  rules.self = getpid();
+  rules.threads_only = true;
+  if (absl::Status s = seccomp::Install(rules); !s.ok()) return s;
+
   c.seccomp = true;
   return c;
 }

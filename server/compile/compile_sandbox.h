@@ -9,16 +9,20 @@
 //     seconds (RLIMIT_CPU: SIGXCPU, then SIGKILL a second later), bytes of
 //     a file written (RLIMIT_FSIZE), open descriptors, no core dumps;
 //   - PR_SET_DUMPABLE 0 and PR_SET_NO_NEW_PRIVS 1;
+//   - every capability dropped (a daemon run as root);
 //   - the daemon's seccomp deny list (server/common/seccomp.h), and the
-//     network (socket, connect, bind, listen, accept) and exec, which a
-//     compile never needs: the answer goes back on the socket it inherited;
-//   - Landlock where the kernel has it (Linux 5.13 and newer): no file of
-//     the host may be opened but those beneath `readable` (NVRTC's own
-//     directory) for reading and beneath `writable` (a private temporary
-//     directory of this compile) for reading and writing; with Landlock ABI
-//     4 and newer, no TCP bind or connect either. Without Landlock the
-//     daemon's check of the source's includes (compile_request.h) is what
-//     keeps the host's files out, and the daemon says so when it starts.
+//     network (socket, connect, bind, listen, accept), exec, memfd_create
+//     and new processes (fork, vfork, a clone that is not a thread), which
+//     a compile never needs: the answer goes back on the socket it
+//     inherited; signals, rlimits and scheduling reach no process but this
+//     one (other processes of the daemon's uid are out of reach);
+//   - Landlock (Linux 5.13 and newer): no file of the host may be opened
+//     but the files in `readable` (NVRTC's libraries) for reading, and
+//     what is beneath `writable` (a private directory of this compile);
+//     with Landlock ABI 4 and newer, no TCP bind or connect either. A
+//     kernel without Landlock gets no compiles (compiler.h): the daemon's
+//     check of the source's includes (compile_request.h) is a second line,
+//     not the only one.
 // The front kills a compile past its wall-clock limit (compiler.h).
 
 #include <cstdint>

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "gpuexec/sha256.h"
 #include "server/common/text.h"
 
 namespace gpuexec::compile {
@@ -25,6 +26,16 @@ CompileService::CompileService(CompileServiceOptions options, std::unique_ptr<Co
 }
 
 CompileService::~CompileService() {
+  Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    exiting_ = true;
+    work_.SignalAll();
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void CompileService::Stop() {
   std::deque<Job> left;
   std::vector<Done> failed;
   {
@@ -37,35 +48,46 @@ CompileService::~CompileService() {
       for (Done& d : it->second.waiters) failed.push_back(std::move(d));
       inflight_.erase(it);
     }
-    work_.SignalAll();
+    per_tenant_.clear();
   }
   for (Done& d : failed) d(absl::UnavailableError("the daemon is stopping; no compile ran"));
-  for (std::thread& t : threads_) t.join();
 }
 
-void CompileService::Compile(const std::string& tenant, CompileInput input, int cc_major,
-                             int cc_minor, Done done) {
+uint64_t CompiledModule::bytes() const {
+  uint64_t n = image.size() + log.size() + arch.size() + nvrtc_version.size();
+  for (const auto& [expression, lowered] : lowered_names) n += expression.size() + lowered.size();
+  return n;
+}
+
+void CompileService::Compile(const std::string& tenant, const std::string& principal,
+                             CompileInput input, int cc_major, int cc_minor, Done done) {
   if (absl::Status s = Check(input, options_.request_limits); !s.ok()) return done(s);
   std::string key = CacheKey(input, compiler_->nvrtc_version(), ArchName(cc_major, cc_minor));
+  if (!options_.share_across_tenants) key = absl::StrCat(tenant.size(), ":", tenant, key);
   // Answered at once (a refusal, a hit) after the lock, or queued.
   std::optional<absl::StatusOr<CompileAnswer>> now;
   {
     absl::MutexLock lock(&mu_);
     auto hit = cache_.find(key);
     auto joined = inflight_.find(key);
-    int& mine = per_tenant_[tenant];
+    int& mine = per_tenant_[principal];
     if (stopping_) {
       now = absl::UnavailableError("the daemon is stopping; no compile ran");
     } else if (hit != cache_.end()) {
       lru_.splice(lru_.begin(), lru_, hit->second.lru);
       ++stats_.cache_hits;
       now = CompileAnswer{hit->second.module, true};
+    } else if (joined != inflight_.end() && joined->second.waiters.size() >= options_.max_waiters) {
+      now = absl::ResourceExhaustedError(
+          absl::StrCat(options_.max_waiters,
+                       " requests wait for this source's compile already; retry when "
+                       "it has ended"));
     } else if (joined != inflight_.end()) {
       joined->second.waiters.push_back(std::move(done));
       ++stats_.joined;
     } else if (mine >= options_.max_per_tenant) {
       now = absl::ResourceExhaustedError(absl::StrCat(
-          "tenant '", Quoted(tenant), "' has ", mine, " compiles running or queued, its limit (",
+          "'", Quoted(principal), "' has ", mine, " compiles running or queued, its limit (",
           options_.per_tenant_flag, "); retry when one has ended"));
     } else if (queue_.size() >= options_.max_queued) {
       now = absl::ResourceExhaustedError(absl::StrCat(
@@ -73,10 +95,10 @@ void CompileService::Compile(const std::string& tenant, CompileInput input, int 
     } else {
       ++mine;
       inflight_[key].waiters.push_back(std::move(done));
-      queue_.push_back(Job{std::move(key), tenant, std::move(input), cc_major, cc_minor});
+      queue_.push_back(Job{std::move(key), principal, std::move(input), cc_major, cc_minor});
       work_.Signal();
     }
-    if (mine == 0) per_tenant_.erase(tenant);
+    if (mine == 0) per_tenant_.erase(principal);
   }
   if (now) done(*std::move(now));
 }
@@ -86,8 +108,8 @@ void CompileService::Run() {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      while (queue_.empty() && !stopping_) work_.Wait(&mu_);
-      if (stopping_) return;
+      while (queue_.empty() && !exiting_) work_.Wait(&mu_);
+      if (queue_.empty()) return;
       job = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -109,6 +131,8 @@ void CompileService::Finish(const Job& job, absl::StatusOr<Compiled> result) {
     module->lowered_names = std::move(result->lowered_names);
     module->took = result->took;
     module->arch = ArchName(job.cc_major, job.cc_minor);
+    module->nvrtc_version = compiler_->nvrtc_version();
+    module->sha256 = Sha256Hex(module->image);
     answer = CompileAnswer{std::move(module), false};
   }
   std::vector<Done> waiters;
@@ -116,7 +140,7 @@ void CompileService::Finish(const Job& job, absl::StatusOr<Compiled> result) {
     absl::MutexLock lock(&mu_);
     ++stats_.compiles;
     if (!result.ok()) ++stats_.failed;
-    if (auto it = per_tenant_.find(job.tenant); it != per_tenant_.end() && --it->second <= 0) {
+    if (auto it = per_tenant_.find(job.principal); it != per_tenant_.end() && --it->second <= 0) {
       per_tenant_.erase(it);
     }
     if (auto it = inflight_.find(job.key); it != inflight_.end()) {
@@ -130,14 +154,14 @@ void CompileService::Finish(const Job& job, absl::StatusOr<Compiled> result) {
 
 void CompileService::InsertLocked(const std::string& key,
                                   std::shared_ptr<const CompiledModule> module) {
-  const uint64_t bytes = module->image.size() + module->log.size();
+  const uint64_t bytes = module->bytes();
   if (bytes > options_.cache_bytes || options_.cache_entries == 0) return;
   lru_.push_front(key);
   cache_[key] = Entry{std::move(module), lru_.begin()};
   stats_.cached_bytes += bytes;
   while (cache_.size() > options_.cache_entries || stats_.cached_bytes > options_.cache_bytes) {
     auto oldest = cache_.find(lru_.back());
-    stats_.cached_bytes -= oldest->second.module->image.size() + oldest->second.module->log.size();
+    stats_.cached_bytes -= oldest->second.module->bytes();
     cache_.erase(oldest);
     lru_.pop_back();
   }

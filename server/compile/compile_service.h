@@ -42,6 +42,10 @@ struct CompiledModule {
   std::vector<std::pair<std::string, std::string>> lowered_names;  // expression, lowered
   absl::Duration took;                                             // of the compile that made it
   std::string arch;                                                // "sm_90"
+  std::string nvrtc_version;                                       // "13.0"
+  std::string sha256;                                              // of the image, hex
+  // What the cache counts it as.
+  uint64_t bytes() const;
 };
 
 struct CompileAnswer {
@@ -54,6 +58,13 @@ struct CompileServiceOptions {
   Limits request_limits;
   size_t max_queued = 64;
   int max_per_tenant = 2;
+  // Requests one compile under way may answer; past it, refused.
+  size_t max_waiters = 256;
+  // Whether one tenant's compile answers another's request of the same
+  // key. Off: each tenant (the implicit one of a daemon without a tenants
+  // file is one) has its own entries, so no tenant learns from a hit, or
+  // from its timing, what another compiled.
+  bool share_across_tenants = false;
   size_t cache_entries = 1024;
   uint64_t cache_bytes = uint64_t{256} << 20;
   std::string per_tenant_flag = "--max_compiles_per_tenant";
@@ -72,9 +83,16 @@ class CompileService {
   const Compiler& compiler() const { return *compiler_; }
 
   // Calls `done` once, on this thread (a refusal, a cache hit) or on a
-  // compile thread.
-  void Compile(const std::string& tenant, CompileInput input, int cc_major, int cc_minor,
-               Done done);
+  // compile thread. `tenant` scopes the cache; `principal` (the tenant, or
+  // without tenants the caller's peer host) is what max_per_tenant counts.
+  // Checks the request and hashes it: call it off a thread that serves
+  // other clients.
+  void Compile(const std::string& tenant, const std::string& principal, CompileInput input,
+               int cc_major, int cc_minor, Done done);
+
+  // Refuses new requests and fails the queued ones (UNAVAILABLE); those
+  // being compiled finish (within the compile time limit).
+  void Stop();
 
   struct Stats {
     uint64_t compiles = 0;  // compile processes run
@@ -89,7 +107,7 @@ class CompileService {
  private:
   struct Job {
     std::string key;
-    std::string tenant;
+    std::string principal;
     CompileInput input;
     int cc_major = 0, cc_minor = 0;
   };
@@ -111,7 +129,8 @@ class CompileService {
   std::unique_ptr<Compiler> compiler_;
   mutable absl::Mutex mu_;
   absl::CondVar work_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // no new requests
+  bool exiting_ ABSL_GUARDED_BY(mu_) = false;   // the threads end
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Inflight> inflight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);

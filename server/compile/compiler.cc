@@ -33,24 +33,8 @@ extern char** environ;
 namespace gpuexec::compile {
 namespace {
 
-// The log in a status: the first kStatusLogBytes, control characters but
-// the newline escaped (the log quotes the client's own source back to it).
+// The log in a status: its first kStatusLogBytes.
 constexpr size_t kStatusLogBytes = 2048;
-
-std::string LogForStatus(const std::string& log) {
-  std::string out;
-  for (size_t i = 0; i < log.size() && out.size() < kStatusLogBytes; ++i) {
-    const unsigned char c = static_cast<unsigned char>(log[i]);
-    if (c == '\n' || (c >= 0x20 && c < 0x7f)) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    }
-  }
-  if (out.size() < log.size()) out += "\n...";
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
 
 // The compile process's environment: nothing of the daemon's but what
 // finds libraries, and the test doubles' own knobs (GXFAKE_*).
@@ -71,6 +55,22 @@ std::string SignalName(int sig) {
 }
 
 }  // namespace
+
+std::string PrintableLog(const std::string& log, size_t max) {
+  std::string out;
+  size_t i = 0;
+  for (; i < log.size() && out.size() < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(log[i]);
+    if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7f)) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  if (i < log.size()) out += "\n...";
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
 
 struct Compiler::Outcome {
   absl::StatusOr<std::string> reply = absl::UnknownError("no reply");
@@ -103,8 +103,12 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
     return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
   }
   const std::vector<std::string> args = {
-      options_.program, kCompileArg, absl::StrCat("--memory_bytes=", options_.limits.memory_bytes),
-      absl::StrCat("--cpu_s=", options_.limits.cpu_seconds), absl::StrCat("--tmp=", dir)};
+      options_.program,
+      kCompileArg,
+      absl::StrCat("--memory_bytes=", options_.limits.memory_bytes),
+      absl::StrCat("--cpu_s=", options_.limits.cpu_seconds),
+      absl::StrCat("--tmp=", dir),
+      absl::StrCat("--parent=", getpid())};
   const std::vector<std::string> env = ChildEnvironment(dir);
   std::vector<char*> argv, envp;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -147,10 +151,10 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
   } else {
     out.reply = sent;
   }
-  if (!out.reply.ok() && absl::IsDeadlineExceeded(out.reply.status())) {
-    out.timed_out = true;
-    kill(pid, SIGKILL);
-  }
+  if (!out.reply.ok() && absl::IsDeadlineExceeded(out.reply.status())) out.timed_out = true;
+  // Its answer read (or not): a process that lingers, or stopped answering
+  // and sleeps, is ended here; a dead one is only reaped.
+  kill(pid, SIGKILL);
   close(sv[0]);
   while (wait4(pid, &out.wait_status, 0, &out.usage) < 0 && errno == EINTR) {
   }
@@ -182,6 +186,12 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   }
   if (reply.outcome() != wire::Reply::OK) {
     return absl::InternalError(absl::StrCat("the compile process cannot run: ", reply.message()));
+  }
+  if (!reply.landlock()) {
+    return absl::FailedPreconditionError(
+        "the kernel has no Landlock (Linux 5.13 or newer, with landlock among its security "
+        "modules) to keep the host's files out of the compiler's reach; kernels from source stay "
+        "off");
   }
   c->path_ = reply.nvrtc_path();
   c->options_.nvrtc = {c->path_};
@@ -261,7 +271,7 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
                                    : std::string("ended"),
         " without an answer"));
   }
-  const std::string log = LogForStatus(reply.log());
+  const std::string log = PrintableLog(reply.log(), kStatusLogBytes);
   switch (reply.outcome()) {
     case wire::Reply::OK:
       break;
@@ -286,7 +296,8 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
   Compiled c;
   c.image = std::move(*reply.mutable_image());
   c.image_is_ptx = reply.image_is_ptx();
-  c.log = std::move(*reply.mutable_log());
+  c.log = PrintableLog(reply.log(), options_.max_log_bytes);
+  if (reply.log_bytes() > reply.log().size() && !absl::EndsWith(c.log, "...")) c.log += "\n...";
   c.log_bytes = reply.log_bytes();
   for (const wire::LoweredName& l : reply.lowered_names()) {
     c.lowered_names.emplace_back(l.expression(), l.lowered());

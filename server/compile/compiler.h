@@ -63,6 +63,11 @@ struct Compiled {
   absl::Duration took;
 };
 
+// A compiler's log as text for a status or a response: at most `max`
+// bytes of it, each byte outside printable ASCII (but newline and tab)
+// escaped as \xNN, "..." where it was cut.
+std::string PrintableLog(const std::string& log, size_t max);
+
 class Compiler {
  public:
   static absl::StatusOr<std::unique_ptr<Compiler>> Start(CompilerOptions options);

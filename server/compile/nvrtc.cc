@@ -60,15 +60,18 @@ absl::StatusOr<std::unique_ptr<Nvrtc>> Nvrtc::Open(const std::string& path) {
     if (n->api_->nvrtcGetSupportedArchs(n->archs_.data()) != NVRTC_SUCCESS) n->archs_.clear();
   }
   link_map* map = nullptr;
+  std::string directory;
   if (dlinfo(n->handle_, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
       map->l_name[0] == '/') {
-    n->directory_ = std::filesystem::path(map->l_name).parent_path().string();
+    n->files_.push_back(map->l_name);
+    directory = std::filesystem::path(map->l_name).parent_path().string();
   }
   // Its builtins, from its own directory, before the sandbox shuts it.
-  if (!n->directory_.empty()) {
+  if (!directory.empty()) {
     const std::string builtins =
-        absl::StrCat(n->directory_, "/libnvrtc-builtins.so.", major, ".", minor);
+        absl::StrCat(directory, "/libnvrtc-builtins.so.", major, ".", minor);
     n->builtins_ = dlopen(builtins.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (n->builtins_ != nullptr) n->files_.push_back(builtins);
   }
   return n;
 }

@@ -44,8 +44,9 @@ class Nvrtc {
   const std::string& version() const { return version_; }
   // Compute capabilities it compiles for, as 90 for 9.0.
   const std::vector<int>& archs() const { return archs_; }
-  // The directory the library was loaded from (for the sandbox's rule).
-  const std::string& directory() const { return directory_; }
+  // The library's file and its builtins' (the sandbox lets these alone be
+  // read).
+  const std::vector<std::string>& files() const { return files_; }
 
   // Compiles `input` with `options` (the checked options, -arch included).
   CompileResult Compile(const CompileInput& input, const std::vector<std::string>& options) const;
@@ -58,7 +59,7 @@ class Nvrtc {
   std::unique_ptr<Api> api_;
   std::string version_;
   std::vector<int> archs_;
-  std::string directory_;
+  std::vector<std::string> files_;
 };
 
 // Where the daemon looks for NVRTC without --nvrtc: the names the dynamic

@@ -473,15 +473,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     co.compiler.time_limit = absl::Seconds(std::max<uint32_t>(1, options.compile_time_limit_s));
     co.compiler.max_running = static_cast<int>(std::max<uint32_t>(1, options.max_compiles));
     co.max_per_tenant = static_cast<int>(std::max<uint32_t>(1, options.max_compiles_per_tenant));
+    co.share_across_tenants = options.share_compiles_across_tenants;
     auto compiles = compile::CompileService::Start(co);
     if (compiles.ok()) {
       impl->compiles = *std::move(compiles);
       const compile::Compiler& c = impl->compiles->compiler();
       log::Info("kernels from source: NVRTC ", c.nvrtc_version(), " (", c.nvrtc_path(), "), ",
                 co.compiler.max_running, " compile(s) at once, ",
-                c.landlock() ? "the file system shut by Landlock"
-                             : "WITHOUT a file-system sandbox (the kernel has no Landlock; "
-                               "the daemon's check of each source's includes stays)");
+                "the file system shut by Landlock",
+                co.share_across_tenants ? ", one cache for every tenant" : ", a cache per tenant");
       impl->service->SetCompiler(impl->compiles.get(), "");
     } else {
       log::Warning("kernels from source are off: ", compiles.status().message());
@@ -764,12 +764,13 @@ void Server::Shutdown(absl::Duration deadline) {
   impl_->shm_listener.reset();
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   impl_->server->Wait();
-  // Queued compiles are failed, running ones end (within the compile time
+  // Queued compiles are failed; running ones end (within the compile time
   // limit) and answer their calls.
-  impl_->compiles.reset();
+  if (impl_->compiles != nullptr) impl_->compiles->Stop();
   // Calls may still wait for the engine; their queues serve them until the
   // last one ends.
   impl_->service->WaitForCalls();
+  impl_->compiles.reset();
   impl_->health.WaitForCalls();
   impl_->queue->Shutdown();
   for (std::thread& t : impl_->pollers) t.join();

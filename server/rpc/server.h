@@ -182,6 +182,9 @@ struct ServerOptions {
   uint32_t compile_time_limit_s = 60;
   uint32_t max_compiles = 2;
   uint32_t max_compiles_per_tenant = 1;
+  // One tenant's compile answers another's request of the same source
+  // (false: a cache per tenant, so that none learns what another compiled).
+  bool share_compiles_across_tenants = false;
   // How long each device's worker, and the daemon's reader of its replies,
   // keep looking for the next message before sleeping (0: not at all; -1:
   // 300 on hosts with 8 or more cores, where a spinning thread does not

@@ -40,13 +40,13 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
             Reply<std::vector<core::DeviceStatus>>(
                 call,
                 [address = call->env().advertise_address, version = call->env().daemon_version,
-                 compiles = call->env().compiles, unavailable = call->env().compile_unavailable](
+                 nvrtc = call->env().nvrtc_version, unavailable = call->env().compile_unavailable](
                     const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
                   for (const auto& d : devices) ToProto(d, r->add_devices());
                   r->set_daemon_address(address);
                   r->set_daemon_version(version);
-                  if (compiles != nullptr) {
-                    r->set_nvrtc_version(compiles->compiler().nvrtc_version());
+                  if (!nvrtc.empty()) {
+                    r->set_nvrtc_version(nvrtc);
                   } else {
                     r->set_compile_unavailable(unavailable);
                   }

@@ -58,6 +58,7 @@ class GpuExecService {
   // null and why there is none. Before Listen.
   void SetCompiler(compile::CompileService* compiles, std::string unavailable) {
     env_.compiles = compiles;
+    env_.nvrtc_version = compiles != nullptr ? compiles->compiler().nvrtc_version() : "";
     env_.compile_unavailable = std::move(unavailable);
   }
 
@@ -97,6 +98,7 @@ class GpuExecService {
     // Kernels from source (CompileModule): the daemon's compile service, or
     // null and why not.
     compile::CompileService* compiles = nullptr;
+    std::string nvrtc_version;
     std::string compile_unavailable = "the daemon was started without a compiler";
   };
 

@@ -63,7 +63,8 @@ class CompileModuleTest : public ::testing::Test {
 };
 
 TEST_F(CompileModuleTest, SourceIsCompiledLoadedAndRun) {
-  Start();
+  ASSERT_NO_FATAL_FAILURE(Start());
+  if (IsSkipped()) return;
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   GX_ASSERT_OK_AND_ASSIGN(CompiledModule compiled, session.CompileModule(Spec(KernelSource())));
   EXPECT_FALSE(compiled.cached);
@@ -93,7 +94,8 @@ TEST_F(CompileModuleTest, SourceIsCompiledLoadedAndRun) {
 }
 
 TEST_F(CompileModuleTest, TheSameSourceCompilesOnceForEverySession) {
-  Start();
+  ASSERT_NO_FATAL_FAILURE(Start());
+  if (IsSkipped()) return;
   GX_ASSERT_OK_AND_ASSIGN(Session first, Open());
   GX_ASSERT_OK_AND_ASSIGN(Session second, Open());
   GX_ASSERT_OK_AND_ASSIGN(CompiledModule a, first.CompileModule(Spec(KernelSource())));
@@ -105,7 +107,8 @@ TEST_F(CompileModuleTest, TheSameSourceCompilesOnceForEverySession) {
 }
 
 TEST_F(CompileModuleTest, NameExpressionsGiveTheNamesGetFunctionTakes) {
-  Start();
+  ASSERT_NO_FATAL_FAILURE(Start());
+  if (IsSkipped()) return;
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   CompileSpec spec = Spec(KernelSource());
   spec.name_expressions = {"gx_axpy<float>", "gx_axpy<double>"};
@@ -118,7 +121,8 @@ TEST_F(CompileModuleTest, NameExpressionsGiveTheNamesGetFunctionTakes) {
 }
 
 TEST_F(CompileModuleTest, EachRefusalSaysWhy) {
-  Start();
+  ASSERT_NO_FATAL_FAILURE(Start());
+  if (IsSkipped()) return;
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   struct Case {
     CompileSpec spec;
@@ -154,7 +158,8 @@ TEST_F(CompileModuleTest, EachRefusalSaysWhy) {
 TEST_F(CompileModuleTest, ADaemonThatDoesNotCompileSaysSo) {
   ServerOptions o;
   o.compile = false;
-  Start(o);
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  if (IsSkipped()) return;
   GX_ASSERT_OK_AND_ASSIGN(Session session, Open());
   absl::StatusOr<CompiledModule> out = session.CompileModule(Spec(KernelSource()));
   ASSERT_FALSE(out.ok());
@@ -168,7 +173,8 @@ TEST_F(CompileModuleTest, ACompileBombIsStoppedWhileOtherSessionsRunOn) {
   if (Nvrtc() != GPUEXEC_TEST_DEFAULT_NVRTC) GTEST_SKIP() << "the bomb is the double's marker";
   ServerOptions o = Compiling();
   o.compile_time_limit_s = 1;
-  Start(o);
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  if (IsSkipped()) return;
   GX_ASSERT_OK_AND_ASSIGN(Session bomber, Open());
   GX_ASSERT_OK_AND_ASSIGN(Session bystander, Open());
   GX_ASSERT_OK_AND_ASSIGN(CompiledModule fill, bystander.CompileModule(Spec(KernelSource())));

@@ -59,6 +59,21 @@ TEST(CompileRequestTest, IncludesOutsideTheHeadersAreRefused) {
            "#if __has_include(\"/etc/passwd\")\n#endif\n",
            "#elif __has_include_next(</root/.ssh/id_rsa>)\n",
            "#if __has_include(P)\n#endif\n",
+           "%:include \"/etc/passwd\"\n",  // a digraph
+           "  %: include </etc/passwd>\n",
+           "#define H __has_include(\"/root/.ssh/id_rsa\")\n#if H\n#endif\n",
+           "int x = 1e+R\"(\";\n#include \"/etc/passwd\"\n// )\"\n",  // a pp-number, no raw string
+           "int v = x'/*';\n#include \"/etc/passwd\"\n// */\n",       // x then a char literal
+           "const char* r = R\"0123456789abcdefgh(x)0123456789abcdefgh\";\n",
+           "const char* r = R\"x y(z)x y\";\n",
+           "import \"/etc/passwd\";\n",
+           "export import </etc/passwd>;\n",
+           "#line 1 \"/etc/passwd\"\n",
+           "#embed \"/etc/passwd\"\n",
+           "#if __has_embed(\"/etc/passwd\")\n#endif\n",
+           "?\?=include \"/etc/passwd\"\n",              // a trigraph
+           "#define X \\ \n#include \"/etc/passwd\"\n",  // backslash, blank, newline
+           "int a;\r#include \"/etc/passwd\"\n",         // a bare carriage return
        }) {
     absl::Status s = CheckSource(absl::StrCat(kSaxpy, source));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << source;
@@ -81,9 +96,27 @@ TEST(CompileRequestTest, IncludesInCommentsAndLiteralsAreText) {
            "const char* r = R\"x(\n#include \"/etc/passwd\"\n)x\";\n",
            "int big = 1'000'000; char c = '#';\n",
            "#ifdef __has_include\n#endif\n",
+           "int big = 0x1'0000; double d = 1.5e+3'0;\n",
+           "#pragma unroll\n#pragma once\n#line 40\n",
+           "const char* u = u8\"x\"; char16_t c = u'y'; wchar_t w = L'z';\n",
        }) {
     EXPECT_TRUE(CheckSource(absl::StrCat(kSaxpy, source)).ok()) << source;
   }
+}
+
+TEST(CompileRequestTest, ABomOrALongTokenIsReadInOnePass) {
+  EXPECT_THAT(CheckSource(absl::StrCat("\xEF\xBB\xBF", kSaxpy)).message(),
+              HasSubstr("byte-order mark"));
+  // One megabyte-long identifier, and quotes after long words: each byte is
+  // looked at a bounded number of times (a quadratic reading took minutes).
+  Limits limits;
+  limits.max_source_bytes = 4 << 20;
+  CompileInput in = Saxpy();
+  in.source = std::string(1 << 20, 'a');
+  EXPECT_TRUE(Check(in, limits).ok());
+  in.source.clear();
+  for (int i = 0; i < 20000; ++i) absl::StrAppend(&in.source, std::string(100, 'b'), "'c'\n");
+  EXPECT_TRUE(Check(in, limits).ok());
 }
 
 TEST(CompileRequestTest, OptionsOutsideTheAllowListAreRefusedNamingThem) {
@@ -99,6 +132,7 @@ TEST(CompileRequestTest, OptionsOutsideTheAllowListAreRefusedNamingThem) {
       {"-std=gnu++17", "c++11, c++14, c++17 or c++20"},
       {"-DX=1\n#include \"/etc/passwd\"", "printable ASCII on one line"},
       {"-D1X", "a C identifier"},
+      {"-DP=__has_include(\"/etc/passwd\")", "a C identifier"},
       {"-maxrregcount=4096", "16 to 255"},
       {"--ftz=yes", "true or false"},
       {"--time=/tmp/x", "is not allowed; the options allowed: -std="},

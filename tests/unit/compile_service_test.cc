@@ -48,7 +48,7 @@ absl::StatusOr<CompileAnswer> CompileNow(CompileService& s, const std::string& t
                                          CompileInput in, int major = 9, int minor = 0) {
   absl::Notification done;
   absl::StatusOr<CompileAnswer> out = absl::UnknownError("not answered");
-  s.Compile(tenant, std::move(in), major, minor, [&](absl::StatusOr<CompileAnswer> a) {
+  s.Compile(tenant, tenant, std::move(in), major, minor, [&](absl::StatusOr<CompileAnswer> a) {
     out = std::move(a);
     done.Notify();
   });
@@ -62,8 +62,8 @@ TEST(CompileServiceTest, TheSameSourceIsCompiledOncePerArchitecture) {
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_FALSE(first->cached);
   EXPECT_EQ(first->module->arch, "sm_90");
-  // Another tenant, the same source: a hit, the same module.
-  absl::StatusOr<CompileAnswer> again = CompileNow(*s, "team-b", Source(kSaxpy));
+  // The same tenant, the same source: a hit, the same module.
+  absl::StatusOr<CompileAnswer> again = CompileNow(*s, "team-a", Source(kSaxpy));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->cached);
   EXPECT_EQ(again->module, first->module);
@@ -79,18 +79,38 @@ TEST(CompileServiceTest, TheSameSourceIsCompiledOncePerArchitecture) {
   EXPECT_EQ(s->stats().cache_hits, 1u);
 }
 
+TEST(CompileServiceTest, EachTenantHasItsOwnCacheUnlessShared) {
+  {
+    GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+    EXPECT_FALSE(CompileNow(*s, "team-a", Source(kSaxpy))->cached);
+    // team-b learns nothing of what team-a compiled: a compile of its own.
+    EXPECT_FALSE(CompileNow(*s, "team-b", Source(kSaxpy))->cached);
+    EXPECT_EQ(s->stats().compiles, 2u);
+  }
+  CompileServiceOptions o = Options();
+  o.share_across_tenants = true;
+  GX_ASSERT_SERVICE(s, CompileService::Start(o));
+  absl::StatusOr<CompileAnswer> a = CompileNow(*s, "team-a", Source(kSaxpy));
+  absl::StatusOr<CompileAnswer> b = CompileNow(*s, "team-b", Source(kSaxpy));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(b->cached);
+  EXPECT_EQ(a->module, b->module);
+}
+
 TEST(CompileServiceTest, ConcurrentRequestsOfOneSourceShareOneCompile) {
-  GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+  CompileServiceOptions o = Options();
+  o.share_across_tenants = true;
+  GX_ASSERT_SERVICE(s, CompileService::Start(o));
   const std::string slow = absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=400\n", kSaxpy);
   constexpr int kClients = 8;
   std::atomic<int> answered{0}, ok{0};
   absl::Notification all;
   for (int i = 0; i < kClients; ++i) {
-    s->Compile(absl::StrCat("tenant-", i), Source(slow), 9, 0,
-               [&](absl::StatusOr<CompileAnswer> a) {
-                 if (a.ok()) ok.fetch_add(1);
-                 if (answered.fetch_add(1) + 1 == kClients) all.Notify();
-               });
+    const std::string tenant = absl::StrCat("tenant-", i);
+    s->Compile(tenant, tenant, Source(slow), 9, 0, [&](absl::StatusOr<CompileAnswer> a) {
+      if (a.ok()) ok.fetch_add(1);
+      if (answered.fetch_add(1) + 1 == kClients) all.Notify();
+    });
   }
   ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(ok.load(), kClients);
@@ -103,8 +123,8 @@ TEST(CompileServiceTest, ATenantPastItsLimitIsRefusedAtOnce) {
   o.max_per_tenant = 1;
   GX_ASSERT_SERVICE(s, CompileService::Start(o));
   absl::Notification first_done;
-  s->Compile("team-a", Source(absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=500\n", kSaxpy)), 9, 0,
-             [&](absl::StatusOr<CompileAnswer> a) {
+  s->Compile("team-a", "team-a", Source(absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=500\n", kSaxpy)),
+             9, 0, [&](absl::StatusOr<CompileAnswer> a) {
                EXPECT_TRUE(a.ok()) << a.status();
                first_done.Notify();
              });
@@ -113,7 +133,7 @@ TEST(CompileServiceTest, ATenantPastItsLimitIsRefusedAtOnce) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(),
-              HasSubstr("tenant 'team-a' has 1 compiles running or queued, its limit "
+              HasSubstr("'team-a' has 1 compiles running or queued, its limit "
                         "(--max_compiles_per_tenant)"));
   // Another tenant is not held back by team-a's compile.
   EXPECT_TRUE(CompileNow(*s, "team-b", Source(absl::StrCat("// b\n", kSaxpy))).ok());
@@ -138,6 +158,13 @@ TEST(CompileServiceTest, AFailedCompileIsNotCached) {
   EXPECT_EQ(s->stats().compiles, 2u);
   EXPECT_EQ(s->stats().failed, 2u);
   EXPECT_EQ(s->stats().cached, 0u);
+}
+
+TEST(CompileServiceTest, AStoppedServiceFailsWhatWaitsAndTakesNoMore) {
+  GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+  s->Stop();
+  absl::StatusOr<CompileAnswer> out = CompileNow(*s, "team-a", Source(kSaxpy));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(CompileServiceTest, TheCacheKeepsItsBoundsLeastRecentlyUsedFirstOut) {
