@@ -184,7 +184,8 @@ std::vector<sock_filter> Filter(const Rules& rules) {
 #endif
   // clone with a new namespace is unshare by another name; with
   // threads_only, a clone that is not a thread is a fork.
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, rules.threads_only ? 6 : 3));
+  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0,
+                       static_cast<uint8_t>(rules.threads_only ? 6 : 3)));
   f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])));
   f.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, kNamespaces, 0, 1));
   f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
