@@ -76,6 +76,13 @@
 //                                  under an RLIMIT_AS.
 //       GXFAKE_COMPILE_SLEEP_MS=N  sleep N ms (at most 9 digits), then
 //                                  compile as usual.
+//       GXFAKE_COMPILE_REACH_OUT   try what a compromised compiler would
+//                                  against the daemon (a signal to the
+//                                  parent, with signal 0; fork; reading
+//                                  the parent's rlimit; renicing it; a
+//                                  socket) and say in the log, as
+//                                  warnings, how each went: `reach-out:
+//                                  kill parent: EPERM` or `... allowed`.
 //       GXFAKE_COMPILE_WARN        a successful compile's log says
 //                                  `<program>(<line>): warning #177-D:
 //                                  variable "x" was declared but never
@@ -88,9 +95,14 @@
 // NVRTC's is not).
 
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -307,6 +319,29 @@ nvrtcResult Compile(_nvrtcProgram* prog, const gxnvrtc::CompileOptions& options)
       in.defines.erase(name);
     } else {
       in.defines[name] = value;
+    }
+  }
+  if (const size_t at = src.find("GXFAKE_COMPILE_REACH_OUT"); at != std::string::npos) {
+    const pid_t parent = getppid();
+    auto outcome = [](int rc) {
+      return rc == 0 ? std::string("allowed") : std::string(errno == EPERM ? "EPERM" : "failed");
+    };
+    std::vector<std::pair<std::string, std::string>> tried;
+    tried.emplace_back("kill parent", outcome(kill(parent, 0)));
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    if (child > 0) waitpid(child, nullptr, 0);
+    tried.emplace_back("fork", outcome(child > 0 ? 0 : -1));
+    rlimit r{};
+    tried.emplace_back("prlimit parent", outcome(prlimit(parent, RLIMIT_NOFILE, nullptr, &r)));
+    tried.emplace_back("setpriority parent", outcome(setpriority(PRIO_PROCESS, parent, 19)));
+    const int sock = socket(AF_INET, SOCK_STREAM, 0);
+    if (sock >= 0) close(sock);
+    tried.emplace_back("socket", outcome(sock >= 0 ? 0 : -1));
+    for (const auto& [what, how] : tried) {
+      diag.Warning(Diagnostics::Where{program, LineOf(src, at),
+                                      gxnvrtc::Printable(LineText(src, at), 256), 0},
+                   "0-D", "reach-out: " + what + ": " + how);
     }
   }
   if (const size_t at = src.find("GXFAKE_COMPILE_WARN"); at != std::string::npos) {

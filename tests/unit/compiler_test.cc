@@ -244,6 +244,18 @@ TEST_F(CompilerLimitsTest, CompilesPastTheDaemonsLimitAreRefusedAtOnce) {
   EXPECT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
 }
 
+// What a compromised compiler would try against the daemon (the same uid)
+// is refused by the compile process's seccomp filter.
+TEST_F(CompilerLimitsTest, TheCompileProcessCannotReachTheDaemonOrTheNetwork) {
+  absl::StatusOr<Compiled> out = CompileWith(Fake(), "GXFAKE_COMPILE_REACH_OUT");
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (const char* line : {"reach-out: kill parent: EPERM", "reach-out: fork: EPERM",
+                           "reach-out: prlimit parent: EPERM",
+                           "reach-out: setpriority parent: EPERM", "reach-out: socket: EPERM"}) {
+    EXPECT_THAT(out->log, HasSubstr(line));
+  }
+}
+
 TEST_F(CompilerLimitsTest, TheLogIsCutToItsLimit) {
   CompilerOptions o = Fake();
   o.max_log_bytes = 40;
