@@ -425,6 +425,11 @@ void AppendField(std::string* out, absl::string_view field) {
 
 }  // namespace
 
+const std::string& SourceName(const CompileInput& input) {
+  static const std::string* const kDefault = new std::string("kernel.cu");
+  return input.source_name.empty() ? *kDefault : input.source_name;
+}
+
 bool IsPlainName(const std::string& name) {
   if (name.empty() || name.size() > 128 || name[0] == '/') return false;
   for (char c : name) {
@@ -453,8 +458,7 @@ absl::Status Check(const CompileInput& input, const Limits& limits) {
         "the source's name ", Q(input.source_name),
         " is not a plain relative name (1 to 128 bytes of letters, digits and _-.+/)"));
   }
-  const std::string source_what =
-      absl::StrCat("the source ", Q(input.source_name.empty() ? "kernel.cu" : input.source_name));
+  const std::string source_what = absl::StrCat("the source ", Q(SourceName(input)));
   if (absl::Status s = CheckText(input.source, source_what); !s.ok()) return s;
   if (input.headers.size() > limits.max_headers) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -518,7 +522,7 @@ std::string CacheKey(const CompileInput& input, const std::string& compiler_vers
   std::string all = "gpuexec compile key 1;";
   AppendField(&all, compiler_version);
   AppendField(&all, arch);
-  AppendField(&all, input.source_name.empty() ? "kernel.cu" : input.source_name);
+  AppendField(&all, SourceName(input));
   AppendField(&all, input.source);
   std::vector<const Header*> headers;
   for (const Header& h : input.headers) headers.push_back(&h);

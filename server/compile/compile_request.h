@@ -58,6 +58,9 @@ struct Limits {
   size_t max_name_expression_bytes = 256;
 };
 
+// The name the compile log gives the source: source_name, or "kernel.cu".
+const std::string& SourceName(const CompileInput& input);
+
 // The name a source or header may have: 1 to 128 bytes of letters, digits
 // and "_-.+/", relative (no leading '/'), no empty, "." or ".." component.
 bool IsPlainName(const std::string& name);

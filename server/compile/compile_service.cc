@@ -124,12 +124,7 @@ void CompileService::Finish(const Job& job, absl::StatusOr<Compiled> result) {
     answer = result.status();
   } else {
     auto module = std::make_shared<CompiledModule>();
-    module->image = std::move(result->image);
-    module->image_is_ptx = result->image_is_ptx;
-    module->log = std::move(result->log);
-    module->log_bytes = result->log_bytes;
-    module->lowered_names = std::move(result->lowered_names);
-    module->took = result->took;
+    static_cast<Compiled&>(*module) = *std::move(result);
     module->arch = ArchName(job.cc_major, job.cc_minor);
     module->nvrtc_version = compiler_->nvrtc_version();
     module->sha256 = Sha256Hex(module->image);

@@ -34,16 +34,10 @@
 namespace gpuexec::compile {
 
 // What a compile made; shared by every caller of its key.
-struct CompiledModule {
-  std::string image;
-  bool image_is_ptx = false;
-  std::string log;
-  uint64_t log_bytes = 0;
-  std::vector<std::pair<std::string, std::string>> lowered_names;  // expression, lowered
-  absl::Duration took;                                             // of the compile that made it
-  std::string arch;                                                // "sm_90"
-  std::string nvrtc_version;                                       // "13.0"
-  std::string sha256;                                              // of the image, hex
+struct CompiledModule : Compiled {
+  std::string arch;           // "sm_90"
+  std::string nvrtc_version;  // "13.0"
+  std::string sha256;         // of the image, hex
   // What the cache counts it as.
   uint64_t bytes() const;
 };

@@ -197,13 +197,11 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   c->options_.nvrtc = {c->path_};
   c->version_ = reply.nvrtc_version();
   c->archs_.assign(reply.archs().begin(), reply.archs().end());
-  c->landlock_ = reply.landlock();
   return c;
 }
 
 absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_major, int cc_minor) {
-  const std::string what = absl::StrCat(
-      "the compile of '", Quoted(input.source_name.empty() ? "kernel.cu" : input.source_name), "'");
+  const std::string what = absl::StrCat("the compile of '", Quoted(SourceName(input)), "'");
   if (running_.fetch_add(1) >= options_.max_running) {
     running_.fetch_sub(1);
     return absl::ResourceExhaustedError(

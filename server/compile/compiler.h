@@ -75,8 +75,6 @@ class Compiler {
   const std::string& nvrtc_version() const { return version_; }
   const std::string& nvrtc_path() const { return path_; }
   const std::vector<int>& archs() const { return archs_; }
-  // Whether compiles run with the file system shut (Landlock).
-  bool landlock() const { return landlock_; }
   int running() const { return running_.load(); }
 
   // Compiles `input` (already passed Check) for a device of compute
@@ -93,7 +91,6 @@ class Compiler {
   std::string version_;
   std::string path_;
   std::vector<int> archs_;
-  bool landlock_ = false;
   std::atomic<int> running_{0};
 };
 

@@ -96,7 +96,7 @@ CompileResult Nvrtc::Compile(const CompileInput& input,
     header_names.push_back(h.name.c_str());
   }
   for (const std::string& o : options) option_texts.push_back(o.c_str());
-  const std::string name = input.source_name.empty() ? "kernel.cu" : input.source_name;
+  const std::string& name = SourceName(input);
   nvrtcProgram prog = nullptr;
   nvrtcResult res = api_->nvrtcCreateProgram(&prog, input.source.c_str(), name.c_str(),
                                              static_cast<int>(header_texts.size()),
