@@ -8,6 +8,11 @@
         saxpy.launch((n + 255) // 256, 256, gpuexec.f32(2.0), x, y, gpuexec.u64(n))
         print(y.read_array())              # waits for the kernel (same stream)
 
+Kernels from source: ``s.compile(cuda_source)`` has the daemon compile
+CUDA C++ (NVRTC) and load it (a gpuexec.CompiledModule);
+``gpuexec.RawKernel(source, "saxpy")`` compiles on first use per session
+and launches as ``saxpy(s, grid, block, args)``.
+
 A kernel's CUtensorMap parameter takes a gpuexec.TensorMap (a buffer and
 the map's shape; the daemon encodes it). Every failure raises gpuexec.Error
 (.code: grpc.StatusCode, .message: the daemon's message). numpy is
@@ -30,6 +35,7 @@ from ._args import (Arg, bf16, f16, f32, f64, i8, i16, i32, i64, null, ptr, raw,
                     u64)
 from ._buffer import Buffer
 from ._client import Client, Device, Session
+from ._compile import CompiledModule, RawKernel
 from ._dtype import (DType, bfloat16, bool_, dtype, float16, float32, float64, int8, int16, int32,
                      int64, uint8, uint16, uint32, uint64)
 from ._function import Function, FunctionAttributes, Module, Param
@@ -43,8 +49,8 @@ from ._version import __version__  # the project's version (test python_version_
 from ._version_check import VersionWarning
 
 __all__ = [
-    "Arg", "Buffer", "Client", "Device", "Error", "Function", "FunctionAttributes", "HostMemory",
-    "In", "InOut", "Module", "Out", "Param", "Pool", "PoolDaemon", "Session", "TensorMap",
+    "Arg", "Buffer", "Client", "CompiledModule", "Device", "Error", "Function", "FunctionAttributes", "HostMemory",
+    "In", "InOut", "Module", "Out", "Param", "Pool", "PoolDaemon", "RawKernel", "Session", "TensorMap",
     "VersionWarning", "bf16",
     "connect", "f16", "f32", "f64", "i8", "i16", "i32", "i64", "null", "ptr", "raw", "u8", "u16",
     "u32", "u64",

@@ -15,12 +15,13 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import grpc
 
-from . import _commands, _connect, _host_memory, _ring, _ring_records, _wire
+from . import _commands, _compile, _connect, _host_memory, _ring, _ring_records, _wire
 from ._buffer import Buffer, ShapeLike, _PointerBases
 from ._bytes import _byte_view, _is_numpy_array, _numpy
 from ._channel import Recipe
@@ -288,6 +289,9 @@ class Session:
         self._regions = _host_memory.HostRegions()
         # Buffer.data_ptr()'s number of each allocation.
         self._pointer_bases = _PointerBases()
+        # RawKernel -> what it compiled here (the session holds it: a
+        # RawKernel keeps no session alive).
+        self._raw_kernels: Any = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"<gpuexec.Session {short_token(self.token)} on device {self.device}>"
@@ -598,6 +602,28 @@ class Session:
             except grpc.RpcError as e2:
                 raise self._failed(from_rpc_error(e2, self.client.target)) from None
         return Module(self, response.module, response.sha256, response.uploaded, kind)
+
+    def compile(self, source: Union[str, bytes], *, name: str = _compile.DEFAULT_SOURCE_NAME,
+                headers: _compile.Headers = None, options: Union[str, Sequence[str]] = (),
+                name_expressions: Union[str, Sequence[str]] = ()) -> _compile.CompiledModule:
+        """Has the daemon compile CUDA C++ ``source`` (NVRTC, for this
+        session's device) and load it as a module of this session; returns
+        a gpuexec.CompiledModule (``.function(name)``, ``.log``, ...).
+
+        name: the source's file name in NVRTC's log. headers: files the
+        source may #include, {include name: text}. options: from the
+        daemon's allow-list ("-std=c++17", "-DN=4", "--use_fast_math"; the
+        architecture is the device's). name_expressions: template
+        instantiations to compile ("saxpy<float>"), each answered with its
+        lowered name. Kernels called by name are extern "C" or named here.
+
+        The same source, headers, options and name expressions are compiled
+        once per architecture, whichever session asks (``cached``). Source
+        that does not compile raises gpuexec.Error INVALID_ARGUMENT whose
+        message holds NVRTC's log (its first 2 KiB); a daemon that cannot
+        compile, FAILED_PRECONDITION saying why (see gpuexec._compile).
+        """
+        return _compile.compile_in(self, source, name, headers, options, name_expressions)
 
     def launch(self, function: Any, grid: Any, block: Any, *args: Any, shared: int = 0,
                cluster: Any = None, sync: bool = False, cooperative: bool = False,

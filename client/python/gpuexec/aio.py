@@ -15,6 +15,9 @@
 
     asyncio.run(main())
 
+Kernels from source: ``compiled = await s.compile(cuda_source)``, then
+``await compiled.function("saxpy")`` (gpuexec.Session.compile's arguments).
+
 ``connect()`` and ``client.session()`` are awaited (``await
 gpuexec.aio.connect()``) or entered (``async with``). Every failure raises
 gpuexec.Error, as the sync client's do, with the daemon's code and message.
@@ -38,16 +41,17 @@ import os
 import time
 import warnings
 from typing import (Any, Awaitable, Callable, Generator, Generic, Iterable, List, Optional,
-                    Tuple, TypeVar, Union)
+                    Sequence, Tuple, TypeVar, Union)
 
 import grpc
 import grpc.aio
 
-from . import _connect, _wire
+from . import _compile, _connect, _wire
 from ._aio_objects import AsyncBuffer, AsyncFunction, AsyncModule
 from ._aio_stream import AsyncCommandStream, execute_opener
 from ._bytes import _byte_view, _is_numpy_array, _numpy
 from ._channel import Recipe
+from ._compile import AsyncCompiledModule
 from ._client import (DEFAULT_CHUNK_BYTES, DEFAULT_TARGET, MAX_CHUNK_BYTES, MAX_MESSAGE_BYTES,
                       Device, _seconds_to_ms, devices_of)
 from ._dtype import DType, count_of, dtype as _as_dtype, shape_of
@@ -58,8 +62,8 @@ from ._version_check import DaemonVersionCheck
 from .v1 import gpuexec_pb2 as pb
 from .v1 import gpuexec_pb2_grpc as pb_grpc
 
-__all__ = ["AsyncBuffer", "AsyncClient", "AsyncFunction", "AsyncModule", "AsyncSession",
-           "connect"]
+__all__ = ["AsyncBuffer", "AsyncClient", "AsyncCompiledModule", "AsyncFunction", "AsyncModule",
+           "AsyncSession", "connect"]
 
 T = TypeVar("T")
 Shape = Union[int, Iterable[int]]
@@ -478,6 +482,25 @@ class AsyncSession:
             raise self._failed(e) from None
         return AsyncModule(self, response.module, response.sha256, response.uploaded,
                            module_kind)
+
+    async def compile(self, source: Union[str, bytes], *,
+                      name: str = _compile.DEFAULT_SOURCE_NAME,
+                      headers: _compile.Headers = None, options: Union[str, Sequence[str]] = (),
+                      name_expressions: Union[str, Sequence[str]] = ()
+                      ) -> AsyncCompiledModule:
+        """Has the daemon compile CUDA C++ ``source`` and load it as a
+        module of this session: gpuexec.Session.compile's arguments and
+        errors; returns an AsyncCompiledModule (``await
+        compiled.function(name)``)."""
+        request = _compile.compile_request(self.token, source, name, headers, options,
+                                           name_expressions)
+        try:
+            response = await self.client._call(self.client._stub.CompileModule, request, None)
+        except Error as e:
+            raise self._failed(e) from None
+        module = AsyncModule(self, response.module, response.sha256, not response.cached,
+                             pb.MODULE_KIND_CUBIN)
+        return AsyncCompiledModule(module, response)
 
     async def synchronize(self) -> float:
         """Waits for the work started before this call; returns the session's

@@ -4,6 +4,9 @@ GPUEXEC_DAEMON       the gpuexecd binary
 GPUEXEC_TEST_DRIVER  the driver library it opens (the test double, or libcuda.so.1)
 GPUEXEC_TEST_KERNELS the directory with gx_kernels.cubin for that driver
 GPUEXEC_TEST_SKIP    if set, why this backend cannot serve (set by the build)
+GPUEXEC_TEST_NVRTC   if set, the NVRTC library the daemon compiles with
+                     (gpuexecd --nvrtc; the build names the NVRTC double);
+                     without it the tests of kernels from source skip
 
 Where the daemon has no usable device, or the environment is incomplete,
 every test is skipped with a reason that starts "gpuexec-tests-skipped".
@@ -26,7 +29,7 @@ READY_TIMEOUT_S = 30
 
 
 class Daemon:
-    def __init__(self, target, kernels, process, log_path, binary, driver):
+    def __init__(self, target, kernels, process, log_path, binary, driver, nvrtc=None):
         self.target = target
         self.kernels = kernels
         self.process = process
@@ -34,6 +37,8 @@ class Daemon:
         # What started it, for tests that start daemons of their own.
         self.binary = binary
         self.driver = driver
+        # The NVRTC library given with --nvrtc; None when none was.
+        self.nvrtc = nvrtc
 
     def log(self):
         with open(self.log_path, errors="replace") as f:
@@ -100,12 +105,14 @@ def daemon():
     tmp = tempfile.TemporaryDirectory(prefix="gpuexec-pytest-")
     socket = os.path.join(tmp.name, "d.sock")
     log_path = os.path.join(tmp.name, "gpuexecd.log")
-    process, _ = start_daemon(
-        env["GPUEXEC_DAEMON"],
-        [f"--driver={env['GPUEXEC_TEST_DRIVER']}", "--listen=", f"--unix_socket={socket}",
-         f"--daemon_memory_limit={DAEMON_MEMORY_LIMIT}"], log_path)
+    nvrtc = os.environ.get("GPUEXEC_TEST_NVRTC") or None
+    args = [f"--driver={env['GPUEXEC_TEST_DRIVER']}", "--listen=", f"--unix_socket={socket}",
+            f"--daemon_memory_limit={DAEMON_MEMORY_LIMIT}"]
+    if nvrtc:
+        args.append(f"--nvrtc={nvrtc}")
+    process, _ = start_daemon(env["GPUEXEC_DAEMON"], args, log_path)
     d = Daemon(f"unix:{socket}", kernels, process, log_path, env["GPUEXEC_DAEMON"],
-               env["GPUEXEC_TEST_DRIVER"])
+               env["GPUEXEC_TEST_DRIVER"], nvrtc)
     try:
         with gpuexec.connect(d.target) as client:
             if not [dev for dev in client.devices() if dev.healthy]:
