@@ -83,8 +83,9 @@ TEST(CommandLineTest, EveryLongFlagIsSpeltWithDashOrUnderscore) {
 
 TEST(CommandLineTest, MalformedLinesSayWhatIsWrong) {
   EXPECT_EQ(UsageOf({"devices", "--bogus=1"}), "unknown flag '--bogus=1' (see 'gpuexec --help')");
-  EXPECT_EQ(UsageOf({"frobnicate"}),
-            "unknown command 'frobnicate' (commands: devices, load, info, run, top, help)");
+  EXPECT_EQ(
+      UsageOf({"frobnicate"}),
+      "unknown command 'frobnicate' (commands: devices, load, info, compile, run, top, help)");
   EXPECT_EQ(UsageOf({"devices", "extra"}), "devices takes no arguments");
   EXPECT_EQ(UsageOf({"info", "k.cubin", "--grid=1"}), "--grid applies to 'run' only");
   EXPECT_EQ(UsageOf({"--grid=1", "run"}), "--grid is a flag of 'run': give it after the command");
@@ -95,7 +96,29 @@ TEST(CommandLineTest, MalformedLinesSayWhatIsWrong) {
   EXPECT_EQ(UsageOf({"top", "extra"}), "top takes no arguments");
   EXPECT_EQ(UsageOf({"run", "--tls-ca=a", "--tls_ca=b"}), "flag --tls_ca given twice");
   EXPECT_EQ(UsageOf({"help", "nothing"}),
-            "help: no command 'nothing' (commands: devices, load, info, run, top)");
+            "help: no command 'nothing' (commands: devices, load, info, compile, run, top)");
+  EXPECT_EQ(UsageOf({"info", "k.cubin", "--include=a.cuh"}),
+            "--include applies to 'compile' and 'run' only");
+  EXPECT_EQ(UsageOf({"--nvrtc_option=-DN=4", "compile", "k.cu"}),
+            "--nvrtc_option is a flag of 'compile' and 'run': give it after the command");
+  EXPECT_EQ(UsageOf({"top", "--name-expression=f<int>"}),
+            "--name_expression applies to 'compile' and 'run' only");
+}
+
+TEST(CommandLineTest, TheSourceFlagsKeepEveryValueInOrder) {
+  for (const char* command : {"compile", "run"}) {
+    Parsed p = ParseWords({command, "k.cu", "--nvrtc_option=-std=c++17", "--nvrtc-option", "-DN=4",
+                           "--include=a/u.cuh", "--include", "v.cuh",
+                           "--name_expression=axpy<float>", "--name-expression=axpy<double>"});
+    EXPECT_EQ(p.cl.command, command);
+    EXPECT_THAT(p.cl.positional, ElementsAre("k.cu"));
+    EXPECT_THAT(p.cl.repeated["nvrtc_option"], ElementsAre("-std=c++17", "-DN=4"));
+    EXPECT_THAT(p.cl.repeated["include"], ElementsAre("a/u.cuh", "v.cuh"));
+    EXPECT_THAT(p.cl.repeated["name_expression"], ElementsAre("axpy<float>", "axpy<double>"));
+    EXPECT_TRUE(p.cl.flags.empty());
+  }
+  Parsed p = ParseWords({"run", "k.cu", "k", "--grid=1"});
+  EXPECT_TRUE(p.cl.repeated.empty());
 }
 
 TEST(CommandLineTest, VersionMatchesTheDaemonsForm) {
@@ -109,8 +132,9 @@ TEST(CommandLineTest, HelpIsGeneratedForTheToolAndEachCommand) {
   ASSERT_TRUE(main.print.has_value());
   EXPECT_THAT(*main.print, HasSubstr("Usage: gpuexec [GLOBAL FLAGS] COMMAND [ARGS...]"));
   // Every global flag, both spellings, and every command.
-  for (const char* s : {"--target ADDR", "--tls-ca,--tls_ca FILE", "--min-cc,--min_cc MAJOR.MINOR",
-                        "--version", "devices", "load", "info", "run", "top", "help"}) {
+  for (const char* s :
+       {"--target ADDR", "--tls-ca,--tls_ca FILE", "--min-cc,--min_cc MAJOR.MINOR", "--version",
+        "devices", "load", "info", "compile", "run", "top", "help", "gpuexec compile saxpy.cu"}) {
     EXPECT_THAT(*main.print, HasSubstr(s));
   }
   Parsed run = ParseWords({"run", "--help"});
@@ -122,6 +146,21 @@ TEST(CommandLineTest, HelpIsGeneratedForTheToolAndEachCommand) {
     EXPECT_THAT(*run.print, HasSubstr(s));
   }
   EXPECT_THAT(*run.print, ::testing::Not(HasSubstr("--tls")));  // global: in the tool's help
+  for (const char* s : {"gpuexec run FILE.cu KERNEL [--nvrtc_option=OPTION]...",
+                        "--nvrtc-option,--nvrtc_option OPTION", "--include HEADER",
+                        "--name-expression,--name_expression EXPR", "ends in .cu"}) {
+    EXPECT_THAT(*run.print, HasSubstr(s));
+  }
+  std::optional<std::string> compile = HelpText("compile");
+  ASSERT_TRUE(compile.has_value());
+  for (const char* s :
+       {"Usage: gpuexec compile FILE [--nvrtc_option=OPTION]... [--include=HEADER]...",
+        "--nvrtc-option,--nvrtc_option OPTION", "--include HEADER",
+        "--name-expression,--name_expression EXPR", "under its base name", "NVRTC version",
+        "Limits: the source 1 MiB"}) {
+    EXPECT_THAT(*compile, HasSubstr(s));
+  }
+  EXPECT_THAT(*compile, ::testing::Not(HasSubstr("--grid")));
   EXPECT_EQ(ParseWords({"help", "run"}).print, run.print);
   EXPECT_EQ(HelpText("run"), run.print);
   Parsed top = ParseWords({"top", "--metrics", "[::1]:9464", "--interval=1s", "--frames=3"});
@@ -136,7 +175,7 @@ TEST(CommandLineTest, HelpIsGeneratedForTheToolAndEachCommand) {
     EXPECT_THAT(*top_help, HasSubstr(s));
   }
   EXPECT_THAT(*top_help, ::testing::Not(HasSubstr("--grid")));
-  for (const char* command : {"devices", "load", "info", "top", "help"}) {
+  for (const char* command : {"devices", "load", "info", "compile", "top", "help"}) {
     std::optional<std::string> text = HelpText(command);
     ASSERT_TRUE(text.has_value()) << command;
     EXPECT_THAT(*text, HasSubstr(absl::StrCat("Usage: gpuexec ", command))) << command;

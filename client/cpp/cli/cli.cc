@@ -28,6 +28,7 @@ int Main(int argc, char** argv) {
     if (cl.command == "devices") failure = Devices(cl);
     if (cl.command == "load") failure = Load(cl);
     if (cl.command == "info") failure = Info(cl);
+    if (cl.command == "compile") failure = Compile(cl);
     if (cl.command == "run") failure = RunKernel(cl);
     if (cl.command == "top") failure = Top(cl);
   }

@@ -2,7 +2,8 @@
 // given (so that a flag given twice, or a value of the wrong shape, is
 // refused by the command with a message of its own), and words CLI11 does
 // not know are kept as extras and named here: an unknown flag, a flag of
-// one command ('run', 'top') given to another, a word too many.
+// one command ('run', 'top') given to another, a word too many. A flag may
+// belong to several commands (the source flags: 'compile' and 'run').
 
 #include "cli/command_line.h"
 
@@ -10,11 +11,13 @@
 #include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "cli/help.h"
 #include "gpuexec/version.h"
 
@@ -25,7 +28,9 @@ struct FlagDef {
   const char* name;   // as stored in CommandLine::flags
   const char* value;  // "": a boolean flag, given alone or as --flag=false
   const char* description;
-  const char* command = nullptr;  // the command it belongs to; nullptr: global
+  // The commands it belongs to, separated by a space; nullptr: global.
+  const char* command = nullptr;
+  bool repeatable = false;  // every value kept (CommandLine::repeated)
 };
 
 const FlagDef kFlags[] = {
@@ -79,6 +84,18 @@ const FlagDef kFlags[] = {
      "top"},
     {"interval", "DURATION", "time between frames: 500ms, 2s, 1m (default 2s; 100ms to 1h)", "top"},
     {"frames", "N", "print N frames, then exit 0 (default: until interrupted)", "top"},
+    {"nvrtc_option", "OPTION",
+     "with CUDA C++ source: an NVRTC option, repeatable (-std=c++17,\n"
+     "-DN=4, --use_fast_math, -lineinfo, ...: the daemon's allow-list)",
+     "compile run", true},
+    {"include", "HEADER",
+     "with CUDA C++ source: a header it #includes, sent under its base name\n"
+     "(FILE's name without its directory); repeatable",
+     "compile run", true},
+    {"name_expression", "EXPR",
+     "with CUDA C++ source: a template kernel to instantiate, as C++ names it\n"
+     "(axpy<float>); repeatable",
+     "compile run", true},
 };
 
 // "tls-ca", "--tls_ca=x" -> "tls_ca": the spelling both forms share.
@@ -96,6 +113,18 @@ const FlagDef* FindFlag(const std::string& word) {
     if (Normalized(f.name) == name) return &f;
   }
   return nullptr;
+}
+
+// The commands of a command's flag: {"compile", "run"}.
+std::vector<std::string> CommandsOf(const FlagDef& f) {
+  return absl::StrSplit(f.command, ' ', absl::SkipEmpty());
+}
+
+// "'run'", "'compile' and 'run'": for messages.
+std::string QuotedCommands(const FlagDef& f) {
+  std::vector<std::string> quoted;
+  for (const std::string& c : CommandsOf(f)) quoted.push_back(absl::StrCat("'", c, "'"));
+  return absl::StrJoin(quoted, " and ");
 }
 
 // Usage lines and prose from help.h around CLI11's list of flags.
@@ -123,15 +152,17 @@ const help::Text* TextOf(const std::string& command) {
   if (command == "devices") return &help::kDevices;
   if (command == "load") return &help::kLoad;
   if (command == "info") return &help::kInfo;
+  if (command == "compile") return &help::kCompile;
   if (command == "run") return &help::kRun;
   if (command == "top") return &help::kTop;
   if (command == "help") return &help::kHelp;
   return nullptr;
 }
 
-constexpr const char* kCommands[] = {"devices", "load", "info", "run", "top", "help"};
+constexpr const char* kCommands[] = {"devices", "load", "info", "compile", "run", "top", "help"};
 
-// "devices, load, info, run, top" (and ", help" with `help`): for messages.
+// "devices, load, info, compile, run, top" (and ", help" with `help`): for
+// messages.
 std::string CommandList(bool help) {
   std::vector<std::string> names(std::begin(kCommands), std::end(kCommands));
   if (!help) names.pop_back();
@@ -160,6 +191,7 @@ struct Definition {
         "the daemon's devices",
         "upload a module; print its SHA-256 and whether the daemon had it",
         "the kernels a module holds, or one kernel's parameters and attributes",
+        "compile CUDA C++ on the daemon; print its kernels and their parameters",
         "run a kernel on typed arguments, print its GPU time, save its outputs",
         "a live view of the daemon from its metrics endpoint: devices and tenants",
         "the tool's help, or a command's",
@@ -182,15 +214,21 @@ struct Definition {
       const std::string underscores = absl::StrReplaceAll(f.name, {{"-", "_"}});
       std::string names = absl::StrCat("--", dashes);
       if (underscores != dashes) absl::StrAppend(&names, ",--", underscores);
-      CLI::App* owner = f.command != nullptr ? commands[f.command] : &app;
+      std::vector<CLI::App*> owners;
+      if (f.command == nullptr) owners.push_back(&app);
+      if (f.command != nullptr) {
+        for (const std::string& c : CommandsOf(f)) owners.push_back(commands[c]);
+      }
       std::vector<std::string>* into = &values[f.name];
-      CLI::Option* option = *f.value == '\0' ? owner->add_flag(names, *into, f.description)
-                                             : owner->add_option(names, *into, f.description)
-                                                   ->expected(1)
-                                                   ->allow_extra_args(false)
-                                                   ->option_text(f.value);
-      option->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-      option->group(f.command != nullptr ? "Flags" : "Global flags");
+      for (CLI::App* owner : owners) {
+        CLI::Option* option = *f.value == '\0' ? owner->add_flag(names, *into, f.description)
+                                               : owner->add_option(names, *into, f.description)
+                                                     ->expected(1)
+                                                     ->allow_extra_args(false)
+                                                     ->option_text(f.value);
+        option->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+        option->group(f.command != nullptr ? "Flags" : "Global flags");
+      }
     }
   }
 };
@@ -262,16 +300,21 @@ std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parse
       return Usage(absl::StrCat(cl.command, " takes no arguments"));
     }
     const FlagDef* f = FindFlag(extra);
-    if (f != nullptr && f->command != nullptr && cl.command == f->command) {
-      return Usage(absl::StrCat("--", f->name, " is a flag of '", f->command,
-                                "': give it after the command"));
-    }
     if (f != nullptr && f->command != nullptr) {
-      return Usage(absl::StrCat("--", f->name, " applies to '", f->command, "' only"));
+      const std::vector<std::string> owners = CommandsOf(*f);
+      if (std::find(owners.begin(), owners.end(), cl.command) != owners.end()) {
+        return Usage(absl::StrCat("--", f->name, " is a flag of ", QuotedCommands(*f),
+                                  ": give it after the command"));
+      }
+      return Usage(absl::StrCat("--", f->name, " applies to ", QuotedCommands(*f), " only"));
     }
     return Usage(absl::StrCat("unknown flag '", extra.substr(0, 64), "' (see 'gpuexec --help')"));
   }
   for (auto& [name, given] : d.values) {
+    if (FindFlag(name)->repeatable) {
+      if (!given.empty()) cl.repeated[name] = std::move(given);
+      continue;
+    }
     if (given.size() > 1) return Usage(absl::StrCat("flag --", name, " given twice"));
     if (given.size() == 1) cl.flags[name] = std::move(given.front());
   }

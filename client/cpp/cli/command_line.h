@@ -6,7 +6,9 @@
 // global ones also before it), as --flag=VALUE or --flag VALUE; every long
 // flag is spelt with '-' or '_' alike (--tls_ca, --tls-ca), and the values
 // are kept under the spelling in kFlags. Everything after "--" is an
-// argument. The values are checked by the commands, not here.
+// argument. The values are checked by the commands, not here. A
+// repeatable flag (--include, --nvrtc_option, --name_expression) keeps
+// every value given, in order.
 
 #include <map>
 #include <optional>
@@ -26,6 +28,8 @@ struct CommandLine {
   std::vector<std::string> positional;  // after the command
   // By the name in kFlags; a boolean flag given alone: "true".
   std::map<std::string, std::string> flags;
+  // The repeatable flags given, by the name in kFlags: every value in order.
+  std::map<std::string, std::vector<std::string>> repeated;
 };
 
 // What the command line asks for: a command to run, or text to print and
@@ -42,8 +46,8 @@ std::optional<Failure> ParseCommandLine(int argc, const char* const* argv, Parse
 // for a command there is not.
 std::optional<std::string> HelpText(const std::string& command);
 
-// The command a flag belongs to ("run", "top"); nullptr for a global flag
-// or one there is not.
+// The commands a flag belongs to ("run", "top", "compile run"); nullptr
+// for a global flag or one there is not.
 const char* FlagCommand(const std::string& name);
 
 }  // namespace gpuexec::cli

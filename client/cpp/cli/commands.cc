@@ -1,8 +1,7 @@
-// devices, load and info.
+// devices, load and info (compile: compile_command.cc).
 
 #include "cli/commands.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -11,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "cli/compile_command.h"
 #include "cli/connect.h"
 #include "cli/module_file.h"
 #include "cli/output.h"
@@ -90,6 +90,7 @@ std::optional<Failure> Devices(const CommandLine& cl) {
 std::optional<Failure> Load(const CommandLine& cl) {
   if (cl.positional.size() != 1) return Usage("load takes one FILE (see 'gpuexec help load')");
   const std::string& file = cl.positional[0];
+  if (auto f = RefuseSourceAsModule("load", file)) return f;
   Connection c;
   if (auto f = Connect(cl, /*open_session=*/true, &c)) return f;
   Module module;
@@ -100,6 +101,9 @@ std::optional<Failure> Load(const CommandLine& cl) {
 }
 
 std::optional<Failure> Info(const CommandLine& cl) {
+  if (!cl.positional.empty()) {
+    if (auto f = RefuseSourceAsModule("info", cl.positional[0])) return f;
+  }
   if (cl.positional.size() == 1) return ListKernels(cl.positional[0]);
   if (cl.positional.size() != 2) {
     return Usage("info takes FILE, or FILE KERNEL (see 'gpuexec help info')");
@@ -112,31 +116,9 @@ std::optional<Failure> Info(const CommandLine& cl) {
   if (auto f = LoadModule(*c.session, file, &module)) return f;
   Function function;
   if (auto f = GetFunction(module, file, name, &function)) return f;
-  const FunctionAttributes& a = function.attributes();
-  uint64_t param_bytes = 0;
-  for (const ParamInfo& p : function.params())
-    param_bytes = std::max(param_bytes, p.offset + p.size);
   std::printf("kernel %s in %s (module %s, device %u)\n", name.c_str(), file.c_str(),
               module.sha256().c_str(), c.session->device());
-  std::printf("  registers per thread         %u\n", a.num_registers);
-  std::printf("  static shared memory         %llu bytes\n",
-              static_cast<unsigned long long>(a.static_shared_bytes));
-  std::printf("  max dynamic shared memory    %llu bytes\n",
-              static_cast<unsigned long long>(a.max_dynamic_shared_bytes));
-  std::printf("  max threads per block        %u\n", a.max_threads_per_block);
-  std::printf("  local memory per thread      %llu bytes\n",
-              static_cast<unsigned long long>(a.local_bytes));
-  std::printf("  constant memory              %llu bytes\n",
-              static_cast<unsigned long long>(a.const_bytes));
-  std::printf("  PTX / binary version         %u / %u\n", a.ptx_version, a.binary_version);
-  std::printf("  parameters                   %zu (%llu bytes)\n", function.params().size(),
-              static_cast<unsigned long long>(param_bytes));
-  std::printf("PARAM  OFFSET  SIZE\n");
-  for (size_t i = 0; i < function.params().size(); ++i) {
-    const ParamInfo& p = function.params()[i];
-    std::printf("%-6zu %-7llu %llu\n", i, static_cast<unsigned long long>(p.offset),
-                static_cast<unsigned long long>(p.size));
-  }
+  PrintKernel(function);
   return std::nullopt;
 }
 

@@ -17,6 +17,9 @@ Example (saxpy.cubin from the README: y = a*x + y on n floats):
   gpuexec info saxpy.cubin saxpy
   gpuexec run saxpy.cubin saxpy --grid=4096 --block=256 \
       f32:2.0 in:x.bin inout:y.bin:y_out.bin u64:1048576
+  gpuexec compile saxpy.cu                 # the daemon compiles CUDA C++ (NVRTC)
+  gpuexec run saxpy.cu saxpy --grid=4096 --block=256 \
+      f32:2.0 in:x.bin inout:y.bin:y_out.bin u64:1048576
 
   gpuexec top --metrics=127.0.0.1:9464     # the daemon's devices and tenants, live
 
@@ -59,20 +62,76 @@ may ask for, max threads per block, and its parameters, one per line:
   0      0       4        e.g. float a
   1      8       8        e.g. const float* x
 'gpuexec run' takes one argument per parameter, of that size.
+
+For CUDA C++ source (FILE.cu), 'gpuexec compile FILE.cu' lists its kernels
+and their parameters.
 )",
                     ""};
+
+const Text kCompile = {
+    "gpuexec compile FILE [--nvrtc_option=OPTION]... [--include=HEADER]...\n"
+    "                       [--name_expression=EXPR]...\n",
+    R"(
+Sends FILE, CUDA C++ source (whatever its name), to the daemon, which
+compiles it with NVRTC for the session's device and loads it; prints what it
+holds and how it was compiled:
+  source saxpy.cu (module <sha256>, device 0)
+    architecture                 sm_90
+    NVRTC version                13.0
+    compiled                     now, in 41.210 ms
+    kernels                      1
+then each name expression with the lowered name NVRTC gave it, each kernel
+as 'gpuexec info FILE KERNEL' shows it (registers, shared memory, ... and
+its parameters: PARAM OFFSET SIZE), and NVRTC's log (its warnings), if any.
+The daemon keeps what it compiled: the same source, headers and options
+compile once, and again they are 'compiled before (cached; it took ...)'
+('gpuexec run FILE.cu KERNEL ...' finds them so too).
+)",
+    R"(
+The compiler runs in a sandbox that reaches no file of the daemon's host:
+every header the source includes (other than NVRTC's own) is sent with
+--include, under its base name ('--include=src/util.cuh' is the source's
+#include "util.cuh"). The options come from the daemon's allow-list: -std=,
+-DNAME[=VALUE], -UNAME, --use_fast_math, -lineinfo, -maxrregcount=N,
+--ftz=, --prec-div=, --prec-sqrt=, --fmad= (true or false), -G, -w, ...;
+the architecture is the device's own (no -arch). Limits: the source 1 MiB,
+64 headers of 4 MiB together, 64 options, 64 name expressions.
+
+Kernels: an extern "C" kernel is its own name. A template kernel is compiled
+for each instantiation named with --name_expression (axpy<float>), as the
+lowered (mangled) name printed beside it; 'gpuexec run' takes either.
+
+A source that does not compile: NVRTC's log on stderr, then the line that
+says so (exit 1). A daemon without NVRTC, or started with --compile=false,
+says so (FAILED_PRECONDITION): compile with nvcc and run the cubin instead.
+
+Example:
+  gpuexec compile saxpy.cu
+  gpuexec compile axpy.cu --nvrtc_option=-std=c++17 --nvrtc_option=-DBLOCK=256 \
+      --include=include/util.cuh --name_expression='axpy<float>'
+)"};
 
 const Text kRun = {
     "gpuexec run FILE KERNEL --grid=X[,Y[,Z]] --block=X[,Y[,Z]]\n"
     "                   [--shared=BYTES] [--cluster=X,Y,Z [--cluster-policy=POLICY]\n"
     "                   [--non-portable-cluster]] [--cooperative] [--pdl]\n"
     "                   [--print=TYPE[:N]] ARG...\n"
+    "       gpuexec run FILE.cu KERNEL [--nvrtc_option=OPTION]... [--include=HEADER]...\n"
+    "                   [--name_expression=EXPR]... --grid=... --block=... ARG...\n"
     "       gpuexec run --triton=META.json FILE --grid=X[,Y[,Z]] ARG...\n",
     R"(
 Loads FILE (a cubin, PTX or fatbin, told apart by its bytes), fills the
 buffers, runs KERNEL once, waits for it and prints its GPU time; then writes
 each buffer marked for saving to its file. Everything is freed when the
 command ends (Ctrl-C included).
+
+A FILE whose name ends in .cu is CUDA C++ source: the daemon compiles it
+(NVRTC, as 'gpuexec compile' does, with the same --nvrtc_option, --include
+and --name_expression flags), then it runs as a cubin does. NVRTC's warnings
+go to stderr. KERNEL is then an extern "C" kernel's name, a template
+instantiation as C++ names it ('axpy<float>': compiled for it, no
+--name_expression needed), a lowered name, or the plain name of the one C++
+kernel compiled under it.
 
 Give one ARG per kernel parameter, in order ('gpuexec info FILE KERNEL' lists
 them); each is typed and must be the parameter's size.
@@ -138,7 +197,7 @@ in). docs/triton.md says how META is read.
 On a terminal, copies of 64 MiB or more show their progress on stderr.
 The global flags ('gpuexec --help') apply too.
 
-Example: saxpy on 1M floats, for the kernel
+Example: saxpy on 1M floats, for the kernel (in saxpy.cu)
   extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned long long n)
 with x.bin and y.bin holding 1048576 floats each (4 MiB):
   gpuexec run saxpy.cubin saxpy --grid=4096 --block=256 \
@@ -146,6 +205,12 @@ with x.bin and y.bin holding 1048576 floats each (4 MiB):
 prints
   saxpy: grid (4096,1,1) block (256,1,1) shared 0: GPU time 0.031 ms
   saved 4194304 bytes of argument 2 to y_out.bin
+The same from the source, compiled by the daemon:
+  gpuexec run saxpy.cu saxpy --grid=4096 --block=256 \
+      f32:2.0 in:x.bin inout:y.bin:y_out.bin u64:1048576
+A template kernel, instantiated for double:
+  gpuexec run axpy.cu 'axpy<double>' --grid=4096 --block=256 \
+      f64:2.0 in:x.bin inout:y.bin u64:524288
 )"};
 
 const Text kTop = {"gpuexec top [--metrics=HOST:PORT] [--interval=DURATION] [--frames=N]\n",

@@ -17,6 +17,7 @@ extern const Text kMain;
 extern const Text kDevices;
 extern const Text kLoad;
 extern const Text kInfo;
+extern const Text kCompile;
 extern const Text kRun;
 extern const Text kTop;
 extern const Text kHelp;

@@ -94,6 +94,33 @@ std::string Bytes(uint64_t n) {
 
 std::string Dims(const Dim3& d) { return absl::StrCat("(", d.x, ",", d.y, ",", d.z, ")"); }
 
+void PrintKernel(const Function& function) {
+  const FunctionAttributes& a = function.attributes();
+  uint64_t param_bytes = 0;
+  for (const ParamInfo& p : function.params()) {
+    param_bytes = std::max(param_bytes, p.offset + p.size);
+  }
+  std::printf("  registers per thread         %u\n", a.num_registers);
+  std::printf("  static shared memory         %llu bytes\n",
+              static_cast<unsigned long long>(a.static_shared_bytes));
+  std::printf("  max dynamic shared memory    %llu bytes\n",
+              static_cast<unsigned long long>(a.max_dynamic_shared_bytes));
+  std::printf("  max threads per block        %u\n", a.max_threads_per_block);
+  std::printf("  local memory per thread      %llu bytes\n",
+              static_cast<unsigned long long>(a.local_bytes));
+  std::printf("  constant memory              %llu bytes\n",
+              static_cast<unsigned long long>(a.const_bytes));
+  std::printf("  PTX / binary version         %u / %u\n", a.ptx_version, a.binary_version);
+  std::printf("  parameters                   %zu (%llu bytes)\n", function.params().size(),
+              static_cast<unsigned long long>(param_bytes));
+  std::printf("PARAM  OFFSET  SIZE\n");
+  for (size_t i = 0; i < function.params().size(); ++i) {
+    const ParamInfo& p = function.params()[i];
+    std::printf("%-6zu %-7llu %llu\n", i, static_cast<unsigned long long>(p.offset),
+                static_cast<unsigned long long>(p.size));
+  }
+}
+
 void PrintDevices(const std::vector<std::pair<std::string, DeviceInfo>>& rows, bool daemons) {
   // Every string here comes from a daemon, which may be another's (a pool):
   // escaped and cut, so that none moves the cursor or forges a line.

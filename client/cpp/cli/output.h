@@ -2,7 +2,8 @@
 #define GPUEXEC_CLIENT_CPP_CLI_OUTPUT_H_
 
 // How the tool writes what it found: sizes, dimensions, the devices table,
-// buffers as elements (--print) and the progress line of a long copy.
+// a kernel's attributes, buffers as elements (--print) and the progress
+// line of a long copy.
 
 #include <cstdint>
 #include <string>
@@ -25,6 +26,11 @@ std::string Dims(const Dim3& d);
 // One table of devices on stdout; with `daemons` (a pool's listing), each
 // row led by its daemon's address.
 void PrintDevices(const std::vector<std::pair<std::string, DeviceInfo>>& rows, bool daemons);
+
+// What the driver reports of a kernel, on stdout, as `info FILE KERNEL`
+// and `compile` print it: its attributes, one a line, then its
+// parameters ("PARAM  OFFSET  SIZE", one a line).
+void PrintKernel(const Function& function);
 
 // "NAME[0:N] = V V ...": the first spec.count elements of `bytes` as
 // spec.type (fewer when it is shorter; a partial element is left out).

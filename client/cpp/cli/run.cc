@@ -1,5 +1,5 @@
 // run: a kernel on typed arguments, from the command line to the saved
-// outputs.
+// outputs. A FILE.cu is compiled by the daemon first (compile_command.h).
 
 #include <unistd.h>
 
@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/compile_command.h"
 #include "cli/connect.h"
 #include "cli/module_file.h"
 #include "cli/output.h"
@@ -169,6 +170,13 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
                         : "run needs FILE and KERNEL (see 'gpuexec help run')");
   }
   const std::string& file = cl.positional[0];
+  const bool source = IsCudaSource(file);
+  if (source && triton) {
+    return Usage("run: --triton takes the module Triton wrote, not CUDA C++ source (FILE.cu)");
+  }
+  if (!source) {
+    if (auto f = RefuseSourceFlags(cl, file)) return f;
+  }
   std::vector<RunArg> args;
   for (size_t i = fixed; i < cl.positional.size(); ++i) {
     absl::StatusOr<ArgSpec> spec = ParseArg(cl.positional[i]);
@@ -233,6 +241,10 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
     }
   }
   const std::string kernel = triton ? meta->name : cl.positional[1];
+  CompileSpec compile;
+  if (source) {
+    if (auto f = ReadSource(cl, "run", file, &kernel, &compile)) return f;
+  }
 
   // Local files before the daemon is called.
   for (size_t i = 0; i < args.size(); ++i) {
@@ -265,9 +277,17 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
   if (auto f = Connect(cl, /*open_session=*/true, &c)) return f;
   Session& session = *c.session;
   Module module;
-  if (auto f = LoadModule(session, file, &module)) return f;
+  std::string symbol = kernel;  // what GetFunction takes
+  if (source) {
+    CompiledModule compiled;
+    if (auto f = CompileSource(session, file, compile, stderr, &compiled)) return f;
+    if (auto f = KernelSymbol(compiled, file, kernel, &symbol)) return f;
+    module = std::move(compiled.module);
+  } else if (auto f = LoadModule(session, file, &module)) {
+    return f;
+  }
   Function function;
-  if (auto f = GetFunction(module, file, kernel, &function)) return f;
+  if (auto f = GetFunction(module, file, symbol, &function)) return f;
   if (auto f = CheckArgs(kernel, function, args, triton ? plan->scratch.size() : 0)) return f;
 
   std::vector<TritonArg> launch_args;
