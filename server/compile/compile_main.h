@@ -5,7 +5,7 @@
 // --memory_bytes=B --cpu_s=S --tmp=DIR --parent=PID` for each compile (and once at start,
 // to probe NVRTC), with its end of a socket pair on fd 3 and /dev/null on 0
 // to 2. It reads one Request (compile.proto), loads NVRTC, confines itself
-// (compile_sandbox.h: DIR is its private, writable directory), compiles,
+// (compile_sandbox.h: DIR is its private directory, read-only to it), compiles,
 // writes one Reply and exits. It never sees a GPU.
 
 namespace gpuexec::compile {

@@ -92,8 +92,8 @@ absl::Status AllowBeneath(int ruleset, const std::string& path, uint64_t access)
 
 // Returns the ABI in force, or 0 where the kernel has no Landlock.
 absl::StatusOr<int> RestrictFiles(const std::vector<std::string>& readable,
-                                  const std::string& writable) {
-  const long abi = syscall(__NR_landlock_create_ruleset, nullptr, 0, kCreateRulesetVersion);
+                                  const std::string& directory) {
+  const long abi = LandlockAbi();
   if (abi < 1) return 0;
   RulesetAttr attr{HandledFs(static_cast<int>(abi)), kNetBindTcp | kNetConnectTcp};
   const size_t size = abi >= 4 ? sizeof(attr) : sizeof(attr.handled_access_fs);
@@ -104,15 +104,17 @@ absl::StatusOr<int> RestrictFiles(const std::vector<std::string>& readable,
   for (const std::string& file : readable) {
     if (s.ok()) s = AllowBeneath(fd, file, kFsReadFile);
   }
-  const uint64_t read = kFsReadFile | kFsReadDir;
-  const uint64_t write = read | kFsWriteFile | kFsRemoveDir | kFsRemoveFile | kFsMakeDir |
-                         kFsMakeReg | (abi >= 3 ? kFsTruncate : 0);
-  if (s.ok() && !writable.empty()) s = AllowBeneath(fd, writable, write);
+  // The compile's own directory is its working directory, to read only:
+  // NVRTC compiles in memory and writes no file, so a compiler taken over
+  // by its input can fill no disk (a file count no rlimit bounds).
+  if (s.ok() && !directory.empty()) s = AllowBeneath(fd, directory, kFsReadFile | kFsReadDir);
   if (s.ok() && syscall(__NR_landlock_restrict_self, fd, 0) != 0)
     s = Refused("landlock_restrict_self");
   close(fd);
   if (!s.ok()) return s;
-  (void)kFsExecute;  // handled, never allowed: a compile runs no program
+  // Handled, never allowed: a compile runs no program and writes no file.
+  (void)kFsExecute;
+  (void)(kFsWriteFile | kFsRemoveDir | kFsRemoveFile | kFsMakeDir | kFsMakeReg | kFsTruncate);
   return static_cast<int>(abi);
 }
 
@@ -130,8 +132,13 @@ void DropCapabilities() {
 
 }  // namespace
 
+int LandlockAbi() {
+  const long abi = syscall(__NR_landlock_create_ruleset, nullptr, 0, kCreateRulesetVersion);
+  return abi < 1 ? 0 : static_cast<int>(abi);
+}
+
 absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std::string>& readable,
-                                    const std::string& writable) {
+                                    const std::string& directory) {
   Confinement c;
   // AddressSanitizer reserves terabytes of shadow address space: a build
   // with it runs compiles without the address-space limit.
@@ -159,7 +166,7 @@ absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std:
   DropCapabilities();
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Refused("PR_SET_NO_NEW_PRIVS 1");
   c.no_new_privs = true;
-  absl::StatusOr<int> abi = RestrictFiles(readable, writable);
+  absl::StatusOr<int> abi = RestrictFiles(readable, directory);
   if (!abi.ok()) return abi.status();
   c.landlock_abi = *abi;
   // Another process of the daemon's uid (the daemon, its workers, other

@@ -18,7 +18,8 @@
 //     one (other processes of the daemon's uid are out of reach);
 //   - Landlock (Linux 5.13 and newer): no file of the host may be opened
 //     but the files in `readable` (NVRTC's libraries) for reading, and
-//     what is beneath `writable` (a private directory of this compile);
+//     what is beneath `directory` (a private one of this compile, its
+//     working directory), also for reading only: nothing may be written;
 //     with Landlock ABI 4 and newer, no TCP bind or connect either. A
 //     kernel without Landlock gets no compiles (compiler.h): the daemon's
 //     check of the source's includes (compile_request.h) is a second line,
@@ -46,10 +47,14 @@ struct Confinement {
   int landlock_abi = 0;  // 0: the kernel has no Landlock
 };
 
+// The Landlock ABI this kernel offers; 0 where it has none (and then no
+// compiles run: compiler.h).
+int LandlockAbi();
+
 // Confines the calling process; an error names the step the kernel
 // refused. A kernel without Landlock is not an error (landlock_abi 0).
 absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std::string>& readable,
-                                    const std::string& writable);
+                                    const std::string& directory);
 
 }  // namespace gpuexec::compile::sandbox
 

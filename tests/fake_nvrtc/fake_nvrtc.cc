@@ -80,7 +80,9 @@
 //                                  against the daemon (a signal to the
 //                                  parent, with signal 0; fork; reading
 //                                  the parent's rlimit; renicing it; a
-//                                  socket) and say in the log, as
+//                                  socket; creating a file in its
+//                                  working directory and in /tmp) and
+//                                  say in the log, as
 //                                  warnings, how each went: `reach-out:
 //                                  kill parent: EPERM` or `... allowed`.
 //       GXFAKE_COMPILE_WARN        a successful compile's log says
@@ -94,6 +96,7 @@
 // used from distinct threads at once; one program is not thread-safe (as
 // NVRTC's is not).
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -324,7 +327,8 @@ nvrtcResult Compile(_nvrtcProgram* prog, const gxnvrtc::CompileOptions& options)
   if (const size_t at = src.find("GXFAKE_COMPILE_REACH_OUT"); at != std::string::npos) {
     const pid_t parent = getppid();
     auto outcome = [](int rc) {
-      return rc == 0 ? std::string("allowed") : std::string(errno == EPERM ? "EPERM" : "failed");
+      if (rc == 0) return std::string("allowed");
+      return std::string(errno == EPERM ? "EPERM" : errno == EACCES ? "EACCES" : "failed");
     };
     std::vector<std::pair<std::string, std::string>> tried;
     tried.emplace_back("kill parent", outcome(kill(parent, 0)));
@@ -338,6 +342,15 @@ nvrtcResult Compile(_nvrtcProgram* prog, const gxnvrtc::CompileOptions& options)
     const int sock = socket(AF_INET, SOCK_STREAM, 0);
     if (sock >= 0) close(sock);
     tried.emplace_back("socket", outcome(sock >= 0 ? 0 : -1));
+    // A file in its working directory (the compile's own) and in /tmp.
+    for (const char* path : {"reach-out", "/tmp/gxfake-reach-out"}) {
+      const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        close(fd);
+        unlink(path);
+      }
+      tried.emplace_back(std::string("create ") + path, outcome(fd >= 0 ? 0 : -1));
+    }
     for (const auto& [what, how] : tried) {
       diag.Warning(Diagnostics::Where{program, LineOf(src, at),
                                       gxnvrtc::Printable(LineText(src, at), 256), 0},
