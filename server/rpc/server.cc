@@ -52,12 +52,23 @@
 namespace gpuexec {
 namespace {
 
-constexpr char kSimulatorLibrary[] = "libgpuexec_fakecuda.so";
+// The simulator's libraries: the driver double, and the NVRTC double it
+// compiles kernels from source with (CompileModule, without a toolkit).
+struct SimulatorPart {
+  const char* file;    // "libgpuexec_fakecuda.so"
+  const char* subdir;  // its directory in the build tree, from the daemon's
+  const char* target;  // its CMake target
+};
+constexpr SimulatorPart kSimulatorDriver = {"libgpuexec_fakecuda.so", "fake_cuda",
+                                            "gpuexec_fakecuda"};
+constexpr SimulatorPart kSimulatorNvrtc = {"libgpuexec_fakenvrtc.so", "fake_nvrtc",
+                                           "gpuexec_fakenvrtc"};
 
-// The simulator's library beside `program` (empty: this process's own):
-// in its directory, in ../lib (installed), or in ../tests/fake_cuda (the
-// build tree).
-absl::StatusOr<std::string> SimulatorLibrary(const std::string& program) {
+// A simulator library beside `program` (empty: this process's own): in its
+// directory, in ../lib (installed), or in ../tests/<subdir> (the build
+// tree).
+absl::StatusOr<std::string> SimulatorLibrary(const std::string& program,
+                                             const SimulatorPart& part) {
   std::string self = program;
   if (self.empty()) {
     char buf[4096];
@@ -67,8 +78,9 @@ absl::StatusOr<std::string> SimulatorLibrary(const std::string& program) {
   const size_t slash = self.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
   std::vector<std::string> tried;
-  for (const char* sub : {"/", "/../lib/", "/../tests/fake_cuda/"}) {
-    std::string path = absl::StrCat(dir, sub, kSimulatorLibrary);
+  for (const std::string& sub :
+       {std::string("/"), std::string("/../lib/"), absl::StrCat("/../tests/", part.subdir, "/")}) {
+    std::string path = absl::StrCat(dir, sub, part.file);
     if (access(path.c_str(), R_OK) == 0) {
       char* real = realpath(path.c_str(), nullptr);
       if (real != nullptr) path = real;
@@ -77,11 +89,11 @@ absl::StatusOr<std::string> SimulatorLibrary(const std::string& program) {
     }
     tried.push_back(std::move(path));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--simulator: the simulator's library ", kSimulatorLibrary, " is not installed beside ",
-      self.empty() ? std::string("gpuexecd") : self, " (looked for ", absl::StrJoin(tried, ", "),
-      "); build it (cmake --build build --target gpuexec_fakecuda) or install gpuexec's runtime "
-      "component, which holds it"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("--simulator: the simulator's library ", part.file, " is not installed beside ",
+                   self.empty() ? std::string("gpuexecd") : self, " (looked for ",
+                   absl::StrJoin(tried, ", "), "); build it (cmake --build build --target ",
+                   part.target, ") or install gpuexec's runtime component, which holds it"));
 }
 
 // The MPS control daemon's pipe directory, as its clients look for it.
@@ -302,7 +314,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   std::string driver_library = options.driver_library;
   if (options.simulator) {
-    auto simulator = SimulatorLibrary(options.worker_program);
+    auto simulator = SimulatorLibrary(options.worker_program, kSimulatorDriver);
     if (!simulator.ok()) return simulator.status();
     driver_library = *std::move(simulator);
     // The double reads it at cuInit, in each worker (they inherit it).
@@ -464,17 +476,29 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->service->SetCompiler(nullptr,
                              "it was started without compiling (gpuexecd --compile=false)");
   if (options.compile) {
+    absl::Status simulator_without_nvrtc;
     compile::CompileServiceOptions co;
     co.compiler.program =
         options.worker_program.empty() ? "/proc/self/exe" : options.worker_program;
-    if (!options.nvrtc.empty()) co.compiler.nvrtc = {options.nvrtc};
+    if (!options.nvrtc.empty()) {
+      co.compiler.nvrtc = {options.nvrtc};
+    } else if (options.simulator) {
+      // The simulator compiles with its NVRTC double: source whose kernels
+      // the simulated devices model (the examples') runs without a toolkit.
+      // Without it, compiles are off (a real NVRTC's cubins would not run
+      // on the simulated devices).
+      absl::StatusOr<std::string> nvrtc = SimulatorLibrary(options.worker_program, kSimulatorNvrtc);
+      if (nvrtc.ok()) co.compiler.nvrtc = {*nvrtc};
+      simulator_without_nvrtc = nvrtc.status();
+    }
     co.compiler.limits.memory_bytes = options.compile_memory_bytes;
     co.compiler.limits.cpu_seconds = std::max<uint32_t>(1, options.compile_cpu_s);
     co.compiler.time_limit = absl::Seconds(std::max<uint32_t>(1, options.compile_time_limit_s));
     co.compiler.max_running = static_cast<int>(std::max<uint32_t>(1, options.max_compiles));
     co.max_per_tenant = static_cast<int>(std::max<uint32_t>(1, options.max_compiles_per_tenant));
     co.share_across_tenants = options.share_compiles_across_tenants;
-    auto compiles = compile::CompileService::Start(co);
+    absl::StatusOr<std::unique_ptr<compile::CompileService>> compiles =
+        simulator_without_nvrtc.ok() ? compile::CompileService::Start(co) : simulator_without_nvrtc;
     if (compiles.ok()) {
       impl->compiles = *std::move(compiles);
       const compile::Compiler& c = impl->compiles->compiler();
