@@ -399,6 +399,11 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
 
 // One run of bench/python_bench.py (the Python package as a user would use
 // it, and a bare Python gRPC client of the echo server) against one address.
+// Kernels from source (compile.cc): CompileModule against NVRTC in this
+// process; `nvrtc` empty: the daemon's search.
+int RunCompile(const Plan& plan, bool quick, const std::string& daemon_path,
+               const std::string& driver, const std::string& nvrtc);
+
 struct PythonRun {
   bool measured = false;  // its figures came
   bool failed = false;    // the script failed (not merely Python or grpcio missing)

@@ -66,6 +66,11 @@ ABSL_FLAG(std::string, tenants_mps, "auto",
 ABSL_FLAG(std::string, tenants_isolation, "tenant",
           "the tenants section's daemon: a worker per tenant (tenant) or one for both (device; a "
           "compute share is then a green context)");
+ABSL_FLAG(bool, compile_only, false,
+          "only kernels from source: CompileModule (a new source, a cached one, several "
+          "clients) against NVRTC in this process, and launches beside clients compiling");
+ABSL_FLAG(std::string, nvrtc, "",
+          "with --compile_only: the NVRTC library (default: the daemon's own search)");
 ABSL_FLAG(bool, tls_only, false,
           "only Write and Read over plain TCP and over TLS + token, --repeat times each "
           "(a daemon of each), with their ratios: to choose the TLS settings");
@@ -165,6 +170,9 @@ int Main() {
         absl::StrCat("tenants on device 0, --isolation=", absl::GetFlag(FLAGS_tenants_isolation)));
     RunTenants(plan, daemon, driver, cubin);
     return 0;
+  }
+  if (absl::GetFlag(FLAGS_compile_only)) {
+    return RunCompile(plan, quick, daemon, driver, absl::GetFlag(FLAGS_nvrtc));
   }
   if (absl::GetFlag(FLAGS_tls_only)) return RunTlsOnly(plan, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {

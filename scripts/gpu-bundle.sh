@@ -21,7 +21,7 @@ programs=("$BUILD_DIR/server/gpuexecd" "$BUILD_DIR/client/cpp/cli/gpuexec"
   "$BUILD_DIR/client/cpp/gpuexec-saxpy")
 for t in service_test daemon_test fault_test metrics_endpoint_test tenants_test cli_test \
   host_memory_test shm_socket_test shm_attack_test tenant_bounds_test command_ring_test \
-  command_ring_client_test command_ring_hostile_test; do
+  command_ring_client_test command_ring_hostile_test compile_module_test; do
   f=$(find "$BUILD_DIR/tests" -name "$t" -type f -executable | head -1)
   [[ -n "$f" ]] && programs+=("$f")
 done
@@ -44,6 +44,8 @@ cp -r "$BUILD_DIR/tests/kernels/sm_90" "$OUT/kernels/"
 # Python package with its tests and examples (the GPU host's own python3
 # has grpcio, numpy and Triton).
 cp client/cpp/examples/saxpy.cubin client/cpp/examples/saxpy.ptx "$OUT/kernels/"
+# The source compile_module_test compiles (GPUEXEC_TEST_NVRTC_KERNELS).
+cp tests/kernels/gx_nvrtc_kernels.cu "$OUT/kernels/"
 cp "$BUILD_DIR/tests/fake_cuda/libgpuexec_fakecuda.so" "$OUT/lib/"
 # The README and what its commands use, for tests/docs/readme_test.py
 # (run-gpu-tests.sh lays a build/ of links to bin/ beside them).

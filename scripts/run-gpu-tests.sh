@@ -23,6 +23,23 @@ run() {  # run NAME CMD...: tee to a log, remember failures
 # Green contexts on the driver itself: a part of 16 SMs beside a neighbour
 # on the rest (the facts the shared worker's compute shares rest on).
 run green_contexts "$(ls "$HERE"/bin/*bench* | head -1)" --green_only=16 --neighbour_kernel_us=1000
+# Kernels from source on the toolkit's NVRTC (GPUEXEC_TEST_NVRTC, or the
+# first found): the service's tests, and CompileModule against NVRTC in
+# this process.
+if [[ -z ${GPUEXEC_TEST_NVRTC:-} ]]; then
+  for c in /usr/local/cuda/lib64/libnvrtc.so.13 /usr/local/cuda/lib64/libnvrtc.so.12 \
+    $(ldconfig -p 2>/dev/null | awk '/libnvrtc\.so\.1[0-9] /{print $NF}'); do
+    [[ -f $c ]] && { export GPUEXEC_TEST_NVRTC=$c; break; }
+  done
+fi
+if [[ -n ${GPUEXEC_TEST_NVRTC:-} ]]; then
+  GPUEXEC_TEST_NVRTC_KERNELS="$HERE/kernels/gx_nvrtc_kernels.cu" \
+    run compile_module_test "$HERE/bin/compile_module_test"
+  run bench_compile "$(ls "$HERE"/bin/*bench* | head -1)" --compile_only \
+    --nvrtc="$GPUEXEC_TEST_NVRTC"
+else
+  echo "== no NVRTC on this host: kernels from source not tested"
+fi
 run service_test "$HERE/bin/service_test"
 run daemon_test "$HERE/bin/daemon_test"
 run metrics_endpoint_test "$HERE/bin/metrics_endpoint_test"
