@@ -71,8 +71,8 @@ int RunCompile(const Plan& plan, bool quick, const std::string& daemon_path,
   Section("kernels from source: NVRTC in this process (the baseline)");
   std::string nvrtc_path = nvrtc_flag;
   std::unique_ptr<compile::Nvrtc> nvrtc;
-  std::vector<std::string> tried = nvrtc_path.empty() ? compile::DefaultNvrtcCandidates()
-                                                      : std::vector<std::string>{nvrtc_path};
+  std::vector<std::string> tried =
+      nvrtc_path.empty() ? compile::DefaultNvrtcCandidates() : std::vector<std::string>{nvrtc_path};
   for (const std::string& candidate : tried) {
     if (auto opened = compile::Nvrtc::Open(candidate); opened.ok()) {
       nvrtc = *std::move(opened);
@@ -89,7 +89,8 @@ int RunCompile(const Plan& plan, bool quick, const std::string& daemon_path,
       input.source = Variant(n++);
       input.source_name = "bench.cu";
       input.name_expressions = {"gx_scale<float>"};
-      compile::CompileResult r = nvrtc->Compile(input, compile::CompileOptions(input, major, minor));
+      compile::CompileResult r =
+          nvrtc->Compile(input, compile::CompileOptions(input, major, minor));
       if (r.result != 0) Die(absl::StrCat("NVRTC: ", r.result_name, "\n", r.log));
     });
   }
@@ -133,8 +134,9 @@ int RunCompile(const Plan& plan, bool quick, const std::string& daemon_path,
                     "NVRTC in-process " + Us(native.p50), Ratio(cold.p50 / native.p50), "", ""});
   g_rows.push_back({"compile, a cached source (p50 / p99)", Us(cached.p50) + " / " + Us(cached.p99),
                     "", "", "", "", ""});
-  g_rows.push_back({absl::StrCat("compiles/s, ", clients, " clients with new sources"), absl::StrFormat("%.1f/s", rate),
-                    "", absl::StrFormat("NVRTC in-process, one: %.1f/s", 1e6 / native.p50),
+  g_rows.push_back({absl::StrCat("compiles/s, ", clients, " clients with new sources"),
+                    absl::StrFormat("%.1f/s", rate), "",
+                    absl::StrFormat("NVRTC in-process, one: %.1f/s", 1e6 / native.p50),
                     Ratio(rate / (1e6 / native.p50)), "", ""});
   g_rows.push_back({absl::StrCat("launch + sync p50 beside ", clients, " clients compiling"),
                     Us(busy.p50), "", "idle " + Us(idle.p50), Ratio(busy.p50 / idle.p50), "", ""});

@@ -26,10 +26,20 @@ compile::CompileInput FromProto(const v1::CompileModuleRequest& r) {
   return in;
 }
 
+// The largest image an answer carries back (return_image): clients take
+// answers of 64 MiB (client.h's max_message_bytes), with room for the log.
+constexpr size_t kMaxReturnedImageBytes = size_t{48} << 20;
+
 // The compiled image, stored and loaded into the call's session.
 void LoadCompiled(core::Engine* engine, CompileModule* call,
                   std::shared_ptr<const compile::CompiledModule> module, bool cached) {
   const std::string& image = module->image;
+  if (call->request().return_image() && image.size() > kMaxReturnedImageBytes) {
+    return call->Finish(absl::ResourceExhaustedError(absl::StrCat(
+        "the compiled image is ", image.size(), " bytes, more than the ", kMaxReturnedImageBytes,
+        " an answer carries back (return_image); compile it without return_image to load it "
+        "into the session")));
+  }
   auto upload = engine->BeginModuleUpload(
       call->caller(), call->request().session(), module->sha256, image.size(),
       module->image_is_ptx ? core::ModuleKind::kPtx : core::ModuleKind::kCubin);
@@ -55,6 +65,8 @@ void LoadCompiled(core::Engine* engine, CompileModule* call,
           r->set_arch(module->arch);
           r->set_nvrtc_version(module->nvrtc_version);
           r->set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(module->took)));
+          r->set_image_is_ptx(module->image_is_ptx);
+          if (call->request().return_image()) r->set_image(module->image);
         }
         call->Finish(loaded.status());
       });

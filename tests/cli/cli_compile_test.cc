@@ -139,6 +139,31 @@ TEST_F(CliCompileTest, RunCompilesTheSourceAndRunsTheKernel) {
   for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], 2.0f * i + 1.0f) << i;
 }
 
+// gpuexec compile -o: the daemon's image, kept and run as any cubin is.
+TEST_F(CliCompileTest, CompileWritesTheImageThatRunsAsACubin) {
+  WriteFile(Path("keep.cu"), absl::StrCat(Unique(), kSaxpy));
+  Result r = RunCli({"compile", Path("keep.cu"), "-o", Path("keep.cubin")});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const std::string image = ReadFile(Path("keep.cubin")).value_or("");
+  ASSERT_FALSE(image.empty());
+  EXPECT_EQ(image.compare(0, 4,
+                          "\x7f"
+                          "ELF"),
+            0)
+      << "a cubin is an ELF file";
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("wrote ", image.size(), " bytes of cubin to ")));
+  constexpr uint64_t n = 256;
+  WriteFile(Path("keep-x.bin"), BytesOf(std::vector<float>(n, 3.0f)));
+  r = RunCli({"run", Path("keep.cubin"), "saxpy", "--grid=1", "--block=256", "f32:2.0",
+              absl::StrCat("in:", Path("keep-x.bin")),
+              absl::StrCat("zeros:1K,save=", Path("keep-out.bin")), absl::StrCat("u64:", n)});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(ValuesOf<float>(ReadFile(Path("keep-out.bin")).value_or("")), ::testing::Each(6.0f));
+  // --output (-o) names a file.
+  r = RunWithoutDaemon({"compile", Path("keep.cu"), "--output="});
+  EXPECT_EQ(r.exit_code, 2) << r;
+}
+
 TEST_F(CliCompileTest, CompileListsTheKernelsTheirParametersAndHowItWasCompiled) {
   WriteFile(Path("kernels.cu"), absl::StrCat(Unique(), kKernels));
   const std::vector<std::string> args = {"compile", Path("kernels.cu"),

@@ -114,6 +114,38 @@ TEST_F(CompileModuleTest, TheSameSourceCompilesOnceForEverySession) {
   GX_ASSERT_OK(b.module.GetFunction("gx_fill_u32").status());
 }
 
+TEST_F(CompileModuleTest, TheImageComesBackOnlyWhenAskedAndLoadsElsewhere) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  if (IsSkipped()) return;
+  GX_ASSERT_OK_AND_ASSIGN(Session first, Open());
+  GX_ASSERT_OK_AND_ASSIGN(CompiledModule plain, first.CompileModule(Spec(KernelSource())));
+  EXPECT_TRUE(plain.image.empty());
+  CompileSpec spec = Spec(KernelSource());
+  spec.return_image = true;
+  GX_ASSERT_OK_AND_ASSIGN(CompiledModule with_image, first.CompileModule(spec));
+  EXPECT_TRUE(with_image.cached);
+  ASSERT_FALSE(with_image.image.empty());
+  EXPECT_FALSE(with_image.image_is_ptx);
+  EXPECT_EQ(with_image.image.compare(0, 4,
+                                     "\x7f"
+                                     "ELF"),
+            0)
+      << "a cubin is an ELF file";
+  // The image is the module's: loaded into another session by LoadModule,
+  // it is the same module and its kernels run.
+  GX_ASSERT_OK_AND_ASSIGN(Session second, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Module loaded, second.LoadModule(with_image.image, ModuleKind::kCubin));
+  EXPECT_EQ(loaded.sha256(), with_image.module.sha256());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, loaded.GetFunction("gx_fill_u32"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer out, second.Allocate(64 * 4));
+  LaunchConfig config;
+  config.block = {64, 1, 1};
+  GX_ASSERT_OK(
+      second.LaunchAndWait(fill, config, {Arg::Ptr(out), Arg::U32(42), Arg::U64(64)}).status());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> values, out.ReadAs<uint32_t>(64));
+  EXPECT_THAT(values, ::testing::Each(42u));
+}
+
 TEST_F(CompileModuleTest, NameExpressionsGiveTheNamesGetFunctionTakes) {
   ASSERT_NO_FATAL_FAILURE(Start());
   if (IsSkipped()) return;

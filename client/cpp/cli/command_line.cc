@@ -30,7 +30,8 @@ struct FlagDef {
   const char* description;
   // The commands it belongs to, separated by a space; nullptr: global.
   const char* command = nullptr;
-  bool repeatable = false;  // every value kept (CommandLine::repeated)
+  bool repeatable = false;       // every value kept (CommandLine::repeated)
+  const char* letter = nullptr;  // a one-letter spelling too ("o": -o FILE)
 };
 
 const FlagDef kFlags[] = {
@@ -96,6 +97,10 @@ const FlagDef kFlags[] = {
      "with CUDA C++ source: a template kernel to instantiate, as C++ names it\n"
      "(axpy<float>); repeatable",
      "compile run", true},
+    {"output", "FILE",
+     "write the compiled image to FILE: a cubin of the device's architecture,\n"
+     "to keep or to load elsewhere (gpuexec run FILE KERNEL ...)",
+     "compile", false, "o"},
 };
 
 // "tls-ca", "--tls_ca=x" -> "tls_ca": the spelling both forms share.
@@ -213,6 +218,7 @@ struct Definition {
       const std::string dashes = absl::StrReplaceAll(f.name, {{"_", "-"}});
       const std::string underscores = absl::StrReplaceAll(f.name, {{"-", "_"}});
       std::string names = absl::StrCat("--", dashes);
+      if (f.letter != nullptr) names = absl::StrCat("-", f.letter, ",", names);
       if (underscores != dashes) absl::StrAppend(&names, ",--", underscores);
       std::vector<CLI::App*> owners;
       if (f.command == nullptr) owners.push_back(&app);

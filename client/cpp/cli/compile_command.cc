@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <set>
 #include <utility>
@@ -368,11 +370,27 @@ std::optional<Failure> Compile(const CommandLine& cl) {
   const std::string& file = cl.positional[0];
   CompileSpec spec;
   if (auto f = ReadSource(cl, "compile", file, /*kernel=*/nullptr, &spec)) return f;
+  const auto output = cl.flags.find("output");
+  spec.return_image = output != cl.flags.end();
+  if (spec.return_image && output->second.empty()) {
+    return Usage("compile: --output (-o) names the file to write the image to");
+  }
   Connection c;
   if (auto f = Connect(cl, /*open_session=*/true, &c)) return f;
   CompiledModule compiled;
   if (auto f = CompileSource(*c.session, file, spec, /*warnings=*/nullptr, &compiled)) return f;
-  return PrintCompiled(file, compiled, c.session->device());
+  if (auto f = PrintCompiled(file, compiled, c.session->device())) return f;
+  if (!spec.return_image) return std::nullopt;
+  std::ofstream out(output->second, std::ios::binary | std::ios::trunc);
+  out.write(compiled.image.data(), static_cast<std::streamsize>(compiled.image.size()));
+  out.close();
+  if (!out) {
+    return FailedLocally(absl::StrCat("compile ", Printable(file, 512), ": cannot write ",
+                                      Printable(output->second, 512), ": ", std::strerror(errno)));
+  }
+  std::printf("wrote %zu bytes of %s to %s\n", compiled.image.size(),
+              compiled.image_is_ptx ? "PTX" : "cubin", Printable(output->second, 512).c_str());
+  return std::nullopt;
 }
 
 }  // namespace gpuexec::cli

@@ -70,7 +70,7 @@ and their parameters.
 
 const Text kCompile = {
     "gpuexec compile FILE [--nvrtc_option=OPTION]... [--include=HEADER]...\n"
-    "                       [--name_expression=EXPR]...\n",
+    "                       [--name_expression=EXPR]... [-o OUT.cubin]\n",
     R"(
 Sends FILE, CUDA C++ source (whatever its name), to the daemon, which
 compiles it with NVRTC for the session's device and loads it; prints what it
@@ -83,6 +83,9 @@ holds and how it was compiled:
 then each name expression with the lowered name NVRTC gave it, each kernel
 as 'gpuexec info FILE KERNEL' shows it (registers, shared memory, ... and
 its parameters: PARAM OFFSET SIZE), and NVRTC's log (its warnings), if any.
+With -o OUT.cubin it also writes the image: a cubin of the device's
+architecture, which 'gpuexec run OUT.cubin KERNEL ...' (or any LoadModule)
+runs with no compile.
 The daemon keeps what it compiled: the same source, headers and options
 compile once, and again they are 'compiled before (cached; it took ...)'
 ('gpuexec run FILE.cu KERNEL ...' finds them so too).

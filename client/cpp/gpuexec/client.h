@@ -497,6 +497,9 @@ struct CompileSpec {
   std::vector<std::string> options;
   // Template instantiations to compile: "saxpy<float>".
   std::vector<std::string> name_expressions;
+  // Also bring the image back (CompiledModule::image), to keep or to load
+  // elsewhere: a cubin of the session's device's architecture.
+  bool return_image = false;
 };
 
 struct CompiledModule {
@@ -510,6 +513,9 @@ struct CompiledModule {
   std::string arch;           // "sm_90"
   std::string nvrtc_version;  // "13.0"
   absl::Duration compile_time;
+  // With CompileSpec::return_image: the cubin (or PTX, image_is_ptx).
+  std::string image;
+  bool image_is_ptx = false;
   // The lowered name of `name_expression`; empty when it was not asked.
   std::string LoweredName(std::string_view name_expression) const;
 };

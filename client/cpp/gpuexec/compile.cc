@@ -34,6 +34,7 @@ absl::StatusOr<CompiledModule> Session::CompileModule(const CompileSpec& spec) {
   }
   for (const std::string& o : spec.options) request.add_options(o);
   for (const std::string& e : spec.name_expressions) request.add_name_expressions(e);
+  request.set_return_image(spec.return_image);
   grpc::ClientContext context;
   internal::SetDeadline(&context, state_->options(), internal::CallKind::kData);
   v1::CompileModuleResponse response;
@@ -44,7 +45,7 @@ absl::StatusOr<CompiledModule> Session::CompileModule(const CompileSpec& spec) {
   out.module.handle_ = response.module();
   out.module.sha256_ = response.sha256();
   out.module.uploaded_ = !response.cached();
-  out.module.kind_ = ModuleKind::kCubin;
+  out.module.kind_ = response.image_is_ptx() ? ModuleKind::kPtx : ModuleKind::kCubin;
   out.cached = response.cached();
   out.log = response.log();
   out.log_bytes = response.log_bytes();
@@ -55,6 +56,8 @@ absl::StatusOr<CompiledModule> Session::CompileModule(const CompileSpec& spec) {
   out.arch = response.arch();
   out.nvrtc_version = response.nvrtc_version();
   out.compile_time = absl::Microseconds(response.compile_time_us());
+  out.image = std::move(*response.mutable_image());
+  out.image_is_ptx = response.image_is_ptx();
   return out;
 }
 

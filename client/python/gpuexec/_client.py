@@ -605,7 +605,8 @@ class Session:
 
     def compile(self, source: Union[str, bytes], *, name: str = _compile.DEFAULT_SOURCE_NAME,
                 headers: _compile.Headers = None, options: Union[str, Sequence[str]] = (),
-                name_expressions: Union[str, Sequence[str]] = ()) -> _compile.CompiledModule:
+                name_expressions: Union[str, Sequence[str]] = (),
+                return_image: bool = False) -> _compile.CompiledModule:
         """Has the daemon compile CUDA C++ ``source`` (NVRTC, for this
         session's device) and load it as a module of this session; returns
         a gpuexec.CompiledModule (``.function(name)``, ``.log``, ...).
@@ -616,6 +617,8 @@ class Session:
         architecture is the device's). name_expressions: template
         instantiations to compile ("saxpy<float>"), each answered with its
         lowered name. Kernels called by name are extern "C" or named here.
+        return_image: also bring the image back (``.image``: a cubin of the
+        device's architecture, to keep or to load with load_module).
 
         The same source, headers, options and name expressions are compiled
         once per architecture, whichever session asks (``cached``). Source
@@ -623,7 +626,8 @@ class Session:
         message holds NVRTC's log (its first 2 KiB); a daemon that cannot
         compile, FAILED_PRECONDITION saying why (see gpuexec._compile).
         """
-        return _compile.compile_in(self, source, name, headers, options, name_expressions)
+        return _compile.compile_in(self, source, name, headers, options, name_expressions,
+                                   return_image)
 
     def launch(self, function: Any, grid: Any, block: Any, *args: Any, shared: int = 0,
                cluster: Any = None, sync: bool = False, cooperative: bool = False,

@@ -104,7 +104,7 @@ def _headers(headers: Headers) -> List[Any]:
 
 
 def compile_request(token: str, source: Any, name: Any, headers: Headers, options: Any,
-                    name_expressions: Any) -> Any:
+                    name_expressions: Any, return_image: bool = False) -> Any:
     """The CompileModuleRequest for these arguments, their types checked
     (the daemon checks the rest: sizes, option allow-list, names)."""
     if not isinstance(name, str):
@@ -113,7 +113,8 @@ def compile_request(token: str, source: Any, name: Any, headers: Headers, option
     return pb.CompileModuleRequest(
         session=token, source=_text(source, "source"), source_name=name,
         headers=_headers(headers), options=_strings(options, "options"),
-        name_expressions=_strings(name_expressions, "name_expressions"))
+        name_expressions=_strings(name_expressions, "name_expressions"),
+        return_image=bool(return_image))
 
 
 class _Compiled:
@@ -137,6 +138,11 @@ class _Compiled:
         # Seconds the compile that made the module took (for a cached
         # answer, the compile that filled the cache).
         self.compile_time: float = response.compile_time_us / 1e6
+        # With return_image=True: the image (a cubin of the device's
+        # architecture, or PTX when image_is_ptx), to keep or to load
+        # elsewhere with load_module; else b"".
+        self.image: bytes = bytes(response.image)
+        self.image_is_ptx: bool = bool(response.image_is_ptx)
 
     def kernel_name(self, name: Any) -> str:
         """The name GetFunction takes for ``name``: a name expression's
@@ -207,16 +213,16 @@ class AsyncCompiledModule(_Compiled):
 
 
 def compile_in(session: "Session", source: Any, name: Any, headers: Headers, options: Any,
-               name_expressions: Any) -> CompiledModule:
+               name_expressions: Any, return_image: bool = False) -> CompiledModule:
     """Session.compile: one CompileModule call (no deadline: a compile
     may take as long as the daemon allows)."""
-    request = compile_request(session.token, source, name, headers, options, name_expressions)
+    request = compile_request(session.token, source, name, headers, options, name_expressions,
+                              return_image)
     response = session._data(session.client.stub.CompileModule, request)
     # As the C++ client has it: "uploaded" when the compile made a new
-    # image, not one from the cache; the kind reads cubin (the daemon may
-    # have made PTX, which it loads all the same).
-    module = Module(session, response.module, response.sha256, not response.cached,
-                    pb.MODULE_KIND_CUBIN)
+    # image, not one from the cache.
+    kind = pb.MODULE_KIND_PTX if response.image_is_ptx else pb.MODULE_KIND_CUBIN
+    module = Module(session, response.module, response.sha256, not response.cached, kind)
     return CompiledModule(module, response)
 
 

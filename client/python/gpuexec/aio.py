@@ -486,20 +486,20 @@ class AsyncSession:
     async def compile(self, source: Union[str, bytes], *,
                       name: str = _compile.DEFAULT_SOURCE_NAME,
                       headers: _compile.Headers = None, options: Union[str, Sequence[str]] = (),
-                      name_expressions: Union[str, Sequence[str]] = ()
-                      ) -> AsyncCompiledModule:
+                      name_expressions: Union[str, Sequence[str]] = (),
+                      return_image: bool = False) -> AsyncCompiledModule:
         """Has the daemon compile CUDA C++ ``source`` and load it as a
         module of this session: gpuexec.Session.compile's arguments and
         errors; returns an AsyncCompiledModule (``await
         compiled.function(name)``)."""
         request = _compile.compile_request(self.token, source, name, headers, options,
-                                           name_expressions)
+                                           name_expressions, return_image)
         try:
             response = await self.client._call(self.client._stub.CompileModule, request, None)
         except Error as e:
             raise self._failed(e) from None
-        module = AsyncModule(self, response.module, response.sha256, not response.cached,
-                             pb.MODULE_KIND_CUBIN)
+        kind = pb.MODULE_KIND_PTX if response.image_is_ptx else pb.MODULE_KIND_CUBIN
+        module = AsyncModule(self, response.module, response.sha256, not response.cached, kind)
         return AsyncCompiledModule(module, response)
 
     async def synchronize(self) -> float:

@@ -10,6 +10,7 @@ its own (a tag in a comment) where it checks what the cache answers.
 
 import asyncio
 import gc
+import hashlib
 import pathlib
 import threading
 import uuid
@@ -121,6 +122,22 @@ def test_the_same_source_is_compiled_once_for_every_session(compiling, client):
         # Other options are another compile.
         c = second.compile(source, options=["-std=c++17"])
         assert c.cached is False
+
+
+def test_the_image_comes_back_when_asked_and_loads_in_another_session(compiling, client):
+    source = fresh()
+    with client.session() as first, client.session() as second:
+        plain = first.compile(source)
+        assert plain.image == b"" and plain.image_is_ptx is False
+        kept = first.compile(source, return_image=True)
+        assert kept.cached is True
+        assert kept.image[:4] == b"\x7fELF"  # a cubin
+        assert hashlib.sha256(kept.image).hexdigest() == kept.module.sha256
+        loaded = second.load_module(kept.image)
+        assert loaded.sha256 == kept.module.sha256
+        out = second.zeros(64, "uint32")
+        loaded.function("gx_fill_u32")(1, 64, (out, np.uint32(5), np.uint64(64)), sync=True)
+        np.testing.assert_array_equal(out.get(), np.full(64, 5, dtype=np.uint32))
 
 
 def test_name_expressions_give_the_kernels_of_a_template(compiling, session):
