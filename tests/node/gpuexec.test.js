@@ -563,11 +563,82 @@ function apiSuite(title, connect, extraSteps) {
   });
 }
 
+// Kernels from source: CUDA C++ the daemon compiles (NVRTC, or the NVRTC
+// double that GPUEXEC_TEST_NVRTC names in CI). The extern "C" kernel has
+// the name and layout of the driver double's model, so it runs there too.
+const NODE_CU = `
+extern "C" __global__ void gx_fill_u32(unsigned int* out, unsigned int value,
+                                       unsigned long long n) {
+  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = value;
+}
+template <typename T>
+__global__ void gx_axpy(T a, const T* x, T* y, unsigned long long n) {
+  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+// compiled from Node.js
+`;
+
+function compileSteps(step, ctx) {
+  step('compiles CUDA C++ from source, runs it, and answers the same source from the cache',
+      async (t) => {
+        const { compile_unavailable: off } = await unary(ctx.client, 'ListDevices', {});
+        if (off) return t.skip(`the daemon does not compile: ${off}`);
+        const { session } = await unary(ctx.client, 'OpenSession', {});
+        const request = {
+          session,
+          source: NODE_CU,
+          source_name: 'node.cu',
+          options: ['-std=c++17'],
+          name_expressions: ['gx_axpy<double>'],
+        };
+        const r = await unary(ctx.client, 'CompileModule', request);
+        assert.equal(r.cached, false);
+        assert.match(r.arch, /^sm_\d+/);
+        assert.match(r.nvrtc_version, /^\d+\.\d+$/);
+        assert.deepEqual(r.lowered_names, [
+          { name_expression: 'gx_axpy<double>', lowered_name: '_Z7gx_axpyIdEvT_PKS0_PS0_y' }]);
+        assert.ok(r.kernels.includes('gx_fill_u32'), `kernels: ${r.kernels}`);
+        assert.equal(r.image.length, 0);  // not asked for
+
+        const f = await unary(ctx.client, 'GetFunction',
+            { session, module: r.module, name: 'gx_fill_u32' });
+        const n = 1000;
+        const out = await unary(ctx.client, 'Allocate', { session, size: String(n * 4) });
+        await unary(ctx.client, 'Launch', {
+          session,
+          function: f.function,
+          grid: { x: Math.ceil(n / 256) },
+          block: { x: 256 },
+          args: [{ buffer: { buffer: out.buffer } }, { u32: 0xC0DE }, { u64: String(n) }],
+        });
+        await unary(ctx.client, 'Synchronize', { session });
+        const parts = await serverStream(ctx.client, 'Read', { session, buffer: out.buffer });
+        const data = Buffer.concat(parts.map((p) => p.data));
+        for (let i = 0; i < n; ++i) assert.equal(data.readUInt32LE(i * 4), 0xC0DE, `out[${i}]`);
+
+        // The same request again: the daemon's cache, and the image when asked.
+        const again = await unary(ctx.client, 'CompileModule', { ...request, return_image: true });
+        assert.equal(again.cached, true);
+        assert.equal(again.sha256, r.sha256);
+        assert.equal(createHash('sha256').update(again.image).digest('hex'), r.sha256);
+
+        // Source that does not compile: INVALID_ARGUMENT with NVRTC's log.
+        await assertStatus(unary(ctx.client, 'CompileModule',
+            { session, source: 'extern "C" __global__ void k(no_such_type x) {}', source_name: 'bad.cu' }),
+        grpc.status.INVALID_ARGUMENT, [/the compile of 'bad\.cu' failed; NVRTC's log/, /no_such_type/]);
+        await unary(ctx.client, 'CloseSession', { session });
+      });
+}
+
 apiSuite('gpuexec.v1 from Node.js', async (daemonPath, driver) => {
-  const daemon = await startDaemon(daemonPath, driver, ['--listen=127.0.0.1:0']);
+  const nvrtc = process.env.GPUEXEC_TEST_NVRTC;
+  const daemon = await startDaemon(daemonPath, driver,
+      ['--listen=127.0.0.1:0', ...(nvrtc ? [`--nvrtc=${nvrtc}`] : [])]);
   const client = new GpuExec(`127.0.0.1:${daemon.port}`, grpc.credentials.createInsecure());
   return { daemon, client };
-});
+}, compileSteps);
 
 // The same API over TLS, as tenant team-a with a bearer token in call
 // credentials; then what the daemon refuses.
