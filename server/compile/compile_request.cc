@@ -161,23 +161,53 @@ absl::string_view WordBefore(const std::string& text) {
   return absl::string_view(text).substr(k);
 }
 
+// Where the trailing run of a preprocessing number's characters (letters,
+// digits, dots, quotes and exponent signs) of one logical line begins, each
+// scan resuming where the last one ended: the line only grows between
+// scans, so a line of a million digit separators (1'1'1'...) costs a
+// million steps, not a million scans of the line.
+class PpNumberRun {
+ public:
+  // The run's start in `text`, line `line`'s text so far.
+  size_t Start(size_t line, const std::string& text) {
+    if (line != line_ || text.size() < scanned_) {
+      line_ = line;
+      scanned_ = 0;
+      start_ = 0;
+    }
+    size_t k = text.size();
+    while (k > scanned_) {
+      const char p = text[k - 1];
+      if (IsIdentChar(p) || p == '.' || p == '\'') {
+        --k;
+      } else if ((p == '+' || p == '-') && k >= 2 &&
+                 absl::string_view("eEpP").find(text[k - 2]) != absl::string_view::npos) {
+        k -= 2;
+      } else {
+        break;
+      }
+    }
+    // Reached the last scan's end (or stepped over it with an exponent's
+    // sign, whose letter it had stepped over too): the run goes on to
+    // where that scan found it began.
+    if (k <= scanned_ && scanned_ > 0) k = std::min(k, start_);
+    line_ = line;
+    scanned_ = text.size();
+    start_ = k;
+    return k;
+  }
+
+ private:
+  size_t line_ = 0;
+  size_t scanned_ = 0;
+  size_t start_ = 0;
+};
+
 // Whether `text` ends inside a preprocessing number (1'000, 0x1p+R): its
 // letters, digits, dots and exponent signs back to a digit (or a dot and a
-// digit). A quote there is a digit separator or ends the number, never a
-// literal's prefix.
-bool EndsInPpNumber(const std::string& text) {
-  size_t k = text.size();
-  while (k > 0) {
-    const char p = text[k - 1];
-    if (IsIdentChar(p) || p == '.' || p == '\'') {
-      --k;
-    } else if ((p == '+' || p == '-') && k >= 2 &&
-               absl::string_view("eEpP").find(text[k - 2]) != absl::string_view::npos) {
-      k -= 2;
-    } else {
-      break;
-    }
-  }
+// digit), from `k`, where that run starts. A quote there is a digit
+// separator or ends the number, never a literal's prefix.
+bool EndsInPpNumber(const std::string& text, size_t k) {
   if (k == text.size()) return false;
   return absl::ascii_isdigit(text[k]) ||
          (text[k] == '.' && k + 1 < text.size() && absl::ascii_isdigit(text[k + 1]));
@@ -195,14 +225,15 @@ absl::Status RefuseTricks(absl::string_view in, const std::string& what) {
   for (size_t i = 0; i < in.size(); ++i) {
     const char c = in[i];
     if (c == '\n') ++line;
-    const std::string where = absl::StrCat(what, " line ", line);
+    // Only for a refusal: a string per byte would cost more than the scan.
+    auto where = [&] { return absl::StrCat(what, " line ", line); };
     if (c == '\r' && (i + 1 == in.size() || in[i + 1] != '\n')) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": a carriage return not followed by a newline; end lines with \\n"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(), ": a carriage return not followed by a newline; end lines with \\n"));
     }
     if (c == '?' && i + 2 < in.size() && in[i + 1] == '?' &&
         absl::string_view("=/'()!<>-").find(in[i + 2]) != absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": a trigraph (??",
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": a trigraph (??",
                                                      std::string(1, in[i + 2]),
                                                      "); write the character it stands for"));
     }
@@ -211,7 +242,7 @@ absl::Status RefuseTricks(absl::string_view in, const std::string& what) {
       while (k < in.size() && (in[k] == ' ' || in[k] == '\t')) ++k;
       if (k > i + 1 && k < in.size() && (in[k] == '\n' || in[k] == '\r')) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where,
+            absl::StrCat(where(),
                          ": a backslash followed by blanks before the end of the line; remove the "
                          "blanks (or the backslash)"));
       }
@@ -222,6 +253,7 @@ absl::Status RefuseTricks(absl::string_view in, const std::string& what) {
 
 std::vector<LogicalLine> LogicalLines(absl::string_view in, bool* malformed_raw) {
   std::vector<LogicalLine> lines(1);
+  PpNumberRun number_run;
   size_t line = 1;
   auto cur = [&lines]() -> std::string& { return lines.back().text; };
   size_t i = 0;
@@ -269,7 +301,8 @@ std::vector<LogicalLine> LogicalLines(absl::string_view in, bool* malformed_raw)
       ++i;
       continue;
     }
-    const bool in_number = EndsInPpNumber(cur());
+    const size_t run = number_run.Start(lines.size(), cur());
+    const bool in_number = EndsInPpNumber(cur(), run);
     const absl::string_view word = in_number ? absl::string_view() : WordBefore(cur());
     if (c == '"' &&
         (word == "R" || word == "u8R" || word == "uR" || word == "UR" || word == "LR")) {

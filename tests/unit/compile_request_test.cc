@@ -119,6 +119,24 @@ TEST(CompileRequestTest, ABomOrALongTokenIsReadInOnePass) {
   EXPECT_TRUE(Check(in, limits).ok());
 }
 
+// A number of a million digit separators on one line (1'1'1'...): each
+// quote is read in the number's run so far, not by scanning it again, and
+// the run is still a number (an #include after it is seen and refused).
+TEST(CompileRequestTest, DigitSeparatorsAreReadInOnePass) {
+  std::string number = "1";
+  for (int i = 0; i < 500000; ++i) number += "'1";
+  EXPECT_TRUE(CheckSource(absl::StrCat("const int x = ", number, ";\n", kSaxpy)).ok());
+  EXPECT_THAT(
+      CheckSource(absl::StrCat("const int x = ", number, ";\n#include \"/etc/passwd\"\n", kSaxpy))
+          .message(),
+      HasSubstr("#include"));
+  // Exponent signs in the run: 0x1p+1'0 and 1e-1'0 stay numbers.
+  EXPECT_THAT(
+      CheckSource(absl::StrCat("double y = 0x1p+1'0 + 1e-1'0;\n#include \"/etc/x\"\n", kSaxpy))
+          .message(),
+      HasSubstr("#include"));
+}
+
 TEST(CompileRequestTest, OptionsOutsideTheAllowListAreRefusedNamingThem) {
   struct Case {
     const char* option;
