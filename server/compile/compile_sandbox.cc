@@ -180,6 +180,26 @@ absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std:
                  __NR_pidfd_open,    __NR_pidfd_send_signal,
 #endif
                  __NR_migrate_pages, __NR_move_pages};
+  // Nor any change to a file's metadata or names, which Landlock does not
+  // cover on every kernel (modes, owners, times and attributes on none;
+  // truncate before ABI 3): a compile reads its libraries and writes only
+  // to its socket.
+  for (int call : {
+#ifdef __NR_chmod
+           __NR_chmod,       __NR_chown,        __NR_lchown,       __NR_utime,     __NR_utimes,
+           __NR_futimesat,   __NR_rename,       __NR_link,         __NR_symlink,   __NR_unlink,
+           __NR_mkdir,       __NR_rmdir,        __NR_mknod,        __NR_creat,
+#endif
+#ifdef __NR_fchmodat2
+           __NR_fchmodat2,
+#endif
+           __NR_fchmod,      __NR_fchmodat,     __NR_fchown,       __NR_fchownat,  __NR_truncate,
+           __NR_ftruncate,   __NR_utimensat,    __NR_setxattr,     __NR_lsetxattr, __NR_fsetxattr,
+           __NR_removexattr, __NR_lremovexattr, __NR_fremovexattr, __NR_renameat,  __NR_renameat2,
+           __NR_linkat,      __NR_symlinkat,    __NR_unlinkat,     __NR_mkdirat,   __NR_mknodat,
+           __NR_fallocate}) {
+    rules.extra.push_back(call);
+  }
   rules.own_pid_only = {__NR_kill, __NR_tgkill, __NR_rt_sigqueueinfo, __NR_rt_tgsigqueueinfo};
   rules.zero_or_own_pid = {__NR_prlimit64, __NR_sched_setaffinity, __NR_sched_setscheduler,
                            __NR_sched_setparam, __NR_sched_setattr};

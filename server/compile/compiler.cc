@@ -185,7 +185,8 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
                      "cuda-nvrtc package) or give its file with --nvrtc=PATH"));
   }
   if (reply.outcome() != wire::Reply::OK) {
-    return absl::InternalError(absl::StrCat("the compile process cannot run: ", reply.message()));
+    return absl::InternalError(
+        absl::StrCat("the compile process cannot run: ", PrintableLog(reply.message(), 256)));
   }
   if (!reply.landlock()) {
     return absl::FailedPreconditionError(
@@ -281,15 +282,25 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
     case wire::Reply::NAME_EXPRESSION:
       return absl::InvalidArgumentError(absl::StrCat(
           what, " failed: a name expression names no __global__ function of the source (",
-          reply.message(), "); NVRTC's log:\n", log));
+          PrintableLog(reply.message(), 256), "); NVRTC's log:\n", log));
     case wire::Reply::OUT_OF_MEMORY:
       return absl::ResourceExhaustedError(absl::StrCat(what, " ran out of ", memory));
     case wire::Reply::TOO_LARGE:
       return absl::ResourceExhaustedError(absl::StrCat(what, " made a module past the limit of ",
                                                        ByteSize(options_.max_image_bytes), ": ",
-                                                       reply.message()));
+                                                       PrintableLog(reply.message(), 256)));
     default:
-      return absl::InternalError(absl::StrCat(what, " failed: ", reply.message()));
+      return absl::InternalError(
+          absl::StrCat(what, " failed: ", PrintableLog(reply.message(), 256)));
+  }
+  // What the process answers is checked again here: it ran the client's
+  // input, and may be the client's by now.
+  if (reply.image().size() > options_.max_image_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " made a module past the limit of ",
+                                                     ByteSize(options_.max_image_bytes)));
+  }
+  if (reply.lowered_names_size() > static_cast<int>(input.name_expressions.size())) {
+    return absl::InternalError(absl::StrCat(what, " answered more lowered names than asked"));
   }
   Compiled c;
   c.image = std::move(*reply.mutable_image());
@@ -298,6 +309,9 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
   if (reply.log_bytes() > reply.log().size() && !absl::EndsWith(c.log, "...")) c.log += "\n...";
   c.log_bytes = reply.log_bytes();
   for (const wire::LoweredName& l : reply.lowered_names()) {
+    if (l.expression().size() + l.lowered().size() > 8192) {
+      return absl::InternalError(absl::StrCat(what, " answered a lowered name over 8 KiB"));
+    }
     c.lowered_names.emplace_back(l.expression(), l.lowered());
   }
   c.took = out.took;

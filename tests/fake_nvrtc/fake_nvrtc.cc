@@ -65,7 +65,8 @@
 //     the log and the outputs.
 //   * Markers for tests, read anywhere in the program's source (not its
 //     headers, comments included), acted on after the options are
-//     accepted, in this order:
+//     accepted, in this order (none with GXFAKE_SIMULATOR set, as the
+//     daemon's simulator sets it: there the source is a client's):
 //       GXFAKE_COMPILE_CRASH       raise(SIGSEGV).
 //       GXFAKE_COMPILE_SPIN        busy-loop forever (for CPU and wall
 //                                  clock limits).
@@ -81,7 +82,8 @@
 //                                  parent, with signal 0; fork; reading
 //                                  the parent's rlimit; renicing it; a
 //                                  socket; creating a file in its
-//                                  working directory and in /tmp) and
+//                                  working directory and in /tmp;
+//                                  chmod of that directory) and
 //                                  say in the log, as
 //                                  warnings, how each went: `reach-out:
 //                                  kill parent: EPERM` or `... allowed`.
@@ -100,6 +102,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -285,18 +288,28 @@ bool Instantiable(const KernelDecl& k) {
   return true;
 }
 
+// Whether the source carries a test's marker. Not under the daemon's
+// simulator (GXFAKE_SIMULATOR, which gpuexecd --simulator sets), where
+// the source is a client's: a client may not make its compile crash, spin,
+// sleep or probe the sandbox at will.
+bool Marked(const std::string& src, const char* marker) {
+  static const bool simulator = std::getenv("GXFAKE_SIMULATOR") != nullptr;
+  return !simulator && src.find(marker) != std::string::npos;
+}
+
 // Everything after the options: markers, scan, names, images.
 nvrtcResult Compile(_nvrtcProgram* prog, const gxnvrtc::CompileOptions& options) {
   const std::string& src = prog->source;
-  if (src.find("GXFAKE_COMPILE_CRASH") != std::string::npos) raise(SIGSEGV);
-  if (src.find("GXFAKE_COMPILE_SPIN") != std::string::npos) Spin();
-  if (src.find("GXFAKE_COMPILE_ALLOC") != std::string::npos) {
+  if (Marked(src, "GXFAKE_COMPILE_CRASH")) raise(SIGSEGV);
+  if (Marked(src, "GXFAKE_COMPILE_SPIN")) Spin();
+  if (Marked(src, "GXFAKE_COMPILE_ALLOC")) {
     AllocateUntilFailure();
     prog->log = "nvrtc: error: out of memory\n";
     return NVRTC_ERROR_OUT_OF_MEMORY;
   }
   const std::string sleep_marker = "GXFAKE_COMPILE_SLEEP_MS=";
-  if (const size_t at = src.find(sleep_marker); at != std::string::npos) {
+  if (const size_t at = src.find(sleep_marker);
+      at != std::string::npos && Marked(src, "GXFAKE_COMPILE_SLEEP_MS=")) {
     size_t end = at + sleep_marker.size();
     uint64_t ms = 0;
     for (int digits = 0; end < src.size() && digits < 9 && src[end] >= '0' && src[end] <= '9';
@@ -324,7 +337,8 @@ nvrtcResult Compile(_nvrtcProgram* prog, const gxnvrtc::CompileOptions& options)
       in.defines[name] = value;
     }
   }
-  if (const size_t at = src.find("GXFAKE_COMPILE_REACH_OUT"); at != std::string::npos) {
+  if (const size_t at = src.find("GXFAKE_COMPILE_REACH_OUT");
+      at != std::string::npos && Marked(src, "GXFAKE_COMPILE_REACH_OUT")) {
     const pid_t parent = getppid();
     auto outcome = [](int rc) {
       if (rc == 0) return std::string("allowed");
@@ -342,6 +356,8 @@ nvrtcResult Compile(_nvrtcProgram* prog, const gxnvrtc::CompileOptions& options)
     const int sock = socket(AF_INET, SOCK_STREAM, 0);
     if (sock >= 0) close(sock);
     tried.emplace_back("socket", outcome(sock >= 0 ? 0 : -1));
+    // The mode of its own directory (the daemon's uid owns it).
+    tried.emplace_back("chmod", outcome(chmod(".", 0777)));
     // A file in its working directory (the compile's own) and in /tmp.
     for (const char* path : {"reach-out", "/tmp/gxfake-reach-out"}) {
       const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
