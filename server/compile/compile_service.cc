@@ -60,7 +60,8 @@ uint64_t CompiledModule::bytes() const {
 }
 
 void CompileService::Compile(const std::string& tenant, const std::string& principal,
-                             CompileInput input, int cc_major, int cc_minor, Done done) {
+                             CompileInput input, int cc_major, int cc_minor, Done done,
+                             int principal_limit) {
   if (absl::Status s = Check(input, options_.request_limits); !s.ok()) return done(s);
   std::string key = CacheKey(input, compiler_->nvrtc_version(), ArchName(cc_major, cc_minor));
   if (!options_.share_across_tenants) key = absl::StrCat(tenant.size(), ":", tenant, key);
@@ -85,10 +86,12 @@ void CompileService::Compile(const std::string& tenant, const std::string& princ
     } else if (joined != inflight_.end()) {
       joined->second.waiters.push_back(std::move(done));
       ++stats_.joined;
-    } else if (mine >= options_.max_per_tenant) {
+    } else if (const int limit = principal_limit > 0 ? principal_limit : options_.max_per_tenant;
+               mine >= limit) {
       now = absl::ResourceExhaustedError(absl::StrCat(
           "'", Quoted(principal), "' has ", mine, " compiles running or queued, its limit (",
-          options_.per_tenant_flag, "); retry when one has ended"));
+          principal_limit > 0 ? "max_compiles in the tenants file" : options_.per_tenant_flag,
+          "); retry when one has ended"));
     } else if (queue_.size() >= options_.max_queued) {
       now = absl::ResourceExhaustedError(absl::StrCat(
           options_.max_queued, " compiles are queued, the daemon's limit; retry shortly"));

@@ -78,11 +78,12 @@ class CompileService {
 
   // Calls `done` once, on this thread (a refusal, a cache hit) or on a
   // compile thread. `tenant` scopes the cache; `principal` (the tenant, or
-  // without tenants the caller's peer host) is what max_per_tenant counts.
+  // without tenants the caller's peer host) is what max_per_tenant counts,
+  // or `principal_limit` where it is above 0 (the tenants file's).
   // Checks the request and hashes it: call it off a thread that serves
   // other clients.
   void Compile(const std::string& tenant, const std::string& principal, CompileInput input,
-               int cc_major, int cc_minor, Done done);
+               int cc_major, int cc_minor, Done done, int principal_limit = 0);
 
   // Refuses new requests and fails the queued ones (UNAVAILABLE); those
   // being compiled finish (within the compile time limit).

@@ -35,6 +35,9 @@ struct TenantLimits {
   uint64_t pinned_bytes = 0;
   // Command rings of all its sessions at once (0: a fixed number per peer).
   uint32_t max_command_rings = 0;
+  // Compiles of kernels from source at once, running or waiting (0: the
+  // daemon's --max_compiles_per_tenant).
+  uint32_t max_compiles = 0;
   // Its part of each device's SMs (none: the rest, with the others
   // without one).
   ComputeShare compute_share;

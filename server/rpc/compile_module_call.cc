@@ -89,15 +89,17 @@ void ListenCompileModule(const Env* env, grpc::ServerCompletionQueue* cq) {
         call->env().uploads->Post([engine, call, cc = *cc] {
           const core::Caller& caller = call->caller();
           const std::string& tenant = caller.tenant_name();
-          // Without tenants, each client host has its own count of compiles.
+          // Without tenants (the implicit tenant itself, not one a tenants
+          // file names "default"), each client host has its own count.
           const std::string principal =
-              tenant == core::kDefaultTenant ? core::PeerHost(caller.peer) : tenant;
+              caller.tenant == core::DefaultTenant() ? core::PeerHost(caller.peer) : tenant;
           call->env().compiles->Compile(
               tenant, principal, FromProto(call->request()), cc.first, cc.second,
               [engine, call](absl::StatusOr<compile::CompileAnswer> answer) {
                 if (!answer.ok()) return call->Finish(answer.status());
                 LoadCompiled(engine, call, answer->module, answer->cached);
-              });
+              },
+              caller.tenant != nullptr ? static_cast<int>(caller.tenant->limits.max_compiles) : 0);
         });
       });
 }

@@ -27,6 +27,7 @@ using google::protobuf::TextFormat;
 constexpr uint64_t kMinKernelTimeLimitMs = 100;
 constexpr size_t kMaxNameBytes = 64;
 constexpr size_t kMaxCertificateNameBytes = 256;
+constexpr uint32_t kMaxTenantCompiles = 32;
 
 class FirstError final : public google::protobuf::io::ErrorCollector {
  public:
@@ -242,6 +243,15 @@ absl::StatusOr<std::shared_ptr<const Directory>> Directory::Parse(absl::string_v
     tenant->limits.host_memory = t.host_memory();
     tenant->limits.pinned_bytes = t.pinned_bytes();
     tenant->limits.max_command_rings = t.max_command_rings();
+    // At most half the daemon's compile queue (64), so that no one tenant
+    // can fill it for the others.
+    if (t.max_compiles() > kMaxTenantCompiles) {
+      return error("max_compiles", -1,
+                   absl::StrCat("is ", t.max_compiles(), ", over ", kMaxTenantCompiles,
+                                " (half the daemon's queue of compiles); give at most ",
+                                kMaxTenantCompiles));
+    }
+    tenant->limits.max_compiles = t.max_compiles();
     tenant->limits.low_priority = t.priority() == config::v1::Tenant::LOW;
     if (t.has_compute_share()) {
       tenant->limits.compute_share.fraction = t.compute_share().fraction();

@@ -145,6 +145,55 @@ TEST(CompileServiceTest, ATenantPastItsLimitIsRefusedAtOnce) {
   EXPECT_TRUE(CompileNow(*s, "team-a", Source(absl::StrCat("// again\n", kSaxpy))).ok());
 }
 
+// The tenants file's max_compiles replaces the daemon's per-tenant limit
+// for that tenant, up or down.
+TEST(CompileServiceTest, ATenantsOwnLimitReplacesTheDaemons) {
+  CompileServiceOptions o = Options();
+  o.max_per_tenant = 1;
+  o.compiler.max_running = 4;
+  GX_ASSERT_SERVICE(s, CompileService::Start(o));
+  absl::Notification first_done;
+  auto slow = [&](const std::string& tenant, const std::string& tag, int limit) {
+    s->Compile(
+        tenant, tenant, Source(absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=500 ", tag, "\n", kSaxpy)),
+        9, 0,
+        [&](absl::StatusOr<CompileAnswer> a) {
+          EXPECT_TRUE(a.ok()) << a.status();
+          first_done.Notify();
+        },
+        limit);
+  };
+  slow("team-a", "a", /*limit=*/2);
+  auto now = [&](const std::string& tenant, const std::string& tag, int limit) {
+    absl::Notification done;
+    absl::StatusOr<CompileAnswer> out = absl::UnknownError("not answered");
+    s->Compile(
+        tenant, tenant, Source(absl::StrCat("// ", tag, "\n", kSaxpy)), 9, 0,
+        [&](absl::StatusOr<CompileAnswer> a) {
+          out = std::move(a);
+          done.Notify();
+        },
+        limit);
+    done.WaitForNotification();
+    return out;
+  };
+  // Two of team-a's at once: its own limit, above the daemon's 1.
+  EXPECT_TRUE(now("team-a", "second", 2).ok());
+  first_done.WaitForNotification();
+  // A limit of 1 from the tenants file names the file, not the flag.
+  absl::Notification held;
+  s->Compile(
+      "team-b", "team-b", Source(absl::StrCat("// GXFAKE_COMPILE_SLEEP_MS=500 b\n", kSaxpy)), 9, 0,
+      [&](absl::StatusOr<CompileAnswer>) { held.Notify(); }, 1);
+  absl::StatusOr<CompileAnswer> refused = now("team-b", "more", 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("'team-b' has 1 compiles running or queued, its limit (max_compiles in "
+                        "the tenants file)"));
+  held.WaitForNotification();
+}
+
 TEST(CompileServiceTest, ARequestTheChecksRefuseNeverReachesACompiler) {
   GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
   CompileInput in = Source(absl::StrCat("#include \"/etc/passwd\"\n", kSaxpy));

@@ -226,6 +226,22 @@ TEST(DirectoryParseTest, APriorityIsReadByName) {
       Directory::Parse("tenant { name: \"a\" uid: 1 priority: HIGHEST }", "t.textproto").ok());
 }
 
+TEST(DirectoryParseTest, ATenantsCompilesAreBoundedByHalfTheQueue) {
+  auto dir = Directory::Parse(
+      "tenant { name: \"ci\" uid: 1 max_compiles: 4 }\n"
+      "tenant { name: \"web\" uid: 2 }\n",
+      "t.textproto");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ((*dir)->Find("ci")->limits.max_compiles, 4u);
+  EXPECT_EQ((*dir)->Find("web")->limits.max_compiles, 0u);
+  EXPECT_EQ(std::string(
+                Directory::Parse("tenant { name: \"a\" uid: 1\n max_compiles: 33 }", "t.textproto")
+                    .status()
+                    .message()),
+            "t.textproto:2: tenant 'a' max_compiles: is 33, over 32 (half the daemon's queue of "
+            "compiles); give at most 32");
+}
+
 TEST(DirectoryParseTest, WithoutAFileACertificateIsATenantOfItsOwn) {
   Credentials none;
   EXPECT_EQ(IdentifyWithoutFile(none).value()->name, core::kDefaultTenant);
