@@ -1,12 +1,14 @@
 // CompileModule: source compiled by the daemon's compile service
 // (server/compile), then stored and loaded as any uploaded image is.
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gpuexec/sha256.h"
+#include "server/common/text.h"
 #include "server/compile/compile_service.h"
 #include "server/rpc/service_calls.h"
 
@@ -16,15 +18,33 @@ namespace {
 
 using CompileModule = Unary<v1::CompileModuleRequest, v1::CompileModuleResponse>;
 
-compile::CompileInput FromProto(const v1::CompileModuleRequest& r) {
+// The request's text moved out of it: a call that waits for a compile
+// another call started keeps no copy of the source and headers it sent.
+compile::CompileInput TakeInput(v1::CompileModuleRequest* r) {
   compile::CompileInput in;
-  in.source = r.source();
-  in.source_name = r.source_name();
-  for (const v1::CompileHeader& h : r.headers()) in.headers.push_back({h.name(), h.content()});
-  in.options.assign(r.options().begin(), r.options().end());
-  in.name_expressions.assign(r.name_expressions().begin(), r.name_expressions().end());
+  in.source = std::move(*r->mutable_source());
+  in.source_name = r->source_name();
+  for (v1::CompileHeader& h : *r->mutable_headers()) {
+    in.headers.push_back({h.name(), std::move(*h.mutable_content())});
+  }
+  r->clear_headers();
+  r->clear_source();
+  in.options.assign(r->options().begin(), r->options().end());
+  in.name_expressions.assign(r->name_expressions().begin(), r->name_expressions().end());
   return in;
 }
+
+// Images in answers not yet delivered (return_image), all calls together:
+// bounded, so that clients that never read their answers cannot make the
+// daemon hold copies of cached images without end.
+constexpr int64_t kMaxReturningBytes = int64_t{256} << 20;
+std::atomic<int64_t> g_returning_bytes{0};
+
+struct Returning {
+  explicit Returning(int64_t b) : bytes(b) {}
+  ~Returning() { g_returning_bytes.fetch_sub(bytes); }
+  const int64_t bytes;
+};
 
 // The largest image an answer carries back (return_image): clients take
 // answers of 64 MiB (client.h's max_message_bytes), with room for the log.
@@ -39,6 +59,17 @@ void LoadCompiled(core::Engine* engine, CompileModule* call,
         "the compiled image is ", image.size(), " bytes, more than the ", kMaxReturnedImageBytes,
         " an answer carries back (return_image); compile it without return_image to load it "
         "into the session")));
+  }
+  if (call->request().return_image()) {
+    const int64_t bytes = static_cast<int64_t>(image.size());
+    if (g_returning_bytes.fetch_add(bytes) + bytes > kMaxReturningBytes) {
+      g_returning_bytes.fetch_sub(bytes);
+      return call->Finish(absl::ResourceExhaustedError(absl::StrCat(
+          "the daemon's answers carry ", ByteSize(kMaxReturningBytes),
+          " of compiled images their clients have not read yet, its limit; retry shortly, or "
+          "compile without return_image")));
+    }
+    call->Hold(std::make_shared<Returning>(bytes));
   }
   auto upload = engine->BeginModuleUpload(
       call->caller(), call->request().session(), module->sha256, image.size(),
@@ -94,7 +125,7 @@ void ListenCompileModule(const Env* env, grpc::ServerCompletionQueue* cq) {
           const std::string principal =
               caller.tenant == core::DefaultTenant() ? core::PeerHost(caller.peer) : tenant;
           call->env().compiles->Compile(
-              tenant, principal, FromProto(call->request()), cc.first, cc.second,
+              tenant, principal, TakeInput(call->mutable_request()), cc.first, cc.second,
               [engine, call](absl::StatusOr<compile::CompileAnswer> answer) {
                 if (!answer.ok()) return call->Finish(answer.status());
                 LoadCompiled(engine, call, answer->module, answer->cached);

@@ -67,7 +67,10 @@ class Unary final : public UnaryCall<Req, Resp> {
       : UnaryCall<Req, Resp>(env->calls), env_(env), request_fn_(request), handler_(handler) {}
 
   const Req& request() const { return this->request_; }
+  Req* mutable_request() { return &this->request_; }
   const core::Caller& caller() const { return caller_; }
+  // Keeps `hold` until the call is over (its answer delivered or dropped).
+  void Hold(std::shared_ptr<void> hold) { hold_ = std::move(hold); }
   const Env& env() const { return *env_; }
   Resp* response() { return &this->response_; }
   void Finish(const absl::Status& status) { UnaryCall<Req, Resp>::Finish(ToGrpcStatus(status)); }
@@ -89,6 +92,7 @@ class Unary final : public UnaryCall<Req, Resp> {
   RequestFn request_fn_;
   Handler handler_;
   core::Caller caller_;
+  std::shared_ptr<void> hold_;
 };
 
 template <class Call>

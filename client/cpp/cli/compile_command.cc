@@ -49,12 +49,18 @@ std::optional<Failure> ReadLimited(absl::string_view command, const std::string&
                                    const std::string& path, uint64_t max, uint64_t already,
                                    absl::string_view limit, std::string* out) {
   const std::string what = absl::StrCat(command, ": ", Printable(subject, 512), ": ");
+  // Opened without blocking, then looked at: a FIFO put in the file's
+  // place cannot hold the open, and what is read is what was looked at.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return FailedLocally(absl::StrCat(what, "cannot read it: ", std::strerror(errno)));
   struct stat st {};
-  if (stat(path.c_str(), &st) != 0) {
-    return FailedLocally(absl::StrCat(what, "cannot read it: ", std::strerror(errno)));
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
+    close(fd);
+    return FailedLocally(
+        absl::StrCat(what, dir ? "it is a directory" : "it is not a regular file"));
   }
-  if (S_ISDIR(st.st_mode)) return FailedLocally(absl::StrCat(what, "it is a directory"));
-  if (!S_ISREG(st.st_mode)) return FailedLocally(absl::StrCat(what, "it is not a regular file"));
+  (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   auto too_big = [&](uint64_t size) {
     return FailedLocally(absl::StrCat(
         what, "it is ", size, " bytes",
@@ -62,9 +68,10 @@ std::optional<Failure> ReadLimited(absl::string_view command, const std::string&
         ", over the daemon's limit of ", Limit(max), " ", limit));
   };
   const uint64_t cap = max - std::min(max, already);
-  if (static_cast<uint64_t>(st.st_size) > cap) return too_big(st.st_size);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return FailedLocally(absl::StrCat(what, "cannot read it: ", std::strerror(errno)));
+  if (static_cast<uint64_t>(st.st_size) > cap) {
+    close(fd);
+    return too_big(st.st_size);
+  }
   std::string bytes;
   char chunk[64 << 10];
   for (;;) {
