@@ -200,7 +200,10 @@ def test_headers_and_options_select_what_is_compiled(compiling, session):
     header = ('#pragma once\n'
               '#if defined(WITH_FILL)\n'
               'extern "C" __global__ void gx_fill_u32(unsigned int* out, unsigned int value,\n'
-              '                                       unsigned long long n) {}\n'
+              '                                       unsigned long long n) {\n'
+              '  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;\n'
+              '  if (i < n) out[i] = value;\n'
+              '}\n'
               '#endif\n')
     source = fresh('#include "fill.cuh"\n')
     with_fill = session.compile(source, headers={"fill.cuh": header}, options=["-DWITH_FILL"])
