@@ -50,17 +50,65 @@ struct Returning {
 // answers of 64 MiB (client.h's max_message_bytes), with room for the log.
 constexpr size_t kMaxReturnedImageBytes = size_t{48} << 20;
 
-// The compiled image, stored and loaded into the call's session.
+// The compiled image loaded into the call's session: by its SHA-256 alone
+// first where the answer came from the cache (the daemon's store most
+// likely holds it: no copy and no hashing of up to 64 MiB per hit), with
+// its bytes otherwise or where the store no longer holds it.
 void LoadCompiled(core::Engine* engine, CompileModule* call,
-                  std::shared_ptr<const compile::CompiledModule> module, bool cached) {
+                  std::shared_ptr<const compile::CompiledModule> module, bool cached,
+                  bool with_bytes) {
   const std::string& image = module->image;
-  if (call->request().return_image() && image.size() > kMaxReturnedImageBytes) {
-    return call->Finish(absl::ResourceExhaustedError(absl::StrCat(
-        "the compiled image is ", image.size(), " bytes, more than the ", kMaxReturnedImageBytes,
-        " an answer carries back (return_image); compile it without return_image to load it "
-        "into the session")));
+  auto upload = engine->BeginModuleUpload(
+      call->caller(), call->request().session(), module->sha256, image.size(),
+      module->image_is_ptx ? core::ModuleKind::kPtx : core::ModuleKind::kCubin);
+  if (!upload.ok()) return call->Finish(upload.status());
+  if (with_bytes) {
+    if (absl::Status added = (*upload)->AddChunk(image); !added.ok()) return call->Finish(added);
   }
+  core::ModuleUpload* raw = upload->get();
+  raw->Finish([engine, call, module, cached, with_bytes,
+               upload = std::shared_ptr<core::ModuleUpload>(std::move(*upload))](
+                  absl::StatusOr<core::ModuleResult> loaded) {
+    if (!with_bytes && absl::IsNotFound(loaded.status())) {
+      // Not held any more: again with the bytes, hashed off this thread.
+      return call->env().uploads->Post(
+          [engine, call, module, cached] { LoadCompiled(engine, call, module, cached, true); });
+    }
+    if (loaded.ok()) {
+      v1::CompileModuleResponse* r = call->response();
+      r->set_module(loaded->handle);
+      r->set_sha256(loaded->sha256);
+      r->set_cached(cached);
+      r->set_log(module->log);
+      r->set_log_bytes(module->log_bytes);
+      for (const auto& [expression, lowered] : module->lowered_names) {
+        v1::LoweredName* l = r->add_lowered_names();
+        l->set_name_expression(expression);
+        l->set_lowered_name(lowered);
+      }
+      for (const std::string& k : loaded->kernels) r->add_kernels(k);
+      r->set_arch(module->arch);
+      r->set_nvrtc_version(module->nvrtc_version);
+      r->set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(module->took)));
+      r->set_image_is_ptx(module->image_is_ptx);
+      if (call->request().return_image()) r->set_image(module->image);
+    }
+    call->Finish(loaded.status());
+  });
+}
+
+// A compile's answer: the image's room in the answer reserved where it is
+// to be returned, then loaded.
+void Answer(core::Engine* engine, CompileModule* call,
+            std::shared_ptr<const compile::CompiledModule> module, bool cached) {
+  const std::string& image = module->image;
   if (call->request().return_image()) {
+    if (image.size() > kMaxReturnedImageBytes) {
+      return call->Finish(absl::ResourceExhaustedError(absl::StrCat(
+          "the compiled image is ", image.size(), " bytes, more than the ", kMaxReturnedImageBytes,
+          " an answer carries back (return_image); compile it without return_image to load it "
+          "into the session")));
+    }
     const int64_t bytes = static_cast<int64_t>(image.size());
     if (g_returning_bytes.fetch_add(bytes) + bytes > kMaxReturningBytes) {
       g_returning_bytes.fetch_sub(bytes);
@@ -71,36 +119,7 @@ void LoadCompiled(core::Engine* engine, CompileModule* call,
     }
     call->Hold(std::make_shared<Returning>(bytes));
   }
-  auto upload = engine->BeginModuleUpload(
-      call->caller(), call->request().session(), module->sha256, image.size(),
-      module->image_is_ptx ? core::ModuleKind::kPtx : core::ModuleKind::kCubin);
-  if (!upload.ok()) return call->Finish(upload.status());
-  if (absl::Status added = (*upload)->AddChunk(image); !added.ok()) return call->Finish(added);
-  core::ModuleUpload* raw = upload->get();
-  raw->Finish(
-      [call, module, cached, upload = std::shared_ptr<core::ModuleUpload>(std::move(*upload))](
-          absl::StatusOr<core::ModuleResult> loaded) {
-        if (loaded.ok()) {
-          v1::CompileModuleResponse* r = call->response();
-          r->set_module(loaded->handle);
-          r->set_sha256(loaded->sha256);
-          r->set_cached(cached);
-          r->set_log(module->log);
-          r->set_log_bytes(module->log_bytes);
-          for (const auto& [expression, lowered] : module->lowered_names) {
-            v1::LoweredName* l = r->add_lowered_names();
-            l->set_name_expression(expression);
-            l->set_lowered_name(lowered);
-          }
-          for (const std::string& k : loaded->kernels) r->add_kernels(k);
-          r->set_arch(module->arch);
-          r->set_nvrtc_version(module->nvrtc_version);
-          r->set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(module->took)));
-          r->set_image_is_ptx(module->image_is_ptx);
-          if (call->request().return_image()) r->set_image(module->image);
-        }
-        call->Finish(loaded.status());
-      });
+  LoadCompiled(engine, call, std::move(module), cached, /*with_bytes=*/!cached);
 }
 
 }  // namespace
@@ -128,7 +147,7 @@ void ListenCompileModule(const Env* env, grpc::ServerCompletionQueue* cq) {
               tenant, principal, TakeInput(call->mutable_request()), cc.first, cc.second,
               [engine, call](absl::StatusOr<compile::CompileAnswer> answer) {
                 if (!answer.ok()) return call->Finish(answer.status());
-                LoadCompiled(engine, call, answer->module, answer->cached);
+                Answer(engine, call, answer->module, answer->cached);
               },
               caller.tenant != nullptr ? static_cast<int>(caller.tenant->limits.max_compiles) : 0);
         });
