@@ -24,7 +24,7 @@ import threading
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
-from ._errors import client_error
+from ._errors import Error, client_error
 from ._function import Dims, Function, Module
 from ._transfer import clipped_repr
 from .v1 import gpuexec_pb2 as pb
@@ -34,6 +34,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._client import Session
 
 DEFAULT_SOURCE_NAME = "kernel.cu"
+# The longest a compile call waits for its answer, in seconds: well past
+# the daemon's own limits (a minute of compiling after a wait in its
+# queue), so that a daemon that never answers cannot hold a caller for
+# ever.
+COMPILE_TIMEOUT_S = 600.0
 # Source and header text: str, or bytes of UTF-8.
 Text = Union[str, bytes]
 Headers = Union[Mapping[str, Text], Iterable[Tuple[str, Text]], None]
@@ -214,11 +219,15 @@ class AsyncCompiledModule(_Compiled):
 
 def compile_in(session: "Session", source: Any, name: Any, headers: Headers, options: Any,
                name_expressions: Any, return_image: bool = False) -> CompiledModule:
-    """Session.compile: one CompileModule call (no deadline: a compile
-    may take as long as the daemon allows)."""
+    """Session.compile: one CompileModule call, of COMPILE_TIMEOUT_S at
+    most (the daemon stops a compile at its own limit well before)."""
     request = compile_request(session.token, source, name, headers, options, name_expressions,
                               return_image)
-    response = session._data(session.client.stub.CompileModule, request)
+    try:
+        response = session.client._call(session.client.stub.CompileModule, request,
+                                         COMPILE_TIMEOUT_S)
+    except Error as e:
+        raise session._failed(e) from None
     # As the C++ client has it: "uploaded" when the compile made a new
     # image, not one from the cache.
     kind = pb.MODULE_KIND_PTX if response.image_is_ptx else pb.MODULE_KIND_CUBIN

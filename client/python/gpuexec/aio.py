@@ -495,7 +495,8 @@ class AsyncSession:
         request = _compile.compile_request(self.token, source, name, headers, options,
                                            name_expressions, return_image)
         try:
-            response = await self.client._call(self.client._stub.CompileModule, request, None)
+            response = await self.client._call(self.client._stub.CompileModule, request,
+                                               _compile.COMPILE_TIMEOUT_S)
         except Error as e:
             raise self._failed(e) from None
         kind = pb.MODULE_KIND_PTX if response.image_is_ptx else pb.MODULE_KIND_CUBIN
