@@ -51,7 +51,7 @@ std::optional<Failure> PoolDevices(const Connection& c) {
 
 // The kernels FILE holds, read here.
 std::optional<Failure> ListKernels(const std::string& file) {
-  absl::StatusOr<std::string> image = ReadWholeFile(file);
+  absl::StatusOr<std::string> image = ReadWholeFile(file, kMaxModuleFileBytes);
   if (!image.ok()) return Failed(absl::StrCat("info ", file), image.status());
   const char* kind = ModuleKindName(ModuleKindOf(*image));
   absl::StatusOr<std::vector<std::string>> names = KernelNames(*image);

@@ -152,7 +152,7 @@ std::optional<Failure> Connect(const CommandLine& cl, bool open_session, Connect
 }
 
 std::optional<Failure> LoadModule(Session& session, const std::string& file, Module* module) {
-  absl::StatusOr<std::string> image = ReadWholeFile(file);
+  absl::StatusOr<std::string> image = ReadWholeFile(file, kMaxModuleFileBytes);
   if (!image.ok()) return Failed(absl::StrCat("load ", file), image.status());
   if (image->empty()) return FailedLocally(absl::StrCat("load ", file, ": the file is empty"));
   const ModuleKind kind = ModuleKindOf(*image);

@@ -135,10 +135,20 @@ absl::StatusOr<std::vector<std::string>> KernelNames(absl::string_view image) {
   return names;
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max) {
   std::ifstream file(path, std::ios::binary);
   if (!file) return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  char chunk[64 << 10];
+  while (file.read(chunk, sizeof(chunk)) || file.gcount() > 0) {
+    bytes.append(chunk, static_cast<size_t>(file.gcount()));
+    if (bytes.size() > max) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path, ": over ", max,
+                       " bytes, the most a module image may be (the daemon's "
+                       "--max_module_bytes default); is it the right file?"));
+    }
+  }
   if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
   return bytes;
 }

@@ -39,8 +39,13 @@ const char* ModuleKindName(ModuleKind kind);
 // but names no kernel.
 absl::StatusOr<std::vector<std::string>> KernelNames(absl::string_view image);
 
-// A file's bytes; NOT_FOUND naming the path and the system's reason.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+// The most a module file is read for (the daemon's default
+// --max_module_bytes): `gpuexec load /dev/zero` stops there.
+inline constexpr uint64_t kMaxModuleFileBytes = uint64_t{512} << 20;
+
+// A file's bytes; NOT_FOUND naming the path and the system's reason;
+// RESOURCE_EXHAUSTED past `max` (a module image's limit, said so).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max = ~uint64_t{0});
 // Writes `bytes` to `path`, or to stdout when `path` is "-".
 absl::Status WriteWholeFile(const std::string& path, absl::Span<const uint8_t> bytes);
 
