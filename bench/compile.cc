@@ -104,6 +104,17 @@ int RunCompile(const Plan& plan, bool quick, const std::string& daemon_path,
   const Latency cached =
       Measure(iters * 5, [&] { Must(session.CompileModule(Spec(Variant(7))), "CompileModule"); });
   Note(absl::StrFormat("the daemon's very first compile: %.1f ms", very_first_ms));
+  // The same, each compile process started anew instead of forked from the
+  // warm one (server/compile/zygote.h): what the warm one saves.
+  Latency unwarmed;
+  {
+    std::vector<std::string> cold_args = args;
+    cold_args.push_back("--warm_compiles=false");
+    Daemon dc(daemon_path, driver, "compile-cold", cold_args);
+    Client cc = Must(Client::Connect(dc.uds(), BenchClientOptions()), "connect");
+    Session cs = Must(cc.OpenSession({0}), "open a session");
+    unwarmed = Measure(iters, [&] { Must(cs.CompileModule(Spec(Variant(n++))), "CompileModule"); });
+  }
 
   // Launches of one session while `clients` others compile new sources.
   Function empty = Must(first.module.GetFunction("gx_empty"), "gx_empty");
@@ -132,6 +143,9 @@ int RunCompile(const Plan& plan, bool quick, const std::string& daemon_path,
 
   g_rows.push_back({"compile, a new source (p50 / p99)", Us(cold.p50) + " / " + Us(cold.p99), "",
                     "NVRTC in-process " + Us(native.p50), Ratio(cold.p50 / native.p50), "", ""});
+  g_rows.push_back(
+      {"compile, a new source, --warm_compiles=false", Us(unwarmed.p50) + " / " + Us(unwarmed.p99),
+       "", "NVRTC in-process " + Us(native.p50), Ratio(unwarmed.p50 / native.p50), "", ""});
   g_rows.push_back({"compile, a cached source (p50 / p99)", Us(cached.p50) + " / " + Us(cached.p99),
                     "", "", "", "", ""});
   g_rows.push_back({absl::StrCat("compiles/s, ", clients, " clients with new sources"),

@@ -35,7 +35,7 @@ ALLOWED = {
     "server/tenants": ["server/common", "server/core", "gpuexec/config/"],
     "server/metrics": ["server/common"],
     # The compile process and its front: NVRTC's declarations stay here.
-    "server/compile": ["server/common"],
+    "server/compile": ["server/common", "server/shm/region_fd.h"],
     # The composition root and the gRPC layer: everything above the driver.
     "server/rpc": ["server/common", "server/port", "server/shm", "server/core", "server/tenants",
                    "server/metrics", "server/compile/compile_service.h",

@@ -165,6 +165,9 @@ ABSL_FLAG(uint64_t, compile_memory_bytes, 4ull << 30,
 ABSL_FLAG(uint32_t, compile_cpu_s, 60, "CPU seconds one compile may use.");
 ABSL_FLAG(uint32_t, compile_time_limit_s, 60,
           "Wall-clock seconds one compile may take before it is stopped (DEADLINE_EXCEEDED).");
+ABSL_FLAG(bool, warm_compiles, true,
+          "Fork each compile process from a warm one that has NVRTC loaded (saves the load, about "
+          "80 ms a compile); false: start each anew.");
 ABSL_FLAG(uint32_t, max_compiles, 2, "Compiles at once on the daemon; 64 more may wait.");
 ABSL_FLAG(uint32_t, max_compiles_per_tenant, 1,
           "Compiles one tenant may have running or waiting at once; past it, refused at once.");
@@ -377,6 +380,7 @@ int main(int argc, char** argv) {
   options.compile_cpu_s = absl::GetFlag(FLAGS_compile_cpu_s);
   options.compile_time_limit_s = absl::GetFlag(FLAGS_compile_time_limit_s);
   options.max_compiles = absl::GetFlag(FLAGS_max_compiles);
+  options.warm_compiles = absl::GetFlag(FLAGS_warm_compiles);
   options.max_compiles_per_tenant = absl::GetFlag(FLAGS_max_compiles_per_tenant);
   options.share_compiles_across_tenants = absl::GetFlag(FLAGS_share_compiles_across_tenants);
   options.mps_control = absl::GetFlag(FLAGS_mps_control);

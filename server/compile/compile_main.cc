@@ -2,6 +2,7 @@
 
 #include "server/compile/compile_main.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "server/compile/frame.h"
 #include "server/compile/nvrtc.h"
 #include "server/compile/nvrtc_api.h"
+#include "server/shm/region_fd.h"
 
 namespace gpuexec::compile {
 namespace {
@@ -38,14 +41,25 @@ constexpr size_t kMaxLoweredBytes = size_t{64} << 10;
 struct Flags {
   sandbox::Limits limits;
   std::string tmp;
-  pid_t parent = 0;  // the daemon
+  pid_t parent = 0;   // the daemon
+  bool warm = false;  // the warm compile process
 };
+
+void CloseAbove(int fd) {
+  if (syscall(SYS_close_range, fd + 1, ~0u, 0) != 0) {
+    for (int i = fd + 1; i < 65536; ++i) close(i);
+  }
+}
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     absl::string_view a = argv[i];
     uint64_t v = 0;
     if (a == kCompileArg) continue;
+    if (a == kWarmArg) {
+      f->warm = true;
+      continue;
+    }
     if (absl::ConsumePrefix(&a, "--tmp=")) {
       f->tmp = std::string(a);
     } else if (absl::ConsumePrefix(&a, "--memory_bytes=") && absl::SimpleAtoi(a, &v)) {
@@ -58,7 +72,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       return false;
     }
   }
-  return !f->tmp.empty();
+  return f->warm || !f->tmp.empty();
 }
 
 wire::Reply::Outcome OutcomeOf(int result) {
@@ -78,33 +92,35 @@ wire::Reply::Outcome OutcomeOf(int result) {
   }
 }
 
-wire::Reply Run(const Flags& flags, const wire::Request& req) {
-  wire::Reply reply;
-  // NVRTC: the first library of the list that loads.
-  std::unique_ptr<Nvrtc> nvrtc;
+// NVRTC: the first library of the request's list that loads; nullptr (and
+// a FAILED reply) when none does.
+std::unique_ptr<Nvrtc> LoadNvrtc(const wire::Request& req, wire::Reply* reply) {
   for (const std::string& path : req.nvrtc()) {
     absl::StatusOr<std::unique_ptr<Nvrtc>> opened = Nvrtc::Open(path);
     if (opened.ok()) {
-      nvrtc = *std::move(opened);
-      reply.set_nvrtc_path(path);
-      break;
+      reply->set_nvrtc_path(path);
+      reply->set_nvrtc_version((*opened)->version());
+      for (int arch : (*opened)->archs()) reply->add_archs(arch);
+      return *std::move(opened);
     }
-    reply.add_nvrtc_tried(std::string(opened.status().message()));
+    reply->add_nvrtc_tried(std::string(opened.status().message()));
   }
-  if (nvrtc == nullptr) {
-    reply.set_outcome(wire::Reply::FAILED);
-    reply.set_message("no NVRTC library loaded");
-    return reply;
-  }
-  reply.set_nvrtc_version(nvrtc->version());
-  for (int arch : nvrtc->archs()) reply.add_archs(arch);
+  reply->set_outcome(wire::Reply::FAILED);
+  reply->set_message("no NVRTC library loaded");
+  return nullptr;
+}
+
+// Confines this process, then compiles `req` with `nvrtc` (loaded) into
+// `reply`.
+wire::Reply CompileConfined(const Flags& flags, const Nvrtc& nvrtc, const wire::Request& req,
+                            wire::Reply reply) {
   if (chdir(flags.tmp.c_str()) != 0) {
     reply.set_outcome(wire::Reply::FAILED);
     reply.set_message(absl::StrCat("cannot enter the compile's directory: ", strerror(errno)));
     return reply;
   }
   absl::StatusOr<sandbox::Confinement> confined =
-      sandbox::Confine(flags.limits, nvrtc->files(), flags.tmp);
+      sandbox::Confine(flags.limits, nvrtc.files(), flags.tmp);
   if (!confined.ok()) {
     reply.set_outcome(wire::Reply::FAILED);
     reply.set_message(std::string(confined.status().message()));
@@ -125,7 +141,7 @@ wire::Reply Run(const Flags& flags, const wire::Request& req) {
   for (const auto& h : req.headers()) input.headers.push_back({h.name(), h.content()});
   for (const auto& e : req.name_expressions()) input.name_expressions.push_back(e);
   const std::vector<std::string> options(req.options().begin(), req.options().end());
-  CompileResult r = nvrtc->Compile(input, options);
+  CompileResult r = nvrtc.Compile(input, options);
   reply.set_outcome(OutcomeOf(r.result));
   if (r.result != NVRTC_SUCCESS) {
     reply.set_message(absl::StrCat(r.failed_call, ": ", r.result_name));
@@ -158,6 +174,117 @@ wire::Reply Run(const Flags& flags, const wire::Request& req) {
   return reply;
 }
 
+// Reads one Request from the compile socket, answers it and returns the
+// exit code. `nvrtc`: already loaded (a process forked from the warm one),
+// or nullptr to load it here.
+int ServeOne(const Flags& flags, const Nvrtc* nvrtc) {
+  const absl::Time deadline = absl::Now() + kIoTimeout;
+  absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, kMaxRequestBytes, deadline);
+  if (!bytes.ok()) return 3;
+  wire::Request req;
+  if (!req.ParseFromString(*bytes)) return 4;
+  wire::Reply reply;
+  std::unique_ptr<Nvrtc> loaded;
+  if (nvrtc == nullptr) {
+    loaded = LoadNvrtc(req, &reply);
+    nvrtc = loaded.get();
+  } else {
+    reply.set_nvrtc_version(nvrtc->version());
+  }
+  if (nvrtc != nullptr) reply = CompileConfined(flags, *nvrtc, req, std::move(reply));
+  std::string out;
+  if (!reply.SerializeToString(&out)) return 5;
+  if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
+  return 0;
+}
+
+// This process's threads (/proc/self/task).
+int Threads() {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+// A compile of a built-in kernel, so that what NVRTC sets up once (its
+// builtins, the code generator) is set up before the warm process forks.
+void WarmUp(const Nvrtc& nvrtc, int arch) {
+  CompileInput input;
+  input.source = "extern \"C\" __global__ void gpuexec_warm_up(float* x) { x[0] = 1.0f; }\n";
+  input.source_name = "warm_up.cu";
+  std::vector<std::string> options;
+  if (arch > 0) options.push_back(absl::StrCat("-arch=sm_", arch));
+  nvrtc.Compile(input, options);
+}
+
+// The warm compile process (zygote.h): loads NVRTC once, then forks a
+// compile process per Fork the daemon sends, each the daemon's own child
+// (CLONE_PARENT: the daemon waits for it, kills it and reads its usage as
+// for one it started), each confining itself before it reads its source.
+// It never sees a source itself.
+int RunWarm(const Flags& flags) {
+  absl::StatusOr<std::string> bytes =
+      ReadFrame(kCompileSocketFd, kMaxRequestBytes, absl::Now() + kIoTimeout);
+  if (!bytes.ok()) return 3;
+  wire::Request req;
+  if (!req.ParseFromString(*bytes)) return 4;
+  wire::Reply reply;
+  std::unique_ptr<Nvrtc> nvrtc = LoadNvrtc(req, &reply);
+  if (nvrtc != nullptr && req.warm_up()) WarmUp(*nvrtc, req.warm_up_arch());
+  reply.set_threads(Threads());
+  if (nvrtc != nullptr && reply.threads() != 1) {
+    reply.set_outcome(wire::Reply::FAILED);
+    reply.set_message(absl::StrCat("NVRTC left ", reply.threads(),
+                                   " threads running; a process with more than one cannot fork"));
+  }
+  std::string out;
+  if (!reply.SerializeToString(&out)) return 5;
+  if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
+  if (reply.outcome() != wire::Reply::OK) return 0;
+  while (true) {
+    // The daemon gone or done: the socket closes and this process ends.
+    bytes = ReadFrame(kCompileSocketFd, 4096, absl::InfiniteFuture());
+    if (!bytes.ok()) return 0;
+    wire::Fork fork;
+    char byte = 0;
+    int socket = -1;
+    if (!fork.ParseFromString(*bytes)) return 4;
+    absl::StatusOr<size_t> got = shm::ReceiveWithDescriptor(kCompileSocketFd, &byte, 1, &socket);
+    if (!got.ok() || *got == 0) return 0;
+    wire::Forked forked;
+    if (socket < 0) {
+      forked.set_message("no socket came with the request");
+    } else {
+      const long pid =
+          syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, nullptr);
+      if (pid == 0) {
+        // The compile process: the socket as fd 3 (the daemon's socket to
+        // the warm process closes with it), nothing else open, gone with
+        // the daemon.
+        if (dup2(socket, kCompileSocketFd) != kCompileSocketFd) _exit(1);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        if (getppid() != flags.parent) _exit(1);
+        CloseAbove(kCompileSocketFd);
+        Flags child = flags;
+        child.tmp = fork.tmp();
+        child.limits.memory_bytes = fork.memory_bytes();
+        child.limits.cpu_seconds = std::clamp<uint32_t>(fork.cpu_s(), 1, 86400);
+        setenv("TMPDIR", child.tmp.c_str(), 1);
+        setenv("HOME", child.tmp.c_str(), 1);
+        _exit(ServeOne(child, nvrtc.get()));
+      }
+      if (pid < 0) forked.set_message(absl::StrCat("clone: ", strerror(errno)));
+      forked.set_pid(pid > 0 ? static_cast<int32_t>(pid) : 0);
+      close(socket);
+    }
+    if (!forked.SerializeToString(&out)) return 5;
+    if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
+  }
+}
+
 }  // namespace
 
 int RunCompiler(int argc, char** argv) {
@@ -168,19 +295,9 @@ int RunCompiler(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
   if (flags.parent != 0 && getppid() != flags.parent) return 1;
-  if (syscall(SYS_close_range, kCompileSocketFd + 1, ~0u, 0) != 0) {
-    for (int fd = kCompileSocketFd + 1; fd < 65536; ++fd) close(fd);
-  }
-  const absl::Time deadline = absl::Now() + kIoTimeout;
-  absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, kMaxRequestBytes, deadline);
-  if (!bytes.ok()) return 3;
-  wire::Request req;
-  if (!req.ParseFromString(*bytes)) return 4;
-  const wire::Reply reply = Run(flags, req);
-  std::string out;
-  if (!reply.SerializeToString(&out)) return 5;
-  if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
-  return 0;
+  CloseAbove(kCompileSocketFd);
+  if (flags.warm) return flags.parent != 0 ? RunWarm(flags) : 2;
+  return ServeOne(flags, nullptr);
 }
 
 }  // namespace gpuexec::compile

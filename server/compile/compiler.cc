@@ -2,9 +2,7 @@
 
 #include "server/compile/compiler.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -28,26 +26,11 @@
 #include "server/compile/frame.h"
 #include "server/compile/nvrtc.h"
 
-extern char** environ;
-
 namespace gpuexec::compile {
 namespace {
 
 // The log in a status: its first kStatusLogBytes.
 constexpr size_t kStatusLogBytes = 2048;
-
-// The compile process's environment: nothing of the daemon's but what
-// finds libraries, and the test doubles' own knobs (GXFAKE_*).
-std::vector<std::string> ChildEnvironment(const std::string& dir) {
-  std::vector<std::string> env = {"PATH=/usr/bin:/bin", absl::StrCat("TMPDIR=", dir),
-                                  absl::StrCat("HOME=", dir), "LANG=C"};
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (absl::StartsWith(*e, "LD_LIBRARY_PATH=") || absl::StartsWith(*e, "GXFAKE_")) {
-      env.emplace_back(*e);
-    }
-  }
-  return env;
-}
 
 std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
@@ -102,46 +85,14 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
   }
-  const std::vector<std::string> args = {
-      options_.program,
-      kCompileArg,
-      absl::StrCat("--memory_bytes=", options_.limits.memory_bytes),
-      absl::StrCat("--cpu_s=", options_.limits.cpu_seconds),
-      absl::StrCat("--tmp=", dir),
-      absl::StrCat("--parent=", getpid())};
-  const std::vector<std::string> env = ChildEnvironment(dir);
-  std::vector<char*> argv, envp;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  argv.push_back(nullptr);
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, sv[1], kCompileSocketFd);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int sig : {SIGPIPE, SIGXCPU, SIGXFSZ, SIGTERM, SIGINT, SIGHUP}) sigaddset(&defaults, sig);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = 0;
   const absl::Time start = absl::Now();
-  const int spawned =
-      posix_spawn(&pid, options_.program.c_str(), &actions, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  absl::StatusOr<pid_t> started = StartProcess(dir, sv[1]);
   close(sv[1]);
-  if (spawned != 0) {
+  if (!started.ok()) {
     close(sv[0]);
-    return absl::InternalError(absl::StrCat("cannot start the compile process (", options_.program,
-                                            "): ", strerror(spawned)));
+    return started.status();
   }
+  const pid_t pid = *started;
   Outcome out;
   const absl::Time deadline = start + options_.time_limit;
   absl::Status sent = WriteFrame(sv[0], request, deadline);
@@ -160,6 +111,79 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
   }
   out.took = absl::Now() - start;
   return out;
+}
+
+absl::StatusOr<pid_t> Compiler::StartProcess(const std::string& dir, int socket) {
+  if (options_.warm && !path_.empty()) {  // the probe (no path yet) starts cold
+    absl::MutexLock lock(&zygote_mu_);
+    if (zygote_ == nullptr && absl::Now() >= zygote_retry_) StartZygote();
+    if (zygote_ != nullptr) {
+      absl::StatusOr<pid_t> pid = zygote_->Fork(dir, options_.limits, socket);
+      if (pid.ok()) {
+        warm_starts_.fetch_add(1);
+        return pid;
+      }
+      // Broken (killed, or it stopped answering): this compile starts cold,
+      // a later one starts a new warm process.
+      zygote_.reset();
+      zygote_retry_ = absl::Now() + absl::Seconds(1);
+    }
+  }
+  const std::vector<std::string> args = {
+      options_.program,
+      kCompileArg,
+      absl::StrCat("--memory_bytes=", options_.limits.memory_bytes),
+      absl::StrCat("--cpu_s=", options_.limits.cpu_seconds),
+      absl::StrCat("--tmp=", dir),
+      absl::StrCat("--parent=", getpid())};
+  GPUEXEC_ASSIGN_OR_RETURN(
+      pid_t pid, SpawnCompileProcess(options_.program, args, CompileEnvironment(dir), socket));
+  cold_starts_.fetch_add(1);
+  return pid;
+}
+
+void Compiler::StartZygote() {
+  Zygote::Options zo;
+  zo.program = options_.program;
+  zo.nvrtc = path_;
+  zo.warm_up_arch = options_.warm_up_arch;
+  zo.warm_up = zygote_warm_up_;
+  absl::StatusOr<std::unique_ptr<Zygote>> z = Zygote::Start(zo);
+  if (!z.ok() && zygote_warm_up_) {
+    // NVRTC's warm-up may leave a thread behind; without it the process
+    // may still fork.
+    zygote_warm_up_ = false;
+    zo.warm_up = false;
+    z = Zygote::Start(zo);
+  }
+  if (z.ok()) {
+    zygote_ = *std::move(z);
+    zygote_error_.clear();
+    return;
+  }
+  zygote_error_ = std::string(z.status().message());
+  zygote_retry_ = absl::Now() + absl::Seconds(1);
+}
+
+Compiler::~Compiler() {
+  absl::MutexLock lock(&zygote_mu_);
+  zygote_.reset();
+}
+
+pid_t Compiler::zygote_pid() const {
+  absl::MutexLock lock(&zygote_mu_);
+  return zygote_ != nullptr ? zygote_->pid() : 0;
+}
+
+std::string Compiler::start_mode() const {
+  absl::MutexLock lock(&zygote_mu_);
+  if (!options_.warm) return "each compile process started cold";
+  if (zygote_ == nullptr) {
+    return absl::StrCat(
+        "each compile process started cold (the warm one cannot serve: ", zygote_error_, ")");
+  }
+  return zygote_warm_up_ ? "compile processes forked from a warm one (NVRTC loaded and warmed up)"
+                         : "compile processes forked from a warm one (NVRTC loaded)";
 }
 
 absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions options) {
@@ -198,6 +222,10 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   c->options_.nvrtc = {c->path_};
   c->version_ = reply.nvrtc_version();
   c->archs_.assign(reply.archs().begin(), reply.archs().end());
+  if (c->options_.warm) {
+    absl::MutexLock lock(&c->zygote_mu_);
+    c->StartZygote();
+  }
   return c;
 }
 

@@ -17,7 +17,9 @@
 //                        install
 // Start probes once: the compile process loads NVRTC (the first of the
 // candidates that loads), confines itself and reports the version, the
-// architectures and whether Landlock shuts the file system.
+// architectures and whether Landlock shuts the file system. It then starts
+// the warm compile process (zygote.h), from which compile processes are
+// forked; where that cannot serve they are started cold.
 
 #include <atomic>
 #include <cstdint>
@@ -26,10 +28,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/compile/compile_request.h"
 #include "server/compile/compile_sandbox.h"
+#include "server/compile/zygote.h"
 
 namespace gpuexec::compile {
 
@@ -52,6 +57,12 @@ struct CompilerOptions {
   std::string cpu_flag = "--compile_cpu_s";
   std::string time_flag = "--compile_time_limit_s";
   std::string running_flag = "--max_compiles";
+  // Fork compile processes from a warm one (zygote.h); false: start each
+  // cold.
+  bool warm = true;
+  // The architecture the warm process compiles its warm-up kernel for (90
+  // for sm_90; 0: NVRTC's default).
+  int warm_up_arch = 0;
 };
 
 struct Compiled {
@@ -71,11 +82,19 @@ std::string PrintableLog(const std::string& log, size_t max);
 class Compiler {
  public:
   static absl::StatusOr<std::unique_ptr<Compiler>> Start(CompilerOptions options);
+  ~Compiler();
 
   const std::string& nvrtc_version() const { return version_; }
   const std::string& nvrtc_path() const { return path_; }
   const std::vector<int>& archs() const { return archs_; }
   int running() const { return running_.load(); }
+  // How compile processes start, in words (for the daemon's log).
+  std::string start_mode() const;
+  // The warm compile process (0: none now), and how many compile processes
+  // were forked from it and started cold.
+  pid_t zygote_pid() const;
+  int64_t warm_starts() const { return warm_starts_.load(); }
+  int64_t cold_starts() const { return cold_starts_.load(); }
 
   // Compiles `input` (already passed Check) for a device of compute
   // capability `cc_major`.`cc_minor`. Blocks for the compile: call it off
@@ -86,12 +105,23 @@ class Compiler {
   explicit Compiler(CompilerOptions options) : options_(std::move(options)) {}
   struct Outcome;
   absl::StatusOr<Outcome> RunProcess(const std::string& request);
+  // A compile process for `dir` with `socket` as its fd 3: forked from the
+  // warm process, else started cold.
+  absl::StatusOr<pid_t> StartProcess(const std::string& dir, int socket);
+  void StartZygote() ABSL_EXCLUSIVE_LOCKS_REQUIRED(zygote_mu_);
 
   CompilerOptions options_;
   std::string version_;
   std::string path_;
   std::vector<int> archs_;
   std::atomic<int> running_{0};
+  std::atomic<int64_t> warm_starts_{0};
+  std::atomic<int64_t> cold_starts_{0};
+  mutable absl::Mutex zygote_mu_;
+  std::unique_ptr<Zygote> zygote_ ABSL_GUARDED_BY(zygote_mu_);
+  bool zygote_warm_up_ ABSL_GUARDED_BY(zygote_mu_) = true;
+  std::string zygote_error_ ABSL_GUARDED_BY(zygote_mu_);
+  absl::Time zygote_retry_ ABSL_GUARDED_BY(zygote_mu_) = absl::InfinitePast();
 };
 
 }  // namespace gpuexec::compile

@@ -491,8 +491,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       if (nvrtc.ok()) co.compiler.nvrtc = {*nvrtc};
       simulator_without_nvrtc = nvrtc.status();
     }
+    // The warm compile process warms NVRTC up for the first device's
+    // architecture (zygote.h).
+    for (const core::ShareDevice& d : impl->engine->ShareDevices()) {
+      if (d.cc_major > 0) {
+        co.compiler.warm_up_arch = d.cc_major * 10 + d.cc_minor;
+        break;
+      }
+    }
     co.compiler.limits.memory_bytes = options.compile_memory_bytes;
     co.compiler.limits.cpu_seconds = std::max<uint32_t>(1, options.compile_cpu_s);
+    co.compiler.warm = options.warm_compiles;
     co.compiler.time_limit = absl::Seconds(std::max<uint32_t>(1, options.compile_time_limit_s));
     co.compiler.max_running = static_cast<int>(std::max<uint32_t>(1, options.max_compiles));
     co.max_per_tenant = static_cast<int>(std::max<uint32_t>(1, options.max_compiles_per_tenant));
@@ -504,7 +513,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       const compile::Compiler& c = impl->compiles->compiler();
       log::Info("kernels from source: NVRTC ", c.nvrtc_version(), " (", c.nvrtc_path(), "), ",
                 co.compiler.max_running, " compile(s) at once, ",
-                "the file system shut by Landlock",
+                "the file system shut by Landlock, ", c.start_mode(),
                 co.share_across_tenants ? ", one cache for every tenant" : ", a cache per tenant");
       impl->service->SetCompiler(impl->compiles.get(), "");
     } else {

@@ -181,6 +181,8 @@ struct ServerOptions {
   uint32_t compile_cpu_s = 60;
   uint32_t compile_time_limit_s = 60;
   uint32_t max_compiles = 2;
+  // Fork compile processes from a warm one (server/compile/zygote.h).
+  bool warm_compiles = true;
   uint32_t max_compiles_per_tenant = 1;
   // One tenant's compile answers another's request of the same source
   // (false: a cache per tenant, so that none learns what another compiled).

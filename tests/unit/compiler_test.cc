@@ -4,12 +4,14 @@
 // that does not compile, a compile past the time, CPU or memory limit, and a
 // crash of the compiler each answer their status and leave the next compile
 // unaffected; the sandbox keeps the host's files out of reach even of a
-// source the daemon's check would have refused.
+// source the daemon's check would have refused. Compile processes are
+// forked from the warm one, which is replaced when it dies.
 
 #include "server/compile/compiler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstdlib>
 #include <memory>
@@ -274,6 +276,80 @@ TEST_F(CompilerLimitsTest, TheLogIsCutToItsLimit) {
   EXPECT_LE(out->log.size(), 40u + 4);
   EXPECT_THAT(out->log, ::testing::EndsWith("\n..."));
   EXPECT_GT(out->log_bytes, 40u);
+}
+
+// The warm compile process (zygote.h): compile processes are forked from
+// it, it is replaced when it dies, and a daemon told not to use it starts
+// each compile process cold.
+class CompilerWarmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (sandbox::LandlockAbi() == 0) GTEST_SKIP() << kNoLandlock;
+  }
+};
+
+TEST_F(CompilerWarmTest, CompileProcessesAreForkedFromTheWarmOne) {
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_GT((*c)->zygote_pid(), 0);
+  EXPECT_THAT((*c)->start_mode(), HasSubstr("forked from a warm one (NVRTC loaded and warmed up)"));
+  const int64_t cold = (*c)->cold_starts();
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Compiled> out =
+        (*c)->Compile(Source(absl::StrCat("// compile ", i, "\n", kSaxpy)), 9, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_NE(out->image.find("gx_saxpy"), std::string::npos);
+  }
+  EXPECT_EQ((*c)->warm_starts(), 3);
+  EXPECT_EQ((*c)->cold_starts(), cold);
+}
+
+TEST_F(CompilerWarmTest, ACompileForkedFromTheWarmOneKeepsItsLimits) {
+  CompilerOptions o = Options(GPUEXEC_FAKE_NVRTC);
+  o.limits.cpu_seconds = 1;
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Compiled> out =
+      (*c)->Compile(Source(absl::StrCat("// GXFAKE_COMPILE_SPIN\n", kSaxpy), "spin.cu"), 9, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("used its CPU time limit of 1 s"));
+  EXPECT_EQ((*c)->warm_starts(), 1);
+  // The warm process itself is untouched by the compile it forked.
+  EXPECT_GT((*c)->zygote_pid(), 0);
+  EXPECT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
+  EXPECT_EQ((*c)->warm_starts(), 2);
+}
+
+TEST_F(CompilerWarmTest, AWarmProcessThatDiedCostsNoCompileAndIsReplaced) {
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const pid_t first = (*c)->zygote_pid();
+  ASSERT_GT(first, 0);
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  const int64_t cold = (*c)->cold_starts();
+  absl::StatusOr<Compiled> out = (*c)->Compile(Source(kSaxpy), 9, 0);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*c)->cold_starts(), cold + 1);
+  EXPECT_EQ((*c)->zygote_pid(), 0);
+  // A second later a compile starts a new warm process and forks from it.
+  absl::SleepFor(absl::Milliseconds(1100));
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
+  EXPECT_GT((*c)->zygote_pid(), 0);
+  EXPECT_NE((*c)->zygote_pid(), first);
+  EXPECT_EQ((*c)->warm_starts(), 1);
+}
+
+TEST_F(CompilerWarmTest, WithoutTheWarmProcessEachCompileStartsCold) {
+  CompilerOptions o = Options(GPUEXEC_FAKE_NVRTC);
+  o.warm = false;
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->zygote_pid(), 0);
+  EXPECT_EQ((*c)->start_mode(), "each compile process started cold");
+  const int64_t cold = (*c)->cold_starts();
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
+  EXPECT_EQ((*c)->cold_starts(), cold + 1);
+  EXPECT_EQ((*c)->warm_starts(), 0);
 }
 
 }  // namespace
