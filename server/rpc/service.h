@@ -98,7 +98,7 @@ class GpuExecService {
     // Kernels from source (CompileModule): the daemon's compile service, or
     // null and why not.
     compile::CompileService* compiles = nullptr;
-    std::string nvrtc_version;
+    std::string nvrtc_version{};
     std::string compile_unavailable = "the daemon was started without a compiler";
   };
 
