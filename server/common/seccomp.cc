@@ -146,6 +146,22 @@ void OnlyOnSelf(std::vector<sock_filter>* f, int nr, pid_t self, bool zero) {
   f->push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
 }
 
+// Refuses call `nr` when its second argument's low word is one of
+// `commands`; any other call passes on with its number loaded again.
+void DenyCommands(std::vector<sock_filter>* f, int nr, const std::vector<uint32_t>& commands) {
+  const auto k = static_cast<uint8_t>(commands.size());
+  f->push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0,
+                        static_cast<uint8_t>(k + 4)));
+  f->push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[1])));
+  for (uint8_t j = 0; j < k; ++j) {
+    f->push_back(
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, commands[j], static_cast<uint8_t>(k + 1 - j), 0));
+  }
+  f->push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)));
+  f->push_back(BPF_JUMP(BPF_JMP | BPF_JA | BPF_K, 1, 0, 0));
+  f->push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
+}
+
 std::vector<sock_filter> Filter(const Rules& rules) {
   constexpr uint32_t kNamespaces = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
                                    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP;
@@ -173,6 +189,9 @@ std::vector<sock_filter> Filter(const Rules& rules) {
   for (int nr : denied) {
     f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1));
     f.push_back(BPF_STMT(BPF_RET | BPF_K, kDeny));
+  }
+  for (const Rules::ByCommand& d : rules.denied_commands) {
+    if (!d.commands.empty() && d.commands.size() < 64) DenyCommands(&f, d.call, d.commands);
   }
   for (int nr : rules.own_pid_only) OnlyOnSelf(&f, nr, rules.self, /*zero=*/false);
   for (int nr : rules.zero_or_own_pid) OnlyOnSelf(&f, nr, rules.self, /*zero=*/true);

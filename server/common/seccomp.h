@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +34,15 @@ struct Rules {
   // sched_setaffinity ...
   std::vector<int> zero_or_own_pid;
   pid_t self = 0;
+  // Calls refused for some values of their second argument (its low 32
+  // bits, all the kernel reads of an fcntl or ioctl command): fcntl's
+  // F_SETOWN, which would let a descriptor's signals reach another
+  // process.
+  struct ByCommand {
+    int call;
+    std::vector<uint32_t> commands;
+  };
+  std::vector<ByCommand> denied_commands;
   // No new processes: fork, vfork and a clone without CLONE_THREAD are
   // refused; threads may still be made.
   bool threads_only = false;

@@ -110,17 +110,19 @@ std::unique_ptr<Nvrtc> LoadNvrtc(const wire::Request& req, wire::Reply* reply) {
   return nullptr;
 }
 
-// Confines this process, then compiles `req` with `nvrtc` (loaded) into
-// `reply`.
-wire::Reply CompileConfined(const Flags& flags, const Nvrtc& nvrtc, const wire::Request& req,
-                            wire::Reply reply) {
+// Enters the compile's directory and confines this process (NVRTC, its
+// files readable, loaded).
+absl::StatusOr<sandbox::Confinement> EnterSandbox(const Flags& flags, const Nvrtc& nvrtc) {
   if (chdir(flags.tmp.c_str()) != 0) {
-    reply.set_outcome(wire::Reply::FAILED);
-    reply.set_message(absl::StrCat("cannot enter the compile's directory: ", strerror(errno)));
-    return reply;
+    return absl::InternalError(
+        absl::StrCat("cannot enter the compile's directory: ", strerror(errno)));
   }
-  absl::StatusOr<sandbox::Confinement> confined =
-      sandbox::Confine(flags.limits, nvrtc.files(), flags.tmp);
+  return sandbox::Confine(flags.limits, nvrtc.files(), flags.tmp);
+}
+
+// Compiles `req` with `nvrtc` into `reply`, in the sandbox `confined`.
+wire::Reply CompileConfined(const absl::StatusOr<sandbox::Confinement>& confined,
+                            const Nvrtc& nvrtc, const wire::Request& req, wire::Reply reply) {
   if (!confined.ok()) {
     reply.set_outcome(wire::Reply::FAILED);
     reply.set_message(std::string(confined.status().message()));
@@ -176,8 +178,11 @@ wire::Reply CompileConfined(const Flags& flags, const Nvrtc& nvrtc, const wire::
 
 // Reads one Request from the compile socket, answers it and returns the
 // exit code. `nvrtc`: already loaded (a process forked from the warm one),
-// or nullptr to load it here.
+// which confines itself before it reads a byte of the request; or nullptr:
+// the request names NVRTC, loaded here before the confinement.
 int ServeOne(const Flags& flags, const Nvrtc* nvrtc) {
+  absl::StatusOr<sandbox::Confinement> confined = absl::UnknownError("not confined");
+  if (nvrtc != nullptr) confined = EnterSandbox(flags, *nvrtc);
   const absl::Time deadline = absl::Now() + kIoTimeout;
   absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, kMaxRequestBytes, deadline);
   if (!bytes.ok()) return 3;
@@ -188,10 +193,11 @@ int ServeOne(const Flags& flags, const Nvrtc* nvrtc) {
   if (nvrtc == nullptr) {
     loaded = LoadNvrtc(req, &reply);
     nvrtc = loaded.get();
+    if (nvrtc != nullptr) confined = EnterSandbox(flags, *nvrtc);
   } else {
     reply.set_nvrtc_version(nvrtc->version());
   }
-  if (nvrtc != nullptr) reply = CompileConfined(flags, *nvrtc, req, std::move(reply));
+  if (nvrtc != nullptr) reply = CompileConfined(confined, *nvrtc, req, std::move(reply));
   std::string out;
   if (!reply.SerializeToString(&out)) return 5;
   if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;

@@ -9,11 +9,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -27,6 +30,7 @@ namespace {
 struct RulesetAttr {
   uint64_t handled_access_fs;
   uint64_t handled_access_net;  // ABI 4
+  uint64_t scoped;              // ABI 6
 };
 struct __attribute__((packed)) PathBeneathAttr {
   uint64_t allowed_access;
@@ -43,6 +47,8 @@ constexpr uint64_t kFsTruncate = 1ull << 14;    // ABI 3
 constexpr uint64_t kFsIoctlDev = 1ull << 15;    // ABI 5
 constexpr uint64_t kNetBindTcp = 1ull << 0;     // ABI 4
 constexpr uint64_t kNetConnectTcp = 1ull << 1;
+constexpr uint64_t kScopeAbstractUnixSocket = 1ull << 0;  // ABI 6
+constexpr uint64_t kScopeSignal = 1ull << 1;
 
 #ifndef __NR_landlock_create_ruleset
 #define __NR_landlock_create_ruleset 444
@@ -90,8 +96,13 @@ absl::StatusOr<int> RestrictFiles(const std::vector<std::string>& readable,
                                   const std::string& directory) {
   const long abi = LandlockAbi();
   if (abi < 1) return 0;
-  RulesetAttr attr{HandledFs(static_cast<int>(abi)), kNetBindTcp | kNetConnectTcp};
-  const size_t size = abi >= 4 ? sizeof(attr) : sizeof(attr.handled_access_fs);
+  // ABI 6 also keeps signals, and abstract Unix sockets, inside the
+  // domain: no other process of the uid can be signalled or connected to.
+  RulesetAttr attr{HandledFs(static_cast<int>(abi)), kNetBindTcp | kNetConnectTcp,
+                   kScopeAbstractUnixSocket | kScopeSignal};
+  const size_t size = abi >= 6   ? sizeof(attr)
+                      : abi >= 4 ? offsetof(RulesetAttr, scoped)
+                                 : sizeof(attr.handled_access_fs);
   const long ruleset = syscall(__NR_landlock_create_ruleset, &attr, size, 0);
   if (ruleset < 0) return Refused("the Landlock ruleset");
   const int fd = static_cast<int>(ruleset);
@@ -195,6 +206,10 @@ absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std:
            __NR_fallocate}) {
     rules.extra.push_back(call);
   }
+  // Nor a signal sent through a descriptor's owner (F_SETOWN, then O_ASYNC
+  // I/O signals SIGKILL to any process of the uid, or a process group).
+  rules.denied_commands = {{__NR_fcntl, {F_SETOWN, F_SETOWN_EX, F_SETSIG}},
+                           {__NR_ioctl, {FIOSETOWN, SIOCSPGRP, FIOASYNC}}};
   rules.own_pid_only = {__NR_kill, __NR_tgkill, __NR_rt_sigqueueinfo, __NR_rt_tgsigqueueinfo};
   rules.zero_or_own_pid = {__NR_prlimit64, __NR_sched_setaffinity, __NR_sched_setscheduler,
                            __NR_sched_setparam, __NR_sched_setattr};

@@ -15,12 +15,16 @@
 //     and new processes (fork, vfork, a clone that is not a thread), which
 //     a compile never needs: the answer goes back on the socket it
 //     inherited; signals, rlimits and scheduling reach no process but this
-//     one (other processes of the daemon's uid are out of reach);
+//     one (other processes of the daemon's uid are out of reach), and no
+//     descriptor gets an owner to send its I/O signals to (fcntl F_SETOWN,
+//     F_SETOWN_EX, F_SETSIG; ioctl FIOSETOWN, SIOCSPGRP, FIOASYNC);
 //   - Landlock (Linux 5.13 and newer): no file of the host may be opened
 //     but the files in `readable` (NVRTC's libraries) for reading, and
 //     what is beneath `directory` (a private one of this compile, its
 //     working directory), also for reading only: nothing may be written;
-//     with Landlock ABI 4 and newer, no TCP bind or connect either. A
+//     with Landlock ABI 4 and newer, no TCP bind or connect either; with
+//     ABI 6 and newer, no signal to a process outside the sandbox and no
+//     abstract Unix socket outside it either. A
 //     kernel without Landlock gets no compiles (compiler.h): the daemon's
 //     check of the source's includes (compile_request.h) is a second line,
 //     not the only one.

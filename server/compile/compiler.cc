@@ -81,24 +81,20 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
       std::filesystem::remove_all(dir, ignored);
     }
   } remove_dir{dir};
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
-  }
+  // The probe (before NVRTC is known) starts cold, like any compile
+  // process while no warm one serves.
+  GPUEXEC_ASSIGN_OR_RETURN(const CompileStarter::Started started, starter_->Start(dir));
+  const pid_t pid = started.pid;
+  const int socket = started.socket;
+  // The time limit counts from the process's start, not from a wait for
+  // the warm one.
   const absl::Time start = absl::Now();
-  absl::StatusOr<pid_t> started = StartProcess(dir, sv[1]);
-  close(sv[1]);
-  if (!started.ok()) {
-    close(sv[0]);
-    return started.status();
-  }
-  const pid_t pid = *started;
   Outcome out;
   const absl::Time deadline = start + options_.time_limit;
-  absl::Status sent = WriteFrame(sv[0], request, deadline);
+  absl::Status sent = WriteFrame(socket, request, deadline);
   if (sent.ok()) {
     out.reply =
-        ReadFrame(sv[0], options_.max_image_bytes + options_.max_log_bytes + (1 << 20), deadline);
+        ReadFrame(socket, options_.max_image_bytes + options_.max_log_bytes + (1 << 20), deadline);
   } else {
     out.reply = sent;
   }
@@ -106,89 +102,23 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
   // Its answer read (or not): a process that lingers, or stopped answering
   // and sleeps, is ended here; a dead one is only reaped.
   kill(pid, SIGKILL);
-  close(sv[0]);
+  close(socket);
   while (wait4(pid, &out.wait_status, 0, &out.usage) < 0 && errno == EINTR) {
   }
+  starter_->Ended(started, out.wait_status);
   out.took = absl::Now() - start;
   return out;
-}
-
-absl::StatusOr<pid_t> Compiler::StartProcess(const std::string& dir, int socket) {
-  if (options_.warm && !path_.empty()) {  // the probe (no path yet) starts cold
-    absl::MutexLock lock(&zygote_mu_);
-    if (zygote_ == nullptr && absl::Now() >= zygote_retry_) StartZygote();
-    if (zygote_ != nullptr) {
-      absl::StatusOr<pid_t> pid = zygote_->Fork(dir, options_.limits, socket);
-      if (pid.ok()) {
-        warm_starts_.fetch_add(1);
-        return pid;
-      }
-      // Broken (killed, or it stopped answering): this compile starts cold,
-      // a later one starts a new warm process.
-      zygote_.reset();
-      zygote_retry_ = absl::Now() + absl::Seconds(1);
-    }
-  }
-  const std::vector<std::string> args = {
-      options_.program,
-      kCompileArg,
-      absl::StrCat("--memory_bytes=", options_.limits.memory_bytes),
-      absl::StrCat("--cpu_s=", options_.limits.cpu_seconds),
-      absl::StrCat("--tmp=", dir),
-      absl::StrCat("--parent=", getpid())};
-  GPUEXEC_ASSIGN_OR_RETURN(
-      pid_t pid, SpawnCompileProcess(options_.program, args, CompileEnvironment(dir), socket));
-  cold_starts_.fetch_add(1);
-  return pid;
-}
-
-void Compiler::StartZygote() {
-  Zygote::Options zo;
-  zo.program = options_.program;
-  zo.nvrtc = path_;
-  zo.warm_up_arch = options_.warm_up_arch;
-  zo.warm_up = zygote_warm_up_;
-  absl::StatusOr<std::unique_ptr<Zygote>> z = Zygote::Start(zo);
-  if (!z.ok() && zygote_warm_up_) {
-    // NVRTC's warm-up may leave a thread behind; without it the process
-    // may still fork.
-    zygote_warm_up_ = false;
-    zo.warm_up = false;
-    z = Zygote::Start(zo);
-  }
-  if (z.ok()) {
-    zygote_ = *std::move(z);
-    zygote_error_.clear();
-    return;
-  }
-  zygote_error_ = std::string(z.status().message());
-  zygote_retry_ = absl::Now() + absl::Seconds(1);
-}
-
-Compiler::~Compiler() {
-  absl::MutexLock lock(&zygote_mu_);
-  zygote_.reset();
-}
-
-pid_t Compiler::zygote_pid() const {
-  absl::MutexLock lock(&zygote_mu_);
-  return zygote_ != nullptr ? zygote_->pid() : 0;
-}
-
-std::string Compiler::start_mode() const {
-  absl::MutexLock lock(&zygote_mu_);
-  if (!options_.warm) return "each compile process started cold";
-  if (zygote_ == nullptr) {
-    return absl::StrCat(
-        "each compile process started cold (the warm one cannot serve: ", zygote_error_, ")");
-  }
-  return zygote_warm_up_ ? "compile processes forked from a warm one (NVRTC loaded and warmed up)"
-                         : "compile processes forked from a warm one (NVRTC loaded)";
 }
 
 absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions options) {
   if (options.nvrtc.empty()) options.nvrtc = DefaultNvrtcCandidates();
   std::unique_ptr<Compiler> c(new Compiler(std::move(options)));
+  CompileStarter::Options so;
+  so.program = c->options_.program;
+  so.limits = c->options_.limits;
+  so.warm = c->options_.warm;
+  so.warm_up_arch = c->options_.warm_up_arch;
+  c->starter_ = std::make_unique<CompileStarter>(so);
   wire::Request probe;
   for (const std::string& p : c->options_.nvrtc) probe.add_nvrtc(p);
   std::string bytes;
@@ -222,10 +152,7 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   c->options_.nvrtc = {c->path_};
   c->version_ = reply.nvrtc_version();
   c->archs_.assign(reply.archs().begin(), reply.archs().end());
-  if (c->options_.warm) {
-    absl::MutexLock lock(&c->zygote_mu_);
-    c->StartZygote();
-  }
+  c->starter_->UseNvrtc(c->path_);
   return c;
 }
 

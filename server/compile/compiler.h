@@ -28,9 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/compile/compile_request.h"
 #include "server/compile/compile_sandbox.h"
@@ -82,19 +80,14 @@ std::string PrintableLog(const std::string& log, size_t max);
 class Compiler {
  public:
   static absl::StatusOr<std::unique_ptr<Compiler>> Start(CompilerOptions options);
-  ~Compiler();
 
   const std::string& nvrtc_version() const { return version_; }
   const std::string& nvrtc_path() const { return path_; }
   const std::vector<int>& archs() const { return archs_; }
   int running() const { return running_.load(); }
-  // How compile processes start, in words (for the daemon's log).
-  std::string start_mode() const;
-  // The warm compile process (0: none now), and how many compile processes
-  // were forked from it and started cold.
-  pid_t zygote_pid() const;
-  int64_t warm_starts() const { return warm_starts_.load(); }
-  int64_t cold_starts() const { return cold_starts_.load(); }
+  // How compile processes start (zygote.h): the warm one, forks and cold
+  // starts.
+  const CompileStarter& starter() const { return *starter_; }
 
   // Compiles `input` (already passed Check) for a device of compute
   // capability `cc_major`.`cc_minor`. Blocks for the compile: call it off
@@ -105,23 +98,13 @@ class Compiler {
   explicit Compiler(CompilerOptions options) : options_(std::move(options)) {}
   struct Outcome;
   absl::StatusOr<Outcome> RunProcess(const std::string& request);
-  // A compile process for `dir` with `socket` as its fd 3: forked from the
-  // warm process, else started cold.
-  absl::StatusOr<pid_t> StartProcess(const std::string& dir, int socket);
-  void StartZygote() ABSL_EXCLUSIVE_LOCKS_REQUIRED(zygote_mu_);
 
   CompilerOptions options_;
   std::string version_;
   std::string path_;
   std::vector<int> archs_;
   std::atomic<int> running_{0};
-  std::atomic<int64_t> warm_starts_{0};
-  std::atomic<int64_t> cold_starts_{0};
-  mutable absl::Mutex zygote_mu_;
-  std::unique_ptr<Zygote> zygote_ ABSL_GUARDED_BY(zygote_mu_);
-  bool zygote_warm_up_ ABSL_GUARDED_BY(zygote_mu_) = true;
-  std::string zygote_error_ ABSL_GUARDED_BY(zygote_mu_);
-  absl::Time zygote_retry_ ABSL_GUARDED_BY(zygote_mu_) = absl::InfinitePast();
+  std::unique_ptr<CompileStarter> starter_;
 };
 
 }  // namespace gpuexec::compile

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -60,7 +61,11 @@ absl::StatusOr<pid_t> SpawnCompileProcess(const std::string& program,
   for (int sig : {SIGPIPE, SIGXCPU, SIGXFSZ, SIGTERM, SIGINT, SIGHUP}) sigaddset(&defaults, sig);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  // A session of its own: out of the daemon's process group (a signal to
+  // the group, a terminal's ^C, does not reach it; it ends with the daemon
+  // by PR_SET_PDEATHSIG).
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
   pid_t pid = 0;
   const int spawned = posix_spawn(&pid, program.c_str(), &actions, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
@@ -87,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Zygote>> Zygote::Start(const Options& options) {
     return pid.status();
   }
   // From here the destructor kills and reaps it, whatever follows.
-  std::unique_ptr<Zygote> z(new Zygote(*pid, sv[0], options.timeout));
+  std::unique_ptr<Zygote> z(new Zygote(*pid, sv[0]));
   wire::Request req;
   req.add_nvrtc(options.nvrtc);
   req.set_warm_up(options.warm_up);
@@ -100,10 +105,9 @@ absl::StatusOr<std::unique_ptr<Zygote>> Zygote::Start(const Options& options) {
       sent.ok() ? ReadFrame(z->control_, 1 << 20, deadline) : absl::StatusOr<std::string>(sent);
   wire::Reply reply;
   if (!answer.ok() || !reply.ParseFromString(*answer)) {
-    return absl::InternalError(
-        absl::StrCat("the warm compile process did not answer (",
-                     answer.ok() ? "an answer that does not parse" : answer.status().message(),
-                     ")"));
+    return absl::InternalError(absl::StrCat(
+        "the warm compile process did not answer (",
+        answer.ok() ? "an answer that does not parse" : answer.status().message(), ")"));
   }
   z->threads_ = reply.threads();
   if (reply.outcome() != wire::Reply::OK) {
@@ -122,14 +126,14 @@ Zygote::~Zygote() {
 }
 
 absl::StatusOr<pid_t> Zygote::Fork(const std::string& dir, const sandbox::Limits& limits,
-                                   int socket) {
+                                   int socket, absl::Duration timeout) {
   wire::Fork fork;
   fork.set_tmp(dir);
   fork.set_memory_bytes(limits.memory_bytes);
   fork.set_cpu_s(limits.cpu_seconds);
   std::string bytes;
   fork.SerializeToString(&bytes);
-  const absl::Time deadline = absl::Now() + timeout_;
+  const absl::Time deadline = absl::Now() + timeout;
   GPUEXEC_RETURN_IF_ERROR(WriteFrame(control_, bytes, deadline));
   const char byte = 0;
   GPUEXEC_RETURN_IF_ERROR(shm::SendWithDescriptor(control_, &byte, 1, socket));
@@ -138,17 +142,152 @@ absl::StatusOr<pid_t> Zygote::Fork(const std::string& dir, const sandbox::Limits
   if (!forked.ParseFromString(answer)) {
     return absl::InternalError("the warm compile process answered a fork that does not parse");
   }
-  if (forked.pid() <= 1) {
-    return absl::InternalError(absl::StrCat("the warm compile process could not fork: ",
-                                            Quoted(forked.message(), 256)));
+  if (forked.pid() <= 1 || forked.pid() == pid_) {
+    return absl::InternalError(
+        absl::StrCat("the warm compile process could not fork: ", Quoted(forked.message(), 256)));
   }
   // It must be this process's child: it is killed and waited for as one.
   siginfo_t info{};
   if (waitid(P_PID, static_cast<id_t>(forked.pid()), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
-    return absl::InternalError(absl::StrCat("the warm compile process answered pid ",
-                                            forked.pid(), ", not a child of the daemon"));
+    return absl::InternalError(absl::StrCat("the warm compile process answered pid ", forked.pid(),
+                                            ", not a child of the daemon"));
   }
   return static_cast<pid_t>(forked.pid());
+}
+
+CompileStarter::~CompileStarter() {
+  absl::MutexLock lock(&mu_);
+  zygote_.reset();
+}
+
+void CompileStarter::UseNvrtc(const std::string& nvrtc) {
+  absl::MutexLock lock(&mu_);
+  nvrtc_ = nvrtc;
+  if (options_.warm) StartZygote();
+}
+
+void CompileStarter::StartZygote() {
+  Zygote::Options zo;
+  zo.program = options_.program;
+  zo.nvrtc = nvrtc_;
+  zo.warm_up_arch = options_.warm_up_arch;
+  zo.warm_up = warm_up_;
+  zo.timeout = options_.start_timeout;
+  absl::StatusOr<std::unique_ptr<Zygote>> z = Zygote::Start(zo);
+  if (!z.ok() && warm_up_ && absl::IsFailedPrecondition(z.status())) {
+    // NVRTC's warm-up may leave a thread behind; without it the process
+    // may still fork.
+    warm_up_ = false;
+    zo.warm_up = false;
+    z = Zygote::Start(zo);
+  }
+  if (z.ok()) {
+    zygote_ = *std::move(z);
+    zygote_since_ = absl::Now();
+    zygote_forks_ = 0;
+    retry_after_ = absl::Seconds(1);
+    error_.clear();
+    return;
+  }
+  error_ = std::string(z.status().message());
+  never_ = absl::IsFailedPrecondition(z.status());
+  retry_at_ = absl::Now() + retry_after_;
+  retry_after_ = std::min(retry_after_ * 2, absl::Seconds(60));
+}
+
+absl::StatusOr<CompileStarter::Started> CompileStarter::Start(const std::string& dir) {
+  if (options_.warm) {
+    absl::MutexLock lock(&mu_);
+    if (zygote_ != nullptr &&
+        (zygote_forks_ >= kMaxForks || absl::Now() - zygote_since_ >= kMaxAge)) {
+      zygote_.reset();  // replaced now: a fresh canary and address layout
+      retry_at_ = absl::InfinitePast();
+    }
+    if (zygote_ == nullptr && !never_ && !nvrtc_.empty() && absl::Now() >= retry_at_) {
+      StartZygote();
+    }
+    if (zygote_ != nullptr) {
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+      }
+      absl::StatusOr<pid_t> pid = zygote_->Fork(dir, options_.limits, sv[1], options_.fork_timeout);
+      close(sv[1]);
+      if (pid.ok()) {
+        ++zygote_forks_;
+        ++warm_starts_;
+        return Started{*pid, sv[0], true};
+      }
+      // Broken (killed, or it stopped answering): this compile starts cold
+      // on a socket of its own (a fork that did happen reads the end of
+      // this one and exits); a later compile starts a new warm process.
+      close(sv[0]);
+      error_ = std::string(pid.status().message());
+      zygote_.reset();
+      retry_at_ = absl::Now() + retry_after_;
+    }
+  }
+  return StartCold(dir);
+}
+
+absl::StatusOr<CompileStarter::Started> CompileStarter::StartCold(const std::string& dir) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+  }
+  const std::vector<std::string> args = {
+      options_.program,
+      kCompileArg,
+      absl::StrCat("--memory_bytes=", options_.limits.memory_bytes),
+      absl::StrCat("--cpu_s=", options_.limits.cpu_seconds),
+      absl::StrCat("--tmp=", dir),
+      absl::StrCat("--parent=", getpid())};
+  absl::StatusOr<pid_t> pid =
+      SpawnCompileProcess(options_.program, args, CompileEnvironment(dir), sv[1]);
+  close(sv[1]);
+  if (!pid.ok()) {
+    close(sv[0]);
+    return pid.status();
+  }
+  absl::MutexLock lock(&mu_);
+  ++cold_starts_;
+  return Started{*pid, sv[0], false};
+}
+
+void CompileStarter::Ended(const Started& started, int wait_status) {
+  if (!started.warm || !WIFSIGNALED(wait_status)) return;
+  // The daemon's own SIGKILL and the limits' signals are no crash.
+  const int sig = WTERMSIG(wait_status);
+  if (sig == SIGKILL || sig == SIGXCPU || sig == SIGXFSZ) return;
+  absl::MutexLock lock(&mu_);
+  zygote_.reset();
+  retry_at_ = absl::InfinitePast();
+}
+
+std::string CompileStarter::mode() const {
+  absl::MutexLock lock(&mu_);
+  if (!options_.warm) return "each compile process started cold";
+  if (zygote_ == nullptr) {
+    return absl::StrCat(
+        "each compile process started cold for now (the warm one cannot serve: ", error_, ")");
+  }
+  return warm_up_ ? "compile processes forked from a warm one (NVRTC loaded and warmed up)"
+                  : "compile processes forked from a warm one (NVRTC loaded)";
+}
+
+pid_t CompileStarter::zygote_pid() const {
+  absl::MutexLock lock(&mu_);
+  return zygote_ != nullptr ? zygote_->pid() : 0;
+}
+
+int64_t CompileStarter::warm_starts() const {
+  absl::MutexLock lock(&mu_);
+  return warm_starts_;
+}
+
+int64_t CompileStarter::cold_starts() const {
+  absl::MutexLock lock(&mu_);
+  return cold_starts_;
 }
 
 }  // namespace gpuexec::compile

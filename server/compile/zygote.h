@@ -24,15 +24,25 @@
 // more keeps only the calling thread, with whatever locks the others
 // held): if NVRTC's warm-up leaves a thread running it is started again
 // without the warm-up, and if it still has more than one the daemon starts
-// every compile process cold.
+// every compile process cold. Compile processes, cold or forked, and the
+// warm one each run in a session of their own, out of the daemon's process
+// group.
+//
+// Both are started from the thread that calls UseNvrtc or Start; a process
+// ends with that thread (PR_SET_PDEATHSIG follows the thread that made it),
+// so those are threads that live as long as the starter.
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/compile/compile_sandbox.h"
 
@@ -61,7 +71,8 @@ class Zygote {
   };
 
   // Starts the warm process and waits until it has loaded NVRTC. An error
-  // says why it cannot serve (no NVRTC, more than one thread).
+  // says why it cannot serve: FAILED_PRECONDITION where it never will here
+  // (no NVRTC, more than one thread), another code where it may later.
   static absl::StatusOr<std::unique_ptr<Zygote>> Start(const Options& options);
   ~Zygote();  // kills and reaps it
   Zygote(const Zygote&) = delete;
@@ -71,18 +82,83 @@ class Zygote {
   // its directory and `limits`: its pid, a child of this process. Not for
   // two threads at once. An error means the warm process is broken: drop
   // it.
-  absl::StatusOr<pid_t> Fork(const std::string& dir, const sandbox::Limits& limits, int socket);
+  absl::StatusOr<pid_t> Fork(const std::string& dir, const sandbox::Limits& limits, int socket,
+                             absl::Duration timeout);
 
   pid_t pid() const { return pid_; }
   int threads() const { return threads_; }
 
  private:
-  Zygote(pid_t pid, int control, absl::Duration timeout)
-      : pid_(pid), control_(control), timeout_(timeout) {}
+  Zygote(pid_t pid, int control) : pid_(pid), control_(control) {}
   pid_t pid_;
   int control_;
-  absl::Duration timeout_;
   int threads_ = 0;
+};
+
+// How the daemon starts compile processes: forked from the warm process
+// while one serves, else cold. The warm process is replaced after
+// kMaxForks forks, after kMaxAge, and at once when a compile forked from it
+// died of a signal the daemon did not send (a crash): every fork shares its
+// stack canary and address layout, which a source that crashes NVRTC at
+// will could otherwise probe compile by compile. One that fails to start is
+// tried again after 1 s, doubling to 60 s; one that can never serve (more
+// than one thread) is not tried again.
+class CompileStarter {
+ public:
+  static constexpr int kMaxForks = 256;
+  static constexpr absl::Duration kMaxAge = absl::Minutes(10);
+
+  struct Options {
+    std::string program = "/proc/self/exe";
+    sandbox::Limits limits;
+    bool warm = true;
+    int warm_up_arch = 0;
+    // A fork answered later than this breaks the warm process.
+    absl::Duration fork_timeout = absl::Seconds(2);
+    absl::Duration start_timeout = absl::Seconds(30);
+  };
+  struct Started {
+    pid_t pid = 0;
+    int socket = -1;  // the daemon's end of the compile's socket (owned)
+    bool warm = false;
+  };
+
+  explicit CompileStarter(Options options) : options_(std::move(options)) {}
+  ~CompileStarter();
+  CompileStarter(const CompileStarter&) = delete;
+  CompileStarter& operator=(const CompileStarter&) = delete;
+
+  // NVRTC's library, once the probe found it: starts the warm process.
+  void UseNvrtc(const std::string& nvrtc);
+  // A compile process for `dir` (its private directory).
+  absl::StatusOr<Started> Start(const std::string& dir);
+  // `started` ended with `wait_status` (the daemon killed it with SIGKILL
+  // once it answered, or past its time).
+  void Ended(const Started& started, int wait_status);
+
+  // How compile processes start, in words (for the daemon's log).
+  std::string mode() const;
+  pid_t zygote_pid() const;
+  int64_t warm_starts() const;
+  int64_t cold_starts() const;
+
+ private:
+  void StartZygote() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Started> StartCold(const std::string& dir);
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::string nvrtc_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Zygote> zygote_ ABSL_GUARDED_BY(mu_);
+  absl::Time zygote_since_ ABSL_GUARDED_BY(mu_);
+  int zygote_forks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool warm_up_ ABSL_GUARDED_BY(mu_) = true;
+  bool never_ ABSL_GUARDED_BY(mu_) = false;  // it cannot serve here
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration retry_after_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  int64_t warm_starts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cold_starts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gpuexec::compile

@@ -513,7 +513,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       const compile::Compiler& c = impl->compiles->compiler();
       log::Info("kernels from source: NVRTC ", c.nvrtc_version(), " (", c.nvrtc_path(), "), ",
                 co.compiler.max_running, " compile(s) at once, ",
-                "the file system shut by Landlock, ", c.start_mode(),
+                "the file system shut by Landlock, ", c.starter().mode(),
                 co.share_across_tenants ? ", one cache for every tenant" : ", a cache per tenant");
       impl->service->SetCompiler(impl->compiles.get(), "");
     } else {

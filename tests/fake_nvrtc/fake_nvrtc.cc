@@ -83,7 +83,9 @@
 //                                  the parent's rlimit; renicing it; a
 //                                  socket; creating a file in its
 //                                  working directory and in /tmp;
-//                                  chmod of that directory) and
+//                                  chmod of that directory; F_SETOWN
+//                                  of fd 3 to the parent; kill of the
+//                                  parent's process group) and
 //                                  say in the log, as
 //                                  warnings, how each went: `reach-out:
 //                                  kill parent: EPERM` or `... allowed`.
@@ -356,6 +358,10 @@ nvrtcResult Compile(_nvrtcProgram* prog, const gxnvrtc::CompileOptions& options)
     const int sock = socket(AF_INET, SOCK_STREAM, 0);
     if (sock >= 0) close(sock);
     tried.emplace_back("socket", outcome(sock >= 0 ? 0 : -1));
+    // A descriptor's I/O signals sent to the daemon (F_SETOWN, O_ASYNC),
+    // and a signal to its process group.
+    tried.emplace_back("F_SETOWN parent", outcome(fcntl(3, F_SETOWN, parent)));
+    tried.emplace_back("kill group", outcome(kill(-getpgid(parent), 0)));
     // The mode of its own directory (the daemon's uid owns it).
     tried.emplace_back("chmod", outcome(chmod(".", 0777)));
     // A file in its working directory (the compile's own) and in /tmp.

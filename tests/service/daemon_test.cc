@@ -347,8 +347,8 @@ TEST(DaemonProcessTest, ListDevicesReportsTheAdvertisedAddress) {
 }
 
 // The front process (gRPC, sessions, module store) never loads the driver:
-// each device has a worker process, gpuexecd again, that does. The workers
-// end with the daemon.
+// each device has a worker process, gpuexecd again, that does. The workers,
+// and the warm compile process, end with the daemon.
 TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
   DaemonProcess daemon({});
   ClientOptions options;
@@ -365,29 +365,38 @@ TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
   };
   EXPECT_FALSE(maps_driver(daemon.pid())) << "the front process mapped " << driver;
 
-  std::vector<pid_t> workers;
+  // Its children: a worker per device, and the warm compile process
+  // (server/compile/zygote.h) where compiles are on.
+  std::vector<pid_t> children, workers;
   for (const auto& task :
        std::filesystem::directory_iterator(absl::StrCat("/proc/", daemon.pid(), "/task"))) {
-    auto children = ReadFile((task.path() / "children").string());
-    if (!children) continue;
-    for (absl::string_view c : absl::StrSplit(*children, ' ', absl::SkipEmpty())) {
+    auto listed = ReadFile((task.path() / "children").string());
+    if (!listed) continue;
+    for (absl::string_view c : absl::StrSplit(*listed, ' ', absl::SkipEmpty())) {
       pid_t pid = 0;
-      if (absl::SimpleAtoi(c, &pid)) workers.push_back(pid);
+      if (absl::SimpleAtoi(c, &pid)) children.push_back(pid);
+    }
+  }
+  for (pid_t child : children) {
+    auto cmdline = ReadFile(absl::StrCat("/proc/", child, "/cmdline"));
+    ASSERT_TRUE(cmdline.has_value());
+    if (cmdline->find("__worker") != std::string::npos) {
+      workers.push_back(child);
+    } else {
+      EXPECT_NE(cmdline->find(std::string("__compile\0--warm", 17)), std::string::npos)
+          << "a child that is neither a worker nor the warm compile process";
+      EXPECT_FALSE(maps_driver(child)) << "the compile process mapped " << driver;
     }
   }
   ASSERT_EQ(workers.size(), devices.size()) << "one worker per device";
-  for (pid_t w : workers) {
-    auto cmdline = ReadFile(absl::StrCat("/proc/", w, "/cmdline"));
-    ASSERT_TRUE(cmdline.has_value());
-    EXPECT_NE(cmdline->find("__worker"), std::string::npos);
+  for (pid_t w : workers)
     EXPECT_TRUE(maps_driver(w)) << "worker " << w << " has not mapped " << driver;
-  }
   EXPECT_EQ(daemon.Stop(), 0);
-  for (pid_t w : workers) {
+  for (pid_t c : children) {
     // Reaped by the daemon before it exited: gone, or a zombie of init's.
-    auto stat = ReadFile(absl::StrCat("/proc/", w, "/stat"));
+    auto stat = ReadFile(absl::StrCat("/proc/", c, "/stat"));
     EXPECT_TRUE(!stat.has_value() || stat->find(") Z") != std::string::npos)
-        << "worker " << w << " outlived the daemon";
+        << "child " << c << " outlived the daemon";
   }
 }
 

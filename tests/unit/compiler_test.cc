@@ -263,7 +263,8 @@ TEST_F(CompilerLimitsTest, TheCompileProcessCannotReachTheDaemonOrTheNetwork) {
        {"reach-out: kill parent: EPERM", "reach-out: fork: EPERM",
         "reach-out: prlimit parent: EPERM", "reach-out: setpriority parent: EPERM",
         "reach-out: socket: EPERM", "reach-out: create reach-out: EACCES",
-        "reach-out: create /tmp/gxfake-reach-out: EACCES", "reach-out: chmod: EPERM"}) {
+        "reach-out: create /tmp/gxfake-reach-out: EACCES", "reach-out: chmod: EPERM",
+        "reach-out: F_SETOWN parent: EPERM", "reach-out: kill group: EPERM"}) {
     EXPECT_THAT(out->log, HasSubstr(line));
   }
 }
@@ -291,17 +292,18 @@ class CompilerWarmTest : public ::testing::Test {
 TEST_F(CompilerWarmTest, CompileProcessesAreForkedFromTheWarmOne) {
   absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_GT((*c)->zygote_pid(), 0);
-  EXPECT_THAT((*c)->start_mode(), HasSubstr("forked from a warm one (NVRTC loaded and warmed up)"));
-  const int64_t cold = (*c)->cold_starts();
+  EXPECT_GT((*c)->starter().zygote_pid(), 0);
+  EXPECT_THAT((*c)->starter().mode(),
+              HasSubstr("forked from a warm one (NVRTC loaded and warmed up)"));
+  const int64_t cold = (*c)->starter().cold_starts();
   for (int i = 0; i < 3; ++i) {
     absl::StatusOr<Compiled> out =
         (*c)->Compile(Source(absl::StrCat("// compile ", i, "\n", kSaxpy)), 9, 0);
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_NE(out->image.find("gx_saxpy"), std::string::npos);
   }
-  EXPECT_EQ((*c)->warm_starts(), 3);
-  EXPECT_EQ((*c)->cold_starts(), cold);
+  EXPECT_EQ((*c)->starter().warm_starts(), 3);
+  EXPECT_EQ((*c)->starter().cold_starts(), cold);
 }
 
 TEST_F(CompilerWarmTest, ACompileForkedFromTheWarmOneKeepsItsLimits) {
@@ -313,30 +315,48 @@ TEST_F(CompilerWarmTest, ACompileForkedFromTheWarmOneKeepsItsLimits) {
       (*c)->Compile(Source(absl::StrCat("// GXFAKE_COMPILE_SPIN\n", kSaxpy), "spin.cu"), 9, 0);
   ASSERT_FALSE(out.ok());
   EXPECT_THAT(out.status().message(), HasSubstr("used its CPU time limit of 1 s"));
-  EXPECT_EQ((*c)->warm_starts(), 1);
+  EXPECT_EQ((*c)->starter().warm_starts(), 1);
   // The warm process itself is untouched by the compile it forked.
-  EXPECT_GT((*c)->zygote_pid(), 0);
+  EXPECT_GT((*c)->starter().zygote_pid(), 0);
   EXPECT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
-  EXPECT_EQ((*c)->warm_starts(), 2);
+  EXPECT_EQ((*c)->starter().warm_starts(), 2);
+}
+
+// Every fork shares the warm process's canary and address layout: a
+// compile that crashes ends the warm process, and the next forks from a new
+// one.
+TEST_F(CompilerWarmTest, ACrashReplacesTheWarmProcess) {
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const pid_t first = (*c)->starter().zygote_pid();
+  ASSERT_GT(first, 0);
+  absl::StatusOr<Compiled> out =
+      (*c)->Compile(Source(absl::StrCat("// GXFAKE_COMPILE_CRASH\n", kSaxpy), "crash.cu"), 9, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ((*c)->starter().zygote_pid(), 0);
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
+  EXPECT_GT((*c)->starter().zygote_pid(), 0);
+  EXPECT_NE((*c)->starter().zygote_pid(), first);
+  EXPECT_EQ((*c)->starter().warm_starts(), 2);
 }
 
 TEST_F(CompilerWarmTest, AWarmProcessThatDiedCostsNoCompileAndIsReplaced) {
   absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
   ASSERT_TRUE(c.ok()) << c.status();
-  const pid_t first = (*c)->zygote_pid();
+  const pid_t first = (*c)->starter().zygote_pid();
   ASSERT_GT(first, 0);
   ASSERT_EQ(kill(first, SIGKILL), 0);
-  const int64_t cold = (*c)->cold_starts();
+  const int64_t cold = (*c)->starter().cold_starts();
   absl::StatusOr<Compiled> out = (*c)->Compile(Source(kSaxpy), 9, 0);
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ((*c)->cold_starts(), cold + 1);
-  EXPECT_EQ((*c)->zygote_pid(), 0);
+  EXPECT_EQ((*c)->starter().cold_starts(), cold + 1);
+  EXPECT_EQ((*c)->starter().zygote_pid(), 0);
   // A second later a compile starts a new warm process and forks from it.
   absl::SleepFor(absl::Milliseconds(1100));
   ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
-  EXPECT_GT((*c)->zygote_pid(), 0);
-  EXPECT_NE((*c)->zygote_pid(), first);
-  EXPECT_EQ((*c)->warm_starts(), 1);
+  EXPECT_GT((*c)->starter().zygote_pid(), 0);
+  EXPECT_NE((*c)->starter().zygote_pid(), first);
+  EXPECT_EQ((*c)->starter().warm_starts(), 1);
 }
 
 TEST_F(CompilerWarmTest, WithoutTheWarmProcessEachCompileStartsCold) {
@@ -344,12 +364,12 @@ TEST_F(CompilerWarmTest, WithoutTheWarmProcessEachCompileStartsCold) {
   o.warm = false;
   absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ((*c)->zygote_pid(), 0);
-  EXPECT_EQ((*c)->start_mode(), "each compile process started cold");
-  const int64_t cold = (*c)->cold_starts();
+  EXPECT_EQ((*c)->starter().zygote_pid(), 0);
+  EXPECT_EQ((*c)->starter().mode(), "each compile process started cold");
+  const int64_t cold = (*c)->starter().cold_starts();
   ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0).ok());
-  EXPECT_EQ((*c)->cold_starts(), cold + 1);
-  EXPECT_EQ((*c)->warm_starts(), 0);
+  EXPECT_EQ((*c)->starter().cold_starts(), cold + 1);
+  EXPECT_EQ((*c)->starter().warm_starts(), 0);
 }
 
 }  // namespace
