@@ -204,9 +204,11 @@ TEST_F(CliTest, CtrlCOrSigtermClosesTheSessionAtOnce) {
   for (int signal : {SIGINT, SIGTERM}) {
     SCOPED_TRACE(signal == SIGINT ? "SIGINT" : "SIGTERM");
     ASSERT_EQ(DeviceSessions(RunCli({"devices"})), 0);
-    // A kernel of a minute.
+    // A kernel of 10 s: longer than the test, well short of the daemon's
+    // kernel time limit (60 s), whose watchdog would reset the device under
+    // the tests that follow while it spins on after its session closed.
     Process cli({Env("GPUEXEC_CLI"), absl::StrCat("--target=", Target()), "run", KernelPath(),
-                 "gx_spin", "--grid=1", "--block=1", "u64:60000000000"},
+                 "gx_spin", "--grid=1", "--block=1", "u64:10000000000"},
                 Path("spin.out"), Path("spin.err"));
     ASSERT_TRUE(WaitFor([&] { return !cli.running() || DeviceSessions(RunCli({"devices"})) == 1; },
                         absl::Seconds(30)));
