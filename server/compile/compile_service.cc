@@ -75,7 +75,8 @@ void CompileService::Compile(const std::string& tenant, const std::string& princ
     if (stopping_) {
       now = absl::UnavailableError("the daemon is stopping; no compile ran");
     } else if (hit != cache_.end()) {
-      lru_.splice(lru_.begin(), lru_, hit->second.lru);
+      std::list<std::string>& lru = holders_[hit->second.holder].lru;
+      lru.splice(lru.begin(), lru, hit->second.lru);
       ++stats_.cache_hits;
       now = CompileAnswer{hit->second.module, true};
     } else if (joined != inflight_.end() && joined->second.waiters.size() >= options_.max_waiters) {
@@ -98,7 +99,8 @@ void CompileService::Compile(const std::string& tenant, const std::string& princ
     } else {
       ++mine;
       inflight_[key].waiters.push_back(std::move(done));
-      queue_.push_back(Job{std::move(key), principal, std::move(input), cc_major, cc_minor});
+      queue_.push_back(
+          Job{std::move(key), tenant, principal, std::move(input), cc_major, cc_minor});
       work_.Signal();
     }
     if (mine == 0) per_tenant_.erase(principal);
@@ -145,24 +147,46 @@ void CompileService::Finish(const Job& job, absl::StatusOr<Compiled> result) {
       waiters = std::move(it->second.waiters);
       inflight_.erase(it);
     }
-    if (answer.ok()) InsertLocked(job.key, answer->module);
+    if (answer.ok()) InsertLocked(job.key, job.tenant, answer->module);
   }
   for (Done& d : waiters) d(answer);
 }
 
-void CompileService::InsertLocked(const std::string& key,
+void CompileService::InsertLocked(const std::string& key, const std::string& holder,
                                   std::shared_ptr<const CompiledModule> module) {
   const uint64_t bytes = module->bytes();
   if (bytes > options_.cache_bytes || options_.cache_entries == 0) return;
-  lru_.push_front(key);
-  cache_[key] = Entry{std::move(module), lru_.begin()};
+  Holder& h = holders_[holder];
+  h.lru.push_front(key);
+  h.bytes += bytes;
+  cache_[key] = Entry{std::move(module), holder, h.lru.begin()};
   stats_.cached_bytes += bytes;
   while (cache_.size() > options_.cache_entries || stats_.cached_bytes > options_.cache_bytes) {
-    auto oldest = cache_.find(lru_.back());
-    stats_.cached_bytes -= oldest->second.module->bytes();
-    cache_.erase(oldest);
-    lru_.pop_back();
+    EvictLocked();
   }
+}
+
+void CompileService::EvictLocked() {
+  // The holder of the largest part: bytes / cache_bytes or entries /
+  // cache_entries, the larger.
+  auto part = [&](const Holder& h) {
+    return std::max(static_cast<long double>(h.bytes) / options_.cache_bytes,
+                    static_cast<long double>(h.lru.size()) / options_.cache_entries);
+  };
+  auto victim = holders_.end();
+  for (auto it = holders_.begin(); it != holders_.end(); ++it) {
+    if (it->second.lru.empty()) continue;
+    if (victim == holders_.end() || part(it->second) > part(victim->second)) victim = it;
+  }
+  if (victim == holders_.end()) return;
+  Holder& h = victim->second;
+  auto oldest = cache_.find(h.lru.back());
+  const uint64_t bytes = oldest->second.module->bytes();
+  h.bytes -= bytes;
+  stats_.cached_bytes -= bytes;
+  h.lru.pop_back();
+  cache_.erase(oldest);
+  if (h.lru.empty()) holders_.erase(victim);
 }
 
 CompileService::Stats CompileService::stats() const {

@@ -12,7 +12,11 @@
 // Bounded: compiles at once (the threads), compiles queued (past it a
 // request is refused at once), compiles at once of one tenant (its own and
 // the ones it queued; one that joins another's compile costs it nothing),
-// and the cache's entries and bytes (least recently used first out).
+// and the cache's entries and bytes. When the cache is full, the tenant
+// that holds the largest part of it (of its bytes or of its entries, the
+// larger) gives up its least recently used entry: a tenant alone may fill
+// the cache, but one that compiles source after source evicts its own
+// entries, not those of tenants that hold less.
 
 #include <cstdint>
 #include <deque>
@@ -102,6 +106,7 @@ class CompileService {
  private:
   struct Job {
     std::string key;
+    std::string tenant;  // whose cache entry the result becomes
     std::string principal;
     CompileInput input;
     int cc_major = 0, cc_minor = 0;
@@ -111,14 +116,24 @@ class CompileService {
   };
   struct Entry {
     std::shared_ptr<const CompiledModule> module;
-    std::list<std::string>::iterator lru;
+    std::string holder;                    // the tenant it counts against
+    std::list<std::string>::iterator lru;  // in its holder's list
+  };
+  // A tenant's entries, most recently used first, and their bytes.
+  struct Holder {
+    std::list<std::string> lru;
+    uint64_t bytes = 0;
   };
 
   CompileService(CompileServiceOptions options, std::unique_ptr<Compiler> compiler);
   void Run();
   void Finish(const Job& job, absl::StatusOr<Compiled> result);
-  void InsertLocked(const std::string& key, std::shared_ptr<const CompiledModule> module)
+  void InsertLocked(const std::string& key, const std::string& holder,
+                    std::shared_ptr<const CompiledModule> module)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts the least recently used entry of the tenant that holds the
+  // largest part of the cache.
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CompileServiceOptions options_;
   std::unique_ptr<Compiler> compiler_;
@@ -130,7 +145,7 @@ class CompileService {
   absl::flat_hash_map<std::string, Inflight> inflight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Entry> cache_ ABSL_GUARDED_BY(mu_);
-  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // most recent first
+  absl::flat_hash_map<std::string, Holder> holders_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };

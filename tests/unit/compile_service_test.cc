@@ -83,6 +83,27 @@ TEST(CompileServiceTest, TheSameSourceIsCompiledOncePerArchitecture) {
   EXPECT_EQ(s->stats().cache_hits, 1u);
 }
 
+// A full cache evicts from the tenant that holds the most of it: one tenant
+// compiling source after source evicts its own entries, not another's.
+TEST(CompileServiceTest, ATenantThatFloodsTheCacheEvictsItsOwnEntries) {
+  CompileServiceOptions o = Options();
+  o.cache_entries = 4;
+  GX_ASSERT_SERVICE(s, CompileService::Start(o));
+  auto source = [](int i) { return Source(absl::StrCat("// ", i, "\n", kSaxpy)); };
+  // Alone, a tenant may fill the cache.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(CompileNow(*s, "team-a", source(i)).ok());
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(CompileNow(*s, "team-a", source(i))->cached) << i;
+  // team-b's one entry takes the place of team-a's least recently used.
+  ASSERT_FALSE(CompileNow(*s, "team-b", source(100))->cached);
+  EXPECT_FALSE(CompileNow(*s, "team-a", source(0))->cached);
+  // team-a floods: each new entry evicts one of team-a's, never team-b's.
+  for (int i = 10; i < 20; ++i) ASSERT_TRUE(CompileNow(*s, "team-a", source(i)).ok());
+  EXPECT_TRUE(CompileNow(*s, "team-b", source(100))->cached);
+  EXPECT_TRUE(CompileNow(*s, "team-a", source(19))->cached);
+  EXPECT_FALSE(CompileNow(*s, "team-a", source(10))->cached);
+  EXPECT_EQ(s->stats().cached, 4u);
+}
+
 TEST(CompileServiceTest, EachTenantHasItsOwnCacheUnlessShared) {
   {
     GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
