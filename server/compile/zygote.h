@@ -5,15 +5,15 @@
 //
 // A cold compile process is the daemon's program started anew: it links
 // the daemon's libraries, loads NVRTC (about 109 MB for CUDA 13) and its
-// builtins, then compiles; on an H100 host that start cost about 80 ms of
-// a 95 ms compile. The warm compile process ("zygote") does the loading
-// once: started by the daemon as `PROGRAM __compile --warm --parent=PID`,
-// it loads NVRTC, compiles a built-in kernel so NVRTC's one-time set-up is
-// done, and then forks one compile process per compile. Each is made with
-// CLONE_PARENT, so it is the daemon's child exactly as a cold one is: the
-// daemon hands it its socket, kills it past the time limit, waits for it
-// and reads its CPU time and memory. It confines itself (Landlock, seccomp,
-// rlimits) before it reads the source, as a cold one does.
+// builtins, then compiles. The warm compile process ("zygote") does the
+// loading once (on an H100 host a compile took 83.5 ms forked, 97.0 ms
+// cold; NVRTC's own first-compile set-up, ~60 ms, is per process and is
+// redone in every fork: docs/performance.md): started by the daemon as `PROGRAM __compile --warm
+// --parent=PID`, it loads NVRTC, compiles a built-in kernel so NVRTC's one-time set-up is done, and
+// then forks one compile process per compile. Each is made with CLONE_PARENT, so it is the daemon's
+// child exactly as a cold one is: the daemon hands it its socket, kills it past the time limit,
+// waits for it and reads its CPU time and memory. It confines itself (Landlock, seccomp, rlimits)
+// before it reads the source, as a cold one does.
 //
 // The warm process never sees a source, a header or a client's option:
 // only the directory and limits of each compile, from the daemon. A fork
