@@ -166,8 +166,9 @@ ABSL_FLAG(uint32_t, compile_cpu_s, 60, "CPU seconds one compile may use.");
 ABSL_FLAG(uint32_t, compile_time_limit_s, 60,
           "Wall-clock seconds one compile may take before it is stopped (DEADLINE_EXCEEDED).");
 ABSL_FLAG(bool, warm_compiles, true,
-          "Fork each compile process from a warm one that has NVRTC loaded (saves the program's "
-          "start and NVRTC's load, 13 ms a compile on an H100 host); false: start each anew.");
+          "Fork compile processes from a warm one that has NVRTC loaded, each serving one "
+          "tenant's compiles for a while (saves NVRTC's load and set-up); false: start a process "
+          "anew for each compile.");
 ABSL_FLAG(uint32_t, max_compiles, 2, "Compiles at once on the daemon; 64 more may wait.");
 ABSL_FLAG(uint32_t, max_compiles_per_tenant, 1,
           "Compiles one tenant may have running or waiting at once; past it, refused at once.");

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -176,18 +177,11 @@ wire::Reply CompileConfined(const absl::StatusOr<sandbox::Confinement>& confined
   return reply;
 }
 
-// Reads one Request from the compile socket, answers it and returns the
-// exit code. `nvrtc`: already loaded (a process forked from the warm one),
-// which confines itself before it reads a byte of the request; or nullptr:
-// the request names NVRTC, loaded here before the confinement.
-int ServeOne(const Flags& flags, const Nvrtc* nvrtc) {
-  absl::StatusOr<sandbox::Confinement> confined = absl::UnknownError("not confined");
-  if (nvrtc != nullptr) confined = EnterSandbox(flags, *nvrtc);
-  const absl::Time deadline = absl::Now() + kIoTimeout;
-  absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, kMaxRequestBytes, deadline);
-  if (!bytes.ok()) return 3;
-  wire::Request req;
-  if (!req.ParseFromString(*bytes)) return 4;
+// Answers `req` (read from the compile socket) and returns the exit code.
+// `nvrtc` null: the request names NVRTC, loaded here before the
+// confinement.
+int Answer(const Flags& flags, const Nvrtc* nvrtc, absl::StatusOr<sandbox::Confinement> confined,
+           const wire::Request& req) {
   wire::Reply reply;
   std::unique_ptr<Nvrtc> loaded;
   if (nvrtc == nullptr) {
@@ -202,6 +196,42 @@ int ServeOne(const Flags& flags, const Nvrtc* nvrtc) {
   if (!reply.SerializeToString(&out)) return 5;
   if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
   return 0;
+}
+
+// A cold compile process: one request, then it exits.
+int ServeOne(const Flags& flags) {
+  absl::StatusOr<std::string> bytes =
+      ReadFrame(kCompileSocketFd, kMaxRequestBytes, absl::Now() + kIoTimeout);
+  if (!bytes.ok()) return 3;
+  wire::Request req;
+  if (!req.ParseFromString(*bytes)) return 4;
+  return Answer(flags, nullptr, absl::UnknownError("not confined"), req);
+}
+
+// A compile process forked from the warm one: confined before it reads a
+// byte, then a request after another until the daemon closes the socket or
+// kills it (the daemon gives it the compiles of one tenant: zygote.h). Each
+// compile gets the CPU seconds of the limit anew, up to the process's
+// total (its hard limit).
+int ServeWarm(const Flags& flags, const Nvrtc& nvrtc) {
+  const absl::StatusOr<sandbox::Confinement> confined = EnterSandbox(flags, nvrtc);
+  for (int n = 0;; ++n) {
+    const absl::Time deadline = n == 0 ? absl::Now() + kIoTimeout : absl::InfiniteFuture();
+    absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, kMaxRequestBytes, deadline);
+    if (!bytes.ok()) return n == 0 ? 3 : 0;
+    wire::Request req;
+    if (!req.ParseFromString(*bytes)) return 4;
+    if (n > 0) {
+      rusage used{};
+      getrusage(RUSAGE_SELF, &used);
+      const uint64_t spent = static_cast<uint64_t>(used.ru_utime.tv_sec + used.ru_stime.tv_sec) + 1;
+      rlimit cpu{};
+      getrlimit(RLIMIT_CPU, &cpu);
+      cpu.rlim_cur = std::min<rlim_t>(spent + flags.limits.cpu_seconds, cpu.rlim_max);
+      setrlimit(RLIMIT_CPU, &cpu);
+    }
+    if (const int code = Answer(flags, &nvrtc, confined, req); code != 0) return code;
+  }
 }
 
 // This process's threads (/proc/self/task).
@@ -278,9 +308,10 @@ int RunWarm(const Flags& flags) {
         child.tmp = fork.tmp();
         child.limits.memory_bytes = fork.memory_bytes();
         child.limits.cpu_seconds = std::clamp<uint32_t>(fork.cpu_s(), 1, 86400);
+        child.limits.cpu_total_seconds = std::clamp<uint32_t>(fork.cpu_total_s(), 0, 86400 * 16);
         setenv("TMPDIR", child.tmp.c_str(), 1);
         setenv("HOME", child.tmp.c_str(), 1);
-        _exit(ServeOne(child, nvrtc.get()));
+        _exit(ServeWarm(child, *nvrtc));
       }
       if (pid < 0) forked.set_message(absl::StrCat("clone: ", strerror(errno)));
       forked.set_pid(pid > 0 ? static_cast<int32_t>(pid) : 0);
@@ -303,7 +334,7 @@ int RunCompiler(int argc, char** argv) {
   if (flags.parent != 0 && getppid() != flags.parent) return 1;
   CloseAbove(kCompileSocketFd);
   if (flags.warm) return flags.parent != 0 ? RunWarm(flags) : 2;
-  return ServeOne(flags, nullptr);
+  return ServeOne(flags);
 }
 
 }  // namespace gpuexec::compile

@@ -16,6 +16,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -155,7 +156,8 @@ absl::StatusOr<Confinement> Confine(const Limits& limits, const std::vector<std:
   }
 #endif
   if (absl::Status s =
-          Limit(RLIMIT_CPU, "RLIMIT_CPU", limits.cpu_seconds, uint64_t{limits.cpu_seconds} + 1);
+          Limit(RLIMIT_CPU, "RLIMIT_CPU", limits.cpu_seconds,
+                std::max<uint64_t>(limits.cpu_total_seconds, uint64_t{limits.cpu_seconds} + 1));
       !s.ok()) {
     return s;
   }

@@ -41,6 +41,9 @@ namespace gpuexec::compile::sandbox {
 struct Limits {
   uint64_t memory_bytes = uint64_t{4} << 30;
   uint32_t cpu_seconds = 60;
+  // The hard CPU limit, for a process that compiles more than once (0:
+  // cpu_seconds + 1).
+  uint32_t cpu_total_seconds = 0;
   uint64_t file_bytes = uint64_t{64} << 20;
   uint32_t open_files = 64;
 };

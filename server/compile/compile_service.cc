@@ -118,7 +118,8 @@ void CompileService::Run() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    absl::StatusOr<Compiled> result = compiler_->Compile(job.input, job.cc_major, job.cc_minor);
+    absl::StatusOr<Compiled> result =
+        compiler_->Compile(job.input, job.cc_major, job.cc_minor, job.tenant);
     Finish(job, std::move(result));
   }
 }

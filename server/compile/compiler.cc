@@ -63,7 +63,8 @@ struct Compiler::Outcome {
   absl::Duration took;
 };
 
-absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& request) {
+absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& request,
+                                                       const std::string& scope) {
   std::string root = options_.tmp_root;
   if (root.empty()) {
     const char* t = std::getenv("TMPDIR");
@@ -82,8 +83,9 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
     }
   } remove_dir{dir};
   // The probe (before NVRTC is known) starts cold, like any compile
-  // process while no warm one serves.
-  GPUEXEC_ASSIGN_OR_RETURN(const CompileStarter::Started started, starter_->Start(dir));
+  // process while no warm one serves; a process that served `scope`
+  // before may answer (zygote.h).
+  GPUEXEC_ASSIGN_OR_RETURN(const CompileStarter::Started started, starter_->Start(dir, scope));
   const pid_t pid = started.pid;
   const int socket = started.socket;
   // The time limit counts from the process's start, not from a wait for
@@ -99,6 +101,9 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
     out.reply = sent;
   }
   if (!out.reply.ok() && absl::IsDeadlineExceeded(out.reply.status())) out.timed_out = true;
+  out.took = absl::Now() - start;
+  // Answered in time: it may wait for the scope's next compile.
+  if (out.reply.ok() && starter_->Keep(started, scope)) return out;
   // Its answer read (or not): a process that lingers, or stopped answering
   // and sleeps, is ended here; a dead one is only reaped.
   kill(pid, SIGKILL);
@@ -106,7 +111,6 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
   while (wait4(pid, &out.wait_status, 0, &out.usage) < 0 && errno == EINTR) {
   }
   starter_->Ended(started, out.wait_status);
-  out.took = absl::Now() - start;
   return out;
 }
 
@@ -123,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   for (const std::string& p : c->options_.nvrtc) probe.add_nvrtc(p);
   std::string bytes;
   probe.SerializeToString(&bytes);
-  absl::StatusOr<Outcome> out = c->RunProcess(bytes);
+  absl::StatusOr<Outcome> out = c->RunProcess(bytes, "");
   if (!out.ok()) return out.status();
   wire::Reply reply;
   if (!out->reply.ok() || !reply.ParseFromString(*out->reply)) {
@@ -156,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   return c;
 }
 
-absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_major, int cc_minor) {
+absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_major, int cc_minor,
+                                           const std::string& scope) {
   const std::string what = absl::StrCat("the compile of '", Quoted(SourceName(input)), "'");
   if (running_.fetch_add(1) >= options_.max_running) {
     running_.fetch_sub(1);
@@ -190,7 +195,7 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
   req.set_max_image_bytes(options_.max_image_bytes);
   std::string bytes;
   req.SerializeToString(&bytes);
-  GPUEXEC_ASSIGN_OR_RETURN(Outcome out, RunProcess(bytes));
+  GPUEXEC_ASSIGN_OR_RETURN(Outcome out, RunProcess(bytes, scope));
   const std::string memory =
       absl::StrCat("its memory limit of ", ByteSize(options_.limits.memory_bytes), " (",
                    options_.memory_flag, ")");

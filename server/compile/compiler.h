@@ -92,12 +92,15 @@ class Compiler {
   // Compiles `input` (already passed Check) for a device of compute
   // capability `cc_major`.`cc_minor`. Blocks for the compile: call it off
   // any thread that serves other work.
-  absl::StatusOr<Compiled> Compile(const CompileInput& input, int cc_major, int cc_minor);
+  // `scope`: whose compile it is (the tenant); a compile process serves
+  // one scope only (zygote.h).
+  absl::StatusOr<Compiled> Compile(const CompileInput& input, int cc_major, int cc_minor,
+                                   const std::string& scope = "");
 
  private:
   explicit Compiler(CompilerOptions options) : options_(std::move(options)) {}
   struct Outcome;
-  absl::StatusOr<Outcome> RunProcess(const std::string& request);
+  absl::StatusOr<Outcome> RunProcess(const std::string& request, const std::string& scope);
 
   CompilerOptions options_;
   std::string version_;

@@ -131,6 +131,7 @@ absl::StatusOr<pid_t> Zygote::Fork(const std::string& dir, const sandbox::Limits
   fork.set_tmp(dir);
   fork.set_memory_bytes(limits.memory_bytes);
   fork.set_cpu_s(limits.cpu_seconds);
+  fork.set_cpu_total_s(limits.cpu_total_seconds);
   std::string bytes;
   fork.SerializeToString(&bytes);
   const absl::Time deadline = absl::Now() + timeout;
@@ -157,7 +158,45 @@ absl::StatusOr<pid_t> Zygote::Fork(const std::string& dir, const sandbox::Limits
 
 CompileStarter::~CompileStarter() {
   absl::MutexLock lock(&mu_);
+  EndIdleLocked(/*all=*/true);
   zygote_.reset();
+}
+
+void CompileStarter::EndIdleLocked(bool all) {
+  const absl::Time now = absl::Now();
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    std::vector<Started>& waiting = it->second;
+    for (auto p = waiting.begin(); p != waiting.end();) {
+      if (!all && now - p->idle_since < kIdleFor) {
+        ++p;
+        continue;
+      }
+      close(p->socket);  // it reads the end and exits; the kill makes sure
+      kill(p->pid, SIGKILL);
+      int status = 0;
+      while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      p = waiting.erase(p);
+      --idle_count_;
+    }
+    if (waiting.empty()) {
+      idle_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool CompileStarter::Keep(Started started, const std::string& scope) {
+  if (!started.warm || started.served + 1 >= kMaxServed) return false;
+  absl::MutexLock lock(&mu_);
+  EndIdleLocked(/*all=*/false);
+  if (idle_count_ >= kMaxIdle) return false;
+  ++started.served;
+  started.idle_since = absl::Now();
+  idle_[scope].push_back(started);
+  ++idle_count_;
+  return true;
 }
 
 void CompileStarter::UseNvrtc(const std::string& nvrtc) {
@@ -195,9 +234,19 @@ void CompileStarter::StartZygote() {
   retry_after_ = std::min(retry_after_ * 2, absl::Seconds(60));
 }
 
-absl::StatusOr<CompileStarter::Started> CompileStarter::Start(const std::string& dir) {
+absl::StatusOr<CompileStarter::Started> CompileStarter::Start(const std::string& dir,
+                                                              const std::string& scope) {
   if (options_.warm) {
     absl::MutexLock lock(&mu_);
+    EndIdleLocked(/*all=*/false);
+    if (auto it = idle_.find(scope); it != idle_.end()) {
+      Started waiting = it->second.back();
+      it->second.pop_back();
+      if (it->second.empty()) idle_.erase(it);
+      --idle_count_;
+      ++reuses_;
+      return waiting;
+    }
     if (zygote_ != nullptr &&
         (zygote_forks_ >= kMaxForks || absl::Now() - zygote_since_ >= kMaxAge)) {
       zygote_.reset();  // replaced now: a fresh canary and address layout
@@ -211,7 +260,9 @@ absl::StatusOr<CompileStarter::Started> CompileStarter::Start(const std::string&
       if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
       }
-      absl::StatusOr<pid_t> pid = zygote_->Fork(dir, options_.limits, sv[1], options_.fork_timeout);
+      sandbox::Limits limits = options_.limits;
+      limits.cpu_total_seconds = limits.cpu_seconds * kMaxServed + 1;
+      absl::StatusOr<pid_t> pid = zygote_->Fork(dir, limits, sv[1], options_.fork_timeout);
       close(sv[1]);
       if (pid.ok()) {
         ++zygote_forks_;
@@ -260,6 +311,8 @@ void CompileStarter::Ended(const Started& started, int wait_status) {
   const int sig = WTERMSIG(wait_status);
   if (sig == SIGKILL || sig == SIGXCPU || sig == SIGXFSZ) return;
   absl::MutexLock lock(&mu_);
+  // The waiting forks share the old layout too.
+  EndIdleLocked(/*all=*/true);
   zygote_.reset();
   retry_at_ = absl::InfinitePast();
 }
@@ -283,6 +336,11 @@ pid_t CompileStarter::zygote_pid() const {
 int64_t CompileStarter::warm_starts() const {
   absl::MutexLock lock(&mu_);
   return warm_starts_;
+}
+
+int64_t CompileStarter::reuses() const {
+  absl::MutexLock lock(&mu_);
+  return reuses_;
 }
 
 int64_t CompileStarter::cold_starts() const {

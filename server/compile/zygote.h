@@ -7,8 +7,7 @@
 // the daemon's libraries, loads NVRTC (about 109 MB for CUDA 13) and its
 // builtins, then compiles. The warm compile process ("zygote") does the
 // loading once (on an H100 host a compile took 83.5 ms forked, 97.0 ms
-// cold; NVRTC's own first-compile set-up, ~60 ms, is per process and is
-// redone in every fork: docs/performance.md): started by the daemon as `PROGRAM __compile --warm
+// cold): started by the daemon as `PROGRAM __compile --warm
 // --parent=PID`, it loads NVRTC, compiles a built-in kernel so NVRTC's one-time set-up is done, and
 // then forks one compile process per compile. Each is made with CLONE_PARENT, so it is the daemon's
 // child exactly as a cold one is: the daemon hands it its socket, kills it past the time limit,
@@ -19,6 +18,14 @@
 // only the directory and limits of each compile, from the daemon. A fork
 // shares nothing with a sibling: each is a copy of the warm process as it
 // was before any source arrived.
+//
+// NVRTC sets itself up in each process on its first compile (about 60 ms
+// on an H100 host; a fork redoes it), so a forked process then waits for
+// its tenant's next compile and answers it too (kMaxServed, kIdleFor). A
+// process serves one tenant only: what one compile left in it (a source
+// that took NVRTC over) can reach that tenant's later compiles, never
+// another tenant's. Each compile gets the CPU limit anew, within a total
+// for the process (its hard limit), and the wall-clock limit as before.
 //
 // It forks only while it has a single thread (a fork of a process with
 // more keeps only the calling thread, with whatever locks the others
@@ -41,6 +48,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -117,10 +125,19 @@ class CompileStarter {
     absl::Duration fork_timeout = absl::Seconds(2);
     absl::Duration start_timeout = absl::Seconds(30);
   };
+  // A forked compile process serves one tenant's compiles, one after
+  // another, up to kMaxServed; it waits for the next at most kIdleFor, and
+  // at most kMaxIdle wait at once (each holds NVRTC's memory).
+  static constexpr int kMaxServed = 16;
+  static constexpr int kMaxIdle = 4;
+  static constexpr absl::Duration kIdleFor = absl::Seconds(20);
+
   struct Started {
     pid_t pid = 0;
     int socket = -1;  // the daemon's end of the compile's socket (owned)
     bool warm = false;
+    int served = 0;  // compiles it answered before this one
+    absl::Time idle_since;
   };
 
   explicit CompileStarter(Options options) : options_(std::move(options)) {}
@@ -130,8 +147,14 @@ class CompileStarter {
 
   // NVRTC's library, once the probe found it: starts the warm process.
   void UseNvrtc(const std::string& nvrtc);
-  // A compile process for `dir` (its private directory).
-  absl::StatusOr<Started> Start(const std::string& dir);
+  // A compile process for a compile of `scope` (the tenant whose compile
+  // it is): one that served the scope before and waits, else a new one
+  // with `dir` as its private directory.
+  absl::StatusOr<Started> Start(const std::string& dir, const std::string& scope);
+  // `started` answered its compile in time: it waits for the scope's next
+  // (a forked one, while it may), else it is ended. True when kept; false:
+  // the caller kills and reaps it.
+  bool Keep(Started started, const std::string& scope);
   // `started` ended with `wait_status` (the daemon killed it with SIGKILL
   // once it answered, or past its time).
   void Ended(const Started& started, int wait_status);
@@ -141,10 +164,14 @@ class CompileStarter {
   pid_t zygote_pid() const;
   int64_t warm_starts() const;
   int64_t cold_starts() const;
+  // Compiles answered by a process that had served its tenant before.
+  int64_t reuses() const;
 
  private:
   void StartZygote() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Started> StartCold(const std::string& dir);
+  // Ends the waiting processes that waited past kIdleFor (all: `all`).
+  void EndIdleLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable absl::Mutex mu_;
@@ -157,6 +184,9 @@ class CompileStarter {
   std::string error_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration retry_after_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  absl::flat_hash_map<std::string, std::vector<Started>> idle_ ABSL_GUARDED_BY(mu_);
+  int idle_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reuses_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t warm_starts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cold_starts_ ABSL_GUARDED_BY(mu_) = 0;
 };

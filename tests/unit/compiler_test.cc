@@ -302,8 +302,42 @@ TEST_F(CompilerWarmTest, CompileProcessesAreForkedFromTheWarmOne) {
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_NE(out->image.find("gx_saxpy"), std::string::npos);
   }
-  EXPECT_EQ((*c)->starter().warm_starts(), 3);
+  // One fork, which then served the same tenant's next two compiles.
+  EXPECT_EQ((*c)->starter().warm_starts(), 1);
+  EXPECT_EQ((*c)->starter().reuses(), 2);
   EXPECT_EQ((*c)->starter().cold_starts(), cold);
+}
+
+// A compile process serves one tenant: another tenant's compile gets a
+// process of its own.
+TEST_F(CompilerWarmTest, ACompileProcessServesOneTenantOnly) {
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-a").ok());
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-b").ok());
+  EXPECT_EQ((*c)->starter().warm_starts(), 2);
+  EXPECT_EQ((*c)->starter().reuses(), 0);
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-a").ok());
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-b").ok());
+  EXPECT_EQ((*c)->starter().warm_starts(), 2);
+  EXPECT_EQ((*c)->starter().reuses(), 2);
+}
+
+// A process that serves again gets the CPU limit anew for each compile.
+TEST_F(CompilerWarmTest, EachCompileOfAProcessThatServesAgainHasItsCpuLimit) {
+  CompilerOptions o = Options(GPUEXEC_FAKE_NVRTC);
+  o.limits.cpu_seconds = 1;
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-a").ok());
+  absl::StatusOr<Compiled> out = (*c)->Compile(
+      Source(absl::StrCat("// GXFAKE_COMPILE_SPIN\n", kSaxpy), "spin.cu"), 9, 0, "team-a");
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("used its CPU time limit of 1 s"));
+  EXPECT_EQ((*c)->starter().reuses(), 1);
+  // The spinning process is gone; the next compile forks a new one.
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-a").ok());
+  EXPECT_EQ((*c)->starter().warm_starts(), 2);
 }
 
 TEST_F(CompilerWarmTest, ACompileForkedFromTheWarmOneKeepsItsLimits) {
