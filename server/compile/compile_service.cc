@@ -13,6 +13,9 @@ namespace gpuexec::compile {
 
 absl::StatusOr<std::unique_ptr<CompileService>> CompileService::Start(
     CompileServiceOptions options) {
+  // With one cache for every tenant, a compile process that served one
+  // tenant must not answer a source another reads from the cache.
+  if (options.share_across_tenants) options.compiler.reuse = false;
   absl::StatusOr<std::unique_ptr<Compiler>> compiler = Compiler::Start(options.compiler);
   if (!compiler.ok()) return compiler.status();
   return std::unique_ptr<CompileService>(
@@ -119,7 +122,7 @@ void CompileService::Run() {
       queue_.pop_front();
     }
     absl::StatusOr<Compiled> result =
-        compiler_->Compile(job.input, job.cc_major, job.cc_minor, job.tenant);
+        compiler_->Compile(job.input, job.cc_major, job.cc_minor, job.principal);
     Finish(job, std::move(result));
   }
 }

@@ -57,6 +57,8 @@ std::string PrintableLog(const std::string& log, size_t max) {
 
 struct Compiler::Outcome {
   absl::StatusOr<std::string> reply = absl::UnknownError("no reply");
+  wire::Reply reply_msg;  // `reply` parsed, where `parsed`
+  bool parsed = false;
   int wait_status = 0;
   rusage usage{};
   bool timed_out = false;
@@ -102,8 +104,13 @@ absl::StatusOr<Compiler::Outcome> Compiler::RunProcess(const std::string& reques
   }
   if (!out.reply.ok() && absl::IsDeadlineExceeded(out.reply.status())) out.timed_out = true;
   out.took = absl::Now() - start;
-  // Answered in time: it may wait for the scope's next compile.
-  if (out.reply.ok() && starter_->Keep(started, scope)) return out;
+  if (out.reply.ok()) {
+    out.parsed = out.reply_msg.ParseFromString(*out.reply);
+    if (out.parsed) std::string().swap(*out.reply);  // the image is held once
+    // Answered in time, and an answer that parses: it may wait for the
+    // scope's next compile.
+    if (out.parsed && starter_->Keep(started, scope)) return out;
+  }
   // Its answer read (or not): a process that lingers, or stopped answering
   // and sleeps, is ended here; a dead one is only reaped.
   kill(pid, SIGKILL);
@@ -121,6 +128,7 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   so.program = c->options_.program;
   so.limits = c->options_.limits;
   so.warm = c->options_.warm;
+  so.reuse = c->options_.reuse;
   so.warm_up_arch = c->options_.warm_up_arch;
   c->starter_ = std::make_unique<CompileStarter>(so);
   wire::Request probe;
@@ -129,8 +137,8 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Start(CompilerOptions option
   probe.SerializeToString(&bytes);
   absl::StatusOr<Outcome> out = c->RunProcess(bytes, "");
   if (!out.ok()) return out.status();
-  wire::Reply reply;
-  if (!out->reply.ok() || !reply.ParseFromString(*out->reply)) {
+  const wire::Reply& reply = out->reply_msg;
+  if (!out->parsed) {
     return absl::InternalError(absl::StrCat(
         "the compile process did not answer its probe (",
         out->reply.ok() ? "an answer that does not parse" : out->reply.status().message(), ")"));
@@ -205,8 +213,8 @@ absl::StatusOr<Compiled> Compiler::Compile(const CompileInput& input, int cc_maj
         options_.time_flag,
         ") and was stopped; simplify the source (deep template recursion, large unrolled loops)"));
   }
-  wire::Reply reply;
-  if (!out.reply.ok() || !reply.ParseFromString(*out.reply)) {
+  wire::Reply& reply = out.reply_msg;
+  if (!out.parsed) {
     const double cpu = absl::ToDoubleSeconds(absl::DurationFromTimeval(out.usage.ru_utime) +
                                              absl::DurationFromTimeval(out.usage.ru_stime));
     if (WIFSIGNALED(out.wait_status)) {

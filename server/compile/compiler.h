@@ -58,6 +58,8 @@ struct CompilerOptions {
   // Fork compile processes from a warm one (zygote.h); false: start each
   // cold.
   bool warm = true;
+  // A forked process serves its caller's next compiles (zygote.h).
+  bool reuse = true;
   // The architecture the warm process compiles its warm-up kernel for (90
   // for sm_90; 0: NVRTC's default).
   int warm_up_arch = 0;

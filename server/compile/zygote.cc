@@ -3,6 +3,7 @@
 #include "server/compile/zygote.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -156,14 +157,54 @@ absl::StatusOr<pid_t> Zygote::Fork(const std::string& dir, const sandbox::Limits
   return static_cast<pid_t>(forked.pid());
 }
 
+CompileStarter::CompileStarter(Options options) : options_(std::move(options)) {
+  if (options_.warm && options_.reuse) sweeper_ = std::thread([this] { Sweep(); });
+}
+
 CompileStarter::~CompileStarter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    idle_changed_.Signal();
+  }
+  if (sweeper_.joinable()) sweeper_.join();
   absl::MutexLock lock(&mu_);
   EndIdleLocked(/*all=*/true);
   zygote_.reset();
 }
 
+namespace {
+
+// Kills and reaps `p`; true when it had died of a crash (a signal other
+// than the daemon's SIGKILL and the limits').
+bool EndProcess(const CompileStarter::Started& p) {
+  close(p.socket);
+  kill(p.pid, SIGKILL);
+  int status = 0;
+  while (waitpid(p.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFSIGNALED(status)) return false;
+  const int sig = WTERMSIG(status);
+  return sig != SIGKILL && sig != SIGXCPU && sig != SIGXFSZ;
+}
+
+// Whether a waiting process is still fit to serve: alive (not a zombie)
+// and with nothing written on its socket since its last answer.
+bool StillFit(const CompileStarter::Started& p) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != 0) {
+    return false;
+  }
+  pollfd fd{p.socket, POLLIN, 0};
+  return poll(&fd, 1, 0) == 0;
+}
+
+}  // namespace
+
 void CompileStarter::EndIdleLocked(bool all) {
   const absl::Time now = absl::Now();
+  bool crashed = false;
   for (auto it = idle_.begin(); it != idle_.end();) {
     std::vector<Started>& waiting = it->second;
     for (auto p = waiting.begin(); p != waiting.end();) {
@@ -171,11 +212,7 @@ void CompileStarter::EndIdleLocked(bool all) {
         ++p;
         continue;
       }
-      close(p->socket);  // it reads the end and exits; the kill makes sure
-      kill(p->pid, SIGKILL);
-      int status = 0;
-      while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR) {
-      }
+      crashed |= EndProcess(*p);
       p = waiting.erase(p);
       --idle_count_;
     }
@@ -185,18 +222,38 @@ void CompileStarter::EndIdleLocked(bool all) {
       ++it;
     }
   }
+  if (crashed) CrashedLocked();
+}
+
+void CompileStarter::CrashedLocked() {
+  // Every fork shares the warm process's layout: it is replaced, and the
+  // forks that wait end with it.
+  zygote_.reset();
+  retry_at_ = absl::InfinitePast();
+  EndIdleLocked(/*all=*/true);
 }
 
 bool CompileStarter::Keep(Started started, const std::string& scope) {
-  if (!started.warm || started.served + 1 >= kMaxServed) return false;
+  if (!started.warm || !options_.reuse || started.served + 1 >= kMaxServed) return false;
   absl::MutexLock lock(&mu_);
   EndIdleLocked(/*all=*/false);
-  if (idle_count_ >= kMaxIdle) return false;
+  if (idle_count_ >= kMaxIdle || !StillFit(started)) return false;
+  // Stopped while it waits: it runs nothing until its next compile.
+  if (kill(started.pid, SIGSTOP) != 0) return false;
   ++started.served;
   started.idle_since = absl::Now();
   idle_[scope].push_back(started);
   ++idle_count_;
+  idle_changed_.Signal();
   return true;
+}
+
+void CompileStarter::Sweep() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    idle_changed_.WaitWithTimeout(&mu_, absl::Seconds(5));
+    EndIdleLocked(/*all=*/false);
+  }
 }
 
 void CompileStarter::UseNvrtc(const std::string& nvrtc) {
@@ -239,13 +296,18 @@ absl::StatusOr<CompileStarter::Started> CompileStarter::Start(const std::string&
   if (options_.warm) {
     absl::MutexLock lock(&mu_);
     EndIdleLocked(/*all=*/false);
-    if (auto it = idle_.find(scope); it != idle_.end()) {
+    while (idle_.contains(scope)) {
+      auto it = idle_.find(scope);
       Started waiting = it->second.back();
       it->second.pop_back();
       if (it->second.empty()) idle_.erase(it);
       --idle_count_;
-      ++reuses_;
-      return waiting;
+      if (StillFit(waiting) && kill(waiting.pid, SIGCONT) == 0) {
+        ++reuses_;
+        return waiting;
+      }
+      // Died while it waited, or wrote unasked: never served again.
+      if (EndProcess(waiting)) CrashedLocked();
     }
     if (zygote_ != nullptr &&
         (zygote_forks_ >= kMaxForks || absl::Now() - zygote_since_ >= kMaxAge)) {
@@ -261,7 +323,8 @@ absl::StatusOr<CompileStarter::Started> CompileStarter::Start(const std::string&
         return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
       }
       sandbox::Limits limits = options_.limits;
-      limits.cpu_total_seconds = limits.cpu_seconds * kMaxServed + 1;
+      limits.cpu_total_seconds = static_cast<uint32_t>(
+          std::min<uint64_t>(uint64_t{limits.cpu_seconds} * kMaxServed + 1, 86400));
       absl::StatusOr<pid_t> pid = zygote_->Fork(dir, limits, sv[1], options_.fork_timeout);
       close(sv[1]);
       if (pid.ok()) {
@@ -311,10 +374,7 @@ void CompileStarter::Ended(const Started& started, int wait_status) {
   const int sig = WTERMSIG(wait_status);
   if (sig == SIGKILL || sig == SIGXCPU || sig == SIGXFSZ) return;
   absl::MutexLock lock(&mu_);
-  // The waiting forks share the old layout too.
-  EndIdleLocked(/*all=*/true);
-  zygote_.reset();
-  retry_at_ = absl::InfinitePast();
+  CrashedLocked();
 }
 
 std::string CompileStarter::mode() const {

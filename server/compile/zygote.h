@@ -21,11 +21,18 @@
 //
 // NVRTC sets itself up in each process on its first compile (about 60 ms
 // on an H100 host; a fork redoes it), so a forked process then waits for
-// its tenant's next compile and answers it too (kMaxServed, kIdleFor). A
-// process serves one tenant only: what one compile left in it (a source
-// that took NVRTC over) can reach that tenant's later compiles, never
-// another tenant's. Each compile gets the CPU limit anew, within a total
-// for the process (its hard limit), and the wall-clock limit as before.
+// its tenant's next compile and answers it too (kMaxServed, kIdleFor),
+// stopped (SIGSTOP) while it waits. A process serves one caller only (the
+// compile service's principal: a named tenant, or one client host of the
+// implicit tenant): what one compile left in it (a source that took NVRTC
+// over) can reach that caller's later compiles, never another's; with a
+// cache shared across tenants no process serves twice, so that no tenant's
+// process answers a source another tenant reads from the cache. A process
+// that died while it waited, or wrote on its socket unasked, is not served
+// again. Each compile gets the CPU limit anew, within a total for the
+// process (its hard limit; a process that took NVRTC over may raise its
+// own soft limit up to it, but runs no longer than the wall-clock limit),
+// and the wall-clock limit as before.
 //
 // It forks only while it has a single thread (a fork of a process with
 // more keeps only the calling thread, with whatever locks the others
@@ -44,6 +51,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -120,6 +128,9 @@ class CompileStarter {
     std::string program = "/proc/self/exe";
     sandbox::Limits limits;
     bool warm = true;
+    // A forked process serves its scope's next compiles (off where one
+    // tenant's compile may answer another's: a shared cache).
+    bool reuse = true;
     int warm_up_arch = 0;
     // A fork answered later than this breaks the warm process.
     absl::Duration fork_timeout = absl::Seconds(2);
@@ -128,7 +139,7 @@ class CompileStarter {
   // A forked compile process serves one tenant's compiles, one after
   // another, up to kMaxServed; it waits for the next at most kIdleFor, and
   // at most kMaxIdle wait at once (each holds NVRTC's memory).
-  static constexpr int kMaxServed = 16;
+  static constexpr int kMaxServed = 8;
   static constexpr int kMaxIdle = 4;
   static constexpr absl::Duration kIdleFor = absl::Seconds(20);
 
@@ -140,7 +151,7 @@ class CompileStarter {
     absl::Time idle_since;
   };
 
-  explicit CompileStarter(Options options) : options_(std::move(options)) {}
+  explicit CompileStarter(Options options);
   ~CompileStarter();
   CompileStarter(const CompileStarter&) = delete;
   CompileStarter& operator=(const CompileStarter&) = delete;
@@ -172,6 +183,10 @@ class CompileStarter {
   absl::StatusOr<Started> StartCold(const std::string& dir);
   // Ends the waiting processes that waited past kIdleFor (all: `all`).
   void EndIdleLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fork crashed: the warm process and the waiting forks end.
+  void CrashedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends waiting processes past kIdleFor, every few seconds.
+  void Sweep();
 
   const Options options_;
   mutable absl::Mutex mu_;
@@ -189,6 +204,9 @@ class CompileStarter {
   int64_t reuses_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t warm_starts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cold_starts_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::CondVar idle_changed_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;
 };
 
 }  // namespace gpuexec::compile

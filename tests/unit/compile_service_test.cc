@@ -104,6 +104,23 @@ TEST(CompileServiceTest, ATenantThatFloodsTheCacheEvictsItsOwnEntries) {
   EXPECT_EQ(s->stats().cached, 4u);
 }
 
+// A compile process serves its caller's next compiles, unless the cache is
+// shared: then no tenant's process answers a source another tenant reads.
+TEST(CompileServiceTest, ACompileProcessServesAgainOnlyWhereTheCacheIsATenantsOwn) {
+  auto source = [](int i) { return Source(absl::StrCat("// ", i, "\n", kSaxpy)); };
+  {
+    GX_ASSERT_SERVICE(s, CompileService::Start(Options()));
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(CompileNow(*s, "team-a", source(i)).ok());
+    EXPECT_EQ(s->compiler().starter().reuses(), 2);
+  }
+  CompileServiceOptions o = Options();
+  o.share_across_tenants = true;
+  GX_ASSERT_SERVICE(s, CompileService::Start(o));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(CompileNow(*s, "team-a", source(i)).ok());
+  EXPECT_EQ(s->compiler().starter().reuses(), 0);
+  EXPECT_EQ(s->compiler().starter().warm_starts(), 3);
+}
+
 TEST(CompileServiceTest, EachTenantHasItsOwnCacheUnlessShared) {
   {
     GX_ASSERT_SERVICE(s, CompileService::Start(Options()));

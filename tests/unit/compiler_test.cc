@@ -14,6 +14,8 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -321,6 +323,35 @@ TEST_F(CompilerWarmTest, ACompileProcessServesOneTenantOnly) {
   ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-b").ok());
   EXPECT_EQ((*c)->starter().warm_starts(), 2);
   EXPECT_EQ((*c)->starter().reuses(), 2);
+}
+
+// A process that waits for its next compile is stopped meanwhile, and one
+// that died while it waited is not served again.
+TEST_F(CompilerWarmTest, AWaitingProcessIsStoppedAndADeadOneNotServed) {
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-a").ok());
+  // The waiting process: a child of this process, stopped (SIGSTOP takes
+  // a moment to land).
+  pid_t waiting = 0;
+  for (const absl::Time until = absl::Now() + absl::Seconds(5); waiting == 0 && absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream children(task.path() / "children");
+      for (pid_t p = 0; children >> p;) {
+        std::ifstream stat(absl::StrCat("/proc/", p, "/stat"));
+        std::string line;
+        std::getline(stat, line);
+        if (line.find(") T ") != std::string::npos) waiting = p;
+      }
+    }
+  }
+  ASSERT_GT(waiting, 0) << "no stopped compile process";
+  ASSERT_EQ(kill(waiting, SIGKILL), 0);
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE((*c)->Compile(Source(kSaxpy), 9, 0, "team-a").ok());
+  EXPECT_EQ((*c)->starter().reuses(), 0);
+  EXPECT_EQ((*c)->starter().warm_starts(), 2);
 }
 
 // A process that serves again gets the CPU limit anew for each compile.
