@@ -24,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "compile.pb.h"
+#include "google/protobuf/message_lite.h"
 #include "server/compile/compile_request.h"
 #include "server/compile/compile_sandbox.h"
 #include "server/compile/frame.h"
@@ -177,6 +178,23 @@ wire::Reply CompileConfined(const absl::StatusOr<sandbox::Confinement>& confined
   return reply;
 }
 
+// One message from the daemon on the compile socket. False when none came
+// (exit code 3 in `*code`) or it does not parse (4).
+bool ReadMessage(google::protobuf::MessageLite* m, size_t max, absl::Time deadline, int* code) {
+  absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, max, deadline);
+  *code = !bytes.ok() ? 3 : !m->ParseFromString(*bytes) ? 4 : 0;
+  return *code == 0;
+}
+
+// Writes `m` to the daemon: the exit code, 0 or where it failed (5: it
+// would not serialize, 6: it could not be sent).
+int WriteMessage(const google::protobuf::MessageLite& m) {
+  std::string out;
+  if (!m.SerializeToString(&out)) return 5;
+  if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
+  return 0;
+}
+
 // Answers `req` (read from the compile socket) and returns the exit code.
 // `nvrtc` null: the request names NVRTC, loaded here before the
 // confinement.
@@ -192,19 +210,14 @@ int Answer(const Flags& flags, const Nvrtc* nvrtc, absl::StatusOr<sandbox::Confi
     reply.set_nvrtc_version(nvrtc->version());
   }
   if (nvrtc != nullptr) reply = CompileConfined(confined, *nvrtc, req, std::move(reply));
-  std::string out;
-  if (!reply.SerializeToString(&out)) return 5;
-  if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
-  return 0;
+  return WriteMessage(reply);
 }
 
 // A cold compile process: one request, then it exits.
 int ServeOne(const Flags& flags) {
-  absl::StatusOr<std::string> bytes =
-      ReadFrame(kCompileSocketFd, kMaxRequestBytes, absl::Now() + kIoTimeout);
-  if (!bytes.ok()) return 3;
   wire::Request req;
-  if (!req.ParseFromString(*bytes)) return 4;
+  int code = 0;
+  if (!ReadMessage(&req, kMaxRequestBytes, absl::Now() + kIoTimeout, &code)) return code;
   return Answer(flags, nullptr, absl::UnknownError("not confined"), req);
 }
 
@@ -217,10 +230,11 @@ int ServeWarm(const Flags& flags, const Nvrtc& nvrtc) {
   const absl::StatusOr<sandbox::Confinement> confined = EnterSandbox(flags, nvrtc);
   for (int n = 0;; ++n) {
     const absl::Time deadline = n == 0 ? absl::Now() + kIoTimeout : absl::InfiniteFuture();
-    absl::StatusOr<std::string> bytes = ReadFrame(kCompileSocketFd, kMaxRequestBytes, deadline);
-    if (!bytes.ok()) return n == 0 ? 3 : 0;
     wire::Request req;
-    if (!req.ParseFromString(*bytes)) return 4;
+    int code = 0;
+    // After its first compile, the daemon closing the socket is its end.
+    if (!ReadMessage(&req, kMaxRequestBytes, deadline, &code))
+      return n == 0 || code == 4 ? code : 0;
     if (n > 0) {
       rusage used{};
       getrusage(RUSAGE_SELF, &used);
@@ -262,11 +276,9 @@ void WarmUp(const Nvrtc& nvrtc, int arch) {
 // for one it started), each confining itself before it reads its source.
 // It never sees a source itself.
 int RunWarm(const Flags& flags) {
-  absl::StatusOr<std::string> bytes =
-      ReadFrame(kCompileSocketFd, kMaxRequestBytes, absl::Now() + kIoTimeout);
-  if (!bytes.ok()) return 3;
   wire::Request req;
-  if (!req.ParseFromString(*bytes)) return 4;
+  int code = 0;
+  if (!ReadMessage(&req, kMaxRequestBytes, absl::Now() + kIoTimeout, &code)) return code;
   wire::Reply reply;
   std::unique_ptr<Nvrtc> nvrtc = LoadNvrtc(req, &reply);
   if (nvrtc != nullptr && req.warm_up()) WarmUp(*nvrtc, req.warm_up_arch());
@@ -276,18 +288,14 @@ int RunWarm(const Flags& flags) {
     reply.set_message(absl::StrCat("NVRTC left ", reply.threads(),
                                    " threads running; a process with more than one cannot fork"));
   }
-  std::string out;
-  if (!reply.SerializeToString(&out)) return 5;
-  if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
+  if (const int sent = WriteMessage(reply); sent != 0) return sent;
   if (reply.outcome() != wire::Reply::OK) return 0;
   while (true) {
     // The daemon gone or done: the socket closes and this process ends.
-    bytes = ReadFrame(kCompileSocketFd, 4096, absl::InfiniteFuture());
-    if (!bytes.ok()) return 0;
     wire::Fork fork;
+    if (!ReadMessage(&fork, 4096, absl::InfiniteFuture(), &code)) return code == 4 ? code : 0;
     char byte = 0;
     int socket = -1;
-    if (!fork.ParseFromString(*bytes)) return 4;
     absl::StatusOr<size_t> got = shm::ReceiveWithDescriptor(kCompileSocketFd, &byte, 1, &socket);
     if (!got.ok() || *got == 0) return 0;
     wire::Forked forked;
@@ -317,8 +325,7 @@ int RunWarm(const Flags& flags) {
       forked.set_pid(pid > 0 ? static_cast<int32_t>(pid) : 0);
       close(socket);
     }
-    if (!forked.SerializeToString(&out)) return 5;
-    if (!WriteFrame(kCompileSocketFd, out, absl::Now() + kIoTimeout).ok()) return 6;
+    if (const int sent = WriteMessage(forked); sent != 0) return sent;
   }
 }
 

@@ -110,7 +110,6 @@ absl::StatusOr<std::unique_ptr<Zygote>> Zygote::Start(const Options& options) {
         "the warm compile process did not answer (",
         answer.ok() ? "an answer that does not parse" : answer.status().message(), ")"));
   }
-  z->threads_ = reply.threads();
   if (reply.outcome() != wire::Reply::OK) {
     return absl::FailedPreconditionError(
         absl::StrCat("the warm compile process cannot serve: ", Quoted(reply.message(), 256)));
@@ -175,17 +174,22 @@ CompileStarter::~CompileStarter() {
 
 namespace {
 
-// Kills and reaps `p`; true when it had died of a crash (a signal other
-// than the daemon's SIGKILL and the limits').
+// Whether a process that ended with `wait_status` crashed: a signal other
+// than the daemon's own SIGKILL and the limits' signals.
+bool Crashed(int wait_status) {
+  if (!WIFSIGNALED(wait_status)) return false;
+  const int sig = WTERMSIG(wait_status);
+  return sig != SIGKILL && sig != SIGXCPU && sig != SIGXFSZ;
+}
+
+// Kills and reaps `p`; true when it had crashed.
 bool EndProcess(const CompileStarter::Started& p) {
   close(p.socket);
   kill(p.pid, SIGKILL);
   int status = 0;
   while (waitpid(p.pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (!WIFSIGNALED(status)) return false;
-  const int sig = WTERMSIG(status);
-  return sig != SIGKILL && sig != SIGXCPU && sig != SIGXFSZ;
+  return Crashed(status);
 }
 
 // Whether a waiting process is still fit to serve: alive (not a zombie)
@@ -202,6 +206,12 @@ bool StillFit(const CompileStarter::Started& p) {
 
 }  // namespace
 
+int CompileStarter::IdleCountLocked() const {
+  int n = 0;
+  for (const auto& [scope, waiting] : idle_) n += static_cast<int>(waiting.size());
+  return n;
+}
+
 void CompileStarter::EndIdleLocked(bool all) {
   const absl::Time now = absl::Now();
   bool crashed = false;
@@ -214,7 +224,6 @@ void CompileStarter::EndIdleLocked(bool all) {
       }
       crashed |= EndProcess(*p);
       p = waiting.erase(p);
-      --idle_count_;
     }
     if (waiting.empty()) {
       idle_.erase(it++);
@@ -237,13 +246,12 @@ bool CompileStarter::Keep(Started started, const std::string& scope) {
   if (!started.warm || !options_.reuse || started.served + 1 >= kMaxServed) return false;
   absl::MutexLock lock(&mu_);
   EndIdleLocked(/*all=*/false);
-  if (idle_count_ >= kMaxIdle || !StillFit(started)) return false;
+  if (IdleCountLocked() >= kMaxIdle || !StillFit(started)) return false;
   // Stopped while it waits: it runs nothing until its next compile.
   if (kill(started.pid, SIGSTOP) != 0) return false;
   ++started.served;
   started.idle_since = absl::Now();
   idle_[scope].push_back(started);
-  ++idle_count_;
   idle_changed_.Signal();
   return true;
 }
@@ -301,7 +309,6 @@ absl::StatusOr<CompileStarter::Started> CompileStarter::Start(const std::string&
       Started waiting = it->second.back();
       it->second.pop_back();
       if (it->second.empty()) idle_.erase(it);
-      --idle_count_;
       if (StillFit(waiting) && kill(waiting.pid, SIGCONT) == 0) {
         ++reuses_;
         return waiting;
@@ -369,10 +376,7 @@ absl::StatusOr<CompileStarter::Started> CompileStarter::StartCold(const std::str
 }
 
 void CompileStarter::Ended(const Started& started, int wait_status) {
-  if (!started.warm || !WIFSIGNALED(wait_status)) return;
-  // The daemon's own SIGKILL and the limits' signals are no crash.
-  const int sig = WTERMSIG(wait_status);
-  if (sig == SIGKILL || sig == SIGXCPU || sig == SIGXFSZ) return;
+  if (!started.warm || !Crashed(wait_status)) return;
   absl::MutexLock lock(&mu_);
   CrashedLocked();
 }

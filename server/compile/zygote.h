@@ -102,13 +102,11 @@ class Zygote {
                              absl::Duration timeout);
 
   pid_t pid() const { return pid_; }
-  int threads() const { return threads_; }
 
  private:
   Zygote(pid_t pid, int control) : pid_(pid), control_(control) {}
   pid_t pid_;
   int control_;
-  int threads_ = 0;
 };
 
 // How the daemon starts compile processes: forked from the warm process
@@ -148,7 +146,7 @@ class CompileStarter {
     int socket = -1;  // the daemon's end of the compile's socket (owned)
     bool warm = false;
     int served = 0;  // compiles it answered before this one
-    absl::Time idle_since;
+    absl::Time idle_since{};
   };
 
   explicit CompileStarter(Options options);
@@ -181,6 +179,8 @@ class CompileStarter {
  private:
   void StartZygote() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Started> StartCold(const std::string& dir);
+  // The processes waiting, of every scope.
+  int IdleCountLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the waiting processes that waited past kIdleFor (all: `all`).
   void EndIdleLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A fork crashed: the warm process and the waiting forks end.
@@ -200,7 +200,6 @@ class CompileStarter {
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration retry_after_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   absl::flat_hash_map<std::string, std::vector<Started>> idle_ ABSL_GUARDED_BY(mu_);
-  int idle_count_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reuses_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t warm_starts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cold_starts_ ABSL_GUARDED_BY(mu_) = 0;
