@@ -87,8 +87,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
   NameThisThread(name_);
   if (on_start) on_start();
   std::deque<Op> batch;
-  bool polling = false;
-  absl::Time polling_since;
+  PollBackoff backoff;
   absl::Time last_tick = absl::Now();
   absl::Time last_work = absl::InfinitePast();
   while (true) {
@@ -96,11 +95,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
     const bool busy_polling =
         input.busy_poll > absl::ZeroDuration() && absl::Now() - last_work < input.busy_poll;
     if (busy_polling) wait = absl::ZeroDuration();
-    if (polling) {
-      const absl::Duration spent = absl::Now() - polling_since;
-      wait = spent < absl::Microseconds(200) ? absl::ZeroDuration()
-                                             : std::min(spent / 20, absl::Milliseconds(1));
-    }
+    if (backoff.pending()) wait = backoff.Pause(absl::Now());
     bool stop = false;
     if (input.on_readable) {
       // Reads what has arrived; its requests are queued for this loop.
@@ -116,14 +111,14 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
       }
     }
     if (stop) break;
-    if (!batch.empty()) last_work = absl::Now();
+    if (!batch.empty()) {
+      last_work = absl::Now();
+      backoff.Worked(last_work);
+    }
     for (Op& op : batch) op();
     batch.clear();
-    if (poll) {
-      const bool was = polling;
-      polling = poll();
-      if (polling && !was) polling_since = absl::Now();
-    }
+    if (poll) backoff.Polled(poll(), absl::Now());
+    const bool polling = backoff.pending();
     if (!polling && on_tick && absl::Now() - last_tick >= tick) {
       last_tick = absl::Now();
       on_tick();

@@ -7,6 +7,7 @@
 // executor wakes at least every `tick` to run the idle hook (the device uses
 // it to look for faults that left completions pending).
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <string>
@@ -40,6 +41,39 @@ struct ExecutorInput {
   absl::Duration busy_poll = absl::ZeroDuration();
 };
 
+// How long the loop pauses between polls for GPU events: not at all for
+// the first 200 us after the newest work, then a twentieth of the time since
+// it, at most 1 ms. Counted from the newest work, not from when polling
+// began: a stream of long kernels (another tenant's, in a worker shared by
+// tenants) keeps the loop polling for seconds, and a short launch posted
+// meanwhile must be seen done within microseconds, not after the pause
+// the long wait grew to.
+class PollBackoff {
+ public:
+  static constexpr absl::Duration kSpin = absl::Microseconds(200);
+  static constexpr absl::Duration kMaxPause = absl::Milliseconds(1);
+
+  // Ops ran at `now`: what they posted may be done soon.
+  void Worked(absl::Time now) { since_ = now; }
+  // The poll said whether anything is still pending.
+  void Polled(bool pending, absl::Time now) {
+    if (pending && !pending_) since_ = now;
+    pending_ = pending;
+  }
+  bool pending() const { return pending_; }
+  // The pause before the next poll (zero while not pending: the loop's
+  // other waits apply).
+  absl::Duration Pause(absl::Time now) const {
+    if (!pending_) return absl::ZeroDuration();
+    const absl::Duration spent = now - since_;
+    return spent < kSpin ? absl::ZeroDuration() : std::min(spent / 20, kMaxPause);
+  }
+
+ private:
+  bool pending_ = false;
+  absl::Time since_;
+};
+
 class Executor {
  public:
   using Op = std::function<void()>;
@@ -52,8 +86,7 @@ class Executor {
 
   // Runs after each batch of ops; true while it waits for something that
   // only polling can see (GPU events), which makes the loop poll again soon
-  // instead of sleeping: at once for the first 200 us, then after a pause
-  // of a twentieth of the time polled so far, at most 1 ms.
+  // instead of sleeping (PollBackoff says how soon).
   using Poll = std::function<bool()>;
 
   // Starts the thread: `on_start` runs first, `on_tick` whenever the queue

@@ -61,6 +61,34 @@ TEST(Executor, TicksWhenIdle) {
   EXPECT_TRUE(ticked.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 
+TEST(PollBackoff, SpinsThenPausesLongerTheLongerItPolls) {
+  PollBackoff b;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(b.Pause(t0), absl::ZeroDuration());  // nothing pending
+  b.Polled(true, t0);
+  EXPECT_EQ(b.Pause(t0 + absl::Microseconds(150)), absl::ZeroDuration());
+  EXPECT_EQ(b.Pause(t0 + absl::Milliseconds(2)), absl::Microseconds(100));
+  EXPECT_EQ(b.Pause(t0 + absl::Seconds(5)), PollBackoff::kMaxPause);
+  b.Polled(false, t0 + absl::Seconds(5));
+  EXPECT_EQ(b.Pause(t0 + absl::Seconds(6)), absl::ZeroDuration());
+}
+
+// A neighbour's long kernels keep the loop polling for seconds; work posted
+// meanwhile (a short launch whose completion someone waits for) starts the
+// spin again instead of waiting out the pause the long wait grew to.
+TEST(PollBackoff, NewWorkSpinsAgainWhileLongWorkIsPending) {
+  PollBackoff b;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  b.Polled(true, t0);
+  const absl::Time later = t0 + absl::Seconds(3);
+  ASSERT_EQ(b.Pause(later), PollBackoff::kMaxPause);
+  b.Worked(later);
+  b.Polled(true, later);
+  EXPECT_EQ(b.Pause(later + absl::Microseconds(50)), absl::ZeroDuration());
+  EXPECT_EQ(b.Pause(later + absl::Microseconds(199)), absl::ZeroDuration());
+  EXPECT_EQ(b.Pause(later + absl::Milliseconds(4)), absl::Microseconds(200));
+}
+
 TEST(StagingPool, HandsOutSlotsFirstComeFirstServed) {
   std::vector<uint8_t> a(16), b(16);
   StagingPool pool;
