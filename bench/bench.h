@@ -389,8 +389,28 @@ struct RingCpuFigures {
   double idle_front_ms_per_s = 0;
 };
 
+// The CPU a daemon process (`front`) and this one spent since the clock's
+// making, in milliseconds times `scale`.
+struct CpuSpent {
+  double front_ms = 0, client_ms = 0;
+};
+class CpuClock {
+ public:
+  explicit CpuClock(pid_t front);
+  CpuSpent Spent(double scale) const;
+
+ private:
+  pid_t front_;
+  double front0_, self0_;
+};
+
 RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::string& target,
                           const std::string& cubin);
+
+// `--ring_sweep`: the command ring's launch figures and CPU for each pair
+// of the daemon's and the client's spin windows (bench/ring_sweep.cc).
+int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
+                 const std::string& cubin);
 
 TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                          const std::string& driver, const std::string& cubin);

@@ -17,6 +17,7 @@
 #include "bench.h"
 
 namespace gpuexec::bench {
+
 namespace {
 
 // User + system time of `pid`, in milliseconds.
@@ -42,14 +43,21 @@ double SelfCpuMs() {
          (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
 }
 
-struct Spent {
-  double front_ms, client_ms;
-};
+}  // namespace
+
+CpuClock::CpuClock(pid_t front)
+    : front_(front), front0_(ProcessCpuMs(front)), self0_(SelfCpuMs()) {}
+
+CpuSpent CpuClock::Spent(double scale) const {
+  return {(ProcessCpuMs(front_) - front0_) * scale, (SelfCpuMs() - self0_) * scale};
+}
+
+namespace {
 
 // Front and client CPU per 100k async launches of gx_empty on a session of
 // a client with `ring` set as told.
-Spent PerLaunches(int launches, pid_t front, const std::string& target, const std::string& image,
-                  bool ring) {
+CpuSpent PerLaunches(int launches, pid_t front, const std::string& target, const std::string& image,
+                     bool ring) {
   ClientOptions options = BenchClientOptions();
   options.command_ring = ring;
   Client client = Must(Client::Connect(target, options), "connect");
@@ -57,11 +65,10 @@ Spent PerLaunches(int launches, pid_t front, const std::string& target, const st
   Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
   Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
   Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
-  const double front0 = ProcessCpuMs(front), client0 = SelfCpuMs();
+  const CpuClock clock(front);
   for (int i = 0; i < launches; ++i) Must(session.LaunchAsync(empty, One(), {}), "launch");
   Must(session.Synchronize(), "sync");
-  const double scale = 1e5 / launches;
-  return {(ProcessCpuMs(front) - front0) * scale, (SelfCpuMs() - client0) * scale};
+  return clock.Spent(1e5 / launches);
 }
 
 }  // namespace
@@ -73,8 +80,8 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
   // Enough launches that the clock's 10 ms ticks are a small part (100k
   // in the full plan).
   const int launches = plan.async_launches * 5;
-  const Spent ring = PerLaunches(launches, front, target, image, true);
-  const Spent stream = PerLaunches(launches, front, target, image, false);
+  const CpuSpent ring = PerLaunches(launches, front, target, image, true);
+  const CpuSpent stream = PerLaunches(launches, front, target, image, false);
   out.ring_front_ms = ring.front_ms;
   out.ring_client_ms = ring.client_ms;
   out.stream_front_ms = stream.front_ms;
@@ -91,10 +98,10 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
     Must(sessions.back().LaunchAndWait(empty, One(), {}), "launch and wait");
   }
   absl::SleepFor(absl::Milliseconds(500));  // past every spin window
-  const double idle0 = ProcessCpuMs(front);
+  const CpuClock idle(front);
   const absl::Duration quiet = quick ? absl::Seconds(1) : absl::Seconds(5);
   absl::SleepFor(quiet);
-  out.idle_front_ms_per_s = (ProcessCpuMs(front) - idle0) / absl::ToDoubleSeconds(quiet);
+  out.idle_front_ms_per_s = idle.Spent(1.0 / absl::ToDoubleSeconds(quiet)).front_ms;
   Note(absl::StrFormat(
       "front CPU per 100k async launches: %.0f ms through rings, %.0f ms through the Execute "
       "stream; the client's %.0f and %.0f ms; idle beside %d rings: %.1f ms/s",

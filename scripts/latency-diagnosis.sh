@@ -4,7 +4,7 @@
 # (TRACE=1 adds trace/: the daemon and benchmark of a build with
 # -DGPUEXEC_LATENCY_TRACE=ON). Prints, over TCP and over a Unix socket:
 #   - the median of each step of a launch + synchronize (the timestamping
-#     build; scripts/latency_trace.py),
+#     build; scripts/latency_trace.py), and through a command ring,
 #   - how busy each thread of the daemon, its worker and the client was
 #     while one client queued launches, while it waited for each, and while
 #     16 clients did both (the ordinary build; scripts/thread_load.py).
@@ -29,11 +29,18 @@ start_daemon() {
 stop_daemon() { kill -TERM "$daemon"; wait "$daemon" 2>/dev/null; }
 workers() { pgrep -P "$daemon" | paste -sd, -; }
 
-for transport in tcp unix; do
+# ring: the same Unix socket, the daemon serving command rings on its host
+# memory socket (the client then posts its launches through one).
+for transport in tcp unix ring; do
   dir="$work/trace-$transport"
   mkdir -p "$dir"
   export GPUEXEC_TRACE_DIR="$dir"
-  start_daemon "$HERE/trace/gpuexecd"
+  if [[ $transport == ring ]]; then
+    rm -f "$work/shm.sock"
+    start_daemon "$HERE/trace/gpuexecd" --shm_socket="$work/shm.sock"
+  else
+    start_daemon "$HERE/trace/gpuexecd"
+  fi
   target=$([[ $transport == tcp ]] && echo "$tcp" || echo "unix:$work/g.sock")
   "$HERE/trace/gpuexec_bench" --target="$target" --figures=launch --kernels="$KERNELS"
   stop_daemon

@@ -18,7 +18,9 @@
 namespace gpuexec::trace {
 
 // In the order a launch + synchronize passes them. The script reads the
-// names from this list: keep one per line.
+// names from this list: keep one per line. Through a command ring, kFrontRead
+// is the record's copy out of the ring, kFrontComplete the engine's answer
+// reaching the ring's runner and kFrontWrite the completion posted.
 enum class Point : uint32_t {
   kClientSend = 1,      // the client is about to send the command
   kFrontRead = 2,       // the daemon's gRPC thread has the message

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/command_ring.h"
 #include "server/common/thread_name.h"
+#include "server/common/trace.h"
 #include "server/core/ring_decode.h"
 #include "server/shm/command_ring_view.h"
 
@@ -104,6 +105,7 @@ struct CommandRingRunner::State {
       posted = view->Post(head, message, in_flight);
       if (posted.ok()) CloseIfIdleLocked();
     }
+    GPUEXEC_TRACE(kFrontWrite);
     if (!posted.ok()) {
       CloseNow(absl::InvalidArgumentError(absl::StrCat("command ring closed: ", posted.message())));
       stop.store(true);
@@ -276,6 +278,7 @@ void CommandRingRunner::Loop() {
           st->ended.store(true);
           return;
         }
+        GPUEXEC_TRACE(kFrontRead);
         ++taken;
         ring::SubmitHead head;
         std::memcpy(&head, scratch->bytes, sizeof(head));
@@ -308,6 +311,7 @@ void CommandRingRunner::Loop() {
         if (closing) break;
         RunCommand(*st->engine, caller, st->session, *std::move(command),
                    [st, answer](CommandResult r) mutable {
+                     GPUEXEC_TRACE(kFrontComplete);
                      if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
                      if (!r.answer) return st->Done(true);
                      answer.code = static_cast<int32_t>(r.status.code());
