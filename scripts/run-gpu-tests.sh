@@ -139,12 +139,17 @@ if [[ ${GPUEXEC_MPS:-1} != 0 && -z ${CUDA_MPS_PIPE_DIRECTORY:-} ]] &&
 fi
 
 # Compute shares with one worker for both tenants: green contexts (no MPS).
+# And a worker each without MPS (time-sliced), for the difference.
 bench=$(ls "$HERE"/bin/*bench* | head -1)
-for share in 0.1 ""; do
-  run "bench_tenants_green${share:+_$share}_1000us" "$bench" --tenants_only \
-    --tenants_isolation=device --tenants_mps=off --tenant_share="$share" --neighbour_blocks=528 \
-    --neighbour_kernel_us=1000
+for us in 1000 2000; do
+  for share in 0.1 ""; do
+    run "bench_tenants_green${share:+_$share}_${us}us" "$bench" --tenants_only \
+      --tenants_isolation=device --tenants_mps=off --tenant_share="$share" --neighbour_blocks=528 \
+      --neighbour_kernel_us=$us
+  done
 done
+run bench_tenants_timesliced_1000us "$bench" --tenants_only --tenants_mps=off \
+  --neighbour_blocks=528 --neighbour_kernel_us=1000
 
 # Compute shares: the measured tenant with a tenth of the SMs beside a
 # neighbour's kernels that fill the GPU (1 ms and 2 ms), both workers held
