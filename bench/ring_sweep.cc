@@ -52,8 +52,8 @@ Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const st
 
 }  // namespace
 
-int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon,
-                 const std::string& driver, const std::string& cubin) {
+int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
+                 const std::string& cubin) {
   const std::vector<int> daemon_spins =
       quick ? std::vector<int>{0, 50} : std::vector<int>{0, 10, 30, 100, 300};
   const std::vector<int> client_spins =
@@ -90,9 +90,8 @@ int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon,
     if (chosen == nullptr && c.sync.p50 <= best * 1.05) chosen = &c;
   }
   if (chosen != nullptr) {
-    std::printf(
-        "\nsmallest window within 5%% of the best p50 (%s): daemon %d us, client %d us\n",
-        Us(best).c_str(), chosen->daemon_us, chosen->client_us);
+    std::printf("\nsmallest window within 5%% of the best p50 (%s): daemon %d us, client %d us\n",
+                Us(best).c_str(), chosen->daemon_us, chosen->client_us);
   }
   return 0;
 }

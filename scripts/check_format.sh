@@ -16,17 +16,22 @@ if [[ ${1:-} == --fix ]]; then
   "$CLANG_FORMAT" -i "${files[@]}"
   exit 0
 fi
-bad=0
-for f in "${files[@]}"; do
-  if ! diff -u --label "$f" --label "$f (formatted)" "$f" <("$CLANG_FORMAT" "$f") >/tmp/gpuexec-format.$$ 2>&1; then
-    echo "check_format: $f is not formatted (scripts/check_format.sh --fix):"
-    head -40 /tmp/gpuexec-format.$$
-    bad=$((bad + 1))
-  fi
-done
-rm -f /tmp/gpuexec-format.$$
-if ((bad)); then
-  echo "check_format: $bad of ${#files[@]} files need formatting"
+# One clang-format process for every file (a process per file took over two
+# minutes on a loaded 2-core host); then what it would change, file by file.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if "$CLANG_FORMAT" --dry-run --Werror "${files[@]}" 2>"$log"; then
+  echo "check_format: ${#files[@]} files formatted"
+  exit 0
+fi
+mapfile -t bad < <(grep -oE '^[^: ]+\.(cc|h|cu):[0-9]+:[0-9]+: error' "$log" | cut -d: -f1 | sort -u)
+if ((${#bad[@]} == 0)); then
+  cat "$log"
   exit 1
 fi
-echo "check_format: ${#files[@]} files formatted"
+for f in "${bad[@]}"; do
+  echo "check_format: $f is not formatted (scripts/check_format.sh --fix):"
+  diff -u --label "$f" --label "$f (formatted)" "$f" <("$CLANG_FORMAT" "$f") | head -40
+done
+echo "check_format: ${#bad[@]} of ${#files[@]} files need formatting"
+exit 1
