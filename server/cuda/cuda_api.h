@@ -4,10 +4,11 @@
 // The part of the CUDA Driver API that gpuexec uses, declared by the project
 // itself so that the build needs no CUDA toolkit: handle types, the enum
 // constants and flags the daemon and the driver double pass or compare, the
-// launch and tensor-map structs, and one function-pointer type per entry
-// point (PFN_<name>, the type of the name a caller writes; the versioned
-// symbol that is resolved at run time is in driver_api_internal.h). Nothing
-// here declares a function: libcuda is only ever reached through dlsym.
+// launch, graph-node and tensor-map structs, and one function-pointer type
+// per entry point (PFN_<name>, the type of the name a caller writes; the
+// versioned symbol that is resolved at run time is in driver_api_internal.h).
+// Nothing here declares a function: libcuda is only ever reached through
+// dlsym.
 //
 // The names, values and layouts are the driver's ABI (CUDA 12.4 and newer,
 // 64-bit Linux). Enums list only the constants gpuexec uses; the driver may
@@ -58,6 +59,19 @@ struct CUgreenCtx_st;
 struct CUdevResourceDesc_st;
 using CUgreenCtx = CUgreenCtx_st*;
 using CUdevResourceDesc = CUdevResourceDesc_st*;
+// Graphs: a graph of work, one of its nodes, and a graph instantiated for
+// launch. Also the library kernel and the array that node parameters name
+// (gpuexec sets neither).
+struct CUgraph_st;
+struct CUgraphNode_st;
+struct CUgraphExec_st;
+struct CUkern_st;
+struct CUarray_st;
+using CUgraph = CUgraph_st*;
+using CUgraphNode = CUgraphNode_st*;
+using CUgraphExec = CUgraphExec_st*;
+using CUkernel = CUkern_st*;
+using CUarray = CUarray_st*;
 
 // A host function queued on a stream (cuLaunchHostFunc).
 using CUhostFn = void (*)(void* userData);
@@ -246,6 +260,10 @@ struct CUlaunchAttribute {
   CUlaunchAttributeValue value;
 };
 
+// A kernel node's attributes are launch attributes (cuGraphKernelNodeSetAttribute).
+using CUkernelNodeAttrID = CUlaunchAttributeID;
+using CUkernelNodeAttrValue = CUlaunchAttributeValue;
+
 struct CUlaunchConfig {
   unsigned int gridDimX;
   unsigned int gridDimY;
@@ -257,6 +275,75 @@ struct CUlaunchConfig {
   CUstream hStream;
   CUlaunchAttribute* attrs;  // numAttrs of them; may be null when there are none
   unsigned int numAttrs;
+};
+
+// --- Graphs (cuGraphAddKernelNode, cuGraphAddMemsetNode, cuGraphAddMemcpyNode) ---
+
+// The memory a copy reads or writes.
+enum CUmemorytype {
+  CU_MEMORYTYPE_HOST = 1,
+  CU_MEMORYTYPE_DEVICE = 2,
+  CU_MEMORYTYPE_ARRAY = 3,
+  CU_MEMORYTYPE_UNIFIED = 4,
+};
+
+// A kernel node: the function (or a library kernel), its grid, block and
+// dynamic shared memory, and its arguments as cuLaunchKernel takes them.
+// The driver copies the arguments when the node is added or set.
+struct CUDA_KERNEL_NODE_PARAMS_v2 {
+  CUfunction func;
+  unsigned int gridDimX;
+  unsigned int gridDimY;
+  unsigned int gridDimZ;
+  unsigned int blockDimX;
+  unsigned int blockDimY;
+  unsigned int blockDimZ;
+  unsigned int sharedMemBytes;
+  void** kernelParams;
+  void** extra;
+  CUkernel kern;  // used only where func is null
+  CUcontext ctx;  // ignored where func is set
+};
+
+// A memset node: `height` rows of `width` elements of `elementSize` bytes
+// (1, 2 or 4), rows `pitch` bytes apart.
+struct CUDA_MEMSET_NODE_PARAMS {
+  CUdeviceptr dst;
+  size_t pitch;
+  unsigned int value;
+  unsigned int elementSize;
+  size_t width;
+  size_t height;
+};
+
+// A copy of a box of WidthInBytes x Height x Depth; each side names its
+// memory by type, its origin and its pitches.
+struct CUDA_MEMCPY3D {
+  size_t srcXInBytes;
+  size_t srcY;
+  size_t srcZ;
+  size_t srcLOD;
+  CUmemorytype srcMemoryType;
+  const void* srcHost;
+  CUdeviceptr srcDevice;
+  CUarray srcArray;
+  void* reserved0;  // must be null
+  size_t srcPitch;
+  size_t srcHeight;
+  size_t dstXInBytes;
+  size_t dstY;
+  size_t dstZ;
+  size_t dstLOD;
+  CUmemorytype dstMemoryType;
+  void* dstHost;
+  CUdeviceptr dstDevice;
+  CUarray dstArray;
+  void* reserved1;  // must be null
+  size_t dstPitch;
+  size_t dstHeight;
+  size_t WidthInBytes;
+  size_t Height;
+  size_t Depth;
 };
 
 // --- Green contexts (cuDeviceGetDevResource, cuDevSmResourceSplitByCount) ---
@@ -340,6 +427,7 @@ typedef CUresult (*PFN_cuDevicePrimaryCtxRelease)(CUdevice device);
 typedef CUresult (*PFN_cuDeviceGetDefaultMemPool)(CUmemoryPool* pool, CUdevice device);
 
 typedef CUresult (*PFN_cuCtxSetCurrent)(CUcontext context);
+typedef CUresult (*PFN_cuCtxGetCurrent)(CUcontext* context);
 typedef CUresult (*PFN_cuCtxSynchronize)();
 
 typedef CUresult (*PFN_cuMemAlloc)(CUdeviceptr* address, size_t bytes);
@@ -425,6 +513,34 @@ typedef CUresult (*PFN_cuTensorMapEncodeTiled)(
     const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
     const cuuint32_t* element_strides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
     CUtensorMapL2promotion l2_promotion, CUtensorMapFloatOOBfill oob_fill);
+
+// Graphs: built node by node, instantiated once, launched and patched.
+typedef CUresult (*PFN_cuGraphCreate)(CUgraph* graph, unsigned int flags);
+typedef CUresult (*PFN_cuGraphAddKernelNode)(CUgraphNode* node, CUgraph graph,
+                                             const CUgraphNode* dependencies,
+                                             size_t dependency_count,
+                                             const CUDA_KERNEL_NODE_PARAMS_v2* params);
+typedef CUresult (*PFN_cuGraphAddMemsetNode)(CUgraphNode* node, CUgraph graph,
+                                             const CUgraphNode* dependencies,
+                                             size_t dependency_count,
+                                             const CUDA_MEMSET_NODE_PARAMS* params,
+                                             CUcontext context);
+typedef CUresult (*PFN_cuGraphAddMemcpyNode)(CUgraphNode* node, CUgraph graph,
+                                             const CUgraphNode* dependencies,
+                                             size_t dependency_count, const CUDA_MEMCPY3D* params,
+                                             CUcontext context);
+typedef CUresult (*PFN_cuGraphKernelNodeSetAttribute)(CUgraphNode node,
+                                                      CUkernelNodeAttrID attribute,
+                                                      const CUkernelNodeAttrValue* value);
+typedef CUresult (*PFN_cuGraphInstantiateWithFlags)(
+    CUgraphExec* exec, CUgraph graph,
+    unsigned long long flags);  // NOLINT(runtime/int): the driver's type
+typedef CUresult (*PFN_cuGraphUpload)(CUgraphExec exec, CUstream stream);
+typedef CUresult (*PFN_cuGraphLaunch)(CUgraphExec exec, CUstream stream);
+typedef CUresult (*PFN_cuGraphExecKernelNodeSetParams)(CUgraphExec exec, CUgraphNode node,
+                                                       const CUDA_KERNEL_NODE_PARAMS_v2* params);
+typedef CUresult (*PFN_cuGraphExecDestroy)(CUgraphExec exec);
+typedef CUresult (*PFN_cuGraphDestroy)(CUgraph graph);
 
 #ifdef GPUEXEC_CUDA_API_NAMESPACE
 }  // namespace GPUEXEC_CUDA_API_NAMESPACE

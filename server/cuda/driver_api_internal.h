@@ -6,6 +6,8 @@
 // versioned ones that the toolkit's cuda.h maps the plain names to (checked
 // by tests/unit/cuda_api_test.cc); the test double exports the same names.
 
+#include <cstring>
+
 #include "server/cuda/cuda_api.h"
 
 namespace gpuexec::cuda {
@@ -24,6 +26,7 @@ namespace gpuexec::cuda {
   X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)             \
   X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", cuDevicePrimaryCtxRelease)       \
   X(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent)                                        \
+  X(CtxGetCurrent, "cuCtxGetCurrent", cuCtxGetCurrent)                                        \
   X(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize)                                     \
   X(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize)                            \
   X(MemAlloc, "cuMemAlloc_v2", cuMemAlloc)                                                    \
@@ -66,7 +69,7 @@ namespace gpuexec::cuda {
 
 // Entry points a driver may lack: resolved where present, null otherwise.
 // Green contexts: CUDA 12.4 (cuGreenCtxStreamCreate 12.5); compute shares
-// with --isolation=device need them all.
+// with --isolation=device need them all. Then the graphs' (below).
 #define GPUEXEC_DRIVER_OPTIONAL_ENTRY_POINTS(X)                                            \
   X(DeviceGetDevResource, "cuDeviceGetDevResource", cuDeviceGetDevResource)                \
   X(DevSmResourceSplitByCount, "cuDevSmResourceSplitByCount", cuDevSmResourceSplitByCount) \
@@ -74,7 +77,26 @@ namespace gpuexec::cuda {
   X(GreenCtxCreate, "cuGreenCtxCreate", cuGreenCtxCreate)                                  \
   X(GreenCtxDestroy, "cuGreenCtxDestroy", cuGreenCtxDestroy)                               \
   X(GreenCtxGetDevResource, "cuGreenCtxGetDevResource", cuGreenCtxGetDevResource)          \
-  X(GreenCtxStreamCreate, "cuGreenCtxStreamCreate", cuGreenCtxStreamCreate)
+  X(GreenCtxStreamCreate, "cuGreenCtxStreamCreate", cuGreenCtxStreamCreate)                \
+  GPUEXEC_DRIVER_GRAPH_ENTRY_POINTS(X)
+
+// Graphs (issue 39: record once, replay many; docs/graphs-plan.md): a
+// driver has graphs when it has every one of these (Driver::has_graphs).
+// The _v2 kernel-node calls, whose parameters carry the function's handle,
+// are CUDA 12.0's.
+#define GPUEXEC_DRIVER_GRAPH_ENTRY_POINTS(X)                                                     \
+  X(GraphCreate, "cuGraphCreate", cuGraphCreate)                                                 \
+  X(GraphAddKernelNode, "cuGraphAddKernelNode_v2", cuGraphAddKernelNode)                         \
+  X(GraphAddMemsetNode, "cuGraphAddMemsetNode", cuGraphAddMemsetNode)                            \
+  X(GraphAddMemcpyNode, "cuGraphAddMemcpyNode", cuGraphAddMemcpyNode)                            \
+  X(GraphKernelNodeSetAttribute, "cuGraphKernelNodeSetAttribute", cuGraphKernelNodeSetAttribute) \
+  X(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags)       \
+  X(GraphUpload, "cuGraphUpload", cuGraphUpload)                                                 \
+  X(GraphLaunch, "cuGraphLaunch", cuGraphLaunch)                                                 \
+  X(GraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2",                           \
+    cuGraphExecKernelNodeSetParams)                                                              \
+  X(GraphExecDestroy, "cuGraphExecDestroy", cuGraphExecDestroy)                                  \
+  X(GraphDestroy, "cuGraphDestroy", cuGraphDestroy)
 
 struct DriverApi {
 #define GPUEXEC_DECLARE_ENTRY(member, symbol, fn) PFN_##fn member = nullptr;
@@ -82,6 +104,53 @@ struct DriverApi {
   GPUEXEC_DRIVER_OPTIONAL_ENTRY_POINTS(GPUEXEC_DECLARE_ENTRY)
 #undef GPUEXEC_DECLARE_ENTRY
 };
+
+// The grid, block and dynamic shared memory of `g` (a port::LaunchGeometry)
+// into `p`: a CUlaunchConfig or a kernel node's parameters, which name them
+// alike.
+template <typename Geometry, typename Params>
+void SetGrid(const Geometry& g, Params* p) {
+  p->gridDimX = g.grid[0];
+  p->gridDimY = g.grid[1];
+  p->gridDimZ = g.grid[2];
+  p->blockDimX = g.block[0];
+  p->blockDimY = g.block[1];
+  p->blockDimZ = g.block[2];
+  p->sharedMemBytes = g.shared_bytes;
+}
+
+// The launch attributes of `g` (a port::LaunchGeometry) in `attrs`: its
+// cluster (a dimension left 0 is 1) with its scheduling policy, its
+// cooperative grid, its programmatic dependent launch. Returns how many.
+template <typename Geometry>
+unsigned LaunchAttributesOf(const Geometry& g, CUlaunchAttribute (&attrs)[4]) {
+  std::memset(attrs, 0, sizeof(attrs));
+  unsigned n = 0;
+  if (g.cluster[0] != 0 || g.cluster[1] != 0 || g.cluster[2] != 0) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n].value.clusterDim.x = g.cluster[0] == 0 ? 1 : g.cluster[0];
+    attrs[n].value.clusterDim.y = g.cluster[1] == 0 ? 1 : g.cluster[1];
+    attrs[n].value.clusterDim.z = g.cluster[2] == 0 ? 1 : g.cluster[2];
+    ++n;
+    if (g.cluster_policy != 0) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+      attrs[n].value.clusterSchedulingPolicyPreference =
+          static_cast<CUclusterSchedulingPolicy>(g.cluster_policy);
+      ++n;
+    }
+  }
+  if (g.cooperative) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n].value.cooperative = 1;
+    ++n;
+  }
+  if (g.programmatic_dependent) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n].value.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  return n;
+}
 
 // Inside a Driver member: runs api_->call args and returns the status of a
 // failure, naming the call and `what`.

@@ -208,6 +208,15 @@ GX_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
+// The context cuCtxSetCurrent made current on this thread (null when
+// none), as the driver answers, whether or not it is still retained.
+GX_EXPORT CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  GX_RETURN_IF_ERROR(EntryStatus());
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = t_current_context;
+  return CUDA_SUCCESS;
+}
+
 GX_EXPORT CUresult cuCtxSynchronize(void) {
   GX_RETURN_IF_ERROR(EntryStatus());
   CUctx_st* ctx = nullptr;
@@ -234,4 +243,5 @@ GX_CHECK_SIGNATURE(cuDeviceTotalMem_v2, cuDeviceTotalMem);
 GX_CHECK_SIGNATURE(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
 GX_CHECK_SIGNATURE(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease);
 GX_CHECK_SIGNATURE(cuCtxSetCurrent, cuCtxSetCurrent);
+GX_CHECK_SIGNATURE(cuCtxGetCurrent, cuCtxGetCurrent);
 GX_CHECK_SIGNATURE(cuCtxSynchronize, cuCtxSynchronize);

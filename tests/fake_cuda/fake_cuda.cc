@@ -42,6 +42,10 @@
 //     carries the range to its kernels (KernelLaunch; gx_sm_ids reports
 //     it); once the green context is destroyed, every call with the stream
 //     fails with CUDA_ERROR_CONTEXT_IS_DESTROYED (not sticky).
+//   * Graphs: a graph is its nodes (kernel, memset, 1-D device copy) with
+//     their dependencies; instantiating copies them in dependency order, and
+//     a launch enqueues them on the stream as the launches, memsets and
+//     copies above (graphs.cc says what is modelled).
 //   * A kernel fault poisons the whole process: every later driver call
 //     returns CUDA_ERROR_ILLEGAL_ADDRESS, as on real hardware.
 //
@@ -56,6 +60,8 @@
 //   launch.cc          kernel launches and occupancy
 //   kernel_models.cc   the host models of the kernels, and tensor maps
 //   green_contexts.cc  SM resources and green contexts
+//   graphs.cc          graphs, their nodes, instantiated graphs and their
+//                      launches
 
 #include <unistd.h>
 

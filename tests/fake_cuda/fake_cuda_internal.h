@@ -4,9 +4,10 @@
 // What the files of the libcuda double share (fake_cuda.cc describes the
 // double and lists its files): the handle types that cuda_api.h declares,
 // the one Driver that owns them, the checks every entry point makes first,
-// and the context, memory, stream and kernel-model machinery that more than
-// one file uses. Nothing here is exported: only the entry points are
-// (GX_EXPORT, and the version script of CMakeLists.txt).
+// and the context, memory, stream, launch and kernel-model machinery that
+// more than one file uses (graphs replay launches, memsets and copies as
+// those entry points run them). Nothing here is exported: only the entry
+// points are (GX_EXPORT, and the version script of CMakeLists.txt).
 //
 // Ownership: all driver state lives in one Driver object that is created on
 // first use and intentionally never destroyed (worker threads may still be
@@ -72,6 +73,54 @@ struct KernelDef;
 struct StreamOp {
   std::function<void()> run;
   bool droppable = true;
+};
+
+// A kernel launch's grid, block, dynamic shared memory, cluster and
+// cooperative grid: a launch's configuration and attributes, and a graph
+// kernel node's parameters and attributes.
+struct LaunchShape {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared_bytes = 0;
+  unsigned cluster[3] = {1, 1, 1};
+  bool cooperative = false;
+};
+
+// A memset: `height` rows of `width` elements of `element_size` bytes (1,
+// 2 or 4; the low bytes of `value`), rows `pitch` bytes apart.
+struct MemsetShape {
+  CUdeviceptr dst = 0;
+  size_t pitch = 0;
+  unsigned value = 0;
+  unsigned element_size = 1;
+  size_t width = 0;
+  size_t height = 1;
+
+  // The bytes from dst to the end of the last row.
+  size_t Span() const { return (height - 1) * pitch + width * element_size; }
+};
+
+// What a node of a graph does each time its graph is launched.
+struct NodeWork {
+  enum class Kind { kKernel, kMemset, kCopy };
+  Kind kind = Kind::kKernel;
+  // The node's context (a kernel node's: its function's); its device's
+  // memory is what the node may touch.
+  CUctx_st* context = nullptr;
+  // kKernel: the function and its model (found when the node was added),
+  // the shape with the node's attributes, the scheduling policy attribute,
+  // and the copy of the arguments taken when the node was added or set.
+  CUfunction function = nullptr;
+  const KernelDef* kernel = nullptr;
+  LaunchShape shape;
+  int cluster_policy = 0;
+  std::vector<uint8_t> args;
+  // kMemset.
+  MemsetShape memset;
+  // kCopy: a 1-D copy between device memory.
+  CUdeviceptr dst = 0;
+  CUdeviceptr src = 0;
+  size_t bytes = 0;
 };
 
 }  // namespace gxfake::internal
@@ -165,6 +214,30 @@ struct CUstream_st {
   std::thread worker;
 };
 
+// A node of a graph. Owned by its CUgraph_st; dies with it.
+struct CUgraphNode_st {
+  CUgraph_st* graph = nullptr;
+  std::vector<CUgraphNode_st*> dependencies;  // nodes of the same graph, added before it
+  gxfake::internal::NodeWork work;
+};
+
+// A graph: its nodes in the order added. Owned by Driver::graphs from
+// cuGraphCreate until cuGraphDestroy; not tied to a context (its nodes name
+// theirs).
+struct CUgraph_st {
+  std::vector<std::unique_ptr<CUgraphNode_st>> nodes;
+};
+
+// An instantiated graph: a copy of its graph's nodes, in dependency order,
+// that lives on without the graph. Owned by Driver::graph_execs from
+// cuGraphInstantiateWithFlags until cuGraphExecDestroy.
+struct CUgraphExec_st {
+  std::vector<gxfake::internal::NodeWork> work;
+  // Where in `work` each node of the graph went (the handles are never
+  // dereferenced: the graph may be gone).
+  std::unordered_map<CUgraphNode_st*, size_t> index;
+};
+
 namespace gxfake::internal {
 
 // The simulated device, an H100-like sm_90 part: SMs 0..131, and its limits.
@@ -217,6 +290,11 @@ struct Driver {
   std::unordered_set<CUfunc_st*> functions;
   std::unordered_map<CUgreenCtx_st*, std::shared_ptr<CUgreenCtx_st>> green_contexts;
   std::unordered_map<CUdevResourceDesc_st*, std::unique_ptr<CUdevResourceDesc_st>> resource_descs;
+  // Graphs, the nodes of each live graph (node -> its graph), and
+  // instantiated graphs.
+  std::unordered_map<CUgraph_st*, std::unique_ptr<CUgraph_st>> graphs;
+  std::unordered_map<CUgraphNode_st*, CUgraph_st*> graph_nodes;
+  std::unordered_map<CUgraphExec_st*, std::unique_ptr<CUgraphExec_st>> graph_execs;
 };
 
 // The one Driver, created on first use and leaked on purpose (see above).
@@ -276,6 +354,12 @@ bool RangeIsLive(uintptr_t addr, size_t bytes, int device, bool allow_free_pendi
 
 // Requires Driver::mu. Frees the block at `base` if it is still tracked.
 void FreeAllocationLocked(Driver& d, uintptr_t base);
+
+// The stream operations of a memset and of a copy between device memory of
+// `device`, checked again when they run: a range no longer live there is a
+// fault (illegal address). Each is checked by its caller when enqueued.
+StreamOp MemsetOp(const MemsetShape& m, int device);
+StreamOp CopyOp(CUdeviceptr dst, CUdeviceptr src, size_t bytes, int device);
 
 // ---------------------------------------------------------------------------
 // Streams (streams.cc).
@@ -347,6 +431,40 @@ struct KernelDef {
     return end;
   }
 };
+
+// ---------------------------------------------------------------------------
+// Kernel launches (launch.cc), shared with graphs' kernel nodes.
+// ---------------------------------------------------------------------------
+
+// Checks `shape` for `f` as a launch in `ctx` checks it: `f` a live function
+// of `ctx` (else CUDA_ERROR_INVALID_HANDLE), the grid, block and dynamic
+// shared memory within the device's limits and the function's, the cluster
+// within the function's limit and dividing the grid. Sets `*kernel` to the
+// function's model (null where the double has none). Takes Driver::mu.
+CUresult CheckShape(CUfunction f, CUctx_st* ctx, const LaunchShape& shape,
+                    const KernelDef** kernel);
+
+// The SMs the kernels of `stream` run on: its green context's, else the
+// whole device's (also for the NULL stream, null here).
+struct StreamSms {
+  unsigned first = 0;
+  unsigned count = 0;
+};
+StreamSms SmsOf(const CUstream_st* stream);
+
+// CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE when `shape` is cooperative and
+// its grid is larger than the double's occupancy on `sm_count` SMs.
+CUresult CheckCooperative(const LaunchShape& shape, unsigned sm_count);
+
+// The argument bytes of `kernel` (its parameters' layout, which is its
+// function's) from cuLaunchKernel's `kernel_params`; INVALID_VALUE where
+// one is missing.
+CUresult CopyArgs(const KernelDef& kernel, void** kernel_params, std::vector<uint8_t>* args);
+
+// The stream operation that runs `kernel` with `args` on `sms` of `device`;
+// a fault poisons the process.
+StreamOp KernelOp(const KernelDef* kernel, int device, const LaunchShape& shape, StreamSms sms,
+                  std::vector<uint8_t> args);
 
 // The first model named `name`, or null.
 const KernelDef* FindKernel(const std::string& name);

@@ -17,13 +17,10 @@
 namespace gxfake::internal {
 namespace {
 
+// A launch: its shape and the stream it goes to.
 struct LaunchRequest {
-  unsigned grid[3];
-  unsigned block[3];
-  unsigned shared_bytes;
-  CUstream stream;
-  unsigned cluster[3] = {1, 1, 1};
-  bool cooperative = false;
+  LaunchShape shape;
+  CUstream stream = nullptr;
 };
 
 // Blocks of `threads` threads and `shared` bytes resident on one
@@ -41,98 +38,119 @@ CUresult Launch(CUfunction f, const LaunchRequest& r, void** kernel_params, void
   CUctx_st* ctx = nullptr;
   GX_RETURN_IF_ERROR(CurrentContext(&ctx));
   if (extra != nullptr) return CUDA_ERROR_INVALID_VALUE;  // Not supported.
-
-  Driver& d = GetDriver();
   const KernelDef* kernel = nullptr;
+  GX_RETURN_IF_ERROR(CheckShape(f, ctx, r.shape, &kernel));
+  std::shared_ptr<CUstream_st> stream;
+  GX_RETURN_IF_ERROR(ResolveStream(r.stream, ctx, &stream));
+  const StreamSms sms = SmsOf(stream.get());
+  GX_RETURN_IF_ERROR(CheckCooperative(r.shape, sms.count));
+
+  // A kernel the double has no model of loads but cannot run.
+  if (kernel == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  std::vector<uint8_t> args;
+  GX_RETURN_IF_ERROR(CopyArgs(*kernel, kernel_params, &args));
+  return Enqueue(stream, KernelOp(kernel, ctx->device, r.shape, sms, std::move(args)));
+}
+
+}  // namespace
+
+CUresult CheckShape(CUfunction f, CUctx_st* ctx, const LaunchShape& shape,
+                    const KernelDef** kernel) {
   int max_dynamic_shared = 0;
   int non_portable_cluster = 0;
   {
+    Driver& d = GetDriver();
     std::lock_guard<std::mutex> lock(d.mu);
     if (f == nullptr || d.functions.count(f) == 0) {
       return CUDA_ERROR_INVALID_HANDLE;
     }
     if (f->module->context != ctx) return CUDA_ERROR_INVALID_HANDLE;
-    kernel = f->kernel;
+    *kernel = f->kernel;
     max_dynamic_shared = f->max_dynamic_shared;
     non_portable_cluster = f->non_portable_cluster_size_allowed;
   }
-
   uint64_t threads = 1;
   for (int i = 0; i < 3; ++i) {
-    if (r.grid[i] == 0 || r.grid[i] > kMaxGridDim[i]) {
+    if (shape.grid[i] == 0 || shape.grid[i] > kMaxGridDim[i]) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    if (r.block[i] == 0 || r.block[i] > kMaxBlockDim[i]) {
+    if (shape.block[i] == 0 || shape.block[i] > kMaxBlockDim[i]) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    threads *= r.block[i];
+    threads *= shape.block[i];
   }
   if (threads > static_cast<uint64_t>(kMaxThreadsPerBlock)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (r.shared_bytes > static_cast<unsigned>(kMaxSharedPerBlockOptin) ||
-      r.shared_bytes > static_cast<unsigned>(max_dynamic_shared)) {
+  if (shape.shared_bytes > static_cast<unsigned>(kMaxSharedPerBlockOptin) ||
+      shape.shared_bytes > static_cast<unsigned>(max_dynamic_shared)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   uint64_t cluster_size = 1;
   for (int i = 0; i < 3; ++i) {
-    if (r.cluster[i] == 0) return CUDA_ERROR_INVALID_VALUE;
-    cluster_size *= r.cluster[i];
+    if (shape.cluster[i] == 0) return CUDA_ERROR_INVALID_VALUE;
+    cluster_size *= shape.cluster[i];
   }
   const unsigned max_cluster =
       non_portable_cluster ? kMaxNonPortableClusterSize : kMaxPortableClusterSize;
   if (cluster_size > max_cluster) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
   for (int i = 0; i < 3; ++i) {
-    if (r.grid[i] % r.cluster[i] != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (shape.grid[i] % shape.cluster[i] != 0) return CUDA_ERROR_INVALID_VALUE;
   }
-  std::shared_ptr<CUstream_st> stream;
-  GX_RETURN_IF_ERROR(ResolveStream(r.stream, ctx, &stream));
-  // A green context's stream runs on its SMs.
-  const CUgreenCtx_st* green = stream ? stream->green.get() : nullptr;
-  const unsigned first_sm = green ? green->first_sm : 0;
-  const unsigned sm_count = green ? green->sm_count : kFakeMultiprocessors;
-  if (r.cooperative) {
-    const uint64_t resident =
-        uint64_t{static_cast<unsigned>(FakeBlocksPerMultiprocessor(threads, r.shared_bytes))} *
-        sm_count / cluster_size * cluster_size;
-    if (uint64_t{r.grid[0]} * r.grid[1] * r.grid[2] > resident) {
-      return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
-    }
+  return CUDA_SUCCESS;
+}
+
+StreamSms SmsOf(const CUstream_st* stream) {
+  const CUgreenCtx_st* green = stream != nullptr ? stream->green.get() : nullptr;
+  if (green == nullptr) return StreamSms{0, static_cast<unsigned>(kFakeMultiprocessors)};
+  return StreamSms{green->first_sm, green->sm_count};
+}
+
+CUresult CheckCooperative(const LaunchShape& shape, unsigned sm_count) {
+  if (!shape.cooperative) return CUDA_SUCCESS;
+  const uint64_t threads = uint64_t{shape.block[0]} * shape.block[1] * shape.block[2];
+  const uint64_t cluster_size = uint64_t{shape.cluster[0]} * shape.cluster[1] * shape.cluster[2];
+  const uint64_t resident =
+      uint64_t{static_cast<unsigned>(FakeBlocksPerMultiprocessor(threads, shape.shared_bytes))} *
+      sm_count / cluster_size * cluster_size;
+  if (uint64_t{shape.grid[0]} * shape.grid[1] * shape.grid[2] > resident) {
+    return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
   }
+  return CUDA_SUCCESS;
+}
 
-  // A kernel the double has no model of loads but cannot run.
-  if (kernel == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+CUresult CopyArgs(const KernelDef& kernel, void** kernel_params, std::vector<uint8_t>* args) {
+  args->assign(kernel.ArgBytes(), 0);
+  if (kernel.params.empty()) return CUDA_SUCCESS;
+  if (kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < kernel.params.size(); ++i) {
+    if (kernel_params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(args->data() + kernel.params[i].offset, kernel_params[i], kernel.params[i].size);
+  }
+  return CUDA_SUCCESS;
+}
 
-  // Copy the argument values now, as the driver does.
+StreamOp KernelOp(const KernelDef* kernel, int device, const LaunchShape& shape, StreamSms sms,
+                  std::vector<uint8_t> args) {
   auto launch = std::make_shared<KernelLaunch>();
-  launch->device = ctx->device;
+  launch->device = device;
   for (int i = 0; i < 3; ++i) {
-    launch->grid[i] = r.grid[i];
-    launch->block[i] = r.block[i];
-    launch->cluster[i] = r.cluster[i];
+    launch->grid[i] = shape.grid[i];
+    launch->block[i] = shape.block[i];
+    launch->cluster[i] = shape.cluster[i];
   }
-  launch->shared_bytes = r.shared_bytes;
-  launch->cooperative = r.cooperative;
-  launch->first_sm = first_sm;
-  launch->sm_count = sm_count;
-  launch->args.assign(kernel->ArgBytes(), 0);
-  if (!kernel->params.empty()) {
-    if (kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < kernel->params.size(); ++i) {
-      if (kernel_params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      std::memcpy(launch->args.data() + kernel->params[i].offset, kernel_params[i],
-                  kernel->params[i].size);
-    }
-  }
-
+  launch->shared_bytes = shape.shared_bytes;
+  launch->cooperative = shape.cooperative;
+  launch->first_sm = sms.first;
+  launch->sm_count = sms.count;
+  launch->args = std::move(args);
   StreamOp op;
   op.run = [kernel, launch] {
     if (!kernel->body(*launch)) Poison(kernel->name);
   };
-  return Enqueue(stream, std::move(op));
+  return op;
 }
 
-}  // namespace
 }  // namespace gxfake::internal
 
 using namespace gxfake::internal;  // NOLINT(build/namespaces): the entry points are global
@@ -144,8 +162,10 @@ GX_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
                                   unsigned int blockDimY, unsigned int blockDimZ,
                                   unsigned int sharedMemBytes, CUstream hStream,
                                   void** kernelParams, void** extra) {
-  LaunchRequest r{
-      {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, sharedMemBytes, hStream};
+  LaunchRequest r;
+  r.shape = LaunchShape{
+      {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, sharedMemBytes};
+  r.stream = hStream;
   return Launch(f, r, kernelParams, extra);
 }
 
@@ -160,18 +180,19 @@ GX_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, 
   if (config->numAttrs > 0 && config->attrs == nullptr) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  LaunchRequest r{{config->gridDimX, config->gridDimY, config->gridDimZ},
-                  {config->blockDimX, config->blockDimY, config->blockDimZ},
-                  config->sharedMemBytes,
-                  config->hStream};
+  LaunchRequest r;
+  r.shape = LaunchShape{{config->gridDimX, config->gridDimY, config->gridDimZ},
+                        {config->blockDimX, config->blockDimY, config->blockDimZ},
+                        config->sharedMemBytes};
+  r.stream = config->hStream;
   for (unsigned int i = 0; i < config->numAttrs; ++i) {
     const CUlaunchAttribute& attr = config->attrs[i];
     if (attr.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
-      r.cluster[0] = attr.value.clusterDim.x;
-      r.cluster[1] = attr.value.clusterDim.y;
-      r.cluster[2] = attr.value.clusterDim.z;
+      r.shape.cluster[0] = attr.value.clusterDim.x;
+      r.shape.cluster[1] = attr.value.clusterDim.y;
+      r.shape.cluster[2] = attr.value.clusterDim.z;
     } else if (attr.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
-      r.cooperative = attr.value.cooperative != 0;
+      r.shape.cooperative = attr.value.cooperative != 0;
     } else if (attr.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) {
       if (attr.value.clusterSchedulingPolicyPreference >
           CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING) {

@@ -74,6 +74,39 @@ void FreeAllocationLocked(Driver& d, uintptr_t base) {
   d.allocations.erase(it);
 }
 
+StreamOp MemsetOp(const MemsetShape& m, int device) {
+  StreamOp op;
+  op.run = [m, device] {
+    if (!RangeIsLive(m.dst, m.Span(), device, true)) {
+      Poison("memset");
+      return;
+    }
+    for (size_t row = 0; row < m.height; ++row) {
+      uint8_t* at = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m.dst + row * m.pitch));
+      if (m.element_size == 1) {
+        std::memset(at, static_cast<uint8_t>(m.value), m.width);
+        continue;
+      }
+      for (size_t i = 0; i < m.width; ++i) {  // The value's low bytes, as the GPU stores them.
+        std::memcpy(at + i * m.element_size, &m.value, m.element_size);
+      }
+    }
+  };
+  return op;
+}
+
+StreamOp CopyOp(CUdeviceptr dst, CUdeviceptr src, size_t bytes, int device) {
+  StreamOp op;
+  op.run = [dst, src, bytes, device] {
+    if (!RangeIsLive(dst, bytes, device, true) || !RangeIsLive(src, bytes, device, true)) {
+      Poison("memcpy DtoD");
+      return;
+    }
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  };
+  return op;
+}
+
 }  // namespace gxfake::internal
 
 using namespace gxfake::internal;  // NOLINT(build/namespaces): the entry points are global
@@ -167,15 +200,11 @@ GX_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
   if (N == 0) return CUDA_SUCCESS;
   const int device = ctx->device;
   if (!RangeIsLive(dstDevice, N, device, false)) return CUDA_ERROR_INVALID_VALUE;
-  StreamOp op;
-  op.run = [dstDevice, uc, N, device] {
-    if (!RangeIsLive(dstDevice, N, device, true)) {
-      Poison("memset");
-      return;
-    }
-    std::memset(reinterpret_cast<void*>(dstDevice), uc, N);
-  };
-  return Enqueue(stream, std::move(op));
+  MemsetShape m;
+  m.dst = dstDevice;
+  m.value = uc;
+  m.width = N;
+  return Enqueue(stream, MemsetOp(m, device));
 }
 
 // A copy between host memory and the device, in stream order: the device
@@ -232,17 +261,7 @@ GX_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
       !RangeIsLive(srcDevice, ByteCount, device, false)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  StreamOp op;
-  op.run = [dstDevice, srcDevice, ByteCount, device] {
-    if (!RangeIsLive(dstDevice, ByteCount, device, true) ||
-        !RangeIsLive(srcDevice, ByteCount, device, true)) {
-      Poison("memcpy DtoD");
-      return;
-    }
-    std::memmove(reinterpret_cast<void*>(dstDevice), reinterpret_cast<const void*>(srcDevice),
-                 ByteCount);
-  };
-  return Enqueue(stream, std::move(op));
+  return Enqueue(stream, CopyOp(dstDevice, srcDevice, ByteCount, device));
 }
 
 // Page-locked host memory is plain aligned host memory here.

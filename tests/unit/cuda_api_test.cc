@@ -69,16 +69,17 @@ namespace {
   X(CUmemPool_attribute) X(CUstream_flags) X(CUevent_flags)                 \
   X(CUclusterSchedulingPolicy) X(CUlaunchAttributeID) X(CUtensorMapDataType) \
   X(CUtensorMapInterleave) X(CUtensorMapSwizzle) X(CUtensorMapL2promotion)  \
-  X(CUtensorMapFloatOOBfill) X(CUdevResourceType) X(CUgreenCtxCreate_flags)
+  X(CUtensorMapFloatOOBfill) X(CUdevResourceType) X(CUgreenCtxCreate_flags) \
+  X(CUmemorytype)
+#define GX_AGGREGATES(X)                                                                    \
+  X(CUlaunchAttributeValue) X(CUlaunchAttribute) X(CUlaunchConfig) X(CUtensorMap)           \
+  X(CUdevSmResource) X(CUdevResource) X(CUDA_KERNEL_NODE_PARAMS_v2) X(CUDA_MEMSET_NODE_PARAMS) \
+  X(CUDA_MEMCPY3D)
+#define GX_OPAQUE(X)                                                                          \
+  X(CUctx_st) X(CUmod_st) X(CUfunc_st) X(CUstream_st) X(CUevent_st) X(CUmemPoolHandle_st)     \
+  X(CUgreenCtx_st) X(CUdevResourceDesc_st) X(CUgraph_st) X(CUgraphNode_st) X(CUgraphExec_st) \
+  X(CUkern_st) X(CUarray_st)
 // clang-format on
-#define GX_AGGREGATES(X)    \
-  X(CUlaunchAttributeValue) \
-  X(CUlaunchAttribute) X(CUlaunchConfig) X(CUtensorMap) X(CUdevSmResource) X(CUdevResource)
-#define GX_OPAQUE(X) \
-  X(CUctx_st)        \
-  X(CUmod_st)        \
-  X(CUfunc_st)       \
-  X(CUstream_st) X(CUevent_st) X(CUmemPoolHandle_st) X(CUgreenCtx_st) X(CUdevResourceDesc_st)
 
 // Theirs<T>::type is T with each of our nominal types replaced by the
 // toolkit's of the same name. A nominal type without a mapping stays ours,
@@ -292,6 +293,10 @@ void CheckConstants(Checker& c) {
   GX_CONSTANT(CU_TENSOR_MAP_SWIZZLE_128B);
   GX_CONSTANT(CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   GX_CONSTANT(CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA);
+  GX_CONSTANT(CU_MEMORYTYPE_HOST);
+  GX_CONSTANT(CU_MEMORYTYPE_DEVICE);
+  GX_CONSTANT(CU_MEMORYTYPE_ARRAY);
+  GX_CONSTANT(CU_MEMORYTYPE_UNIFIED);
 
   GX_MACRO_CONSTANT(CU_MEMHOSTALLOC_PORTABLE);
   GX_MACRO_CONSTANT(CU_MEMHOSTALLOC_DEVICEMAP);
@@ -326,6 +331,13 @@ void CheckTypes(Checker& c) {
   GX_ALIAS(CUhostFn);
   GX_ALIAS(CUgreenCtx);
   GX_ALIAS(CUdevResourceDesc);
+  GX_ALIAS(CUgraph);
+  GX_ALIAS(CUgraphNode);
+  GX_ALIAS(CUgraphExec);
+  GX_ALIAS(CUkernel);
+  GX_ALIAS(CUarray);
+  GX_ALIAS(CUkernelNodeAttrID);
+  GX_ALIAS(CUkernelNodeAttrValue);
 }
 
 // A struct's size and alignment; a field's offset, size and type (a
@@ -391,6 +403,55 @@ void CheckAggregates(Checker& c) {
   GX_FIELD(CUdevResource, _internal_padding);
   GX_FIELD(CUdevResource, sm);
   GX_FIELD(CUdevResource, _oversize);
+
+  GX_AGGREGATE(CUDA_KERNEL_NODE_PARAMS_v2, false);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, func);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, gridDimX);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, gridDimY);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, gridDimZ);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, blockDimX);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, blockDimY);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, blockDimZ);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, sharedMemBytes);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, extra);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kern);
+  GX_FIELD(CUDA_KERNEL_NODE_PARAMS_v2, ctx);
+
+  GX_AGGREGATE(CUDA_MEMSET_NODE_PARAMS, false);
+  GX_FIELD(CUDA_MEMSET_NODE_PARAMS, dst);
+  GX_FIELD(CUDA_MEMSET_NODE_PARAMS, pitch);
+  GX_FIELD(CUDA_MEMSET_NODE_PARAMS, value);
+  GX_FIELD(CUDA_MEMSET_NODE_PARAMS, elementSize);
+  GX_FIELD(CUDA_MEMSET_NODE_PARAMS, width);
+  GX_FIELD(CUDA_MEMSET_NODE_PARAMS, height);
+
+  GX_AGGREGATE(CUDA_MEMCPY3D, false);
+  GX_FIELD(CUDA_MEMCPY3D, srcXInBytes);
+  GX_FIELD(CUDA_MEMCPY3D, srcY);
+  GX_FIELD(CUDA_MEMCPY3D, srcZ);
+  GX_FIELD(CUDA_MEMCPY3D, srcLOD);
+  GX_FIELD(CUDA_MEMCPY3D, srcMemoryType);
+  GX_FIELD(CUDA_MEMCPY3D, srcHost);
+  GX_FIELD(CUDA_MEMCPY3D, srcDevice);
+  GX_FIELD(CUDA_MEMCPY3D, srcArray);
+  GX_FIELD(CUDA_MEMCPY3D, reserved0);
+  GX_FIELD(CUDA_MEMCPY3D, srcPitch);
+  GX_FIELD(CUDA_MEMCPY3D, srcHeight);
+  GX_FIELD(CUDA_MEMCPY3D, dstXInBytes);
+  GX_FIELD(CUDA_MEMCPY3D, dstY);
+  GX_FIELD(CUDA_MEMCPY3D, dstZ);
+  GX_FIELD(CUDA_MEMCPY3D, dstLOD);
+  GX_FIELD(CUDA_MEMCPY3D, dstMemoryType);
+  GX_FIELD(CUDA_MEMCPY3D, dstHost);
+  GX_FIELD(CUDA_MEMCPY3D, dstDevice);
+  GX_FIELD(CUDA_MEMCPY3D, dstArray);
+  GX_FIELD(CUDA_MEMCPY3D, reserved1);
+  GX_FIELD(CUDA_MEMCPY3D, dstPitch);
+  GX_FIELD(CUDA_MEMCPY3D, dstHeight);
+  GX_FIELD(CUDA_MEMCPY3D, WidthInBytes);
+  GX_FIELD(CUDA_MEMCPY3D, Height);
+  GX_FIELD(CUDA_MEMCPY3D, Depth);
 }
 
 #define GX_STR(x) GX_STR_(x)
