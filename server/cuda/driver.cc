@@ -490,13 +490,7 @@ namespace {
 CUlaunchConfig ConfigOf(const LaunchGeometry& g) {
   CUlaunchConfig config;
   std::memset(&config, 0, sizeof(config));
-  config.gridDimX = g.grid[0];
-  config.gridDimY = g.grid[1];
-  config.gridDimZ = g.grid[2];
-  config.blockDimX = g.block[0];
-  config.blockDimY = g.block[1];
-  config.blockDimZ = g.block[2];
-  config.sharedMemBytes = g.shared_bytes;
+  SetGrid(g, &config);
   return config;
 }
 
@@ -507,37 +501,17 @@ absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, 
   CUlaunchConfig config = ConfigOf(g);
   config.hStream = stream;
   CUlaunchAttribute attrs[4];
-  std::memset(attrs, 0, sizeof(attrs));
-  unsigned n = 0;
-  if (g.cluster[0] != 0 || g.cluster[1] != 0 || g.cluster[2] != 0) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[n].value.clusterDim.x = g.cluster[0] == 0 ? 1 : g.cluster[0];
-    attrs[n].value.clusterDim.y = g.cluster[1] == 0 ? 1 : g.cluster[1];
-    attrs[n].value.clusterDim.z = g.cluster[2] == 0 ? 1 : g.cluster[2];
-    ++n;
-    if (g.cluster_policy != 0) {
-      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-      attrs[n].value.clusterSchedulingPolicyPreference =
-          static_cast<CUclusterSchedulingPolicy>(g.cluster_policy);
-      ++n;
-    }
-  }
-  if (g.cooperative) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attrs[n].value.cooperative = 1;
-    ++n;
-  }
-  if (g.programmatic_dependent) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attrs[n].value.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
+  const unsigned n = LaunchAttributesOf(g, attrs);
   config.attrs = n == 0 ? nullptr : attrs;
   config.numAttrs = n;
   const CUresult result = api_->LaunchKernelEx(&config, f, params, nullptr);
   if (result == CUDA_SUCCESS) return absl::OkStatus();
+  return KernelError(result, "cuLaunchKernelEx", what);
+}
+
+absl::Status Driver::KernelError(int result, absl::string_view call, absl::string_view what) const {
   if (result != CUDA_ERROR_NOT_SUPPORTED || example_kernels_.empty()) {
-    return Error(result, "cuLaunchKernelEx", what);
+    return Error(result, call, what);
   }
   // The simulator loads any kernel but runs only the ones it has a host
   // model of: say so, and what to do, before the driver's detail.
@@ -546,7 +520,7 @@ absl::Status Driver::Launch(Function f, const LaunchGeometry& g, void** params, 
       example_kernels_,
       ") with the examples' parameters; run other kernels on a GPU (gpuexecd without "
       "--simulator, on a host with an NVIDIA driver) [",
-      Error(result, "cuLaunchKernelEx", "it").message(), "]"));
+      Error(result, call, "it").message(), "]"));
   refused.SetPayload(kResultPayload, absl::Cord(absl::StrCat(result)));
   return refused;
 }

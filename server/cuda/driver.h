@@ -31,6 +31,9 @@ struct CUstream_st;
 struct CUevent_st;
 struct CUmemPoolHandle_st;
 struct CUgreenCtx_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
+struct CUgraphNode_st;
 
 namespace gpuexec::cuda {
 
@@ -102,6 +105,8 @@ void ReleaseStream(const Driver* d, CUstream_st* s);
 void ReleaseEvent(const Driver* d, CUevent_st* e);
 void ReleasePinned(const Driver* d, void* p);
 void ReleaseGreenContext(const Driver* d, CUgreenCtx_st* g);
+void ReleaseGraph(const Driver* d, CUgraph_st* g);
+void ReleaseGraphExec(const Driver* d, CUgraphExec_st* e);
 
 using Module = Owned<CUmod_st*, &ReleaseModule>;
 using Stream = Owned<CUstream_st*, &ReleaseStream>;
@@ -109,6 +114,13 @@ using Event = Owned<CUevent_st*, &ReleaseEvent>;
 using PinnedMemory = Owned<void*, &ReleasePinned>;
 using GreenContext = Owned<CUgreenCtx_st*, &ReleaseGreenContext>;
 using Function = CUfunc_st*;  // owned by its module
+// A graph being built, and a graph instantiated for launch: each lives on
+// without the other (an instantiated graph keeps what it was built of).
+using Graph = Owned<CUgraph_st*, &ReleaseGraph>;
+using GraphExec = Owned<CUgraphExec_st*, &ReleaseGraphExec>;
+// A node of a Graph, owned by it; it names the node in the instantiated
+// graph too (SetKernelNodeParams).
+using GraphNode = CUgraphNode_st*;
 
 // The primary context of one device, retained for the owner's lifetime.
 class PrimaryContext {
@@ -246,6 +258,47 @@ class Driver {
   absl::StatusOr<Stream> CreateGreenStream(const GreenContext& part, int priority,
                                            absl::string_view what) const;
 
+  // Graphs (graphs.cc): work built node by node, instantiated once and
+  // launched many times. Where the driver lacks them, every call below
+  // fails with FAILED_PRECONDITION saying so. Whether the driver has every
+  // graph entry point (CUDA 12.0 and newer).
+  bool has_graphs() const;
+  absl::StatusOr<Graph> CreateGraph(absl::string_view what) const;
+  // Each Add* appends a node that depends on `after` (nullptr: on none) and
+  // returns it. Kernel nodes take the launch's geometry: cluster
+  // dimensions, cooperative and the cluster scheduling policy become node
+  // attributes (cuGraphKernelNodeSetAttribute); programmatic dependent
+  // launch is refused (INVALID_ARGUMENT: a graph node cannot be launched
+  // that way). The driver copies `params` (as Launch's) when the node is
+  // added. On a failure the node may be in the graph without its
+  // attributes: drop the graph.
+  absl::StatusOr<GraphNode> AddKernelNode(const Graph& g, GraphNode after, Function f,
+                                          const LaunchGeometry& geometry, void** params,
+                                          absl::string_view what) const;
+  // `bytes` of `value` at `dst` (1-byte elements, one row), in the current
+  // context. `bytes` > 0: the driver refuses an empty node.
+  absl::StatusOr<GraphNode> AddMemsetNode(const Graph& g, GraphNode after, DevicePtr dst,
+                                          uint8_t value, uint64_t bytes,
+                                          absl::string_view what) const;
+  // `bytes` from `src` to `dst`, both device memory (a 1-D copy), in the
+  // current context. `bytes` > 0, as for a memset node.
+  absl::StatusOr<GraphNode> AddCopyNode(const Graph& g, GraphNode after, DevicePtr dst,
+                                        DevicePtr src, uint64_t bytes,
+                                        absl::string_view what) const;
+  // cuGraphInstantiateWithFlags(..., 0): the graph's checks (a kernel
+  // node's cluster against its grid, ...) fail here.
+  absl::StatusOr<GraphExec> Instantiate(const Graph& g, absl::string_view what) const;
+  // Makes `e` resident for launches on `stream` ahead of the first.
+  absl::Status Upload(const GraphExec& e, CUstream_st* stream, absl::string_view what) const;
+  // Enqueues every node of `e` on `stream`, in order with its other work.
+  absl::Status LaunchGraph(const GraphExec& e, CUstream_st* stream, absl::string_view what) const;
+  // New arguments for a kernel node of an instantiated graph, for its next
+  // launches (launches already enqueued keep theirs); `f` and `geometry`
+  // are the node's as built (the driver refuses another function).
+  absl::Status SetKernelNodeParams(const GraphExec& e, GraphNode node, Function f,
+                                   const LaunchGeometry& geometry, void** params,
+                                   absl::string_view what) const;
+
   absl::Status SynchronizeContext(absl::string_view what) const;
   // Blocks the calling thread until `stream`'s work has finished.
   absl::Status SynchronizeStream(CUstream_st* stream, absl::string_view what) const;
@@ -265,6 +318,10 @@ class Driver {
 
  private:
   Driver(std::string library, void* handle, std::unique_ptr<DriverApi> api);
+  // The status of a failed launch, or of a kernel node's add: Error's,
+  // unless the simulator refuses a kernel it has no model of
+  // (CUDA_ERROR_NOT_SUPPORTED), which it says, with what to do.
+  absl::Status KernelError(int result, absl::string_view call, absl::string_view what) const;
 
   std::string library_;
   void* handle_ = nullptr;  // dlopen handle, closed in the destructor
