@@ -29,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -45,6 +46,7 @@ namespace gpuexec::device {
 using port::Callback;
 using port::DevicePtr;
 using port::Done;
+using port::GraphId;
 using port::KernelId;
 using port::KernelInfo;
 using port::LaunchOp;
@@ -211,6 +213,19 @@ class Device {
   using LaunchedAndSynchronized = port::LaunchedAndSynchronized;
   void LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynchronized done);
 
+  // CUDA graphs (device_graphs.cc), each of one stream and gone with it.
+  // BuildGraph, in stream order: a graph of `nodes` (each after the one
+  // before), instantiated and uploaded to the stream; FAILED_PRECONDITION
+  // where the driver has no graphs. LaunchGraph patches kernel nodes (for
+  // this replay and the later ones), then launches it as one launch: held,
+  // timed and watched as a kernel is, a fault or hang naming `what`.
+  // DestroyGraph frees it once the stream's work queued before is done.
+  void BuildGraph(StreamId stream, GraphId graph, std::vector<port::GraphNodeOp> nodes,
+                  std::string what, Callback<port::GraphBuilt> done);
+  void LaunchGraph(StreamId stream, GraphId graph, std::vector<port::GraphPatchOp> patches,
+                   std::string what, Done done);
+  void DestroyGraph(StreamId stream, GraphId graph, Done done);
+
   // Launches of `stream` enqueued on the GPU and not yet seen finished,
   // and operations held behind the bound (both 0 unless launches are
   // watched: a kernel time limit or max_queued_launches). Executor thread.
@@ -230,6 +245,7 @@ class Device {
   struct LoadedModule;
   struct KernelEntry;
   struct HostTask;
+  struct GraphState;
 
   Device(const cuda::Driver* driver, cuda::DeviceProperties props, const DeviceOptions& options);
 
@@ -271,6 +287,25 @@ class Device {
   // launch on, the callback (taken) reports.
   absl::Status LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
                         Callback<uint64_t>* then_synchronize = nullptr);
+  // Readies `op`'s kernel for it: opted in to its dynamic shared memory and
+  // clusters, a cooperative grid checked, the tensor maps encoded into the
+  // parameters.
+  absl::StatusOr<KernelEntry*> PrepareKernel(LaunchOp& op);
+  absl::Status EncodeTensorMaps(const std::vector<port::TensorMapEncoding>& maps,
+                                std::string& block, const std::string& what);
+  // What every launch on `s` gets around `launch` (a kernel's, a graph's):
+  // the GPU time's start, the names a fault or hang reports (`what`, taken,
+  // and `kernel`), then the watch or the end of the work, or the
+  // Synchronize of LaunchOn.
+  using LaunchFn = absl::FunctionRef<absl::Status(CUstream_st*, const std::string& what)>;
+  absl::Status LaunchWatched(StreamId stream, StreamState& s, std::string& what, KernelId kernel,
+                             LaunchFn launch, Callback<uint64_t>* then_synchronize);
+  // The bodies of BuildGraph and LaunchGraph, on the executor.
+  absl::StatusOr<port::GraphBuilt> BuildOn(StreamState& s, GraphId graph,
+                                           std::vector<port::GraphNodeOp>& nodes,
+                                           const std::string& what);
+  absl::Status ReplayOn(StreamId stream, StreamState& s, GraphId graph,
+                        std::vector<port::GraphPatchOp>& patches, std::string& what);
   // A cooperative launch's grid against the blocks of its kernel that the
   // device holds at once: INVALID_ARGUMENT naming both when it is larger.
   absl::Status CheckCoResident(KernelEntry& k, const LaunchOp& op);

@@ -4,7 +4,8 @@
 // The Device's private state shared by its files (device.cc: its life and
 // faults; device_streams.cc: streams, events, watches and held work;
 // device_memory.cc: memory, regions and copies; device_launch.cc: modules,
-// kernels and launches). Only those files include it.
+// kernels and launches; device_graphs.cc: graphs). Only those files
+// include it.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,13 +14,33 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/device/device.h"
 
 namespace gpuexec::device {
+
+// A graph built on a stream (device_graphs.cc): the driver's graph and its
+// instantiation, and each kernel node as last set, for the patches of
+// later replays.
+struct Device::GraphState {
+  cuda::Graph graph;
+  cuda::GraphExec exec;
+  struct KernelNode {
+    cuda::GraphNode node = nullptr;
+    cuda::Function function = nullptr;
+    port::LaunchGeometry geometry;
+    std::vector<port::ParamInfo> layout;  // the kernel's
+    std::string params;                   // the block it was last set from
+  };
+  absl::flat_hash_map<uint32_t, KernelNode> kernels;  // by node index
+  // What a replay's watch and a fault name: its first kernel.
+  KernelId kernel = 0;
+};
 
 struct Device::StreamState {
   // The green context the stream belongs to (null: the primary context);
@@ -70,6 +91,9 @@ struct Device::StreamState {
     std::function<void(absl::Status)> refuse;
   };
   std::deque<Held> held;
+  // Its graphs, gone with it (shared with a DestroyGraph that waits for
+  // the stream).
+  absl::flat_hash_map<GraphId, std::shared_ptr<GraphState>> graphs;
 };
 
 struct Device::KernelEntry {
@@ -104,6 +128,15 @@ struct Device::HostTask {
 namespace internal {
 // What a held operation is counted as, beside its parameters and name.
 inline constexpr size_t kSmallOpBytes = 256;
+
+// Where each parameter of `layout` lies in `block`, as the driver takes a
+// launch's parameters.
+inline absl::InlinedVector<void*, 16> ParamPointers(const std::vector<port::ParamInfo>& layout,
+                                                    std::string& block) {
+  absl::InlinedVector<void*, 16> params(layout.size());
+  for (size_t i = 0; i < params.size(); ++i) params[i] = block.data() + layout[i].offset;
+  return params;
+}
 }  // namespace internal
 
 }  // namespace gpuexec::device

@@ -1,6 +1,7 @@
 // A device's modules and kernels, and the launches of its streams: the
 // checks the driver leaves to the caller (co-residency of a cooperative
-// launch, shared memory and cluster opt-ins) and the watch of each launch.
+// launch, shared memory and cluster opt-ins) and the watch of each launch
+// (a kernel's, or a graph's replay: device_graphs.cc).
 #include <algorithm>
 #include <utility>
 
@@ -150,6 +151,18 @@ void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynch
 
 absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
                               Callback<uint64_t>* then_synchronize) {
+  GPUEXEC_ASSIGN_OR_RETURN(KernelEntry * k, PrepareKernel(op));
+  absl::InlinedVector<void*, 16> params = internal::ParamPointers(k->info.params, op.param_block);
+  return LaunchWatched(
+      stream, s, op.what, op.kernel,
+      [&](CUstream_st* on, const std::string& what) {
+        return driver_->Launch(k->function, op.geometry, params.empty() ? nullptr : params.data(),
+                               on, what);
+      },
+      then_synchronize);
+}
+
+absl::StatusOr<Device::KernelEntry*> Device::PrepareKernel(LaunchOp& op) {
   auto it = kernels_.find(op.kernel);
   if (it == kernels_.end()) {
     return absl::InternalError(absl::StrCat(op.what, ": its kernel (id ", op.kernel,
@@ -169,23 +182,30 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
     k.non_portable_clusters = true;
   }
   if (g.cooperative) GPUEXEC_RETURN_IF_ERROR(CheckCoResident(k, op));
-  for (const port::TensorMapEncoding& m : op.tensor_maps) {
+  GPUEXEC_RETURN_IF_ERROR(EncodeTensorMaps(op.tensor_maps, op.param_block, op.what));
+  return &k;
+}
+
+absl::Status Device::EncodeTensorMaps(const std::vector<port::TensorMapEncoding>& maps,
+                                      std::string& block, const std::string& what) {
+  for (const port::TensorMapEncoding& m : maps) {
     // The front placed it; a map that does not fit its block is refused
     // here as well, never written past.
-    if (m.param_offset > op.param_block.size() ||
-        op.param_block.size() - m.param_offset < port::kTensorMapBytes) {
-      return absl::InternalError(absl::StrCat(op.what, ": the tensor map of parameter ",
-                                              m.param_index, " lies outside the parameters"));
+    if (m.param_offset > block.size() || block.size() - m.param_offset < port::kTensorMapBytes) {
+      return absl::InternalError(absl::StrCat(what, ": the tensor map of parameter ", m.param_index,
+                                              " lies outside the parameters"));
     }
     absl::Status st = driver_->EncodeTensorMap(
-        m, op.param_block.data() + m.param_offset,
-        absl::StrCat("the tensor map of parameter ", m.param_index, " for ", op.what));
+        m, block.data() + m.param_offset,
+        absl::StrCat("the tensor map of parameter ", m.param_index, " for ", what));
     GPUEXEC_RETURN_IF_ERROR(Check(st));
   }
-  absl::InlinedVector<void*, 16> params(k.info.params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i] = op.param_block.data() + k.info.params[i].offset;
-  }
+  return absl::OkStatus();
+}
+
+absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string& what,
+                                   KernelId kernel, LaunchFn launch,
+                                   Callback<uint64_t>* then_synchronize) {
   const bool first_work = s.timing_start == nullptr;
   absl::Status st = MarkWork(s);
   std::shared_ptr<cuda::Event> start;
@@ -193,21 +213,20 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
     if (first_work) {
       start = s.timing_start;  // recorded just now, right before this launch
     } else {
-      auto e = SharedEvent(/*timing=*/false, op.what);
-      st = e.ok() ? Check(driver_->Record(**e, s.stream.get(), op.what)) : e.status();
+      auto e = SharedEvent(/*timing=*/false, what);
+      st = e.ok() ? Check(driver_->Record(**e, s.stream.get(), what)) : e.status();
       if (e.ok()) start = std::move(e).value();
     }
   }
   if (st.ok()) {
     // Launches of one kernel from one session have the same name: shared.
-    if (s.last_launch == nullptr || *s.last_launch != op.what) {
-      s.last_launch = std::make_shared<const std::string>(std::move(op.what));
+    if (s.last_launch == nullptr || *s.last_launch != what) {
+      s.last_launch = std::make_shared<const std::string>(std::move(what));
     }
-    s.last_kernel = op.kernel;
+    s.last_kernel = kernel;
     s.last_launch_at = absl::Now();
     GPUEXEC_TRACE(kWorkerLaunch);
-    st = Check(driver_->Launch(k.function, op.geometry, params.empty() ? nullptr : params.data(),
-                               s.stream.get(), *s.last_launch));
+    st = Check(launch(s.stream.get(), *s.last_launch));
     GPUEXEC_TRACE(kWorkerLaunched);
   }
   if (!st.ok()) return st;

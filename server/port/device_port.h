@@ -166,6 +166,20 @@ class DevicePort {
   virtual void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) = 0;
   virtual void LaunchAndSynchronize(StreamId stream, LaunchOp op, uint64_t epoch,
                                     uint64_t work_epoch, LaunchedAndSynchronized done) = 0;
+  // Builds graph `graph` of `stream` from `nodes` (none empty; the kernels
+  // loaded), instantiates it and uploads it to `stream`, in stream order
+  // with the work queued before. `epoch`: of the buffers the nodes use.
+  // FAILED_PRECONDITION where the driver has no graphs.
+  virtual void BuildGraph(StreamId stream, GraphId graph, std::vector<GraphNodeOp> nodes,
+                          uint64_t epoch, std::string what, Callback<GraphBuilt> done) = 0;
+  // Applies `patches` to the graph's kernel nodes, then launches it on
+  // `stream` after the work queued before; the time limit, the watchdog and
+  // the GPU time treat the replay as one launch. `done` once enqueued.
+  virtual void LaunchGraph(StreamId stream, GraphId graph, std::vector<GraphPatchOp> patches,
+                           uint64_t epoch, std::string what, Done done) = 0;
+  // Frees the graph once the work queued on `stream` before has finished
+  // (a graph of an earlier epoch is gone already).
+  virtual void DestroyGraph(StreamId stream, GraphId graph, uint64_t epoch, Done done) = 0;
 };
 
 // Opens device `ordinal` for the sessions of `tenant` alone (empty: for any

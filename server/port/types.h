@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -143,6 +144,44 @@ struct LaunchOp {
   // Tensor maps the device encodes into param_block before the launch.
   std::vector<TensorMapEncoding> tensor_maps;
   std::string what;  // names the function and session in errors
+};
+
+// Graphs: a session's recorded launches, memsets and copies, built on the
+// device as one CUDA graph and replayed in one launch. Ids are the front's,
+// unique among a device's live graphs.
+using GraphId = uint64_t;
+
+struct GraphMemset {
+  DevicePtr ptr = 0;
+  uint8_t value = 0;
+  uint64_t size = 0;
+};
+
+struct GraphCopy {
+  DevicePtr dst = 0;
+  DevicePtr src = 0;
+  uint64_t size = 0;
+};
+
+// One node of a graph. Nodes run in the order recorded: each depends on the
+// one before, as work on a stream does.
+struct GraphNodeOp {
+  std::variant<LaunchOp, GraphMemset, GraphCopy> op;
+  std::string what;  // names the node's command in errors
+};
+
+struct GraphBuilt {
+  uint32_t nodes = 0;
+  uint64_t instantiate_ns = 0;  // building, instantiating and uploading it
+};
+
+// New arguments of a kernel node (its index among the graph's nodes), for
+// the replay that carries it and every one after it: the whole parameter
+// block packed anew, as LaunchOp::param_block, and its tensor maps.
+struct GraphPatchOp {
+  uint32_t node = 0;
+  std::string param_block;
+  std::vector<TensorMapEncoding> tensor_maps;
 };
 
 // A Launch and a Synchronize of its stream in one operation: the launch's

@@ -1,6 +1,10 @@
 #include "server/worker/convert.h"
 
+#include <utility>
+#include <variant>
+
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace gpuexec::worker {
 
@@ -151,6 +155,89 @@ absl::Status FromProto(const TensorMap& m, port::TensorMapEncoding* out) {
   out->l2_promotion = m.l2_promotion();
   out->oob_fill = m.oob_fill();
   return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status TensorMapsFrom(const google::protobuf::RepeatedPtrField<TensorMap>& in,
+                            std::vector<port::TensorMapEncoding>* out) {
+  out->reserve(in.size());
+  for (const TensorMap& m : in) {
+    port::TensorMapEncoding e;
+    GPUEXEC_RETURN_IF_ERROR(FromProto(m, &e));
+    out->push_back(e);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ToProto(port::GraphNodeOp& n, BuildGraph::Node* out) {
+  if (auto* op = std::get_if<port::LaunchOp>(&n.op)) {
+    auto* k = out->mutable_kernel();
+    k->set_kernel(op->kernel);
+    ToProto(op->geometry, k->mutable_geometry());
+    k->set_params(std::move(op->param_block));
+    for (const port::TensorMapEncoding& m : op->tensor_maps) ToProto(m, k->add_tensor_maps());
+    k->set_what(std::move(n.what.empty() ? op->what : n.what));
+  } else if (auto* m = std::get_if<port::GraphMemset>(&n.op)) {
+    auto* o = out->mutable_memset();
+    o->set_ptr(m->ptr);
+    o->set_value(m->value);
+    o->set_size(m->size);
+    o->set_what(std::move(n.what));
+  } else {
+    const auto& c = std::get<port::GraphCopy>(n.op);
+    auto* o = out->mutable_copy();
+    o->set_dst(c.dst);
+    o->set_src(c.src);
+    o->set_size(c.size);
+    o->set_what(std::move(n.what));
+  }
+}
+
+absl::Status FromProto(BuildGraph::Node& n, port::GraphNodeOp* out) {
+  switch (n.op_case()) {
+    case BuildGraph::Node::kKernel: {
+      BuildGraph::Kernel* k = n.mutable_kernel();
+      port::LaunchOp op;
+      op.kernel = k->kernel();
+      FromProto(k->geometry(), &op.geometry);
+      op.param_block = std::move(*k->mutable_params());
+      GPUEXEC_RETURN_IF_ERROR(TensorMapsFrom(k->tensor_maps(), &op.tensor_maps));
+      op.what = k->what();
+      out->what = std::move(*k->mutable_what());
+      out->op = std::move(op);
+      return absl::OkStatus();
+    }
+    case BuildGraph::Node::kMemset: {
+      const BuildGraph::Memset& m = n.memset();
+      out->op = port::GraphMemset{m.ptr(), static_cast<uint8_t>(m.value()), m.size()};
+      out->what = std::move(*n.mutable_memset()->mutable_what());
+      return absl::OkStatus();
+    }
+    case BuildGraph::Node::kCopy: {
+      const BuildGraph::Copy& c = n.copy();
+      out->op = port::GraphCopy{c.dst(), c.src(), c.size()};
+      out->what = std::move(*n.mutable_copy()->mutable_what());
+      return absl::OkStatus();
+    }
+    case BuildGraph::Node::OP_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("a node of no kind (neither kernel, memset nor copy)");
+}
+
+void ToProto(port::GraphPatchOp& p, LaunchGraph::Patch* out) {
+  out->set_node(p.node);
+  out->set_params(std::move(p.param_block));
+  for (const port::TensorMapEncoding& m : p.tensor_maps) ToProto(m, out->add_tensor_maps());
+}
+
+absl::Status FromProto(LaunchGraph::Patch& p, port::GraphPatchOp* out) {
+  out->node = p.node();
+  out->param_block = std::move(*p.mutable_params());
+  return TensorMapsFrom(p.tensor_maps(), &out->tensor_maps);
 }
 
 }  // namespace gpuexec::worker

@@ -25,6 +25,14 @@ void ToProto(const port::TensorMapEncoding& m, TensorMap* out);
 // INVALID_ARGUMENT when the entries do not make one rank of 1 to 5.
 absl::Status FromProto(const TensorMap& m, port::TensorMapEncoding* out);
 
+// A graph's nodes and patches. The parameter blocks move: `n` and `p` are
+// taken apart. INVALID_ARGUMENT for a node of no kind or a tensor map that
+// is not one.
+void ToProto(port::GraphNodeOp& n, BuildGraph::Node* out);
+absl::Status FromProto(BuildGraph::Node& n, port::GraphNodeOp* out);
+void ToProto(port::GraphPatchOp& p, LaunchGraph::Patch* out);
+absl::Status FromProto(LaunchGraph::Patch& p, port::GraphPatchOp* out);
+
 }  // namespace gpuexec::worker
 
 #endif  // GPUEXEC_SERVER_WORKER_CONVERT_H_

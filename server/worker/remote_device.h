@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/port/device_port.h"
 #include "server/port/staging.h"
 #include "server/port/types.h"
@@ -174,6 +176,14 @@ class RemoteDevice final : public port::DevicePort {
   // request and one answer (the launch's failure, or the Synchronize's).
   void LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch, uint64_t work_epoch,
                             port::LaunchedAndSynchronized done) override;
+  // Graphs: built, replayed and freed by the worker, on the stream. A
+  // graph lives in the worker it was built in: one of an earlier epoch is
+  // gone (its replay is ABORTED, its destruction answered at once).
+  void BuildGraph(StreamId stream, port::GraphId graph, std::vector<port::GraphNodeOp> nodes,
+                  uint64_t epoch, std::string what, Callback<port::GraphBuilt> done) override;
+  void LaunchGraph(StreamId stream, port::GraphId graph, std::vector<port::GraphPatchOp> patches,
+                   uint64_t epoch, std::string what, Done done) override;
+  void DestroyGraph(StreamId stream, port::GraphId graph, uint64_t epoch, Done done) override;
 
  private:
   struct Connection;
@@ -224,7 +234,13 @@ class RemoteDevice final : public port::DevicePort {
   // on the worker's descriptor socket just before the request, under the
   // same lock, so that the worker finds it there when the request comes.
   void Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch, ReplyFn fn,
-            uint64_t work_epoch = 0, int pass_fd = -1);
+            uint64_t work_epoch = 0, int pass_fd = -1) {
+    Call(request, stream, absl::MakeConstSpan(&kernel, kernel != 0 ? 1 : 0), epoch, std::move(fn),
+         work_epoch, pass_fd);
+  }
+  // The same for a request that names several kernels (a graph's).
+  void Call(Request& request, StreamId stream, absl::Span<const uint64_t> kernels, uint64_t epoch,
+            ReplyFn fn, uint64_t work_epoch = 0, int pass_fd = -1);
   // The requests that must go ahead of one on `stream` naming `kernel` in
   // the current worker: the stream's creation, the module's image and (when
   // `resolve`) the kernel's resolution.

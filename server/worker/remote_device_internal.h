@@ -44,7 +44,8 @@ inline int HighFd(int fd) {
 // requests: refusing them would leak, or let a tenant block a reload.
 inline bool Releases(const Request& r) {
   return r.has_free() || r.has_destroy_stream() || r.has_unload_module() || r.has_ping() ||
-         r.has_query_memory() || r.has_unmap_region() || r.has_set_compute_parts();
+         r.has_query_memory() || r.has_unmap_region() || r.has_set_compute_parts() ||
+         r.has_destroy_graph();
 }
 
 inline std::string WhatOf(const Request& r) {
@@ -73,6 +74,10 @@ inline std::string WhatOf(const Request& r) {
       return r.map_region().what();
     case Request::kCopyRegion:
       return r.copy_region().what();
+    case Request::kBuildGraph:
+      return r.build_graph().what();
+    case Request::kLaunchGraph:
+      return r.launch_graph().what();
     default:
       return "";
   }

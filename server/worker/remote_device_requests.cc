@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "server/common/log.h"
@@ -103,8 +104,8 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
   }
 }
 
-void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint64_t epoch,
-                        ReplyFn fn, uint64_t work_epoch, int pass_fd) {
+void RemoteDevice::Call(Request& request, StreamId stream, absl::Span<const uint64_t> kernels,
+                        uint64_t epoch, ReplyFn fn, uint64_t work_epoch, int pass_fd) {
   // A GetKernel request resolves its kernel itself; anything else that
   // names a kernel has it resolved ahead.
   const bool resolve = !request.has_get_kernel();
@@ -131,7 +132,12 @@ void RemoteDevice::Call(Request& request, StreamId stream, uint64_t kernel, uint
       // Refused below, before any request was queued.
     } else {
       conn = conn_;
-      PrepareLocked(stream, kernel, resolve, &prefix);
+      // The stream with the first kernel, then each other kernel named (a
+      // graph's).
+      PrepareLocked(stream, kernels.empty() ? 0 : kernels[0], resolve, &prefix);
+      for (size_t i = 1; i < kernels.size(); ++i) {
+        PrepareLocked(stream, kernels[i], resolve, &prefix);
+      }
       const uint64_t id = next_id_++;
       request.set_id(id);
       pending_.emplace(id, std::move(fn));
@@ -535,6 +541,50 @@ void RemoteDevice::Synchronize(StreamId stream, uint64_t work_epoch, Callback<ui
   Request r;
   r.mutable_synchronize()->set_stream(stream);
   Call(r, stream, 0, 0, ValueTo(std::move(gpu_ns)), work_epoch);
+}
+
+void RemoteDevice::BuildGraph(StreamId stream, port::GraphId graph,
+                              std::vector<port::GraphNodeOp> nodes, uint64_t epoch,
+                              std::string what, Callback<port::GraphBuilt> done) {
+  Request r;
+  auto* b = r.mutable_build_graph();
+  b->set_stream(stream);
+  b->set_graph(graph);
+  b->set_what(std::move(what));
+  // Each kernel is loaded and resolved in the worker ahead of the build.
+  std::vector<uint64_t> kernels;
+  b->mutable_nodes()->Reserve(static_cast<int>(nodes.size()));
+  for (port::GraphNodeOp& n : nodes) {
+    if (const auto* op = std::get_if<port::LaunchOp>(&n.op)) kernels.push_back(op->kernel);
+    ToProto(n, b->add_nodes());
+  }
+  Call(r, stream, kernels, epoch, [done = std::move(done)](const Reply& reply, uint64_t) {
+    absl::Status st = StatusOf(reply);
+    if (!st.ok()) return done(st);
+    done(port::GraphBuilt{reply.graph_built().nodes(), reply.graph_built().instantiate_ns()});
+  });
+}
+
+void RemoteDevice::LaunchGraph(StreamId stream, port::GraphId graph,
+                               std::vector<port::GraphPatchOp> patches, uint64_t epoch,
+                               std::string what, Done done) {
+  Request r;
+  auto* l = r.mutable_launch_graph();
+  l->set_stream(stream);
+  l->set_graph(graph);
+  l->set_what(std::move(what));
+  l->mutable_patches()->Reserve(static_cast<int>(patches.size()));
+  for (port::GraphPatchOp& p : patches) ToProto(p, l->add_patches());
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
+}
+
+void RemoteDevice::DestroyGraph(StreamId stream, port::GraphId graph, uint64_t epoch, Done done) {
+  // A graph of an earlier worker went with its process.
+  if (epoch != this->epoch()) return Defer([done] { done(absl::OkStatus()); });
+  Request r;
+  r.mutable_destroy_graph()->set_stream(stream);
+  r.mutable_destroy_graph()->set_graph(graph);
+  Call(r, 0, 0, epoch, StatusTo(std::move(done)));
 }
 
 }  // namespace gpuexec::worker

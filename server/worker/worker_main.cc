@@ -10,6 +10,9 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -156,6 +159,46 @@ class Worker {
       if (it != module_errors_.end()) return it->second;
     }
     return st;
+  }
+
+  // Graphs: the nodes and patches taken out of their requests.
+  void BuildGraph(uint64_t id, worker::BuildGraph& b) {
+    std::vector<port::GraphNodeOp> nodes(b.nodes_size());
+    // A build that fails for a kernel that did not resolve says why.
+    std::vector<uint64_t> kernels;
+    for (int i = 0; i < b.nodes_size(); ++i) {
+      if (absl::Status st = FromProto(*b.mutable_nodes(i), &nodes[i]); !st.ok()) {
+        return Reply(id, absl::InvalidArgumentError(
+                             absl::StrCat(b.what(), ": node ", i, ": ", st.message())));
+      }
+      if (const auto* op = std::get_if<port::LaunchOp>(&nodes[i].op)) kernels.push_back(op->kernel);
+    }
+    dev_->BuildGraph(
+        b.stream(), b.graph(), std::move(nodes), b.what(),
+        [this, id, kernels = std::move(kernels)](absl::StatusOr<port::GraphBuilt> g) {
+          if (!g.ok()) {
+            absl::Status st = g.status();
+            for (size_t i = 0; i < kernels.size() && st == g.status(); ++i) {
+              st = Explain(st, kernels[i], "");
+            }
+            return Reply(id, st);
+          }
+          FromWorker out;
+          out.mutable_reply()->set_id(id);
+          out.mutable_reply()->mutable_graph_built()->set_nodes(g->nodes);
+          out.mutable_reply()->mutable_graph_built()->set_instantiate_ns(g->instantiate_ns);
+          Out(out);
+        });
+  }
+  void LaunchGraph(uint64_t id, worker::LaunchGraph& l) {
+    std::vector<port::GraphPatchOp> patches(l.patches_size());
+    for (int i = 0; i < l.patches_size(); ++i) {
+      if (absl::Status st = FromProto(*l.mutable_patches(i), &patches[i]); !st.ok()) {
+        return Reply(id, absl::InvalidArgumentError(
+                             absl::StrCat(l.what(), ": patch ", i, ": ", st.message())));
+      }
+    }
+    dev_->LaunchGraph(l.stream(), l.graph(), std::move(patches), l.what(), Done(id));
   }
 
   Channel* channel_;
@@ -334,6 +377,13 @@ void Worker::Handle(Request& r) {
     }
     case Request::kUnmapRegion:
       dev_->UnmapRegion(r.unmap_region().stream(), r.unmap_region().region(), Done(id));
+      return;
+    case Request::kBuildGraph:
+      return BuildGraph(id, *r.mutable_build_graph());
+    case Request::kLaunchGraph:
+      return LaunchGraph(id, *r.mutable_launch_graph());
+    case Request::kDestroyGraph:
+      dev_->DestroyGraph(r.destroy_graph().stream(), r.destroy_graph().graph(), Done(id));
       return;
     case Request::OP_NOT_SET:
       Reply(id, absl::InternalError("empty request"));

@@ -131,6 +131,7 @@ void FakePort::ResetLocked(const std::string& why, std::vector<std::function<voi
   modules_.clear();
   for (auto& [id, r] : regions_) munmap(r.first, r.second);
   regions_.clear();
+  graphs_.clear();
   last_reset_ = kernel != nullptr ? *kernel : port::ResetInfo();
   last_reset_->device = options_.ordinal;
   last_reset_->epoch = epoch_;

@@ -138,6 +138,19 @@ class FakePort final : public port::DevicePort {
                    port::Callback<uint64_t> gpu_ns) override;
   void LaunchAndSynchronize(port::StreamId stream, port::LaunchOp op, uint64_t epoch,
                             uint64_t work_epoch, port::LaunchedAndSynchronized done) override;
+  // Graphs (fake_port_graphs.cc): a graph is its nodes as built; a replay
+  // applies its patches to them, then runs them in order as a launch, a
+  // memset and a copy run here. Graphs go with a reset.
+  void BuildGraph(port::StreamId stream, port::GraphId graph, std::vector<port::GraphNodeOp> nodes,
+                  uint64_t epoch, std::string what, port::Callback<port::GraphBuilt> done) override;
+  void LaunchGraph(port::StreamId stream, port::GraphId graph,
+                   std::vector<port::GraphPatchOp> patches, uint64_t epoch, std::string what,
+                   port::Done done) override;
+  void DestroyGraph(port::StreamId stream, port::GraphId graph, uint64_t epoch,
+                    port::Done done) override;
+  // Graphs built and not destroyed; replays run.
+  size_t live_graphs() const;
+  uint64_t graph_launches() const;
 
  private:
   struct Kernel {
@@ -178,6 +191,15 @@ class FakePort final : public port::DevicePort {
   // Kernel ids handed out, by module and name.
   std::map<std::pair<std::string, std::string>, port::KernelId> kernel_ids_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<port::KernelId, std::string> kernel_names_ ABSL_GUARDED_BY(mu_);
+  struct Graph {
+    uint64_t epoch = 0;
+    std::vector<port::GraphNodeOp> nodes;
+  };
+  absl::flat_hash_map<port::GraphId, Graph> graphs_ ABSL_GUARDED_BY(mu_);
+  uint64_t graph_launches_ ABSL_GUARDED_BY(mu_) = 0;
+  // Runs a memset or copy node (under mu_): INTERNAL outside live memory.
+  absl::Status RunMemoryNodeLocked(const port::GraphNodeOp& node)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<std::string, bool> modules_ ABSL_GUARDED_BY(mu_);
   uint64_t module_loads_ ABSL_GUARDED_BY(mu_) = 0;
   // Mapped regions: address and size (a reset unmaps them).
