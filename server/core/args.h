@@ -125,6 +125,26 @@ absl::StatusOr<PackedArgs> PackArgs(const std::string& kernel,
                                     uint64_t param_bytes, const std::vector<ArgValue>& args,
                                     const BufferResolver& resolve);
 
+// A launch as the client asked for it (Engine::Launch checks it).
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+struct LaunchSpec {
+  std::string session;
+  uint64_t function = 0;
+  Dim3 grid;
+  Dim3 block;
+  Dim3 cluster{0, 0, 0};  // all zero: no cluster
+  uint32_t shared_bytes = 0;
+  std::vector<ArgValue> args;
+  bool synchronize = false;
+  bool cooperative = false;
+  bool programmatic_dependent = false;
+  bool non_portable_cluster = false;
+  uint32_t cluster_policy = 0;
+};
+
 }  // namespace gpuexec::core
 
 #endif  // GPUEXEC_SERVER_CORE_ARGS_H_

@@ -125,10 +125,38 @@ struct EngineOptions {
   uint64_t daemon_pinned_bytes = 0;
   uint64_t max_session_pinned_bytes = 0;
   uint32_t max_regions_per_session = 64;
-  // Handles one session may hold: buffers, modules, functions and regions
-  // together (0: no bound).
+  // Handles one session may hold: buffers, modules, functions, regions and
+  // graphs together (0: no bound).
   uint32_t max_handles_per_session = 65536;
+  // Graphs (Engine::BeginGraph): per session, nodes per graph.
+  uint32_t max_graphs_per_session = 64;
+  uint32_t max_graph_nodes = 4096;
 };
+
+// A graph made by EndGraph.
+struct GraphInfo {
+  uint64_t handle = 0;
+  uint32_t nodes = 0;
+  uint64_t instantiate_ns = 0;
+};
+
+// New arguments for a graph's replay: argument `argument` of kernel node
+// `node` (the nodes counted from 0 in the order recorded).
+struct GraphPatch {
+  uint32_t node = 0;
+  uint32_t argument = 0;
+  ArgValue value;
+};
+
+struct LaunchGraphSpec {
+  std::string session;
+  uint64_t graph = 0;
+  std::vector<GraphPatch> patches;
+  bool synchronize = false;
+};
+
+// Patches one replay may carry.
+inline constexpr size_t kMaxGraphPatches = 1024;
 
 struct DeviceStatus {
   uint32_t index = 0;
@@ -262,25 +290,6 @@ inline constexpr size_t kMaxListedKernels = 4096;
 struct FunctionResult {
   uint64_t handle = 0;
   port::KernelInfo kernel;
-};
-
-struct Dim3 {
-  uint32_t x = 1, y = 1, z = 1;
-};
-
-struct LaunchSpec {
-  std::string session;
-  uint64_t function = 0;
-  Dim3 grid;
-  Dim3 block;
-  Dim3 cluster{0, 0, 0};  // all zero: no cluster
-  uint32_t shared_bytes = 0;
-  std::vector<ArgValue> args;
-  bool synchronize = false;
-  bool cooperative = false;
-  bool programmatic_dependent = false;
-  bool non_portable_cluster = false;
-  uint32_t cluster_policy = 0;
 };
 
 class Engine;
@@ -522,6 +531,18 @@ class Engine {
   uint64_t pinned_bytes() const { return daemon_pinned_used_.load(); }
 
   void Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns);
+  // Graphs (engine_graphs.cc). Between BeginGraph and EndGraph the
+  // session's launches, memsets and copies between its buffers are checked
+  // as when they run and recorded instead (each answered OK at once); its
+  // transfers, region copies, Synchronize and module loads are refused.
+  // EndGraph builds, instantiates and uploads the graph on the device.
+  absl::Status BeginGraph(const Caller& caller, const std::string& token);
+  void EndGraph(const Caller& caller, const std::string& token, Callback<GraphInfo> done);
+  // Checks each patch as a launch's argument, then replays the graph on the
+  // session's stream after its other work; `synchronize`: waits for it and
+  // answers its GPU time.
+  void LaunchGraph(const Caller& caller, LaunchGraphSpec spec, Callback<uint64_t> gpu_ns);
+  void FreeGraph(const Caller& caller, const std::string& token, uint64_t graph, Done done);
   void Synchronize(const Caller& caller, const std::string& token, Callback<uint64_t> gpu_ns);
 
  private:
@@ -548,6 +569,22 @@ class Engine {
   // One holder of `sha256` fewer for the session's tenant.
   void ReleaseModule(Session& s, const std::string& sha256);
   port::DevicePort* DeviceOf(const Session& s) { return s.port(); }
+  // The launch checked and packed (the function, its shape, its arguments
+  // against the kernel's parameters); `epoch`: of its buffers; `buffers`
+  // (optional) gets their handles.
+  absl::StatusOr<port::LaunchOp> PackLaunch(Session& s, const LaunchSpec& spec, uint64_t* epoch,
+                                            std::vector<uint64_t>* buffers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Recording (engine_graphs.cc): the command checked and kept as a node.
+  absl::Status RecordLaunchLocked(Session& s, LaunchSpec spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  absl::Status RecordNodeLocked(Session& s, port::GraphNodeOp node,
+                                std::initializer_list<uint64_t> buffers, uint64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // FAILED_PRECONDITION naming the graph that uses `buffer`, if one does.
+  absl::Status NotInGraph(const Session& s, uint64_t buffer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // The session's graphs go (it closes).
+  void DropGraphsLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // The buffer, or why not: not found, or lost with its device's memory
   // (then it is marked lost and its memory given back to the limits).
   absl::StatusOr<BufferEntry*> FindBuffer(Session& s, uint64_t handle)
@@ -581,6 +618,7 @@ class Engine {
   void ReaperLoop();
 
   const EngineOptions options_;
+  std::atomic<uint64_t> next_graph_id_{1};
   absl::Status driver_status_;
   bool test_double_ = false;     // the driver is the test double
   bool green_contexts_ = false;  // the driver has them

@@ -22,67 +22,79 @@
 namespace gpuexec::core {
 // ---------------------------------------------------------------- launch
 
+absl::StatusOr<port::LaunchOp> Engine::PackLaunch(Session& s, const LaunchSpec& spec,
+                                                  uint64_t* epoch, std::vector<uint64_t>* buffers) {
+  const port::DeviceProperties& p = DeviceOf(s)->properties();
+  auto fit = s.functions.find(spec.function);
+  if (fit == s.functions.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("function ", HandleName(spec.function), " not found in ", s.name()));
+  }
+  const FunctionEntry& f = fit->second;
+  const std::string& kname = f.label;
+  const LaunchShape shape{{spec.grid.x, spec.grid.y, spec.grid.z},
+                          {spec.block.x, spec.block.y, spec.block.z},
+                          {spec.cluster.x, spec.cluster.y, spec.cluster.z},
+                          spec.shared_bytes,
+                          spec.cooperative,
+                          spec.programmatic_dependent,
+                          spec.non_portable_cluster,
+                          spec.cluster_policy};
+  GPUEXEC_RETURN_IF_ERROR(CheckLaunchShape(shape, f.kernel.attributes, p, kname));
+  auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<ResolvedBuffer> {
+    s.mu.AssertHeld();  // called by PackArgs below, under the caller's lock
+    auto it = s.buffers.find(a.buffer);
+    if (it == s.buffers.end()) {
+      return absl::NotFoundError(absl::StrCat("parameter ", index, " of ", kname, ": buffer ",
+                                              HandleName(a.buffer), " not found in ", s.name()));
+    }
+    if (absl::Status st = CheckAlive(s, it->second); !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("parameter ", index, " of ", kname, ": ", st.message()));
+    }
+    *epoch = it->second.epoch;
+    if (a.offset >= it->second.size) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of ", kname,
+                                                     ": offset ", a.offset, " is past the end of ",
+                                                     s.Describe(it->second)));
+    }
+    if (buffers != nullptr) buffers->push_back(a.buffer);
+    return ResolvedBuffer{it->second.ptr + a.offset, it->second.size - a.offset};
+  };
+  auto packed = PackArgs(f.quoted_name, f.kernel.params, f.kernel.param_bytes, spec.args, resolve);
+  if (!packed.ok()) return packed.status();
+  if (!packed->tensor_maps.empty() && p.cc_major < 9) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch of ", kname, ": tensor maps need compute capability 9.0 or later; device ",
+        p.ordinal, " has ", p.cc_major, ".", p.cc_minor));
+  }
+  port::LaunchOp op;
+  op.kernel = f.kernel.id;
+  op.param_block = std::move(packed->block);
+  op.tensor_maps = std::move(packed->tensor_maps);
+  op.geometry = GeometryOf(shape);
+  op.what = f.launch_what;
+  return op;
+}
+
 void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns) {
   auto found = FindSession(caller, spec.session);
   if (!found.ok()) return gpu_ns(found.status());
   std::shared_ptr<Session> s = *found;
   if (absl::Status st = CheckStrikes(*s); !st.ok()) return gpu_ns(st);
   port::DevicePort* dev = DeviceOf(*s);
-  const port::DeviceProperties& p = dev->properties();
-  port::LaunchOp op;
-  uint64_t epoch = 0;  // of the buffers passed
   {
     absl::MutexLock lock(&s->mu);
-    auto fit = s->functions.find(spec.function);
-    if (fit == s->functions.end()) {
-      return gpu_ns(absl::NotFoundError(
-          absl::StrCat("function ", HandleName(spec.function), " not found in ", s->name())));
+    if (s->recording.has_value()) {
+      // Checked and kept as a node of the graph: nothing runs now.
+      absl::Status st = s->Refuse(RecordLaunchLocked(*s, std::move(spec)));
+      if (!st.ok()) return gpu_ns(st);
+      return gpu_ns(uint64_t{0});
     }
-    const FunctionEntry& f = fit->second;
-    const std::string& kname = f.label;
-    const LaunchShape shape{{spec.grid.x, spec.grid.y, spec.grid.z},
-                            {spec.block.x, spec.block.y, spec.block.z},
-                            {spec.cluster.x, spec.cluster.y, spec.cluster.z},
-                            spec.shared_bytes,
-                            spec.cooperative,
-                            spec.programmatic_dependent,
-                            spec.non_portable_cluster,
-                            spec.cluster_policy};
-    if (absl::Status st = CheckLaunchShape(shape, f.kernel.attributes, p, kname); !st.ok()) {
-      return gpu_ns(st);
-    }
-    auto resolve = [&](size_t index, const ArgValue& a) -> absl::StatusOr<ResolvedBuffer> {
-      s->mu.AssertHeld();  // called by PackArgs below, under the lock taken above
-      auto it = s->buffers.find(a.buffer);
-      if (it == s->buffers.end()) {
-        return absl::NotFoundError(absl::StrCat("parameter ", index, " of ", kname, ": buffer ",
-                                                HandleName(a.buffer), " not found in ", s->name()));
-      }
-      if (absl::Status st = CheckAlive(*s, it->second); !st.ok()) {
-        return absl::Status(st.code(),
-                            absl::StrCat("parameter ", index, " of ", kname, ": ", st.message()));
-      }
-      epoch = it->second.epoch;
-      if (a.offset >= it->second.size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter ", index, " of ", kname, ": offset ", a.offset,
-                         " is past the end of ", s->Describe(it->second)));
-      }
-      return ResolvedBuffer{it->second.ptr + a.offset, it->second.size - a.offset};
-    };
-    auto packed =
-        PackArgs(f.quoted_name, f.kernel.params, f.kernel.param_bytes, spec.args, resolve);
+    uint64_t epoch = 0;  // of the buffers passed
+    auto packed = PackLaunch(*s, spec, &epoch, nullptr);
     if (!packed.ok()) return gpu_ns(packed.status());
-    if (!packed->tensor_maps.empty() && p.cc_major < 9) {
-      return gpu_ns(absl::InvalidArgumentError(absl::StrCat(
-          "launch of ", kname, ": tensor maps need compute capability 9.0 or later; device ",
-          p.ordinal, " has ", p.cc_major, ".", p.cc_minor)));
-    }
-    op.kernel = f.kernel.id;
-    op.param_block = std::move(packed->block);
-    op.tensor_maps = std::move(packed->tensor_maps);
-    op.geometry = GeometryOf(shape);
-    op.what = f.launch_what;
+    port::LaunchOp op = *std::move(packed);
     TrafficCounters* traffic = &traffic_[s->device()];
     TrafficCounters* tenant_traffic = &s->usage().traffic;
     NoteWork(*s);
@@ -142,6 +154,7 @@ void Engine::RestoreWorkEpoch(Session& s, uint64_t work_epoch, const absl::Statu
 void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) {
   absl::MutexLock lock(&s->mu);
   if (s->closed) return gpu_ns(s->ClosedError());
+  if (absl::Status st = s->NotRecording("Synchronize"); !st.ok()) return gpu_ns(st);
   ++s->waiting;
   const uint64_t work_epoch = s->work_epoch;
   s->work_epoch = 0;

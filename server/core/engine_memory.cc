@@ -134,6 +134,7 @@ void Engine::Free(const Caller& caller, const std::string& token, uint64_t buffe
     return done(absl::FailedPreconditionError(
         absl::StrCat(s->Describe(**b), " is in use by a Write or Read in progress")));
   }
+  if (absl::Status st = NotInGraph(*s, buffer); !st.ok()) return done(st);
   BufferEntry entry = **b;
   s->buffers.erase(buffer);
   ReleaseMemory(*s, entry.charged());
@@ -157,10 +158,19 @@ void Engine::Memset(const Caller& caller, const std::string& token, uint64_t buf
   }
   absl::MutexLock lock(&s->mu);
   auto b = FindBuffer(*s, buffer);
-  if (!b.ok()) return done(b.status());
+  if (!b.ok()) return done(s->Refuse(b.status()));
   if (size == 0 && offset <= (*b)->size) size = (*b)->size - offset;
-  if (auto st = CheckRange(*s, **b, offset, size, "Memset"); !st.ok()) return done(st);
+  if (auto st = CheckRange(*s, **b, offset, size, "Memset"); !st.ok()) {
+    return done(s->Refuse(st));
+  }
   if (size == 0) return done(absl::OkStatus());
+  if (s->recording.has_value()) {
+    return done(s->Refuse(RecordNodeLocked(
+        *s,
+        port::GraphNodeOp{port::GraphMemset{(*b)->ptr + offset, static_cast<uint8_t>(value), size},
+                          absl::StrCat("Memset of ", s->Describe(**b))},
+        {buffer}, (*b)->epoch)));
+  }
   NoteWork(*s);
   DeviceOf(*s)->Memset(s->stream(), (*b)->ptr + offset, (*b)->epoch, static_cast<uint8_t>(value),
                        size, absl::StrCat("Memset of ", s->Describe(**b)), std::move(done));
@@ -174,14 +184,22 @@ void Engine::CopyBuffer(const Caller& caller, const std::string& token, uint64_t
   std::shared_ptr<Session> s = *found;
   absl::MutexLock lock(&s->mu);
   auto d = FindBuffer(*s, dst);
-  if (!d.ok()) return done(d.status());
+  if (!d.ok()) return done(s->Refuse(d.status()));
   auto from = FindBuffer(*s, src);
-  if (!from.ok()) return done(from.status());
+  if (!from.ok()) return done(s->Refuse(from.status()));
   if (auto st = CheckRange(*s, **d, dst_offset, size, "CopyBuffer destination"); !st.ok())
-    return done(st);
+    return done(s->Refuse(st));
   if (auto st = CheckRange(*s, **from, src_offset, size, "CopyBuffer source"); !st.ok())
-    return done(st);
+    return done(s->Refuse(st));
   if (size == 0) return done(absl::OkStatus());
+  if (s->recording.has_value()) {
+    return done(s->Refuse(RecordNodeLocked(
+        *s,
+        port::GraphNodeOp{
+            port::GraphCopy{(*d)->ptr + dst_offset, (*from)->ptr + src_offset, size},
+            absl::StrCat("CopyBuffer from ", s->Describe(**from), " to ", s->Describe(**d))},
+        {dst, src}, (*d)->epoch)));
+  }
   NoteWork(*s);
   DeviceOf(*s)->Copy(
       s->stream(), (*d)->ptr + dst_offset, (*from)->ptr + src_offset, (*d)->epoch, size,

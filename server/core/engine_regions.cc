@@ -170,6 +170,7 @@ void Engine::RegionCopy(const Caller& caller, const std::string& token, const Re
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
   absl::MutexLock lock(&s->mu);
+  if (absl::Status st = s->NotRecording("RegionCopy"); !st.ok()) return done(st);
   auto r = FindRegion(*s, copy.region);
   if (!r.ok()) return done(r.status());
   auto b = FindBuffer(*s, copy.buffer);

@@ -434,6 +434,7 @@ void Engine::Close(std::shared_ptr<Session> s, CloseReason reason, const std::st
     absl::MutexLock lock(&s->mu);
     s->closed = true;
     watches.swap(s->close_watches);
+    DropGraphsLocked(*s);
     for (auto& [handle, b] : s->buffers) {
       if (b.lost) continue;  // went with its device's worker
       dev->Free(s->stream(), b.ptr, b.epoch, s->Describe(b), [](absl::Status) {});

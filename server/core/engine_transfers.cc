@@ -36,6 +36,7 @@ absl::StatusOr<std::shared_ptr<WriteSink>> Engine::BeginWrite(const Caller& call
                                                               uint64_t buffer, uint64_t offset) {
   GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   absl::MutexLock lock(&s->mu);
+  GPUEXEC_RETURN_IF_ERROR(s->NotRecording("Write"));
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, 0, "Write"));
   JoinTenantStaging(*s, devices_[s->device()].get());
@@ -207,6 +208,7 @@ absl::StatusOr<std::shared_ptr<ReadSource>> Engine::BeginRead(const Caller& call
                                                               uint64_t size, uint32_t chunk) {
   GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
   absl::MutexLock lock(&s->mu);
+  GPUEXEC_RETURN_IF_ERROR(s->NotRecording("Read"));
   GPUEXEC_ASSIGN_OR_RETURN(BufferEntry * b, FindBuffer(*s, buffer));
   if (size == 0 && offset <= b->size) size = b->size - offset;
   GPUEXEC_RETURN_IF_ERROR(CheckRange(*s, *b, offset, size, "Read"));

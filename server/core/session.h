@@ -15,12 +15,16 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/core/args.h"
 #include "server/core/tenant.h"
 #include "server/port/device_port.h"
 #include "server/port/staging.h"
@@ -102,6 +106,37 @@ struct FunctionEntry {
   // the device names a launch of it ("... of session S on device N").
   std::string label;
   std::string launch_what;
+};
+
+// A kernel node of a graph: what a patch of its arguments is checked and
+// packed against (the arguments as last given: a patch lasts).
+struct GraphKernel {
+  LaunchSpec spec;
+};
+
+// A graph of the session: its recorded launches, memsets and copies, built
+// and instantiated on the device (Engine::EndGraph).
+struct GraphEntry {
+  uint64_t handle = 0;
+  port::GraphId id = 0;  // the device's, unique among its live graphs
+  uint64_t epoch = 0;    // it goes with a reset, as buffers do
+  uint32_t nodes = 0;
+  // By node index; none for a memset or copy node.
+  std::vector<std::optional<GraphKernel>> kernels;
+  // The buffers its nodes use: none can be freed while it lives.
+  absl::flat_hash_set<uint64_t> buffers;
+};
+
+// What a session records between BeginGraph and EndGraph: each command
+// checked as when it runs, kept instead of run.
+struct Recording {
+  std::vector<port::GraphNodeOp> nodes;
+  std::vector<std::optional<GraphKernel>> kernels;
+  absl::flat_hash_set<uint64_t> buffers;
+  uint64_t epoch = 0;  // of the buffers recorded (0: none yet)
+  // The first command refused while recording: the graph would lack it, so
+  // EndGraph makes none and says why.
+  absl::Status refused;
 };
 
 // The staging buffers all of one session's transfers (Writes and Reads)
@@ -199,14 +234,23 @@ class Session {
   // (0: none): a Synchronize after a reset says that work was lost.
   uint64_t work_epoch ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, FunctionEntry> functions ABSL_GUARDED_BY(mu);
+  // Graphs, and the one being recorded (Engine::BeginGraph).
+  absl::flat_hash_map<uint64_t, GraphEntry> graphs ABSL_GUARDED_BY(mu);
+  std::optional<Recording> recording ABSL_GUARDED_BY(mu);
+  // FAILED_PRECONDITION naming `call` while the session records a graph.
+  absl::Status NotRecording(absl::string_view call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // `st`, remembered as the recording's first refusal where the session
+  // records a graph and `st` is one.
+  absl::Status Refuse(absl::Status st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Allocations under way: each will be a handle.
   uint32_t handles_pending ABSL_GUARDED_BY(mu) = 0;
-  // Handles the session holds (buffers, modules, functions, regions) and
+  // Handles the session holds (buffers, modules, functions, regions, graphs) and
   // will hold once the allocations under way are done: what
   // EngineOptions::max_handles_per_session bounds.
   size_t handles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return buffers.size() + modules.size() + functions.size() + regions.size() + handles_pending;
+    return buffers.size() + modules.size() + functions.size() + regions.size() + graphs.size() +
+           handles_pending;
   }
   // RESOURCE_EXHAUSTED naming `what` (a buffer, a function) when the
   // session holds `limit` handles already (0: no bound).

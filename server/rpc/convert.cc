@@ -176,6 +176,30 @@ absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& r) {
   return spec;
 }
 
+absl::StatusOr<core::LaunchGraphSpec> FromProto(const v1::LaunchGraphRequest& r) {
+  if (static_cast<size_t>(r.patches_size()) > core::kMaxGraphPatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LaunchGraph of graph ", core::HandleName(r.graph()), ": ", r.patches_size(),
+                     " patches, more than one replay may carry (", core::kMaxGraphPatches, ")"));
+  }
+  core::LaunchGraphSpec spec;
+  spec.session = r.session();
+  spec.graph = r.graph();
+  spec.synchronize = r.synchronize();
+  spec.patches.reserve(r.patches_size());
+  for (int i = 0; i < r.patches_size(); ++i) {
+    const v1::GraphPatch& p = r.patches(i);
+    auto value = FromProto(p.value(), p.argument());
+    if (!value.ok()) {
+      return absl::Status(value.status().code(),
+                          absl::StrCat("LaunchGraph: patch ", i, " (node ", p.node(),
+                                       "): ", value.status().message()));
+    }
+    spec.patches.push_back(core::GraphPatch{p.node(), p.argument(), std::move(value).value()});
+  }
+  return spec;
+}
+
 absl::StatusOr<core::Command> FromProto(const v1::Command& c) {
   core::Command out;
   out.id = c.id();

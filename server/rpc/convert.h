@@ -21,6 +21,9 @@ absl::StatusOr<core::ArgValue> FromProto(const v1::Arg& arg, size_t index);
 // INVALID_ARGUMENT for more than core::kMaxLaunchArgs arguments, before any
 // is converted.
 absl::StatusOr<core::LaunchSpec> FromProto(const v1::LaunchRequest& request);
+// INVALID_ARGUMENT for more than core::kMaxGraphPatches patches, or a patch
+// whose value is malformed (naming it).
+absl::StatusOr<core::LaunchGraphSpec> FromProto(const v1::LaunchGraphRequest& request);
 
 // A command of the Execute stream; INVALID_ARGUMENT for a launch that does
 // not convert or a RegionCopy with no direction.

@@ -151,6 +151,40 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
                               r->set_gpu_time_ns(ns);
                             }));
       });
+
+  using BeginGraph = Unary<v1::BeginGraphRequest, v1::BeginGraphResponse>;
+  ListenUnary<BeginGraph>(
+      env, cq, &S::RequestBeginGraph, [](core::Engine* engine, BeginGraph* call) {
+        call->Finish(engine->BeginGraph(call->caller(), call->request().session()));
+      });
+
+  using EndGraph = Unary<v1::EndGraphRequest, v1::EndGraphResponse>;
+  ListenUnary<EndGraph>(env, cq, &S::RequestEndGraph, [](core::Engine* engine, EndGraph* call) {
+    engine->EndGraph(
+        call->caller(), call->request().session(),
+        Reply<core::GraphInfo>(call, [](const core::GraphInfo& g, v1::EndGraphResponse* r) {
+          r->set_graph(g.handle);
+          r->set_nodes(g.nodes);
+          r->set_instantiate_ns(g.instantiate_ns);
+        }));
+  });
+
+  using LaunchGraph = Unary<v1::LaunchGraphRequest, v1::LaunchGraphResponse>;
+  ListenUnary<LaunchGraph>(
+      env, cq, &S::RequestLaunchGraph, [](core::Engine* engine, LaunchGraph* call) {
+        auto spec = FromProto(call->request());
+        if (!spec.ok()) return call->Finish(spec.status());
+        engine->LaunchGraph(call->caller(), std::move(spec).value(),
+                            Reply<uint64_t>(call, [](uint64_t ns, v1::LaunchGraphResponse* r) {
+                              r->set_gpu_time_ns(ns);
+                            }));
+      });
+
+  using FreeGraph = Unary<v1::FreeGraphRequest, v1::FreeGraphResponse>;
+  ListenUnary<FreeGraph>(env, cq, &S::RequestFreeGraph, [](core::Engine* engine, FreeGraph* call) {
+    engine->FreeGraph(call->caller(), call->request().session(), call->request().graph(),
+                      ReplyStatus(call));
+  });
 }
 
 }  // namespace gpuexec::rpc

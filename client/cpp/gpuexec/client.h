@@ -84,6 +84,7 @@ class CommandStream;
 
 class Buffer;
 class Function;
+class Graph;
 class HostMemory;
 class Module;
 class Session;
@@ -658,6 +659,43 @@ class HostMemory {
   uint64_t region_ = 0;
 };
 
+// A new value for argument `argument` (from 0) of kernel node `node` of a
+// Graph (its nodes counted from 0 in the order recorded), for one replay
+// and the ones after it.
+struct GraphPatch {
+  uint32_t node = 0;
+  uint32_t argument = 0;
+  Arg value;
+};
+
+// A session's recorded launches, memsets and copies, built on its device as
+// one CUDA graph (Session::EndGraph) and replayed in one launch. Holds a
+// handle only: the session owns the graph, which goes with it.
+class Graph {
+ public:
+  Graph() = default;
+  uint64_t handle() const { return handle_; }
+  uint32_t nodes() const { return nodes_; }
+  // Building, instantiating and uploading it on the device.
+  absl::Duration instantiate_time() const { return instantiate_time_; }
+  // Replays it on the session's stream after the work sent before; returns
+  // once the daemon has enqueued it. Each patch is checked as a launch's
+  // argument; a refused patch leaves the graph as it was.
+  absl::Status Launch(absl::Span<const GraphPatch> patches = {}) const;
+  // Replays it and waits for the session's work; returns its GPU time.
+  absl::StatusOr<absl::Duration> LaunchAndWait(absl::Span<const GraphPatch> patches = {}) const;
+  // Frees it on the daemon (the buffers it used may be freed then).
+  absl::Status Free();
+
+ private:
+  friend class Session;
+  absl::StatusOr<uint64_t> Replay(absl::Span<const GraphPatch> patches, bool synchronize) const;
+  std::shared_ptr<internal::SessionState> session_;
+  uint64_t handle_ = 0;
+  uint32_t nodes_ = 0;
+  absl::Duration instantiate_time_;
+};
+
 // A daemon session on one device. Owns it: the destructor closes it (best
 // effort, errors ignored) unless Close() already ran. Move-only; moving
 // keeps the Buffers and Modules made from it valid.
@@ -738,6 +776,15 @@ class Session {
   // Waits for the session's work so far; returns its GPU time since the
   // previous Synchronize (zero when there was none).
   absl::StatusOr<absl::Duration> Synchronize();
+
+  // Graphs: after BeginGraph, the session's LaunchAsync calls, Memset and
+  // CopyFrom between its buffers are checked by the daemon and recorded
+  // instead of run, until EndGraph builds them into a Graph. Write, Read,
+  // Synchronize and LaunchAndWait are refused meanwhile
+  // (FAILED_PRECONDITION). A command the daemon refused while recording
+  // makes EndGraph fail (no graph would lack it silently).
+  absl::Status BeginGraph();
+  absl::StatusOr<Graph> EndGraph();
 
  private:
   friend class Client;

@@ -89,6 +89,26 @@ class GpuExecStub(object):
                 request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.SynchronizeRequest.SerializeToString,
                 response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.SynchronizeResponse.FromString,
                 )
+        self.BeginGraph = channel.unary_unary(
+                '/gpuexec.v1.GpuExec/BeginGraph',
+                request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.BeginGraphRequest.SerializeToString,
+                response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.BeginGraphResponse.FromString,
+                )
+        self.EndGraph = channel.unary_unary(
+                '/gpuexec.v1.GpuExec/EndGraph',
+                request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.EndGraphRequest.SerializeToString,
+                response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.EndGraphResponse.FromString,
+                )
+        self.LaunchGraph = channel.unary_unary(
+                '/gpuexec.v1.GpuExec/LaunchGraph',
+                request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.LaunchGraphRequest.SerializeToString,
+                response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.LaunchGraphResponse.FromString,
+                )
+        self.FreeGraph = channel.unary_unary(
+                '/gpuexec.v1.GpuExec/FreeGraph',
+                request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.FreeGraphRequest.SerializeToString,
+                response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.FreeGraphResponse.FromString,
+                )
         self.Execute = channel.stream_stream(
                 '/gpuexec.v1.GpuExec/Execute',
                 request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.ExecuteRequest.SerializeToString,
@@ -207,6 +227,46 @@ class GpuExecServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginGraph(self, request, context):
+        """Graphs: record a fixed pipeline once, replay it in one launch.
+        - Between BeginGraph and EndGraph the session's launches (without
+        `synchronize`), memsets and copies between its buffers are checked
+        exactly as when they run, answered at once, and recorded instead of
+        run: nothing reaches the GPU. Write, Read, region copies,
+        Synchronize, a launch with `synchronize` and another BeginGraph are
+        refused (FAILED_PRECONDITION) while a session records.
+        - EndGraph builds the recorded commands into a CUDA graph on the
+        session's device, each node after the one before as on a stream, and
+        answers its handle. Nodes are numbered from 0 in the order recorded.
+        - LaunchGraph replays it on the session's stream, in order with its
+        other work; each patch gives a kernel node's argument a new value,
+        checked as a launch's, for this replay and the ones after it.
+        - A buffer a graph uses cannot be freed while the graph lives
+        (FreeGraph first); a graph goes with its session, and with a reset of
+        its device (then ABORTED naming it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndGraph(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LaunchGraph(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FreeGraph(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Execute(self, request_iterator, context):
         """A session's command stream: launches, synchronizes, allocations, frees,
         memsets and copies as messages on one open stream instead of one call
@@ -314,6 +374,26 @@ def add_GpuExecServicer_to_server(servicer, server):
                     servicer.Synchronize,
                     request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.SynchronizeRequest.FromString,
                     response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.SynchronizeResponse.SerializeToString,
+            ),
+            'BeginGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginGraph,
+                    request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.BeginGraphRequest.FromString,
+                    response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.BeginGraphResponse.SerializeToString,
+            ),
+            'EndGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndGraph,
+                    request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.EndGraphRequest.FromString,
+                    response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.EndGraphResponse.SerializeToString,
+            ),
+            'LaunchGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.LaunchGraph,
+                    request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.LaunchGraphRequest.FromString,
+                    response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.LaunchGraphResponse.SerializeToString,
+            ),
+            'FreeGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.FreeGraph,
+                    request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.FreeGraphRequest.FromString,
+                    response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.FreeGraphResponse.SerializeToString,
             ),
             'Execute': grpc.stream_stream_rpc_method_handler(
                     servicer.Execute,
@@ -582,6 +662,74 @@ class GpuExec(object):
         return grpc.experimental.unary_unary(request, target, '/gpuexec.v1.GpuExec/Synchronize',
             gpuexec_dot_v1_dot_gpuexec__pb2.SynchronizeRequest.SerializeToString,
             gpuexec_dot_v1_dot_gpuexec__pb2.SynchronizeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def BeginGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/gpuexec.v1.GpuExec/BeginGraph',
+            gpuexec_dot_v1_dot_gpuexec__pb2.BeginGraphRequest.SerializeToString,
+            gpuexec_dot_v1_dot_gpuexec__pb2.BeginGraphResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EndGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/gpuexec.v1.GpuExec/EndGraph',
+            gpuexec_dot_v1_dot_gpuexec__pb2.EndGraphRequest.SerializeToString,
+            gpuexec_dot_v1_dot_gpuexec__pb2.EndGraphResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def LaunchGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/gpuexec.v1.GpuExec/LaunchGraph',
+            gpuexec_dot_v1_dot_gpuexec__pb2.LaunchGraphRequest.SerializeToString,
+            gpuexec_dot_v1_dot_gpuexec__pb2.LaunchGraphResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def FreeGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/gpuexec.v1.GpuExec/FreeGraph',
+            gpuexec_dot_v1_dot_gpuexec__pb2.FreeGraphRequest.SerializeToString,
+            gpuexec_dot_v1_dot_gpuexec__pb2.FreeGraphResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
