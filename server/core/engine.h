@@ -157,6 +157,10 @@ struct LaunchGraphSpec {
 
 // Patches one replay may carry.
 inline constexpr size_t kMaxGraphPatches = 1024;
+// What one session's graphs and recording may keep in the daemon: each
+// node's parameters and arguments (a node of 32 KiB of raw parameters is
+// 64 KiB and more).
+inline constexpr uint64_t kMaxSessionGraphBytes = 64ull << 20;
 
 struct DeviceStatus {
   uint32_t index = 0;
@@ -534,7 +538,7 @@ class Engine {
   // Graphs (engine_graphs.cc). Between BeginGraph and EndGraph the
   // session's launches, memsets and copies between its buffers are checked
   // as when they run and recorded instead (each answered OK at once); its
-  // transfers, region copies, Synchronize and module loads are refused.
+  // transfers, region copies and Synchronize are refused.
   // EndGraph builds, instantiates and uploads the graph on the device.
   absl::Status BeginGraph(const Caller& caller, const std::string& token);
   void EndGraph(const Caller& caller, const std::string& token, Callback<GraphInfo> done);
@@ -578,8 +582,8 @@ class Engine {
   // Recording (engine_graphs.cc): the command checked and kept as a node.
   absl::Status RecordLaunchLocked(Session& s, LaunchSpec spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   absl::Status RecordNodeLocked(Session& s, port::GraphNodeOp node,
-                                std::initializer_list<uint64_t> buffers, uint64_t epoch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+                                std::initializer_list<uint64_t> buffers, uint64_t epoch,
+                                uint64_t bytes = 256) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // FAILED_PRECONDITION naming the graph that uses `buffer`, if one does.
   absl::Status NotInGraph(const Session& s, uint64_t buffer) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);

@@ -41,10 +41,11 @@ absl::Status Engine::BeginGraph(const Caller& caller, const std::string& token) 
     return absl::FailedPreconditionError(absl::StrCat(
         "BeginGraph: ", s.name(), " is recording a graph already; end it with EndGraph first"));
   }
-  if (s.graphs.size() >= options_.max_graphs_per_session) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "BeginGraph: ", s.name(), " holds ", s.graphs.size(), " graphs, the most a session may (",
-        options_.max_graphs_per_session, "); free one with FreeGraph first"));
+  if (s.graphs.size() + s.graphs_pending >= options_.max_graphs_per_session) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("BeginGraph: ", s.name(), " holds ", s.graphs.size() + s.graphs_pending,
+                     " graphs, the most a session may (", options_.max_graphs_per_session,
+                     "); free one with FreeGraph first"));
   }
   GPUEXEC_RETURN_IF_ERROR(s.CheckHandles(options_.max_handles_per_session, "a graph"));
   s.recording.emplace();
@@ -52,8 +53,15 @@ absl::Status Engine::BeginGraph(const Caller& caller, const std::string& token) 
 }
 
 absl::Status Engine::RecordNodeLocked(Session& s, port::GraphNodeOp node,
-                                      std::initializer_list<uint64_t> buffers, uint64_t epoch) {
+                                      std::initializer_list<uint64_t> buffers, uint64_t epoch,
+                                      uint64_t bytes) {
   Recording& rec = *s.recording;
+  if (s.graph_bytes + bytes > kMaxSessionGraphBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the graphs of ", s.name(), " keep ", s.graph_bytes, " bytes of nodes in the daemon; ",
+        bytes, " more would pass the limit of ", kMaxSessionGraphBytes,
+        " bytes a session's graphs may keep: free a graph (FreeGraph) or record fewer nodes"));
+  }
   if (rec.nodes.size() >= options_.max_graph_nodes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the graph ", s.name(), " is recording has ", rec.nodes.size(),
@@ -65,6 +73,8 @@ absl::Status Engine::RecordNodeLocked(Session& s, port::GraphNodeOp node,
     return DeviceOf(s)->LostError(rec.epoch, "the graph being recorded");
   }
   if (epoch != 0) rec.epoch = epoch;
+  s.graph_bytes += bytes;
+  rec.bytes += bytes;
   node.what = absl::StrCat("node ", rec.nodes.size(), " (", node.what, ")");
   rec.nodes.push_back(std::move(node));
   rec.buffers.insert(buffers.begin(), buffers.end());
@@ -87,11 +97,15 @@ absl::Status Engine::RecordLaunchLocked(Session& s, LaunchSpec spec) {
   std::vector<uint64_t> buffers;
   auto op = PackLaunch(s, spec, &epoch, &buffers);
   if (!op.ok()) return op.status();
+  // What the node keeps here: its packed block, and its arguments for
+  // patches.
+  uint64_t bytes = 256 + 2 * op->param_block.size() + spec.args.size() * sizeof(ArgValue);
+  for (const ArgValue& a : spec.args) bytes += a.raw.size();
   port::GraphNodeOp node;
   node.what = op->what;
   node.op = *std::move(op);
   const size_t index = s.recording->nodes.size();
-  GPUEXEC_RETURN_IF_ERROR(RecordNodeLocked(s, std::move(node), {}, epoch));
+  GPUEXEC_RETURN_IF_ERROR(RecordNodeLocked(s, std::move(node), {}, epoch, bytes));
   Recording& rec = *s.recording;
   rec.buffers.insert(buffers.begin(), buffers.end());
   rec.kernels.resize(index + 1);
@@ -107,6 +121,11 @@ absl::Status Engine::NotInGraph(const Session& s, uint64_t buffer) const {
           absl::StrCat("buffer ", HandleName(buffer), " of ", s.name(), " is used by ",
                        GraphName(s, handle), "; free the graph first (FreeGraph)"));
     }
+  }
+  if (s.pending_graph_buffers.contains(buffer)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("buffer ", HandleName(buffer), " of ", s.name(),
+                     " is used by a graph EndGraph is building; free the graph first (FreeGraph)"));
   }
   if (s.recording.has_value() && s.recording->buffers.contains(buffer)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -128,6 +147,7 @@ void Engine::EndGraph(const Caller& caller, const std::string& token, Callback<G
   }
   Recording rec = *std::move(s->recording);
   s->recording.reset();
+  if (!rec.refused.ok() || rec.nodes.empty()) s->graph_bytes -= rec.bytes;
   if (!rec.refused.ok()) {
     return done(absl::FailedPreconditionError(
         absl::StrCat("EndGraph: a command recorded into the graph of ", s->name(), " was refused (",
@@ -144,6 +164,8 @@ void Engine::EndGraph(const Caller& caller, const std::string& token, Callback<G
   const uint64_t epoch = rec.epoch != 0 ? rec.epoch : dev->epoch();
   const port::GraphId id = next_graph_id_.fetch_add(1);
   ++s->handles_pending;
+  ++s->graphs_pending;
+  for (uint64_t b : rec.buffers) ++s->pending_graph_buffers[b];
   NoteWork(*s);
   GraphEntry entry;
   entry.id = id;
@@ -152,18 +174,39 @@ void Engine::EndGraph(const Caller& caller, const std::string& token, Callback<G
   entry.kernels = std::move(rec.kernels);
   entry.kernels.resize(entry.nodes);
   entry.buffers = std::move(rec.buffers);
+  entry.bytes = rec.bytes;
   dev->BuildGraph(
       s->stream(), id, std::move(rec.nodes), epoch, absl::StrCat("a graph of ", s->name()),
       [this, s, entry = std::move(entry), done](absl::StatusOr<port::GraphBuilt> built) mutable {
         absl::MutexLock lock(&s->mu);
         --s->handles_pending;
+        --s->graphs_pending;
+        for (uint64_t b : entry.buffers) {
+          auto it = s->pending_graph_buffers.find(b);
+          if (it != s->pending_graph_buffers.end() && --it->second == 0) {
+            s->pending_graph_buffers.erase(it);
+          }
+        }
         if (!built.ok()) {
+          if (!s->closed) s->graph_bytes -= entry.bytes;
           return done(absl::Status(built.status().code(),
                                    absl::StrCat("EndGraph: ", built.status().message())));
         }
         if (s->closed) {
           DeviceOf(*s)->DestroyGraph(s->stream(), entry.id, entry.epoch, [](absl::Status) {});
           return done(s->ClosedError());
+        }
+        // Its nodes hold its buffers' addresses: every one must still be the
+        // session's (Free refuses them meanwhile; this is the second guard).
+        for (uint64_t b : entry.buffers) {
+          auto it = s->buffers.find(b);
+          if (it == s->buffers.end() || it->second.lost) {
+            s->graph_bytes -= entry.bytes;  // the session is open (checked above)
+            DeviceOf(*s)->DestroyGraph(s->stream(), entry.id, entry.epoch, [](absl::Status) {});
+            return done(absl::FailedPreconditionError(
+                absl::StrCat("EndGraph: buffer ", HandleName(b), " of ", s->name(),
+                             " went while the graph was built; no graph was made")));
+          }
         }
         entry.handle = s->NewHandle();
         GraphInfo info{entry.handle, built->nodes, built->instantiate_ns};
@@ -277,6 +320,7 @@ void Engine::FreeGraph(const Caller& caller, const std::string& token, uint64_t 
   }
   const GraphEntry g = std::move(it->second);
   s->graphs.erase(it);
+  s->graph_bytes -= g.bytes;
   // Answered now, as Free is: the graph goes in stream order.
   DeviceOf(*s)->DestroyGraph(s->stream(), g.id, g.epoch, [](absl::Status) {});
   done(absl::OkStatus());
@@ -288,6 +332,7 @@ void Engine::DropGraphsLocked(Session& s) {
   }
   s.graphs.clear();
   s.recording.reset();
+  s.graph_bytes = 0;
 }
 
 }  // namespace gpuexec::core

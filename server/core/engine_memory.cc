@@ -152,11 +152,11 @@ void Engine::Memset(const Caller& caller, const std::string& token, uint64_t buf
   auto found = FindSession(caller, token);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> s = *found;
-  if (value > 255) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("Memset: value ", value, " is not a byte (0..255)")));
-  }
   absl::MutexLock lock(&s->mu);
+  if (value > 255) {
+    return done(s->Refuse(absl::InvalidArgumentError(
+        absl::StrCat("Memset: value ", value, " is not a byte (0..255)"))));
+  }
   auto b = FindBuffer(*s, buffer);
   if (!b.ok()) return done(s->Refuse(b.status()));
   if (size == 0 && offset <= (*b)->size) size = (*b)->size - offset;

@@ -125,6 +125,7 @@ struct GraphEntry {
   std::vector<std::optional<GraphKernel>> kernels;
   // The buffers its nodes use: none can be freed while it lives.
   absl::flat_hash_set<uint64_t> buffers;
+  uint64_t bytes = 0;  // counted in Session::graph_bytes
 };
 
 // What a session records between BeginGraph and EndGraph: each command
@@ -137,6 +138,7 @@ struct Recording {
   // The first command refused while recording: the graph would lack it, so
   // EndGraph makes none and says why.
   absl::Status refused;
+  uint64_t bytes = 0;  // counted in Session::graph_bytes
 };
 
 // The staging buffers all of one session's transfers (Writes and Reads)
@@ -237,6 +239,13 @@ class Session {
   // Graphs, and the one being recorded (Engine::BeginGraph).
   absl::flat_hash_map<uint64_t, GraphEntry> graphs ABSL_GUARDED_BY(mu);
   std::optional<Recording> recording ABSL_GUARDED_BY(mu);
+  // Graphs EndGraph is building, and how many of them use each buffer: they
+  // count against the graph limit, and their buffers cannot be freed.
+  uint32_t graphs_pending ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_map<uint64_t, uint32_t> pending_graph_buffers ABSL_GUARDED_BY(mu);
+  // Bytes the session's graphs and recording keep in the daemon (their
+  // nodes' parameters and arguments), bounded by kMaxSessionGraphBytes.
+  uint64_t graph_bytes ABSL_GUARDED_BY(mu) = 0;
   // FAILED_PRECONDITION naming `call` while the session records a graph.
   absl::Status NotRecording(absl::string_view call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // `st`, remembered as the recording's first refusal where the session

@@ -45,6 +45,18 @@ absl::StatusOr<port::GraphBuilt> Device::BuildOn(StreamState& s, GraphId graph,
         "device ", props_.ordinal, "'s driver has no CUDA graphs (CUDA 12.0 or newer needed): ",
         what, " cannot be built: ", lacks.message()));
   }
+  if (s.part != nullptr) {
+    // A kernel node runs in its function's context, and whether a replay
+    // on a green context's stream stays on that part's SMs is not known:
+    // refused rather than let a graph leave a compute share.
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        " cannot be built: its session's stream runs on a compute share (a green context "
+        "of device ",
+        props_.ordinal,
+        "), where graphs are not served yet; launch the "
+        "kernels one by one"));
+  }
   // The front checked both.
   if (nodes.empty())
     return absl::InternalError(absl::StrCat(what, ": graph ", graph, " has no nodes"));

@@ -194,6 +194,37 @@ TEST_F(EngineGraphsTest, AResetLosesTheGraphAndAClosedSessionLeavesNone) {
   EXPECT_EQ(port_->live_graphs(), 0u);
 }
 
+// A graph being built holds its buffers' addresses already: they cannot be
+// freed before EndGraph answers, and graphs being built count against the
+// limit.
+TEST_F(EngineGraphsTest, ABufferOfAGraphBeingBuiltCannotBeFreed) {
+  auto hold = KernelOf(token_, "k_hold");
+  ASSERT_THAT(hold, IsOk());
+  LaunchSpec spec;
+  spec.session = token_;
+  spec.function = hold->handle;
+  // The port's thread waits in it (its answer comes once released).
+  engine_->Launch(caller_, spec, [](absl::StatusOr<uint64_t>) {});
+  holding_.WaitForNotification();
+  ASSERT_THAT(Begin(), IsOk());
+  ASSERT_THAT(Memset(a_, 1), IsOk());
+  absl::Notification built;
+  absl::StatusOr<GraphInfo> graph;
+  engine_->EndGraph(caller_, token_, [&](absl::StatusOr<GraphInfo> g) {
+    graph = std::move(g);
+    built.Notify();
+  });
+  EXPECT_THAT(FreeBuffer(a_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("EndGraph is building")));
+  release_.Notify();
+  built.WaitForNotification();
+  ASSERT_THAT(graph, IsOk());
+  EXPECT_THAT(FreeBuffer(a_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("FreeGraph")));
+  ASSERT_THAT(FreeGraph(graph->handle), IsOk());
+  EXPECT_THAT(FreeBuffer(a_), IsOk());
+}
+
 TEST_F(EngineGraphsTest, GraphsPerSessionAreBounded) {
   EngineOptions options;
   options.max_graphs_per_session = 2;
