@@ -412,6 +412,11 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
 int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
                  const std::string& cubin);
 
+// `--graphs_only`: N kernels as launches against one graph replay, natively
+// and through a daemon, and replays with patched arguments (bench/graphs.cc).
+int RunGraphs(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
+              const std::string& cubin);
+
 TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                          const std::string& driver, const std::string& cubin);
 

@@ -82,6 +82,9 @@ ABSL_FLAG(bool, transport_variants, false,
 ABSL_FLAG(bool, ring_sweep, false,
           "only the command ring's spin windows: a daemon for each --ring_spin_us of 0, 10, 30, "
           "100 and 300, each measured with a client spinning 0, 20, 50 and 200 us");
+ABSL_FLAG(bool, graphs_only, false,
+          "only the graph rows: N kernels as launches against one replay, natively and through a "
+          "daemon, and a replay's patched arguments");
 ABSL_FLAG(std::string, python, "auto",
           "the Python interpreter that runs python_bench.py for the Python package's rows "
           "(auto: the first of /usr/bin/python3 and python3 that has grpcio; empty: no Python "
@@ -179,6 +182,7 @@ int Main() {
   }
   if (absl::GetFlag(FLAGS_tls_only)) return RunTlsOnly(plan, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_ring_sweep)) return RunRingSweep(plan, quick, daemon, driver, cubin);
+  if (absl::GetFlag(FLAGS_graphs_only)) return RunGraphs(plan, quick, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {
     Die("--figures goes with --target: the full run measures every figure for its table");
   }
