@@ -39,6 +39,7 @@ from ._compile import CompiledModule, RawKernel
 from ._dtype import (DType, bfloat16, bool_, dtype, float16, float32, float64, int8, int16, int32,
                      int64, uint8, uint16, uint32, uint64)
 from ._function import Function, FunctionAttributes, Module, Param
+from ._graph import Graph
 from ._open import connect
 from ._errors import Error
 from ._host_memory import HostMemory
@@ -49,7 +50,7 @@ from ._version import __version__  # the project's version (test python_version_
 from ._version_check import VersionWarning
 
 __all__ = [
-    "Arg", "Buffer", "Client", "CompiledModule", "Device", "Error", "Function", "FunctionAttributes", "HostMemory",
+    "Arg", "Buffer", "Client", "CompiledModule", "Device", "Error", "Function", "FunctionAttributes", "Graph", "HostMemory",
     "In", "InOut", "Module", "Out", "Param", "Pool", "PoolDaemon", "RawKernel", "Session", "TensorMap",
     "VersionWarning", "bf16",
     "connect", "f16", "f32", "f64", "i8", "i16", "i32", "i64", "null", "ptr", "raw", "u8", "u16",

@@ -580,6 +580,9 @@ class Buffer(ArrayFacts):
                                    offset=start, size=n, value=int(value))
         self.session._order()
         self.session._data(self.session.client.stub.Memset, request)
+        recording = self.session._recording
+        if recording is not None:
+            recording.recorded()
 
     def copy_from(self, src: Buffer, size: Optional[int] = None, *, src_offset: int = 0,
                   dst_offset: int = 0) -> None:
@@ -602,6 +605,9 @@ class Buffer(ArrayFacts):
                                        src_offset=src_start, size=n)
         self.session._order()
         self.session._data(self.session.client.stub.CopyBuffer, request)
+        recording = self.session._recording
+        if recording is not None:
+            recording.recorded()
 
     def copy_to(self, dst: Buffer, size: Optional[int] = None, *, src_offset: int = 0,
                 dst_offset: int = 0) -> None:

@@ -29,6 +29,7 @@ from ._commands import CommandStream
 from ._dtype import DType, count_of, dtype as _as_dtype, element_bytes, like, shape_of
 from ._errors import Error, SessionFate, client_error, from_rpc_error, short_token
 from ._function import Module, _launch_attributes, _module_kind
+from ._graph import Graph
 from ._session_commands import SessionCommands
 from ._version_check import DaemonVersionCheck
 from .v1 import gpuexec_pb2 as pb
@@ -261,6 +262,9 @@ class Session:
     and ``asarray`` make Buffers of a shape and dtype (numpy's names and
     defaults, CuPy's habits); ``buf.get()`` downloads one into numpy.
     """
+
+    # The graph being recorded (Session.graph), or None.
+    _recording: Any = None
 
     def __init__(self, client: Client, response: Any) -> None:
         self.client = client
@@ -636,6 +640,9 @@ class Session:
         """Enqueues ``function`` on the session's stream (see Function.launch)."""
         attributes = _launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy)
         commands = self._commands
+        recording = self._recording
+        if recording is not None:
+            recording.begin()
         try:
             ring = commands.ring()
             body = None if ring is None else function._ring_launch(grid, block, args, shared,
@@ -647,6 +654,8 @@ class Session:
                                                              sync, attributes), wait=True)
         except Error as e:
             raise self._failed(e) from None
+        if recording is not None:
+            recording.recorded(function)
         return result.gpu_time_ns / 1e9 if sync else None
 
     def launch_async(self, function: Any, grid: Any, block: Any, *args: Any, shared: int = 0,
@@ -656,6 +665,9 @@ class Session:
         """Queues ``function`` without waiting (see Function.launch_async)."""
         attributes = _launch_attributes(cooperative, pdl, non_portable_cluster, cluster_policy)
         commands = self._commands
+        recording = self._recording
+        if recording is not None:
+            recording.begin()
         try:
             ring = commands.ring()
             body = None if ring is None else function._ring_launch(grid, block, args, shared,
@@ -667,6 +679,18 @@ class Session:
                                                     attributes), wait=False)
         except Error as e:
             raise self._failed(e) from None
+        if recording is not None:
+            recording.recorded(function)
+
+    def graph(self) -> Graph:
+        """A graph to record: ``with session.graph() as g:`` records the
+        session's launches, memsets and copies between its buffers instead
+        of running them, and builds them on the device as one CUDA graph at
+        the block's end; ``g()`` or ``g.launch(...)`` then replays it (see
+        gpuexec.Graph). Inside the block, reads, writes, synchronize() and
+        launches that wait for their GPU time are refused; a launch the
+        daemon refuses fails the block's end, naming it."""
+        return Graph(self)
 
     def synchronize(self) -> float:
         """Waits for the session's work; returns its GPU time in seconds since

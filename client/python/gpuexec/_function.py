@@ -17,6 +17,7 @@ from . import _ring_records, _transfer, _wire
 from ._args import Arg, to_arg
 from ._buffer import Buffer
 from ._errors import client_error, short_token
+from ._graph import Placeholder
 from ._tensor_map import TensorMap
 from ._transfer import clipped_repr
 from .v1 import gpuexec_pb2 as pb
@@ -318,6 +319,8 @@ class Function:
         params = self.params
         if type(value) in _PLAIN:
             return to_arg(value, i, params[i] if i < len(params) else None, self._shown_name)
+        if type(value) is Placeholder:
+            return value.resolve(self, i)
         if isinstance(value, _transfer._Transfer):
             raise _transfer.NotWaited(self._shown_name, i, value)
         owner = value if isinstance(value, Buffer) else (

@@ -277,10 +277,15 @@ class Launcher:
         session = self.session
         try:
             if op[0] == "ring":
-                return session._commands.post(ring, _ring.LAUNCH, op[1], sync)
-            return session._commands.submit(op[1], wait=sync)
+                answer = session._commands.post(ring, _ring.LAUNCH, op[1], sync)
+            else:
+                answer = session._commands.submit(op[1], wait=sync)
         except Error as e:
             raise session._failed(e) from None
+        recording = session._recording
+        if recording is not None:  # a node of the graph being recorded
+            recording.recorded()
+        return answer
 
     def launch(self, grid: Tuple[int, int, int], function: Any, args: Sequence[Any],
                sync: bool = False) -> Optional[float]:
