@@ -145,6 +145,45 @@ Result RunOnATerminal(const std::vector<std::string>& args, const std::string& o
 
 // A copy of 64 MiB shows its progress on a terminal, overwritten in place
 // and cleared at the end; elsewhere nothing.
+TEST_F(CliTest, RepeatRunsTheKernelNTimesAsLaunchesOrAsOneGraph) {
+  for (const bool graph : {false, true}) {
+    SCOPED_TRACE(graph ? "--graph" : "launches");
+    const std::string out = Path(graph ? "graph.bin" : "launches.bin");
+    std::vector<std::string> args = {"run",      KernelPath(),  "gx_fill_u32",
+                                     "--grid=2", "--block=128", "--repeat=50"};
+    if (graph) args.push_back("--graph");
+    for (std::string a :
+         {absl::StrCat("out:4K:", out), std::string("u32:0xdeadbeef"), std::string("u64:1000")}) {
+      args.push_back(a);
+    }
+    Result r = RunCli(args);
+    ASSERT_EQ(r.exit_code, 0) << r;
+    EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                           graph ? "shared 0: 50 runs as one graph \\(built in [0-9.]+ "
+                                   "ms\\), replayed once, GPU time [0-9.]+ ms"
+                                 : "shared 0: 50 launches, GPU time [0-9.]+ ms"));
+    EXPECT_THAT(r.out, ::testing::ContainsRegex("us each\\); [0-9.]+ us each end to end\n"));
+    std::vector<uint32_t> values = ValuesOf<uint32_t>(ReadFile(out).value_or(""));
+    ASSERT_EQ(values.size(), 1024u);
+    for (uint64_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(values[i], i < 1000 ? 0xdeadbeefu : 0u) << "element " << i;
+    }
+  }
+  const std::vector<std::string> fill = {"run",        KernelPath(), "gx_fill_u32", "--grid=1",
+                                         "--block=32", "zeros:4K",   "u32:1",       "u64:1"};
+  auto with = [&](std::vector<std::string> flags) {
+    std::vector<std::string> all = fill;
+    all.insert(all.begin() + 1, flags.begin(), flags.end());
+    return RunCli(all);
+  };
+  Result zero = with({"--repeat=0"});
+  EXPECT_EQ(zero.exit_code, 2) << zero;
+  EXPECT_THAT(zero.err, HasSubstr("--repeat takes a count from 1 to 1000000, not '0'"));
+  Result big = with({"--repeat=5000", "--graph"});
+  EXPECT_EQ(big.exit_code, 2) << big;
+  EXPECT_THAT(big.err, HasSubstr("one graph of at most 4096 nodes (the daemon's limit); 5000"));
+}
+
 TEST_F(CliTest, ALargeCopyShowsProgressOnATerminalOnly) {
   WriteFile(Path("progress.bin"), std::string(64 << 20, '\0'));
   const std::vector<std::string> args = {

@@ -72,6 +72,14 @@ const FlagDef kFlags[] = {
      "run"},
     {"cooperative", "", "a cooperative launch: the whole grid resident at once", "run"},
     {"pdl", "", "a programmatic dependent launch (compute capability 9.0+)", "run"},
+    {"repeat", "N",
+     "run the kernel N times back to back (up to 1000000) and print their\n"
+     "GPU time and the time each took end to end",
+     "run"},
+    {"graph", "",
+     "with --repeat: record the N launches as one CUDA graph (up to 4096\n"
+     "nodes) and replay it once, to see what a graph saves",
+     "run"},
     {"triton", "META.json",
      "a Triton-compiled kernel; META.json is the metadata Triton writes next\nto its cubin", "run"},
     {"print", "TYPE[:N]",

@@ -118,7 +118,7 @@ const Text kRun = {
     "gpuexec run FILE KERNEL --grid=X[,Y[,Z]] --block=X[,Y[,Z]]\n"
     "                   [--shared=BYTES] [--cluster=X,Y,Z [--cluster-policy=POLICY]\n"
     "                   [--non-portable-cluster]] [--cooperative] [--pdl]\n"
-    "                   [--print=TYPE[:N]] ARG...\n"
+    "                   [--repeat=N [--graph]] [--print=TYPE[:N]] ARG...\n"
     "       gpuexec run FILE.cu KERNEL [--nvrtc_option=OPTION]... [--include=HEADER]...\n"
     "                   [--name_expression=EXPR]... --grid=... --block=... ARG...\n"
     "       gpuexec run --triton=META.json FILE --grid=X[,Y[,Z]] ARG...\n",
@@ -127,6 +127,11 @@ Loads FILE (a cubin, PTX or fatbin, told apart by its bytes), fills the
 buffers, runs KERNEL once, waits for it and prints its GPU time; then writes
 each buffer marked for saving to its file. Everything is freed when the
 command ends (Ctrl-C included).
+
+--repeat=N runs it N times back to back (one wait at the end) and prints
+their GPU time and each run's time end to end; with --graph the N launches
+are recorded as one CUDA graph and replayed once: the difference is what
+N launches cost beside the kernels.
 
 A FILE whose name ends in .cu is CUDA C++ source: the daemon compiles it
 (NVRTC, as 'gpuexec compile' does, with the same --nvrtc_option, --include

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -18,6 +19,7 @@
 #include "cli/connect.h"
 #include "cli/module_file.h"
 #include "cli/output.h"
+#include "cli/repeat.h"
 #include "cli/transfer.h"
 #include "gpuexec/client.h"
 #include "gpuexec/triton.h"
@@ -155,6 +157,9 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
       }
     }
   }
+
+  RepeatFlags repeat;
+  if (auto f = ParseRepeat(flag("repeat"), flag("graph"), &repeat)) return f;
 
   std::optional<PrintSpec> print;
   if (const std::string* text = flag("print")) {
@@ -334,15 +339,43 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
   if (absl::StatusOr<absl::Duration> copies = session.Synchronize(); !copies.ok()) {
     return Failed("copy the arguments to the device", copies.status());
   }
-  absl::StatusOr<absl::Duration> gpu_time;
-  if (triton) {
-    gpu_time = LaunchTritonAndWait(session, function, *meta, *grid, launch_args);
+  std::string timing;  // what the line after the geometry says
+  if (repeat.times > 1 || repeat.graph) {
+    std::vector<Arg> all;
+    std::vector<Buffer> scratch;  // Triton's, freed after the runs
+    if (triton) {
+      absl::StatusOr<std::vector<Arg>> expanded = ExpandTritonArgs(*meta, launch_args);
+      if (!expanded.ok()) return Failed(absl::StrCat("run ", kernel), expanded.status());
+      all = *std::move(expanded);
+      for (const TritonScratch& s : plan->scratch) {
+        if (s.bytes == 0) {
+          all.push_back(Arg::Null());
+          continue;
+        }
+        absl::StatusOr<Buffer> buffer = session.Allocate(s.bytes);
+        if (!buffer.ok())
+          return Failed(absl::StrCat("allocate Triton's ", s.what), buffer.status());
+        all.push_back(Arg::Ptr(*buffer));
+        scratch.push_back(*std::move(buffer));
+      }
+    } else {
+      for (const TritonArg& a : launch_args) all.push_back(std::get<Arg>(a));
+    }
+    absl::StatusOr<RepeatTimes> t = RunRepeated(session, function, config, all, repeat);
+    if (!t.ok()) return Failed(absl::StrCat("run ", kernel), t.status());
+    timing = DescribeRepeat(repeat, *t);
   } else {
-    std::vector<Arg> plain;
-    for (const TritonArg& a : launch_args) plain.push_back(std::get<Arg>(a));
-    gpu_time = session.LaunchAndWait(function, config, plain);
+    absl::StatusOr<absl::Duration> gpu_time;
+    if (triton) {
+      gpu_time = LaunchTritonAndWait(session, function, *meta, *grid, launch_args);
+    } else {
+      std::vector<Arg> plain;
+      for (const TritonArg& a : launch_args) plain.push_back(std::get<Arg>(a));
+      gpu_time = session.LaunchAndWait(function, config, plain);
+    }
+    if (!gpu_time.ok()) return Failed(absl::StrCat("run ", kernel), gpu_time.status());
+    timing = absl::StrFormat(": GPU time %.3f ms", absl::ToDoubleMilliseconds(*gpu_time));
   }
-  if (!gpu_time.ok()) return Failed(absl::StrCat("run ", kernel), gpu_time.status());
   std::string extras;
   if (config.cluster) {
     absl::StrAppend(&extras, " cluster ", Dims(*config.cluster));
@@ -357,9 +390,9 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
   if (config.programmatic_dependent_launch) absl::StrAppend(&extras, " pdl");
   // With a buffer on stdout, stdout holds its bytes alone.
   std::FILE* lines = to_stdout ? stderr : stdout;
-  std::fprintf(lines, "%s: grid %s block %s shared %u%s: GPU time %.3f ms\n", kernel.c_str(),
+  std::fprintf(lines, "%s: grid %s block %s shared %u%s%s\n", kernel.c_str(),
                Dims(config.grid).c_str(), Dims(config.block).c_str(), config.shared_memory_bytes,
-               extras.c_str(), absl::ToDoubleMilliseconds(*gpu_time));
+               extras.c_str(), timing.c_str());
 
   for (size_t i = 0; i < args.size(); ++i) {
     const RunArg& a = args[i];
