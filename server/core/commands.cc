@@ -24,7 +24,10 @@ const char* CommandName(const Command& command) {
                                [](const Command::Memset&) { return "Memset"; },
                                [](const Command::CopyBuffer&) { return "CopyBuffer"; },
                                [](const RegionCopySpec&) { return "RegionCopy"; },
-                               [](const Command::ReleaseRegion&) { return "ReleaseRegion"; }},
+                               [](const Command::ReleaseRegion&) { return "ReleaseRegion"; },
+                               [](const LaunchGraphSpec&) { return "LaunchGraph"; },
+                               [](const Command::BeginGraph&) { return "BeginGraph"; },
+                               [](const Command::EndGraph&) { return "EndGraph"; }},
                     command.op);
 }
 
@@ -34,15 +37,16 @@ void RunCommand(Engine& engine, const Caller& caller, const std::string& session
   const bool reply = command.reply;
   const char* op = CommandName(command);
   // A result of this command: answered on failure, or when `answer`.
-  auto finish = [done = std::move(done), id, op](absl::Status status, bool answer,
-                                                 uint64_t gpu_ns = 0,
-                                                 std::optional<BufferInfo> allocated = {}) {
+  auto finish = [done = std::move(done), id, op](
+                    absl::Status status, bool answer, uint64_t gpu_ns = 0,
+                    std::optional<BufferInfo> allocated = {}, std::optional<GraphInfo> graph = {}) {
     CommandResult r;
     r.id = id;
     r.answer = answer || !status.ok();
     r.status = std::move(status);
     r.gpu_time_ns = gpu_ns;
     r.allocated = std::move(allocated);
+    r.graph = std::move(graph);
     r.op = op;
     done(std::move(r));
   };
@@ -84,6 +88,21 @@ void RunCommand(Engine& engine, const Caller& caller, const std::string& session
                  },
                  [&](Command::ReleaseRegion& r) {
                    engine.ReleaseRegion(caller, session, r.region, status_only);
+                 },
+                 [&](LaunchGraphSpec& spec) {
+                   spec.session = session;
+                   const bool sync = spec.synchronize;
+                   engine.LaunchGraph(
+                       caller, std::move(spec), [finish, reply, sync](absl::StatusOr<uint64_t> ns) {
+                         finish(ns.status(), reply || sync, ns.ok() && sync ? *ns : 0);
+                       });
+                 },
+                 [&](Command::BeginGraph&) { status_only(engine.BeginGraph(caller, session)); },
+                 [&](Command::EndGraph&) {
+                   engine.EndGraph(caller, session, [finish](absl::StatusOr<GraphInfo> g) {
+                     if (!g.ok()) return finish(g.status(), true);
+                     finish(absl::OkStatus(), true, 0, std::nullopt, *g);
+                   });
                  }},
       command.op);
 }

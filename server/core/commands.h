@@ -38,11 +38,13 @@ struct Command {
   struct ReleaseRegion {
     uint64_t region = 0;
   };
+  struct BeginGraph {};
+  struct EndGraph {};
 
   uint64_t id = 0;     // echoed in the result
   bool reply = false;  // answer a success the rule below would not
   std::variant<Barrier, LaunchSpec, Synchronize, Allocate, Free, Memset, CopyBuffer, RegionCopySpec,
-               ReleaseRegion>
+               ReleaseRegion, LaunchGraphSpec, BeginGraph, EndGraph>
       op;
 };
 
@@ -51,11 +53,12 @@ struct CommandResult {
   absl::Status status;
   // Whether the client hears of it: every failure; a success when the
   // command was a barrier, Synchronize, Allocate, RegionCopy (the client's
-  // memory is not its own again before), a launch that synchronizes, or
-  // asked for a reply.
+  // memory is not its own again before), a launch or graph replay that
+  // synchronizes, EndGraph, or asked for a reply.
   bool answer = false;
-  uint64_t gpu_time_ns = 0;             // Synchronize, a synchronizing launch
+  uint64_t gpu_time_ns = 0;             // Synchronize, a synchronizing launch or replay
   std::optional<BufferInfo> allocated;  // Allocate
+  std::optional<GraphInfo> graph;       // EndGraph
   const char* op = "";                  // the command's name, for the log
 };
 

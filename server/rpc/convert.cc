@@ -250,6 +250,18 @@ absl::StatusOr<core::Command> FromProto(const v1::Command& c) {
     case v1::Command::kReleaseRegion:
       out.op = core::Command::ReleaseRegion{c.release_region().region()};
       break;
+    case v1::Command::kLaunchGraph: {
+      auto spec = FromProto(c.launch_graph());
+      if (!spec.ok()) return spec.status();
+      out.op = *std::move(spec);
+      break;
+    }
+    case v1::Command::kBeginGraph:
+      out.op = core::Command::BeginGraph{};
+      break;
+    case v1::Command::kEndGraph:
+      out.op = core::Command::EndGraph{};
+      break;
     case v1::Command::OP_NOT_SET:
       out.op = core::Command::Barrier{};
       break;
@@ -275,6 +287,12 @@ const char* CommandName(const v1::Command& c) {
       return "RegionCopy";
     case v1::Command::kReleaseRegion:
       return "ReleaseRegion";
+    case v1::Command::kLaunchGraph:
+      return "LaunchGraph";
+    case v1::Command::kBeginGraph:
+      return "BeginGraph";
+    case v1::Command::kEndGraph:
+      return "EndGraph";
     case v1::Command::OP_NOT_SET:
       break;
   }
@@ -289,6 +307,11 @@ void ToProto(const core::CommandResult& in, v1::CommandResult* out) {
   if (in.allocated.has_value()) {
     out->mutable_allocate()->set_buffer(in.allocated->handle);
     out->mutable_allocate()->set_size(in.allocated->size);
+  }
+  if (in.graph.has_value()) {
+    out->mutable_end_graph()->set_graph(in.graph->handle);
+    out->mutable_end_graph()->set_nodes(in.graph->nodes);
+    out->mutable_end_graph()->set_instantiate_ns(in.graph->instantiate_ns);
   }
 }
 

@@ -3,6 +3,7 @@
 // patched arguments, and every refusal a user can cause. On the driver
 // double in CI (it models graphs), on a GPU in the GPU tier.
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "tests/service/service_test_fixture.h"
@@ -136,6 +137,73 @@ TEST_F(GraphsTest, RefusalsSayWhatToDo) {
   // The graph still replays as recorded.
   GX_ASSERT_OK(graph.LaunchAndWait().status());
   EXPECT_EQ(B()[10], 5u);
+}
+
+TEST_F(GraphsTest, TheExecuteStreamCarriesRecordingsAndReplays) {
+  // As a client in any language would send them: begin, a memset and a
+  // launch recorded, end in one message; then a replay patching the fill's
+  // value and waiting, and a replay of a graph that is not there.
+  auto stub = RawStub();
+  grpc::ClientContext context;
+  auto rw = stub->Execute(&context);
+  std::map<uint64_t, v1::CommandResult> results;
+  auto read_until = [&](uint64_t id) {
+    v1::ExecuteResponse response;
+    while (results.count(id) == 0 && rw->Read(&response)) {
+      for (const v1::CommandResult& r : response.results()) results[r.id()] = r;
+    }
+    return results.count(id) == 1;
+  };
+  v1::ExecuteRequest request;
+  request.set_session(session_->token());
+  uint64_t id = 0;
+  auto add = [&] {
+    v1::Command* c = request.add_commands();
+    c->set_id(++id);
+    return c;
+  };
+  add()->mutable_begin_graph();
+  v1::MemsetRequest* memset = add()->mutable_memset();
+  memset->set_buffer(a_->handle());
+  memset->set_size(kWords * 4);
+  memset->set_value(1);
+  v1::LaunchRequest* launch = add()->mutable_launch();
+  launch->set_function(fill_.handle());
+  launch->mutable_grid()->set_x(4);
+  launch->mutable_block()->set_x(256);
+  for (const Arg& arg : {Arg::Ptr(*a_), Arg::U32(5), Arg::U64(64)}) arg.ToProto(launch->add_args());
+  add()->mutable_end_graph();
+  ASSERT_TRUE(rw->Write(request));
+  ASSERT_TRUE(read_until(4));
+  EXPECT_EQ(results[4].code(), 0) << results[4].message();
+  EXPECT_EQ(results[4].end_graph().nodes(), 2u);
+  EXPECT_EQ(results.count(1) + results.count(2) + results.count(3), 0u) << "only failures answer";
+
+  request.Clear();
+  v1::LaunchGraphRequest* replay = add()->mutable_launch_graph();
+  replay->set_graph(results[4].end_graph().graph());
+  replay->set_synchronize(true);
+  v1::GraphPatch* patch = replay->add_patches();
+  patch->set_node(1);
+  patch->set_argument(1);
+  Arg::U32(9).ToProto(patch->mutable_value());
+  v1::LaunchGraphRequest* missing = add()->mutable_launch_graph();
+  missing->set_graph(results[4].end_graph().graph() + 1000);
+  ASSERT_TRUE(rw->Write(request));
+  ASSERT_TRUE(read_until(5) && read_until(6));
+  EXPECT_EQ(results[5].code(), 0) << results[5].message();
+  EXPECT_EQ(results[6].code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(results[6].message(), HasSubstr("not found"));
+  rw->WritesDone();
+  v1::ExecuteResponse rest;
+  while (rw->Read(&rest)) {
+  }
+  ASSERT_TRUE(rw->Finish().ok());
+  auto a = a_->ReadAs<uint32_t>(kWords);
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (uint64_t i = 0; i < kWords; ++i) {
+    ASSERT_EQ((*a)[i], i < 64 ? 9u : 0x01010101u) << "word " << i;
+  }
 }
 
 TEST_F(GraphsTest, AGraphAfterItsSessionClosedIsNotFound) {

@@ -682,6 +682,9 @@ class Graph {
   // once the daemon has enqueued it. Each patch is checked as a launch's
   // argument; a refused patch leaves the graph as it was.
   absl::Status Launch(absl::Span<const GraphPatch> patches = {}) const;
+  // Queues the replay without waiting for the daemon, as LaunchAsync does
+  // a launch: a refusal is reported by the session's next call that waits.
+  absl::Status LaunchAsync(absl::Span<const GraphPatch> patches = {}) const;
   // Replays it and waits for the session's work; returns its GPU time.
   absl::StatusOr<absl::Duration> LaunchAndWait(absl::Span<const GraphPatch> patches = {}) const;
   // Frees it on the daemon (the buffers it used may be freed then).
@@ -689,7 +692,8 @@ class Graph {
 
  private:
   friend class Session;
-  absl::StatusOr<uint64_t> Replay(absl::Span<const GraphPatch> patches, bool synchronize) const;
+  enum class ReplayMode { kQueue, kEnqueued, kWait };
+  absl::StatusOr<uint64_t> Replay(absl::Span<const GraphPatch> patches, ReplayMode mode) const;
   std::shared_ptr<internal::SessionState> session_;
   uint64_t handle_ = 0;
   uint32_t nodes_ = 0;

@@ -1,6 +1,7 @@
 // Graphs: Session::BeginGraph / EndGraph and a Graph's replays. The
-// recorded commands travel on the session's command stream (or ring); the
-// graph calls are unary, each after the commands sent before it started.
+// recorded commands and the replays travel on the session's commands (the
+// Execute stream; a command ring carries the recorded ones), BeginGraph,
+// EndGraph and Free are unary, each after the commands sent before it started.
 #include <utility>
 
 #include "gpuexec/client.h"
@@ -59,22 +60,30 @@ absl::StatusOr<Graph> Session::EndGraph() {
 }
 
 absl::StatusOr<uint64_t> Graph::Replay(absl::Span<const GraphPatch> patches,
-                                       bool synchronize) const {
+                                       ReplayMode mode) const {
   if (!session_) return Unusable("Graph");
-  // After the commands sent before it, as a copy outside the stream is.
-  GPUEXEC_CLIENT_RETURN_IF_ERROR(session_->Order());
-  grpc::ClientContext context;
-  SetDeadline(&context, session_->options(), CallKind::kData);
-  v1::LaunchGraphRequest request;
-  request.set_session(session_->token);
+  v1::Command command;
+  v1::LaunchGraphRequest& request = *command.mutable_launch_graph();
   request.set_graph(handle_);
-  request.set_synchronize(synchronize);
+  request.set_synchronize(mode == ReplayMode::kWait);
   for (const GraphPatch& p : patches) {
     v1::GraphPatch* out = request.add_patches();
     out->set_node(p.node);
     out->set_argument(p.argument);
     p.value.ToProto(out->mutable_value());
   }
+  if (!session_->closed.load()) {
+    // On the session's commands, in order with its launches.
+    GPUEXEC_CLIENT_ASSIGN_OR_RETURN(
+        v1::CommandResult result,
+        session_->commands->Submit(std::move(command), /*wait=*/mode != ReplayMode::kQueue,
+                                   session_->options().data_timeout, /*report_deferred=*/true));
+    return result.gpu_time_ns();
+  }
+  // After Close(): the daemon's own answer (the session is gone).
+  grpc::ClientContext context;
+  SetDeadline(&context, session_->options(), CallKind::kData);
+  request.set_session(session_->token);
   v1::LaunchGraphResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
       session_->Status(session_->stub().LaunchGraph(&context, request, &response)));
@@ -82,11 +91,15 @@ absl::StatusOr<uint64_t> Graph::Replay(absl::Span<const GraphPatch> patches,
 }
 
 absl::Status Graph::Launch(absl::Span<const GraphPatch> patches) const {
-  return Replay(patches, /*synchronize=*/false).status();
+  return Replay(patches, ReplayMode::kEnqueued).status();
+}
+
+absl::Status Graph::LaunchAsync(absl::Span<const GraphPatch> patches) const {
+  return Replay(patches, ReplayMode::kQueue).status();
 }
 
 absl::StatusOr<absl::Duration> Graph::LaunchAndWait(absl::Span<const GraphPatch> patches) const {
-  GPUEXEC_CLIENT_ASSIGN_OR_RETURN(uint64_t ns, Replay(patches, /*synchronize=*/true));
+  GPUEXEC_CLIENT_ASSIGN_OR_RETURN(uint64_t ns, Replay(patches, ReplayMode::kWait));
   return absl::Nanoseconds(ns);
 }
 

@@ -319,6 +319,10 @@ absl::Status EncodeRecord(const v1::Command& c, uint64_t seq, std::string* recor
     case v1::Command::kReleaseRegion:
       return Fixed(head, ring::kReleaseRegion, ring::ReleaseRegionBody{c.release_region().region()},
                    record);
+    case v1::Command::kLaunchGraph:
+    case v1::Command::kBeginGraph:
+    case v1::Command::kEndGraph:
+      return NoForm("a graph command (no record holds one: the Execute stream carries it)");
     case v1::Command::OP_NOT_SET:
       Begin(head, ring::kBarrier, 0, record);
       return absl::OkStatus();

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from . import _wire
 from ._args import Arg, to_arg
 from ._errors import Error, client_error
 from ._transfer import clipped_repr
@@ -194,8 +195,7 @@ class Graph:
         if len(out) > MAX_PATCHES:
             raise client_error(f"a replay of {self!r} patches {len(out)} arguments, more than "
                                f"the {MAX_PATCHES} one replay may")
-        return pb.LaunchGraphRequest(session=self.session.token, graph=self.handle, patches=out,
-                                     synchronize=sync)
+        return pb.LaunchGraphRequest(graph=self.handle, patches=out, synchronize=sync)
 
     def launch(self, patches: Sequence[Tuple[int, int, Any]] = (), *, sync: bool = False,
                **named: Any) -> Optional[float]:
@@ -203,8 +203,10 @@ class Graph:
         before it. ``patches``: (node, argument, value) triples; ``named``:
         values for the names given with arg(). Each new value is checked as
         the launch's argument was and lasts for the replays after this one;
-        a refused patch leaves the graph as it was. With ``sync`` waits for
-        the session's work and returns its GPU time in seconds."""
+        a refused patch leaves the graph as it was. Returns at once, as
+        launch_async does (a refusal is raised by the session's next call
+        that waits); with ``sync`` waits for the session's work and returns
+        its GPU time in seconds."""
         return self._replay(patches, named, sync)
 
     def __call__(self, **named: Any) -> None:
@@ -214,9 +216,14 @@ class Graph:
     def _replay(self, patches: Sequence[Any], named: Dict[str, Any], sync: bool) -> Any:
         request = self._request(patches, named, sync)
         session = self.session
-        session._order()
-        response = session._data(session.client.stub.LaunchGraph, request)
-        return response.gpu_time_ns / 1e9 if sync else None
+        # On the session's commands, in order with its launches: Command's
+        # launch_graph field (number 11).
+        op = _wire.field_bytes(b"\x5a", request.SerializeToString())
+        try:
+            result = session._commands.submit(op, wait=sync)
+        except Error as e:
+            raise session._failed(e) from None
+        return result.gpu_time_ns / 1e9 if sync else None
 
     def free(self) -> None:
         """Frees it on the daemon; the buffers it used may be freed then."""

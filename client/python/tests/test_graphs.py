@@ -74,9 +74,11 @@ def test_what_a_recording_and_a_replay_refuse(session, saxpy, client):
     with pytest.raises(gpuexec.Error, match="no argument named 'b'"):
         g(b=1.0)
     with pytest.raises(gpuexec.Error, match="past its 5 nodes"):
-        g.launch([(9, 0, gpuexec.f32(1.0))])
+        g.launch([(9, 0, gpuexec.f32(1.0))], sync=True)
+    # A replay queued without waiting: its refusal comes at the next wait.
+    g.launch([(0, 0, gpuexec.f32(1.0))])
     with pytest.raises(gpuexec.Error, match="only kernel nodes take patches"):
-        g.launch([(0, 0, gpuexec.f32(1.0))])
+        session.synchronize()
     with client.session() as other:
         theirs = other.zeros(N)
         with pytest.raises(gpuexec.Error, match="belongs to session"):

@@ -280,8 +280,8 @@ class GpuExecServicer(object):
         stream in that order.
         - A command is answered (a CommandResult with its id) when it fails,
         and on success when it has a result to give (synchronize, allocate, a
-        launch with `synchronize`), when it asks with `reply`, or when it is a
-        barrier. Successful commands without a reply are never answered.
+        launch or graph replay with `synchronize`, end_graph), when it asks
+        with `reply`, or when it is a barrier. Successful commands without a reply are never answered.
         Results may come in any order, several to a message; a failure of an
         earlier command may arrive after a later command's answer.
         - A command with no operation is a barrier: it is answered (code 0, no
