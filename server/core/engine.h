@@ -131,6 +131,9 @@ struct EngineOptions {
   // Graphs (Engine::BeginGraph): per session, nodes per graph.
   uint32_t max_graphs_per_session = 64;
   uint32_t max_graph_nodes = 4096;
+  // What one tenant's graphs and recordings (all its sessions') may keep in
+  // the daemon; each session's own bound is kMaxSessionGraphBytes.
+  uint64_t tenant_graph_bytes = 256ull << 20;
 };
 
 // A graph made by EndGraph.
@@ -157,6 +160,10 @@ struct LaunchGraphSpec {
 
 // Patches one replay may carry.
 inline constexpr size_t kMaxGraphPatches = 1024;
+// What the nodes one replay patches may keep together (each is copied and
+// packed again whole): 1 MiB, enough for a patch on each of 1024 nodes of a
+// few arguments, or on about 10 nodes of the largest parameter blocks.
+inline constexpr uint64_t kMaxRepackedBytes = 1ull << 20;
 // What one session's graphs and recording may keep in the daemon: each
 // node's parameters and arguments (a node of 32 KiB of raw parameters is
 // 64 KiB and more).

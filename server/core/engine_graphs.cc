@@ -62,6 +62,16 @@ absl::Status Engine::RecordNodeLocked(Session& s, port::GraphNodeOp node,
         bytes, " more would pass the limit of ", kMaxSessionGraphBytes,
         " bytes a session's graphs may keep: free a graph (FreeGraph) or record fewer nodes"));
   }
+  // Checked, then charged: sessions of one tenant recording at once may
+  // pass the bound by a node each.
+  if (const uint64_t held = s.usage().graph_bytes.load();
+      held + bytes > options_.tenant_graph_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the graphs of tenant '", s.usage().name, "' keep ", held,
+        " bytes of nodes in the daemon; ", bytes, " more would pass the limit of ",
+        options_.tenant_graph_bytes,
+        " bytes a tenant's graphs may keep: free graphs (FreeGraph) or close sessions"));
+  }
   if (rec.nodes.size() >= options_.max_graph_nodes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the graph ", s.name(), " is recording has ", rec.nodes.size(),
@@ -73,7 +83,7 @@ absl::Status Engine::RecordNodeLocked(Session& s, port::GraphNodeOp node,
     return DeviceOf(s)->LostError(rec.epoch, "the graph being recorded");
   }
   if (epoch != 0) rec.epoch = epoch;
-  s.graph_bytes += bytes;
+  s.ChargeGraphBytes(bytes);
   rec.bytes += bytes;
   node.what = absl::StrCat("node ", rec.nodes.size(), " (", node.what, ")");
   rec.nodes.push_back(std::move(node));
@@ -110,7 +120,7 @@ absl::Status Engine::RecordLaunchLocked(Session& s, LaunchSpec spec) {
   rec.buffers.insert(buffers.begin(), buffers.end());
   rec.kernels.resize(index + 1);
   spec.synchronize = false;
-  rec.kernels[index] = GraphKernel{std::move(spec)};
+  rec.kernels[index] = GraphKernel{std::move(spec), bytes};
   return absl::OkStatus();
 }
 
@@ -147,7 +157,7 @@ void Engine::EndGraph(const Caller& caller, const std::string& token, Callback<G
   }
   Recording rec = *std::move(s->recording);
   s->recording.reset();
-  if (!rec.refused.ok() || rec.nodes.empty()) s->graph_bytes -= rec.bytes;
+  if (!rec.refused.ok() || rec.nodes.empty()) s->ReleaseGraphBytes(rec.bytes);
   if (!rec.refused.ok()) {
     return done(absl::FailedPreconditionError(
         absl::StrCat("EndGraph: a command recorded into the graph of ", s->name(), " was refused (",
@@ -188,7 +198,7 @@ void Engine::EndGraph(const Caller& caller, const std::string& token, Callback<G
           }
         }
         if (!built.ok()) {
-          if (!s->closed) s->graph_bytes -= entry.bytes;
+          if (!s->closed) s->ReleaseGraphBytes(entry.bytes);
           return done(absl::Status(built.status().code(),
                                    absl::StrCat("EndGraph: ", built.status().message())));
         }
@@ -201,7 +211,7 @@ void Engine::EndGraph(const Caller& caller, const std::string& token, Callback<G
         for (uint64_t b : entry.buffers) {
           auto it = s->buffers.find(b);
           if (it == s->buffers.end() || it->second.lost) {
-            s->graph_bytes -= entry.bytes;  // the session is open (checked above)
+            s->ReleaseGraphBytes(entry.bytes);  // the session is open (checked above)
             DeviceOf(*s)->DestroyGraph(s->stream(), entry.id, entry.epoch, [](absl::Status) {});
             return done(absl::FailedPreconditionError(
                 absl::StrCat("EndGraph: buffer ", HandleName(b), " of ", s->name(),
@@ -240,6 +250,7 @@ void Engine::LaunchGraph(const Caller& caller, LaunchGraphSpec spec, Callback<ui
     // Each patched node's arguments as they will be, checked and packed
     // before anything changes: a refused patch leaves the graph as it was.
     std::map<uint32_t, LaunchSpec> patched;
+    uint64_t repacked = 0;
     for (size_t i = 0; i < spec.patches.size(); ++i) {
       GraphPatch& p = spec.patches[i];
       if (p.node >= g.nodes || !g.kernels[p.node].has_value()) {
@@ -248,6 +259,18 @@ void Engine::LaunchGraph(const Caller& caller, LaunchGraphSpec spec, Callback<ui
                          p.node >= g.nodes
                              ? absl::StrCat(", past its ", g.nodes, " nodes")
                              : std::string(", a memset or copy: only kernel nodes take patches"))));
+      }
+      // Each patched node is copied and packed whole again: what one
+      // replay may make the daemon repack is bounded, however few bytes
+      // its patches are.
+      if (patched.count(p.node) == 0) {
+        repacked += g.kernels[p.node]->bytes;
+        if (repacked > kMaxRepackedBytes) {
+          return gpu_ns(absl::InvalidArgumentError(
+              absl::StrCat("LaunchGraph of ", name, ": its patches name nodes that keep ", repacked,
+                           " bytes or more, past what one replay may repack (", kMaxRepackedBytes,
+                           "): patch fewer nodes, or nodes with fewer parameters, per replay")));
+        }
       }
       auto [at, fresh] = patched.try_emplace(p.node, g.kernels[p.node]->spec);
       LaunchSpec& ls = at->second;
@@ -320,7 +343,7 @@ void Engine::FreeGraph(const Caller& caller, const std::string& token, uint64_t 
   }
   const GraphEntry g = std::move(it->second);
   s->graphs.erase(it);
-  s->graph_bytes -= g.bytes;
+  s->ReleaseGraphBytes(g.bytes);
   // Answered now, as Free is: the graph goes in stream order.
   DeviceOf(*s)->DestroyGraph(s->stream(), g.id, g.epoch, [](absl::Status) {});
   done(absl::OkStatus());
@@ -332,7 +355,7 @@ void Engine::DropGraphsLocked(Session& s) {
   }
   s.graphs.clear();
   s.recording.reset();
-  s.graph_bytes = 0;
+  s.ReleaseGraphBytes(s.graph_bytes);
 }
 
 }  // namespace gpuexec::core

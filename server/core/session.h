@@ -46,9 +46,10 @@ struct TrafficCounters {
 struct TenantUsage {
   explicit TenantUsage(std::string n) : name(std::move(n)) {}
   const std::string name;
-  std::atomic<uint32_t> sessions{0};  // changed under the engine's sessions lock
-  std::atomic<uint64_t> memory{0};    // device bytes of its sessions' buffers
-  std::atomic<uint64_t> pinned{0};    // host bytes of its sessions' regions
+  std::atomic<uint32_t> sessions{0};     // changed under the engine's sessions lock
+  std::atomic<uint64_t> memory{0};       // device bytes of its sessions' buffers
+  std::atomic<uint64_t> pinned{0};       // host bytes of its sessions' regions
+  std::atomic<uint64_t> graph_bytes{0};  // what its sessions' graphs keep in the daemon
   std::atomic<uint64_t> sessions_opened{0};
   TrafficCounters traffic;
 
@@ -112,6 +113,7 @@ struct FunctionEntry {
 // packed against (the arguments as last given: a patch lasts).
 struct GraphKernel {
   LaunchSpec spec;
+  uint64_t bytes = 0;  // what the node keeps here (Engine::RecordLaunchLocked)
 };
 
 // A graph of the session: its recorded launches, memsets and copies, built
@@ -246,6 +248,15 @@ class Session {
   // Bytes the session's graphs and recording keep in the daemon (their
   // nodes' parameters and arguments), bounded by kMaxSessionGraphBytes.
   uint64_t graph_bytes ABSL_GUARDED_BY(mu) = 0;
+  // Changes graph_bytes and its tenant's count together.
+  void ChargeGraphBytes(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    graph_bytes += bytes;
+    usage().graph_bytes.fetch_add(bytes);
+  }
+  void ReleaseGraphBytes(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    graph_bytes -= bytes;
+    usage().graph_bytes.fetch_sub(bytes);
+  }
   // FAILED_PRECONDITION naming `call` while the session records a graph.
   absl::Status NotRecording(absl::string_view call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // `st`, remembered as the recording's first refusal where the session

@@ -56,6 +56,8 @@ absl::Status AwaitDone(const std::function<void(Done)>& call) {
 
 // k_fill(u32* out, u32 value, u64 n): out[i] = value for i < n.
 // k_hold(): runs until the test releases it (EngineTest::release_).
+// k_big(u32, 32000 raw bytes): does nothing (an image of its own:
+// "GXFAKE1\nk_big\n").
 // k_fault(u64) and `k\\` (a name that ends in a backslash, which messages
 // escape to two): fault.
 constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\nk_hold\nk\\\n";
@@ -91,6 +93,10 @@ class EngineTest : public ::testing::Test {
       port->AddKernel("k\\", {{0, 8}}, [](const FakePort::KernelContext&) {
         return absl::AbortedError("cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS");
       });
+      // A u32 and 32,000 bytes of raw parameters, the most a launch
+      // carries: graphs' bounds on what a replay repacks.
+      port->AddKernel("k_big", {{0, 4}, {8, 32000}},
+                      [](const FakePort::KernelContext&) { return absl::OkStatus(); });
       port->AddKernel("k_hold", {}, [this](const FakePort::KernelContext&) {
         holding_.Notify();
         release_.WaitForNotification();

@@ -245,5 +245,60 @@ TEST_F(EngineGraphsTest, GraphsPerSessionAreBounded) {
   EXPECT_THAT(Begin(), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("FreeGraph")));
 }
 
+TEST_F(EngineGraphsTest, ATenantsGraphsAreBoundedAcrossItsSessions) {
+  EngineOptions options;
+  options.tenant_graph_bytes = 1024;  // four memset nodes (256 bytes each)
+  Start(options);
+  Prepare();
+  const std::string first = token_;
+  ASSERT_THAT(Begin(), IsOk());
+  for (int i = 0; i < 3; ++i) ASSERT_THAT(Memset(a_, 1), IsOk());
+  ASSERT_THAT(End(), IsOk());
+  Prepare();  // a second session of the same tenant
+  ASSERT_THAT(Begin(), IsOk());
+  ASSERT_THAT(Memset(a_, 1), IsOk());
+  EXPECT_THAT(Memset(a_, 2), StatusIs(absl::StatusCode::kResourceExhausted,
+                                      AllOf(HasSubstr("1024 bytes a tenant's graphs may keep"),
+                                            HasSubstr("FreeGraph"))));
+  EXPECT_THAT(End(), StatusIs(absl::StatusCode::kFailedPrecondition, _));
+  // The refused recording gave its bytes back; closing the first session
+  // gives back its graph's.
+  ASSERT_THAT(Begin(), IsOk());
+  ASSERT_THAT(Memset(a_, 1), IsOk());
+  EXPECT_THAT(Memset(a_, 2), StatusIs(absl::StatusCode::kResourceExhausted, _));
+  EXPECT_THAT(End(), StatusIs(absl::StatusCode::kFailedPrecondition, _));
+  ASSERT_THAT(Close(first), IsOk());
+  ASSERT_THAT(Begin(), IsOk());
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(Memset(a_, 1), IsOk());
+  EXPECT_THAT(End(), IsOk());
+}
+
+TEST_F(EngineGraphsTest, WhatOneReplayRepacksIsBounded) {
+  auto module = Load(token_, "GXFAKE1\nk_big\n");
+  ASSERT_THAT(module, IsOk());
+  auto big = Function(token_, module->handle, "k_big");
+  ASSERT_THAT(big, IsOk());
+  LaunchSpec spec;
+  spec.session = token_;
+  spec.function = big->handle;
+  spec.block.x = 32;
+  spec.args = {ArgValue::Unsigned(ArgValue::Kind::kU32, 1), ArgValue::Raw(std::string(32000, 'x'))};
+  ASSERT_THAT(Begin(), IsOk());
+  for (int i = 0; i < 12; ++i) ASSERT_THAT(Launch(spec), IsOk());
+  auto graph = End();
+  ASSERT_THAT(graph, IsOk());
+  std::vector<GraphPatch> few, many;
+  for (uint32_t node = 0; node < 12; ++node) {
+    GraphPatch p{node, 0, ArgValue::Unsigned(ArgValue::Kind::kU32, 2)};
+    if (node < 4) few.push_back(p);
+    many.push_back(p);
+  }
+  EXPECT_THAT(Replay(graph->handle, many),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("past what one replay may repack (1048576)"),
+                             HasSubstr("patch fewer nodes"))));
+  EXPECT_THAT(Replay(graph->handle, few), IsOk());
+}
+
 }  // namespace
 }  // namespace gpuexec::core
