@@ -54,7 +54,10 @@ absl::StatusOr<RepeatTimes> RunRepeated(Session& session, const Function& functi
   }
   // EndGraph also ends a recording a refused launch spoiled.
   absl::StatusOr<Graph> graph = session.EndGraph();
-  if (!recorded.ok()) return recorded;
+  if (!recorded.ok()) {
+    if (graph.ok()) (void)graph->Free();
+    return recorded;
+  }
   if (!graph.ok()) return graph.status();
   t.instantiate = graph->instantiate_time();
   const absl::Time start = absl::Now();

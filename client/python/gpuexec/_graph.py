@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+import grpc
+
 from . import _wire
 from ._args import Arg, to_arg
 from ._errors import Error, client_error
@@ -26,6 +28,8 @@ from .v1 import gpuexec_pb2 as pb
 
 # The daemon's bound on a replay's patches (LaunchGraphRequest).
 MAX_PATCHES = 1024
+# Arguments a launch may have (the daemon's bound).
+_MAX_ARGUMENTS = 4096
 # The longest placeholder name kept (a name is the caller's, shown back).
 _MAX_NAME = 64
 
@@ -78,11 +82,12 @@ class _Recording:
         self.pending.clear()
 
     def recorded(self, function: Any = None) -> None:
-        """A launch (with its function), memset or copy was recorded."""
+        """A launch (with its function, whose named arguments are kept), a
+        memset, a copy or a Triton launch (None) was recorded."""
         if function is not None:
             self.kernels[self.nodes] = function
-        for name, index in self.pending:
-            self.uses.setdefault(name, set()).add((self.nodes, index))
+            for name, index in self.pending:
+                self.uses.setdefault(name, set()).add((self.nodes, index))
         self.pending.clear()
         self.nodes += 1
 
@@ -146,8 +151,10 @@ class Graph:
             response = session._data(session.client.stub.EndGraph,
                                      pb.EndGraphRequest(session=session.token))
         except Error:
-            if exc is not None or recorded is not None:
-                return  # the block's own exception, or the recorded refusal, says more
+            if exc is not None:
+                return  # the block's own exception says more
+            if recorded is not None:
+                raise recorded from None  # the refusal the daemon remembered
             raise
         self.handle = response.graph
         self.nodes = response.nodes
@@ -155,21 +162,32 @@ class Graph:
         if rec is not None:
             self._kernels = rec.kernels
             self._uses = {name: sorted(at) for name, at in rec.uses.items()}
-        if exc is not None or recorded is not None:
+        drift = None
+        if rec is not None and rec.nodes != response.nodes and exc is None and recorded is None:
+            # A command refused without a word to this client (caught in the
+            # block, say) would shift every node after it: patches by index
+            # or name would land on the wrong one.
+            drift = client_error(
+                f"the graph of {session!r} has {response.nodes} nodes where this client recorded "
+                f"{rec.nodes}: a command was refused while recording (was an error caught inside "
+                f"the block?); no graph is kept: record it again",
+                grpc.StatusCode.FAILED_PRECONDITION)
+        if exc is not None or recorded is not None or drift is not None:
             try:
                 self.free()
             except Error:
                 pass
-            if recorded is not None and exc is None:
-                raise recorded
+            if exc is None:
+                raise (recorded or drift)
 
     # ------------------------------------------------------------ replays
 
     def _patch(self, node: Any, argument: Any, value: Any) -> Any:
-        if not isinstance(node, int) or not isinstance(argument, int) or node < 0 or argument < 0:
-            raise client_error(f"patch of {self!r}: (node, argument, value) with node and "
-                               f"argument ints from 0, got ({clipped_repr(node)}, "
-                               f"{clipped_repr(argument)}, ...)")
+        if (not isinstance(node, int) or not isinstance(argument, int)
+                or not 0 <= node < self.nodes or not 0 <= argument < _MAX_ARGUMENTS):
+            raise client_error(f"patch of {self!r}: (node, argument, value) with node from 0 "
+                               f"to {self.nodes - 1} and argument from 0, got "
+                               f"({clipped_repr(node)}, {clipped_repr(argument)}, ...)")
         function = self._kernels.get(node)
         if function is None:
             arg = value if isinstance(value, Arg) else to_arg(value, argument, None,
@@ -194,7 +212,8 @@ class Graph:
             out.extend(self._patch(node, index, value) for node, index in at)
         if len(out) > MAX_PATCHES:
             raise client_error(f"a replay of {self!r} patches {len(out)} arguments, more than "
-                               f"the {MAX_PATCHES} one replay may")
+                               f"the {MAX_PATCHES} one replay may: patch fewer, or give fewer "
+                               f"nodes one name")
         return pb.LaunchGraphRequest(graph=self.handle, patches=out, synchronize=sync)
 
     def launch(self, patches: Sequence[Tuple[int, int, Any]] = (), *, sync: bool = False,
@@ -209,7 +228,7 @@ class Graph:
         its GPU time in seconds."""
         return self._replay(patches, named, sync)
 
-    def __call__(self, **named: Any) -> None:
+    def __call__(self, /, **named: Any) -> None:
         """Replays it with the named arguments given (see launch)."""
         self._replay((), named, False)
 

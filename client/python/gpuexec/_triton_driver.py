@@ -285,6 +285,9 @@ class DriverMethods:
         if cache:
             self.session._commands.submit(_wire.memset_op(cache.handle, 0, cache.nbytes, 0),
                                           wait=False)
+            recording = self.session._recording
+            if recording is not None:  # a node of the graph being recorded
+                recording.recorded()
 
     @property
     def state(self) -> _State:

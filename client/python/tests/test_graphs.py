@@ -73,7 +73,7 @@ def test_what_a_recording_and_a_replay_refuse(session, saxpy, client):
     g = _record(session, saxpy, x, x, y, y)
     with pytest.raises(gpuexec.Error, match="no argument named 'b'"):
         g(b=1.0)
-    with pytest.raises(gpuexec.Error, match="past its 5 nodes"):
+    with pytest.raises(gpuexec.Error, match="node from 0 to 4"):
         g.launch([(9, 0, gpuexec.f32(1.0))], sync=True)
     # A replay queued without waiting: its refusal comes at the next wait.
     g.launch([(0, 0, gpuexec.f32(1.0))])
@@ -88,6 +88,22 @@ def test_what_a_recording_and_a_replay_refuse(session, saxpy, client):
     with pytest.raises(gpuexec.Error, match="no graph"):
         g.free()
         g()
+
+
+def test_a_refused_recorded_launch_fails_the_block_and_no_graph_is_kept(session, saxpy):
+    x, y = session.zeros(N), session.zeros(N)
+    with pytest.raises(gpuexec.Error) as e:
+        with session.graph() as g:
+            saxpy.launch_async(GRID, BLOCK, 1.0, x, y, gpuexec.u64(N))
+            saxpy.launch_async(GRID, BLOCK, 1.0, x, y, gpuexec.u64(N), pdl=True)
+    assert "programmatic dependent launch cannot be recorded" in e.value.message
+    with pytest.raises(gpuexec.Error, match="has no graph"):
+        g()
+    # Nodes by index past the end are the client's to refuse.
+    g2 = _record(session, saxpy, x, x, y, y)
+    with pytest.raises(gpuexec.Error, match="node from 0 to 4"):
+        g2.launch([(1 << 40, 0, 1.0)])
+    saxpy.launch(GRID, BLOCK, 1.0, x, y, gpuexec.u64(N), sync=True)
 
 
 def test_a_placeholder_outside_its_recording_is_refused(session, saxpy):
