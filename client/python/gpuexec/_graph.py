@@ -177,8 +177,9 @@ class Graph:
                 self.free()
             except Error:
                 pass
-            if exc is None:
-                raise (recorded or drift)
+            failure = recorded if recorded is not None else drift
+            if exc is None and failure is not None:
+                raise failure
 
     # ------------------------------------------------------------ replays
 
