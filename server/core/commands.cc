@@ -51,15 +51,18 @@ void RunCommand(Engine& engine, const Caller& caller, const std::string& session
     done(std::move(r));
   };
   auto status_only = [finish, reply](absl::Status st) { finish(std::move(st), reply); };
+  // A launch's or a replay's answer: with `sync`, its GPU time.
+  auto launched = [finish, reply](bool sync) {
+    return [finish, reply, sync](absl::StatusOr<uint64_t> ns) {
+      finish(ns.status(), reply || sync, ns.ok() && sync ? *ns : 0);
+    };
+  };
   std::visit(
       Overloaded{[&](Command::Barrier&) { finish(absl::OkStatus(), true); },
                  [&](LaunchSpec& spec) {
                    spec.session = session;
                    const bool sync = spec.synchronize;
-                   engine.Launch(caller, std::move(spec),
-                                 [finish, reply, sync](absl::StatusOr<uint64_t> ns) {
-                                   finish(ns.status(), reply || sync, ns.ok() && sync ? *ns : 0);
-                                 });
+                   engine.Launch(caller, std::move(spec), launched(sync));
                  },
                  [&](Command::Synchronize&) {
                    engine.Synchronize(caller, session, [finish](absl::StatusOr<uint64_t> ns) {
@@ -92,10 +95,7 @@ void RunCommand(Engine& engine, const Caller& caller, const std::string& session
                  [&](LaunchGraphSpec& spec) {
                    spec.session = session;
                    const bool sync = spec.synchronize;
-                   engine.LaunchGraph(
-                       caller, std::move(spec), [finish, reply, sync](absl::StatusOr<uint64_t> ns) {
-                         finish(ns.status(), reply || sync, ns.ok() && sync ? *ns : 0);
-                       });
+                   engine.LaunchGraph(caller, std::move(spec), launched(sync));
                  },
                  [&](Command::BeginGraph&) { status_only(engine.BeginGraph(caller, session)); },
                  [&](Command::EndGraph&) {

@@ -344,20 +344,12 @@ std::optional<Failure> RunKernel(const CommandLine& cl) {
     std::vector<Arg> all;
     std::vector<Buffer> scratch;  // Triton's, freed after the runs
     if (triton) {
-      absl::StatusOr<std::vector<Arg>> expanded = ExpandTritonArgs(*meta, launch_args);
-      if (!expanded.ok()) return Failed(absl::StrCat("run ", kernel), expanded.status());
-      all = *std::move(expanded);
-      for (const TritonScratch& s : plan->scratch) {
-        if (s.bytes == 0) {
-          all.push_back(Arg::Null());
-          continue;
-        }
-        absl::StatusOr<Buffer> buffer = session.Allocate(s.bytes);
-        if (!buffer.ok())
-          return Failed(absl::StrCat("allocate Triton's ", s.what), buffer.status());
-        all.push_back(Arg::Ptr(*buffer));
-        scratch.push_back(*std::move(buffer));
+      absl::StatusOr<std::vector<Arg>> args_and_scratch =
+          TritonLaunchArgs(session, *meta, *plan, launch_args, &scratch);
+      if (!args_and_scratch.ok()) {
+        return Failed(absl::StrCat("run ", kernel), args_and_scratch.status());
       }
+      all = *std::move(args_and_scratch);
     } else {
       for (const TritonArg& a : launch_args) all.push_back(std::get<Arg>(a));
     }

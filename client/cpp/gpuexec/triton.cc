@@ -197,24 +197,36 @@ absl::StatusOr<TritonLaunchPlan> PlanTritonLaunch(const TritonMetadata& meta, co
   return plan;
 }
 
-absl::StatusOr<absl::Duration> LaunchTritonAndWait(Session& session, const Function& function,
-                                                   const TritonMetadata& meta, const Dim3& grid,
-                                                   absl::Span<const TritonArg> args) {
-  absl::StatusOr<TritonLaunchPlan> plan = PlanTritonLaunch(meta, grid);
-  if (!plan.ok()) return plan.status();
+absl::StatusOr<std::vector<Arg>> TritonLaunchArgs(Session& session, const TritonMetadata& meta,
+                                                  const TritonLaunchPlan& plan,
+                                                  absl::Span<const TritonArg> args,
+                                                  std::vector<Buffer>* scratch) {
   absl::StatusOr<std::vector<Arg>> all = ExpandTritonArgs(meta, args);
   if (!all.ok()) return all.status();
-  std::vector<Buffer> buffers;
-  for (const TritonScratch& s : plan->scratch) {
+  for (const TritonScratch& s : plan.scratch) {
     if (s.bytes == 0) {
       all->push_back(Arg::Null());
       continue;
     }
     absl::StatusOr<Buffer> buffer = session.Allocate(s.bytes);
-    if (!buffer.ok()) return buffer.status();
+    if (!buffer.ok()) {
+      return absl::Status(buffer.status().code(),
+                          absl::StrCat("Triton's ", s.what, ": ", buffer.status().message()));
+    }
     all->push_back(Arg::Ptr(*buffer));
-    buffers.push_back(*std::move(buffer));
+    scratch->push_back(*std::move(buffer));
   }
+  return all;
+}
+
+absl::StatusOr<absl::Duration> LaunchTritonAndWait(Session& session, const Function& function,
+                                                   const TritonMetadata& meta, const Dim3& grid,
+                                                   absl::Span<const TritonArg> args) {
+  absl::StatusOr<TritonLaunchPlan> plan = PlanTritonLaunch(meta, grid);
+  if (!plan.ok()) return plan.status();
+  std::vector<Buffer> scratch;
+  absl::StatusOr<std::vector<Arg>> all = TritonLaunchArgs(session, meta, *plan, args, &scratch);
+  if (!all.ok()) return all.status();
   return session.LaunchAndWait(function, plan->config, *all);
 }
 

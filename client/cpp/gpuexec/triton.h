@@ -160,6 +160,15 @@ struct TritonLaunchPlan {
 // empty grid or one that overflows.
 absl::StatusOr<TritonLaunchPlan> PlanTritonLaunch(const TritonMetadata& meta, const Dim3& grid);
 
+// The launch's whole argument list: `args` expanded, then the plan's
+// scratch pointers, each scratch buffer allocated in `session` and kept in
+// `scratch` (the caller frees them after the launches; a failed allocation
+// names the scratch).
+absl::StatusOr<std::vector<Arg>> TritonLaunchArgs(Session& session, const TritonMetadata& meta,
+                                                  const TritonLaunchPlan& plan,
+                                                  absl::Span<const TritonArg> args,
+                                                  std::vector<Buffer>* scratch);
+
 // Expands `args`, allocates the plan's scratch buffers in `session`, appends
 // them, launches `function` and waits; returns the GPU time. The scratch
 // buffers are freed before it returns.
