@@ -9,7 +9,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-grpc-tools
-  python3-prometheus-client python3-yaml openssl ca-certificates nodejs npm
+  python3-prometheus-client python3-yaml openssl ca-certificates nodejs npm tmux
   python3-venv python3-pip python3-setuptools python3-wheel mypy
   clang clang-format-14 libfuzzer-14-dev libclang-rt-14-dev)
 
