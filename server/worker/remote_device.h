@@ -92,6 +92,20 @@ struct WorkerOptions {
 using port::DriverInfo;
 using port::ResetInfo;
 
+// A worker process of this front, from its start until the front sees its
+// end (before it is reaped, so that a listed pid is never another's): for
+// the metrics read at scrape time (process_* of each worker).
+struct WorkerProcess {
+  pid_t pid = 0;
+  int ordinal = 0;
+  std::string tenant;  // empty: the device's shared worker
+};
+// The worker processes of every RemoteDevice now. Thread safe; one may end
+// right after.
+std::vector<WorkerProcess> LiveWorkerProcesses();
+// The CUDA driver version the last worker to start reported (0: none yet).
+int ReportedDriverVersion();
+
 class RemoteDevice final : public port::DevicePort {
  public:
   // Starts the device's worker and waits until it serves. Fails with the
@@ -200,6 +214,10 @@ class RemoteDevice final : public port::DevicePort {
   using ReplyFn = std::function<void(const Reply&, uint64_t epoch)>;
 
   explicit RemoteDevice(const WorkerOptions& options);
+  // The table behind LiveWorkerProcesses() (worker_processes.cc).
+  void ListWorker(pid_t pid) const;
+  static void UnlistWorker(pid_t pid);
+  static void NoteDriverVersion(int version);
   // "device 0", or "device 0 (worker of tenant 'a')", for the log.
   std::string Label() const;
   absl::Status Init();

@@ -187,6 +187,7 @@ void RemoteDevice::Spawn() {
   conn->region_fd = rv[0];
   conn->pid = pid;
   conn->started = absl::Now();
+  ListWorker(pid);
   {
     absl::MutexLock lock(&mu_);
     conn->epoch = epoch_;
@@ -316,6 +317,8 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
     OnMessage(conn, frame);
     last = absl::Now();
   }
+  // Off the metrics' list while its pid is still its own (not yet reaped).
+  UnlistWorker(conn->pid);
   if (conn->channel->peer_misbehaved()) {
     // As for an unreadable message: the worker is broken, not dying.
     Reset(conn, "its worker broke the framing of its messages", /*kill=*/true);
@@ -364,6 +367,7 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
   switch (e.event_case()) {
     case Event::kReady: {
       const absl::Status st = FromProto(e.ready().status());
+      NoteDriverVersion(e.ready().driver_version());
       absl::ReleasableMutexLock lock(&mu_);
       if (conn_ != conn) return;
       if (!first_ready_) {
