@@ -55,7 +55,70 @@ bool LineBudget::Take(absl::Time now, uint64_t* left_out) {
   return true;
 }
 
-void Write(Level level, absl::string_view message) {
+namespace {
+
+std::atomic<int> g_format{static_cast<int>(Format::kText)};
+
+// The length of the valid UTF-8 sequence at the start of `s` (RFC 3629:
+// no overlong forms, no surrogates, nothing past U+10FFFF), or 0.
+size_t Utf8Length(absl::string_view s) {
+  const auto at = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const auto tail = [&](size_t i) { return i < s.size() && (at(i) & 0xc0) == 0x80; };
+  const unsigned char b = at(0);
+  if (b < 0x80) return 1;
+  if (b < 0xc2) return 0;  // a continuation byte, or the start of an overlong form
+  if (b < 0xe0) return tail(1) ? 2 : 0;
+  if (b < 0xf0) {
+    if (s.size() < 2) return 0;
+    const unsigned char lo = b == 0xe0 ? 0xa0 : 0x80;  // overlong
+    const unsigned char hi = b == 0xed ? 0x9f : 0xbf;  // surrogates
+    return at(1) >= lo && at(1) <= hi && tail(2) ? 3 : 0;
+  }
+  if (b < 0xf5) {
+    if (s.size() < 2) return 0;
+    const unsigned char lo = b == 0xf0 ? 0x90 : 0x80;  // overlong
+    const unsigned char hi = b == 0xf4 ? 0x8f : 0xbf;  // past U+10FFFF
+    return at(1) >= lo && at(1) <= hi && tail(2) && tail(3) ? 4 : 0;
+  }
+  return 0;
+}
+
+// `s` as the inside of a JSON string (RFC 8259 section 7): quote and
+// backslash escaped, control characters and DEL as \u00XX (\n and the like
+// included: one spelling is easier to search for), valid UTF-8 kept as it
+// is. A byte that does not start a valid UTF-8 sequence becomes U+FFFD
+// (\ufffd), one for each such byte: the line stays valid JSON for any
+// reader, at the cost of the byte's value, which the text format keeps.
+void AppendJsonString(std::string* out, absl::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char u = static_cast<unsigned char>(s[i]);
+    if (u == '"' || u == '\\') {
+      out->push_back('\\');
+      out->push_back(static_cast<char>(u));
+      ++i;
+    } else if (u < 0x20 || u == 0x7f) {
+      absl::StrAppendFormat(out, "\\u%04x", u);
+      ++i;
+    } else if (const size_t n = Utf8Length(s.substr(i)); n == 0) {
+      out->append("\\ufffd");
+      ++i;
+    } else {
+      out->append(s.data() + i, n);
+      i += n;
+    }
+  }
+}
+
+void AppendJsonField(std::string* out, absl::string_view key, absl::string_view value) {
+  if (value.empty()) return;
+  absl::StrAppend(out, ",\"", key, "\":\"");
+  // A sequence cut in two becomes U+FFFD, as any broken one does.
+  AppendJsonString(out, value.substr(0, kMaxLogFieldBytes));
+  if (value.size() > kMaxLogFieldBytes) out->append("...");
+  out->push_back('"');
+}
+
+std::string TextLine(Level level, absl::string_view message) {
   static constexpr char kLetters[] = {'D', 'I', 'W', 'E'};
   std::string line = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
   line.push_back(' ');
@@ -77,6 +140,52 @@ void Write(Level level, absl::string_view message) {
     absl::StrAppend(&line, "... (", message.size() - kept.size(), " bytes more)");
   }
   line.push_back('\n');
+  return line;
+}
+
+// The keys in a fixed order, time first, so that lines sort and diff alike.
+std::string JsonLine(Level level, const Fields& f, absl::string_view message) {
+  static constexpr const char* kNames[] = {"debug", "info", "warning", "error"};
+  std::string line = absl::StrCat(
+      "{\"time\":\"", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
+      "\",\"level\":\"", kNames[static_cast<int>(level)], "\",\"message\":\"");
+  // The same cut and note as the text format's, inside the string.
+  const absl::string_view kept = message.substr(0, kMaxLogMessageBytes);
+  AppendJsonString(&line, kept);
+  if (message.size() > kept.size()) {
+    absl::StrAppend(&line, "... (", message.size() - kept.size(), " bytes more)");
+  }
+  line.push_back('"');
+  AppendJsonField(&line, "source", f.source);
+  AppendJsonField(&line, "method", f.method);
+  AppendJsonField(&line, "code", f.code);
+  AppendJsonField(&line, "tenant", f.tenant);
+  AppendJsonField(&line, "session", f.session);
+  AppendJsonField(&line, "peer", f.peer);
+  AppendJsonField(&line, "device", f.device);
+  AppendJsonField(&line, "kernel", f.kernel);
+  line.append("}\n");
+  return line;
+}
+
+}  // namespace
+
+void SetFormat(Format format) { g_format.store(static_cast<int>(format)); }
+Format GetFormat() { return static_cast<Format>(g_format.load(std::memory_order_relaxed)); }
+
+bool ParseFormat(absl::string_view text, Format* format) {
+  if (text == "text")
+    *format = Format::kText;
+  else if (text == "json")
+    *format = Format::kJson;
+  else
+    return false;
+  return true;
+}
+
+void WriteWith(Level level, const Fields& fields, absl::string_view message) {
+  const std::string line =
+      GetFormat() == Format::kJson ? JsonLine(level, fields, message) : TextLine(level, message);
   // One fwrite per line keeps lines whole across threads.
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
@@ -186,10 +295,10 @@ HandshakeFailure DescribeHandshakeFailure(absl::string_view file, absl::string_v
   out.is_handshake_line = true;
   // The daemon stopping ends handshakes under way: nobody's mistake.
   if (HasAny(error, {"Shutdown", "shutdown", "Listener stopped"})) return out;
-  const std::string peer = PeerOf(error);
+  out.peer = PeerOf(error);
   out.line = absl::StrCat("TLS handshake with ",
-                          peer.empty() ? std::string("a client (gRPC does not name its peer)")
-                                       : absl::StrCat("client ", peer),
+                          out.peer.empty() ? std::string("a client (gRPC does not name its peer)")
+                                           : absl::StrCat("client ", out.peer),
                           " failed: ", CauseOf(error));
   return out;
 }
@@ -201,7 +310,10 @@ void WriteGrpcLine(const GrpcLine& g, bool handshake_details_follow, bool operat
   if (h.is_handshake_line) {
     if (!h.line.empty() && GetLevel() <= Level::kWarning &&
         HandshakeBudget().Take(absl::Now(), &left_out)) {
-      Write(Level::kWarning, absl::StrCat(h.line, LeftOut(left_out)));
+      Fields fields;
+      fields.source = "grpc";
+      fields.peer = h.peer;
+      WriteWith(Level::kWarning, fields, absl::StrCat(h.line, LeftOut(left_out)));
     }
     return;
   }
@@ -215,7 +327,10 @@ void WriteGrpcLine(const GrpcLine& g, bool handshake_details_follow, bool operat
   }
   if (GetLevel() > level) return;
   if (level == Level::kError && !GrpcBudget().Take(absl::Now(), &left_out)) return;
-  Write(level, absl::StrCat("grpc: ", g.message, " (", file, ":", g.line, ")", LeftOut(left_out)));
+  Fields fields;
+  fields.source = "grpc";
+  WriteWith(level, fields,
+            absl::StrCat("grpc: ", g.message, " (", file, ":", g.line, ")", LeftOut(left_out)));
 }
 
 }  // namespace gpuexec::log
