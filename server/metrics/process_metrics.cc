@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -147,7 +148,10 @@ absl::StatusOr<ProcessStats> ReadProcessStats(pid_t pid) {
   p.cpu_seconds = static_cast<double>(st->utime_ticks + st->stime_ticks) / ticks;
   p.resident_bytes = st->rss_pages * page;
   p.virtual_bytes = st->vsize_bytes;
-  p.start_time_seconds = BootTime() + static_cast<double>(st->start_ticks) / ticks;
+  // Whole seconds (btime's resolution anyway): the exposition prints a
+  // fraction with 9 significant digits (FormatValue), which would cut a
+  // timestamp to tens of seconds; an integer prints exactly.
+  p.start_time_seconds = std::round(BootTime() + static_cast<double>(st->start_ticks) / ticks);
   absl::StatusOr<std::string> limits =
       ReadSmallFile(absl::StrCat("/proc/", pid, "/limits"), 16 << 10);
   if (limits.ok()) p.max_fds = ParseMaxOpenFiles(*limits);

@@ -41,7 +41,7 @@ struct ProcessStats {
   double cpu_seconds = 0;
   uint64_t resident_bytes = 0;
   uint64_t virtual_bytes = 0;
-  double start_time_seconds = 0;     // since the Unix epoch
+  double start_time_seconds = 0;     // since the Unix epoch, whole seconds
   std::optional<uint64_t> open_fds;  // unknown where /proc does not say
   std::optional<uint64_t> max_fds;   // unknown, or unlimited
 };
