@@ -1,7 +1,8 @@
 // What a frame of `gpuexec top` shows (top_frame.h), from expositions of
 // the daemon's form: the device and tenant rows, the rates between two
-// scrapes and their order, "-" where there is no figure yet, a restarted
-// daemon's counters, hostile label values, and the frame of a failed scrape.
+// scrapes and their order, each sort and its header, "-" where there is no
+// figure yet, a restarted daemon's counters, the refusals and draining
+// lines, hostile label values, and the frame of a failed scrape.
 
 #include <string>
 #include <vector>
@@ -59,7 +60,7 @@ std::string Exposition(const std::string& a_gpu, const std::string& a_launches,
 }
 
 TopHeader Header(absl::Time now) {
-  return TopHeader{"127.0.0.1:9464", now, absl::Seconds(2), absl::UTCTimeZone()};
+  return TopHeader{"127.0.0.1:9464", now, absl::Seconds(2), absl::UTCTimeZone(), TopSort{}, false};
 }
 
 std::vector<std::string> Lines(const std::string& text) {
@@ -76,7 +77,7 @@ TEST(TopFrameTest, TheFirstFrameShowsDevicesAndTenantsWithoutRates) {
   EXPECT_THAT(
       Lines(frame),
       ElementsAre(
-          "gpuexec top  127.0.0.1:9464  2027-01-15 08:00:00  every 2s",
+          "gpuexec top  127.0.0.1:9464  2027-01-15 08:00:00  every 2s  sort: GPU %, highest first",
           "DEVICE  NAME                      HEALTH   MEMORY USED / TOTAL  SESSIONS  WORKERS  "
           "BUFFERS  RESETS  REST SMS",
           "0       simulated H200 (gpuexec)  healthy   1.0 GiB / 16.0 GiB         3        2  "
@@ -101,6 +102,137 @@ TEST(TopFrameTest, RatesComeFromTwoScrapesAndTheBusiestTenantLeads) {
   const TopScrape third =
       ScrapeAt(Exposition("11.5", "140", "22.5", "210"), kT0 + absl::Seconds(4));
   EXPECT_THAT(Lines(TopFrame(Header(kT0), third, &second))[4], ::testing::StartsWith("team-b"));
+}
+
+// The tenants' names in the frame's order.
+std::vector<std::string> TenantOrder(const std::string& frame) {
+  std::vector<std::string> names;
+  bool tenants = false;
+  for (const std::string& line : Lines(frame)) {
+    if (line.rfind("TENANT ", 0) == 0) {
+      tenants = true;
+    } else if (tenants && line.rfind("keys:", 0) != 0) {
+      names.push_back(line.substr(0, line.find(' ')));
+    }
+  }
+  return names;
+}
+
+TEST(TopFrameTest, EachColumnSortsItsWayAndTheHeaderSaysWhich) {
+  // team-a: 2 sessions, 2 MiB, 1 worker, GPU 75%, 20 launches/s; team-b: 1,
+  // 0 B, 3 workers, 25%, 30/s; team-c: no figures but its sessions, 5.
+  auto text = [](const char* a_gpu, const char* a_launches, const char* b_gpu,
+                 const char* b_launches) {
+    std::string t = Exposition(a_gpu, a_launches, b_gpu, b_launches);
+    t += "gpuexec_tenant_sessions{tenant=\"team-c\"} 5\n";
+    t += "gpuexec_tenant_workers{tenant=\"team-b\"} 3\n";
+    return t;
+  };
+  const TopScrape first = ScrapeAt(text("10", "100", "20", "200"), kT0);
+  const TopScrape second = ScrapeAt(text("11.5", "140", "20.5", "260"), kT0 + absl::Seconds(2));
+  struct Case {
+    TopSort sort;
+    std::string shown;
+    std::vector<std::string> order;
+  };
+  const std::vector<Case> cases = {
+      {{TopColumn::kGpu, false}, "GPU %, highest first", {"team-a", "team-b", "team-c"}},
+      {{TopColumn::kGpu, true}, "GPU %, lowest first", {"team-b", "team-a", "team-c"}},
+      {{TopColumn::kMemory, false}, "memory, highest first", {"team-a", "team-b", "team-c"}},
+      {{TopColumn::kMemory, true}, "memory, lowest first", {"team-b", "team-a", "team-c"}},
+      {{TopColumn::kSessions, false}, "sessions, highest first", {"team-c", "team-a", "team-b"}},
+      {{TopColumn::kSessions, true}, "sessions, lowest first", {"team-b", "team-a", "team-c"}},
+      {{TopColumn::kWorkers, false}, "workers, highest first", {"team-b", "team-a", "team-c"}},
+      {{TopColumn::kLaunches, false}, "launches/s, highest first", {"team-b", "team-a", "team-c"}},
+      {{TopColumn::kLaunches, true}, "launches/s, lowest first", {"team-a", "team-b", "team-c"}},
+      {{TopColumn::kName, false}, "tenant, a to z", {"team-a", "team-b", "team-c"}},
+      {{TopColumn::kName, true}, "tenant, z to a", {"team-c", "team-b", "team-a"}},
+  };
+  for (const Case& c : cases) {
+    TopHeader header = Header(kT0);
+    header.sort = c.sort;
+    const std::string frame = TopFrame(header, second, &first);
+    EXPECT_EQ(Lines(frame)[0],
+              "gpuexec top  127.0.0.1:9464  2027-01-15 08:00:00  every 2s  sort: " + c.shown);
+    EXPECT_EQ(TenantOrder(frame), c.order) << c.shown << "\n" << frame;
+  }
+  // The first frame has no rates: by name, whichever way.
+  TopHeader header = Header(kT0);
+  header.sort = {TopColumn::kLaunches, true};
+  EXPECT_THAT(TenantOrder(TopFrame(header, first, nullptr)),
+              ElementsAre("team-a", "team-b", "team-c"));
+}
+
+TEST(TopFrameTest, SortColumnsHaveANameAndAKey) {
+  EXPECT_EQ(TopColumnNames(), "gpu, memory, sessions, workers, launches, name");
+  const std::vector<std::pair<std::string, char>> names = {{"gpu", 'g'},      {"memory", 'm'},
+                                                           {"sessions", 's'}, {"workers", 'w'},
+                                                           {"launches", 'l'}, {"name", 'n'}};
+  for (const auto& [name, key] : names) {
+    ASSERT_TRUE(TopColumnNamed(name).has_value()) << name;
+    EXPECT_EQ(TopColumnNamed(name), TopColumnOfKey(key)) << name;
+  }
+  EXPECT_EQ(TopColumnNamed("GPU"), std::nullopt);
+  EXPECT_EQ(TopColumnNamed(""), std::nullopt);
+  EXPECT_EQ(TopColumnOfKey('q'), std::nullopt);
+  EXPECT_EQ(TopColumnOfKey('r'), std::nullopt);
+  EXPECT_EQ(TopColumnOfKey('G'), std::nullopt);
+}
+
+TEST(TopFrameTest, RefusalsAndDrainingAreLinesUnderTheHeader) {
+  auto text = [](const char* denied, const char* unknown_token, const char* strikes,
+                 const char* draining) {
+    return Exposition("10", "100", "20", "200") +
+           "grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\",grpc_method="
+           "\"OpenSession\",grpc_type=\"unary\",grpc_code=\"OK\"} 50\n"
+           "grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\",grpc_method="
+           "\"OpenSession\",grpc_type=\"unary\",grpc_code=\"PERMISSION_DENIED\"} " +
+           denied +
+           "\n"
+           "grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\",grpc_method="
+           "\"ListDevices\",grpc_type=\"unary\",grpc_code=\"UNAUTHENTICATED\"} " +
+           unknown_token +
+           "\n"
+           "grpc_server_handled_total{grpc_service=\"gpuexec.v1.GpuExec\",grpc_method="
+           "\"Execute\",grpc_type=\"bidi_stream\",grpc_code=\"NOT_FOUND\"} 7\n"
+           "gpuexec_auth_refused_total{reason=\"no_credentials\"} 0\n"
+           "gpuexec_auth_refused_total{reason=\"unknown_token\"} " +
+           unknown_token + "\ngpuexec_strike_refusals_total " + strikes + "\n" + draining;
+  };
+  const TopScrape first = ScrapeAt(text("2", "1", "0", ""), kT0);
+  EXPECT_EQ(first.refusals.calls, 3);
+  EXPECT_EQ(first.refusals.credentials, 1);
+  EXPECT_EQ(first.refusals.cool_down, 0);
+  EXPECT_EQ(first.draining, std::nullopt);
+  std::vector<std::string> lines = Lines(TopFrame(Header(kT0), first, nullptr));
+  EXPECT_EQ(lines[1], "REFUSED  calls 3  credentials 1  cool-down 0");
+  EXPECT_THAT(lines[2], ::testing::StartsWith("DEVICE"));
+
+  // 2 s later: 4 more refused calls, 2 of them for credentials, and 1
+  // launch in a cool-down; the daemon drains.
+  const TopScrape second =
+      ScrapeAt(text("4", "3", "1", "gpuexec_draining 1\n"), kT0 + absl::Seconds(2));
+  lines = Lines(TopFrame(Header(kT0), second, &first));
+  EXPECT_EQ(lines[1],
+            "DRAINING: the daemon opens no new sessions; open ones go on until the drain's "
+            "deadline");
+  EXPECT_EQ(lines[2], "REFUSED  calls 7 (2.0/s)  credentials 3 (1.0/s)  cool-down 1 (0.5/s)");
+
+  // Draining at 0, and a daemon without refusal counters: no lines.
+  lines = Lines(TopFrame(Header(kT0),
+                         ScrapeAt(Exposition("1", "1", "1", "1") + "gpuexec_draining 0\n", kT0),
+                         nullptr));
+  EXPECT_THAT(lines[1], ::testing::StartsWith("DEVICE"));
+}
+
+TEST(TopFrameTest, WithKeysTheFrameEndsNamingThem) {
+  TopHeader header = Header(kT0);
+  header.keys = true;
+  const std::string keys =
+      "keys: g GPU %, m memory, s sessions, w workers, l launches/s, n tenant, r reverse, q quit";
+  EXPECT_EQ(Lines(TopFrame(header, ScrapeAt(Exposition("1", "1", "1", "1"), kT0), nullptr)).back(),
+            keys);
+  EXPECT_EQ(Lines(TopFailedFrame(header, "Connection refused", kT0)).back(), keys);
 }
 
 TEST(TopFrameTest, ACounterThatWentDownIsNoRateAndANewTenantCountsFromZero) {
@@ -171,7 +303,8 @@ TEST(TopFrameTest, AFailedScrapeIsALineOfTheFrame) {
   const std::string frame =
       TopFailedFrame(Header(kT0 + absl::Seconds(7)), "Connection refused", kT0 + absl::Seconds(3));
   EXPECT_THAT(Lines(frame),
-              ElementsAre("gpuexec top  127.0.0.1:9464  2027-01-15 08:00:07  every 2s",
+              ElementsAre("gpuexec top  127.0.0.1:9464  2027-01-15 08:00:07  every 2s  "
+                          "sort: GPU %, highest first",
                           "scrape failed: Connection refused",
                           "(the last answer came at 08:00:03; trying again every 2s)"));
 }

@@ -1,8 +1,9 @@
 // gpuexec top end to end (the fixture: cli_fixture.h): a daemon with two
 // tenants, team-a with a compute share of 32 SMs (one worker a device,
 // --isolation=device, so the share is a green context), its metrics endpoint
-// read by the tool while each tenant holds a session; an endpoint nothing
-// listens on; and the flags' usage errors.
+// read by the tool while each tenant holds a session, in the order --sort
+// gives; an endpoint nothing listens on; and the flags' usage errors. (On a
+// terminal, with its keys: cli_top_tmux_test.py.)
 
 #include <regex>
 #include <string>
@@ -96,7 +97,20 @@ TEST_F(CliTopTest, ShowsTheDeviceAndEachTenantWithItsShareAndRates) {
   ASSERT_NE(second_at, std::string::npos) << r;
   const std::string first = r.out.substr(0, second_at + 1);
   const std::string second = r.out.substr(second_at + 2);
-  EXPECT_THAT(RowOf(first, "gpuexec top"), ::testing::EndsWith("  every 200ms"));
+  EXPECT_THAT(RowOf(first, "gpuexec top"),
+              ::testing::EndsWith("  every 200ms  sort: GPU %, highest first"));
+  // The daemon's refusals (none of its counters names a tenant; the
+  // fixture's own calls without a token are among them), the rates from
+  // the second frame on.
+  EXPECT_TRUE(
+      std::regex_match(RowOf(first, "REFUSED"),
+                       std::regex("REFUSED  calls [0-9]+  credentials [0-9]+  cool-down 0")))
+      << first;
+  EXPECT_TRUE(std::regex_match(
+      RowOf(second, "REFUSED"),
+      std::regex("REFUSED  calls [0-9]+ \\([0-9.]+/s\\)  credentials [0-9]+ \\([0-9.]+/s\\)  "
+                 "cool-down 0 \\(0\\.0/s\\)")))
+      << second;
   EXPECT_EQ(second.find(absl::StrCat("\n\n", header)), std::string::npos) << "two frames only";
 
   for (const std::string& frame : {first, second}) {
@@ -130,6 +144,26 @@ TEST_F(CliTopTest, ShowsTheDeviceAndEachTenantWithItsShareAndRates) {
   EXPECT_TRUE(std::regex_match(Cells(RowOf(second, "team-a "))[5], rate)) << second;
   EXPECT_TRUE(std::regex_match(Cells(RowOf(second, "team-a "))[6], rate)) << second;
   EXPECT_TRUE(std::regex_match(Cells(RowOf(second, "team-b "))[5], rate)) << second;
+}
+
+TEST_F(CliTopTest, SortGivesTheTenantsOrderAndTheHeaderSaysIt) {
+  // Each tenant has a series once it opened a session (the test above, or
+  // here).
+  for (const char* token : {kTokenA, kTokenB}) {
+    Client c = As(token);
+    absl::StatusOr<Session> s = c.OpenSession({0});
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  Result r =
+      RunRaw({"top", absl::StrCat("--metrics=", MetricsAddress()), "--frames=1", "--sort=name"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(RowOf(r.out, "gpuexec top"), ::testing::EndsWith("  sort: tenant, a to z"));
+  const size_t a = r.out.find("\nteam-a "), b = r.out.find("\nteam-b ");
+  ASSERT_NE(a, std::string::npos) << r;
+  ASSERT_NE(b, std::string::npos) << r;
+  EXPECT_LT(a, b) << r;
+  // Not on a terminal: no line of keys.
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("keys:")));
 }
 
 TEST_F(CliTopTest, TheEndpointComesFromTheEnvironmentToo) {
@@ -171,6 +205,9 @@ TEST_F(CliTopTest, BadFlagValuesAreUsageErrors) {
       {{"top", "--metrics=::1:9464"}, "an IPv6 address goes in brackets, [::1]:9464"},
       {{"top", "--metrics=localhost"}, "--metrics: 'localhost' is not HOST:PORT"},
       {{"top", "--timeout=never"}, "--timeout: 'never' is not a duration"},
+      {{"top", "--sort=cpu"},
+       "--sort: 'cpu' is not one of gpu, memory, sessions, workers, launches, name"},
+      {{"devices", "--sort=name"}, "--sort applies to 'top' only"},
       {{"top", "extra"}, "top takes no arguments"},
       {{"devices", "--frames=1"}, "--frames applies to 'top' only"},
       {{"--interval=1s", "top"}, "--interval is a flag of 'top': give it after the command"},

@@ -93,6 +93,10 @@ const FlagDef kFlags[] = {
      "top"},
     {"interval", "DURATION", "time between frames: 500ms, 2s, 1m (default 2s; 100ms to 1h)", "top"},
     {"frames", "N", "print N frames, then exit 0 (default: until interrupted)", "top"},
+    {"sort", "COLUMN",
+     "the tenants' order: gpu (the default), memory, sessions, workers,\n"
+     "launches or name; on a terminal, keys change it",
+     "top"},
     {"nvrtc_option", "OPTION",
      "with CUDA C++ source: an NVRTC option, repeatable (-std=c++17,\n"
      "-DN=4, --use_fast_math, -lineinfo, ...: the daemon's allow-list)",

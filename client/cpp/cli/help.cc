@@ -221,35 +221,55 @@ A template kernel, instantiated for double:
       f64:2.0 in:x.bin inout:y.bin u64:524288
 )"};
 
-const Text kTop = {"gpuexec top [--metrics=HOST:PORT] [--interval=DURATION] [--frames=N]\n",
-                   R"(
+const Text kTop = {
+    "gpuexec top [--metrics=HOST:PORT] [--interval=DURATION] [--frames=N]\n"
+    "                   [--sort=COLUMN]\n",
+    R"(
 The operator's live view of a daemon, read from its Prometheus endpoint (GET
 /metrics on the address given to gpuexecd --metrics_listen) every interval:
 every device and every tenant, as the endpoint shows them (the gRPC API shows
 a tenant only itself; the endpoint's own access control applies).
 )",
-                   R"(
+    R"(
 Devices: index, name, health (healthy; restarting while its worker restarts;
 silent while its worker does not answer), device memory used / total,
 sessions, workers, buffers, resets, and the SMs left to the tenants without a
 compute share (REST SMS; '-' without compute shares).
 
-Tenants (each that has opened a session, or has a compute share), busiest
-first: sessions, workers, device memory held, compute share as DEVICE:SMS
-('-' without one), GPU % and launches per second over the last interval
-('-' on the first frame). GPU % is GPU time per wall second, x100, as
-Synchronize reports it: a kernel counts once it has been waited for.
+Tenants (each that has opened a session, or has a compute share): sessions,
+workers, device memory held, compute share as DEVICE:SMS ('-' without one),
+GPU % and launches per second over the last interval ('-' on the first
+frame). GPU % is GPU time per wall second, x100, as Synchronize reports it:
+a kernel counts once it has been waited for.
+
+Sorting: busiest (GPU %) first unless --sort names another column: gpu,
+memory, sessions, workers, launches or name. Figures sort highest first,
+names a to z; a tenant without the figure comes last. The header says the
+sort. On a terminal, keys change it at once: g GPU %, m memory, s sessions,
+w workers, l launches/s, n name; r reverses; q quits (exit 0).
+
+Refusals: a line REFUSED, with each count since the daemon started and its
+rate over the last interval: calls, the calls gpuexecd answered
+UNAUTHENTICATED, PERMISSION_DENIED or RESOURCE_EXHAUSTED (credentials, a
+tenant's limits, the daemon's capacity; grpc_server_handled_total);
+credentials, those refused for their credentials (gpuexec_auth_refused_total);
+cool-down, launches refused while their tenant cooled down after resetting a
+device (gpuexec_strike_refusals_total). The metrics name no tenant for these,
+so they are the daemon's, not per tenant. A line DRAINING while the daemon
+drains (gpuexec_draining 1: it opens no new sessions, and open ones go on
+until the drain's deadline); none where it does not, or has no such figure.
 
 On a terminal each frame replaces the last; otherwise frames follow one
 another, a blank line between them, so that 'gpuexec top --frames=1 | cat'
 gives one. A scrape takes at most --timeout (default 5s). When the endpoint
 does not answer the first time, the command fails (exit 1) and says what to
 do; after that, a failed scrape is a line of the frame and the next one is
-tried (a daemon that restarts comes back). Ctrl-C ends it (exit 130).
+tried (a daemon that restarts comes back). Ctrl-C ends it (exit 130); the
+terminal's settings come back on every way out.
 
 Example:
   gpuexec top --metrics=127.0.0.1:9464 --interval=1s
-  gpuexec top --frames=1 | cat
+  gpuexec top --frames=1 --sort=memory | cat
 )"};
 
 const Text kHelp = {"gpuexec help [COMMAND]\n", R"(

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace gpuexec::cli {
 namespace {
@@ -19,12 +20,14 @@ namespace {
 constexpr auto kCloseWait = std::chrono::milliseconds(800);
 
 std::mutex mu;
-Session* session = nullptr;  // guarded by mu
+Session* session = nullptr;                // guarded by mu
+std::function<void()>* restore = nullptr;  // guarded by mu
 std::atomic<bool> interrupted{false};
 
 [[noreturn]] void CloseAndExit(int signal) {
   interrupted.store(true);
   std::unique_lock<std::mutex> lock(mu);
+  if (restore != nullptr) (*restore)();
   if (session != nullptr) {
     std::fprintf(stderr, "gpuexec: %s: closing the session\n",
                  signal == SIGINT ? "interrupted" : "terminated");
@@ -70,6 +73,17 @@ InterruptCloses::InterruptCloses(Session* s) {
 InterruptCloses::~InterruptCloses() {
   std::lock_guard<std::mutex> lock(mu);
   session = nullptr;
+}
+
+InterruptRestores::InterruptRestores(std::function<void()> r) {
+  std::lock_guard<std::mutex> lock(mu);
+  restore = new std::function<void()>(std::move(r));
+}
+
+InterruptRestores::~InterruptRestores() {
+  std::lock_guard<std::mutex> lock(mu);
+  delete restore;
+  restore = nullptr;
 }
 
 bool Interrupted() { return interrupted.load(); }

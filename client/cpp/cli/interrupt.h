@@ -8,6 +8,10 @@
 // the daemon does not answer. Without a session it ends the process at
 // once. The command's own thread never sees the signal: it may be in the
 // middle of a call that the close makes fail, and it says nothing of that.
+// What the command changed outside the process (a terminal's settings) it
+// puts back through InterruptRestores, first of all.
+
+#include <functional>
 
 #include "gpuexec/client.h"
 
@@ -28,6 +32,17 @@ class InterruptCloses {
   ~InterruptCloses();
   InterruptCloses(const InterruptCloses&) = delete;
   InterruptCloses& operator=(const InterruptCloses&) = delete;
+};
+
+// While it lives, an interrupt runs `restore` before the process ends, on
+// the interrupt's thread and before the session closes; `restore` must not
+// wait for the command's thread. One at a time.
+class InterruptRestores {
+ public:
+  explicit InterruptRestores(std::function<void()> restore);
+  ~InterruptRestores();
+  InterruptRestores(const InterruptRestores&) = delete;
+  InterruptRestores& operator=(const InterruptRestores&) = delete;
 };
 
 // True once an interrupt arrived: the process is about to end, and the

@@ -3,11 +3,17 @@
 // (metrics_text.h), made into a frame (top_frame.h) and printed. The
 // endpoint already shows every tenant to whoever may read it, so this needs
 // no call to the daemon's gRPC API and no credentials of its own.
+//
+// On a terminal (stdin and stdout both), the wait between scrapes is a wait
+// for keys (terminal_keys.h): a key of a column sorts the tenants by it, 'r'
+// reverses, and the last scrape is drawn again at once in the new order;
+// 'q' ends the command (exit 0). Elsewhere --sort gives the order.
 
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -18,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/http_get.h"
 #include "cli/metrics_text.h"
+#include "cli/terminal_keys.h"
 #include "cli/top_frame.h"
 
 namespace gpuexec::cli {
@@ -36,6 +43,7 @@ struct TopOptions {
   absl::Duration interval = kDefaultInterval;
   uint64_t frames = 0;  // 0: until interrupted
   HttpGetOptions get;
+  TopSort sort;
 };
 
 std::optional<Failure> ReadOptions(const CommandLine& cl, TopOptions* o) {
@@ -75,7 +83,28 @@ std::optional<Failure> ReadOptions(const CommandLine& cl, TopOptions* o) {
     if (!timeout.ok()) return Usage(absl::StrCat("--timeout: ", timeout.status().message()));
     o->get.timeout = *timeout;
   }
+  if (auto it = cl.flags.find("sort"); it != cl.flags.end()) {
+    std::optional<TopColumn> column = TopColumnNamed(it->second);
+    if (!column) {
+      return Usage(absl::StrCat("--sort: '", it->second.substr(0, 64), "' is not one of ",
+                                TopColumnNames()));
+    }
+    o->sort.column = *column;
+  }
   return std::nullopt;
+}
+
+// What each key does to the sort; false for 'q'. Other keys do nothing.
+bool ApplyKeys(const std::string& keys, TopSort* sort) {
+  for (char key : keys) {
+    if (key == 'q') return false;
+    if (key == 'r') {
+      sort->reversed = !sort->reversed;
+    } else if (std::optional<TopColumn> column = TopColumnOfKey(key)) {
+      *sort = TopSort{*column, false};
+    }
+  }
+  return true;
 }
 
 // One scrape, read.
@@ -116,30 +145,48 @@ std::optional<Failure> Top(const CommandLine& cl) {
   // On a terminal each frame is drawn over the last; elsewhere (a pipe, a
   // file) they follow one another.
   const bool terminal = isatty(STDOUT_FILENO) == 1;
-  std::optional<TopScrape> last;
-  absl::Time next = absl::Now();
-  for (uint64_t frame = 0; o.frames == 0 || frame < o.frames; ++frame) {
-    absl::SleepFor(next - absl::Now());
-    next = absl::Now() + o.interval;
-    absl::StatusOr<std::vector<MetricSample>> samples = Scrape(o);
-    const TopHeader header{o.endpoint, absl::Now(), o.interval};
-    std::string text;
-    if (samples.ok()) {
-      TopScrape scrape = ScrapeOf(*samples, absl::Now());
-      text = TopFrame(header, scrape, last ? &*last : nullptr);
-      last = std::move(scrape);
-    } else if (!last) {
-      return FirstScrapeFailed(o, samples.status());
-    } else {
-      text = TopFailedFrame(header, std::string(samples.status().message()), last->at);
-    }
+  // Held until the command returns: the terminal's settings come back on
+  // every way out (an interrupt's included).
+  std::unique_ptr<TerminalKeys> keys = terminal ? TerminalKeys::Open(STDIN_FILENO) : nullptr;
+  std::optional<TopScrape> last, before_last;
+  std::optional<std::string> failed;  // the cause, while the last scrape failed
+  auto draw = [&](bool first) {
+    const TopHeader header{o.endpoint, absl::Now(),    o.interval, absl::LocalTimeZone(),
+                           o.sort,     keys != nullptr};
+    const std::string text = failed
+                                 ? TopFailedFrame(header, *failed, last->at)
+                                 : TopFrame(header, *last, before_last ? &*before_last : nullptr);
     if (terminal) {
       std::fputs("\033[H\033[2J", stdout);
-    } else if (frame > 0) {
+    } else if (!first) {
       std::fputs("\n", stdout);
     }
     std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
+  };
+  absl::Time next = absl::Now();
+  for (uint64_t frame = 0; o.frames == 0 || frame < o.frames; ++frame) {
+    while (keys != nullptr && absl::Now() < next) {
+      const std::string pressed = keys->Wait(next);
+      const TopSort before = o.sort;
+      if (!ApplyKeys(pressed, &o.sort)) return std::nullopt;
+      if (last && (o.sort.column != before.column || o.sort.reversed != before.reversed)) {
+        draw(false);
+      }
+    }
+    absl::SleepFor(next - absl::Now());
+    next = absl::Now() + o.interval;
+    absl::StatusOr<std::vector<MetricSample>> samples = Scrape(o);
+    if (samples.ok()) {
+      before_last = std::move(last);
+      last = ScrapeOf(*samples, absl::Now());
+      failed.reset();
+    } else if (!last) {
+      return FirstScrapeFailed(o, samples.status());
+    } else {
+      failed = std::string(samples.status().message());
+    }
+    draw(frame == 0);
   }
   return std::nullopt;
 }

@@ -46,6 +46,46 @@ constexpr Family<TopTenant> kTenantFamilies[] = {
     {"gpuexec_tenant_launches_total", &TopTenant::launches},
 };
 
+// The columns one may sort by: --sort's name, the key, the header's name.
+struct ColumnName {
+  TopColumn column;
+  const char* name;
+  char key;
+  const char* shown;
+};
+
+constexpr ColumnName kColumns[] = {
+    {TopColumn::kGpu, "gpu", 'g', "GPU %"},
+    {TopColumn::kMemory, "memory", 'm', "memory"},
+    {TopColumn::kSessions, "sessions", 's', "sessions"},
+    {TopColumn::kWorkers, "workers", 'w', "workers"},
+    {TopColumn::kLaunches, "launches", 'l', "launches/s"},
+    {TopColumn::kName, "name", 'n', "tenant"},
+};
+
+const ColumnName& NameOf(TopColumn column) {
+  for (const ColumnName& c : kColumns) {
+    if (c.column == column) return c;
+  }
+  return kColumns[0];
+}
+
+// The codes of grpc_server_handled_total that are a refusal of the call:
+// credentials, a tenant's limits, the daemon's capacity.
+constexpr const char* kRefusingCodes[] = {"UNAUTHENTICATED", "PERMISSION_DENIED",
+                                          "RESOURCE_EXHAUSTED"};
+
+bool RefusingCode(const std::string* code) {
+  if (code == nullptr) return false;
+  for (const char* c : kRefusingCodes) {
+    if (*code == c) return true;
+  }
+  return false;
+}
+
+// `sample` added to the sum `*into` (which then exists, at 0 or more).
+void AddTo(std::optional<double>* into, double sample) { *into = into->value_or(0) + sample; }
+
 // Where a series of `metric` goes; nullptr for a family not shown.
 template <typename Row, size_t N>
 Figure<Row> FigureOf(const Family<Row> (&families)[N], const std::string& metric) {
@@ -108,7 +148,42 @@ std::string Table(const std::vector<std::vector<std::string>>& rows,
 std::string HeaderLine(const TopHeader& h) {
   return absl::StrCat("gpuexec top  ", Printable(h.endpoint, 256), "  ",
                       absl::FormatTime("%Y-%m-%d %H:%M:%S", h.now, h.zone), "  every ",
-                      absl::FormatDuration(h.interval), "\n");
+                      absl::FormatDuration(h.interval), "  sort: ", TopSortText(h.sort), "\n");
+}
+
+std::string KeysLine(const TopHeader& h) {
+  if (!h.keys) return "";
+  std::string line = "\nkeys:";
+  for (const ColumnName& c : kColumns)
+    absl::StrAppend(&line, " ", std::string(1, c.key), " ", c.shown, ",");
+  return absl::StrCat(line, " r reverse, q quit\n");
+}
+
+// "DRAINING ..." when the daemon says it is; "" otherwise.
+std::string DrainingLine(const TopScrape& scrape) {
+  if (!scrape.draining || *scrape.draining == 0) return "";
+  return "DRAINING: the daemon opens no new sessions; open ones go on until the drain's deadline\n";
+}
+
+// "REFUSED  calls 3 (0.5/s)  credentials 1 (0.0/s)  cool-down 0 (0.0/s)":
+// what the scrape has of them, the rate from the second frame on.
+std::string RefusalsLine(const TopScrape& scrape, const TopScrape* previous) {
+  const double seconds = previous != nullptr ? absl::ToDoubleSeconds(scrape.at - previous->at) : 0;
+  using Field = std::optional<double> TopRefusals::*;
+  const std::pair<const char*, Field> shown[] = {{"calls", &TopRefusals::calls},
+                                                 {"credentials", &TopRefusals::credentials},
+                                                 {"cool-down", &TopRefusals::cool_down}};
+  std::string line;
+  for (const auto& [name, field] : shown) {
+    const std::optional<double>& now = scrape.refusals.*field;
+    if (!now) continue;
+    absl::StrAppend(&line, "  ", name, " ", Count(now));
+    if (previous != nullptr) {
+      const std::optional<double> rate = Rate(now, previous->refusals.*field, seconds);
+      absl::StrAppend(&line, " (", rate ? absl::StrFormat("%.1f", *rate) : "-", "/s)");
+    }
+  }
+  return line.empty() ? "" : absl::StrCat("REFUSED", line, "\n");
 }
 
 std::string DeviceTable(const std::vector<TopDevice>& devices) {
@@ -136,7 +211,8 @@ std::string DeviceTable(const std::vector<TopDevice>& devices) {
   return out;
 }
 
-std::string TenantTable(const TopScrape& scrape, const TopScrape* previous) {
+std::string TenantTable(const TopHeader& header, const TopScrape& scrape,
+                        const TopScrape* previous) {
   if (scrape.tenants.empty()) return "no tenants yet (a tenant shows once it opens a session)\n";
   struct Row {
     const TopTenant* t;
@@ -157,9 +233,32 @@ std::string TenantTable(const TopScrape& scrape, const TopScrape* previous) {
     }
     rows.push_back(r);
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    if (a.busy.value_or(-1) != b.busy.value_or(-1))
-      return a.busy.value_or(-1) > b.busy.value_or(-1);
+  const TopSort sort = header.sort;
+  auto figure = [sort](const Row& r) -> std::optional<double> {
+    switch (sort.column) {
+      case TopColumn::kGpu:
+        return r.busy;
+      case TopColumn::kMemory:
+        return r.t->memory_held;
+      case TopColumn::kSessions:
+        return r.t->sessions;
+      case TopColumn::kWorkers:
+        return r.t->workers;
+      case TopColumn::kLaunches:
+        return r.launches;
+      case TopColumn::kName:
+        return std::nullopt;
+    }
+    return std::nullopt;
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+    if (sort.column == TopColumn::kName) {
+      return sort.reversed ? a.t->name > b.t->name : a.t->name < b.t->name;
+    }
+    const std::optional<double> x = figure(a), y = figure(b);
+    const bool has_x = x && !std::isnan(*x), has_y = y && !std::isnan(*y);
+    if (has_x != has_y) return has_x;  // without the figure: last
+    if (has_x && *x != *y) return sort.reversed ? *x < *y : *x > *y;
     return a.t->name < b.t->name;
   });
   std::vector<std::vector<std::string>> cells = {
@@ -184,10 +283,55 @@ std::string TenantTable(const TopScrape& scrape, const TopScrape* previous) {
 
 }  // namespace
 
+std::optional<TopColumn> TopColumnNamed(const std::string& name) {
+  for (const ColumnName& c : kColumns) {
+    if (name == c.name) return c.column;
+  }
+  return std::nullopt;
+}
+
+std::optional<TopColumn> TopColumnOfKey(char key) {
+  for (const ColumnName& c : kColumns) {
+    if (key == c.key) return c.column;
+  }
+  return std::nullopt;
+}
+
+std::string TopColumnNames() {
+  std::vector<std::string> names;
+  for (const ColumnName& c : kColumns) names.push_back(c.name);
+  return absl::StrJoin(names, ", ");
+}
+
+std::string TopSortText(const TopSort& sort) {
+  const ColumnName& c = NameOf(sort.column);
+  if (sort.column == TopColumn::kName) {
+    return absl::StrCat(c.shown, ", ", sort.reversed ? "z to a" : "a to z");
+  }
+  return absl::StrCat(c.shown, ", ", sort.reversed ? "lowest first" : "highest first");
+}
+
 TopScrape ScrapeOf(const std::vector<MetricSample>& samples, absl::Time at) {
   std::map<std::string, TopDevice> devices;
   std::map<std::string, TopTenant> tenants;
+  TopScrape scrape;
   for (const MetricSample& s : samples) {
+    if (s.name == "grpc_server_handled_total") {
+      AddTo(&scrape.refusals.calls, RefusingCode(s.Label("grpc_code")) ? s.value : 0);
+      continue;
+    }
+    if (s.name == "gpuexec_auth_refused_total") {
+      AddTo(&scrape.refusals.credentials, s.value);
+      continue;
+    }
+    if (s.name == "gpuexec_strike_refusals_total") {
+      AddTo(&scrape.refusals.cool_down, s.value);
+      continue;
+    }
+    if (s.name == "gpuexec_draining") {
+      scrape.draining = s.value;
+      continue;
+    }
     const std::string* tenant = s.Label("tenant");
     const std::string* device = s.Label("device");
     if (tenant != nullptr && s.name == "gpuexec_tenant_compute_share_sms" && device != nullptr) {
@@ -207,7 +351,6 @@ TopScrape ScrapeOf(const std::vector<MetricSample>& samples, absl::Time at) {
       if (const std::string* name = s.Label("name"); name != nullptr) d.name = *name;
     }
   }
-  TopScrape scrape;
   scrape.at = at;
   for (auto& [unused, d] : devices) scrape.devices.push_back(std::move(d));
   std::sort(scrape.devices.begin(), scrape.devices.end(), ByIndex);
@@ -216,8 +359,9 @@ TopScrape ScrapeOf(const std::vector<MetricSample>& samples, absl::Time at) {
 }
 
 std::string TopFrame(const TopHeader& header, const TopScrape& scrape, const TopScrape* previous) {
-  return absl::StrCat(HeaderLine(header), "\n", DeviceTable(scrape.devices), "\n",
-                      TenantTable(scrape, previous));
+  return absl::StrCat(HeaderLine(header), DrainingLine(scrape), RefusalsLine(scrape, previous),
+                      "\n", DeviceTable(scrape.devices), "\n",
+                      TenantTable(header, scrape, previous), KeysLine(header));
 }
 
 std::string TopFailedFrame(const TopHeader& header, const std::string& cause,
@@ -225,7 +369,7 @@ std::string TopFailedFrame(const TopHeader& header, const std::string& cause,
   return absl::StrCat(HeaderLine(header), "\n", "scrape failed: ", Printable(cause, 512),
                       "\n(the last answer came at ",
                       absl::FormatTime("%H:%M:%S", last_good, header.zone), "; trying again every ",
-                      absl::FormatDuration(header.interval), ")\n");
+                      absl::FormatDuration(header.interval), ")\n", KeysLine(header));
 }
 
 }  // namespace gpuexec::cli
