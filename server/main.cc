@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/version.h"
 #include "server/common/log.h"
+#include "server/common/sd_notify.h"
 #include "server/common/text.h"
 #include "server/compile/compile_main.h"
 #include "server/rpc/server.h"
@@ -260,6 +261,9 @@ ABSL_FLAG(uint32_t, unix_max_connections_per_uid, 256,
 ABSL_FLAG(uint32_t, health_max_watches, 1024, "Health Watch streams open at once.");
 ABSL_FLAG(uint32_t, health_max_watches_per_peer, 16,
           "Health Watch streams one peer host (an IP address) may hold open at once.");
+ABSL_FLAG(absl::Duration, drain_deadline, absl::Seconds(60),
+          "How long a drain (SIGUSR1, or `gpuexec drain` without --deadline) lets open sessions "
+          "go on before it closes them; new sessions are refused from its start. At most 24h.");
 ABSL_FLAG(uint32_t, metrics_max_connections, 256,
           "Connections the metrics endpoint holds at once.");
 ABSL_FLAG(uint32_t, metrics_max_per_peer, 32,
@@ -271,6 +275,9 @@ ABSL_FLAG(uint32_t, metrics_cache_ms, 1000,
           "Past 8 renders of /metrics within this period, scrapes get the last one until it "
           "ends (0: rendered for every scrape).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (a line per event) or json (an object per line: time, level, message, and the "
+          "tenant, peer, method, code, session, device and kernel where the line has them).");
 ABSL_FLAG(std::string, worker_sandbox, "on",
           "on: each device worker drops every capability but the file ones a root-run driver may "
           "need on its device nodes, and runs with no_new_privs and a seccomp "
@@ -278,6 +285,13 @@ ABSL_FLAG(std::string, worker_sandbox, "on",
           "module loading, bpf, perf_event_open, ...). off: none of these, for diagnosis (a "
           "profiler in a worker needs perf_event_open and ptrace); also "
           "GPUEXEC_WORKER_SANDBOX=off.");
+
+// Tells systemd where the daemon is (Type=notify); a failure is a warning.
+static void Notify(absl::string_view state) {
+  if (absl::Status st = gpuexec::sd::Notify(state); !st.ok()) {
+    gpuexec::log::Warning("systemd: ", st.message());
+  }
+}
 
 int main(int argc, char** argv) {
   // Abseil built without NDEBUG (as Debian's is) checks every Mutex
@@ -315,6 +329,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   gpuexec::log::SetLevel(level);
+  gpuexec::log::Format format;
+  if (!gpuexec::log::ParseFormat(absl::GetFlag(FLAGS_log_format), &format)) {
+    std::fprintf(stderr, "gpuexecd: --log_format must be text or json\n");
+    return 2;
+  }
+  gpuexec::log::SetFormat(format);
   // Before any thread starts: no other process of this uid (a worker that
   // runs a tenant's code) may open this one's /proc/<pid>/fd or /mem.
   if (absl::Status st = gpuexec::worker::sandbox::ConfineFront(); !st.ok()) {
@@ -347,6 +367,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   gpuexec::ServerOptions options;
@@ -438,6 +459,7 @@ int main(int argc, char** argv) {
   options.busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   options.worker_shared_memory = absl::GetFlag(FLAGS_worker_shared_memory);
   options.worker_log_level = absl::GetFlag(FLAGS_log_level);
+  options.worker_log_format = absl::GetFlag(FLAGS_log_format);
   options.front.max_concurrent_streams = absl::GetFlag(FLAGS_rpc_max_streams);
   options.front.memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
   options.front.handshake_timeout_ms = absl::GetFlag(FLAGS_rpc_handshake_timeout_ms);
@@ -455,20 +477,36 @@ int main(int argc, char** argv) {
   options.metrics_max_per_peer = absl::GetFlag(FLAGS_metrics_max_per_peer);
   options.metrics_max_per_network = absl::GetFlag(FLAGS_metrics_max_per_network);
   options.metrics_cache_ms = absl::GetFlag(FLAGS_metrics_cache_ms);
+  options.drain_deadline = absl::GetFlag(FLAGS_drain_deadline);
+  if (options.drain_deadline < absl::ZeroDuration() || options.drain_deadline > absl::Hours(24)) {
+    std::fprintf(stderr, "gpuexecd: --drain_deadline=%s is outside 0s..24h\n",
+                 absl::FormatDuration(options.drain_deadline).c_str());
+    return 2;
+  }
 
   auto server = gpuexec::Server::Start(options);
   if (!server.ok()) {
     gpuexec::log::Error("gpuexecd cannot start: ", server.status().ToString());
     return 1;
   }
+  Notify("READY=1\nSTATUS=serving");
   int sig = 0;
-  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+  while (sigwait(&signals, &sig) == 0 && (sig == SIGHUP || sig == SIGUSR1)) {
+    if (sig == SIGUSR1) {
+      // A drain (core/drain.h): the operator's way without a client.
+      (*server)->Drain("SIGUSR1");
+      Notify("STATUS=draining: new sessions refused");
+      continue;
+    }
+    Notify("RELOADING=1");
     // A bad file is logged by the server and leaves the old one in force.
     if (absl::Status st = (*server)->ReloadTenants(); !st.ok() && options.tenants_file.empty()) {
       gpuexec::log::Info("SIGHUP: ", st.message());
     }
+    Notify("READY=1");
   }
   gpuexec::log::Info("signal ", sig, ": shutting down");
+  Notify("STOPPING=1");
   (*server)->Shutdown(absl::Seconds(5));
   return 0;
 }

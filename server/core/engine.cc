@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 Engine::~Engine() {
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
+  drain_.Stop(session_count());
   std::vector<std::shared_ptr<Session>> all;
   {
     absl::MutexLock lock(&sessions_mu_);
@@ -354,7 +355,40 @@ void Engine::ReaperLoop() {
             [](absl::Status) {});
     }
     RetireIdlePorts(now);
+    TickDrain(now);
   }
+}
+
+DrainState Engine::StartDrain(absl::Duration grace, std::string by) {
+  const DrainState st = drain_.Start(absl::Now(), grace, std::move(by));
+  log::Warning("drain: ", st.Describe(), "; ", session_count(),
+               " session(s) open, new ones refused");
+  return st;
+}
+
+DrainState Engine::ResumeFromDrain() {
+  const bool was = drain_.draining();
+  DrainState st = drain_.Resume();
+  if (was) log::Warning("drain: resumed; new sessions are served again");
+  return st;
+}
+
+void Engine::TickDrain(absl::Time now) {
+  if (!drain_.Tick(now, session_count())) return;
+  const DrainState st = drain_.state();
+  std::vector<std::shared_ptr<Session>> open;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [token, s] : sessions_) open.push_back(s);
+  }
+  const std::string why = absl::StrCat("the daemon was drained (", st.by,
+                                       ") and the drain's deadline passed; open a new session "
+                                       "on another daemon of the pool");
+  for (auto& s : open) Close(s, CloseReason::kRevoked, why, [](absl::Status) {});
+  drain_.Closed(open.size());
+  log::Warning("drain: the deadline passed; closed ", open.size(), " session(s) still open");
+  // The waiters hear of it at once, not a tick later.
+  drain_.Tick(now, session_count());
 }
 
 absl::StatusOr<std::shared_ptr<Session>> Engine::FindSession(const Caller& caller,

@@ -32,6 +32,7 @@
 #include "server/core/byte_spans.h"
 #include "server/core/chunk_pool.h"
 #include "server/core/compute_shares.h"
+#include "server/core/drain.h"
 #include "server/core/fault_words.h"
 #include "server/core/session.h"
 #include "server/port/device_port.h"
@@ -495,6 +496,18 @@ class Engine {
   // client's next call and logged; returns how many.
   size_t CloseDeviceSessions(int device, const std::string& why);
 
+  // The daemon's drain (drain.h): from StartDrain, OpenSession is refused
+  // with UNAVAILABLE naming it; the sessions still open `grace` later are
+  // closed, each told the drain. Again while draining: a new deadline.
+  DrainState StartDrain(absl::Duration grace, std::string by);
+  DrainState ResumeFromDrain();
+  DrainState drain_state() const { return drain_.state(); }
+  // `done` once no session is open, the drain is resumed, or the engine
+  // goes (Drain::AddWaiter).
+  absl::Status WhenDrained(Drain::Waiter done) { return drain_.AddWaiter(std::move(done)); }
+  // Answers the calls that wait for the drain now (the daemon is stopping).
+  void EndDrainWaits() { drain_.Stop(session_count()); }
+
   absl::StatusOr<std::unique_ptr<ModuleUpload>> BeginModuleUpload(const Caller& caller,
                                                                   const std::string& token,
                                                                   const std::string& sha256,
@@ -627,6 +640,8 @@ class Engine {
   void Close(std::shared_ptr<Session> session, CloseReason reason, const std::string& why,
              Done done);
   void ReaperLoop();
+  // The reaper's part of a drain: closes what the deadline leaves open.
+  void TickDrain(absl::Time now);
 
   const EngineOptions options_;
   std::atomic<uint64_t> next_graph_id_{1};
@@ -811,6 +826,7 @@ class Engine {
   absl::Mutex health_mu_;
   std::function<void()> health_listener_ ABSL_GUARDED_BY(health_mu_);
 
+  Drain drain_;
   absl::Notification stop_reaper_;
   std::thread reaper_;
 

@@ -123,6 +123,7 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
 void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, uint64_t lease_ms,
                          uint64_t memory_limit, uint64_t kernel_time_limit_ms,
                          Callback<SessionInfo> done) {
+  if (absl::Status drain = drain_.RefuseOpen(); !drain.ok()) return done(drain);
   if (devices_.empty()) {
     return done(absl::UnavailableError(
         absl::StrCat("no GPU is available on this host: ",

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -36,7 +37,8 @@ absl::Status Errno(absl::string_view what, const std::string& address) {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address,
                                                               Registry* registry,
-                                                              const Limits& limits) {
+                                                              const Limits& limits,
+                                                              HttpProbes probes) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(
@@ -88,7 +90,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     return Errno("make a wake-up pipe for", address);
   }
   return std::unique_ptr<HttpServer>(
-      new HttpServer(fd, wake[0], wake[1], bound_port, registry, limits));
+      new HttpServer(fd, wake[0], wake[1], bound_port, registry, limits, std::move(probes)));
 }
 
 struct HttpServer::Connection {
@@ -164,13 +166,14 @@ std::pair<std::string, std::string> PeerOf(int fd) {
 }  // namespace
 
 HttpServer::HttpServer(int listen_fd, int wake_read, int wake_write, int port, Registry* registry,
-                       const Limits& limits)
+                       const Limits& limits, HttpProbes probes)
     : listen_fd_(listen_fd),
       wake_read_(wake_read),
       wake_write_(wake_write),
       port_(port),
       registry_(registry),
-      limits_(limits) {
+      limits_(limits),
+      probes_(std::move(probes)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -349,11 +352,21 @@ void HttpServer::OnReadable(Connection& c) {
       ++renders_in_period_;
     }
     c.out = Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", rendered_, head);
+  } else if (request->path == "/healthz") {
+    c.out = Answer("200 OK", "text/plain; charset=utf-8", "ok\n", head);
+  } else if (request->path == "/readyz") {
+    const std::string why = probes_.not_ready ? probes_.not_ready() : "";
+    c.out = why.empty() ? Answer("200 OK", "text/plain; charset=utf-8", "ready\n", head)
+                        : Answer("503 Service Unavailable", "text/plain; charset=utf-8",
+                                 absl::StrCat("not ready: ", why, "\n"), head);
   } else if (request->path == "/") {
     c.out = Answer("200 OK", "text/plain; charset=utf-8",
-                   "gpuexecd: metrics in the Prometheus text format at /metrics\n", head);
+                   "gpuexecd: metrics in the Prometheus text format at /metrics; probes at "
+                   "/healthz and /readyz\n",
+                   head);
   } else {
-    c.out = Answer("404 Not Found", "text/plain", "not found; try /metrics\n", head);
+    c.out = Answer("404 Not Found", "text/plain", "not found; try /metrics, /healthz or /readyz\n",
+                   head);
   }
 }
 

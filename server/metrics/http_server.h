@@ -3,7 +3,10 @@
 
 // The smallest HTTP/1.1 server that Prometheus can scrape: GET /metrics
 // answers with the registry's exposition, GET / with a pointer to it,
-// anything else with 404 or 405. One request per connection.
+// anything else with 404 or 405. One request per connection. It answers
+// the probes of Kubernetes and load balancers too: GET /healthz is 200
+// while the process serves (this loop answers), GET /readyz 200 when the
+// daemon takes new sessions, else 503 with the reason (HttpProbes).
 //
 // One thread serves every connection at once from a poll loop, with
 // non-blocking sockets: a peer that connects and says nothing, or trickles
@@ -25,6 +28,7 @@
 // operator's curl right after a call) that asks now and then reads figures
 // of the moment.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -53,6 +57,14 @@ struct HttpLimits {
   int cache_ms = 1000;  // 0: a render per scrape
 };
 
+// The daemon's readiness as /readyz reports it: `not_ready` answers why the
+// daemon takes no new session ("draining since ...", "no device serves"),
+// or "" when it does. Called on the loop thread for each probe: it must not
+// wait. Unset: /readyz is /healthz.
+struct HttpProbes {
+  std::function<std::string()> not_ready;
+};
+
 // Renders one period allows before scrapes share the last one.
 inline constexpr int kFreshRendersPerPeriod = 8;
 
@@ -64,7 +76,8 @@ class HttpServer {
   // and serves `registry`, which must outlive the server.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
                                                            Registry* registry,
-                                                           const Limits& limits = Limits());
+                                                           const Limits& limits = Limits(),
+                                                           HttpProbes probes = HttpProbes());
   ~HttpServer();  // stops serving
 
   HttpServer(const HttpServer&) = delete;
@@ -77,7 +90,7 @@ class HttpServer {
  private:
   struct Connection;
   HttpServer(int listen_fd, int wake_read, int wake_write, int port, Registry* registry,
-             const Limits& limits);
+             const Limits& limits, HttpProbes probes);
   void Loop();
   // Reads what `c` sent; once its request is whole, makes the answer.
   void OnReadable(Connection& c);
@@ -87,6 +100,7 @@ class HttpServer {
   int port_;
   Registry* registry_;
   const Limits limits_;
+  const HttpProbes probes_;
   // The last exposition rendered and when (the loop thread's own).
   std::string rendered_;
   absl::Time period_start_ = absl::InfinitePast();

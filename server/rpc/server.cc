@@ -44,6 +44,7 @@
 #include "server/rpc/observability.h"
 #include "server/rpc/service.h"
 #include "server/rpc/shm_listener.h"
+#include "server/rpc/standard_metrics.h"
 #include "server/rpc/tcp_listener.h"
 #include "server/rpc/unix_listener.h"
 #include "server/tenants/tenants.h"
@@ -178,6 +179,7 @@ class Server::Impl {
   // the end.
   metrics::Registry registry;
   std::string tenants_file;
+  absl::Duration drain_deadline;
   std::unique_ptr<rpc::Identity> identity;
   // With --mps=own: stopped after the engine (and so every worker) is gone.
   std::unique_ptr<rpc::MpsControl> mps_control;
@@ -254,6 +256,18 @@ class Server::Impl {
     }
   }
 };
+
+namespace {
+
+// Why the daemon takes no new session (/readyz), or "".
+std::string NotReadyReason(const core::Engine& engine) {
+  const core::DrainState drain = engine.drain_state();
+  if (drain.draining) return drain.Describe();
+  if (!engine.AnyDeviceHealthy()) return "no device serves (see gpuexec_device_healthy)";
+  return "";
+}
+
+}  // namespace
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -373,6 +387,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.queue_bytes = options.worker_queue_bytes;
   wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
   wo.log_level = options.worker_log_level;
+  wo.log_format = options.worker_log_format;
   wo.busy_poll = absl::Microseconds(busy_poll_us);
   wo.ring_bytes = options.worker_shared_memory ? wo.ring_bytes : 0;
   GPUEXEC_ASSIGN_OR_RETURN(const rpc::MpsMode mps_mode, rpc::ParseMpsMode(options.mps));
@@ -473,6 +488,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       reported_version, call_limits,
       options.command_rings && !options.shm_socket.empty() ? ring::kVersion : 0,
       static_cast<int>(std::max<uint32_t>(2, rpc_threads)));
+  impl->service->SetDrainDeadline(options.drain_deadline);
+  impl->drain_deadline = options.drain_deadline;
   impl->service->SetCompiler(nullptr,
                              "it was started without compiling (gpuexecd --compile=false)");
   if (options.compile) {
@@ -522,13 +539,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
   }
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
+  rpc::AddStandardMetrics(&impl->registry, options, impl->compiles.get());
+  impl->registry.AddCollector([engine = impl->engine.get()](metrics::Sink& sink) {
+    sink.Declare("gpuexec_draining", "gauge",
+                 "1 while the daemon drains (new sessions refused; see gpuexec drain), else 0.");
+    sink.Sample("gpuexec_draining", {}, engine->drain_state().draining ? 1 : 0);
+  });
   if (!options.metrics_address.empty()) {
     metrics::HttpServer::Limits limits;
     limits.max_connections = static_cast<int>(options.metrics_max_connections);
     limits.max_per_peer = static_cast<int>(options.metrics_max_per_peer);
     limits.max_per_network = static_cast<int>(options.metrics_max_per_network);
     limits.cache_ms = static_cast<int>(options.metrics_cache_ms);
-    auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry, limits);
+    metrics::HttpProbes probes;
+    probes.not_ready = [engine = impl->engine.get()] { return NotReadyReason(*engine); };
+    auto http = metrics::HttpServer::Start(options.metrics_address, &impl->registry, limits,
+                                           std::move(probes));
     if (!http.ok()) return http.status();
     impl->metrics_http = std::move(http).value();
   }
@@ -770,6 +796,10 @@ absl::Status Server::ReloadTenants() {
   return absl::OkStatus();
 }
 
+void Server::Drain(const std::string& by) { impl_->engine->StartDrain(impl_->drain_deadline, by); }
+
+std::string Server::NotReady() const { return NotReadyReason(*impl_->engine); }
+
 int Server::device_count() const { return impl_->engine->device_count(); }
 
 int Server::worker_pid(int index) const { return impl_->engine->WorkerPid(index); }
@@ -791,8 +821,9 @@ void Server::Shutdown(absl::Duration deadline) {
     absl::MutexLock lock(&impl_->health_mu);
     impl_->health_stopped = true;
   }
-  impl_->health.Shutdown();     // every name NOT_SERVING; watches end
-  impl_->tcp_listener.reset();  // no new connections
+  impl_->health.Shutdown();        // every name NOT_SERVING; watches end
+  impl_->engine->EndDrainWaits();  // calls waiting for a drain are answered
+  impl_->tcp_listener.reset();     // no new connections
   impl_->unix_listener.reset();
   impl_->shm_listener.reset();
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + deadline));

@@ -171,6 +171,7 @@ struct ServerOptions {
   // process's own executable, which must then be gpuexecd).
   std::string worker_program;
   std::string worker_log_level = "info";
+  std::string worker_log_format = "text";
   // Kernels from source (CompileModule): each compile runs worker_program
   // as `__compile`, with NVRTC from `nvrtc` (a file or a library name;
   // empty: the usual places). gpuexecd turns it on (--compile); a daemon
@@ -225,6 +226,9 @@ struct ServerOptions {
   uint32_t metrics_cache_ms = 1000;
   // How often leases are checked.
   absl::Duration reaper_interval = absl::Milliseconds(200);
+  // What a drain (SIGUSR1, or a Drain call that names no deadline) gives
+  // the open sessions before it closes them.
+  absl::Duration drain_deadline = absl::Seconds(60);
 };
 
 // The gRPC threads a daemon serves with when ServerOptions::rpc_threads is
@@ -253,6 +257,11 @@ class Server {
   // a bad one is refused (the status says the line and field) and the one
   // in force stays. FAILED_PRECONDITION when the daemon has no tenants file.
   absl::Status ReloadTenants();
+  // Starts a drain (core/drain.h) with options' drain_deadline, asked by
+  // `by` ("SIGUSR1"); again while draining, a new deadline from now.
+  void Drain(const std::string& by);
+  // Why the daemon takes no new session now ("" when it does): /readyz.
+  std::string NotReady() const;
   // A channel to this server that does not leave the process.
   std::shared_ptr<grpc::Channel> InProcessChannel();
   // Number of usable devices.

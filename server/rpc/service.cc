@@ -31,6 +31,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   calls::ListenRead(env, cq);
   calls::ListenLoadModule(env, cq);
   calls::ListenCompileModule(env, cq);
+  calls::ListenDrain(env, cq);
 
   using ListDevices = Unary<v1::ListDevicesRequest, v1::ListDevicesResponse>;
   ListenUnary<ListDevices>(
@@ -39,12 +40,14 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
             call->caller(),
             Reply<std::vector<core::DeviceStatus>>(
                 call,
-                [address = call->env().advertise_address, version = call->env().daemon_version,
-                 nvrtc = call->env().nvrtc_version, unavailable = call->env().compile_unavailable](
+                [engine, address = call->env().advertise_address,
+                 version = call->env().daemon_version, nvrtc = call->env().nvrtc_version,
+                 unavailable = call->env().compile_unavailable](
                     const std::vector<core::DeviceStatus>& devices, v1::ListDevicesResponse* r) {
                   for (const auto& d : devices) ToProto(d, r->add_devices());
                   r->set_daemon_address(address);
                   r->set_daemon_version(version);
+                  r->set_draining(engine->drain_state().Describe());
                   if (!nvrtc.empty()) {
                     r->set_nvrtc_version(nvrtc);
                   } else {

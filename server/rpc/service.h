@@ -62,6 +62,10 @@ class GpuExecService {
     env_.compile_unavailable = std::move(unavailable);
   }
 
+  // A Drain call's deadline when it names none (--drain_deadline). Before
+  // Listen.
+  void SetDrainDeadline(absl::Duration deadline) { env_.drain_deadline = deadline; }
+
   // To register with the server builder.
   grpc::Service* service() { return &async_; }
   // Listens for calls of every method on `cq` (after the server started).
@@ -100,6 +104,8 @@ class GpuExecService {
     compile::CompileService* compiles = nullptr;
     std::string nvrtc_version{};
     std::string compile_unavailable = "the daemon was started without a compiler";
+    // What a drain gives open sessions when its call names no deadline.
+    absl::Duration drain_deadline = absl::Seconds(60);
   };
 
  private:

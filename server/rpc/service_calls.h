@@ -147,6 +147,8 @@ void ListenWrite(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq
 void ListenRead(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
 void ListenLoadModule(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
 void ListenCompileModule(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
+// Drain, an operator's call (drain_call.cc).
+void ListenDrain(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
 
 }  // namespace calls
 }  // namespace gpuexec::rpc

@@ -72,6 +72,7 @@ struct WorkerOptions {
   // not answered a ping for this long plus 30 s.
   absl::Duration kernel_time_limit = absl::Seconds(60);
   std::string log_level = "info";
+  std::string log_format = "text";  // the daemon's --log_format
   // How long the worker's executor, and the front's reader of its replies,
   // keep looking for the next message before they sleep (0: they sleep at
   // once).

@@ -111,6 +111,7 @@ void RemoteDevice::Spawn() {
         absl::StrCat("--staging_slots=", options_.staging_slots),
         absl::StrCat("--max_queued_launches=", options_.max_queued_launches),
         absl::StrCat("--log_level=", options_.log_level),
+        absl::StrCat("--log_format=", options_.log_format),
         absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(options_.busy_poll)),
         absl::StrCat("--ring_bytes=", rings != nullptr ? options_.ring_bytes : 0)};
     std::vector<char*> argv;

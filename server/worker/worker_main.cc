@@ -40,6 +40,7 @@ struct Args {
   int staging_slots = 8;
   int max_queued_launches = 0;
   std::string log_level = "info";
+  std::string log_format = "text";
   int64_t busy_poll_us = 0;
   uint64_t ring_bytes = 0;
 };
@@ -69,6 +70,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!absl::SimpleAtoi(v, &args->ring_bytes)) return false;
     } else if (value("--log_level=", &v)) {
       args->log_level = std::string(v);
+    } else if (value("--log_format=", &v)) {
+      args->log_format = std::string(v);
     } else {
       return false;
     }
@@ -412,6 +415,8 @@ int RunWorker(int argc, char** argv) {
   }
   log::Level level;
   if (log::ParseLevel(args.log_level, &level)) log::SetLevel(level);
+  log::Format format;
+  if (log::ParseFormat(args.log_format, &format)) log::SetFormat(format);
   std::unique_ptr<RingPair> rings;
   if (args.ring_bytes > 0) {
     RingFds fds;

@@ -12,7 +12,7 @@
 //     no TIME_WAIT behind) with a well-formed HTTP/1.1 response (status
 //     line, Content-Length matching the body, no body for HEAD), and never
 //     hangs; a request whose headers end within the server's 8 KiB gets the
-//     answer its line calls for (400, 405, 200 for / and /metrics with the
+//     answer its line calls for (400, 405, 200 for /, /healthz, /readyz and /metrics with the
 //     registry's exposition, 404), one over the limit 431.
 
 #include <arpa/inet.h>
@@ -50,7 +50,18 @@ gpuexec::metrics::HttpServer* server;
 std::string* exposition;
 
 constexpr absl::string_view kRootBody =
-    "gpuexecd: metrics in the Prometheus text format at /metrics\n";
+    "gpuexecd: metrics in the Prometheus text format at /metrics; probes at /healthz and "
+    "/readyz\n";
+
+// What a 200 for `path` carries (the server here has no readiness probe:
+// /readyz answers ready).
+absl::string_view BodyOf(const std::string& path) {
+  return path == "/healthz" ? "ok\n" : path == "/readyz" ? "ready\n" : kRootBody;
+}
+
+bool Served(const std::string& path) {
+  return path == "/metrics" || path == "/" || path == "/healthz" || path == "/readyz";
+}
 
 // The request line's method and target as the format has them, or false.
 bool ReadLine(absl::string_view request, std::string* method, std::string* path) {
@@ -155,7 +166,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool head = line_ok && method == "HEAD";
   const std::string for_line = !line_ok                              ? "400"
                                : method != "GET" && method != "HEAD" ? "405"
-                               : path == "/metrics" || path == "/"   ? "200"
+                               : Served(path)                        ? "200"
                                                                      : "404";
 
   // Through the server.
@@ -219,7 +230,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(body.size() == length);
   }
   if (status == "200" && !head) {
-    FUZZ_CHECK(path == "/metrics" ? body == *exposition : body == kRootBody);
+    FUZZ_CHECK(path == "/metrics" ? body == *exposition : body == BodyOf(path));
   }
   return 0;
 }

@@ -177,6 +177,35 @@ TEST(HttpServerTest, AnswersOtherRequestsWithErrors) {
   EXPECT_THAT(Fetch(port, "GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK"));
 }
 
+// The probes: /healthz while the loop serves; /readyz as the daemon's
+// readiness says, 503 with its reason when it is not ready.
+TEST(HttpServerTest, AnswersHealthAndReadinessProbes) {
+  Registry r;
+  std::atomic<bool> draining{false};
+  HttpProbes probes;
+  probes.not_ready = [&draining]() -> std::string {
+    return draining ? "draining since 2026-12-06T03:10:00Z (SIGUSR1)" : "";
+  };
+  auto server = HttpServer::Start("127.0.0.1:0", &r, HttpLimits(), probes);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  EXPECT_THAT(
+      Fetch(port, "GET /healthz HTTP/1.1\r\n\r\n"),
+      ::testing::AllOf(StartsWith("HTTP/1.1 200 OK\r\n"), ::testing::EndsWith("\r\n\r\nok\n")));
+  EXPECT_THAT(
+      Fetch(port, "GET /readyz HTTP/1.1\r\n\r\n"),
+      ::testing::AllOf(StartsWith("HTTP/1.1 200 OK\r\n"), ::testing::EndsWith("\r\n\r\nready\n")));
+  draining = true;
+  EXPECT_THAT(Fetch(port, "GET /readyz HTTP/1.1\r\n\r\n"),
+              ::testing::AllOf(StartsWith("HTTP/1.1 503 Service Unavailable\r\n"),
+                               ::testing::EndsWith("\r\n\r\nnot ready: draining since "
+                                                   "2026-12-06T03:10:00Z (SIGUSR1)\n")));
+  EXPECT_THAT(Fetch(port, "HEAD /readyz HTTP/1.1\r\n\r\n"),
+              ::testing::AllOf(StartsWith("HTTP/1.1 503 "), ::testing::EndsWith("\r\n\r\n")));
+  EXPECT_THAT(Fetch(port, "GET /healthz HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK"))
+      << "the process serves while it drains";
+}
+
 // Peers that connect and say nothing, and peers that trickle their request
 // a byte at a time, hold only their own connections: a scrape from
 // elsewhere is answered at once all the while.

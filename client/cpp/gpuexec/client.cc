@@ -766,11 +766,15 @@ absl::StatusOr<std::vector<DeviceInfo>> Client::ListDevices() const {
       !std::all_of(address.begin(), address.end(), [](char c) { return c > ' ' && c < 0x7f; })) {
     address.clear();
   }
+  std::string draining = response.draining().substr(0, 512);
+  std::replace_if(
+      draining.begin(), draining.end(), [](char c) { return c < ' ' || c == 0x7f; }, '?');
   std::vector<DeviceInfo> devices;
   devices.reserve(response.devices_size());
   for (const v1::Device& d : response.devices()) {
     devices.push_back(FromProto(d));
     devices.back().daemon_address = address;
+    devices.back().daemon_draining = draining;
   }
   return devices;
 }

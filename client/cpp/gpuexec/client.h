@@ -234,6 +234,31 @@ struct DeviceInfo {
   // --advertise_address: printable, at most 261 bytes, else ignored); ""
   // when it names none.
   std::string daemon_address;
+  // While the daemon drains (an operator's Drain: it opens no new
+  // session), the drain in words (at most 512 bytes); "" otherwise.
+  std::string daemon_draining;
+};
+
+// An operator's drain of a daemon (Client::Drain; the proto's Drain).
+struct DrainOptions {
+  // How long open sessions may go on; zero takes the daemon's
+  // --drain_deadline. At most 24 hours, whole milliseconds.
+  absl::Duration deadline = absl::ZeroDuration();
+  // Answer once no session is open (or the drain is resumed), not at once.
+  bool wait = false;
+  // End the drain instead.
+  bool resume = false;
+  // The call's own deadline; zero: the control timeout, or with `wait` the
+  // drain's deadline (the daemon's default taken as 24 hours) plus a minute.
+  absl::Duration call_timeout = absl::ZeroDuration();
+};
+
+struct DrainStatus {
+  bool draining = false;
+  uint32_t sessions_open = 0;
+  absl::Time deadline = absl::InfinitePast();  // when open sessions close
+  uint32_t closed_at_deadline = 0;
+  std::string description;  // the drain in words (at most 512 bytes)
 };
 
 struct SessionOptions {
@@ -830,6 +855,9 @@ class Client {
 
   absl::StatusOr<std::vector<DeviceInfo>> ListDevices() const;
   absl::StatusOr<Session> OpenSession(const SessionOptions& options = {}) const;
+  // Drains the daemon, or resumes it (DrainOptions). An operator's call:
+  // the daemon allows it only on its Unix socket, to root or its own user.
+  absl::StatusOr<DrainStatus> Drain(const DrainOptions& options) const;
 
   const std::shared_ptr<grpc::Channel>& channel() const;
   const ClientOptions& options() const;

@@ -310,6 +310,11 @@ absl::StatusOr<Session> Pool::OpenSession(const PoolSessionOptions& options) con
       passed_over.emplace_back(asked[i], internal::PassedOverCause(asked[i], answers[i].status()));
       continue;
     }
+    // A draining daemon opens no session: its devices are not candidates.
+    if (!answers[i]->empty() && !answers[i]->front().daemon_draining.empty()) {
+      passed_over.emplace_back(asked[i], "draining");
+      continue;
+    }
     for (const DeviceInfo& d : *answers[i]) {
       internal::DeviceLoad l;
       l.daemon = i;

@@ -114,6 +114,11 @@ class GpuExecStub(object):
                 request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.ExecuteResponse.FromString,
                 )
+        self.Drain = channel.unary_unary(
+                '/gpuexec.v1.GpuExec/Drain',
+                request_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.DrainRequest.SerializeToString,
+                response_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.DrainResponse.FromString,
+                )
 
 
 class GpuExecServicer(object):
@@ -297,6 +302,19 @@ class GpuExecServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """An operator's call, before a driver upgrade or a node's maintenance:
+        new sessions are refused (UNAVAILABLE naming the drain; ListDevices
+        reports it, so a pool's clients place sessions elsewhere, and the
+        metrics endpoint's /readyz answers 503), the open ones are served until
+        the deadline, then closed, each told why. Allowed only to a caller on
+        the daemon's Unix socket running as root or as the daemon's own user;
+        anyone else is PERMISSION_DENIED. gpuexecd's SIGUSR1 starts one too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GpuExecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -399,6 +417,11 @@ def add_GpuExecServicer_to_server(servicer, server):
                     servicer.Execute,
                     request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.ExecuteRequest.FromString,
                     response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=gpuexec_dot_v1_dot_gpuexec__pb2.DrainRequest.FromString,
+                    response_serializer=gpuexec_dot_v1_dot_gpuexec__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -747,5 +770,22 @@ class GpuExec(object):
         return grpc.experimental.stream_stream(request_iterator, target, '/gpuexec.v1.GpuExec/Execute',
             gpuexec_dot_v1_dot_gpuexec__pb2.ExecuteRequest.SerializeToString,
             gpuexec_dot_v1_dot_gpuexec__pb2.ExecuteResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/gpuexec.v1.GpuExec/Drain',
+            gpuexec_dot_v1_dot_gpuexec__pb2.DrainRequest.SerializeToString,
+            gpuexec_dot_v1_dot_gpuexec__pb2.DrainResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
