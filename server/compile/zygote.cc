@@ -56,8 +56,11 @@ absl::StatusOr<pid_t> SpawnCompileProcess(const std::string& program,
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
+  // SIGUSR1 is the daemon's drain: a `systemctl kill -s USR1` that reaches
+  // every process of the unit must not end a compile.
   sigset_t none, defaults;
   sigemptyset(&none);
+  sigaddset(&none, SIGUSR1);
   sigemptyset(&defaults);
   for (int sig : {SIGPIPE, SIGXCPU, SIGXFSZ, SIGTERM, SIGINT, SIGHUP}) sigaddset(&defaults, sig);
   posix_spawnattr_setsigmask(&attr, &none);

@@ -29,7 +29,6 @@ DrainState Drain::Start(absl::Time now, absl::Duration grace, std::string by) {
     state_ = DrainState();
     state_.draining = true;
     state_.since = now;
-    deadline_passed_ = false;
   }
   state_.by = std::move(by);
   state_.deadline = now + grace;
@@ -42,7 +41,6 @@ DrainState Drain::Resume() {
   {
     absl::MutexLock lock(&mu_);
     state_ = DrainState();
-    deadline_passed_ = false;
     was = state_;
     waiters = TakeWaiters();
   }
@@ -72,6 +70,7 @@ absl::Status Drain::RefuseOpen() const {
 
 absl::Status Drain::AddWaiter(Waiter done) {
   absl::MutexLock lock(&mu_);
+  if (stopped_) return absl::UnavailableError("the daemon is stopping");
   if (!state_.draining) {
     return absl::FailedPreconditionError(
         "the daemon is not draining: there is nothing to wait for");
@@ -91,10 +90,9 @@ bool Drain::Tick(absl::Time now, size_t sessions_open) {
   {
     absl::MutexLock lock(&mu_);
     if (!state_.draining) return false;
-    if (!deadline_passed_ && now >= state_.deadline) {
-      deadline_passed_ = true;
-      close_now = sessions_open > 0;
-    }
+    // Past the deadline, whatever is open is closed: the first time, and
+    // any session whose open was under way then.
+    if (now >= state_.deadline) close_now = sessions_open > 0;
     if (sessions_open == 0) {
       st = state_;
       waiters = TakeWaiters();
@@ -114,6 +112,7 @@ void Drain::Stop(size_t sessions_open) {
   DrainState st;
   {
     absl::MutexLock lock(&mu_);
+    stopped_ = true;
     st = state_;
     waiters = TakeWaiters();
   }

@@ -65,13 +65,14 @@ class Drain {
   using Waiter = std::function<void(const DrainState& state, size_t sessions_open)>;
   absl::Status AddWaiter(Waiter done);
 
-  // The reaper's tick: true the first time `now` is past the deadline (the
-  // caller then closes the sessions still open and reports how many with
+  // The reaper's tick: true when `now` is past the deadline and sessions
+  // are open (the caller then closes them and reports how many with
   // Closed). Waiters are answered when `sessions_open` is 0.
   bool Tick(absl::Time now, size_t sessions_open);
   void Closed(size_t sessions);
 
-  // The engine is going: waiters are answered with what is open.
+  // The engine is going: waiters are answered with what is open, and later
+  // ones refused (UNAVAILABLE).
   void Stop(size_t sessions_open);
 
  private:
@@ -79,7 +80,8 @@ class Drain {
 
   mutable absl::Mutex mu_;
   DrainState state_ ABSL_GUARDED_BY(mu_);
-  bool deadline_passed_ ABSL_GUARDED_BY(mu_) = false;
+  // After Stop, no call may wait (the daemon's shutdown waits for calls).
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -274,6 +274,10 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
       caller, index,
       [this, caller, index, lease_ms, limit, capped, time_limit, usage,
        done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
+        // A drain that began while the port came (a tenant's worker can
+        // take seconds to start) refuses this session too; one that begins
+        // later finds it open and closes it at its deadline.
+        if (absl::Status drain = drain_.RefuseOpen(); port.ok() && !drain.ok()) port = drain;
         if (!port.ok()) {
           {
             absl::MutexLock lock(&sessions_mu_);

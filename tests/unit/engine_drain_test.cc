@@ -113,7 +113,19 @@ TEST(DrainTest, AGraceIsBoundedAndAskingAgainMovesTheDeadline) {
   EXPECT_EQ(st.by, "the Drain call of unix:uid=0");
   EXPECT_FALSE(d.Tick(t0 + absl::Seconds(14), 3));
   EXPECT_TRUE(d.Tick(t0 + absl::Seconds(15), 3));
-  EXPECT_FALSE(d.Tick(t0 + absl::Seconds(16), 3));  // once
+  d.Closed(3);
+  EXPECT_FALSE(d.Tick(t0 + absl::Seconds(16), 0));
+  // A session whose open was under way at the deadline is closed too.
+  EXPECT_TRUE(d.Tick(t0 + absl::Seconds(17), 1));
+  EXPECT_EQ(d.state().closed_at_deadline, 3u);
+}
+
+TEST(DrainTest, NoCallMayWaitOnceTheEngineStops) {
+  Drain d;
+  d.Start(absl::Now(), absl::Hours(1), "SIGUSR1");
+  d.Stop(0);
+  EXPECT_THAT(d.AddWaiter([](const DrainState&, size_t) {}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stopping")));
 }
 
 }  // namespace
