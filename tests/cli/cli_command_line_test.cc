@@ -85,7 +85,7 @@ TEST(CommandLineTest, MalformedLinesSayWhatIsWrong) {
   EXPECT_EQ(UsageOf({"devices", "--bogus=1"}), "unknown flag '--bogus=1' (see 'gpuexec --help')");
   EXPECT_EQ(
       UsageOf({"frobnicate"}),
-      "unknown command 'frobnicate' (commands: devices, load, info, compile, run, top, help)");
+      "unknown command 'frobnicate' (commands: devices, load, info, compile, run, top, drain, help)");
   EXPECT_EQ(UsageOf({"devices", "extra"}), "devices takes no arguments");
   EXPECT_EQ(UsageOf({"info", "k.cubin", "--grid=1"}), "--grid applies to 'run' only");
   EXPECT_EQ(UsageOf({"--grid=1", "run"}), "--grid is a flag of 'run': give it after the command");
@@ -96,7 +96,7 @@ TEST(CommandLineTest, MalformedLinesSayWhatIsWrong) {
   EXPECT_EQ(UsageOf({"top", "extra"}), "top takes no arguments");
   EXPECT_EQ(UsageOf({"run", "--tls-ca=a", "--tls_ca=b"}), "flag --tls_ca given twice");
   EXPECT_EQ(UsageOf({"help", "nothing"}),
-            "help: no command 'nothing' (commands: devices, load, info, compile, run, top)");
+            "help: no command 'nothing' (commands: devices, load, info, compile, run, top, drain)");
   EXPECT_EQ(UsageOf({"info", "k.cubin", "--include=a.cuh"}),
             "--include applies to 'compile' and 'run' only");
   EXPECT_EQ(UsageOf({"--nvrtc_option=-DN=4", "compile", "k.cu"}),

@@ -206,6 +206,32 @@ def pod_groups(c, spec):
     return groups - {None}
 
 
+def check_drain(where, c, pod, parsed):
+    """A daemon with a TCP listener (a pool's) drains before it stops: its
+    preStop hook runs `gpuexec drain --wait` on its Unix socket, with a
+    deadline the pod's grace period covers."""
+    if not parsed.get("listen", DEFAULT_LISTEN):
+        return
+    hook = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    tool = gpuexec_invocation(hook)
+    if "drain" not in tool:
+        problem(where, "no preStop hook that runs `gpuexec drain`")
+        return
+    target = next((a.split("=", 1)[1] for a in tool if a.startswith("--target=")), "")
+    if target != f"unix:{parsed.get('unix_socket')}":
+        problem(where, f"the preStop drain targets {target!r}, not --unix_socket")
+    if "--wait" not in tool:
+        problem(where, "the preStop drain does not --wait: the pod would stop at once")
+    deadline = next((a.split("=", 1)[1] for a in tool if a.startswith("--deadline=")), "")
+    if not re.fullmatch(r"[0-9]+s", deadline):
+        problem(where, f"the preStop drain's --deadline {deadline!r} is not whole seconds")
+        return
+    grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+    if int(deadline[:-1]) + 10 > grace:
+        problem(where, f"the preStop drain's --deadline={deadline} leaves less than 10 s of the "
+                f"pod's terminationGracePeriodSeconds ({grace}) for the daemon to stop")
+
+
 def check_gpuexecd(where, c, pod, flags):
     args = c.get("args", []) + c.get("command", [])[1:]
     parsed = parse_args(args)
@@ -229,6 +255,19 @@ def check_gpuexecd(where, c, pod, flags):
                 problem(where, f"{kind}: the kubelet cannot reach a loopback listener")
             if probe["grpc"].get("service", "") not in ("", "gpuexec.v1.GpuExec", "liveness"):
                 problem(where, f"{kind} asks for health service {probe['grpc']['service']!r}")
+        elif "httpGet" in probe:
+            http = probe["httpGet"]
+            port = http.get("port")
+            port = ports.get(port, port)
+            metrics_port = port_of(parsed.get("metrics_listen", ""))
+            if metrics_port is None or port != metrics_port:
+                problem(where, f"{kind} probes HTTP port {http.get('port')}, "
+                        f"not the metrics port gpuexecd serves /healthz and /readyz on")
+            if parsed.get("metrics_listen", "").startswith("127."):
+                problem(where, f"{kind}: the kubelet cannot reach a loopback metrics listener")
+            want = "/readyz" if kind == "readinessProbe" else "/healthz"
+            if http.get("path") != want:
+                problem(where, f"{kind} asks for {http.get('path')!r}, not {want}")
         elif "exec" in probe:
             cmd = probe["exec"]["command"]
             tool = gpuexec_invocation(cmd)
@@ -240,6 +279,7 @@ def check_gpuexecd(where, c, pod, flags):
             problem(where, f"{kind} is neither a grpc nor an exec probe")
     if "startupProbe" not in c and "livenessProbe" not in c:
         problem(where, "no probes")
+    check_drain(where, c, pod, parsed)
     if "listen" in parsed and parsed["listen"] and grpc_port not in ports.values():
         problem(where, f"--listen port {grpc_port} is not a containerPort")
     metrics = port_of(parsed.get("metrics_listen", ""))

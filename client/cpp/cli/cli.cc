@@ -31,6 +31,7 @@ int Main(int argc, char** argv) {
     if (cl.command == "compile") failure = Compile(cl);
     if (cl.command == "run") failure = RunKernel(cl);
     if (cl.command == "top") failure = Top(cl);
+    if (cl.command == "drain") failure = DrainDaemon(cl);
   }
   // An interrupt ends the process from its own thread; this one, whose
   // call the closed session made fail, says nothing.

@@ -1,7 +1,7 @@
 #ifndef GPUEXEC_CLIENT_CPP_CLI_CLI_H_
 #define GPUEXEC_CLIENT_CPP_CLI_CLI_H_
 
-// The gpuexec command: subcommands devices, load, info, compile, run, top
+// The gpuexec command: subcommands devices, load, info, compile, run, top, drain
 // and help. Results go to stdout; an error is one line on stderr,
 // "gpuexec: <what failed>: <status>" (led by NVRTC's log for a source that
 // does not compile). Exit status: 0 on success, 1 when

@@ -97,6 +97,12 @@ const FlagDef kFlags[] = {
      "the tenants' order: gpu (the default), memory, sessions, workers,\n"
      "launches or name; on a terminal, keys change it",
      "top"},
+    {"deadline", "DURATION",
+     "how long the open sessions may go on before they are closed: 30s, 5m\n"
+     "(default: the daemon's --drain_deadline; at most 24h)",
+     "drain"},
+    {"wait", "", "return once no session is open (the deadline closes those left)", "drain"},
+    {"resume", "", "end the drain: the daemon serves new sessions again", "drain"},
     {"nvrtc_option", "OPTION",
      "with CUDA C++ source: an NVRTC option, repeatable (-std=c++17,\n"
      "-DN=4, --use_fast_math, -lineinfo, ...: the daemon's allow-list)",
@@ -172,13 +178,15 @@ const help::Text* TextOf(const std::string& command) {
   if (command == "compile") return &help::kCompile;
   if (command == "run") return &help::kRun;
   if (command == "top") return &help::kTop;
+  if (command == "drain") return &help::kDrain;
   if (command == "help") return &help::kHelp;
   return nullptr;
 }
 
-constexpr const char* kCommands[] = {"devices", "load", "info", "compile", "run", "top", "help"};
+constexpr const char* kCommands[] = {"devices", "load", "info",  "compile",
+                                     "run",     "top",  "drain", "help"};
 
-// "devices, load, info, compile, run, top" (and ", help" with `help`): for
+// "devices, load, info, compile, run, top, drain" (and ", help" with `help`): for
 // messages.
 std::string CommandList(bool help) {
   std::vector<std::string> names(std::begin(kCommands), std::end(kCommands));
@@ -211,6 +219,7 @@ struct Definition {
         "compile CUDA C++ on the daemon; print its kernels and their parameters",
         "run a kernel on typed arguments, print its GPU time, save its outputs",
         "a live view of the daemon from its metrics endpoint: devices and tenants",
+        "an operator's drain: refuse new sessions, close the open ones at a deadline",
         "the tool's help, or a command's",
     };
     for (size_t i = 0; i < std::size(kCommands); ++i) {
@@ -221,7 +230,8 @@ struct Definition {
       sub->set_help_flag("-h,--help", "this text")->group("Flags");
       sub->footer(text->footer);
       formatter->Describe(sub, text);
-      if (std::string(kCommands[i]) != "devices" && std::string(kCommands[i]) != "top") {
+      if (std::string(kCommands[i]) != "devices" && std::string(kCommands[i]) != "top" &&
+          std::string(kCommands[i]) != "drain") {
         sub->add_option("args", positional)->group("");
       }
       commands[kCommands[i]] = sub;

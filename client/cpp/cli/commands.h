@@ -14,9 +14,10 @@ namespace gpuexec::cli {
 std::optional<Failure> Devices(const CommandLine& cl);
 std::optional<Failure> Load(const CommandLine& cl);
 std::optional<Failure> Info(const CommandLine& cl);
-std::optional<Failure> Compile(const CommandLine& cl);    // compile_command.cc
-std::optional<Failure> RunKernel(const CommandLine& cl);  // run.cc
-std::optional<Failure> Top(const CommandLine& cl);        // top.cc
+std::optional<Failure> Compile(const CommandLine& cl);      // compile_command.cc
+std::optional<Failure> RunKernel(const CommandLine& cl);    // run.cc
+std::optional<Failure> Top(const CommandLine& cl);          // top.cc
+std::optional<Failure> DrainDaemon(const CommandLine& cl);  // drain_command.cc
 
 }  // namespace gpuexec::cli
 

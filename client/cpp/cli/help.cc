@@ -22,6 +22,7 @@ Example (saxpy.cubin from the README: y = a*x + y on n floats):
       f32:2.0 in:x.bin inout:y.bin:y_out.bin u64:1048576
 
   gpuexec top --metrics=127.0.0.1:9464     # the daemon's devices and tenants, live
+  gpuexec --target=unix:/run/gpuexec/gpuexec.sock drain --wait   # before maintenance
 
 Ctrl-C (or SIGTERM) during 'load' or 'run' closes the session on the daemon,
 freeing all it holds, and exits with status 130.
@@ -270,6 +271,28 @@ terminal's settings come back on every way out.
 Example:
   gpuexec top --metrics=127.0.0.1:9464 --interval=1s
   gpuexec top --frames=1 --sort=memory | cat
+)"};
+
+const Text kDrain = {"gpuexec drain [--deadline=DURATION] [--wait] | gpuexec drain --resume\n",
+                     R"(
+An operator's drain of the daemon, before a driver upgrade or a node's
+maintenance: from now on it opens no new session (a client's OpenSession is
+UNAVAILABLE naming the drain, a pool's clients pass the daemon over, and its
+metrics endpoint's /readyz answers 503); the sessions open now go on until
+the deadline, then are closed, each client's next call told why. Asked again
+while draining, it sets a new deadline from now. --resume ends it.
+)",
+                     R"(
+Only root or the daemon's own user may drain it, over its Unix socket
+(--target=unix:PATH); anyone else is refused (PERMISSION_DENIED). gpuexecd's
+SIGUSR1 drains it too, with its --drain_deadline.
+
+Prints the drain in words and the sessions still open. With --wait the
+command returns once none is open: what a Kubernetes preStop hook runs.
+
+Example:
+  gpuexec --target=unix:/run/gpuexec/gpuexec.sock drain --deadline=5m --wait
+  gpuexec --target=unix:/run/gpuexec/gpuexec.sock drain --resume
 )"};
 
 const Text kHelp = {"gpuexec help [COMMAND]\n", R"(

@@ -20,6 +20,7 @@ extern const Text kInfo;
 extern const Text kCompile;
 extern const Text kRun;
 extern const Text kTop;
+extern const Text kDrain;
 extern const Text kHelp;
 
 }  // namespace gpuexec::cli::help

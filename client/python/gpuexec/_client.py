@@ -94,6 +94,9 @@ class Device:
     # The daemon serving it, as it names itself (gpuexecd
     # --advertise_address); "" when it names none.
     daemon_address: str = ""
+    # While the daemon drains (an operator's Drain: it opens no new
+    # session), the drain in words (at most 512 characters); "" otherwise.
+    daemon_draining: str = ""
 
 
 def devices_of(response: Any, target: Optional[str]) -> List[Device]:
@@ -107,6 +110,7 @@ def devices_of(response: Any, target: Optional[str]) -> List[Device]:
     address = response.daemon_address
     if len(address) > 261 or not address.isprintable() or not address.isascii():
         address = ""  # not an address: ignored
+    draining = "".join(c if c.isprintable() else "?" for c in response.draining[:512])
     return [Device(index=d.index, name=d.name,
                    compute_capability=(d.compute_capability_major, d.compute_capability_minor),
                    memory_total_bytes=d.memory_total_bytes,
@@ -115,7 +119,8 @@ def devices_of(response: Any, target: Optional[str]) -> List[Device]:
                    module_loads_total=d.module_loads_total, sessions=d.sessions,
                    resets=d.resets, epoch=d.epoch, last_reset=d.last_reset, workers=d.workers,
                    own_worker=d.own_worker, not_answering_since=d.not_answering_since,
-                   pending_requests=d.pending_requests, daemon_address=address)
+                   pending_requests=d.pending_requests, daemon_address=address,
+                   daemon_draining=draining)
             for d in response.devices]
 
 

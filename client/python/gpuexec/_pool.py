@@ -269,6 +269,10 @@ class Pool:
             if error is not None:
                 passed_over.append(f"daemon {daemon}: {error.code.name}")
                 continue
+            if devices and devices[0].daemon_draining:
+                # A draining daemon opens no session.
+                passed_over.append(f"daemon {daemon}: draining")
+                continue
             for d in devices:
                 seen += 1
                 if not d.healthy or d.not_answering_since:

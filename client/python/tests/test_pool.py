@@ -158,3 +158,34 @@ def test_a_pool_of_silent_daemons_is_unavailable():
         assert "no daemon answered" in e.value.message
         listed = pool.devices()
         assert len(listed) == 2 and all(d.error is not None for d in listed)
+
+
+def test_a_draining_daemon_is_passed_over_and_says_why(pool_daemons):
+    """SIGUSR1 drains the 4 GiB daemon (the one large sessions prefer): the
+    pool's new sessions go elsewhere and its listing says why; a daemon that
+    is asked directly refuses with UNAVAILABLE naming the drain."""
+    import signal
+    import time
+
+    at, processes = pool_daemons
+    processes[2].send_signal(signal.SIGUSR1)
+    with gpuexec.connect(at[2]) as direct:
+        deadline = time.monotonic() + 10
+        while not direct.devices()[0].daemon_draining and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "(SIGUSR1)" in direct.devices()[0].daemon_draining
+        with pytest.raises(gpuexec.Error) as refused:
+            direct.session()
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "draining" in str(refused.value)
+    with gpuexec.connect("pool://" + ",".join(at)) as pool:
+        pool.choices = 4
+        placed = collections.Counter(pool.session(memory_limit=300 * MIB).daemon
+                                     for _ in range(6))
+        assert placed[at[2]] == 0, "a session on the draining daemon"
+        assert placed[at[1]] == 6
+        only_draining = gpuexec.connect("pool://" + at[2])
+        with only_draining, pytest.raises(gpuexec.Error) as none:
+            only_draining.session()
+        assert none.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "draining" in str(none.value)
