@@ -21,7 +21,8 @@ programs=("$BUILD_DIR/server/gpuexecd" "$BUILD_DIR/client/cpp/cli/gpuexec"
   "$BUILD_DIR/client/cpp/gpuexec-saxpy")
 for t in service_test daemon_test fault_test metrics_endpoint_test tenants_test cli_test \
   host_memory_test shm_socket_test shm_attack_test tenant_bounds_test command_ring_test \
-  command_ring_client_test command_ring_hostile_test compile_module_test graphs_test; do
+  command_ring_client_test command_ring_hostile_test compile_module_test graphs_test \
+  standard_metrics_test drain_test; do
   f=$(find "$BUILD_DIR/tests" -name "$t" -type f -executable | head -1)
   [[ -n "$f" ]] && programs+=("$f")
 done

@@ -43,6 +43,10 @@ fi
 run service_test "$HERE/bin/service_test"
 run daemon_test "$HERE/bin/daemon_test"
 run metrics_endpoint_test "$HERE/bin/metrics_endpoint_test"
+# The operator's view on the real driver: process_* and build info (the
+# driver's version as the workers report it), and a drain with open sessions.
+run standard_metrics_test "$HERE/bin/standard_metrics_test"
+run drain_test "$HERE/bin/drain_test"
 run tenants_test "$HERE/bin/tenants_test"
 run host_memory_test "$HERE/bin/host_memory_test"
 run shm_socket_test "$HERE/bin/shm_socket_test"
