@@ -730,6 +730,13 @@ class Engine {
       ABSL_LOCKS_EXCLUDED(sessions_mu_, s.mu);
   // The same, with `s`'s own word on whether it is closed (takes its mu).
   absl::Status FaultFor(absl::Status st, Session& s);
+  // `done` for work queued on `s`'s stream at `work_epoch` that is answered
+  // without a Synchronize (a launch, a replay): a failure passes through
+  // FaultFor, since the reset a kernel of `s` caused can answer the work
+  // itself before any Synchronize (the worker finds the fault while the
+  // work is still its request), and that answer is then `s`'s first word
+  // of the fault.
+  Done QueuedWorkDone(std::shared_ptr<Session> s, uint64_t work_epoch, Done done);
   // The facts of the port's last reset as OnDeviceReset recorded them, and
   // the quoted names of `s`'s kernels among them; false where none is
   // recorded (or, `epoch` not 0, none of that epoch).

@@ -307,20 +307,23 @@ void Engine::LaunchGraph(const Caller& caller, LaunchGraphSpec spec, Callback<ui
     // order) is the answer, else the Synchronize's.
     auto failed = std::make_shared<absl::Status>();
     const bool sync = spec.synchronize;
-    DeviceOf(*s)->LaunchGraph(s->stream(), g.id, std::move(ops), g.epoch,
-                              absl::StrCat("a replay of ", name),
-                              [gpu_ns, traffic, tenant_traffic, sync, failed](absl::Status st) {
-                                if (!st.ok()) {
-                                  if (sync) {
-                                    *failed = st;
-                                    return;
-                                  }
-                                  return gpu_ns(st);
-                                }
-                                traffic->launches.fetch_add(1);
-                                tenant_traffic->launches.fetch_add(1);
-                                if (!sync) gpu_ns(uint64_t{0});
-                              });
+    // A replay's failure can be the reset one of its kernels caused: in
+    // the session's words (QueuedWorkDone).
+    DeviceOf(*s)->LaunchGraph(
+        s->stream(), g.id, std::move(ops), g.epoch, absl::StrCat("a replay of ", name),
+        QueuedWorkDone(s, g.epoch,
+                       [gpu_ns, traffic, tenant_traffic, sync, failed](absl::Status st) {
+                         if (!st.ok()) {
+                           if (sync) {
+                             *failed = st;
+                             return;
+                           }
+                           return gpu_ns(st);
+                         }
+                         traffic->launches.fetch_add(1);
+                         tenant_traffic->launches.fetch_add(1);
+                         if (!sync) gpu_ns(uint64_t{0});
+                       }));
     if (!sync) return;
     gpu_ns = [gpu_ns = std::move(gpu_ns), failed](absl::StatusOr<uint64_t> ns) {
       if (!failed->ok()) return gpu_ns(*failed);

@@ -99,13 +99,17 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     TrafficCounters* tenant_traffic = &s->usage().traffic;
     NoteWork(*s);
     if (!spec.synchronize) {
-      dev->Launch(s->stream(), std::move(op), epoch,
-                  [gpu_ns, traffic, tenant_traffic](absl::Status st) {
-                    if (!st.ok()) return gpu_ns(st);
-                    traffic->launches.fetch_add(1);
-                    tenant_traffic->launches.fetch_add(1);
-                    gpu_ns(uint64_t{0});
-                  });
+      // The launch can be answered by the reset its own kernel caused (the
+      // worker found the fault before it answered the launch): then this
+      // answer is the session's first word of the fault, in its words.
+      dev->Launch(
+          s->stream(), std::move(op), epoch,
+          QueuedWorkDone(s, dev->epoch(), [gpu_ns, traffic, tenant_traffic](absl::Status st) {
+            if (!st.ok()) return gpu_ns(st);
+            traffic->launches.fetch_add(1);
+            tenant_traffic->launches.fetch_add(1);
+            gpu_ns(uint64_t{0});
+          }));
       return;
     }
     // The synchronize goes with the launch, in one request and one answer.
@@ -134,6 +138,18 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
           gpu_ns(std::move(ns));
         });
   }
+}
+
+Done Engine::QueuedWorkDone(std::shared_ptr<Session> s, uint64_t work_epoch, Done done) {
+  return [this, s = std::move(s), work_epoch, done = std::move(done)](absl::Status st) {
+    if (st.ok()) return done(std::move(st));
+    bool closed;
+    {
+      absl::MutexLock lock(&s->mu);
+      closed = s->closed;
+    }
+    done(FaultFor(std::move(st), *s, closed, work_epoch));
+  };
 }
 
 void Engine::Synchronize(const Caller& caller, const std::string& token,

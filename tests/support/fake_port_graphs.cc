@@ -56,25 +56,35 @@ void FakePort::LaunchGraph(port::StreamId stream, port::GraphId graph,
   Post([this, stream, graph, patches = std::move(patches), epoch, what = std::move(what),
         done = std::move(done)]() mutable {
     std::vector<port::GraphNodeOp> nodes;
+    // Answered outside the lock, as a worker's answers come: the engine's
+    // callbacks take its own locks.
+    absl::Status refused;
     {
       absl::MutexLock lock(&mu_);
-      if (absl::Status st = EpochCheck(epoch, what); !st.ok()) return done(st);
+      refused = EpochCheck(epoch, what);
       auto it = graphs_.find(graph);
-      if (it == graphs_.end()) return done(absl::InternalError(absl::StrCat(what, ": unknown")));
-      for (port::GraphPatchOp& p : patches) {
+      if (refused.ok() && it == graphs_.end()) {
+        refused = absl::InternalError(absl::StrCat(what, ": unknown"));
+      }
+      for (size_t i = 0; refused.ok() && i < patches.size(); ++i) {
+        port::GraphPatchOp& p = patches[i];
         auto* op = p.node < it->second.nodes.size()
                        ? std::get_if<port::LaunchOp>(&it->second.nodes[p.node].op)
                        : nullptr;
         if (op == nullptr || p.param_block.size() != op->param_block.size()) {
-          return done(absl::InternalError(
-              absl::StrCat(what, ": patch of node ", p.node, " is not a kernel node's")));
+          refused = absl::InternalError(
+              absl::StrCat(what, ": patch of node ", p.node, " is not a kernel node's"));
+          break;
         }
         op->param_block = std::move(p.param_block);
         op->tensor_maps = std::move(p.tensor_maps);
       }
-      ++graph_launches_;
-      nodes = it->second.nodes;
+      if (refused.ok()) {
+        ++graph_launches_;
+        nodes = it->second.nodes;
+      }
     }
+    if (!refused.ok()) return done(refused);
     for (port::GraphNodeOp& n : nodes) {
       absl::Status st;
       if (auto* op = std::get_if<port::LaunchOp>(&n.op)) {

@@ -370,6 +370,78 @@ TEST_F(EngineTest, AFaultingKernelClosesItsSessionAndCountsAStrike) {
   ASSERT_THAT(Close(s->token), IsOk());
 }
 
+// A launch that does not wait can be answered by the reset its own kernel
+// caused (a worker finds the fault while the launch is still its request,
+// and the reset fails it with the reset's words): that answer is the
+// session's first word of the fault, so it names the kernel, as a
+// Synchronize's does. Another tenant's launch, queued behind it and lost
+// to the same reset, hears that its work was lost and no more.
+TEST_F(EngineTest, ALaunchAnsweredByItsOwnKernelsResetNamesTheKernelToItsSessionAlone) {
+  const Caller a = TenantCaller("a");
+  const Caller b = TenantCaller("b");
+  auto sa = Open(0, 0, a);
+  auto sb = Open(0, 0, b);
+  auto sh = Open();
+  ASSERT_THAT(sa, IsOk());
+  ASSERT_THAT(sb, IsOk());
+  ASSERT_THAT(sh, IsOk());
+  auto hold = KernelOf(sh->token, "k_hold");
+  ASSERT_THAT(hold, IsOk());
+  caller_ = b;
+  auto fill = KernelOf(sb->token, "k_fill");
+  ASSERT_THAT(fill, IsOk());
+  auto buffer = Allocate(sb->token, 1024);
+  ASSERT_THAT(buffer, IsOk());
+  caller_ = a;
+  auto fault = KernelOf(sa->token, "k_fault");
+  ASSERT_THAT(fault, IsOk());
+
+  // The device is busy; a's faulting launch and b's launch wait behind it,
+  // neither waiting for its work to finish.
+  LaunchSpec held;
+  held.session = sh->token;
+  held.function = hold->handle;
+  absl::Notification held_done;
+  engine_->Launch(DefaultCaller("ipv4:127.0.0.1:5000"), held,
+                  [&](absl::StatusOr<uint64_t>) { held_done.Notify(); });
+  holding_.WaitForNotification();
+  LaunchSpec faulting;
+  faulting.session = sa->token;
+  faulting.function = fault->handle;
+  faulting.args = {ArgValue::Unsigned(ArgValue::Kind::kU64, 16)};
+  absl::Notification a_done;
+  absl::Status a_status;
+  engine_->Launch(a, faulting, [&](absl::StatusOr<uint64_t> ns) {
+    a_status = ns.status();
+    a_done.Notify();
+  });
+  LaunchSpec filling = Fill(sb->token, fill->handle, buffer->handle, 1, 256);
+  filling.synchronize = false;
+  absl::Notification b_done;
+  absl::Status b_status;
+  engine_->Launch(b, filling, [&](absl::StatusOr<uint64_t> ns) {
+    b_status = ns.status();
+    b_done.Notify();
+  });
+  release_.Notify();
+  held_done.WaitForNotification();
+  a_done.WaitForNotification();
+  b_done.WaitForNotification();
+
+  const std::string a_prefix = sa->token.substr(0, 8);
+  EXPECT_THAT(a_status, StatusIs(absl::StatusCode::kAborted,
+                                 AllOf(HasSubstr("kernel 'k_fault' of session " + a_prefix +
+                                                 " made an illegal memory access"),
+                                       HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"))));
+  EXPECT_THAT(b_status, StatusIs(absl::StatusCode::kAborted,
+                                 AllOf(HasSubstr("was lost"), Not(HasSubstr("k_fault")),
+                                       Not(HasSubstr(a_prefix)))));
+  (void)AwaitDone([&](Done d) { engine_->CloseSession(a, sa->token, d); });
+  ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(b, sb->token, d); }), IsOk());
+  caller_ = DefaultCaller("ipv4:127.0.0.1:5000");
+  (void)Close(sh->token);
+}
+
 // A kernel named so that its quoted name ends in an escaped backslash
 // ("k\\'") is charged all the same: the reset names it by its stream and
 // kernel id, not in text; the strike limit stops its loop.
