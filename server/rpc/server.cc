@@ -377,6 +377,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // Each device is served by a worker process; this one never loads the
   // driver.
   worker::WorkerOptions wo;
+  wo.owner = reinterpret_cast<uintptr_t>(impl.get());
   // This very program, even if its file was replaced since (an upgrade):
   // front and workers speak the same private protocol.
   wo.program = options.worker_program.empty() ? "/proc/self/exe" : options.worker_program;
@@ -539,7 +540,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
   }
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
-  rpc::AddStandardMetrics(&impl->registry, options, impl->compiles.get());
+  rpc::AddStandardMetrics(&impl->registry, options, impl->compiles.get(),
+                          reinterpret_cast<uintptr_t>(impl.get()));
   impl->registry.AddCollector([engine = impl->engine.get()](metrics::Sink& sink) {
     sink.Declare("gpuexec_draining", "gauge",
                  "1 while the daemon drains (new sessions refused; see gpuexec drain), else 0.");

@@ -13,13 +13,13 @@
 namespace gpuexec::rpc {
 
 void AddStandardMetrics(metrics::Registry* registry, const ServerOptions& options,
-                        const compile::CompileService* compiles) {
+                        const compile::CompileService* compiles, uint64_t workers_owner) {
   // Workers are labelled as gpuexec_device_workers and
   // gpuexec_tenant_workers count them: by device, and by tenant for a
   // tenant's own.
-  metrics::AddProcessCollector(registry, [] {
+  metrics::AddProcessCollector(registry, [workers_owner] {
     std::vector<metrics::ProcessTarget> targets;
-    for (const worker::WorkerProcess& w : worker::LiveWorkerProcesses()) {
+    for (const worker::WorkerProcess& w : worker::LiveWorkerProcesses(workers_owner)) {
       metrics::Labels labels = {{"process", "worker"}, {"device", absl::StrCat(w.ordinal)}};
       if (!w.tenant.empty()) labels.emplace_back("tenant", w.tenant);
       targets.push_back({w.pid, std::move(labels)});

@@ -54,6 +54,9 @@ class Reply;
 struct WorkerOptions {
   // The program to start as the worker (gpuexecd itself).
   std::string program;
+  // Which daemon of this process the worker serves (tests run several in
+  // one process): LiveWorkerProcesses lists each daemon's own.
+  uint64_t owner = 0;
   std::string driver_library = "libcuda.so.1";
   int ordinal = 0;
   // The tenant whose sessions this worker serves alone (empty: any); named
@@ -97,13 +100,14 @@ using port::ResetInfo;
 // end (before it is reaped, so that a listed pid is never another's): for
 // the metrics read at scrape time (process_* of each worker).
 struct WorkerProcess {
+  uint64_t owner = 0;  // WorkerOptions::owner
   pid_t pid = 0;
   int ordinal = 0;
   std::string tenant;  // empty: the device's shared worker
 };
-// The worker processes of every RemoteDevice now. Thread safe; one may end
-// right after.
-std::vector<WorkerProcess> LiveWorkerProcesses();
+// The worker processes of `owner`'s RemoteDevices now. Thread safe; one may
+// end right after.
+std::vector<WorkerProcess> LiveWorkerProcesses(uint64_t owner);
 // The CUDA driver version the last worker to start reported (0: none yet).
 int ReportedDriverVersion();
 

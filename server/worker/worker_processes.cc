@@ -28,12 +28,14 @@ std::atomic<int> driver_version{0};
 
 }  // namespace
 
-std::vector<WorkerProcess> LiveWorkerProcesses() {
+std::vector<WorkerProcess> LiveWorkerProcesses(uint64_t owner) {
   Table& t = Workers();
   absl::MutexLock lock(&t.mu);
   std::vector<WorkerProcess> out;
   out.reserve(t.workers.size());
-  for (const auto& [pid, w] : t.workers) out.push_back(w);
+  for (const auto& [pid, w] : t.workers) {
+    if (w.owner == owner) out.push_back(w);
+  }
   return out;
 }
 
@@ -42,7 +44,7 @@ int ReportedDriverVersion() { return driver_version.load(std::memory_order_relax
 void RemoteDevice::ListWorker(pid_t pid) const {
   Table& t = Workers();
   absl::MutexLock lock(&t.mu);
-  t.workers[pid] = WorkerProcess{pid, options_.ordinal, options_.tenant};
+  t.workers[pid] = WorkerProcess{options_.owner, pid, options_.ordinal, options_.tenant};
 }
 
 void RemoteDevice::UnlistWorker(pid_t pid) {

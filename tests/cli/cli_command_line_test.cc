@@ -83,9 +83,9 @@ TEST(CommandLineTest, EveryLongFlagIsSpeltWithDashOrUnderscore) {
 
 TEST(CommandLineTest, MalformedLinesSayWhatIsWrong) {
   EXPECT_EQ(UsageOf({"devices", "--bogus=1"}), "unknown flag '--bogus=1' (see 'gpuexec --help')");
-  EXPECT_EQ(
-      UsageOf({"frobnicate"}),
-      "unknown command 'frobnicate' (commands: devices, load, info, compile, run, top, drain, help)");
+  EXPECT_EQ(UsageOf({"frobnicate"}),
+            "unknown command 'frobnicate' (commands: devices, load, info, compile, run, top, "
+            "drain, help)");
   EXPECT_EQ(UsageOf({"devices", "extra"}), "devices takes no arguments");
   EXPECT_EQ(UsageOf({"info", "k.cubin", "--grid=1"}), "--grid applies to 'run' only");
   EXPECT_EQ(UsageOf({"--grid=1", "run"}), "--grid is a flag of 'run': give it after the command");
