@@ -129,7 +129,8 @@ buffers, runs KERNEL once, waits for it and prints its GPU time; then writes
 each buffer marked for saving to its file. Everything is freed when the
 command ends (Ctrl-C included).
 
---repeat=N runs it N times back to back (one wait at the end) and prints
+--repeat=N runs it N times back to back (a wait every 4096 launches, which
+a session's queue on the daemon holds, and one at the end) and prints
 their GPU time and each run's time end to end; with --graph the N launches
 are recorded as one CUDA graph and replayed once: the difference is what
 N launches cost beside the kernels.
