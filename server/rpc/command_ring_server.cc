@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "gpuexec/command_ring.h"
 #include "server/common/log.h"
@@ -24,7 +24,10 @@ struct CommandRingServer::Ledger {
   absl::Mutex mu;
   // Counted from registration until the ring's last command is done.
   int total ABSL_GUARDED_BY(mu) = 0;
-  absl::flat_hash_set<std::string> sessions ABSL_GUARDED_BY(mu);
+  // The ring (by id) each session has, until its header says closed: the
+  // client may register another from then on, though the closed one still
+  // counts in the figures above until its last command is done.
+  absl::flat_hash_map<std::string, uint64_t> sessions ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, int> per_peer ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, int> per_tenant ABSL_GUARDED_BY(mu);
   // The server while it lives, and the calls into it under way.
@@ -41,10 +44,21 @@ struct CommandRingServer::Ledger {
     (void)!write(wake_fd, &one, sizeof(one));
   }
 
-  void Release(const std::string& session, const std::string& tenant, const std::string& peer_key) {
+  // Ring `id` of `session` is closed as its client sees it.
+  void Closed(const std::string& session, uint64_t id) {
+    absl::MutexLock lock(&mu);
+    ForgetLocked(session, id);
+  }
+  void ForgetLocked(const std::string& session, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = sessions.find(session);
+    if (it != sessions.end() && it->second == id) sessions.erase(it);
+  }
+
+  void Release(const std::string& session, uint64_t id, const std::string& tenant,
+               const std::string& peer_key) {
     absl::MutexLock lock(&mu);
     --total;
-    sessions.erase(session);
+    ForgetLocked(session, id);
     if (--per_peer[peer_key] == 0) per_peer.erase(peer_key);
     if (--per_tenant[tenant] == 0) per_tenant.erase(tenant);
   }
@@ -185,6 +199,11 @@ absl::Status CommandRingServer::Adopt(
   const std::string tenant = caller.tenant_name();
   const std::string principal = core::PeerHost(caller.peer);
   const std::string peer_key = absl::StrCat(tenant, "/", principal);
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = ++next_id_;
+  }
   {
     absl::MutexLock lock(&ledger_->mu);
     if (ledger_->sessions.contains(session)) {
@@ -217,18 +236,16 @@ absl::Status CommandRingServer::Adopt(
           "Execute stream"));
     }
     ++ledger_->total;
-    ledger_->sessions.insert(session);
+    ledger_->sessions.emplace(session, id);
     ++ledger_->per_peer[peer_key];
     ++ledger_->per_tenant[tenant];
   }
-  uint64_t id;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
-      ledger_->Release(session, tenant, peer_key);
+      ledger_->Release(session, id, tenant, peer_key);
       return absl::UnavailableError("the daemon is stopping");
     }
-    id = ++next_id_;
     auto r = std::make_unique<Ring>();
     r->id = id;
     r->caller = caller;
@@ -242,7 +259,7 @@ absl::Status CommandRingServer::Adopt(
       absl::MutexLock lock(&mu_);
       rings_.erase(id);
     }
-    ledger_->Release(session, tenant, peer_key);
+    ledger_->Release(session, id, tenant, peer_key);
     return st;
   };
   // A command stream of its session, as an Execute stream is.
@@ -274,12 +291,15 @@ absl::Status CommandRingServer::Adopt(
   ro.on_close = [ledger, id](const absl::Status& why) { EndVia(ledger, id, why, false); };
   // The lifeline is closed only after the header says closed, so that a
   // client reads its started commands' answers before the ring's end.
-  ro.on_header_closed = [ledger] { ledger->Wake(); };
+  ro.on_header_closed = [ledger, session, id] {
+    ledger->Closed(session, id);
+    ledger->Wake();
+  };
   // Once the runner holds the ring, its last reference gives the place back.
   // The ticket goes with the ring's last reference too.
-  ro.on_release = [ledger, session, tenant, peer_key, ticket]() mutable {
+  ro.on_release = [ledger, session, id, tenant, peer_key, ticket]() mutable {
     ticket.reset();
-    ledger->Release(session, tenant, peer_key);
+    ledger->Release(session, id, tenant, peer_key);
   };
   auto runner = core::CommandRingRunner::Start(engine_, caller, session,
                                                std::make_unique<core::RingMapping>(base, bytes), sq,
