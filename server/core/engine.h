@@ -709,7 +709,7 @@ class Engine {
     std::string tenant;
     std::string token;         // of the session
     std::string session_name;  // "session 3f2a91c0"
-    std::string quoted_name;   // the kernel's, as messages quote it
+    std::string label;         // the kernel's (fault_words.h's KernelLabel, ReplayLabel)
   };
   struct ResetNames {
     uint64_t epoch = 0;
@@ -738,11 +738,12 @@ class Engine {
   // of the fault.
   Done QueuedWorkDone(std::shared_ptr<Session> s, uint64_t work_epoch, Done done);
   // The facts of the port's last reset as OnDeviceReset recorded them, and
-  // the quoted names of `s`'s kernels among them; false where none is
+  // the labels of `s`'s kernels among them; false where none is
   // recorded (or, `epoch` not 0, none of that epoch).
   bool RecordedNames(const Session& s, uint64_t epoch, KernelReset* facts,
                      std::vector<std::string>* own) ABSL_LOCKS_EXCLUDED(sessions_mu_);
-  // The quoted names of `s`'s kernels that `info` names.
+  // The labels (KernelLabel, or ReplayLabel for a replay) of `s`'s
+  // kernels that `info` names.
   static std::vector<std::string> OwnKernels(const port::ResetInfo& info, Session& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // `lost` (what `s` had at `epoch` was lost to a reset) in the words of

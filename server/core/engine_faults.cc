@@ -63,8 +63,8 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
         own = OwnKernels(info, *s);
       }
       names.unknown -= own.size();
-      for (std::string& quoted : own) {
-        names.kernels.push_back(NamedKernel{s->tenant(), s->token(), s->name(), std::move(quoted)});
+      for (std::string& label : own) {
+        names.kernels.push_back(NamedKernel{s->tenant(), s->token(), s->name(), std::move(label)});
       }
       if (!own.empty()) named.push_back(s);
     }
@@ -106,17 +106,33 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
 }
 
 std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session& s) {
+  auto quoted_name = [&s](uint64_t function_handle, port::KernelId kernel) -> std::string {
+    for (const auto& [handle, f] : s.functions) {
+      if (handle == function_handle || (function_handle == 0 && f.kernel.id == kernel)) {
+        return f.quoted_name;
+      }
+    }
+    return "?";
+  };
   std::vector<std::string> own;
   for (const port::ResetKernel& k : info.kernels) {
     if (k.stream != s.stream()) continue;
-    std::string quoted = "?";
-    for (const auto& [handle, f] : s.functions) {
-      if (f.kernel.id == k.kernel) {
-        quoted = f.quoted_name;
-        break;
+    const GraphEntry* graph = nullptr;
+    if (k.graph != 0) {
+      for (const auto& [handle, g] : s.graphs) {
+        if (g.id == k.graph) graph = &g;
       }
     }
-    own.push_back(std::move(quoted));
+    if (graph == nullptr) {
+      own.push_back(KernelLabel(quoted_name(0, k.kernel)));
+      continue;
+    }
+    // A replay: any of its kernel nodes may be the one.
+    std::vector<std::string> names;
+    for (const std::optional<GraphKernel>& node : graph->kernels) {
+      if (node.has_value()) names.push_back(quoted_name(node->spec.function, 0));
+    }
+    own.push_back(ReplayLabel(absl::StrCat("graph ", HandleName(graph->handle)), names));
   }
   return own;
 }
@@ -139,7 +155,7 @@ bool Engine::RecordedNames(const Session& s, uint64_t epoch, KernelReset* facts,
   auto it = reset_names_.find(s.port());
   if (it == reset_names_.end() || (epoch != 0 && it->second.epoch != epoch)) return false;
   for (const NamedKernel& k : it->second.kernels) {
-    if (k.token == s.token()) own->push_back(k.quoted_name);
+    if (k.token == s.token()) own->push_back(k.label);
   }
   *facts = it->second.facts;
   return true;
@@ -189,8 +205,7 @@ std::string Engine::ResetTextFor(const Caller& caller, const port::DevicePort* p
   size_t others = names.unknown;
   for (const NamedKernel& k : names.kernels) {
     if (caller.sees_all || k.tenant == caller.tenant_name()) {
-      shown.push_back(
-          absl::StrCat("kernel '", k.quoted_name.substr(0, 64), "' of ", k.session_name));
+      shown.push_back(absl::StrCat(k.label, " of ", k.session_name));
     } else {
       ++others;
     }
@@ -321,14 +336,7 @@ void Engine::Strike(int index, const port::ResetInfo& info,
     std::vector<std::string> own;
     {
       absl::MutexLock lock(&s->mu);
-      for (const port::ResetKernel& k : info.kernels) {
-        if (k.stream != s->stream()) continue;
-        std::string quoted = "?";
-        for (const auto& [handle, f] : s->functions) {
-          if (f.kernel.id == k.kernel) quoted = f.quoted_name;
-        }
-        own.push_back(std::move(quoted));
-      }
+      own = OwnKernels(info, *s);
     }
     Close(s, CloseReason::kFaulted,
           absl::StrCat(ClosedByResetWords(facts, own, info.kernels.size()), strike,

@@ -1,5 +1,7 @@
 #include "server/core/fault_words.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace gpuexec::core {
@@ -24,10 +26,10 @@ constexpr Words kWords[] = {
     {"CUDA_ERROR_ECC_UNCORRECTABLE", "hit an uncorrectable ECC memory error"},
 };
 
-// "kernel 'NAME'" for a quoted (escaped) name, cut to `max` characters
-// (never inside an escape), with "..." when cut.
-std::string CutLabel(absl::string_view name, size_t max) {
-  if (name.size() <= max) return absl::StrCat("kernel '", name, "'");
+// A quoted (escaped) name cut to `max` characters (never inside an
+// escape), with "..." when cut.
+std::string CutName(absl::string_view name, size_t max) {
+  if (name.size() <= max) return std::string(name);
   // An escape is at most 4 characters ("\xNN"); a run of backslashes is
   // escapes of two: cut before the escape the cut would split.
   size_t keep = max;
@@ -45,10 +47,32 @@ std::string CutLabel(absl::string_view name, size_t max) {
     }
   }
   if (escape_start != std::string::npos) keep = escape_start;
-  return absl::StrCat("kernel '", name.substr(0, keep), "...'");
+  return absl::StrCat(name.substr(0, keep), "...");
 }
 
 }  // namespace
+
+std::string KernelLabel(absl::string_view quoted_name) {
+  return absl::StrCat("kernel '", CutName(quoted_name, 40), "'");
+}
+
+std::string ReplayLabel(absl::string_view graph, const std::vector<std::string>& quoted_names) {
+  if (quoted_names.empty()) return absl::StrCat("a kernel in a replay of ", graph);
+  // Distinct names, in node order, at most three shown.
+  std::vector<std::string> names;
+  for (const std::string& q : quoted_names) {
+    if (std::find(names.begin(), names.end(), q) == names.end()) names.push_back(q);
+  }
+  std::string label = "kernel ";
+  const size_t shown = std::min<size_t>(names.size(), 3);
+  for (size_t i = 0; i < shown; ++i) {
+    const char* sep = i == 0 ? "" : (i + 1 == shown && names.size() == shown ? " or " : ", ");
+    absl::StrAppend(&label, sep, "'", CutName(names[i], 24), "'");
+  }
+  if (names.size() > shown)
+    absl::StrAppend(&label, " or another of its ", names.size(), " kernels");
+  return absl::StrCat(label, " in a replay of ", graph);
+}
 
 std::string FaultWords(absl::string_view result_name) {
   for (const Words& w : kWords) {
@@ -69,10 +93,10 @@ std::string KernelFaultMessage(const KernelReset& reset, const std::vector<std::
                                absl::string_view session, bool closed) {
   std::string who;
   if (own.size() <= 1) {
-    who = absl::StrCat(CutLabel(own.empty() ? "?" : own.front(), 40), " of ", session);
+    who = absl::StrCat(own.empty() ? KernelLabel("?") : own.front(), " of ", session);
   } else {
     who = absl::StrCat("one of the ", own.size(), " kernels of ", session, " in flight (",
-                       CutLabel(own.front(), 40), ", ...)");
+                       own.front(), ", ...)");
   }
   std::string what = WhatTheKernelDid(reset);
   if (reset.hang && reset.ran_ms != 0) {
@@ -89,7 +113,7 @@ std::string ClosedByResetWords(const KernelReset& reset, const std::vector<std::
                                size_t named) {
   std::string who;
   if (own.size() == 1 && named == 1) {
-    who = absl::StrCat("its ", CutLabel(own.front(), 40));
+    who = absl::StrCat("its ", own.front());
   } else if (!own.empty() && own.size() == named) {
     who = absl::StrCat("one of its ", own.size(), " kernels in flight");
   } else if (!own.empty()) {

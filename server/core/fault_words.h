@@ -36,16 +36,27 @@ struct KernelReset {
 // (CUDA_ERROR_ILLEGAL_ADDRESS)", "ran past its kernel time limit of 500 ms".
 std::string WhatTheKernelDid(const KernelReset& reset);
 
+// A kernel as the words below name it: "kernel 'saxpy'", the quoted
+// (escaped: Session's FunctionEntry::quoted_name) name cut to 40
+// characters.
+std::string KernelLabel(absl::string_view quoted_name);
+
+// A kernel in a replay of `graph` ("graph 0x1f2e"), whose kernel nodes
+// have `quoted_names` (in node order): the driver says neither which node
+// ran nor which faulted, so every distinct name is a candidate: "kernel
+// 'fill' or 'scale' in a replay of graph 0x1f2e" (at most three names of 24
+// characters, then "or another of its 5 kernels").
+std::string ReplayLabel(absl::string_view graph, const std::vector<std::string>& quoted_names);
+
 // The message for `session` (its name(), "session 5d629d64") of a reset
-// that names `own` of its kernels (each as messages quote it, escaped:
-// Session's FunctionEntry::quoted_name), at least one:
+// that names `own` of its kernels (each a KernelLabel or ReplayLabel), at
+// least one:
 //   kernel 'saxpy' of session 5d629d64 made an illegal memory access
 //   (CUDA_ERROR_ILLEGAL_ADDRESS); device 0 was reset at 17:00:01.234 UTC.
 //   <what to do>
 // or, for a hang, "... ran past its kernel time limit of 500 ms (stopped
 // after 612 ms); ...". `closed`: whether the daemon closed the session for
-// it (the remedy differs). Names are cut to 40 characters: at most 200 in
-// all.
+// it (the remedy differs).
 std::string KernelFaultMessage(const KernelReset& reset, const std::vector<std::string>& own,
                                absl::string_view session, bool closed);
 

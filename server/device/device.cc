@@ -149,7 +149,7 @@ absl::Status Device::Check(absl::Status status) {
       std::string in_flight;
       for (const auto& [id, s] : streams_) {
         if (s->last_launch == nullptr) continue;
-        report.kernels.emplace_back(id, s->last_kernel);
+        report.kernels.push_back(port::ResetKernel{id, s->last_kernel, s->last_graph});
         absl::StrAppend(&in_flight, in_flight.empty() ? "" : "; ", *s->last_launch, " (launched ",
                         absl::FormatTime("%H:%M:%E3S", s->last_launch_at, absl::UTCTimeZone()),
                         " UTC)");

@@ -66,7 +66,7 @@ struct FaultReport {
   std::string detail;
   std::string reason;
   std::string result;  // the CUresult's name ("CUDA_ERROR_ILLEGAL_ADDRESS")
-  std::vector<std::pair<StreamId, KernelId>> kernels;
+  std::vector<port::ResetKernel> kernels;
 };
 
 // A launch past its stream's kernel time limit: `detail` names it and its
@@ -74,6 +74,7 @@ struct FaultReport {
 struct HungReport {
   StreamId stream = 0;
   KernelId kernel = 0;
+  GraphId graph = 0;  // a graph's replay: `kernel` is its first kernel node's
   std::string detail;
   std::string reason;
   uint64_t limit_ms = 0;
@@ -295,11 +296,11 @@ class Device {
                                 std::string& block, const std::string& what);
   // What every launch on `s` gets around `launch` (a kernel's, a graph's):
   // the GPU time's start, the names a fault or hang reports (`what`, taken,
-  // and `kernel`), then the watch or the end of the work, or the
-  // Synchronize of LaunchOn.
+  // and `kernel`, or `graph` for a replay), then the watch or the end of
+  // the work, or the Synchronize of LaunchOn.
   using LaunchFn = absl::FunctionRef<absl::Status(CUstream_st*, const std::string& what)>;
   absl::Status LaunchWatched(StreamId stream, StreamState& s, std::string& what, KernelId kernel,
-                             LaunchFn launch, Callback<uint64_t>* then_synchronize);
+                             GraphId graph, LaunchFn launch, Callback<uint64_t>* then_synchronize);
   // The bodies of BuildGraph and LaunchGraph, on the executor.
   absl::StatusOr<port::GraphBuilt> BuildOn(StreamState& s, GraphId graph,
                                            std::vector<port::GraphNodeOp>& nodes,

@@ -158,7 +158,7 @@ absl::Status Device::ReplayOn(StreamId stream, StreamState& s, GraphId graph,
     k.params = std::move(p.param_block);
   }
   return LaunchWatched(
-      stream, s, what, g.kernel,
+      stream, s, what, g.kernel, graph,
       [&](CUstream_st* on, const std::string& name) {
         return driver_->LaunchGraph(g.exec, on, name);
       },

@@ -52,6 +52,7 @@ struct Device::StreamState {
   // (Shared with the launch's watch: one copy of the name per launch.)
   std::shared_ptr<const std::string> last_launch;
   KernelId last_kernel = 0;
+  GraphId last_graph = 0;  // set when the last launch was a graph's replay
   absl::Time last_launch_at;
   // Recorded before the first work after the last Synchronize; null when
   // no work was enqueued since.
@@ -78,6 +79,7 @@ struct Device::StreamState {
     // was recorded right before it.
     std::shared_ptr<cuda::Event> start;
     KernelId kernel = 0;
+    GraphId graph = 0;
   };
   std::deque<Watch> watches;
   absl::Time head_since;

@@ -154,7 +154,7 @@ absl::Status Device::LaunchOn(StreamId stream, StreamState& s, LaunchOp& op,
   GPUEXEC_ASSIGN_OR_RETURN(KernelEntry * k, PrepareKernel(op));
   absl::InlinedVector<void*, 16> params = internal::ParamPointers(k->info.params, op.param_block);
   return LaunchWatched(
-      stream, s, op.what, op.kernel,
+      stream, s, op.what, op.kernel, /*graph=*/0,
       [&](CUstream_st* on, const std::string& what) {
         return driver_->Launch(k->function, op.geometry, params.empty() ? nullptr : params.data(),
                                on, what);
@@ -204,7 +204,7 @@ absl::Status Device::EncodeTensorMaps(const std::vector<port::TensorMapEncoding>
 }
 
 absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string& what,
-                                   KernelId kernel, LaunchFn launch,
+                                   KernelId kernel, GraphId graph, LaunchFn launch,
                                    Callback<uint64_t>* then_synchronize) {
   const bool first_work = s.timing_start == nullptr;
   absl::Status st = MarkWork(s);
@@ -224,6 +224,7 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
       s.last_launch = std::make_shared<const std::string>(std::move(what));
     }
     s.last_kernel = kernel;
+    s.last_graph = graph;
     s.last_launch_at = absl::Now();
     GPUEXEC_TRACE(kWorkerLaunch);
     st = Check(launch(s.stream.get(), *s.last_launch));

@@ -102,6 +102,7 @@ bool Device::PollWatches() {
       HungReport hung;
       hung.stream = *it;
       hung.kernel = s.watches.front().kernel;
+      hung.graph = s.watches.front().graph;
       hung.ran_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(running));
       hung.limit_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(s.time_limit));
       const std::string past =
@@ -507,8 +508,8 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
     s.work_end = e;
   }
   if (s.watches.empty()) s.head_since = absl::Now();
-  s.watches.push_back(
-      StreamState::Watch{std::move(e), std::move(what), std::move(start), s.last_kernel});
+  s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start),
+                                         s.last_kernel, s.last_graph});
   watched_.insert(id);
   return absl::OkStatus();
 }

@@ -39,13 +39,6 @@ struct DriverInfo {
   bool green_contexts = false;
 };
 
-// A kernel a reset names, as the device knows it: the stream it was
-// launched on and its id, both the core's (the core knows whose they are).
-struct ResetKernel {
-  StreamId stream = 0;
-  KernelId kernel = 0;
-};
-
 // A reset. `why` names no kernel and no session (every session the reset
 // reaches may read it); which kernels it names, and what they did, come as
 // facts of their own, for the core to charge and to tell each reader its

@@ -151,6 +151,16 @@ struct LaunchOp {
 // unique among a device's live graphs.
 using GraphId = uint64_t;
 
+// A kernel a reset names, as the device knows it: the stream it was
+// launched on and its id, both the core's (the core knows whose they are).
+struct ResetKernel {
+  StreamId stream = 0;
+  KernelId kernel = 0;
+  // Set when the work was a graph's replay: the kernel is then its first
+  // kernel node's, and the driver does not say which node ran.
+  GraphId graph = 0;
+};
+
 struct GraphMemset {
   DevicePtr ptr = 0;
   uint8_t value = 0;

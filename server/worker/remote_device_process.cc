@@ -447,7 +447,7 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       facts.kernel_caused = true;
       facts.result = e.fault().result();
       for (const InFlight& k : e.fault().kernels()) {
-        facts.kernels.push_back(port::ResetKernel{k.stream(), k.kernel()});
+        facts.kernels.push_back(port::ResetKernel{k.stream(), k.kernel(), k.graph()});
       }
       const std::string& reason =
           e.fault().reason().empty() ? e.fault().message() : e.fault().reason();
@@ -458,7 +458,8 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       ResetInfo facts;
       facts.kernel_caused = true;
       facts.hang = true;
-      facts.kernels.push_back(port::ResetKernel{e.hung().stream(), e.hung().kernel()});
+      facts.kernels.push_back(
+          port::ResetKernel{e.hung().stream(), e.hung().kernel(), e.hung().graph()});
       facts.limit_ms = e.hung().limit_ms();
       facts.ran_ms = e.hung().ran_ms();
       const std::string& reason =

@@ -490,10 +490,11 @@ int RunWorker(int argc, char** argv) {
     f->set_message(report.detail);
     f->set_reason(report.reason);
     f->set_result(report.result);
-    for (const auto& [stream, kernel] : report.kernels) {
+    for (const port::ResetKernel& in_flight : report.kernels) {
       InFlight* k = f->add_kernels();
-      k->set_stream(stream);
-      k->set_kernel(kernel);
+      k->set_stream(in_flight.stream);
+      k->set_kernel(in_flight.kernel);
+      k->set_graph(in_flight.graph);
     }
     SendEvent(&channel, e);
   };
@@ -506,6 +507,7 @@ int RunWorker(int argc, char** argv) {
     h->set_reason(report.reason);
     h->set_limit_ms(report.limit_ms);
     h->set_ran_ms(report.ran_ms);
+    h->set_graph(report.graph);
     SendEvent(&channel, e);
   };
   // Requests are read by the device's executor itself, between its

@@ -6,6 +6,7 @@
 #include <map>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "tests/service/service_test_fixture.h"
 
 namespace gpuexec::testing {
@@ -212,6 +213,39 @@ TEST_F(GraphsTest, AGraphAfterItsSessionClosedIsNotFound) {
   GX_ASSERT_OK(session_->Close());
   EXPECT_THAT(graph.Launch(), StatusIs(absl::StatusCode::kNotFound, _));
   session_.reset();
+}
+
+// A replay whose kernel faults names its graph and every kernel of the
+// graph's nodes (the driver says neither which node ran nor which
+// faulted), first in the replay's answer, then in the closed session's.
+TEST_F(GraphsTest, AFaultingReplayNamesItsGraphAndItsKernels) {
+  GX_ASSERT_OK_AND_ASSIGN(Session s, Open());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Kernel(s, "gx_fill_u32"));
+  GX_ASSERT_OK_AND_ASSIGN(Function fault, Kernel(s, "gx_fault"));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer out, s.Allocate(kWords * 4));
+  GX_ASSERT_OK(s.BeginGraph());
+  GX_ASSERT_OK(s.LaunchAsync(fill, Grid(4, 256), {Arg::Ptr(out), Arg::U32(1), Arg::U64(kWords)}));
+  // Address 16 is never mapped on any device.
+  GX_ASSERT_OK(s.LaunchAsync(fault, Grid(1, 1), {Arg::U64(16)}));
+  GX_ASSERT_OK_AND_ASSIGN(Graph graph, s.EndGraph());
+  const std::string graph_name = absl::StrFormat("graph %#x", graph.handle());
+  const auto replayed = graph.LaunchAndWait();
+  EXPECT_THAT(replayed,
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(::testing::StartsWith(absl::StrCat(
+                                 "kernel 'gx_fill_u32' or 'gx_fault' in a replay of ", graph_name,
+                                 " of session ", s.token().substr(0, 8),
+                                 " made an illegal memory access (CUDA_ERROR_ILLEGAL_ADDRESS)")),
+                             HasSubstr("The session was closed: open a new session"))));
+  EXPECT_LE(replayed.status().message().size(), 250u) << replayed.status();
+  EXPECT_THAT(s.Synchronize(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr(absl::StrCat(" was closed: its kernel 'gx_fill_u32' or 'gx_fault' "
+                                              "in a replay of ",
+                                              graph_name, " made an illegal memory access"))));
+  // The fixture's session was a bystander: its buffers went with the
+  // device, its session stays open.
+  EXPECT_THAT(a_->Memset(0), StatusIs(absl::StatusCode::kAborted, HasSubstr("was lost")));
 }
 
 }  // namespace

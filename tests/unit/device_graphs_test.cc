@@ -276,6 +276,7 @@ TEST_F(GraphTest, AReplayPastItsTimeLimitIsReportedAsHungNamingTheReplay) {
   ASSERT_FALSE(hung.empty());
   EXPECT_EQ(hung[0].stream, limited);
   EXPECT_EQ(hung[0].kernel, kSpin);
+  EXPECT_EQ(hung[0].graph, 4u);
   EXPECT_THAT(hung[0].detail, HasSubstr("a replay of graph 4 has run for"));
   EXPECT_THAT(hung[0].detail, HasSubstr("past its kernel time limit of 50 ms"));
   ASSERT_TRUE(Sync(limited).ok());
@@ -371,8 +372,9 @@ TEST_F(GraphTest, AFaultDuringAReplayIsReportedNamingTheReplay) {
         absl::MutexLock lock(&mu_);
         if (faults_.size() != 1) _exit(8);
         if (faults_[0].detail.find("a replay of graph 9") == std::string::npos) _exit(9);
-        if (faults_[0].kernels.size() != 1 || faults_[0].kernels[0].first != stream_ ||
-            faults_[0].kernels[0].second != kFault) {
+        // The replay's graph, and its first kernel node's kernel.
+        if (faults_[0].kernels.size() != 1 || faults_[0].kernels[0].stream != stream_ ||
+            faults_[0].kernels[0].kernel != kFault || faults_[0].kernels[0].graph != 9) {
           _exit(10);
         }
         _exit(0);

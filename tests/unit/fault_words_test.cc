@@ -60,6 +60,12 @@ KernelReset Hang(int device, uint64_t limit_ms, uint64_t ran_ms) {
   return r;
 }
 
+std::vector<std::string> Labels(const std::vector<std::string>& quoted_names) {
+  std::vector<std::string> labels;
+  for (const std::string& q : quoted_names) labels.push_back(KernelLabel(q));
+  return labels;
+}
+
 // The words come from the reset's facts: the kernels named are the
 // session's own, found by stream and kernel id, never read out of text. A
 // name that looks like another session's clause is only a name.
@@ -117,7 +123,8 @@ TEST(FaultWords, TheSessionReadsWhatHappenedToItsKernelFirst) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
-    const std::string got = KernelFaultMessage(c.reset, c.own, "session 5d629d64", c.closed);
+    const std::string got =
+        KernelFaultMessage(c.reset, Labels(c.own), "session 5d629d64", c.closed);
     EXPECT_EQ(got, c.message);
     EXPECT_LE(got.size(), 200u);
   }
@@ -189,20 +196,43 @@ TEST(FaultWords, TheClosedReasonSaysWhatTheKernelDid) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
-    EXPECT_EQ(ClosedByResetWords(c.reset, c.own, c.named), c.words);
+    EXPECT_EQ(ClosedByResetWords(c.reset, Labels(c.own), c.named), c.words);
   }
   // The longest: a cut name of escapes (never cut inside one), the longest
   // words, device 15.
   std::string name;
   for (int i = 0; i < 30; ++i) name += "\\x01";
-  const std::string longest = ClosedByResetWords(Fault(15, "CUDA_ERROR_LAUNCH_FAILED"), {name}, 1);
+  const std::string longest =
+      ClosedByResetWords(Fault(15, "CUDA_ERROR_LAUNCH_FAILED"), Labels({name}), 1);
   EXPECT_THAT(longest, ::testing::StartsWith("its kernel '\\x01"));
   EXPECT_THAT(longest, ::testing::HasSubstr("\\x01...' failed while it ran"));
   EXPECT_LE(longest.size(), 200u) << longest;
   // A cut through a run of escaped backslashes keeps whole escapes.
-  const std::string slashes =
-      ClosedByResetWords(Fault(0, "CUDA_ERROR_ASSERT"), {std::string(39, 'y') + "\\\\z"}, 1);
+  const std::string slashes = ClosedByResetWords(Fault(0, "CUDA_ERROR_ASSERT"),
+                                                 Labels({std::string(39, 'y') + "\\\\z"}), 1);
   EXPECT_THAT(slashes, ::testing::HasSubstr(std::string(39, 'y') + "...'")) << slashes;
+}
+
+// A replay's kernel: the driver says neither which node ran nor which
+// faulted, so the graph is named with each distinct kernel of its nodes.
+TEST(FaultWords, AReplayNamesItsGraphAndEveryKernelItMayBe) {
+  EXPECT_EQ(ReplayLabel("graph 0x1f", {"fill"}), "kernel 'fill' in a replay of graph 0x1f");
+  EXPECT_EQ(ReplayLabel("graph 0x1f", {"fill", "fill", "scale"}),
+            "kernel 'fill' or 'scale' in a replay of graph 0x1f");
+  EXPECT_EQ(ReplayLabel("graph 0x1f", {"a", "b", "c"}),
+            "kernel 'a', 'b' or 'c' in a replay of graph 0x1f");
+  EXPECT_EQ(ReplayLabel("graph 0x1f", {"a", "b", "c", "d", "a"}),
+            "kernel 'a', 'b', 'c' or another of its 4 kernels in a replay of graph 0x1f");
+  EXPECT_EQ(ReplayLabel("graph 0x1f", {}), "a kernel in a replay of graph 0x1f");
+  // Names are cut to 24 characters each: the whole stays bounded.
+  const std::string many = ReplayLabel(
+      "graph 0x1f", {std::string(100, 'x'), std::string(100, 'y'), std::string(100, 'z'), "w"});
+  EXPECT_THAT(many, ::testing::HasSubstr(std::string(24, 'x') + "...'"));
+  EXPECT_LE(many.size(), 160u) << many;
+  EXPECT_EQ(ClosedByResetWords(Fault(0, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+                               {ReplayLabel("graph 0x1f", {"fill", "gx_fault"})}, 1),
+            "its kernel 'fill' or 'gx_fault' in a replay of graph 0x1f made an illegal memory "
+            "access (CUDA_ERROR_ILLEGAL_ADDRESS) and reset device 0 at 17:00:01.234 UTC");
 }
 
 }  // namespace
