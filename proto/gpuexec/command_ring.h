@@ -137,6 +137,14 @@ enum Kind : uint16_t {
   kCopyBuffer = 8,
   kRegionCopy = 9,
   kReleaseRegion = 10,
+  // Graphs (the Execute stream's launch_graph, begin_graph, end_graph):
+  // a replay queues like a launch; BeginGraph has no body and is answered
+  // when it fails or with kReply; EndGraph has none and is always
+  // answered, the graph's handle in value0, its node count in value1 and
+  // the instantiate time in gpu_time_ns.
+  kLaunchGraph = 11,
+  kBeginGraph = 12,
+  kEndGraph = 13,
   // 32-47: reserved for events, once the Execute stream carries them (the
   // ring never carries what Execute does not).
 };
@@ -250,7 +258,41 @@ static_assert(offsetof(TensorMapBody, data_type) == 16 && offsetof(TensorMapBody
               offsetof(TensorMapBody, interleave) == 136 &&
               offsetof(TensorMapBody, oob_fill) == 148);
 
-// The other bodies. Barrier and Synchronize have none.
+// LaunchGraph: this body, then `npatches` PatchSlots, then `blob_bytes` of
+// blob (raw and tensor-map values, as a launch's arguments have theirs).
+// LAYOUT launch_graph.graph 0 8
+// LAYOUT launch_graph.flags 8 4
+// LAYOUT launch_graph.npatches 12 2
+// LAYOUT launch_graph.reserved 14 2
+// LAYOUT launch_graph.blob_bytes 16 4
+// LAYOUT launch_graph.reserved2 20 4
+struct LaunchGraphBody {
+  uint64_t graph;  // EndGraph's handle
+  uint32_t flags;  // kLaunchSynchronize or 0
+  uint16_t npatches;
+  uint16_t reserved;  // 0
+  uint32_t blob_bytes;
+  uint32_t reserved2;  // 0
+};
+static_assert(sizeof(LaunchGraphBody) == 24);
+static_assert(offsetof(LaunchGraphBody, flags) == 8 && offsetof(LaunchGraphBody, npatches) == 12 &&
+              offsetof(LaunchGraphBody, blob_bytes) == 16 &&
+              offsetof(LaunchGraphBody, reserved2) == 20);
+// A patch: argument `argument` of node `node` takes `value` for this replay
+// and the later ones (a launch argument's slot; kArgRaw and kArgTensorMap
+// point into the record's blob).
+// LAYOUT patch.node 0 4
+// LAYOUT patch.argument 4 4
+// LAYOUT patch.value 8 24
+struct PatchSlot {
+  uint32_t node;
+  uint32_t argument;
+  ArgSlot value;
+};
+static_assert(sizeof(PatchSlot) == 32);
+static_assert(offsetof(PatchSlot, argument) == 4 && offsetof(PatchSlot, value) == 8);
+
+// The other bodies. Barrier, Synchronize, BeginGraph and EndGraph have none.
 // LAYOUT allocate.size 0 8
 // LAYOUT free.buffer 0 8
 // LAYOUT release_region.region 0 8
@@ -318,14 +360,14 @@ static_assert(offsetof(MemsetBody, value) == 24 && offsetof(CopyBufferBody, size
 // LAYOUT complete.flags 52 4
 // LAYOUT complete.reserved 56 8
 struct CompleteHead {
-  uint16_t kind;   // the answered record's Kind, or kPad
-  uint16_t slots;  // 1..17 (a pad: to the ring's end)
-  int32_t code;    // a google.rpc code; 0 for success
-  uint64_t id;     // the record's id
-  uint64_t seq;    // the record's seq
-  uint64_t gpu_time_ns;
-  uint64_t value0;  // Allocate: the buffer's handle
-  uint64_t value1;  // Allocate: its size
+  uint16_t kind;         // the answered record's Kind, or kPad
+  uint16_t slots;        // 1..17 (a pad: to the ring's end)
+  int32_t code;          // a google.rpc code; 0 for success
+  uint64_t id;           // the record's id
+  uint64_t seq;          // the record's seq
+  uint64_t gpu_time_ns;  // EndGraph: the instantiate time
+  uint64_t value0;       // Allocate: the buffer's handle; EndGraph: the graph's
+  uint64_t value1;       // Allocate: its size; EndGraph: its node count
   uint32_t message_bytes;
   uint32_t flags;  // kMessageCut
   uint64_t reserved;
@@ -345,6 +387,11 @@ constexpr uint32_t SlotsFor(uint64_t bytes) {
 // The body bytes of a launch with `nargs` arguments and `blob_bytes` of blob.
 constexpr uint64_t LaunchBodyBytes(uint64_t nargs, uint64_t blob_bytes) {
   return sizeof(LaunchBody) + nargs * sizeof(ArgSlot) + blob_bytes;
+}
+
+// The body bytes of a replay with `npatches` patches and `blob_bytes` of blob.
+constexpr uint64_t LaunchGraphBodyBytes(uint64_t npatches, uint64_t blob_bytes) {
+  return sizeof(LaunchGraphBody) + npatches * sizeof(PatchSlot) + blob_bytes;
 }
 
 // ---- Access to shared words. C++17 has no atomic_ref; these are the GCC

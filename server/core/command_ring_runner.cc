@@ -320,6 +320,11 @@ void CommandRingRunner::Loop() {
                        answer.value0 = r.allocated->handle;
                        answer.value1 = r.allocated->size;
                      }
+                     if (r.graph.has_value()) {
+                       answer.value0 = r.graph->handle;
+                       answer.value1 = r.graph->nodes;
+                       answer.gpu_time_ns = r.graph->instantiate_ns;
+                     }
                      st->Answer(answer, r.status.message(), true);
                    });
       }

@@ -34,6 +34,12 @@ const char* KindName(uint16_t kind) {
       return "RegionCopy";
     case ring::kReleaseRegion:
       return "ReleaseRegion";
+    case ring::kLaunchGraph:
+      return "LaunchGraph";
+    case ring::kBeginGraph:
+      return "BeginGraph";
+    case ring::kEndGraph:
+      return "EndGraph";
   }
   return "unknown kind";
 }
@@ -55,12 +61,18 @@ absl::Status BodyAs(const ring::SubmitHead& h, const unsigned char* body, T* out
   return absl::OkStatus();
 }
 
-absl::StatusOr<ArgValue> DecodeTensorMap(const ring::SubmitHead& h, size_t index,
+// A launch's argument `index`, or (node >= 0) a replay's patch `index`.
+std::string ArgLabel(size_t index, int64_t node) {
+  return node < 0 ? absl::StrCat("argument ", index)
+                  : absl::StrCat("patch ", index, " (node ", node, ")");
+}
+
+absl::StatusOr<ArgValue> DecodeTensorMap(const ring::SubmitHead& h, size_t index, int64_t node,
                                          const unsigned char* at) {
   ring::TensorMapBody t{};
   std::memcpy(&t, at, sizeof(t));
   const auto bad = [&](absl::string_view what) {
-    return Bad(h, absl::StrCat("argument ", index, " (tensor map): ", what));
+    return Bad(h, absl::StrCat(ArgLabel(index, node), " (tensor map): ", what));
   };
   if (t.rank < 1 || t.rank > ring::kMaxTensorRank) {
     return bad(
@@ -90,11 +102,12 @@ absl::StatusOr<ArgValue> DecodeTensorMap(const ring::SubmitHead& h, size_t index
   return ArgValue::TensorMap(t.buffer, t.offset, std::move(m));
 }
 
-absl::StatusOr<ArgValue> DecodeArg(const ring::SubmitHead& h, size_t index, const ring::ArgSlot& a,
-                                   const unsigned char* blob, uint32_t blob_bytes) {
+absl::StatusOr<ArgValue> DecodeArg(const ring::SubmitHead& h, size_t index, int64_t node,
+                                   const ring::ArgSlot& a, const unsigned char* blob,
+                                   uint32_t blob_bytes) {
   using K = ArgValue::Kind;
   const auto bad = [&](absl::string_view what) {
-    return Bad(h, absl::StrCat("argument ", index, ": ", what));
+    return Bad(h, absl::StrCat(ArgLabel(index, node), ": ", what));
   };
   if (a.reserved != 0) return bad("its reserved field is not 0");
   if (a.kind != ring::kArgRaw && a.kind != ring::kArgTensorMap && a.aux != 0) {
@@ -154,7 +167,7 @@ absl::StatusOr<ArgValue> DecodeArg(const ring::SubmitHead& h, size_t index, cons
                                 " outside the record's blob of ", blob_bytes,
                                 " bytes (offsets are multiples of 8)"));
       }
-      return DecodeTensorMap(h, index, blob + a.a);
+      return DecodeTensorMap(h, index, node, blob + a.a);
   }
   return bad(absl::StrCat("unknown argument kind ", a.kind));
 }
@@ -203,7 +216,7 @@ absl::StatusOr<LaunchSpec> DecodeLaunch(const ring::SubmitHead& h, const unsigne
   for (size_t i = 0; i < l.nargs; ++i) {
     ring::ArgSlot a{};
     std::memcpy(&a, slots + i * sizeof(a), sizeof(a));
-    auto arg = DecodeArg(h, i, a, blob, l.blob_bytes);
+    auto arg = DecodeArg(h, i, /*node=*/-1, a, blob, l.blob_bytes);
     if (!arg.ok()) return arg.status();
     if (a.kind == ring::kArgRaw) blob_uses += a.aux;
     if (a.kind == ring::kArgTensorMap) blob_uses += 128;  // a CUtensorMap in the block
@@ -212,6 +225,52 @@ absl::StatusOr<LaunchSpec> DecodeLaunch(const ring::SubmitHead& h, const unsigne
                                  " bytes in all, more than a kernel's parameters can hold"));
     }
     spec.args.push_back(*std::move(arg));
+  }
+  return spec;
+}
+
+absl::StatusOr<LaunchGraphSpec> DecodeLaunchGraph(const ring::SubmitHead& h,
+                                                  const unsigned char* body) {
+  ring::LaunchGraphBody g{};
+  if (h.body_bytes < sizeof(g)) {
+    return Bad(
+        h, absl::StrCat("a body of ", h.body_bytes, " bytes, shorter than a replay's ", sizeof(g)));
+  }
+  std::memcpy(&g, body, sizeof(g));
+  if (g.reserved != 0 || g.reserved2 != 0) return Bad(h, "the replay's reserved fields are not 0");
+  if ((g.flags & ~ring::kLaunchSynchronize) != 0) {
+    return Bad(
+        h, absl::StrCat("unknown replay flags 0x", absl::Hex(g.flags & ~ring::kLaunchSynchronize)));
+  }
+  if (g.npatches > kMaxGraphPatches) {
+    return Bad(h, absl::StrCat(g.npatches, " patches, more than one replay may carry (",
+                               kMaxGraphPatches, ")"));
+  }
+  const uint64_t want = ring::LaunchGraphBodyBytes(g.npatches, g.blob_bytes);
+  if (want != h.body_bytes) {
+    return Bad(h, absl::StrCat("a body of ", h.body_bytes, " bytes, where ", g.npatches,
+                               " patches and a blob of ", g.blob_bytes, " bytes make ", want));
+  }
+  LaunchGraphSpec spec;
+  spec.graph = g.graph;
+  spec.synchronize = (g.flags & ring::kLaunchSynchronize) != 0;
+  const unsigned char* slots = body + sizeof(g);
+  const unsigned char* blob = slots + size_t{g.npatches} * sizeof(ring::PatchSlot);
+  spec.patches.reserve(g.npatches);
+  // As a launch's: the blob bytes the values copy are bounded in all.
+  uint64_t blob_uses = 0;
+  for (size_t i = 0; i < g.npatches; ++i) {
+    ring::PatchSlot p{};
+    std::memcpy(&p, slots + i * sizeof(p), sizeof(p));
+    auto value = DecodeArg(h, i, p.node, p.value, blob, g.blob_bytes);
+    if (!value.ok()) return value.status();
+    if (p.value.kind == ring::kArgRaw) blob_uses += p.value.aux;
+    if (p.value.kind == ring::kArgTensorMap) blob_uses += 128;
+    if (blob_uses > kMaxRepackedBytes) {
+      return Bad(h, absl::StrCat("raw values and tensor maps of more than ", kMaxRepackedBytes,
+                                 " bytes in all, more than one replay may repack"));
+    }
+    spec.patches.push_back(GraphPatch{p.node, p.argument, *std::move(value)});
   }
   return spec;
 }
@@ -303,10 +362,27 @@ absl::StatusOr<Command> DecodeRingRecord(const void* record, size_t bytes) {
       c.op = *std::move(spec);
       return c;
     }
+    case ring::kLaunchGraph: {
+      auto spec = DecodeLaunchGraph(h, body);
+      if (!spec.ok()) return spec.status();
+      c.op = *std::move(spec);
+      return c;
+    }
+    case ring::kBeginGraph:
+    case ring::kEndGraph:
+      if (h.body_bytes != 0) {
+        return Bad(h, absl::StrCat("a body of ", h.body_bytes, " bytes, where this kind has none"));
+      }
+      if (h.kind == ring::kBeginGraph) {
+        c.op = Command::BeginGraph{};
+      } else {
+        c.op = Command::EndGraph{};
+      }
+      return c;
     case ring::kPad:
       return Bad(h, "a pad carries no command");
   }
-  return Bad(h, absl::StrCat("kind ", h.kind, ", which no ring carries (kinds 2 to 10)"));
+  return Bad(h, absl::StrCat("kind ", h.kind, ", which no ring carries (kinds 2 to 13)"));
 }
 
 }  // namespace gpuexec::core

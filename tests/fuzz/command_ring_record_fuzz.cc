@@ -8,8 +8,8 @@
 //     its head says of its body, its arguments and their blob;
 //   * a refusal is INVALID_ARGUMENT and names a command ring record;
 //   * an accepted record keeps its head's id and reply flag, is a launch
-//     exactly when its kind is one, with as many arguments as it says, and
-//     each raw argument and tensor map lies inside the record.
+//     (a replay) exactly when its kind is one, with as many arguments
+//     (patches) as it says, and each raw value lies inside the record.
 
 #include <cstddef>
 #include <cstdint>
@@ -48,6 +48,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto& spec = std::get<gpuexec::core::LaunchSpec>(command->op);
     FUZZ_CHECK(spec.args.size() == l.nargs);
     for (const auto& a : spec.args) FUZZ_CHECK(a.raw.size() <= l.blob_bytes);
+  }
+  const bool replay = std::holds_alternative<gpuexec::core::LaunchGraphSpec>(command->op);
+  FUZZ_CHECK(replay == (head.kind == gpuexec::ring::kLaunchGraph));
+  if (replay) {
+    gpuexec::ring::LaunchGraphBody g;
+    std::memcpy(&g, record.data() + sizeof(head), sizeof(g));
+    const auto& spec = std::get<gpuexec::core::LaunchGraphSpec>(command->op);
+    FUZZ_CHECK(spec.patches.size() == g.npatches);
+    for (const auto& p : spec.patches) FUZZ_CHECK(p.value.raw.size() <= g.blob_bytes);
   }
   return 0;
 }

@@ -111,6 +111,43 @@ TEST_F(CommandRingClientTest, AFailureQueuedWithoutWaitingIsToldAtTheNextSynchro
   EXPECT_EQ(got, (std::vector<uint8_t>{1, 0, 0, 0}));
 }
 
+// A graph recorded from the ring's launches and memsets, then replayed on
+// the ring with patches, in order with the ring's other commands: the
+// stream carries none of it.
+TEST_F(CommandRingClientTest, RecordingsAndReplaysGoThroughTheRing) {
+  Start(true, {"--command_rings"});
+  if (IsSkipped() || HasFatalFailure()) return;  // no device here
+  Client client = RingClient();
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
+  GX_ASSERT_OK(s.BeginGraph());
+  GX_ASSERT_OK(a.Memset(0x11));
+  GX_ASSERT_OK(s.LaunchAsync(fill, Blocks(1, 256), {Arg::Ptr(a), Arg::U32(5), Arg::U64(16)}));
+  GX_ASSERT_OK_AND_ASSIGN(Graph graph, s.EndGraph());
+  EXPECT_EQ(graph.nodes(), 2u);
+  GX_ASSERT_OK(graph.LaunchAndWait().status());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, a.Read(60, 8));
+  EXPECT_EQ(got, (std::vector<uint8_t>{5, 0, 0, 0, 0x11, 0x11, 0x11, 0x11}));
+  // Patched replays queued behind a ring launch, then one that waits.
+  GX_ASSERT_OK(s.LaunchAsync(fill, Blocks(4, 256), {Arg::Ptr(a), Arg::U32(7), Arg::U64(1024)}));
+  for (uint32_t v = 100; v < 110; ++v) {
+    const GraphPatch patches[] = {{1, 1, Arg::U32(v)}, {1, 2, Arg::U64(32)}};
+    GX_ASSERT_OK(graph.LaunchAsync(patches));
+  }
+  GX_ASSERT_OK(graph.LaunchAndWait().status());
+  GX_ASSERT_OK_AND_ASSIGN(got, a.Read(124, 8));
+  EXPECT_EQ(got, (std::vector<uint8_t>{109, 0, 0, 0, 0x11, 0x11, 0x11, 0x11}));
+  // A patch of a node that is no kernel is refused at the next wait.
+  const GraphPatch bad[] = {{0, 0, Arg::U32(1)}};
+  GX_ASSERT_OK(graph.LaunchAsync(bad));
+  EXPECT_THAT(s.Synchronize().status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node 0")));
+  GX_ASSERT_OK(graph.Free());
+  GX_ASSERT_OK(s.Close());
+  EXPECT_THAT(Lines(), ::testing::ElementsAre(HasSubstr("carries this session's commands")));
+}
+
 TEST_F(CommandRingClientTest, ACommandTheRingCannotCarryGoesOnTheStreamAfterTheRingsOwn) {
   Start(true, {"--command_rings"});
   if (IsSkipped() || HasFatalFailure()) return;  // no device here

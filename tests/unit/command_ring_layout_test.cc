@@ -88,6 +88,15 @@ std::map<std::string, Field> Fields() {
       GX_FIELD("launch", LaunchBody, nargs),
       GX_FIELD("launch", LaunchBody, reserved),
       GX_FIELD("launch", LaunchBody, blob_bytes),
+      GX_FIELD("launch_graph", LaunchGraphBody, graph),
+      GX_FIELD("launch_graph", LaunchGraphBody, flags),
+      GX_FIELD("launch_graph", LaunchGraphBody, npatches),
+      GX_FIELD("launch_graph", LaunchGraphBody, reserved),
+      GX_FIELD("launch_graph", LaunchGraphBody, blob_bytes),
+      GX_FIELD("launch_graph", LaunchGraphBody, reserved2),
+      GX_FIELD("patch", PatchSlot, node),
+      GX_FIELD("patch", PatchSlot, argument),
+      GX_FIELD("patch", PatchSlot, value),
       GX_FIELD("arg", ArgSlot, kind),
       GX_FIELD("arg", ArgSlot, reserved),
       GX_FIELD("arg", ArgSlot, aux),
@@ -146,6 +155,8 @@ const std::map<std::string, size_t>& StructBytes() {
       {"submit", sizeof(ring::SubmitHead)},
       {"launch", sizeof(ring::LaunchBody)},
       {"arg", sizeof(ring::ArgSlot)},
+      {"launch_graph", sizeof(ring::LaunchGraphBody)},
+      {"patch", sizeof(ring::PatchSlot)},
       {"tensor_map", sizeof(ring::TensorMapBody)},
       {"allocate", sizeof(ring::AllocateBody)},
       {"free", sizeof(ring::FreeBody)},
@@ -315,8 +326,19 @@ void ExpectSameCommand(const core::Command& ring_cmd, const core::Command& strea
     EXPECT_EQ(a.cluster_policy, b->cluster_policy);
     ASSERT_EQ(a.args.size(), b->args.size());
     for (size_t i = 0; i < a.args.size(); ++i) ExpectSameArg(a.args[i], b->args[i], i);
+  } else if (const auto* b = std::get_if<core::LaunchGraphSpec>(&stream.op)) {
+    const auto& a = std::get<core::LaunchGraphSpec>(ring_cmd.op);
+    EXPECT_EQ(a.graph, b->graph);
+    EXPECT_EQ(a.synchronize, b->synchronize);
+    ASSERT_EQ(a.patches.size(), b->patches.size());
+    for (size_t i = 0; i < a.patches.size(); ++i) {
+      EXPECT_EQ(a.patches[i].node, b->patches[i].node);
+      EXPECT_EQ(a.patches[i].argument, b->patches[i].argument);
+      ExpectSameArg(a.patches[i].value, b->patches[i].value, i);
+    }
   }
-  // Barrier and Synchronize carry nothing beyond their kind.
+  // Barrier, Synchronize, BeginGraph and EndGraph carry nothing beyond
+  // their kind.
 }
 
 // `command` through the ring: encoded as record `seq`, framed as the view
@@ -414,6 +436,14 @@ TEST(CommandRingRecords, EveryKindDecodesAsTheStreamConvertsIt) {
   c.mutable_release_region()->set_region(21);
   commands.push_back(c);
   commands.push_back(Launch());
+  c.Clear();
+  c.set_id(9);
+  c.mutable_begin_graph();
+  commands.push_back(c);
+  c.Clear();
+  c.set_id(10);
+  c.mutable_end_graph();
+  commands.push_back(c);
   for (const v1::Command& command : commands) ExpectAsTheStream(command);
 
   // The smallest records: a head alone, one slot.
@@ -461,6 +491,31 @@ v1::TensorMapArg* TensorMap(v1::Arg* arg, int rank) {
     if (d > 0) t->add_global_strides(uint64_t{256} << d);
   }
   return t;
+}
+
+TEST(CommandRingRecords, AReplayAndItsPatchesDecodeAsTheStreamConvertsThem) {
+  v1::Command c;
+  c.set_id(11);
+  v1::LaunchGraphRequest* g = c.mutable_launch_graph();
+  g->set_graph(0xabcull);
+  ExpectAsTheStream(c);
+  g->set_synchronize(true);
+  v1::GraphPatch* p = g->add_patches();
+  p->set_node(2);
+  p->set_argument(1);
+  p->mutable_value()->set_u64(7);
+  p = g->add_patches();
+  p->mutable_value()->mutable_buffer()->set_buffer(5);
+  p->mutable_value()->mutable_buffer()->set_offset(256);
+  p = g->add_patches();
+  p->set_node(4);
+  p->set_argument(3);
+  p->mutable_value()->set_raw("twelve bytes");
+  p = g->add_patches();
+  p->set_node(5);
+  TensorMap(p->mutable_value(), 2);
+  g->add_patches()->mutable_value()->set_f32(-0.0f);
+  ExpectAsTheStream(c);
 }
 
 TEST(CommandRingRecords, EveryArgumentKindDecodesAsTheStreamConvertsIt) {

@@ -64,6 +64,21 @@ ring::ArgSlot Arg(uint16_t kind, uint64_t a, uint64_t b = 0, uint32_t aux = 0) {
   s.aux = aux;
   return s;
 }
+// A replay body of `patches` (node, argument, value) and `blob`.
+std::string ReplayBody(uint64_t graph, std::vector<ring::PatchSlot> patches,
+                       const std::string& blob = "", uint32_t flags = 0) {
+  ring::LaunchGraphBody g{};
+  g.graph = graph;
+  g.flags = flags;
+  g.npatches = static_cast<uint16_t>(patches.size());
+  g.blob_bytes = static_cast<uint32_t>(blob.size());
+  std::string out = Bytes(g);
+  for (const ring::PatchSlot& p : patches) out += Bytes(p);
+  return out + blob;
+}
+ring::PatchSlot Patch(uint32_t node, uint32_t argument, ring::ArgSlot value) {
+  return ring::PatchSlot{node, argument, value};
+}
 uint64_t DoubleBits(double d) {
   uint64_t u;
   std::memcpy(&u, &d, 8);
@@ -103,6 +118,38 @@ TEST(RingDecode, EachKindBecomesItsCommand) {
   auto release = Decode(Record(ring::kReleaseRegion, Bytes(ring::ReleaseRegionBody{8})));
   ASSERT_TRUE(release.ok());
   EXPECT_EQ(std::get<Command::ReleaseRegion>(release->op).region, 8u);
+  auto begin = Decode(Record(ring::kBeginGraph, "", 1, 3, ring::kReply));
+  ASSERT_TRUE(begin.ok()) << begin.status();
+  EXPECT_TRUE(std::holds_alternative<Command::BeginGraph>(begin->op));
+  EXPECT_TRUE(begin->reply);
+  auto end = Decode(Record(ring::kEndGraph, ""));
+  ASSERT_TRUE(end.ok());
+  EXPECT_TRUE(std::holds_alternative<Command::EndGraph>(end->op));
+}
+
+TEST(RingDecode, AReplayKeepsItsGraphFlagAndEachPatch) {
+  auto replay = Decode(Record(
+      ring::kLaunchGraph,
+      ReplayBody(0x77,
+                 {Patch(1, 2, Arg(ring::kArgU32, 9)), Patch(0, 0, Arg(ring::kArgBuffer, 5, 64)),
+                  Patch(3, 1, Arg(ring::kArgRaw, 0, 0, 12))},
+                 std::string(16, 'r'), ring::kLaunchSynchronize)));
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  const auto& spec = std::get<LaunchGraphSpec>(replay->op);
+  EXPECT_EQ(spec.graph, 0x77u);
+  EXPECT_TRUE(spec.synchronize);
+  ASSERT_EQ(spec.patches.size(), 3u);
+  EXPECT_EQ(spec.patches[0].node, 1u);
+  EXPECT_EQ(spec.patches[0].argument, 2u);
+  EXPECT_EQ(spec.patches[0].value.u, 9u);
+  EXPECT_EQ(spec.patches[1].value.buffer, 5u);
+  EXPECT_EQ(spec.patches[1].value.offset, 64u);
+  EXPECT_EQ(spec.patches[2].node, 3u);
+  EXPECT_EQ(spec.patches[2].value.raw, std::string(12, 'r'));
+  // No patches: the body alone.
+  auto plain = Decode(Record(ring::kLaunchGraph, ReplayBody(1, {})));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(std::get<LaunchGraphSpec>(plain->op).synchronize);
 }
 
 TEST(RingDecode, ALaunchKeepsEveryFieldAndArgumentAsTheProtoWould) {
@@ -192,11 +239,32 @@ TEST(RingDecode, EachMalformedFieldIsRefusedNamingIt) {
   // Checked before the body's size: no record of the ring is this large.
   ring::LaunchBody too_many_args{};
   too_many_args.nargs = 4097;
+  ring::LaunchGraphBody too_many_patches{};
+  too_many_patches.npatches = 1025;
+  ring::LaunchGraphBody replay_reserved{};
+  replay_reserved.reserved2 = 1;
   const struct {
     std::string record;
     std::vector<std::string> says;
   } cases[] = {
-      {Record(99, ""), {"record 17 (unknown kind)", "kind 99", "kinds 2 to 10"}},
+      {Record(99, ""), {"record 17 (unknown kind)", "kind 99", "kinds 2 to 13"}},
+      {Record(ring::kEndGraph, "xxxxxxxx"), {"(EndGraph)", "body of 8 bytes", "none"}},
+      {Record(ring::kLaunchGraph, std::string(16, '\0')),
+       {"(LaunchGraph)", "shorter than a replay's 24"}},
+      {Record(ring::kLaunchGraph, ReplayBody(1, {}, "", 0x2)), {"unknown replay flags 0x2"}},
+      {Record(ring::kLaunchGraph,
+              ReplayBody(1, {Patch(0, 0, Arg(ring::kArgU32, 1))}).substr(0, 40)),
+       {"body of 40 bytes", "1 patches and a blob of 0 bytes make 56"}},
+      {Record(ring::kLaunchGraph, ReplayBody(1, {Patch(4, 0, Arg(66, 1))})),
+       {"patch 0 (node 4): unknown argument kind 66"}},
+      {Record(ring::kLaunchGraph,
+              ReplayBody(1, {Patch(2, 0, Arg(ring::kArgRaw, 8, 0, 9))}, std::string(16, 'r'))),
+       {"patch 0 (node 2): raw bytes at blob offset 8, 9 of them"}},
+      {Record(ring::kLaunchGraph,
+              ReplayBody(1, {Patch(0, 0, Arg(ring::kArgTensorMap, 0))}, Bytes(rank9))),
+       {"patch 0 (node 0) (tensor map): rank 9"}},
+      {Record(ring::kLaunchGraph, Bytes(too_many_patches)), {"1025 patches", "(1024)"}},
+      {Record(ring::kLaunchGraph, Bytes(replay_reserved)), {"replay's reserved fields"}},
       {Record(ring::kPad, ""), {"(pad)", "no command"}},
       {Bytes(reserved) + std::string(32, '\0'), {"reserved field"}},
       {Record(ring::kBarrier, "", 17, 5, 0x6), {"unknown flags 0x6"}},
@@ -237,7 +305,7 @@ TEST(RingDecode, EachMalformedFieldIsRefusedNamingIt) {
       {Record(ring::kRegionCopy, Bytes(ring::RegionCopyBody{1, 0, 2, 0, 4, ring::kToBuffer, 1})),
        {"(RegionCopy)", "copy's reserved field"}},
       {Record(ring::kCopyBuffer, std::string(48, '\0')), {"(CopyBuffer)", "body of 48", "has 40"}},
-      {Record(32, ""), {"kind 32", "kinds 2 to 10"}},
+      {Record(32, ""), {"kind 32", "kinds 2 to 13"}},
   };
   for (const auto& c : cases) {
     auto got = Decode(c.record);

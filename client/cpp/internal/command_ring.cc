@@ -46,7 +46,12 @@ v1::CommandResult CommandRing::ToResult(uint64_t id, const Result& r) {
   if (r.kind == ring::kAllocate && r.code == 0) {
     out.mutable_allocate()->set_buffer(r.value0);
     out.mutable_allocate()->set_size(r.value1);
-  } else if (r.kind == ring::kSynchronize || r.kind == ring::kLaunch) {
+  } else if (r.kind == ring::kEndGraph && r.code == 0) {
+    out.mutable_end_graph()->set_graph(r.value0);
+    out.mutable_end_graph()->set_nodes(static_cast<uint32_t>(r.value1));
+    out.mutable_end_graph()->set_instantiate_ns(r.gpu_time_ns);
+  } else if (r.kind == ring::kSynchronize || r.kind == ring::kLaunch ||
+             r.kind == ring::kLaunchGraph) {
     out.set_gpu_time_ns(r.gpu_time_ns);
   }
   return out;

@@ -272,6 +272,56 @@ absl::Status EncodeLaunch(const v1::LaunchRequest& r, const ring::SubmitHead& he
   return absl::OkStatus();
 }
 
+absl::Status EncodeLaunchGraph(const v1::LaunchGraphRequest& r, const ring::SubmitHead& head,
+                               std::string* record) {
+  const int npatches = r.patches_size();
+  const uint64_t most =
+      (ring::kMaxRecordBytes - ring::kSubmitHeadBytes - sizeof(ring::LaunchGraphBody)) /
+      sizeof(ring::PatchSlot);
+  if (static_cast<uint64_t>(npatches) > most) {
+    return TooLarge(absl::StrCat(npatches, " patches (at most ", most, ")"));
+  }
+  uint64_t blob_bytes = 0;
+  for (int i = 0; i < npatches; ++i) {
+    GPUEXEC_CLIENT_ASSIGN_OR_RETURN(const uint64_t n, BlobBytes(r.patches(i).value(), i));
+    blob_bytes += RoundUp8(n);
+  }
+  const uint64_t body_bytes =
+      ring::LaunchGraphBodyBytes(static_cast<uint64_t>(npatches), blob_bytes);
+  if (ring::kSubmitHeadBytes + body_bytes > ring::kMaxRecordBytes) {
+    return TooLarge(absl::StrCat("a replay of ", npatches, " patches and ", blob_bytes,
+                                 " bytes of raw values and tensor maps (",
+                                 ring::kSubmitHeadBytes + body_bytes, " bytes; at most ",
+                                 ring::kMaxRecordBytes, ")"));
+  }
+  ring::LaunchGraphBody g{};
+  g.graph = r.graph();
+  g.flags = r.synchronize() ? ring::kLaunchSynchronize : 0;
+  g.npatches = static_cast<uint16_t>(npatches);
+  g.blob_bytes = static_cast<uint32_t>(blob_bytes);
+  Begin(head, ring::kLaunchGraph, body_bytes, record);
+  const size_t slots_at = ring::kSubmitHeadBytes + sizeof(g);
+  const size_t blob_at = slots_at + size_t(npatches) * sizeof(ring::PatchSlot);
+  Put(record, ring::kSubmitHeadBytes, g);
+  uint64_t offset = 0;
+  for (int i = 0; i < npatches; ++i) {
+    const v1::GraphPatch& p = r.patches(i);
+    ring::PatchSlot slot{};
+    slot.node = p.node();
+    slot.argument = p.argument();
+    slot.value = Slot(p.value(), offset);
+    Put(record, slots_at + size_t(i) * sizeof(ring::PatchSlot), slot);
+    if (p.value().value_case() == v1::Arg::kRaw) {
+      std::memcpy(&(*record)[blob_at + offset], p.value().raw().data(), p.value().raw().size());
+      offset += RoundUp8(p.value().raw().size());
+    } else if (p.value().value_case() == v1::Arg::kTensorMap) {
+      Put(record, blob_at + offset, TensorMapBody(p.value().tensor_map()));
+      offset += sizeof(ring::TensorMapBody);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status EncodeRecord(const v1::Command& c, uint64_t seq, std::string* record) {
@@ -320,9 +370,13 @@ absl::Status EncodeRecord(const v1::Command& c, uint64_t seq, std::string* recor
       return Fixed(head, ring::kReleaseRegion, ring::ReleaseRegionBody{c.release_region().region()},
                    record);
     case v1::Command::kLaunchGraph:
+      return EncodeLaunchGraph(c.launch_graph(), head, record);
     case v1::Command::kBeginGraph:
+      Begin(head, ring::kBeginGraph, 0, record);
+      return absl::OkStatus();
     case v1::Command::kEndGraph:
-      return NoForm("a graph command (no record holds one: the Execute stream carries it)");
+      Begin(head, ring::kEndGraph, 0, record);
+      return absl::OkStatus();
     case v1::Command::OP_NOT_SET:
       Begin(head, ring::kBarrier, 0, record);
       return absl::OkStatus();

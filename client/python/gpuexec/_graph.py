@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import grpc
 
-from . import _wire
+from . import _ring, _ring_records, _wire
 from ._args import Arg, to_arg
 from ._errors import Error, client_error
 from ._transfer import clipped_repr
@@ -195,9 +195,9 @@ class Graph:
                                                               f"node {node}")
         else:
             arg = function._arg(value, argument)
-        return pb.GraphPatch(node=node, argument=argument, value=arg.to_proto())
+        return node, argument, arg
 
-    def _request(self, patches: Sequence[Any], named: Dict[str, Any], sync: bool) -> Any:
+    def _patches(self, patches: Sequence[Any], named: Dict[str, Any]) -> List[Tuple[int, int, Any]]:
         if self._recording is not None:
             raise client_error(f"{self!r} is still recording: replay it after its `with` block")
         if not self.handle:
@@ -215,7 +215,7 @@ class Graph:
             raise client_error(f"a replay of {self!r} patches {len(out)} arguments, more than "
                                f"the {MAX_PATCHES} one replay may: patch fewer, or give fewer "
                                f"nodes one name")
-        return pb.LaunchGraphRequest(graph=self.handle, patches=out, synchronize=sync)
+        return out
 
     def launch(self, patches: Sequence[Tuple[int, int, Any]] = (), *, sync: bool = False,
                **named: Any) -> Optional[float]:
@@ -234,13 +234,18 @@ class Graph:
         self._replay((), named, False)
 
     def _replay(self, patches: Sequence[Any], named: Dict[str, Any], sync: bool) -> Any:
-        request = self._request(patches, named, sync)
+        out = self._patches(patches, named)
+        request = pb.LaunchGraphRequest(
+            graph=self.handle, synchronize=sync,
+            patches=[pb.GraphPatch(node=n, argument=a, value=arg.to_proto()) for n, a, arg in out])
         session = self.session
         # On the session's commands, in order with its launches: Command's
-        # launch_graph field (number 11).
+        # launch_graph field (number 11), or a record on its command ring.
         op = _wire.field_bytes(b"\x5a", request.SerializeToString())
+        body = _ring_records.launch_graph_body(self.handle, out, sync)
+        record = (_ring.LAUNCH_GRAPH, body) if body is not None else None
         try:
-            result = session._commands.submit(op, wait=sync)
+            result = session._commands.submit(op, wait=sync, record=record)
         except Error as e:
             raise session._failed(e) from None
         return result.gpu_time_ns / 1e9 if sync else None

@@ -76,6 +76,10 @@ LAYOUT: Dict[str, Tuple[int, int]] = {
     "launch.blob_bytes": (60, 4),
     "arg.kind": (0, 2), "arg.reserved": (2, 2), "arg.aux": (4, 4), "arg.a": (8, 8),
     "arg.b": (16, 8),
+    "launch_graph.graph": (0, 8), "launch_graph.flags": (8, 4), "launch_graph.npatches": (12, 2),
+    "launch_graph.reserved": (14, 2), "launch_graph.blob_bytes": (16, 4),
+    "launch_graph.reserved2": (20, 4),
+    "patch.node": (0, 4), "patch.argument": (4, 4), "patch.value": (8, 24),
     "tensor_map.buffer": (0, 8), "tensor_map.offset": (8, 8), "tensor_map.data_type": (16, 4),
     "tensor_map.rank": (20, 4), "tensor_map.dims": (24, 40), "tensor_map.strides": (64, 32),
     "tensor_map.box": (96, 20), "tensor_map.element_strides": (116, 20),
@@ -99,6 +103,7 @@ LAYOUT: Dict[str, Tuple[int, int]] = {
 # Record kinds and flags.
 PAD, BARRIER, LAUNCH, SYNCHRONIZE = 1, 2, 3, 4
 ALLOCATE, FREE, MEMSET, COPY_BUFFER, REGION_COPY, RELEASE_REGION = 5, 6, 7, 8, 9, 10
+LAUNCH_GRAPH, BEGIN_GRAPH, END_GRAPH = 11, 12, 13
 REPLY = 1
 OPEN = 0
 

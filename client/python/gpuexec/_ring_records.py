@@ -23,6 +23,8 @@ MEMSET = struct.Struct("<QQQII")
 COPY_BUFFER = struct.Struct("<QQQQQ")
 REGION_COPY = struct.Struct("<QQQQQII")
 ONE = struct.Struct("<Q")  # Allocate, Free, ReleaseRegion
+LAUNCH_GRAPH = struct.Struct("<QIHHII")  # LaunchGraphBody, 24 bytes
+PATCH_HEAD = struct.Struct("<II")  # a PatchSlot's node and argument; an ArgSlot follows
 _DOUBLE = struct.Struct("<d")
 _DOUBLE_BITS = struct.Struct("<Q")
 
@@ -145,6 +147,29 @@ def launch_body(fixed: bytes, slots: List[bytes], blob: List[bytes],
         return None
     return b"".join((fixed, LAUNCH_COUNTS.pack(nargs, 0, blob_bytes), *slots, *blob))
 
+
+
+def launch_graph_body(graph: int, patches: Sequence[Tuple[int, int, Any]],
+                      sync: bool) -> Optional[bytes]:
+    """A replay's body: ``patches`` as (node, argument, Arg) triples; None
+    where a record cannot hold them (the stream carries the replay)."""
+    blob: List[bytes] = []
+    blob_at = [0]
+    slots: List[bytes] = []
+    for node, argument, arg in patches:
+        slot = arg_slot(arg, blob, blob_at)
+        if slot is None:
+            return None
+        try:
+            slots.append(PATCH_HEAD.pack(node, argument) + slot)
+        except struct.error:
+            return None
+    n = len(slots)
+    if (_ring.HEAD.size + LAUNCH_GRAPH.size + n * (PATCH_HEAD.size + SLOT.size) + blob_at[0]
+            > _ring.MAX_RECORD_BYTES):
+        return None
+    fixed = LAUNCH_GRAPH.pack(graph, SYNCHRONIZE if sync else 0, n, 0, blob_at[0], 0)
+    return b"".join((fixed, *slots, *blob))
 
 
 def memset(buffer: int, offset: int, size: int, value: int) -> bytes:

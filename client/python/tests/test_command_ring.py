@@ -3,7 +3,7 @@ serves them (gpuexecd --shm_socket --command_rings) posts its launches and
 synchronizes through shared memory, with the same results and the same
 errors as on the Execute stream.
 
-The launch tests of test_client.py, test_calls.py,
+The launch tests of test_client.py, test_calls.py, test_graphs.py,
 test_launch_attributes.py and test_triton_driver.py run here a second time,
 on sessions of this module's daemon (the ``client`` fixture below replaces
 conftest's), so every argument kind and attribute, and Triton's launcher,
@@ -38,6 +38,10 @@ from test_client import (  # noqa: F401  pylint: disable=unused-import
 from test_calls import (  # noqa: F401  pylint: disable=unused-import
     test_call_queues_like_launch_async, test_call_with_sync_returns_gpu_time,
     test_in_and_inout_round_trip, test_numba_configuration)
+from test_graphs import (  # noqa: F401  pylint: disable=unused-import
+    saxpy, test_a_pipeline_replays_with_named_and_indexed_patches,
+    test_a_refused_recorded_launch_fails_the_block_and_no_graph_is_kept,
+    test_what_a_recording_and_a_replay_refuse)
 from test_session_faults import _session  # a session once device 0 is back from a reset
 from test_triton_driver import (  # noqa: F401  pylint: disable=unused-import
     _inputs, _kernel, driver, test_a_freed_buffer_drops_the_kept_launches,
@@ -124,6 +128,30 @@ def test_launches_and_synchronizes_ride_the_ring(client, daemon, caplog):
             assert got[:32].tolist() == list(range(32)) and got[32:].tolist() == [9] * 32
     assert any(re.search(r"command ring: ring \d+ carries session commands", r.getMessage())
                for r in caplog.records)
+
+
+def test_recordings_and_replays_ride_the_ring(client, daemon):
+    with _session(client) as s:
+        fill = s.load_module(daemon.cubin).function("gx_fill_u32")
+        with s.alloc(4 * 64) as buf:
+            with s.graph() as g:
+                buf.memset(0x11)
+                fill.launch_async(1, 64, buf, g.arg("v", 5), gpuexec.u64(16))
+            assert g.nodes == 2
+            assert g.launch(sync=True) >= 0.0
+            got = buf.read(np.uint32)
+            assert got[15] == 5 and got[16] == 0x11111111
+            for v in range(100, 110):
+                g(v=v)
+            g.launch([(1, 2, gpuexec.u64(32))], sync=True)
+            got = buf.read(np.uint32)
+            assert got[31] == 109 and got[32] == 0x11111111
+            # A patch the daemon refuses comes back at the next wait.
+            g.launch([(0, 0, gpuexec.u32(1))])
+            with pytest.raises(gpuexec.Error, match="node 0"):
+                s.synchronize()
+            g.free()
+            assert _on_ring(s)
 
 
 def test_a_queued_launchs_refusal_comes_back_at_its_place(client, daemon):
