@@ -106,11 +106,15 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
 }
 
 std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session& s) {
+  // Runs under sessions_mu_: each lookup O(1) but the kernel id's, and
+  // each distinct kernel of a graph named once.
   auto quoted_name = [&s](uint64_t function_handle, port::KernelId kernel) -> std::string {
+    if (function_handle != 0) {
+      auto it = s.functions.find(function_handle);
+      return it != s.functions.end() ? it->second.quoted_name : "?";
+    }
     for (const auto& [handle, f] : s.functions) {
-      if (handle == function_handle || (function_handle == 0 && f.kernel.id == kernel)) {
-        return f.quoted_name;
-      }
+      if (f.kernel.id == kernel) return f.quoted_name;
     }
     return "?";
   };
@@ -129,8 +133,11 @@ std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session
     }
     // A replay: any of its kernel nodes may be the one.
     std::vector<std::string> names;
+    absl::flat_hash_set<uint64_t> seen;
     for (const std::optional<GraphKernel>& node : graph->kernels) {
-      if (node.has_value()) names.push_back(quoted_name(node->spec.function, 0));
+      if (node.has_value() && seen.insert(node->spec.function).second) {
+        names.push_back(quoted_name(node->spec.function, 0));
+      }
     }
     own.push_back(ReplayLabel(absl::StrCat("graph ", HandleName(graph->handle)), names));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace gpuexec::core {
@@ -59,9 +60,10 @@ std::string KernelLabel(absl::string_view quoted_name) {
 std::string ReplayLabel(absl::string_view graph, const std::vector<std::string>& quoted_names) {
   if (quoted_names.empty()) return absl::StrCat("a kernel in a replay of ", graph);
   // Distinct names, in node order, at most three shown.
-  std::vector<std::string> names;
+  std::vector<absl::string_view> names;
+  absl::flat_hash_set<absl::string_view> seen;
   for (const std::string& q : quoted_names) {
-    if (std::find(names.begin(), names.end(), q) == names.end()) names.push_back(q);
+    if (seen.insert(q).second) names.push_back(q);
   }
   std::string label = "kernel ";
   const size_t shown = std::min<size_t>(names.size(), 3);

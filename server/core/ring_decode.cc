@@ -257,7 +257,8 @@ absl::StatusOr<LaunchGraphSpec> DecodeLaunchGraph(const ring::SubmitHead& h,
   const unsigned char* slots = body + sizeof(g);
   const unsigned char* blob = slots + size_t{g.npatches} * sizeof(ring::PatchSlot);
   spec.patches.reserve(g.npatches);
-  // As a launch's: the blob bytes the values copy are bounded in all.
+  // The values may not share blob bytes (no encoder does): what they copy
+  // is at most the record's own size, whatever its patches point at.
   uint64_t blob_uses = 0;
   for (size_t i = 0; i < g.npatches; ++i) {
     ring::PatchSlot p{};
@@ -265,10 +266,10 @@ absl::StatusOr<LaunchGraphSpec> DecodeLaunchGraph(const ring::SubmitHead& h,
     auto value = DecodeArg(h, i, p.node, p.value, blob, g.blob_bytes);
     if (!value.ok()) return value.status();
     if (p.value.kind == ring::kArgRaw) blob_uses += p.value.aux;
-    if (p.value.kind == ring::kArgTensorMap) blob_uses += 128;
-    if (blob_uses > kMaxRepackedBytes) {
-      return Bad(h, absl::StrCat("raw values and tensor maps of more than ", kMaxRepackedBytes,
-                                 " bytes in all, more than one replay may repack"));
+    if (p.value.kind == ring::kArgTensorMap) blob_uses += sizeof(ring::TensorMapBody);
+    if (blob_uses > g.blob_bytes) {
+      return Bad(h, absl::StrCat("raw values and tensor maps of more than the record's blob of ",
+                                 g.blob_bytes, " bytes: each patch's value has bytes of its own"));
     }
     spec.patches.push_back(GraphPatch{p.node, p.argument, *std::move(value)});
   }

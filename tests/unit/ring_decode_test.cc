@@ -264,6 +264,12 @@ TEST(RingDecode, EachMalformedFieldIsRefusedNamingIt) {
               ReplayBody(1, {Patch(0, 0, Arg(ring::kArgTensorMap, 0))}, Bytes(rank9))),
        {"patch 0 (node 0) (tensor map): rank 9"}},
       {Record(ring::kLaunchGraph, Bytes(too_many_patches)), {"1025 patches", "(1024)"}},
+      // Values that share blob bytes would copy the blob many times over.
+      {Record(ring::kLaunchGraph, ReplayBody(1,
+                                             {Patch(0, 0, Arg(ring::kArgRaw, 0, 0, 16)),
+                                              Patch(1, 0, Arg(ring::kArgRaw, 0, 0, 16))},
+                                             std::string(16, 'r'))),
+       {"(LaunchGraph)", "more than the record's blob of 16 bytes"}},
       {Record(ring::kLaunchGraph, Bytes(replay_reserved)), {"replay's reserved fields"}},
       {Record(ring::kPad, ""), {"(pad)", "no command"}},
       {Bytes(reserved) + std::string(32, '\0'), {"reserved field"}},

@@ -1,5 +1,6 @@
 #include "internal/ring_encode.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 
@@ -275,9 +276,11 @@ absl::Status EncodeLaunch(const v1::LaunchRequest& r, const ring::SubmitHead& he
 absl::Status EncodeLaunchGraph(const v1::LaunchGraphRequest& r, const ring::SubmitHead& head,
                                std::string* record) {
   const int npatches = r.patches_size();
-  const uint64_t most =
-      (ring::kMaxRecordBytes - ring::kSubmitHeadBytes - sizeof(ring::LaunchGraphBody)) /
-      sizeof(ring::PatchSlot);
+  // The daemon's bound on a replay's patches (core::kMaxGraphPatches), or
+  // what a record holds: past it the stream names the limit.
+  const uint64_t most = std::min<uint64_t>(
+      1024, (ring::kMaxRecordBytes - ring::kSubmitHeadBytes - sizeof(ring::LaunchGraphBody)) /
+                sizeof(ring::PatchSlot));
   if (static_cast<uint64_t>(npatches) > most) {
     return TooLarge(absl::StrCat(npatches, " patches (at most ", most, ")"));
   }
