@@ -284,8 +284,10 @@ absl::Status CommandRingServer::Adopt(
     ro.share = [ticket, bound] { return static_cast<uint64_t>(ticket->CommandShare(bound)); };
   }
   const std::string peer = caller.peer;
-  ro.on_failure = [peer](const core::CommandResult& r) {
-    LogFailure(absl::StrCat("command ring ", r.op), peer, r.status);
+  // Its last line (a run's count) when the runner lets go of it.
+  ro.on_failure = [failures =
+                       std::make_shared<CommandFailureLog>(peer)](const core::CommandResult& r) {
+    failures->Failed(absl::StrCat("command ring ", r.op), r.status);
   };
   std::shared_ptr<Ledger> ledger = ledger_;
   ro.on_close = [ledger, id](const absl::Status& why) { EndVia(ledger, id, why, false); };

@@ -37,6 +37,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
     }
     caller_ = *std::move(caller);
     peer_ = caller_.peer;
+    failures_ = std::make_unique<CommandFailureLog>(peer_);
     StartRead(&in_);
   }
 
@@ -180,7 +181,7 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
 
   void Complete(core::CommandResult result) {
     GPUEXEC_TRACE(kFrontComplete);
-    if (!result.status.ok()) LogFailure(result.op, peer_, result.status);
+    if (!result.status.ok()) failures_->Failed(result.op, result.status);
     // Runs on engine threads, outside any operation of the call: without a
     // hold of its own, the Finish below could complete and delete the call
     // before this thread has let go of mu_.
@@ -241,6 +242,8 @@ class ExecuteCall final : public ServerBidiCall<grpc::ByteBuffer, grpc::ByteBuff
   core::Caller caller_;      // set at the start; renewed by Reidentify
   uint64_t generation_ = 0;  // of the tenants file caller_ was decided under
   std::string peer_;
+  // Set with peer_, before any command runs.
+  std::unique_ptr<CommandFailureLog> failures_;
   std::string session_;         // set by the first message; read-only after
   grpc::ByteBuffer in_;         // the message read
   v1::ExecuteRequest request_;  // parsed from it

@@ -452,6 +452,33 @@ void LogFailure(absl::string_view method, absl::string_view peer, const absl::St
 
 uint64_t FailureLinesLeftOut() { return FailureLines().left_out_total(); }
 
+CommandFailureLog::~CommandFailureLog() {
+  absl::MutexLock lock(&mu_);
+  FlushLocked();
+}
+
+void CommandFailureLog::Failed(absl::string_view op, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!last_.ok() && op == op_ && status == last_) {
+    ++alike_;
+    return;
+  }
+  FlushLocked();
+  op_ = std::string(op);
+  last_ = status;
+  LogFailure(op, peer_, status);
+}
+
+void CommandFailureLog::FlushLocked() {
+  if (alike_ == 0) return;
+  LogFailure(op_, peer_,
+             absl::Status(last_.code(), absl::StrCat(alike_,
+                                                     " more command(s) of the stream failed "
+                                                     "alike: ",
+                                                     last_.message())));
+  alike_ = 0;
+}
+
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcObserver(
     metrics::Registry* registry, Identity* identity) {
   return std::make_unique<RpcObserverFactory>(registry, identity);

@@ -392,6 +392,30 @@ TEST(LogFormat, AFailedCallNamesMethodCodePeerAndTenant) {
                                 "INVALID_ARGUMENT: bad\n"));
 }
 
+// A stream's run of failures alike is two lines, whatever its length: the
+// first, and how many more when another failure comes or the stream ends.
+TEST(LogFormat, AStreamsFailuresAlikeAreOneLineAndACount) {
+  SetLevel(Level::kInfo);
+  const auto lines = Capture(Format::kText, [] {
+    rpc::CommandFailureLog failures("unix:uid=1000,gid=1000,pid=7");
+    const absl::Status dropped =
+        absl::AbortedError("device 0: the session's stream ended before this ran");
+    for (int i = 0; i < 4000; ++i) failures.Failed("Launch", dropped);
+    failures.Failed("Synchronize", dropped);
+    failures.Failed("Launch", absl::InvalidArgumentError("argument 1: bad"));
+    failures.Failed("Launch", absl::InvalidArgumentError("argument 1: bad"));
+  });
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_THAT(lines[0], HasSubstr("Launch from unix:uid=1000,gid=1000,pid=7 failed: ABORTED: "
+                                  "device 0: the session's stream ended before this ran\n"));
+  EXPECT_THAT(lines[1], HasSubstr("Launch from unix:uid=1000,gid=1000,pid=7 failed: ABORTED: 3999 "
+                                  "more command(s) of the stream failed alike: device 0: "));
+  EXPECT_THAT(lines[2], HasSubstr("Synchronize from "));
+  EXPECT_THAT(lines[3], HasSubstr("INVALID_ARGUMENT: argument 1: bad\n"));
+  EXPECT_THAT(lines[4],
+              HasSubstr("INVALID_ARGUMENT: 1 more command(s) of the stream failed alike"));
+}
+
 // Hostile lines for check_json_lines.py to read with Python's json module,
 // on stderr as the daemon writes them: the test log_format_python runs this
 // one alone, with GPUEXEC_LOG_LINES_FOR_PYTHON set, and pipes them over.
