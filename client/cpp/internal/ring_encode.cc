@@ -208,6 +208,20 @@ absl::Status Fixed(const ring::SubmitHead& head, ring::Kind kind, const Body& bo
   return absl::OkStatus();
 }
 
+// Writes `arg`'s raw bytes or tensor map, where it has either, at `offset`
+// of the blob that starts at `blob_at`; the offset after them.
+uint64_t PutBlob(std::string* record, size_t blob_at, uint64_t offset, const v1::Arg& arg) {
+  if (arg.value_case() == v1::Arg::kRaw) {
+    std::memcpy(&(*record)[blob_at + offset], arg.raw().data(), arg.raw().size());
+    return offset + RoundUp8(arg.raw().size());
+  }
+  if (arg.value_case() == v1::Arg::kTensorMap) {
+    Put(record, blob_at + offset, TensorMapBody(arg.tensor_map()));
+    return offset + sizeof(ring::TensorMapBody);
+  }
+  return offset;
+}
+
 absl::Status EncodeLaunch(const v1::LaunchRequest& r, const ring::SubmitHead& head,
                           std::string* record) {
   const int nargs = r.args_size();
@@ -262,13 +276,7 @@ absl::Status EncodeLaunch(const v1::LaunchRequest& r, const ring::SubmitHead& he
   for (int i = 0; i < nargs; ++i) {
     const v1::Arg& arg = r.args(i);
     Put(record, slots_at + size_t(i) * sizeof(ring::ArgSlot), Slot(arg, offset));
-    if (arg.value_case() == v1::Arg::kRaw) {
-      std::memcpy(&(*record)[blob_at + offset], arg.raw().data(), arg.raw().size());
-      offset += RoundUp8(arg.raw().size());
-    } else if (arg.value_case() == v1::Arg::kTensorMap) {
-      Put(record, blob_at + offset, TensorMapBody(arg.tensor_map()));
-      offset += sizeof(ring::TensorMapBody);
-    }
+    offset = PutBlob(record, blob_at, offset, arg);
   }
   return absl::OkStatus();
 }
@@ -314,13 +322,7 @@ absl::Status EncodeLaunchGraph(const v1::LaunchGraphRequest& r, const ring::Subm
     slot.argument = p.argument();
     slot.value = Slot(p.value(), offset);
     Put(record, slots_at + size_t(i) * sizeof(ring::PatchSlot), slot);
-    if (p.value().value_case() == v1::Arg::kRaw) {
-      std::memcpy(&(*record)[blob_at + offset], p.value().raw().data(), p.value().raw().size());
-      offset += RoundUp8(p.value().raw().size());
-    } else if (p.value().value_case() == v1::Arg::kTensorMap) {
-      Put(record, blob_at + offset, TensorMapBody(p.value().tensor_map()));
-      offset += sizeof(ring::TensorMapBody);
-    }
+    offset = PutBlob(record, blob_at, offset, p.value());
   }
   return absl::OkStatus();
 }
