@@ -15,56 +15,19 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "server/metrics/http_server.h"
 #include "service_test_fixture.h"
 #include "tests/support/http_exchange.h"
+#include "tests/support/metrics_text.h"
 
 namespace gpuexec::testing {
 namespace {
 
 using ::testing::HasSubstr;
 
-// GET /metrics over loopback; the body.
-std::string Scrape(int port) {
-  const std::string response =
-      HttpExchange(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").value_or("");
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
-// "name{labels}" -> value, for every sample line.
-std::map<std::string, double> Samples(const std::string& text) {
-  std::map<std::string, double> out;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    if (line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    double v = 0;
-    if (space != absl::string_view::npos && absl::SimpleAtod(line.substr(space + 1), &v)) {
-      out[std::string(line.substr(0, space))] = v;
-    }
-  }
-  return out;
-}
-
-// The checker's verdict on `text`: its last output line, and whether it
-// passed.
 std::pair<bool, std::string> CheckFormat(const std::string& text) {
-  char path[] = "/tmp/gpuexec-metrics-XXXXXX";
-  const int fd = ::mkstemp(path);
-  (void)!::write(fd, text.data(), text.size());
-  ::close(fd);
-  const std::string command =
-      absl::StrCat("/usr/bin/python3 ", GPUEXEC_EXPOSITION_CHECKER, " < ", path, " 2>&1");
-  FILE* p = ::popen(command.c_str(), "r");
-  std::string output;
-  char buf[512];
-  while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) output += buf;
-  const int status = p == nullptr ? -1 : ::pclose(p);
-  ::unlink(path);
-  return {status == 0, output};
+  return CheckExposition(text, GPUEXEC_EXPOSITION_CHECKER);
 }
 
 std::string Rpc(const std::string& method, const std::string& code) {

@@ -13,15 +13,14 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "daemon_process.h"
 #include "gpuexec/version.h"
 #include "service_test_fixture.h"
 #include "tenants_fixture.h"
 #include "tests/support/free_port.h"
 #include "tests/support/http_exchange.h"
+#include "tests/support/metrics_text.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -29,58 +28,11 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string Scrape(int port) {
-  const std::string response =
-      HttpExchange(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").value_or("");
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
-// "name{labels}" -> value, for every sample line.
-std::map<std::string, double> Samples(const std::string& text) {
-  std::map<std::string, double> out;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    if (line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    double v = 0;
-    if (space != absl::string_view::npos && absl::SimpleAtod(line.substr(space + 1), &v)) {
-      out[std::string(line.substr(0, space))] = v;
-    }
-  }
-  return out;
-}
-
-// The checker's verdict on `text` (tests/service/check_exposition.py, the
-// Prometheus project's own parser).
 std::pair<bool, std::string> CheckFormat(const std::string& text) {
-  char path[] = "/tmp/gpuexec-metrics-XXXXXX";
-  const int fd = ::mkstemp(path);
-  (void)!::write(fd, text.data(), text.size());
-  ::close(fd);
-  FILE* p = ::popen(
-      absl::StrCat("/usr/bin/python3 ", GPUEXEC_EXPOSITION_CHECKER, " < ", path, " 2>&1").c_str(),
-      "r");
-  std::string output;
-  char buf[512];
-  while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) output += buf;
-  const int status = p == nullptr ? -1 : ::pclose(p);
-  ::unlink(path);
-  return {status == 0, output};
+  return CheckExposition(text, GPUEXEC_EXPOSITION_CHECKER);
 }
 
 double Now() { return static_cast<double>(std::time(nullptr)); }
-
-// What `openssl x509 -enddate` says of `cert`, in seconds since the epoch.
-int64_t OpensslNotAfter(const std::string& cert) {
-  FILE* p = popen(absl::StrCat("openssl x509 -noout -enddate -in '", cert, "'").c_str(), "r");
-  if (p == nullptr) return -1;
-  char line[256] = {};
-  const bool got = std::fgets(line, sizeof line, p) != nullptr;
-  pclose(p);
-  struct tm tm = {};
-  if (!got || strptime(line, "notAfter=%b %d %H:%M:%S %Y GMT", &tm) == nullptr) return -1;
-  return static_cast<int64_t>(timegm(&tm));
-}
 
 constexpr const char* kProcessFamilies[] = {"process_cpu_seconds_total",
                                             "process_resident_memory_bytes",

@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <string>
 
@@ -82,6 +84,20 @@ class TlsFiles {
 
   std::string dir_;
 };
+
+// What `openssl x509 -enddate` says of `cert`, in seconds since the epoch;
+// -1 if it says nothing readable.
+inline int64_t OpensslNotAfter(const std::string& cert) {
+  FILE* p = popen(absl::StrCat("openssl x509 -noout -enddate -in '", cert, "'").c_str(), "r");
+  if (p == nullptr) return -1;
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof line, p) != nullptr;
+  pclose(p);
+  // "notAfter=Jan  1 00:00:00 2030 GMT"
+  struct tm tm = {};
+  if (!got || strptime(line, "notAfter=%b %d %H:%M:%S %Y GMT", &tm) == nullptr) return -1;
+  return static_cast<int64_t>(timegm(&tm));
+}
 
 }  // namespace gpuexec::testing
 
