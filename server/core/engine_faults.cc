@@ -105,19 +105,26 @@ void Engine::OnDeviceReset(int index, const port::DevicePort* port, const port::
   if (!named.empty()) Strike(index, info, std::move(named));
 }
 
+namespace {
+
+// The quoted name of `s`'s function `function_handle`, or (0) of the one
+// whose kernel is `kernel`; "?" for none. A handle is one lookup.
+std::string QuotedName(const Session& s, uint64_t function_handle, port::KernelId kernel)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (function_handle != 0) {
+    auto it = s.functions.find(function_handle);
+    return it != s.functions.end() ? it->second.quoted_name : "?";
+  }
+  for (const auto& [handle, f] : s.functions) {
+    if (f.kernel.id == kernel) return f.quoted_name;
+  }
+  return "?";
+}
+
+}  // namespace
+
 std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session& s) {
-  // Runs under sessions_mu_: each lookup O(1) but the kernel id's, and
-  // each distinct kernel of a graph named once.
-  auto quoted_name = [&s](uint64_t function_handle, port::KernelId kernel) -> std::string {
-    if (function_handle != 0) {
-      auto it = s.functions.find(function_handle);
-      return it != s.functions.end() ? it->second.quoted_name : "?";
-    }
-    for (const auto& [handle, f] : s.functions) {
-      if (f.kernel.id == kernel) return f.quoted_name;
-    }
-    return "?";
-  };
+  // Runs under sessions_mu_: each distinct kernel of a graph named once.
   std::vector<std::string> own;
   for (const port::ResetKernel& k : info.kernels) {
     if (k.stream != s.stream()) continue;
@@ -128,7 +135,7 @@ std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session
       }
     }
     if (graph == nullptr) {
-      own.push_back(KernelLabel(quoted_name(0, k.kernel)));
+      own.push_back(KernelLabel(QuotedName(s, 0, k.kernel)));
       continue;
     }
     // A replay: any of its kernel nodes may be the one.
@@ -136,7 +143,7 @@ std::vector<std::string> Engine::OwnKernels(const port::ResetInfo& info, Session
     absl::flat_hash_set<uint64_t> seen;
     for (const std::optional<GraphKernel>& node : graph->kernels) {
       if (node.has_value() && seen.insert(node->spec.function).second) {
-        names.push_back(quoted_name(node->spec.function, 0));
+        names.push_back(QuotedName(s, node->spec.function, 0));
       }
     }
     own.push_back(ReplayLabel(absl::StrCat("graph ", HandleName(graph->handle)), names));
