@@ -51,6 +51,9 @@ ABSL_DECLARE_FLAG(int, clients);
 ABSL_DECLARE_FLAG(std::vector<std::string>, daemon_args);
 ABSL_DECLARE_FLAG(int, rpc_threads);
 ABSL_DECLARE_FLAG(std::string, serve_echo);
+ABSL_DECLARE_FLAG(std::string, serve_neighbour);
+ABSL_DECLARE_FLAG(std::string, tenants_neighbour);
+ABSL_DECLARE_FLAG(std::string, tenants_traced);
 ABSL_DECLARE_FLAG(std::string, target);
 ABSL_DECLARE_FLAG(std::vector<std::string>, figures);
 ABSL_DECLARE_FLAG(int, repeat);
@@ -375,7 +378,8 @@ struct TenantFigures {
   double neighbour_alone_per_s = 0;
   double neighbour_kernels_per_s = 0;
   bool mps = false;
-  std::string share;  // the measured tenant's compute_share; "" none
+  std::string share;              // the measured tenant's compute_share; "" none
+  bool neighbour_process = true;  // the neighbour's client: a process, or a thread
 };
 
 // The front's CPU beside command rings (bench/ring_cpu.cc), from its
@@ -416,6 +420,10 @@ int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const 
 // and through a daemon, and replays with patched arguments (bench/graphs.cc).
 int RunGraphs(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
               const std::string& cubin);
+
+// --serve_neighbour: the tenants section's neighbour as a process of its
+// own (tenants.cc). Returns when told to stop.
+int ServeNeighbour(const std::string& dir);
 
 TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                          const std::string& driver, const std::string& cubin);

@@ -34,6 +34,15 @@ ABSL_FLAG(int, rpc_threads, 0,
 ABSL_FLAG(std::string, serve_echo, "",
           "internal: serve the echo service, writing its TCP port to DIR/port and listening "
           "on DIR/echo.sock, until killed");
+ABSL_FLAG(std::string, serve_neighbour, "",
+          "internal: be the tenants section's neighbour (its words in DIR/neighbour) against "
+          "--target, until told to stop");
+ABSL_FLAG(std::string, tenants_neighbour, "process",
+          "the tenants section: where the neighbour's client runs, a process of its own "
+          "(process, as another tenant's would) or a thread of the benchmark (thread)");
+ABSL_FLAG(std::string, tenants_traced, "beside",
+          "the tenants section in a timestamping build (GPUEXEC_LATENCY_TRACE): whose launches "
+          "are traced, the measured tenant's alone or beside its neighbour");
 ABSL_FLAG(std::string, target, "",
           "measure only gpuexec, against this running daemon (host:port or unix:PATH): no "
           "baselines, no table");
@@ -146,6 +155,9 @@ int RunTlsOnly(const Plan& plan, const std::string& daemon, const std::string& d
 
 int Main() {
   if (!absl::GetFlag(FLAGS_serve_echo).empty()) return ServeEcho(absl::GetFlag(FLAGS_serve_echo));
+  if (!absl::GetFlag(FLAGS_serve_neighbour).empty()) {
+    return ServeNeighbour(absl::GetFlag(FLAGS_serve_neighbour));
+  }
   const bool quick = absl::GetFlag(FLAGS_quick);
   const Plan plan = MakePlan(quick);
   if (absl::GetFlag(FLAGS_transport_variants)) return RunTransportVariants(plan);

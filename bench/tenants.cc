@@ -1,10 +1,119 @@
 // Two tenants, a worker each (or one for both: --tenants_isolation=device):
-// one's launches beside the other's kernels.
+// one's launches beside the other's kernels. The neighbour runs in a
+// process of its own by default (--tenants_neighbour=process), as another
+// tenant's client would; --tenants_neighbour=thread keeps it in this
+// process, where its gRPC client shares this process's pollers with the
+// measured one.
+#include <spawn.h>
+#include <sys/mman.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "bench.h"
+#include "server/common/trace.h"
+
+extern char** environ;
 
 namespace gpuexec::bench {
+namespace {
+
+// What the neighbour and the measurement share: its kernels so far, and
+// the word that stops it. In a file of the run's directory, mapped by both
+// processes (or by one, for a thread).
+struct LoadWords {
+  uint64_t kernels;
+  uint64_t stop;
+};
+
+LoadWords* MapLoadWords(const std::string& path, bool create) {
+  const int fd =
+      open(path.c_str(), create ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) Die(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+  if (create && ftruncate(fd, sizeof(LoadWords)) != 0) Die("ftruncate the neighbour's words");
+  void* p = mmap(nullptr, sizeof(LoadWords), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) Die("mmap the neighbour's words");
+  return static_cast<LoadWords*>(p);
+}
+
+uint64_t Kernels(const LoadWords* w) { return __atomic_load_n(&w->kernels, __ATOMIC_ACQUIRE); }
+
+// The neighbour: 8 of its kernels queued, then a synchronize, until told
+// to stop; connects as tenant 'neighbour'.
+void NeighbourLoad(const std::string& target, const std::string& image, LoadWords* words) {
+  ClientOptions theirs = BenchClientOptions();
+  theirs.token = kNeighbourToken;
+  Client neighbour = Must(Client::Connect(target, theirs), "connect as tenant 'neighbour'");
+  Session busy = Must(neighbour.OpenSession({}), "open the neighbour's session");
+  Module module = Must(busy.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function spin = Must(module.GetFunction("gx_spin"), "gx_spin");
+  const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
+  LaunchConfig flood = One();
+  flood.grid.x = static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_neighbour_blocks)));
+  while (__atomic_load_n(&words->stop, __ATOMIC_ACQUIRE) == 0) {
+    for (int i = 0; i < 8; ++i) {
+      Must(busy.LaunchAsync(spin, flood, {Arg::U64(spin_ns)}), "the neighbour's launch");
+    }
+    Must(busy.Synchronize(), "the neighbour's synchronize");
+    __atomic_add_fetch(&words->kernels, 8, __ATOMIC_RELEASE);
+  }
+  Must(busy.Close(), "close the neighbour's session");
+}
+
+// The neighbour as a process: this program again, with --serve_neighbour.
+class NeighbourProcess {
+ public:
+  NeighbourProcess(const std::string& dir, const std::string& target, const std::string& cubin) {
+    std::vector<std::string> args = {
+        "/proc/self/exe",
+        "--serve_neighbour=" + dir,
+        "--target=" + target,
+        "--kernels=" + cubin.substr(0, cubin.rfind('/')),
+        absl::StrCat("--neighbour_kernel_us=", absl::GetFlag(FLAGS_neighbour_kernel_us)),
+        absl::StrCat("--neighbour_blocks=", absl::GetFlag(FLAGS_neighbour_blocks))};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+      Die("start the neighbour's process");
+    }
+  }
+  ~NeighbourProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Dies if the process ended (it failed: it says why on stderr).
+  void CheckRunning() {
+    int status = 0;
+    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      Die("the neighbour's process ended early (its error is above)");
+    }
+  }
+  // Waits for it to close its session and end.
+  void Join() {
+    int status = 0;
+    if (pid_ > 0 && waitpid(pid_, &status, 0) == pid_) pid_ = -1;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("the neighbour's process failed");
+  }
+  NeighbourProcess(const NeighbourProcess&) = delete;
+  NeighbourProcess& operator=(const NeighbourProcess&) = delete;
+
+ private:
+  pid_t pid_ = -1;
+};
+
+}  // namespace
+
+int ServeNeighbour(const std::string& dir) {
+  const std::string target = absl::GetFlag(FLAGS_target);
+  const std::string cubin = absl::GetFlag(FLAGS_kernels) + "/gx_kernels.cubin";
+  LoadWords* words = MapLoadWords(dir + "/neighbour", false);
+  NeighbourLoad(target, ReadFileOrDie(cubin), words);
+  return 0;
+}
 
 TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                          const std::string& driver, const std::string& cubin) {
@@ -13,6 +122,11 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   const char* pipes = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
   out.mps = mps == "own" || (mps != "off" && pipes != nullptr && *pipes != '\0');
   out.share = absl::GetFlag(FLAGS_tenant_share);
+  const std::string where = absl::GetFlag(FLAGS_tenants_neighbour);
+  if (where != "process" && where != "thread") {
+    Die(absl::StrCat("--tenants_neighbour: 'process' or 'thread', not '", where, "'"));
+  }
+  out.neighbour_process = where == "process";
   std::string share_entry;
   if (!out.share.empty()) {
     absl::string_view s = out.share;
@@ -43,43 +157,50 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
   Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
   auto launch_sync = [&] { Must(session.LaunchAndWait(empty, One(), {}), "launch and wait"); };
-  out.alone = Measure(plan.latency_iters, launch_sync);
+  // In a timestamping build, one half's launches are traced (the other's
+  // would mix with them in the trace's files).
+  const std::string traced = absl::GetFlag(FLAGS_tenants_traced);
+  if (traced != "alone" && traced != "beside") {
+    Die(absl::StrCat("--tenants_traced: 'alone' or 'beside', not '", traced, "'"));
+  }
+  auto traced_launch_sync = [&] {
+    GPUEXEC_TRACE(kClientSend);
+    launch_sync();
+    GPUEXEC_TRACE(kClientDone);
+  };
+  out.alone = traced == "alone" ? Measure(plan.latency_iters, traced_launch_sync)
+                                : Measure(plan.latency_iters, launch_sync);
 
-  ClientOptions theirs = BenchClientOptions();
-  theirs.token = kNeighbourToken;
-  Client neighbour = Must(Client::Connect(d.tcp(), theirs), "connect as tenant 'neighbour'");
-  Session busy = Must(neighbour.OpenSession({}), "open the neighbour's session");
-  Module busy_module = Must(busy.LoadModule(image, ModuleKind::kCubin), "load the module");
-  Function spin = Must(busy_module.GetFunction("gx_spin"), "gx_spin");
-  const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
-  LaunchConfig flood = One();
-  flood.grid.x = static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_neighbour_blocks)));
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> kernels{0};
-  std::thread load([&] {
-    // Keeps a few of its kernels queued all the time.
-    while (!stop.load()) {
-      for (int i = 0; i < 8; ++i) {
-        Must(busy.LaunchAsync(spin, flood, {Arg::U64(spin_ns)}), "the neighbour's launch");
-      }
-      Must(busy.Synchronize(), "the neighbour's synchronize");
-      kernels += 8;
-    }
-  });
+  LoadWords* words = MapLoadWords(std::string(made) + "/neighbour", true);
+  std::optional<NeighbourProcess> process;
+  std::thread load;
+  if (out.neighbour_process) {
+    process.emplace(made, d.tcp(), cubin);
+  } else {
+    load = std::thread([&] { NeighbourLoad(d.tcp(), image, words); });
+  }
   // Its worker is started and busy before the measurement begins; its rate
   // alone over a second, then beside the measured tenant.
-  while (kernels.load() < 16) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const uint64_t a0 = kernels.load();
+  while (Kernels(words) < 16) {
+    if (process.has_value()) process->CheckRunning();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const uint64_t a0 = Kernels(words);
   const auto alone_t0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  out.neighbour_alone_per_s = (kernels.load() - a0) / Seconds(alone_t0, Clock::now());
-  const uint64_t k0 = kernels.load();
+  out.neighbour_alone_per_s = (Kernels(words) - a0) / Seconds(alone_t0, Clock::now());
+  const uint64_t k0 = Kernels(words);
   const auto t0 = Clock::now();
-  out.beside = Measure(plan.latency_iters, launch_sync);
-  out.neighbour_kernels_per_s = (kernels.load() - k0) / Seconds(t0, Clock::now());
-  stop.store(true);
-  load.join();
-  Must(busy.Close(), "close the neighbour's session");
+  out.beside = traced == "beside" ? Measure(plan.latency_iters, traced_launch_sync)
+                                  : Measure(plan.latency_iters, launch_sync);
+  out.neighbour_kernels_per_s = (Kernels(words) - k0) / Seconds(t0, Clock::now());
+  __atomic_store_n(&words->stop, 1, __ATOMIC_RELEASE);
+  if (process.has_value()) {
+    process->Join();
+  } else {
+    load.join();
+  }
+  munmap(words, sizeof(LoadWords));
   Must(session.Close(), "close the session");
   const bool one_worker = isolation == "device";
   const char* how = one_worker ? " (one worker for both: their streams share a context)"
@@ -87,15 +208,17 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                                : " (a worker each, no MPS: the two contexts are time-sliced)";
   Note(absl::StrFormat(
       "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
-      "'neighbour' (%d us kernels of %d blocks, %.0f of them a second meanwhile, %.0f alone): "
-      "p50 %.1f us p99 %.1f us%s%s",
+      "'neighbour' (%d us kernels of %d blocks, %.0f of them a second meanwhile, %.0f alone; "
+      "its client %s): p50 %.1f us p99 %.1f us%s%s",
       out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
       absl::GetFlag(FLAGS_neighbour_blocks), out.neighbour_kernels_per_s, out.neighbour_alone_per_s,
+      out.neighbour_process ? "in a process of its own" : "a thread of this process",
       out.beside.p50, out.beside.p99, how,
       out.share.empty()
           ? ""
           : absl::StrCat("; tenant 'bench' holds a compute share of ", out.share,
                          one_worker ? " (a green context)" : " (an MPS percentage)")));
+  std::remove((std::string(made) + "/neighbour").c_str());
   std::remove(file.c_str());
   rmdir(made);
   return out;
