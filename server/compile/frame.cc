@@ -22,7 +22,10 @@ absl::Status Wait(int fd, short events, absl::Time deadline) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("the deadline passed");
     pollfd p{fd, events, 0};
-    const int64_t ms = std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30);
+    // Capped before the rounding up: an infinite deadline's milliseconds
+    // are INT64_MAX, and one more overflowed to a timeout of 0 (the warm
+    // compile process, waiting for its next fork, spun a whole core).
+    const int64_t ms = std::min<int64_t>(absl::ToInt64Milliseconds(left), (1 << 30) - 1) + 1;
     const int n = poll(&p, 1, static_cast<int>(ms));
     if (n > 0) return absl::OkStatus();
     if (n < 0 && errno != EINTR) {

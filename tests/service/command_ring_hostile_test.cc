@@ -28,6 +28,7 @@
 #include "host_memory_fixture.h"
 #include "registered_ring.h"
 #include "server/rpc/command_ring_server.h"
+#include "tests/support/cpu_ticks.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -45,23 +46,6 @@ int RingMappings(pid_t pid) {
     if (line.find("/memfd:raw-command-ring") != std::string::npos) ++n;
   }
   return n;
-}
-
-// User + system CPU of `pid`, in clock ticks.
-int64_t CpuTicks(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(paren + 2));
-  std::string field;
-  int64_t utime = 0, stime = 0;
-  // Fields 3.. follow the name; utime and stime are the 14th and 15th.
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoll(field);
-    if (i == 15) stime = std::stoll(field);
-  }
-  return utime + stime;
 }
 
 bool AppendSync(RawCommandRing& r, uint64_t id) {

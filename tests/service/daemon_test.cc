@@ -16,12 +16,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "daemon_process.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
 #include "health_client.h"
 #include "service_test_fixture.h"
+#include "tests/support/cpu_ticks.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -295,6 +297,21 @@ uint64_t PeakRss(pid_t pid) {
   return std::strtoull(status->c_str() + at + 6, nullptr, 10) * 1024;
 }
 
+// The processes `pid` started that are running.
+std::vector<pid_t> Children(pid_t pid) {
+  std::vector<pid_t> children;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"))) {
+    auto listed = ReadFile((task.path() / "children").string());
+    if (!listed) continue;
+    for (absl::string_view c : absl::StrSplit(*listed, ' ', absl::SkipEmpty())) {
+      pid_t child = 0;
+      if (absl::SimpleAtoi(c, &child)) children.push_back(child);
+    }
+  }
+  return children;
+}
+
 // The daemon's stderr into `path`.
 DaemonProcess::Options LogTo(const std::string& path) {
   DaemonProcess::Options o;
@@ -367,16 +384,8 @@ TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
 
   // Its children: a worker per device, and the warm compile process
   // (server/compile/zygote.h) where compiles are on.
-  std::vector<pid_t> children, workers;
-  for (const auto& task :
-       std::filesystem::directory_iterator(absl::StrCat("/proc/", daemon.pid(), "/task"))) {
-    auto listed = ReadFile((task.path() / "children").string());
-    if (!listed) continue;
-    for (absl::string_view c : absl::StrSplit(*listed, ' ', absl::SkipEmpty())) {
-      pid_t pid = 0;
-      if (absl::SimpleAtoi(c, &pid)) children.push_back(pid);
-    }
-  }
+  const std::vector<pid_t> children = Children(daemon.pid());
+  std::vector<pid_t> workers;
   for (pid_t child : children) {
     auto cmdline = ReadFile(absl::StrCat("/proc/", child, "/cmdline"));
     ASSERT_TRUE(cmdline.has_value());
@@ -398,6 +407,48 @@ TEST(DaemonProcessTest, FrontProcessNeverLoadsTheDriverAndWorkersEndWithIt) {
     EXPECT_TRUE(!stat.has_value() || stat->find(") Z") != std::string::npos)
         << "child " << c << " outlived the daemon";
   }
+}
+
+// An idle daemon sleeps, and so do its workers and its warm compile
+// process (which once spun a core in its wait for the next fork).
+TEST(DaemonProcessTest, AnIdleDaemonAndItsProcessesSleep) {
+  // The NVRTC double where no other is named, so that a warm compile
+  // process starts (where compiles can be sandboxed: Landlock).
+  const char* named = std::getenv("GPUEXEC_TEST_NVRTC");
+  const std::string nvrtc = named != nullptr ? named : GPUEXEC_TEST_DEFAULT_NVRTC;
+  DaemonProcess daemon(std::filesystem::exists(nvrtc) ? std::vector<std::string>{"--nvrtc=" + nvrtc}
+                                                      : std::vector<std::string>{});
+  ClientOptions options;
+  options.connect_timeout = absl::Seconds(20);
+  GX_ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.target(), options));
+  GX_ASSERT_OK(client.ListDevices().status());
+  // Every child started and past its start-up (the warm process compiles
+  // a kernel first).
+  (void)WaitFor(
+      [&] {
+        for (pid_t c : Children(daemon.pid())) {
+          auto cmdline = ReadFile(absl::StrCat("/proc/", c, "/cmdline"));
+          if (cmdline && cmdline->find("__compile") != std::string::npos) return true;
+        }
+        return false;
+      },
+      absl::Seconds(10));
+  absl::SleepFor(absl::Seconds(1));
+  std::vector<pid_t> pids = Children(daemon.pid());
+  pids.push_back(daemon.pid());
+  std::vector<int64_t> before;
+  for (pid_t p : pids) before.push_back(CpuTicks(p));
+  absl::SleepFor(absl::Seconds(2));
+  for (size_t i = 0; i < pids.size(); ++i) {
+    auto cmdline = ReadFile(absl::StrCat("/proc/", pids[i], "/cmdline"));
+    // A tick is 10 ms: a process spinning takes about 200 in these 2 s.
+    EXPECT_LE(CpuTicks(pids[i]) - before[i], 10)
+        << "process " << pids[i] << " ("
+        << (cmdline ? absl::StrReplaceAll(cmdline->substr(0, 120), {{std::string(1, '\0'), " "}})
+                    : "gone")
+        << ") took CPU while the daemon was idle";
+  }
+  EXPECT_EQ(daemon.Stop(), 0);
 }
 
 // One line per event that matters, each with a time and a level letter;

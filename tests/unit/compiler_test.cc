@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/compile/compile_sandbox.h"
+#include "tests/support/cpu_ticks.h"
 
 namespace gpuexec::compile {
 namespace {
@@ -89,9 +90,9 @@ class CompilerTest : public ::testing::TestWithParam<const char*> {
 TEST_P(CompilerTest, TheProbeNamesTheCompilerAndItsSandbox) {
   std::unique_ptr<Compiler> c = Start(Options(nvrtc_));
   ASSERT_NE(c, nullptr);
-  EXPECT_THAT(c->nvrtc_version(), testing::MatchesRegex("1[2-9]\\.[0-9]+"));
+  EXPECT_THAT(c->nvrtc_version(), ::testing::MatchesRegex("1[2-9]\\.[0-9]+"));
   EXPECT_EQ(c->nvrtc_path(), nvrtc_);
-  EXPECT_THAT(c->archs(), testing::Contains(90));
+  EXPECT_THAT(c->archs(), ::testing::Contains(90));
 }
 
 TEST_P(CompilerTest, ACompileGivesACubinOfTheDevicesArchitecture) {
@@ -323,6 +324,22 @@ TEST_F(CompilerWarmTest, CompileProcessesAreForkedFromTheWarmOne) {
   EXPECT_EQ((*c)->starter().warm_starts(), 1);
   EXPECT_EQ((*c)->starter().reuses(), 2);
   EXPECT_EQ((*c)->starter().cold_starts(), cold);
+}
+
+// Waiting for the daemon's next fork, the warm process sleeps: its wait
+// once rounded an infinite deadline's milliseconds up past INT64_MAX into
+// a poll timeout of 0, and an idle daemon's warm process spun a core.
+TEST_F(CompilerWarmTest, TheWarmProcessWaitsAsleep) {
+  absl::StatusOr<std::unique_ptr<Compiler>> c = Compiler::Start(Options(GPUEXEC_FAKE_NVRTC));
+  ASSERT_TRUE(c.ok()) << c.status();
+  GX_REQUIRE_WARM(**c);
+  const pid_t warm = (*c)->starter().zygote_pid();
+  absl::SleepFor(absl::Milliseconds(100));  // past its warm-up
+  const int64_t before = gpuexec::testing::CpuTicks(warm);
+  ASSERT_GE(before, 0);
+  absl::SleepFor(absl::Seconds(1));
+  // A tick is 10 ms: spinning took about 100 of them here.
+  EXPECT_LE(gpuexec::testing::CpuTicks(warm) - before, 2);
 }
 
 // A compile process serves one tenant: another tenant's compile gets a

@@ -54,7 +54,8 @@ class Socket {
 int MillisLeft(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60'000));
+  // Capped before the rounding up, which overflows for an infinite one.
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left), 59'999) + 1);
 }
 
 // Waits for `events` on `fd` until `deadline`: false when it passed.
