@@ -1,5 +1,6 @@
 // Two tenants, a worker each (or one for both: --tenants_isolation=device):
-// one's launches beside the other's kernels. The neighbour runs in a
+// one's launches alone and beside the other's kernels, in turns (the
+// neighbour pauses between). The neighbour runs in a
 // process of its own by default (--tenants_neighbour=process), as another
 // tenant's client would; --tenants_neighbour=thread keeps it in this
 // process, where its gRPC client shares this process's pollers with the
@@ -23,7 +24,12 @@ namespace {
 struct LoadWords {
   uint64_t kernels;
   uint64_t stop;
+  uint64_t pause;   // set: finish what is queued, then launch nothing
+  uint64_t paused;  // the neighbour's answer: nothing of its is queued
 };
+
+uint64_t Load(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
+void Store(uint64_t* w, uint64_t v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
 
 LoadWords* MapLoadWords(const std::string& path, bool create) {
   const int fd =
@@ -36,7 +42,7 @@ LoadWords* MapLoadWords(const std::string& path, bool create) {
   return static_cast<LoadWords*>(p);
 }
 
-uint64_t Kernels(const LoadWords* w) { return __atomic_load_n(&w->kernels, __ATOMIC_ACQUIRE); }
+uint64_t Kernels(const LoadWords* w) { return Load(&w->kernels); }
 
 // The neighbour: 8 of its kernels queued, then a synchronize, until told
 // to stop; connects as tenant 'neighbour'.
@@ -50,7 +56,15 @@ void NeighbourLoad(const std::string& target, const std::string& image, LoadWord
   const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
   LaunchConfig flood = One();
   flood.grid.x = static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_neighbour_blocks)));
-  while (__atomic_load_n(&words->stop, __ATOMIC_ACQUIRE) == 0) {
+  while (Load(&words->stop) == 0) {
+    // Told to pause: its last synchronize has returned, so nothing of its
+    // is queued.
+    if (Load(&words->pause) != 0) {
+      Store(&words->paused, 1);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    Store(&words->paused, 0);
     for (int i = 0; i < 8; ++i) {
       Must(busy.LaunchAsync(spin, flood, {Arg::U64(spin_ns)}), "the neighbour's launch");
     }
@@ -168,10 +182,8 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
     launch_sync();
     GPUEXEC_TRACE(kClientDone);
   };
-  out.alone = traced == "alone" ? Measure(plan.latency_iters, traced_launch_sync)
-                                : Measure(plan.latency_iters, launch_sync);
-
   LoadWords* words = MapLoadWords(std::string(made) + "/neighbour", true);
+  Store(&words->pause, 1);  // it loads its module, then waits
   std::optional<NeighbourProcess> process;
   std::thread load;
   if (out.neighbour_process) {
@@ -179,22 +191,51 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   } else {
     load = std::thread([&] { NeighbourLoad(d.tcp(), image, words); });
   }
-  // Its worker is started and busy before the measurement begins; its rate
-  // alone over a second, then beside the measured tenant.
-  while (Kernels(words) < 16) {
-    if (process.has_value()) process->CheckRunning();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  auto await = [&](const std::function<bool()>& done) {
+    while (!done()) {
+      if (process.has_value()) process->CheckRunning();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
+  await([&] { return Load(&words->paused) != 0; });
+  for (int i = 0; i < std::max(1, plan.latency_iters / 10); ++i) launch_sync();  // warm-up
+  // The neighbour's rate alone, over a second while the measured tenant
+  // idles (its worker started and busy).
+  Store(&words->pause, 0);
+  await([&] { return Kernels(words) >= 16; });
   const uint64_t a0 = Kernels(words);
   const auto alone_t0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   out.neighbour_alone_per_s = (Kernels(words) - a0) / Seconds(alone_t0, Clock::now());
+  // Alone and beside in turns, ten blocks each, so that the host's drift
+  // over the run weighs on both alike.
+  constexpr int kBlocks = 10;
+  const int per_block = std::max(1, plan.latency_iters / kBlocks);
+  std::vector<double> alone, beside;
+  auto block = [&](bool traced_here, std::vector<double>* us) {
+    for (int i = 0; i < per_block; ++i) {
+      const auto t0 = Clock::now();
+      traced_here ? traced_launch_sync() : launch_sync();
+      us->push_back(Seconds(t0, Clock::now()) * 1e6);
+    }
+  };
+  for (int b = 0; b < kBlocks; ++b) {
+    Store(&words->pause, 1);
+    await([&] { return Load(&words->paused) != 0; });
+    block(traced == "alone", &alone);
+    Store(&words->pause, 0);
+    const uint64_t k = Kernels(words);
+    await([&] { return Kernels(words) >= k + 8; });  // its queue full again
+    block(traced == "beside", &beside);
+  }
+  out.alone = Percentiles(std::move(alone));
+  out.beside = Percentiles(std::move(beside));
+  // The neighbour's rate beside the measured tenant's launches, a second.
   const uint64_t k0 = Kernels(words);
   const auto t0 = Clock::now();
-  out.beside = traced == "beside" ? Measure(plan.latency_iters, traced_launch_sync)
-                                  : Measure(plan.latency_iters, launch_sync);
+  while (Seconds(t0, Clock::now()) < 1) launch_sync();
   out.neighbour_kernels_per_s = (Kernels(words) - k0) / Seconds(t0, Clock::now());
-  __atomic_store_n(&words->stop, 1, __ATOMIC_RELEASE);
+  Store(&words->stop, 1);
   if (process.has_value()) {
     process->Join();
   } else {
