@@ -154,7 +154,10 @@ void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<
           }
         }
         op();
-      });
+      },
+      // Its stream's key: a stream's ops take turns with other streams'.
+      // (The driver orders nothing across streams either.)
+      stream + 1);
 }
 
 void Device::ReleaseHeld(StreamId stream) {

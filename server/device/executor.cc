@@ -11,6 +11,56 @@
 #include "server/common/thread_name.h"
 
 namespace gpuexec::device {
+namespace {
+
+// The most ops a turn of the loop runs before it polls the GPU's events.
+constexpr size_t kTurnOps = 1024;
+
+}  // namespace
+
+void TurnQueue::Push(uint64_t key, Op op) {
+  ++size_;
+  if (key == 0) {
+    segments_.emplace_back().unkeyed = std::move(op);
+    return;
+  }
+  if (segments_.empty() || segments_.back().unkeyed) segments_.emplace_back();
+  Segment& s = segments_.back();
+  std::deque<Op>& ops = s.of_key[key];
+  if (ops.empty()) s.turns.push_back(key);
+  ops.push_back(std::move(op));
+}
+
+TurnQueue::Op TurnQueue::Pop() {
+  --size_;
+  Segment& s = segments_.front();
+  Op op;
+  if (s.unkeyed) {
+    op = std::move(s.unkeyed);
+    last_key_ = 0;
+    segments_.pop_front();
+    return op;
+  }
+  if (s.turns.size() > 1 && s.turns.front() == last_key_) {
+    // The key that ran last had its turn, though it had run out of ops
+    // then and came back behind none.
+    s.turns.push_back(s.turns.front());
+    s.turns.pop_front();
+  }
+  const uint64_t key = s.turns.front();
+  last_key_ = key;
+  s.turns.pop_front();
+  auto it = s.of_key.find(key);
+  op = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) {
+    s.of_key.erase(it);
+  } else {
+    s.turns.push_back(key);  // its next, after the other keys' turns
+  }
+  if (s.turns.empty()) segments_.pop_front();
+  return op;
+}
 
 Executor::Executor(std::string name) : name_(std::move(name)) {}
 
@@ -27,12 +77,12 @@ void Executor::Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, P
   thread_id_ = thread_.get_id();
 }
 
-void Executor::Post(Op op) {
+void Executor::Post(Op op, uint64_t key) {
   bool wake;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    queue_.push_back(std::move(op));
+    queue_.emplace_back(key, std::move(op));
     wake = sleeping_;
     sleeping_ = false;
   }
@@ -65,6 +115,11 @@ void Executor::WaitIdle(absl::Duration wait, const Input& input) {
   sleeping_ = false;
 }
 
+void Executor::TakePosted(TurnQueue* ready) {
+  for (auto& [key, op] : queue_) ready->Push(key, std::move(op));
+  queue_.clear();
+}
+
 bool Executor::OnExecutorThread() const { return std::this_thread::get_id() == thread_id_; }
 
 void Executor::Stop() {
@@ -86,7 +141,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
                     Input input) {
   NameThisThread(name_);
   if (on_start) on_start();
-  std::deque<Op> batch;
+  TurnQueue ready;  // posted, in the order to run
   PollBackoff backoff;
   absl::Time last_tick = absl::Now();
   absl::Time last_work = absl::InfinitePast();
@@ -103,20 +158,27 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
     }
     {
       absl::MutexLock lock(&mu_);
-      if (wait != absl::ZeroDuration() && queue_.empty() && !stopping_) WaitIdle(wait, input);
-      if (!queue_.empty()) {
-        batch.swap(queue_);  // everything queued, under one lock
-      } else if (stopping_) {
-        stop = true;  // stopping and drained
+      if (wait != absl::ZeroDuration() && queue_.empty() && ready.empty() && !stopping_) {
+        WaitIdle(wait, input);
       }
+      TakePosted(&ready);
+      if (ready.empty() && stopping_) stop = true;  // stopping and drained
     }
     if (stop) break;
-    if (!batch.empty()) {
+    if (!ready.empty()) {
       last_work = absl::Now();
       backoff.Worked(last_work);
     }
-    for (Op& op : batch) op();
-    batch.clear();
+    // A turn: what was ready, and what arrives meanwhile (read between
+    // ops, so that another stream's op can take its turn before the rest
+    // of a burst), up to kTurnOps before the GPU's events are polled.
+    for (size_t ran = 0; !ready.empty() && ran < kTurnOps; ++ran) {
+      ready.Pop()();
+      if (ready.empty()) break;
+      if (input.on_readable) input.on_readable();
+      absl::MutexLock lock(&mu_);
+      TakePosted(&ready);
+    }
     if (poll) backoff.Polled(poll(), absl::Now());
     const bool polling = backoff.pending();
     if (!polling && on_tick && absl::Now() - last_tick >= tick) {

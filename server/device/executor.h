@@ -1,11 +1,12 @@
 #ifndef GPUEXEC_SERVER_DEVICE_EXECUTOR_H_
 #define GPUEXEC_SERVER_DEVICE_EXECUTOR_H_
 
-// One thread that runs operations in the order they were posted. A Device
-// owns one: its context is made current on that thread once, and every
-// driver call of that device runs there. Operations must not block; the
-// executor wakes at least every `tick` to run the idle hook (the device uses
-// it to look for faults that left completions pending).
+// One thread that runs operations in the order they were posted, except
+// that the operations of different streams take turns (TurnQueue). A
+// Device owns one: its context is made current on that thread once, and
+// every driver call of that device runs there. Operations must not block;
+// the executor wakes at least every `tick` to run the idle hook (the device
+// uses it to look for faults that left completions pending).
 
 #include <algorithm>
 #include <deque>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -74,6 +76,35 @@ class PollBackoff {
   absl::Time since_;
 };
 
+// The order an Executor runs its operations in. An operation with a key
+// (a stream's: its work goes to that stream only) may run ahead of other
+// keys' operations posted before it, never ahead of its own key's nor past
+// an operation without a key (key 0: one that may touch any stream's work,
+// such as a free or a module load), which runs after everything posted
+// before it and before everything after. Between two such, the keys take
+// turns, an operation each: in a worker that tenants share, one tenant's
+// burst of launches makes another's launch wait for one of them, not for
+// all. Not thread-safe.
+class TurnQueue {
+ public:
+  using Op = std::function<void()>;
+  void Push(uint64_t key, Op op);
+  Op Pop();  // the next to run; not empty()
+  bool empty() const { return segments_.empty(); }
+  size_t size() const { return size_; }
+
+ private:
+  // Operations with keys between two without, or one without.
+  struct Segment {
+    Op unkeyed;                  // set: this segment is one operation without a key
+    std::deque<uint64_t> turns;  // the keys with operations, in turn
+    absl::flat_hash_map<uint64_t, std::deque<Op>> of_key;
+  };
+  std::deque<Segment> segments_;
+  size_t size_ = 0;
+  uint64_t last_key_ = 0;  // the key of the op popped last
+};
+
 class Executor {
  public:
   using Op = std::function<void()>;
@@ -93,8 +124,9 @@ class Executor {
   // stayed empty for `tick`, `on_stop` last (after the queue drained).
   void Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll = nullptr,
              Input input = {});
-  // Queues `op`. After Stop() began, ops are dropped.
-  void Post(Op op);
+  // Queues `op`. After Stop() began, ops are dropped. `key` (not 0) says
+  // the op touches the work of one stream only (TurnQueue).
+  void Post(Op op, uint64_t key = 0);
   // Runs what is queued, then `on_stop`, and joins the thread. Idempotent.
   void Stop();
   bool OnExecutorThread() const;
@@ -104,10 +136,12 @@ class Executor {
   // Waits (mu_ held on entry and exit) until work is queued, `input` is
   // readable or `wait` has passed.
   void WaitIdle(absl::Duration wait, const Input& input) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves what was posted into `ready`.
+  void TakePosted(TurnQueue* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   absl::Mutex mu_;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint64_t, Op>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // With an Input: an eventfd that Post() signals while the loop sleeps.
   int wake_fd_ = -1;

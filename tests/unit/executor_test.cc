@@ -1,9 +1,11 @@
 #include "server/device/executor.h"
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "server/port/staging.h"
@@ -33,6 +35,76 @@ TEST(Executor, RunsOpsInOrderOnOneThread) {
   EXPECT_TRUE(same_thread);
   ASSERT_EQ(order.size(), 1000u);
   for (int i = 0; i < 1000; ++i) EXPECT_EQ(order[i], i);
+}
+
+// Runs every op of `q`, in its order.
+void Drain(TurnQueue& q) {
+  while (!q.empty()) q.Pop()();
+}
+
+TEST(TurnQueue, StreamsTakeTurnsEachInItsOwnOrder) {
+  TurnQueue q;
+  std::vector<std::string> ran;
+  auto op = [&](std::string label) { return [&ran, label] { ran.push_back(label); }; };
+  for (int i = 1; i <= 4; ++i) q.Push(7, op(absl::StrCat("a", i)));
+  q.Push(9, op("b1"));
+  q.Push(9, op("b2"));
+  q.Push(3, op("c1"));
+  EXPECT_EQ(q.size(), 7u);
+  Drain(q);
+  EXPECT_EQ(ran, (std::vector<std::string>{"a1", "b1", "c1", "a2", "b2", "a3", "a4"}));
+}
+
+TEST(TurnQueue, AnOpWithoutAKeyKeepsItsPlaceAgainstEveryOther) {
+  TurnQueue q;
+  std::vector<std::string> ran;
+  auto op = [&](std::string label) { return [&ran, label] { ran.push_back(label); }; };
+  q.Push(1, op("a1"));
+  q.Push(1, op("a2"));
+  q.Push(0, op("free"));  // may touch any stream's work
+  q.Push(2, op("b1"));
+  q.Push(1, op("a3"));
+  Drain(q);
+  EXPECT_EQ(ran, (std::vector<std::string>{"a1", "a2", "free", "b1", "a3"}));
+}
+
+TEST(TurnQueue, AStreamThatJustRanGoesBehindOneThatArrivedAfterIt) {
+  TurnQueue q;
+  std::vector<std::string> ran;
+  auto op = [&](std::string label) { return [&ran, label] { ran.push_back(label); }; };
+  q.Push(1, op("a1"));
+  q.Pop()();  // a1 ran: stream 1 is out of ops for a moment
+  q.Push(1, op("a2"));
+  q.Push(1, op("a3"));
+  q.Push(2, op("b1"));  // arrived while a1 ran
+  Drain(q);
+  EXPECT_EQ(ran, (std::vector<std::string>{"a1", "b1", "a2", "a3"}));
+}
+
+// In a worker that tenants share: another stream's op posted while a
+// burst's first op runs goes next, not after the whole burst.
+TEST(Executor, AnotherStreamsOpTakesItsTurnBeforeTheRestOfABurst) {
+  Executor ex("test");
+  ex.Start(nullptr, nullptr, nullptr, absl::Milliseconds(50));
+  std::vector<std::string> ran;
+  absl::Notification first_running, other_posted, done;
+  ex.Post(
+      [&] {
+        ran.push_back("burst 0");
+        first_running.Notify();
+        other_posted.WaitForNotification();
+      },
+      1);
+  for (int i = 1; i < 8; ++i) ex.Post([&, i] { ran.push_back(absl::StrCat("burst ", i)); }, 1);
+  first_running.WaitForNotification();
+  ex.Post([&] { ran.push_back("other"); }, 2);
+  ex.Post([&] { done.Notify(); });  // after everything
+  other_posted.Notify();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_EQ(ran.size(), 9u);
+  EXPECT_EQ(ran[0], "burst 0");
+  EXPECT_EQ(ran[1], "other");
+  for (int i = 1; i < 8; ++i) EXPECT_EQ(ran[i + 1], absl::StrCat("burst ", i));
 }
 
 TEST(Executor, StopDrainsQueueThenRunsOnStop) {
