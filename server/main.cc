@@ -217,6 +217,10 @@ ABSL_FLAG(int32_t, busy_poll_us, -1,
           "each answer then costs no thread wake-up there, at the price of a core per busy "
           "device while its clients keep coming back within it. -1: 300 on hosts with 8 or "
           "more cores, else 0 (off).");
+ABSL_FLAG(bool, stream_turns, true,
+          "A device worker that several sessions share runs their streams' operations in "
+          "turns, an operation each, so that one session's burst of launches delays another's "
+          "launch by one of them, not all (false: in the order they arrived).");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "
@@ -457,6 +461,7 @@ int main(int argc, char** argv) {
   options.kernel_time_limit_ms = absl::GetFlag(FLAGS_kernel_time_limit_ms);
   options.rpc_threads = absl::GetFlag(FLAGS_rpc_threads);
   options.busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
+  options.stream_turns = absl::GetFlag(FLAGS_stream_turns);
   options.worker_shared_memory = absl::GetFlag(FLAGS_worker_shared_memory);
   options.worker_log_level = absl::GetFlag(FLAGS_log_level);
   options.worker_log_format = absl::GetFlag(FLAGS_log_format);

@@ -107,6 +107,10 @@ struct DeviceOptions {
   // refused with RESOURCE_EXHAUSTED instead of held.
   size_t max_held_per_stream = 8192;
   size_t max_held_bytes = 64 << 20;
+  // The streams' operations take turns on the executor (TurnQueue), and it
+  // reads new requests between operations (input.between_ops); false: in
+  // the order they arrived.
+  bool stream_turns = true;
 };
 
 class Device {

@@ -157,7 +157,7 @@ void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<
       },
       // Its stream's key: a stream's ops take turns with other streams'.
       // (The driver orders nothing across streams either.)
-      stream + 1);
+      options_.stream_turns ? stream + 1 : 0);
 }
 
 void Device::ReleaseHeld(StreamId stream) {

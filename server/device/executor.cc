@@ -175,7 +175,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
     for (size_t ran = 0; !ready.empty() && ran < kTurnOps; ++ran) {
       ready.Pop()();
       if (ready.empty()) break;
-      if (input.on_readable) input.on_readable();
+      if (input.between_ops) input.between_ops();
       absl::MutexLock lock(&mu_);
       TakePosted(&ready);
     }

@@ -41,6 +41,10 @@ struct ExecutorInput {
   // within it, and is then seen without a thread wake-up (tens of
   // microseconds on some hosts). Costs a core while it lasts.
   absl::Duration busy_poll = absl::ZeroDuration();
+  // Between two operations of a turn: reads what has arrived (without
+  // sending what is done, which `on_readable` also does), so that another
+  // stream's request can take its turn. Optional; must not block.
+  std::function<void()> between_ops;
 };
 
 // How long the loop pauses between polls for GPU events: not at all for

@@ -391,6 +391,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.log_format = options.worker_log_format;
   wo.busy_poll = absl::Microseconds(busy_poll_us);
   wo.ring_bytes = options.worker_shared_memory ? wo.ring_bytes : 0;
+  wo.stream_turns = options.stream_turns;
   GPUEXEC_ASSIGN_OR_RETURN(const rpc::MpsMode mps_mode, rpc::ParseMpsMode(options.mps));
   GPUEXEC_ASSIGN_OR_RETURN(impl->default_share, rpc::ParseShareFlag(options.default_compute_share));
   if (!impl->default_share.empty() && options.tenants_file.empty()) {

@@ -193,6 +193,9 @@ struct ServerOptions {
   // 300 on hosts with 8 or more cores, where a spinning thread does not
   // take the core the client or gRPC need, else 0).
   int32_t busy_poll_us = -1;
+  // Each device worker runs its streams' operations in turns (false: in
+  // the order they arrived).
+  bool stream_turns = true;
   // Requests and replies between this process and the device workers go
   // through shared-memory rings (false: through their sockets).
   bool worker_shared_memory = true;

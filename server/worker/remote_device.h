@@ -85,6 +85,8 @@ struct WorkerOptions {
   // the socket only tells each side that the other ended; 0: through the
   // socket.
   uint64_t ring_bytes = 1 << 20;
+  // The device's streams take turns in the worker (DeviceOptions).
+  bool stream_turns = true;
   // How long the first start may take.
   absl::Duration start_timeout = absl::Seconds(120);
   // NAME=value settings of the worker's environment, in place of the

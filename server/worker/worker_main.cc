@@ -43,6 +43,7 @@ struct Args {
   std::string log_format = "text";
   int64_t busy_poll_us = 0;
   uint64_t ring_bytes = 0;
+  bool stream_turns = true;
 };
 
 bool ParseArgs(int argc, char** argv, Args* args) {
@@ -68,6 +69,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!absl::SimpleAtoi(v, &args->busy_poll_us)) return false;
     } else if (value("--ring_bytes=", &v)) {
       if (!absl::SimpleAtoi(v, &args->ring_bytes)) return false;
+    } else if (value("--stream_turns=", &v)) {
+      if (!absl::SimpleAtob(v, &args->stream_turns)) return false;
     } else if (value("--log_level=", &v)) {
       args->log_level = std::string(v);
     } else if (value("--log_format=", &v)) {
@@ -483,6 +486,7 @@ int RunWorker(int argc, char** argv) {
   options.staging_slots = args.staging_slots;
   options.max_queued_launches = args.max_queued_launches;
   options.input.busy_poll = absl::Microseconds(args.busy_poll_us);
+  options.stream_turns = args.stream_turns;
   options.staging_memory = static_cast<uint8_t*>(mapped);
   options.on_fault = [&channel](const device::FaultReport& report) {
     Event e;
@@ -519,10 +523,7 @@ int RunWorker(int argc, char** argv) {
   options.input.fd2 = channel.wait_fds().second;
   options.input.park = [&channel] { return channel.ParkReceiver(); };
   options.input.unpark = [&channel] { channel.UnparkReceiver(); };
-  options.input.on_readable = [&] {
-    Worker* worker = serving.load();
-    if (worker == nullptr) return;
-    worker->FlushReplies();
+  auto read_requests = [&](Worker* worker) {
     if (!reading) return;
     std::string frame;
     Request request;
@@ -541,6 +542,19 @@ int RunWorker(int argc, char** argv) {
       worker->Handle(request);
     }
   };
+  options.input.on_readable = [&] {
+    Worker* worker = serving.load();
+    if (worker == nullptr) return;
+    worker->FlushReplies();
+    read_requests(worker);
+  };
+  // Between a turn's operations the replies wait for the turn's end, sent
+  // together as before.
+  if (args.stream_turns) {
+    options.input.between_ops = [&] {
+      if (Worker* worker = serving.load(); worker != nullptr) read_requests(worker);
+    };
+  }
   auto dev = device::Device::Open(driver->get(), args.device, options);
   if (!dev.ok()) return fail(dev.status());
   ToProto((*dev)->properties(), ready->mutable_properties());
