@@ -220,7 +220,8 @@ ABSL_FLAG(int32_t, busy_poll_us, -1,
 ABSL_FLAG(bool, stream_turns, true,
           "A device worker that several sessions share runs their streams' operations in "
           "turns, an operation each, so that one session's burst of launches delays another's "
-          "launch by one of them, not all (false: in the order they arrived).");
+          "launch by one of them, not all; turns are per session, not per tenant (false: in the "
+          "order they arrived).");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "

@@ -13,18 +13,28 @@
 namespace gpuexec::device {
 namespace {
 
-// The most ops a turn of the loop runs before it polls the GPU's events.
-constexpr size_t kTurnOps = 1024;
+// The most ops a turn of the loop runs before it polls the GPU's events
+// (as many as one read of the input takes in).
+constexpr size_t kTurnOps = 256;
+// Between a turn's ops, new input is read only while fewer than this many
+// ops wait: what is not read stays in the input, which the front bounds
+// (--worker_queue_bytes), not in this process's memory.
+constexpr size_t kReadAhead = 256;
+// Every this many ops of a turn, what is done is sent (input.flush), so
+// that answers do not wait for a long turn's end.
+constexpr size_t kFlushEvery = 32;
 
 }  // namespace
 
 void TurnQueue::Push(uint64_t key, Op op) {
   ++size_;
   if (key == 0) {
-    segments_.emplace_back().unkeyed = std::move(op);
+    Segment& s = segments_.emplace_back();
+    s.barrier = true;
+    s.unkeyed = std::move(op);
     return;
   }
-  if (segments_.empty() || segments_.back().unkeyed) segments_.emplace_back();
+  if (segments_.empty() || segments_.back().barrier) segments_.emplace_back();
   Segment& s = segments_.back();
   std::deque<Op>& ops = s.of_key[key];
   if (ops.empty()) s.turns.push_back(key);
@@ -35,7 +45,7 @@ TurnQueue::Op TurnQueue::Pop() {
   --size_;
   Segment& s = segments_.front();
   Op op;
-  if (s.unkeyed) {
+  if (s.barrier) {
     op = std::move(s.unkeyed);
     last_key_ = 0;
     segments_.pop_front();
@@ -152,7 +162,10 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
     if (busy_polling) wait = absl::ZeroDuration();
     if (backoff.pending()) wait = backoff.Pause(absl::Now());
     bool stop = false;
-    if (input.on_readable) {
+    if (ready.size() >= kReadAhead) {
+      // A turn left this many: what is unread waits in the input.
+      if (input.flush) input.flush();
+    } else if (input.on_readable) {
       // Reads what has arrived; its requests are queued for this loop.
       input.on_readable();
     }
@@ -170,12 +183,14 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
       backoff.Worked(last_work);
     }
     // A turn: what was ready, and what arrives meanwhile (read between
-    // ops, so that another stream's op can take its turn before the rest
-    // of a burst), up to kTurnOps before the GPU's events are polled.
-    for (size_t ran = 0; !ready.empty() && ran < kTurnOps; ++ran) {
+    // ops while few wait, so that another stream's op can take its turn
+    // before the rest of a burst), up to kTurnOps before the GPU's events
+    // are polled; answers are sent every kFlushEvery ops.
+    for (size_t ran = 1; !ready.empty(); ++ran) {
       ready.Pop()();
-      if (ready.empty()) break;
-      if (input.between_ops) input.between_ops();
+      if (ready.empty() || ran == kTurnOps) break;
+      if (ran % kFlushEvery == 0 && input.flush) input.flush();
+      if (ready.size() < kReadAhead && input.between_ops) input.between_ops();
       absl::MutexLock lock(&mu_);
       TakePosted(&ready);
     }

@@ -43,8 +43,12 @@ struct ExecutorInput {
   absl::Duration busy_poll = absl::ZeroDuration();
   // Between two operations of a turn: reads what has arrived (without
   // sending what is done, which `on_readable` also does), so that another
-  // stream's request can take its turn. Optional; must not block.
+  // stream's request can take its turn; called only while few operations
+  // wait. Optional; must not block.
   std::function<void()> between_ops;
+  // Sends what is done (the rest of `on_readable`), every few operations of
+  // a long turn. Optional; must not block.
+  std::function<void()> flush;
 };
 
 // How long the loop pauses between polls for GPU events: not at all for
@@ -84,11 +88,14 @@ class PollBackoff {
 // (a stream's: its work goes to that stream only) may run ahead of other
 // keys' operations posted before it, never ahead of its own key's nor past
 // an operation without a key (key 0: one that may touch any stream's work,
-// such as a free or a module load), which runs after everything posted
-// before it and before everything after. Between two such, the keys take
-// turns, an operation each: in a worker that tenants share, one tenant's
-// burst of launches makes another's launch wait for one of them, not for
-// all. Not thread-safe.
+// such as a module load or a completion handed back), which runs after
+// everything posted before it and before everything after. Between two
+// such, the keys take turns, an operation each: in a worker that tenants
+// share, one session's burst of launches makes another session's launch
+// wait for one of them, not for all. (Turns are a stream's, so a tenant
+// with many sessions queued gets as many turns.) A key's operations must
+// touch its stream's work only: a session has one stream, and nothing of
+// one session's (buffers, regions, graphs) is another's. Not thread-safe.
 class TurnQueue {
  public:
   using Op = std::function<void()>;
@@ -100,7 +107,8 @@ class TurnQueue {
  private:
   // Operations with keys between two without, or one without.
   struct Segment {
-    Op unkeyed;                  // set: this segment is one operation without a key
+    bool barrier = false;  // one operation without a key, `unkeyed`
+    Op unkeyed;
     std::deque<uint64_t> turns;  // the keys with operations, in turn
     absl::flat_hash_map<uint64_t, std::deque<Op>> of_key;
   };
@@ -131,7 +139,8 @@ class Executor {
   // Queues `op`. After Stop() began, ops are dropped. `key` (not 0) says
   // the op touches the work of one stream only (TurnQueue).
   void Post(Op op, uint64_t key = 0);
-  // Runs what is queued, then `on_stop`, and joins the thread. Idempotent.
+  // Runs what is queued (in the TurnQueue's order), then `on_stop`, and
+  // joins the thread. Idempotent.
   void Stop();
   bool OnExecutorThread() const;
 

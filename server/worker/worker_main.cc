@@ -548,13 +548,16 @@ int RunWorker(int argc, char** argv) {
     worker->FlushReplies();
     read_requests(worker);
   };
-  // Between a turn's operations the replies wait for the turn's end, sent
-  // together as before.
+  // Between a turn's operations only requests are read; what is done is
+  // sent every few operations (input.flush) and at the turn's end.
   if (args.stream_turns) {
     options.input.between_ops = [&] {
       if (Worker* worker = serving.load(); worker != nullptr) read_requests(worker);
     };
   }
+  options.input.flush = [&] {
+    if (Worker* worker = serving.load(); worker != nullptr) worker->FlushReplies();
+  };
   auto dev = device::Device::Open(driver->get(), args.device, options);
   if (!dev.ok()) return fail(dev.status());
   ToProto((*dev)->properties(), ready->mutable_properties());

@@ -1,5 +1,9 @@
 #include "server/device/executor.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -105,6 +109,36 @@ TEST(Executor, AnotherStreamsOpTakesItsTurnBeforeTheRestOfABurst) {
   EXPECT_EQ(ran[0], "burst 0");
   EXPECT_EQ(ran[1], "other");
   for (int i = 1; i < 8; ++i) EXPECT_EQ(ran[i + 1], absl::StrCat("burst ", i));
+}
+
+// A flood on the input stays in the input: the executor reads between a
+// turn's ops only while few wait, so what it holds stays bounded however
+// fast requests come (each read here brings 256 more).
+TEST(Executor, ReadsAheadOfItsWorkOnlyABoundedWay) {
+  const int always = eventfd(1, EFD_CLOEXEC);  // readable until closed
+  ASSERT_GE(always, 0);
+  Executor ex("test");
+  uint64_t posted = 0, ran = 0, most_waiting = 0;  // executor thread only
+  absl::Notification done;
+  auto read = [&] {
+    most_waiting = std::max(most_waiting, posted - ran);
+    for (int i = 0; i < 256 && posted < 20000; ++i, ++posted) {
+      ex.Post(
+          [&] {
+            if (++ran == 20000) done.Notify();
+          },
+          1 + posted % 3);
+    }
+  };
+  Executor::Input input;
+  input.fd = always;
+  input.on_readable = read;
+  input.between_ops = read;
+  ex.Start(nullptr, nullptr, nullptr, absl::Milliseconds(50), nullptr, input);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ex.Stop();
+  close(always);
+  EXPECT_LE(most_waiting, 1024u);
 }
 
 TEST(Executor, StopDrainsQueueThenRunsOnStop) {
