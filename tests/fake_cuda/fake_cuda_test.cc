@@ -1087,6 +1087,9 @@ TEST_F(FakeCudaContextTest, DestroyedGreenContextRefusesItsStreams) {
   uint64_t n = 4;
   void* params[] = {&buf, &value, &n};
   ASSERT_CU(cu_.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, gs, params, nullptr));
+  // Done before the context goes: nothing orders it against the fill of 9
+  // on another stream below, which it could otherwise overwrite.
+  ASSERT_CU(cu_.cuStreamSynchronize(gs));
   ASSERT_CU(cu_.cuGreenCtxDestroy(green));
   EXPECT_EQ(cu_.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, gs, params, nullptr),
             CUDA_ERROR_CONTEXT_IS_DESTROYED);
