@@ -412,6 +412,11 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool hung_u
     r.ended = true;
     r.ended_at = absl::Now();
     r.reason = reason;
+    // A lifeline hung up after the header said closed is a client that saw
+    // its ring end (a broken record) and goes on on the Execute stream, not
+    // one that died: the runner writes the header before it tells this
+    // server, so such a hang-up can come first.
+    const bool closed_first = r.runner != nullptr && r.runner->header_closed();
     if (r.runner != nullptr) {
       r.runner->Stop(reason);
       // Nobody reads the answers of a ring whose lifeline hung up: its
@@ -419,7 +424,7 @@ void CommandRingServer::End(uint64_t id, const absl::Status& reason, bool hung_u
       // against the limits stays counted until its last command is done).
       if (hung_up) r.runner->CloseWithoutWaiting();
     }
-    if (hung_up && r.close_session_on_hangup) {
+    if (hung_up && r.close_session_on_hangup && !closed_first) {
       caller = r.caller;
       session = r.session;
     }
