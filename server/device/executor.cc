@@ -29,13 +29,13 @@ constexpr size_t kFlushEvery = 32;
 void TurnQueue::Push(uint64_t key, Op op) {
   ++size_;
   if (key == 0) {
-    Segment& s = segments_.emplace_back();
-    s.barrier = true;
-    s.unkeyed = std::move(op);
+    segments_.emplace_back().unkeyed = std::move(op);
     return;
   }
-  if (segments_.empty() || segments_.back().barrier) segments_.emplace_back();
-  Segment& s = segments_.back();
+  if (segments_.empty() || segments_.back().keyed == nullptr) {
+    segments_.emplace_back().keyed = std::make_unique<Keyed>();
+  }
+  Keyed& s = *segments_.back().keyed;
   std::deque<Op>& ops = s.of_key[key];
   if (ops.empty()) s.turns.push_back(key);
   ops.push_back(std::move(op));
@@ -43,14 +43,14 @@ void TurnQueue::Push(uint64_t key, Op op) {
 
 TurnQueue::Op TurnQueue::Pop() {
   --size_;
-  Segment& s = segments_.front();
   Op op;
-  if (s.barrier) {
-    op = std::move(s.unkeyed);
+  if (segments_.front().keyed == nullptr) {
+    op = std::move(segments_.front().unkeyed);
     last_key_ = 0;
     segments_.pop_front();
     return op;
   }
+  Keyed& s = *segments_.front().keyed;
   if (s.turns.size() > 1 && s.turns.front() == last_key_) {
     // The key that ran last had its turn, though it had run out of ops
     // then and came back behind none.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -105,12 +106,16 @@ class TurnQueue {
   size_t size() const { return size_; }
 
  private:
-  // Operations with keys between two without, or one without.
-  struct Segment {
-    bool barrier = false;  // one operation without a key, `unkeyed`
-    Op unkeyed;
+  // Operations with keys between two without, or one without. The keys'
+  // state is made only for the former: an operation without a key (every
+  // one, with turns off) costs no deque or map of its own.
+  struct Keyed {
     std::deque<uint64_t> turns;  // the keys with operations, in turn
     absl::flat_hash_map<uint64_t, std::deque<Op>> of_key;
+  };
+  struct Segment {
+    Op unkeyed;                    // where `keyed` is null
+    std::unique_ptr<Keyed> keyed;  // null: one operation without a key
   };
   std::deque<Segment> segments_;
   size_t size_ = 0;
