@@ -330,11 +330,16 @@ absl::Status EncodeLaunchGraph(const v1::LaunchGraphRequest& r, const ring::Subm
 }  // namespace
 
 absl::Status EncodeRecord(const v1::Command& c, uint64_t seq, std::string* record) {
+  return EncodeRecord(c, c.id(), c.reply(), seq, record);
+}
+
+absl::Status EncodeRecord(const v1::Command& c, uint64_t id, bool reply, uint64_t seq,
+                          std::string* record) {
   // Each refusal comes before the first write: `record` stays empty.
   record->clear();
   ring::SubmitHead head{};
-  head.flags = c.reply() ? ring::kReply : 0;
-  head.id = c.id();
+  head.flags = reply ? ring::kReply : 0;
+  head.id = id;
   head.seq = seq;
   switch (c.op_case()) {
     case v1::Command::kLaunch:

@@ -35,6 +35,10 @@ namespace internal {
 // command's `session` fields are ignored, as on the stream. On a refusal
 // (above) `record` is left empty.
 absl::Status EncodeRecord(const v1::Command& command, uint64_t seq, std::string* record);
+// As above, with `id` and `reply` in the head in place of the command's
+// own (a copy of the command spared).
+absl::Status EncodeRecord(const v1::Command& command, uint64_t id, bool reply, uint64_t seq,
+                          std::string* record);
 
 // Writes into `record` a pad of `slots` slots (1 to ring::kMaxRecordSlots):
 // the head that fills the submission ring's end before a record that would
