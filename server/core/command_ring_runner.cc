@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpuexec/command_ring.h"
+#include "server/common/cpu_relax.h"
 #include "server/common/thread_name.h"
 #include "server/common/trace.h"
 #include "server/core/ring_decode.h"
@@ -26,15 +27,6 @@ constexpr uint64_t kCompletionSlots =
 constexpr int kStormWakes = 64;
 // The longest a turn takes records while holding a run slot.
 constexpr absl::Duration kTurnTime = absl::Microseconds(50);
-
-// A spinning thread's hint to its core.
-inline void Relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 }  // namespace
 
@@ -350,7 +342,7 @@ void CommandRingRunner::Loop() {
             more = true;
             break;
           }
-          Relax();
+          CpuRelax();
         }
         if (more) continue;
       }

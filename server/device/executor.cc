@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "server/common/cpu_relax.h"
 #include "server/common/thread_name.h"
 
 namespace gpuexec::device {
@@ -23,6 +24,11 @@ constexpr size_t kReadAhead = 256;
 // Every this many ops of a turn, what is done is sent (input.flush), so
 // that answers do not wait for a long turn's end.
 constexpr size_t kFlushEvery = 32;
+// While it looks for new input or the GPU's events without sleeping, the
+// loop pauses this many times between looks, and yields its core once
+// every kYieldEvery looks (to another thread of the host that wants it).
+constexpr int kPausesPerLook = 4;
+constexpr uint32_t kYieldEvery = 16;
 
 }  // namespace
 
@@ -155,6 +161,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
   PollBackoff backoff;
   absl::Time last_tick = absl::Now();
   absl::Time last_work = absl::InfinitePast();
+  uint32_t looks = 0;  // looks for work or events that found none waiting
   while (true) {
     absl::Duration wait = tick;
     const bool busy_polling =
@@ -194,13 +201,25 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
       absl::MutexLock lock(&mu_);
       TakePosted(&ready);
     }
-    if (poll) backoff.Polled(poll(), absl::Now());
+    if (poll) {
+      backoff.Polled(poll(), absl::Now());
+      // What the poll finished (a Synchronize's answer) goes now, not after
+      // the pause below.
+      if (input.flush) input.flush();
+    }
     const bool polling = backoff.pending();
     if (!polling && on_tick && absl::Now() - last_tick >= tick) {
       last_tick = absl::Now();
       on_tick();
     } else if ((polling || busy_polling) && wait == absl::ZeroDuration()) {
-      std::this_thread::yield();
+      // Looking again soon: a few pauses between looks, the core yielded
+      // once every kYieldEvery (a yield is a system call, a microsecond
+      // or so that every look paid when each yielded).
+      if (++looks % kYieldEvery == 0) {
+        std::this_thread::yield();
+      } else {
+        for (int i = 0; i < kPausesPerLook; ++i) CpuRelax();
+      }
     }
   }
   if (on_stop) on_stop();
