@@ -166,6 +166,9 @@ void Note(const std::string& line);
 
 struct NativeFigures {
   Latency launch_sync;
+  // Launch + synchronize with the GPU time as a worker measures it (two
+  // timing events, the end polled).
+  Latency launch_timed;
   double async_launch_us = 0;
   double alloc_async_us = 0, alloc_sync_us = 0;
   // cuMemAllocAsync + cuMemsetD8Async (the clearing every Allocate does) +

@@ -27,6 +27,27 @@ NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const s
   });
   Note(absl::StrFormat("launch + cuStreamSynchronize: p50 %.1f us, p99 %.1f us",
                        out.launch_sync.p50, out.launch_sync.p99));
+  {
+    // As a worker runs a launch that synchronizes and reports its GPU time:
+    // a timing event before and after the kernel, the end polled (a worker
+    // never blocks in the driver), then the time between the two. What
+    // this row adds to the one above is the price of the GPU time, paid by
+    // every path through the daemon.
+    auto start = Must(driver->CreateEvent(true, "start"), "create an event");
+    auto end = Must(driver->CreateEvent(true, "end"), "create an event");
+    out.launch_timed = Measure(plan.latency_iters, [&] {
+      Must(driver->Record(start, stream.get(), "start"), "record");
+      Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
+      Must(driver->Record(end, stream.get(), "end"), "record");
+      while (!Must(driver->EventDone(end, "end"), "query")) {
+      }
+      Must(driver->ElapsedMs(start, end, "elapsed"), "elapsed");
+    });
+    Note(absl::StrFormat(
+        "timing event + launch + timing event, the end polled, elapsed read: p50 %.1f us, p99 "
+        "%.1f us",
+        out.launch_timed.p50, out.launch_timed.p99));
+  }
 
   {
     const auto t0 = Clock::now();
