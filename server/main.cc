@@ -218,10 +218,10 @@ ABSL_FLAG(int32_t, busy_poll_us, -1,
           "device while its clients keep coming back within it. -1: 300 on hosts with 8 or "
           "more cores, else 0 (off).");
 ABSL_FLAG(bool, stream_turns, true,
-          "A device worker that several sessions share runs their streams' operations in "
-          "turns, an operation each, so that one session's burst of launches delays another's "
-          "launch by one of them, not all; turns are per session, not per tenant (false: in the "
-          "order they arrived).");
+          "A device worker that several tenants share runs their operations in turns, an "
+          "operation each, so that one tenant's burst of launches delays another's launch by "
+          "one of them, not all; a tenant's sessions share its turn, and sessions of no named "
+          "tenant each have their own (false: in the order they arrived).");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "

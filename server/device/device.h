@@ -107,9 +107,9 @@ struct DeviceOptions {
   // refused with RESOURCE_EXHAUSTED instead of held.
   size_t max_held_per_stream = 8192;
   size_t max_held_bytes = 64 << 20;
-  // The streams' operations take turns on the executor (TurnQueue), and it
-  // reads new requests between operations (input.between_ops); false: in
-  // the order they arrived.
+  // The tenants' operations take turns on the executor (TurnQueue, by
+  // TurnKeys), and it reads new requests between operations
+  // (input.between_ops); false: in the order they arrived.
   bool stream_turns = true;
 };
 
@@ -355,6 +355,7 @@ class Device {
   const cuda::DeviceProperties props_;
   const DeviceOptions options_;
   Executor executor_;
+  TurnKeys turn_keys_;         // with stream_turns: the turn each stream's ops take
   absl::Status start_status_;  // set by OnStart
   absl::Notification* started_ = nullptr;
 

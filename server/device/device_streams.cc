@@ -155,9 +155,9 @@ void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<
         }
         op();
       },
-      // Its stream's key: a stream's ops take turns with other streams'.
+      // Its tenant's key: a tenant's ops take turns with other tenants'.
       // (The driver orders nothing across streams either.)
-      options_.stream_turns ? stream + 1 : 0);
+      options_.stream_turns ? turn_keys_.Of(stream) : 0);
 }
 
 void Device::ReleaseHeld(StreamId stream) {
@@ -289,6 +289,9 @@ absl::Status Device::EndWork(StreamState& s, const std::string& what) {
 
 void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, port::StreamOwner owner,
                           Done done) {
+  // Before any of the stream's operations is posted (the front names
+  // streams before they are made).
+  if (options_.stream_turns) turn_keys_.Add(id, owner.tenant);
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
@@ -370,6 +373,7 @@ void Device::SetComputeParts(std::vector<port::ComputePart> parts, Done done) {
 }
 
 void Device::DestroyStream(StreamId stream, Done done) {
+  turn_keys_.Remove(stream);
   // Not behind the stream's held operations: those never run now (the
   // session is gone), except its frees, which run at once (stream-ordered
   // after the launches already queued).

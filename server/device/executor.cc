@@ -78,6 +78,34 @@ TurnQueue::Op TurnQueue::Pop() {
   return op;
 }
 
+void TurnKeys::Add(uint64_t stream, const std::string& tenant) {
+  // Callers no tenant names are no one group: each session keys alone.
+  if (tenant.empty()) return;
+  absl::MutexLock lock(&mu_);
+  if (key_of_.contains(stream)) return;
+  Tenant& t = tenants_[tenant];
+  if (t.streams++ == 0) t.key = next_++;
+  key_of_[stream] = t.key;
+  tenant_of_[stream] = tenant;
+}
+
+void TurnKeys::Remove(uint64_t stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = tenant_of_.find(stream);
+  if (it == tenant_of_.end()) return;
+  auto t = tenants_.find(it->second);
+  if (--t->second.streams == 0) tenants_.erase(t);
+  tenant_of_.erase(it);
+  key_of_.erase(stream);
+}
+
+uint64_t TurnKeys::Of(uint64_t stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = key_of_.find(stream);
+  // Tenants' keys count up from 1; a stream without one keys alone.
+  return it != key_of_.end() ? it->second : (uint64_t{1} << 63) | stream;
+}
+
 Executor::Executor(std::string name) : name_(std::move(name)) {}
 
 Executor::~Executor() {

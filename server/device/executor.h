@@ -93,10 +93,10 @@ class PollBackoff {
 // everything posted before it and before everything after. Between two
 // such, the keys take turns, an operation each: in a worker that tenants
 // share, one session's burst of launches makes another session's launch
-// wait for one of them, not for all. (Turns are a stream's, so a tenant
-// with many sessions queued gets as many turns.) A key's operations must
-// touch its stream's work only: a session has one stream, and nothing of
-// one session's (buffers, regions, graphs) is another's. Not thread-safe.
+// wait for one of them, not for all (keys are tenants': TurnKeys). A
+// key's operations must touch its own streams' work only: a session has
+// one stream, and nothing of one session's (buffers, regions, graphs) is
+// another's. Not thread-safe.
 class TurnQueue {
  public:
   using Op = std::function<void()>;
@@ -120,6 +120,33 @@ class TurnQueue {
   std::deque<Segment> segments_;
   size_t size_ = 0;
   uint64_t last_key_ = 0;  // the key of the op popped last
+};
+
+// The key each stream's operations take turns under in a TurnQueue: its
+// tenant's, so that all the sessions of one tenant share a turn (a tenant
+// with many busy sessions gets no more turns than one with one; within a
+// tenant, operations keep the order they came in). A stream of the
+// implicit tenant (no name: callers no tenant names, who are no one group)
+// has a key of its own. A stream has its key from Add, before any of its
+// operations is posted, until Remove; the tenant's key goes with its last
+// stream. Thread-safe.
+class TurnKeys {
+ public:
+  void Add(uint64_t stream, const std::string& tenant);
+  void Remove(uint64_t stream);
+  // Never 0; a stream never added (or removed) has a key of its own.
+  uint64_t Of(uint64_t stream) const;
+
+ private:
+  struct Tenant {
+    uint64_t key = 0;
+    size_t streams = 0;
+  };
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::string> tenant_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> key_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Tenant> tenants_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 class Executor {

@@ -85,6 +85,54 @@ TEST(TurnQueue, AStreamThatJustRanGoesBehindOneThatArrivedAfterIt) {
   EXPECT_EQ(ran, (std::vector<std::string>{"a1", "b1", "a2", "a3"}));
 }
 
+TEST(TurnKeys, ATenantsSessionsShareOneTurn) {
+  TurnKeys keys;
+  keys.Add(10, "flood");
+  keys.Add(11, "flood");
+  keys.Add(12, "flood");
+  keys.Add(20, "quiet");
+  EXPECT_EQ(keys.Of(10), keys.Of(11));
+  EXPECT_EQ(keys.Of(10), keys.Of(12));
+  EXPECT_NE(keys.Of(10), keys.Of(20));
+  // Three busy sessions of one tenant against one of another: the quiet
+  // tenant waits for one of the flood's ops, not one of each session's.
+  TurnQueue q;
+  std::vector<std::string> ran;
+  auto op = [&](std::string label) { return [&ran, label] { ran.push_back(label); }; };
+  for (int i = 1; i <= 2; ++i) {
+    for (uint64_t s : {10, 11, 12}) q.Push(keys.Of(s), op(absl::StrCat("s", s, "-", i)));
+  }
+  q.Push(keys.Of(20), op("quiet"));
+  Drain(q);
+  ASSERT_EQ(ran.size(), 7u);
+  EXPECT_EQ(ran[1], "quiet");
+  // Within the tenant, its operations in the order they came.
+  EXPECT_EQ(ran, (std::vector<std::string>{"s10-1", "quiet", "s11-1", "s12-1", "s10-2", "s11-2",
+                                           "s12-2"}));
+}
+
+TEST(TurnKeys, UnnamedCallersAndUnknownStreamsKeyAloneAndTenantsKeysGoWithTheirLastStream) {
+  TurnKeys keys;
+  keys.Add(1, "");
+  keys.Add(2, "");
+  EXPECT_NE(keys.Of(1), keys.Of(2));  // no tenant: a session keys alone
+  EXPECT_NE(keys.Of(1), 0u);          // 0 would make it a barrier
+  EXPECT_NE(keys.Of(99), 0u);
+  EXPECT_NE(keys.Of(99), keys.Of(1));
+  keys.Add(5, "t");
+  keys.Add(6, "t");
+  const uint64_t first = keys.Of(5);
+  keys.Add(5, "other");  // added twice: the first stays
+  EXPECT_EQ(keys.Of(5), first);
+  keys.Remove(5);
+  EXPECT_EQ(keys.Of(6), first);  // the tenant still has a stream
+  EXPECT_NE(keys.Of(5), first);  // removed: keys alone
+  keys.Remove(6);
+  keys.Add(7, "t");
+  EXPECT_NE(keys.Of(7), first);  // the tenant went with its last stream
+  EXPECT_NE(keys.Of(7), keys.Of(5));
+}
+
 // In a worker that tenants share: another stream's op posted while a
 // burst's first op runs goes next, not after the whole burst.
 TEST(Executor, AnotherStreamsOpTakesItsTurnBeforeTheRestOfABurst) {
