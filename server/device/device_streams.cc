@@ -204,8 +204,10 @@ void Device::HostTrampoline(void* data) {
   if (!fn) return;  // a fault failed it already
   fn(absl::OkStatus());
   // This is a driver callback thread, where no driver call may be made; the
-  // completion's captures (events, say) are released on the executor.
-  device->executor_.Post([fn = std::move(fn)] {});
+  // completion's captures (events, say) are released on the executor. That
+  // touches no stream's work, so it takes a turn of its own rather than
+  // barring every stream's (a barrier would put them back in arrival order).
+  device->executor_.Post([fn = std::move(fn)] {}, device->options_.stream_turns ? kReleaseTurn : 0);
 }
 
 absl::Status Device::WhenDone(StreamState& s, std::function<void(absl::Status)> fn,

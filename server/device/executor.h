@@ -122,6 +122,10 @@ class TurnQueue {
   uint64_t last_key_ = 0;  // the key of the op popped last
 };
 
+// The key of operations that only release what completions held (events
+// going back to their spares): no tenant's, and above every TurnKeys key.
+inline constexpr uint64_t kReleaseTurn = uint64_t{1} << 62;
+
 // The key each stream's operations take turns under in a TurnQueue: its
 // tenant's, so that all the sessions of one tenant share a turn (a tenant
 // with many busy sessions gets no more turns than one with one; within a

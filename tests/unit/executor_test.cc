@@ -119,9 +119,11 @@ TEST(TurnKeys, UnnamedCallersAndUnknownStreamsKeyAloneAndTenantsKeysGoWithTheirL
   EXPECT_NE(keys.Of(1), 0u);          // 0 would make it a barrier
   EXPECT_NE(keys.Of(99), 0u);
   EXPECT_NE(keys.Of(99), keys.Of(1));
+  EXPECT_NE(keys.Of(1), kReleaseTurn);  // releases take turns of their own
   keys.Add(5, "t");
   keys.Add(6, "t");
   const uint64_t first = keys.Of(5);
+  EXPECT_NE(first, kReleaseTurn);
   keys.Add(5, "other");  // added twice: the first stays
   EXPECT_EQ(keys.Of(5), first);
   keys.Remove(5);
