@@ -24,6 +24,8 @@ constexpr size_t kReadAhead = 256;
 // Every this many ops of a turn, what is done is sent (input.flush), so
 // that answers do not wait for a long turn's end.
 constexpr size_t kFlushEvery = 32;
+// The most keys whose (empty) queues a TurnQueue keeps between segments.
+constexpr size_t kKeptKeys = 64;
 // While it looks for new input or the GPU's events without sleeping, the
 // loop pauses this many times between looks, and yields its core once
 // every kYieldEvery looks (to another thread of the host that wants it).
@@ -39,7 +41,8 @@ void TurnQueue::Push(uint64_t key, Op op) {
     return;
   }
   if (segments_.empty() || segments_.back().keyed == nullptr) {
-    segments_.emplace_back().keyed = std::make_unique<Keyed>();
+    segments_.emplace_back().keyed =
+        spare_ != nullptr ? std::move(spare_) : std::make_unique<Keyed>();
   }
   Keyed& s = *segments_.back().keyed;
   std::deque<Op>& ops = s.of_key[key];
@@ -69,12 +72,17 @@ TurnQueue::Op TurnQueue::Pop() {
   auto it = s.of_key.find(key);
   op = std::move(it->second.front());
   it->second.pop_front();
-  if (it->second.empty()) {
-    s.of_key.erase(it);
-  } else {
-    s.turns.push_back(key);  // its next, after the other keys' turns
+  // A key out of operations keeps its (empty) queue: a client that waits
+  // for each answer empties it at every operation, and would otherwise
+  // pay a queue's allocations for each.
+  if (!it->second.empty()) s.turns.push_back(key);  // its next, after the other keys' turns
+  if (s.turns.empty()) {
+    // Kept for the next keyed segment, with the queues of its keys unless
+    // they are many.
+    if (s.of_key.size() > kKeptKeys) s.of_key.clear();
+    spare_ = std::move(segments_.front().keyed);
+    segments_.pop_front();
   }
-  if (s.turns.empty()) segments_.pop_front();
   return op;
 }
 

@@ -108,7 +108,10 @@ class TurnQueue {
  private:
   // Operations with keys between two without, or one without. The keys'
   // state is made only for the former: an operation without a key (every
-  // one, with turns off) costs no deque or map of its own.
+  // one, with turns off) costs no deque or map of its own. The state is
+  // reused from one keyed segment to the next (spare_), with the queues
+  // of up to kKeptKeys keys: `of_key` holds empty queues too; `turns`
+  // lists only the keys with operations.
   struct Keyed {
     std::deque<uint64_t> turns;  // the keys with operations, in turn
     absl::flat_hash_map<uint64_t, std::deque<Op>> of_key;
@@ -118,6 +121,7 @@ class TurnQueue {
     std::unique_ptr<Keyed> keyed;  // null: one operation without a key
   };
   std::deque<Segment> segments_;
+  std::unique_ptr<Keyed> spare_;  // the last keyed segment's state, for the next
   size_t size_ = 0;
   uint64_t last_key_ = 0;  // the key of the op popped last
 };

@@ -85,6 +85,30 @@ TEST(TurnQueue, AStreamThatJustRanGoesBehindOneThatArrivedAfterIt) {
   EXPECT_EQ(ran, (std::vector<std::string>{"a1", "b1", "a2", "a3"}));
 }
 
+// A queue emptied and filled again (as by clients that wait for each
+// answer) reuses its state: the keys it ran before take no turn until
+// they have operations again, and many keys are not kept.
+TEST(TurnQueue, AQueueEmptiedAndFilledAgainKeepsEachKeysOrder) {
+  TurnQueue q;
+  std::vector<std::string> ran;
+  auto op = [&](std::string label) { return [&ran, label] { ran.push_back(label); }; };
+  for (uint64_t key = 1; key <= 100; ++key) q.Push(key, op(absl::StrCat("k", key)));
+  Drain(q);
+  ASSERT_EQ(ran.size(), 100u);
+  for (int round = 0; round < 3; ++round) {
+    ran.clear();
+    q.Push(5, op("a1"));
+    q.Push(5, op("a2"));
+    q.Push(0, op("barrier"));
+    q.Push(9, op("b1"));
+    q.Push(5, op("a3"));
+    EXPECT_EQ(q.size(), 5u);
+    Drain(q);
+    EXPECT_TRUE(q.empty());
+    EXPECT_EQ(ran, (std::vector<std::string>{"a1", "a2", "barrier", "b1", "a3"}));
+  }
+}
+
 TEST(TurnKeys, ATenantsSessionsShareOneTurn) {
   TurnKeys keys;
   keys.Add(10, "flood");
