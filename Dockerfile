@@ -45,9 +45,11 @@ RUN ./scripts/setup.sh && ctest --test-dir build -L unit --output-on-failure \
 
 FROM debian:12.11-slim
 # Only the runtime libraries of gRPC and Protobuf (they bring Abseil, c-ares,
-# RE2, OpenSSL and zlib); no compilers, no -dev packages, no CUDA.
+# RE2, OpenSSL and zlib) and the daemon's allocator (tcmalloc); no compilers,
+# no -dev packages, no CUDA.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libgrpc++1.51 libprotobuf32 ca-certificates \
+    && apt-get install -y --no-install-recommends libgrpc++1.51 libprotobuf32 libtcmalloc-minimal4 \
+       ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 gpuexec \
     && useradd --system --uid 10001 --gid gpuexec --no-create-home gpuexec \

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libtcmalloc-minimal4
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-grpc-tools
   python3-prometheus-client python3-yaml openssl ca-certificates nodejs npm tmux
   python3-venv python3-pip python3-setuptools python3-wheel mypy
