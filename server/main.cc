@@ -220,8 +220,9 @@ ABSL_FLAG(int32_t, busy_poll_us, -1,
 ABSL_FLAG(bool, stream_turns, true,
           "A device worker that several tenants share runs their operations in turns, an "
           "operation each, so that one tenant's burst of launches delays another's launch by "
-          "one of them, not all; a tenant's sessions share its turn, and sessions of no named "
-          "tenant each have their own (false: in the order they arrived).");
+          "one of them, not all; a named tenant's sessions share its turn and take it in turn, "
+          "and sessions of no named tenant each have their own (false: in the order they "
+          "arrived).");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "

@@ -296,7 +296,8 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
         // parts, behind the others' work where its priority is low.
         const port::StreamId stream = (*port)->CreateStream(
             absl::Milliseconds(time_limit),
-            {caller.tenant_name(), caller.tenant != nullptr && caller.tenant->limits.low_priority});
+            {caller.tenant_name(), caller.tenant != nullptr && caller.tenant->limits.low_priority,
+             /*shares_turns=*/caller.tenant != nullptr && caller.tenant != DefaultTenant()});
         auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream,
                                                  lease_ms, limit);
         session->peer_host = PeerHost(caller.peer);

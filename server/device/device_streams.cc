@@ -133,6 +133,7 @@ bool Device::QueueFull(const StreamState& s) const {
 
 void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<void()> op,
                       std::function<void(absl::Status)> refuse) {
+  const TurnKeys::Turn turn = options_.stream_turns ? turn_keys_.Of(stream) : TurnKeys::Turn{};
   executor_.Post(
       [this, stream, kind, bytes, op = std::move(op), refuse = std::move(refuse)]() mutable {
         auto it = streams_.find(stream);
@@ -155,9 +156,10 @@ void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<
         }
         op();
       },
-      // Its tenant's key: a tenant's ops take turns with other tenants'.
-      // (The driver orders nothing across streams either.)
-      options_.stream_turns ? turn_keys_.Of(stream) : 0);
+      // Its own key in its tenant's group: tenants take turns, and each
+      // tenant's streams its turns. (The driver orders nothing across
+      // streams either.)
+      options_.stream_turns ? turn.key : 0, turn.group);
 }
 
 void Device::ReleaseHeld(StreamId stream) {
@@ -293,7 +295,7 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, port::S
                           Done done) {
   // Before any of the stream's operations is posted (the front names
   // streams before they are made).
-  if (options_.stream_turns) turn_keys_.Add(id, owner.tenant);
+  if (options_.stream_turns) turn_keys_.Add(id, owner);
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);

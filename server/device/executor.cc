@@ -34,7 +34,7 @@ constexpr uint32_t kYieldEvery = 16;
 
 }  // namespace
 
-void TurnQueue::Push(uint64_t key, Op op) {
+void TurnQueue::Push(uint64_t group, uint64_t key, Op op) {
   ++size_;
   if (key == 0) {
     segments_.emplace_back().unkeyed = std::move(op);
@@ -46,55 +46,76 @@ void TurnQueue::Push(uint64_t key, Op op) {
   }
   Keyed& s = *segments_.back().keyed;
   std::deque<Op>& ops = s.of_key[key];
-  if (ops.empty()) s.turns.push_back(key);
+  if (ops.empty()) {
+    Group& g = s.of_group[group];
+    if (g.turns.empty()) s.turns.push_back(group);
+    g.turns.push_back(key);
+  }
   ops.push_back(std::move(op));
 }
+
+namespace {
+
+// Puts `turns`' front at its back where it is the one that ran last: it
+// had its turn, though it had run out of work then and came back behind
+// none.
+void PassIfItRanLast(std::deque<uint64_t>& turns, uint64_t last) {
+  if (turns.size() > 1 && turns.front() == last) {
+    turns.push_back(turns.front());
+    turns.pop_front();
+  }
+}
+
+}  // namespace
 
 TurnQueue::Op TurnQueue::Pop() {
   --size_;
   Op op;
   if (segments_.front().keyed == nullptr) {
     op = std::move(segments_.front().unkeyed);
-    last_key_ = 0;
+    last_group_ = 0;
     segments_.pop_front();
     return op;
   }
   Keyed& s = *segments_.front().keyed;
-  if (s.turns.size() > 1 && s.turns.front() == last_key_) {
-    // The key that ran last had its turn, though it had run out of ops
-    // then and came back behind none.
-    s.turns.push_back(s.turns.front());
-    s.turns.pop_front();
-  }
-  const uint64_t key = s.turns.front();
-  last_key_ = key;
+  PassIfItRanLast(s.turns, last_group_);
+  const uint64_t group = s.turns.front();
+  last_group_ = group;
   s.turns.pop_front();
+  Group& g = s.of_group[group];
+  PassIfItRanLast(g.turns, g.last_key);
+  const uint64_t key = g.turns.front();
+  g.last_key = key;
+  g.turns.pop_front();
   auto it = s.of_key.find(key);
   op = std::move(it->second.front());
   it->second.pop_front();
   // A key out of operations keeps its (empty) queue: a client that waits
   // for each answer empties it at every operation, and would otherwise
-  // pay a queue's allocations for each.
-  if (!it->second.empty()) s.turns.push_back(key);  // its next, after the other keys' turns
+  // pay a queue's allocations for each. Each goes behind the others of
+  // its level: the key in its group, the group among the groups.
+  if (!it->second.empty()) g.turns.push_back(key);
+  if (!g.turns.empty()) s.turns.push_back(group);
   if (s.turns.empty()) {
     // Kept for the next keyed segment, with the queues of its keys unless
     // they are many.
     if (s.of_key.size() > kKeptKeys) s.of_key.clear();
+    if (s.of_group.size() > kKeptKeys) s.of_group.clear();
     spare_ = std::move(segments_.front().keyed);
     segments_.pop_front();
   }
   return op;
 }
 
-void TurnKeys::Add(uint64_t stream, const std::string& tenant) {
-  // Callers no tenant names are no one group: each session keys alone.
-  if (tenant.empty()) return;
+void TurnKeys::Add(uint64_t stream, const port::StreamOwner& owner) {
+  // A session of no named tenant is a group of its own.
+  if (!owner.shares_turns) return;
   absl::MutexLock lock(&mu_);
-  if (key_of_.contains(stream)) return;
-  Tenant& t = tenants_[tenant];
-  if (t.streams++ == 0) t.key = next_++;
-  key_of_[stream] = t.key;
-  tenant_of_[stream] = tenant;
+  if (group_of_.contains(stream)) return;
+  Tenant& t = tenants_[owner.tenant];
+  if (t.streams++ == 0) t.group = next_++;
+  group_of_[stream] = t.group;
+  tenant_of_[stream] = owner.tenant;
 }
 
 void TurnKeys::Remove(uint64_t stream) {
@@ -104,14 +125,16 @@ void TurnKeys::Remove(uint64_t stream) {
   auto t = tenants_.find(it->second);
   if (--t->second.streams == 0) tenants_.erase(t);
   tenant_of_.erase(it);
-  key_of_.erase(stream);
+  group_of_.erase(stream);
 }
 
-uint64_t TurnKeys::Of(uint64_t stream) const {
+TurnKeys::Turn TurnKeys::Of(uint64_t stream) const {
+  // A stream's own key has the top bit set; tenants' groups count up from
+  // 1, so a stream alone is a group no tenant's can be.
+  const uint64_t own = (uint64_t{1} << 63) | stream;
   absl::MutexLock lock(&mu_);
-  auto it = key_of_.find(stream);
-  // Tenants' keys count up from 1; a stream without one keys alone.
-  return it != key_of_.end() ? it->second : (uint64_t{1} << 63) | stream;
+  auto it = group_of_.find(stream);
+  return Turn{it != group_of_.end() ? it->second : own, own};
 }
 
 Executor::Executor(std::string name) : name_(std::move(name)) {}
@@ -129,12 +152,12 @@ void Executor::Start(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, P
   thread_id_ = thread_.get_id();
 }
 
-void Executor::Post(Op op, uint64_t key) {
+void Executor::Post(Op op, uint64_t key, uint64_t group) {
   bool wake;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    queue_.emplace_back(key, std::move(op));
+    queue_.push_back(Posted{group, key, std::move(op)});
     wake = sleeping_;
     sleeping_ = false;
   }
@@ -168,7 +191,7 @@ void Executor::WaitIdle(absl::Duration wait, const Input& input) {
 }
 
 void Executor::TakePosted(TurnQueue* ready) {
-  for (auto& [key, op] : queue_) ready->Push(key, std::move(op));
+  for (Posted& p : queue_) ready->Push(p.group, p.key, std::move(p.op));
   queue_.clear();
 }
 

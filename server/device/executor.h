@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/port/types.h"
 
 namespace gpuexec::device {
 
@@ -89,19 +90,24 @@ class PollBackoff {
 // (a stream's: its work goes to that stream only) may run ahead of other
 // keys' operations posted before it, never ahead of its own key's nor past
 // an operation without a key (key 0: one that may touch any stream's work,
-// such as a module load or a completion handed back), which runs after
-// everything posted before it and before everything after. Between two
-// such, the keys take turns, an operation each: in a worker that tenants
-// share, one session's burst of launches makes another session's launch
-// wait for one of them, not for all (keys are tenants': TurnKeys). A
-// key's operations must touch its own streams' work only: a session has
-// one stream, and nothing of one session's (buffers, regions, graphs) is
+// such as a module load), which runs after everything posted before it
+// and before everything after. Between two such, turns go round on two
+// levels: groups (a tenant's streams; TurnKeys) take turns, an operation
+// each, and within a group its keys take the group's turns in turn. In a
+// worker that tenants share, one tenant's burst of launches makes another
+// tenant's launch wait for one of them, not for all, however many
+// sessions the first has busy; and one session's burst makes another
+// session of the same tenant wait for a turn of it, not for all. A key's
+// operations must touch its own stream's work only: a session has one
+// stream, and nothing of one session's (buffers, regions, graphs) is
 // another's. Not thread-safe.
 class TurnQueue {
  public:
   using Op = std::function<void()>;
-  void Push(uint64_t key, Op op);
-  Op Pop();  // the next to run; not empty()
+  // `key` 0: an operation of no one stream (`group` unused).
+  void Push(uint64_t group, uint64_t key, Op op);
+  void Push(uint64_t key, Op op) { Push(key, key, std::move(op)); }  // a group of its own
+  Op Pop();                                                          // the next to run; not empty()
   bool empty() const { return segments_.empty(); }
   size_t size() const { return size_; }
 
@@ -109,11 +115,17 @@ class TurnQueue {
   // Operations with keys between two without, or one without. The keys'
   // state is made only for the former: an operation without a key (every
   // one, with turns off) costs no deque or map of its own. The state is
-  // reused from one keyed segment to the next (spare_), with the queues
-  // of up to kKeptKeys keys: `of_key` holds empty queues too; `turns`
-  // lists only the keys with operations.
+  // reused from one keyed segment to the next (spare_), with the (empty)
+  // queues of up to kKeptKeys keys and groups: `of_key` and `of_group`
+  // hold empty ones too; `turns` lists only the groups with operations,
+  // a group's `turns` only its keys with operations.
+  struct Group {
+    std::deque<uint64_t> turns;  // its keys with operations, in turn
+    uint64_t last_key = 0;       // of its keys, the one that ran last
+  };
   struct Keyed {
-    std::deque<uint64_t> turns;  // the keys with operations, in turn
+    std::deque<uint64_t> turns;  // the groups with operations, in turn
+    absl::flat_hash_map<uint64_t, Group> of_group;
     absl::flat_hash_map<uint64_t, std::deque<Op>> of_key;
   };
   struct Segment {
@@ -123,36 +135,40 @@ class TurnQueue {
   std::deque<Segment> segments_;
   std::unique_ptr<Keyed> spare_;  // the last keyed segment's state, for the next
   size_t size_ = 0;
-  uint64_t last_key_ = 0;  // the key of the op popped last
+  uint64_t last_group_ = 0;  // the group of the op popped last
 };
 
 // The key of operations that only release what completions held (events
-// going back to their spares): no tenant's, and above every TurnKeys key.
+// going back to their spares): no tenant's, no stream's, and no key
+// TurnKeys gives.
 inline constexpr uint64_t kReleaseTurn = uint64_t{1} << 62;
 
-// The key each stream's operations take turns under in a TurnQueue: its
-// tenant's, so that all the sessions of one tenant share a turn (a tenant
-// with many busy sessions gets no more turns than one with one; within a
-// tenant, operations keep the order they came in). A stream of the
-// implicit tenant (no name: callers no tenant names, who are no one group)
-// has a key of its own. A stream has its key from Add, before any of its
-// operations is posted, until Remove; the tenant's key goes with its last
-// stream. Thread-safe.
+// The turn each stream's operations take in a TurnQueue: a key of the
+// stream's own, in its tenant's group where the stream's owner shares its
+// tenant's turns (a named tenant: all its sessions share one turn among
+// the tenants, so that more sessions buy no more of them), else in a
+// group of its own (a session of the implicit tenant, whose callers are no
+// one group). A stream has its group from Add, before any of its
+// operations is posted, until Remove; the tenant's group goes with its
+// last stream. Thread-safe.
 class TurnKeys {
  public:
-  void Add(uint64_t stream, const std::string& tenant);
+  struct Turn {
+    uint64_t group = 0;
+    uint64_t key = 0;  // never 0
+  };
+  void Add(uint64_t stream, const port::StreamOwner& owner);
   void Remove(uint64_t stream);
-  // Never 0; a stream never added (or removed) has a key of its own.
-  uint64_t Of(uint64_t stream) const;
+  Turn Of(uint64_t stream) const;
 
  private:
   struct Tenant {
-    uint64_t key = 0;
+    uint64_t group = 0;
     size_t streams = 0;
   };
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::string> tenant_of_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, uint64_t> key_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> group_of_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Tenant> tenants_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
 };
@@ -178,7 +194,9 @@ class Executor {
              Input input = {});
   // Queues `op`. After Stop() began, ops are dropped. `key` (not 0) says
   // the op touches the work of one stream only (TurnQueue).
-  void Post(Op op, uint64_t key = 0);
+  void Post(Op op, uint64_t key = 0) { Post(std::move(op), key, key); }
+  // In `group`'s turns (TurnQueue).
+  void Post(Op op, uint64_t key, uint64_t group);
   // Runs what is queued (in the TurnQueue's order), then `on_stop`, and
   // joins the thread. Idempotent.
   void Stop();
@@ -194,7 +212,12 @@ class Executor {
 
   const std::string name_;
   absl::Mutex mu_;
-  std::deque<std::pair<uint64_t, Op>> queue_ ABSL_GUARDED_BY(mu_);
+  struct Posted {
+    uint64_t group;
+    uint64_t key;
+    Op op;
+  };
+  std::deque<Posted> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // With an Input: an eventfd that Post() signals while the loop sleeps.
   int wake_fd_ = -1;

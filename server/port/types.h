@@ -106,6 +106,10 @@ struct ComputePart {
 struct StreamOwner {
   std::string tenant;
   bool low_priority = false;
+  // A named tenant's stream: its work shares the tenant's turns in a
+  // worker that tenants share (device::TurnKeys); false (the implicit
+  // tenant's), the session takes turns of its own.
+  bool shares_turns = false;
 };
 
 // Streams and kernels are named by ids the front process chooses.

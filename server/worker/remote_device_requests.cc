@@ -70,6 +70,7 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
         static_cast<uint64_t>(absl::ToInt64Milliseconds(it->second.time_limit)));
     r.mutable_create_stream()->set_tenant(it->second.owner.tenant);
     r.mutable_create_stream()->set_low_priority(it->second.owner.low_priority);
+    r.mutable_create_stream()->set_shares_turns(it->second.owner.shares_turns);
     prefix->push_back(std::move(r));
     live_streams_.insert(stream);
   }

@@ -240,7 +240,9 @@ void Worker::Handle(Request& r) {
     case Request::kCreateStream:
       dev_->CreateStream(r.create_stream().stream(),
                          absl::Milliseconds(r.create_stream().kernel_time_limit_ms()),
-                         {r.create_stream().tenant(), r.create_stream().low_priority()}, Done(id));
+                         {r.create_stream().tenant(), r.create_stream().low_priority(),
+                          r.create_stream().shares_turns()},
+                         Done(id));
       return;
     case Request::kSetComputeParts: {
       std::vector<port::ComputePart> parts;

@@ -257,7 +257,7 @@ port::StreamId FakePort::CreateStream(absl::Duration, port::StreamOwner owner) {
   absl::MutexLock lock(&mu_);
   const port::StreamId id = next_stream_++;
   streams_[id] = true;
-  stream_tenants_[id] = std::move(owner.tenant);
+  stream_owners_.push_back(std::move(owner));
   return id;
 }
 
@@ -274,10 +274,9 @@ std::vector<port::ComputePart> FakePort::compute_parts() const {
   return parts_;
 }
 
-std::string FakePort::stream_tenant(port::StreamId stream) const {
+std::vector<port::StreamOwner> FakePort::stream_owners() const {
   absl::MutexLock lock(&mu_);
-  auto it = stream_tenants_.find(stream);
-  return it != stream_tenants_.end() ? it->second : "";
+  return stream_owners_;
 }
 
 void FakePort::DestroyStream(port::StreamId stream, port::Done done) {

@@ -102,7 +102,8 @@ class FakePort final : public port::DevicePort {
   void SetComputeParts(std::vector<port::ComputePart> parts, port::Done done) override;
   std::vector<port::ComputePart> compute_parts() const;
   // The tenant each stream was named for, by stream.
-  std::string stream_tenant(port::StreamId stream) const;
+  // Whose each stream made so far was, in the order they were made.
+  std::vector<port::StreamOwner> stream_owners() const;
   void DestroyStream(port::StreamId stream, port::Done done) override;
   void AfterQueued(port::StreamId stream, uint64_t epoch, std::string what,
                    port::Done done) override;
@@ -207,7 +208,7 @@ class FakePort final : public port::DevicePort {
   std::vector<std::string> unloaded_ ABSL_GUARDED_BY(mu_);
   std::vector<port::LaunchOp> launches_ ABSL_GUARDED_BY(mu_);
   std::vector<port::ComputePart> parts_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<port::StreamId, std::string> stream_tenants_ ABSL_GUARDED_BY(mu_);
+  std::vector<port::StreamOwner> stream_owners_ ABSL_GUARDED_BY(mu_);
   std::function<void(const port::ResetInfo&)> on_reset_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex queue_mu_;

@@ -802,6 +802,27 @@ TEST_F(TenantIsolationTest, IdleWorkersEndAndTheBoundOnWorkersHolds) {
   ASSERT_THAT(AwaitDone([&](Done d) { engine_->CloseSession(c, sc->token, d); }), IsOk());
 }
 
+// In a worker that tenants share, a named tenant's sessions share its
+// turns; the implicit tenant's callers are no one group, and each of its
+// sessions takes turns of its own.
+TEST_F(EngineTest, ANamedTenantsStreamsShareItsTurnsAndTheImplicitTenantsDoNot) {
+  ASSERT_THAT(Open(), IsOk());
+  auto t = std::make_shared<Tenant>();
+  t->name = "b";
+  Caller b;
+  b.tenant = t;
+  b.peer = "ipv4:10.0.0.2:4000";
+  ASSERT_THAT(Await<SessionInfo>(
+                  [&](Callback<SessionInfo> cb) { engine_->OpenSession(b, 0, 0, 0, 0, cb); }),
+              IsOk());
+  const std::vector<port::StreamOwner> owners = port_->stream_owners();
+  ASSERT_EQ(owners.size(), 2u);
+  EXPECT_EQ(owners[0].tenant, kDefaultTenant);
+  EXPECT_FALSE(owners[0].shares_turns);
+  EXPECT_EQ(owners[1].tenant, "b");
+  EXPECT_TRUE(owners[1].shares_turns);
+}
+
 // A device dedicated to another tenant is refused, saying so, and never
 // picked for the tenant.
 TEST_F(EngineTest, ADeviceDedicatedToAnotherTenantIsRefused) {

@@ -109,54 +109,56 @@ TEST(TurnQueue, AQueueEmptiedAndFilledAgainKeepsEachKeysOrder) {
   }
 }
 
-TEST(TurnKeys, ATenantsSessionsShareOneTurn) {
+port::StreamOwner Named(const std::string& tenant) { return {tenant, false, true}; }
+
+// Three busy sessions of one tenant against one of another: the quiet
+// tenant waits for one of the flood's operations, not one of each
+// session's; within the flood its sessions take its turns in turn.
+TEST(TurnKeys, ATenantsSessionsShareOneTurnAndTakeItInTurn) {
   TurnKeys keys;
-  keys.Add(10, "flood");
-  keys.Add(11, "flood");
-  keys.Add(12, "flood");
-  keys.Add(20, "quiet");
-  EXPECT_EQ(keys.Of(10), keys.Of(11));
-  EXPECT_EQ(keys.Of(10), keys.Of(12));
-  EXPECT_NE(keys.Of(10), keys.Of(20));
-  // Three busy sessions of one tenant against one of another: the quiet
-  // tenant waits for one of the flood's ops, not one of each session's.
+  for (uint64_t s : {10, 11, 12}) keys.Add(s, Named("flood"));
+  keys.Add(20, Named("quiet"));
+  EXPECT_EQ(keys.Of(10).group, keys.Of(11).group);
+  EXPECT_EQ(keys.Of(10).group, keys.Of(12).group);
+  EXPECT_NE(keys.Of(10).key, keys.Of(11).key);
+  EXPECT_NE(keys.Of(10).group, keys.Of(20).group);
   TurnQueue q;
   std::vector<std::string> ran;
   auto op = [&](std::string label) { return [&ran, label] { ran.push_back(label); }; };
-  for (int i = 1; i <= 2; ++i) {
-    for (uint64_t s : {10, 11, 12}) q.Push(keys.Of(s), op(absl::StrCat("s", s, "-", i)));
-  }
-  q.Push(keys.Of(20), op("quiet"));
+  auto push = [&](uint64_t stream, std::string label) {
+    const TurnKeys::Turn t = keys.Of(stream);
+    q.Push(t.group, t.key, op(std::move(label)));
+  };
+  for (int i = 1; i <= 3; ++i) push(10, absl::StrCat("s10-", i));  // one session's burst
+  push(11, "s11-1");
+  push(12, "s12-1");
+  push(20, "quiet");
   Drain(q);
-  ASSERT_EQ(ran.size(), 7u);
-  EXPECT_EQ(ran[1], "quiet");
-  // Within the tenant, its operations in the order they came.
-  EXPECT_EQ(ran, (std::vector<std::string>{"s10-1", "quiet", "s11-1", "s12-1", "s10-2", "s11-2",
-                                           "s12-2"}));
+  EXPECT_EQ(ran, (std::vector<std::string>{"s10-1", "quiet", "s11-1", "s12-1", "s10-2", "s10-3"}));
 }
 
-TEST(TurnKeys, UnnamedCallersAndUnknownStreamsKeyAloneAndTenantsKeysGoWithTheirLastStream) {
+TEST(TurnKeys, UnnamedCallersAndUnknownStreamsAreGroupsOfTheirOwn) {
   TurnKeys keys;
-  keys.Add(1, "");
-  keys.Add(2, "");
-  EXPECT_NE(keys.Of(1), keys.Of(2));  // no tenant: a session keys alone
-  EXPECT_NE(keys.Of(1), 0u);          // 0 would make it a barrier
-  EXPECT_NE(keys.Of(99), 0u);
-  EXPECT_NE(keys.Of(99), keys.Of(1));
-  EXPECT_NE(keys.Of(1), kReleaseTurn);  // releases take turns of their own
-  keys.Add(5, "t");
-  keys.Add(6, "t");
-  const uint64_t first = keys.Of(5);
+  const port::StreamOwner implicit{"default", false, false};
+  keys.Add(1, implicit);
+  keys.Add(2, implicit);
+  EXPECT_NE(keys.Of(1).group, keys.Of(2).group);  // no named tenant: a session alone
+  EXPECT_NE(keys.Of(1).key, 0u);                  // 0 would make it a barrier
+  EXPECT_NE(keys.Of(99).key, 0u);
+  EXPECT_NE(keys.Of(99).group, keys.Of(1).group);
+  EXPECT_NE(keys.Of(1).key, kReleaseTurn);  // releases take turns of their own
+  keys.Add(5, Named("t"));
+  keys.Add(6, Named("t"));
+  const uint64_t first = keys.Of(5).group;
   EXPECT_NE(first, kReleaseTurn);
-  keys.Add(5, "other");  // added twice: the first stays
-  EXPECT_EQ(keys.Of(5), first);
+  keys.Add(5, Named("other"));  // added twice: the first stays
+  EXPECT_EQ(keys.Of(5).group, first);
   keys.Remove(5);
-  EXPECT_EQ(keys.Of(6), first);  // the tenant still has a stream
-  EXPECT_NE(keys.Of(5), first);  // removed: keys alone
+  EXPECT_EQ(keys.Of(6).group, first);  // the tenant still has a stream
+  EXPECT_NE(keys.Of(5).group, first);  // removed: a group of its own
   keys.Remove(6);
-  keys.Add(7, "t");
-  EXPECT_NE(keys.Of(7), first);  // the tenant went with its last stream
-  EXPECT_NE(keys.Of(7), keys.Of(5));
+  keys.Add(7, Named("t"));
+  EXPECT_NE(keys.Of(7).group, first);  // the tenant's group went with its last stream
 }
 
 // In a worker that tenants share: another stream's op posted while a
