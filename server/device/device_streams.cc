@@ -159,7 +159,7 @@ void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<
       // Its own key in its tenant's group: tenants take turns, and each
       // tenant's streams its turns. (The driver orders nothing across
       // streams either.)
-      options_.stream_turns ? turn.key : 0, turn.group);
+      turn.key, turn.group);  // key 0 (a barrier each) with turns off
 }
 
 void Device::ReleaseHeld(StreamId stream) {

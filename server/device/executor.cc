@@ -220,7 +220,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
   PollBackoff backoff;
   absl::Time last_tick = absl::Now();
   absl::Time last_work = absl::InfinitePast();
-  uint32_t looks = 0;  // looks for work or events that found none waiting
+  uint32_t looks = 0;  // passes that looked again without sleeping
   while (true) {
     absl::Duration wait = tick;
     const bool busy_polling =
