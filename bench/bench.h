@@ -169,7 +169,12 @@ struct NativeFigures {
   // Launch + synchronize with the GPU time as a worker measures it (two
   // timing events, the end polled).
   Latency launch_timed;
+  // The same with events that do not time (a start one and an end one),
+  // and with the end one alone.
+  Latency launch_plain, launch_end_only;
   double async_launch_us = 0;
+  // Async launches each followed by a timing event, or by a plain one.
+  double async_timed_us = 0, async_plain_us = 0;
   double alloc_async_us = 0, alloc_sync_us = 0;
   // cuMemAllocAsync + cuMemsetD8Async (the clearing every Allocate does) +
   // cuMemFreeAsync, 1 MiB and 64 MiB.

@@ -91,6 +91,9 @@ ABSL_FLAG(bool, transport_variants, false,
 ABSL_FLAG(bool, ring_sweep, false,
           "only the command ring's spin windows: a daemon for each --ring_spin_us of 0, 10, 30, "
           "100 and 300, each measured with a client spinning 0, 20, 50 and 200 us");
+ABSL_FLAG(bool, native_only, false,
+          "the native section only: the driver in this process, no daemon (what each piece of a "
+          "launch costs)");
 ABSL_FLAG(bool, graphs_only, false,
           "only the graph rows: N kernels as launches against one replay, natively and through a "
           "daemon, and a replay's patched arguments");
@@ -193,6 +196,12 @@ int Main() {
     return RunCompile(plan, quick, daemon, driver, absl::GetFlag(FLAGS_nvrtc));
   }
   if (absl::GetFlag(FLAGS_tls_only)) return RunTlsOnly(plan, daemon, driver, cubin);
+  if (absl::GetFlag(FLAGS_native_only)) {
+    std::printf("gpuexec_bench%s: the native section only, driver %s\n",
+                quick ? " (quick: not a measurement)" : "", driver.c_str());
+    RunNative(plan, driver, cubin);
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_ring_sweep)) return RunRingSweep(plan, quick, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_graphs_only)) return RunGraphs(plan, quick, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {

@@ -47,6 +47,46 @@ NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const s
         "timing event + launch + timing event, the end polled, elapsed read: p50 %.1f us, p99 "
         "%.1f us",
         out.launch_timed.p50, out.launch_timed.p99));
+    // As an untimed worker would: events that only mark (no timestamps),
+    // the start one for a watched launch's clock, the end one polled.
+    auto plain_start = Must(driver->CreateEvent(false, "start"), "create an event");
+    auto plain_end = Must(driver->CreateEvent(false, "end"), "create an event");
+    out.launch_plain = Measure(plan.latency_iters, [&] {
+      Must(driver->Record(plain_start, stream.get(), "start"), "record");
+      Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
+      Must(driver->Record(plain_end, stream.get(), "end"), "record");
+      while (!Must(driver->EventDone(plain_end, "end"), "query")) {
+      }
+    });
+    out.launch_end_only = Measure(plan.latency_iters, [&] {
+      Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
+      Must(driver->Record(plain_end, stream.get(), "end"), "record");
+      while (!Must(driver->EventDone(plain_end, "end"), "query")) {
+      }
+    });
+    Note(absl::StrFormat(
+        "plain (untimed) event + launch + plain event, the end polled: p50 %.1f us, p99 %.1f us; "
+        "launch + plain event polled: p50 %.1f us, p99 %.1f us",
+        out.launch_plain.p50, out.launch_plain.p99, out.launch_end_only.p50,
+        out.launch_end_only.p99));
+    // Async launches as a worker queues them: each with an event after it
+    // (a timing one today: the stream's work end and the launch's watch).
+    auto per_launch = [&](const cuda::Event& e) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < plan.async_launches; ++i) {
+        Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
+        Must(driver->Record(e, stream.get(), "end"), "record");
+      }
+      Must(driver->SynchronizeStream(stream.get(), "sync"), "sync");
+      return Seconds(t0, Clock::now()) * 1e6 / plan.async_launches;
+    };
+    out.async_timed_us = per_launch(end);
+    out.async_plain_us = per_launch(plain_end);
+    Note(absl::StrFormat(
+        "async launches, each followed by an event: timing %.2f us per launch (%.0fk/s), plain "
+        "%.2f us (%.0fk/s)",
+        out.async_timed_us, 1e3 / out.async_timed_us, out.async_plain_us,
+        1e3 / out.async_plain_us));
   }
 
   {
