@@ -26,7 +26,8 @@ The figures (latencies in microseconds, rates per second, GB/s of 1e9):
 With --ring_only (a daemon serving command rings, gpuexecd --command_rings,
 on its Unix socket) only launch_sync_p50/p99 and async_rate are measured,
 through the session's command ring; ``on_ring`` is 1 when the ring carried
-them (else ``ring_why`` says why not).
+them (else ``ring_why`` says why not); with --untimed as well, on a session
+opened with gpu_time=False (its work untimed).
 
 Where grpcio (or the package) cannot be imported, it prints {"missing": why}
 and exits 0: the benchmark then says so in its rows.
@@ -195,9 +196,11 @@ def async_launches(launch_async, synchronize, n):
 def ring(gpuexec, args):
     """The launch figures through the session's command ring."""
     out = {}
-    with gpuexec.connect(args.target) as client, client.session() as session:
+    with gpuexec.connect(args.target) as client, \
+            client.session(gpu_time=not args.untimed) as session:
         empty = session.load_module(args.image).function(args.kernel)
         empty.launch(1, 1, sync=True)
+        out["untimed"] = int(not session.gpu_time)
         commands = session._commands
         if getattr(commands, "_ring", None) is None:
             return {"missing": "a command ring: the daemon served none to this session"}
@@ -287,6 +290,8 @@ def main():
     parser.add_argument("--copy_trials", type=int, default=None)
     parser.add_argument("--ring_only", action="store_true",
                         help="only the launch figures, through a command ring")
+    parser.add_argument("--untimed", action="store_true",
+                        help="with --ring_only: on an untimed session (gpu_time=False)")
     args = parser.parse_args()
     defaults = (50, 500, 32 << 20, 1) if args.quick else (2000, 100000, 1 << 30, 3)
     for name, value in zip(("iters", "async_launches", "copy_bytes", "copy_trials"), defaults):

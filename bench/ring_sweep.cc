@@ -2,7 +2,9 @@
 // daemon spin (`gpuexecd --ring_spin_us`) a daemon of its own, and against
 // it each client spin (`ClientOptions::spin_wait`): launch + synchronize
 // p50/p99 through a ring, async launches a second, and the CPU the front
-// and the client spent per 100k of each, beside native in the same run.
+// and the client spent per 100k of each, beside native in the same run;
+// then launch + synchronize and async launches of an untimed session
+// (SessionOptions::gpu_time = false) through the same ring path.
 // The chosen window is the smallest (daemon, then client) whose p50 is
 // within 5% of the best.
 #include <algorithm>
@@ -18,6 +20,8 @@ struct Cell {
   Latency sync;
   double async_rate = 0;
   CpuSpent sync_cpu, async_cpu;  // per 100k
+  Latency untimed_sync;
+  double untimed_async_rate = 0;
 };
 
 Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const std::string& image,
@@ -47,6 +51,21 @@ Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const st
   c.async_rate = launches / Seconds(t0, Clock::now());
   c.async_cpu = async_clock.Spent(1e5 / launches);
   Must(session.Close(), "close the session");
+
+  SessionOptions untimed_options;
+  untimed_options.gpu_time = false;
+  Session untimed = Must(client.OpenSession(untimed_options), "open an untimed session");
+  if (untimed.gpu_time()) Die("the daemon timed a session that asked not to be");
+  Module m2 = Must(untimed.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function e2 = Must(m2.GetFunction("gx_empty"), "gx_empty");
+  Must(untimed.LaunchAndWait(e2, One(), {}), "launch and wait");
+  c.untimed_sync = Measure(plan.latency_iters,
+                           [&] { Must(untimed.LaunchAndWait(e2, One(), {}), "launch and wait"); });
+  const auto t1 = Clock::now();
+  for (int i = 0; i < launches; ++i) Must(untimed.LaunchAsync(e2, One(), {}), "launch");
+  Must(untimed.Synchronize(), "sync");
+  c.untimed_async_rate = launches / Seconds(t1, Clock::now());
+  Must(untimed.Close(), "close the session");
   return c;
 }
 
@@ -73,22 +92,29 @@ int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const 
   Section("launch + synchronize and async launches through a command ring, by spin window");
   std::printf(
       "native: launch + synchronize p50 %s (p99 %s), async %s; with the GPU time's events as "
-      "a worker takes it p50 %s (p99 %s)\n\n"
+      "a worker takes it p50 %s (p99 %s); with plain events as an untimed one does p50 %s (p99 "
+      "%s)\n\n"
       "| daemon spin | client spin | launch + sync p50 (p99) | x native p50 | front / client CPU "
-      "per 100k launch + sync | async launches | front / client CPU per 100k async |\n"
-      "| --- | --- | --- | --- | --- | --- | --- |\n",
+      "per 100k launch + sync | async launches | front / client CPU per 100k async | untimed "
+      "launch + sync p50 (p99) | x native p50 | untimed async |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
       Us(native.launch_sync.p50).c_str(), Us(native.launch_sync.p99).c_str(),
       Rate(1e6 / native.async_launch_us).c_str(), Us(native.launch_timed.p50).c_str(),
-      Us(native.launch_timed.p99).c_str());
+      Us(native.launch_timed.p99).c_str(), Us(native.launch_plain.p50).c_str(),
+      Us(native.launch_plain.p99).c_str());
   double best = 1e300;
   for (const Cell& c : cells) best = std::min(best, c.sync.p50);
   const Cell* chosen = nullptr;
   for (const Cell& c : cells) {
-    std::printf("| %d us | %d us | %s (%s) | %s | %.0f / %.0f ms | %s | %.0f / %.0f ms |\n",
-                c.daemon_us, c.client_us, Us(c.sync.p50).c_str(), Us(c.sync.p99).c_str(),
-                Ratio(c.sync.p50 / native.launch_sync.p50).c_str(), c.sync_cpu.front_ms,
-                c.sync_cpu.client_ms, Rate(c.async_rate).c_str(), c.async_cpu.front_ms,
-                c.async_cpu.client_ms);
+    std::printf(
+        "| %d us | %d us | %s (%s) | %s | %.0f / %.0f ms | %s | %.0f / %.0f ms | %s (%s) | %s | %s "
+        "|\n",
+        c.daemon_us, c.client_us, Us(c.sync.p50).c_str(), Us(c.sync.p99).c_str(),
+        Ratio(c.sync.p50 / native.launch_sync.p50).c_str(), c.sync_cpu.front_ms,
+        c.sync_cpu.client_ms, Rate(c.async_rate).c_str(), c.async_cpu.front_ms,
+        c.async_cpu.client_ms, Us(c.untimed_sync.p50).c_str(), Us(c.untimed_sync.p99).c_str(),
+        Ratio(c.untimed_sync.p50 / native.launch_sync.p50).c_str(),
+        Rate(c.untimed_async_rate).c_str());
     if (chosen == nullptr && c.sync.p50 <= best * 1.05) chosen = &c;
   }
   if (chosen != nullptr) {

@@ -254,6 +254,19 @@ struct EngineStats {
   uint64_t pinned_bytes = 0;                   // of host memory regions
 };
 
+// What OpenSession asks for; 0 takes the daemon's (or the tenant's) value.
+struct SessionAsk {
+  std::optional<uint32_t> device;  // unset: the least loaded usable one
+  uint64_t lease_ms = 0;
+  uint64_t memory_limit = 0;
+  // 0 or more than the daemon's (or the tenant's) limit takes that limit.
+  uint64_t kernel_time_limit_ms = 0;
+  // No GPU time: the session's work is queued without timing events, its
+  // Synchronize reports 0, and the tenant is charged the host's view of its
+  // busy time (port::StreamOwner::untimed).
+  bool untimed = false;
+};
+
 struct SessionInfo {
   std::string token;
   uint32_t device = 0;
@@ -262,6 +275,7 @@ struct SessionInfo {
   // Set when the asked memory limit was lowered: by how much and by what.
   std::string memory_capped;
   uint64_t kernel_time_limit_ms = 0;
+  bool untimed = false;
 };
 
 struct BufferInfo {
@@ -472,11 +486,7 @@ class Engine {
   // the details of its own sessions only.
   void ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus>> done);
 
-  // `kernel_time_limit_ms`: 0 or more than the daemon's (or the tenant's)
-  // limit takes that limit.
-  void OpenSession(const Caller& caller, std::optional<uint32_t> device, uint64_t lease_ms,
-                   uint64_t memory_limit, uint64_t kernel_time_limit_ms,
-                   Callback<SessionInfo> done);
+  void OpenSession(const Caller& caller, const SessionAsk& ask, Callback<SessionInfo> done);
   absl::StatusOr<uint64_t> KeepAlive(const Caller& caller, const std::string& token);
   void CloseSession(const Caller& caller, const std::string& token, Done done);
   // Calls `on_close` once, with the reason in words, when the caller's

@@ -125,6 +125,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
             s->usage().traffic.launches.fetch_add(1);
           }
           if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
+          if (ns.ok() && s->untimed) ns = uint64_t{0};  // charged, not told
           bool closed;
           {
             absl::MutexLock lock(&s->mu);
@@ -177,6 +178,7 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   DeviceOf(*s)->Synchronize(s->stream(), work_epoch,
                             [this, s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
                               if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
+                              if (ns.ok() && s->untimed) ns = uint64_t{0};
                               bool closed;
                               {
                                 absl::MutexLock lock(&s->mu);

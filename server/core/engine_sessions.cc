@@ -120,9 +120,12 @@ void Engine::ListDevices(const Caller& caller, Callback<std::vector<DeviceStatus
   }
 }
 
-void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, uint64_t lease_ms,
-                         uint64_t memory_limit, uint64_t kernel_time_limit_ms,
-                         Callback<SessionInfo> done) {
+void Engine::OpenSession(const Caller& caller, const SessionAsk& ask, Callback<SessionInfo> done) {
+  const std::optional<uint32_t> device = ask.device;
+  uint64_t lease_ms = ask.lease_ms;
+  uint64_t memory_limit = ask.memory_limit;
+  const uint64_t kernel_time_limit_ms = ask.kernel_time_limit_ms;
+  const bool untimed = ask.untimed;
   if (absl::Status drain = drain_.RefuseOpen(); !drain.ok()) return done(drain);
   if (devices_.empty()) {
     return done(absl::UnavailableError(
@@ -272,7 +275,7 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
   }
   AcquirePort(
       caller, index,
-      [this, caller, index, lease_ms, limit, capped, time_limit, usage,
+      [this, caller, index, lease_ms, limit, capped, time_limit, untimed, usage,
        done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
         // A drain that began while the port came (a tenant's worker can
         // take seconds to start) refuses this session too; one that begins
@@ -297,11 +300,13 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
         const port::StreamId stream = (*port)->CreateStream(
             absl::Milliseconds(time_limit),
             {caller.tenant_name(), caller.tenant != nullptr && caller.tenant->limits.low_priority,
-             /*shares_turns=*/caller.tenant != nullptr && caller.tenant != DefaultTenant()});
+             /*shares_turns=*/caller.tenant != nullptr && caller.tenant != DefaultTenant(),
+             untimed});
         auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream,
                                                  lease_ms, limit);
         session->peer_host = PeerHost(caller.peer);
         session->memory_capped = capped;
+        session->untimed = untimed;
         // Without tenants, everyone is the implicit tenant: a peer is charged.
         session->strike_key = caller.tenant == DefaultTenant()
                                   ? absl::StrCat("peer ", Quoted(session->peer_host, 80))
@@ -324,11 +329,12 @@ void Engine::OpenSession(const Caller& caller, std::optional<uint32_t> device, u
                     " ms, memory limit ", limit == 0 ? std::string("none") : ByteSize(limit),
                     ", kernel time limit ",
                     time_limit == 0 ? std::string("none") : absl::StrCat(time_limit, " ms"),
+                    untimed ? ", untimed: charged the host's view of its busy time" : "",
                     capped.empty() ? "" : absl::StrCat("; session memory limit: ", capped), ")",
                     more);
         }
         done(SessionInfo{session->token(), static_cast<uint32_t>(index), lease_ms, limit, capped,
-                         time_limit});
+                         time_limit, untimed});
       });
 }
 

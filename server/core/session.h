@@ -198,6 +198,10 @@ class Session {
   // asked, capped to 4 GiB (...) by --session_memory_share=0.5". Empty
   // otherwise. Set before the session is shared.
   std::string memory_capped;
+  // Asked for no GPU time (SessionAsk::untimed): what its synchronizes
+  // report is charged to the tenant and answered as 0. Set before the
+  // session is shared.
+  bool untimed = false;
   // Whom a reset its kernel causes is charged to: "tenant 'NAME'", or
   // without tenants, "peer HOST".
   std::string strike_key;

@@ -18,6 +18,7 @@
 // the same way.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -145,6 +146,8 @@ class Device {
   // parts (SetComputeParts), on the rest's if it has none.
   // A stream of a low-priority owner gets the driver's least priority, any
   // other its greatest: the block scheduler serves the others first.
+  // An untimed owner's stream records no timing events; its Synchronize
+  // reports the host's view of its busy time (StreamOwner::untimed).
   void CreateStream(StreamId id, absl::Duration kernel_time_limit, port::StreamOwner owner,
                     Done done);
   // Cuts the SMs into a green context per part and one of the rest, for
@@ -314,6 +317,11 @@ class Device {
   // A cooperative launch's grid against the blocks of its kernel that the
   // device holds at once: INVALID_ARGUMENT naming both when it is larger.
   absl::Status CheckCoResident(KernelEntry& k, const LaunchOp& op);
+  // What an untimed stream's Synchronize reports once its work is seen
+  // done: the host's view of its busy time since `busy_since`, up to the
+  // `covered`-th work (StreamState::busy_since).
+  uint64_t UntimedNs(StreamId stream, std::chrono::steady_clock::time_point busy_since,
+                     uint64_t covered);
   // `recorded`, if given, gets the end event once recorded.
   void SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,
                      std::shared_ptr<cuda::Event>* recorded = nullptr);

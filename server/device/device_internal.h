@@ -7,11 +7,13 @@
 // kernels and launches; device_graphs.cc: graphs). Only those files
 // include it.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -57,6 +59,21 @@ struct Device::StreamState {
   // Recorded before the first work after the last Synchronize; null when
   // no work was enqueued since.
   std::shared_ptr<cuda::Event> timing_start;
+  // A stream whose session asked for no GPU time (port::StreamOwner::
+  // untimed) records no timing events; its Synchronize reports the host's
+  // view instead (Device::UntimedNs), on a steady clock: `busy_since`, when
+  // its first work since the last Synchronize was queued (unset: none);
+  // `work_count`, the work queued so far; `done_seen_at`, when the watches
+  // saw done the launch that was the `done_seen_work`-th work; and
+  // `charged_until`, where the last charged interval ended (pipelined
+  // Synchronizes never charge a moment twice).
+  using SteadyTime = std::chrono::steady_clock::time_point;
+  bool untimed = false;
+  std::optional<SteadyTime> busy_since;
+  uint64_t work_count = 0;
+  uint64_t done_seen_work = 0;
+  SteadyTime done_seen_at;
+  SteadyTime charged_until;
   // A timing event recorded right after the latest work since the last
   // Synchronize (a launch's watch, or its own), where a Synchronize's time
   // ends: the GPU time of the work, not of the wait for a Synchronize that
@@ -80,6 +97,7 @@ struct Device::StreamState {
     std::shared_ptr<cuda::Event> start;
     KernelId kernel = 0;
     GraphId graph = 0;
+    uint64_t work = 0;  // the stream's work_count when it was queued
   };
   std::deque<Watch> watches;
   absl::Time head_since;

@@ -206,11 +206,13 @@ absl::Status Device::EncodeTensorMaps(const std::vector<port::TensorMapEncoding>
 absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string& what,
                                    KernelId kernel, GraphId graph, LaunchFn launch,
                                    Callback<uint64_t>* then_synchronize) {
-  const bool first_work = s.timing_start == nullptr;
+  // The timing start MarkWork records is right before this launch: its
+  // watch's start too (an untimed stream records a plain one instead).
+  const bool timing_start_next = !s.untimed && s.timing_start == nullptr;
   absl::Status st = MarkWork(s);
   std::shared_ptr<cuda::Event> start;
   if (st.ok() && s.time_limit > absl::ZeroDuration() && s.watches.empty()) {
-    if (first_work) {
+    if (timing_start_next) {
       start = s.timing_start;  // recorded just now, right before this launch
     } else {
       auto e = SharedEvent(/*timing=*/false, what);

@@ -1,6 +1,8 @@
 // A device's streams: their creation and end, the events that time and
 // watch their work, the launches held behind the bound on queued ones, and
 // Synchronize.
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -63,6 +65,7 @@ bool Device::PollWatches() {
       head.start.reset();
       s.head_since = now;
     }
+    const uint64_t newest = s.watches.empty() ? 0 : s.watches.back().work;
     if (s.watches.size() > 1) {
       // In stream order: once the newest is done, every one is. Under a
       // stream of short launches this is one query per poll, not one per
@@ -92,6 +95,12 @@ bool Device::PollWatches() {
       s.head_since = now;
     }
     if (s.watches.empty()) {
+      if (s.untimed && newest != 0) {
+        // Where an untimed Synchronize's interval ends (UntimedNs), if no
+        // work came after this launch.
+        s.done_seen_work = newest;
+        s.done_seen_at = std::chrono::steady_clock::now();
+      }
       watched_.erase(it++);
       continue;
     }
@@ -277,6 +286,11 @@ absl::Status Device::MarkWork(StreamState& s) {
   // The work about to be queued ends the time now, once it records its end.
   s.work_end.reset();
   s.work_end_passed = false;
+  if (s.untimed) {
+    ++s.work_count;
+    if (!s.busy_since.has_value()) s.busy_since = std::chrono::steady_clock::now();
+    return absl::OkStatus();
+  }
   if (s.timing_start != nullptr) return absl::OkStatus();
   GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, timing_what_));
   GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), timing_what_)));
@@ -285,6 +299,8 @@ absl::Status Device::MarkWork(StreamState& s) {
 }
 
 absl::Status Device::EndWork(StreamState& s, const std::string& what) {
+  // Untimed: a Synchronize records the event it waits for itself.
+  if (s.untimed) return absl::OkStatus();
   GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Event> e, SharedEvent(true, what));
   GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), what)));
   s.work_end = std::move(e);
@@ -330,6 +346,7 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, port::S
     if (!stream.ok()) return unmade(Check(stream.status()));
     state->stream = std::move(stream).value();
     state->time_limit = kernel_time_limit;
+    state->untimed = owner.untimed;
     streams_.emplace(id, std::move(state));
     done(absl::OkStatus());
   });
@@ -467,6 +484,9 @@ void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> g
                            std::shared_ptr<cuda::Event>* recorded) {
   const std::string& what = sync_what_;
   std::shared_ptr<cuda::Event> start = std::move(s.timing_start);
+  const std::optional<StreamState::SteadyTime> busy_since =
+      std::exchange(s.busy_since, std::nullopt);
+  const uint64_t covered = s.work_count;  // the untimed work it waits for
   // The time ends where the last work did (its end event), however long
   // after it this Synchronize came.
   std::shared_ptr<cuda::Event> work_end = std::move(s.work_end);
@@ -487,25 +507,52 @@ void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> g
   if (recorded != nullptr) *recorded = end;
   std::shared_ptr<cuda::Event> timed_end = work_end != nullptr ? std::move(work_end) : end;
   const absl::Time requested = absl::Now();
-  event_waits_.push_back(EventWait{end,
-                                   [this, stream, requested, start, end = std::move(timed_end),
-                                    gpu_ns = std::move(gpu_ns)](absl::Status done) {
-                                     const std::string& what = sync_what_;
-                                     GPUEXEC_TRACE(kWorkerDone);
-                                     if (!done.ok()) return gpu_ns(done);
-                                     if (start == nullptr) return gpu_ns(uint64_t{0});
-                                     auto ms = driver_->ElapsedMs(*start, *end, what);
-                                     if (!ms.ok()) return gpu_ns(Check(ms.status()));
-                                     // Kernels launched before this Synchronize are known to be
-                                     // done.
-                                     auto it = streams_.find(stream);
-                                     if (it != streams_.end() &&
-                                         it->second->last_launch_at <= requested) {
-                                       it->second->last_launch.reset();
-                                     }
-                                     gpu_ns(static_cast<uint64_t>(static_cast<double>(*ms) * 1e6));
-                                   },
-                                   &sync_what_});
+  event_waits_.push_back(
+      EventWait{end,
+                [this, stream, requested, start, busy_since, covered, end = std::move(timed_end),
+                 gpu_ns = std::move(gpu_ns)](absl::Status done) {
+                  const std::string& what = sync_what_;
+                  GPUEXEC_TRACE(kWorkerDone);
+                  if (!done.ok()) return gpu_ns(done);
+                  uint64_t ns = 0;
+                  if (start != nullptr) {
+                    auto ms = driver_->ElapsedMs(*start, *end, what);
+                    if (!ms.ok()) return gpu_ns(Check(ms.status()));
+                    ns = static_cast<uint64_t>(static_cast<double>(*ms) * 1e6);
+                  } else if (busy_since.has_value()) {
+                    ns = UntimedNs(stream, *busy_since, covered);
+                  } else {
+                    return gpu_ns(uint64_t{0});  // no work since the last one
+                  }
+                  // Kernels launched before this Synchronize are known to be done.
+                  auto it = streams_.find(stream);
+                  if (it != streams_.end() && it->second->last_launch_at <= requested) {
+                    it->second->last_launch.reset();
+                  }
+                  gpu_ns(ns);
+                },
+                &sync_what_});
+}
+
+uint64_t Device::UntimedNs(StreamId stream, StreamState::SteadyTime busy_since, uint64_t covered) {
+  // From the first work's queueing to the first sight of the last one done:
+  // the watches' sight where a launch was the last work (the moment they
+  // saw it), else now (this Synchronize's poll); never before the end of
+  // the interval charged last. An upper bound of the GPU time.
+  StreamState::SteadyTime end = std::chrono::steady_clock::now();
+  StreamState::SteadyTime begin = busy_since;
+  auto it = streams_.find(stream);
+  if (it != streams_.end()) {
+    StreamState& s = *it->second;
+    if (s.done_seen_work == covered && s.done_seen_at >= busy_since) {
+      end = std::min(end, s.done_seen_at);
+    }
+    begin = std::max(begin, s.charged_until);
+    s.charged_until = std::max(s.charged_until, end);
+  }
+  if (end <= begin) return 0;
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count());
 }
 
 absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
@@ -513,14 +560,15 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
                            std::shared_ptr<cuda::Event> recorded) {
   std::shared_ptr<cuda::Event> e = std::move(recorded);
   if (e == nullptr) {
-    // Timed: it is also where the stream's work ends for a Synchronize.
-    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/true, *what));
+    // Timed (unless the stream is untimed): it is also where the stream's
+    // work ends for a Synchronize.
+    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/!s.untimed, *what));
     GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), *what)));
     s.work_end = e;
   }
   if (s.watches.empty()) s.head_since = absl::Now();
   s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start),
-                                         s.last_kernel, s.last_graph});
+                                         s.last_kernel, s.last_graph, s.work_count});
   watched_.insert(id);
   return absl::OkStatus();
 }

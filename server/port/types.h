@@ -110,6 +110,11 @@ struct StreamOwner {
   // worker that tenants share (device::TurnKeys); false (the implicit
   // tenant's), the session takes turns of its own.
   bool shares_turns = false;
+  // The session asked not to be timed on the GPU: its work is queued
+  // without timing events, and a Synchronize reports the host's view of
+  // the stream's busy time instead (the front accounts it and tells the
+  // caller 0).
+  bool untimed = false;
 };
 
 // Streams and kernels are named by ids the front process chooses.

@@ -40,6 +40,7 @@ void ToProto(const core::SessionInfo& in, v1::OpenSessionResponse* out) {
   out->set_memory_limit_bytes(in.memory_limit);
   out->set_memory_limit_capped(in.memory_capped);
   out->set_kernel_time_limit_ms(in.kernel_time_limit_ms);
+  out->set_untimed(in.untimed);
 }
 
 void ToProto(const core::FunctionResult& in, v1::GetFunctionResponse* out) {

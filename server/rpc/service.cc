@@ -60,8 +60,12 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
   ListenUnary<OpenSession>(
       env, cq, &S::RequestOpenSession, [](core::Engine* engine, OpenSession* call) {
         const v1::OpenSessionRequest& request = call->request();
-        std::optional<uint32_t> device;
-        if (request.has_device()) device = request.device();
+        core::SessionAsk ask;
+        if (request.has_device()) ask.device = request.device();
+        ask.lease_ms = request.lease_ms();
+        ask.memory_limit = request.memory_limit_bytes();
+        ask.kernel_time_limit_ms = request.kernel_time_limit_ms();
+        ask.untimed = request.untimed();
         // Only a caller on the daemon's Unix socket is on its host, and
         // told where the host memory socket is.
         std::string shm_socket;
@@ -71,8 +75,7 @@ void GpuExecService::Listen(grpc::ServerCompletionQueue* cq) {
           ring_version = call->env().command_ring_version;
         }
         engine->OpenSession(
-            call->caller(), device, request.lease_ms(), request.memory_limit_bytes(),
-            request.kernel_time_limit_ms(),
+            call->caller(), ask,
             Reply<core::SessionInfo>(
                 call, [shm_socket, ring_version, version = call->env().daemon_version](
                           const core::SessionInfo& s, v1::OpenSessionResponse* r) {

@@ -71,6 +71,7 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
     r.mutable_create_stream()->set_tenant(it->second.owner.tenant);
     r.mutable_create_stream()->set_low_priority(it->second.owner.low_priority);
     r.mutable_create_stream()->set_shares_turns(it->second.owner.shares_turns);
+    r.mutable_create_stream()->set_untimed(it->second.owner.untimed);
     prefix->push_back(std::move(r));
     live_streams_.insert(stream);
   }

@@ -241,7 +241,7 @@ void Worker::Handle(Request& r) {
       dev_->CreateStream(r.create_stream().stream(),
                          absl::Milliseconds(r.create_stream().kernel_time_limit_ms()),
                          {r.create_stream().tenant(), r.create_stream().low_priority(),
-                          r.create_stream().shares_turns()},
+                          r.create_stream().shares_turns(), r.create_stream().untimed()},
                          Done(id));
       return;
     case Request::kSetComputeParts: {

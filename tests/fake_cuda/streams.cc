@@ -154,6 +154,17 @@ CUresult ElapsedTime(float* ms, CUevent start, CUevent end) {
 
 using namespace gxfake::internal;  // NOLINT(build/namespaces): the entry points are global
 
+namespace {
+// What gxfake_timing_event_records reports.
+std::atomic<uint64_t> g_timing_records{0};
+}  // namespace
+
+// --- Test-only exports ---
+
+// cuEventRecord calls on events that time (no CU_EVENT_DISABLE_TIMING),
+// since the library was loaded: what an untimed stream never makes.
+GX_EXPORT uint64_t gxfake_timing_event_records(void) { return g_timing_records.load(); }
+
 // --- Streams ---
 
 GX_EXPORT CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
@@ -272,6 +283,7 @@ GX_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
     if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
     event = it->second;
     sequence = ++event->records;
+    if ((event->flags & CU_EVENT_DISABLE_TIMING) == 0) g_timing_records.fetch_add(1);
   }
   StreamOp op;
   op.droppable = false;

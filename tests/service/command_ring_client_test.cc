@@ -90,6 +90,42 @@ TEST_F(CommandRingClientTest, ASessionsCommandsGoThroughItsRing) {
   EXPECT_EQ(Lines().size(), 1u) << "the ring was not left for the stream";
 }
 
+// An untimed session (SessionOptions::gpu_time = false) runs its work
+// through the ring as any other, and is told no GPU time; a timed one beside
+// it is.
+TEST_F(CommandRingClientTest, AnUntimedSessionIsToldNoGpuTime) {
+  Start(true);
+  if (IsSkipped() || HasFatalFailure()) return;
+  Client client = RingClient();
+  SessionOptions untimed_options;
+  untimed_options.gpu_time = false;
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession(untimed_options));
+  EXPECT_FALSE(s.gpu_time());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
+  GX_ASSERT_OK_AND_ASSIGN(
+      absl::Duration told,
+      s.LaunchAndWait(fill, Blocks(4, 256), {Arg::Ptr(a), Arg::U32(0x01020304), Arg::U64(1024)}));
+  EXPECT_EQ(told, absl::ZeroDuration());
+  for (uint32_t i = 0; i < 200; ++i) {
+    GX_ASSERT_OK(s.LaunchAsync(fill, Blocks(4, 256), {Arg::Ptr(a), Arg::U32(i), Arg::U64(1024)}));
+  }
+  GX_ASSERT_OK_AND_ASSIGN(told, s.Synchronize());
+  EXPECT_EQ(told, absl::ZeroDuration());
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, a.Read(0, 4));
+  EXPECT_EQ(got, (std::vector<uint8_t>{199, 0, 0, 0}));
+  GX_ASSERT_OK(s.Close());
+
+  GX_ASSERT_OK_AND_ASSIGN(Session timed, client.OpenSession({}));
+  EXPECT_TRUE(timed.gpu_time());
+  GX_ASSERT_OK_AND_ASSIGN(Function fill2, Fill(timed));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer b, timed.Allocate(4096));
+  GX_ASSERT_OK_AND_ASSIGN(
+      told, timed.LaunchAndWait(fill2, Blocks(4, 256), {Arg::Ptr(b), Arg::U32(1), Arg::U64(1024)}));
+  EXPECT_GT(told, absl::ZeroDuration());
+  GX_ASSERT_OK(timed.Close());
+}
+
 TEST_F(CommandRingClientTest, AFailureQueuedWithoutWaitingIsToldAtTheNextSynchronize) {
   Start(true, {"--command_rings"});
   if (IsSkipped() || HasFatalFailure()) return;  // no device here

@@ -59,7 +59,7 @@ class CommandRingRunnerTest : public ::testing::Test {
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = *std::move(engine);
     auto session = Await<SessionInfo>(
-        [&](Callback<SessionInfo> cb) { engine_->OpenSession(caller_, 0, 0, 0, 0, cb); });
+        [&](Callback<SessionInfo> cb) { engine_->OpenSession(caller_, {0}, cb); });
     ASSERT_TRUE(session.ok()) << session.status();
     token_ = session->token;
     auto upload = engine_->BeginModuleUpload(caller_, token_, Sha256Hex(kImage), sizeof(kImage) - 1,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/device_fixture.h"
@@ -320,6 +321,97 @@ TEST_F(DeviceTest, LaunchesWithPackedParamsAndReportsGpuTime) {
 
   EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *x, "x", d); }).ok());
   EXPECT_TRUE(AwaitDone([&](Done d) { device_->Free(stream_, *y, "y", d); }).ok());
+}
+
+// An untimed owner's stream queues its work without timing events, watched
+// or not, and its Synchronize reports the host's view of its busy time: at
+// least the kernel's run, and 0 with nothing since the last one. A timed
+// stream beside it still times with events.
+TEST_F(DeviceTest, AnUntimedStreamRecordsNoTimingEventsAndReportsItsBusyTime) {
+  void* lib = dlopen(GXFAKE_LIBRARY_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto timing_records = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_timing_event_records"));
+  ASSERT_NE(timing_records, nullptr);
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 2);
+  port::StreamOwner untimed;
+  untimed.untimed = true;
+  for (const absl::Duration limit : {absl::ZeroDuration(), absl::Seconds(30)}) {
+    SCOPED_TRACE(absl::StrCat("kernel time limit ", absl::FormatDuration(limit)));
+    const StreamId id = limit == absl::ZeroDuration() ? 21 : 22;
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, limit, untimed, d); }).ok());
+    const uint64_t before = timing_records();
+    // Async launches, then a Synchronize.
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(AwaitDone([&](Done d) { device_->Launch(id, spin, d); }).ok());
+    }
+    auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(id, cb); });
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_GE(*ns, 3 * 2'000'000u);  // three 2 ms kernels, at least
+    // A launch that synchronizes.
+    auto both = Await<uint64_t>([&](Callback<uint64_t> cb) {
+      device_->LaunchAndSynchronize(id, spin,
+                                    [cb](absl::StatusOr<uint64_t> ns, bool) { cb(std::move(ns)); });
+    });
+    ASSERT_TRUE(both.ok()) << both.status();
+    EXPECT_GE(*both, 2'000'000u);
+    // Nothing since: zero.
+    auto again = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(id, cb); });
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, 0u);
+    EXPECT_EQ(timing_records(), before);
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+  }
+  // The timed stream of the fixture, for contrast.
+  const uint64_t before = timing_records();
+  auto timed = Await<uint64_t>([&](Callback<uint64_t> cb) {
+    device_->LaunchAndSynchronize(stream_, spin,
+                                  [cb](absl::StatusOr<uint64_t> ns, bool) { cb(std::move(ns)); });
+  });
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_GE(*timed, 1'000'000u);
+  EXPECT_GE(timing_records(), before + 2);  // the GPU time's start and end
+}
+
+// An untimed stream's charge is not the wait for a Synchronize: with its
+// launches watched (a kernel time limit, the default) the interval ends
+// where the watch saw the last launch done, not when a late Synchronize
+// came; and Synchronizes in flight together never charge a moment twice
+// (each one's interval starts where the one before it ended).
+TEST_F(DeviceTest, AnUntimedStreamIsChargedItsWorkNotTheWaitsAroundIt) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 20);
+  port::StreamOwner untimed;
+  untimed.untimed = true;
+  constexpr StreamId id = 23;
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(id, absl::Seconds(30), untimed, d); }).ok());
+  // 20 ms of work, 400 ms idle, then the Synchronize.
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->Launch(id, spin, d); }).ok());
+  absl::SleepFor(absl::Milliseconds(400));
+  auto late = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(id, cb); });
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_GE(*late, 20'000'000u);
+  EXPECT_LT(*late, 200'000'000u) << "the idle time before the Synchronize was charged";
+  // Four 20 ms launches that synchronize, all in flight at once: about 80
+  // ms in all, not each one's wait behind the others.
+  absl::Mutex mu;
+  uint64_t total = 0;
+  int answered = 0;
+  for (int i = 0; i < 4; ++i) {
+    device_->LaunchAndSynchronize(id, spin, [&](absl::StatusOr<uint64_t> ns, bool) {
+      absl::MutexLock lock(&mu);
+      if (ns.ok()) total += *ns;
+      ++answered;
+    });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* n) { return *n == 4; }, &answered),
+                                    absl::Seconds(20)));
+    EXPECT_GE(total, 80'000'000u);
+    EXPECT_LT(total, 170'000'000u) << "pipelined Synchronizes charged a moment twice";
+  }
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
 // The test double's fault is process-wide (as a real one is): run it in a

@@ -120,7 +120,7 @@ class EngineTest : public ::testing::Test {
   absl::StatusOr<SessionInfo> Open(uint64_t lease_ms = 0, uint64_t memory_limit = 0,
                                    const Caller& caller = DefaultCaller()) {
     return Await<SessionInfo>([&](Callback<SessionInfo> cb) {
-      engine_->OpenSession(caller, 0, lease_ms, memory_limit, 0, cb);
+      engine_->OpenSession(caller, {0, lease_ms, memory_limit}, cb);
     });
   }
   absl::Status Close(const std::string& token) {

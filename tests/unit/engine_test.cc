@@ -713,8 +713,7 @@ class TenantIsolationTest : public EngineTest {
     Start(options);
   }
   absl::StatusOr<SessionInfo> OpenAs(const Caller& c) {
-    return Await<SessionInfo>(
-        [&](Callback<SessionInfo> cb) { engine_->OpenSession(c, 0, 0, 0, 0, cb); });
+    return Await<SessionInfo>([&](Callback<SessionInfo> cb) { engine_->OpenSession(c, {0}, cb); });
   }
 };
 
@@ -812,15 +811,54 @@ TEST_F(EngineTest, ANamedTenantsStreamsShareItsTurnsAndTheImplicitTenantsDoNot) 
   Caller b;
   b.tenant = t;
   b.peer = "ipv4:10.0.0.2:4000";
-  ASSERT_THAT(Await<SessionInfo>(
-                  [&](Callback<SessionInfo> cb) { engine_->OpenSession(b, 0, 0, 0, 0, cb); }),
-              IsOk());
+  ASSERT_THAT(
+      Await<SessionInfo>([&](Callback<SessionInfo> cb) { engine_->OpenSession(b, {0}, cb); }),
+      IsOk());
   const std::vector<port::StreamOwner> owners = port_->stream_owners();
   ASSERT_EQ(owners.size(), 2u);
   EXPECT_EQ(owners[0].tenant, kDefaultTenant);
   EXPECT_FALSE(owners[0].shares_turns);
   EXPECT_EQ(owners[1].tenant, "b");
   EXPECT_TRUE(owners[1].shares_turns);
+}
+
+// An untimed session's stream is made untimed; what its Synchronize
+// reports (the worker's view of its busy time) is charged to its tenant and
+// answered as 0. A timed session is told its GPU time.
+TEST_F(EngineTest, AnUntimedSessionsTimeIsChargedNotTold) {
+  auto sync = [&](const std::string& token) {
+    return Await<uint64_t>(
+        [&](Callback<uint64_t> cb) { engine_->Synchronize(caller_, token, cb); });
+  };
+  auto charged = [&] {
+    for (const EngineStats::PerTenant& t : engine_->Stats().tenants) {
+      if (t.name == kDefaultTenant) return t.gpu_ns;
+    }
+    return uint64_t{0};
+  };
+  SessionAsk ask;
+  ask.device = 0;
+  ask.untimed = true;
+  auto untimed =
+      Await<SessionInfo>([&](Callback<SessionInfo> cb) { engine_->OpenSession(caller_, ask, cb); });
+  ASSERT_THAT(untimed, IsOk());
+  EXPECT_TRUE(untimed->untimed);
+  ASSERT_FALSE(port_->stream_owners().empty());
+  EXPECT_TRUE(port_->stream_owners().back().untimed);
+  auto timed = Open();
+  ASSERT_THAT(timed, IsOk());
+  EXPECT_FALSE(timed->untimed);
+  EXPECT_FALSE(port_->stream_owners().back().untimed);
+
+  const uint64_t before = charged();
+  absl::StatusOr<uint64_t> told = sync(untimed->token);
+  ASSERT_THAT(told, IsOk());
+  EXPECT_EQ(*told, 0u);
+  EXPECT_EQ(charged(), before + 1000);  // the double's figure
+  told = sync(timed->token);
+  ASSERT_THAT(told, IsOk());
+  EXPECT_EQ(*told, 1000u);
+  EXPECT_EQ(charged(), before + 2000);
 }
 
 // A device dedicated to another tenant is refused, saying so, and never
@@ -834,7 +872,7 @@ TEST_F(EngineTest, ADeviceDedicatedToAnotherTenantIsRefused) {
   b.peer = "ipv4:10.0.0.2:4000";
   auto open = [&](std::optional<uint32_t> device) {
     return Await<SessionInfo>(
-        [&](Callback<SessionInfo> cb) { engine_->OpenSession(b, device, 0, 0, 0, cb); });
+        [&](Callback<SessionInfo> cb) { engine_->OpenSession(b, {device}, cb); });
   };
   EXPECT_THAT(open(0), StatusIs(absl::StatusCode::kPermissionDenied,
                                 HasSubstr("tenant 'b' may not use device 0: it is dedicated to "

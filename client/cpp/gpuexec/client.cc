@@ -497,6 +497,8 @@ absl::Duration Session::kernel_time_limit() const {
   return state_ ? absl::Milliseconds(state_->kernel_time_limit_ms) : absl::ZeroDuration();
 }
 
+bool Session::gpu_time() const { return state_ == nullptr || !state_->untimed; }
+
 absl::Status Session::CheckUsable() const {
   return state_ ? absl::OkStatus() : Unusable("Session");
 }
@@ -789,6 +791,7 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   request.set_memory_limit_bytes(options.memory_limit_bytes);
   request.set_kernel_time_limit_ms(static_cast<uint64_t>(
       std::max<int64_t>(0, absl::ToInt64Milliseconds(options.kernel_time_limit))));
+  request.set_untimed(!options.gpu_time);
   v1::OpenSessionResponse response;
   GPUEXEC_CLIENT_RETURN_IF_ERROR(
       state_->Status(state_->stub->OpenSession(&context, request, &response)));
@@ -799,6 +802,7 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
   state->device = response.device();
   state->memory_limit_bytes = response.memory_limit_bytes();
   state->kernel_time_limit_ms = response.kernel_time_limit_ms();
+  state->untimed = response.untimed();
   state->lease_ms.store(response.lease_ms());
   state->shm_socket =
       !state_->options.shm_socket.empty() ? state_->options.shm_socket : response.shm_socket();

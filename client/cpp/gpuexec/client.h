@@ -273,6 +273,14 @@ struct SessionOptions {
   // worker is ended, and the launch's session gets ABORTED. Zero takes the
   // daemon's limit; a session may lower it, not raise it. Whole ms.
   absl::Duration kernel_time_limit = absl::ZeroDuration();
+  // False: the session's work is not timed on the GPU. Synchronize (and a
+  // launch or replay with synchronize) then reports a GPU time of 0, and
+  // each launch is queued without the timing events that measure it: a
+  // launch + synchronize a few microseconds quicker, async launches
+  // cheaper. The daemon charges the session's tenant its busy time as its
+  // host sees it instead. Session::gpu_time() says what the daemon granted
+  // (a daemon older than this option times every session).
+  bool gpu_time = true;
 };
 
 enum class ModuleKind { kCubin = 1, kPtx = 2, kFatbin = 3 };
@@ -749,6 +757,8 @@ class Session {
   uint64_t memory_limit_bytes() const;
   // The kernel time limit in force (zero: none).
   absl::Duration kernel_time_limit() const;
+  // False when the session's work is not timed (SessionOptions::gpu_time).
+  bool gpu_time() const;
 
   // Renews the lease; returns the lease granted.
   absl::StatusOr<absl::Duration> KeepAlive();

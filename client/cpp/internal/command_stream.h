@@ -385,6 +385,7 @@ struct SessionState {
   uint32_t device = 0;
   uint64_t memory_limit_bytes = 0;
   uint64_t kernel_time_limit_ms = 0;
+  bool untimed = false;  // the daemon granted SessionOptions::gpu_time = false
   std::atomic<uint64_t> lease_ms{0};
   // Set once Close() ran (or was attempted): destructors of the session's
   // objects then skip their cleanup calls.

@@ -240,7 +240,8 @@ class Client:
         return devices_of(response, self.target)
 
     def session(self, device: Optional[int] = None, *, lease: Optional[float] = None,
-                memory_limit: int = 0, kernel_time_limit: Optional[float] = None) -> Session:
+                memory_limit: int = 0, kernel_time_limit: Optional[float] = None,
+                gpu_time: bool = True) -> Session:
         """Opens a session; ``with`` closes it.
 
         device: index, or None for the daemon's choice. lease: seconds, None
@@ -249,10 +250,17 @@ class Client:
         kernel_time_limit: seconds a launch may run before it counts as hung
         (the device's worker is then restarted and the launch fails with
         ABORTED); None for the daemon's limit, which a session may only lower.
+        gpu_time: False leaves the session's work untimed: synchronize (and a
+        launch with synchronize=True) returns a GPU time of 0, and each launch
+        is queued without the events that time it (a launch + synchronize a
+        few microseconds quicker, async launches cheaper). The daemon charges
+        the tenant the work's busy time as its host sees it instead.
+        ``Session.gpu_time`` says what the daemon granted.
         """
         request = pb.OpenSessionRequest(
             lease_ms=_seconds_to_ms(lease, "lease"), memory_limit_bytes=memory_limit,
-            kernel_time_limit_ms=_seconds_to_ms(kernel_time_limit, "kernel_time_limit"))
+            kernel_time_limit_ms=_seconds_to_ms(kernel_time_limit, "kernel_time_limit"),
+            untimed=not gpu_time)
         if device is not None:
             request.device = device
         response = self._call(self.stub.OpenSession, request, self.control_timeout)
@@ -282,6 +290,8 @@ class Session:
         self.memory_limit = response.memory_limit_bytes
         # Seconds; 0 means no limit.
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0
+        # False when the session's work is not timed (session(gpu_time=False)).
+        self.gpu_time = not response.untimed
         self._closed = False
         # What ended the session on the daemon, which later errors lead with.
         self._fate = SessionFate(self.token)

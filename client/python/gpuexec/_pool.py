@@ -243,7 +243,8 @@ class Pool:
 
     def session(self, *, memory_limit: int = 0,
                 min_compute_capability: tuple[int, int] | None = None,
-                lease: float | None = None, kernel_time_limit: float | None = None) -> Session:
+                lease: float | None = None, kernel_time_limit: float | None = None,
+                gpu_time: bool = True) -> Session:
         """Places and opens a session (see the module's docstring).
 
         ``memory_limit``: the device bytes it may hold, which must be free
@@ -310,4 +311,4 @@ class Pool:
                                                         -c[1].pending_requests))
         return self._client(daemon, probe=False).session(
             device.index, lease=lease, memory_limit=memory_limit,
-            kernel_time_limit=kernel_time_limit)
+            kernel_time_limit=kernel_time_limit, gpu_time=gpu_time)

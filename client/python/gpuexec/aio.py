@@ -247,18 +247,19 @@ class AsyncClient:
         return devices_of(response, self.target)
 
     def session(self, device: Optional[int] = None, *, lease: Optional[float] = None,
-                memory_limit: int = 0,
-                kernel_time_limit: Optional[float] = None) -> _Opening["AsyncSession"]:
+                memory_limit: int = 0, kernel_time_limit: Optional[float] = None,
+                gpu_time: bool = True) -> _Opening["AsyncSession"]:
         """Opens a session: ``s = await client.session()``, or ``async with
         client.session() as s`` (closed at the end of the block). The
         arguments are gpuexec.Client.session's: device index or None for
         the daemon's choice; lease seconds (None: the daemon's default);
         memory_limit bytes (0: the daemon's default); kernel_time_limit
-        seconds (None: the daemon's)."""
+        seconds (None: the daemon's); gpu_time False for untimed work."""
         async def opening() -> AsyncSession:
             request = pb.OpenSessionRequest(
                 lease_ms=_seconds_to_ms(lease, "lease"), memory_limit_bytes=memory_limit,
-                kernel_time_limit_ms=_seconds_to_ms(kernel_time_limit, "kernel_time_limit"))
+                kernel_time_limit_ms=_seconds_to_ms(kernel_time_limit, "kernel_time_limit"),
+                untimed=not gpu_time)
             if device is not None:
                 request.device = device
             response = await self._call(self._stub.OpenSession, request, self.control_timeout)
@@ -279,6 +280,7 @@ class AsyncSession:
         self.lease = response.lease_ms / 1000.0
         self.memory_limit: int = response.memory_limit_bytes
         self.kernel_time_limit = response.kernel_time_limit_ms / 1000.0  # 0: no limit
+        self.gpu_time = not response.untimed  # False: untimed (session(gpu_time=False))
         self._closed = False
         self._fate = SessionFate(self.token)
         self._stream = AsyncCommandStream(client._open_execute, self.token, client.target,

@@ -60,6 +60,18 @@ def test_call_with_sync_returns_gpu_time(session, kernels):
     np.testing.assert_array_equal(yb.read_array(), saxpy_expected(0.5, x, y))
 
 
+def test_an_untimed_session_reports_no_gpu_time(client, daemon):
+    with client.session(gpu_time=False) as s:
+        assert s.gpu_time is False
+        saxpy = s.load_module(daemon.cubin).function("gx_saxpy")
+        x, y = data(256)
+        xb, yb = s.upload(x), s.upload(y)
+        assert saxpy(1, 256, (0.5, xb, yb, 256), sync=True) == 0.0
+        np.testing.assert_array_equal(yb.read_array(), saxpy_expected(0.5, x, y))
+        saxpy(1, 256, (0.5, xb, yb, 256))
+        assert s.synchronize() == 0.0
+
+
 def test_call_takes_shared_mem_and_the_launch_attributes(session, kernels):
     saxpy = kernels.function("gx_saxpy")
     x, y = data(64)

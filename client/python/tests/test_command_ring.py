@@ -130,6 +130,21 @@ def test_launches_and_synchronizes_ride_the_ring(client, daemon, caplog):
                for r in caplog.records)
 
 
+def test_an_untimed_session_rides_the_ring_and_reports_no_gpu_time(client, daemon):
+    with client.session(gpu_time=False) as s:
+        assert s.gpu_time is False
+        fill = s.load_module(daemon.cubin).function("gx_fill_u32")
+        with s.alloc(4 * 64) as buf:
+            assert fill.launch(1, 64, buf, 7, 64, sync=True) == 0.0
+            for v in range(1, 101):
+                fill.launch_async(1, 64, buf, v, 64)
+            assert s.synchronize() == 0.0
+            assert _on_ring(s)
+            np.testing.assert_array_equal(buf.read(np.uint32), np.full(64, 100, np.uint32))
+    with client.session() as timed:
+        assert timed.gpu_time is True
+
+
 def test_recordings_and_replays_ride_the_ring(client, daemon):
     with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
