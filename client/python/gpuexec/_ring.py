@@ -244,6 +244,12 @@ class CommandRing:
         self._cq_head = 0
         self._polling = False
         self._rounds = 0
+        # Threads waiting for the submission head to move (for room, or for
+        # order()): the polling thread ends its round when it moves. With
+        # none, a round waits for completions only, so that a waiting
+        # command takes one round, not one for its start and one for its
+        # answer.
+        self._head_waiters = 0
         self._last_unwaited = 0
         self._ordered_through = 0
         self._awaited: Set[int] = set()
@@ -321,7 +327,7 @@ class CommandRing:
                                     f"gpuexec client: no answer from the daemon within "
                                     f"{timeout} s on the session's command ring (work the "
                                     "daemon had received goes on)")
-                    self._poll_locked(deadline)
+                    self._poll_locked(deadline, head=False)
             finally:
                 self._awaited.discard(command_id)
 
@@ -351,7 +357,11 @@ class CommandRing:
                             "gpuexec client: the session's command ring had no room for a "
                             "command within the call's timeout (the daemon has not started "
                             f"the {(tail - head) // SLOT} slots of commands before it)")
-            self._poll_locked(deadline)
+            self._head_waiters += 1
+            try:
+                self._poll_locked(deadline)
+            finally:
+                self._head_waiters -= 1
         view = self._view
         base = HEADER_BYTES
         if size > to_end:
@@ -381,11 +391,13 @@ class CommandRing:
 
     # ------------------------------------------------------------ waiting
 
-    def _poll_locked(self, deadline: Optional[float]) -> None:
+    def _poll_locked(self, deadline: Optional[float], head: bool = True) -> None:
         """One round of waiting for the daemon, without the lock: spins,
         then sleeps on the client futex word; then reads the completions
-        posted meanwhile. A thread that finds another at it waits for that
-        one's round instead."""
+        posted meanwhile. The round ends at a completion, the ring's close,
+        or (with ``head``, or while a thread waits for it) the submission
+        head's move. A thread that finds another at it waits for that one's
+        round instead."""
         if self._polling:
             seen = self._rounds
             limit = PARK_LIMIT_S
@@ -406,24 +418,34 @@ class CommandRing:
                 if deadline is not None and deadline < until:
                     until = deadline
                 while True:
-                    if cq_tail.value != cq_seen or sq_head.value != sq_seen or state.value:
+                    if (cq_tail.value != cq_seen or state.value
+                            or ((head or self._head_waiters) and sq_head.value != sq_seen)):
                         moved = True
                         break
                     if time.monotonic() >= until:
                         break
             if not moved:
                 libc = self._libc
-                # The flag, then a last look: a daemon that posts after the
-                # look sees the flag and wakes this thread.
-                self._client_wait.value = 1
-                libc.fence()
-                if cq_tail.value == cq_seen and sq_head.value == sq_seen and not state.value:
-                    left = PARK_LIMIT_S
-                    if deadline is not None:
-                        left = min(left, max(deadline - time.monotonic(), 1e-6))
+                until = time.monotonic() + PARK_LIMIT_S
+                if deadline is not None:
+                    until = min(until, deadline)
+                while True:
+                    # The flag, then a last look: a daemon that posts after
+                    # the look sees the flag and wakes this thread.
+                    self._client_wait.value = 1
+                    libc.fence()
+                    watch_head = head or self._head_waiters
+                    if (cq_tail.value != cq_seen or state.value
+                            or (watch_head and sq_head.value != sq_seen)):
+                        break
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
                     ts = _Timespec(int(left), int((left - int(left)) * 1e9))
                     libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._client_wait_at), _FUTEX_WAIT,
                                  1, ctypes.byref(ts), None, 0)
+                    if watch_head:
+                        break  # woken: the round ends, as for a completion
                 self._client_wait.value = 0
         finally:
             self._cond.acquire()
@@ -535,7 +557,11 @@ class CommandRing:
                                 "gpuexec client: the daemon did not start the session's "
                                 f"earlier commands within {timeout} s (command ring "
                                 f"{self.number})")
-                self._poll_locked(deadline)
+                self._head_waiters += 1
+                try:
+                    self._poll_locked(deadline)
+                finally:
+                    self._head_waiters -= 1
             if self._last_unwaited > self._ordered_through:
                 self._ordered_through = self._last_unwaited
 

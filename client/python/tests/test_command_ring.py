@@ -145,6 +145,23 @@ def test_an_untimed_session_rides_the_ring_and_reports_no_gpu_time(client, daemo
         assert timed.gpu_time is True
 
 
+def test_a_waiting_command_takes_one_round_of_waiting(client, daemon):
+    """A launch that waits ends its wait at its answer, not first at its
+    start (the daemon's submission head) and then again at the answer."""
+    with client.session() as s:
+        # A kernel of 300 us on a GPU (and on the test double): the command
+        # starts well before its answer comes.
+        spin = s.load_module(daemon.cubin).function("gx_spin")
+        spin.launch(1, 1, 300_000, sync=True)
+        ring = s._commands._ring
+        assert ring is not None
+        n = 100
+        before = ring._rounds
+        for _ in range(n):
+            spin.launch(1, 1, 300_000, sync=True)
+        assert ring._rounds - before <= n + n // 10
+
+
 def test_recordings_and_replays_ride_the_ring(client, daemon):
     with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
