@@ -168,7 +168,7 @@ absl::StatusOr<v1::CommandResult> CommandRing::Submit(const v1::Command& command
           "gpuexec client: no answer from the daemon within ", absl::FormatDuration(timeout),
           " on the session's command ring (work the daemon had received goes on)"));
     }
-    PollLocked(deadline);
+    PollLocked(deadline, /*head=*/false);
   }
 }
 
@@ -204,11 +204,17 @@ absl::Status CommandRing::PostLocked(absl::Time deadline) {
           "call's timeout (the daemon has not started the ",
           (tail_ - head) / ring::kSlot, " slots of commands before it)"));
     }
-    PollLocked(deadline);
+    PollForHeadLocked(deadline);
   }
 }
 
-void CommandRing::PollLocked(absl::Time deadline) {
+void CommandRing::PollForHeadLocked(absl::Time deadline) {
+  head_waiters_.fetch_add(1);
+  PollLocked(deadline);
+  head_waiters_.fetch_sub(1);
+}
+
+void CommandRing::PollLocked(absl::Time deadline, bool head) {
   if (polling_) {
     // Another thread waits on the ring: wait for its round.
     struct Round {
@@ -227,8 +233,9 @@ void CommandRing::PollLocked(absl::Time deadline) {
   const uint64_t cq_seen = cq_head_;
   const uint64_t sq_seen = Load64(h::kSqHead);
   auto progressed = [&] {
-    return Load64(h::kCqTail) != cq_seen || Load64(h::kSqHead) != sq_seen ||
-           ring::Load<uint32_t>(base_, h::kState) != ring::kOpen;
+    return Load64(h::kCqTail) != cq_seen || ring::Load<uint32_t>(base_, h::kState) != ring::kOpen ||
+           ((head || head_waiters_.load(std::memory_order_relaxed) != 0) &&
+            Load64(h::kSqHead) != sq_seen);
   };
   mu_.Unlock();
   bool moved = false;
@@ -244,14 +251,18 @@ void CommandRing::PollLocked(absl::Time deadline) {
     }
   }
   if (!moved) {
-    // The flag first, then a last look: a daemon that posts after the look
-    // sees the flag and wakes this thread.
-    ring::Store<uint32_t>(base_, h::kClientWait, 1, __ATOMIC_SEQ_CST);
-    if (!progressed()) {
-      const absl::Duration left =
-          std::clamp(deadline - absl::Now(), absl::Microseconds(1), kParkLimit);
-      const timespec ts = absl::ToTimespec(left);
+    const absl::Time until = std::min(deadline, absl::Now() + kParkLimit);
+    while (true) {
+      // The flag first, then a last look: a daemon that posts after the
+      // look sees the flag and wakes this thread.
+      ring::Store<uint32_t>(base_, h::kClientWait, 1, __ATOMIC_SEQ_CST);
+      if (progressed()) break;
+      const absl::Duration left = until - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      const timespec ts = absl::ToTimespec(std::max(left, absl::Microseconds(1)));
       Futex(base_ + h::kClientWait, FUTEX_WAIT, 1, &ts);
+      // Woken by what it does not wait for (the head's move): park again.
+      if (head || head_waiters_.load(std::memory_order_relaxed) != 0) break;
     }
     ring::Store<uint32_t>(base_, h::kClientWait, 0, __ATOMIC_SEQ_CST);
   }
@@ -346,7 +357,7 @@ absl::Status CommandRing::Order(absl::Duration timeout) {
                        "within ",
                        absl::FormatDuration(timeout), " (command ring ", number_, ")"));
     }
-    PollLocked(deadline);
+    PollForHeadLocked(deadline);
   }
   ordered_through_ = std::max(ordered_through_, last_unwaited_);
   return absl::OkStatus();

@@ -14,6 +14,7 @@
 // completion that crosses the ring's end, breaks the ring (DATA_LOSS) and
 // the session's commands go on the Execute stream.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -87,10 +88,15 @@ class CommandRing {
   // end), waiting for room until `deadline`.
   absl::Status PostLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One round of waiting for the daemon: spins, then sleeps on the client
-  // futex word (at most 100 ms, or until `deadline`), without the lock;
-  // then reads the completions posted meanwhile. A thread that finds
-  // another at it waits for that one's round instead.
-  void PollLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // futex word (at most kParkLimit, or until `deadline`), without the lock;
+  // then reads the completions posted meanwhile. The round ends at a
+  // completion, the ring's close, or (with `head`, or while a thread waits
+  // for it: head_waiters_) the submission head's move, so that a waiting
+  // command takes one round, not one for its start and one for its answer.
+  // A thread that finds another at it waits for that one's round instead.
+  void PollLocked(absl::Time deadline, bool head = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PollLocked for a thread that waits for the submission head to move.
+  void PollForHeadLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BreakLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Breaks the ring when the daemon closed it or hung up its lifeline.
@@ -114,6 +120,8 @@ class CommandRing {
   uint64_t cq_head_ ABSL_GUARDED_BY(mu_) = 0;
   bool polling_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t poll_rounds_ ABSL_GUARDED_BY(mu_) = 0;
+  // Threads in PollForHeadLocked; read by the polling thread as it spins.
+  std::atomic<uint32_t> head_waiters_{0};
   // The last command posted without waiting, and the last one known to
   // have started with every one before it.
   uint64_t last_unwaited_ ABSL_GUARDED_BY(mu_) = 0;
