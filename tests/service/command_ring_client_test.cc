@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "host_memory_fixture.h"
+#include "internal/command_ring.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -124,6 +125,41 @@ TEST_F(CommandRingClientTest, AnUntimedSessionIsToldNoGpuTime) {
       told, timed.LaunchAndWait(fill2, Blocks(4, 256), {Arg::Ptr(b), Arg::U32(1), Arg::U64(1024)}));
   EXPECT_GT(told, absl::ZeroDuration());
   GX_ASSERT_OK(timed.Close());
+}
+
+// A launch that waits ends its wait at its answer: one round of waiting,
+// not one at the daemon's start of it and another at its answer (a 300 us
+// kernel, on a GPU and on the test double, starts well before it ends).
+TEST_F(CommandRingClientTest, AWaitingLaunchTakesOneRoundOfWaiting) {
+  Start(true);
+  if (IsSkipped() || HasFatalFailure()) return;
+  Client client = RingClient(/*ring=*/false);  // the ring below is the session's
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  auto module = s.LoadModuleFile(absl::StrCat(TestBackend().kernels_dir, "/gx_kernels.cubin"));
+  GX_ASSERT_OK(module.status());
+  GX_ASSERT_OK_AND_ASSIGN(Function spin, module->GetFunction("gx_spin"));
+  internal::CommandRing::Options options;
+  options.socket_path = daemon().shm_socket();
+  options.token = s.token();
+  options.spin_wait = absl::Microseconds(50);
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring,
+                          internal::CommandRing::Open(options));
+  v1::Command launch;
+  launch.mutable_launch()->set_function(spin.handle());
+  launch.mutable_launch()->mutable_grid()->set_x(1);
+  launch.mutable_launch()->mutable_block()->set_x(1);
+  launch.mutable_launch()->add_args()->set_u64(300'000);
+  launch.mutable_launch()->set_synchronize(true);
+  bool not_carried = false;
+  GX_ASSERT_OK(ring->Submit(launch, true, absl::Seconds(20), true, &not_carried).status());
+  ASSERT_FALSE(not_carried);
+  constexpr int kLaunches = 100;
+  const uint64_t before = ring->poll_rounds();
+  for (int i = 0; i < kLaunches; ++i) {
+    GX_ASSERT_OK(ring->Submit(launch, true, absl::Seconds(20), true, &not_carried).status());
+  }
+  EXPECT_LE(ring->poll_rounds() - before, kLaunches + kLaunches / 10);
+  ring->Shutdown();
 }
 
 TEST_F(CommandRingClientTest, AFailureQueuedWithoutWaitingIsToldAtTheNextSynchronize) {

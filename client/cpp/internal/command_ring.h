@@ -71,6 +71,11 @@ class CommandRing {
   void Shutdown();
   // The daemon's number for the ring (its log names it).
   uint64_t number() const { return number_; }
+  // Rounds of waiting so far (PollLocked's), for tests.
+  uint64_t poll_rounds() const {
+    absl::MutexLock lock(&mu_);
+    return poll_rounds_;
+  }
 
  private:
   // A completion as read out of the ring.
