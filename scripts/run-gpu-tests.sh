@@ -14,11 +14,12 @@ LOG_DIR="${OUT:-$HERE/results}"
 mkdir -p "$LOG_DIR"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 status=0
+failed=()
 run() {  # run NAME CMD...: tee to a log, remember failures
   local name=$1; shift
   echo "== $name"
   "$@" 2>&1 | grep -vE '^[0-9T:.-]+Z I session [0-9a-f]+ (opened|closed)' | tee "$LOG_DIR/$name.log"
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "== $name FAILED"; status=1; }
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "== $name FAILED"; status=1; failed+=("$name"); }
 }
 # Green contexts on the driver itself: a part of 16 SMs beside a neighbour
 # on the rest (the facts the shared worker's compute shares rest on).
@@ -104,7 +105,7 @@ ln -sfn "$HERE/bin/gpuexec" "$readme/build/client/cpp/cli/gpuexec"
 ln -sfn "$HERE/bin/gpuexec-saxpy" "$readme/build/client/cpp/gpuexec-saxpy"
 ln -sfn "$HERE/python" "$readme/build/client/python"
 run readme_test python3 "$HERE/readme_test.py" "$readme/README.md" --build "$readme/build" --gpu
-kill -TERM $daemon; wait $daemon || { echo "== gpuexecd exit status $?"; status=1; }
+kill -TERM $daemon; wait $daemon || { echo "== gpuexecd exit status $?"; status=1; failed+=("walk-through daemon exit"); }
 cp "$work"/*.json "$LOG_DIR/" 2>/dev/null
 rm -rf "$work"
 unset GPUEXEC_TARGET
@@ -169,5 +170,12 @@ if [[ ${GPUEXEC_MPS:-1} != 0 && -z ${CUDA_MPS_PIPE_DIRECTORY:-} ]] &&
         --tenants_mps=own --tenant_share="$share" --neighbour_blocks=528 --neighbour_kernel_us=$us
     done
   done
+fi
+# Last, so that the end of the output says it (a long run's logs may not
+# all come back).
+if [[ $status -eq 0 ]]; then
+  echo "== the GPU tier passed"
+else
+  echo "== the GPU tier FAILED: ${failed[*]:-a step outside run} (logs in $LOG_DIR)"
 fi
 exit $status
