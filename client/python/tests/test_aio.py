@@ -138,6 +138,22 @@ def test_100_concurrent_launch_async_then_synchronize(daemon):
     asyncio.run(main())
 
 
+def test_an_untimed_session_reports_no_gpu_time(daemon):
+    n = 256
+
+    async def main():
+        async with gpuexec.aio.connect(daemon.target) as client, \
+                client.session(gpu_time=False) as s:
+            assert s.gpu_time is False
+            x = await s.upload(np.ones(n, dtype=np.float32))
+            y = await s.zeros(n, np.float32)
+            saxpy = await _saxpy(s, daemon.cubin)
+            await saxpy.launch_async(1, 256, gpuexec.f32(2.0), x, y, gpuexec.u64(n))
+            assert await s.synchronize() == 0.0
+            np.testing.assert_array_equal(await y.get(), np.full(n, 2.0, np.float32))
+    asyncio.run(main())
+
+
 def test_reads_and_writes_keep_the_order_their_calls_started_in(daemon):
     """Coroutines of one session interleaved: each read sees exactly the
     launches and writes started before it."""
