@@ -642,6 +642,9 @@ class Engine {
                     bool newly_stored, bool reserved, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
+  // A Synchronize's answer from the device: its time is charged to the
+  // session's tenant, and an untimed session is told 0 (SessionAsk::untimed).
+  static void ChargeGpuTime(const Session& s, absl::StatusOr<uint64_t>& ns);
   // After a failed Synchronize that took `work_epoch` from the session.
   static void RestoreWorkEpoch(Session& s, uint64_t work_epoch, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);

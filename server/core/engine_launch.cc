@@ -124,8 +124,7 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
             traffic->launches.fetch_add(1);
             s->usage().traffic.launches.fetch_add(1);
           }
-          if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
-          if (ns.ok() && s->untimed) ns = uint64_t{0};  // charged, not told
+          ChargeGpuTime(*s, ns);
           bool closed;
           {
             absl::MutexLock lock(&s->mu);
@@ -160,6 +159,12 @@ void Engine::Synchronize(const Caller& caller, const std::string& token,
   Synchronize(*found, std::move(gpu_ns));
 }
 
+void Engine::ChargeGpuTime(const Session& s, absl::StatusOr<uint64_t>& ns) {
+  if (!ns.ok()) return;
+  s.usage().traffic.gpu_ns.fetch_add(*ns);
+  if (s.untimed) ns = uint64_t{0};  // charged, not told
+}
+
 void Engine::RestoreWorkEpoch(Session& s, uint64_t work_epoch, const absl::Status& status) {
   // A Synchronize refused before it reached the device (a worker that has
   // not taken its requests, say) settled nothing: the work it would have
@@ -177,8 +182,7 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   s->work_epoch = 0;
   DeviceOf(*s)->Synchronize(s->stream(), work_epoch,
                             [this, s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
-                              if (ns.ok()) s->usage().traffic.gpu_ns.fetch_add(*ns);
-                              if (ns.ok() && s->untimed) ns = uint64_t{0};
+                              ChargeGpuTime(*s, ns);
                               bool closed;
                               {
                                 absl::MutexLock lock(&s->mu);

@@ -319,8 +319,9 @@ class Device {
   absl::Status CheckCoResident(KernelEntry& k, const LaunchOp& op);
   // What an untimed stream's Synchronize reports once its work is seen
   // done: the host's view of its busy time since `busy_since`, up to the
-  // `covered`-th work (StreamState::busy_since).
-  uint64_t UntimedNs(StreamId stream, std::chrono::steady_clock::time_point busy_since,
+  // `covered`-th work (StreamState::busy_since). `s`: the stream, or null
+  // once it is gone.
+  uint64_t UntimedNs(StreamState* s, std::chrono::steady_clock::time_point busy_since,
                      uint64_t covered);
   // `recorded`, if given, gets the end event once recorded.
   void SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,

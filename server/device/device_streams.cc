@@ -514,41 +514,40 @@ void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> g
                   const std::string& what = sync_what_;
                   GPUEXEC_TRACE(kWorkerDone);
                   if (!done.ok()) return gpu_ns(done);
+                  auto it = streams_.find(stream);
+                  StreamState* live = it != streams_.end() ? it->second.get() : nullptr;
                   uint64_t ns = 0;
                   if (start != nullptr) {
                     auto ms = driver_->ElapsedMs(*start, *end, what);
                     if (!ms.ok()) return gpu_ns(Check(ms.status()));
                     ns = static_cast<uint64_t>(static_cast<double>(*ms) * 1e6);
                   } else if (busy_since.has_value()) {
-                    ns = UntimedNs(stream, *busy_since, covered);
+                    ns = UntimedNs(live, *busy_since, covered);
                   } else {
                     return gpu_ns(uint64_t{0});  // no work since the last one
                   }
                   // Kernels launched before this Synchronize are known to be done.
-                  auto it = streams_.find(stream);
-                  if (it != streams_.end() && it->second->last_launch_at <= requested) {
-                    it->second->last_launch.reset();
+                  if (live != nullptr && live->last_launch_at <= requested) {
+                    live->last_launch.reset();
                   }
                   gpu_ns(ns);
                 },
                 &sync_what_});
 }
 
-uint64_t Device::UntimedNs(StreamId stream, StreamState::SteadyTime busy_since, uint64_t covered) {
+uint64_t Device::UntimedNs(StreamState* s, StreamState::SteadyTime busy_since, uint64_t covered) {
   // From the first work's queueing to the first sight of the last one done:
   // the watches' sight where a launch was the last work (the moment they
   // saw it), else now (this Synchronize's poll); never before the end of
   // the interval charged last. An upper bound of the GPU time.
   StreamState::SteadyTime end = std::chrono::steady_clock::now();
   StreamState::SteadyTime begin = busy_since;
-  auto it = streams_.find(stream);
-  if (it != streams_.end()) {
-    StreamState& s = *it->second;
-    if (s.done_seen_work == covered && s.done_seen_at >= busy_since) {
-      end = std::min(end, s.done_seen_at);
+  if (s != nullptr) {
+    if (s->done_seen_work == covered && s->done_seen_at >= busy_since) {
+      end = std::min(end, s->done_seen_at);
     }
-    begin = std::max(begin, s.charged_until);
-    s.charged_until = std::max(s.charged_until, end);
+    begin = std::max(begin, s->charged_until);
+    s->charged_until = std::max(s->charged_until, end);
   }
   if (end <= begin) return 0;
   return static_cast<uint64_t>(
