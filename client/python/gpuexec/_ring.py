@@ -357,11 +357,7 @@ class CommandRing:
                             "gpuexec client: the session's command ring had no room for a "
                             "command within the call's timeout (the daemon has not started "
                             f"the {(tail - head) // SLOT} slots of commands before it)")
-            self._head_waiters += 1
-            try:
-                self._poll_locked(deadline)
-            finally:
-                self._head_waiters -= 1
+            self._poll_for_head_locked(deadline)
         view = self._view
         base = HEADER_BYTES
         if size > to_end:
@@ -390,6 +386,16 @@ class CommandRing:
                          None, None, 0)
 
     # ------------------------------------------------------------ waiting
+
+    def _poll_for_head_locked(self, deadline: Optional[float]) -> None:
+        """_poll_locked for a thread that waits for the submission head to
+        move (room to post, order()): counted, so that another thread's
+        round ends at the move too."""
+        self._head_waiters += 1
+        try:
+            self._poll_locked(deadline)
+        finally:
+            self._head_waiters -= 1
 
     def _poll_locked(self, deadline: Optional[float], head: bool = True) -> None:
         """One round of waiting for the daemon, without the lock: spins,
@@ -557,11 +563,7 @@ class CommandRing:
                                 "gpuexec client: the daemon did not start the session's "
                                 f"earlier commands within {timeout} s (command ring "
                                 f"{self.number})")
-                self._head_waiters += 1
-                try:
-                    self._poll_locked(deadline)
-                finally:
-                    self._head_waiters -= 1
+                self._poll_for_head_locked(deadline)
             if self._last_unwaited > self._ordered_through:
                 self._ordered_through = self._last_unwaited
 
