@@ -33,16 +33,22 @@ NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const s
     // never blocks in the driver), then the time between the two. What
     // this row adds to the one above is the price of the GPU time, paid by
     // every path through the daemon.
+    // A launch with an event recorded after it and polled; `start`, if
+    // given, recorded before it, and the time between the two read when
+    // `elapsed`.
+    auto between = [&](const cuda::Event* start, const cuda::Event& end, bool elapsed) {
+      return Measure(plan.latency_iters, [&] {
+        if (start != nullptr) Must(driver->Record(*start, stream.get(), "start"), "record");
+        Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
+        Must(driver->Record(end, stream.get(), "end"), "record");
+        while (!Must(driver->EventDone(end, "end"), "query")) {
+        }
+        if (elapsed) Must(driver->ElapsedMs(*start, end, "elapsed"), "elapsed");
+      });
+    };
     auto start = Must(driver->CreateEvent(true, "start"), "create an event");
     auto end = Must(driver->CreateEvent(true, "end"), "create an event");
-    out.launch_timed = Measure(plan.latency_iters, [&] {
-      Must(driver->Record(start, stream.get(), "start"), "record");
-      Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
-      Must(driver->Record(end, stream.get(), "end"), "record");
-      while (!Must(driver->EventDone(end, "end"), "query")) {
-      }
-      Must(driver->ElapsedMs(start, end, "elapsed"), "elapsed");
-    });
+    out.launch_timed = between(&start, end, /*elapsed=*/true);
     Note(absl::StrFormat(
         "timing event + launch + timing event, the end polled, elapsed read: p50 %.1f us, p99 "
         "%.1f us",
@@ -51,19 +57,8 @@ NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const s
     // the start one for a watched launch's clock, the end one polled.
     auto plain_start = Must(driver->CreateEvent(false, "start"), "create an event");
     auto plain_end = Must(driver->CreateEvent(false, "end"), "create an event");
-    out.launch_plain = Measure(plan.latency_iters, [&] {
-      Must(driver->Record(plain_start, stream.get(), "start"), "record");
-      Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
-      Must(driver->Record(plain_end, stream.get(), "end"), "record");
-      while (!Must(driver->EventDone(plain_end, "end"), "query")) {
-      }
-    });
-    out.launch_end_only = Measure(plan.latency_iters, [&] {
-      Must(driver->Launch(empty, one, nullptr, stream.get(), "gx_empty"), "launch");
-      Must(driver->Record(plain_end, stream.get(), "end"), "record");
-      while (!Must(driver->EventDone(plain_end, "end"), "query")) {
-      }
-    });
+    out.launch_plain = between(&plain_start, plain_end, /*elapsed=*/false);
+    out.launch_end_only = between(nullptr, plain_end, /*elapsed=*/false);
     Note(absl::StrFormat(
         "plain (untimed) event + launch + plain event, the end polled: p50 %.1f us, p99 %.1f us; "
         "launch + plain event polled: p50 %.1f us, p99 %.1f us",

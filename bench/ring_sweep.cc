@@ -15,14 +15,45 @@
 namespace gpuexec::bench {
 namespace {
 
-struct Cell {
-  int daemon_us = 0, client_us = 0;
+// One session's figures through the ring: launch + synchronize and async
+// launches, and the front's CPU for each per 100k.
+struct SessionFigures {
   Latency sync;
   double async_rate = 0;
   CpuSpent sync_cpu, async_cpu;  // per 100k
-  Latency untimed_sync;
-  double untimed_async_rate = 0;
 };
+
+struct Cell {
+  int daemon_us = 0, client_us = 0;
+  SessionFigures timed, untimed;
+};
+
+SessionFigures MeasureSession(const Plan& plan, pid_t front, Client& client,
+                              const std::string& image, bool gpu_time) {
+  SessionFigures f;
+  SessionOptions session_options;
+  session_options.gpu_time = gpu_time;
+  Session session = Must(client.OpenSession(session_options), "open a session");
+  if (session.gpu_time() != gpu_time) Die("the daemon did not time the session as asked");
+  Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
+  Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
+  Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
+  const double scale = 1e5 / plan.latency_iters;
+  CpuClock clock(front);
+  f.sync = Measure(plan.latency_iters,
+                   [&] { Must(session.LaunchAndWait(empty, One(), {}), "launch and wait"); });
+  // Measure runs a tenth more as warm-up: counted in the CPU, not the time.
+  f.sync_cpu = clock.Spent(scale / 1.1);
+  const int launches = plan.async_launches;
+  CpuClock async_clock(front);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < launches; ++i) Must(session.LaunchAsync(empty, One(), {}), "launch");
+  Must(session.Synchronize(), "sync");
+  f.async_rate = launches / Seconds(t0, Clock::now());
+  f.async_cpu = async_clock.Spent(1e5 / launches);
+  Must(session.Close(), "close the session");
+  return f;
+}
 
 Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const std::string& image,
               int daemon_us, int client_us) {
@@ -33,39 +64,8 @@ Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const st
   options.spin_wait = absl::Microseconds(client_us);
   options.command_ring = true;
   Client client = Must(Client::Connect(target, options), "connect");
-  Session session = Must(client.OpenSession({}), "open a session");
-  Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");
-  Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
-  Must(session.LaunchAndWait(empty, One(), {}), "launch and wait");
-  const double scale = 1e5 / plan.latency_iters;
-  CpuClock clock(front);
-  c.sync = Measure(plan.latency_iters,
-                   [&] { Must(session.LaunchAndWait(empty, One(), {}), "launch and wait"); });
-  // Measure runs a tenth more as warm-up: counted in the CPU, not the time.
-  c.sync_cpu = clock.Spent(scale / 1.1);
-  const int launches = plan.async_launches;
-  CpuClock async_clock(front);
-  const auto t0 = Clock::now();
-  for (int i = 0; i < launches; ++i) Must(session.LaunchAsync(empty, One(), {}), "launch");
-  Must(session.Synchronize(), "sync");
-  c.async_rate = launches / Seconds(t0, Clock::now());
-  c.async_cpu = async_clock.Spent(1e5 / launches);
-  Must(session.Close(), "close the session");
-
-  SessionOptions untimed_options;
-  untimed_options.gpu_time = false;
-  Session untimed = Must(client.OpenSession(untimed_options), "open an untimed session");
-  if (untimed.gpu_time()) Die("the daemon timed a session that asked not to be");
-  Module m2 = Must(untimed.LoadModule(image, ModuleKind::kCubin), "load the module");
-  Function e2 = Must(m2.GetFunction("gx_empty"), "gx_empty");
-  Must(untimed.LaunchAndWait(e2, One(), {}), "launch and wait");
-  c.untimed_sync = Measure(plan.latency_iters,
-                           [&] { Must(untimed.LaunchAndWait(e2, One(), {}), "launch and wait"); });
-  const auto t1 = Clock::now();
-  for (int i = 0; i < launches; ++i) Must(untimed.LaunchAsync(e2, One(), {}), "launch");
-  Must(untimed.Synchronize(), "sync");
-  c.untimed_async_rate = launches / Seconds(t1, Clock::now());
-  Must(untimed.Close(), "close the session");
+  c.timed = MeasureSession(plan, front, client, image, /*gpu_time=*/true);
+  c.untimed = MeasureSession(plan, front, client, image, /*gpu_time=*/false);
   return c;
 }
 
@@ -103,19 +103,19 @@ int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const 
       Us(native.launch_timed.p99).c_str(), Us(native.launch_plain.p50).c_str(),
       Us(native.launch_plain.p99).c_str());
   double best = 1e300;
-  for (const Cell& c : cells) best = std::min(best, c.sync.p50);
+  for (const Cell& c : cells) best = std::min(best, c.timed.sync.p50);
   const Cell* chosen = nullptr;
   for (const Cell& c : cells) {
     std::printf(
         "| %d us | %d us | %s (%s) | %s | %.0f / %.0f ms | %s | %.0f / %.0f ms | %s (%s) | %s | %s "
         "|\n",
-        c.daemon_us, c.client_us, Us(c.sync.p50).c_str(), Us(c.sync.p99).c_str(),
-        Ratio(c.sync.p50 / native.launch_sync.p50).c_str(), c.sync_cpu.front_ms,
-        c.sync_cpu.client_ms, Rate(c.async_rate).c_str(), c.async_cpu.front_ms,
-        c.async_cpu.client_ms, Us(c.untimed_sync.p50).c_str(), Us(c.untimed_sync.p99).c_str(),
-        Ratio(c.untimed_sync.p50 / native.launch_sync.p50).c_str(),
-        Rate(c.untimed_async_rate).c_str());
-    if (chosen == nullptr && c.sync.p50 <= best * 1.05) chosen = &c;
+        c.daemon_us, c.client_us, Us(c.timed.sync.p50).c_str(), Us(c.timed.sync.p99).c_str(),
+        Ratio(c.timed.sync.p50 / native.launch_sync.p50).c_str(), c.timed.sync_cpu.front_ms,
+        c.timed.sync_cpu.client_ms, Rate(c.timed.async_rate).c_str(), c.timed.async_cpu.front_ms,
+        c.timed.async_cpu.client_ms, Us(c.untimed.sync.p50).c_str(), Us(c.untimed.sync.p99).c_str(),
+        Ratio(c.untimed.sync.p50 / native.launch_sync.p50).c_str(),
+        Rate(c.untimed.async_rate).c_str());
+    if (chosen == nullptr && c.timed.sync.p50 <= best * 1.05) chosen = &c;
   }
   if (chosen != nullptr) {
     std::printf("\nsmallest window within 5%% of the best p50 (%s): daemon %d us, client %d us\n",
