@@ -26,7 +26,7 @@ ALLOWED = {
     "server/worker": ["server/common", "server/port", "server/shm", "server/worker/channel.h",
                       "server/worker/convert.h", "server/worker/remote_device.h",
                       "server/worker/remote_device_internal.h", "server/worker/ring.h",
-                      "server/worker/sandbox.h", "server/worker/worker_main.h",
+                      "server/worker/request_reader.h", "server/worker/sandbox.h", "server/worker/worker_main.h",
                       "server/worker/worker.pb.h"],
     # The worker's own side: its main owns the device.
     "server/worker/worker_main.cc": ["server/common", "server/port", "server/shm", "server/cuda",

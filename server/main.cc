@@ -223,6 +223,12 @@ ABSL_FLAG(bool, stream_turns, true,
           "one of them, not all; a named tenant's sessions share its turn and take it in turn, "
           "and sessions of no named tenant each have their own (false: in the order they "
           "arrived).");
+ABSL_FLAG(std::string, worker_read_thread, "auto",
+          "on: each device worker reads, parses and queues its requests on a thread of their "
+          "own while launches come faster than its device's thread makes them (it holds 16 or "
+          "more), so that thread spends its time in the driver's calls; the reading thread "
+          "sleeps 200 us after the backlog is gone. off: the device's thread reads every "
+          "request itself. auto: on with 8 or more cores, else off.");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "
@@ -464,6 +470,7 @@ int main(int argc, char** argv) {
   options.rpc_threads = absl::GetFlag(FLAGS_rpc_threads);
   options.busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   options.stream_turns = absl::GetFlag(FLAGS_stream_turns);
+  options.worker_read_thread = absl::GetFlag(FLAGS_worker_read_thread);
   options.worker_shared_memory = absl::GetFlag(FLAGS_worker_shared_memory);
   options.worker_log_level = absl::GetFlag(FLAGS_log_level);
   options.worker_log_format = absl::GetFlag(FLAGS_log_format);

@@ -129,6 +129,8 @@ class Device {
   absl::Status fault() const;
   uint32_t modules_loaded() const { return modules_loaded_.load(); }
   uint64_t module_loads_total() const { return module_loads_total_.load(); }
+  // Operations posted to the device's thread and not yet run (any thread).
+  size_t backlog() const { return executor_.backlog(); }
   StagingPool& staging() { return staging_; }
 
   void QueryMemory(Callback<cuda::MemoryInfo> done);

@@ -157,6 +157,7 @@ void Executor::Post(Op op, uint64_t key, uint64_t group) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
+    backlog_.fetch_add(1, std::memory_order_relaxed);
     queue_.push_back(Posted{group, key, std::move(op)});
     wake = sleeping_;
     sleeping_ = false;
@@ -254,6 +255,7 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
     // are polled; answers are sent every kFlushEvery ops.
     for (size_t ran = 1; !ready.empty(); ++ran) {
       ready.Pop()();
+      backlog_.fetch_sub(1, std::memory_order_relaxed);
       if (ready.empty() || ran == kTurnOps) break;
       if (ran % kFlushEvery == 0 && input.flush) input.flush();
       if (ready.size() < kReadAhead && input.between_ops) input.between_ops();

@@ -9,6 +9,7 @@
 // uses it to look for faults that left completions pending).
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -201,6 +202,8 @@ class Executor {
   // joins the thread. Idempotent.
   void Stop();
   bool OnExecutorThread() const;
+  // Operations posted and not yet run (any thread; a moment's view).
+  size_t backlog() const { return backlog_.load(std::memory_order_relaxed); }
 
  private:
   void Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll, Input input);
@@ -224,6 +227,7 @@ class Executor {
   bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::thread::id thread_id_;
+  std::atomic<size_t> backlog_{0};
 };
 
 }  // namespace gpuexec::device

@@ -392,6 +392,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   wo.busy_poll = absl::Microseconds(busy_poll_us);
   wo.ring_bytes = options.worker_shared_memory ? wo.ring_bytes : 0;
   wo.stream_turns = options.stream_turns;
+  if (options.worker_read_thread == "on" || options.worker_read_thread == "off") {
+    wo.read_thread = options.worker_read_thread == "on";
+  } else if (options.worker_read_thread.empty() || options.worker_read_thread == "auto") {
+    wo.read_thread = std::thread::hardware_concurrency() >= 8;
+  } else {
+    return absl::InvalidArgumentError(
+        "--worker_read_thread must be auto, on or off (the value given is none of them)");
+  }
   GPUEXEC_ASSIGN_OR_RETURN(const rpc::MpsMode mps_mode, rpc::ParseMpsMode(options.mps));
   GPUEXEC_ASSIGN_OR_RETURN(impl->default_share, rpc::ParseShareFlag(options.default_compute_share));
   if (!impl->default_share.empty() && options.tenants_file.empty()) {
@@ -728,7 +736,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       "gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s", "; busy polling ",
       busy_poll_us == 0 ? std::string("off") : absl::StrCat(busy_poll_us, " us after each message"),
       "; workers reached through ",
-      options.worker_shared_memory ? "shared memory" : "their sockets");
+      options.worker_shared_memory ? "shared memory" : "their sockets",
+      wo.read_thread ? ", reading on a thread of their own while busy" : "");
   log::Info(
       "gpuexecd serving gpuexec.v1 on ", absl::StrJoin(addresses, " and "), " with ",
       impl->engine->device_count(), options.simulator ? " simulated" : "", " device(s); health ",

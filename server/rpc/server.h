@@ -196,6 +196,11 @@ struct ServerOptions {
   // Each device worker runs its streams' operations in turns (false: in
   // the order they arrived).
   bool stream_turns = true;
+  // Each device worker reads its requests on a thread of their own while
+  // its device's thread has a backlog: "on", "off" (that thread reads them
+  // all), or "auto" (on with 8 or more cores, where the thread does not
+  // take the core the client or the front need).
+  std::string worker_read_thread = "auto";
   // Requests and replies between this process and the device workers go
   // through shared-memory rings (false: through their sockets).
   bool worker_shared_memory = true;

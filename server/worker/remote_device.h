@@ -87,6 +87,9 @@ struct WorkerOptions {
   uint64_t ring_bytes = 1 << 20;
   // The device's streams take turns in the worker (DeviceOptions).
   bool stream_turns = true;
+  // The worker reads requests on a thread of their own while its device's
+  // thread has a backlog (request_reader.h; false: that thread reads all).
+  bool read_thread = true;
   // How long the first start may take.
   absl::Duration start_timeout = absl::Seconds(120);
   // NAME=value settings of the worker's environment, in place of the

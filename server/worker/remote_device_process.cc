@@ -114,7 +114,8 @@ void RemoteDevice::Spawn() {
         absl::StrCat("--log_format=", options_.log_format),
         absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(options_.busy_poll)),
         absl::StrCat("--ring_bytes=", rings != nullptr ? options_.ring_bytes : 0),
-        absl::StrCat("--stream_turns=", options_.stream_turns ? "true" : "false")};
+        absl::StrCat("--stream_turns=", options_.stream_turns ? "true" : "false"),
+        absl::StrCat("--read_thread=", options_.read_thread ? "true" : "false")};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

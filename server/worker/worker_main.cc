@@ -27,6 +27,7 @@
 #include "server/shm/region_fd.h"
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
+#include "server/worker/request_reader.h"
 #include "server/worker/sandbox.h"
 #include "worker.pb.h"
 
@@ -44,6 +45,7 @@ struct Args {
   int64_t busy_poll_us = 0;
   uint64_t ring_bytes = 0;
   bool stream_turns = true;
+  bool read_thread = true;
 };
 
 bool ParseArgs(int argc, char** argv, Args* args) {
@@ -71,6 +73,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!absl::SimpleAtoi(v, &args->ring_bytes)) return false;
     } else if (value("--stream_turns=", &v)) {
       if (!absl::SimpleAtob(v, &args->stream_turns)) return false;
+    } else if (value("--read_thread=", &v)) {
+      if (!absl::SimpleAtob(v, &args->read_thread)) return false;
     } else if (value("--log_level=", &v)) {
       args->log_level = std::string(v);
     } else if (value("--log_format=", &v)) {
@@ -93,7 +97,7 @@ class Worker {
   // Called by the executor between its batches (before it would sleep):
   // sends the replies its operations queued.
   void FlushReplies() {
-    executor_ = std::this_thread::get_id();
+    executor_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     if (flush_) {
       flush_ = false;
       GPUEXEC_TRACE(kWorkerReply);
@@ -105,7 +109,7 @@ class Worker {
   // Replies made on the executor are queued and leave together at the end
   // of its batch (one system call for many launches); others go at once.
   void Out(const FromWorker& m) {
-    if (std::this_thread::get_id() == executor_) {
+    if (std::this_thread::get_id() == executor_.load(std::memory_order_relaxed)) {
       if (channel_->Enqueue({&m})) flush_ = true;
       return;
     }
@@ -208,7 +212,7 @@ class Worker {
   }
 
   Channel* channel_;
-  std::thread::id executor_;
+  std::atomic<std::thread::id> executor_;
   bool flush_ = false;  // executor only
   device::Device* dev_;
   uint8_t* staging_;
@@ -517,44 +521,37 @@ int RunWorker(int argc, char** argv) {
     SendEvent(&channel, e);
   };
   // Requests are read by the device's executor itself, between its
-  // operations: no thread hands them over.
+  // operations, while it keeps up; a thread of the reader's own takes over
+  // while it has a backlog (request_reader.h).
   std::atomic<Worker*> serving{nullptr};
   absl::Notification ended;
-  bool reading = true;  // executor thread only
+  Request request;  // parsed under the reader's lock, one reader at a time
+  RequestReader reader(
+      &channel,
+      [&](std::string& frame) {
+        if (!request.ParseFromString(frame)) {
+          log::Error("device ", args.device, " worker: unreadable request; ending");
+          return false;
+        }
+        serving.load()->Handle(request);
+        return true;
+      },
+      [&ended] { ended.Notify(); });
   options.input.fd = channel.wait_fds().first;
   options.input.fd2 = channel.wait_fds().second;
-  options.input.park = [&channel] { return channel.ParkReceiver(); };
-  options.input.unpark = [&channel] { channel.UnparkReceiver(); };
-  auto read_requests = [&](Worker* worker) {
-    if (!reading) return;
-    std::string frame;
-    Request request;
-    for (int i = 0; i < 256; ++i) {
-      const Channel::Poll got = channel.TryReceive(&frame);
-      if (got == Channel::Poll::kNothing) return;
-      GPUEXEC_TRACE(kWorkerRead);
-      if (got == Channel::Poll::kEnd || !request.ParseFromString(frame)) {
-        if (got != Channel::Poll::kEnd) {
-          log::Error("device ", args.device, " worker: unreadable request; ending");
-        }
-        reading = false;
-        ended.Notify();
-        return;
-      }
-      worker->Handle(request);
-    }
-  };
+  options.input.park = [&reader] { return reader.Park(); };
+  options.input.unpark = [&reader] { reader.Unpark(); };
   options.input.on_readable = [&] {
     Worker* worker = serving.load();
     if (worker == nullptr) return;
     worker->FlushReplies();
-    read_requests(worker);
+    reader.ReadOnExecutor();
   };
   // Between a turn's operations only requests are read; what is done is
   // sent every few operations (input.flush) and at the turn's end.
   if (args.stream_turns) {
     options.input.between_ops = [&] {
-      if (Worker* worker = serving.load(); worker != nullptr) read_requests(worker);
+      if (serving.load() != nullptr) reader.ReadOnExecutor();
     };
   }
   options.input.flush = [&] {
@@ -566,6 +563,7 @@ int RunWorker(int argc, char** argv) {
   {
     Worker worker(&channel, dev->get(), static_cast<uint8_t*>(mapped), args.staging_bytes);
     serving.store(&worker);
+    if (args.read_thread) reader.StartHelper([d = dev->get()] { return d->backlog(); });
     SendEvent(&channel, ready_event);
     // Until the front process closes the socket; then shut down. A kernel
     // that never ends would hold the drain forever: the process ends
@@ -575,6 +573,7 @@ int RunWorker(int argc, char** argv) {
       sleep(10);
       _exit(0);
     }).detach();
+    reader.Stop();  // it queues work on the device
     dev->reset();
   }
   return 0;

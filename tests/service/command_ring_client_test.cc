@@ -5,6 +5,7 @@
 // synchronize; a command the ring cannot carry goes on the stream after
 // the ring's earlier ones; and where the daemon serves no rings, or the
 // client is told not to use them, the stream carries everything.
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,39 @@ TEST_F(CommandRingClientTest, ASessionsCommandsGoThroughItsRing) {
   GX_ASSERT_OK(b.Free());
   GX_ASSERT_OK(s.Close());
   EXPECT_EQ(Lines().size(), 1u) << "the ring was not left for the stream";
+}
+
+// With the worker's read thread on (gpuexecd --worker_read_thread=on; the
+// default on hosts of 8 or more cores), a flood of launches is read by it
+// while the device's thread launches: each slot of the buffer keeps the
+// value of the last launch that filled it, through every hand-over between
+// the two threads (floods, synchronizes, the thread's sleeps between).
+TEST_F(CommandRingClientTest, AFloodKeepsItsOrderWhenTheWorkersReadThreadTakesOver) {
+  Start(true, {"--worker_read_thread=on"});
+  if (IsSkipped() || HasFatalFailure()) return;
+  Client client = RingClient();
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+  constexpr uint32_t kSlots = 64;
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(kSlots * 4));
+  uint32_t next = 0;
+  for (int round = 0; round < 6; ++round) {
+    const uint32_t count = round % 2 == 0 ? 3000 : 40;
+    for (uint32_t i = 0; i < count; ++i, ++next) {
+      GX_ASSERT_OK(s.LaunchAsync(fill, Blocks(1, 1),
+                                 {Arg::Ptr(a, (next % kSlots) * 4), Arg::U32(next), Arg::U64(1)}));
+    }
+    GX_ASSERT_OK(s.Synchronize().status());
+    GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, a.Read(0, kSlots * 4));
+    for (uint32_t slot = 0; slot < kSlots; ++slot) {
+      uint32_t last = next - 1 - ((next - 1 - slot) % kSlots);
+      uint32_t value = 0;
+      std::memcpy(&value, got.data() + slot * 4, 4);
+      ASSERT_EQ(value, last) << "slot " << slot << " after round " << round;
+    }
+    if (round == 3) absl::SleepFor(absl::Milliseconds(5));  // the read thread sleeps
+  }
+  GX_ASSERT_OK(s.Close());
 }
 
 // An untimed session (SessionOptions::gpu_time = false) runs its work
