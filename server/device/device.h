@@ -129,8 +129,10 @@ class Device {
   absl::Status fault() const;
   uint32_t modules_loaded() const { return modules_loaded_.load(); }
   uint64_t module_loads_total() const { return module_loads_total_.load(); }
-  // Operations posted to the device's thread and not yet run (any thread).
+  // Operations posted to the device's thread and not yet run, and those it
+  // ran since the start (any thread).
   size_t backlog() const { return executor_.backlog(); }
+  uint64_t ops_run() const { return executor_.ran(); }
   StagingPool& staging() { return staging_; }
 
   void QueryMemory(Callback<cuda::MemoryInfo> done);

@@ -202,8 +202,10 @@ class Executor {
   // joins the thread. Idempotent.
   void Stop();
   bool OnExecutorThread() const;
-  // Operations posted and not yet run (any thread; a moment's view).
+  // Operations posted and not yet run, and operations run since the start
+  // (any thread; a moment's view).
   size_t backlog() const { return backlog_.load(std::memory_order_relaxed); }
+  uint64_t ran() const { return ran_.load(std::memory_order_relaxed); }
 
  private:
   void Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Poll poll, Input input);
@@ -228,6 +230,7 @@ class Executor {
   std::thread thread_;
   std::thread::id thread_id_;
   std::atomic<size_t> backlog_{0};
+  std::atomic<uint64_t> ran_{0};
 };
 
 }  // namespace gpuexec::device

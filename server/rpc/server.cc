@@ -28,6 +28,7 @@
 #include "absl/synchronization/notification.h"
 #include "gpuexec/address.h"
 #include "gpuexec/command_ring.h"
+#include "server/common/cores.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
@@ -371,9 +372,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.isolation = isolation.isolation;
   eo.worker_idle = options.worker_idle;
   eo.max_workers_per_device = options.max_workers_per_device;
-  const int busy_poll_us = options.busy_poll_us >= 0
-                               ? options.busy_poll_us
-                               : (std::thread::hardware_concurrency() >= 8 ? 300 : 0);
+  const int busy_poll_us =
+      options.busy_poll_us >= 0 ? options.busy_poll_us : (UsableCores() >= 8 ? 300 : 0);
   // Each device is served by a worker process; this one never loads the
   // driver.
   worker::WorkerOptions wo;
@@ -395,7 +395,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.worker_read_thread == "on" || options.worker_read_thread == "off") {
     wo.read_thread = options.worker_read_thread == "on";
   } else if (options.worker_read_thread.empty() || options.worker_read_thread == "auto") {
-    wo.read_thread = std::thread::hardware_concurrency() >= 8;
+    wo.read_thread = UsableCores() >= 8;
   } else {
     return absl::InvalidArgumentError(
         "--worker_read_thread must be auto, on or off (the value given is none of them)");
@@ -486,10 +486,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   call_limits.tenant_transfer_bytes = options.tenant_transfer_bytes;
   call_limits.tenant_commands = options.tenant_execute_commands;
   call_limits.upload_idle = options.upload_idle;
-  const uint32_t rpc_threads =
-      options.rpc_threads != 0
-          ? options.rpc_threads
-          : DefaultRpcThreads(!options.tls_cert.empty(), std::thread::hardware_concurrency());
+  const uint32_t rpc_threads = options.rpc_threads != 0
+                                   ? options.rpc_threads
+                                   : DefaultRpcThreads(!options.tls_cert.empty(), UsableCores());
   // A Read's chunks are sent from the copy threads, and with TLS that is
   // where they are encrypted: as many of them as gRPC threads decrypt
   // (with two, TLS Reads stayed at 2 GB/s whatever the parts and threads).
@@ -648,9 +647,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     ro.max_rings = options.max_command_rings;
     ro.budget = impl->service->mutable_budget();
     ro.spin = absl::Microseconds(options.ring_spin_us >= 0 ? options.ring_spin_us : busy_poll_us);
-    ro.ring_threads = options.ring_threads > 0
-                          ? options.ring_threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 4);
+    ro.ring_threads = options.ring_threads > 0 ? options.ring_threads
+                                               : std::max(1, static_cast<int>(UsableCores()) / 4);
     auto rings = rpc::CommandRingServer::Start(impl->engine.get(), ro);
     if (!rings.ok()) {
       impl->tcp_listener.reset();

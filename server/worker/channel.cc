@@ -170,6 +170,14 @@ bool Channel::Receive(std::string* message) {
 
 Channel::Poll Channel::TryReceive(std::string* message) { return Next(message, /*wait=*/false); }
 
+bool Channel::HasBuffered() const {
+  const size_t have = inbox_end_ - inbox_pos_;
+  if (have < 4) return false;
+  const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
+  const uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
+  return n > kMaxMessageBytes || have >= 4 + size_t{n};  // too long: Next ends the stream
+}
+
 Channel::Poll Channel::Next(std::string* message, bool wait) {
   constexpr size_t kRead = 256 << 10;  // asked of each recv, at least
   constexpr size_t kKeep = 8 << 20;    // the most kept once a message is out

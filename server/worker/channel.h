@@ -61,6 +61,9 @@ class Channel {
   // Receive without waiting: a message, nothing yet, or the end.
   enum class Poll { kMessage, kNothing, kEnd };
   Poll TryReceive(std::string* message);
+  // Whether a whole message was received and not yet returned (the
+  // receiving thread: it is receiver state).
+  bool HasBuffered() const;
   int fd() const { return fd_; }
   // For a receiver that waits elsewhere (a worker's executor): park before
   // sleeping on wait_fds() (false: a message may be there already, do not

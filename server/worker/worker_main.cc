@@ -562,8 +562,9 @@ int RunWorker(int argc, char** argv) {
   ToProto((*dev)->properties(), ready->mutable_properties());
   {
     Worker worker(&channel, dev->get(), static_cast<uint8_t*>(mapped), args.staging_bytes);
+    reader.SetLoad([d = dev->get()] { return RequestReader::Load{d->backlog(), d->ops_run()}; });
+    if (args.read_thread) reader.StartHelper();
     serving.store(&worker);
-    if (args.read_thread) reader.StartHelper([d = dev->get()] { return d->backlog(); });
     SendEvent(&channel, ready_event);
     // Until the front process closes the socket; then shut down. A kernel
     // that never ends would hold the drain forever: the process ends

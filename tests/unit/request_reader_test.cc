@@ -26,11 +26,13 @@ struct Rig {
   absl::Mutex mu;
   std::vector<std::pair<uint64_t, std::thread::id>> taken ABSL_GUARDED_BY(mu);
   std::atomic<size_t> backlog{0};
+  std::atomic<uint64_t> ran{0};  // the executor's progress
   std::atomic<int> ends{0};
   uint64_t refuse_id = 0;  // a request whose take ends the reading
   std::unique_ptr<RequestReader> reader;
 
-  Rig() {
+  // `linger`: the helper's (a test that needs it awake gives it long).
+  explicit Rig(absl::Duration linger = absl::Seconds(5)) {
     EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
     front = std::make_unique<Channel>(fds[0]);
     worker = std::make_unique<Channel>(fds[1]);
@@ -43,14 +45,34 @@ struct Rig {
           taken.emplace_back(r.id(), std::this_thread::get_id());
           return true;
         },
-        [this] { ends.fetch_add(1); });
+        [this] { ends.fetch_add(1); }, linger);
   }
-  ~Rig() { reader->Stop(); }
+  ~Rig() {
+    StopTicking();
+    reader->Stop();
+  }
+  // The executor's progress: an operation run every few microseconds.
+  void StartTicking() {
+    ticking = true;
+    ticker = std::thread([this] {
+      while (ticking) {
+        ran.fetch_add(1);
+        absl::SleepFor(absl::Microseconds(5));
+      }
+    });
+  }
+  void StopTicking() {
+    ticking = false;
+    if (ticker.joinable()) ticker.join();
+  }
+  std::atomic<bool> ticking{false};
+  std::thread ticker;
 
-  void Send(uint64_t first, uint64_t count) {
+  void Send(uint64_t first, uint64_t count, size_t bytes = 0) {
     for (uint64_t id = first; id < first + count; ++id) {
       Request r;
       r.set_id(id);
+      if (bytes > 0) r.mutable_launch()->set_params(std::string(bytes, 'p'));
       ASSERT_TRUE(front->Send(r).ok());
     }
   }
@@ -68,12 +90,18 @@ struct Rig {
     }
     return true;
   }
-  void StartHelper() {
-    reader->StartHelper([this] { return backlog.load(); });
+  void SetLoad() {
+    reader->SetLoad([this] { return RequestReader::Load{backlog.load(), ran.load()}; });
   }
-  // With the backlog at the helper's start, request 1 read by the
-  // executor wakes the helper: true once it reads.
+  void StartHelper() {
+    SetLoad();
+    reader->StartHelper();
+  }
+  // With the backlog at the helper's start and the executor making
+  // progress, request 1 read by the executor wakes the helper: true once it
+  // reads.
   bool Engage() {
+    if (!ticker.joinable()) StartTicking();
     backlog = RequestReader::kHelpAt;
     Send(1, 1);
     return Within([&] {
@@ -85,7 +113,7 @@ struct Rig {
 };
 
 TEST(RequestReader, TheExecutorReadsEveryRequestWhileItKeepsUp) {
-  Rig rig;
+  Rig rig(RequestReader::kLinger);
   rig.StartHelper();
   rig.Send(1, 10);
   ASSERT_TRUE(rig.Within([&] {
@@ -102,7 +130,8 @@ TEST(RequestReader, TheExecutorReadsEveryRequestWhileItKeepsUp) {
 }
 
 TEST(RequestReader, AHelperReadsInOrderWhileTheExecutorHasABacklogThenSleeps) {
-  Rig rig;
+  constexpr absl::Duration kLinger = absl::Milliseconds(50);
+  Rig rig(kLinger);
   rig.StartHelper();
   ASSERT_TRUE(rig.Engage());
   // The executor leaves the reading to the helper while it helps.
@@ -114,10 +143,12 @@ TEST(RequestReader, AHelperReadsInOrderWhileTheExecutorHasABacklogThenSleeps) {
     for (size_t i = 0; i < rig.taken.size(); ++i) ASSERT_EQ(rig.taken[i].first, i + 1);
     EXPECT_NE(rig.taken.back().second, std::this_thread::get_id());
   }
-  // It keeps looking while the backlog lasts, and sleeps once it is gone.
-  absl::SleepFor(RequestReader::kLinger * 5);
+  // It keeps looking while the executor makes progress, and sleeps once
+  // nothing comes and nothing runs.
+  absl::SleepFor(kLinger * 4);
   EXPECT_TRUE(rig.reader->helping());
   rig.backlog = 0;
+  rig.StopTicking();
   ASSERT_TRUE(rig.Within([&] { return !rig.reader->helping(); }));
   // Then the executor reads again.
   rig.Send(502, 3);
@@ -142,6 +173,50 @@ TEST(RequestReader, TheHelperLeavesRequestsUnreadWhileTheExecutorHoldsTheMost) {
   EXPECT_EQ(rig.Taken(), before) << "read past the executor's bound";
   rig.backlog = RequestReader::kReadAhead - 1;
   EXPECT_TRUE(rig.Within([&] { return rig.Taken() == 51; }));
+}
+
+// An operation that takes long (a module's load) keeps no core spinning:
+// the helper sleeps within its linger though operations still wait.
+TEST(RequestReader, TheHelperSleepsWhileTheExecutorIsStuckInOneOperation) {
+  Rig rig(absl::Milliseconds(20));
+  rig.StartHelper();
+  ASSERT_TRUE(rig.Engage());
+  rig.backlog = 40;
+  rig.StopTicking();  // and nothing runs
+  ASSERT_TRUE(rig.Within([&] { return !rig.reader->helping(); }));
+}
+
+// Neither reader takes requests past kReadAheadBytes behind the executor's
+// backlog; they are read once it runs them.
+TEST(RequestReader, ReadingAheadStopsAtTheBytesBehindTheBacklog) {
+  constexpr size_t kBig = 4 << 20;
+  constexpr size_t kFit = RequestReader::kReadAheadBytes / kBig;
+  for (const bool helper : {false, true}) {
+    SCOPED_TRACE(helper ? "the helper reads" : "the executor reads");
+    Rig rig;
+    if (helper) {
+      rig.StartHelper();
+      ASSERT_TRUE(rig.Engage());  // progress keeps it awake
+    } else {
+      rig.SetLoad();
+    }
+    const size_t first = rig.Taken();
+    rig.backlog = kFit + 8;  // as if each big request read were held
+    std::thread send([&] { rig.Send(100, kFit + 4, kBig); });
+    // Each frame is whole only once the reader took its last bytes.
+    const absl::Time until = absl::Now() + absl::Milliseconds(300);
+    while (absl::Now() < until) {
+      if (!helper) rig.reader->ReadOnExecutor();
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    EXPECT_EQ(rig.Taken(), first + kFit) << "read past the bytes bound";
+    rig.backlog = 1;  // they ran
+    EXPECT_TRUE(rig.Within([&] {
+      if (!helper) rig.reader->ReadOnExecutor();
+      return rig.Taken() == first + kFit + 4;
+    }));
+    send.join();
+  }
 }
 
 TEST(RequestReader, AnUnreadableRequestEndsTheReadingOnceOnEitherThread) {
