@@ -223,12 +223,12 @@ ABSL_FLAG(bool, stream_turns, true,
           "one of them, not all; a named tenant's sessions share its turn and take it in turn, "
           "and sessions of no named tenant each have their own (false: in the order they "
           "arrived).");
-ABSL_FLAG(std::string, worker_read_thread, "auto",
+ABSL_FLAG(std::string, worker_read_thread, "off",
           "on: each device worker reads, parses and queues its requests on a thread of their "
           "own while launches come faster than its device's thread makes them (it holds 16 or "
           "more), so that thread spends its time in the driver's calls; the reading thread "
           "sleeps 200 us after the backlog is gone. off: the device's thread reads every "
-          "request itself. auto: on with 8 or more cores, else off.");
+          "request itself. auto: on where the daemon may use 8 or more cores, else off.");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "

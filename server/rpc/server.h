@@ -198,9 +198,9 @@ struct ServerOptions {
   bool stream_turns = true;
   // Each device worker reads its requests on a thread of their own while
   // its device's thread has a backlog: "on", "off" (that thread reads them
-  // all), or "auto" (on with 8 or more cores, where the thread does not
-  // take the core the client or the front need).
-  std::string worker_read_thread = "auto";
+  // all), or "auto" (on with 8 or more usable cores, where the thread does
+  // not take the core the client or the front need).
+  std::string worker_read_thread = "off";
   // Requests and replies between this process and the device workers go
   // through shared-memory rings (false: through their sockets).
   bool worker_shared_memory = true;
