@@ -260,8 +260,12 @@ void Executor::Loop(Op on_start, Op on_tick, Op on_stop, absl::Duration tick, Po
       if (ready.empty() || ran == kTurnOps) break;
       if (ran % kFlushEvery == 0 && input.flush) input.flush();
       if (ready.size() < kReadAhead && input.between_ops) input.between_ops();
-      absl::MutexLock lock(&mu_);
-      TakePosted(&ready);
+      // Only where something was posted since (a moment's view: what it
+      // misses is taken at the next op or the turn's end).
+      if (backlog_.load(std::memory_order_relaxed) > ready.size()) {
+        absl::MutexLock lock(&mu_);
+        TakePosted(&ready);
+      }
     }
     if (poll) {
       backoff.Polled(poll(), absl::Now());
