@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -275,7 +276,9 @@ EngineStats Engine::Stats() const {
     for (const auto& [token, s] : sessions_) all.push_back(s);
   }
   st.sessions_open = static_cast<uint32_t>(all.size());
+  absl::flat_hash_map<const TenantUsage*, uint32_t> untimed;  // open, by tenant
   for (const auto& s : all) {
+    if (s->untimed) ++untimed[&s->usage()];
     absl::MutexLock lock(&s->mu);
     EngineStats::PerDevice& d = st.devices[s->device()];
     d.buffers += static_cast<uint32_t>(s->buffers.size());
@@ -294,6 +297,7 @@ EngineStats Engine::Stats() const {
       EngineStats::PerTenant t;
       t.name = name;
       t.sessions = u->sessions.load();
+      if (auto it = untimed.find(u.get()); it != untimed.end()) t.sessions_untimed = it->second;
       t.memory_held = u->memory.load();
       t.sessions_opened = u->sessions_opened.load();
       t.launches = u->traffic.launches.load();

@@ -225,6 +225,7 @@ struct EngineStats {
   struct PerTenant {
     std::string name;
     uint32_t sessions = 0;
+    uint32_t sessions_untimed = 0;  // of them, asked for no GPU time
     uint64_t memory_held = 0;
     uint64_t module_bytes = 0;
     uint64_t sessions_opened = 0;

@@ -339,6 +339,10 @@ void CollectEngine(core::Engine* engine, Identity* identity, metrics::Sink& sink
   };
   gauge("gpuexec_tenant_sessions", "Sessions the tenant has open.");
   per_tenant("gpuexec_tenant_sessions", [](const auto& t) { return t.sessions; });
+  gauge("gpuexec_tenant_sessions_untimed",
+        "Of the tenant's open sessions, those that asked for no GPU time (OpenSession untimed): "
+        "charged the host's view of their busy time, an upper bound.");
+  per_tenant("gpuexec_tenant_sessions_untimed", [](const auto& t) { return t.sessions_untimed; });
   gauge("gpuexec_tenant_workers", "Worker processes of the tenant's own, on all devices.");
   per_tenant("gpuexec_tenant_workers", [](const auto& t) { return t.workers; });
   counter("gpuexec_tenant_sessions_opened_total", "Sessions the tenant opened.");

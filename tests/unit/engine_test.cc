@@ -830,12 +830,13 @@ TEST_F(EngineTest, AnUntimedSessionsTimeIsChargedNotTold) {
     return Await<uint64_t>(
         [&](Callback<uint64_t> cb) { engine_->Synchronize(caller_, token, cb); });
   };
-  auto charged = [&] {
+  auto tenant = [&] {
     for (const EngineStats::PerTenant& t : engine_->Stats().tenants) {
-      if (t.name == kDefaultTenant) return t.gpu_ns;
+      if (t.name == kDefaultTenant) return t;
     }
-    return uint64_t{0};
+    return EngineStats::PerTenant{};
   };
+  auto charged = [&] { return tenant().gpu_ns; };
   SessionAsk ask;
   ask.device = 0;
   ask.untimed = true;
@@ -859,6 +860,11 @@ TEST_F(EngineTest, AnUntimedSessionsTimeIsChargedNotTold) {
   ASSERT_THAT(told, IsOk());
   EXPECT_EQ(*told, 1000u);
   EXPECT_EQ(charged(), before + 2000);
+  // Operators see the untimed ones among the tenant's sessions.
+  EXPECT_EQ(tenant().sessions, 2u);
+  EXPECT_EQ(tenant().sessions_untimed, 1u);
+  ASSERT_THAT(Close(untimed->token), IsOk());
+  EXPECT_EQ(tenant().sessions_untimed, 0u);
 }
 
 // A device dedicated to another tenant is refused, saying so, and never
