@@ -421,6 +421,10 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
 
 // `--ring_sweep`: the command ring's launch figures and CPU for each pair
 // of the daemon's and the client's spin windows (bench/ring_sweep.cc).
+// `--read_thread_ab`: the ring's launch figures with the worker's read
+// thread off and on, daemons in turn (bench/ring_sweep.cc).
+int RunReadThreadAB(const Plan& plan, bool quick, const std::string& daemon,
+                    const std::string& driver, const std::string& cubin);
 int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
                  const std::string& cubin);
 

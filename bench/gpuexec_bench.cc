@@ -91,6 +91,10 @@ ABSL_FLAG(bool, transport_variants, false,
 ABSL_FLAG(bool, ring_sweep, false,
           "only the command ring's spin windows: a daemon for each --ring_spin_us of 0, 10, 30, "
           "100 and 300, each measured with a client spinning 0, 20, 50 and 200 us");
+ABSL_FLAG(bool, read_thread_ab, false,
+          "only the worker's read thread off and on (gpuexecd --worker_read_thread), a daemon "
+          "each, in turn for three rounds: launch + synchronize and async launches through a "
+          "command ring, timed and untimed, beside native in the same run");
 ABSL_FLAG(bool, native_only, false,
           "the native section only: the driver in this process, no daemon (what each piece of a "
           "launch costs)");
@@ -203,6 +207,9 @@ int Main() {
     return 0;
   }
   if (absl::GetFlag(FLAGS_ring_sweep)) return RunRingSweep(plan, quick, daemon, driver, cubin);
+  if (absl::GetFlag(FLAGS_read_thread_ab)) {
+    return RunReadThreadAB(plan, quick, daemon, driver, cubin);
+  }
   if (absl::GetFlag(FLAGS_graphs_only)) return RunGraphs(plan, quick, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {
     Die("--figures goes with --target: the full run measures every figure for its table");

@@ -6,7 +6,9 @@
 // then launch + synchronize and async launches of an untimed session
 // (SessionOptions::gpu_time = false) through the same ring path.
 // The chosen window is the smallest (daemon, then client) whose p50 is
-// within 5% of the best.
+// within 5% of the best. `--read_thread_ab` measures the same figures with
+// the worker's read thread off and on (`gpuexecd --worker_read_thread`),
+// a daemon each, in turn.
 #include <algorithm>
 
 #include "absl/strings/str_join.h"
@@ -55,13 +57,14 @@ SessionFigures MeasureSession(const Plan& plan, pid_t front, Client& client,
   return f;
 }
 
+// `client_us` < 0: the client's default spin.
 Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const std::string& image,
               int daemon_us, int client_us) {
   Cell c;
   c.daemon_us = daemon_us;
   c.client_us = client_us;
   ClientOptions options = BenchClientOptions();
-  options.spin_wait = absl::Microseconds(client_us);
+  if (client_us >= 0) options.spin_wait = absl::Microseconds(client_us);
   options.command_ring = true;
   Client client = Must(Client::Connect(target, options), "connect");
   c.timed = MeasureSession(plan, front, client, image, /*gpu_time=*/true);
@@ -70,6 +73,41 @@ Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const st
 }
 
 }  // namespace
+
+int RunReadThreadAB(const Plan& plan, bool quick, const std::string& daemon,
+                    const std::string& driver, const std::string& cubin) {
+  std::printf("gpuexec_bench%s: the worker's read thread off and on, driver %s, daemon %s\n",
+              quick ? " (quick: not a measurement)" : "", driver.c_str(), daemon.c_str());
+  const NativeFigures native = RunNative(plan, driver, cubin);
+  const std::string image = ReadFileOrDie(cubin);
+  Section("launch + synchronize and async launches through a command ring, read thread off / on");
+  std::printf(
+      "native: launch + synchronize p50 %s (p99 %s), async %s\n\n"
+      "| round | read thread | launch + sync p50 (p99) | x native | async | x native | untimed "
+      "launch + sync p50 (p99) | x native | untimed async | x native | front CPU per 100k "
+      "async |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+      Us(native.launch_sync.p50).c_str(), Us(native.launch_sync.p99).c_str(),
+      Rate(1e6 / native.async_launch_us).c_str());
+  const double native_rate = 1e6 / native.async_launch_us;
+  for (int round = 1; round <= (quick ? 1 : 3); ++round) {
+    for (const char* mode : {"off", "on"}) {
+      Daemon d(daemon, driver, absl::StrCat("read-", mode, "-", round),
+               {"--command_rings", absl::StrCat("--worker_read_thread=", mode)});
+      const Cell c = Measure1(plan, d.pid(), d.uds(), image, /*daemon_us=*/-1, /*client_us=*/-1);
+      std::printf("| %d | %s | %s (%s) | %s | %s | %s | %s (%s) | %s | %s | %s | %.0f ms |\n",
+                  round, mode, Us(c.timed.sync.p50).c_str(), Us(c.timed.sync.p99).c_str(),
+                  Ratio(c.timed.sync.p50 / native.launch_sync.p50).c_str(),
+                  Rate(c.timed.async_rate).c_str(), Ratio(c.timed.async_rate / native_rate).c_str(),
+                  Us(c.untimed.sync.p50).c_str(), Us(c.untimed.sync.p99).c_str(),
+                  Ratio(c.untimed.sync.p50 / native.launch_sync.p50).c_str(),
+                  Rate(c.untimed.async_rate).c_str(),
+                  Ratio(c.untimed.async_rate / native_rate).c_str(), c.untimed.async_cpu.front_ms);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
 
 int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
                  const std::string& cubin) {
