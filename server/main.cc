@@ -215,20 +215,21 @@ ABSL_FLAG(int32_t, busy_poll_us, -1,
           "How long each device's worker, and the daemon's reader of its replies, keep looking "
           "for the next message before they sleep, in microseconds: a client that waits for "
           "each answer then costs no thread wake-up there, at the price of a core per busy "
-          "device while its clients keep coming back within it. -1: 300 on hosts with 8 or "
-          "more cores, else 0 (off).");
+          "device while its clients keep coming back within it. -1: 300 where the daemon "
+          "may use 8 or more cores (its affinity and cgroup CPU quota), else 0 (off).");
 ABSL_FLAG(bool, stream_turns, true,
           "A device worker that several tenants share runs their operations in turns, an "
           "operation each, so that one tenant's burst of launches delays another's launch by "
           "one of them, not all; a named tenant's sessions share its turn and take it in turn, "
           "and sessions of no named tenant each have their own (false: in the order they "
           "arrived).");
-ABSL_FLAG(std::string, worker_read_thread, "off",
-          "on: each device worker reads, parses and queues its requests on a thread of their "
-          "own while launches come faster than its device's thread makes them (it holds 16 or "
-          "more), so that thread spends its time in the driver's calls; the reading thread "
-          "sleeps 200 us after the backlog is gone. off: the device's thread reads every "
-          "request itself. auto: on where the daemon may use 8 or more cores, else off.");
+ABSL_FLAG(
+    std::string, worker_read_thread, "off",
+    "on: each device worker reads, parses and queues its requests on a thread of their "
+    "own while launches come faster than its device's thread makes them (it holds 16 or "
+    "more), so that thread spends its time in the driver's calls; the reading thread "
+    "sleeps once nothing came and nothing ran for 200 us. off: the device's thread reads every "
+    "request itself. auto: on where the daemon may use 8 or more cores, else off.");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "
