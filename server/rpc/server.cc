@@ -372,8 +372,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   eo.isolation = isolation.isolation;
   eo.worker_idle = options.worker_idle;
   eo.max_workers_per_device = options.max_workers_per_device;
+  const unsigned cores = UsableCores();  // the defaults that spend them
   const int busy_poll_us =
-      options.busy_poll_us >= 0 ? options.busy_poll_us : (UsableCores() >= 8 ? 300 : 0);
+      options.busy_poll_us >= 0 ? options.busy_poll_us : (cores >= 8 ? 300 : 0);
   // Each device is served by a worker process; this one never loads the
   // driver.
   worker::WorkerOptions wo;
@@ -395,7 +396,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.worker_read_thread == "on" || options.worker_read_thread == "off") {
     wo.read_thread = options.worker_read_thread == "on";
   } else if (options.worker_read_thread.empty() || options.worker_read_thread == "auto") {
-    wo.read_thread = UsableCores() >= 8;
+    wo.read_thread = cores >= 8;
   } else {
     return absl::InvalidArgumentError(
         "--worker_read_thread must be auto, on or off (the value given is none of them)");
@@ -488,7 +489,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   call_limits.upload_idle = options.upload_idle;
   const uint32_t rpc_threads = options.rpc_threads != 0
                                    ? options.rpc_threads
-                                   : DefaultRpcThreads(!options.tls_cert.empty(), UsableCores());
+                                   : DefaultRpcThreads(!options.tls_cert.empty(), cores);
   // A Read's chunks are sent from the copy threads, and with TLS that is
   // where they are encrypted: as many of them as gRPC threads decrypt
   // (with two, TLS Reads stayed at 2 GB/s whatever the parts and threads).
@@ -647,8 +648,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     ro.max_rings = options.max_command_rings;
     ro.budget = impl->service->mutable_budget();
     ro.spin = absl::Microseconds(options.ring_spin_us >= 0 ? options.ring_spin_us : busy_poll_us);
-    ro.ring_threads = options.ring_threads > 0 ? options.ring_threads
-                                               : std::max(1, static_cast<int>(UsableCores()) / 4);
+    ro.ring_threads =
+        options.ring_threads > 0 ? options.ring_threads : std::max(1, static_cast<int>(cores) / 4);
     auto rings = rpc::CommandRingServer::Start(impl->engine.get(), ro);
     if (!rings.ok()) {
       impl->tcp_listener.reset();

@@ -170,11 +170,15 @@ bool Channel::Receive(std::string* message) {
 
 Channel::Poll Channel::TryReceive(std::string* message) { return Next(message, /*wait=*/false); }
 
+uint32_t Channel::InboxFrameLength() const {
+  const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
+  return p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
+}
+
 bool Channel::HasBuffered() const {
   const size_t have = inbox_end_ - inbox_pos_;
   if (have < 4) return false;
-  const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
-  const uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
+  const uint32_t n = InboxFrameLength();
   return n > kMaxMessageBytes || have >= 4 + size_t{n};  // too long: Next ends the stream
 }
 
@@ -185,8 +189,7 @@ Channel::Poll Channel::Next(std::string* message, bool wait) {
     const size_t have = inbox_end_ - inbox_pos_;
     size_t need = kRead;  // room wanted after the data held
     if (have >= 4) {
-      const auto* p = reinterpret_cast<const uint8_t*>(inbox_.data() + inbox_pos_);
-      const uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t{p[3]} << 24);
+      const uint32_t n = InboxFrameLength();
       if (n > kMaxMessageBytes) {
         misbehaved_ = true;
         return Poll::kEnd;

@@ -121,6 +121,8 @@ class Channel {
   std::thread writer_;
 
   Poll Next(std::string* message, bool wait);
+  // The length word of the frame at inbox_pos_ (4 bytes held there).
+  uint32_t InboxFrameLength() const;
 
   // Receiver state (one thread): bytes [inbox_pos_, inbox_end_) of inbox_
   // are received and not yet returned.
