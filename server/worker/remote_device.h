@@ -88,8 +88,9 @@ struct WorkerOptions {
   // The device's streams take turns in the worker (DeviceOptions).
   bool stream_turns = true;
   // The worker reads requests on a thread of their own while its device's
-  // thread has a backlog (request_reader.h; false: that thread reads all).
-  bool read_thread = true;
+  // thread has a backlog (request_reader.h; false, as gpuexecd's default:
+  // that thread reads all).
+  bool read_thread = false;
   // How long the first start may take.
   absl::Duration start_timeout = absl::Seconds(120);
   // NAME=value settings of the worker's environment, in place of the

@@ -45,7 +45,7 @@ struct Args {
   int64_t busy_poll_us = 0;
   uint64_t ring_bytes = 0;
   bool stream_turns = true;
-  bool read_thread = true;
+  bool read_thread = false;
 };
 
 bool ParseArgs(int argc, char** argv, Args* args) {
