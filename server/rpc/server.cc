@@ -1,37 +1,27 @@
 #include "server/rpc/server.h"
 
-#include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <fstream>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "gpuexec/address.h"
 #include "gpuexec/command_ring.h"
 #include "server/common/cores.h"
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
-#include "server/common/text.h"
 #include "server/common/thread_name.h"
 #include "server/core/engine.h"
 #include "server/metrics/http_server.h"
@@ -43,6 +33,7 @@
 #include "server/rpc/identity.h"
 #include "server/rpc/mps_control.h"
 #include "server/rpc/observability.h"
+#include "server/rpc/server_setup.h"
 #include "server/rpc/service.h"
 #include "server/rpc/shm_listener.h"
 #include "server/rpc/standard_metrics.h"
@@ -52,127 +43,6 @@
 #include "server/worker/remote_device.h"
 
 namespace gpuexec {
-namespace {
-
-// The simulator's libraries: the driver double, and the NVRTC double it
-// compiles kernels from source with (CompileModule, without a toolkit).
-struct SimulatorPart {
-  const char* file;    // "libgpuexec_fakecuda.so"
-  const char* subdir;  // its directory in the build tree, from the daemon's
-  const char* target;  // its CMake target
-};
-constexpr SimulatorPart kSimulatorDriver = {"libgpuexec_fakecuda.so", "fake_cuda",
-                                            "gpuexec_fakecuda"};
-constexpr SimulatorPart kSimulatorNvrtc = {"libgpuexec_fakenvrtc.so", "fake_nvrtc",
-                                           "gpuexec_fakenvrtc"};
-
-// A simulator library beside `program` (empty: this process's own): in its
-// directory, in ../lib (installed), or in ../tests/<subdir> (the build
-// tree).
-absl::StatusOr<std::string> SimulatorLibrary(const std::string& program,
-                                             const SimulatorPart& part) {
-  std::string self = program;
-  if (self.empty()) {
-    char buf[4096];
-    const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-    if (n > 0) self.assign(buf, static_cast<size_t>(n));
-  }
-  const size_t slash = self.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
-  std::vector<std::string> tried;
-  for (const std::string& sub :
-       {std::string("/"), std::string("/../lib/"), absl::StrCat("/../tests/", part.subdir, "/")}) {
-    std::string path = absl::StrCat(dir, sub, part.file);
-    if (access(path.c_str(), R_OK) == 0) {
-      char* real = realpath(path.c_str(), nullptr);
-      if (real != nullptr) path = real;
-      std::free(real);
-      return path;
-    }
-    tried.push_back(std::move(path));
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("--simulator: the simulator's library ", part.file, " is not installed beside ",
-                   self.empty() ? std::string("gpuexecd") : self, " (looked for ",
-                   absl::StrJoin(tried, ", "), "); build it (cmake --build build --target ",
-                   part.target, ") or install gpuexec's runtime component, which holds it"));
-}
-
-// The MPS control daemon's pipe directory, as its clients look for it.
-std::string MpsPipeDirectory() {
-  const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  return env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
-}
-
-// That directory, if an MPS control daemon serves there: its control pipe
-// a FIFO of root's or the daemon's own user (a file anyone could make in
-// /tmp is no control daemon).
-std::optional<std::string> MpsControlPipes() {
-  const std::string pipes = MpsPipeDirectory();
-  struct stat st;
-  if (lstat(absl::StrCat(pipes, "/control").c_str(), &st) != 0 || !S_ISFIFO(st.st_mode) ||
-      (st.st_uid != 0 && st.st_uid != geteuid())) {
-    return std::nullopt;
-  }
-  return pipes;
-}
-
-// The host's physical memory in bytes (0 if unknown).
-uint64_t HostMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-
-// gRPC's own lines go through this daemon's log (log::WriteGrpcLine): at
-// DEBUG unless the operator set GRPC_VERBOSITY, so that a failed TLS
-// handshake comes with gRPC's server-side line, which can name the peer.
-// Once per process (gRPC keeps one log function: a client library in the
-// same process may install its own after this one).
-std::atomic<bool> g_grpc_details{true};
-std::atomic<bool> g_grpc_operator{false};
-
-void OnGrpcLog(gpr_log_func_args* args) {
-  log::GrpcLine line;
-  line.file = args->file != nullptr ? args->file : "";
-  line.line = args->line;
-  line.severity = args->severity == GPR_LOG_SEVERITY_ERROR  ? log::GrpcSeverity::kError
-                  : args->severity == GPR_LOG_SEVERITY_INFO ? log::GrpcSeverity::kInfo
-                                                            : log::GrpcSeverity::kDebug;
-  line.message = args->message != nullptr ? args->message : "";
-  log::WriteGrpcLine(line, g_grpc_details.load(std::memory_order_relaxed),
-                     g_grpc_operator.load(std::memory_order_relaxed));
-}
-
-void InstallGrpcLog() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* verbosity = std::getenv("GRPC_VERBOSITY");
-    g_grpc_operator = verbosity != nullptr;
-    g_grpc_details = verbosity == nullptr || absl::EqualsIgnoreCase(verbosity, "debug");
-    if (verbosity == nullptr) gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
-    gpr_set_log_function(&OnGrpcLog);
-  });
-}
-
-// With --tls_client_ca every TCP client shows a certificate: a tenant known
-// by its token alone is let in only with one whose name the file lists.
-void WarnTokenOnlyTenants(const tenants::Directory& dir, const std::string& file) {
-  const std::vector<std::string> names = dir.TokenOnlyNames();
-  if (names.empty()) return;
-  constexpr size_t kShown = 10;
-  std::vector<std::string> shown;
-  for (size_t i = 0; i < names.size() && i < kShown; ++i)
-    shown.push_back(absl::StrCat("'", Quoted(names[i]), "'"));
-  log::Warning("tenants: --tls_client_ca requires a certificate of every TCP client, and ",
-               names.size(), " tenant(s) of ", file, " have a token and no certificate_name (",
-               absl::StrJoin(shown, ", "),
-               names.size() > kShown ? absl::StrCat(" and ", names.size() - kShown, " more") : "",
-               "): they can no longer connect over TCP; give each a certificate_name that its "
-               "clients' certificates carry, or serve them on --unix_socket");
-}
-
-}  // namespace
 
 class Server::Impl {
  public:
@@ -284,39 +154,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("nothing to listen on: give a TCP address or a Unix socket");
   }
   GPUEXEC_RETURN_IF_ERROR(rpc::CheckSecurity(options));
-  InstallGrpcLog();
-  if (options.session_memory_share.has_value() &&
-      !(*options.session_memory_share >= 0 && *options.session_memory_share <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--session_memory_share ", *options.session_memory_share, " is not a share (0 to 1)"));
-  }
-  if (options.advertise_address.size() > 253 ||
-      !std::all_of(options.advertise_address.begin(), options.advertise_address.end(),
-                   [](char c) { return c > ' ' && c < 0x7f; })) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--advertise_address ", Quoted(options.advertise_address, 32),
-                     " is not an address (host:port, at most 253 printable characters)"));
-  }
-  std::string reported_version = options.reported_version;
-  std::string reported_by = "the reported version";
-  std::string what_to_do;
-  if (const char* env = std::getenv("GPUEXECD_TEST_REPORTED_VERSION");
-      reported_version.empty() && env != nullptr) {
-    reported_version = env;
-    reported_by = "$GPUEXECD_TEST_REPORTED_VERSION";
-    what_to_do = ": it is for tests only; unset it";
-  }
-  if (reported_version.size() > 64 || !std::all_of(reported_version.begin(), reported_version.end(),
-                                                   [](char c) { return c > ' ' && c < 0x7f; })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        reported_by, " \"", Quoted(reported_version, 32), "\"",
-        " is not a version (MAJOR.MINOR.PATCH, at most 64 printable characters)", what_to_do));
-  }
-  if (options.max_message_bytes < options.chunk_bytes + (64 << 10)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_message_bytes ", options.max_message_bytes, " leaves no room for a chunk of ",
-        options.chunk_bytes, " bytes (--chunk_bytes) and its header"));
-  }
+  rpc::InstallGrpcLog();
+  GPUEXEC_ASSIGN_OR_RETURN(const std::string reported_version, rpc::CheckServerOptions(options));
   auto impl = std::make_unique<Impl>();
   impl->identity = std::make_unique<rpc::Identity>(!options.tls_client_ca.empty());
   impl->tenants_file = options.tenants_file;
@@ -324,12 +163,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     auto dir = tenants::Directory::Load(options.tenants_file);
     if (!dir.ok()) return dir.status();
     log::Info("tenants: ", (*dir)->size(), " tenant(s) from ", options.tenants_file);
-    if (!options.tls_client_ca.empty()) WarnTokenOnlyTenants(**dir, options.tenants_file);
+    if (!options.tls_client_ca.empty()) rpc::WarnTokenOnlyTenants(**dir, options.tenants_file);
     impl->identity->SetDirectory(*std::move(dir));
   }
   std::string driver_library = options.driver_library;
   if (options.simulator) {
-    auto simulator = SimulatorLibrary(options.worker_program, kSimulatorDriver);
+    auto simulator = rpc::SimulatorLibrary(options.worker_program, rpc::kSimulatorDriver);
     if (!simulator.ok()) return simulator.status();
     driver_library = *std::move(simulator);
     // The double reads it at cuInit, in each worker (they inherit it).
@@ -339,68 +178,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         "kernels on the host (",
         driver_library, ")");
   }
-  core::EngineOptions eo;
-  eo.driver_library = driver_library;
-  eo.default_lease_ms = options.default_lease_ms;
-  eo.max_lease_ms = options.max_lease_ms;
-  eo.default_session_memory_bytes = options.default_session_memory_bytes;
-  eo.max_session_memory_bytes = options.max_session_memory_bytes;
-  // Limits meant for tenants who share a device do not bite a developer
-  // alone on their box: without a tenants file, a session may take the
-  // whole device and faulting kernels are never refused, unless asked.
-  const bool shared = !options.tenants_file.empty();
-  eo.session_memory_share = options.session_memory_share.value_or(shared ? 0.5 : 1.0);
-  eo.max_sessions_per_peer = options.max_sessions_per_peer;
-  eo.tenant_max_sessions = options.tenant_max_sessions;
-  eo.strike_limit = options.strike_limit.value_or(shared ? 3 : 0);
-  eo.strike_window = options.strike_window;
-  eo.strike_cooldown = options.strike_cooldown;
-  eo.daemon_memory_bytes = options.daemon_memory_bytes;
-  eo.chunk_bytes = options.chunk_bytes;
-  eo.staging_buffers = options.staging_buffers;
-  eo.reaper_interval = options.reaper_interval;
-  eo.max_sessions = options.max_sessions;
-  eo.module_store_bytes = options.module_store_bytes;
-  eo.module_upload_budget_bytes = options.module_upload_budget_bytes;
-  eo.kernel_time_limit_ms = options.kernel_time_limit_ms;
-  eo.host_memory = !options.shm_socket.empty();
-  eo.daemon_pinned_bytes = options.pinned_bytes != 0 ? options.pinned_bytes : HostMemoryBytes() / 4;
-  eo.max_session_pinned_bytes = options.max_session_pinned_bytes;
-  eo.max_regions_per_session = options.max_regions_per_session;
-  eo.max_handles_per_session = options.max_handles_per_session;
   GPUEXEC_ASSIGN_OR_RETURN(const rpc::IsolationChoice isolation, rpc::ChooseIsolation(options));
-  eo.isolation = isolation.isolation;
-  eo.worker_idle = options.worker_idle;
-  eo.max_workers_per_device = options.max_workers_per_device;
+  core::EngineOptions eo = rpc::EngineOptionsFor(options, driver_library, isolation.isolation);
   const unsigned cores = UsableCores();  // the defaults that spend them
   const int busy_poll_us =
       options.busy_poll_us >= 0 ? options.busy_poll_us : (cores >= 8 ? 300 : 0);
   // Each device is served by a worker process; this one never loads the
   // driver.
-  worker::WorkerOptions wo;
+  GPUEXEC_ASSIGN_OR_RETURN(worker::WorkerOptions wo,
+                           rpc::WorkerOptionsFor(options, driver_library, busy_poll_us, cores));
   wo.owner = reinterpret_cast<uintptr_t>(impl.get());
-  // This very program, even if its file was replaced since (an upgrade):
-  // front and workers speak the same private protocol.
-  wo.program = options.worker_program.empty() ? "/proc/self/exe" : options.worker_program;
-  wo.driver_library = driver_library;
-  wo.staging_bytes = options.chunk_bytes;
-  wo.staging_slots = static_cast<int>(options.staging_buffers);
-  wo.max_queued_launches = options.max_queued_launches;
-  wo.queue_bytes = options.worker_queue_bytes;
-  wo.kernel_time_limit = absl::Milliseconds(options.kernel_time_limit_ms);
-  wo.log_level = options.worker_log_level;
-  wo.log_format = options.worker_log_format;
-  wo.busy_poll = absl::Microseconds(busy_poll_us);
-  wo.ring_bytes = options.worker_shared_memory ? wo.ring_bytes : 0;
-  wo.stream_turns = options.stream_turns;
-  if (options.worker_read_thread == "on" || options.worker_read_thread == "off") {
-    wo.read_thread = options.worker_read_thread == "on";
-  } else if (options.worker_read_thread.empty() || options.worker_read_thread == "auto") {
-    wo.read_thread = cores >= 8;
-  } else {
-    return absl::InvalidArgumentError(
-        "--worker_read_thread must be auto, on or off (the value given is none of them)");
-  }
   GPUEXEC_ASSIGN_OR_RETURN(const rpc::MpsMode mps_mode, rpc::ParseMpsMode(options.mps));
   GPUEXEC_ASSIGN_OR_RETURN(impl->default_share, rpc::ParseShareFlag(options.default_compute_share));
   if (!impl->default_share.empty() && options.tenants_file.empty()) {
@@ -411,7 +198,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // Workers inherit the environment: with an MPS control daemon serving the
   // host they are its clients.
   std::optional<std::string> mps_pipes =
-      mps_mode == rpc::MpsMode::kOff ? std::nullopt : MpsControlPipes();
+      mps_mode == rpc::MpsMode::kOff ? std::nullopt : rpc::MpsControlPipes();
   std::vector<std::string> mps_environment;
   if (mps_mode == rpc::MpsMode::kOwn) {
     GPUEXEC_ASSIGN_OR_RETURN(impl->mps_control, rpc::MpsControl::Start(options.mps_control));
@@ -421,11 +208,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (mps_mode == rpc::MpsMode::kExternal && !mps_pipes.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--mps=external, but no MPS control daemon serves ", MpsPipeDirectory(),
+        "--mps=external, but no MPS control daemon serves ", rpc::MpsPipeDirectory(),
         " (no control pipe there); start one (nvidia-cuda-mps-control -d, with the same "
         "CUDA_MPS_PIPE_DIRECTORY as the daemon's) or run with --mps=off"));
   }
-  if (mps_mode == rpc::MpsMode::kOff && MpsControlPipes().has_value()) {
+  if (mps_mode == rpc::MpsMode::kOff && rpc::MpsControlPipes().has_value()) {
     // The workers would find the control daemon by themselves.
     mps_environment = {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off"};
   }
@@ -436,7 +223,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (impl->mps_control != nullptr) {
     mps_serving = [control = impl->mps_control.get()] { return control->Serving(); };
   } else if (mps_pipes.has_value()) {
-    mps_serving = [] { return MpsControlPipes().has_value(); };
+    mps_serving = [] { return rpc::MpsControlPipes().has_value(); };
   }
   wo.environment = mps_environment;
   // With one worker a device, that worker holds each tenant to its share
@@ -500,54 +287,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       static_cast<int>(std::max<uint32_t>(2, rpc_threads)));
   impl->service->SetDrainDeadline(options.drain_deadline);
   impl->drain_deadline = options.drain_deadline;
-  impl->service->SetCompiler(nullptr,
-                             "it was started without compiling (gpuexecd --compile=false)");
-  if (options.compile) {
-    absl::Status simulator_without_nvrtc;
-    compile::CompileServiceOptions co;
-    co.compiler.program =
-        options.worker_program.empty() ? "/proc/self/exe" : options.worker_program;
-    if (!options.nvrtc.empty()) {
-      co.compiler.nvrtc = {options.nvrtc};
-    } else if (options.simulator) {
-      // The simulator compiles with its NVRTC double: source whose kernels
-      // the simulated devices model (the examples') runs without a toolkit.
-      // Without it, compiles are off (a real NVRTC's cubins would not run
-      // on the simulated devices).
-      absl::StatusOr<std::string> nvrtc = SimulatorLibrary(options.worker_program, kSimulatorNvrtc);
-      if (nvrtc.ok()) co.compiler.nvrtc = {*nvrtc};
-      simulator_without_nvrtc = nvrtc.status();
-    }
-    // The warm compile process warms NVRTC up for the first device's
-    // architecture (zygote.h).
-    for (const core::ShareDevice& d : impl->engine->ShareDevices()) {
-      if (d.cc_major > 0) {
-        co.compiler.warm_up_arch = d.cc_major * 10 + d.cc_minor;
-        break;
-      }
-    }
-    co.compiler.limits.memory_bytes = options.compile_memory_bytes;
-    co.compiler.limits.cpu_seconds = std::max<uint32_t>(1, options.compile_cpu_s);
-    co.compiler.warm = options.warm_compiles;
-    co.compiler.time_limit = absl::Seconds(std::max<uint32_t>(1, options.compile_time_limit_s));
-    co.compiler.max_running = static_cast<int>(std::max<uint32_t>(1, options.max_compiles));
-    co.max_per_tenant = static_cast<int>(std::max<uint32_t>(1, options.max_compiles_per_tenant));
-    co.share_across_tenants = options.share_compiles_across_tenants;
-    absl::StatusOr<std::unique_ptr<compile::CompileService>> compiles =
-        simulator_without_nvrtc.ok() ? compile::CompileService::Start(co) : simulator_without_nvrtc;
-    if (compiles.ok()) {
-      impl->compiles = *std::move(compiles);
-      const compile::Compiler& c = impl->compiles->compiler();
-      log::Info("kernels from source: NVRTC ", c.nvrtc_version(), " (", c.nvrtc_path(), "), ",
-                co.compiler.max_running, " compile(s) at once, ",
-                "the file system shut by Landlock, ", c.starter().mode(),
-                co.share_across_tenants ? ", one cache for every tenant" : ", a cache per tenant");
-      impl->service->SetCompiler(impl->compiles.get(), "");
-    } else {
-      log::Warning("kernels from source are off: ", compiles.status().message());
-      impl->service->SetCompiler(nullptr, std::string(compiles.status().message()));
-    }
-  }
+  rpc::Compiles compiles = rpc::StartCompiles(options, impl->engine->ShareDevices());
+  impl->compiles = std::move(compiles.service);
+  impl->service->SetCompiler(impl->compiles.get(), compiles.off);
   rpc::AddEngineCollector(&impl->registry, impl->engine.get(), impl->identity.get());
   rpc::AddStandardMetrics(&impl->registry, options, impl->compiles.get(),
                           reinterpret_cast<uintptr_t>(impl.get()));
@@ -591,7 +333,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(64 << 20);
-  const rpc::FrontLimits front = rpc::ResolveFrontLimits(options.front, HostMemoryBytes());
+  const rpc::FrontLimits front = rpc::ResolveFrontLimits(options.front, rpc::HostMemoryBytes());
   rpc::ApplyFrontLimits(front, &builder);
   impl->health.SetWatchLimits(static_cast<int>(options.health_max_watches),
                               static_cast<int>(options.health_max_watches_per_peer));
@@ -696,56 +438,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->health.SetServingStatus("liveness", true);
   Impl* raw = impl.get();
   impl->engine->SetHealthListener([raw] { raw->UpdateHealth(); });
-  std::vector<std::string> addresses;
-  if (!options.listen_address.empty()) {
-    addresses.push_back(absl::StrCat(
-        options.listen_address.substr(0, options.listen_address.rfind(':')), ":", impl->port));
-  }
-  if (!options.unix_socket.empty()) addresses.push_back(absl::StrCat("unix:", options.unix_socket));
-  log::Info("gpuexecd: ", options.tls_cert.empty() ? "plain TCP" : "TLS",
-            options.tls_client_ca.empty() ? "" : " with client certificates", "; ",
-            options.tenants_file.empty() ? std::string("no tenants file (one tenant)")
-                                         : absl::StrCat("tenants from ", options.tenants_file),
-            options.allow_unauthenticated ? "; --allow_unauthenticated" : "");
-  if (mps_pipes.has_value()) {
-    log::Info("gpuexecd: an MPS control daemon serves this host (", *mps_pipes,
-              "): the workers are its clients, and kernels of different tenants' workers run "
-              "side by side; a fatal fault of one client's kernel reaches every client of that "
-              "GPU: the daemon then has the device's other workers checked and restarts those "
-              "it reached, and charges a fault only where one tenant's kernels alone were in "
-              "flight");
-  } else if (eo.isolation == core::EngineOptions::Isolation::kTenant) {
-    log::Info("gpuexecd: no MPS control daemon (", MpsPipeDirectory(),
-              "): tenants' workers take turns on each GPU (time-sliced)");
-  }
-  log::Info("gpuexecd: isolation ",
-            eo.isolation == core::EngineOptions::Isolation::kTenant
-                ? absl::StrCat("by tenant: each tenant's sessions on a device have a worker "
-                               "process of their own (at most ",
-                               eo.max_workers_per_device, " per device, ended ",
-                               absl::ToInt64Seconds(eo.worker_idle), " s after their last session)")
-                : std::string("by device: one worker process per device for every session"),
-            "; chosen by ", isolation.why);
-  if (!isolation.warning.empty()) log::Warning("gpuexecd: ", isolation.warning);
-  log::Info("gpuexecd: ", rpc::DescribeFrontLimits(front), "; health watches ",
-            options.health_max_watches, " (", options.health_max_watches_per_peer,
-            " per peer); Unix-socket connections ", options.unix_max_connections, " (",
-            options.unix_max_connections_per_uid, " per uid)");
-  log::Info(
-      "gpuexecd: ", rpc_threads, " gRPC thread", rpc_threads == 1 ? "" : "s", "; busy polling ",
-      busy_poll_us == 0 ? std::string("off") : absl::StrCat(busy_poll_us, " us after each message"),
-      "; workers reached through ",
-      options.worker_shared_memory ? "shared memory" : "their sockets",
-      wo.read_thread ? ", reading on a thread of their own while busy" : "");
-  log::Info(
-      "gpuexecd serving gpuexec.v1 on ", absl::StrJoin(addresses, " and "), " with ",
-      impl->engine->device_count(), options.simulator ? " simulated" : "", " device(s); health ",
-      impl->engine->AnyDeviceHealthy() ? "SERVING" : "NOT_SERVING",
-      impl->metrics_http == nullptr
-          ? ""
-          : absl::StrCat("; metrics on ",
-                         options.metrics_address.substr(0, options.metrics_address.rfind(':')), ":",
-                         impl->metrics_http->port(), "/metrics"));
+  rpc::ServingFacts facts;
+  facts.port = impl->port;
+  facts.metrics_port = impl->metrics_http == nullptr ? 0 : impl->metrics_http->port();
+  facts.device_count = impl->engine->device_count();
+  facts.healthy = impl->engine->AnyDeviceHealthy();
+  facts.mps_pipes = mps_pipes;
+  facts.engine = &eo;
+  facts.isolation = &isolation;
+  facts.front = &front;
+  facts.rpc_threads = rpc_threads;
+  facts.busy_poll_us = busy_poll_us;
+  facts.read_thread = wo.read_thread;
+  rpc::LogServing(options, facts);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
