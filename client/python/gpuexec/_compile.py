@@ -31,7 +31,7 @@ from .v1 import gpuexec_pb2 as pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._aio_objects import AsyncFunction, AsyncModule
-    from ._client import Session
+    from ._session import Session
 
 DEFAULT_SOURCE_NAME = "kernel.cu"
 # The longest a compile call waits for its answer, in seconds: well past
@@ -293,7 +293,7 @@ class RawKernel:
         entry = None if cache is None else cache.get(self)
         if entry is not None:
             return entry
-        from ._client import Session  # pylint: disable=import-outside-toplevel  (a cycle)
+        from ._session import Session  # pylint: disable=import-outside-toplevel  (a cycle)
         if not isinstance(session, Session):
             aio = type(session).__name__ == "AsyncSession"
             raise client_error(

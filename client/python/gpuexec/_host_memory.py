@@ -46,7 +46,7 @@ from ._errors import Error, client_error
 from .v1 import gpuexec_pb2 as pb
 
 if TYPE_CHECKING:
-    from ._client import Session
+    from ._session import Session
 
 # The protocol's granule: a region's size is a multiple of it.
 REGION_GRANULE = 4096
