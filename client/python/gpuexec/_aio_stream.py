@@ -32,8 +32,9 @@ import grpc
 import grpc.aio
 
 from . import _wire
-from ._commands import MAX_COMMANDS_PER_MESSAGE, MAX_MESSAGE_BYTES, MAX_QUEUED, METHOD
+from ._commands import MAX_COMMANDS_PER_MESSAGE, MAX_MESSAGE_BYTES, MAX_QUEUED
 from ._errors import Error, naming_daemon, short_token
+from ._execute_call import METHOD
 from .v1 import gpuexec_pb2 as pb
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence, Set, Tuple
 
 import grpc
 
-from . import _commands, _connect
+from . import _connect, _execute_call
 from ._channel import Recipe
 from ._errors import Error, client_error, from_rpc_error
 from ._session import Session
@@ -170,7 +170,7 @@ class Client:
         # Sessions' Execute calls; the open ones are ended before the
         # channel closes (grpcio's close waits for calls polled by their
         # callers, which nobody would poll then).
-        self._open_execute, self.command_stream = _commands.opener(channel, _plain_channel,
+        self._open_execute, self.command_stream = _execute_call.opener(channel, _plain_channel,
                                                                    _metadata)
         self._streams_lock = threading.Lock()
         self._streams: Set[Any] = set()

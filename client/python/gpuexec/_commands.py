@@ -20,39 +20,24 @@ one open Execute call, as the C++ client sends them.
   CUDA reports asynchronous errors. A stream that breaks fails the commands
   waiting on it with its status; the next command opens a new one.
 
-The caller-polled call needs grpcio's core call object (grpc._cython),
-which its public API does not promise; where it is missing, changed, or the
-client's channel has interceptors of its own, the stream runs on the public
-API instead (the same behaviour, a thread hop each way). GPUEXEC_COMMAND_STREAM=
-iterator forces that.
+The Execute call itself, on grpcio's core or its public API: _execute_call.py.
 """
 
 from __future__ import annotations
 
-import collections
-import os
-import queue
 import threading
-from typing import (TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Optional,
-                    Sequence, Tuple, Union)
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import grpc
 
 from . import _wire
 from ._errors import Error, naming_daemon
+from ._execute_call import CODES, INITIAL, RECV, SEND, STATUS, Call
 from .v1 import gpuexec_pb2 as pb
 
 if TYPE_CHECKING:
     from ._client import Client
 
-try:
-    from grpc import _channel as _grpc_channel
-    from grpc._cython import cygrpc as _cygrpc
-except ImportError:  # pragma: no cover - grpcio without its Cython core
-    _grpc_channel = _cygrpc = None
-
-METHOD = "/gpuexec.v1.GpuExec/Execute"
-ENV_TRANSPORT = "GPUEXEC_COMMAND_STREAM"
 # Commands in one message (the daemon takes at most 4096; the C++ client
 # sends at most 1024), and bytes: a launch's parameters are at most 32 KiB.
 # While the caller keeps queueing, the pump waits for the interpreter lock
@@ -69,222 +54,13 @@ MAX_QUEUED = 8192
 # another).
 PUMP_IDLE_S = 1.0
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
-_SEND, _RECV, _SEND_RECV = "send", "recv", "sendrecv"
-_STATUS, _INITIAL = "status", "initial"
-# A call's event: (tag, ok, payload): a message's bytes (or None) for a
-# receive, (code, details) for the status.
-Event = Tuple[str, bool, Any]
 # A command's answer: its gpuexec.v1.CommandResult, or the Error that ended
 # its wait.
 Answer = Any
 
 
 def _error_of(result: Any) -> Error:
-    return Error(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
-
-
-def _text(details: Union[str, bytes, None]) -> str:
-    if isinstance(details, bytes):
-        return details.decode("utf-8", "replace")
-    return details or ""
-
-
-class _CoreCall:
-    """The Execute call on grpcio's core: a call with a completion queue of
-    its own, polled by whichever thread of the stream needs its next event."""
-
-    def __init__(self, channel: Any, metadata: Optional[Tuple[Tuple[str, str], ...]]) -> None:
-        c = _cygrpc
-        operations = (
-            ((c.SendInitialMetadataOperation(metadata, 0),
-              c.ReceiveStatusOnClientOperation(0)), _STATUS),
-            ((c.ReceiveInitialMetadataOperation(0),), _INITIAL),
-        )
-        args = (c.PropagationConstants.GRPC_PROPAGATE_DEFAULTS, METHOD.encode(), None, None,
-                metadata, None, operations)
-        context = c.build_census_context() if hasattr(c, "build_census_context") else None
-        try:
-            self._call = channel.segregated_call(*args, context)
-        except TypeError:  # grpcio 1.60 and later: a registered-method handle too
-            self._call = channel.segregated_call(*args, context, None)
-        self.due = 2  # events to come; kept by the stream, under its lock
-        self.ended = False  # its status came, or a send failed
-        self.why: Optional[Error] = None  # the Error it ended with
-        self.receiving = False  # a receive is asked for
-
-    def send(self, data: bytes) -> bool:
-        return self._call.operate((_cygrpc.SendMessageOperation(data, 0),), _SEND)
-
-    def receive(self) -> bool:
-        return self._call.operate((_cygrpc.ReceiveMessageOperation(0),), _RECV)
-
-    def send_receive(self, data: bytes) -> bool:
-        """A send and a receive as one batch: one event when both are done."""
-        return self._call.operate((_cygrpc.SendMessageOperation(data, 0),
-                                   _cygrpc.ReceiveMessageOperation(0)), _SEND_RECV)
-
-    def next_event(self) -> Event:
-        """Blocks for the next event: (tag, ok, payload)."""
-        event = self._call.next_event()
-        tag = event.tag
-        if tag == _RECV or tag == _SEND_RECV:
-            message = None
-            if event.success:
-                for op in event.batch_operations:
-                    if op.type() == _cygrpc.OperationType.receive_message:
-                        message = op.message()
-            return tag, event.success, message
-        if tag == _STATUS:
-            for op in event.batch_operations:
-                if op.type() == _cygrpc.OperationType.receive_status_on_client:
-                    return tag, True, (_CODES.get(op.code(), grpc.StatusCode.UNKNOWN),
-                                       _text(op.details()))
-            return tag, False, (grpc.StatusCode.UNKNOWN, "")
-        return tag, event.success, None
-
-    def cancel(self, details: str) -> None:
-        self._call.cancel(_cygrpc.StatusCode.cancelled, details)
-
-    def alive(self) -> bool:
-        """Whether the call still has events to give: grpcio (1.60 and
-        later) tears a call down when a signal interrupts a wait for one."""
-        try:
-            # Initial metadata is received once: a second request is refused
-            # by the core while the call lives, and not made once it is done.
-            started = self._call.operate((_cygrpc.ReceiveInitialMetadataOperation(0),),
-                                         _INITIAL)
-        except ValueError:
-            return True
-        if started:  # taken after all: one more event to come
-            self.due += 1
-            return True
-        return False
-
-
-class _IteratorCall:
-    """The same call on grpcio's public API: messages go through a request
-    iterator that grpcio consumes on a thread of its own; answers are read
-    as they come by a thread of this class's and given out one per
-    receive(). Events are the same as _CoreCall's."""
-
-    def __init__(self, multicallable: Any) -> None:
-        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._outgoing: queue.SimpleQueue[Optional[bytes]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._inbox: Deque[bytes] = collections.deque()  # answers read, not yet asked for
-        self._wanted = 0  # receives asked for, not yet given
-        self._sending = False  # a message handed over, its event not yet given
-        self._over = False  # the call ended: nothing more is sent or read
-        self.due = 1
-        self.ended = False
-        self.why: Optional[Error] = None
-        self.receiving = False
-        self.send_receive: Optional[Callable[[bytes], bool]] = None  # no batches of two here
-        self._responses = multicallable(self._requests())
-        threading.Thread(target=self._read, name="gpuexec-execute-reader", daemon=True).start()
-
-    def _requests(self) -> Iterator[bytes]:
-        while True:
-            data = self._outgoing.get()
-            if data is None:
-                return
-            yield data
-            # grpcio asks for the next message once this one is sent.
-            with self._lock:
-                if self._sending:
-                    self._sending = False
-                    self._events.put((_SEND, True, None))
-
-    def _give_locked(self) -> None:
-        while self._wanted and (self._inbox or self._over):
-            self._wanted -= 1
-            if self._inbox:
-                self._events.put((_RECV, True, self._inbox.popleft()))
-            else:
-                self._events.put((_RECV, False, None))
-
-    def _read(self) -> None:
-        code, details = grpc.StatusCode.OK, ""
-        try:
-            for message in self._responses:
-                with self._lock:
-                    self._inbox.append(message)
-                    self._give_locked()
-        except grpc.RpcError as e:
-            code = e.code() or grpc.StatusCode.UNKNOWN
-            details = e.details() or ""
-        with self._lock:
-            self._over = True
-            self._give_locked()
-            if self._sending:
-                self._sending = False
-                self._events.put((_SEND, False, None))
-        self._outgoing.put(None)
-        self._events.put((_STATUS, True, (code, _text(details))))
-
-    def send(self, data: bytes) -> bool:
-        with self._lock:
-            if self._over:
-                return False
-            self._sending = True
-        self._outgoing.put(data)
-        return True
-
-    def receive(self) -> bool:
-        with self._lock:
-            if self._over and not self._inbox:
-                return False
-            self._wanted += 1
-            self._give_locked()
-        return True
-
-    def next_event(self) -> Event:
-        return self._events.get()
-
-    def cancel(self, details: str) -> None:
-        self._responses.cancel()
-
-    def alive(self) -> bool:
-        return True
-
-
-# One Execute call, either way.
-_Call = Union[_CoreCall, _IteratorCall]
-
-
-def _core_channel(channel: Any) -> Any:
-    """The cygrpc channel under a plain grpc channel, or None."""
-    if _cygrpc is None or _grpc_channel is None:
-        return None
-    if not isinstance(channel, getattr(_grpc_channel, "Channel", ())):
-        return None
-    core = getattr(channel, "_channel", None)
-    needed = ("SendInitialMetadataOperation", "ReceiveStatusOnClientOperation",
-              "ReceiveInitialMetadataOperation", "SendMessageOperation",
-              "ReceiveMessageOperation", "OperationType", "PropagationConstants", "StatusCode")
-    if (core is None or not hasattr(core, "segregated_call")
-            or not all(hasattr(_cygrpc, n) for n in needed)):
-        return None
-    return core
-
-
-def opener(channel: Any, plain_channel: Any = None,
-           metadata: Optional[Sequence[Tuple[str, str]]] = None
-           ) -> Tuple[Callable[[], _Call], str]:
-    """How a client's command streams open their Execute calls: on grpcio's
-    core when ``plain_channel`` (``channel`` without the client's own
-    interceptor, whose ``metadata`` is then sent here) or ``channel`` is a
-    plain grpc channel; else on the public API of ``channel``. Returns
-    (open, name)."""
-    if os.environ.get(ENV_TRANSPORT, "") != "iterator":
-        core = _core_channel(plain_channel if plain_channel is not None else channel)
-        if core is not None:
-            md = tuple(metadata) if plain_channel is not None and metadata else None
-            return (lambda: _CoreCall(core, md)), "core"
-    multicallable = channel.stream_stream(METHOD, request_serializer=None,
-                                          response_deserializer=None)
-    return (lambda: _IteratorCall(multicallable)), "iterator"
+    return Error(CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
 
 
 class Later:
@@ -319,7 +95,7 @@ class CommandStream:
         self._client = client
         self._token = token
         self._cond = threading.Condition(threading.Lock())
-        self._call: Optional[_Call] = None  # the current call
+        self._call: Optional[Call] = None  # the current call
         self._first = True  # the next message opens the call (names the session)
         self._pending: List[bytes] = []  # commands (ExecuteRequest fields) not yet sent
         self._next_id = 1
@@ -463,7 +239,7 @@ class CommandStream:
             self._sending = False
             self._client._stream_opened(self)
 
-    def _drain_locked(self, call: Optional[_Call]) -> None:
+    def _drain_locked(self, call: Optional[Call]) -> None:
         """Polls ``call`` (or waits for the thread polling it) until it has
         given all its events."""
         while call is not None and self._call is call:
@@ -529,7 +305,7 @@ class CommandStream:
             call.ended = True
             self._wake_pump_locked()
 
-    def _receive_locked(self, call: _Call) -> None:
+    def _receive_locked(self, call: Call) -> None:
         if not call.receiving and not call.ended and call.receive():
             call.due += 1
             call.receiving = True
@@ -548,7 +324,7 @@ class CommandStream:
             else:
                 self._poll_locked(call)
 
-    def _poll_locked(self, call: _Call) -> None:
+    def _poll_locked(self, call: Call) -> None:
         """Takes and handles one event of ``call`` (called holding the lock,
         which is let go while waiting)."""
         self._polling = True
@@ -564,16 +340,16 @@ class CommandStream:
             raise
         self._polling = False
         call.due -= 1
-        if tag == _STATUS:
+        if tag == STATUS:
             code, details = payload
             self._break_locked(call, code, details)
-        elif tag != _INITIAL:
-            sent = tag != _RECV  # a send's event (or a send and a receive's)
+        elif tag != INITIAL:
+            sent = tag != RECV  # a send's event (or a send and a receive's)
             if sent:
                 self._sending = False
                 if not ok:
                     call.ended = True
-            if tag != _SEND:
+            if tag != SEND:
                 call.receiving = False
                 if payload is not None:
                     self._answers_locked(call, payload)
@@ -588,7 +364,7 @@ class CommandStream:
             self._retire_locked(call)
         self._cond.notify_all()
 
-    def _answers_locked(self, call: _Call, message: bytes) -> None:
+    def _answers_locked(self, call: Call, message: bytes) -> None:
         try:
             response = pb.ExecuteResponse.FromString(message)
         except Exception:  # pylint: disable=broad-except
@@ -603,7 +379,7 @@ class CommandStream:
             elif r.code != 0 and self._deferred is None:
                 self._deferred = _error_of(r)
 
-    def _break_locked(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
+    def _break_locked(self, call: Call, code: grpc.StatusCode, details: str) -> None:
         call.ended = True
         if self._closing:
             why = Error(grpc.StatusCode.CANCELLED,
@@ -630,7 +406,7 @@ class CommandStream:
             self._ordered_through = self._last_unwaited
         self._pending.clear()
 
-    def _retire_locked(self, call: _Call) -> None:
+    def _retire_locked(self, call: Call) -> None:
         if self._call is call:
             self._call = None
             self._sending = False
@@ -638,7 +414,7 @@ class CommandStream:
             self._client._stream_closed(self)
         self._cond.notify_all()
 
-    def _interrupted_locked(self, call: _Call) -> None:
+    def _interrupted_locked(self, call: Call) -> None:
         """A signal's exception interrupted a wait for ``call``'s next event."""
         try:
             call.cancel("gpuexec client: interrupted")

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 import gpuexec
-from gpuexec import _commands
+from gpuexec import _execute_call
 
 
 @pytest.fixture(params=["core", "iterator"])
 def transport(request, monkeypatch):
     if request.param == "iterator":
-        monkeypatch.setenv(_commands.ENV_TRANSPORT, "iterator")
+        monkeypatch.setenv(_execute_call.ENV_TRANSPORT, "iterator")
     else:
-        monkeypatch.delenv(_commands.ENV_TRANSPORT, raising=False)
+        monkeypatch.delenv(_execute_call.ENV_TRANSPORT, raising=False)
     return request.param
 
 
@@ -46,7 +46,7 @@ class _NoopInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClient
 
 
 def test_a_channel_with_interceptors_of_its_own_uses_the_public_api(daemon, monkeypatch):
-    monkeypatch.delenv(_commands.ENV_TRANSPORT, raising=False)
+    monkeypatch.delenv(_execute_call.ENV_TRANSPORT, raising=False)
     with gpuexec.connect(daemon.target) as c:
         assert c.command_stream == "core"
     channel = grpc.intercept_channel(grpc.insecure_channel(daemon.target), _NoopInterceptor())
