@@ -202,8 +202,9 @@ class Device {
   void UnmapRegion(StreamId stream, RegionId region, Done done);
 
   // Loads the image unless this device holds it already (one driver load
-  // per image per device, whoever asks).
-  void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Done done);
+  // per image per device, whoever asks); `done` says whether this call
+  // loaded it (false: it was loaded already).
+  void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Callback<bool> done);
   // Unloads an image (no session may hold it: its kernels go with it).
   void UnloadModule(std::string sha256);
   // Resolves a kernel of a module this device loaded (loading it if

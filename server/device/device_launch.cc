@@ -33,11 +33,15 @@ absl::StatusOr<Device::LoadedModule*> Device::EnsureModule(
   return raw;
 }
 
-void Device::LoadModule(std::shared_ptr<const ModuleImage> image, std::string what, Done done) {
+void Device::LoadModule(std::shared_ptr<const ModuleImage> image, std::string what,
+                        Callback<bool> done) {
   GPUEXEC_ON_EXECUTOR({
     absl::Status u = Usable();
     if (!u.ok()) return done(u);
-    done(EnsureModule(image, what).status());
+    const uint64_t before = module_loads_total_.load(std::memory_order_relaxed);
+    absl::Status st = EnsureModule(image, what).status();
+    if (!st.ok()) return done(st);
+    done(module_loads_total_.load(std::memory_order_relaxed) != before);
   });
 }
 

@@ -296,20 +296,22 @@ void Worker::Handle(Request& r) {
       image->sha256 = lm->sha256();
       image->bytes = std::move(*lm->mutable_image());
       image->is_ptx = lm->is_ptx();
-      const uint64_t before = dev_->module_loads_total();
-      dev_->LoadModule(image, lm->what(), [this, id, sha = image->sha256, before](absl::Status st) {
-        {
-          absl::MutexLock lock(&mu_);
-          if (st.ok()) {
-            module_errors_.erase(sha);
-          } else {
-            module_errors_[sha] = st;
-          }
-        }
-        if (!st.ok()) return Reply(id, st);
-        // 1 when the driver loaded it now, 0 when it was loaded already.
-        ReplyValue(id, dev_->module_loads_total() - before);
-      });
+      dev_->LoadModule(image, lm->what(),
+                       [this, id, sha = image->sha256](absl::StatusOr<bool> loaded) {
+                         {
+                           absl::MutexLock lock(&mu_);
+                           if (loaded.ok()) {
+                             module_errors_.erase(sha);
+                           } else {
+                             module_errors_[sha] = loaded.status();
+                           }
+                         }
+                         if (!loaded.ok()) return Reply(id, loaded.status());
+                         // 1 when the driver loaded it now, 0 when it was
+                         // loaded already (by this request alone, however
+                         // many were read ahead of the executor).
+                         ReplyValue(id, *loaded ? 1 : 0);
+                       });
       return;
     }
     case Request::kUnloadModule:

@@ -155,13 +155,18 @@ TEST_F(DeviceTest, OneDriverLoadPerImage) {
   auto image = Image("GXFAKE1\ngx_saxpy\n");
   const uint64_t before = device_->module_loads_total();
   for (int i = 0; i < 3; ++i) {
-    EXPECT_TRUE(AwaitDone([&](Done d) { device_->LoadModule(image, "module m", d); }).ok());
+    // Only the first call loads it, and says so.
+    auto loaded = Await<bool>(
+        [&](Callback<bool> d) { device_->LoadModule(image, "module m", std::move(d)); });
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(*loaded, i == 0);
   }
   EXPECT_EQ(device_->module_loads_total(), before + 1);
-  auto bad =
-      AwaitDone([&](Done d) { device_->LoadModule(Image("not an image"), "module bad", d); });
-  EXPECT_EQ(bad.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(bad.message()), HasSubstr("module bad"));
+  auto bad = Await<bool>([&](Callback<bool> d) {
+    device_->LoadModule(Image("not an image"), "module bad", std::move(d));
+  });
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("module bad"));
   EXPECT_TRUE(device_->healthy());
 }
 
