@@ -70,7 +70,8 @@ cp client/python/examples/saxpy.py client/python/examples/triton/run_triton_kern
 cp client/python/examples/triton/programs.py "$OUT/triton_programs.py"
 cp bench/triton_launch_bench.py "$OUT/"
 find "$OUT" -name __pycache__ -prune -exec rm -rf {} +
-cp scripts/run-gpu-tests.sh scripts/soak.py scripts/device_memory_probe.py "$OUT/"
+cp scripts/run-gpu-tests.sh scripts/soak.py scripts/soak_client.py scripts/soak_proc.py \
+  scripts/device_memory_probe.py "$OUT/"
 # The benchmark's Python rows: its script beside it (it finds the package
 # in python/).
 cp bench/python_bench.py "$OUT/bin/"
