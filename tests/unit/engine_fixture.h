@@ -1,7 +1,7 @@
 #ifndef GPUEXEC_TESTS_UNIT_ENGINE_FIXTURE_H_
 #define GPUEXEC_TESTS_UNIT_ENGINE_FIXTURE_H_
 
-// The fixture of the core's tests (engine_test.cc, engine_graphs_test.cc):
+// The fixture of the core's tests (engine_*test.cc):
 // an Engine over a device port of the test's own (tests/support/fake_port.h),
 // with no worker process and no driver, and the calls the tests make.
 #include <fcntl.h>
@@ -41,7 +41,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-absl::Status AwaitDone(const std::function<void(Done)>& call) {
+}  // namespace
+
+inline absl::Status AwaitDone(const std::function<void(Done)>& call) {
   return Await<bool>([&](Callback<bool> cb) {
            call([cb](absl::Status st) {
              if (st.ok()) {
@@ -60,7 +62,7 @@ absl::Status AwaitDone(const std::function<void(Done)>& call) {
 // "GXFAKE1\nk_big\n").
 // k_fault(u64) and `k\\` (a name that ends in a backslash, which messages
 // escape to two): fault.
-constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\nk_hold\nk\\\n";
+inline constexpr char kImage[] = "GXFAKE1\nk_fill\nk_fault\nk_hold\nk\\\n";
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -213,7 +215,6 @@ class EngineTest : public ::testing::Test {
   absl::Notification release_;
 };
 
-}  // namespace
 }  // namespace gpuexec::core
 
 #endif  // GPUEXEC_TESTS_UNIT_ENGINE_FIXTURE_H_
