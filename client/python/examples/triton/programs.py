@@ -29,7 +29,9 @@ class _NoTorch(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path=None, target=None):
         if name == "torch" or name.startswith("torch."):
-            TORCH_IMPORTS.append((name, "".join(traceback.format_stack(limit=8)[:-1])))
+            frames = traceback.extract_stack()[:-1]
+            TORCH_IMPORTS.append((name, [f.filename for f in frames],
+                                  "".join(traceback.format_list(frames[-8:]))))
             raise ImportError(f"{name} is blocked in this run")
         return None
 
@@ -352,11 +354,15 @@ def main():
                 failed.append(name)
     if args.no_torch:
         # Triton's own argument specializer tries torch once (and goes on
-        # without it); an attempt from gpuexec's code would be a failure.
-        ours = [(n, w) for n, w in TORCH_IMPORTS if "gpuexec" in w]
-        print(f"torch imports attempted: {len(TORCH_IMPORTS)} ({len(ours)} from gpuexec); "
-              f"torch in sys.modules: {'torch' in sys.modules}")
-        for name, where in TORCH_IMPORTS[:2]:
+        # without it); an attempt from the gpuexec package's code (a frame
+        # in its directory, whatever the directory of this script) would be
+        # a failure.
+        package = os.path.dirname(os.path.abspath(gpuexec.__file__)) + os.sep
+        ours = [n for n, files, _ in TORCH_IMPORTS
+                if any(os.path.abspath(f).startswith(package) for f in files)]
+        print(f"torch imports attempted: {len(TORCH_IMPORTS)} ({len(ours)} from the gpuexec "
+              f"package, {package}); torch in sys.modules: {'torch' in sys.modules}")
+        for name, _, where in TORCH_IMPORTS[:2]:
             print(f"  {name} from:\n{where}")
         mapped = _libcuda_mapped()
         print(f"libcuda mapped in this process: {mapped or 'none'}")
