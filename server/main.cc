@@ -229,7 +229,9 @@ ABSL_FLAG(
     "own while launches come faster than its device's thread makes them (it holds 16 or "
     "more), so that thread spends its time in the driver's calls; the reading thread "
     "sleeps once nothing came and nothing ran for 200 us. off: the device's thread reads every "
-    "request itself. auto: on where the daemon may use 8 or more cores, else off.");
+    "request itself (the default: on an H100 the read thread left the device's thread as "
+    "busy and raised no launch rate). auto: on where the daemon may use 8 or more cores, "
+    "else off.");
 ABSL_FLAG(bool, worker_shared_memory, true,
           "Requests and replies between the daemon and its device workers travel through "
           "shared-memory rings, polled while busy (false: through the workers' sockets, "
