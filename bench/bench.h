@@ -183,6 +183,10 @@ struct NativeFigures {
 };
 
 NativeFigures RunNative(const Plan& plan, const std::string& driver_lib, const std::string& cubin);
+// --device_only (device_layer.cc): async launches through a device::Device
+// in this process against the same launches straight to the driver, with
+// the device thread's CPU per launch.
+void RunDeviceLayer(const Plan& plan, const std::string& driver_lib, const std::string& cubin);
 // --green_only (green.cc): green contexts on the driver in this process, a
 // part of `part_sms` SMs beside a neighbour of `neighbour_us` kernels.
 void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::string& cubin,

@@ -95,6 +95,9 @@ ABSL_FLAG(bool, read_thread_ab, false,
           "only the worker's read thread off and on (gpuexecd --worker_read_thread), a daemon "
           "each, in turn for three rounds: launch + synchronize and async launches through a "
           "command ring, timed and untimed, beside native in the same run");
+ABSL_FLAG(bool, device_only, false,
+          "only the device layer: async launches through a device::Device in this process "
+          "against the same launches straight to the driver, with its thread's CPU a launch");
 ABSL_FLAG(bool, native_only, false,
           "the native section only: the driver in this process, no daemon (what each piece of a "
           "launch costs)");
@@ -200,6 +203,12 @@ int Main() {
     return RunCompile(plan, quick, daemon, driver, absl::GetFlag(FLAGS_nvrtc));
   }
   if (absl::GetFlag(FLAGS_tls_only)) return RunTlsOnly(plan, daemon, driver, cubin);
+  if (absl::GetFlag(FLAGS_device_only)) {
+    std::printf("gpuexec_bench%s: the device layer only, driver %s\n",
+                quick ? " (quick: not a measurement)" : "", driver.c_str());
+    RunDeviceLayer(plan, driver, cubin);
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_native_only)) {
     std::printf("gpuexec_bench%s: the native section only, driver %s\n",
                 quick ? " (quick: not a measurement)" : "", driver.c_str());

@@ -24,6 +24,9 @@ run() {  # run NAME CMD...: tee to a log, remember failures
 # Green contexts on the driver itself: a part of 16 SMs beside a neighbour
 # on the rest (the facts the shared worker's compute shares rest on).
 run green_contexts "$(ls "$HERE"/bin/*bench* | head -1)" --green_only=16 --neighbour_kernel_us=1000
+# The device layer alone: what a worker's own work adds to each async
+# launch, against the driver's launches in the same process.
+run device_layer "$(ls "$HERE"/bin/*bench* | head -1)" --device_only
 # Kernels from source on the toolkit's NVRTC (GPUEXEC_TEST_NVRTC, or the
 # first found): the service's tests, and CompileModule against NVRTC in
 # this process.
