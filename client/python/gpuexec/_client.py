@@ -255,5 +255,3 @@ class Client:
         self._check_version(self.target, response.daemon_version)
         return Session(self, response)
 
-
-__all__ = ["Client", "Device", "Session", "devices_of", "open_client"]

@@ -354,12 +354,18 @@ def main():
                 failed.append(name)
     if args.no_torch:
         # Triton's own argument specializer tries torch once (and goes on
-        # without it); an attempt from the gpuexec package's code (a frame
-        # in its directory, whatever the directory of this script) would be
-        # a failure.
+        # without it); an attempt made by the gpuexec package's code (the
+        # importing frame in its directory, whatever the directory of this
+        # script) would be a failure.
         package = os.path.dirname(os.path.abspath(gpuexec.__file__)) + os.sep
-        ours = [n for n, files, _ in TORCH_IMPORTS
-                if any(os.path.abspath(f).startswith(package) for f in files)]
+
+        def importer(files):
+            # The innermost frame that is not the import machinery's.
+            for f in reversed(files):
+                if not f.startswith("<frozen importlib") and "importlib" not in f:
+                    return os.path.abspath(f)
+            return ""
+        ours = [n for n, files, _ in TORCH_IMPORTS if importer(files).startswith(package)]
         print(f"torch imports attempted: {len(TORCH_IMPORTS)} ({len(ours)} from the gpuexec "
               f"package, {package}); torch in sys.modules: {'torch' in sys.modules}")
         for name, _, where in TORCH_IMPORTS[:2]:
