@@ -224,24 +224,26 @@ void ModuleUpload::Finish(Callback<ModuleResult> done) {
     // kind the client declared from a file's name is only a hint.
     const TestDoubleImages test_images =
         engine_->test_double_ ? TestDoubleImages::kAccept : TestDoubleImages::kReject;
-    const std::optional<ImageKind> declared =
-        kind_ == ModuleKind::kPtx      ? std::optional<ImageKind>(ImageKind::kPtx)
-        : kind_ == ModuleKind::kFatbin ? std::optional<ImageKind>(ImageKind::kFatbin)
-        : kind_ == ModuleKind::kCubin  ? std::optional<ImageKind>(ImageKind::kCubin)
-                                       : std::nullopt;
+    // The declared kind, if any (a plain value and flag: GCC took an
+    // optional enum here for one that may be read uninitialized).
+    const bool is_declared =
+        kind_ == ModuleKind::kPtx || kind_ == ModuleKind::kFatbin || kind_ == ModuleKind::kCubin;
+    const ImageKind declared = kind_ == ModuleKind::kPtx      ? ImageKind::kPtx
+                               : kind_ == ModuleKind::kFatbin ? ImageKind::kFatbin
+                                                              : ImageKind::kCubin;
     std::optional<ImageKind> sniffed = KindOfImage(bytes_);
-    if (sniffed.has_value() && declared.has_value() && *sniffed != *declared) {
-      log::Info(name, " of ", session_->name(), " was declared ", ImageKindName(*declared),
+    if (sniffed.has_value() && is_declared && *sniffed != declared) {
+      log::Info(name, " of ", session_->name(), " was declared ", ImageKindName(declared),
                 " but its bytes are ", ImageKindName(*sniffed), ": loaded as such");
     }
-    if (!sniffed.has_value() && !declared.has_value() &&
+    if (!sniffed.has_value() && !is_declared &&
         !(test_images == TestDoubleImages::kAccept && absl::StartsWith(bytes_, "GXFAKE1\n"))) {
       return done(absl::InvalidArgumentError(absl::StrCat(
           name,
           ": its bytes are not a module image: neither a cubin (ELF), a fatbin nor PTX "
           "text (with .version and .target)")));
     }
-    const ImageKind kind = sniffed.value_or(declared.value_or(ImageKind::kCubin));
+    const ImageKind kind = sniffed.value_or(declared);
     // The driver's loader takes no length: make sure every offset the
     // image's headers declare lies inside it before the driver sees it.
     if (absl::Status st = CheckModuleImage(bytes_, kind, name, test_images); !st.ok()) {

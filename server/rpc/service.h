@@ -39,8 +39,7 @@ class GpuExecService {
   GpuExecService(core::Engine* engine, Identity* identity, std::string shm_socket = "",
                  std::string advertise_address = "", std::string daemon_version = "",
                  CallLimits limits = {}, uint32_t command_ring_version = 0, int copy_threads = 2)
-      : engine_(engine),
-        budget_(limits),
+      : budget_(limits),
         copies_(copy_threads),
         env_{&async_,
              engine,
@@ -109,7 +108,6 @@ class GpuExecService {
   };
 
  private:
-  core::Engine* engine_;  // not owned; outlives the service
   AsyncService async_;
   CallCounter calls_;
   CallBudget budget_;

@@ -40,7 +40,12 @@ TEST(Convert, DeviceStatus) {
 
 TEST(Convert, SessionInfo) {
   v1::OpenSessionResponse p;
-  ToProto(core::SessionInfo{"abc", 1, 500, 4096}, &p);
+  core::SessionInfo info;
+  info.token = "abc";
+  info.device = 1;
+  info.lease_ms = 500;
+  info.memory_limit = 4096;
+  ToProto(info, &p);
   EXPECT_EQ(p.session(), "abc");
   EXPECT_EQ(p.device(), 1u);
   EXPECT_EQ(p.lease_ms(), 500u);

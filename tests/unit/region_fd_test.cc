@@ -26,7 +26,9 @@ int Memfd(uint64_t bytes, int seals) {
   const int fd = memfd_create("region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_GE(fd, 0);
   EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
-  if (seals != 0) EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+  if (seals != 0) {
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+  }
   return fd;
 }
 
