@@ -156,7 +156,7 @@ absl::Status Session::Close() {
   // not do better.
   state_->closed.store(true);
   // Commands queued before Close() start before the session goes.
-  state_->commands->Order(state_->options().control_timeout).ok();
+  state_->commands->Order(state_->options().control_timeout).IgnoreError();
   state_->commands->Shutdown();
   grpc::ClientContext context;
   SetDeadline(&context, state_->options(), CallKind::kControl);

@@ -23,7 +23,7 @@ using internal::UniqueFd;
 using internal::Unusable;
 
 HostMemory::~HostMemory() {
-  if (data_ != nullptr) DoRelease().ok();
+  if (data_ != nullptr) DoRelease().IgnoreError();
 }
 
 HostMemory::HostMemory(HostMemory&& other) noexcept
@@ -34,7 +34,7 @@ HostMemory::HostMemory(HostMemory&& other) noexcept
 
 HostMemory& HostMemory::operator=(HostMemory&& other) noexcept {
   if (this != &other) {
-    if (data_ != nullptr) DoRelease().ok();
+    if (data_ != nullptr) DoRelease().IgnoreError();
     session_ = std::move(other.session_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
