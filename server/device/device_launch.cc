@@ -47,6 +47,7 @@ void Device::LoadModule(std::shared_ptr<const ModuleImage> image, std::string wh
 
 void Device::UnloadModule(std::string sha256) {
   executor_.Post([this, sha256 = std::move(sha256)] {
+    SettleDueEnd();
     auto it = modules_.find(sha256);
     if (it == modules_.end()) return;
     for (auto k = kernels_.begin(); k != kernels_.end();) {
@@ -238,9 +239,11 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
   }
   if (!st.ok()) return st;
   if (then_synchronize == nullptr) {
-    // The event after the launch (its watch's, if watched) ends the GPU time.
-    return Watched(s) ? Watch(stream, s, s.last_launch, std::move(start))
-                      : EndWork(s, *s.last_launch);
+    // The event after the launch (its watch's, if watched) ends the GPU
+    // time; a timed stream's end is due (StreamState::end_due).
+    if (Watched(s)) return Watch(stream, s, s.last_launch, std::move(start));
+    if (!s.untimed) MarkEndDue(stream, s);
+    return absl::OkStatus();
   }
   // From here on the Synchronize reports, failures too. Its end event,
   // recorded right after the launch, is the launch's watch as well.

@@ -93,6 +93,7 @@ void Device::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t size, 
 
 void Device::MapRegion(RegionId region, int fd, uint64_t bytes, std::string what, Done done) {
   executor_.Post([this, region, fd, bytes, what = std::move(what), done = std::move(done)] {
+    SettleDueEnd();
     struct stat st;
     Region r;
     absl::Status status;

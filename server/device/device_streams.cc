@@ -18,7 +18,15 @@ namespace gpuexec::device {
 using internal::kSmallOpBytes;
 
 bool Device::PollEvents() {
-  const bool watching = PollWatches();
+  // A pass of the executor that ran nothing: the run of launches whose end
+  // is due has ended (while every pass has work, as under a flood of
+  // launches, the next operation or Synchronize settles it).
+  const uint64_t ran = executor_.ran();
+  if (ran == ran_at_last_poll_) SettleDueEnd();
+  ran_at_last_poll_ = ran;
+  // A due end keeps the loop looking (the next pass without work settles
+  // it), as the launches' watches do.
+  const bool watching = PollWatches() || due_end_stream_ != 0;
   if (event_waits_.empty()) return watching;
   // Completions may add waits (a new Synchronize): take the list first.
   std::vector<EventWait> waits;
@@ -39,6 +47,12 @@ bool Device::PollEvents() {
 bool Device::PollWatches() {
   if (watched_.empty() || faulted_.load()) return false;
   const absl::Time now = absl::Now();
+  if (options_.watch_poll_every > absl::ZeroDuration() && held_bytes_ == 0) {
+    // Nothing waits on them: a look now and then is enough for the time
+    // limit (seconds) and an untimed stream's end (microseconds off).
+    if (now - last_watch_poll_ < options_.watch_poll_every) return true;
+  }
+  last_watch_poll_ = now;
   // Streams whose held operations may run now (after the loop: they may
   // launch, which changes watched_).
   absl::InlinedVector<StreamId, 4> release;
@@ -163,7 +177,7 @@ void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<
             return;
           }
         }
-        op();
+        RunOnStream(stream, kind, op);
       },
       // Its own key in its tenant's group: tenants take turns, and each
       // tenant's streams its turns. (The driver orders nothing across
@@ -179,9 +193,10 @@ void Device::ReleaseHeld(StreamId stream) {
     StreamState& s = *it->second;
     if (s.held.front().kind == OpKind::kLaunch && QueueFull(s)) return;
     std::function<void()> op = std::move(s.held.front().op);
+    const OpKind kind = s.held.front().kind;
     held_bytes_ -= s.held.front().bytes;
     s.held.pop_front();
-    op();
+    RunOnStream(stream, kind, op);
   }
 }
 
@@ -282,10 +297,38 @@ absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
                                       });
 }
 
+void Device::RunOnStream(StreamId stream, OpKind kind, const std::function<void()>& op) {
+  if (due_end_stream_ != 0 && (due_end_stream_ != stream || kind != OpKind::kLaunch)) {
+    SettleDueEnd();
+  }
+  op();
+}
+
+void Device::MarkEndDue(StreamId stream, StreamState& s) {
+  if (due_end_stream_ != 0 && due_end_stream_ != stream) SettleDueEnd();
+  s.end_due = true;
+  due_end_stream_ = stream;
+}
+
+void Device::SettleDueEnd() {
+  if (due_end_stream_ == 0) return;
+  auto it = streams_.find(std::exchange(due_end_stream_, 0));
+  if (it == streams_.end() || !it->second->end_due) return;
+  StreamState& s = *it->second;
+  s.end_due = false;
+  // Where a Synchronize's time ends; if it cannot be recorded (a fault),
+  // the Synchronize records its own end, or reports the fault.
+  auto e = SharedEvent(/*timing=*/true, timing_what_);
+  if (e.ok() && Check(driver_->Record(**e, s.stream.get(), timing_what_)).ok()) {
+    s.work_end = std::move(e).value();
+  }
+}
+
 absl::Status Device::MarkWork(StreamState& s) {
   // The work about to be queued ends the time now, once it records its end.
   s.work_end.reset();
   s.work_end_passed = false;
+  s.end_due = false;  // due after the new work instead, or recorded by it
   if (s.untimed) {
     ++s.work_count;
     if (!s.busy_since.has_value()) s.busy_since = std::chrono::steady_clock::now();
@@ -399,6 +442,7 @@ void Device::DestroyStream(StreamId stream, Done done) {
   // session is gone), except its frees, which run at once (stream-ordered
   // after the launches already queued).
   executor_.Post([=, this]() mutable {
+    SettleDueEnd();
     unmade_streams_.erase(stream);
     auto it = streams_.find(stream);
     if (it == streams_.end()) return done(absl::OkStatus());  // already gone
@@ -482,6 +526,7 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
 
 void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,
                            std::shared_ptr<cuda::Event>* recorded) {
+  if (due_end_stream_ == stream) SettleDueEnd();
   const std::string& what = sync_what_;
   std::shared_ptr<cuda::Event> start = std::move(s.timing_start);
   const std::optional<StreamState::SteadyTime> busy_since =
@@ -559,11 +604,10 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
                            std::shared_ptr<cuda::Event> recorded) {
   std::shared_ptr<cuda::Event> e = std::move(recorded);
   if (e == nullptr) {
-    // Timed (unless the stream is untimed): it is also where the stream's
-    // work ends for a Synchronize.
-    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/!s.untimed, *what));
+    // A plain event: a timed stream's end is due instead (end_due).
+    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/false, *what));
     GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), *what)));
-    s.work_end = e;
+    if (!s.untimed) MarkEndDue(id, s);
   }
   if (s.watches.empty()) s.head_since = absl::Now();
   s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start),

@@ -1,0 +1,147 @@
+// A timed stream's GPU time at the cost of one timing event a run of
+// launches: async launches record plain events for their watches, and the
+// end of the run is recorded once, right after its last launch (when
+// anything else runs, a Synchronize comes, or the executor has a pass
+// without work), not once a launch.
+#include <dlfcn.h>
+
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "tests/unit/device_fixture.h"
+
+namespace gpuexec::device {
+namespace {
+
+class DeviceTimingTest : public DeviceFixture {
+ protected:
+  void SetUp() override {
+    DeviceFixture::SetUp();
+    void* lib = dlopen(GXFAKE_LIBRARY_PATH, RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(lib, nullptr);
+    timing_records_ = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_timing_event_records"));
+    ASSERT_NE(timing_records_, nullptr);
+  }
+
+  // Holds the executor until the returned notification is notified, so
+  // that what is posted meanwhile runs in one turn.
+  std::shared_ptr<absl::Notification> HoldExecutor() {
+    auto release = std::make_shared<absl::Notification>();
+    auto held = std::make_shared<absl::Notification>();
+    device_->Post([release, held] {
+      held->Notify();
+      release->WaitForNotification();
+    });
+    held->WaitForNotification();
+    return release;
+  }
+
+  // `n` async launches of `spin` on `stream` and a Synchronize, all run in
+  // one turn of the executor; the Synchronize's GPU time.
+  absl::StatusOr<uint64_t> RunOfLaunches(StreamId stream, const LaunchOp& spin, int n) {
+    auto release = HoldExecutor();
+    std::vector<std::shared_ptr<absl::StatusOr<bool>>> launched;
+    absl::Notification synced;
+    absl::StatusOr<uint64_t> ns = absl::UnknownError("no answer");
+    for (int i = 0; i < n; ++i) {
+      auto st = std::make_shared<absl::StatusOr<bool>>(absl::UnknownError("no answer"));
+      device_->Launch(stream, spin, [st](absl::Status s) {
+        if (s.ok()) {
+          *st = true;
+        } else {
+          *st = s;
+        }
+      });
+      launched.push_back(st);
+    }
+    device_->Synchronize(stream, [&](absl::StatusOr<uint64_t> got) {
+      ns = std::move(got);
+      synced.Notify();
+    });
+    release->Notify();
+    if (!synced.WaitForNotificationWithTimeout(absl::Seconds(20))) {
+      return absl::DeadlineExceededError("the Synchronize never answered");
+    }
+    for (const auto& st : launched) {
+      if (!st->ok()) return st->status();
+    }
+    return ns;
+  }
+
+  uint64_t (*timing_records_)() = nullptr;
+};
+
+// Five 2 ms launches in a run, watched (a kernel time limit) or not: the
+// GPU time's start and one end are timed events, not one a launch; the
+// time covers all five.
+TEST_F(DeviceTimingTest, ARunOfAsyncLaunchesRecordsOneTimedEnd) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 2);
+  for (const absl::Duration limit : {absl::ZeroDuration(), absl::Seconds(30)}) {
+    SCOPED_TRACE(absl::StrCat("kernel time limit ", absl::FormatDuration(limit)));
+    const StreamId id = limit == absl::ZeroDuration() ? 31 : 32;
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, limit, {}, d); }).ok());
+    const uint64_t before = timing_records_();
+    auto ns = RunOfLaunches(id, spin, 5);
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_GE(*ns, 5 * 2'000'000u);
+    EXPECT_LT(*ns, 5 * 2'000'000u + 80'000'000u);
+    EXPECT_EQ(timing_records_() - before, 2u) << "the GPU time's start and the run's end";
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+  }
+}
+
+// A run's end is recorded before another stream's operation runs, so the
+// first stream's time does not take in the other's work: stream A's two
+// 2 ms launches, then stream B's 60 ms launch, then A's Synchronize,
+// all in one turn.
+TEST_F(DeviceTimingTest, AnotherStreamsOperationEndsTheRun) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 2);
+  const LaunchOp slow = Spin(Image("GXFAKE1\ngx_spin\n"), 60);
+  constexpr StreamId a = 33, b = 34;
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(a, absl::Seconds(30), {}, d); }).ok());
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(b, absl::Seconds(30), {}, d); }).ok());
+  auto release = HoldExecutor();
+  for (int i = 0; i < 2; ++i) device_->Launch(a, spin, [](absl::Status) {});
+  device_->Launch(b, slow, [](absl::Status) {});
+  absl::Notification synced;
+  absl::StatusOr<uint64_t> ns = absl::UnknownError("no answer");
+  device_->Synchronize(a, [&](absl::StatusOr<uint64_t> got) {
+    ns = std::move(got);
+    synced.Notify();
+  });
+  release->Notify();
+  ASSERT_TRUE(synced.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  EXPECT_GE(*ns, 2 * 2'000'000u);
+  EXPECT_LT(*ns, 50'000'000u) << "stream B's launch was counted in stream A's time";
+  auto other = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(b, cb); });
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_GE(*other, 60'000'000u);
+  for (StreamId id : {a, b}) {
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+  }
+}
+
+// A run left without a Synchronize ends at the executor's next pass
+// without work: a Synchronize long after it reports the launches' time,
+// not the wait.
+TEST_F(DeviceTimingTest, ARunEndsWhenTheExecutorIdles) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 2);
+  constexpr StreamId id = 35;
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, absl::Seconds(30), {}, d); }).ok());
+  {
+    auto release = HoldExecutor();
+    for (int i = 0; i < 3; ++i) device_->Launch(id, spin, [](absl::Status) {});
+    release->Notify();
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(id, cb); });
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  EXPECT_GE(*ns, 3 * 2'000'000u);
+  EXPECT_LT(*ns, 100'000'000u) << "the 200 ms before the Synchronize were counted";
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+}
+
+}  // namespace
+}  // namespace gpuexec::device
