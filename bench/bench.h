@@ -385,6 +385,11 @@ constexpr char kNeighbourToken[] = "gpuexec-bench-neighbour-token-fedcba98";
 
 struct TenantFigures {
   Latency alone, beside;
+  // Each pair of blocks' (alone, then beside) p99 beside over alone: the
+  // median of the pairs, and their range.
+  double pair_p99_ratio_median = 0;
+  double pair_p99_ratio_low = 0;
+  double pair_p99_ratio_high = 0;
   // The neighbour's kernels a second while the measured tenant idles, and
   // while it measures beside them.
   double neighbour_alone_per_s = 0;

@@ -359,9 +359,11 @@ int Main() {
       {absl::StrFormat("launch + synchronize, one tenant beside another's %d us kernels, p50",
                        absl::GetFlag(FLAGS_neighbour_kernel_us)),
        Us(tenants.beside.p50), "",
-       absl::StrFormat("the same tenant alone %s (p99 %s beside, %s alone)%s%s; the "
+       absl::StrFormat("the same tenant alone %s (p99 %s beside, %s alone; a block's p99 "
+                       "beside over its neighbour block's alone, median %.2fx)%s%s; the "
                        "neighbour's kernels %.0f/s beside, %.0f/s alone",
                        Us(tenants.alone.p50), Us(tenants.beside.p99), Us(tenants.alone.p99),
+                       tenants.pair_p99_ratio_median,
                        tenants.mps ? ", under MPS" : ", time-sliced (no MPS)",
                        tenants.share.empty() ? "" : ", its compute share " + tenants.share,
                        tenants.neighbour_kernels_per_s, tenants.neighbour_alone_per_s),

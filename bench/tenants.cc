@@ -212,11 +212,25 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   constexpr int kBlocks = 10;
   const int per_block = std::max(1, plan.latency_iters / kBlocks);
   std::vector<double> alone, beside;
+  // Each pair of blocks' p99 beside over its p99 alone: a host's hiccup in
+  // one block (a p99 of the whole run follows a few such) weighs on one
+  // pair only, and the median of the pairs does not follow it.
+  std::vector<double> pair_ratios;
+  double alone_block_p99 = 0;
   auto block = [&](bool traced_here, std::vector<double>* us) {
+    const size_t first = us->size();
     for (int i = 0; i < per_block; ++i) {
       const auto t0 = Clock::now();
       traced_here ? traced_launch_sync() : launch_sync();
       us->push_back(Seconds(t0, Clock::now()) * 1e6);
+    }
+    const double p99 =
+        Percentiles(std::vector<double>(us->begin() + static_cast<ptrdiff_t>(first), us->end()))
+            .p99;
+    if (us == &alone) {
+      alone_block_p99 = p99;
+    } else if (alone_block_p99 > 0) {
+      pair_ratios.push_back(p99 / alone_block_p99);
     }
   };
   for (int b = 0; b < kBlocks; ++b) {
@@ -230,6 +244,12 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   }
   out.alone = Percentiles(std::move(alone));
   out.beside = Percentiles(std::move(beside));
+  std::sort(pair_ratios.begin(), pair_ratios.end());
+  if (!pair_ratios.empty()) {
+    out.pair_p99_ratio_median = pair_ratios[pair_ratios.size() / 2];
+    out.pair_p99_ratio_low = pair_ratios.front();
+    out.pair_p99_ratio_high = pair_ratios.back();
+  }
   // The neighbour's rate beside the measured tenant's launches, a second.
   const uint64_t k0 = Kernels(words);
   const auto t0 = Clock::now();
@@ -250,11 +270,13 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
   Note(absl::StrFormat(
       "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
       "'neighbour' (%d us kernels of %d blocks, %.0f of them a second meanwhile, %.0f alone; "
-      "its client %s): p50 %.1f us p99 %.1f us%s%s",
+      "its client %s): p50 %.1f us p99 %.1f us; p99 beside over alone, each of %d pairs of "
+      "blocks: median %.2fx (%.2f-%.2fx)%s%s",
       out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
       absl::GetFlag(FLAGS_neighbour_blocks), out.neighbour_kernels_per_s, out.neighbour_alone_per_s,
       out.neighbour_process ? "in a process of its own" : "a thread of this process",
-      out.beside.p50, out.beside.p99, how,
+      out.beside.p50, out.beside.p99, kBlocks, out.pair_p99_ratio_median, out.pair_p99_ratio_low,
+      out.pair_p99_ratio_high, how,
       out.share.empty()
           ? ""
           : absl::StrCat("; tenant 'bench' holds a compute share of ", out.share,
