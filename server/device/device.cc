@@ -229,11 +229,17 @@ void Device::Probe(std::function<void()> done) {
   });
 }
 
-void Device::Post(std::function<void()> fn) { executor_.Post(std::move(fn)); }
+void Device::Post(std::function<void()> fn) {
+  executor_.Post([this, fn = std::move(fn)] {
+    SettleDueEnd();
+    fn();
+  });
+}
 
 void Device::Drain() {
   absl::Notification done;
   executor_.Post([this, &done] {
+    SettleDueEnd();
     if (healthy()) (void)driver_->SynchronizeContext(absl::StrCat("device ", props_.ordinal));
     done.Notify();
   });

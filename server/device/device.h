@@ -288,8 +288,8 @@ class Device {
   // After an async launch on `s` (timed): its end is due, not recorded yet.
   void MarkEndDue(StreamId stream, StreamState& s);
   // Records the due end of a run of launches (StreamState::end_due), if
-  // any: before any operation other than the next launch of that stream,
-  // and at the executor's first pass without work.
+  // any, and ends the run: before any operation other than the next launch
+  // of that stream, and once nothing more is posted to the executor.
   void SettleDueEnd();
   // Runs `op` on the executor in its stream's order: at once, or once the
   // operations held on the stream have run. A launch is held while its
@@ -302,6 +302,12 @@ class Device {
   // Runs a stream's operation, settling a due end first unless it is the
   // next launch of the same stream.
   void RunOnStream(StreamId stream, OpKind kind, const std::function<void()>& op);
+  // The launch about to be made on `s` follows an async launch of the same
+  // (timed) stream with nothing run between: it is in a run, whose end is
+  // due (StreamState::end_due). The run's first launch records a timed
+  // event as any launch alone does, so tenants taking turns, or launches
+  // one at a time, pay no more than before.
+  bool InRun(StreamId stream, const StreamState& s) const;
   bool QueueFull(const StreamState& s) const;
   // Runs the stream's held operations that may run now (all of them once
   // the device has faulted or is stopping).
@@ -444,7 +450,9 @@ class Device {
   absl::flat_hash_set<StreamId> watched_;
   absl::Time last_watch_poll_ = absl::InfinitePast();  // watch_poll_every
   StreamId due_end_stream_ = 0;                        // 0: no end is due
-  uint64_t ran_at_last_poll_ = 0;                      // the executor's ops then
+  // The stream whose async launch ran last, with nothing run since: its
+  // next launch is in a run (0: none).
+  StreamId run_stream_ = 0;
   // Set by OnStop: held operations then fail instead of waiting.
   bool stopping_ = false;
   // Bytes of the operations held on all streams (executor thread).

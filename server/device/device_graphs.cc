@@ -185,7 +185,8 @@ void Device::DestroyGraph(StreamId stream, GraphId graph, Done done) {
         absl::Status st = WhenDone(
             *it->second,
             [this, g = std::move(g), done](absl::Status) mutable {
-              executor_.Post([g = std::move(g), done]() mutable {
+              executor_.Post([this, g = std::move(g), done]() mutable {
+                SettleDueEnd();  // (StreamState::end_due)
                 g.reset();
                 done(absl::OkStatus());
               });

@@ -82,12 +82,12 @@ struct Device::StreamState {
   // it, so a Synchronize waits on an event of its own.
   std::shared_ptr<cuda::Event> work_end;
   bool work_end_passed = false;
-  // A timed stream's async launches record no timing event each (a timed
+  // A timed stream's async launches in a run (Device::InRun: one after
+  // another, nothing else between) record no timing event each (a timed
   // record costs the driver about 1 us more than a plain one): the end of
-  // a run of them is due instead, and recorded once after the run's last
-  // launch, before anything else runs on the executor and at its first
-  // pass without work (Device::SettleDueEnd). Their watches' events are
-  // plain.
+  // the run is due instead, and recorded once after its last launch,
+  // before anything else runs on the executor and once nothing more is
+  // posted to it (Device::SettleDueEnd). Their watches' events are plain.
   bool end_due = false;
   // The kernel time limit (zero: none) and the launches watched for it, in
   // stream order: each with an event recorded after it. The first one's

@@ -240,10 +240,17 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
   if (!st.ok()) return st;
   if (then_synchronize == nullptr) {
     // The event after the launch (its watch's, if watched) ends the GPU
-    // time; a timed stream's end is due (StreamState::end_due).
-    if (Watched(s)) return Watch(stream, s, s.last_launch, std::move(start));
-    if (!s.untimed) MarkEndDue(stream, s);
-    return absl::OkStatus();
+    // time; in a run of launches, the run's end is due instead
+    // (StreamState::end_due).
+    if (Watched(s)) {
+      st = Watch(stream, s, s.last_launch, std::move(start));
+    } else if (InRun(stream, s)) {
+      MarkEndDue(stream, s);
+    } else {
+      st = EndWork(s, *s.last_launch);
+    }
+    if (st.ok()) run_stream_ = stream;  // the next launch of it is in a run
+    return st;
   }
   // From here on the Synchronize reports, failures too. Its end event,
   // recorded right after the launch, is the launch's watch as well.

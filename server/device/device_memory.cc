@@ -158,6 +158,7 @@ void Device::UnmapRegion(StreamId stream, RegionId region, Done done) {
       [this, stream, region, done]() mutable {
         const std::string what = absl::StrCat("region ", region, " on device ", props_.ordinal);
         auto drop = [this, region, what, done] {
+          SettleDueEnd();  // (StreamState::end_due)
           auto it = regions_.find(region);
           if (it == regions_.end()) return done(absl::OkStatus());
           DropRegion(it->second, what);

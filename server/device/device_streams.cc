@@ -18,15 +18,12 @@ namespace gpuexec::device {
 using internal::kSmallOpBytes;
 
 bool Device::PollEvents() {
-  // A pass of the executor that ran nothing: the run of launches whose end
-  // is due has ended (while every pass has work, as under a flood of
-  // launches, the next operation or Synchronize settles it).
-  const uint64_t ran = executor_.ran();
-  if (ran == ran_at_last_poll_) SettleDueEnd();
-  ran_at_last_poll_ = ran;
-  // A due end keeps the loop looking (the next pass without work settles
-  // it), as the launches' watches do.
-  const bool watching = PollWatches() || due_end_stream_ != 0;
+  const bool watching = PollWatches();  // may release held launches
+  // Nothing more posted: the run of launches whose end is due has ended
+  // (under a flood of launches, the next turn's operations are posted
+  // already, and the next other operation or Synchronize settles it).
+  // Before the loop may pause, so the end is not recorded a pause late.
+  if (executor_.backlog() == 0) SettleDueEnd();
   if (event_waits_.empty()) return watching;
   // Completions may add waits (a new Synchronize): take the list first.
   std::vector<EventWait> waits;
@@ -298,10 +295,12 @@ absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
 }
 
 void Device::RunOnStream(StreamId stream, OpKind kind, const std::function<void()>& op) {
-  if (due_end_stream_ != 0 && (due_end_stream_ != stream || kind != OpKind::kLaunch)) {
-    SettleDueEnd();
-  }
+  if (kind != OpKind::kLaunch || run_stream_ != stream) SettleDueEnd();
   op();
+}
+
+bool Device::InRun(StreamId stream, const StreamState& s) const {
+  return !s.untimed && run_stream_ == stream;
 }
 
 void Device::MarkEndDue(StreamId stream, StreamState& s) {
@@ -311,6 +310,7 @@ void Device::MarkEndDue(StreamId stream, StreamState& s) {
 }
 
 void Device::SettleDueEnd() {
+  run_stream_ = 0;  // whatever runs next is no launch in a run
   if (due_end_stream_ == 0) return;
   auto it = streams_.find(std::exchange(due_end_stream_, 0));
   if (it == streams_.end() || !it->second->end_due) return;
@@ -463,6 +463,7 @@ void Device::DestroyStream(StreamId stream, Done done) {
     s = it->second.get();
     auto erase = [this, stream, done](absl::Status st) {
       executor_.Post([this, stream, done, st] {
+        SettleDueEnd();  // (StreamState::end_due)
         std::deque<StreamState::Held> held;
         auto it = streams_.find(stream);
         if (it != streams_.end()) {
@@ -527,6 +528,7 @@ void Device::Synchronize(StreamId stream, Callback<uint64_t> gpu_ns) {
 void Device::SynchronizeOn(StreamId stream, StreamState& s, Callback<uint64_t> gpu_ns,
                            std::shared_ptr<cuda::Event>* recorded) {
   if (due_end_stream_ == stream) SettleDueEnd();
+  if (run_stream_ == stream) run_stream_ = 0;
   const std::string& what = sync_what_;
   std::shared_ptr<cuda::Event> start = std::move(s.timing_start);
   const std::optional<StreamState::SteadyTime> busy_since =
@@ -604,10 +606,16 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
                            std::shared_ptr<cuda::Event> recorded) {
   std::shared_ptr<cuda::Event> e = std::move(recorded);
   if (e == nullptr) {
-    // A plain event: a timed stream's end is due instead (end_due).
-    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/false, *what));
+    // Timed, where it ends a timed stream's work for a Synchronize; plain
+    // in a run of launches, whose end is due instead (end_due).
+    const bool in_run = InRun(id, s);
+    GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/!s.untimed && !in_run, *what));
     GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), *what)));
-    if (!s.untimed) MarkEndDue(id, s);
+    if (in_run) {
+      MarkEndDue(id, s);
+    } else if (!s.untimed) {
+      s.work_end = e;
+    }
   }
   if (s.watches.empty()) s.head_since = absl::Now();
   s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start),

@@ -72,9 +72,8 @@ class DeviceTimingTest : public DeviceFixture {
   uint64_t (*timing_records_)() = nullptr;
 };
 
-// Five 2 ms launches in a run, watched (a kernel time limit) or not: the
-// GPU time's start and one end are timed events, not one a launch; the
-// time covers all five.
+// Five 2 ms launches in a run, watched (a kernel time limit) or not: three
+// timed events, not one a launch; the time covers all five.
 TEST_F(DeviceTimingTest, ARunOfAsyncLaunchesRecordsOneTimedEnd) {
   const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 2);
   for (const absl::Duration limit : {absl::ZeroDuration(), absl::Seconds(30)}) {
@@ -86,7 +85,9 @@ TEST_F(DeviceTimingTest, ARunOfAsyncLaunchesRecordsOneTimedEnd) {
     ASSERT_TRUE(ns.ok()) << ns.status();
     EXPECT_GE(*ns, 5 * 2'000'000u);
     EXPECT_LT(*ns, 5 * 2'000'000u + 80'000'000u);
-    EXPECT_EQ(timing_records_() - before, 2u) << "the GPU time's start and the run's end";
+    // Not one a launch (6): the GPU time's start, the run's first launch
+    // (timed, as a launch alone is) and the run's end.
+    EXPECT_EQ(timing_records_() - before, 3u);
     ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
   }
 }
@@ -121,6 +122,29 @@ TEST_F(DeviceTimingTest, AnotherStreamsOperationEndsTheRun) {
   for (StreamId id : {a, b}) {
     ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
   }
+}
+
+// Nor the time of an operation of no stream that runs between (a session's
+// pool trimmed as it closes, a region unmapped; here a 30 ms wait).
+TEST_F(DeviceTimingTest, AnOperationOfNoStreamEndsTheRun) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
+  constexpr StreamId id = 36;
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, absl::Seconds(30), {}, d); }).ok());
+  auto release = HoldExecutor();
+  for (int i = 0; i < 2; ++i) device_->Launch(id, spin, [](absl::Status) {});
+  device_->Post([] { absl::SleepFor(absl::Milliseconds(30)); });
+  absl::Notification synced;
+  absl::StatusOr<uint64_t> ns = absl::UnknownError("no answer");
+  device_->Synchronize(id, [&](absl::StatusOr<uint64_t> got) {
+    ns = std::move(got);
+    synced.Notify();
+  });
+  release->Notify();
+  ASSERT_TRUE(synced.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  EXPECT_GE(*ns, 2 * 1'000'000u);
+  EXPECT_LT(*ns, 25'000'000u) << "the operation between was counted in the stream's time";
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
 // A run left without a Synchronize ends at the executor's next pass
