@@ -434,6 +434,11 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
 // thread off and on, daemons in turn (bench/ring_sweep.cc).
 int RunReadThreadAB(const Plan& plan, bool quick, const std::string& daemon,
                     const std::string& driver, const std::string& cubin);
+// `--ab_daemon=BEFORE`: the same figures with the daemon program BEFORE
+// (an earlier build) and --daemon in turn: what a change to the daemon
+// bought, on one host in one run (bench/ring_sweep.cc).
+int RunDaemonAB(const Plan& plan, bool quick, const std::string& before, const std::string& daemon,
+                const std::string& driver, const std::string& cubin);
 int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,
                  const std::string& cubin);
 

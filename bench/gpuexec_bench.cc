@@ -95,6 +95,9 @@ ABSL_FLAG(bool, read_thread_ab, false,
           "only the worker's read thread off and on (gpuexecd --worker_read_thread), a daemon "
           "each, in turn for three rounds: launch + synchronize and async launches through a "
           "command ring, timed and untimed, beside native in the same run");
+ABSL_FLAG(std::string, ab_daemon, "",
+          "only an A/B of two daemon builds: this gpuexecd (an earlier build) and --daemon, a "
+          "daemon each, in turn for three rounds, with the figures of --read_thread_ab");
 ABSL_FLAG(bool, device_only, false,
           "only the device layer: async launches through a device::Device in this process "
           "against the same launches straight to the driver, with its thread's CPU a launch");
@@ -218,6 +221,9 @@ int Main() {
   if (absl::GetFlag(FLAGS_ring_sweep)) return RunRingSweep(plan, quick, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_read_thread_ab)) {
     return RunReadThreadAB(plan, quick, daemon, driver, cubin);
+  }
+  if (const std::string before = absl::GetFlag(FLAGS_ab_daemon); !before.empty()) {
+    return RunDaemonAB(plan, quick, before, daemon, driver, cubin);
   }
   if (absl::GetFlag(FLAGS_graphs_only)) return RunGraphs(plan, quick, daemon, driver, cubin);
   if (absl::GetFlag(FLAGS_target).empty() && !absl::GetFlag(FLAGS_figures).empty()) {

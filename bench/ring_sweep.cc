@@ -74,29 +74,41 @@ Cell Measure1(const Plan& plan, pid_t front, const std::string& target, const st
 
 }  // namespace
 
-int RunReadThreadAB(const Plan& plan, bool quick, const std::string& daemon,
-                    const std::string& driver, const std::string& cubin) {
-  std::printf("gpuexec_bench%s: the worker's read thread off and on, driver %s, daemon %s\n",
-              quick ? " (quick: not a measurement)" : "", driver.c_str(), daemon.c_str());
+namespace {
+
+// One side of an A/B: a daemon program and its flags beside
+// --command_rings.
+struct Side {
+  std::string name;
+  std::string daemon;
+  std::vector<std::string> flags;
+};
+
+// Each side's daemon in turn, three rounds: the ring's launch figures,
+// timed and untimed, beside native in the same run.
+int RunAB(const Plan& plan, bool quick, const std::string& what, const std::string& column,
+          const std::vector<Side>& sides, const std::string& driver, const std::string& cubin) {
   const NativeFigures native = RunNative(plan, driver, cubin);
   const std::string image = ReadFileOrDie(cubin);
-  Section("launch + synchronize and async launches through a command ring, read thread off / on");
+  Section("launch + synchronize and async launches through a command ring, " + what);
   std::printf(
       "native: launch + synchronize p50 %s (p99 %s), async %s\n\n"
-      "| round | read thread | launch + sync p50 (p99) | x native | async | x native | untimed "
+      "| round | %s | launch + sync p50 (p99) | x native | async | x native | untimed "
       "launch + sync p50 (p99) | x native | untimed async | x native | front CPU per 100k "
       "async |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
       Us(native.launch_sync.p50).c_str(), Us(native.launch_sync.p99).c_str(),
-      Rate(1e6 / native.async_launch_us).c_str());
+      Rate(1e6 / native.async_launch_us).c_str(), column.c_str());
   const double native_rate = 1e6 / native.async_launch_us;
   for (int round = 1; round <= (quick ? 1 : 3); ++round) {
-    for (const char* mode : {"off", "on"}) {
-      Daemon d(daemon, driver, absl::StrCat("read-", mode, "-", round),
-               {"--command_rings", absl::StrCat("--worker_read_thread=", mode)});
+    for (const Side& side : sides) {
+      std::vector<std::string> flags = {"--command_rings"};
+      flags.insert(flags.end(), side.flags.begin(), side.flags.end());
+      Daemon d(side.daemon, driver, absl::StrCat("ab-", side.name, "-", round), flags);
       const Cell c = Measure1(plan, d.pid(), d.uds(), image, /*daemon_us=*/-1, /*client_us=*/-1);
       std::printf("| %d | %s | %s (%s) | %s | %s | %s | %s (%s) | %s | %s | %s | %.0f ms |\n",
-                  round, mode, Us(c.timed.sync.p50).c_str(), Us(c.timed.sync.p99).c_str(),
+                  round, side.name.c_str(), Us(c.timed.sync.p50).c_str(),
+                  Us(c.timed.sync.p99).c_str(),
                   Ratio(c.timed.sync.p50 / native.launch_sync.p50).c_str(),
                   Rate(c.timed.async_rate).c_str(), Ratio(c.timed.async_rate / native_rate).c_str(),
                   Us(c.untimed.sync.p50).c_str(), Us(c.untimed.sync.p99).c_str(),
@@ -107,6 +119,27 @@ int RunReadThreadAB(const Plan& plan, bool quick, const std::string& daemon,
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int RunReadThreadAB(const Plan& plan, bool quick, const std::string& daemon,
+                    const std::string& driver, const std::string& cubin) {
+  std::printf("gpuexec_bench%s: the worker's read thread off and on, driver %s, daemon %s\n",
+              quick ? " (quick: not a measurement)" : "", driver.c_str(), daemon.c_str());
+  return RunAB(
+      plan, quick, "read thread off / on", "read thread",
+      {{"off", daemon, {"--worker_read_thread=off"}}, {"on", daemon, {"--worker_read_thread=on"}}},
+      driver, cubin);
+}
+
+int RunDaemonAB(const Plan& plan, bool quick, const std::string& before, const std::string& daemon,
+                const std::string& driver, const std::string& cubin) {
+  std::printf("gpuexec_bench%s: two daemon builds in turn, driver %s, before %s, after %s\n",
+              quick ? " (quick: not a measurement)" : "", driver.c_str(), before.c_str(),
+              daemon.c_str());
+  return RunAB(plan, quick, "the daemon before / after", "daemon",
+               {{"before", before, {}}, {"after", daemon, {}}}, driver, cubin);
 }
 
 int RunRingSweep(const Plan& plan, bool quick, const std::string& daemon, const std::string& driver,

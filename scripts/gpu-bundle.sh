@@ -6,6 +6,8 @@
 #
 #   scripts/gpu-bundle.sh [OUT_DIR]      (default .bundle)
 #   then on the GPU host: OUT_DIR/run-gpu-tests.sh
+# With BEFORE_DAEMON=path it also carries an earlier build's gpuexecd, which
+# the tier measures against this one (gpuexec_bench --ab_daemon).
 # With TRACE=1 it also builds the daemon and benchmark with
 # -DGPUEXEC_LATENCY_TRACE=ON (in build-trace) into OUT_DIR/trace, for
 # OUT_DIR/latency-diagnosis.sh.
@@ -33,6 +35,12 @@ for p in "${programs[@]}"; do
   cp "$p" "$OUT/bin/"
   strip --strip-debug "$OUT/bin/$(basename "$p")"
 done
+# BEFORE_DAEMON=path: an earlier build's gpuexecd, which the tier measures
+# against this one (gpuexec_bench --ab_daemon) on the same host.
+if [[ -n ${BEFORE_DAEMON:-} ]]; then
+  cp "$BEFORE_DAEMON" "$OUT/bin/gpuexecd.before"
+  strip --strip-debug "$OUT/bin/gpuexecd.before"
+fi
 # Libraries: everything ldd resolves, except glibc's and the driver.
 for p in "${programs[@]}"; do ldd "$p"; done | awk '/=> \//{print $3}' | sort -u |
   grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda)\.so' |

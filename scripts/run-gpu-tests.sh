@@ -27,6 +27,10 @@ run green_contexts "$(ls "$HERE"/bin/*bench* | head -1)" --green_only=16 --neigh
 # The device layer alone: what a worker's own work adds to each async
 # launch, against the driver's launches in the same process.
 run device_layer "$(ls "$HERE"/bin/*bench* | head -1)" --device_only
+# A bundle made with BEFORE_DAEMON: that build against this one, in turn.
+if [[ -x $HERE/bin/gpuexecd.before ]]; then
+  run daemon_ab "$(ls "$HERE"/bin/*bench* | head -1)" --ab_daemon="$HERE/bin/gpuexecd.before"
+fi
 # Kernels from source on the toolkit's NVRTC (GPUEXEC_TEST_NVRTC, or the
 # first found): the service's tests, and CompileModule against NVRTC in
 # this process.
