@@ -606,14 +606,15 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
                            std::shared_ptr<cuda::Event> recorded) {
   std::shared_ptr<cuda::Event> e = std::move(recorded);
   if (e == nullptr) {
-    // Timed, where it ends a timed stream's work for a Synchronize; plain
-    // in a run of launches, whose end is due instead (end_due).
+    // Where the stream's work ends for a Synchronize (timed, unless the
+    // stream is untimed); plain in a run of launches, whose end is due
+    // instead (end_due).
     const bool in_run = InRun(id, s);
     GPUEXEC_ASSIGN_OR_RETURN(e, SharedEvent(/*timing=*/!s.untimed && !in_run, *what));
     GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*e, s.stream.get(), *what)));
     if (in_run) {
       MarkEndDue(id, s);
-    } else if (!s.untimed) {
+    } else {
       s.work_end = e;
     }
   }
