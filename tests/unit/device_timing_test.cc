@@ -1,10 +1,11 @@
 // A timed stream's GPU time at the cost of one timing event a run of
 // launches: async launches record plain events for their watches, and the
 // end of the run is recorded once, right after its last launch (when
-// anything else runs, a Synchronize comes, or the executor has a pass
-// without work), not once a launch.
+// anything else runs, a Synchronize comes, or nothing more is posted to
+// the executor), not once a launch.
 #include <dlfcn.h>
 
+#include <functional>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -37,24 +38,13 @@ class DeviceTimingTest : public DeviceFixture {
     return release;
   }
 
-  // `n` async launches of `spin` on `stream` and a Synchronize, all run in
-  // one turn of the executor; the Synchronize's GPU time.
-  absl::StatusOr<uint64_t> RunOfLaunches(StreamId stream, const LaunchOp& spin, int n) {
+  // What `post` posts, then a Synchronize of `stream`, all run in one turn
+  // of the executor; the Synchronize's GPU time.
+  absl::StatusOr<uint64_t> SynchronizeAfter(StreamId stream, const std::function<void()>& post) {
     auto release = HoldExecutor();
-    std::vector<std::shared_ptr<absl::StatusOr<bool>>> launched;
+    post();
     absl::Notification synced;
     absl::StatusOr<uint64_t> ns = absl::UnknownError("no answer");
-    for (int i = 0; i < n; ++i) {
-      auto st = std::make_shared<absl::StatusOr<bool>>(absl::UnknownError("no answer"));
-      device_->Launch(stream, spin, [st](absl::Status s) {
-        if (s.ok()) {
-          *st = true;
-        } else {
-          *st = s;
-        }
-      });
-      launched.push_back(st);
-    }
     device_->Synchronize(stream, [&](absl::StatusOr<uint64_t> got) {
       ns = std::move(got);
       synced.Notify();
@@ -63,6 +53,27 @@ class DeviceTimingTest : public DeviceFixture {
     if (!synced.WaitForNotificationWithTimeout(absl::Seconds(20))) {
       return absl::DeadlineExceededError("the Synchronize never answered");
     }
+    return ns;
+  }
+
+  // `n` async launches of `spin` on `stream` and a Synchronize, all run in
+  // one turn of the executor; the Synchronize's GPU time.
+  absl::StatusOr<uint64_t> RunOfLaunches(StreamId stream, const LaunchOp& spin, int n) {
+    std::vector<std::shared_ptr<absl::StatusOr<bool>>> launched;
+    absl::StatusOr<uint64_t> ns = SynchronizeAfter(stream, [&] {
+      for (int i = 0; i < n; ++i) {
+        auto st = std::make_shared<absl::StatusOr<bool>>(absl::UnknownError("no answer"));
+        device_->Launch(stream, spin, [st](absl::Status s) {
+          if (s.ok()) {
+            *st = true;
+          } else {
+            *st = s;
+          }
+        });
+        launched.push_back(st);
+      }
+    });
+    if (!ns.ok()) return ns;
     for (const auto& st : launched) {
       if (!st->ok()) return st->status();
     }
@@ -102,17 +113,10 @@ TEST_F(DeviceTimingTest, AnotherStreamsOperationEndsTheRun) {
   constexpr StreamId a = 33, b = 34;
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(a, absl::Seconds(30), {}, d); }).ok());
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(b, absl::Seconds(30), {}, d); }).ok());
-  auto release = HoldExecutor();
-  for (int i = 0; i < 2; ++i) device_->Launch(a, spin, [](absl::Status) {});
-  device_->Launch(b, slow, [](absl::Status) {});
-  absl::Notification synced;
-  absl::StatusOr<uint64_t> ns = absl::UnknownError("no answer");
-  device_->Synchronize(a, [&](absl::StatusOr<uint64_t> got) {
-    ns = std::move(got);
-    synced.Notify();
+  auto ns = SynchronizeAfter(a, [&] {
+    for (int i = 0; i < 2; ++i) device_->Launch(a, spin, [](absl::Status) {});
+    device_->Launch(b, slow, [](absl::Status) {});
   });
-  release->Notify();
-  ASSERT_TRUE(synced.WaitForNotificationWithTimeout(absl::Seconds(20)));
   ASSERT_TRUE(ns.ok()) << ns.status();
   EXPECT_GE(*ns, 2 * 2'000'000u);
   EXPECT_LT(*ns, 50'000'000u) << "stream B's launch was counted in stream A's time";
@@ -130,26 +134,19 @@ TEST_F(DeviceTimingTest, AnOperationOfNoStreamEndsTheRun) {
   const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
   constexpr StreamId id = 36;
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, absl::Seconds(30), {}, d); }).ok());
-  auto release = HoldExecutor();
-  for (int i = 0; i < 2; ++i) device_->Launch(id, spin, [](absl::Status) {});
-  device_->Post([] { absl::SleepFor(absl::Milliseconds(30)); });
-  absl::Notification synced;
-  absl::StatusOr<uint64_t> ns = absl::UnknownError("no answer");
-  device_->Synchronize(id, [&](absl::StatusOr<uint64_t> got) {
-    ns = std::move(got);
-    synced.Notify();
+  auto ns = SynchronizeAfter(id, [&] {
+    for (int i = 0; i < 2; ++i) device_->Launch(id, spin, [](absl::Status) {});
+    device_->Post([] { absl::SleepFor(absl::Milliseconds(30)); });
   });
-  release->Notify();
-  ASSERT_TRUE(synced.WaitForNotificationWithTimeout(absl::Seconds(20)));
   ASSERT_TRUE(ns.ok()) << ns.status();
   EXPECT_GE(*ns, 2 * 1'000'000u);
   EXPECT_LT(*ns, 25'000'000u) << "the operation between was counted in the stream's time";
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
-// A run left without a Synchronize ends at the executor's next pass
-// without work: a Synchronize long after it reports the launches' time,
-// not the wait.
+// A run left without a Synchronize ends once nothing more is posted to the
+// executor: a Synchronize long after it reports the launches' time, not
+// the wait.
 TEST_F(DeviceTimingTest, ARunEndsWhenTheExecutorIdles) {
   const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 2);
   constexpr StreamId id = 35;
