@@ -1,0 +1,101 @@
+// How a device's worker answers a flood of async launches (a gpuexecd
+// worker on the libcuda test double): the answers that only say "done"
+// leave the worker in batches (worker.proto's DoneBatch), and every launch
+// is still answered once, in the order it was launched, with a failure
+// among them answered at its own launch and not at its neighbours'.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/worker/remote_device.h"
+#include "tests/support/await.h"
+
+namespace gpuexec::worker {
+namespace {
+
+using ::gpuexec::testing::Await;
+using ::testing::HasSubstr;
+
+class RemoteAnswersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WorkerOptions o;
+    o.program = GPUEXEC_DAEMON;
+    o.driver_library = GXFAKE_LIBRARY_PATH;
+    o.staging_bytes = 4096;
+    o.staging_slots = 2;
+    port::DriverInfo info;
+    auto dev = RemoteDevice::Start(o, &info);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    dev_ = std::move(dev).value();
+    auto image = std::make_shared<port::ModuleImage>();
+    image->sha256 = std::string(64, 'd');
+    image->bytes = "GXFAKE1\ngx_spin\n";
+    stream_ = dev_->CreateStream(absl::ZeroDuration(), {});
+    auto k = Await<port::KernelInfo>([&](port::Callback<port::KernelInfo> cb) {
+      dev_->GetKernel(image, "gx_spin", "module m", cb);
+    });
+    ASSERT_TRUE(k.ok()) << k.status();
+    spin_ = k->id;
+  }
+
+  port::LaunchOp Spin(port::KernelId kernel, int index) const {
+    port::LaunchOp op;
+    op.kernel = kernel;
+    op.geometry.grid[0] = 1;
+    op.geometry.block[0] = 32;
+    op.param_block.assign(8, '\0');  // 0 ns
+    op.what = "launch " + std::to_string(index) + " of kernel 'gx_spin'";
+    return op;
+  }
+
+  std::unique_ptr<RemoteDevice> dev_;
+  port::StreamId stream_ = 0;
+  port::KernelId spin_ = 0;
+};
+
+TEST_F(RemoteAnswersTest, AFloodOfAsyncLaunchesIsAnsweredOnceEachInOrder) {
+  constexpr int kLaunches = 2000;  // several of the worker's batches
+  constexpr int kFailing = 1234;   // a kernel the worker never loaded
+  struct Answers {
+    absl::Mutex mu;
+    std::vector<int> order;
+    std::vector<absl::Status> status = std::vector<absl::Status>(kLaunches);
+    absl::Notification all;
+  };
+  auto answers = std::make_shared<Answers>();
+  for (int i = 0; i < kLaunches; ++i) {
+    dev_->Launch(stream_, Spin(i == kFailing ? spin_ + 1000 : spin_, i), /*epoch=*/1,
+                 [answers, i](absl::Status st) {
+                   absl::MutexLock lock(&answers->mu);
+                   answers->order.push_back(i);
+                   answers->status[i] = std::move(st);
+                   if (answers->order.size() == kLaunches) answers->all.Notify();
+                 });
+  }
+  ASSERT_TRUE(answers->all.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::MutexLock lock(&answers->mu);
+  for (int i = 0; i < kLaunches; ++i) {
+    ASSERT_EQ(answers->order[i], i) << "answers out of order at " << i;
+    if (i == kFailing) {
+      EXPECT_FALSE(answers->status[i].ok());
+      EXPECT_THAT(answers->status[i].message(), HasSubstr("launch 1234 of kernel 'gx_spin'"));
+    } else {
+      EXPECT_TRUE(answers->status[i].ok()) << i << ": " << answers->status[i];
+    }
+  }
+  // The stream still serves after the flood.
+  EXPECT_TRUE(Await<uint64_t>([&](port::Callback<uint64_t> cb) {
+                dev_->Synchronize(stream_, /*work_epoch=*/1, cb);
+              }).ok());
+}
+
+}  // namespace
+}  // namespace gpuexec::worker
