@@ -50,7 +50,6 @@ namespace gpuexec::worker {
 class Channel;
 class Request;
 class Reply;
-class DoneBatch;
 
 struct WorkerOptions {
   // The program to start as the worker (gpuexecd itself).
@@ -243,7 +242,6 @@ class RemoteDevice final : public port::DevicePort {
             d->next_spawn_ <= absl::Now());
   }
   void ReadLoop(std::shared_ptr<Connection> conn);
-  void OnDone(const std::shared_ptr<Connection>& conn, const DoneBatch& done);
   void OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame);
   // `conn` (the current connection) is no longer current: retired, its
   // end time set; returns the replies it still owed, for the caller to fail.

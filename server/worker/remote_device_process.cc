@@ -12,7 +12,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/environment.h"
 #include "server/common/log.h"
@@ -347,27 +346,6 @@ void RemoteDevice::ReadLoop(std::shared_ptr<Connection> conn) {
   conn->exited.store(true);
 }
 
-void RemoteDevice::OnDone(const std::shared_ptr<Connection>& conn, const DoneBatch& done) {
-  // A batch of answers that are only "done": taken under one lock, each
-  // answered as a Reply of its id alone, in the order the worker sent.
-  absl::InlinedVector<std::pair<uint64_t, ReplyFn>, 16> fns;
-  {
-    absl::MutexLock lock(&mu_);
-    if (conn_ != conn) return;  // a worker already replaced
-    for (uint64_t id : done.ids()) {
-      auto it = pending_.find(id);
-      if (it == pending_.end()) continue;
-      fns.emplace_back(id, std::move(it->second));
-      pending_.erase(it);
-    }
-  }
-  Reply reply;
-  for (auto& [id, fn] : fns) {
-    reply.set_id(id);
-    fn(reply, conn->epoch);
-  }
-}
-
 void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::string& frame) {
   GPUEXEC_TRACE(kFrontReply);
   FromWorker m;
@@ -386,10 +364,6 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
       pending_.erase(it);
     }
     fn(m.reply(), conn->epoch);
-    return;
-  }
-  if (m.has_done()) {
-    OnDone(conn, m.done());
     return;
   }
   const Event& e = m.event();

@@ -98,7 +98,6 @@ class Worker {
   // sends the replies its operations queued.
   void FlushReplies() {
     executor_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-    EnqueueDone();
     if (flush_) {
       flush_ = false;
       GPUEXEC_TRACE(kWorkerReply);
@@ -110,32 +109,14 @@ class Worker {
   // Replies made on the executor are queued and leave together at the end
   // of its batch (one system call for many launches); others go at once.
   void Out(const FromWorker& m) {
-    if (OnExecutor()) {
-      EnqueueDone();  // the answers before this one stay before it
+    if (std::this_thread::get_id() == executor_.load(std::memory_order_relaxed)) {
       if (channel_->Enqueue({&m})) flush_ = true;
       return;
     }
     (void)channel_->Send(m);
   }
-  bool OnExecutor() const {
-    return std::this_thread::get_id() == executor_.load(std::memory_order_relaxed);
-  }
-  // The executor's answers that are only "done" (an async launch's, most
-  // often) leave as one message of their ids: the front reads and parses
-  // one message for a batch of launches instead of one each.
-  void EnqueueDone() {
-    if (done_.ids().empty()) return;
-    if (channel_->Enqueue({&done_msg_})) flush_ = true;
-    done_.clear_ids();
-  }
 
   void Reply(uint64_t id, const absl::Status& st, bool launched = false) {
-    if (st.ok() && !launched && OnExecutor()) {
-      done_.add_ids(id);
-      flush_ = true;
-      if (done_.ids_size() >= kMaxDoneIds) EnqueueDone();
-      return;
-    }
     FromWorker m;
     worker::Reply* reply = m.mutable_reply();
     reply->set_id(id);
@@ -233,11 +214,6 @@ class Worker {
   Channel* channel_;
   std::atomic<std::thread::id> executor_;
   bool flush_ = false;  // executor only
-  // The executor's "done" answers not yet enqueued (EnqueueDone), at most
-  // kMaxDoneIds in one message.
-  static constexpr int kMaxDoneIds = 256;
-  FromWorker done_msg_;
-  worker::DoneBatch& done_ = *done_msg_.mutable_done();
   device::Device* dev_;
   uint8_t* staging_;
   uint64_t slot_bytes_;

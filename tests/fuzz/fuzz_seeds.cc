@@ -301,9 +301,6 @@ void FrameSeeds() {
   launched.mutable_reply()->set_value(123456);
   launched.mutable_reply()->set_launched(true);
 
-  w::FromWorker done;  // a batch of async launches' answers
-  for (uint64_t id : {11, 12, 13, 300000}) done.mutable_done()->add_ids(id);
-
   w::FromWorker fault;
   fault.mutable_event()->mutable_fault()->set_message("CUDA_ERROR_ILLEGAL_ADDRESS in kernel 'k'");
   w::FromWorker hung;
@@ -311,7 +308,7 @@ void FrameSeeds() {
   hung.mutable_event()->mutable_hung()->set_message("kernel 'k' has run for 500 ms");
 
   const std::string all = Frame(ready) + Frame(kernel) + Frame(error) + Frame(memory) +
-                          Frame(launched) + Frame(done) + Frame(fault) + Frame(hung);
+                          Frame(launched) + Frame(fault) + Frame(hung);
   Write("worker_frames_fuzz", "session", std::string(1, '\0') + all);
   Write("worker_frames_fuzz", "session_split", std::string(1, '\x31') + all);
   // A frame cut off by the end; a length over the limit.

@@ -61,14 +61,6 @@ void Handle(const std::string& frame) {
     (void)r.launched();
     return;
   }
-  if (m.has_done()) {  // RemoteDevice::OnDone: each id answered as a bare Reply
-    w::Reply r;
-    for (uint64_t id : m.done().ids()) {
-      r.set_id(id);
-      FUZZ_CHECK(!r.has_status() && w::FromProto(r.status()).ok());
-    }
-    return;
-  }
   const w::Event& e = m.event();
   switch (e.event_case()) {
     case w::Event::kReady: {

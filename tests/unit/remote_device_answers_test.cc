@@ -1,11 +1,15 @@
 // How a device's worker answers a flood of async launches (a gpuexecd
-// worker on the libcuda test double): the answers that only say "done"
-// leave the worker in batches (worker.proto's DoneBatch), and every launch
-// is still answered once, in the order it was launched, with a failure
-// among them answered at its own launch and not at its neighbours'.
+// worker on the libcuda test double): every launch is answered once, in the
+// order it was launched, a failure among them at its own launch and not at
+// its neighbours'; and the answers the executor gathers for its batch share
+// the worker's channel with those the driver's callback thread sends, one
+// writer at a time (two at once interleave their frames, and the front
+// resets the worker for broken framing: a batching of answers once did so).
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,7 +66,7 @@ class RemoteAnswersTest : public ::testing::Test {
 };
 
 TEST_F(RemoteAnswersTest, AFloodOfAsyncLaunchesIsAnsweredOnceEachInOrder) {
-  constexpr int kLaunches = 2000;  // several of the worker's batches
+  constexpr int kLaunches = 2000;  // several of the executor's turns
   constexpr int kFailing = 1234;   // a kernel the worker never loaded
   struct Answers {
     absl::Mutex mu;
@@ -95,6 +99,48 @@ TEST_F(RemoteAnswersTest, AFloodOfAsyncLaunchesIsAnsweredOnceEachInOrder) {
   EXPECT_TRUE(Await<uint64_t>([&](port::Callback<uint64_t> cb) {
                 dev_->Synchronize(stream_, /*work_epoch=*/1, cb);
               }).ok());
+}
+
+TEST_F(RemoteAnswersTest, LaunchesAnsweredBesideAnswersFromTheDriversThread) {
+  // An AfterQueued is answered on the driver's callback thread, which
+  // writes to the worker's channel while the executor's turns answer the
+  // launches.
+  const port::StreamId other = dev_->CreateStream(absl::ZeroDuration(), {});
+  std::atomic<bool> stop{false};
+  std::atomic<int> waited{0};
+  auto wait_loop = [&] {
+    while (!stop.load()) {
+      absl::Status st =
+          Await<bool>([&](port::Callback<bool> cb) {
+            dev_->AfterQueued(other, 1, "a wait on the other stream",
+                              [cb](absl::Status st) { st.ok() ? cb(true) : cb(std::move(st)); });
+          }).status();
+      if (!st.ok()) {
+        ADD_FAILURE() << st;
+        return;
+      }
+      waited.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 4; ++i) waiters.emplace_back(wait_loop);
+  constexpr int kRounds = 200, kLaunches = 1000;
+  for (int round = 0; round < kRounds; ++round) {
+    auto left = std::make_shared<std::atomic<int>>(kLaunches);
+    auto failed = std::make_shared<std::atomic<int>>(0);
+    auto all = std::make_shared<absl::Notification>();
+    for (int i = 0; i < kLaunches; ++i) {
+      dev_->Launch(stream_, Spin(spin_, i), /*epoch=*/1, [left, failed, all](absl::Status st) {
+        if (!st.ok()) failed->fetch_add(1);
+        if (left->fetch_sub(1) == 1) all->Notify();
+      });
+    }
+    ASSERT_TRUE(all->WaitForNotificationWithTimeout(absl::Seconds(30))) << "round " << round;
+    ASSERT_EQ(failed->load(), 0) << "round " << round;
+  }
+  stop.store(true);
+  for (std::thread& t : waiters) t.join();
+  EXPECT_GT(waited.load(), 0);
 }
 
 }  // namespace
