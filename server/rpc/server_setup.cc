@@ -79,11 +79,27 @@ std::string MpsPipeDirectory() {
   return env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
 }
 
-std::optional<std::string> MpsControlPipes() {
+std::optional<std::string> MpsControlPipes(std::string* why_not) {
   const std::string pipes = MpsPipeDirectory();
+  const std::string control = absl::StrCat(pipes, "/control");
   struct stat st;
-  if (lstat(absl::StrCat(pipes, "/control").c_str(), &st) != 0 || !S_ISFIFO(st.st_mode) ||
-      (st.st_uid != 0 && st.st_uid != geteuid())) {
+  if (lstat(control.c_str(), &st) != 0) {
+    if (why_not != nullptr) *why_not = absl::StrCat("no ", control);
+    return std::nullopt;
+  }
+  // A named pipe (older control daemons) or a Unix socket (the driver's
+  // MPS of 2025 on): the same daemon's door, of this user or root's.
+  if (!S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
+    if (why_not != nullptr) {
+      *why_not = absl::StrCat(control, " is neither a named pipe nor a Unix socket");
+    }
+    return std::nullopt;
+  }
+  if (st.st_uid != 0 && st.st_uid != geteuid()) {
+    if (why_not != nullptr) {
+      *why_not = absl::StrCat(control, " belongs to uid ", st.st_uid, ", neither root nor ",
+                              geteuid(), " (this daemon's)");
+    }
     return std::nullopt;
   }
   return pipes;
@@ -293,7 +309,9 @@ void LogServing(const ServerOptions& options, const ServingFacts& facts) {
               "it reached, and charges a fault only where one tenant's kernels alone were in "
               "flight");
   } else if (eo.isolation == core::EngineOptions::Isolation::kTenant) {
-    log::Info("gpuexecd: no MPS control daemon (", MpsPipeDirectory(),
+    std::string why_not;
+    (void)MpsControlPipes(&why_not);
+    log::Info("gpuexecd: no MPS control daemon (", why_not,
               "): tenants' workers take turns on each GPU (time-sliced)");
   }
   log::Info("gpuexecd: isolation ",

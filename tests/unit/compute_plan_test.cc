@@ -1,12 +1,22 @@
 // The daemon's side of compute shares, without a server: its flags, the
-// plan of a tenants file on devices, and the mechanism a plan needs.
+// plan of a tenants file on devices, the mechanism a plan needs, and how
+// the daemon finds an MPS control daemon serving the host.
 
 #include "server/rpc/compute_plan.h"
 
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/rpc/server_setup.h"
 #include "server/tenants/tenants.h"
 
 namespace gpuexec::rpc {
@@ -75,6 +85,41 @@ TEST(ComputePlanTest, WithoutSharesNothingIsHeldAndAnyMechanismDoes) {
   EXPECT_EQ(plan.PercentFor(0, "anyone"), 0u);
   EXPECT_TRUE(plan.Describe().empty());
   EXPECT_TRUE(ComputePlan::CheckMechanism(*plans, Isolation::kDevice, false, false).ok());
+}
+
+// The control daemon's door is a named pipe (older drivers) or a Unix
+// socket (newer ones); either, of this user, means MPS serves the host.
+TEST(MpsControlPipesTest, AControlPipeOrSocketOfThisUserIsAControlDaemon) {
+  char dir_template[] = "/tmp/gpuexec-mps-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template, control = dir + "/control";
+  setenv("CUDA_MPS_PIPE_DIRECTORY", dir.c_str(), 1);
+  std::string why;
+  EXPECT_FALSE(MpsControlPipes(&why).has_value());
+  EXPECT_THAT(why, HasSubstr("no " + control));
+
+  ASSERT_EQ(mkfifo(control.c_str(), 0600), 0);
+  EXPECT_EQ(MpsControlPipes().value_or(""), dir);
+  ASSERT_EQ(unlink(control.c_str()), 0);
+
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(control.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, control.c_str(), control.size() + 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(MpsControlPipes().value_or(""), dir);
+  close(fd);
+  ASSERT_EQ(unlink(control.c_str()), 0);
+
+  // A plain file is no control daemon's door.
+  ASSERT_EQ(close(creat(control.c_str(), 0600)), 0);
+  EXPECT_FALSE(MpsControlPipes(&why).has_value());
+  EXPECT_THAT(why, HasSubstr("is neither a named pipe nor a Unix socket"));
+  unlink(control.c_str());
+  rmdir(dir.c_str());
+  unsetenv("CUDA_MPS_PIPE_DIRECTORY");
 }
 
 }  // namespace
