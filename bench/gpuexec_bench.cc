@@ -68,8 +68,13 @@ ABSL_FLAG(std::string, tenant_share, "",
           "the tenants section: the measured tenant's compute_share, a fraction (0.1) or a "
           "count (16sm); empty: none (needs MPS: --tenants_mps)");
 ABSL_FLAG(int, neighbour_blocks, 1,
-          "the tenants section: blocks of each of the second tenant's kernels (one spinning "
-          "thread each; 528 fill an H200's 132 SMs four deep)");
+          "the tenants section: blocks of each of the second tenant's kernels (of "
+          "--neighbour_threads spinning threads each; 528 of 1024 fill an H200's 132 SMs two "
+          "deep)");
+ABSL_FLAG(int, neighbour_threads, 1024,
+          "threads of each block of the neighbour's kernels (the tenants section's and "
+          "--green_only's), each spinning: an SM holds 2048 threads, so blocks of 1024 fill it "
+          "and leave no room for another tenant's kernel beside them");
 ABSL_FLAG(std::string, tenants_mps, "auto",
           "the tenants section: the daemon's --mps (auto, own, external, off)");
 ABSL_FLAG(std::string, tenants_isolation, "tenant",

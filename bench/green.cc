@@ -4,6 +4,7 @@
 // context's stream; how many SMs a part's kernels reach; what a launch +
 // synchronize costs on a part alone and beside a neighbour that fills the
 // rest of the GPU.
+#include <algorithm>
 #include <set>
 
 #include "bench.h"
@@ -120,8 +121,11 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
                       "%.1f us",
                       alone_primary.p50, alone_primary.p99, alone_part.p50, alone_part.p99));
   if (parts.size() < 2) return;
-  // A neighbour on the rest: gx_spin blocks that fill every SM of the rest
-  // (and would fill part 1's too were it not apart), kept queued.
+  // A neighbour on the rest: gx_spin blocks of --neighbour_threads (1024:
+  // two fill an SM's 2048 threads) two waves deep on every SM of the rest
+  // (and on part 1's too were it not apart), kept queued.
+  const unsigned threads =
+      static_cast<unsigned>(std::clamp(absl::GetFlag(FLAGS_neighbour_threads), 1, 1024));
   auto rest = Must(d.CreateGreenStream(parts[1].context, 0, "the rest"), "green stream");
   auto whole = Must(d.CreateStream("whole"), "stream");
   for (auto [name, neighbour] : {std::pair<const char*, CUstream_st*>{"the rest", rest.get()},
@@ -133,7 +137,7 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
       void* params[] = {&ns};
       cuda::LaunchGeometry g;
       g.grid[0] = sms.sms * 4;
-      g.block[0] = 128;
+      g.block[0] = threads;
       while (!stop.load()) {
         for (int i = 0; i < 4; ++i) Must(d.Launch(spin, g, params, neighbour, "gx_spin"), "spin");
         Must(d.SynchronizeStream(neighbour, "flood"), "sync");
@@ -144,9 +148,9 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
     stop = true;
     flood.join();
     Note(
-        absl::StrFormat("launch + sync on part 1 beside %u-block %d us kernels on %s: p50 %.1f "
-                        "p99 %.1f us (%.2fx / %.2fx alone)",
-                        sms.sms * 4, neighbour_us, name, beside.p50, beside.p99,
+        absl::StrFormat("launch + sync on part 1 beside %u-block %d us kernels of %u threads "
+                        "a block on %s: p50 %.1f p99 %.1f us (%.2fx / %.2fx alone)",
+                        sms.sms * 4, neighbour_us, threads, name, beside.p50, beside.p99,
                         beside.p50 / alone_part.p50, beside.p99 / alone_part.p99));
   }
 }

@@ -8,6 +8,8 @@
 #include <spawn.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "bench.h"
@@ -56,6 +58,8 @@ void NeighbourLoad(const std::string& target, const std::string& image, LoadWord
   const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
   LaunchConfig flood = One();
   flood.grid.x = static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_neighbour_blocks)));
+  flood.block.x =
+      static_cast<uint32_t>(std::clamp(absl::GetFlag(FLAGS_neighbour_threads), 1, 1024));
   while (Load(&words->stop) == 0) {
     // Told to pause: its last synchronize has returned, so nothing of its
     // is queued.
@@ -84,7 +88,8 @@ class NeighbourProcess {
         "--target=" + target,
         "--kernels=" + cubin.substr(0, cubin.rfind('/')),
         absl::StrCat("--neighbour_kernel_us=", absl::GetFlag(FLAGS_neighbour_kernel_us)),
-        absl::StrCat("--neighbour_blocks=", absl::GetFlag(FLAGS_neighbour_blocks))};
+        absl::StrCat("--neighbour_blocks=", absl::GetFlag(FLAGS_neighbour_blocks)),
+        absl::StrCat("--neighbour_threads=", absl::GetFlag(FLAGS_neighbour_threads))};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -269,11 +274,14 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                                : " (a worker each, no MPS: the two contexts are time-sliced)";
   Note(absl::StrFormat(
       "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
-      "'neighbour' (%d us kernels of %d blocks, %.0f of them a second meanwhile, %.0f alone; "
+      "'neighbour' (%d us kernels of %d blocks of %d threads, %.0f of them a second meanwhile, "
+      "%.0f alone; "
       "its client %s): p50 %.1f us p99 %.1f us; p99 beside over alone, each of %d pairs of "
       "blocks: median %.2fx (%.2f-%.2fx)%s%s",
       out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
-      absl::GetFlag(FLAGS_neighbour_blocks), out.neighbour_kernels_per_s, out.neighbour_alone_per_s,
+      absl::GetFlag(FLAGS_neighbour_blocks),
+      std::clamp(absl::GetFlag(FLAGS_neighbour_threads), 1, 1024), out.neighbour_kernels_per_s,
+      out.neighbour_alone_per_s,
       out.neighbour_process ? "in a process of its own" : "a thread of this process",
       out.beside.p50, out.beside.p99, kBlocks, out.pair_p99_ratio_median, out.pair_p99_ratio_low,
       out.pair_p99_ratio_high, how,
