@@ -199,6 +199,10 @@ void CommandRingRunner::Loop() {
   shm::CommandRingView& view = *st->view;
   auto scratch = std::make_unique<shm::RecordScratch>();
   int empty_wakes = 0;
+  // How long the next park may last: kRingParkLimit after any record or
+  // wake-up, twice as long after each park that timed out, up to
+  // kRingIdleParkLimit (an idle ring costs a wake-up every few seconds).
+  absl::Duration park = kRingParkLimit;
   // The last turn ended full (its records or its time): the next one may
   // spin though it finds none.
   bool after_records = false;
@@ -348,8 +352,14 @@ void CommandRingRunner::Loop() {
       }
     }
     if (taken == 0 && ++empty_wakes > kStormWakes) absl::SleepFor(absl::Milliseconds(1));
+    if (taken > 0) park = kRingParkLimit;
     // Bounded: see kRingParkLimit. A time-out is no wake-up of the client's.
-    if (view.ParkDaemon(kRingParkLimit) == shm::Park::kTimedOut) empty_wakes = 0;
+    if (view.ParkDaemon(park) == shm::Park::kTimedOut) {
+      empty_wakes = 0;
+      park = std::min(park * 2, kRingIdleParkLimit);
+    } else {
+      park = kRingParkLimit;
+    }
     st->admission_waits.store(false);
   }
   st->ended.store(true);

@@ -68,6 +68,11 @@ struct CommandRingOptions {
 // client can move a sleeper off it (FUTEX_CMP_REQUEUE) where no wake-up
 // reaches.
 inline constexpr absl::Duration kRingParkLimit = absl::Milliseconds(250);
+// The longest an idle ring's thread sleeps (its parks double from
+// kRingParkLimit while none is woken): the most a Stop waits for a thread
+// whose client moved it off its futex, and what an idle ring costs (a
+// wake-up every 4 s, so 64 idle rings cost 16 a second).
+inline constexpr absl::Duration kRingIdleParkLimit = absl::Seconds(4);
 
 // The memory of one ring: mapped by the caller, unmapped (munmap) by
 // whoever drops the last reference, which may be an engine thread

@@ -13,6 +13,8 @@
 
 #include <climits>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -260,8 +262,46 @@ TEST_F(CommandRingRunnerTest, AThreadRequeuedOffItsFutexStillStops) {
   const absl::Time stopped = absl::Now();
   runner_->Stop(absl::CancelledError("the client hung up"));
   ASSERT_TRUE(WaitFor([&] { return runner_->ended(); }, absl::Seconds(20)));
-  EXPECT_LT(absl::Now() - stopped, kRingParkLimit + absl::Seconds(1));
+  EXPECT_LT(absl::Now() - stopped, kRingIdleParkLimit + absl::Seconds(1));
   runner_.reset();  // joins
+}
+
+// The voluntary context switches of this process's threads named `name`
+// (each park of a ring's thread that ends is one).
+uint64_t SwitchesOf(const std::string& name) {
+  uint64_t total = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string got;
+    if (!std::getline(comm, got) || got != name) continue;
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
+        total += std::stoull(line.substr(line.find(':') + 1));
+      }
+    }
+  }
+  return total;
+}
+
+TEST_F(CommandRingRunnerTest, AnIdleRingsThreadSleepsLongerAndLonger) {
+  RawCommandRing ring;
+  Serve(ring);
+  ASSERT_TRUE(ring.Append(ring::kBarrier, nullptr, 0u, 1));
+  ring.Publish();
+  ASSERT_EQ(ring.Completions(1).size(), 1u);
+  // Idle from here: parks of 250 ms, then 500, 1000, 2000 and 4000 ms (at
+  // most 4 end in 3 s), where parks of 250 ms each would end 12 times.
+  const uint64_t before = SwitchesOf("gx-ring");
+  absl::SleepFor(absl::Seconds(3));
+  const uint64_t parks = SwitchesOf("gx-ring") - before;
+  EXPECT_LE(parks, 6u);
+  // And a record after the long sleep is still served at once.
+  ASSERT_TRUE(ring.Append(ring::kBarrier, nullptr, 0u, 2));
+  const absl::Time posted = absl::Now();
+  ring.Publish();
+  ASSERT_EQ(ring.Completions(1).size(), 1u);
+  EXPECT_LT(absl::Now() - posted, kRingParkLimit);
 }
 
 }  // namespace
