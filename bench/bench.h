@@ -402,13 +402,16 @@ struct TenantFigures {
 
 // The front's CPU beside command rings (bench/ring_cpu.cc), from its
 // /proc stat: per 100k async launches through rings and through the
-// Execute stream of the same daemon, and idle beside sessions holding
-// rings; the client's own CPU for the same launches.
+// Execute stream of the same daemon; from its threads' schedstat, idle
+// alone and beside sessions holding rings; the client's own CPU for the
+// same launches.
 struct RingCpuFigures {
   double ring_front_ms = 0, stream_front_ms = 0;    // per 100k launches
   double ring_client_ms = 0, stream_client_ms = 0;  // per 100k launches
   int idle_rings = 0;
-  double idle_front_ms_per_s = 0;
+  double idle_alone_ms_per_s = 0;  // quiet, no ring (schedstat)
+  double idle_first_ms_per_s = 0;  // beside the rings, their first seconds of quiet
+  double idle_front_ms_per_s = 0;  // beside the rings, 10 s into the quiet
 };
 
 // The CPU a daemon process (`front`) and this one spent since the clock's

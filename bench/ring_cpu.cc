@@ -1,12 +1,14 @@
 // The front's CPU beside command rings (issue 36: "front CPU per 100k
 // launches and idle"): the daemon's user + system time from /proc/PID/stat
 // around a run of async launches through a ring and through the Execute
-// stream of the same daemon, and over seconds of quiet beside sessions that
-// each hold a ring. The client's CPU is this process's (getrusage).
+// stream of the same daemon, and its threads' time on a CPU (schedstat)
+// over seconds of quiet, alone and beside sessions that each hold a ring.
+// The client's CPU is this process's (getrusage).
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -34,6 +36,27 @@ double ProcessCpuMs(pid_t pid) {
     if (i == 14 || i == 15) ticks += std::stod(field);
   }
   return ticks * 1e3 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Time on a CPU of every thread `pid` has now, in milliseconds, from
+// their schedstat (nanoseconds: where /proc/PID/stat counts 10 ms ticks,
+// which over seconds of quiet are all or nothing).
+double ProcessRunMs(pid_t pid) {
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  double ns = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    uint64_t on_cpu = 0;
+    if (std::ifstream(task.path() / "schedstat") >> on_cpu) ns += static_cast<double>(on_cpu);
+  }
+  return ns / 1e6;
+}
+
+// The front's CPU in ms/s over `quiet` from now, from ProcessRunMs.
+double IdleMsPerS(pid_t front, absl::Duration quiet) {
+  const double before = ProcessRunMs(front);
+  absl::SleepFor(quiet);
+  return (ProcessRunMs(front) - before) / absl::ToDoubleSeconds(quiet);
 }
 
 double SelfCpuMs() {
@@ -87,6 +110,12 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
   out.stream_front_ms = stream.front_ms;
   out.stream_client_ms = stream.client_ms;
 
+  // The front alone, quiet: its own threads' wake-ups (leases, health,
+  // the workers' pings), the floor of the rows below.
+  const absl::Duration quiet = quick ? absl::Seconds(1) : absl::Seconds(5);
+  absl::SleepFor(absl::Milliseconds(500));  // past the sessions' close
+  out.idle_alone_ms_per_s = IdleMsPerS(front, quiet);
+
   // 64 sessions, each of which took its ring with one launch, then quiet.
   out.idle_rings = quick ? 8 : 64;
   Client client = Must(Client::Connect(target, BenchClientOptions()), "connect");
@@ -97,16 +126,19 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
     Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
     Must(sessions.back().LaunchAndWait(empty, One(), {}), "launch and wait");
   }
+  // Their first seconds of quiet (their threads' sleeps grow to 4 s), then
+  // once settled.
   absl::SleepFor(absl::Milliseconds(500));  // past every spin window
-  const CpuClock idle(front);
-  const absl::Duration quiet = quick ? absl::Seconds(1) : absl::Seconds(5);
-  absl::SleepFor(quiet);
-  out.idle_front_ms_per_s = idle.Spent(1.0 / absl::ToDoubleSeconds(quiet)).front_ms;
+  out.idle_first_ms_per_s = IdleMsPerS(front, quiet);
+  if (!quick) absl::SleepFor(absl::Seconds(5));
+  out.idle_front_ms_per_s = IdleMsPerS(front, quiet);
   Note(absl::StrFormat(
       "front CPU per 100k async launches: %.0f ms through rings, %.0f ms through the Execute "
-      "stream; the client's %.0f and %.0f ms; idle beside %d rings: %.1f ms/s",
+      "stream; the client's %.0f and %.0f ms; idle: %.2f ms/s with no ring, beside %d rings "
+      "%.2f ms/s in their first %.0f s of quiet and %.2f ms/s after",
       out.ring_front_ms, out.stream_front_ms, out.ring_client_ms, out.stream_client_ms,
-      out.idle_rings, out.idle_front_ms_per_s));
+      out.idle_alone_ms_per_s, out.idle_rings, out.idle_first_ms_per_s,
+      absl::ToDoubleSeconds(quiet), out.idle_front_ms_per_s));
   return out;
 }
 
