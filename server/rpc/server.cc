@@ -212,9 +212,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         " (no control pipe there); start one (nvidia-cuda-mps-control -d, with the same "
         "CUDA_MPS_PIPE_DIRECTORY as the daemon's) or run with --mps=off"));
   }
-  if (mps_mode == rpc::MpsMode::kOff && rpc::MpsControlPipes().has_value()) {
-    // The workers would find the control daemon by themselves.
-    mps_environment = {"CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off"};
+  if (mps_mode != rpc::MpsMode::kOwn) {
+    // The workers look for a control daemon by themselves at each start:
+    // they are told the directory checked here, or one where none is, so
+    // that they are MPS clients exactly when the daemon counts them so (a
+    // daemon started later, or a directory swapped, changes nothing).
+    mps_environment = {mps_pipes.has_value()
+                           ? "CUDA_MPS_PIPE_DIRECTORY=" + *mps_pipes
+                           : std::string("CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off")};
   }
   std::shared_ptr<core::SharePlan> plan = impl->share_plan;
   // Whether MPS still serves when a worker held to a share starts: a client

@@ -83,6 +83,20 @@ std::optional<std::string> MpsControlPipes(std::string* why_not) {
   const std::string pipes = MpsPipeDirectory();
   const std::string control = absl::StrCat(pipes, "/control");
   struct stat st;
+  // The directory itself, not a link, of root's or this user's, that no
+  // one else may write: else another user could point it (or /tmp's
+  // default) at any root socket named control, or swap it later.
+  if (lstat(pipes.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (why_not != nullptr) *why_not = absl::StrCat("no directory ", pipes);
+    return std::nullopt;
+  }
+  if ((st.st_uid != 0 && st.st_uid != geteuid()) || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    if (why_not != nullptr) {
+      *why_not = absl::StrCat(pipes, " is not the directory of root or uid ", geteuid(),
+                              " (this daemon's) that only its owner may write");
+    }
+    return std::nullopt;
+  }
   if (lstat(control.c_str(), &st) != 0) {
     if (why_not != nullptr) *why_not = absl::StrCat("no ", control);
     return std::nullopt;

@@ -44,10 +44,11 @@ absl::StatusOr<std::string> SimulatorLibrary(const std::string& program, const S
 // The MPS control daemon's pipe directory, as its clients look for it.
 std::string MpsPipeDirectory();
 
-// That directory, if an MPS control daemon serves there: its `control` a
-// named pipe or a Unix socket of root's or the daemon's own user (a file
-// anyone could make in /tmp is no control daemon). Else none, and
-// `why_not` (if given) says why in words for the log.
+// That directory, if an MPS control daemon serves there: a directory (no
+// link) of root's or the daemon's own user that no one else may write,
+// its `control` a named pipe or a Unix socket of either (what anyone could
+// make in /tmp is no control daemon). Else none, and `why_not` (if given)
+// says why in words for the log.
 std::optional<std::string> MpsControlPipes(std::string* why_not = nullptr);
 
 // The host's physical memory in bytes (0 if unknown).

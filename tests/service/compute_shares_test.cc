@@ -189,6 +189,21 @@ TEST_F(ComputeSharesTest, SharesWithoutMpsAreRefusedAtStart) {
   EXPECT_THAT(server.status().message(), HasSubstr("--mps=external, but no MPS control daemon"));
 }
 
+// A pipe directory that another user could write (or swap) is no control
+// daemon's, and workers are then kept from any (they would otherwise look
+// for one themselves at each start, where the daemon counts none).
+TEST_F(ComputeSharesTest, WorkersAreMpsClientsOnlyWhereTheDaemonCountsThemSo) {
+  WriteTenants(TwoTenants(""));
+  ASSERT_EQ(chmod(pipes_.c_str(), 0777), 0);
+  Start(ByTenant());
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  std::optional<Session> sa;
+  const pid_t wa = WorkerStartedBy([&] { sa = a.OpenSession({kDevice}).value(); });
+  EXPECT_EQ(EnvOf(wa, "CUDA_MPS_PIPE_DIRECTORY"), "/nonexistent/gpuexec-mps-off");
+  GX_EXPECT_OK(sa->Allocate(4096).status());
+  GX_EXPECT_OK(sa->Close());
+}
+
 // A tenant of priority LOW: its worker is an MPS client of below-normal
 // priority, the other's of normal; without MPS nothing would honour it.
 TEST_F(ComputeSharesTest, ALowPriorityTenantsWorkerIsABelowNormalMpsClient) {

@@ -113,6 +113,21 @@ TEST(MpsControlPipesTest, AControlPipeOrSocketOfThisUserIsAControlDaemon) {
   close(fd);
   ASSERT_EQ(unlink(control.c_str()), 0);
 
+  // Nor is one in a directory others may write, or reached through a link.
+  ASSERT_EQ(mkfifo(control.c_str(), 0600), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  EXPECT_FALSE(MpsControlPipes(&why).has_value());
+  EXPECT_THAT(why, HasSubstr("that only its owner may write"));
+  ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
+  const std::string link = dir + "-link";
+  ASSERT_EQ(symlink(dir.c_str(), link.c_str()), 0);
+  setenv("CUDA_MPS_PIPE_DIRECTORY", link.c_str(), 1);
+  EXPECT_FALSE(MpsControlPipes(&why).has_value());
+  EXPECT_THAT(why, HasSubstr("no directory " + link));
+  unlink(link.c_str());
+  setenv("CUDA_MPS_PIPE_DIRECTORY", dir.c_str(), 1);
+  ASSERT_EQ(unlink(control.c_str()), 0);
+
   // A plain file is no control daemon's door.
   ASSERT_EQ(close(creat(control.c_str(), 0600)), 0);
   EXPECT_FALSE(MpsControlPipes(&why).has_value());
