@@ -328,6 +328,7 @@ void CommandRingRunner::Loop() {
         view.PublishHead();
         view.WakeClientIfParked();
         empty_wakes = 0;
+        park = kRingParkLimit;
         if (!blocked && (taken == st->options.turn_records || absl::Now() >= turn_ends)) {
           after_records = true;
           continue;  // more may be there
@@ -352,7 +353,6 @@ void CommandRingRunner::Loop() {
       }
     }
     if (taken == 0 && ++empty_wakes > kStormWakes) absl::SleepFor(absl::Milliseconds(1));
-    if (taken > 0) park = kRingParkLimit;
     // Bounded: see kRingParkLimit. A time-out is no wake-up of the client's.
     if (view.ParkDaemon(park) == shm::Park::kTimedOut) {
       empty_wakes = 0;

@@ -450,7 +450,14 @@ bool CommandRingServer::Reap(bool all) {
           now - r.ended_at >= kEndGrace) {
         r.runner->CloseWithoutWaiting();
       }
-      if (r.ended && r.adopted && (all || r.runner == nullptr || r.runner->header_closed())) {
+      // Joined here only once its thread has left its loop (at shutdown,
+      // all: they were all stopped first, so their waits overlap): a
+      // thread its client moved off its futex wakes only at its park's
+      // end (up to kRingIdleParkLimit), and this thread serves every
+      // ring's lifeline meanwhile.
+      const bool joinable =
+          all || r.runner == nullptr || (r.runner->header_closed() && r.runner->ended());
+      if (r.ended && r.adopted && joinable) {
         done.push_back(std::move(it->second));
         rings_.erase(it++);
       } else {

@@ -357,6 +357,36 @@ TEST_F(CommandRingHostileTest, AFutexNeverWokenDelaysOnlyItsOwnRecords) {
       << "a record published without a wake-up was never taken";
 }
 
+// A client that moves its ring's sleeping thread off its futex and hangs
+// up: that thread wakes only at its park's end (up to 4 s once idle), and
+// the daemon's one watcher of lifelines must not wait for it meanwhile:
+// another client's hang-up still ends its ring at once.
+TEST_F(CommandRingHostileTest, AThreadMovedOffItsFutexDoesNotHoldOthersHangUps) {
+  ASSERT_NO_FATAL_FAILURE(StartRings());
+  if (IsSkipped()) return;
+  Session mover_session = Open();
+  auto mover = std::make_unique<RegisteredRing>(daemon().shm_socket(), mover_session.token());
+  ASSERT_EQ(mover->answer().code(), 0) << mover->answer().message();
+  // Idle until its thread sleeps 4 s at a time (250 + 500 + 1000 + 2000 ms).
+  absl::SleepFor(absl::Milliseconds(3900));
+  uint32_t nowhere = 0;
+  syscall(SYS_futex, mover->ring().base() + ring::header::kDaemonWait, FUTEX_CMP_REQUEUE, 0,
+          INT_MAX, &nowhere, 1);
+  Session other_session = Open();
+  auto other = std::make_unique<RegisteredRing>(daemon().shm_socket(), other_session.token());
+  ASSERT_EQ(other->answer().code(), 0) << other->answer().message();
+  mover->Hangup();
+  absl::SleepFor(absl::Milliseconds(50));  // the watcher takes the mover's first
+  const absl::Time hung_up = absl::Now();
+  other->Hangup();
+  ASSERT_TRUE(WaitFor([&] { return other->ring().state() == ring::kClosed; }, absl::Seconds(20)));
+  const absl::Duration took = absl::Now() - hung_up;
+  std::printf("a hang-up beside a ring whose thread was moved off its futex: %s\n",
+              absl::FormatDuration(took).c_str());
+  EXPECT_LT(took, absl::Seconds(2));
+  ExpectOthersServed();
+}
+
 TEST_F(CommandRingHostileTest, AStormOfWakeUpsCostsTheDaemonLittleCpu) {
   ASSERT_NO_FATAL_FAILURE(StartRings());
   if (IsSkipped()) return;
