@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gpuexec/address.h"
@@ -228,22 +229,36 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (impl->mps_control != nullptr) {
     mps_serving = [control = impl->mps_control.get()] { return control->Serving(); };
   } else if (mps_pipes.has_value()) {
-    mps_serving = [] { return rpc::MpsControlPipes().has_value(); };
+    // The same directory, as the rules take it now (it may have gone and
+    // come back as someone else's).
+    mps_serving = [pipes = *mps_pipes] { return rpc::MpsControlPipes() == pipes; };
   }
+  const bool own_mps = impl->mps_control != nullptr;
   wo.environment = mps_environment;
   // With one worker a device, that worker holds each tenant to its share
   // itself (green contexts): no MPS limit on it.
   const bool per_tenant = eo.isolation == core::EngineOptions::Isolation::kTenant;
   auto open_device =
-      [wo, plan, mps_serving, per_tenant](
+      [wo, plan, mps_serving, per_tenant, own_mps](
           int ordinal, const std::string& tenant,
           port::DriverInfo* info) -> absl::StatusOr<std::unique_ptr<port::DevicePort>> {
     worker::WorkerOptions o = wo;
     o.ordinal = ordinal;
     o.tenant = tenant;
+    // Checked again at each start: a worker finds a control daemon by
+    // itself, where the directory checked at the daemon's start may have
+    // gone (or come back as another user's). Then it is kept from any.
+    const bool serving = mps_serving && mps_serving();
+    if (mps_serving && !serving && !own_mps) {
+      for (std::string& e : o.environment) {
+        if (absl::StartsWith(e, "CUDA_MPS_PIPE_DIRECTORY=")) {
+          e = "CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off";
+        }
+      }
+    }
     // An MPS client held to its tenant's share, for the worker's life.
     if (const uint32_t percent = per_tenant ? plan->PercentFor(ordinal, tenant) : 0; percent != 0) {
-      if (!mps_serving || !mps_serving()) {
+      if (!serving) {
         return absl::UnavailableError(absl::StrCat(
             "compute shares are in force on device ", ordinal,
             ", but no MPS control daemon serves any longer, so this worker would not be held "

@@ -1,6 +1,7 @@
 #include "server/rpc/server_setup.h"
 
 #include <grpc/support/log.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -80,43 +81,53 @@ std::string MpsPipeDirectory() {
 }
 
 std::optional<std::string> MpsControlPipes(std::string* why_not) {
-  const std::string pipes = MpsPipeDirectory();
-  const std::string control = absl::StrCat(pipes, "/control");
+  auto refuse = [why_not](std::string why) -> std::optional<std::string> {
+    if (why_not != nullptr) *why_not = std::move(why);
+    return std::nullopt;
+  };
+  std::string pipes = MpsPipeDirectory();
+  // A trailing slash would make lstat follow a link.
+  while (pipes.size() > 1 && pipes.back() == '/') pipes.pop_back();
   struct stat st;
-  // The directory itself, not a link, of root's or this user's, that no
-  // one else may write: else another user could point it (or /tmp's
-  // default) at any root socket named control, or swap it later.
-  if (lstat(pipes.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    if (why_not != nullptr) *why_not = absl::StrCat("no directory ", pipes);
-    return std::nullopt;
+  if (pipes.empty() || pipes[0] != '/' || lstat(pipes.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return refuse(absl::StrCat("no directory ", pipes, " (an absolute path, not a link)"));
   }
-  if ((st.st_uid != 0 && st.st_uid != geteuid()) || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    if (why_not != nullptr) {
-      *why_not = absl::StrCat(pipes, " is not the directory of root or uid ", geteuid(),
-                              " (this daemon's) that only its owner may write");
+  char resolved[PATH_MAX];
+  if (realpath(pipes.c_str(), resolved) == nullptr) {
+    return refuse(absl::StrCat("no directory ", pipes));
+  }
+  // Each directory from / down, as the links above it resolve: root's or
+  // this user's, and writable by no one else (a shared one only where
+  // sticky, as /tmp; the last not even so). Else another user could point
+  // it, or swap it later, at any root socket named control.
+  const std::string real = resolved;
+  for (size_t end = 1;; end = real.find('/', end + 1)) {
+    const std::string dir = end == std::string::npos ? real : real.substr(0, end);
+    const bool last = end == std::string::npos;
+    if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return refuse(absl::StrCat("no directory ", dir));
     }
-    return std::nullopt;
+    const bool shared = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    if ((st.st_uid != 0 && st.st_uid != geteuid()) ||
+        (shared && (last || (st.st_mode & S_ISVTX) == 0))) {
+      return refuse(absl::StrCat(dir, " is not a directory of root or uid ", geteuid(),
+                                 " (this daemon's) that no one else may write",
+                                 last ? "" : " (or a sticky one, as /tmp)"));
+    }
+    if (last) break;
   }
-  if (lstat(control.c_str(), &st) != 0) {
-    if (why_not != nullptr) *why_not = absl::StrCat("no ", control);
-    return std::nullopt;
-  }
-  // A named pipe (older control daemons) or a Unix socket (the driver's
-  // MPS of 2025 on): the same daemon's door, of this user or root's.
+  const std::string control = real + "/control";
+  if (lstat(control.c_str(), &st) != 0) return refuse(absl::StrCat("no ", control));
+  // NVIDIA documents the directory as holding named pipes and Unix
+  // sockets: either is the control daemon's door, of root's or this user's.
   if (!S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
-    if (why_not != nullptr) {
-      *why_not = absl::StrCat(control, " is neither a named pipe nor a Unix socket");
-    }
-    return std::nullopt;
+    return refuse(absl::StrCat(control, " is neither a named pipe nor a Unix socket"));
   }
   if (st.st_uid != 0 && st.st_uid != geteuid()) {
-    if (why_not != nullptr) {
-      *why_not = absl::StrCat(control, " belongs to uid ", st.st_uid, ", neither root nor ",
-                              geteuid(), " (this daemon's)");
-    }
-    return std::nullopt;
+    return refuse(absl::StrCat(control, " belongs to uid ", st.st_uid, ", neither root nor ",
+                               geteuid(), " (this daemon's)"));
   }
-  return pipes;
+  return real;
 }
 
 uint64_t HostMemoryBytes() {
@@ -322,11 +333,13 @@ void LogServing(const ServerOptions& options, const ServingFacts& facts) {
               "GPU: the daemon then has the device's other workers checked and restarts those "
               "it reached, and charges a fault only where one tenant's kernels alone were in "
               "flight");
-  } else if (eo.isolation == core::EngineOptions::Isolation::kTenant) {
+  } else if (options.mps != "off") {
     std::string why_not;
     (void)MpsControlPipes(&why_not);
-    log::Info("gpuexecd: no MPS control daemon (", why_not,
-              "): tenants' workers take turns on each GPU (time-sliced)");
+    log::Info("gpuexecd: no MPS control daemon (", why_not, "): the workers are kept from any",
+              eo.isolation == core::EngineOptions::Isolation::kTenant
+                  ? "; tenants' workers take turns on each GPU (time-sliced)"
+                  : "");
   }
   log::Info("gpuexecd: isolation ",
             eo.isolation == core::EngineOptions::Isolation::kTenant

@@ -204,6 +204,24 @@ TEST_F(ComputeSharesTest, WorkersAreMpsClientsOnlyWhereTheDaemonCountsThemSo) {
   GX_EXPECT_OK(sa->Close());
 }
 
+// Counted at start, checked again at each worker's start: a directory that
+// has since become writable by others (or gone) keeps the new worker away.
+TEST_F(ComputeSharesTest, AWorkerStartedAfterTheDirectoryChangedIsKeptFromIt) {
+  WriteTenants(TwoTenants(""));
+  Start(ByTenant());
+  GX_ASSERT_OK_AND_ASSIGN(Client a, As(kTokenA));
+  GX_ASSERT_OK_AND_ASSIGN(Client b, As(kTokenB));
+  std::optional<Session> sa, sb;
+  const pid_t wa = WorkerStartedBy([&] { sa = a.OpenSession({kDevice}).value(); });
+  EXPECT_EQ(EnvOf(wa, "CUDA_MPS_PIPE_DIRECTORY"), pipes_);
+  ASSERT_EQ(chmod(pipes_.c_str(), 0777), 0);
+  const pid_t wb = WorkerStartedBy([&] { sb = b.OpenSession({kDevice}).value(); });
+  EXPECT_EQ(EnvOf(wb, "CUDA_MPS_PIPE_DIRECTORY"), "/nonexistent/gpuexec-mps-off");
+  GX_EXPECT_OK(sb->Allocate(4096).status());
+  GX_EXPECT_OK(sa->Close());
+  GX_EXPECT_OK(sb->Close());
+}
+
 // A tenant of priority LOW: its worker is an MPS client of below-normal
 // priority, the other's of normal; without MPS nothing would honour it.
 TEST_F(ComputeSharesTest, ALowPriorityTenantsWorkerIsABelowNormalMpsClient) {

@@ -113,20 +113,39 @@ TEST(MpsControlPipesTest, AControlPipeOrSocketOfThisUserIsAControlDaemon) {
   close(fd);
   ASSERT_EQ(unlink(control.c_str()), 0);
 
-  // Nor is one in a directory others may write, or reached through a link.
+  // Nor is one in a directory others may write, or that is a link (with a
+  // trailing slash too, which would make lstat follow it), or in a
+  // directory others may write that is not sticky.
   ASSERT_EQ(mkfifo(control.c_str(), 0600), 0);
   ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
   EXPECT_FALSE(MpsControlPipes(&why).has_value());
-  EXPECT_THAT(why, HasSubstr("that only its owner may write"));
+  EXPECT_THAT(why, HasSubstr(dir + " is not a directory of root or uid"));
   ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
   const std::string link = dir + "-link";
   ASSERT_EQ(symlink(dir.c_str(), link.c_str()), 0);
-  setenv("CUDA_MPS_PIPE_DIRECTORY", link.c_str(), 1);
+  for (const std::string& path : {link, link + "/", link + "//"}) {
+    setenv("CUDA_MPS_PIPE_DIRECTORY", path.c_str(), 1);
+    EXPECT_FALSE(MpsControlPipes(&why).has_value()) << path;
+    EXPECT_THAT(why, HasSubstr("no directory " + link + " (an absolute path, not a link)"));
+  }
+  // A link above it resolves, and the directory it reaches is the one
+  // checked and given to the workers.
+  ASSERT_EQ(unlink(control.c_str()), 0);
+  ASSERT_EQ(mkdir((dir + "/outer").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((dir + "/outer/pipes").c_str(), 0700), 0);
+  ASSERT_EQ(mkfifo((dir + "/outer/pipes/control").c_str(), 0600), 0);
+  setenv("CUDA_MPS_PIPE_DIRECTORY", (link + "/outer/pipes").c_str(), 1);
+  EXPECT_EQ(MpsControlPipes().value_or(""), dir + "/outer/pipes");
+  ASSERT_EQ(chmod((dir + "/outer").c_str(), 0777), 0);  // shared, not sticky
   EXPECT_FALSE(MpsControlPipes(&why).has_value());
-  EXPECT_THAT(why, HasSubstr("no directory " + link));
+  EXPECT_THAT(why, HasSubstr("(or a sticky one, as /tmp)"));
+  ASSERT_EQ(chmod((dir + "/outer").c_str(), 01777), 0);  // sticky, as /tmp
+  EXPECT_EQ(MpsControlPipes().value_or(""), dir + "/outer/pipes");
+  unlink((dir + "/outer/pipes/control").c_str());
+  rmdir((dir + "/outer/pipes").c_str());
+  rmdir((dir + "/outer").c_str());
   unlink(link.c_str());
   setenv("CUDA_MPS_PIPE_DIRECTORY", dir.c_str(), 1);
-  ASSERT_EQ(unlink(control.c_str()), 0);
 
   // A plain file is no control daemon's door.
   ASSERT_EQ(close(creat(control.c_str(), 0600)), 0);
