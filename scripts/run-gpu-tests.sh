@@ -137,6 +137,12 @@ if [[ ${GPUEXEC_MPS:-1} != 0 && -z ${CUDA_MPS_PIPE_DIRECTORY:-} ]] &&
   export CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" CUDA_MPS_LOG_DIRECTORY="$mps/log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d; then
+    # What the control daemon made of its directory (the daemon takes it by
+    # its files' kinds, owners and modes), and of the host's default one.
+    sleep 1
+    echo "== MPS pipe directory:"
+    stat -c '   %n: %F, uid %u, mode %a' "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_PIPE_DIRECTORY"/* \
+      /tmp/nvidia-mps 2>&1 | sed 's/^stat: /   /'
     bench=$(ls "$HERE"/bin/*bench* | head -1)
     run bench_tenants_mps "$bench" --tenants_only
     # The tests of the implicit tenant's strikes expect charges at once, which
