@@ -44,7 +44,6 @@
 #include "server/worker/remote_device.h"
 
 namespace gpuexec {
-
 class Server::Impl {
  public:
   // Declared first: the interceptors and the metrics endpoint use it until
@@ -131,6 +130,10 @@ class Server::Impl {
 
 namespace {
 
+// A worker's MPS pipe directory where none can be: it is then no MPS
+// client, whatever serves the host.
+constexpr char kNoMpsEnvironment[] = "CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off";
+
 // Why the daemon takes no new session (/readyz), or "".
 std::string NotReadyReason(const core::Engine& engine) {
   const core::DrainState drain = engine.drain_state();
@@ -198,8 +201,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   // Workers inherit the environment: with an MPS control daemon serving the
   // host they are its clients.
+  std::string mps_why_not = "--mps=off";
   std::optional<std::string> mps_pipes =
-      mps_mode == rpc::MpsMode::kOff ? std::nullopt : rpc::MpsControlPipes();
+      mps_mode == rpc::MpsMode::kOff ? std::nullopt : rpc::MpsControlPipes(&mps_why_not);
   std::vector<std::string> mps_environment;
   if (mps_mode == rpc::MpsMode::kOwn) {
     GPUEXEC_ASSIGN_OR_RETURN(impl->mps_control, rpc::MpsControl::Start(options.mps_control));
@@ -208,19 +212,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                        "CUDA_MPS_LOG_DIRECTORY=" + impl->mps_control->log_directory()};
   }
   if (mps_mode == rpc::MpsMode::kExternal && !mps_pipes.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--mps=external, but no MPS control daemon serves ", rpc::MpsPipeDirectory(),
-        " (no control pipe there); start one (nvidia-cuda-mps-control -d, with the same "
-        "CUDA_MPS_PIPE_DIRECTORY as the daemon's) or run with --mps=off"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--mps=external, but no MPS control daemon serves ", rpc::MpsPipeDirectory(),
+                     " (", mps_why_not,
+                     "); start one (nvidia-cuda-mps-control -d, with the same "
+                     "CUDA_MPS_PIPE_DIRECTORY as the daemon's) or run with --mps=off"));
   }
   if (mps_mode != rpc::MpsMode::kOwn) {
     // The workers look for a control daemon by themselves at each start:
     // they are told the directory checked here, or one where none is, so
     // that they are MPS clients exactly when the daemon counts them so (a
     // daemon started later, or a directory swapped, changes nothing).
-    mps_environment = {mps_pipes.has_value()
-                           ? "CUDA_MPS_PIPE_DIRECTORY=" + *mps_pipes
-                           : std::string("CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off")};
+    mps_environment = {mps_pipes.has_value() ? "CUDA_MPS_PIPE_DIRECTORY=" + *mps_pipes
+                                             : std::string(kNoMpsEnvironment)};
   }
   std::shared_ptr<core::SharePlan> plan = impl->share_plan;
   // Whether MPS still serves when a worker held to a share starts: a client
@@ -252,7 +256,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (mps_serving && !serving && !own_mps) {
       for (std::string& e : o.environment) {
         if (absl::StartsWith(e, "CUDA_MPS_PIPE_DIRECTORY=")) {
-          e = "CUDA_MPS_PIPE_DIRECTORY=/nonexistent/gpuexec-mps-off";
+          e = kNoMpsEnvironment;
         }
       }
     }
@@ -464,6 +468,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   facts.device_count = impl->engine->device_count();
   facts.healthy = impl->engine->AnyDeviceHealthy();
   facts.mps_pipes = mps_pipes;
+  facts.mps_why_not = mps_why_not;
   facts.engine = &eo;
   facts.isolation = &isolation;
   facts.front = &front;

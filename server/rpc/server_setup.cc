@@ -334,9 +334,8 @@ void LogServing(const ServerOptions& options, const ServingFacts& facts) {
               "it reached, and charges a fault only where one tenant's kernels alone were in "
               "flight");
   } else if (options.mps != "off") {
-    std::string why_not;
-    (void)MpsControlPipes(&why_not);
-    log::Info("gpuexecd: no MPS control daemon (", why_not, "): the workers are kept from any",
+    log::Info("gpuexecd: no MPS control daemon (", facts.mps_why_not,
+              "): the workers are kept from any",
               eo.isolation == core::EngineOptions::Isolation::kTenant
                   ? "; tenants' workers take turns on each GPU (time-sliced)"
                   : "");

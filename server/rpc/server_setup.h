@@ -94,6 +94,7 @@ struct ServingFacts {
   int device_count = 0;
   bool healthy = false;
   std::optional<std::string> mps_pipes;  // an MPS control daemon serves there
+  std::string mps_why_not;               // else why none was taken
   const core::EngineOptions* engine = nullptr;
   const IsolationChoice* isolation = nullptr;
   const FrontLimits* front = nullptr;
