@@ -353,6 +353,9 @@ LaunchConfig One();
 extern ClientOptions g_credentials;
 
 ClientOptions BenchClientOptions();
+// Threads of each block of the neighbour's kernels: --neighbour_threads,
+// within 1 and the 1024 a block may have.
+uint32_t NeighbourThreads();
 
 // Whether --figures selects `name` (all when it is empty).
 bool Selected(const std::string& name);

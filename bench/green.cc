@@ -4,7 +4,6 @@
 // context's stream; how many SMs a part's kernels reach; what a launch +
 // synchronize costs on a part alone and beside a neighbour that fills the
 // rest of the GPU.
-#include <algorithm>
 #include <set>
 
 #include "bench.h"
@@ -124,8 +123,7 @@ void RunGreenNative(const Plan& plan, const std::string& driver_lib, const std::
   // A neighbour on the rest: gx_spin blocks of --neighbour_threads (1024:
   // two fill an SM's 2048 threads) two waves deep on every SM of the rest
   // (and on part 1's too were it not apart), kept queued.
-  const unsigned threads =
-      static_cast<unsigned>(std::clamp(absl::GetFlag(FLAGS_neighbour_threads), 1, 1024));
+  const unsigned threads = NeighbourThreads();
   auto rest = Must(d.CreateGreenStream(parts[1].context, 0, "the rest"), "green stream");
   auto whole = Must(d.CreateStream("whole"), "stream");
   for (auto [name, neighbour] : {std::pair<const char*, CUstream_st*>{"the rest", rest.get()},

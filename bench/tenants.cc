@@ -18,6 +18,11 @@
 extern char** environ;
 
 namespace gpuexec::bench {
+
+uint32_t NeighbourThreads() {
+  return static_cast<uint32_t>(std::clamp(absl::GetFlag(FLAGS_neighbour_threads), 1, 1024));
+}
+
 namespace {
 
 // What the neighbour and the measurement share: its kernels so far, and
@@ -58,8 +63,7 @@ void NeighbourLoad(const std::string& target, const std::string& image, LoadWord
   const uint64_t spin_ns = uint64_t{1000} * absl::GetFlag(FLAGS_neighbour_kernel_us);
   LaunchConfig flood = One();
   flood.grid.x = static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_neighbour_blocks)));
-  flood.block.x =
-      static_cast<uint32_t>(std::clamp(absl::GetFlag(FLAGS_neighbour_threads), 1, 1024));
+  flood.block.x = NeighbourThreads();
   while (Load(&words->stop) == 0) {
     // Told to pause: its last synchronize has returned, so nothing of its
     // is queued.
@@ -274,13 +278,12 @@ TenantFigures RunTenants(const Plan& plan, const std::string& daemon_path,
                                : " (a worker each, no MPS: the two contexts are time-sliced)";
   Note(absl::StrFormat(
       "tenant 'bench' alone: launch + synchronize p50 %.1f us p99 %.1f us; beside tenant "
-      "'neighbour' (%d us kernels of %d blocks of %d threads, %.0f of them a second meanwhile, "
+      "'neighbour' (%d us kernels of %d blocks of %u threads, %.0f of them a second meanwhile, "
       "%.0f alone; "
       "its client %s): p50 %.1f us p99 %.1f us; p99 beside over alone, each of %d pairs of "
       "blocks: median %.2fx (%.2f-%.2fx)%s%s",
       out.alone.p50, out.alone.p99, absl::GetFlag(FLAGS_neighbour_kernel_us),
-      absl::GetFlag(FLAGS_neighbour_blocks),
-      std::clamp(absl::GetFlag(FLAGS_neighbour_threads), 1, 1024), out.neighbour_kernels_per_s,
+      absl::GetFlag(FLAGS_neighbour_blocks), NeighbourThreads(), out.neighbour_kernels_per_s,
       out.neighbour_alone_per_s,
       out.neighbour_process ? "in a process of its own" : "a thread of this process",
       out.beside.p50, out.beside.p99, kBlocks, out.pair_p99_ratio_median, out.pair_p99_ratio_low,
