@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/worker/remote_device.h"
 #include "tests/support/await.h"
+#include "tests/unit/fake_worker.h"
 
 namespace gpuexec::worker {
 namespace {
@@ -27,13 +28,7 @@ using ::testing::HasSubstr;
 class RemoteGraphTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    WorkerOptions o;
-    o.program = GPUEXEC_DAEMON;
-    o.driver_library = GXFAKE_LIBRARY_PATH;
-    o.staging_bytes = 4096;
-    o.staging_slots = 2;
-    port::DriverInfo info;
-    auto dev = RemoteDevice::Start(o, &info);
+    auto dev = StartFakeWorker();
     ASSERT_TRUE(dev.ok()) << dev.status();
     dev_ = std::move(dev).value();
     image_ = std::make_shared<port::ModuleImage>();
