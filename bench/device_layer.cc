@@ -161,13 +161,22 @@ void RunDeviceLayer(const Plan& plan, const std::string& driver_lib, const std::
       absl::StrFormat("%d async launches of gx_empty straight to the driver: %.2f us a launch "
                       "(%.0fk/s)",
                       n, native_us, 1e3 / native_us));
-  // The watches looked at on every pass of the executor (the default), and
-  // every 20 us while nothing waits on them (DeviceOptions::watch_poll_every).
-  for (const int poll_us : {0, 20}) {
-    Note(poll_us == 0 ? std::string("watches looked at on every pass:")
-                      : absl::StrFormat("watches looked at every %d us:", poll_us));
+  // The watches looked at on every pass of the executor, and every 20 us
+  // while nothing waits on them (DeviceOptions::watch_poll_every, the
+  // default); a watch for every launch, and one for every eight of a run
+  // (DeviceOptions::launches_per_watch, the default).
+  struct Setting {
+    int poll_us;
+    int launches_per_watch;
+  };
+  for (const Setting setting : {Setting{0, 1}, Setting{20, 1}, Setting{20, 8}}) {
+    Note(absl::StrFormat("watches looked at %s, one for every %d launch%s of a run:",
+                         setting.poll_us == 0 ? std::string("on every pass")
+                                              : absl::StrFormat("every %d us", setting.poll_us),
+                         setting.launches_per_watch, setting.launches_per_watch == 1 ? "" : "es"));
     device::DeviceOptions options;
-    options.watch_poll_every = absl::Microseconds(poll_us);
+    options.watch_poll_every = absl::Microseconds(setting.poll_us);
+    options.launches_per_watch = setting.launches_per_watch;
     auto dev = Must(device::Device::Open(driver.get(), 0, options), "open the device");
     const std::string thread = "device-0";
     auto image = std::make_shared<port::ModuleImage>();

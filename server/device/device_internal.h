@@ -105,8 +105,20 @@ struct Device::StreamState {
     KernelId kernel = 0;
     GraphId graph = 0;
     uint64_t work = 0;  // the stream's work_count when it was queued
+    // The launches it covers: this one and those of its run queued right
+    // before it (DeviceOptions::launches_per_watch); its time limit is
+    // theirs together.
+    uint32_t launches = 1;
   };
   std::deque<Watch> watches;
+  // Launches of a run queued after the newest watch and covered by none
+  // yet (Device::Cover covers them once the run ends, or the next watch
+  // does), and the start event of the first of them, if it had one.
+  uint32_t uncovered = 0;
+  std::shared_ptr<cuda::Event> uncovered_start;
+  // Launches queued and not yet seen done: those the watches cover, and
+  // the uncovered (what max_queued_launches bounds).
+  size_t queued = 0;
   absl::Time head_since;
   absl::Time last_hung_report = absl::InfinitePast();
   // Operations that arrived behind a launch held by the bound on queued

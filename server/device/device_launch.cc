@@ -216,7 +216,7 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
   const bool timing_start_next = !s.untimed && s.timing_start == nullptr;
   absl::Status st = MarkWork(s);
   std::shared_ptr<cuda::Event> start;
-  if (st.ok() && s.time_limit > absl::ZeroDuration() && s.watches.empty()) {
+  if (st.ok() && s.time_limit > absl::ZeroDuration() && s.watches.empty() && s.uncovered == 0) {
     if (timing_start_next) {
       start = s.timing_start;  // recorded just now, right before this launch
     } else {
@@ -241,8 +241,14 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
   if (then_synchronize == nullptr) {
     // The event after the launch (its watch's, if watched) ends the GPU
     // time; in a run of launches, the run's end is due instead
-    // (StreamState::end_due).
-    if (Watched(s)) {
+    // (StreamState::end_due), and a watch is shared by a few launches
+    // (StreamState::uncovered).
+    if (Watched(s) && run_stream_ == stream && s.uncovered + 1 < LaunchesPerWatch()) {
+      if (s.uncovered++ == 0) s.uncovered_start = std::move(start);
+      ++s.queued;
+      if (InRun(stream, s)) s.end_due = true;
+      MarkDue(stream);
+    } else if (Watched(s)) {
       st = Watch(stream, s, s.last_launch, std::move(start));
     } else if (InRun(stream, s)) {
       MarkEndDue(stream, s);

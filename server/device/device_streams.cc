@@ -89,6 +89,7 @@ bool Device::PollWatches() {
       }
       if (*done) {
         s.watches.clear();  // their events go back to the spares
+        s.queued = s.uncovered;
         s.head_since = now;
       }
     }
@@ -100,6 +101,7 @@ bool Device::PollWatches() {
         return false;
       }
       if (!*done) break;
+      s.queued -= s.watches.front().launches;
       s.watches.pop_front();
       // The next launch could start only now. (Only a launch watched
       // when nothing else was has a start event: never one behind another.)
@@ -116,19 +118,28 @@ bool Device::PollWatches() {
       continue;
     }
     const absl::Duration running = now - s.head_since;
-    if (s.time_limit > absl::ZeroDuration() && running > s.time_limit &&
+    const StreamState::Watch& head = s.watches.front();
+    const absl::Duration limit = s.time_limit * head.launches;
+    if (s.time_limit > absl::ZeroDuration() && running > limit &&
         now - s.last_hung_report >= absl::Seconds(1)) {
       s.last_hung_report = now;
       HungReport hung;
       hung.stream = *it;
-      hung.kernel = s.watches.front().kernel;
-      hung.graph = s.watches.front().graph;
+      hung.kernel = head.kernel;
+      hung.graph = head.graph;
       hung.ran_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(running));
-      hung.limit_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(s.time_limit));
+      hung.limit_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(limit));
       const std::string past =
           absl::StrCat(" has run for ", hung.ran_ms, " ms, past its kernel time limit of ",
                        hung.limit_ms, " ms");
-      hung.detail = absl::StrCat(*s.watches.front().what, past);
+      // A watch shared by a run's launches cannot tell which of them runs.
+      const std::string of_run =
+          head.launches == 1
+              ? std::string()
+              : absl::StrCat(" (or one of the ", head.launches - 1,
+                             " launches queued right before it; the limit is theirs together, ",
+                             absl::ToInt64Milliseconds(s.time_limit), " ms each)");
+      hung.detail = absl::StrCat(*head.what, of_run, past);
       hung.reason = absl::StrCat("a kernel on device ", props_.ordinal, past);
       if (options_.on_hung) {
         options_.on_hung(hung);
@@ -148,7 +159,7 @@ bool Device::Watched(const StreamState& s) const {
 
 bool Device::QueueFull(const StreamState& s) const {
   return options_.max_queued_launches > 0 && !stopping_ && !faulted_.load() &&
-         s.watches.size() >= static_cast<size_t>(options_.max_queued_launches);
+         s.queued >= static_cast<size_t>(options_.max_queued_launches);
 }
 
 void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<void()> op,
@@ -164,7 +175,7 @@ void Device::OnStream(StreamId stream, OpKind kind, size_t bytes, std::function<
                                              held_bytes_ + bytes > options_.max_held_bytes)) {
               return refuse(absl::ResourceExhaustedError(absl::StrCat(
                   "device ", props_.ordinal, ": the session's stream has ", s.held.size(),
-                  " operations waiting behind its ", s.watches.size(),
+                  " operations waiting behind its ", s.queued,
                   " queued launches, the most it may hold (", options_.max_held_per_stream,
                   " a stream, ", options_.max_held_bytes >> 20,
                   " MiB on the device); wait for its work (Synchronize) and retry")));
@@ -211,7 +222,7 @@ void Device::QueueDepthOf(StreamId stream, Callback<QueueDepth> done) {
     if (it == streams_.end()) {
       return done(absl::NotFoundError(absl::StrCat("stream ", stream, " does not exist")));
     }
-    done(QueueDepth{it->second->watches.size(), it->second->held.size()});
+    done(QueueDepth{it->second->queued, it->second->held.size()});
   });
 }
 
@@ -304,24 +315,65 @@ bool Device::InRun(StreamId stream, const StreamState& s) const {
 }
 
 void Device::MarkEndDue(StreamId stream, StreamState& s) {
-  if (due_end_stream_ != 0 && due_end_stream_ != stream) SettleDueEnd();
   s.end_due = true;
+  MarkDue(stream);
+}
+
+void Device::MarkDue(StreamId stream) {
+  if (due_end_stream_ != 0 && due_end_stream_ != stream) SettleDueEnd();
   due_end_stream_ = stream;
 }
 
 void Device::SettleDueEnd() {
   run_stream_ = 0;  // whatever runs next is no launch in a run
   if (due_end_stream_ == 0) return;
-  auto it = streams_.find(std::exchange(due_end_stream_, 0));
-  if (it == streams_.end() || !it->second->end_due) return;
+  const StreamId id = std::exchange(due_end_stream_, 0);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return;
   StreamState& s = *it->second;
-  s.end_due = false;
-  // Where a Synchronize's time ends; if it cannot be recorded (a fault),
-  // the Synchronize records its own end, or reports the fault.
-  auto e = SharedEvent(/*timing=*/true, timing_what_);
-  if (e.ok() && Check(driver_->Record(**e, s.stream.get(), timing_what_)).ok()) {
-    s.work_end = std::move(e).value();
+  std::shared_ptr<cuda::Event> end;
+  if (s.end_due) {
+    s.end_due = false;
+    // Where a Synchronize's time ends; if it cannot be recorded (a fault),
+    // the Synchronize records its own end, or reports the fault.
+    auto e = SharedEvent(/*timing=*/true, timing_what_);
+    if (e.ok() && Check(driver_->Record(**e, s.stream.get(), timing_what_)).ok()) {
+      s.work_end = std::move(e).value();
+      end = s.work_end;
+    }
   }
+  // The same event watches the run's last launches. (If none can be
+  // recorded, the device has faulted: its watches are done with.)
+  if (s.uncovered > 0) (void)Cover(id, s, std::move(end));
+}
+
+uint32_t Device::LaunchesPerWatch() const {
+  int n = std::max(options_.launches_per_watch, 1);
+  if (options_.max_queued_launches > 0)
+    n = std::min(n, std::max(options_.max_queued_launches / 4, 1));
+  return static_cast<uint32_t>(n);
+}
+
+absl::Status Device::Cover(StreamId id, StreamState& s, std::shared_ptr<cuda::Event> end) {
+  // Named by the run's last launch (always set while launches are
+  // uncovered: a Synchronize settles them before it may drop the name).
+  std::shared_ptr<const std::string> what =
+      s.last_launch != nullptr ? s.last_launch : std::make_shared<const std::string>(timing_what_);
+  if (end == nullptr) {
+    // Plain: it times nothing. For an untimed stream it is where the work
+    // ends, as a watch's own event is (Watch).
+    GPUEXEC_ASSIGN_OR_RETURN(end, SharedEvent(/*timing=*/false, *what));
+    GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*end, s.stream.get(), *what)));
+    if (s.untimed) s.work_end = end;
+  }
+  if (s.watches.empty()) s.head_since = absl::Now();
+  s.watches.push_back(StreamState::Watch{std::move(end), std::move(what),
+                                         std::move(s.uncovered_start), s.last_kernel, s.last_graph,
+                                         s.work_count, s.uncovered});
+  s.uncovered = 0;
+  s.uncovered_start.reset();
+  watched_.insert(id);
+  return absl::OkStatus();
 }
 
 absl::Status Device::MarkWork(StreamState& s) {
@@ -618,9 +670,15 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
       s.work_end = e;
     }
   }
+  // It covers the run's launches queued since the newest watch as well.
+  if (s.uncovered > 0) start = std::move(s.uncovered_start);
   if (s.watches.empty()) s.head_since = absl::Now();
   s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start),
-                                         s.last_kernel, s.last_graph, s.work_count});
+                                         s.last_kernel, s.last_graph, s.work_count,
+                                         s.uncovered + 1});
+  ++s.queued;
+  s.uncovered = 0;
+  s.uncovered_start.reset();
   watched_.insert(id);
   return absl::OkStatus();
 }

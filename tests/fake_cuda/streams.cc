@@ -155,8 +155,9 @@ CUresult ElapsedTime(float* ms, CUevent start, CUevent end) {
 using namespace gxfake::internal;  // NOLINT(build/namespaces): the entry points are global
 
 namespace {
-// What gxfake_timing_event_records reports.
+// What gxfake_timing_event_records and gxfake_event_records report.
 std::atomic<uint64_t> g_timing_records{0};
+std::atomic<uint64_t> g_records{0};
 }  // namespace
 
 // --- Test-only exports ---
@@ -164,6 +165,9 @@ std::atomic<uint64_t> g_timing_records{0};
 // cuEventRecord calls on events that time (no CU_EVENT_DISABLE_TIMING),
 // since the library was loaded: what an untimed stream never makes.
 GX_EXPORT uint64_t gxfake_timing_event_records(void) { return g_timing_records.load(); }
+
+// cuEventRecord calls on any event since the library was loaded.
+GX_EXPORT uint64_t gxfake_event_records(void) { return g_records.load(); }
 
 // --- Streams ---
 
@@ -284,6 +288,7 @@ GX_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
     event = it->second;
     sequence = ++event->records;
     if ((event->flags & CU_EVENT_DISABLE_TIMING) == 0) g_timing_records.fetch_add(1);
+    g_records.fetch_add(1);
   }
   StreamOp op;
   op.droppable = false;

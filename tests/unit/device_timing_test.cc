@@ -2,27 +2,46 @@
 // launches: async launches record plain events for their watches, and the
 // end of the run is recorded once, right after its last launch (when
 // anything else runs, a Synchronize comes, or nothing more is posted to
-// the executor), not once a launch.
+// the executor), not once a launch. And one watch for a few launches of a
+// run: an event after every few of them, its time limit theirs together.
 #include <dlfcn.h>
 
 #include <functional>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/device_fixture.h"
 
 namespace gpuexec::device {
 namespace {
 
+using ::testing::HasSubstr;
+
 class DeviceTimingTest : public DeviceFixture {
  protected:
+  void Configure(DeviceOptions& options) override {
+    options.on_hung = [this](const HungReport& r) {
+      absl::MutexLock lock(&mu_);
+      hung_.push_back(r);
+    };
+  }
+
   void SetUp() override {
     DeviceFixture::SetUp();
     void* lib = dlopen(GXFAKE_LIBRARY_PATH, RTLD_NOW | RTLD_NOLOAD);
     ASSERT_NE(lib, nullptr);
     timing_records_ = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_timing_event_records"));
     ASSERT_NE(timing_records_, nullptr);
+    records_ = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_event_records"));
+    ASSERT_NE(records_, nullptr);
+  }
+
+  std::vector<HungReport> Hung() {
+    absl::MutexLock lock(&mu_);
+    return hung_;
   }
 
   // Holds the executor until the returned notification is notified, so
@@ -81,6 +100,9 @@ class DeviceTimingTest : public DeviceFixture {
   }
 
   uint64_t (*timing_records_)() = nullptr;
+  uint64_t (*records_)() = nullptr;
+  absl::Mutex mu_;
+  std::vector<HungReport> hung_ ABSL_GUARDED_BY(mu_);
 };
 
 // Five 2 ms launches in a run, watched (a kernel time limit) or not: three
@@ -161,6 +183,81 @@ TEST_F(DeviceTimingTest, ARunEndsWhenTheExecutorIdles) {
   ASSERT_TRUE(ns.ok()) << ns.status();
   EXPECT_GE(*ns, 3 * 2'000'000u);
   EXPECT_LT(*ns, 100'000'000u) << "the 200 ms before the Synchronize were counted";
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+}
+
+// A run of 17 watched async launches records an event after every eighth
+// (DeviceOptions::launches_per_watch), not one after each: the GPU time's
+// start, the run's first launch (watched alone, as a launch alone is),
+// the watches of launches 2-9 and 10-17, and the run's end. The time still
+// covers all 17, timed or not.
+TEST_F(DeviceTimingTest, ARunOfLaunchesSharesAWatchAmongEight) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
+  for (const bool untimed : {false, true}) {
+    SCOPED_TRACE(untimed ? "untimed" : "timed");
+    const StreamId id = untimed ? 38 : 37;
+    port::StreamOwner owner;
+    owner.untimed = untimed;
+    ASSERT_TRUE(
+        AwaitDone([&](Done d) { device_->CreateStream(id, absl::Seconds(30), owner, d); }).ok());
+    const uint64_t before = records_();
+    auto ns = RunOfLaunches(id, spin, 17);
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_GE(*ns, 17 * 1'000'000u);
+    // Timed: start, first, two watches, the run's end (which the
+    // Synchronize waits on). Untimed: no start, and the Synchronize
+    // records the event it waits on (the second watch's would do; it is
+    // the end of the run's last launch either way).
+    EXPECT_LE(records_() - before, 5u) << "an event per launch would be 18 or more";
+    EXPECT_GE(records_() - before, 3u);
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+  }
+}
+
+// A watch shared by launches has their time limits together: three 30 ms
+// launches after the run's first (each under the stream's 50 ms limit, 90
+// ms together) are no hang.
+TEST_F(DeviceTimingTest, ASharedWatchsLimitIsItsLaunchesTogether) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 30);
+  constexpr StreamId id = 39;
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(id, absl::Milliseconds(50), {}, d); }).ok());
+  auto ns = RunOfLaunches(id, spin, 4);
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  EXPECT_GE(*ns, 4 * 30'000'000u);
+  EXPECT_TRUE(Hung().empty()) << Hung()[0].detail;
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+}
+
+// A kernel that runs on in a shared watch is still reported, past the
+// launches' limits together, naming the run's last launch and saying the
+// hung one may be any of them.
+TEST_F(DeviceTimingTest, AHangInASharedWatchIsReportedPastTheirLimitsTogether) {
+  const LaunchOp quick = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
+  LaunchOp hung = Spin(Image("GXFAKE1\ngx_spin\n"), 400);
+  hung.what = "kernel 'gx_spin' (the hung one)";
+  constexpr StreamId id = 40;
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(id, absl::Milliseconds(50), {}, d); }).ok());
+  {
+    // The run's first launch is watched alone; the other three share one.
+    auto release = HoldExecutor();
+    for (int i = 0; i < 3; ++i) device_->Launch(id, quick, [](absl::Status) {});
+    device_->Launch(id, hung, [](absl::Status) {});
+    release->Notify();
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (Hung().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  const std::vector<HungReport> reports = Hung();
+  ASSERT_FALSE(reports.empty()) << "the 400 ms kernel was never reported";
+  EXPECT_EQ(reports[0].stream, id);
+  EXPECT_EQ(reports[0].limit_ms, 150u);
+  EXPECT_GE(reports[0].ran_ms, 150u);
+  EXPECT_THAT(reports[0].detail, HasSubstr("kernel 'gx_spin' (the hung one) (or one of the 2 "
+                                           "launches queued right before it"));
+  EXPECT_THAT(reports[0].detail, HasSubstr("50 ms each"));
+  EXPECT_THAT(reports[0].detail, HasSubstr("past its kernel time limit of 150 ms"));
+  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(id, cb); }).ok());
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
