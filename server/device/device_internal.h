@@ -2,7 +2,8 @@
 #define GPUEXEC_SERVER_DEVICE_DEVICE_INTERNAL_H_
 
 // The Device's private state shared by its files (device.cc: its life and
-// faults; device_streams.cc: streams, events, watches and held work;
+// faults; device_streams.cc: streams, events and held work;
+// device_watches.cc: the watches of launches and their runs;
 // device_memory.cc: memory, regions and copies; device_launch.cc: modules,
 // kernels and launches; device_graphs.cc: graphs). Only those files
 // include it.
