@@ -412,9 +412,10 @@ struct RingCpuFigures {
   double ring_front_ms = 0, stream_front_ms = 0;    // per 100k launches
   double ring_client_ms = 0, stream_client_ms = 0;  // per 100k launches
   int idle_rings = 0;
-  double idle_alone_ms_per_s = 0;  // quiet, no ring (schedstat)
-  double idle_first_ms_per_s = 0;  // beside the rings, their first seconds of quiet
-  double idle_front_ms_per_s = 0;  // beside the rings, 10 s into the quiet
+  double idle_alone_ms_per_s = 0;     // quiet, no session (schedstat)
+  double idle_sessions_ms_per_s = 0;  // quiet, the sessions without rings
+  double idle_first_ms_per_s = 0;     // beside the rings, their first seconds of quiet
+  double idle_front_ms_per_s = 0;     // beside the rings, 10 s into the quiet
 };
 
 // The CPU a daemon process (`front`) and this one spent since the clock's

@@ -116,29 +116,40 @@ RingCpuFigures RunRingCpu(const Plan& plan, bool quick, pid_t front, const std::
   absl::SleepFor(absl::Milliseconds(500));  // past the sessions' close
   out.idle_alone_ms_per_s = IdleMsPerS(front, quiet);
 
-  // 64 sessions, each of which took its ring with one launch, then quiet.
+  // 64 sessions, each of which took its ring with one launch (or, for the
+  // floor of what the sessions cost without rings, its Execute stream),
+  // then quiet.
   out.idle_rings = quick ? 8 : 64;
-  Client client = Must(Client::Connect(target, BenchClientOptions()), "connect");
-  std::vector<Session> sessions;
-  for (int i = 0; i < out.idle_rings; ++i) {
-    sessions.push_back(Must(client.OpenSession({}), "open a session"));
-    Module module = Must(sessions.back().LoadModule(image, ModuleKind::kCubin), "load");
-    Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
-    Must(sessions.back().LaunchAndWait(empty, One(), {}), "launch and wait");
+  for (const bool ring : {false, true}) {
+    ClientOptions options = BenchClientOptions();
+    options.command_ring = ring;
+    Client client = Must(Client::Connect(target, options), "connect");
+    std::vector<Session> sessions;
+    for (int i = 0; i < out.idle_rings; ++i) {
+      sessions.push_back(Must(client.OpenSession({}), "open a session"));
+      Module module = Must(sessions.back().LoadModule(image, ModuleKind::kCubin), "load");
+      Function empty = Must(module.GetFunction("gx_empty"), "gx_empty");
+      Must(sessions.back().LaunchAndWait(empty, One(), {}), "launch and wait");
+    }
+    absl::SleepFor(absl::Milliseconds(500));  // past every spin window
+    if (!ring) {
+      out.idle_sessions_ms_per_s = IdleMsPerS(front, quiet);
+      continue;
+    }
+    // Their first seconds of quiet (their threads' sleeps grow to 4 s),
+    // then once settled.
+    out.idle_first_ms_per_s = IdleMsPerS(front, quiet);
+    if (!quick) absl::SleepFor(absl::Seconds(5));
+    out.idle_front_ms_per_s = IdleMsPerS(front, quiet);
   }
-  // Their first seconds of quiet (their threads' sleeps grow to 4 s), then
-  // once settled.
-  absl::SleepFor(absl::Milliseconds(500));  // past every spin window
-  out.idle_first_ms_per_s = IdleMsPerS(front, quiet);
-  if (!quick) absl::SleepFor(absl::Seconds(5));
-  out.idle_front_ms_per_s = IdleMsPerS(front, quiet);
   Note(absl::StrFormat(
       "front CPU per 100k async launches: %.0f ms through rings, %.0f ms through the Execute "
-      "stream; the client's %.0f and %.0f ms; idle: %.2f ms/s with no ring, beside %d rings "
-      "%.2f ms/s in their first %.0f s of quiet and %.2f ms/s after",
+      "stream; the client's %.0f and %.0f ms; idle: %.2f ms/s with no session, %.2f ms/s beside "
+      "%d sessions without rings, beside %d with rings %.2f ms/s in their first %.0f s of quiet "
+      "and %.2f ms/s after",
       out.ring_front_ms, out.stream_front_ms, out.ring_client_ms, out.stream_client_ms,
-      out.idle_alone_ms_per_s, out.idle_rings, out.idle_first_ms_per_s,
-      absl::ToDoubleSeconds(quiet), out.idle_front_ms_per_s));
+      out.idle_alone_ms_per_s, out.idle_sessions_ms_per_s, out.idle_rings, out.idle_rings,
+      out.idle_first_ms_per_s, absl::ToDoubleSeconds(quiet), out.idle_front_ms_per_s));
   return out;
 }
 
