@@ -31,6 +31,7 @@ KernelReset FactsOf(const port::ResetInfo& info) {
   f.result = info.result;
   f.limit_ms = info.limit_ms;
   f.ran_ms = info.ran_ms;
+  f.launches = info.launches;
   return f;
 }
 

@@ -84,6 +84,11 @@ std::string FaultWords(absl::string_view result_name) {
 }
 
 std::string WhatTheKernelDid(const KernelReset& reset) {
+  if (reset.hang && reset.launches > 1) {
+    // A run's launches watched together: their limits added.
+    return absl::StrCat("ran past the limit of ", reset.launches, " queued launches (",
+                        reset.launches, " x ", reset.limit_ms / reset.launches, " ms)");
+  }
   if (reset.hang) {
     return absl::StrCat("ran past its kernel time limit of ", reset.limit_ms, " ms");
   }

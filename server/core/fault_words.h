@@ -30,6 +30,7 @@ struct KernelReset {
   std::string result;     // a fault's CUresult name; empty if unknown
   uint64_t limit_ms = 0;  // a hang's
   uint64_t ran_ms = 0;
+  uint32_t launches = 1;  // the launches `limit_ms` is for, added
 };
 
 // What the kernel did: "made an illegal memory access

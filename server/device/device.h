@@ -80,6 +80,9 @@ struct HungReport {
   std::string reason;
   uint64_t limit_ms = 0;
   uint64_t ran_ms = 0;
+  // The launches whose watch it is (a run's share one): `limit_ms` is
+  // their limits together, and the hung kernel may be any of them.
+  uint32_t launches = 1;
 };
 
 struct DeviceOptions {

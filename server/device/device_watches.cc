@@ -127,6 +127,7 @@ bool Device::PollWatches() {
       hung.graph = head.graph;
       hung.ran_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(running));
       hung.limit_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(limit));
+      hung.launches = head.launches;
       const std::string past =
           absl::StrCat(" has run for ", hung.ran_ms, " ms, past its kernel time limit of ",
                        hung.limit_ms, " ms");

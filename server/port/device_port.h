@@ -57,6 +57,9 @@ struct ResetInfo {
   std::string result;     // a fault's CUresult name, where known
   uint64_t limit_ms = 0;  // a hang's time limit
   uint64_t ran_ms = 0;    // and how long it had run
+  // The launches that limit was for, added (a run's launches watched
+  // together); the hung kernel may be any of them.
+  uint32_t launches = 1;
 };
 
 struct Allocation {

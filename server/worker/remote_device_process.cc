@@ -464,6 +464,9 @@ void RemoteDevice::OnMessage(const std::shared_ptr<Connection>& conn, std::strin
           port::ResetKernel{e.hung().stream(), e.hung().kernel(), e.hung().graph()});
       facts.limit_ms = e.hung().limit_ms();
       facts.ran_ms = e.hung().ran_ms();
+      // Bounded as the worker's watches are (one per eight launches at
+      // most); clamped so that a broken worker cannot make the words lie.
+      facts.launches = std::clamp<uint32_t>(e.hung().launches(), 1, 1024);
       const std::string& reason =
           e.hung().reason().empty() ? e.hung().message() : e.hung().reason();
       Reset(conn, reason, /*kill=*/true, &facts, e.hung().message());

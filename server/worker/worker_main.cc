@@ -520,6 +520,7 @@ int RunWorker(int argc, char** argv) {
     h->set_limit_ms(report.limit_ms);
     h->set_ran_ms(report.ran_ms);
     h->set_graph(report.graph);
+    h->set_launches(report.launches);
     SendEvent(&channel, e);
   };
   // Requests are read by the device's executor itself, between its

@@ -252,6 +252,7 @@ TEST_F(DeviceTimingTest, AHangInASharedWatchIsReportedPastTheirLimitsTogether) {
   ASSERT_FALSE(reports.empty()) << "the 400 ms kernel was never reported";
   EXPECT_EQ(reports[0].stream, id);
   EXPECT_EQ(reports[0].limit_ms, 150u);
+  EXPECT_EQ(reports[0].launches, 3u);
   EXPECT_GE(reports[0].ran_ms, 150u);
   EXPECT_THAT(reports[0].detail, HasSubstr("kernel 'gx_spin' (the hung one) (or one of the 2 "
                                            "launches queued right before it"));

@@ -99,6 +99,17 @@ TEST(FaultWords, TheSessionReadsWhatHappenedToItsKernelFirst) {
        "kernel 'gx_spin' of session 5d629d64 ran past its kernel time limit of 500 ms (stopped "
        "after 612 ms); device 1 was reset at 17:00:02.500 UTC. The session was closed: open a "
        "new session"},
+      {"its kernel hung in a run of launches watched together (their limits added)",
+       [] {
+         KernelReset r = Hang(1, 800, 812);
+         r.launches = 8;
+         return r;
+       }(),
+       {"gx_spin"},
+       true,
+       "kernel 'gx_spin' of session 5d629d64 ran past the limit of 8 queued launches (8 x "
+       "100 ms) (stopped after 812 ms); device 1 was reset at 17:00:02.500 UTC. The session was "
+       "closed: open a new session"},
       {"a name ending in a backslash (escaped: two)",
        Fault(3, "CUDA_ERROR_MISALIGNED_ADDRESS"),
        {"k\\\\"},
