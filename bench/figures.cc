@@ -1,7 +1,10 @@
 // gpuexec's figures: a gpuexecd process measured over TCP and a Unix socket.
 #include <cstring>
 
+#include "absl/base/const_init.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "bench.h"
 #include "server/common/trace.h"
 
@@ -23,8 +26,14 @@ ClientOptions BenchClientOptions() {
   if (absl::GetFlag(FLAGS_spin_wait_us) >= 0) {
     options.spin_wait = absl::Microseconds(absl::GetFlag(FLAGS_spin_wait_us));
   }
-  // Where a session's commands go through a command ring, and why not.
-  options.on_debug = [](const std::string& line) { Note(line); };
+  // Where a session's commands go through a command ring, and why not;
+  // each line once per run (many clients' sessions say the same).
+  options.on_debug = [](const std::string& line) {
+    static absl::Mutex mu(absl::kConstInit);
+    static auto* said = new absl::flat_hash_set<std::string>();
+    absl::MutexLock lock(&mu);
+    if (said->size() < 4096 && said->insert(line).second) Note(line);
+  };
   if (absl::GetFlag(FLAGS_chunk_bytes) > 0) options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   if (absl::GetFlag(FLAGS_transfer_streams) >= 0) {
     options.transfer_streams = static_cast<uint32_t>(absl::GetFlag(FLAGS_transfer_streams));
