@@ -131,6 +131,11 @@ struct DeviceOptions {
   // stream's limit). At most a quarter of max_queued_launches, if bound;
   // 1: a watch for every launch.
   int launches_per_watch = 8;
+  // Times each launch's driver call (two clock reads a launch) for
+  // launch_call_ns(): what the driver's launch costs on the device's
+  // thread, beside what the device's own work around it costs (the
+  // benchmark's device layer rows).
+  bool time_launch_calls = false;
 };
 
 class Device {
@@ -148,6 +153,16 @@ class Device {
   absl::Status fault() const;
   uint32_t modules_loaded() const { return modules_loaded_.load(); }
   uint64_t module_loads_total() const { return module_loads_total_.load(); }
+  // With DeviceOptions::time_launch_calls: the launches' driver calls made
+  // so far, and their time in all (any thread).
+  struct LaunchCalls {
+    uint64_t calls = 0;
+    uint64_t ns = 0;
+  };
+  LaunchCalls launch_calls() const {
+    return {launch_calls_.load(std::memory_order_relaxed),
+            launch_call_ns_.load(std::memory_order_relaxed)};
+  }
   // Operations posted to the device's thread and not yet run, and those it
   // ran since the start (any thread).
   size_t backlog() const { return executor_.backlog(); }
@@ -492,6 +507,8 @@ class Device {
 
   std::atomic<uint32_t> modules_loaded_{0};
   std::atomic<uint64_t> module_loads_total_{0};
+  std::atomic<uint64_t> launch_calls_{0};
+  std::atomic<uint64_t> launch_call_ns_{0};
 };
 
 }  // namespace gpuexec::device

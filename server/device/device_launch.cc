@@ -3,6 +3,7 @@
 // launch, shared memory and cluster opt-ins) and the watch of each launch
 // (a kernel's, or a graph's replay: device_graphs.cc).
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -234,7 +235,17 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
     s.last_graph = graph;
     s.last_launch_at = absl::Now();
     GPUEXEC_TRACE(kWorkerLaunch);
-    st = Check(launch(s.stream.get(), *s.last_launch));
+    if (options_.time_launch_calls) {
+      const auto t0 = std::chrono::steady_clock::now();
+      st = Check(launch(s.stream.get(), *s.last_launch));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+      launch_calls_.fetch_add(1, std::memory_order_relaxed);
+      launch_call_ns_.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+    } else {
+      st = Check(launch(s.stream.get(), *s.last_launch));
+    }
     GPUEXEC_TRACE(kWorkerLaunched);
   }
   if (!st.ok()) return st;
