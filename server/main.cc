@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -314,6 +316,14 @@ int main(int argc, char** argv) {
   // lock, on every message's path. The tests keep the check; the daemon and
   // its workers skip it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // A crash (SIGSEGV, SIGABRT, ...) writes its signal and the crashing
+  // thread's stack to stderr, the daemon's log, before the process dies as
+  // it would have: a report to act on instead of an exit status. Not under
+  // a sanitizer, whose own handler reports more.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+#endif
   // Each device is served by a worker process: this same program, started
   // by the daemon with a first argument of its own.
   if (argc > 1 && std::strcmp(argv[1], gpuexec::worker::kWorkerArg) == 0) {
