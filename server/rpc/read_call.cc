@@ -3,6 +3,9 @@
 
 namespace gpuexec::rpc {
 namespace calls {
+
+std::atomic<void (*)()> read_fetched_for_test{nullptr};
+
 namespace {
 
 // Read: chunks fetched ahead by the engine. Each is serialized on the copy
@@ -82,8 +85,16 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
     }
     if (write >= 0) StartWrite(&out_[write]);
     if (fetch >= 0) {
+      // The fetch is an operation of the call until Fetched has returned,
+      // as Write's push is: else the call could finish (a client that went
+      // away, a write that ended the read) and be deleted between
+      // Fetched's unlock and its Pump (seen once in a soak: a SIGSEGV).
+      Begin();
       source_->Next([this, fetch](absl::StatusOr<core::ReadChunk> chunk) {
-        if (!chunk.ok()) return Fetched(fetch, chunk.status());
+        if (!chunk.ok()) {
+          Fetched(fetch, chunk.status());
+          return End();
+        }
         // Not here: the chunk comes on the device's reply reader (or on this
         // call's own Pump), and Fetched may start the message's write,
         // which gRPC carries out on the calling thread.
@@ -92,6 +103,7 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
           // the message then holds.
           out_[fetch] = SerializeReadResponse(chunk.offset, chunk.bytes, std::move(chunk.hold));
           Fetched(fetch, absl::OkStatus());
+          End();
         });
       });
     }
@@ -113,6 +125,7 @@ class ReadCall final : public ServerWriteCall<grpc::ByteBuffer, grpc::ByteBuffer
         error_ = st;
       }
     }
+    if (auto hook = read_fetched_for_test.load(std::memory_order_relaxed)) hook();
     Pump();
   }
 

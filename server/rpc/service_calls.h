@@ -7,6 +7,7 @@
 // raw message parsing. Not for other users.
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -149,6 +150,12 @@ void ListenLoadModule(const GpuExecService::Env* env, grpc::ServerCompletionQueu
 void ListenCompileModule(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
 // Drain, an operator's call (drain_call.cc).
 void ListenDrain(const GpuExecService::Env* env, grpc::ServerCompletionQueue* cq);
+
+// A test's seam: when set, run on the thread that delivers each of a
+// Read's fetched chunks, after the call has taken it and before the call's
+// next step; a test widens that window with it (a sleep) to show the call
+// outlives it.
+extern std::atomic<void (*)()> read_fetched_for_test;
 
 }  // namespace calls
 }  // namespace gpuexec::rpc
