@@ -65,6 +65,7 @@ ABSL_DECLARE_FLAG(uint32_t, green_only);
 ABSL_DECLARE_FLAG(int, neighbour_kernel_us);
 ABSL_DECLARE_FLAG(std::string, tenant_share);
 ABSL_DECLARE_FLAG(int, neighbour_blocks);
+ABSL_DECLARE_FLAG(int, session_time_limit_ms);
 ABSL_DECLARE_FLAG(int, neighbour_threads);
 ABSL_DECLARE_FLAG(std::string, tenants_mps);
 ABSL_DECLARE_FLAG(std::string, tenants_isolation);

@@ -106,6 +106,10 @@ ABSL_FLAG(std::string, ab_daemon, "",
 ABSL_FLAG(bool, device_only, false,
           "only the device layer: async launches through a device::Device in this process "
           "against the same launches straight to the driver, with its thread's CPU a launch");
+ABSL_FLAG(int, session_time_limit_ms, 0,
+          "the kernel time limit the sessions of --ring_sweep, --ab_daemon and --read_thread_ab "
+          "ask for (0: the daemon's): one of an eighth of the daemon's or less shares a watch "
+          "among eight launches of a run");
 ABSL_FLAG(bool, ring_cpu_only, false,
           "the command ring's CPU rows only: the front's and the client's CPU per 100k async "
           "launches, and the front's idle beside sessions with and without rings");

@@ -35,6 +35,11 @@ SessionFigures MeasureSession(const Plan& plan, pid_t front, Client& client,
   SessionFigures f;
   SessionOptions session_options;
   session_options.gpu_time = gpu_time;
+  // A session that asks for a shorter kernel time limit than the daemon's
+  // shares a watch among its runs' launches (device::DeviceOptions::
+  // shared_watch_limit); 0: the daemon's own.
+  session_options.kernel_time_limit =
+      absl::Milliseconds(absl::GetFlag(FLAGS_session_time_limit_ms));
   Session session = Must(client.OpenSession(session_options), "open a session");
   if (session.gpu_time() != gpu_time) Die("the daemon did not time the session as asked");
   Module module = Must(session.LoadModule(image, ModuleKind::kCubin), "load the module");

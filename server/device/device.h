@@ -128,9 +128,16 @@ struct DeviceOptions {
   // end) instead of one after each, which costs the driver 0.5-0.8 us a
   // launch. The shared watch's time limit is the sum of its launches'
   // (a hung kernel in such a run is reported within that many times the
-  // stream's limit). At most a quarter of max_queued_launches, if bound;
-  // 1: a watch for every launch.
+  // stream's limit). At most a quarter of max_queued_launches, if bound,
+  // and as many as shared_watch_limit allows; 1: a watch for every launch.
   int launches_per_watch = 8;
+  // The most a shared watch's limit may add up to (zero: no bound): a run's
+  // launches share a watch only as far as their limits added stay within
+  // it, so that no hung kernel is reported later than this. The daemon's
+  // workers take its --kernel_time_limit_ms: a session that asked for a
+  // shorter limit shares (up to eight launches of a limit of an eighth of
+  // it or less), one with the daemon's own limit has a watch a launch.
+  absl::Duration shared_watch_limit = absl::ZeroDuration();
   // Times each launch's driver call (two clock reads a launch) for
   // launch_call_ns(): what the driver's launch costs on the device's
   // thread, beside what the device's own work around it costs (the
@@ -321,8 +328,9 @@ class Device {
   // Watches the launches of `s` covered by none yet through `end`, an
   // event recorded right after the last of them, or one recorded here.
   absl::Status Cover(StreamId id, StreamState& s, std::shared_ptr<cuda::Event> end);
-  // Launches a watch of a run covers (DeviceOptions::launches_per_watch).
-  uint32_t LaunchesPerWatch() const;
+  // Launches a watch of a run on `s` covers (DeviceOptions::
+  // launches_per_watch, shared_watch_limit).
+  uint32_t LaunchesPerWatch(const StreamState& s) const;
   // Records the due end of a run of launches (StreamState::end_due) and
   // the watch of its uncovered launches, if any, and ends the run: before any operation other than
   // the next launch of that stream, and once nothing more is posted to the executor.

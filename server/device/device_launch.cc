@@ -254,7 +254,7 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
     // time; in a run of launches, the run's end is due instead
     // (StreamState::end_due), and a watch is shared by a few launches
     // (StreamState::uncovered).
-    if (Watched(s) && run_stream_ == stream && s.uncovered + 1 < LaunchesPerWatch()) {
+    if (Watched(s) && run_stream_ == stream && s.uncovered + 1 < LaunchesPerWatch(s)) {
       if (s.uncovered++ == 0) s.uncovered_start = std::move(start);
       ++s.queued;
       if (InRun(stream, s)) s.end_due = true;

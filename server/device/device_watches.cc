@@ -198,10 +198,15 @@ void Device::SettleDueEnd() {
   if (s.uncovered > 0) (void)Cover(id, s, std::move(end));
 }
 
-uint32_t Device::LaunchesPerWatch() const {
-  int n = std::max(options_.launches_per_watch, 1);
-  if (options_.max_queued_launches > 0)
-    n = std::min(n, std::max(options_.max_queued_launches / 4, 1));
+uint32_t Device::LaunchesPerWatch(const StreamState& s) const {
+  int64_t n = std::max(options_.launches_per_watch, 1);
+  if (options_.max_queued_launches > 0) {
+    n = std::min<int64_t>(n, std::max(options_.max_queued_launches / 4, 1));
+  }
+  if (s.time_limit > absl::ZeroDuration() && options_.shared_watch_limit > absl::ZeroDuration()) {
+    // Their limits added stay within the bound.
+    n = std::min<int64_t>(n, std::max<int64_t>(1, options_.shared_watch_limit / s.time_limit));
+  }
   return static_cast<uint32_t>(n);
 }
 

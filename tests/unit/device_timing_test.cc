@@ -262,5 +262,43 @@ TEST_F(DeviceTimingTest, AHangInASharedWatchIsReportedPastTheirLimitsTogether) {
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
+// With a bound on what a shared watch's limits may add up to (the
+// daemon's own kernel time limit, in its workers), a stream with an
+// eighth of it or less shares among eight; one with a quarter, among four;
+// one with the bound itself (a session that kept the daemon's limit) has
+// a watch for every launch, so no hang is reported later than the bound.
+class SharedWatchLimitTest : public DeviceTimingTest {
+ protected:
+  void Configure(DeviceOptions& options) override {
+    DeviceTimingTest::Configure(options);
+    options.shared_watch_limit = absl::Milliseconds(200);
+  }
+};
+
+TEST_F(SharedWatchLimitTest, ARunSharesOnlyAsFarAsTheBoundAllows) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
+  struct Case {
+    absl::Duration limit;
+    uint64_t at_least, at_most;  // events recorded for 17 launches and a Synchronize
+  };
+  // The GPU time's start and the run's first launch; then a watch for
+  // every eight, four or one of the other 16; the run's end.
+  const Case cases[] = {{absl::Milliseconds(25), 4, 5},
+                        {absl::Milliseconds(50), 6, 7},
+                        {absl::Milliseconds(200), 18, 20}};
+  StreamId id = 41;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("the stream's limit ", absl::FormatDuration(c.limit)));
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, c.limit, {}, d); }).ok());
+    const uint64_t before = records_();
+    auto ns = RunOfLaunches(id, spin, 17);
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_GE(records_() - before, c.at_least);
+    EXPECT_LE(records_() - before, c.at_most);
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+    ++id;
+  }
+}
+
 }  // namespace
 }  // namespace gpuexec::device
