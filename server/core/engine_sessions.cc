@@ -221,6 +221,8 @@ void Engine::OpenSession(const Caller& caller, const SessionAsk& ask, Callback<S
     time_limit = time_limit == 0 ? limits.kernel_time_limit_ms
                                  : std::min(time_limit, limits.kernel_time_limit_ms);
   }
+  // The operator's, before the session's own request lowers it.
+  const uint64_t operator_limit = time_limit;
   if (kernel_time_limit_ms != 0) {
     time_limit =
         time_limit == 0 ? kernel_time_limit_ms : std::min(time_limit, kernel_time_limit_ms);
@@ -275,7 +277,7 @@ void Engine::OpenSession(const Caller& caller, const SessionAsk& ask, Callback<S
   }
   AcquirePort(
       caller, index,
-      [this, caller, index, lease_ms, limit, capped, time_limit, untimed, usage,
+      [this, caller, index, lease_ms, limit, capped, time_limit, operator_limit, untimed, usage,
        done](absl::StatusOr<std::shared_ptr<port::DevicePort>> port) {
         // A drain that began while the port came (a tenant's worker can
         // take seconds to start) refuses this session too; one that begins
@@ -300,8 +302,8 @@ void Engine::OpenSession(const Caller& caller, const SessionAsk& ask, Callback<S
         const port::StreamId stream = (*port)->CreateStream(
             absl::Milliseconds(time_limit),
             {caller.tenant_name(), caller.tenant != nullptr && caller.tenant->limits.low_priority,
-             /*shares_turns=*/caller.tenant != nullptr && caller.tenant != DefaultTenant(),
-             untimed});
+             /*shares_turns=*/caller.tenant != nullptr && caller.tenant != DefaultTenant(), untimed,
+             operator_limit});
         auto session = std::make_shared<Session>(NewSessionToken(), usage, index, *port, stream,
                                                  lease_ms, limit);
         session->peer_host = PeerHost(caller.peer);

@@ -328,6 +328,10 @@ class Device {
   // Watches the launches of `s` covered by none yet through `end`, an
   // event recorded right after the last of them, or one recorded here.
   absl::Status Cover(StreamId id, StreamState& s, std::shared_ptr<cuda::Event> end);
+  // A launch (or replay) of `stream` that failed ends its run, so that the
+  // run's uncovered launches get their watch now: failing launches, which
+  // cost their tenant nothing, cannot keep a hung one unwatched.
+  void EndRunOnFailure(StreamId stream, const absl::Status& st);
   // Launches a watch of a run on `s` covers (DeviceOptions::
   // launches_per_watch, shared_watch_limit).
   uint32_t LaunchesPerWatch(const StreamState& s) const;
@@ -494,6 +498,10 @@ class Device {
   absl::flat_hash_set<StreamId> watched_;
   absl::Time last_watch_poll_ = absl::InfinitePast();  // watch_poll_every
   StreamId due_end_stream_ = 0;                        // 0: no end or watch is due
+  // Since when it is due: a run's end is settled within kDueAtMost even
+  // while the executor stays busy (another stream's held operations).
+  absl::Time due_since_;
+  static constexpr absl::Duration kDueAtMost = absl::Milliseconds(1);
   // The stream whose async launch ran last, with nothing run since: its
   // next launch is in a run (0: none).
   StreamId run_stream_ = 0;

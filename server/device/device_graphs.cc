@@ -123,7 +123,10 @@ void Device::LaunchGraph(StreamId stream, GraphId graph, std::vector<port::Graph
       stream, OpKind::kLaunch, bytes,
       [this, stream, graph, patches = std::move(patches), what = std::move(what), done]() mutable {
         auto ready = ReadyStream(stream);
-        done(ready.ok() ? ReplayOn(stream, **ready, graph, patches, what) : ready.status());
+        absl::Status st =
+            ready.ok() ? ReplayOn(stream, **ready, graph, patches, what) : ready.status();
+        EndRunOnFailure(stream, st);
+        done(st);
       },
       done);
 }

@@ -92,8 +92,11 @@ struct Device::StreamState {
   bool end_due = false;
   // The kernel time limit (zero: none) and the launches watched for it, in
   // stream order: each with an event recorded after it. The first one's
-  // clock starts when the launch before it is seen done.
+  // clock starts when the launch before it is seen done. `operator_limit`:
+  // the operator's limit for it (port::StreamOwner::operator_limit_ms),
+  // what launches sharing a watch may add up to.
   absl::Duration time_limit;
+  absl::Duration operator_limit;
   struct Watch {
     // Its own event, or the Synchronize's end recorded right after it.
     std::shared_ptr<cuda::Event> done;

@@ -133,7 +133,9 @@ void Device::Launch(StreamId stream, LaunchOp op, Done done) {
       stream, OpKind::kLaunch, bytes,
       [this, stream, op = std::move(op), done]() mutable {
         auto ready = ReadyStream(stream);
-        done(ready.ok() ? LaunchOn(stream, **ready, op) : ready.status());
+        absl::Status st = ready.ok() ? LaunchOn(stream, **ready, op) : ready.status();
+        EndRunOnFailure(stream, st);
+        done(st);
       },
       done);
 }
@@ -149,6 +151,7 @@ void Device::LaunchAndSynchronize(StreamId stream, LaunchOp op, LaunchedAndSynch
           done(std::move(ns), true);
         };
         absl::Status st = LaunchOn(stream, **ready, op, &synchronized);
+        EndRunOnFailure(stream, st);
         if (!st.ok()) return done(st, false);
         GPUEXEC_TRACE(kWorkerRecorded);
       },
@@ -212,6 +215,11 @@ absl::Status Device::EncodeTensorMaps(const std::vector<port::TensorMapEncoding>
 absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string& what,
                                    KernelId kernel, GraphId graph, LaunchFn launch,
                                    Callback<uint64_t>* then_synchronize) {
+  // A launch the Synchronize follows ends its run before it is made: the
+  // run's uncovered launches get their watch (and a timed run its end)
+  // right after the last of them, not after this one, which their watch
+  // would cover without counting it.
+  if (then_synchronize != nullptr && due_end_stream_ == stream) SettleDueEnd();
   // The timing start MarkWork records is right before this launch: its
   // watch's start too (an untimed stream records a plain one instead).
   const bool timing_start_next = !s.untimed && s.timing_start == nullptr;

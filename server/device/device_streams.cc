@@ -231,6 +231,7 @@ void Device::CreateStream(StreamId id, absl::Duration kernel_time_limit, port::S
     state->stream = std::move(stream).value();
     state->time_limit = kernel_time_limit;
     state->untimed = owner.untimed;
+    state->operator_limit = absl::Milliseconds(owner.operator_limit_ms);
     streams_.emplace(id, std::move(state));
     done(absl::OkStatus());
   });

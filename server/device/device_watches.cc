@@ -21,7 +21,9 @@ bool Device::PollEvents() {
   // (under a flood of launches, the next turn's operations are posted
   // already, and the next other operation or Synchronize settles it).
   // Before the loop may pause, so the end is not recorded a pause late.
-  if (executor_.backlog() == 0) SettleDueEnd();
+  if (executor_.backlog() == 0 || (due_end_stream_ != 0 && absl::Now() - due_since_ > kDueAtMost)) {
+    SettleDueEnd();
+  }
   if (event_waits_.empty()) return watching;
   // Completions may add waits (a new Synchronize): take the list first.
   std::vector<EventWait> waits;
@@ -172,7 +174,12 @@ void Device::MarkEndDue(StreamId stream, StreamState& s) {
 
 void Device::MarkDue(StreamId stream) {
   if (due_end_stream_ != 0 && due_end_stream_ != stream) SettleDueEnd();
+  if (due_end_stream_ != stream) due_since_ = absl::Now();
   due_end_stream_ = stream;
+}
+
+void Device::EndRunOnFailure(StreamId stream, const absl::Status& st) {
+  if (!st.ok() && (run_stream_ == stream || due_end_stream_ == stream)) SettleDueEnd();
 }
 
 void Device::SettleDueEnd() {
@@ -203,9 +210,12 @@ uint32_t Device::LaunchesPerWatch(const StreamState& s) const {
   if (options_.max_queued_launches > 0) {
     n = std::min<int64_t>(n, std::max(options_.max_queued_launches / 4, 1));
   }
-  if (s.time_limit > absl::ZeroDuration() && options_.shared_watch_limit > absl::ZeroDuration()) {
-    // Their limits added stay within the bound.
-    n = std::min<int64_t>(n, std::max<int64_t>(1, options_.shared_watch_limit / s.time_limit));
+  // Their limits added stay within the operator's limit for the stream
+  // (the daemon's and its tenant's), and the device's bound.
+  for (const absl::Duration bound : {s.operator_limit, options_.shared_watch_limit}) {
+    if (s.time_limit > absl::ZeroDuration() && bound > absl::ZeroDuration()) {
+      n = std::min<int64_t>(n, std::max<int64_t>(1, bound / s.time_limit));
+    }
   }
   return static_cast<uint32_t>(n);
 }

@@ -115,6 +115,11 @@ struct StreamOwner {
   // the stream's busy time instead (the front accounts it and tells the
   // caller 0).
   bool untimed = false;
+  // The operator's kernel time limit for the stream (the daemon's and its
+  // tenant's, whichever is lower; 0: none), however much lower the session
+  // asked for: what the limits of launches sharing a watch may add up to
+  // (device::DeviceOptions::shared_watch_limit).
+  uint64_t operator_limit_ms = 0;
 };
 
 // Streams and kernels are named by ids the front process chooses.

@@ -72,6 +72,7 @@ void RemoteDevice::PrepareLocked(StreamId stream, uint64_t kernel, bool resolve,
     r.mutable_create_stream()->set_low_priority(it->second.owner.low_priority);
     r.mutable_create_stream()->set_shares_turns(it->second.owner.shares_turns);
     r.mutable_create_stream()->set_untimed(it->second.owner.untimed);
+    r.mutable_create_stream()->set_operator_limit_ms(it->second.owner.operator_limit_ms);
     prefix->push_back(std::move(r));
     live_streams_.insert(stream);
   }

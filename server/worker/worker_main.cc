@@ -251,7 +251,8 @@ void Worker::Handle(Request& r) {
       dev_->CreateStream(r.create_stream().stream(),
                          absl::Milliseconds(r.create_stream().kernel_time_limit_ms()),
                          {r.create_stream().tenant(), r.create_stream().low_priority(),
-                          r.create_stream().shares_turns(), r.create_stream().untimed()},
+                          r.create_stream().shares_turns(), r.create_stream().untimed(),
+                          r.create_stream().operator_limit_ms()},
                          Done(id));
       return;
     case Request::kSetComputeParts: {

@@ -6,6 +6,7 @@
 // run: an event after every few of them, its time limit theirs together.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -298,6 +299,89 @@ TEST_F(SharedWatchLimitTest, ARunSharesOnlyAsFarAsTheBoundAllows) {
     ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
     ++id;
   }
+}
+
+// The operator's limit for the stream (its tenant's, lower than the
+// device's bound) bounds the sharing too: a 25 ms stream whose operator
+// limit is 50 ms shares among two launches, not eight.
+TEST_F(SharedWatchLimitTest, TheStreamsOperatorLimitBoundsTheSharing) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
+  constexpr StreamId id = 45;
+  port::StreamOwner owner;
+  owner.operator_limit_ms = 50;
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(id, absl::Milliseconds(25), owner, d); }).ok());
+  const uint64_t before = records_();
+  auto ns = RunOfLaunches(id, spin, 17);
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  // The start, the first, a watch for every two of the other 16, the end.
+  EXPECT_GE(records_() - before, 10u);
+  EXPECT_LE(records_() - before, 12u);
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+}
+
+// A run that ends in a launch the Synchronize follows (the usual end of a
+// batch) is no hang: two async 30 ms launches and a third with its
+// Synchronize, each under the 50 ms limit. (The run's second launch was
+// once covered by an event after the third, counted as one launch: 60 ms
+// against 50.)
+TEST_F(DeviceTimingTest, ARunEndingInALaunchAndSynchronizeIsNoHang) {
+  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 30);
+  constexpr StreamId id = 47;
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(id, absl::Milliseconds(50), {}, d); }).ok());
+  absl::Notification synced;
+  absl::StatusOr<uint64_t> ns = absl::UnknownError("no answer");
+  {
+    auto release = HoldExecutor();
+    for (int i = 0; i < 2; ++i) device_->Launch(id, spin, [](absl::Status) {});
+    device_->LaunchAndSynchronize(id, spin, [&](absl::StatusOr<uint64_t> got, bool) {
+      ns = std::move(got);
+      synced.Notify();
+    });
+    release->Notify();
+  }
+  ASSERT_TRUE(synced.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  EXPECT_GE(*ns, 3 * 30'000'000u);
+  absl::SleepFor(absl::Milliseconds(50));  // a poll or two after the end
+  EXPECT_TRUE(Hung().empty()) << Hung()[0].detail;
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+}
+
+// Launches that fail (refused on the device, costing their tenant
+// nothing) end the run, so that a hung launch queued before them is
+// watched at once, against its own limit, however busy they keep the
+// device's thread.
+TEST_F(DeviceTimingTest, FailingLaunchesDoNotKeepAHungOneUnwatched) {
+  const LaunchOp quick = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
+  const LaunchOp hung = Spin(Image("GXFAKE1\ngx_spin\n"), 400);
+  LaunchOp refused = quick;
+  refused.kernel = 99;  // not loaded: refused before the driver
+  constexpr StreamId id = 48;
+  ASSERT_TRUE(
+      AwaitDone([&](Done d) { device_->CreateStream(id, absl::Milliseconds(50), {}, d); }).ok());
+  std::atomic<int> failed{0};
+  {
+    auto release = HoldExecutor();
+    device_->Launch(id, quick, [](absl::Status) {});
+    device_->Launch(id, hung, [](absl::Status) {});
+    for (int i = 0; i < 2000; ++i) {
+      device_->Launch(id, refused, [&](absl::Status st) {
+        if (!st.ok()) ++failed;
+      });
+    }
+    release->Notify();
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (Hung().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  const std::vector<HungReport> reports = Hung();
+  ASSERT_FALSE(reports.empty()) << "the 400 ms kernel was never reported";
+  EXPECT_EQ(reports[0].limit_ms, 50u) << reports[0].detail;
+  EXPECT_EQ(reports[0].launches, 1u);
+  ASSERT_TRUE(Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(id, cb); }).ok());
+  EXPECT_EQ(failed.load(), 2000);
+  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
 }  // namespace
