@@ -328,6 +328,17 @@ class Device {
   // Watches the launches of `s` covered by none yet through `end`, an
   // event recorded right after the last of them, or one recorded here.
   absl::Status Cover(StreamId id, StreamState& s, std::shared_ptr<cuda::Event> end);
+  // What MarkWork changes of a stream, to put back when the launch it was
+  // for is not made.
+  struct WorkMarks {
+    std::shared_ptr<cuda::Event> work_end;
+    bool work_end_passed = false;
+    bool end_due = false;
+    uint64_t work_count = 0;
+    std::optional<std::chrono::steady_clock::time_point> busy_since;
+  };
+  static WorkMarks MarksOf(const StreamState& s);
+  static void Restore(StreamState& s, const WorkMarks& marks);
   // A launch (or replay) of `stream` that failed ends its run, so that the
   // run's uncovered launches get their watch now: failing launches, which
   // cost their tenant nothing, cannot keep a hung one unwatched.

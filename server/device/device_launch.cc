@@ -223,6 +223,10 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
   // The timing start MarkWork records is right before this launch: its
   // watch's start too (an untimed stream records a plain one instead).
   const bool timing_start_next = !s.untimed && s.timing_start == nullptr;
+  // What MarkWork changes, put back if the launch is not made: a refused
+  // launch is no work, and must not stretch the stream's GPU time (or, on
+  // an untimed stream, the host's view of it).
+  const WorkMarks before = MarksOf(s);
   absl::Status st = MarkWork(s);
   std::shared_ptr<cuda::Event> start;
   if (st.ok() && s.time_limit > absl::ZeroDuration() && s.watches.empty() && s.uncovered == 0) {
@@ -256,7 +260,11 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
     }
     GPUEXEC_TRACE(kWorkerLaunched);
   }
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    if (timing_start_next) s.timing_start.reset();
+    Restore(s, before);
+    return st;
+  }
   if (then_synchronize == nullptr) {
     // The event after the launch (its watch's, if watched) ends the GPU
     // time; in a run of launches, the run's end is due instead

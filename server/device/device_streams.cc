@@ -165,6 +165,18 @@ void Device::RunOnStream(StreamId stream, OpKind kind, const std::function<void(
   op();
 }
 
+Device::WorkMarks Device::MarksOf(const StreamState& s) {
+  return {s.work_end, s.work_end_passed, s.end_due, s.work_count, s.busy_since};
+}
+
+void Device::Restore(StreamState& s, const WorkMarks& marks) {
+  s.work_end = marks.work_end;
+  s.work_end_passed = marks.work_end_passed;
+  s.end_due = marks.end_due;
+  s.work_count = marks.work_count;
+  s.busy_since = marks.busy_since;
+}
+
 absl::Status Device::MarkWork(StreamState& s) {
   // The work about to be queued ends the time now, once it records its end.
   s.work_end.reset();

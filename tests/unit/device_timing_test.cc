@@ -384,5 +384,27 @@ TEST_F(DeviceTimingTest, FailingLaunchesDoNotKeepAHungOneUnwatched) {
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
+// A launch the driver refuses is no work: a Synchronize 200 ms after it
+// reports no GPU time, timed or untimed (the stream's time once started
+// at the refused launch and ran to the Synchronize).
+TEST_F(DeviceTimingTest, ARefusedLaunchIsNoWork) {
+  LaunchOp refused = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
+  refused.geometry.block[0] = 4096;  // more threads than a block may have
+  for (const bool untimed : {false, true}) {
+    SCOPED_TRACE(untimed ? "untimed" : "timed");
+    const StreamId id = untimed ? 50 : 49;
+    port::StreamOwner owner;
+    owner.untimed = untimed;
+    ASSERT_TRUE(
+        AwaitDone([&](Done d) { device_->CreateStream(id, absl::Seconds(30), owner, d); }).ok());
+    EXPECT_FALSE(AwaitDone([&](Done d) { device_->Launch(id, refused, d); }).ok());
+    absl::SleepFor(absl::Milliseconds(200));
+    auto ns = Await<uint64_t>([&](Callback<uint64_t> cb) { device_->Synchronize(id, cb); });
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_LT(*ns, 20'000'000u) << "the wait after a refused launch was charged";
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
+  }
+}
+
 }  // namespace
 }  // namespace gpuexec::device
