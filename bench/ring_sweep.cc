@@ -37,7 +37,7 @@ SessionFigures MeasureSession(const Plan& plan, pid_t front, Client& client,
   session_options.gpu_time = gpu_time;
   // A session that asks for a shorter kernel time limit than the daemon's
   // shares a watch among its runs' launches (device::DeviceOptions::
-  // shared_watch_limit); 0: the daemon's own.
+  // launches_per_watch); 0: the daemon's own.
   session_options.kernel_time_limit =
       absl::Milliseconds(absl::GetFlag(FLAGS_session_time_limit_ms));
   Session session = Must(client.OpenSession(session_options), "open a session");

@@ -125,19 +125,15 @@ struct DeviceOptions {
   // A run of async launches of one stream (one after another on the
   // executor, nothing else between) shares a watch among this many
   // launches: one event recorded after the last of them (or at the run's
-  // end) instead of one after each, which costs the driver 0.5-0.8 us a
-  // launch. The shared watch's time limit is the sum of its launches'
-  // (a hung kernel in such a run is reported within that many times the
-  // stream's limit). At most a quarter of max_queued_launches, if bound,
-  // and as many as shared_watch_limit allows; 1: a watch for every launch.
+  // end) instead of one after each, which with its entry and the polls'
+  // query of it cost the device's thread about 1.2 us a launch (H100).
+  // The shared watch's time limit is the sum of its launches', which
+  // never passes the operator's limit for the stream (StreamOwner::
+  // operator_limit_ms): a session that kept that limit has a watch a
+  // launch, one that asked for an eighth of it or less shares among eight.
+  // At most a quarter of max_queued_launches, if bound; 1: a watch for
+  // every launch.
   int launches_per_watch = 8;
-  // The most a shared watch's limit may add up to (zero: no bound): a run's
-  // launches share a watch only as far as their limits added stay within
-  // it, so that no hung kernel is reported later than this. The daemon's
-  // workers take its --kernel_time_limit_ms: a session that asked for a
-  // shorter limit shares (up to eight launches of a limit of an eighth of
-  // it or less), one with the daemon's own limit has a watch a launch.
-  absl::Duration shared_watch_limit = absl::ZeroDuration();
   // Times each launch's driver call (two clock reads a launch) for
   // launch_call_ns(): what the driver's launch costs on the device's
   // thread, beside what the device's own work around it costs (the
@@ -343,12 +339,19 @@ class Device {
   // run's uncovered launches get their watch now: failing launches, which
   // cost their tenant nothing, cannot keep a hung one unwatched.
   void EndRunOnFailure(StreamId stream, const absl::Status& st);
+  // Pushes the watch of `launches` just enqueued on `s` (0 for Cover: none
+  // but the uncovered), which also covers the run's uncovered launches:
+  // `done` was recorded after the last of them.
+  void AddWatch(StreamId id, StreamState& s, std::shared_ptr<cuda::Event> done,
+                std::shared_ptr<const std::string> what, std::shared_ptr<cuda::Event> start,
+                uint32_t launches);
   // Launches a watch of a run on `s` covers (DeviceOptions::
-  // launches_per_watch, shared_watch_limit).
+  // launches_per_watch, StreamState::operator_limit).
   uint32_t LaunchesPerWatch(const StreamState& s) const;
   // Records the due end of a run of launches (StreamState::end_due) and
-  // the watch of its uncovered launches, if any, and ends the run: before any operation other than
-  // the next launch of that stream, and once nothing more is posted to the executor.
+  // the watch of its uncovered launches, if any, and ends the run: before
+  // any operation other than the next launch of that stream, and once
+  // nothing more is posted to the executor (or kDueAtMost has passed).
   void SettleDueEnd();
   // Runs `op` on the executor in its stream's order: at once, or once the
   // operations held on the stream have run. A launch is held while its

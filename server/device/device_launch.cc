@@ -247,16 +247,15 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
     s.last_graph = graph;
     s.last_launch_at = absl::Now();
     GPUEXEC_TRACE(kWorkerLaunch);
+    const auto t0 = options_.time_launch_calls ? std::chrono::steady_clock::now()
+                                               : std::chrono::steady_clock::time_point();
+    st = Check(launch(s.stream.get(), *s.last_launch));
     if (options_.time_launch_calls) {
-      const auto t0 = std::chrono::steady_clock::now();
-      st = Check(launch(s.stream.get(), *s.last_launch));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::steady_clock::now() - t0)
                           .count();
       launch_calls_.fetch_add(1, std::memory_order_relaxed);
       launch_call_ns_.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
-    } else {
-      st = Check(launch(s.stream.get(), *s.last_launch));
     }
     GPUEXEC_TRACE(kWorkerLaunched);
   }
@@ -273,8 +272,11 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
     if (Watched(s) && run_stream_ == stream && s.uncovered + 1 < LaunchesPerWatch(s)) {
       if (s.uncovered++ == 0) s.uncovered_start = std::move(start);
       ++s.queued;
-      if (InRun(stream, s)) s.end_due = true;
-      MarkDue(stream);
+      if (InRun(stream, s)) {
+        MarkEndDue(stream, s);
+      } else {
+        MarkDue(stream);
+      }
     } else if (Watched(s)) {
       st = Watch(stream, s, s.last_launch, std::move(start));
     } else if (InRun(stream, s)) {

@@ -211,11 +211,9 @@ uint32_t Device::LaunchesPerWatch(const StreamState& s) const {
     n = std::min<int64_t>(n, std::max(options_.max_queued_launches / 4, 1));
   }
   // Their limits added stay within the operator's limit for the stream
-  // (the daemon's and its tenant's), and the device's bound.
-  for (const absl::Duration bound : {s.operator_limit, options_.shared_watch_limit}) {
-    if (s.time_limit > absl::ZeroDuration() && bound > absl::ZeroDuration()) {
-      n = std::min<int64_t>(n, std::max<int64_t>(1, bound / s.time_limit));
-    }
+  // (the daemon's or its tenant's, whichever is lower).
+  if (s.time_limit > absl::ZeroDuration() && s.operator_limit > absl::ZeroDuration()) {
+    n = std::min<int64_t>(n, std::max<int64_t>(1, s.operator_limit / s.time_limit));
   }
   return static_cast<uint32_t>(n);
 }
@@ -232,14 +230,24 @@ absl::Status Device::Cover(StreamId id, StreamState& s, std::shared_ptr<cuda::Ev
     GPUEXEC_RETURN_IF_ERROR(Check(driver_->Record(*end, s.stream.get(), *what)));
     if (s.untimed) s.work_end = end;
   }
+  AddWatch(id, s, std::move(end), std::move(what), nullptr, /*launches=*/0);
+  return absl::OkStatus();
+}
+
+void Device::AddWatch(StreamId id, StreamState& s, std::shared_ptr<cuda::Event> done,
+                      std::shared_ptr<const std::string> what, std::shared_ptr<cuda::Event> start,
+                      uint32_t launches) {
+  // It covers the run's launches queued since the newest watch as well,
+  // and starts where the first of them started.
+  if (s.uncovered > 0) start = std::move(s.uncovered_start);
   if (s.watches.empty()) s.head_since = absl::Now();
-  s.watches.push_back(StreamState::Watch{std::move(end), std::move(what),
-                                         std::move(s.uncovered_start), s.last_kernel, s.last_graph,
-                                         s.work_count, s.uncovered});
+  s.watches.push_back(StreamState::Watch{std::move(done), std::move(what), std::move(start),
+                                         s.last_kernel, s.last_graph, s.work_count,
+                                         s.uncovered + launches});
+  s.queued += launches;
   s.uncovered = 0;
   s.uncovered_start.reset();
   watched_.insert(id);
-  return absl::OkStatus();
 }
 
 absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const std::string> what,
@@ -259,16 +267,7 @@ absl::Status Device::Watch(StreamId id, StreamState& s, std::shared_ptr<const st
       s.work_end = e;
     }
   }
-  // It covers the run's launches queued since the newest watch as well.
-  if (s.uncovered > 0) start = std::move(s.uncovered_start);
-  if (s.watches.empty()) s.head_since = absl::Now();
-  s.watches.push_back(StreamState::Watch{std::move(e), std::move(what), std::move(start),
-                                         s.last_kernel, s.last_graph, s.work_count,
-                                         s.uncovered + 1});
-  ++s.queued;
-  s.uncovered = 0;
-  s.uncovered_start.reset();
-  watched_.insert(id);
+  AddWatch(id, s, std::move(e), std::move(what), std::move(start), /*launches=*/1);
   return absl::OkStatus();
 }
 

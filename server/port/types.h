@@ -118,7 +118,7 @@ struct StreamOwner {
   // The operator's kernel time limit for the stream (the daemon's and its
   // tenant's, whichever is lower; 0: none), however much lower the session
   // asked for: what the limits of launches sharing a watch may add up to
-  // (device::DeviceOptions::shared_watch_limit).
+  // (device::DeviceOptions::launches_per_watch).
   uint64_t operator_limit_ms = 0;
 };
 

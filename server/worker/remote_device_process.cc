@@ -110,8 +110,6 @@ void RemoteDevice::Spawn() {
         absl::StrCat("--staging_bytes=", options_.staging_bytes),
         absl::StrCat("--staging_slots=", options_.staging_slots),
         absl::StrCat("--max_queued_launches=", options_.max_queued_launches),
-        absl::StrCat("--kernel_time_limit_ms=",
-                     absl::ToInt64Milliseconds(options_.kernel_time_limit)),
         absl::StrCat("--log_level=", options_.log_level),
         absl::StrCat("--log_format=", options_.log_format),
         absl::StrCat("--busy_poll_us=", absl::ToInt64Microseconds(options_.busy_poll)),

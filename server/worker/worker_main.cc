@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -47,9 +46,6 @@ struct Args {
   uint64_t ring_bytes = 0;
   bool stream_turns = true;
   bool read_thread = false;
-  // The daemon's kernel time limit: what a shared watch's limits may add
-  // up to (DeviceOptions::shared_watch_limit; 0: no bound).
-  int64_t kernel_time_limit_ms = 0;
 };
 
 bool ParseArgs(int argc, char** argv, Args* args) {
@@ -71,8 +67,6 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       if (!absl::SimpleAtoi(v, &args->staging_slots)) return false;
     } else if (value("--max_queued_launches=", &v)) {
       if (!absl::SimpleAtoi(v, &args->max_queued_launches)) return false;
-    } else if (value("--kernel_time_limit_ms=", &v)) {
-      if (!absl::SimpleAtoi(v, &args->kernel_time_limit_ms)) return false;
     } else if (value("--busy_poll_us=", &v)) {
       if (!absl::SimpleAtoi(v, &args->busy_poll_us)) return false;
     } else if (value("--ring_bytes=", &v)) {
@@ -500,7 +494,6 @@ int RunWorker(int argc, char** argv) {
   options.staging_bytes = args.staging_bytes;
   options.staging_slots = args.staging_slots;
   options.max_queued_launches = args.max_queued_launches;
-  options.shared_watch_limit = absl::Milliseconds(std::max<int64_t>(args.kernel_time_limit_ms, 0));
   options.input.busy_poll = absl::Microseconds(args.busy_poll_us);
   options.stream_turns = args.stream_turns;
   options.staging_memory = static_cast<uint8_t*>(mapped);

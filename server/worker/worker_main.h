@@ -3,8 +3,7 @@
 
 // The device worker: the process that owns one GPU. gpuexecd starts it as
 // `gpuexecd __worker --device=N --driver=LIB --staging_bytes=B
-// --staging_slots=S --max_queued_launches=Q --kernel_time_limit_ms=K --log_level=L
-// --log_format=F --busy_poll_us=U
+// --staging_slots=S --max_queued_launches=Q --log_level=L --log_format=F --busy_poll_us=U
 // --ring_bytes=R`, with its end of a socket pair on fd 3 and the shared
 // staging memory (a memfd) on fd 4; with R > 0, the messages travel through
 // shared-memory rings of R bytes each way (ring.h: their memory on fd 5,

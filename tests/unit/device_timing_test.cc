@@ -263,34 +263,32 @@ TEST_F(DeviceTimingTest, AHangInASharedWatchIsReportedPastTheirLimitsTogether) {
   ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
-// With a bound on what a shared watch's limits may add up to (the
-// daemon's own kernel time limit, in its workers), a stream with an
-// eighth of it or less shares among eight; one with a quarter, among four;
-// one with the bound itself (a session that kept the daemon's limit) has
-// a watch for every launch, so no hang is reported later than the bound.
-class SharedWatchLimitTest : public DeviceTimingTest {
- protected:
-  void Configure(DeviceOptions& options) override {
-    DeviceTimingTest::Configure(options);
-    options.shared_watch_limit = absl::Milliseconds(200);
-  }
-};
-
-TEST_F(SharedWatchLimitTest, ARunSharesOnlyAsFarAsTheBoundAllows) {
+// The operator's limit for a stream (the daemon's or its tenant's, before
+// the session lowers it) bounds what a shared watch's limits add up to: a
+// stream with an eighth of it or less shares among eight, one with a
+// quarter among four, one with half among two, one with the operator's
+// limit itself (a session that kept it) has a watch for every launch, so
+// no hang is reported later than that limit.
+TEST_F(DeviceTimingTest, ARunSharesOnlyAsFarAsTheOperatorsLimitAllows) {
   const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
   struct Case {
     absl::Duration limit;
+    uint64_t operator_limit_ms;
     uint64_t at_least, at_most;  // events recorded for 17 launches and a Synchronize
   };
   // The GPU time's start and the run's first launch; then a watch for
-  // every eight, four or one of the other 16; the run's end.
-  const Case cases[] = {{absl::Milliseconds(25), 4, 5},
-                        {absl::Milliseconds(50), 6, 7},
-                        {absl::Milliseconds(200), 18, 20}};
+  // every eight, four, two or one of the other 16; the run's end.
+  const Case cases[] = {{absl::Milliseconds(25), 200, 4, 5},
+                        {absl::Milliseconds(50), 200, 6, 7},
+                        {absl::Milliseconds(25), 50, 10, 12},
+                        {absl::Milliseconds(200), 200, 18, 20}};
   StreamId id = 41;
   for (const Case& c : cases) {
-    SCOPED_TRACE(absl::StrCat("the stream's limit ", absl::FormatDuration(c.limit)));
-    ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, c.limit, {}, d); }).ok());
+    SCOPED_TRACE(absl::StrCat("the stream's limit ", absl::FormatDuration(c.limit),
+                              ", the operator's ", c.operator_limit_ms, " ms"));
+    port::StreamOwner owner;
+    owner.operator_limit_ms = c.operator_limit_ms;
+    ASSERT_TRUE(AwaitDone([&](Done d) { device_->CreateStream(id, c.limit, owner, d); }).ok());
     const uint64_t before = records_();
     auto ns = RunOfLaunches(id, spin, 17);
     ASSERT_TRUE(ns.ok()) << ns.status();
@@ -299,25 +297,6 @@ TEST_F(SharedWatchLimitTest, ARunSharesOnlyAsFarAsTheBoundAllows) {
     ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
     ++id;
   }
-}
-
-// The operator's limit for the stream (its tenant's, lower than the
-// device's bound) bounds the sharing too: a 25 ms stream whose operator
-// limit is 50 ms shares among two launches, not eight.
-TEST_F(SharedWatchLimitTest, TheStreamsOperatorLimitBoundsTheSharing) {
-  const LaunchOp spin = Spin(Image("GXFAKE1\ngx_spin\n"), 1);
-  constexpr StreamId id = 45;
-  port::StreamOwner owner;
-  owner.operator_limit_ms = 50;
-  ASSERT_TRUE(
-      AwaitDone([&](Done d) { device_->CreateStream(id, absl::Milliseconds(25), owner, d); }).ok());
-  const uint64_t before = records_();
-  auto ns = RunOfLaunches(id, spin, 17);
-  ASSERT_TRUE(ns.ok()) << ns.status();
-  // The start, the first, a watch for every two of the other 16, the end.
-  EXPECT_GE(records_() - before, 10u);
-  EXPECT_LE(records_() - before, 12u);
-  ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
 }
 
 // A run that ends in a launch the Synchronize follows (the usual end of a
