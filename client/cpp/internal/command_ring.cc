@@ -270,7 +270,9 @@ void CommandRing::PollLocked(absl::Time deadline, bool head) {
   polling_ = false;
   ++poll_rounds_;
   DrainLocked();
-  if (!moved) CheckClosedLocked();
+  // A round that saw nothing move is the one that asks whether the daemon
+  // is still there.
+  if (!moved) CheckClosedLocked(/*lifeline=*/true);
 }
 
 void CommandRing::DrainLocked() {
@@ -314,10 +316,10 @@ void CommandRing::DrainLocked() {
   // records are left to start (it parks for room before taking one); one
   // that took them all waits for records, and the next post wakes it.
   if (Load64(h::kSqHead) < tail_) WakeDaemon();
-  CheckClosedLocked();
+  CheckClosedLocked(/*lifeline=*/false);
 }
 
-void CommandRing::CheckClosedLocked() {
+void CommandRing::CheckClosedLocked(bool lifeline) {
   if (!broken_.ok()) return;
   if (ring::Load<uint32_t>(base_, h::kState) != ring::kOpen) {
     const uint32_t n =
@@ -327,6 +329,7 @@ void CommandRing::CheckClosedLocked() {
     if (code <= 0 || code > 16) code = static_cast<int32_t>(absl::StatusCode::kUnavailable);
     return BreakLocked(absl::Status(static_cast<absl::StatusCode>(code), message));
   }
+  if (!lifeline) return;
   pollfd p{lifeline_.get(), POLLIN | POLLRDHUP, 0};
   if (poll(&p, 1, 0) > 0) {
     BreakLocked(absl::UnavailableError(absl::StrCat(

@@ -104,8 +104,10 @@ class CommandRing {
   void PollForHeadLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BreakLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Breaks the ring when the daemon closed it or hung up its lifeline.
-  void CheckClosedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Breaks the ring when the daemon closed it, and with `lifeline` also
+  // when it hung up the lifeline. That look is a system call: a round that
+  // read completions skips it (a daemon that answers is there).
+  void CheckClosedLocked(bool lifeline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeDaemon();
   uint64_t Load64(size_t offset) const;
 

@@ -510,9 +510,13 @@ class CommandRing:
         # wakes it.
         if self._sq_head_word.value < self._tail:
             self._wake_daemon()
-        self._check_closed_locked()
+        # The state word only: a daemon that answers is there. The lifeline
+        # is a system call (about 1-2 us), asked by rounds that saw nothing.
+        self._check_closed_locked(lifeline=False)
 
-    def _check_closed_locked(self) -> None:
+    def _check_closed_locked(self, lifeline: bool = True) -> None:
+        """Breaks the ring when the daemon closed it, and with
+        ``lifeline`` also when it hung up the ring's connection."""
         if self.broken is not None:
             return
         if self._state.value != OPEN:
@@ -525,9 +529,9 @@ class CommandRing:
                 code = grpc.StatusCode.UNAVAILABLE.value[0]
             self._break_locked(error_of(code, message))
             return
-        lifeline = self._lifeline
-        if lifeline is not None:
-            ready, _, _ = select.select([lifeline], [], [], 0)
+        sock = self._lifeline if lifeline else None
+        if sock is not None:
+            ready, _, _ = select.select([sock], [], [], 0)
             if ready:
                 self._break_locked(Error(
                     grpc.StatusCode.UNAVAILABLE,
@@ -589,6 +593,7 @@ class CommandRing:
         with self._cond:
             if self.broken is None and not self._polling:
                 self._drain_locked()
+                self._check_closed_locked()
             return self.broken
 
     def shutdown(self) -> None:
