@@ -104,12 +104,13 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
       // answer is the session's first word of the fault, in its words.
       dev->Launch(
           s->stream(), std::move(op), epoch,
-          QueuedWorkDone(s, dev->epoch(), [gpu_ns, traffic, tenant_traffic](absl::Status st) {
-            if (!st.ok()) return gpu_ns(st);
-            traffic->launches.fetch_add(1);
-            tenant_traffic->launches.fetch_add(1);
-            gpu_ns(uint64_t{0});
-          }));
+          QueuedWorkDone(s, dev->epoch(),
+                         [gpu_ns = std::move(gpu_ns), traffic, tenant_traffic](absl::Status st) {
+                           if (!st.ok()) return gpu_ns(st);
+                           traffic->launches.fetch_add(1);
+                           tenant_traffic->launches.fetch_add(1);
+                           gpu_ns(uint64_t{0});
+                         }));
       return;
     }
     // The synchronize goes with the launch, in one request and one answer.
@@ -117,26 +118,28 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
     const uint64_t work_epoch = s->work_epoch;
     s->work_epoch = 0;
     GPUEXEC_TRACE(kFrontChecked);
-    dev->LaunchAndSynchronize(
-        s->stream(), std::move(op), epoch, work_epoch,
-        [this, s, traffic, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns, bool launched) {
-          if (launched) {
-            traffic->launches.fetch_add(1);
-            s->usage().traffic.launches.fetch_add(1);
-          }
-          ChargeGpuTime(*s, ns);
-          bool closed;
-          {
-            absl::MutexLock lock(&s->mu);
-            --s->waiting;
-            s->Touch();
-            // Refused before it reached the device: as Synchronize below.
-            if (!launched && !ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
-            closed = s->closed;
-          }
-          if (!ns.ok()) return gpu_ns(FaultFor(ns.status(), *s, closed, work_epoch));
-          gpu_ns(std::move(ns));
-        });
+    dev->LaunchAndSynchronize(s->stream(), std::move(op), epoch, work_epoch,
+                              [this, s, traffic, gpu_ns = std::move(gpu_ns), work_epoch](
+                                  absl::StatusOr<uint64_t> ns, bool launched) {
+                                if (launched) {
+                                  traffic->launches.fetch_add(1);
+                                  s->usage().traffic.launches.fetch_add(1);
+                                }
+                                ChargeGpuTime(*s, ns);
+                                bool closed;
+                                {
+                                  absl::MutexLock lock(&s->mu);
+                                  --s->waiting;
+                                  s->Touch();
+                                  // Refused before it reached the device: as Synchronize below.
+                                  if (!launched && !ns.ok())
+                                    RestoreWorkEpoch(*s, work_epoch, ns.status());
+                                  closed = s->closed;
+                                }
+                                if (!ns.ok())
+                                  return gpu_ns(FaultFor(ns.status(), *s, closed, work_epoch));
+                                gpu_ns(std::move(ns));
+                              });
   }
 }
 
@@ -180,21 +183,21 @@ void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) 
   ++s->waiting;
   const uint64_t work_epoch = s->work_epoch;
   s->work_epoch = 0;
-  DeviceOf(*s)->Synchronize(s->stream(), work_epoch,
-                            [this, s, gpu_ns, work_epoch](absl::StatusOr<uint64_t> ns) {
-                              ChargeGpuTime(*s, ns);
-                              bool closed;
-                              {
-                                absl::MutexLock lock(&s->mu);
-                                --s->waiting;
-                                s->Touch();
-                                if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
-                                closed = s->closed;
-                              }
-                              if (!ns.ok())
-                                return gpu_ns(FaultFor(ns.status(), *s, closed, work_epoch));
-                              gpu_ns(std::move(ns));
-                            });
+  DeviceOf(*s)->Synchronize(
+      s->stream(), work_epoch,
+      [this, s, gpu_ns = std::move(gpu_ns), work_epoch](absl::StatusOr<uint64_t> ns) {
+        ChargeGpuTime(*s, ns);
+        bool closed;
+        {
+          absl::MutexLock lock(&s->mu);
+          --s->waiting;
+          s->Touch();
+          if (!ns.ok()) RestoreWorkEpoch(*s, work_epoch, ns.status());
+          closed = s->closed;
+        }
+        if (!ns.ok()) return gpu_ns(FaultFor(ns.status(), *s, closed, work_epoch));
+        gpu_ns(std::move(ns));
+      });
 }
 
 }  // namespace gpuexec::core

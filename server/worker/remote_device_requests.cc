@@ -281,14 +281,14 @@ void RemoteDevice::DestroyStream(StreamId stream, Done done) {
   if (!live) return Defer([done] { done(absl::OkStatus()); });  // never created in this worker
   Request r;
   r.mutable_destroy_stream()->set_stream(stream);
-  Call(r, 0, 0, 0, StatusTo(done));
+  Call(r, 0, 0, 0, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::AfterQueued(StreamId stream, uint64_t epoch, std::string what, Done done) {
   Request r;
   r.mutable_after_queued()->set_stream(stream);
   r.mutable_after_queued()->set_what(std::move(what));
-  Call(r, stream, 0, epoch, StatusTo(done));
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::Allocate(StreamId stream, uint64_t size, std::string what,
@@ -312,7 +312,7 @@ void RemoteDevice::Free(StreamId stream, DevicePtr ptr, uint64_t epoch, std::str
   r.mutable_free()->set_stream(stream);
   r.mutable_free()->set_ptr(ptr);
   r.mutable_free()->set_what(std::move(what));
-  Call(r, stream, 0, epoch, StatusTo(done));
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_t value,
@@ -324,7 +324,7 @@ void RemoteDevice::Memset(StreamId stream, DevicePtr ptr, uint64_t epoch, uint8_
   m->set_value(value);
   m->set_size(size);
   m->set_what(std::move(what));
-  Call(r, stream, 0, epoch, StatusTo(done));
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t epoch,
@@ -336,7 +336,7 @@ void RemoteDevice::Copy(StreamId stream, DevicePtr dst, DevicePtr src, uint64_t 
   c->set_src(src);
   c->set_size(size);
   c->set_what(std::move(what));
-  Call(r, stream, 0, epoch, StatusTo(done));
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch,
@@ -349,7 +349,7 @@ void RemoteDevice::CopyToDevice(StreamId stream, DevicePtr dst, uint64_t epoch,
   c->set_slot(static_cast<uint32_t>(slot.index));
   c->set_size(size);
   c->set_what(std::move(what));
-  Call(r, stream, 0, epoch, StatusTo(done));
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::CopyToHost(StreamId stream, port::StagingSlot slot, DevicePtr src,
@@ -361,7 +361,7 @@ void RemoteDevice::CopyToHost(StreamId stream, port::StagingSlot slot, DevicePtr
   c->set_src(src);
   c->set_size(size);
   c->set_what(std::move(what));
-  Call(r, stream, 0, epoch, StatusTo(done));
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::MapRegion(port::RegionId region, int fd, uint64_t bytes, std::string what,
@@ -394,7 +394,7 @@ void RemoteDevice::CopyRegion(StreamId stream, port::RegionId region, uint64_t o
   c->set_size(size);
   c->set_to_device(to_device);
   c->set_what(std::move(what));
-  Call(r, stream, 0, epoch, StatusTo(done));
+  Call(r, stream, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::UnmapRegion(StreamId stream, port::RegionId region, uint64_t epoch, Done done) {
@@ -403,7 +403,7 @@ void RemoteDevice::UnmapRegion(StreamId stream, port::RegionId region, uint64_t 
   Request r;
   r.mutable_unmap_region()->set_stream(stream);
   r.mutable_unmap_region()->set_region(region);
-  Call(r, 0, 0, epoch, StatusTo(done));
+  Call(r, 0, 0, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,
@@ -523,7 +523,7 @@ Request LaunchRequest(port::StreamId stream, port::LaunchOp& op) {
 
 void RemoteDevice::Launch(StreamId stream, port::LaunchOp op, uint64_t epoch, Done done) {
   Request r = LaunchRequest(stream, op);
-  Call(r, stream, op.kernel, epoch, StatusTo(done));
+  Call(r, stream, op.kernel, epoch, StatusTo(std::move(done)));
 }
 
 void RemoteDevice::LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch,
