@@ -160,6 +160,17 @@ absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
                                       });
 }
 
+absl::Status Device::KeepSpareEvents(const std::string& what) {
+  for (const bool timing : {true, false}) {
+    std::vector<cuda::Event>& spares = Spares(timing);
+    if (!spares.empty()) continue;
+    absl::StatusOr<cuda::Event> e = driver_->CreateEvent(timing, what);
+    if (!e.ok()) return Check(e.status());
+    spares.push_back(std::move(e).value());
+  }
+  return absl::OkStatus();
+}
+
 void Device::RunOnStream(StreamId stream, OpKind kind, const std::function<void()>& op) {
   if (kind != OpKind::kLaunch || run_stream_ != stream) SettleDueEnd();
   op();

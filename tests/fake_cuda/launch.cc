@@ -4,6 +4,7 @@
 // stream order on the stream's SMs (a green context's, else the device's).
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -16,6 +17,9 @@
 
 namespace gxfake::internal {
 namespace {
+
+// What gxfake_kernels_run reports.
+std::atomic<uint64_t> g_kernels_run{0};
 
 // A launch: its shape and the stream it goes to.
 struct LaunchRequest {
@@ -146,6 +150,7 @@ StreamOp KernelOp(const KernelDef* kernel, int device, const LaunchShape& shape,
   launch->args = std::move(args);
   StreamOp op;
   op.run = [kernel, launch] {
+    g_kernels_run.fetch_add(1);
     if (!kernel->body(*launch)) Poison(kernel->name);
   };
   return op;
@@ -154,6 +159,12 @@ StreamOp KernelOp(const KernelDef* kernel, int device, const LaunchShape& shape,
 }  // namespace gxfake::internal
 
 using namespace gxfake::internal;  // NOLINT(build/namespaces): the entry points are global
+
+// --- Test-only exports ---
+
+// Kernels the double has run (each a launch's, or a graph node's, taken off
+// its stream), since the library was loaded.
+GX_EXPORT uint64_t gxfake_kernels_run(void) { return g_kernels_run.load(); }
 
 // --- Launch ---
 

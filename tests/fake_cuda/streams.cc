@@ -158,6 +158,9 @@ namespace {
 // What gxfake_timing_event_records and gxfake_event_records report.
 std::atomic<uint64_t> g_timing_records{0};
 std::atomic<uint64_t> g_records{0};
+// gxfake_fail_event_create: the cuEventCreate call that fails, counted
+// from 1 at the arming; 0: none.
+std::atomic<uint64_t> g_event_create_countdown{0};
 }  // namespace
 
 // --- Test-only exports ---
@@ -168,6 +171,10 @@ GX_EXPORT uint64_t gxfake_timing_event_records(void) { return g_timing_records.l
 
 // cuEventRecord calls on any event since the library was loaded.
 GX_EXPORT uint64_t gxfake_event_records(void) { return g_records.load(); }
+
+// The `nth` cuEventCreate call from now fails with CUDA_ERROR_OUT_OF_MEMORY
+// (as a driver out of event resources does), once; 0 disarms.
+GX_EXPORT void gxfake_fail_event_create(uint64_t nth) { g_event_create_countdown.store(nth); }
 
 // --- Streams ---
 
@@ -261,6 +268,12 @@ GX_EXPORT CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   }
   if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0) {
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (uint64_t n = g_event_create_countdown.load(); n != 0;) {
+    if (g_event_create_countdown.compare_exchange_weak(n, n - 1)) {
+      if (n == 1) return CUDA_ERROR_OUT_OF_MEMORY;
+      break;
+    }
   }
   auto e = std::make_shared<CUevent_st>();
   e->context = ctx;

@@ -4,12 +4,16 @@
 // anything else runs, a Synchronize comes, or nothing more is posted to
 // the executor), not once a launch. And one watch for a few launches of a
 // run: an event after every few of them, its time limit theirs together.
+// And a launch answered as failed never ran, whatever event the driver
+// could not make around it.
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -383,6 +387,70 @@ TEST_F(DeviceTimingTest, ARefusedLaunchIsNoWork) {
     EXPECT_LT(*ns, 20'000'000u) << "the wait after a refused launch was charged";
     ASSERT_TRUE(AwaitDone([&](Done d) { device_->DestroyStream(id, d); }).ok());
   }
+}
+
+// A launch answered as failed never ran: the events its watch and its end
+// take after it is made are in hand before it is, so a driver that cannot
+// make one has the launch refused, not queued on the GPU with no watch.
+// Each event the driver makes around a watched launch fails in turn, on a
+// fresh device (no spares yet), for an async launch and a launch +
+// synchronize.
+TEST_F(DeviceTimingTest, ALaunchAnsweredAsFailedNeverRan) {
+  void* lib = dlopen(GXFAKE_LIBRARY_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto fail_create = reinterpret_cast<void (*)(uint64_t)>(dlsym(lib, "gxfake_fail_event_create"));
+  auto kernels_run = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_kernels_run"));
+  ASSERT_NE(fail_create, nullptr);
+  ASSERT_NE(kernels_run, nullptr);
+  const auto image = Image("GXFAKE1\ngx_spin\n");
+  int refused = 0;
+  for (const bool sync : {false, true}) {
+    for (uint64_t nth = 1; nth <= 4; ++nth) {
+      SCOPED_TRACE(absl::StrCat(sync ? "launch + synchronize" : "async launch", ": event creation ",
+                                nth, " fails"));
+      auto opened = Device::Open(driver_, 0, DeviceOptions{});
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      std::unique_ptr<Device> dev = std::move(opened).value();
+      ASSERT_TRUE(Await<KernelInfo>([&](Callback<KernelInfo> cb) {
+                    dev->GetKernel(image, "gx_spin", 1, "module m", cb);
+                  }).ok());
+      LaunchOp op;
+      op.kernel = 1;
+      op.param_block.assign(8, '\0');
+      const uint64_t ns = 1'000'000;
+      std::memcpy(op.param_block.data(), &ns, 8);
+      op.what = "kernel 'gx_spin'";
+      constexpr StreamId id = 51;
+      ASSERT_TRUE(
+          AwaitDone([&](Done d) { dev->CreateStream(id, absl::Milliseconds(50), {}, d); }).ok());
+      const uint64_t before = kernels_run();
+      fail_create(nth);
+      absl::Status answer;
+      bool launched = false;
+      if (sync) {
+        absl::Notification done;
+        dev->LaunchAndSynchronize(id, op, [&](absl::StatusOr<uint64_t> r, bool made) {
+          answer = r.status();
+          launched = made;
+          done.Notify();
+        });
+        ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+      } else {
+        answer = AwaitDone([&](Done d) { dev->Launch(id, op, d); });
+        launched = answer.ok();
+      }
+      fail_create(0);
+      (void)Await<uint64_t>([&](Callback<uint64_t> cb) { dev->Synchronize(id, cb); });
+      const uint64_t ran = kernels_run() - before;
+      EXPECT_EQ(ran, launched ? 1u : 0u) << "answered " << answer;
+      if (!launched) {
+        ++refused;
+        EXPECT_THAT(answer.message(), HasSubstr("cuEventCreate failed")) << answer;
+      }
+      ASSERT_TRUE(AwaitDone([&](Done d) { dev->DestroyStream(id, d); }).ok());
+    }
+  }
+  EXPECT_GT(refused, 0) << "no event creation around the launches failed";
 }
 
 }  // namespace
