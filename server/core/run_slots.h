@@ -4,8 +4,10 @@
 // The cores command rings' threads may use at once (gpuexecd
 // --ring_threads; docs/command-ring-plan.md, section 3): a ring's thread
 // holds a slot while it takes records or spins for more, gives it back
-// after each turn, stops spinning at once when another ring waits for one,
-// and holds none while it sleeps. However many rings are served and
+// after each full turn (and before it sleeps), stops spinning at once when
+// another ring waits for one, and holds none while it sleeps. A turn that
+// follows a spin's find runs on the slot held: nobody waited for it when
+// the spin looked. However many rings are served and
 // however hard their clients post, their threads take at most this many
 // cores between them (the engine's answering threads aside).
 //

@@ -446,12 +446,13 @@ class Device {
   // A spare event shared, handed back to the spares when its last holder
   // lets go.
   absl::StatusOr<std::shared_ptr<cuda::Event>> SharedEvent(bool timing, const std::string& what);
-  // A spare of each kind in hand, made now where there is none: called
-  // before a launch is made, so that the event its watch or its end takes
-  // after it comes from the spares. A launch the GPU has queued is then
-  // never answered as failed, and left unwatched, because the driver could
-  // not make an event; the launch is refused before it is made instead.
-  absl::Status KeepSpareEvents(const std::string& what);
+  // A spare of each kind the stream takes in hand, made now where there
+  // is none: called before a launch is made, so that the event its watch
+  // or its end takes after it comes from the spares. A launch the GPU has
+  // queued is then never answered as failed, and left unwatched, because
+  // the driver could not make an event; the launch is refused before it
+  // is made instead.
+  absl::Status KeepSpareEvents(const StreamState& s, const std::string& what);
   static void HostTrampoline(void* data);
   void FailPending(const absl::Status& status);
 

@@ -239,7 +239,7 @@ absl::Status Device::LaunchWatched(StreamId stream, StreamState& s, std::string&
     }
   }
   // What the launch's watch or end takes after it is made, in hand before.
-  if (st.ok()) st = KeepSpareEvents(what);
+  if (st.ok()) st = KeepSpareEvents(s, what);
   if (st.ok()) {
     // Launches of one kernel from one session have the same name: shared.
     if (s.last_launch == nullptr || *s.last_launch != what) {

@@ -160,8 +160,10 @@ absl::StatusOr<std::shared_ptr<cuda::Event>> Device::SharedEvent(bool timing,
                                       });
 }
 
-absl::Status Device::KeepSpareEvents(const std::string& what) {
+absl::Status Device::KeepSpareEvents(const StreamState& s, const std::string& what) {
   for (const bool timing : {true, false}) {
+    // An untimed stream takes no timing event after a launch.
+    if (timing && s.untimed) continue;
     std::vector<cuda::Event>& spares = Spares(timing);
     if (!spares.empty()) continue;
     absl::StatusOr<cuda::Event> e = driver_->CreateEvent(timing, what);

@@ -428,13 +428,22 @@ TEST_F(DeviceTimingTest, ALaunchAnsweredAsFailedNeverRan) {
       absl::Status answer;
       bool launched = false;
       if (sync) {
-        absl::Notification done;
-        dev->LaunchAndSynchronize(id, op, [&](absl::StatusOr<uint64_t> r, bool made) {
-          answer = r.status();
-          launched = made;
-          done.Notify();
+        struct Answer {
+          absl::Notification done;
+          absl::Status status;
+          bool launched = false;
+        };
+        auto got = std::make_shared<Answer>();
+        dev->LaunchAndSynchronize(id, op, [got](absl::StatusOr<uint64_t> r, bool made) {
+          got->status = r.status();
+          got->launched = made;
+          got->done.Notify();
         });
-        ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+        const bool answered = got->done.WaitForNotificationWithTimeout(absl::Seconds(20));
+        fail_create(0);
+        ASSERT_TRUE(answered) << "the launch + synchronize never answered";
+        answer = got->status;
+        launched = got->launched;
       } else {
         answer = AwaitDone([&](Done d) { dev->Launch(id, op, d); });
         launched = answer.ok();
