@@ -221,153 +221,155 @@ void CommandRingRunner::Loop() {
   // Who the commands run as, copied when a reload swapped it.
   Caller caller;
   uint64_t caller_generation = ~uint64_t{0};
+  // The run slot held, from a turn to the next while records keep coming.
+  std::optional<RunSlots::Held> held;
   while (!st->stop.load()) {
     int taken = 0;
     bool blocked = false;
     // Nothing posted: park again without a slot (a park that timed out,
     // or an empty wake-up, needs none, and takes no spinner's).
     if (posted() || after_records) {
-      // A run slot for these turns and their spins; given back before
-      // parking, and after a full turn.
-      RunSlots::Held held(st->options.slots, kRingParkLimit, &st->stop);
-      if (!held.ok()) continue;  // looks at the stop flag, and asks again
-      // Another turn follows on this slot when the spin after one found
-      // records: the spin stops once a ring waits for a slot, so this holds
-      // it no longer than giving it back and taking it again would.
-      bool again = true;
-      while (again && !st->stop.load()) {
-        again = false;
-        taken = 0;
-        blocked = false;
-        // The caller as it stands at the turn's start (a reload may change
-        // its tenant's limits between turns).
-        if (st->caller_generation.load() != caller_generation) {
-          absl::MutexLock lock(&st->caller_mu);
-          caller = st->caller;
-          caller_generation = st->caller_generation.load();
-        }
-        const uint64_t bound = st->options.share
-                                   ? std::max<uint64_t>(1, std::min(st->bound, st->options.share()))
-                                   : st->bound;
-        // A turn ends after turn_records records or kTurnTime, whichever
-        // comes first, so that waiters for a slot get theirs.
-        const absl::Time turn_ends = absl::Now() + kTurnTime;
-        while (taken < st->options.turn_records && !st->stop.load() &&
-               (taken == 0 || absl::Now() < turn_ends)) {
-          // Admission: a place in flight, and a completion head's room for
-          // this command beside those kept for the others. A second look comes
-          // after saying so, so that an answer in between either is seen there
-          // or wakes the park below.
-          absl::StatusOr<uint64_t> room;
-          auto admissible = [&] {
-            absl::MutexLock lock(&st->post_mu);
-            room = view.CompletionRoomSlots();
-            return room.ok() && st->in_flight < bound && *room >= st->in_flight + 1;
-          };
-          bool admit = admissible();
-          if (!admit && room.ok()) {
-            st->admission_waits.store(true);
-            admit = admissible();
-            if (admit) st->admission_waits.store(false);
-          }
-          if (!room.ok()) {
-            close(absl::InvalidArgumentError(
-                absl::StrCat("command ring closed: ", room.status().message())));
-            st->ended.store(true);
-            return;
-          }
-          if (!admit) {
-            blocked = true;
-            break;
-          }
-          shm::NextRecord next = view.Next(*scratch);
-          if (next.kind == shm::NextRecord::kEmpty) break;
-          if (next.kind == shm::NextRecord::kBroken) {
-            view.PublishHead();
-            close(absl::InvalidArgumentError(absl::StrCat(
-                "command ring closed: ", next.why,
-                "; the ring's records must follow gpuexec/command_ring.h: register a new ring")));
-            st->ended.store(true);
-            return;
-          }
-          GPUEXEC_TRACE(kFrontRead);
-          ++taken;
-          ring::SubmitHead head;
-          std::memcpy(&head, scratch->bytes, sizeof(head));
-          ring::CompleteHead answer{};
-          answer.kind = head.kind;
-          answer.id = head.id;
-          answer.seq = head.seq;
-          absl::StatusOr<Command> command = DecodeRingRecord(scratch->bytes, next.bytes);
-          if (!command.ok()) {
-            answer.code = static_cast<int32_t>(command.status().code());
-            if (st->options.on_failure) {
-              CommandResult r;
-              r.id = head.id;
-              r.status = command.status();
-              r.answer = true;
-              r.op = "command ring record";
-              st->options.on_failure(r);
-            }
-            st->Answer(answer, command.status().message(), false);
-            continue;
-          }
-          bool closing = false;
-          {
-            absl::MutexLock lock(&st->post_mu);
-            // Stop's reason is in: the header may say closed already (a record
-            // taken as it came is dropped, as those not yet taken are).
-            closing = st->closing.has_value();
-            if (!closing) ++st->in_flight;
-          }
-          if (closing) break;
-          RunCommand(*st->engine, caller, st->session, *std::move(command),
-                     [st, answer](CommandResult r) mutable {
-                       GPUEXEC_TRACE(kFrontComplete);
-                       if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
-                       if (!r.answer) return st->Done(true);
-                       answer.code = static_cast<int32_t>(r.status.code());
-                       answer.gpu_time_ns = r.gpu_time_ns;
-                       if (r.allocated.has_value()) {
-                         answer.value0 = r.allocated->handle;
-                         answer.value1 = r.allocated->size;
-                       }
-                       if (r.graph.has_value()) {
-                         answer.value0 = r.graph->handle;
-                         answer.value1 = r.graph->nodes;
-                         answer.gpu_time_ns = r.graph->instantiate_ns;
-                       }
-                       st->Answer(answer, r.status.message(), true);
-                     });
-        }
-        if (taken > 0) {
-          view.PublishHead();
-          view.WakeClientIfParked();
-          empty_wakes = 0;
-          park = kRingParkLimit;
-          if (!blocked && (taken == st->options.turn_records || absl::Now() >= turn_ends)) {
-            after_records = true;  // more may be there: after the slot is given back
-            break;
-          }
-        }
-        // Spinning follows records: an empty wake-up parks again at once.
-        const bool spin = !blocked && (taken > 0 || after_records);
-        after_records = false;
-        if (st->options.spin > absl::ZeroDuration() && spin) {
-          const absl::Time until = absl::Now() + st->options.spin;
-          // Not while another ring waits for a slot: this one parks instead.
-          while (!st->stop.load() && absl::Now() < until &&
-                 (st->options.slots == nullptr || !st->options.slots->Contended())) {
-            if (posted()) {
-              again = true;
-              break;
-            }
-            CpuRelax();
-          }
+      // A run slot for this turn and its spin, kept for the next turn when
+      // the spin finds records (the spin stops once a ring waits for a
+      // slot); given back after a full turn and before parking.
+      if (!held.has_value()) {
+        held.emplace(st->options.slots, kRingParkLimit, &st->stop);
+        if (!held->ok()) {
+          held.reset();
+          continue;  // looks at the stop flag, and asks again
         }
       }
-      if (after_records || again) continue;
+      // The caller as it stands at the turn's start (a reload may change
+      // its tenant's limits between turns).
+      if (st->caller_generation.load() != caller_generation) {
+        absl::MutexLock lock(&st->caller_mu);
+        caller = st->caller;
+        caller_generation = st->caller_generation.load();
+      }
+      const uint64_t bound = st->options.share
+                                 ? std::max<uint64_t>(1, std::min(st->bound, st->options.share()))
+                                 : st->bound;
+      // A turn ends after turn_records records or kTurnTime, whichever
+      // comes first, so that waiters for a slot get theirs.
+      const absl::Time turn_ends = absl::Now() + kTurnTime;
+      while (taken < st->options.turn_records && !st->stop.load() &&
+             (taken == 0 || absl::Now() < turn_ends)) {
+        // Admission: a place in flight, and a completion head's room for
+        // this command beside those kept for the others. A second look comes
+        // after saying so, so that an answer in between either is seen there
+        // or wakes the park below.
+        absl::StatusOr<uint64_t> room;
+        auto admissible = [&] {
+          absl::MutexLock lock(&st->post_mu);
+          room = view.CompletionRoomSlots();
+          return room.ok() && st->in_flight < bound && *room >= st->in_flight + 1;
+        };
+        bool admit = admissible();
+        if (!admit && room.ok()) {
+          st->admission_waits.store(true);
+          admit = admissible();
+          if (admit) st->admission_waits.store(false);
+        }
+        if (!room.ok()) {
+          close(absl::InvalidArgumentError(
+              absl::StrCat("command ring closed: ", room.status().message())));
+          st->ended.store(true);
+          return;
+        }
+        if (!admit) {
+          blocked = true;
+          break;
+        }
+        shm::NextRecord next = view.Next(*scratch);
+        if (next.kind == shm::NextRecord::kEmpty) break;
+        if (next.kind == shm::NextRecord::kBroken) {
+          view.PublishHead();
+          close(absl::InvalidArgumentError(absl::StrCat(
+              "command ring closed: ", next.why,
+              "; the ring's records must follow gpuexec/command_ring.h: register a new ring")));
+          st->ended.store(true);
+          return;
+        }
+        GPUEXEC_TRACE(kFrontRead);
+        ++taken;
+        ring::SubmitHead head;
+        std::memcpy(&head, scratch->bytes, sizeof(head));
+        ring::CompleteHead answer{};
+        answer.kind = head.kind;
+        answer.id = head.id;
+        answer.seq = head.seq;
+        absl::StatusOr<Command> command = DecodeRingRecord(scratch->bytes, next.bytes);
+        if (!command.ok()) {
+          answer.code = static_cast<int32_t>(command.status().code());
+          if (st->options.on_failure) {
+            CommandResult r;
+            r.id = head.id;
+            r.status = command.status();
+            r.answer = true;
+            r.op = "command ring record";
+            st->options.on_failure(r);
+          }
+          st->Answer(answer, command.status().message(), false);
+          continue;
+        }
+        bool closing = false;
+        {
+          absl::MutexLock lock(&st->post_mu);
+          // Stop's reason is in: the header may say closed already (a record
+          // taken as it came is dropped, as those not yet taken are).
+          closing = st->closing.has_value();
+          if (!closing) ++st->in_flight;
+        }
+        if (closing) break;
+        RunCommand(*st->engine, caller, st->session, *std::move(command),
+                   [st, answer](CommandResult r) mutable {
+                     GPUEXEC_TRACE(kFrontComplete);
+                     if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
+                     if (!r.answer) return st->Done(true);
+                     answer.code = static_cast<int32_t>(r.status.code());
+                     answer.gpu_time_ns = r.gpu_time_ns;
+                     if (r.allocated.has_value()) {
+                       answer.value0 = r.allocated->handle;
+                       answer.value1 = r.allocated->size;
+                     }
+                     if (r.graph.has_value()) {
+                       answer.value0 = r.graph->handle;
+                       answer.value1 = r.graph->nodes;
+                       answer.gpu_time_ns = r.graph->instantiate_ns;
+                     }
+                     st->Answer(answer, r.status.message(), true);
+                   });
+      }
+      if (taken > 0) {
+        view.PublishHead();
+        view.WakeClientIfParked();
+        empty_wakes = 0;
+        park = kRingParkLimit;
+        if (!blocked && (taken == st->options.turn_records || absl::Now() >= turn_ends)) {
+          after_records = true;
+          held.reset();  // waiters get the slot before this ring's next turn
+          continue;      // more may be there
+        }
+      }
+      // Spinning follows records: an empty wake-up parks again at once.
+      const bool spin = !blocked && (taken > 0 || after_records);
+      after_records = false;
+      if (st->options.spin > absl::ZeroDuration() && spin) {
+        const absl::Time until = absl::Now() + st->options.spin;
+        bool more = false;
+        // Not while another ring waits for a slot: this one parks instead.
+        while (!st->stop.load() && absl::Now() < until &&
+               (st->options.slots == nullptr || !st->options.slots->Contended())) {
+          if (posted()) {
+            more = true;
+            break;
+          }
+          CpuRelax();
+        }
+        if (more) continue;
+      }
     }
+    held.reset();  // none held asleep
     if (taken == 0 && ++empty_wakes > kStormWakes) absl::SleepFor(absl::Milliseconds(1));
     // Bounded: see kRingParkLimit. A time-out is no wake-up of the client's.
     if (view.ParkDaemon(park) == shm::Park::kTimedOut) {

@@ -84,10 +84,13 @@ class DeviceFixture : public ::testing::Test {
   // Anything else of the device's options.
   virtual void Configure(DeviceOptions&) {}
 
-  // A launch of gx_spin for `ms` (a kernel of `image`, given id 1).
-  LaunchOp Spin(const std::shared_ptr<const ModuleImage>& image, uint64_t ms) {
+  // A launch of gx_spin for `ms` (a kernel of `image`, given id 1 on
+  // `device`, the fixture's by default).
+  LaunchOp Spin(const std::shared_ptr<const ModuleImage>& image, uint64_t ms,
+                Device* device = nullptr) {
+    if (device == nullptr) device = device_.get();
     auto k = Await<KernelInfo>(
-        [&](Callback<KernelInfo> cb) { device_->GetKernel(image, "gx_spin", 1, "module m", cb); });
+        [&](Callback<KernelInfo> cb) { device->GetKernel(image, "gx_spin", 1, "module m", cb); });
     EXPECT_TRUE(k.ok()) << k.status();
     LaunchOp op;
     op.kernel = 1;

@@ -9,7 +9,6 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -42,6 +41,11 @@ class DeviceTimingTest : public DeviceFixture {
     ASSERT_NE(timing_records_, nullptr);
     records_ = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_event_records"));
     ASSERT_NE(records_, nullptr);
+    fail_event_create_ =
+        reinterpret_cast<void (*)(uint64_t)>(dlsym(lib, "gxfake_fail_event_create"));
+    ASSERT_NE(fail_event_create_, nullptr);
+    kernels_run_ = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_kernels_run"));
+    ASSERT_NE(kernels_run_, nullptr);
   }
 
   std::vector<HungReport> Hung() {
@@ -106,6 +110,8 @@ class DeviceTimingTest : public DeviceFixture {
 
   uint64_t (*timing_records_)() = nullptr;
   uint64_t (*records_)() = nullptr;
+  void (*fail_event_create_)(uint64_t) = nullptr;
+  uint64_t (*kernels_run_)() = nullptr;
   absl::Mutex mu_;
   std::vector<HungReport> hung_ ABSL_GUARDED_BY(mu_);
 };
@@ -396,12 +402,6 @@ TEST_F(DeviceTimingTest, ARefusedLaunchIsNoWork) {
 // fresh device (no spares yet), for an async launch and a launch +
 // synchronize.
 TEST_F(DeviceTimingTest, ALaunchAnsweredAsFailedNeverRan) {
-  void* lib = dlopen(GXFAKE_LIBRARY_PATH, RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_NE(lib, nullptr);
-  auto fail_create = reinterpret_cast<void (*)(uint64_t)>(dlsym(lib, "gxfake_fail_event_create"));
-  auto kernels_run = reinterpret_cast<uint64_t (*)()>(dlsym(lib, "gxfake_kernels_run"));
-  ASSERT_NE(fail_create, nullptr);
-  ASSERT_NE(kernels_run, nullptr);
   const auto image = Image("GXFAKE1\ngx_spin\n");
   int refused = 0;
   for (const bool sync : {false, true}) {
@@ -411,20 +411,12 @@ TEST_F(DeviceTimingTest, ALaunchAnsweredAsFailedNeverRan) {
       auto opened = Device::Open(driver_, 0, DeviceOptions{});
       ASSERT_TRUE(opened.ok()) << opened.status();
       std::unique_ptr<Device> dev = std::move(opened).value();
-      ASSERT_TRUE(Await<KernelInfo>([&](Callback<KernelInfo> cb) {
-                    dev->GetKernel(image, "gx_spin", 1, "module m", cb);
-                  }).ok());
-      LaunchOp op;
-      op.kernel = 1;
-      op.param_block.assign(8, '\0');
-      const uint64_t ns = 1'000'000;
-      std::memcpy(op.param_block.data(), &ns, 8);
-      op.what = "kernel 'gx_spin'";
+      const LaunchOp op = Spin(image, 1, dev.get());
       constexpr StreamId id = 51;
       ASSERT_TRUE(
           AwaitDone([&](Done d) { dev->CreateStream(id, absl::Milliseconds(50), {}, d); }).ok());
-      const uint64_t before = kernels_run();
-      fail_create(nth);
+      const uint64_t before = kernels_run_();
+      fail_event_create_(nth);
       absl::Status answer;
       bool launched = false;
       if (sync) {
@@ -440,7 +432,7 @@ TEST_F(DeviceTimingTest, ALaunchAnsweredAsFailedNeverRan) {
           got->done.Notify();
         });
         const bool answered = got->done.WaitForNotificationWithTimeout(absl::Seconds(20));
-        fail_create(0);
+        fail_event_create_(0);
         ASSERT_TRUE(answered) << "the launch + synchronize never answered";
         answer = got->status;
         launched = got->launched;
@@ -448,9 +440,9 @@ TEST_F(DeviceTimingTest, ALaunchAnsweredAsFailedNeverRan) {
         answer = AwaitDone([&](Done d) { dev->Launch(id, op, d); });
         launched = answer.ok();
       }
-      fail_create(0);
+      fail_event_create_(0);
       (void)Await<uint64_t>([&](Callback<uint64_t> cb) { dev->Synchronize(id, cb); });
-      const uint64_t ran = kernels_run() - before;
+      const uint64_t ran = kernels_run_() - before;
       EXPECT_EQ(ran, launched ? 1u : 0u) << "answered " << answer;
       if (!launched) {
         ++refused;
