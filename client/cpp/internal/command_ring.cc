@@ -315,7 +315,14 @@ void CommandRing::DrainLocked() {
   // Room in the completion ring is what a daemon waits for only while
   // records are left to start (it parks for room before taking one); one
   // that took them all waits for records, and the next post wakes it.
-  if (Load64(h::kSqHead) < tail_) WakeDaemon();
+  // The flag first: the daemon writes it only when it parks, so it is
+  // usually in this core's cache, where the submission head the daemon
+  // moved since the last look is not (the cq_head store above was a full
+  // barrier, so this load sees a park that began before it).
+  if (ring::Load<uint32_t>(base_, h::kDaemonWait, __ATOMIC_SEQ_CST) != 0 &&
+      Load64(h::kSqHead) < tail_) {
+    WakeDaemon();
+  }
   CheckClosedLocked(/*lifeline=*/false);
 }
 
