@@ -277,6 +277,23 @@ void CommandRing::PollLocked(absl::Time deadline, bool head) {
 
 void CommandRing::DrainLocked() {
   if (!broken_.ok()) return;
+  TakeCompletionsLocked();
+  if (!broken_.ok()) return;
+  // Room in the completion ring is what a daemon waits for only while
+  // records are left to start (it parks for room before taking one); one
+  // that took them all waits for records, and the next post wakes it.
+  // The flag first: the daemon writes it only when it parks, so it is
+  // usually in this core's cache, where the submission head the daemon
+  // moved since the last look is not (the cq_head store above was a full
+  // barrier, so this load sees a park that began before it).
+  if (ring::Load<uint32_t>(base_, h::kDaemonWait, __ATOMIC_SEQ_CST) != 0 &&
+      Load64(h::kSqHead) < tail_) {
+    WakeDaemon();
+  }
+  CheckClosedLocked(/*lifeline=*/false);
+}
+
+void CommandRing::TakeCompletionsLocked() {
   const uint64_t tail = Load64(h::kCqTail);
   if (tail < cq_head_ || tail - cq_head_ > cq_bytes_ || tail % ring::kSlot != 0) {
     return BreakLocked(absl::DataLossError(
@@ -312,23 +329,16 @@ void CommandRing::DrainLocked() {
     }
   }
   ring::Store<uint64_t>(base_, h::kCqHead, cq_head_, __ATOMIC_SEQ_CST);
-  // Room in the completion ring is what a daemon waits for only while
-  // records are left to start (it parks for room before taking one); one
-  // that took them all waits for records, and the next post wakes it.
-  // The flag first: the daemon writes it only when it parks, so it is
-  // usually in this core's cache, where the submission head the daemon
-  // moved since the last look is not (the cq_head store above was a full
-  // barrier, so this load sees a park that began before it).
-  if (ring::Load<uint32_t>(base_, h::kDaemonWait, __ATOMIC_SEQ_CST) != 0 &&
-      Load64(h::kSqHead) < tail_) {
-    WakeDaemon();
-  }
-  CheckClosedLocked(/*lifeline=*/false);
 }
 
 void CommandRing::CheckClosedLocked(bool lifeline) {
   if (!broken_.ok()) return;
   if (ring::Load<uint32_t>(base_, h::kState) != ring::kOpen) {
+    // The daemon posts a ring's last answers before it says closed: those
+    // posted after this round loaded the completion tail are taken now,
+    // so that a waiting command gets its answer rather than the close.
+    TakeCompletionsLocked();
+    if (!broken_.ok()) return;
     const uint32_t n =
         std::min(ring::Load<uint32_t>(base_, h::kCloseMessageBytes), ring::kMaxMessageBytes);
     std::string message(reinterpret_cast<const char*>(base_ + h::kCloseMessage), n);

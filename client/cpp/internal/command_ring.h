@@ -102,11 +102,17 @@ class CommandRing {
   void PollLocked(absl::Time deadline, bool head = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PollLocked for a thread that waits for the submission head to move.
   void PollForHeadLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the completions posted, wakes a daemon parked for their room,
+  // then looks at the ring's state.
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the completions posted up to the completion tail as loaded now
+  // into results_ (or deferred_), and publishes the completion head.
+  void TakeCompletionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BreakLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Breaks the ring when the daemon closed it, and with `lifeline` also
-  // when it hung up the lifeline. That look is a system call: a round that
-  // read completions skips it (a daemon that answers is there).
+  // Breaks the ring when the daemon closed it (after taking the answers it
+  // posted before it said so), and with `lifeline` also when it hung up
+  // the lifeline. That look is a system call: a round that read
+  // completions skips it (a daemon that answers is there).
   void CheckClosedLocked(bool lifeline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeDaemon();
   uint64_t Load64(size_t offset) const;

@@ -463,8 +463,27 @@ class CommandRing:
             self._check_closed_locked()
 
     def _drain_locked(self) -> None:
+        """Takes the completions posted, wakes a daemon parked for their
+        room, then looks at the ring's state."""
         if self.broken is not None:
             return
+        self._take_completions_locked()
+        if self.broken is not None:
+            return
+        # Room in the completion ring is what the daemon waits for only
+        # while records are left to start (it parks for room before taking
+        # one); one that took them all waits for records, and the next post
+        # wakes it.
+        if self._sq_head_word.value < self._tail:
+            self._wake_daemon()
+        # The state word only: a daemon that answers is there. The lifeline
+        # is a system call (about 1-2 us), asked by rounds that saw nothing.
+        self._check_closed_locked(lifeline=False)
+
+    def _take_completions_locked(self) -> None:
+        """Takes the completions posted up to the completion tail as read
+        now into the results (or the deferred failure), and publishes the
+        completion head."""
         tail = self._cq_tail_word.value
         head = self._cq_head
         cq_bytes = self._cq_bytes
@@ -504,22 +523,21 @@ class CommandRing:
                 self._deferred = error_of(code, message)
         self._cq_head = head
         self._cq_head_word.value = head
-        # Room in the completion ring is what the daemon waits for only
-        # while records are left to start (it parks for room before taking
-        # one); one that took them all waits for records, and the next post
-        # wakes it.
-        if self._sq_head_word.value < self._tail:
-            self._wake_daemon()
-        # The state word only: a daemon that answers is there. The lifeline
-        # is a system call (about 1-2 us), asked by rounds that saw nothing.
-        self._check_closed_locked(lifeline=False)
 
     def _check_closed_locked(self, lifeline: bool = True) -> None:
-        """Breaks the ring when the daemon closed it, and with
-        ``lifeline`` also when it hung up the ring's connection."""
+        """Breaks the ring when the daemon closed it (after taking the
+        answers it posted before it said so), and with ``lifeline`` also
+        when it hung up the ring's connection."""
         if self.broken is not None:
             return
         if self._state.value != OPEN:
+            # The daemon posts a ring's last answers before it says closed:
+            # those posted after the last drain read the completion tail are
+            # taken now, so that a waiting command gets its answer rather
+            # than the close.
+            self._take_completions_locked()
+            if self.broken is not None:
+                return
             close = LAYOUT["header.close_message"][0]
             n = min(struct.unpack_from("<I", self._view, LAYOUT["header.close_message_bytes"][0])[0],
                     MAX_MESSAGE_BYTES)

@@ -286,6 +286,46 @@ def test_a_ring_the_daemon_closed_falls_back_to_the_stream(client, daemon):
         assert s._commands._ring is None and s._commands._stream._call is not None
 
 
+def test_answers_posted_before_the_close_are_taken_first(client, daemon):
+    """The daemon posts a ring's last answers and then says closed. A
+    drain that read the completion tail just before that post and the
+    state just after it still takes the answer, so that the waiting
+    command gets it rather than the close."""
+    with client.session() as s:
+        fill = s.load_module(daemon.cubin).function("gx_fill_u32")
+        buf = s.alloc(64)
+        fill.launch(1, 16, buf, 1, 16, sync=True)
+        ring = s._commands._ring
+        assert ring is not None
+        view, layout = ring._view, _ring.LAYOUT
+        with ring._cond:
+            # What the daemon writes for a waiting command's answer and then
+            # for the ring's close, written here as it would write them (the
+            # session's own commands are all answered: its thread posts
+            # nothing more).
+            command_id = ring._next_id + 1000
+            ring._awaited.add(command_id)
+            at = _ring.HEADER_BYTES + ring._sq_bytes + ring._cq_head % ring._cq_bytes
+            _ring.COMPLETE.pack_into(view, at, _ring.SYNCHRONIZE, 1, 0, command_id, 99, 1234, 0,
+                                     0, 0, 0)
+            ring._cq_tail_word.value = ring._cq_head + _ring.SLOT
+            why = b"session 1234 was closed: the test closed it"
+            start = layout["header.close_message"][0]
+            view[start:start + len(why)] = why
+            struct.pack_into("<I", view, layout["header.close_message_bytes"][0], len(why))
+            struct.pack_into("<i", view, layout["header.close_code"][0],
+                             grpc.StatusCode.NOT_FOUND.value[0])
+            ring._state.value = 1
+            # The end of a drain whose look at the tail came before the post.
+            ring._check_closed_locked(lifeline=False)
+            answer = ring._results.pop(command_id, None)
+            ring._awaited.discard(command_id)
+        assert answer is not None, "the answer posted before the close was dropped"
+        assert answer.code == 0 and answer.gpu_time_ns == 1234
+        assert ring.broken is not None and ring.broken.code == grpc.StatusCode.NOT_FOUND
+        assert "the test closed it" in ring.broken.message
+
+
 _CHILD = """
 import os, sys, time
 import gpuexec
