@@ -284,8 +284,9 @@ void CommandRing::DrainLocked() {
   // that took them all waits for records, and the next post wakes it.
   // The flag first: the daemon writes it only when it parks, so it is
   // usually in this core's cache, where the submission head the daemon
-  // moved since the last look is not (the cq_head store above was a full
-  // barrier, so this load sees a park that began before it).
+  // moved since the last look is not (TakeCompletionsLocked's cq_head
+  // store was a full barrier, so this load sees a park that began before
+  // it).
   if (ring::Load<uint32_t>(base_, h::kDaemonWait, __ATOMIC_SEQ_CST) != 0 &&
       Load64(h::kSqHead) < tail_) {
     WakeDaemon();
