@@ -12,6 +12,8 @@
 //   [0, 4096)                 the header page (positions, futex words, state)
 //   [4096, 4096 + sq_bytes)   the submission ring (client writes, daemon reads)
 //   [.., + cq_bytes)          the completion ring (daemon writes, client reads)
+//   [.., + aq_bytes)          with kAnswerArea only: the answer area (the
+//                             device's worker writes, client reads)
 // Positions are monotonic byte counts; a ring's offset is position % bytes.
 // Records are whole 64-byte slots and never wrap: a Pad fills a ring's end.
 // Every multi-byte field is little-endian (the x86-64 and aarch64 order).
@@ -29,7 +31,12 @@ namespace gpuexec::ring {
 
 // "GXRING1\0" read as a little-endian u64.
 inline constexpr uint64_t kMagic = 0x0031474E49525847ull;
+// The header's version field: the layout of what is there. kAnswerArea
+// says whether an answer area is.
 inline constexpr uint32_t kVersion = 1;
+// The registration's layout version: 1, or 2 to ask an answer area. A
+// daemon tells the highest it serves when it opens a session.
+inline constexpr uint32_t kAnswerAreaVersion = 2;
 inline constexpr uint32_t kHeaderBytes = 4096;
 inline constexpr uint32_t kSlot = 64;
 // The largest record: a 32764-byte parameter block with room for its
@@ -42,6 +49,9 @@ inline constexpr uint64_t kMinSubmissionBytes = 64 * 1024;
 inline constexpr uint64_t kMaxSubmissionBytes = 4 * 1024 * 1024;
 inline constexpr uint64_t kMinCompletionBytes = 16 * 1024;
 inline constexpr uint64_t kMaxCompletionBytes = 1024 * 1024;
+// The answer area holds one-slot answers only: 64 to 1024 of them.
+inline constexpr uint64_t kMinAnswerBytes = 4 * 1024;
+inline constexpr uint64_t kMaxAnswerBytes = 64 * 1024;
 
 // ---- The header page. Each word one side writes often sits on a 64-byte
 // line of its own.
@@ -64,6 +74,10 @@ inline constexpr uint64_t kMaxCompletionBytes = 1024 * 1024;
 // LAYOUT header.close_code 452 4
 // LAYOUT header.close_message_bytes 456 4
 // LAYOUT header.close_message 512 1024
+// LAYOUT header.aq_offset 1536 8
+// LAYOUT header.aq_bytes 1544 8
+// LAYOUT header.aq_tail 1600 8
+// LAYOUT header.aq_head 1664 8
 namespace header {
 // Written by the client before it registers the ring; the daemon checks them
 // once against the request and keeps its own copy.
@@ -75,7 +89,7 @@ inline constexpr size_t kSqBytes = 24;   // a power of two
 inline constexpr size_t kCqOffset = 32;  // kHeaderBytes + sq_bytes
 inline constexpr size_t kCqBytes = 40;   // a power of two
 inline constexpr size_t kSlotBytes = 48;
-inline constexpr size_t kFlags = 52;  // 0
+inline constexpr size_t kFlags = 52;  // 0 or kAnswerArea
 // Client: the end of the records it has posted.
 inline constexpr size_t kSqTail = 64;
 // Daemon: every record before it has been started (the meaning of an
@@ -96,9 +110,33 @@ inline constexpr size_t kState = 448;
 inline constexpr size_t kCloseCode = 452;  // a google.rpc code
 inline constexpr size_t kCloseMessageBytes = 456;
 inline constexpr size_t kCloseMessage = 512;  // kMaxMessageBytes
+// With kAnswerArea (written by the client, checked once): the answer
+// area's place, kHeaderBytes + sq_bytes + cq_bytes, and its size, a power
+// of two from kMinAnswerBytes to kMaxAnswerBytes; both 0 without it.
+inline constexpr size_t kAqOffset = 1536;
+inline constexpr size_t kAqBytes = 1544;
+// The worker: the end of the answers it has posted.
+inline constexpr size_t kAqTail = 1600;
+// Client: every answer before it has been read.
+inline constexpr size_t kAqHead = 1664;
 }  // namespace header
 inline constexpr uint32_t kOpen = 0;
 inline constexpr uint32_t kClosed = 1;
+
+// header.flags: the ring has an answer area. The process that runs the
+// session's work on the device (its worker) posts the successes of waiting
+// commands (a Launch with kLaunchSynchronize, a Synchronize) there itself,
+// one CompleteHead each (one slot, no message), instead of sending them
+// through the daemon's front: a hop less on the path of a launch that waits.
+// Everything else, every failure, and every answer after the stream's
+// first failure, still comes in the completion ring. So that a failure is
+// never read after a later command's success, a client loads the state,
+// then aq_tail, then cq_tail, takes the completions before the answers,
+// and reports a close only after both. An id answered in the answer area
+// may, rarely (a worker that ended right after its post), be answered
+// again in the completion ring: the first answer counts.
+inline constexpr uint32_t kAnswerArea = 1u << 0;
+inline constexpr uint32_t kHeaderFlags = kAnswerArea;
 
 // ---- Submission records. A record is a 32-byte head, then its body, in
 // `slots` whole slots.

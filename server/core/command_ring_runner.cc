@@ -123,7 +123,8 @@ struct CommandRingRunner::State {
 absl::StatusOr<std::unique_ptr<CommandRingRunner>> CommandRingRunner::Start(
     Engine* engine, Caller caller, std::string session, std::unique_ptr<RingMapping> mapping,
     uint64_t sq_bytes, uint64_t cq_bytes, CommandRingOptions options) {
-  auto view = shm::CommandRingView::Open(mapping->base, mapping->bytes, sq_bytes, cq_bytes);
+  auto view = shm::CommandRingView::Open(mapping->base, mapping->bytes, sq_bytes, cq_bytes,
+                                         options.aq_bytes);
   if (!view.ok()) return view.status();
   auto state = std::make_shared<State>();
   state->engine = engine;

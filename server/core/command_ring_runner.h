@@ -37,6 +37,10 @@ namespace gpuexec::core {
 
 struct CommandRingOptions {
   uint64_t max_in_flight = 8192;
+  // The registration's answer area size (gpuexec/command_ring.h,
+  // kAnswerArea); 0: none. Its answers are the worker's to post: the
+  // runner only checks the header says so.
+  uint64_t aq_bytes = 0;
   int turn_records = 256;
   // How long the thread spins for more records after its last, before it
   // parks (0: parks at once).

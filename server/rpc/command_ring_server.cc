@@ -168,20 +168,28 @@ absl::Status CommandRingServer::Adopt(
     const core::Caller& caller, const std::string& session, int conn, int memfd, uint64_t bytes,
     const v1::CommandRingRequest& request,
     const std::function<void(int, const v1::RegisterRegionResponse&)>& answer) {
-  if (request.layout_version() != ring::kVersion) {
+  if (request.layout_version() < ring::kVersion ||
+      request.layout_version() > ring::kAnswerAreaVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat("command ring layout version ", request.layout_version(),
-                     " is not served: this daemon serves version ", ring::kVersion,
-                     "; use a client library of this daemon's release"));
+                     " is not served: this daemon serves versions ", ring::kVersion, " to ",
+                     ring::kAnswerAreaVersion, "; use a client library of this daemon's release"));
   }
   const uint64_t sq = request.submission_bytes(), cq = request.completion_bytes();
-  if (sq > ring::kMaxSubmissionBytes || cq > ring::kMaxCompletionBytes ||
-      bytes != ring::kHeaderBytes + sq + cq) {
+  const uint64_t aq = request.answer_bytes();
+  if (aq != 0 && request.layout_version() < ring::kAnswerAreaVersion) {
     return absl::InvalidArgumentError(
-        absl::StrCat("command ring of ", bytes, " bytes for a submission ring of ", sq,
-                     " bytes and a completion ring of ", cq, " bytes: it must be ",
-                     ring::kHeaderBytes, " + submission + completion bytes, with at most ",
-                     ring::kMaxSubmissionBytes, " and ", ring::kMaxCompletionBytes));
+        absl::StrCat("command ring: an answer area (answer_bytes ", aq, ") needs layout version ",
+                     ring::kAnswerAreaVersion, ", not ", request.layout_version()));
+  }
+  if (sq > ring::kMaxSubmissionBytes || cq > ring::kMaxCompletionBytes ||
+      aq > ring::kMaxAnswerBytes || bytes != ring::kHeaderBytes + sq + cq + aq) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "command ring of ", bytes, " bytes for a submission ring of ", sq,
+        " bytes, a completion ring of ", cq, " bytes and an answer area of ", aq,
+        " bytes: it must be ", ring::kHeaderBytes,
+        " + submission + completion + answer bytes, with at most ", ring::kMaxSubmissionBytes, ", ",
+        ring::kMaxCompletionBytes, " and ", ring::kMaxAnswerBytes));
   }
   if (absl::Status st = shm::CheckRegionFd(memfd, bytes, shm::RegionLimits{bytes}); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("command ring: ", st.message()));
@@ -277,6 +285,7 @@ absl::Status CommandRingServer::Adopt(
   }
   core::CommandRingOptions ro;
   ro.max_in_flight = options_.max_in_flight;
+  ro.aq_bytes = aq;
   ro.spin = options_.spin;
   ro.slots = &slots_;
   if (ticket != nullptr) {

@@ -307,7 +307,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->service = std::make_unique<rpc::GpuExecService>(
       impl->engine.get(), impl->identity.get(), options.shm_socket, options.advertise_address,
       reported_version, call_limits,
-      options.command_rings && !options.shm_socket.empty() ? ring::kVersion : 0,
+      options.command_rings && !options.shm_socket.empty() ? ring::kAnswerAreaVersion : 0,
       static_cast<int>(std::max<uint32_t>(2, rpc_threads)));
   impl->service->SetDrainDeadline(options.drain_deadline);
   impl->drain_deadline = options.drain_deadline;

@@ -65,7 +65,8 @@ static_assert(offsetof(Identity, version) == h::kVersion &&
 
 absl::StatusOr<std::unique_ptr<CommandRingView>> CommandRingView::Open(void* base, size_t bytes,
                                                                        uint64_t sq_bytes,
-                                                                       uint64_t cq_bytes) {
+                                                                       uint64_t cq_bytes,
+                                                                       uint64_t aq_bytes) {
   // The request first: it bounds what is read below.
   if (!PowerOfTwoWithin(sq_bytes, ring::kMinSubmissionBytes, ring::kMaxSubmissionBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -77,11 +78,18 @@ absl::StatusOr<std::unique_ptr<CommandRingView>> CommandRingView::Open(void* bas
         "bad completion ring size: ", cq_bytes, " bytes requested, expected a power of two from ",
         ring::kMinCompletionBytes, " to ", ring::kMaxCompletionBytes));
   }
-  const uint64_t want = ring::kHeaderBytes + sq_bytes + cq_bytes;
+  if (aq_bytes != 0 && !PowerOfTwoWithin(aq_bytes, ring::kMinAnswerBytes, ring::kMaxAnswerBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad answer area size: ", aq_bytes,
+                     " bytes requested, expected 0 (none) or a power of two "
+                     "from ",
+                     ring::kMinAnswerBytes, " to ", ring::kMaxAnswerBytes));
+  }
+  const uint64_t want = ring::kHeaderBytes + sq_bytes + cq_bytes + aq_bytes;
   if (bytes != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         "wrong mapping size: the command ring's mapping has ", bytes, " bytes, expected ",
-        ring::kHeaderBytes, " + ", sq_bytes, " + ", cq_bytes, " = ", want));
+        ring::kHeaderBytes, " + ", sq_bytes, " + ", cq_bytes, " + ", aq_bytes, " = ", want));
   }
   if (base == nullptr || reinterpret_cast<uintptr_t>(base) % 8 != 0) {
     return absl::InvalidArgumentError(
@@ -121,7 +129,27 @@ absl::StatusOr<std::unique_ptr<CommandRingView>> CommandRingView::Open(void* bas
   if (id.slot_bytes != ring::kSlot) {
     return Refuse("wrong slot size", "slot_bytes", id.slot_bytes, absl::StrCat(ring::kSlot));
   }
-  if (id.flags != 0) return Refuse("unknown flags", "flags", id.flags, "0");
+  const uint32_t flags = aq_bytes != 0 ? ring::kAnswerArea : 0;
+  if (id.flags != flags) {
+    return Refuse(aq_bytes != 0 ? "no answer area flagged for the one registered"
+                                : "unknown flags or an answer area not registered",
+                  "flags", id.flags,
+                  aq_bytes != 0 ? "1 (kAnswerArea: the registration's answer_bytes is not 0)"
+                                : "0 (the registration's answer_bytes is 0)");
+  }
+  const uint64_t aq_offset = ring::Load<uint64_t>(base, h::kAqOffset, __ATOMIC_RELAXED);
+  const uint64_t aq_at = aq_bytes != 0 ? ring::kHeaderBytes + sq_bytes + cq_bytes : 0;
+  if (aq_offset != aq_at) {
+    return Refuse("misplaced answer area", "aq_offset", aq_offset,
+                  aq_bytes != 0
+                      ? absl::StrCat(ring::kHeaderBytes, " + sq_bytes + cq_bytes = ", aq_at)
+                      : std::string("0 (no answer area)"));
+  }
+  const uint64_t aq_told = ring::Load<uint64_t>(base, h::kAqBytes, __ATOMIC_RELAXED);
+  if (aq_told != aq_bytes) {
+    return Refuse("answer area size differs from the request", "aq_bytes", aq_told,
+                  absl::StrCat(aq_bytes, " (the registration's answer_bytes)"));
+  }
   // A fresh ring: nothing posted, nobody parked, open.
   struct Word {
     const char* name;
@@ -132,7 +160,8 @@ absl::StatusOr<std::unique_ptr<CommandRingView>> CommandRingView::Open(void* bas
                         Word{"daemon_wait", h::kDaemonWait, 4}, Word{"cq_tail", h::kCqTail, 8},
                         Word{"cq_head", h::kCqHead, 8}, Word{"client_wait", h::kClientWait, 4},
                         Word{"state", h::kState, 4}, Word{"close_code", h::kCloseCode, 4},
-                        Word{"close_message_bytes", h::kCloseMessageBytes, 4}}) {
+                        Word{"close_message_bytes", h::kCloseMessageBytes, 4},
+                        Word{"aq_tail", h::kAqTail, 8}, Word{"aq_head", h::kAqHead, 8}}) {
     const uint64_t v = w.size == 8 ? ring::Load<uint64_t>(base, w.offset, __ATOMIC_RELAXED)
                                    : ring::Load<uint32_t>(base, w.offset, __ATOMIC_RELAXED);
     if (v != 0) return Refuse("not a fresh ring", w.name, v, "0 (a new ring starts empty)");

@@ -73,14 +73,16 @@ enum class Park {
 class CommandRingView {
  public:
   // Checks the header page of `bytes` of mapping at `base` (8-aligned) as a
-  // fresh ring with the registration's `sq_bytes` and `cq_bytes`: the
-  // sizes, powers of two within gpuexec::ring's bounds, the magic, version
-  // and offsets, and every position, futex word and the state 0. Reads the
-  // header once and keeps its own copy. INVALID_ARGUMENT names the field,
-  // its value and what was expected.
+  // fresh ring with the registration's `sq_bytes`, `cq_bytes` and
+  // `aq_bytes` (0: no answer area): the sizes, powers of two within
+  // gpuexec::ring's bounds, the magic, version, flags and offsets, and
+  // every position, futex word and the state 0. Reads the header once and
+  // keeps its own copy. INVALID_ARGUMENT names the field, its value and
+  // what was expected. The view never reads or writes the answer area:
+  // that is the worker's (AnswerArea) and the client's.
   static absl::StatusOr<std::unique_ptr<CommandRingView>> Open(void* base, size_t bytes,
-                                                               uint64_t sq_bytes,
-                                                               uint64_t cq_bytes);
+                                                               uint64_t sq_bytes, uint64_t cq_bytes,
+                                                               uint64_t aq_bytes = 0);
   CommandRingView(const CommandRingView&) = delete;
   CommandRingView& operator=(const CommandRingView&) = delete;
 

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "gpuexec/command_ring.h"
 #include "host_memory_fixture.h"
 #include "internal/command_ring.h"
+#include "server/shm/answer_area.h"
 
 namespace gpuexec::testing {
 namespace {
@@ -193,6 +195,52 @@ TEST_F(CommandRingClientTest, AWaitingLaunchTakesOneRoundOfWaiting) {
     GX_ASSERT_OK(ring->Submit(launch, true, absl::Seconds(20), true, &not_carried).status());
   }
   EXPECT_LE(ring->poll_rounds() - before, kLaunches + kLaunches / 10);
+  ring->Shutdown();
+}
+
+// A ring with an answer area: what the worker posts there answers the
+// waiting command it names, and the daemon's own answer for the same id,
+// when one comes too (a worker that ended right after its post), is
+// dropped, even a failure. Here the test posts in the area as a worker
+// would, before the command is even sent, and the daemon refuses the
+// command (a Free of no buffer) in the completion ring.
+TEST_F(CommandRingClientTest, AnAnswerInTheAnswerAreaCountsAndASecondIsDropped) {
+  Start(true);
+  if (IsSkipped() || HasFatalFailure()) return;
+  Client client = RingClient(/*ring=*/false);  // the ring below is the session's
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  internal::CommandRing::Options options;
+  options.socket_path = daemon().shm_socket();
+  options.token = s.token();
+  options.answer_bytes = ring::kMinAnswerBytes;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring,
+                          internal::CommandRing::Open(options));
+  unsigned char* base = ring->mapping_for_testing();
+  GX_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<shm::AnswerArea> area,
+      shm::AnswerArea::Over(
+          base, base + ring::kHeaderBytes + options.submission_bytes + options.completion_bytes,
+          options.answer_bytes));
+  // The ring's first command has id 1.
+  ASSERT_EQ(area->Post(ring::kFree, /*id=*/1, /*seq=*/1, /*gpu_time_ns=*/0),
+            shm::AnswerArea::Posted::kPosted);
+  v1::Command free;
+  free.mutable_free()->set_buffer(0x5eed);
+  free.set_reply(true);
+  bool not_carried = false;
+  GX_ASSERT_OK(ring->Submit(free, true, absl::Seconds(20), true, &not_carried).status());
+  ASSERT_FALSE(not_carried);
+  // The daemon's refusal of the same id comes in the completion ring, and
+  // is dropped: the next waiting command is told nothing of it.
+  v1::Command sync;
+  sync.mutable_synchronize();
+  for (int i = 0; i < 3; ++i) {
+    GX_EXPECT_OK(ring->Submit(sync, true, absl::Seconds(20), true, &not_carried).status());
+  }
+  GX_EXPECT_OK(ring->TakeDeferred());
+  GX_EXPECT_OK(ring->broken());
+  // The client read the area up to the worker's tail.
+  EXPECT_EQ(ring::Load<uint64_t>(base, ring::header::kAqHead), area->tail());
   ring->Shutdown();
 }
 

@@ -455,6 +455,33 @@ TEST_F(CommandRingHostileTest, MemfdGamesAreRefusedAtRegistration) {
     RegisteredRing r(daemon().shm_socket(), session().token(), odd);
     EXPECT_EQ(r.answer().code(), kInvalid) << r.answer().message();
   }
+  {
+    // An answer area asked at layout version 1.
+    RingShape v1;
+    v1.answer_bytes = ring::kMinAnswerBytes;
+    RegisteredRing r(daemon().shm_socket(), session().token(), v1);
+    EXPECT_EQ(r.answer().code(), kInvalid) << r.answer().message();
+    EXPECT_THAT(r.answer().message(), HasSubstr("an answer area (answer_bytes 4096) needs layout "
+                                                "version 2, not 1"));
+  }
+  {
+    // An answer area larger than the daemon serves.
+    RingShape big;
+    big.version = ring::kAnswerAreaVersion;
+    big.answer_bytes = ring::kMaxAnswerBytes * 2;
+    RegisteredRing r(daemon().shm_socket(), session().token(), big);
+    EXPECT_EQ(r.answer().code(), kInvalid) << r.answer().message();
+    EXPECT_THAT(r.answer().message(), HasSubstr(absl::StrCat("and ", ring::kMaxAnswerBytes)));
+  }
+  {
+    // A layout from a later release.
+    RingShape later;
+    later.version = ring::kAnswerAreaVersion + 1;
+    RegisteredRing r(daemon().shm_socket(), session().token(), later);
+    EXPECT_EQ(r.answer().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition))
+        << r.answer().message();
+    EXPECT_THAT(r.answer().message(), HasSubstr("this daemon serves versions 1 to 2"));
+  }
   ExpectRingsGone(fds);
   // Nothing was held against the session: it may have its ring.
   RegisteredRing r(daemon().shm_socket(), session().token());

@@ -24,6 +24,7 @@ struct RingShape {
   uint64_t cq_bytes = 16 << 10;
   uint32_t version = ring::kVersion;
   bool close_session_on_hangup = false;
+  uint64_t answer_bytes = 0;  // asked only: the raw ring has no area
 };
 
 class RegisteredRing {
@@ -69,6 +70,7 @@ class RegisteredRing {
     c->set_submission_bytes(shape.sq_bytes);
     c->set_completion_bytes(shape.cq_bytes);
     c->set_close_session_on_hangup(shape.close_session_on_hangup);
+    c->set_answer_bytes(shape.answer_bytes);
     const std::string message = r.SerializeAsString();
     if (!shm::SendWithDescriptor(conn_, message.data(), message.size(), fd).ok()) return;
     char buffer[4096];

@@ -41,8 +41,9 @@ struct Ring {
   uint64_t tail = 0;  // the client's own
   uint64_t seq = 1;
 
-  Ring() {
-    bytes = ring::kHeaderBytes + kSq + kCq;
+  // `aq`: an answer area of that many bytes, flagged and placed.
+  explicit Ring(uint64_t aq = 0) {
+    bytes = ring::kHeaderBytes + kSq + kCq + aq;
     const int fd = memfd_create("command-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_GE(fd, 0);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
@@ -58,6 +59,11 @@ struct Ring {
     Set<uint64_t>(h::kCqOffset, ring::kHeaderBytes + kSq);
     Set<uint64_t>(h::kCqBytes, kCq);
     Set<uint32_t>(h::kSlotBytes, ring::kSlot);
+    if (aq != 0) {
+      Set<uint32_t>(h::kFlags, ring::kAnswerArea);
+      Set<uint64_t>(h::kAqOffset, ring::kHeaderBytes + kSq + kCq);
+      Set<uint64_t>(h::kAqBytes, aq);
+    }
   }
   ~Ring() { munmap(base, bytes); }
 
@@ -190,7 +196,7 @@ TEST(CommandRingView, TheRequestAndTheMappingAreChecked) {
       {65535, kCq, 0, 0, {"bad submission ring size: 65535 bytes requested", "65536"}},
       {32768, kCq, 0, 0, {"bad submission ring size: 32768", "65536 to 4194304"}},
       {kSq, 2 << 20, 0, 0, {"bad completion ring size: 2097152", "16384 to 1048576"}},
-      {kSq, kCq, 4096, 0, {"wrong mapping size", "has 90112 bytes", "16384 = 86016"}},
+      {kSq, kCq, 4096, 0, {"wrong mapping size", "has 90112 bytes", "16384 + 0 = 86016"}},
       {kSq, kCq, 0, 4, {"misaligned mapping"}},
   };
   for (const Case& c : cases) {
@@ -229,6 +235,11 @@ TEST(CommandRingView, EveryHeaderFieldIsChecked) {
       {h::kState, 4, 1, {"not a fresh ring: ", "state 1, expected 0"}},
       {h::kCloseCode, 4, 3, {"not a fresh ring: ", "close_code 3, expected 0"}},
       {h::kCloseMessageBytes, 4, 9, {"not a fresh ring: ", "close_message_bytes 9, expected 0"}},
+      // No answer area registered: its words are 0.
+      {h::kAqOffset, 8, 4096, {"misplaced answer area", "aq_offset 4096, expected 0"}},
+      {h::kAqBytes, 8, 4096, {"answer area size differs", "aq_bytes 4096, expected 0"}},
+      {h::kAqTail, 8, 64, {"not a fresh ring: ", "aq_tail 64, expected 0"}},
+      {h::kAqHead, 8, 64, {"not a fresh ring: ", "aq_head 64, expected 0"}},
   };
   for (const Case& c : cases) {
     Ring r;
@@ -238,6 +249,56 @@ TEST(CommandRingView, EveryHeaderFieldIsChecked) {
     for (const std::string& s : c.says) {
       EXPECT_THAT(view, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(s))) << c.says[1];
     }
+  }
+}
+
+// A ring with an answer area opens as registered: the flag, the area's
+// place after the completion ring and its size as the registration's;
+// anything else is refused naming the field.
+TEST(CommandRingView, AnAnswerAreaIsCheckedAsRegistered) {
+  constexpr uint64_t kAq = ring::kMinAnswerBytes;
+  {
+    Ring r(kAq);
+    auto view = CommandRingView::Open(r.base, r.bytes, kSq, kCq, kAq);
+    EXPECT_TRUE(view.ok()) << view.status();
+  }
+  struct Case {
+    size_t offset;
+    int width;
+    uint64_t value;
+    uint64_t asked;  // the registration's answer_bytes
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {h::kFlags, 4, 0, kAq, {"no answer area flagged", "flags 0, expected 1"}},
+      {h::kFlags, 4, 3, kAq, {"no answer area flagged", "flags 3, expected 1"}},
+      {h::kAqOffset,
+       8,
+       ring::kHeaderBytes + kSq,
+       kAq,
+       {"misplaced answer area", "aq_offset 69632, expected 4096 + sq_bytes + cq_bytes = 86016"}},
+      {h::kAqBytes, 8, 2 * kAq, kAq, {"answer area size differs", "aq_bytes 8192, expected 4096"}},
+      {h::kAqTail, 8, 64, kAq, {"not a fresh ring: ", "aq_tail 64, expected 0"}},
+      {h::kAqHead, 8, 64, kAq, {"not a fresh ring: ", "aq_head 64, expected 0"}},
+      // An area the registration did not ask for is refused too.
+      {h::kFlags, 4, 1, 0, {"an answer area not registered", "flags 1, expected 0"}},
+  };
+  for (const Case& c : cases) {
+    Ring r(kAq);
+    if (c.width == 8) r.Set<uint64_t>(c.offset, c.value);
+    if (c.width == 4) r.Set<uint32_t>(c.offset, static_cast<uint32_t>(c.value));
+    auto view =
+        CommandRingView::Open(r.base, c.asked == 0 ? r.bytes - kAq : r.bytes, kSq, kCq, c.asked);
+    for (const std::string& s : c.says) {
+      EXPECT_THAT(view, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(s))) << c.says[1];
+    }
+  }
+  // Sizes out of bounds, before anything is read.
+  for (uint64_t aq : {uint64_t{2048}, uint64_t{6144}, uint64_t{128} << 10}) {
+    Ring r(kAq);
+    EXPECT_THAT(CommandRingView::Open(r.base, r.bytes, kSq, kCq, aq),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("bad answer area size"), HasSubstr("4096 to 65536"))));
   }
 }
 

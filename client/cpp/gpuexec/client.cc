@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "gpuexec/command_ring.h"
 #include "gpuexec/grpc_status.h"
 #include "gpuexec/sha256.h"
 #include "gpuexec/v1/gpuexec.grpc.pb.h"
@@ -452,6 +453,9 @@ absl::StatusOr<Session> Client::OpenSession(const SessionOptions& options) const
     ro.token = state->token;
     ro.spin_wait = state_->options.spin_wait;
     ro.timeout = state_->options.control_timeout;
+    // 256 answers: more than the waiting commands a session's threads have
+    // out at once.
+    if (response.command_ring_version() >= ring::kAnswerAreaVersion) ro.answer_bytes = 16 << 10;
     open_ring = [ro] { return internal::CommandRing::Open(ro); };
   }
   state->commands = std::make_unique<internal::SessionCommands>(

@@ -26,6 +26,9 @@ namespace h = ring::header;
 constexpr absl::Duration kParkLimit = absl::Milliseconds(100);
 // A spinning thread reads the clock once every this many looks at the ring.
 constexpr uint32_t kLooksPerClockRead = 16;
+// Ids answered in the answer area kept to drop a second answer: more than
+// a worker could have posted between its last reply and its end.
+constexpr size_t kDirectKept = 1024;
 
 long Futex(void* word, int op, uint32_t value, const timespec* timeout) {
   // Shared with the daemon's process: no FUTEX_PRIVATE_FLAG.
@@ -63,7 +66,8 @@ absl::StatusOr<std::unique_ptr<CommandRing>> CommandRing::Open(const Options& op
   std::unique_ptr<CommandRing> r(new CommandRing());
   r->sq_bytes_ = options.submission_bytes;
   r->cq_bytes_ = options.completion_bytes;
-  r->bytes_ = ring::kHeaderBytes + r->sq_bytes_ + r->cq_bytes_;
+  r->aq_bytes_ = options.answer_bytes;
+  r->bytes_ = ring::kHeaderBytes + r->sq_bytes_ + r->cq_bytes_ + r->aq_bytes_;
   r->spin_wait_ = options.spin_wait;
   r->daemon_socket_ = options.socket_path;
   auto fd = MakeRegionFd(r->bytes_);
@@ -79,14 +83,20 @@ absl::StatusOr<std::unique_ptr<CommandRing>> CommandRing::Open(const Options& op
   ring::Store<uint64_t>(r->base_, h::kCqOffset, ring::kHeaderBytes + r->sq_bytes_);
   ring::Store<uint64_t>(r->base_, h::kCqBytes, r->cq_bytes_);
   ring::Store<uint32_t>(r->base_, h::kSlotBytes, ring::kSlot);
+  if (r->aq_bytes_ != 0) {
+    ring::Store<uint32_t>(r->base_, h::kFlags, ring::kAnswerArea);
+    ring::Store<uint64_t>(r->base_, h::kAqOffset, ring::kHeaderBytes + r->sq_bytes_ + r->cq_bytes_);
+    ring::Store<uint64_t>(r->base_, h::kAqBytes, r->aq_bytes_);
+  }
 
   v1::RegisterRegionRequest request;
   request.set_session(options.token);
   request.set_bytes(r->bytes_);
   v1::CommandRingRequest* c = request.mutable_command_ring();
-  c->set_layout_version(ring::kVersion);
+  c->set_layout_version(r->aq_bytes_ != 0 ? ring::kAnswerAreaVersion : ring::kVersion);
   c->set_submission_bytes(r->sq_bytes_);
   c->set_completion_bytes(r->cq_bytes_);
+  c->set_answer_bytes(r->aq_bytes_);
   // A client that dies ends its session at once rather than at its lease.
   c->set_close_session_on_hangup(true);
   auto answer =
@@ -231,9 +241,11 @@ void CommandRing::PollLocked(absl::Time deadline, bool head) {
   }
   polling_ = true;
   const uint64_t cq_seen = cq_head_;
+  const uint64_t aq_seen = aq_head_;
   const uint64_t sq_seen = Load64(h::kSqHead);
   auto progressed = [&] {
-    return Load64(h::kCqTail) != cq_seen || ring::Load<uint32_t>(base_, h::kState) != ring::kOpen ||
+    return Load64(h::kCqTail) != cq_seen || (aq_bytes_ != 0 && Load64(h::kAqTail) != aq_seen) ||
+           ring::Load<uint32_t>(base_, h::kState) != ring::kOpen ||
            ((head || head_waiters_.load(std::memory_order_relaxed) != 0) &&
             Load64(h::kSqHead) != sq_seen);
   };
@@ -295,6 +307,10 @@ void CommandRing::DrainLocked() {
 }
 
 void CommandRing::TakeCompletionsLocked() {
+  // The answer area's tail before the completion ring's: a failure the
+  // daemon posted before a later command reached the worker is in the
+  // completion ring by the time that command's answer is in the area.
+  const uint64_t aq_tail = aq_bytes_ != 0 ? Load64(h::kAqTail) : 0;
   const uint64_t tail = Load64(h::kCqTail);
   if (tail < cq_head_ || tail - cq_head_ > cq_bytes_ || tail % ring::kSlot != 0) {
     return BreakLocked(absl::DataLossError(
@@ -323,13 +339,50 @@ void CommandRing::TakeCompletionsLocked() {
     const uint64_t n = std::min<uint64_t>(
         {head.message_bytes, ring::kMaxMessageBytes, size - ring::kCompleteHeadBytes});
     r.message.assign(reinterpret_cast<const char*>(cq + at + ring::kCompleteHeadBytes), n);
-    if (awaited_.contains(head.id)) {
-      results_[head.id] = std::move(r);
-    } else if (abandoned_.erase(head.id) == 0 && r.code != 0 && deferred_.ok()) {
-      deferred_ = absl::Status(static_cast<absl::StatusCode>(r.code), r.message);
-    }
+    TakeResultLocked(head.id, std::move(r), /*direct=*/false);
   }
   ring::Store<uint64_t>(base_, h::kCqHead, cq_head_, __ATOMIC_SEQ_CST);
+  if (aq_bytes_ == 0 || aq_tail == aq_head_) return;
+  if (aq_tail < aq_head_ || aq_tail - aq_head_ > aq_bytes_ || aq_tail % ring::kSlot != 0) {
+    return BreakLocked(absl::DataLossError(
+        absl::StrCat("gpuexec client: the daemon's answer area tail ", aq_tail,
+                     " is out of bounds (head ", aq_head_, ", command ring ", number_, ")")));
+  }
+  const unsigned char* aq = base_ + ring::kHeaderBytes + sq_bytes_ + cq_bytes_;
+  for (; aq_head_ < aq_tail; aq_head_ += ring::kSlot) {
+    ring::CompleteHead head;
+    ring::CopyOut(&head, aq + aq_head_ % aq_bytes_, sizeof(head));
+    if (head.slots != 1 || head.code != 0) {
+      return BreakLocked(absl::DataLossError(absl::StrCat(
+          "gpuexec client: an answer at ", aq_head_, " of command ring ", number_,
+          " is not a success of one slot (", head.slots, " slots, code ", head.code, ")")));
+    }
+    Result r;
+    r.kind = head.kind;
+    r.gpu_time_ns = head.gpu_time_ns;
+    TakeResultLocked(head.id, std::move(r), /*direct=*/true);
+  }
+  ring::Store<uint64_t>(base_, h::kAqHead, aq_head_, __ATOMIC_SEQ_CST);
+}
+
+void CommandRing::TakeResultLocked(uint64_t id, Result r, bool direct) {
+  if (direct) {
+    // Answered in the completion ring already (taken just before): the
+    // first answer counts.
+    if (results_.contains(id)) return;
+    if (direct_.insert(id).second) direct_order_.push_back(id);
+    if (direct_order_.size() > kDirectKept) {
+      direct_.erase(direct_order_.front());
+      direct_order_.pop_front();
+    }
+  } else if (direct_.erase(id) != 0) {
+    return;  // answered in the answer area already: the first answer counts
+  }
+  if (awaited_.contains(id)) {
+    results_[id] = std::move(r);
+  } else if (abandoned_.erase(id) == 0 && r.code != 0 && deferred_.ok()) {
+    deferred_ = absl::Status(static_cast<absl::StatusCode>(r.code), r.message);
+  }
 }
 
 void CommandRing::CheckClosedLocked(bool lifeline) {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,11 @@ class CommandRing {
     // about 2,000 launches of a few arguments each.
     uint64_t submission_bytes = 256 << 10;
     uint64_t completion_bytes = 64 << 10;
+    // An answer area (gpuexec/command_ring.h, kAnswerArea) of this many
+    // bytes, where the daemon's worker posts the successes of waiting
+    // commands itself; 0: none. Only for a daemon that serves layout
+    // version 2 (ring::kAnswerAreaVersion).
+    uint64_t answer_bytes = 0;
   };
 
   // Makes, maps and registers a ring for the session. The daemon's refusal
@@ -71,6 +77,8 @@ class CommandRing {
   void Shutdown();
   // The daemon's number for the ring (its log names it).
   uint64_t number() const { return number_; }
+  // The ring's mapping, for tests that play the daemon's part in it.
+  unsigned char* mapping_for_testing() const { return base_; }
   // Rounds of waiting so far (PollLocked's), for tests.
   uint64_t poll_rounds() const {
     absl::MutexLock lock(&mu_);
@@ -106,8 +114,14 @@ class CommandRing {
   // then looks at the ring's state.
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the completions posted up to the completion tail as loaded now
-  // into results_ (or deferred_), and publishes the completion head.
+  // into results_ (or deferred_), and publishes the completion head; then
+  // the answer area's answers, up to its tail as loaded before the
+  // completion tail (a failure posted before a later command's answer is
+  // taken first).
   void TakeCompletionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One answer, from either place: to its waiter, or a failure to
+  // deferred_. `direct`: from the answer area.
+  void TakeResultLocked(uint64_t id, Result r, bool direct) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BreakLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Breaks the ring when the daemon closed it (after taking the answers it
   // posted before it said so), and with `lifeline` also when it hung up
@@ -119,7 +133,7 @@ class CommandRing {
 
   unsigned char* base_ = nullptr;
   size_t bytes_ = 0;
-  uint64_t sq_bytes_ = 0, cq_bytes_ = 0;
+  uint64_t sq_bytes_ = 0, cq_bytes_ = 0, aq_bytes_ = 0;
   absl::Duration spin_wait_;
   std::string daemon_socket_;
   UniqueFd lifeline_;
@@ -131,6 +145,11 @@ class CommandRing {
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t cq_head_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t aq_head_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last ids answered in the answer area (at most kDirectKept), whose
+  // second answer in the completion ring, if one comes, is dropped.
+  absl::flat_hash_set<uint64_t> direct_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> direct_order_ ABSL_GUARDED_BY(mu_);
   bool polling_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t poll_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   // Threads in PollForHeadLocked; read by the polling thread as it spins.

@@ -68,6 +68,8 @@ LAYOUT: Dict[str, Tuple[int, int]] = {
     "header.cq_tail": (256, 8), "header.cq_head": (320, 8), "header.client_wait": (384, 4),
     "header.state": (448, 4), "header.close_code": (452, 4),
     "header.close_message_bytes": (456, 4), "header.close_message": (512, 1024),
+    "header.aq_offset": (1536, 8), "header.aq_bytes": (1544, 8), "header.aq_tail": (1600, 8),
+    "header.aq_head": (1664, 8),
     "submit.kind": (0, 2), "submit.slots": (2, 2), "submit.flags": (4, 4), "submit.id": (8, 8),
     "submit.seq": (16, 8), "submit.body_bytes": (24, 4), "submit.reserved": (28, 4),
     "launch.function": (0, 8), "launch.grid": (8, 12), "launch.block": (20, 12),
