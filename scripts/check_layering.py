@@ -23,7 +23,8 @@ ALLOWED = {
     "server/cuda": ["server/common", "server/port"],
     "server/device": ["server/common", "server/port", "server/cuda"],
     # The front's side of the worker: the proxy, its channel and wire.
-    "server/worker": ["server/common", "server/port", "server/shm", "server/worker/channel.h",
+    "server/worker": ["server/common", "server/port", "server/shm", "server/worker/answer_areas.h",
+                      "server/worker/channel.h",
                       "server/worker/convert.h", "server/worker/remote_device.h",
                       "server/worker/remote_device_internal.h", "server/worker/ring.h",
                       "server/worker/request_reader.h", "server/worker/sandbox.h", "server/worker/worker_main.h",

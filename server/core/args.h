@@ -143,6 +143,9 @@ struct LaunchSpec {
   bool programmatic_dependent = false;
   bool non_portable_cluster = false;
   uint32_t cluster_policy = 0;
+  // With synchronize: a command ring's answer area the device may post the
+  // success in itself (Engine::MapAnswerArea); `posted` says if it did.
+  std::shared_ptr<port::DirectAnswer> answer;
 };
 
 }  // namespace gpuexec::core

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 #include <utility>
+#include <variant>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -322,11 +323,24 @@ void CommandRingRunner::Loop() {
           if (!closing) ++st->in_flight;
         }
         if (closing) break;
+        std::shared_ptr<port::DirectAnswer> direct;
+        if (auto* launch = std::get_if<LaunchSpec>(&command->op);
+            launch != nullptr && launch->synchronize && st->options.answer_area != 0) {
+          direct = std::make_shared<port::DirectAnswer>();
+          direct->area = st->options.answer_area;
+          direct->id = head.id;
+          direct->seq = head.seq;
+          direct->kind = head.kind;
+          launch->answer = direct;
+        }
         RunCommand(*st->engine, caller, st->session, *std::move(command),
-                   [st, answer](CommandResult r) mutable {
+                   [st, answer, direct = std::move(direct)](CommandResult r) mutable {
                      GPUEXEC_TRACE(kFrontComplete);
                      if (!r.status.ok() && st->options.on_failure) st->options.on_failure(r);
-                     if (!r.answer) return st->Done(true);
+                     // Posted by the device already: only the bookkeeping.
+                     if (!r.answer || (r.status.ok() && direct != nullptr && direct->posted)) {
+                       return st->Done(true);
+                     }
                      answer.code = static_cast<int32_t>(r.status.code());
                      answer.gpu_time_ns = r.gpu_time_ns;
                      if (r.allocated.has_value()) {

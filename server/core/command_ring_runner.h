@@ -41,6 +41,9 @@ struct CommandRingOptions {
   // kAnswerArea); 0: none. Its answers are the worker's to post: the
   // runner only checks the header says so.
   uint64_t aq_bytes = 0;
+  // Engine::MapAnswerArea's id for it (0: none): a waiting launch's
+  // success may come from the device, and the runner then posts nothing.
+  uint64_t answer_area = 0;
   int turn_records = 256;
   // How long the thread spins for more records after its last, before it
   // parks (0: parks at once).

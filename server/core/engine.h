@@ -169,6 +169,18 @@ class Engine {
   void ReleaseRegion(const Caller& caller, const std::string& token, uint64_t region, Done done);
   // Page-locked bytes of all sessions' regions now.
   uint64_t pinned_bytes() const { return daemon_pinned_used_.load(); }
+  // A command ring's answer area (gpuexec/command_ring.h, kAnswerArea):
+  // `bytes` at `offset` of the ring's memfd `fd` (checked by the caller,
+  // who keeps it), where the session's device posts the successes of the
+  // session's waiting launches itself (LaunchSpec::answer names it). Its
+  // id, and what unmaps it (called once, when the ring is done). The
+  // device maps it later; should it fail, the answers come the usual way.
+  struct AnswerAreaLease {
+    uint64_t area = 0;
+    std::function<void()> unmap;
+  };
+  absl::StatusOr<AnswerAreaLease> MapAnswerArea(const Caller& caller, const std::string& token,
+                                                int fd, uint64_t offset, uint64_t bytes);
 
   void Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gpu_ns);
   // Graphs (engine_graphs.cc). Between BeginGraph and EndGraph the
@@ -401,6 +413,9 @@ class Engine {
   // Daemon-wide page-locked bytes of regions, and the next region id.
   std::atomic<uint64_t> daemon_pinned_used_{0};
   std::atomic<uint64_t> next_region_id_{1};
+  // Answer areas' ids: a space of their own (the top bit set), since they
+  // travel to the device process on the same descriptor socket as regions.
+  std::atomic<uint64_t> next_answer_area_{1};
   // Gives a region's bytes back to the session's, its tenant's and the
   // daemon's counts.
   void ReleasePinned(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);

@@ -114,6 +114,8 @@ void Engine::Launch(const Caller& caller, LaunchSpec spec, Callback<uint64_t> gp
       return;
     }
     // The synchronize goes with the launch, in one request and one answer.
+    op.answer = std::move(spec.answer);
+    if (op.answer != nullptr) op.answer->untimed = s->untimed;
     ++s->waiting;
     const uint64_t work_epoch = s->work_epoch;
     s->work_epoch = 0;

@@ -14,6 +14,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
 #include "server/common/text.h"
 #include "server/core/engine.h"
 #include "server/core/engine_internal.h"
@@ -234,6 +236,21 @@ void Engine::DropRegions(const std::shared_ptr<Session>& s) {
     if (!r.lost) UnpinLater(s, r.id, r.bytes, r.epoch);
   }
   s->regions.clear();
+}
+
+absl::StatusOr<Engine::AnswerAreaLease> Engine::MapAnswerArea(const Caller& caller,
+                                                              const std::string& token, int fd,
+                                                              uint64_t offset, uint64_t bytes) {
+  GPUEXEC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, FindSession(caller, token));
+  port::DevicePort* dev = DeviceOf(*s);
+  const uint64_t area = next_answer_area_.fetch_add(1) | (uint64_t{1} << 63);
+  dev->MapAnswerArea(area, s->stream(), fd, offset, bytes, [area](absl::Status st) {
+    if (!st.ok()) log::Debug("answer area ", area, " not mapped: ", st.message());
+  });
+  AnswerAreaLease lease;
+  lease.area = area;
+  lease.unmap = [dev, area] { dev->UnmapAnswerArea(area, [](absl::Status) {}); };
+  return lease;
 }
 
 }  // namespace gpuexec::core

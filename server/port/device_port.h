@@ -148,6 +148,14 @@ class DevicePort {
   // Unpins and unmaps the region once the work queued on `stream` before it
   // has finished (a region of an earlier epoch is gone already).
   virtual void UnmapRegion(StreamId stream, RegionId region, uint64_t epoch, Done done) = 0;
+  // Maps a command ring's answer area (`bytes` at `offset` of the ring's
+  // memfd `fd`, which the caller checked and keeps) where the device may
+  // post the successes of `stream`'s waiting commands (LaunchOp::answer).
+  // `area` is the caller's id, unique among the device's live areas. A
+  // failure only means no answer is posted there. Gone with a reset.
+  virtual void MapAnswerArea(uint64_t area, StreamId stream, int fd, uint64_t offset,
+                             uint64_t bytes, Done done) = 0;
+  virtual void UnmapAnswerArea(uint64_t area, Done done) = 0;
   virtual void LoadModule(std::shared_ptr<const ModuleImage> image, std::string what,
                           Done done) = 0;
   virtual void UnloadModule(const std::string& sha256) = 0;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -150,6 +151,19 @@ struct KernelInfo {
   uint64_t param_bytes = 0;
 };
 
+// Where a waiting command's success may be posted by the device itself: a
+// command ring's answer area (gpuexec/command_ring.h, kAnswerArea), mapped
+// with DevicePort::MapAnswerArea. The caller keeps it; `posted` is set
+// before the command's callback runs.
+struct DirectAnswer {
+  uint64_t area = 0;     // MapAnswerArea's id
+  uint64_t id = 0;       // the ring record's id,
+  uint64_t seq = 0;      // seq
+  uint16_t kind = 0;     // and kind
+  bool untimed = false;  // posts 0 for the GPU time
+  bool posted = false;   // the success was posted there: answer nothing
+};
+
 struct LaunchOp {
   KernelId kernel = 0;
   LaunchGeometry geometry;
@@ -158,6 +172,8 @@ struct LaunchOp {
   // Tensor maps the device encodes into param_block before the launch.
   std::vector<TensorMapEncoding> tensor_maps;
   std::string what;  // names the function and session in errors
+  // A LaunchAndSynchronize's: where its success may be posted (none: not).
+  std::shared_ptr<DirectAnswer> answer;
 };
 
 // Graphs: a session's recorded launches, memsets and copies, built on the

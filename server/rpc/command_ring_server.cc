@@ -286,6 +286,16 @@ absl::Status CommandRingServer::Adopt(
   core::CommandRingOptions ro;
   ro.max_in_flight = options_.max_in_flight;
   ro.aq_bytes = aq;
+  // The session's device posts its waiting launches' successes in the
+  // answer area itself; unmapped when the ring is done.
+  std::function<void()> unmap_area;
+  if (aq != 0) {
+    auto lease = engine_->MapAnswerArea(caller, session, memfd, ring::kHeaderBytes + sq + cq, aq);
+    if (lease.ok()) {
+      ro.answer_area = lease->area;
+      unmap_area = std::move(lease->unmap);
+    }
+  }
   ro.spin = options_.spin;
   ro.slots = &slots_;
   if (ticket != nullptr) {
@@ -308,14 +318,18 @@ absl::Status CommandRingServer::Adopt(
   };
   // Once the runner holds the ring, its last reference gives the place back.
   // The ticket goes with the ring's last reference too.
-  ro.on_release = [ledger, session, id, tenant, peer_key, ticket]() mutable {
+  ro.on_release = [ledger, session, id, tenant, peer_key, ticket, unmap_area]() mutable {
     ticket.reset();
+    if (unmap_area) unmap_area();
     ledger->Release(session, id, tenant, peer_key);
   };
   auto runner = core::CommandRingRunner::Start(engine_, caller, session,
                                                std::make_unique<core::RingMapping>(base, bytes), sq,
                                                cq, std::move(ro));
-  if (!runner.ok()) return refuse(runner.status());  // no runner: nothing released it
+  if (!runner.ok()) {
+    if (unmap_area) unmap_area();
+    return refuse(runner.status());  // no runner: nothing released it
+  }
   absl::StatusOr<uint64_t> watch =
       engine_->WatchClose(caller, session, [ledger, id, session](const std::string& why) {
         // The words of a closed session's gRPC calls, which clients

@@ -6,7 +6,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -93,11 +92,14 @@ AnswerArea::Posted AnswerArea::Post(uint16_t kind, uint64_t id, uint64_t seq,
   // Before client_wait is read: a client that parks after its last look at
   // aq_tail has stored its flag first, and one of the two sees the other.
   ring::Store<uint64_t>(header_, h::kAqTail, tail_, __ATOMIC_SEQ_CST);
+  return Posted::kPosted;
+}
+
+void AnswerArea::WakeClientIfParked() {
   if (ring::Load<uint32_t>(header_, h::kClientWait, __ATOMIC_SEQ_CST) != 0 &&
       ring::Exchange<uint32_t>(header_, h::kClientWait, 0) != 0) {
-    syscall(SYS_futex, header_ + h::kClientWait, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+    syscall(SYS_futex, header_ + h::kClientWait, FUTEX_WAKE, 1, nullptr, nullptr, 0);
   }
-  return Posted::kPosted;
 }
 
 }  // namespace gpuexec::shm

@@ -53,9 +53,13 @@ class AnswerArea {
   // Posts the success of the command `id` (`kind`, its `seq`, its GPU
   // time): one CompleteHead of one slot, code 0, no message. Loads aq_head
   // once, and checks it before anything is written; stores aq_tail
-  // (sequentially consistent, before it reads client_wait) and wakes a
-  // parked client.
+  // (sequentially consistent: WakeClientIfParked reads client_wait after
+  // it). Does not wake the client.
   Posted Post(uint16_t kind, uint64_t id, uint64_t seq, uint64_t gpu_time_ns);
+  // Wakes the client if it parked on client_wait (taking its flag): one
+  // waiter, since a client parks one thread (a client that parks many only
+  // slows its own answers).
+  void WakeClientIfParked();
 
   // Why the area broke; empty while it serves.
   const std::string& broken() const { return broken_; }

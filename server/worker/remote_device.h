@@ -187,6 +187,12 @@ class RemoteDevice final : public port::DevicePort {
                   uint64_t epoch, uint64_t size, bool to_device, std::string what,
                   Done done) override;
   void UnmapRegion(StreamId stream, port::RegionId region, uint64_t epoch, Done done) override;
+  // The worker posts the stream's waiting successes itself until any of
+  // its requests fails, in the worker or here (a request refused before it
+  // was sent): from then on, no request carries an answer (remote_device_areas.cc).
+  void MapAnswerArea(uint64_t area, StreamId stream, int fd, uint64_t offset, uint64_t bytes,
+                     Done done) override;
+  void UnmapAnswerArea(uint64_t area, Done done) override;
   void LoadModule(std::shared_ptr<const port::ModuleImage> image, std::string what,
                   Done done) override;
   void UnloadModule(const std::string& sha256) override;
@@ -308,6 +314,10 @@ class RemoteDevice final : public port::DevicePort {
   absl::Time next_spawn_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, ReplyFn> pending_ ABSL_GUARDED_BY(mu_);
+  // Streams with an answer area in the current worker: true once one of
+  // their requests was refused here (its answers then all come this way).
+  absl::flat_hash_map<StreamId, bool> answer_streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, StreamId> answer_areas_ ABSL_GUARDED_BY(mu_);  // area -> stream
   // Per worker: the streams created, the modules loaded, the kernels
   // resolved in it.
   absl::flat_hash_set<StreamId> live_streams_ ABSL_GUARDED_BY(mu_);

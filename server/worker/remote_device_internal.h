@@ -45,7 +45,7 @@ inline int HighFd(int fd) {
 inline bool Releases(const Request& r) {
   return r.has_free() || r.has_destroy_stream() || r.has_unload_module() || r.has_ping() ||
          r.has_query_memory() || r.has_unmap_region() || r.has_set_compute_parts() ||
-         r.has_destroy_graph();
+         r.has_destroy_graph() || r.has_unmap_answer_area();
 }
 
 inline std::string WhatOf(const Request& r) {

@@ -485,6 +485,8 @@ std::vector<RemoteDevice::ReplyFn> RemoteDevice::DetachLocked(
   std::vector<ReplyFn> pending;
   for (auto& [id, fn] : pending_) pending.push_back(std::move(fn));
   pending_.clear();
+  answer_streams_.clear();  // mapped in that worker only
+  answer_areas_.clear();
   return pending;
 }
 

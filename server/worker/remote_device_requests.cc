@@ -129,12 +129,20 @@ void RemoteDevice::Call(Request& request, StreamId stream, absl::Span<const uint
           "device ", options_.ordinal, "'s worker has not yet taken ",
           conn_->channel->unsent_bytes(), " bytes of requests, at or past --worker_queue_bytes=",
           options_.queue_bytes, ": it is busy or not answering; try again later"));
-    } else if (pass_fd >= 0 &&
-               !(error = PassRegionFd(conn_->region_fd, request.map_region().region(), pass_fd))
-                    .ok()) {
+    } else if (pass_fd >= 0 && !(error = PassRegionFd(conn_->region_fd,
+                                                      request.has_map_answer_area()
+                                                          ? request.map_answer_area().area()
+                                                          : request.map_region().region(),
+                                                      pass_fd))
+                                    .ok()) {
       // Refused below, before any request was queued.
     } else {
       conn = conn_;
+      if (request.has_launch() && request.launch().has_answer()) {
+        // Only while nothing of the stream was refused here.
+        auto a = answer_streams_.find(stream);
+        if (a == answer_streams_.end() || a->second) request.mutable_launch()->clear_answer();
+      }
       // The stream with the first kernel, then each other kernel named (a
       // graph's).
       PrepareLocked(stream, kernels.empty() ? 0 : kernels[0], resolve, &prefix);
@@ -151,6 +159,11 @@ void RemoteDevice::Call(Request& request, StreamId stream, absl::Span<const uint
       // The order of requests is fixed here, under the lock; the writing
       // happens outside it.
       flush = conn->channel->Enqueue(messages);
+    }
+    if (!error.ok()) {
+      // A refusal the worker never sees: no later request of the stream
+      // may have its success posted before this failure is answered.
+      if (auto a = answer_streams_.find(stream); a != answer_streams_.end()) a->second = true;
     }
   }
   if (!error.ok()) {
@@ -530,11 +543,20 @@ void RemoteDevice::LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint
                                         uint64_t work_epoch, port::LaunchedAndSynchronized done) {
   Request r = LaunchRequest(stream, op);
   r.mutable_launch()->set_synchronize(true);
+  if (op.answer != nullptr) {
+    DirectAnswer* a = r.mutable_launch()->mutable_answer();
+    a->set_area(op.answer->area);
+    a->set_id(op.answer->id);
+    a->set_seq(op.answer->seq);
+    a->set_kind(op.answer->kind);
+    a->set_untimed(op.answer->untimed);
+  }
   Call(
       r, stream, op.kernel, epoch,
-      [done = std::move(done)](const Reply& reply, uint64_t) {
+      [done = std::move(done), answer = std::move(op.answer)](const Reply& reply, uint64_t) {
         absl::Status st = StatusOf(reply);
         if (!st.ok()) return done(st, reply.launched());
+        if (answer != nullptr) answer->posted = reply.posted();
         done(reply.value(), true);
       },
       work_epoch);

@@ -25,6 +25,7 @@
 #include "server/cuda/driver.h"
 #include "server/device/device.h"
 #include "server/shm/region_fd.h"
+#include "server/worker/answer_areas.h"
 #include "server/worker/channel.h"
 #include "server/worker/convert.h"
 #include "server/worker/request_reader.h"
@@ -98,17 +99,24 @@ class Worker {
   // sends the replies its operations queued.
   void FlushReplies() {
     executor_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    FlushQueued();
+  }
+
+ private:
+  // Sends the replies queued on the executor (called on it).
+  void FlushQueued() {
     if (flush_) {
       flush_ = false;
       GPUEXEC_TRACE(kWorkerReply);
       (void)channel_->Flush();
     }
   }
-
- private:
   // Replies made on the executor are queued and leave together at the end
   // of its batch (one system call for many launches); others go at once.
   void Out(const FromWorker& m) {
+    if (m.has_reply()) {
+      areas_.Settle(m.reply().id(), m.reply().has_status() && m.reply().status().code() != 0);
+    }
     if (std::this_thread::get_id() == executor_.load(std::memory_order_relaxed)) {
       if (channel_->Enqueue({&m})) flush_ = true;
       return;
@@ -124,12 +132,14 @@ class Worker {
     reply->set_launched(launched);
     Out(m);
   }
-  void ReplyValue(uint64_t id, absl::StatusOr<uint64_t> v, bool launched = false) {
+  void ReplyValue(uint64_t id, absl::StatusOr<uint64_t> v, bool launched = false,
+                  bool posted = false) {
     if (!v.ok()) return Reply(id, v.status(), launched);
     FromWorker m;
     m.mutable_reply()->set_id(id);
     m.mutable_reply()->set_value(*v);
     m.mutable_reply()->set_launched(launched);
+    m.mutable_reply()->set_posted(posted);
     Out(m);
   }
   device::Done Done(uint64_t id) {
@@ -217,6 +227,7 @@ class Worker {
   device::Device* dev_;
   uint8_t* staging_;
   uint64_t slot_bytes_;
+  AnswerAreas areas_;
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, absl::Status> kernel_errors_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Status> module_errors_ ABSL_GUARDED_BY(mu_);
@@ -224,6 +235,7 @@ class Worker {
 
 void Worker::Handle(Request& r) {
   const uint64_t id = r.id();
+  areas_.Track(r);
   switch (r.op_case()) {
     case Request::kPing:
       // Each ping (one a second) also looks for a fault this worker did
@@ -256,6 +268,7 @@ void Worker::Handle(Request& r) {
       return;
     }
     case Request::kDestroyStream:
+      areas_.UnmapStream(r.destroy_stream().stream());  // its ring is done too
       dev_->DestroyStream(r.destroy_stream().stream(), Done(id));
       return;
     case Request::kAfterQueued:
@@ -360,10 +373,22 @@ void Worker::Handle(Request& r) {
         op.tensor_maps.push_back(e);
       }
       if (l->synchronize()) {
+        std::unique_ptr<DirectAnswer> answer;
+        if (l->has_answer()) answer = std::make_unique<DirectAnswer>(l->answer());
         dev_->LaunchAndSynchronize(
             l->stream(), std::move(op),
-            [this, id, kernel](absl::StatusOr<uint64_t> ns, bool launched) {
-              ReplyValue(id, launched ? ns : Explain(ns.status(), kernel, ""), launched);
+            [this, id, kernel, stream = l->stream(),
+             answer = std::shared_ptr<DirectAnswer>(std::move(answer))](absl::StatusOr<uint64_t> ns,
+                                                                        bool launched) {
+              // The client may read it before the front hears of it: the
+              // replies queued before it leave first, so that a worker that
+              // ends right after cannot leave one of them unanswered.
+              bool posted = false;
+              if (answer != nullptr && ns.ok() && launched) {
+                FlushQueued();
+                posted = areas_.Post(*answer, stream, id, *ns);
+              }
+              ReplyValue(id, launched ? ns : Explain(ns.status(), kernel, ""), launched, posted);
             });
         return;
       }
@@ -384,6 +409,19 @@ void Worker::Handle(Request& r) {
       dev_->MapRegion(m.region(), *fd, m.bytes(), m.what(), Done(id));
       return;
     }
+    case Request::kMapAnswerArea: {
+      const auto& m = r.map_answer_area();
+      absl::StatusOr<int> fd = TakeRegionFd(m.area());
+      if (!fd.ok()) return Reply(id, fd.status());
+      absl::Status st = areas_.Map(m.area(), m.stream(), *fd, m.offset(), m.bytes());
+      close(*fd);  // the mappings keep the memory
+      Reply(id, st);
+      return;
+    }
+    case Request::kUnmapAnswerArea:
+      areas_.Unmap(r.unmap_answer_area().area());
+      Reply(id, absl::OkStatus());
+      return;
     case Request::kCopyRegion: {
       const auto& c = r.copy_region();
       dev_->CopyRegion(c.stream(), c.region(), c.offset(), c.ptr(), c.size(), c.to_device(),

@@ -244,6 +244,64 @@ TEST_F(CommandRingClientTest, AnAnswerInTheAnswerAreaCountsAndASecondIsDropped) 
   ring->Shutdown();
 }
 
+// Through a daemon: a ring with an answer area has its waiting launches'
+// successes posted there by the worker, and a failure before one (here the
+// daemon's refusal of an async launch) is still told first, at that
+// waiting launch, which ran.
+TEST_F(CommandRingClientTest, WaitingLaunchesAreAnsweredInTheAnswerAreaAfterAFailure) {
+  Start(true);
+  if (IsSkipped() || HasFatalFailure()) return;
+  Client client = RingClient(/*ring=*/false);  // the ring below is the session's
+  GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
+  GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
+  GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
+  internal::CommandRing::Options options;
+  options.socket_path = daemon().shm_socket();
+  options.token = s.token();
+  options.answer_bytes = ring::kMinAnswerBytes;
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring,
+                          internal::CommandRing::Open(options));
+  const unsigned char* base = ring->mapping_for_testing();
+  auto answered_in_area = [&] {
+    return ring::Load<uint64_t>(base, ring::header::kAqTail) / ring::kSlot;
+  };
+  auto launch = [&](uint32_t value, uint64_t offset, bool wait) {
+    v1::Command c;
+    v1::LaunchRequest* l = c.mutable_launch();
+    l->set_function(fill.handle());
+    l->mutable_grid()->set_x(1);
+    l->mutable_block()->set_x(64);
+    l->add_args()->mutable_buffer()->set_buffer(a.handle());
+    l->mutable_args(0)->mutable_buffer()->set_offset(offset);
+    l->add_args()->set_u32(value);
+    l->add_args()->set_u64(16);
+    l->set_synchronize(wait);
+    return c;
+  };
+  bool not_carried = false;
+  for (uint32_t i = 1; i <= 10; ++i) {
+    auto r = ring->Submit(launch(i, 0, true), true, absl::Seconds(20), true, &not_carried);
+    GX_ASSERT_OK(r.status());
+    ASSERT_FALSE(not_carried);
+  }
+  EXPECT_EQ(answered_in_area(), 10u) << "each waiting launch's success came from the worker";
+  // An async launch the daemon refuses (an offset past the buffer), then
+  // a waiting launch: the refusal is told there, first.
+  GX_ASSERT_OK(
+      ring->Submit(launch(77, 1 << 20, false), false, absl::Seconds(20), true, &not_carried)
+          .status());
+  const absl::Status told =
+      ring->Submit(launch(11, 0, true), true, absl::Seconds(20), true, &not_carried).status();
+  EXPECT_EQ(told.code(), absl::StatusCode::kInvalidArgument) << told;
+  EXPECT_THAT(std::string(told.message()), HasSubstr("offset"));
+  // Told once; the waiting launch ran.
+  GX_EXPECT_OK(
+      ring->Submit(launch(12, 0, true), true, absl::Seconds(20), true, &not_carried).status());
+  ring->Shutdown();
+  GX_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, a.Read(0, 4));
+  EXPECT_EQ(got, (std::vector<uint8_t>{12, 0, 0, 0}));
+}
+
 TEST_F(CommandRingClientTest, AFailureQueuedWithoutWaitingIsToldAtTheNextSynchronize) {
   Start(true, {"--command_rings"});
   if (IsSkipped() || HasFatalFailure()) return;  // no device here

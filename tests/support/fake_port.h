@@ -129,6 +129,12 @@ class FakePort final : public port::DevicePort {
                   std::string what, port::Done done) override;
   void UnmapRegion(port::StreamId stream, port::RegionId region, uint64_t epoch,
                    port::Done done) override;
+  // The test port posts no answer itself: every answer goes through the
+  // front, as where a worker could not map the area.
+  void MapAnswerArea(uint64_t, port::StreamId, int, uint64_t, uint64_t, port::Done done) override {
+    done(absl::FailedPreconditionError("the test port posts no answers itself"));
+  }
+  void UnmapAnswerArea(uint64_t, port::Done done) override { done(absl::OkStatus()); }
   // Regions mapped now.
   size_t regions_mapped() const;
   void UnloadModule(const std::string& sha256) override;
