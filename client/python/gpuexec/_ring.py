@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import select
 import socket
 import struct
 import threading
 import time
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Set
 
 import grpc
 
@@ -49,127 +48,27 @@ from . import _host_memory
 from ._errors import Error
 from .v1 import gpuexec_pb2 as pb
 
-# ---- gpuexec/command_ring.h. test_command_ring.py checks LAYOUT against the
-# header's own `// LAYOUT name offset size` lines, and the structs below
-# against LAYOUT.
-MAGIC = 0x0031474E49525847  # "GXRING1\0" as a little-endian u64
-VERSION = 1
-HEADER_BYTES = 4096
-SLOT = 64
-MAX_RECORD_BYTES = 40960
-MAX_MESSAGE_BYTES = 1024
-MAX_PARAM_BLOCK_BYTES = 32764  # a kernel's parameters, CUDA 12.1 and later
-
-LAYOUT: Dict[str, Tuple[int, int]] = {
-    "header.magic": (0, 8), "header.version": (8, 4), "header.header_bytes": (12, 4),
-    "header.sq_offset": (16, 8), "header.sq_bytes": (24, 8), "header.cq_offset": (32, 8),
-    "header.cq_bytes": (40, 8), "header.slot_bytes": (48, 4), "header.flags": (52, 4),
-    "header.sq_tail": (64, 8), "header.sq_head": (128, 8), "header.daemon_wait": (192, 4),
-    "header.cq_tail": (256, 8), "header.cq_head": (320, 8), "header.client_wait": (384, 4),
-    "header.state": (448, 4), "header.close_code": (452, 4),
-    "header.close_message_bytes": (456, 4), "header.close_message": (512, 1024),
-    "header.aq_offset": (1536, 8), "header.aq_bytes": (1544, 8), "header.aq_tail": (1600, 8),
-    "header.aq_head": (1664, 8),
-    "submit.kind": (0, 2), "submit.slots": (2, 2), "submit.flags": (4, 4), "submit.id": (8, 8),
-    "submit.seq": (16, 8), "submit.body_bytes": (24, 4), "submit.reserved": (28, 4),
-    "launch.function": (0, 8), "launch.grid": (8, 12), "launch.block": (20, 12),
-    "launch.cluster": (32, 12), "launch.shared_bytes": (44, 4), "launch.flags": (48, 4),
-    "launch.cluster_policy": (52, 4), "launch.nargs": (56, 2), "launch.reserved": (58, 2),
-    "launch.blob_bytes": (60, 4),
-    "arg.kind": (0, 2), "arg.reserved": (2, 2), "arg.aux": (4, 4), "arg.a": (8, 8),
-    "arg.b": (16, 8),
-    "launch_graph.graph": (0, 8), "launch_graph.flags": (8, 4), "launch_graph.npatches": (12, 2),
-    "launch_graph.reserved": (14, 2), "launch_graph.blob_bytes": (16, 4),
-    "launch_graph.reserved2": (20, 4),
-    "patch.node": (0, 4), "patch.argument": (4, 4), "patch.value": (8, 24),
-    "tensor_map.buffer": (0, 8), "tensor_map.offset": (8, 8), "tensor_map.data_type": (16, 4),
-    "tensor_map.rank": (20, 4), "tensor_map.dims": (24, 40), "tensor_map.strides": (64, 32),
-    "tensor_map.box": (96, 20), "tensor_map.element_strides": (116, 20),
-    "tensor_map.interleave": (136, 4), "tensor_map.swizzle": (140, 4),
-    "tensor_map.l2_promotion": (144, 4), "tensor_map.oob_fill": (148, 4),
-    "allocate.size": (0, 8), "free.buffer": (0, 8), "release_region.region": (0, 8),
-    "memset.buffer": (0, 8), "memset.offset": (8, 8), "memset.size": (16, 8),
-    "memset.value": (24, 4), "memset.reserved": (28, 4),
-    "copy_buffer.dst": (0, 8), "copy_buffer.dst_offset": (8, 8), "copy_buffer.src": (16, 8),
-    "copy_buffer.src_offset": (24, 8), "copy_buffer.size": (32, 8),
-    "region_copy.region": (0, 8), "region_copy.region_offset": (8, 8),
-    "region_copy.buffer": (16, 8), "region_copy.buffer_offset": (24, 8),
-    "region_copy.size": (32, 8), "region_copy.direction": (40, 4),
-    "region_copy.reserved": (44, 4),
-    "complete.kind": (0, 2), "complete.slots": (2, 2), "complete.code": (4, 4),
-    "complete.id": (8, 8), "complete.seq": (16, 8), "complete.gpu_time_ns": (24, 8),
-    "complete.value0": (32, 8), "complete.value1": (40, 8), "complete.message_bytes": (48, 4),
-    "complete.flags": (52, 4), "complete.reserved": (56, 8),
-}
-
-# Record kinds and flags.
-PAD, BARRIER, LAUNCH, SYNCHRONIZE = 1, 2, 3, 4
-ALLOCATE, FREE, MEMSET, COPY_BUFFER, REGION_COPY, RELEASE_REGION = 5, 6, 7, 8, 9, 10
-LAUNCH_GRAPH, BEGIN_GRAPH, END_GRAPH = 11, 12, 13
-REPLY = 1
-OPEN = 0
-
-# Records: every multi-byte field little-endian.
-HEAD = struct.Struct("<HHIQQII")  # SubmitHead, 32 bytes
-COMPLETE = struct.Struct("<HHiQQQQQII8x")  # CompleteHead, 64 bytes
+# Re-exported: callers name them as _ring.X.
+from ._ring_layout import (  # noqa: F401
+    ALLOCATE, ANSWER_AREA, ANSWER_AREA_VERSION, BARRIER, BEGIN_GRAPH, COMPLETE, COPY_BUFFER,
+    END_GRAPH, FREE, HEAD, HEADER_BYTES, LAUNCH, LAUNCH_GRAPH, LAYOUT, MAGIC, MAX_MESSAGE_BYTES,
+    MAX_PARAM_BLOCK_BYTES, MAX_RECORD_BYTES, MEMSET, OPEN, PAD, REGION_COPY, RELEASE_REGION, REPLY,
+    SLOT, SYNCHRONIZE, VERSION)
+from ._ring_sys import (  # noqa: F401
+    FUTEX_WAIT, FUTEX_WAKE, SYS_FUTEX, Timespec, get_libc, supported)
 
 # The ring's sizes: 256 KiB holds about 2,000 launches of a few arguments.
 SUBMISSION_BYTES = 256 << 10
 COMPLETION_BYTES = 64 << 10
+# The answer area's: 256 answers, more than a session's threads wait for at
+# once. Ids answered there are kept this long to drop a second answer.
+ANSWER_BYTES = 16 << 10
+DIRECT_KEPT = 1024
 # The longest a waiting thread sleeps before it looks at the ring's state
 # and its lifeline again.
 PARK_LIMIT_S = 0.1
 
-_X86 = platform.machine().lower() in ("x86_64", "amd64")
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _Libc:
-    """The few libc calls the ring needs, typed once."""
-
-    def __init__(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.syscall = libc.syscall
-        self.syscall.restype = ctypes.c_long
-        self.trylock = libc.pthread_spin_trylock
-        self.lock_word = ctypes.c_int(0)
-        self.lock_ref = ctypes.byref(self.lock_word)
-        libc.pthread_spin_init(self.lock_ref, 0)
-
-    def fence(self) -> None:
-        """A full memory barrier. glibc's pthread_spin_trylock is one
-        locked instruction (an exchange, or a compare-and-exchange) whether
-        or not the lock is free, so the lock is never given back: one call,
-        not two."""
-        self.trylock(self.lock_ref)
-
-
-_libc: Optional[_Libc] = None
-_libc_lock = threading.Lock()
-
-
-def _c() -> _Libc:
-    global _libc
-    with _libc_lock:
-        if _libc is None:
-            _libc = _Libc()
-        return _libc
-
-
-def supported() -> Optional[str]:
-    """None where this process can run a ring; else why not, in words."""
-    if not _X86 or _SYS_FUTEX is None:
-        return (f"the Python client's rings need x86-64's memory order; this is "
-                f"{platform.machine()[:40]}")
-    if not hasattr(os, "memfd_create"):
-        return "os.memfd_create is missing"
-    return None
 
 
 class Result:
@@ -197,13 +96,16 @@ class CommandRing:
     one waiting thread at a time polls the completions for all."""
 
     def __init__(self, socket_path: str, token: str, timeout: Optional[float],
-                 spin_wait: float) -> None:
+                 spin_wait: float, answer_area: bool = False) -> None:
         self._sq_bytes = SUBMISSION_BYTES
         self._cq_bytes = COMPLETION_BYTES
-        self._bytes = HEADER_BYTES + self._sq_bytes + self._cq_bytes
+        # With an answer area (a daemon of layout version 2), the device's
+        # worker posts the successes of waiting launches there itself.
+        self._aq_bytes = ANSWER_BYTES if answer_area else 0
+        self._bytes = HEADER_BYTES + self._sq_bytes + self._cq_bytes + self._aq_bytes
         self._spin_wait = spin_wait
         self._socket_path = socket_path
-        self._libc = _c()
+        self._libc = get_libc()
         fd = _host_memory.make_region_fd(self._bytes)
         try:
             self._address = _host_memory.map_region_fd(fd, self._bytes)
@@ -214,9 +116,10 @@ class CommandRing:
                 self._write_header()
                 request = pb.RegisterRegionRequest(session=token, bytes=self._bytes)
                 c = request.command_ring
-                c.layout_version = VERSION
+                c.layout_version = ANSWER_AREA_VERSION if self._aq_bytes else VERSION
                 c.submission_bytes = self._sq_bytes
                 c.completion_bytes = self._cq_bytes
+                c.answer_bytes = self._aq_bytes
                 # A client that dies ends its session at once, not at its lease.
                 c.close_session_on_hangup = True
                 response, sock = _host_memory.register_on_socket(socket_path, request, fd,
@@ -244,6 +147,11 @@ class CommandRing:
         self._seq = 1
         self._next_id = 1
         self._cq_head = 0
+        self._aq_head = 0
+        # The last ids answered in the answer area, whose second answer in
+        # the completion ring (a worker that ended right after its post) is
+        # dropped: the first counts.
+        self._direct: Dict[int, None] = {}
         self._polling = False
         self._rounds = 0
         # Threads waiting for the submission head to move (for room, or for
@@ -270,6 +178,8 @@ class CommandRing:
         self._cq_head_word = u64.from_address(a + LAYOUT["header.cq_head"][0])
         self._client_wait = u32.from_address(a + LAYOUT["header.client_wait"][0])
         self._state = u32.from_address(a + LAYOUT["header.state"][0])
+        self._aq_tail_word = u64.from_address(a + LAYOUT["header.aq_tail"][0])
+        self._aq_head_word = u64.from_address(a + LAYOUT["header.aq_head"][0])
         self._daemon_wait_at = a + LAYOUT["header.daemon_wait"][0]
         self._client_wait_at = a + LAYOUT["header.client_wait"][0]
 
@@ -277,6 +187,10 @@ class CommandRing:
         struct.pack_into("<QIIQQQQI", self._view, 0, MAGIC, VERSION, HEADER_BYTES,
                          HEADER_BYTES, self._sq_bytes, HEADER_BYTES + self._sq_bytes,
                          self._cq_bytes, SLOT)
+        if self._aq_bytes:
+            struct.pack_into("<I", self._view, LAYOUT["header.flags"][0], ANSWER_AREA)
+            struct.pack_into("<QQ", self._view, LAYOUT["header.aq_offset"][0],
+                             HEADER_BYTES + self._sq_bytes + self._cq_bytes, self._aq_bytes)
 
     def _unmap(self) -> None:
         view: Optional[memoryview] = getattr(self, "_view", None)
@@ -384,7 +298,7 @@ class CommandRing:
         libc.fence()  # the store before the look at daemon_wait
         if self._daemon_wait.value:
             self._daemon_wait.value = 0
-            libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._daemon_wait_at), _FUTEX_WAKE, 1,
+            libc.syscall(SYS_FUTEX, ctypes.c_void_p(self._daemon_wait_at), FUTEX_WAKE, 1,
                          None, None, 0)
 
     # ------------------------------------------------------------ waiting
@@ -417,6 +331,8 @@ class CommandRing:
         cq_seen = self._cq_head
         sq_seen = self._sq_head_word.value
         cq_tail, sq_head, state = self._cq_tail_word, self._sq_head_word, self._state
+        # Without an area, its tail word stays 0 and so does the head.
+        aq_seen, aq_tail = self._aq_head, self._aq_tail_word
         self._cond.release()
         moved = False
         try:
@@ -426,7 +342,7 @@ class CommandRing:
                 if deadline is not None and deadline < until:
                     until = deadline
                 while True:
-                    if (cq_tail.value != cq_seen or state.value
+                    if (cq_tail.value != cq_seen or aq_tail.value != aq_seen or state.value
                             or ((head or self._head_waiters) and sq_head.value != sq_seen)):
                         moved = True
                         break
@@ -443,14 +359,14 @@ class CommandRing:
                     self._client_wait.value = 1
                     libc.fence()
                     watch_head = head or self._head_waiters
-                    if (cq_tail.value != cq_seen or state.value
+                    if (cq_tail.value != cq_seen or aq_tail.value != aq_seen or state.value
                             or (watch_head and sq_head.value != sq_seen)):
                         break
                     left = until - time.monotonic()
                     if left <= 0:
                         break
-                    ts = _Timespec(int(left), int((left - int(left)) * 1e9))
-                    libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._client_wait_at), _FUTEX_WAIT,
+                    ts = Timespec(int(left), int((left - int(left)) * 1e9))
+                    libc.syscall(SYS_FUTEX, ctypes.c_void_p(self._client_wait_at), FUTEX_WAIT,
                                  1, ctypes.byref(ts), None, 0)
                     if watch_head:
                         break  # woken: the round ends, as for a completion
@@ -485,7 +401,10 @@ class CommandRing:
     def _take_completions_locked(self) -> None:
         """Takes the completions posted up to the completion tail as read
         now into the results (or the deferred failure), and publishes the
-        completion head."""
+        completion head; then the answer area's answers, up to its tail as
+        read before the completion tail (a failure posted before a later
+        command's answer is taken first)."""
+        aq_tail = self._aq_tail_word.value if self._aq_bytes else 0
         tail = self._cq_tail_word.value
         head = self._cq_head
         cq_bytes = self._cq_bytes
@@ -516,6 +435,9 @@ class CommandRing:
                 n = min(message_bytes, MAX_MESSAGE_BYTES, size - COMPLETE.size)
                 start = base + at + COMPLETE.size
                 message = bytes(view[start:start + n]).decode("utf-8", "replace")
+            if command_id in self._direct:
+                del self._direct[command_id]
+                continue  # answered in the answer area already: the first counts
             r = Result(code, message, kind, gpu_ns, value0, value1)
             if command_id in self._awaited:
                 self._results[command_id] = r
@@ -525,6 +447,43 @@ class CommandRing:
                 self._deferred = error_of(code, message)
         self._cq_head = head
         self._cq_head_word.value = head
+        if self._aq_bytes and aq_tail != self._aq_head:
+            self._take_answers_locked(aq_tail)
+
+    def _take_answers_locked(self, tail: int) -> None:
+        """Takes the worker's answers up to ``tail`` (each a success of one
+        slot) and publishes the answer area's head."""
+        head, aq_bytes = self._aq_head, self._aq_bytes
+        if tail < head or tail - head > aq_bytes or tail % SLOT:
+            self._break_locked(Error(
+                grpc.StatusCode.DATA_LOSS,
+                f"gpuexec client: the daemon's answer area tail {tail} is out of bounds (head "
+                f"{head}, command ring {self.number})"))
+            return
+        view = self._view
+        base = HEADER_BYTES + self._sq_bytes + self._cq_bytes
+        direct = self._direct
+        while head < tail:
+            (kind, slots, code, command_id, _, gpu_ns, _, _, _,
+             _) = COMPLETE.unpack_from(view, base + head % aq_bytes)
+            if slots != 1 or code != 0:
+                self._break_locked(Error(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"gpuexec client: an answer at {head} of command ring {self.number} is not "
+                    f"a success of one slot ({slots} slots, code {code})"))
+                return
+            head += SLOT
+            if command_id in self._results:
+                continue  # answered in the completion ring first: that one counts
+            direct[command_id] = None
+            if len(direct) > DIRECT_KEPT:
+                del direct[next(iter(direct))]
+            if command_id in self._awaited:
+                self._results[command_id] = Result(0, "", kind, gpu_ns, 0, 0)
+            else:
+                self._abandoned.discard(command_id)
+        self._aq_head = head
+        self._aq_head_word.value = head
 
     def _check_closed_locked(self, lifeline: bool = True) -> None:
         """Breaks the ring when the daemon closed it (after taking the

@@ -96,8 +96,9 @@ class Session:
             _log.debug("command ring: %s; using the Execute stream", why)
             return None
         socket_path, token = self.shm_socket, self.token
+        answer_area = response.command_ring_version >= _ring.ANSWER_AREA_VERSION
         return lambda: _ring.CommandRing(socket_path, token, client.control_timeout,
-                                         client.ring_spin_wait)
+                                         client.ring_spin_wait, answer_area)
 
     def __enter__(self) -> Session:
         return self

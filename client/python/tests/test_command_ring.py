@@ -162,6 +162,28 @@ def test_a_waiting_command_takes_one_round_of_waiting(client, daemon):
         assert ring._rounds - before <= n + n // 10
 
 
+def test_waiting_launches_are_answered_by_the_worker_after_a_failure(client, daemon):
+    """A daemon of layout version 2 gives the ring an answer area: the
+    worker posts each waiting launch's success there itself, and a refusal
+    before one is still raised first, by that launch, which ran."""
+    with _session(client) as s:
+        fill = s.load_module(daemon.cubin).function("gx_fill_u32")
+        with s.alloc(256) as buf:
+            for v in range(1, 11):
+                assert fill.launch(1, 64, buf, v, 64, sync=True) >= 0.0
+            ring = s._commands._ring
+            assert ring is not None and ring._aq_bytes > 0
+            assert ring._aq_tail_word.value // _ring.SLOT == 10
+            gone = s.alloc(256)
+            gone.free()
+            fill.launch_async(1, 64, gone, 77, 64)
+            with pytest.raises(gpuexec.Error) as e:
+                fill.launch(1, 64, buf, 11, 64, sync=True)
+            assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+            fill.launch(1, 64, buf, 12, 64, sync=True)  # told once
+            assert buf.read(np.uint32)[0] == 12
+
+
 def test_recordings_and_replays_ride_the_ring(client, daemon):
     with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
