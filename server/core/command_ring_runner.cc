@@ -324,14 +324,17 @@ void CommandRingRunner::Loop() {
         }
         if (closing) break;
         std::shared_ptr<port::DirectAnswer> direct;
-        if (auto* launch = std::get_if<LaunchSpec>(&command->op);
-            launch != nullptr && launch->synchronize && st->options.answer_area != 0) {
-          direct = std::make_shared<port::DirectAnswer>();
-          direct->area = st->options.answer_area;
-          direct->id = head.id;
-          direct->seq = head.seq;
-          direct->kind = head.kind;
-          launch->answer = direct;
+        if (st->options.answer_area != 0) {
+          auto* launch = std::get_if<LaunchSpec>(&command->op);
+          auto* sync = std::get_if<Command::Synchronize>(&command->op);
+          if ((launch != nullptr && launch->synchronize) || sync != nullptr) {
+            direct = std::make_shared<port::DirectAnswer>();
+            direct->area = st->options.answer_area;
+            direct->id = head.id;
+            direct->seq = head.seq;
+            direct->kind = head.kind;
+            (launch != nullptr ? launch->answer : sync->answer) = direct;
+          }
         }
         RunCommand(*st->engine, caller, st->session, *std::move(command),
                    [st, answer, direct = std::move(direct)](CommandResult r) mutable {

@@ -70,11 +70,13 @@ void RunCommand(Engine& engine, const Caller& caller, const std::string& session
             const bool sync = spec.synchronize;
             engine.Launch(caller, std::move(spec), launched(sync));
           },
-          [&](Command::Synchronize&) {
-            engine.Synchronize(caller, session,
-                               [finish = std::move(finish)](absl::StatusOr<uint64_t> ns) {
-                                 finish(ns.status(), true, ns.ok() ? *ns : 0);
-                               });
+          [&](Command::Synchronize& s) {
+            engine.Synchronize(
+                caller, session,
+                [finish = std::move(finish)](absl::StatusOr<uint64_t> ns) {
+                  finish(ns.status(), true, ns.ok() ? *ns : 0);
+                },
+                std::move(s.answer));
           },
           [&](Command::Allocate& a) {
             engine.Allocate(caller, session, a.size,

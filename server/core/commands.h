@@ -21,7 +21,11 @@ struct Command {
   // A barrier: answered once every earlier command of the session has been
   // started.
   struct Barrier {};
-  struct Synchronize {};
+  struct Synchronize {
+    // A command ring's answer area the device may post the success in
+    // (LaunchSpec::answer's twin).
+    std::shared_ptr<port::DirectAnswer> answer;
+  };
   struct Allocate {
     uint64_t size = 0;
   };

@@ -195,7 +195,10 @@ class Engine {
   // answers its GPU time.
   void LaunchGraph(const Caller& caller, LaunchGraphSpec spec, Callback<uint64_t> gpu_ns);
   void FreeGraph(const Caller& caller, const std::string& token, uint64_t graph, Done done);
-  void Synchronize(const Caller& caller, const std::string& token, Callback<uint64_t> gpu_ns);
+  // `answer`: a command ring's answer area the device may post the success
+  // in itself (Engine::MapAnswerArea); `posted` says if it did.
+  void Synchronize(const Caller& caller, const std::string& token, Callback<uint64_t> gpu_ns,
+                   std::shared_ptr<port::DirectAnswer> answer = nullptr);
 
  private:
   friend class ModuleUpload;
@@ -259,7 +262,8 @@ class Engine {
                     std::shared_ptr<const port::ModuleImage> image, bool uploaded,
                     bool newly_stored, bool reserved, Callback<ModuleResult> done);
   void ReleaseMemory(Session& s, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns);
+  void Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns,
+                   std::shared_ptr<port::DirectAnswer> answer = nullptr);
   // A Synchronize's answer from the device: its time is charged to the
   // session's tenant, and an untimed session is told 0 (SessionAsk::untimed).
   static void ChargeGpuTime(const Session& s, absl::StatusOr<uint64_t>& ns);

@@ -157,11 +157,11 @@ Done Engine::QueuedWorkDone(std::shared_ptr<Session> s, uint64_t work_epoch, Don
   };
 }
 
-void Engine::Synchronize(const Caller& caller, const std::string& token,
-                         Callback<uint64_t> gpu_ns) {
+void Engine::Synchronize(const Caller& caller, const std::string& token, Callback<uint64_t> gpu_ns,
+                         std::shared_ptr<port::DirectAnswer> answer) {
   auto found = FindSession(caller, token);
   if (!found.ok()) return gpu_ns(found.status());
-  Synchronize(*found, std::move(gpu_ns));
+  Synchronize(*found, std::move(gpu_ns), std::move(answer));
 }
 
 void Engine::ChargeGpuTime(const Session& s, absl::StatusOr<uint64_t>& ns) {
@@ -178,15 +178,17 @@ void Engine::RestoreWorkEpoch(Session& s, uint64_t work_epoch, const absl::Statu
   if (s.work_epoch == 0 || work_epoch < s.work_epoch) s.work_epoch = work_epoch;
 }
 
-void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns) {
+void Engine::Synchronize(std::shared_ptr<Session> s, Callback<uint64_t> gpu_ns,
+                         std::shared_ptr<port::DirectAnswer> answer) {
   absl::MutexLock lock(&s->mu);
   if (s->closed) return gpu_ns(s->ClosedError());
   if (absl::Status st = s->NotRecording("Synchronize"); !st.ok()) return gpu_ns(st);
   ++s->waiting;
   const uint64_t work_epoch = s->work_epoch;
   s->work_epoch = 0;
-  DeviceOf(*s)->Synchronize(
-      s->stream(), work_epoch,
+  if (answer != nullptr) answer->untimed = s->untimed;
+  DeviceOf(*s)->SynchronizeAnswering(
+      s->stream(), work_epoch, std::move(answer),
       [this, s, gpu_ns = std::move(gpu_ns), work_epoch](absl::StatusOr<uint64_t> ns) {
         ChargeGpuTime(*s, ns);
         bool closed;

@@ -168,6 +168,15 @@ class DevicePort {
   // Synchronize (0: none); ABORTED with the reset's reason if the device
   // was reset since.
   virtual void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) = 0;
+  // The same, where the device may post the success in a command ring's
+  // answer area itself (`answer->posted` is set before `gpu_ns` runs). A
+  // device that posts none answers as Synchronize.
+  virtual void SynchronizeAnswering(StreamId stream, uint64_t work_epoch,
+                                    std::shared_ptr<DirectAnswer> answer,
+                                    Callback<uint64_t> gpu_ns) {
+    (void)answer;
+    Synchronize(stream, work_epoch, std::move(gpu_ns));
+  }
   virtual void LaunchAndSynchronize(StreamId stream, LaunchOp op, uint64_t epoch,
                                     uint64_t work_epoch, LaunchedAndSynchronized done) = 0;
   // Builds graph `graph` of `stream` from `nodes` (none empty; the kernels

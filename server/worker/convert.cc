@@ -114,6 +114,14 @@ void FromProto(const Geometry& g, port::LaunchGeometry* out) {
   out->cluster_policy = g.cluster_policy();
 }
 
+void ToProto(const port::DirectAnswer& a, DirectAnswer* out) {
+  out->set_area(a.area);
+  out->set_id(a.id);
+  out->set_seq(a.seq);
+  out->set_kind(a.kind);
+  out->set_untimed(a.untimed);
+}
+
 void ToProto(const port::TensorMapEncoding& m, TensorMap* out) {
   out->set_param_offset(m.param_offset);
   out->set_param_index(m.param_index);

@@ -22,6 +22,8 @@ void ToProto(const port::LaunchGeometry& g, Geometry* out);
 void FromProto(const Geometry& g, port::LaunchGeometry* out);
 
 void ToProto(const port::TensorMapEncoding& m, TensorMap* out);
+// Where a waiting command's success may go (`posted` stays the front's).
+void ToProto(const port::DirectAnswer& a, DirectAnswer* out);
 // INVALID_ARGUMENT when the entries do not make one rank of 1 to 5.
 absl::Status FromProto(const TensorMap& m, port::TensorMapEncoding* out);
 

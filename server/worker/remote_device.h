@@ -203,6 +203,9 @@ class RemoteDevice final : public port::DevicePort {
   // If the device was reset since `work_epoch`, the answer is ABORTED with
   // the reset's reason (that work was lost).
   void Synchronize(StreamId stream, uint64_t work_epoch, Callback<uint64_t> gpu_ns) override;
+  void SynchronizeAnswering(StreamId stream, uint64_t work_epoch,
+                            std::shared_ptr<port::DirectAnswer> answer,
+                            Callback<uint64_t> gpu_ns) override;
   // A Launch and a Synchronize of its stream right behind it, in one
   // request and one answer (the launch's failure, or the Synchronize's).
   void LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint64_t epoch, uint64_t work_epoch,

@@ -138,10 +138,14 @@ void RemoteDevice::Call(Request& request, StreamId stream, absl::Span<const uint
       // Refused below, before any request was queued.
     } else {
       conn = conn_;
-      if (request.has_launch() && request.launch().has_answer()) {
+      if ((request.has_launch() && request.launch().has_answer()) ||
+          (request.has_synchronize() && request.synchronize().has_answer())) {
         // Only while nothing of the stream was refused here.
         auto a = answer_streams_.find(stream);
-        if (a == answer_streams_.end() || a->second) request.mutable_launch()->clear_answer();
+        if (a == answer_streams_.end() || a->second) {
+          request.mutable_launch()->clear_answer();
+          request.mutable_synchronize()->clear_answer();
+        }
       }
       // The stream with the first kernel, then each other kernel named (a
       // graph's).
@@ -543,14 +547,7 @@ void RemoteDevice::LaunchAndSynchronize(StreamId stream, port::LaunchOp op, uint
                                         uint64_t work_epoch, port::LaunchedAndSynchronized done) {
   Request r = LaunchRequest(stream, op);
   r.mutable_launch()->set_synchronize(true);
-  if (op.answer != nullptr) {
-    DirectAnswer* a = r.mutable_launch()->mutable_answer();
-    a->set_area(op.answer->area);
-    a->set_id(op.answer->id);
-    a->set_seq(op.answer->seq);
-    a->set_kind(op.answer->kind);
-    a->set_untimed(op.answer->untimed);
-  }
+  if (op.answer != nullptr) ToProto(*op.answer, r.mutable_launch()->mutable_answer());
   Call(
       r, stream, op.kernel, epoch,
       [done = std::move(done), answer = std::move(op.answer)](const Reply& reply, uint64_t) {
@@ -566,6 +563,24 @@ void RemoteDevice::Synchronize(StreamId stream, uint64_t work_epoch, Callback<ui
   Request r;
   r.mutable_synchronize()->set_stream(stream);
   Call(r, stream, 0, 0, ValueTo(std::move(gpu_ns)), work_epoch);
+}
+
+void RemoteDevice::SynchronizeAnswering(StreamId stream, uint64_t work_epoch,
+                                        std::shared_ptr<port::DirectAnswer> answer,
+                                        Callback<uint64_t> gpu_ns) {
+  if (answer == nullptr) return Synchronize(stream, work_epoch, std::move(gpu_ns));
+  Request r;
+  r.mutable_synchronize()->set_stream(stream);
+  ToProto(*answer, r.mutable_synchronize()->mutable_answer());
+  Call(
+      r, stream, 0, 0,
+      [gpu_ns = std::move(gpu_ns), answer = std::move(answer)](const Reply& reply, uint64_t) {
+        absl::Status st = StatusOf(reply);
+        if (!st.ok()) return gpu_ns(st);
+        answer->posted = reply.posted();
+        gpu_ns(reply.value());
+      },
+      work_epoch);
 }
 
 void RemoteDevice::BuildGraph(StreamId stream, port::GraphId graph,

@@ -397,10 +397,22 @@ void Worker::Handle(Request& r) {
       });
       return;
     }
-    case Request::kSynchronize:
-      dev_->Synchronize(r.synchronize().stream(),
-                        [this, id](absl::StatusOr<uint64_t> ns) { ReplyValue(id, ns); });
+    case Request::kSynchronize: {
+      std::shared_ptr<DirectAnswer> answer;
+      if (r.synchronize().has_answer()) {
+        answer = std::make_shared<DirectAnswer>(r.synchronize().answer());
+      }
+      dev_->Synchronize(r.synchronize().stream(), [this, id, stream = r.synchronize().stream(),
+                                                   answer](absl::StatusOr<uint64_t> ns) {
+        bool posted = false;
+        if (answer != nullptr && ns.ok()) {
+          FlushQueued();  // as for a waiting launch
+          posted = areas_.Post(*answer, stream, id, *ns);
+        }
+        ReplyValue(id, ns, false, posted);
+      });
       return;
+    }
     case Request::kMapRegion: {
       const auto& m = r.map_region();
       absl::StatusOr<int> fd = TakeRegionFd(m.region());

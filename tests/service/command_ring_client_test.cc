@@ -245,7 +245,8 @@ TEST_F(CommandRingClientTest, AnAnswerInTheAnswerAreaCountsAndASecondIsDropped) 
 }
 
 // Through a daemon: a ring with an answer area has its waiting launches'
-// successes posted there by the worker, and a failure before one (here the
+// and Synchronizes' successes posted there by the worker, and a failure
+// before one (here the
 // daemon's refusal of an async launch) is still told first, at that
 // waiting launch, which ran.
 TEST_F(CommandRingClientTest, WaitingLaunchesAreAnsweredInTheAnswerAreaAfterAFailure) {
@@ -285,6 +286,15 @@ TEST_F(CommandRingClientTest, WaitingLaunchesAreAnsweredInTheAnswerAreaAfterAFai
     ASSERT_FALSE(not_carried);
   }
   EXPECT_EQ(answered_in_area(), 10u) << "each waiting launch's success came from the worker";
+  // A Synchronize after async launches too.
+  for (uint32_t i = 1; i <= 5; ++i) {
+    GX_ASSERT_OK(
+        ring->Submit(launch(i, 0, false), false, absl::Seconds(20), true, &not_carried).status());
+  }
+  v1::Command sync;
+  sync.mutable_synchronize();
+  GX_ASSERT_OK(ring->Submit(sync, true, absl::Seconds(20), true, &not_carried).status());
+  EXPECT_EQ(answered_in_area(), 11u) << "the Synchronize's success came from the worker";
   // An async launch the daemon refuses (an offset past the buffer), then
   // a waiting launch: the refusal is told there, first.
   GX_ASSERT_OK(

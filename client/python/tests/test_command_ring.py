@@ -164,8 +164,9 @@ def test_a_waiting_command_takes_one_round_of_waiting(client, daemon):
 
 def test_waiting_launches_are_answered_by_the_worker_after_a_failure(client, daemon):
     """A daemon of layout version 2 gives the ring an answer area: the
-    worker posts each waiting launch's success there itself, and a refusal
-    before one is still raised first, by that launch, which ran."""
+    worker posts each waiting launch's or synchronize's success there
+    itself, and a refusal before one is still raised first, by that
+    launch, which ran."""
     with _session(client) as s:
         fill = s.load_module(daemon.cubin).function("gx_fill_u32")
         with s.alloc(256) as buf:
@@ -174,6 +175,10 @@ def test_waiting_launches_are_answered_by_the_worker_after_a_failure(client, dae
             ring = s._commands._ring
             assert ring is not None and ring._aq_bytes > 0
             assert ring._aq_tail_word.value // _ring.SLOT == 10
+            for v in range(5):
+                fill.launch_async(1, 64, buf, v, 64)
+            assert s.synchronize() >= 0.0
+            assert ring._aq_tail_word.value // _ring.SLOT == 11
             gone = s.alloc(256)
             gone.free()
             fill.launch_async(1, 64, gone, 77, 64)
