@@ -418,6 +418,12 @@ static_assert(offsetof(CompleteHead, code) == 4 && offsetof(CompleteHead, id) ==
               offsetof(CompleteHead, message_bytes) == 48 && offsetof(CompleteHead, flags) == 52);
 inline constexpr uint32_t kMessageCut = 1u << 0;
 
+// A ring's or area's size as the layout allows it: a power of two from `lo`
+// to `hi`.
+constexpr bool PowerOfTwoWithin(uint64_t v, uint64_t lo, uint64_t hi) {
+  return v >= lo && v <= hi && (v & (v - 1)) == 0;
+}
+
 // The slots a record of `bytes` (head included) takes.
 constexpr uint32_t SlotsFor(uint64_t bytes) {
   return static_cast<uint32_t>((bytes + kSlot - 1) / kSlot);

@@ -17,8 +17,7 @@ namespace {
 namespace h = ring::header;
 
 bool SizeWithin(uint64_t aq_bytes) {
-  return aq_bytes >= ring::kMinAnswerBytes && aq_bytes <= ring::kMaxAnswerBytes &&
-         (aq_bytes & (aq_bytes - 1)) == 0;
+  return ring::PowerOfTwoWithin(aq_bytes, ring::kMinAnswerBytes, ring::kMaxAnswerBytes);
 }
 
 absl::Status BadSize(uint64_t aq_bytes) {

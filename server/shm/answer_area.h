@@ -45,7 +45,7 @@ class AnswerArea {
   AnswerArea& operator=(const AnswerArea&) = delete;
 
   enum class Posted {
-    kPosted,  // written; aq_tail stored and a parked client woken
+    kPosted,  // written and aq_tail stored (WakeClientIfParked wakes)
     kNoRoom,  // the client has not read enough answers: send it another way
     kBroken,  // the client's aq_head is impossible: send this and every
               // later answer another way (broken() says why)

@@ -26,10 +26,6 @@ long Futex(void* word, int op, uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
 }
 
-bool PowerOfTwoWithin(uint64_t v, uint64_t lo, uint64_t hi) {
-  return v >= lo && v <= hi && (v & (v - 1)) == 0;
-}
-
 // "<cause>: the command ring's header has <field> <value>, expected
 // <expected>".
 absl::Status Refuse(absl::string_view cause, absl::string_view field, uint64_t value,
@@ -68,21 +64,21 @@ absl::StatusOr<std::unique_ptr<CommandRingView>> CommandRingView::Open(void* bas
                                                                        uint64_t cq_bytes,
                                                                        uint64_t aq_bytes) {
   // The request first: it bounds what is read below.
-  if (!PowerOfTwoWithin(sq_bytes, ring::kMinSubmissionBytes, ring::kMaxSubmissionBytes)) {
+  if (!ring::PowerOfTwoWithin(sq_bytes, ring::kMinSubmissionBytes, ring::kMaxSubmissionBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bad submission ring size: ", sq_bytes, " bytes requested, expected a power of two from ",
         ring::kMinSubmissionBytes, " to ", ring::kMaxSubmissionBytes));
   }
-  if (!PowerOfTwoWithin(cq_bytes, ring::kMinCompletionBytes, ring::kMaxCompletionBytes)) {
+  if (!ring::PowerOfTwoWithin(cq_bytes, ring::kMinCompletionBytes, ring::kMaxCompletionBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bad completion ring size: ", cq_bytes, " bytes requested, expected a power of two from ",
         ring::kMinCompletionBytes, " to ", ring::kMaxCompletionBytes));
   }
-  if (aq_bytes != 0 && !PowerOfTwoWithin(aq_bytes, ring::kMinAnswerBytes, ring::kMaxAnswerBytes)) {
+  if (aq_bytes != 0 &&
+      !ring::PowerOfTwoWithin(aq_bytes, ring::kMinAnswerBytes, ring::kMaxAnswerBytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad answer area size: ", aq_bytes,
-                     " bytes requested, expected 0 (none) or a power of two "
-                     "from ",
+                     " bytes requested, expected 0 (none) or a power of two from ",
                      ring::kMinAnswerBytes, " to ", ring::kMaxAnswerBytes));
   }
   const uint64_t want = ring::kHeaderBytes + sq_bytes + cq_bytes + aq_bytes;
