@@ -32,6 +32,10 @@ ALLOWED = {
     # The worker's own side: its main owns the device.
     "server/worker/worker_main.cc": ["server/common", "server/port", "server/shm", "server/cuda",
                                      "server/device", "server/worker"],
+    "server/worker/request_handler.cc": ["server/common", "server/port", "server/shm", "server/cuda",
+                                         "server/device", "server/worker"],
+    "server/worker/request_handler.h": ["server/common", "server/port", "server/shm", "server/cuda",
+                                        "server/device", "server/worker"],
     "server/core": ["server/common", "server/port", "server/shm"],
     "server/tenants": ["server/common", "server/core", "gpuexec/config/"],
     "server/metrics": ["server/common"],
