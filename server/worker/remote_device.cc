@@ -164,7 +164,7 @@ uint64_t RemoteDevice::epoch() const {
 
 uint64_t RemoteDevice::resets() const {
   absl::MutexLock lock(&mu_);
-  return resets_;
+  return resets_told_;
 }
 
 std::optional<ResetInfo> RemoteDevice::last_reset() const {

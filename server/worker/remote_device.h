@@ -309,6 +309,10 @@ class RemoteDevice final : public port::DevicePort {
   absl::Time not_ready_since_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
+  // The resets whose listener has run (the sessions they ended are closed):
+  // what resets() tells, so that a reset seen counted is one a session's
+  // next call hears of.
+  uint64_t resets_told_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<ResetInfo> last_reset_ ABSL_GUARDED_BY(mu_);
   std::vector<ResetInfo> history_ ABSL_GUARDED_BY(mu_);  // the last 64
   absl::Time reset_at_ ABSL_GUARDED_BY(mu_);

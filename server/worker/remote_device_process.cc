@@ -566,6 +566,10 @@ void RemoteDevice::Reset(const std::shared_ptr<Connection>& conn, const std::str
       delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::ToInt64Milliseconds(delay), " ms")
                                    : std::string(""));
   if (listener) listener(info);
+  {
+    absl::MutexLock lock(&mu_);
+    ++resets_told_;
+  }
   if (on_state) on_state();
   ToProto(absl::AbortedError(absl::StrCat("device ", options_.ordinal, " was reset at ",
                                           Clock(info.at), ": ", why)),

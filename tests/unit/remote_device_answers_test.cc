@@ -5,6 +5,9 @@
 // the worker's channel with those the driver's callback thread sends, one
 // writer at a time (two at once interleave their frames, and the front
 // resets the worker for broken framing: a batching of answers once did so).
+// And when a reset is counted.
+#include <signal.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -136,6 +139,30 @@ TEST_F(RemoteAnswersTest, LaunchesAnsweredBesideAnswersFromTheDriversThread) {
   stop.store(true);
   for (std::thread& t : waiters) t.join();
   EXPECT_GT(waited.load(), 0);
+}
+
+// A reset is counted (resets(), what clients are shown) only once its
+// listener has run, so that whoever sees the count go up finds the
+// sessions the reset ended already closed by the engine.
+TEST_F(RemoteAnswersTest, AResetIsCountedOnceItsListenerHasRun) {
+  // Shared with the listener, which may still be waking when the test ends.
+  auto entered = std::make_shared<absl::Notification>();
+  auto release = std::make_shared<absl::Notification>();
+  dev_->SetListeners(
+      [entered, release](const port::ResetInfo&) {
+        entered->Notify();
+        release->WaitForNotification();
+      },
+      [] {});
+  ASSERT_EQ(dev_->resets(), 0u);
+  ASSERT_EQ(kill(dev_->worker_pid(), SIGKILL), 0);
+  ASSERT_TRUE(entered->WaitForNotificationWithTimeout(absl::Seconds(20)));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(dev_->resets(), 0u) << "counted while its listener still ran";
+  release->Notify();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (dev_->resets() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(dev_->resets(), 1u);
 }
 
 }  // namespace
