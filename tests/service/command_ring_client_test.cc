@@ -53,6 +53,14 @@ class CommandRingClientTest : public HostMemoryTest {
     module_ = std::move(module).value();
     return module_->GetFunction("gx_fill_u32");
   }
+  // A ring of the session's own, opened by hand (on a client told not to
+  // open one) with `options` as the test sets them.
+  absl::StatusOr<std::unique_ptr<internal::CommandRing>> OpenRing(
+      const Session& s, internal::CommandRing::Options options) {
+    options.socket_path = daemon().shm_socket();
+    options.token = s.token();
+    return internal::CommandRing::Open(options);
+  }
 
   absl::Mutex mu_;
   std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
@@ -175,11 +183,8 @@ TEST_F(CommandRingClientTest, AWaitingLaunchTakesOneRoundOfWaiting) {
   GX_ASSERT_OK(module.status());
   GX_ASSERT_OK_AND_ASSIGN(Function spin, module->GetFunction("gx_spin"));
   internal::CommandRing::Options options;
-  options.socket_path = daemon().shm_socket();
-  options.token = s.token();
   options.spin_wait = absl::Microseconds(50);
-  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring,
-                          internal::CommandRing::Open(options));
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring, OpenRing(s, options));
   v1::Command launch;
   launch.mutable_launch()->set_function(spin.handle());
   launch.mutable_launch()->mutable_grid()->set_x(1);
@@ -210,11 +215,8 @@ TEST_F(CommandRingClientTest, AnAnswerInTheAnswerAreaCountsAndASecondIsDropped) 
   Client client = RingClient(/*ring=*/false);  // the ring below is the session's
   GX_ASSERT_OK_AND_ASSIGN(Session s, client.OpenSession({}));
   internal::CommandRing::Options options;
-  options.socket_path = daemon().shm_socket();
-  options.token = s.token();
   options.answer_bytes = ring::kMinAnswerBytes;
-  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring,
-                          internal::CommandRing::Open(options));
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring, OpenRing(s, options));
   unsigned char* base = ring->mapping_for_testing();
   GX_ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<shm::AnswerArea> area,
@@ -257,11 +259,8 @@ TEST_F(CommandRingClientTest, WaitingLaunchesAreAnsweredInTheAnswerAreaAfterAFai
   GX_ASSERT_OK_AND_ASSIGN(Function fill, Fill(s));
   GX_ASSERT_OK_AND_ASSIGN(Buffer a, s.Allocate(4096));
   internal::CommandRing::Options options;
-  options.socket_path = daemon().shm_socket();
-  options.token = s.token();
   options.answer_bytes = ring::kMinAnswerBytes;
-  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring,
-                          internal::CommandRing::Open(options));
+  GX_ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::CommandRing> ring, OpenRing(s, options));
   const unsigned char* base = ring->mapping_for_testing();
   auto answered_in_area = [&] {
     return ring::Load<uint64_t>(base, ring::header::kAqTail) / ring::kSlot;
