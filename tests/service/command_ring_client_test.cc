@@ -204,12 +204,15 @@ TEST_F(CommandRingClientTest, AWaitingLaunchTakesOneRoundOfWaiting) {
 }
 
 // A ring with an answer area: what the worker posts there answers the
-// waiting command it names, and the daemon's own answer for the same id,
-// when one comes too (a worker that ended right after its post), is
-// dropped, even a failure. Here the test posts in the area as a worker
-// would, before the command is even sent, and the daemon refuses the
-// command (a Free of no buffer) in the completion ring.
-TEST_F(CommandRingClientTest, AnAnswerInTheAnswerAreaCountsAndASecondIsDropped) {
+// waiting command it names, and a second answer for the same id (the
+// daemon's own, when a worker ended right after its post) is dropped, even
+// a failure. Here the test posts in the area as a worker would, before the
+// command is even sent, and the daemon refuses the command (a Free of no
+// buffer) in the completion ring. Which of the two the client reads first
+// is timing: found in one look, the completion ring's is taken first (its
+// failures come before later successes); either way the other is dropped
+// and nothing is told of it later.
+TEST_F(CommandRingClientTest, OneAnswerForAnIdCountsAndASecondIsDropped) {
   Start(true);
   if (IsSkipped() || HasFatalFailure()) return;
   Client client = RingClient(/*ring=*/false);  // the ring below is the session's
@@ -230,10 +233,12 @@ TEST_F(CommandRingClientTest, AnAnswerInTheAnswerAreaCountsAndASecondIsDropped) 
   free.mutable_free()->set_buffer(0x5eed);
   free.set_reply(true);
   bool not_carried = false;
-  GX_ASSERT_OK(ring->Submit(free, true, absl::Seconds(20), true, &not_carried).status());
+  const absl::Status first =
+      ring->Submit(free, true, absl::Seconds(20), true, &not_carried).status();
   ASSERT_FALSE(not_carried);
-  // The daemon's refusal of the same id comes in the completion ring, and
-  // is dropped: the next waiting command is told nothing of it.
+  EXPECT_TRUE(first.ok() || first.code() == absl::StatusCode::kNotFound) << first;
+  // The other answer of the same id is dropped: the next waiting command is
+  // told nothing of it.
   v1::Command sync;
   sync.mutable_synchronize();
   for (int i = 0; i < 3; ++i) {
