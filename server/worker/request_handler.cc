@@ -309,23 +309,15 @@ void RequestHandler::Launch(uint64_t id, worker::Launch* l) {
     op.tensor_maps.push_back(e);
   }
   if (l->synchronize()) {
-    std::unique_ptr<DirectAnswer> answer;
-    if (l->has_answer()) answer = std::make_unique<DirectAnswer>(l->answer());
-    dev_->LaunchAndSynchronize(l->stream(), std::move(op),
-                               [this, id, kernel, stream = l->stream(),
-                                answer = std::shared_ptr<DirectAnswer>(std::move(answer))](
-                                   absl::StatusOr<uint64_t> ns, bool launched) {
-                                 // The client may read it before the front hears of it: the
-                                 // replies queued before it leave first, so that a worker that
-                                 // ends right after cannot leave one of them unanswered.
-                                 bool posted = false;
-                                 if (answer != nullptr && ns.ok() && launched) {
-                                   FlushQueued();
-                                   posted = areas_.Post(*answer, stream, id, *ns);
-                                 }
-                                 ReplyValue(id, launched ? ns : Explain(ns.status(), kernel, ""),
-                                            launched, posted);
-                               });
+    std::shared_ptr<DirectAnswer> answer;
+    if (l->has_answer()) answer = std::make_shared<DirectAnswer>(l->answer());
+    dev_->LaunchAndSynchronize(
+        l->stream(), std::move(op),
+        [this, id, kernel, stream = l->stream(), answer](absl::StatusOr<uint64_t> ns,
+                                                         bool launched) {
+          const bool posted = ns.ok() && launched && PostDirect(answer.get(), stream, id, *ns);
+          ReplyValue(id, launched ? ns : Explain(ns.status(), kernel, ""), launched, posted);
+        });
     return;
   }
   dev_->Launch(l->stream(), std::move(op), [this, id, kernel](absl::Status st) {
@@ -335,18 +327,22 @@ void RequestHandler::Launch(uint64_t id, worker::Launch* l) {
 
 void RequestHandler::Synchronize(uint64_t id, const worker::Synchronize& s) {
   std::shared_ptr<DirectAnswer> answer;
-  if (s.has_answer()) {
-    answer = std::make_shared<DirectAnswer>(s.answer());
-  }
+  if (s.has_answer()) answer = std::make_shared<DirectAnswer>(s.answer());
   dev_->Synchronize(s.stream(),
                     [this, id, stream = s.stream(), answer](absl::StatusOr<uint64_t> ns) {
-                      bool posted = false;
-                      if (answer != nullptr && ns.ok()) {
-                        FlushQueued();  // as for a waiting launch
-                        posted = areas_.Post(*answer, stream, id, *ns);
-                      }
+                      const bool posted = ns.ok() && PostDirect(answer.get(), stream, id, *ns);
                       ReplyValue(id, ns, false, posted);
                     });
+}
+
+bool RequestHandler::PostDirect(const DirectAnswer* answer, uint64_t stream, uint64_t id,
+                                uint64_t gpu_ns) {
+  if (answer == nullptr) return false;
+  // The client may read it before the front hears of it: the replies
+  // queued before it leave first, so that a worker that ends right after
+  // cannot leave one of them unanswered.
+  FlushQueued();
+  return areas_.Post(*answer, stream, id, gpu_ns);
 }
 
 }  // namespace gpuexec::worker

@@ -61,6 +61,9 @@ class RequestHandler {
   absl::StatusOr<int> TakeRegionFd(uint64_t region);
   // The error that left a kernel or module unresolved, if any.
   absl::Status Explain(absl::Status st, uint64_t kernel, const std::string& sha);
+  // Posts a waiting command's success in its ring's answer area, when it
+  // names one (none: false) and the area may take it (answer_areas.h).
+  bool PostDirect(const DirectAnswer* answer, uint64_t stream, uint64_t id, uint64_t gpu_ns);
 
   // The requests with more to do than one device call.
   void LoadModule(uint64_t id, worker::LoadModule* lm);
